@@ -1,0 +1,21 @@
+//! `acm-core-nostd`: the allocation-free heart of acmrs.
+//!
+//! Everything here runs without `std` and without an allocator, so the same code serves the
+//! ibacm provider, the SmartNIC dataplane and firmware experiments:
+//!
+//! * [`wire`]: zero-copy views and parsed forms of the InfiniBand MAD common header, RMPP and SA
+//!   headers, SA PathRecord and MCMemberRecord, the ACM class 0x2C resolve MAD, and the ibacm
+//!   client protocol (`acm_msg`), plus rate/MTU tables that know HDR and NDR.
+//! * [`cache`]: fixed-capacity path-record and address caches over caller-provided storage, with
+//!   one writer and lock-free readers, expiry, negative entries and eviction; a pending-request
+//!   table that coalesces concurrent misses.
+//! * [`text`]: line-by-line parsers for `ibacm_opts.cfg`, `ibacm_hosts.data` and OpenSM's
+//!   `dump_pr` full path-record dump.
+//!
+//! The crate owns no clock: callers pass the current time in.
+#![cfg_attr(not(any(test, feature = "std")), no_std)]
+#![deny(missing_docs)]
+
+pub mod cache;
+pub mod text;
+pub mod wire;

@@ -1,0 +1,1 @@
+//! acmrs dataplane (placeholder until the worker lands).

@@ -1,0 +1,1 @@
+//! acmrs provider (placeholder).
