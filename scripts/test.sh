@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs every check and test of acmrs. Installs what it needs first (Debian 12, as root).
+#   bash scripts/test.sh            # everything
+#   FUZZ_SECONDS=30 bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+FUZZ_SECONDS=${FUZZ_SECONDS:-8}
+export CARGO_TERM_COLOR=never
+LOG_DIR=$(mktemp -d /tmp/acmrs-test-log.XXXXXX)
+trap 'rm -rf "$LOG_DIR"' EXIT
+
+step() { printf '\n=== %s (%s)\n' "$*" "$(date +%T)"; }
+
+step "install dependencies"
+bash scripts/install-deps.sh
+
+step "format"
+cargo fmt --all -- --check
+
+step "build (workspace, debug: the tests load these .so files)"
+cargo build --workspace --all-targets
+
+step "clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "docs"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
+step "acm-core-nostd on bare-metal targets (no std, no allocator)"
+for t in thumbv7em-none-eabihf riscv32imac-unknown-none-elf; do
+  cargo build -p acm-core-nostd --target "$t" --release --quiet
+  echo "built for $t"
+done
+
+step "tests"
+set +e
+cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG_DIR/test.log"
+rc=${PIPESTATUS[0]}
+set -e
+
+fuzz_rc=0
+if [[ -x acm-core-nostd/fuzz/run.sh ]]; then
+  step "fuzz (${FUZZ_SECONDS}s per target)"
+  bash acm-core-nostd/fuzz/run.sh "$FUZZ_SECONDS" || fuzz_rc=$?
+fi
+
+passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$LOG_DIR/test.log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$LOG_DIR/test.log" | awk '{s+=$1} END {print s+0}')
+if ((fuzz_rc != 0)); then
+  echo "fuzzing found a failure (exit $fuzz_rc)"
+  failed=$((failed + 1))
+fi
+if ((rc != 0 && failed == 0)); then
+  echo "cargo test exited $rc without reporting a failed test (build failure?)"
+  failed=1
+fi
+step "summary"
+echo "acmrs: ${passed} passed, ${failed} failed"
+((failed == 0))
