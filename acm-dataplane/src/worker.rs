@@ -1,0 +1,257 @@
+//! The provider's single worker thread.
+//!
+//! One worker per provider instance runs a [`Poller`] (the engine that owns all mutable
+//! provider state) in a loop: poll, and when nothing happened spin for a short while, then
+//! park until woken or until the poller's next deadline. Producers (the ibacm main thread, the
+//! core's SA thread) push into bounded lock-free queues and call [`Waker::wake`], which makes a
+//! syscall only when the worker is actually parked. With `spin` set to a large value this is
+//! the busy-poll mode of a pinned dataplane core.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+/// What one poll round did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PollOutcome {
+    /// Whether any work was done (keeps the worker spinning).
+    pub did_work: bool,
+    /// The next time the poller must run even without a wake-up (timers).
+    pub next_deadline: Option<Instant>,
+}
+
+/// The engine the worker runs.
+pub trait Poller: Send + 'static {
+    /// Does all available work. Called in a loop on the worker thread.
+    fn poll(&mut self, now: Instant) -> PollOutcome;
+    /// Whether the poller has finished its shutdown and the thread may exit.
+    fn finished(&self) -> bool;
+}
+
+/// Worker settings.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Thread name.
+    pub name: String,
+    /// CPU to pin to (`acmrs_cpu`), if any.
+    pub cpu: Option<usize>,
+    /// How long to keep polling after the last work before parking.
+    pub spin: Duration,
+    /// Longest park; bounds the staleness of the coarse clock.
+    pub max_park: Duration,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            name: "acmrs-worker".into(),
+            cpu: None,
+            spin: Duration::from_micros(50),
+            max_park: Duration::from_millis(100),
+        }
+    }
+}
+
+struct Shared {
+    parked: AtomicBool,
+    thread: std::sync::OnceLock<Thread>,
+    /// Milliseconds since `epoch`, refreshed by the worker every round.
+    coarse_ms: AtomicU64,
+    epoch: Instant,
+}
+
+/// Wakes the worker; cheap when the worker is spinning.
+#[derive(Clone)]
+pub struct Waker(Arc<Shared>);
+
+impl Waker {
+    /// Makes sure the worker runs a poll round soon.
+    pub fn wake(&self) {
+        if self.0.parked.load(Ordering::Acquire) {
+            if let Some(t) = self.0.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// The coarse clock in milliseconds (no syscall; at most `max_park` stale).
+    pub fn coarse_ms(&self) -> u64 {
+        self.0.coarse_ms.load(Ordering::Relaxed)
+    }
+
+    /// Converts an instant to the coarse clock's scale.
+    pub fn to_coarse_ms(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.0.epoch).as_millis() as u64
+    }
+}
+
+/// A running worker. Dropping it does not stop the thread: call [`Worker::join`] after telling
+/// the poller to finish.
+pub struct Worker {
+    handle: Option<JoinHandle<()>>,
+    waker: Waker,
+}
+
+impl Worker {
+    /// A waker/clock that exists before the thread does (so the poller can be built with it).
+    pub fn new_waker() -> Waker {
+        let epoch = Instant::now();
+        Waker(Arc::new(Shared {
+            parked: AtomicBool::new(false),
+            thread: std::sync::OnceLock::new(),
+            coarse_ms: AtomicU64::new(1),
+            epoch: epoch - Duration::from_millis(1),
+        }))
+    }
+
+    /// Starts the worker thread running `poller`.
+    pub fn spawn<P: Poller>(
+        config: WorkerConfig,
+        waker: Waker,
+        mut poller: P,
+    ) -> std::io::Result<Worker> {
+        let shared = waker.0.clone();
+        let handle = thread::Builder::new().name(config.name.clone()).spawn(move || {
+            let _ = shared.thread.set(thread::current());
+            if let Some(cpu) = config.cpu {
+                let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+            }
+            let mut last_work = Instant::now();
+            loop {
+                let now = Instant::now();
+                shared.coarse_ms.store(
+                    now.saturating_duration_since(shared.epoch).as_millis() as u64,
+                    Ordering::Relaxed,
+                );
+                let out = poller.poll(now);
+                if poller.finished() {
+                    break;
+                }
+                if out.did_work {
+                    last_work = now;
+                    continue;
+                }
+                if now.duration_since(last_work) < config.spin {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let mut park_for = config.max_park;
+                if let Some(d) = out.next_deadline {
+                    park_for = park_for.min(d.saturating_duration_since(now));
+                }
+                shared.parked.store(true, Ordering::SeqCst);
+                // Producers push, then check `parked`: re-poll once after announcing the park
+                // so a push that raced with the announcement is not missed.
+                let again = poller.poll(Instant::now());
+                if again.did_work || poller.finished() {
+                    shared.parked.store(false, Ordering::SeqCst);
+                    last_work = Instant::now();
+                    if poller.finished() {
+                        break;
+                    }
+                    continue;
+                }
+                if !park_for.is_zero() {
+                    thread::park_timeout(park_for);
+                }
+                shared.parked.store(false, Ordering::SeqCst);
+            }
+        })?;
+        Ok(Worker {
+            handle: Some(handle),
+            waker,
+        })
+    }
+
+    /// The waker of this worker.
+    pub fn waker(&self) -> &Waker {
+        &self.waker
+    }
+
+    /// Waits for the thread to exit (after the poller reported `finished`).
+    pub fn join(mut self) -> thread::Result<()> {
+        self.waker.wake();
+        match self.handle.take() {
+            Some(h) => {
+                // Keep waking in case the poller parks between our wake and its finish check.
+                while !h.is_finished() {
+                    if let Some(t) = self.waker.0.thread.get() {
+                        t.unpark();
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                }
+                h.join()
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    struct Counter {
+        inbox: Arc<AtomicUsize>,
+        seen: Arc<AtomicUsize>,
+        stop: Arc<AtomicBool>,
+        done: bool,
+    }
+
+    impl Poller for Counter {
+        fn poll(&mut self, _now: Instant) -> PollOutcome {
+            let n = self.inbox.swap(0, Ordering::AcqRel);
+            self.seen.fetch_add(n, Ordering::AcqRel);
+            if self.stop.load(Ordering::Acquire) {
+                self.done = true;
+            }
+            PollOutcome {
+                did_work: n > 0,
+                next_deadline: None,
+            }
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+    }
+
+    #[test]
+    fn wakes_processes_and_stops() {
+        let inbox = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let waker = Worker::new_waker();
+        let cfg = WorkerConfig {
+            max_park: Duration::from_secs(30),
+            ..WorkerConfig::default()
+        };
+        let w = Worker::spawn(
+            cfg,
+            waker.clone(),
+            Counter {
+                inbox: inbox.clone(),
+                seen: seen.clone(),
+                stop: stop.clone(),
+                done: false,
+            },
+        )
+        .unwrap();
+        for _ in 0..1000 {
+            inbox.fetch_add(1, Ordering::AcqRel);
+            waker.wake();
+            if seen.load(Ordering::Acquire) < 1000 {
+                thread::sleep(Duration::from_micros(20));
+            }
+        }
+        let t0 = Instant::now();
+        while seen.load(Ordering::Acquire) != 1000 {
+            assert!(t0.elapsed() < Duration::from_secs(5), "lost wake-up");
+            thread::yield_now();
+        }
+        assert!(waker.coarse_ms() > 0);
+        stop.store(true, Ordering::Release);
+        w.join().unwrap();
+    }
+}
