@@ -1,1 +1,83 @@
-//! simulated verbs (placeholder).
+//! `libsimverbs.so`: a simulated libibverbs for hardware-free test fabrics.
+//!
+//! Preloaded after Debian's `libumad2sim.so`, this library defines the `ibv_*` entry points
+//! that an unmodified verbs program (the real `ibacm`, the stock `libibacmp.so`,
+//! `ibv_devinfo`, ...) calls, and gives it one simulated HCA whose identity (GUIDs, LID, SM,
+//! P_Keys, GIDs) is the ibsim node that umad2sim attached the process to (`SIM_HOST`).
+//!
+//! * [`device`]: device list, open/close, the query verbs, async events and the port monitor.
+//! * [`control`]: the per-process control socket (`@simverbs/<fabric>/<node>/ctl`).
+//! * [`umad`]: what we read from libibumad (the sysfs snapshot and live SMP PortInfo queries).
+//! * [`mem`], [`cq`], [`qp`]: protection domains, memory regions, completion queues and
+//!   channels, UD queue pairs, address handles and multicast.
+//! * [`transport`]: the datagram transport between processes (abstract unix sockets keyed by
+//!   fabric, LID and QPN; multicast membership files) and the loss/delay knobs.
+//!
+//! Every exported function runs its body inside [`guard`], so no panic crosses the C ABI.
+//! See `docs/simverbs.md` for the design, the control protocol and the gotchas.
+
+pub mod control;
+pub mod cq;
+pub mod device;
+pub mod mem;
+pub mod qp;
+pub mod transport;
+pub mod umad;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Runs `f`, turning a panic into `on_panic` (and errno `EIO`) so that no unwinding crosses
+/// the C ABI. Used by every `extern "C"` entry point.
+pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(_) => {
+            log(format_args!(
+                "internal error (panic) caught at the C ABI boundary"
+            ));
+            set_errno(libc::EIO);
+            on_panic
+        }
+    }
+}
+
+/// Sets the calling thread's `errno`.
+pub(crate) fn set_errno(code: i32) {
+    // SAFETY: __errno_location always returns a valid pointer to this thread's errno.
+    unsafe { *libc::__errno_location() = code };
+}
+
+/// Diagnostics go to stderr, prefixed, and only when `SIMVERBS_DEBUG` is set (errors that a
+/// caller cannot see otherwise use [`log`] unconditionally).
+pub(crate) fn debug(args: std::fmt::Arguments<'_>) {
+    if std::env::var_os("SIMVERBS_DEBUG").is_some() {
+        log(args);
+    }
+}
+
+/// Writes one diagnostic line to stderr.
+pub(crate) fn log(args: std::fmt::Arguments<'_>) {
+    eprintln!("simverbs[{}]: {}", std::process::id(), args);
+}
+
+/// Copies `s` into a fixed C char array, truncating and always NUL-terminating.
+pub(crate) fn copy_cstr(dst: &mut [libc::c_char], s: &str) {
+    if dst.is_empty() {
+        return;
+    }
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as libc::c_char;
+    }
+    dst[n] = 0;
+}
+
+/// Reads a NUL-terminated C char array into a `String` (lossy, bounded by the array).
+pub(crate) fn read_cstr(src: &[libc::c_char]) -> String {
+    let bytes: Vec<u8> = src
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}

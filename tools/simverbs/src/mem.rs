@@ -1,0 +1,1 @@
+//! Protection domains and memory regions.

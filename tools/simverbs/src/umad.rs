@@ -1,0 +1,350 @@
+//! What the simulated HCA learns from libibumad (intercepted by umad2sim).
+//!
+//! Two sources:
+//! * the sysfs snapshot that umad2sim writes when the process attaches to ibsim, read through
+//!   `umad_get_ca`/`umad_get_port`: node/system GUIDs, GID prefix, port GUID, P_Key table,
+//!   firmware strings. umad2sim never rewrites it, so its LID/SM/state are those at start-up;
+//! * live directed-route SMP `Get(PortInfo)` queries to the local port (hop count 0) through a
+//!   umad agent of class 0x81: LID, LMC, SM LID/SL, port state, width/speed, MTUs, capability
+//!   mask. The port monitor uses these to notice LID/SM/state changes.
+
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_int, c_long, c_uint, c_void};
+
+/// `UMAD_CA_NAME_LEN` from umad.h.
+const CA_NAME_LEN: usize = 20;
+/// `UMAD_CA_MAX_PORTS` from umad.h.
+const CA_MAX_PORTS: usize = 10;
+
+/// Mirror of `umad_port_t` (umad.h); layout checked by the C layout test.
+#[repr(C)]
+pub struct UmadPort {
+    pub ca_name: [c_char; CA_NAME_LEN],
+    pub portnum: c_int,
+    pub base_lid: c_uint,
+    pub lmc: c_uint,
+    pub sm_lid: c_uint,
+    pub sm_sl: c_uint,
+    pub state: c_uint,
+    pub phys_state: c_uint,
+    pub rate: c_uint,
+    pub capmask: u32,
+    pub gid_prefix: u64,
+    pub port_guid: u64,
+    pub pkeys_size: c_uint,
+    pub pkeys: *mut u16,
+    pub link_layer: [c_char; CA_NAME_LEN],
+}
+
+/// Mirror of `umad_ca_t` (umad.h); layout checked by the C layout test.
+#[repr(C)]
+pub struct UmadCa {
+    pub ca_name: [c_char; CA_NAME_LEN],
+    pub node_type: c_uint,
+    pub numports: c_int,
+    pub fw_ver: [c_char; 20],
+    pub ca_type: [c_char; 40],
+    pub hw_ver: [c_char; 20],
+    pub node_guid: u64,
+    pub system_guid: u64,
+    pub ports: [*mut UmadPort; CA_MAX_PORTS],
+}
+
+#[link(name = "ibumad")]
+extern "C" {
+    fn umad_init() -> c_int;
+    fn umad_get_cas_names(cas: *mut [c_char; CA_NAME_LEN], max: c_int) -> c_int;
+    fn umad_get_ca(ca_name: *const c_char, ca: *mut UmadCa) -> c_int;
+    fn umad_release_ca(ca: *mut UmadCa) -> c_int;
+    fn umad_open_port(ca_name: *const c_char, portnum: c_int) -> c_int;
+    fn umad_close_port(portid: c_int) -> c_int;
+    fn umad_register(
+        portid: c_int,
+        mgmt_class: c_int,
+        mgmt_version: c_int,
+        rmpp_version: u8,
+        method_mask: *mut c_long,
+    ) -> c_int;
+    fn umad_send(
+        portid: c_int,
+        agentid: c_int,
+        umad: *mut c_void,
+        length: c_int,
+        timeout_ms: c_int,
+        retries: c_int,
+    ) -> c_int;
+    fn umad_recv(portid: c_int, umad: *mut c_void, length: *mut c_int, timeout_ms: c_int) -> c_int;
+    fn umad_get_mad(umad: *mut c_void) -> *mut c_void;
+    fn umad_size() -> usize;
+    fn umad_set_addr(umad: *mut c_void, dlid: c_int, dqp: c_int, sl: c_int, qkey: c_int) -> c_int;
+    fn umad_status(umad: *mut c_void) -> c_int;
+}
+
+/// One port as seen in the umad2sim sysfs snapshot (host byte order).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortSnapshot {
+    pub port_num: u8,
+    pub lid: u16,
+    pub lmc: u8,
+    pub sm_lid: u16,
+    pub sm_sl: u8,
+    pub state: u8,
+    pub phys_state: u8,
+    /// Gb/s as umad reports it (e.g. 10 for 4X SDR).
+    pub rate: u32,
+    pub capmask: u32,
+    pub gid_prefix: u64,
+    pub port_guid: u64,
+    pub pkeys: Vec<u16>,
+}
+
+/// One CA as seen in the umad2sim sysfs snapshot (host byte order).
+#[derive(Clone, Debug, Default)]
+pub struct CaSnapshot {
+    pub name: String,
+    pub node_type: u32,
+    pub fw_ver: String,
+    pub hw_ver: String,
+    pub ca_type: String,
+    pub node_guid: u64,
+    pub system_guid: u64,
+    pub ports: Vec<PortSnapshot>,
+}
+
+/// Calls `umad_init` once per process (libibumad requires it before the other calls).
+fn init_once() -> bool {
+    static INIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: umad_init takes no arguments and is safe to call at any time.
+    *INIT.get_or_init(|| unsafe { umad_init() } >= 0)
+}
+
+/// Names of the umad CAs visible to this process (under umad2sim: `ibsim0`).
+pub fn ca_names() -> Vec<String> {
+    if !init_once() {
+        return Vec::new();
+    }
+    let mut names = [[0 as c_char; CA_NAME_LEN]; 32];
+    // SAFETY: `names` has room for 32 entries of CA_NAME_LEN chars, as passed.
+    let n = unsafe { umad_get_cas_names(names.as_mut_ptr(), names.len() as c_int) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    names[..(n as usize).min(names.len())]
+        .iter()
+        .map(|n| crate::read_cstr(n))
+        .collect()
+}
+
+/// Reads the sysfs snapshot of CA `name` through `umad_get_ca`.
+pub fn read_ca(name: &str) -> Option<CaSnapshot> {
+    if !init_once() {
+        return None;
+    }
+    let cname = CString::new(name).ok()?;
+    // SAFETY: UmadCa is plain old data; all-zero is a valid (empty) value.
+    let mut ca: UmadCa = unsafe { std::mem::zeroed() };
+    // SAFETY: cname is NUL-terminated and `ca` is a valid, writable umad_ca_t.
+    if unsafe { umad_get_ca(cname.as_ptr(), &mut ca) } < 0 {
+        return None;
+    }
+    let mut snap = CaSnapshot {
+        name: crate::read_cstr(&ca.ca_name),
+        node_type: ca.node_type,
+        fw_ver: crate::read_cstr(&ca.fw_ver),
+        hw_ver: crate::read_cstr(&ca.hw_ver),
+        ca_type: crate::read_cstr(&ca.ca_type),
+        node_guid: u64::from_be(ca.node_guid),
+        system_guid: u64::from_be(ca.system_guid),
+        ports: Vec::new(),
+    };
+    for p in ca.ports.iter() {
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: umad_get_ca filled non-NULL entries with valid umad_port_t pointers that
+        // live until umad_release_ca below.
+        let p = unsafe { &**p };
+        let pkeys = if p.pkeys.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: libibumad allocated `pkeys_size` entries at `pkeys`.
+            unsafe { std::slice::from_raw_parts(p.pkeys, p.pkeys_size as usize) }
+                .iter()
+                .map(|k| u16::from_be(*k))
+                .collect()
+        };
+        snap.ports.push(PortSnapshot {
+            port_num: p.portnum as u8,
+            lid: p.base_lid as u16,
+            lmc: p.lmc as u8,
+            sm_lid: p.sm_lid as u16,
+            sm_sl: p.sm_sl as u8,
+            state: p.state as u8,
+            phys_state: p.phys_state as u8,
+            rate: p.rate,
+            capmask: u32::from_be(p.capmask),
+            gid_prefix: u64::from_be(p.gid_prefix),
+            port_guid: u64::from_be(p.port_guid),
+            pkeys,
+        });
+    }
+    // SAFETY: `ca` was filled by umad_get_ca and is released exactly once.
+    unsafe { umad_release_ca(&mut ca) };
+    Some(snap)
+}
+
+/// Live port attributes from an SMP `Get(PortInfo)` (host byte order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LivePortInfo {
+    pub gid_prefix: u64,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub capmask: u32,
+    pub link_width_active: u8,
+    pub link_speed_active: u8,
+    pub state: u8,
+    pub phys_state: u8,
+    pub lmc: u8,
+    pub neighbor_mtu: u8,
+    pub sm_sl: u8,
+    pub vl_cap: u8,
+    pub mtu_cap: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+}
+
+impl LivePortInfo {
+    /// Parses the 64-byte PortInfo attribute (IBA 14.2.5.6).
+    pub fn parse(d: &[u8]) -> Option<LivePortInfo> {
+        if d.len() < 64 {
+            return None;
+        }
+        Some(LivePortInfo {
+            gid_prefix: u64::from_be_bytes(d[8..16].try_into().ok()?),
+            lid: u16::from_be_bytes([d[16], d[17]]),
+            sm_lid: u16::from_be_bytes([d[18], d[19]]),
+            capmask: u32::from_be_bytes(d[20..24].try_into().ok()?),
+            link_width_active: d[31],
+            state: d[32] & 0x0f,
+            phys_state: d[33] >> 4,
+            lmc: d[34] & 0x07,
+            link_speed_active: d[35] >> 4,
+            neighbor_mtu: d[36] >> 4,
+            sm_sl: d[36] & 0x0f,
+            vl_cap: d[37] >> 4,
+            init_type_reply: d[41] >> 4,
+            mtu_cap: d[41] & 0x0f,
+            subnet_timeout: d[51] & 0x1f,
+        })
+    }
+}
+
+/// A umad port with a class 0x81 (directed-route SMP) agent, for PortInfo queries.
+pub struct SmpAgent {
+    port_id: c_int,
+    agent_id: c_int,
+    tid: u32,
+}
+
+impl SmpAgent {
+    /// Opens `ca`/`port` and registers a directed-route SMP agent.
+    pub fn open(ca: &str, port: u8) -> Option<SmpAgent> {
+        if !init_once() {
+            return None;
+        }
+        let cname = CString::new(ca).ok()?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        let port_id = unsafe { umad_open_port(cname.as_ptr(), c_int::from(port)) };
+        if port_id < 0 {
+            return None;
+        }
+        // SAFETY: port_id is open; a NULL method mask registers no unsolicited methods.
+        let agent_id = unsafe { umad_register(port_id, 0x81, 1, 0, std::ptr::null_mut()) };
+        if agent_id < 0 {
+            // SAFETY: port_id was opened above and is closed once.
+            unsafe { umad_close_port(port_id) };
+            return None;
+        }
+        Some(SmpAgent {
+            port_id,
+            agent_id,
+            tid: std::process::id().wrapping_mul(7919),
+        })
+    }
+
+    /// Sends `Get(PortInfo)` for `port` to the local node (directed route, hop count 0) and
+    /// waits up to `timeout_ms` for the answer.
+    pub fn query_port_info(&mut self, port: u8, timeout_ms: i32) -> Option<LivePortInfo> {
+        self.tid = self.tid.wrapping_add(1);
+        let tid = self.tid;
+        // SAFETY: umad_size takes no arguments.
+        let hdr = unsafe { umad_size() };
+        let mut buf = vec![0u8; hdr + 256];
+        let umad = buf.as_mut_ptr() as *mut c_void;
+        {
+            // SAFETY: `buf` holds a umad header followed by 256 MAD bytes, as umad_get_mad
+            // expects; the returned pointer is inside `buf`.
+            let mad = unsafe { std::slice::from_raw_parts_mut(umad_get_mad(umad) as *mut u8, 256) };
+            mad[0] = 1; // base version
+            mad[1] = 0x81; // directed-route SMP
+            mad[2] = 1; // class version
+            mad[3] = 1; // Get
+            mad[12..16].copy_from_slice(&tid.to_be_bytes());
+            mad[16..18].copy_from_slice(&0x0015u16.to_be_bytes()); // PortInfo
+            mad[20..24].copy_from_slice(&u32::from(port).to_be_bytes());
+            mad[32..34].copy_from_slice(&0xffffu16.to_be_bytes()); // DrSLID: permissive
+            mad[34..36].copy_from_slice(&0xffffu16.to_be_bytes()); // DrDLID: permissive
+        }
+        // SAFETY: `umad` points at a umad buffer of the right size.
+        unsafe { umad_set_addr(umad, 0xffff, 0, 0, 0) };
+        // SAFETY: port/agent are open; the buffer holds a header plus 256 MAD bytes.
+        if unsafe { umad_send(self.port_id, self.agent_id, umad, 256, timeout_ms, 1) } < 0 {
+            return None;
+        }
+        let deadline =
+            std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64 * 3);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let mut len: c_int = 256;
+            buf.iter_mut().for_each(|b| *b = 0);
+            let umad = buf.as_mut_ptr() as *mut c_void;
+            // SAFETY: `umad` has room for a header plus `len` MAD bytes.
+            let r = unsafe { umad_recv(self.port_id, umad, &mut len, left.as_millis() as c_int) };
+            if r < 0 {
+                return None;
+            }
+            // SAFETY: `umad` is a received umad buffer.
+            if unsafe { umad_status(umad) } != 0 {
+                return None;
+            }
+            // SAFETY: as above, the MAD lies inside `buf`.
+            let mad = unsafe { std::slice::from_raw_parts(umad_get_mad(umad) as *const u8, 256) };
+            // Only the low 32 TID bits survive umad2sim/ibsim (see test-fabric.md).
+            if mad[12..16] != tid.to_be_bytes() || mad[3] != 0x81 {
+                continue;
+            }
+            return LivePortInfo::parse(&mad[64..128]);
+        }
+    }
+}
+
+impl Drop for SmpAgent {
+    fn drop(&mut self) {
+        // SAFETY: the port was opened by SmpAgent::open and is closed exactly once (closing
+        // the port also unregisters its agents).
+        unsafe { umad_close_port(self.port_id) };
+    }
+}
+
+/// Renders a C string pointer for diagnostics.
+#[allow(dead_code)]
+pub(crate) fn cstr_lossy(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: callers pass a valid NUL-terminated string.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
