@@ -1,1 +1,766 @@
-//! placeholder
+//! Path-record and address caches over caller-provided storage, plus a pending-request table.
+//!
+//! # Shape
+//!
+//! ```text
+//!  AddrKey (ep, NAME|IPv4|IPv6, 64 B) ──alias──┐
+//!  AddrKey (ep, other name/IP)  ───────alias───┤   (index, incarnation)
+//!                                              ▼
+//!  PathKey (ep, LID|GID, Constraints) ──► path entry: 64-byte PathRecord, expiry, status
+//! ```
+//!
+//! * [`PathCache`] holds path entries (keyed by [`PathKey`]) and address entries (keyed by
+//!   [`AddrKey`]). An address entry points at a path entry, so many addresses (a host's name, its
+//!   IPv4 and IPv6 addresses) share one record: updating the record once updates what every alias
+//!   sees. If the path entry is removed or its slot reused, the aliases become misses.
+//! * Storage is handed in: `PathCache<P, A>` is generic over `P: Deref<Target = [PathSlot]>` and
+//!   `A: Deref<Target = [AddrSlot]>`, so a host passes `Box<[PathSlot]>` (sized from the options at
+//!   run time, see [`PathSlot::boxed`]) and firmware passes `&'static [PathSlot]` from a `static`
+//!   array (`Slot::new` is `const`). Nothing allocates after construction.
+//! * **One writer, many readers.** Lookups take `&self`, never block, never allocate and never see
+//!   a torn record (a per-slot seqlock over `AtomicU32` words; no `unsafe`, 32-bit atomics only, so
+//!   it runs on `thumbv7em` and `riscv32imac`). Mutation goes through the single
+//!   [`CacheWriter`] obtained from [`PathCache::writer`]. A lookup that keeps colliding with the
+//!   writer gives up with [`Lookup::Busy`] after a bounded number of retries.
+//! * **Time** is a caller-supplied `u64` tick count (the host uses milliseconds of a monotonic
+//!   clock). Entries carry an absolute expiry; negative entries carry a status and their own
+//!   lifetime. A hit within [`CacheConfig::refresh_ahead`] ticks of expiry reports
+//!   `needs_refresh: true`, to exactly one reader per version of the entry.
+//! * **Invalidation** by key ([`CacheWriter::remove`]), by address ([`CacheWriter::remove_addr`])
+//!   and by endpoint in O(1) ([`CacheWriter::invalidate_ep`]: bumps the endpoint's generation, so
+//!   everything learned through it becomes a miss and is reclaimed first).
+//! * **Eviction** when full: bounded CLOCK. Each insert into a full table examines at most
+//!   [`EVICT_SCAN`] slots from the clock hand; the first dead slot (expired, negative, stale
+//!   endpoint generation) is taken at once, else the first slot whose reference bit was clear
+//!   (hits set the bit), else the first slot examined. Capacity never grows.
+//! * **Hashing**: a seeded folded-multiply hash ([`hash`]); buckets are chains of `u32` slot
+//!   indices threaded through the slots themselves (one bucket per slot, load factor ≤ 1), at most
+//!   [`MAX_CHAIN`] long.
+//!
+//! # Memory
+//!
+//! | storage | bytes per entry |
+//! |---|---|
+//! | [`PathSlot`] (64 B record + 40 B key + 20 B meta + seq, link, bucket head, CLOCK bit, refresh claim) | 144 |
+//! | [`AddrSlot`] (68 B key + 8 B target + 20 B meta + 16 B seq/links/flags) | 112 |
+//! | [`pending`]: per key / per waiter | see [`pending`] |
+//!
+//! 1,000,000 path entries take 144 MB.
+//!
+//! # Example
+//!
+//! ```
+//! use acm_core_nostd::cache::{CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot, AddrSlot, AddrKey};
+//! static PATHS: [PathSlot; 64] = [const { PathSlot::new() }; 64];
+//! static ADDRS: [AddrSlot; 64] = [const { AddrSlot::new() }; 64];
+//! let cache = PathCache::new(&PATHS[..], &ADDRS[..], CacheConfig::default()).unwrap();
+//! let key = PathKey::new(0, Dest::Lid(7));
+//! let mut w = cache.writer().expect("one writer");
+//! w.insert(&key, &[0xab; 64], 1_000, 60_000);
+//! w.alias(&AddrKey::name(0, "node7").unwrap(), &key, 1_000, 60_000).unwrap();
+//! assert!(matches!(cache.lookup(&key, 2_000), Lookup::Hit { .. }));
+//! match cache.lookup_addr(&AddrKey::name(0, "node7").unwrap(), 2_000) {
+//!     Lookup::Hit { record, .. } => assert_eq!(record, [0xab; 64]),
+//!     other => panic!("{other:?}"),
+//! }
+//! assert_eq!(cache.lookup(&key, 61_000), Lookup::Miss); // expired
+//! ```
+
+pub mod hash;
+mod key;
+pub mod pending;
+mod table;
+
+use core::ops::Deref;
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+pub use key::{
+    constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PathKey, ADDR_KEY_WORDS,
+    MAX_ADDRESS, PATH_KEY_WORDS,
+};
+pub use pending::{Begin, PendingTable};
+pub use table::{Slot, EVICT_SCAN, MAX_CHAIN, MAX_RETRIES};
+
+use table::{expiry, set_expiry, Probe, Table, Upsert, EXP_HI, GEN, HDR, INC, KEY, OCCUPIED};
+
+/// Size of a path record in bytes.
+pub const RECORD_LEN: usize = 64;
+const RECORD_WORDS: usize = RECORD_LEN / 4;
+/// Words per path slot: 5 meta + key + record.
+pub const PATH_WORDS: usize = KEY + PATH_KEY_WORDS + RECORD_WORDS;
+/// Words per address slot: 5 meta + key + target (index, incarnation).
+pub const ADDR_WORDS: usize = KEY + ADDR_KEY_WORDS + 2;
+const PATH_REC: usize = KEY + PATH_KEY_WORDS;
+const ADDR_TGT: usize = KEY + ADDR_KEY_WORDS;
+
+/// Storage for one path entry.
+pub type PathSlot = Slot<PATH_WORDS>;
+/// Storage for one address entry.
+pub type AddrSlot = Slot<ADDR_WORDS>;
+
+/// Endpoint generations are kept in a fixed array indexed by `ep % EP_GENERATIONS`; endpoints
+/// that share an index are invalidated together (harmless: extra misses).
+pub const EP_GENERATIONS: usize = 256;
+
+#[cfg(feature = "std")]
+impl<const W: usize> Slot<W> {
+    /// `n` empty slots on the heap (host convenience; needs the `std` feature).
+    pub fn boxed(n: usize) -> std::boxed::Box<[Self]> {
+        (0..n).map(|_| Self::new()).collect()
+    }
+}
+
+/// Run-time settings of a [`PathCache`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Hash seed; pick it at random on hosts so remote parties cannot aim at one bucket.
+    pub seed: u64,
+    /// A hit this many ticks (or fewer) before its expiry carries `needs_refresh: true`.
+    pub refresh_ahead: u64,
+}
+
+impl Default for CacheConfig {
+    /// Seed `0x5eed`, refresh 5000 ticks (5 s at millisecond ticks) ahead.
+    fn default() -> Self {
+        CacheConfig {
+            seed: 0x5eed,
+            refresh_ahead: 5_000,
+        }
+    }
+}
+
+/// What a lookup found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// A valid path record.
+    Hit {
+        /// The 64-byte SA PathRecord as stored (parse it with `wire::path_record`).
+        record: [u8; RECORD_LEN],
+        /// When the entry expires (ticks).
+        expires_at: u64,
+        /// The entry is within `refresh_ahead` of expiry and this caller is the one asked to
+        /// start a refresh (one caller per version of the entry).
+        needs_refresh: bool,
+    },
+    /// A negative entry: resolution recently failed with `status`; do not retry before `until`.
+    Negative {
+        /// The failure status the writer recorded (e.g. an `ACM_STATUS_*` value), never 0.
+        status: u8,
+        /// When the negative entry expires (ticks).
+        until: u64,
+    },
+    /// Nothing usable cached (absent, expired, or invalidated).
+    Miss,
+    /// The writer was rewriting the entry on every attempt; treat as a miss for now.
+    Busy,
+}
+
+/// Errors from cache construction and writer operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheError {
+    /// The storage slice is empty or has more than `u32::MAX - 1` slots.
+    Capacity,
+    /// [`CacheWriter::alias`] named a path key that is not cached.
+    NoSuchPath,
+    /// A negative entry needs a non-zero status.
+    ZeroStatus,
+}
+
+impl core::fmt::Display for CacheError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            CacheError::Capacity => "cache storage is empty or larger than u32::MAX - 1 slots",
+            CacheError::NoSuchPath => "alias target path is not cached",
+            CacheError::ZeroStatus => "negative cache entries need a non-zero status",
+        })
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for CacheError {}
+
+/// What an insert did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inserted {
+    /// A new entry took a free slot.
+    New,
+    /// The key was present; its entry was overwritten in place (aliases see the new record).
+    Updated,
+    /// The table was full; another entry was evicted to make room.
+    Evicted,
+}
+
+#[cfg(target_has_atomic = "64")]
+type Counter = core::sync::atomic::AtomicU64;
+#[cfg(not(target_has_atomic = "64"))]
+type Counter = core::sync::atomic::AtomicU32;
+
+#[derive(Default)]
+struct Counters {
+    hits: Counter,
+    negative_hits: Counter,
+    misses: Counter,
+    busy: Counter,
+    refresh_hints: Counter,
+    inserts: Counter,
+    updates: Counter,
+    evictions: Counter,
+    expired: Counter,
+    removed: Counter,
+}
+
+#[inline]
+fn bump(c: &Counter) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+#[inline]
+fn add(c: &Counter, n: usize) {
+    #[allow(clippy::cast_possible_truncation)]
+    c.fetch_add(n as _, Ordering::Relaxed);
+}
+
+/// A snapshot of a cache's counters (path and address lookups together). 32-bit targets without
+/// 64-bit atomics count modulo 2^32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups answered with a record.
+    pub hits: u64,
+    /// Lookups answered from a negative entry.
+    pub negative_hits: u64,
+    /// Lookups that found nothing usable.
+    pub misses: u64,
+    /// Lookups that gave up because the writer kept the entry busy.
+    pub busy: u64,
+    /// Hits that carried `needs_refresh: true`.
+    pub refresh_hints: u64,
+    /// Inserts of new keys (including ones that evicted).
+    pub inserts: u64,
+    /// In-place updates of present keys.
+    pub updates: u64,
+    /// Live entries evicted to make room (dead ones are counted in `expired`).
+    pub evictions: u64,
+    /// Dead entries (expired, negative past their time, invalidated) reclaimed.
+    pub expired: u64,
+    /// Entries removed by `remove`/`remove_addr`.
+    pub removed: u64,
+    /// Path entries currently held.
+    pub path_entries: u64,
+    /// Address entries currently held.
+    pub addr_entries: u64,
+}
+
+/// The path-record and address cache. See the [module docs](self).
+pub struct PathCache<P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    paths: Table<P, PATH_WORDS, PATH_KEY_WORDS>,
+    addrs: Table<A, ADDR_WORDS, ADDR_KEY_WORDS>,
+    ep_gens: [AtomicU32; EP_GENERATIONS],
+    config: CacheConfig,
+    writer_taken: AtomicBool,
+    counters: Counters,
+    path_sweep: AtomicU32,
+    addr_sweep: AtomicU32,
+}
+
+/// The cache's single writer; see [`PathCache::writer`]. Dropping it frees the writer role.
+pub struct CacheWriter<'c, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    cache: &'c PathCache<P, A>,
+}
+
+#[inline]
+fn ep_index(ep: u16) -> usize {
+    ep as usize % EP_GENERATIONS
+}
+
+#[inline]
+fn ep_of(w: &[u32]) -> u16 {
+    (w[KEY] >> 16) as u16
+}
+
+impl<P, A> PathCache<P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    /// A cache over `paths` and `addrs` (both reset to empty; `addrs` may be empty if addresses
+    /// are not cached). Fails with [`CacheError::Capacity`] if `paths` is empty or either is
+    /// larger than `u32::MAX - 1` slots.
+    pub fn new(paths: P, addrs: A, config: CacheConfig) -> Result<Self, CacheError> {
+        if paths.is_empty() {
+            return Err(CacheError::Capacity);
+        }
+        let paths = Table::new(paths, config.seed).ok_or(CacheError::Capacity)?;
+        let addrs =
+            Table::new(addrs, config.seed ^ 0x000a_dd7e_55e5).ok_or(CacheError::Capacity)?;
+        Ok(PathCache {
+            paths,
+            addrs,
+            ep_gens: [const { AtomicU32::new(0) }; EP_GENERATIONS],
+            config,
+            writer_taken: AtomicBool::new(false),
+            counters: Counters::default(),
+            path_sweep: AtomicU32::new(0),
+            addr_sweep: AtomicU32::new(0),
+        })
+    }
+
+    /// The writer handle, or `None` if one exists already.
+    pub fn writer(&self) -> Option<CacheWriter<'_, P, A>> {
+        self.writer_taken
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| CacheWriter { cache: self })
+    }
+
+    /// Number of path slots.
+    pub fn capacity(&self) -> usize {
+        self.paths.capacity()
+    }
+
+    /// Number of address slots.
+    pub fn addr_capacity(&self) -> usize {
+        self.addrs.capacity()
+    }
+
+    /// Path entries currently held (including dead ones not yet reclaimed).
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// True if no path entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.paths.len() == 0
+    }
+
+    /// The configuration the cache was built with.
+    pub fn config(&self) -> CacheConfig {
+        self.config
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> CacheStats {
+        let c = &self.counters;
+        #[allow(clippy::unnecessary_cast)]
+        let g = |x: &Counter| x.load(Ordering::Relaxed) as u64;
+        CacheStats {
+            hits: g(&c.hits),
+            negative_hits: g(&c.negative_hits),
+            misses: g(&c.misses),
+            busy: g(&c.busy),
+            refresh_hints: g(&c.refresh_hints),
+            inserts: g(&c.inserts),
+            updates: g(&c.updates),
+            evictions: g(&c.evictions),
+            expired: g(&c.expired),
+            removed: g(&c.removed),
+            path_entries: self.paths.len() as u64,
+            addr_entries: self.addrs.len() as u64,
+        }
+    }
+
+    #[inline]
+    fn gen(&self, ep: u16) -> u32 {
+        self.ep_gens[ep_index(ep)].load(Ordering::Acquire)
+    }
+
+    /// Looks up a path by key at time `now`. Never blocks; safe from any number of threads.
+    pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
+        self.lookup_impl::<true>(key, now)
+    }
+
+    /// **Deliberately broken** lookup that skips the seqlock validation, so it can return torn
+    /// records. Exists only so the concurrency test can show that it detects torn reads; never
+    /// use it otherwise.
+    #[doc(hidden)]
+    pub fn torn_lookup_for_tests(&self, key: &PathKey, now: u64) -> Lookup {
+        self.lookup_impl::<false>(key, now)
+    }
+
+    #[inline]
+    fn lookup_impl<const CHECKED: bool>(&self, key: &PathKey, now: u64) -> Lookup {
+        let kw = key.to_words();
+        let h = hash::hash_words(self.paths.seed(), &kw);
+        let mut w = [0u32; PATH_WORDS];
+        let r = match self.paths.read::<CHECKED>(&kw, h, &mut w) {
+            Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now),
+            Probe::NotFound => Lookup::Miss,
+            Probe::Busy => Lookup::Busy,
+        };
+        self.count(&r);
+        r
+    }
+
+    fn count(&self, r: &Lookup) {
+        let c = &self.counters;
+        match r {
+            Lookup::Hit { needs_refresh, .. } => {
+                bump(&c.hits);
+                if *needs_refresh {
+                    bump(&c.refresh_hints);
+                }
+            }
+            Lookup::Negative { .. } => bump(&c.negative_hits),
+            Lookup::Miss => bump(&c.misses),
+            Lookup::Busy => bump(&c.busy),
+        }
+    }
+
+    /// Turns a consistent snapshot of path slot `idx` into a lookup result. `cap` bounds the
+    /// expiry (an alias's own lifetime).
+    fn classify(&self, idx: usize, seq: u32, w: &[u32; PATH_WORDS], cap: u64, now: u64) -> Lookup {
+        if w[GEN] != self.gen(ep_of(w)) {
+            return Lookup::Miss;
+        }
+        let exp = expiry(w).min(cap);
+        if now >= exp {
+            return Lookup::Miss;
+        }
+        let status = (w[HDR] & 0xff) as u8;
+        if status != 0 {
+            return Lookup::Negative { status, until: exp };
+        }
+        self.paths.touch(idx);
+        let needs_refresh = now.saturating_add(self.config.refresh_ahead) >= exp
+            && self.paths.claim_refresh(idx, seq);
+        let mut record = [0u8; RECORD_LEN];
+        for (c, v) in record.chunks_exact_mut(4).zip(&w[PATH_REC..]) {
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        Lookup::Hit {
+            record,
+            expires_at: exp,
+            needs_refresh,
+        }
+    }
+
+    /// Looks up an address at time `now`, following its alias to the shared path entry. The
+    /// result expires at the earlier of the alias's and the path's expiry.
+    pub fn lookup_addr(&self, key: &AddrKey, now: u64) -> Lookup {
+        let r = self.lookup_addr_inner(key, now);
+        self.count(&r);
+        r
+    }
+
+    fn lookup_addr_inner(&self, key: &AddrKey, now: u64) -> Lookup {
+        let kw = key.to_words();
+        let h = hash::hash_words(self.addrs.seed(), &kw);
+        let mut aw = [0u32; ADDR_WORDS];
+        match self.addrs.read::<true>(&kw, h, &mut aw) {
+            Probe::Found(aidx, _) => {
+                if aw[GEN] != self.gen(key.ep) {
+                    return Lookup::Miss;
+                }
+                let exp = expiry(&aw);
+                if now >= exp {
+                    return Lookup::Miss;
+                }
+                let status = (aw[HDR] & 0xff) as u8;
+                if status != 0 {
+                    return Lookup::Negative { status, until: exp };
+                }
+                self.addrs.touch(aidx);
+                let (target, inc) = (aw[ADDR_TGT] as usize, aw[ADDR_TGT + 1]);
+                let mut w = [0u32; PATH_WORDS];
+                match self.paths.read_at(target, &mut w) {
+                    Some(Some(seq)) if w[HDR] & OCCUPIED != 0 && w[INC] == inc => {
+                        self.classify(target, seq, &w, exp, now)
+                    }
+                    Some(None) => Lookup::Busy,
+                    _ => Lookup::Miss,
+                }
+            }
+            Probe::NotFound => Lookup::Miss,
+            Probe::Busy => Lookup::Busy,
+        }
+    }
+
+    /// True if the entry words are dead at `now`: expired, negative (they go first when full), or
+    /// written under an older endpoint generation.
+    fn dead(&self, w: &[u32], now: u64) -> bool {
+        w[GEN] != self.gen(ep_of(w)) || expiry(w) <= now || w[HDR] & 0xff != 0
+    }
+}
+
+impl<P, A> core::fmt::Debug for PathCache<P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("PathCache")
+            .field("capacity", &self.capacity())
+            .field("addr_capacity", &self.addr_capacity())
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P, A> Drop for CacheWriter<'_, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    fn drop(&mut self) {
+        self.cache.writer_taken.store(false, Ordering::Release);
+    }
+}
+
+impl<P, A> core::fmt::Debug for CacheWriter<'_, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CacheWriter").finish_non_exhaustive()
+    }
+}
+
+impl<P, A> CacheWriter<'_, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    /// The cache this writer writes.
+    pub fn cache(&self) -> &PathCache<P, A> {
+        self.cache
+    }
+
+    fn path_words(
+        &self,
+        kw: &[u32; PATH_KEY_WORDS],
+        ep: u16,
+        status: u8,
+        now: u64,
+        ttl: u64,
+    ) -> [u32; PATH_WORDS] {
+        let mut w = [0u32; PATH_WORDS];
+        w[HDR] = OCCUPIED | status as u32;
+        w[GEN] = self.cache.gen(ep);
+        set_expiry(&mut w, now.saturating_add(ttl));
+        w[KEY..KEY + PATH_KEY_WORDS].copy_from_slice(kw);
+        w
+    }
+
+    fn upsert_path(&mut self, key: &PathKey, mut w: [u32; PATH_WORDS], now: u64) -> Inserted {
+        let c = self.cache;
+        let kw = key.to_words();
+        let h = hash::hash_words(c.paths.seed(), &kw);
+        let dead = |x: &[u32; PATH_WORDS]| c.dead(x, now);
+        // `paths` is never empty (checked in `new`), so upsert always finds a slot.
+        match c.paths.upsert(&kw, h, &mut w, &dead).map(|(_, u)| u) {
+            Some(Upsert::Updated) => {
+                bump(&c.counters.updates);
+                Inserted::Updated
+            }
+            Some(Upsert::Evicted { dead }) => {
+                bump(&c.counters.inserts);
+                bump(if dead {
+                    &c.counters.expired
+                } else {
+                    &c.counters.evictions
+                });
+                Inserted::Evicted
+            }
+            Some(Upsert::New) | None => {
+                bump(&c.counters.inserts);
+                Inserted::New
+            }
+        }
+    }
+
+    /// Caches `record` for `key` until `now + ttl`, replacing any entry (positive or negative)
+    /// for the key in place — every alias of the key sees the new record. Evicts when full.
+    pub fn insert(
+        &mut self,
+        key: &PathKey,
+        record: &[u8; RECORD_LEN],
+        now: u64,
+        ttl: u64,
+    ) -> Inserted {
+        let mut w = self.path_words(&key.to_words(), key.ep, 0, now, ttl);
+        for (v, c) in w[PATH_REC..].iter_mut().zip(record.chunks_exact(4)) {
+            *v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        self.upsert_path(key, w, now)
+    }
+
+    /// Records that resolving `key` failed with `status` (non-zero); lookups answer
+    /// [`Lookup::Negative`] until `now + ttl`.
+    pub fn insert_negative(
+        &mut self,
+        key: &PathKey,
+        status: u8,
+        now: u64,
+        ttl: u64,
+    ) -> Result<Inserted, CacheError> {
+        if status == 0 {
+            return Err(CacheError::ZeroStatus);
+        }
+        let w = self.path_words(&key.to_words(), key.ep, status, now, ttl);
+        Ok(self.upsert_path(key, w, now))
+    }
+
+    /// Points address `addr` at the cached path entry of `path` until `now + ttl` (the answer
+    /// also never outlives the path entry). Fails with [`CacheError::NoSuchPath`] if `path` is
+    /// not cached, [`CacheError::Capacity`] if there is no address storage.
+    pub fn alias(
+        &mut self,
+        addr: &AddrKey,
+        path: &PathKey,
+        now: u64,
+        ttl: u64,
+    ) -> Result<Inserted, CacheError> {
+        let c = self.cache;
+        let pkw = path.to_words();
+        let idx = c
+            .paths
+            .find(&pkw, hash::hash_words(c.paths.seed(), &pkw))
+            .ok_or(CacheError::NoSuchPath)?;
+        let inc = c.paths.load(idx)[INC];
+        self.upsert_addr(addr, 0, idx as u32, inc, now, ttl)
+    }
+
+    /// Records that resolving address `addr` failed with `status` (non-zero) until `now + ttl`.
+    pub fn insert_addr_negative(
+        &mut self,
+        addr: &AddrKey,
+        status: u8,
+        now: u64,
+        ttl: u64,
+    ) -> Result<Inserted, CacheError> {
+        if status == 0 {
+            return Err(CacheError::ZeroStatus);
+        }
+        self.upsert_addr(addr, status, u32::MAX, 0, now, ttl)
+    }
+
+    fn upsert_addr(
+        &mut self,
+        addr: &AddrKey,
+        status: u8,
+        target: u32,
+        inc: u32,
+        now: u64,
+        ttl: u64,
+    ) -> Result<Inserted, CacheError> {
+        let c = self.cache;
+        let kw = addr.to_words();
+        let mut w = [0u32; ADDR_WORDS];
+        w[HDR] = OCCUPIED | status as u32;
+        w[GEN] = c.gen(addr.ep);
+        set_expiry(&mut w, now.saturating_add(ttl));
+        w[KEY..KEY + ADDR_KEY_WORDS].copy_from_slice(&kw);
+        w[ADDR_TGT] = target;
+        w[ADDR_TGT + 1] = inc;
+        let h = hash::hash_words(c.addrs.seed(), &kw);
+        let dead = |x: &[u32; ADDR_WORDS]| c.dead(x, now);
+        match c.addrs.upsert(&kw, h, &mut w, &dead).map(|(_, u)| u) {
+            None => Err(CacheError::Capacity),
+            Some(Upsert::Updated) => {
+                bump(&c.counters.updates);
+                Ok(Inserted::Updated)
+            }
+            Some(Upsert::Evicted { dead }) => {
+                bump(&c.counters.inserts);
+                bump(if dead {
+                    &c.counters.expired
+                } else {
+                    &c.counters.evictions
+                });
+                Ok(Inserted::Evicted)
+            }
+            Some(Upsert::New) => {
+                bump(&c.counters.inserts);
+                Ok(Inserted::New)
+            }
+        }
+    }
+
+    /// Removes the path entry for `key`; its aliases become misses. True if it was present.
+    pub fn remove(&mut self, key: &PathKey) -> bool {
+        let c = self.cache;
+        let kw = key.to_words();
+        match c.paths.find(&kw, hash::hash_words(c.paths.seed(), &kw)) {
+            Some(idx) => {
+                c.paths.remove_at(idx);
+                bump(&c.counters.removed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes the address entry for `addr` (the path entry stays). True if it was present.
+    pub fn remove_addr(&mut self, addr: &AddrKey) -> bool {
+        let c = self.cache;
+        let kw = addr.to_words();
+        match c.addrs.find(&kw, hash::hash_words(c.addrs.seed(), &kw)) {
+            Some(idx) => {
+                c.addrs.remove_at(idx);
+                bump(&c.counters.removed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Invalidates everything learned through endpoint `ep` in O(1): its generation is bumped,
+    /// so its path and address entries become misses at once and are the first to be reclaimed.
+    /// Call on port/LID/P_Key changes and when the endpoint closes. Endpoints whose numbers are
+    /// equal modulo [`EP_GENERATIONS`] are invalidated together.
+    pub fn invalidate_ep(&mut self, ep: u16) {
+        self.cache.ep_gens[ep_index(ep)].fetch_add(1, Ordering::Release);
+    }
+
+    /// Reclaims dead entries (expired, negative past their time, invalidated) among the next
+    /// `budget` slots of each table, continuing where the previous call stopped. Returns how many
+    /// were removed. Call it from the writer's timer with a small budget to keep latency flat.
+    pub fn purge_expired(&mut self, now: u64, budget: usize) -> usize {
+        let c = self.cache;
+        // Here negative entries are dead only once past their time.
+        let pdead = |w: &[u32; PATH_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
+        let adead = |w: &[u32; ADDR_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
+        let n = c.paths.sweep(&c.path_sweep, budget, &pdead)
+            + c.addrs.sweep(&c.addr_sweep, budget, &adead);
+        add(&c.counters.expired, n);
+        n
+    }
+
+    /// Removes every path and address entry whose endpoint is `ep` (O(capacity); prefer
+    /// [`invalidate_ep`](Self::invalidate_ep) on hot paths). Returns how many were removed.
+    pub fn flush_ep(&mut self, ep: u16) -> usize {
+        let c = self.cache;
+        let mut n = 0;
+        c.paths.for_each_occupied(|i, w| {
+            if ep_of(w) == ep {
+                c.paths.remove_at(i);
+                n += 1;
+            }
+        });
+        c.addrs.for_each_occupied(|i, w| {
+            if ep_of(w) == ep {
+                c.addrs.remove_at(i);
+                n += 1;
+            }
+        });
+        add(&c.counters.removed, n);
+        n
+    }
+
+    /// Removes everything (O(capacity)).
+    pub fn clear(&mut self) {
+        self.cache.paths.clear();
+        self.cache.addrs.clear();
+    }
+}
+
+// Keep `EXP_HI` referenced for readers of the layout table above.
+const _: () = assert!(EXP_HI == KEY - 1);

@@ -1,0 +1,76 @@
+//! A small, fast, non-allocating keyed hash for the cache tables.
+//!
+//! A folded-multiply mixer in the style of wyhash / foldhash: each 64-bit chunk is XORed into the
+//! state and the 128-bit product with an odd constant is folded back to 64 bits. It is not a
+//! cryptographic hash; the caller-chosen `seed` makes bucket placement unpredictable to a remote
+//! party, and the tables bound chain length anyway (see `table::MAX_CHAIN`).
+
+const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
+const MUL2: u64 = 0xD6E8_FEB8_6659_FD93;
+
+/// Folded multiply: the high and low halves of the 128-bit product, XORed.
+#[inline(always)]
+fn fold_mul(a: u64, b: u64) -> u64 {
+    let p = (a as u128).wrapping_mul(b as u128);
+    (p as u64) ^ ((p >> 64) as u64)
+}
+
+/// Hashes a slice of 32-bit words with `seed`.
+#[inline]
+pub fn hash_words(seed: u64, words: &[u32]) -> u64 {
+    let mut h = seed ^ MUL2;
+    let mut chunks = words.chunks_exact(2);
+    for c in &mut chunks {
+        let w = (c[0] as u64) | ((c[1] as u64) << 32);
+        h = fold_mul(h ^ w, MUL);
+    }
+    if let [last] = chunks.remainder() {
+        h = fold_mul(h ^ (*last as u64), MUL);
+    }
+    fold_mul(h ^ (words.len() as u64), MUL2)
+}
+
+/// Maps a hash to `0..n` without division (Lemire's multiply-shift on the high 32 bits).
+#[inline(always)]
+pub fn reduce(hash: u64, n: usize) -> usize {
+    (((hash >> 32) * n as u64) >> 32) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reduce_stays_in_range() {
+        for n in [1usize, 2, 3, 1000, 1 << 20, u32::MAX as usize] {
+            for h in [0u64, 1, u64::MAX, 0x8000_0000_0000_0000, 12345678901234567] {
+                assert!(reduce(h, n) < n);
+            }
+        }
+    }
+
+    #[test]
+    fn seed_and_content_change_the_hash() {
+        let a = hash_words(1, &[1, 2, 3]);
+        assert_ne!(a, hash_words(2, &[1, 2, 3]));
+        assert_ne!(a, hash_words(1, &[1, 2, 4]));
+        assert_ne!(a, hash_words(1, &[1, 2, 3, 0]));
+        assert_eq!(a, hash_words(1, &[1, 2, 3]));
+    }
+
+    #[test]
+    fn sequential_lids_spread_over_buckets() {
+        // 4096 consecutive LIDs into 4096 buckets: a decent hash leaves ~1/e buckets empty and
+        // keeps the longest chain short.
+        let n = 4096;
+        let mut counts = [0u8; 4096];
+        for lid in 0..n as u32 {
+            let b = reduce(hash_words(7, &[1, lid, 0, 0, 0]), n);
+            counts[b] = counts[b].saturating_add(1);
+        }
+        let empty = counts.iter().filter(|&&c| c == 0).count();
+        let max = counts.iter().copied().max().unwrap_or(0);
+        assert!(empty > 1200 && empty < 1800, "empty buckets {empty}");
+        assert!(max <= 10, "longest chain {max}");
+    }
+}

@@ -1,0 +1,337 @@
+//! Cache keys: what a path record or an address is looked up by.
+//!
+//! Keys are packed into fixed arrays of 32-bit words and compared word for word, so two keys
+//! share an entry only if *every* field is equal: there is no fingerprint that could collide.
+
+use super::hash::hash_words;
+
+/// Number of 32-bit words a packed [`PathKey`] occupies.
+pub const PATH_KEY_WORDS: usize = 10;
+/// Number of 32-bit words a packed [`AddrKey`] occupies.
+pub const ADDR_KEY_WORDS: usize = 17;
+/// Longest address an [`AddrKey`] holds (`ACM_MAX_ADDRESS`).
+pub const MAX_ADDRESS: usize = 64;
+
+/// The destination half of a [`PathKey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dest {
+    /// Destination LID (host order).
+    Lid(u16),
+    /// Destination GID, 16 bytes in network order.
+    Gid([u8; 16]),
+}
+
+/// Bits of [`Constraints::mask`]: which constraint fields the request actually specified.
+///
+/// A request that leaves a field unspecified and one that specifies it as 0 are different keys.
+pub mod constraint {
+    /// `service_id` is specified.
+    pub const SERVICE_ID: u16 = 1 << 0;
+    /// `pkey` is specified.
+    pub const PKEY: u16 = 1 << 1;
+    /// `qos_class` is specified.
+    pub const QOS_CLASS: u16 = 1 << 2;
+    /// `tclass` is specified.
+    pub const TCLASS: u16 = 1 << 3;
+    /// `sl` is specified.
+    pub const SL: u16 = 1 << 4;
+    /// `mtu` (selector and value) is specified.
+    pub const MTU: u16 = 1 << 5;
+    /// `rate` (selector and value) is specified.
+    pub const RATE: u16 = 1 << 6;
+    /// `packet_life` (selector and value) is specified.
+    pub const PACKET_LIFE: u16 = 1 << 7;
+    /// `reversible_numpath` is specified.
+    pub const REVERSIBLE_NUMPATH: u16 = 1 << 8;
+}
+
+/// The request constraints that select *which* path to a destination is wanted.
+///
+/// Requests whose constraints differ in any field do not share a cache entry. Fields whose bit is
+/// clear in [`mask`](Self::mask) are ignored (canonicalised to 0 when packed), so callers may leave
+/// garbage in them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Constraints {
+    /// Which fields are specified: an OR of [`constraint`] bits.
+    pub mask: u16,
+    /// Service ID (host order).
+    pub service_id: u64,
+    /// Partition key (host order, full 16 bits including the membership bit).
+    pub pkey: u16,
+    /// QoS class (12 bits).
+    pub qos_class: u16,
+    /// Traffic class.
+    pub tclass: u8,
+    /// Service level (4 bits).
+    pub sl: u8,
+    /// MTU byte as in the SA PathRecord: selector in bits 7..6, MTU code in bits 5..0.
+    pub mtu: u8,
+    /// Rate byte as in the SA PathRecord: selector in bits 7..6, rate code in bits 5..0.
+    pub rate: u8,
+    /// Packet lifetime byte as in the SA PathRecord: selector in bits 7..6, value in bits 5..0.
+    pub packet_life: u8,
+    /// Reversible bit (bit 7) and NumbPath (bits 6..0) as in the SA PathRecord.
+    pub reversible_numpath: u8,
+}
+
+impl Constraints {
+    /// No constraints at all: any path to the destination will do.
+    pub const ANY: Constraints = Constraints {
+        mask: 0,
+        service_id: 0,
+        pkey: 0,
+        qos_class: 0,
+        tclass: 0,
+        sl: 0,
+        mtu: 0,
+        rate: 0,
+        packet_life: 0,
+        reversible_numpath: 0,
+    };
+
+    /// Packs the specified fields into 5 words; unspecified fields become 0.
+    pub fn to_words(&self) -> [u32; 5] {
+        let m = self.mask;
+        let on = |bit: u16| m & bit != 0;
+        let sid = if on(constraint::SERVICE_ID) {
+            self.service_id
+        } else {
+            0
+        };
+        let pick8 = |bit: u16, v: u8| if on(bit) { v as u32 } else { 0 };
+        let pick16 = |bit: u16, v: u16| if on(bit) { v as u32 } else { 0 };
+        [
+            sid as u32,
+            (sid >> 32) as u32,
+            pick16(constraint::PKEY, self.pkey)
+                | (pick16(constraint::QOS_CLASS, self.qos_class) << 16),
+            pick8(constraint::TCLASS, self.tclass)
+                | (pick8(constraint::SL, self.sl) << 8)
+                | (pick8(constraint::MTU, self.mtu) << 16)
+                | (pick8(constraint::RATE, self.rate) << 24),
+            pick8(constraint::PACKET_LIFE, self.packet_life)
+                | (pick8(constraint::REVERSIBLE_NUMPATH, self.reversible_numpath) << 8)
+                | ((m as u32) << 16),
+        ]
+    }
+}
+
+/// Key of a path-record entry: endpoint, destination and request constraints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PathKey {
+    /// The endpoint (local port / partition) the path was learned through; see
+    /// [`CacheWriter::invalidate_ep`](super::CacheWriter::invalidate_ep).
+    pub ep: u16,
+    /// Destination LID or GID.
+    pub dest: Dest,
+    /// Request constraints; see [`Constraints`].
+    pub constraints: Constraints,
+}
+
+impl PathKey {
+    /// A key for `dest` on endpoint `ep` with no constraints.
+    pub const fn new(ep: u16, dest: Dest) -> Self {
+        PathKey {
+            ep,
+            dest,
+            constraints: Constraints::ANY,
+        }
+    }
+
+    /// Packs the key into words; equal keys pack equal and vice versa (after masking).
+    pub fn to_words(&self) -> [u32; PATH_KEY_WORDS] {
+        let mut w = [0u32; PATH_KEY_WORDS];
+        match self.dest {
+            Dest::Lid(lid) => {
+                w[0] = ((self.ep as u32) << 16) | 1;
+                w[1] = lid as u32;
+            }
+            Dest::Gid(gid) => {
+                w[0] = ((self.ep as u32) << 16) | 2;
+                for (i, c) in gid.chunks_exact(4).enumerate() {
+                    w[1 + i] = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+        }
+        w[5..].copy_from_slice(&self.constraints.to_words());
+        w
+    }
+}
+
+/// The kind of an [`AddrKey`], with ibacm's `ACM_ADDRESS_*` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum AddrKind {
+    /// A host name (`ACM_ADDRESS_NAME`).
+    Name = 1,
+    /// An IPv4 address (`ACM_ADDRESS_IP`).
+    Ipv4 = 2,
+    /// An IPv6 address (`ACM_ADDRESS_IP6`).
+    Ipv6 = 3,
+}
+
+/// Key of an address entry: endpoint, address type and up to 64 address bytes.
+///
+/// Bytes beyond the address are zero, as in ibacm's 64-byte `memcmp` keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddrKey {
+    /// The endpoint the address was resolved on.
+    pub ep: u16,
+    /// Address type.
+    pub kind: AddrKind,
+    /// Address bytes, zero padded.
+    pub addr: [u8; MAX_ADDRESS],
+}
+
+impl AddrKey {
+    /// A key from raw bytes; `None` if `bytes` is longer than 64.
+    pub fn new(ep: u16, kind: AddrKind, bytes: &[u8]) -> Option<Self> {
+        let mut addr = [0u8; MAX_ADDRESS];
+        addr.get_mut(..bytes.len())?.copy_from_slice(bytes);
+        Some(AddrKey { ep, kind, addr })
+    }
+
+    /// A host-name key; `None` if the name is longer than 64 bytes.
+    pub fn name(ep: u16, name: &str) -> Option<Self> {
+        Self::new(ep, AddrKind::Name, name.as_bytes())
+    }
+
+    /// An IPv4 key (network-order bytes).
+    pub fn ipv4(ep: u16, ip: [u8; 4]) -> Self {
+        let mut addr = [0u8; MAX_ADDRESS];
+        addr[..4].copy_from_slice(&ip);
+        AddrKey {
+            ep,
+            kind: AddrKind::Ipv4,
+            addr,
+        }
+    }
+
+    /// An IPv6 key (network-order bytes).
+    pub fn ipv6(ep: u16, ip: [u8; 16]) -> Self {
+        let mut addr = [0u8; MAX_ADDRESS];
+        addr[..16].copy_from_slice(&ip);
+        AddrKey {
+            ep,
+            kind: AddrKind::Ipv6,
+            addr,
+        }
+    }
+
+    /// Packs the key into words.
+    pub fn to_words(&self) -> [u32; ADDR_KEY_WORDS] {
+        let mut w = [0u32; ADDR_KEY_WORDS];
+        w[0] = ((self.ep as u32) << 16) | self.kind as u32;
+        for (i, c) in self.addr.chunks_exact(4).enumerate() {
+            w[1 + i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        w
+    }
+}
+
+/// A key usable in the [`pending`](super::pending) table and the caches.
+pub trait CacheKey: Copy + Eq {
+    /// The endpoint the key belongs to.
+    fn ep(&self) -> u16;
+    /// Keyed hash of the packed key.
+    fn hash_with(&self, seed: u64) -> u64;
+}
+
+impl CacheKey for PathKey {
+    fn ep(&self) -> u16 {
+        self.ep
+    }
+    fn hash_with(&self, seed: u64) -> u64 {
+        hash_words(seed, &self.to_words())
+    }
+}
+
+impl CacheKey for AddrKey {
+    fn ep(&self) -> u16 {
+        self.ep
+    }
+    fn hash_with(&self, seed: u64) -> u64 {
+        hash_words(seed, &self.to_words())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constraints_are_exact_and_masked() {
+        let a = Constraints {
+            mask: constraint::SERVICE_ID,
+            service_id: 5,
+            ..Constraints::ANY
+        };
+        let b = Constraints { service_id: 6, ..a };
+        assert_ne!(a.to_words(), b.to_words());
+        // Unspecified fields are canonicalised away.
+        let c = Constraints { pkey: 0xffff, ..a };
+        assert_eq!(a.to_words(), c.to_words());
+        // Specified-as-zero differs from unspecified.
+        let d = Constraints {
+            mask: constraint::SERVICE_ID | constraint::SL,
+            ..a
+        };
+        assert_ne!(a.to_words(), d.to_words());
+        // Each single field matters when specified.
+        let all = Constraints {
+            mask: 0x1ff,
+            ..Constraints::ANY
+        };
+        let variants = [
+            Constraints {
+                service_id: 1 << 40,
+                ..all
+            },
+            Constraints { pkey: 1, ..all },
+            Constraints {
+                qos_class: 1,
+                ..all
+            },
+            Constraints { tclass: 1, ..all },
+            Constraints { sl: 1, ..all },
+            Constraints { mtu: 1, ..all },
+            Constraints { rate: 1, ..all },
+            Constraints {
+                packet_life: 1,
+                ..all
+            },
+            Constraints {
+                reversible_numpath: 0x80,
+                ..all
+            },
+        ];
+        for (i, v) in variants.iter().enumerate() {
+            assert_ne!(v.to_words(), all.to_words(), "field {i}");
+        }
+    }
+
+    #[test]
+    fn lid_and_gid_keys_differ() {
+        let l = PathKey::new(1, Dest::Lid(0x0102));
+        let mut gid = [0u8; 16];
+        gid[15] = 2;
+        gid[14] = 1;
+        let g = PathKey::new(1, Dest::Gid(gid));
+        assert_ne!(l.to_words(), g.to_words());
+        assert_ne!(PathKey::new(2, Dest::Lid(0x0102)).to_words(), l.to_words());
+    }
+
+    #[test]
+    fn addr_keys() {
+        assert!(AddrKey::new(0, AddrKind::Name, &[b'a'; 65]).is_none());
+        let n = AddrKey::name(0, "host1").unwrap();
+        assert_eq!(&n.addr[..5], b"host1");
+        assert_ne!(n.to_words(), AddrKey::name(0, "host2").unwrap().to_words());
+        assert_ne!(
+            AddrKey::ipv4(0, [1, 2, 3, 4]).to_words(),
+            AddrKey::new(0, AddrKind::Ipv6, &[1, 2, 3, 4])
+                .unwrap()
+                .to_words()
+        );
+    }
+}
