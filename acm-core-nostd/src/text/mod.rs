@@ -23,7 +23,7 @@
 
 pub mod addr;
 pub mod addr_cfg;
-// pub mod dump_pr;
+pub mod dump_pr;
 pub mod hosts;
 pub mod opts;
 
@@ -63,8 +63,10 @@ pub enum ErrorKind {
     DuplicateLid,
     /// A path line names a DLID that no node header declared.
     UnknownDlid,
-    /// A path line appears before any node header.
-    PathBeforeHeader,
+    /// A path line is not inside the section of a valid node header.
+    PathOutsideSection,
+    /// A caller-provided table is too small for the input.
+    TableFull,
     /// A line does not have the expected shape.
     Malformed,
 }
@@ -88,7 +90,8 @@ impl ErrorKind {
             ErrorKind::InvalidLid => "invalid LID",
             ErrorKind::DuplicateLid => "duplicate base LID",
             ErrorKind::UnknownDlid => "DLID not declared by any node header",
-            ErrorKind::PathBeforeHeader => "path line before any node header",
+            ErrorKind::PathOutsideSection => "path line outside a valid node header's section",
+            ErrorKind::TableFull => "caller-provided table is full",
             ErrorKind::Malformed => "malformed line",
         }
     }
