@@ -1,0 +1,152 @@
+//! The ibacm core's helper functions, found at run time in the host executable.
+//!
+//! The real `ibacm` exports `acm_write`, `acm_alloc_sa_mad`, … from its own binary. We never
+//! link or define them: [`CoreApi::resolve`] looks each one up with `dlsym(RTLD_DEFAULT)` and
+//! reports the missing names, so `provider_query` can refuse to load with a clear message
+//! instead of crashing at the first call.
+
+use crate::ffi::{AcmEndpoint, AcmMsg, AcmPort, AcmSaMad};
+use core::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+/// Completion handler passed to `acm_alloc_sa_mad`.
+pub type SaHandler = unsafe extern "C" fn(*mut AcmSaMad);
+
+/// Function pointers into the host.
+#[derive(Clone, Copy)]
+pub struct CoreApi {
+    /// `void acm_write(int level, const char *fmt, ...)`; called only as `(level, "%s", text)`.
+    pub write: unsafe extern "C" fn(c_int, *const c_char, ...),
+    /// `acm_alloc_sa_mad`.
+    pub alloc_sa_mad:
+        unsafe extern "C" fn(*const AcmEndpoint, *mut c_void, SaHandler) -> *mut AcmSaMad,
+    /// `acm_send_sa_mad`.
+    pub send_sa_mad: unsafe extern "C" fn(*mut AcmSaMad) -> c_int,
+    /// `acm_free_sa_mad`.
+    pub free_sa_mad: unsafe extern "C" fn(*mut AcmSaMad),
+    /// `acm_resolve_response`.
+    pub resolve_response: unsafe extern "C" fn(u64, *mut AcmMsg) -> c_int,
+    /// `acm_query_response`.
+    pub query_response: unsafe extern "C" fn(u64, *mut AcmMsg) -> c_int,
+    /// `acm_get_opts_file`.
+    pub get_opts_file: unsafe extern "C" fn() -> *const c_char,
+    /// `acm_increment_counter`.
+    pub increment_counter: unsafe extern "C" fn(c_int),
+    /// `acm_get_gid`.
+    pub get_gid: unsafe extern "C" fn(*const AcmPort, c_int, *mut [u8; 16]) -> c_int,
+    /// `ibv_query_port` (optional: from libibverbs, which the core links). Gives the port LID
+    /// for loopback paths; without it, loopback goes through the SA.
+    pub ibv_query_port: Option<unsafe extern "C" fn(*mut c_void, u8, *mut c_void) -> c_int>,
+}
+
+static API: OnceLock<CoreApi> = OnceLock::new();
+
+fn sym(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name has no preconditions; a null
+    // result means "absent" and is checked by the caller.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+}
+
+macro_rules! lookup {
+    ($missing:ident, $name:literal) => {{
+        let p = sym($name);
+        if p.is_null() {
+            $missing.push($name.to_str().unwrap_or("?"));
+        }
+        p
+    }};
+}
+
+impl CoreApi {
+    /// Looks the helpers up (once). Returns the names that are missing.
+    pub fn resolve() -> Result<&'static CoreApi, Vec<&'static str>> {
+        if let Some(api) = API.get() {
+            return Ok(api);
+        }
+        let mut missing = Vec::new();
+        let write = lookup!(missing, c"acm_write");
+        let alloc = lookup!(missing, c"acm_alloc_sa_mad");
+        let send = lookup!(missing, c"acm_send_sa_mad");
+        let free = lookup!(missing, c"acm_free_sa_mad");
+        let rr = lookup!(missing, c"acm_resolve_response");
+        let qr = lookup!(missing, c"acm_query_response");
+        let opts = lookup!(missing, c"acm_get_opts_file");
+        let inc = lookup!(missing, c"acm_increment_counter");
+        let gid = lookup!(missing, c"acm_get_gid");
+        let qp = sym(c"ibv_query_port");
+        if !missing.is_empty() {
+            return Err(missing);
+        }
+        // SAFETY: every pointer is a non-null symbol of the host with the C signature declared
+        // in acm_prov.h (and verbs.h for ibv_query_port); function pointers and data pointers
+        // have the same size on the platforms ibacm supports.
+        let api = unsafe {
+            CoreApi {
+                write: core::mem::transmute::<*mut c_void, _>(write),
+                alloc_sa_mad: core::mem::transmute::<*mut c_void, _>(alloc),
+                send_sa_mad: core::mem::transmute::<*mut c_void, _>(send),
+                free_sa_mad: core::mem::transmute::<*mut c_void, _>(free),
+                resolve_response: core::mem::transmute::<*mut c_void, _>(rr),
+                query_response: core::mem::transmute::<*mut c_void, _>(qr),
+                get_opts_file: core::mem::transmute::<*mut c_void, _>(opts),
+                increment_counter: core::mem::transmute::<*mut c_void, _>(inc),
+                get_gid: core::mem::transmute::<*mut c_void, _>(gid),
+                ibv_query_port: if qp.is_null() {
+                    None
+                } else {
+                    Some(core::mem::transmute::<*mut c_void, _>(qp))
+                },
+            }
+        };
+        Ok(API.get_or_init(|| api))
+    }
+
+    /// The resolved helpers, if [`CoreApi::resolve`] succeeded before.
+    pub fn get() -> Option<&'static CoreApi> {
+        API.get()
+    }
+
+    /// Logs one line through `acm_write` at ibacm's level (0 basic, 1 verbose, 2 operation).
+    pub fn log(&self, level: i32, text: &str) {
+        let mut buf = [0u8; 512];
+        let n = text.len().min(buf.len() - 2);
+        buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+        for b in &mut buf[..n] {
+            if *b == 0 {
+                *b = b'?';
+            }
+        }
+        buf[n] = b'\n';
+        buf[n + 1] = 0;
+        // SAFETY: "%s" with one NUL-terminated string argument matches acm_write's printf
+        // contract; both strings outlive the call.
+        unsafe { (self.write)(level, c"acmrs: %s".as_ptr(), buf.as_ptr() as *const c_char) };
+    }
+
+    /// `acm_increment_counter(which)`.
+    pub fn count(&self, which: usize) {
+        // SAFETY: plain C call with an in-range counter index (ACM_CNTR_*).
+        unsafe { (self.increment_counter)(which as c_int) };
+    }
+
+    /// The opts file path, if the core gives one.
+    pub fn opts_file(&self) -> Option<std::path::PathBuf> {
+        // SAFETY: acm_get_opts_file returns a pointer to a static NUL-terminated string (or NULL).
+        let p = unsafe { (self.get_opts_file)() };
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: non-null, NUL-terminated, lives for the process.
+        let s = unsafe { CStr::from_ptr(p) };
+        use std::os::unix::ffi::OsStrExt;
+        Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes())))
+    }
+}
+
+/// Logs through the core if the helpers are known, else to stderr.
+pub fn log(level: i32, text: &str) {
+    match CoreApi::get() {
+        Some(api) => api.log(level, text),
+        None => eprintln!("acmrs: {text}"),
+    }
+}

@@ -1,0 +1,531 @@
+//! The worker's engine: the single owner of all mutable provider state.
+//!
+//! It drains the request queue (misses from `resolve()`/`query()`), the SA reply queue (copies
+//! made on the core's SA thread) and the control list, and drives every request to exactly one
+//! answer:
+//!
+//! * misses for the same (endpoint, constraints) key coalesce on one SA PathRecord GET;
+//! * at most `acmrs_pending_capacity` requests wait at once (more → ENOMEM), at most
+//!   [`MAX_INFLIGHT`] SA queries are in flight (more wait in a FIFO backlog);
+//! * SA BUSY is retried with exponential backoff (`acmrs_sa_busy_backoff_ms`, `acmrs_sa_retries`
+//!   tries); a umad timeout is ETIMEDOUT; a reply that never comes is ETIMEDOUT after the
+//!   core's whole retry budget plus a margin;
+//! * a closed endpoint answers its waiters ENODATA and loses its routes; shutdown answers all.
+
+use crate::core_api::SaHandler;
+use crate::ffi::{
+    cntr, AcmEndpoint, AcmSaMad, ACM_STATUS_ENODATA, ACM_STATUS_ENOMEM, ACM_STATUS_ETIMEDOUT,
+};
+use crate::path::{self, SaOutcome};
+use crate::respond;
+use crate::state::{Control, Ep, Kind, Request, SaReply, Shared};
+use acm_dataplane::route_table::{RouteKey, NEVER};
+use acm_dataplane::worker::{PollOutcome, Poller};
+use core::ffi::c_void;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Most SA queries one provider instance keeps in flight (the core queues beyond `sa_depth`).
+pub const MAX_INFLIGHT: usize = 256;
+const NIL: u32 = u32::MAX;
+const BATCH: usize = 256;
+
+static NEXT_TID: AtomicU32 = AtomicU32::new(1);
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+struct Pending {
+    id: u64,
+    kind: Kind,
+    req: Request,
+    next: u32,
+}
+
+struct Inflight {
+    key: Option<RouteKey>,
+    ep: Arc<Ep>,
+    record: [u8; 64],
+    mask: u64,
+    token: u64,
+    tid: u32,
+    head: u32,
+    tail: u32,
+    busy_tries: u32,
+    retry_at: Option<Instant>,
+    deadline: Instant,
+}
+
+/// The engine (see the module docs).
+pub struct Engine {
+    sh: Arc<Shared>,
+    handler: SaHandler,
+    pending: Vec<Option<Pending>>,
+    pending_free: Vec<u32>,
+    inflight: Vec<Option<Inflight>>,
+    inflight_free: Vec<u32>,
+    by_key: HashMap<RouteKey, u32>,
+    backlog: VecDeque<u32>,
+    preloads: HashMap<u64, Vec<(RouteKey, [u8; 64])>>,
+    next_timer: Option<Instant>,
+    done: bool,
+}
+
+impl Engine {
+    /// An engine with all its tables allocated now (capacities from the options).
+    pub fn new(sh: Arc<Shared>, handler: SaHandler) -> Self {
+        let cap = sh.opts.acmrs_pending_capacity as usize;
+        Engine {
+            handler,
+            pending: (0..cap).map(|_| None).collect(),
+            pending_free: (0..cap as u32).rev().collect(),
+            inflight: (0..MAX_INFLIGHT).map(|_| None).collect(),
+            inflight_free: (0..MAX_INFLIGHT as u32).rev().collect(),
+            by_key: HashMap::with_capacity(MAX_INFLIGHT),
+            backlog: VecDeque::with_capacity(cap),
+            preloads: HashMap::new(),
+            next_timer: None,
+            done: false,
+            sh,
+        }
+    }
+
+    fn log(&self, level: u8, text: impl FnOnce() -> String) {
+        if self.sh.log_enabled(level) {
+            self.sh.api.log(i32::from(level), &text());
+        }
+    }
+
+    fn now_coarse(&self) -> u64 {
+        self.sh.waker.coarse_ms()
+    }
+
+    /// Answers a request that is not (or no longer) in the pending table.
+    fn answer(&self, req: &Request, kind: Kind, status: u8, record: Option<&[u8; 64]>) {
+        let api = self.sh.api;
+        match kind {
+            Kind::Resolve => {
+                req.ep.count_status(status);
+                respond::send_resolve(api, req.id, &req.msg, status, record);
+            }
+            Kind::Query => {
+                respond::send_query(api, req.id, &req.msg, status, record);
+            }
+            Kind::Prime => {}
+        }
+    }
+
+    fn handle_request(&mut self, req: Request, now: Instant) {
+        let kind = req.kind;
+        if req.ep.closed.load(Ordering::Acquire) || self.done {
+            self.answer(&req, kind, ACM_STATUS_ENODATA, None);
+            return;
+        }
+        if kind != Kind::Query {
+            if let Some(rec) = self.sh.routes.get(&req.key, self.now_coarse()) {
+                // Filled by a query that completed after resolve() looked.
+                req.ep.count_global(cntr::ROUTE_CACHE);
+                self.answer(&req, kind, 0, Some(&rec));
+                return;
+            }
+        }
+        let Some(slot) = self.pending_free.pop() else {
+            self.sh.overflows.fetch_add(1, Ordering::Relaxed);
+            self.log(0, || "ERROR - pending table full, answering ENOMEM".into());
+            self.answer(&req, kind, ACM_STATUS_ENOMEM, None);
+            return;
+        };
+        let key = req.key;
+        self.pending[slot as usize] = Some(Pending {
+            id: req.id,
+            kind,
+            req,
+            next: NIL,
+        });
+        if kind != Kind::Query {
+            if let Some(&fi) = self.by_key.get(&key) {
+                self.append_waiter(fi, slot);
+                return;
+            }
+        }
+        self.start_or_backlog(slot, now);
+    }
+
+    fn append_waiter(&mut self, fi: u32, slot: u32) {
+        let Some(f) = self.inflight[fi as usize].as_mut() else {
+            return;
+        };
+        let tail = f.tail;
+        f.tail = slot;
+        if let Some(p) = self.pending[tail as usize].as_mut() {
+            p.next = slot;
+        }
+    }
+
+    fn start_or_backlog(&mut self, slot: u32, now: Instant) {
+        if self.done {
+            if let Some(p) = self.pending[slot as usize].take() {
+                self.pending_free.push(slot);
+                self.answer(&p.req, p.kind, ACM_STATUS_ENODATA, None);
+            }
+            return;
+        }
+        let Some(fi) = self.inflight_free.pop() else {
+            self.backlog.push_back(slot);
+            return;
+        };
+        let Some(p) = self.pending[slot as usize].as_ref() else {
+            self.inflight_free.push(fi);
+            return;
+        };
+        let key = (p.kind != Kind::Query).then_some(p.req.key);
+        let record = p.req.sa_record;
+        let f = Inflight {
+            key,
+            ep: p.req.ep.clone(),
+            mask: path::comp_mask(&record),
+            record,
+            token: 0,
+            tid: 0,
+            head: slot,
+            tail: slot,
+            busy_tries: 0,
+            retry_at: None,
+            deadline: now,
+        };
+        self.inflight[fi as usize] = Some(f);
+        if let Some(k) = key {
+            self.by_key.insert(k, fi);
+        }
+        self.send(fi, now);
+    }
+
+    /// The longest the core may legitimately take (timeout × tries), plus a margin.
+    fn sa_budget(&self) -> Duration {
+        let o = &self.sh.opts;
+        Duration::from_millis(u64::from(o.timeout) * (u64::from(o.retries) + 1) + 1000)
+    }
+
+    fn send(&mut self, fi: u32, now: Instant) {
+        let handler = self.handler;
+        let budget = self.sa_budget();
+        let api = self.sh.api;
+        let Some(f) = self.inflight[fi as usize].as_mut() else {
+            return;
+        };
+        let token = (NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) << 16) | u64::from(fi);
+        let mut tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+        if tid == 0 {
+            tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+        }
+        f.token = token;
+        f.tid = tid;
+        f.retry_at = None;
+        f.deadline = now + budget;
+        let ep = f.ep.clone();
+        let status = {
+            let guard = match ep.endpoint.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            let endpoint = *guard as *const AcmEndpoint;
+            if endpoint.is_null() {
+                Some(ACM_STATUS_ENODATA)
+            } else {
+                // SAFETY: `endpoint` is the core's live acm_endpoint (close_endpoint nulls it
+                // under this lock before the core frees it); the context is an integer token.
+                let mad = unsafe { (api.alloc_sa_mad)(endpoint, token as usize as *mut c_void, handler) };
+                if mad.is_null() {
+                    Some(ACM_STATUS_ENOMEM)
+                } else {
+                    // SAFETY: `mad` is a valid acm_sa_mad the core just allocated for us; we own
+                    // it until acm_send_sa_mad succeeds.
+                    unsafe {
+                        path::build_path_get(&mut (*mad).sa_mad.bytes, tid, &f.record, f.mask);
+                        if (api.send_sa_mad)(mad) != 0 {
+                            (api.free_sa_mad)(mad);
+                            Some(ACM_STATUS_ETIMEDOUT)
+                        } else {
+                            None
+                        }
+                    }
+                }
+            }
+        };
+        match status {
+            None => {
+                ep.count_global(cntr::ROUTE_QUERY);
+                self.arm_timer(now + budget);
+            }
+            Some(s) => {
+                self.log(1, || format!("SA query not sent (status {s})"));
+                self.complete(fi, s, None, now);
+            }
+        }
+    }
+
+    fn arm_timer(&mut self, at: Instant) {
+        self.next_timer = Some(match self.next_timer {
+            Some(t) if t < at => t,
+            _ => at,
+        });
+    }
+
+    /// Completes an in-flight query: answers all its waiters, frees the slots, starts backlog.
+    fn complete(&mut self, fi: u32, status: u8, record: Option<&[u8; 64]>, now: Instant) {
+        let Some(f) = self.inflight[fi as usize].take() else {
+            return;
+        };
+        self.inflight_free.push(fi);
+        if let Some(k) = f.key {
+            self.by_key.remove(&k);
+            if let (0, Some(r)) = (status, record) {
+                if !f.ep.closed.load(Ordering::Acquire) {
+                    let expires = match self.sh.opts.route_ttl_ms() {
+                        None => NEVER,
+                        Some(ms) => self.now_coarse() + ms,
+                    };
+                    self.sh.routes.insert(&k, r, expires, self.now_coarse());
+                }
+            }
+        }
+        let mut cur = f.head;
+        while cur != NIL {
+            let Some(p) = self.pending[cur as usize].take() else {
+                break;
+            };
+            self.pending_free.push(cur);
+            self.answer(&p.req, p.kind, status, record);
+            let _ = p.id;
+            cur = p.next;
+        }
+        self.drain_backlog(now);
+    }
+
+    fn drain_backlog(&mut self, now: Instant) {
+        while !self.inflight_free.is_empty() {
+            let Some(slot) = self.backlog.pop_front() else {
+                break;
+            };
+            let Some(p) = self.pending[slot as usize].as_ref() else {
+                continue;
+            };
+            if p.kind != Kind::Query {
+                let key = p.req.key;
+                if let Some(rec) = self.sh.routes.get(&key, self.now_coarse()) {
+                    if let Some(p) = self.pending[slot as usize].take() {
+                        self.pending_free.push(slot);
+                        p.req.ep.count_global(cntr::ROUTE_CACHE);
+                        self.answer(&p.req, p.kind, 0, Some(&rec));
+                    }
+                    continue;
+                }
+                if let Some(&fi) = self.by_key.get(&key) {
+                    self.append_waiter(fi, slot);
+                    continue;
+                }
+            }
+            self.start_or_backlog(slot, now);
+        }
+    }
+
+    fn handle_reply(&mut self, r: SaReply, now: Instant) {
+        let fi = (r.token & 0xffff) as u32;
+        let matches = self
+            .inflight
+            .get(fi as usize)
+            .and_then(|f| f.as_ref())
+            .is_some_and(|f| f.token == r.token && f.tid == path::tid_low(&r.mad));
+        if !matches {
+            self.log(2, || "late or unknown SA reply ignored".into());
+            return;
+        }
+        match path::classify_reply(r.umad_status, &r.mad) {
+            SaOutcome::Record(rec) => self.complete(fi, 0, Some(&rec), now),
+            SaOutcome::Failed(s) => {
+                self.log(1, || format!("SA PathRecord query failed, status {s}"));
+                self.complete(fi, s, None, now)
+            }
+            SaOutcome::Busy => {
+                let o = &self.sh.opts;
+                let (retries, backoff) = (o.acmrs_sa_retries, o.acmrs_sa_busy_backoff_ms);
+                let budget = self.sa_budget();
+                let Some(f) = self.inflight[fi as usize].as_mut() else {
+                    return;
+                };
+                if f.busy_tries >= retries {
+                    self.complete(fi, ACM_STATUS_ETIMEDOUT, None, now);
+                    return;
+                }
+                let wait = u64::from(backoff) << f.busy_tries.min(10);
+                f.busy_tries += 1;
+                // No reply will come for the old TID: forget it so a duplicate is ignored.
+                f.token = 0;
+                let at = now + Duration::from_millis(wait);
+                f.retry_at = Some(at);
+                f.deadline = at + budget;
+                self.arm_timer(at);
+            }
+        }
+    }
+
+    fn run_timers(&mut self, now: Instant) {
+        match self.next_timer {
+            Some(t) if t <= now => {}
+            _ => return,
+        }
+        self.next_timer = None;
+        let mut next: Option<Instant> = None;
+        for fi in 0..self.inflight.len() as u32 {
+            let (retry, deadline) = match &self.inflight[fi as usize] {
+                Some(f) => (f.retry_at, f.deadline),
+                None => continue,
+            };
+            if let Some(at) = retry {
+                if at <= now {
+                    self.send(fi, now);
+                } else {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+                continue;
+            }
+            if deadline <= now {
+                self.log(0, || "ERROR - SA reply overdue, answering ETIMEDOUT".into());
+                self.complete(fi, ACM_STATUS_ETIMEDOUT, None, now);
+            } else {
+                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+            }
+        }
+        if let Some(n) = next {
+            self.arm_timer(n);
+        }
+    }
+
+    fn close_ep(&mut self, ep: &Arc<Ep>, now: Instant) {
+        for fi in 0..self.inflight.len() as u32 {
+            let same = self.inflight[fi as usize]
+                .as_ref()
+                .is_some_and(|f| f.ep.id == ep.id);
+            if same {
+                self.complete(fi, ACM_STATUS_ENODATA, None, now);
+            }
+        }
+        let mut keep = VecDeque::with_capacity(0);
+        std::mem::swap(&mut keep, &mut self.backlog);
+        for slot in keep {
+            let same = self.pending[slot as usize]
+                .as_ref()
+                .is_some_and(|p| p.req.ep.id == ep.id);
+            if same {
+                if let Some(p) = self.pending[slot as usize].take() {
+                    self.pending_free.push(slot);
+                    self.answer(&p.req, p.kind, ACM_STATUS_ENODATA, None);
+                }
+            } else {
+                self.backlog.push_back(slot);
+            }
+        }
+        let id = ep.id;
+        self.sh.routes.retain(|k| k.ep_id() != id);
+        self.preloads.remove(&id);
+    }
+
+    fn handle_control(&mut self, c: Control, now: Instant) {
+        match c {
+            Control::EpClosed(ep) => self.close_ep(&ep, now),
+            Control::Reregister(port_id) => {
+                let _ = port_id;
+                let n = self.sh.routes.clear();
+                let coarse = self.now_coarse();
+                for list in self.preloads.values() {
+                    for (k, r) in list {
+                        self.sh.routes.insert(k, r, NEVER, coarse);
+                    }
+                }
+                self.log(1, || format!("client reregister: {n} cached routes flushed"));
+            }
+            Control::Preload(ep_id, list) => {
+                let coarse = self.now_coarse();
+                for (k, r) in &list {
+                    self.sh.routes.insert(k, r, NEVER, coarse);
+                }
+                self.preloads.insert(ep_id, list);
+            }
+            Control::Shutdown => {
+                self.done = true;
+                for fi in 0..self.inflight.len() as u32 {
+                    self.complete(fi, ACM_STATUS_ENODATA, None, now);
+                }
+                while let Some(slot) = self.backlog.pop_front() {
+                    if let Some(p) = self.pending[slot as usize].take() {
+                        self.pending_free.push(slot);
+                        self.answer(&p.req, p.kind, ACM_STATUS_ENODATA, None);
+                    }
+                }
+                self.done = true;
+                while let Some(req) = self.sh.requests.pop() {
+                    self.answer(&req, req.kind, ACM_STATUS_ENODATA, None);
+                }
+                self.sh.routes.clear();
+                self.preloads.clear();
+            }
+        }
+    }
+}
+
+impl Poller for Engine {
+    fn poll(&mut self, now: Instant) -> PollOutcome {
+        let mut did = false;
+        let controls: Vec<Control> = match self.sh.control.lock() {
+            Ok(mut v) if !v.is_empty() => std::mem::take(&mut *v),
+            Ok(_) => Vec::new(),
+            Err(p) => std::mem::take(&mut *p.into_inner()),
+        };
+        for c in controls {
+            did = true;
+            self.handle_control(c, now);
+        }
+        if self.done {
+            return PollOutcome::default();
+        }
+        for _ in 0..BATCH {
+            let Some(r) = self.sh.replies.pop() else {
+                break;
+            };
+            did = true;
+            self.handle_reply(r, now);
+        }
+        for _ in 0..BATCH {
+            let Some(req) = self.sh.requests.pop() else {
+                break;
+            };
+            did = true;
+            self.handle_request(req, now);
+        }
+        self.run_timers(now);
+        PollOutcome {
+            did_work: did,
+            next_deadline: self.next_timer,
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+}
+
+/// Copies an SA completion for the worker. Runs on the core's SA thread: copy, free, hand over.
+pub fn take_sa_completion(mad: *mut AcmSaMad, api: &crate::core_api::CoreApi) -> SaReply {
+    // SAFETY: the core passes the acm_sa_mad it allocated for us; it stays valid until we free it
+    // below, and nobody else touches it meanwhile.
+    let reply = unsafe {
+        SaReply {
+            token: (*mad).context as usize as u64,
+            umad_status: (*mad).umad.status,
+            mad: (*mad).sa_mad.bytes,
+        }
+    };
+    // SAFETY: the handler owns the MAD after completion and must free it exactly once (here).
+    unsafe { (api.free_sa_mad)(mad) };
+    reply
+}

@@ -1,0 +1,369 @@
+//! `#[repr(C)]` mirrors of the ibacm provider ABI (`<infiniband/acm_prov.h>`), the client wire
+//! message (`<infiniband/acm.h>`) and the umad structures embedded in `struct acm_sa_mad`.
+//!
+//! Every layout here is checked against the installed C headers by `tests/layout.rs`, which
+//! compiles a C program with `offsetof`/`sizeof` and compares it with [`layout_table`].
+
+use core::ffi::{c_char, c_int, c_void};
+use core::mem::{offset_of, size_of};
+
+/// `ACM_PROV_VERSION`.
+pub const ACM_PROV_VERSION: u32 = 1;
+
+/// `ACM_ADDRESS_NAME`, `_IP`, `_IP6`, `_GID`, `_LID` (also the `ACM_EP_INFO_*` values 1..5).
+pub const ACM_ADDRESS_NAME: u16 = 1;
+/// IPv4 address type.
+pub const ACM_ADDRESS_IP: u16 = 2;
+/// IPv6 address type.
+pub const ACM_ADDRESS_IP6: u16 = 3;
+/// GID address type (internal to ibacm).
+pub const ACM_ADDRESS_GID: u16 = 4;
+/// LID address type (internal to ibacm).
+pub const ACM_ADDRESS_LID: u16 = 5;
+/// `ACM_EP_INFO_PATH`.
+pub const ACM_EP_INFO_PATH: u16 = 0x10;
+
+/// `ACM_OP_RESOLVE`.
+pub const ACM_OP_RESOLVE: u8 = 1;
+/// `ACM_OP_ACK`.
+pub const ACM_OP_ACK: u8 = 0x80;
+/// `ACM_OP_MASK`.
+pub const ACM_OP_MASK: u8 = 0x0f;
+
+/// `ACM_STATUS_*`.
+pub const ACM_STATUS_SUCCESS: u8 = 0;
+/// Out of resources (queue or pending table full).
+pub const ACM_STATUS_ENOMEM: u8 = 1;
+/// Malformed request.
+pub const ACM_STATUS_EINVAL: u8 = 2;
+/// No data (unknown destination, no record, endpoint gone).
+pub const ACM_STATUS_ENODATA: u8 = 3;
+/// The SA did not answer.
+pub const ACM_STATUS_ETIMEDOUT: u8 = 6;
+
+/// `ACM_FLAGS_QUERY_SA`.
+pub const ACM_FLAGS_QUERY_SA: u32 = 1 << 31;
+/// `ACM_FLAGS_NODELAY`.
+pub const ACM_FLAGS_NODELAY: u32 = 1 << 30;
+/// `ACM_EP_FLAG_SOURCE`.
+pub const ACM_EP_FLAG_SOURCE: u32 = 1;
+/// `ACM_EP_FLAG_DEST`.
+pub const ACM_EP_FLAG_DEST: u32 = 2;
+
+/// `ACM_MSG_HDR_LENGTH`.
+pub const ACM_MSG_HDR_LENGTH: usize = 16;
+/// `ACM_MSG_EP_LENGTH`.
+pub const ACM_MSG_EP_LENGTH: usize = 72;
+/// `ACM_MSG_DATA_LENGTH`.
+pub const ACM_MSG_DATA_LENGTH: usize = ACM_MSG_EP_LENGTH * 8;
+/// `ACM_MAX_ADDRESS`.
+pub const ACM_MAX_ADDRESS: usize = 64;
+
+/// `IBV_PATH_FLAG_GMP | PRIMARY | BIDIRECTIONAL`.
+pub const PATH_FLAGS_PRIMARY_BIDIR_GMP: u32 = 0x2b;
+
+/// `ACM_CNTR_*`, in `query_perf` order.
+pub mod cntr {
+    /// Error Count.
+    pub const ERROR: usize = 0;
+    /// Resolve Count.
+    pub const RESOLVE: usize = 1;
+    /// No Data.
+    pub const NODATA: usize = 2;
+    /// Addr Query Count.
+    pub const ADDR_QUERY: usize = 3;
+    /// Addr Cache Count.
+    pub const ADDR_CACHE: usize = 4;
+    /// Route Query Count.
+    pub const ROUTE_QUERY: usize = 5;
+    /// Route Cache Count.
+    pub const ROUTE_CACHE: usize = 6;
+    /// `ACM_MAX_COUNTER`.
+    pub const MAX: usize = 7;
+}
+
+/// `IBV_EVENT_CLIENT_REREGISTER` (enum ibv_event_type).
+pub const IBV_EVENT_CLIENT_REREGISTER: c_int = 17;
+
+/// `struct acm_device`.
+#[repr(C)]
+pub struct AcmDevice {
+    /// `struct ibv_context *` of the core.
+    pub verbs: *mut c_void,
+    /// Device GUID, network order.
+    pub dev_guid: u64,
+}
+
+/// `struct acm_port`.
+#[repr(C)]
+pub struct AcmPort {
+    /// Owning device.
+    pub dev: *const AcmDevice,
+    /// 1-based port number.
+    pub port_num: u8,
+}
+
+/// `struct acm_endpoint`.
+#[repr(C)]
+pub struct AcmEndpoint {
+    /// Owning port.
+    pub port: *const AcmPort,
+    /// P_Key of the partition (host order).
+    pub pkey: u16,
+}
+
+/// `union acm_ep_info`: 64 bytes, 8-aligned (address, name or `ibv_path_record`).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct AcmEpInfo {
+    /// Raw bytes (network order for paths).
+    pub bytes: [u8; 64],
+}
+
+/// `struct acm_address`.
+#[repr(C)]
+pub struct AcmAddress {
+    /// Owning endpoint.
+    pub endpoint: *const AcmEndpoint,
+    /// Zero-padded address.
+    pub info: AcmEpInfo,
+    /// Core's text form of the address (moves on realloc).
+    pub id_string: *mut c_char,
+    /// `ACM_ADDRESS_*`.
+    pub type_: u16,
+}
+
+/// `struct acm_hdr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AcmHdr {
+    /// `ACM_VERSION`.
+    pub version: u8,
+    /// `ACM_OP_*`.
+    pub opcode: u8,
+    /// `ACM_STATUS_*`.
+    pub status: u8,
+    /// `src_out`, `src_index`, `dst_index`.
+    pub data: [u8; 3],
+    /// Total length (host order for RESOLVE).
+    pub length: u16,
+    /// Request identity; a pointer for kernel requests. Never changed.
+    pub tid: u64,
+}
+
+/// `struct acm_ep_addr_data`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AcmEpAddrData {
+    /// `ACM_EP_FLAG_*` / `IBV_PATH_FLAG_*` / `ACM_FLAGS_*`.
+    pub flags: u32,
+    /// `ACM_EP_INFO_*`.
+    pub type_: u16,
+    /// Reserved.
+    pub reserved: u16,
+    /// Payload.
+    pub info: AcmEpInfo,
+}
+
+/// `struct acm_msg`: header plus 576 bytes of entries.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AcmMsg {
+    /// Header.
+    pub hdr: AcmHdr,
+    /// Up to 8 `acm_ep_addr_data` entries.
+    pub resolve_data: [AcmEpAddrData; 8],
+}
+
+impl AcmMsg {
+    /// An all-zero message.
+    pub const fn zeroed() -> Self {
+        AcmMsg {
+            hdr: AcmHdr {
+                version: 0,
+                opcode: 0,
+                status: 0,
+                data: [0; 3],
+                length: 0,
+                tid: 0,
+            },
+            resolve_data: [AcmEpAddrData {
+                flags: 0,
+                type_: 0,
+                reserved: 0,
+                info: AcmEpInfo { bytes: [0; 64] },
+            }; 8],
+        }
+    }
+}
+
+/// `ib_mad_addr_t`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbMadAddr {
+    /// Remote QPN (network order).
+    pub qpn: u32,
+    /// Q_Key (network order).
+    pub qkey: u32,
+    /// Remote LID (network order).
+    pub lid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Path bits.
+    pub path_bits: u8,
+    /// GRH present.
+    pub grh_present: u8,
+    /// GID index.
+    pub gid_index: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Remote GID.
+    pub gid: [u8; 16],
+    /// Flow label (network order).
+    pub flow_label: u32,
+    /// P_Key index.
+    pub pkey_index: u16,
+    /// Reserved.
+    pub reserved: [u8; 6],
+}
+
+/// `struct ib_user_mad` (without the flexible data member).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbUserMad {
+    /// Agent id.
+    pub agent_id: u32,
+    /// 0 for a response, an errno (e.g. ETIMEDOUT) otherwise.
+    pub status: u32,
+    /// Timeout in ms.
+    pub timeout_ms: u32,
+    /// Retries.
+    pub retries: u32,
+    /// Length.
+    pub length: u32,
+    /// Address.
+    pub addr: IbMadAddr,
+}
+
+/// `struct acm_sa_mad`: context, umad header, then the 256-byte SA MAD (`umad_sa_packet`).
+#[repr(C)]
+pub struct AcmSaMad {
+    /// Provider context given to `acm_alloc_sa_mad`.
+    pub context: *mut c_void,
+    /// umad header; `status` nonzero means timeout or send failure.
+    pub umad: IbUserMad,
+    /// The 256-byte SA MAD (`struct umad_sa_packet`), network order, 8-aligned.
+    pub sa_mad: SaPacket,
+}
+
+/// `struct umad_sa_packet` as raw bytes (the wire layout is handled by the SA codec).
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct SaPacket {
+    /// MAD bytes.
+    pub bytes: [u8; 256],
+}
+
+/// `struct acm_provider`.
+#[repr(C)]
+pub struct AcmProvider {
+    /// Must be `sizeof(struct acm_provider)`.
+    pub size: usize,
+    /// `ACM_PROV_VERSION`.
+    pub version: u32,
+    /// Provider name.
+    pub name: *const c_char,
+    /// Open a device.
+    pub open_device: unsafe extern "C" fn(*const AcmDevice, *mut *mut c_void) -> c_int,
+    /// Close a device.
+    pub close_device: unsafe extern "C" fn(*mut c_void),
+    /// Open a port.
+    pub open_port:
+        unsafe extern "C" fn(*const AcmPort, *mut c_void, *mut *mut c_void) -> c_int,
+    /// Close a port.
+    pub close_port: unsafe extern "C" fn(*mut c_void),
+    /// Open an endpoint.
+    pub open_endpoint:
+        unsafe extern "C" fn(*const AcmEndpoint, *mut c_void, *mut *mut c_void) -> c_int,
+    /// Close an endpoint.
+    pub close_endpoint: unsafe extern "C" fn(*mut c_void),
+    /// Add an address.
+    pub add_address:
+        unsafe extern "C" fn(*const AcmAddress, *mut c_void, *mut *mut c_void) -> c_int,
+    /// Remove an address.
+    pub remove_address: unsafe extern "C" fn(*mut c_void),
+    /// Resolve request.
+    pub resolve: unsafe extern "C" fn(*mut c_void, *mut AcmMsg, u64) -> c_int,
+    /// SA query passthrough.
+    pub query: unsafe extern "C" fn(*mut c_void, *mut AcmMsg, u64) -> c_int,
+    /// Async event.
+    pub handle_event: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
+    /// Counters.
+    pub query_perf: unsafe extern "C" fn(*mut c_void, *mut u64, *mut u8),
+}
+
+// SAFETY: the provider table is immutable after construction and only holds function pointers
+// and a pointer to a static C string.
+unsafe impl Sync for AcmProvider {}
+
+/// One row of the layout table: (C expression, value computed on the Rust side).
+pub type LayoutRow = (&'static str, usize);
+
+/// Sizes and offsets of every mirrored struct, named by the C expression that must equal them.
+pub fn layout_table() -> Vec<LayoutRow> {
+    vec![
+        ("sizeof(struct acm_device)", size_of::<AcmDevice>()),
+        ("offsetof(struct acm_device, dev_guid)", offset_of!(AcmDevice, dev_guid)),
+        ("sizeof(struct acm_port)", size_of::<AcmPort>()),
+        ("offsetof(struct acm_port, port_num)", offset_of!(AcmPort, port_num)),
+        ("sizeof(struct acm_endpoint)", size_of::<AcmEndpoint>()),
+        ("offsetof(struct acm_endpoint, pkey)", offset_of!(AcmEndpoint, pkey)),
+        ("sizeof(struct acm_address)", size_of::<AcmAddress>()),
+        ("offsetof(struct acm_address, info)", offset_of!(AcmAddress, info)),
+        ("offsetof(struct acm_address, id_string)", offset_of!(AcmAddress, id_string)),
+        ("offsetof(struct acm_address, type)", offset_of!(AcmAddress, type_)),
+        ("sizeof(union acm_ep_info)", size_of::<AcmEpInfo>()),
+        ("_Alignof(union acm_ep_info)", core::mem::align_of::<AcmEpInfo>()),
+        ("sizeof(struct acm_hdr)", size_of::<AcmHdr>()),
+        ("offsetof(struct acm_hdr, status)", offset_of!(AcmHdr, status)),
+        ("offsetof(struct acm_hdr, data)", offset_of!(AcmHdr, data)),
+        ("offsetof(struct acm_hdr, length)", offset_of!(AcmHdr, length)),
+        ("offsetof(struct acm_hdr, tid)", offset_of!(AcmHdr, tid)),
+        ("sizeof(struct acm_ep_addr_data)", size_of::<AcmEpAddrData>()),
+        ("offsetof(struct acm_ep_addr_data, type)", offset_of!(AcmEpAddrData, type_)),
+        ("offsetof(struct acm_ep_addr_data, info)", offset_of!(AcmEpAddrData, info)),
+        ("sizeof(struct acm_msg)", size_of::<AcmMsg>()),
+        ("offsetof(struct acm_msg, resolve_data)", offset_of!(AcmMsg, resolve_data)),
+        ("sizeof(ib_mad_addr_t)", size_of::<IbMadAddr>()),
+        ("offsetof(ib_mad_addr_t, lid)", offset_of!(IbMadAddr, lid)),
+        ("offsetof(ib_mad_addr_t, gid)", offset_of!(IbMadAddr, gid)),
+        ("offsetof(ib_mad_addr_t, flow_label)", offset_of!(IbMadAddr, flow_label)),
+        ("offsetof(ib_mad_addr_t, pkey_index)", offset_of!(IbMadAddr, pkey_index)),
+        ("sizeof(struct ib_user_mad)", size_of::<IbUserMad>()),
+        ("offsetof(struct ib_user_mad, status)", offset_of!(IbUserMad, status)),
+        ("offsetof(struct ib_user_mad, addr)", offset_of!(IbUserMad, addr)),
+        ("sizeof(struct umad_sa_packet)", size_of::<SaPacket>()),
+        ("sizeof(struct acm_sa_mad)", size_of::<AcmSaMad>()),
+        ("offsetof(struct acm_sa_mad, umad)", offset_of!(AcmSaMad, umad)),
+        ("offsetof(struct acm_sa_mad, sa_mad)", offset_of!(AcmSaMad, sa_mad)),
+        ("sizeof(struct acm_provider)", size_of::<AcmProvider>()),
+        ("offsetof(struct acm_provider, version)", offset_of!(AcmProvider, version)),
+        ("offsetof(struct acm_provider, name)", offset_of!(AcmProvider, name)),
+        ("offsetof(struct acm_provider, open_device)", offset_of!(AcmProvider, open_device)),
+        ("offsetof(struct acm_provider, resolve)", offset_of!(AcmProvider, resolve)),
+        ("offsetof(struct acm_provider, query)", offset_of!(AcmProvider, query)),
+        ("offsetof(struct acm_provider, handle_event)", offset_of!(AcmProvider, handle_event)),
+        ("offsetof(struct acm_provider, query_perf)", offset_of!(AcmProvider, query_perf)),
+        ("sizeof(struct ibv_path_record)", 64),
+        ("offsetof(struct ibv_path_record, dlid)", crate::path::DLID),
+        ("offsetof(struct ibv_path_record, slid)", crate::path::SLID),
+        ("offsetof(struct ibv_path_record, pkey)", crate::path::PKEY),
+        ("offsetof(struct ibv_path_record, reversible_numpath)", crate::path::REVERSIBLE_NUMPATH),
+        ("offsetof(struct ibv_path_record, qosclass_sl)", crate::path::QOS_SL),
+        ("offsetof(struct ibv_path_record, packetlifetime)", crate::path::LIFETIME),
+        ("IBV_EVENT_CLIENT_REREGISTER", IBV_EVENT_CLIENT_REREGISTER as usize),
+        ("ACM_MAX_COUNTER", cntr::MAX),
+    ]
+}

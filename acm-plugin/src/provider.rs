@@ -1,0 +1,843 @@
+//! The twelve provider callbacks and the provider instance's life cycle.
+//!
+//! Every `extern "C"` body runs inside `catch_unwind`: a panic is logged and turned into an
+//! error return (and, for `resolve()`/`query()`, an EINVAL answer if none was sent yet); it
+//! never unwinds into the core.
+//!
+//! The instance (options, route table, queues, worker thread) is created at the first
+//! `open_device` and torn down after the last `close_device`, which answers everything still
+//! pending and joins the worker.
+
+use crate::core_api::{self, CoreApi};
+use crate::engine::{self, Engine, MAX_INFLIGHT};
+use crate::ffi::*;
+use crate::path;
+use crate::respond;
+use crate::state::{Control, Ep, Kind, LocalAddr, PortInfo, Request, Shared};
+use acm_core_nostd::text::hosts::HostLines;
+use acm_core_nostd::text::opts::{AddrPreload, LoopbackProt, PollMode, ProviderOptions, RouteProt};
+use acm_dataplane::route_table::{RouteKey, RouteTable};
+use acm_dataplane::worker::{Worker, WorkerConfig};
+use core::ffi::{c_int, c_void};
+use crossbeam_queue::ArrayQueue;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+struct Global {
+    shared: Option<Arc<Shared>>,
+    worker: Option<Worker>,
+    devices: usize,
+}
+
+static GLOBAL: Mutex<Global> = Mutex::new(Global {
+    shared: None,
+    worker: None,
+    devices: 0,
+});
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn global() -> std::sync::MutexGuard<'static, Global> {
+    match GLOBAL.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Runs `f`, turning a panic into `on_panic` (logged).
+fn guard<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
+            on_panic
+        }
+    }
+}
+
+struct DevCtx {
+    shared: Arc<Shared>,
+}
+
+struct PortCtx {
+    shared: Arc<Shared>,
+    info: Arc<PortInfo>,
+}
+
+struct EpCtx {
+    ep: Arc<Ep>,
+}
+
+struct AddrCtx {
+    ep: Arc<Ep>,
+    local: LocalAddr,
+}
+
+fn load_options(api: &CoreApi) -> ProviderOptions {
+    let Some(path) = api.opts_file() else {
+        return ProviderOptions::default();
+    };
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) => {
+            api.log(1, &format!("opts file {}: {e}; defaults used", path.display()));
+            return ProviderOptions::default();
+        }
+    };
+    let (opts, _stats) = ProviderOptions::load(&bytes, |e| {
+        api.log(
+            0,
+            &format!(
+                "ERROR - {} line {}: {}; default kept",
+                path.display(),
+                e.line,
+                e.reason()
+            ),
+        )
+    });
+    if opts.route_prot == RouteProt::Acm {
+        api.log(0, "route_prot acm is not implemented yet; using sa");
+    }
+    opts
+}
+
+fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<((u16, [u8; 64]), [u8; 16])> {
+    if opts.addr_preload != AddrPreload::AcmHosts {
+        return Vec::new();
+    }
+    let file = opts.addr_data_file.as_str();
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            api.log(0, &format!("ERROR - addr_data_file {file}: {e}"));
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for entry in HostLines::new(&bytes) {
+        match entry {
+            Ok(h) => out.push((
+                (u16::from(h.address.acm_type()), h.address.to_acm_bytes()),
+                h.gid,
+            )),
+            Err(e) => api.log(
+                0,
+                &format!("ERROR - {file} line {}: {}; skipped", e.line, e.reason()),
+            ),
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.dedup_by(|a, b| a.0 == b.0);
+    api.log(1, &format!("{} host addresses preloaded from {file}", out.len()));
+    out
+}
+
+fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worker)> {
+    let opts = load_options(api);
+    let hosts = load_hosts(api, &opts);
+    let waker = Worker::new_waker();
+    let shared = Arc::new(Shared {
+        api,
+        routes: RouteTable::with_capacity(opts.acmrs_path_capacity as usize),
+        requests: ArrayQueue::new(opts.acmrs_request_capacity.max(1) as usize),
+        replies: ArrayQueue::new(MAX_INFLIGHT * 4),
+        control: Mutex::new(Vec::new()),
+        waker: waker.clone(),
+        hosts,
+        overflows: AtomicU64::new(0),
+        reply_drops: AtomicU64::new(0),
+        opts,
+    });
+    let spin = match shared.opts.acmrs_poll_mode {
+        PollMode::Busy => Duration::from_secs(3600),
+        PollMode::Adaptive => Duration::from_micros(50),
+        PollMode::Event => Duration::ZERO,
+    };
+    let config = WorkerConfig {
+        name: "acmrs-worker".into(),
+        cpu: usize::try_from(shared.opts.acmrs_cpu).ok(),
+        spin,
+        max_park: Duration::from_millis(100),
+    };
+    let engine = Engine::new(shared.clone(), sa_handler);
+    let worker = Worker::spawn(config, waker, engine)?;
+    api.log(
+        0,
+        &format!(
+            "started: route cache {} slots, request queue {}, pending {}",
+            shared.routes.slot_count(),
+            shared.opts.acmrs_request_capacity,
+            shared.opts.acmrs_pending_capacity
+        ),
+    );
+    Ok((shared, worker))
+}
+
+/// The SA completion handler given to `acm_alloc_sa_mad` (core SA thread).
+unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
+    guard("sa_handler", (), || {
+        let Some(api) = CoreApi::get() else {
+            return;
+        };
+        if mad.is_null() {
+            return;
+        }
+        let reply = engine::take_sa_completion(mad, api);
+        let shared = global().shared.clone();
+        if let Some(sh) = shared {
+            if sh.replies.push(reply).is_err() {
+                sh.reply_drops.fetch_add(1, Ordering::Relaxed);
+                api.log(0, "ERROR - SA reply queue full; the request will time out");
+            }
+            sh.waker.wake();
+        }
+    })
+}
+
+unsafe extern "C" fn open_device(device: *const AcmDevice, dev_context: *mut *mut c_void) -> c_int {
+    guard("open_device", -1, || {
+        if device.is_null() || dev_context.is_null() {
+            return -1;
+        }
+        let Some(api) = CoreApi::get() else {
+            return -1;
+        };
+        let mut g = global();
+        if g.shared.is_none() {
+            match create_instance(api) {
+                Ok((sh, w)) => {
+                    g.shared = Some(sh);
+                    g.worker = Some(w);
+                }
+                Err(e) => {
+                    api.log(0, &format!("ERROR - cannot start worker: {e}"));
+                    return -1;
+                }
+            }
+        }
+        let Some(shared) = g.shared.clone() else {
+            return -1;
+        };
+        g.devices += 1;
+        let ctx = Box::new(DevCtx { shared });
+        // SAFETY: dev_context is a valid out-pointer from the core (checked non-null).
+        unsafe { *dev_context = Box::into_raw(ctx) as *mut c_void };
+        0
+    })
+}
+
+unsafe extern "C" fn close_device(dev_context: *mut c_void) {
+    guard("close_device", (), || {
+        if dev_context.is_null() {
+            return;
+        }
+        // SAFETY: the pointer came from Box::into_raw in open_device; the core closes once.
+        let ctx = unsafe { Box::from_raw(dev_context as *mut DevCtx) };
+        drop(ctx);
+        let (shared, worker) = {
+            let mut g = global();
+            g.devices = g.devices.saturating_sub(1);
+            if g.devices > 0 {
+                return;
+            }
+            (g.shared.take(), g.worker.take())
+        };
+        if let Some(sh) = shared {
+            sh.control(Control::Shutdown);
+            if let Some(w) = worker {
+                if w.join().is_err() {
+                    sh.api.log(0, "ERROR - worker thread panicked");
+                }
+            }
+            sh.api.log(1, "stopped");
+        }
+    })
+}
+
+/// Reads LID, MTU and rate of a port through `ibv_query_port` (when the host has it).
+fn query_port(api: &CoreApi, port: *const AcmPort) -> (u16, u8, u8) {
+    let Some(q) = api.ibv_query_port else {
+        return (0, 0, 0);
+    };
+    // SAFETY: `port` and its device are the core's stable objects (checked non-null by caller).
+    let (verbs, num) = unsafe {
+        let dev = (*port).dev;
+        if dev.is_null() {
+            return (0, 0, 0);
+        }
+        ((*dev).verbs, (*port).port_num)
+    };
+    if verbs.is_null() {
+        return (0, 0, 0);
+    }
+    // struct ibv_port_attr is 56 bytes in rdma-core 44; a larger zeroed buffer is harmless.
+    let mut attr = [0u64; 32];
+    // SAFETY: ibv_query_port(ctx, port, attr) fills at most sizeof(struct ibv_port_attr) bytes.
+    let rc = unsafe { q(verbs, num, attr.as_mut_ptr() as *mut c_void) };
+    if rc != 0 {
+        return (0, 0, 0);
+    }
+    let b: Vec<u8> = attr.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let lid = u16::from_ne_bytes([b[PORT_ATTR_LID], b[PORT_ATTR_LID + 1]]);
+    let mtu = b[PORT_ATTR_ACTIVE_MTU];
+    let rate = ibv_rate(b[PORT_ATTR_ACTIVE_WIDTH], b[PORT_ATTR_ACTIVE_SPEED]);
+    (lid, mtu, rate)
+}
+
+/// `offsetof(struct ibv_port_attr, lid)` (checked by the layout test).
+pub const PORT_ATTR_LID: usize = 34;
+/// `offsetof(struct ibv_port_attr, active_mtu)`.
+pub const PORT_ATTR_ACTIVE_MTU: usize = 8;
+/// `offsetof(struct ibv_port_attr, active_width)`.
+pub const PORT_ATTR_ACTIVE_WIDTH: usize = 43;
+/// `offsetof(struct ibv_port_attr, active_speed)`.
+pub const PORT_ATTR_ACTIVE_SPEED: usize = 44;
+
+/// `enum ibv_rate` for a port's width and speed codes (0 when unknown).
+/// TEMPORARY: the wire engineer's `wire::rate` replaces this once it lands.
+fn ibv_rate(width: u8, speed: u8) -> u8 {
+    let lanes: u32 = match width {
+        1 => 1,
+        2 => 4,
+        4 => 8,
+        8 => 12,
+        16 => 2,
+        _ => return 0,
+    };
+    // Per-lane rate in units of 0.5 Gb/s, as ibv_rate enumerates it.
+    let per_lane_half_gbps: u32 = match speed {
+        1 => 5,
+        2 => 10,
+        4 | 8 => 20,
+        16 => 28,
+        32 => 50,
+        64 => 100,
+        128 => 200,
+        _ => return 0,
+    };
+    match lanes * per_lane_half_gbps {
+        5 => 2,
+        20 => 3,
+        60 => 4,
+        10 => 5,
+        40 => 6,
+        80 => 7,
+        120 => 8,
+        160 => 9,
+        240 => 10,
+        28 => 11,
+        112 => 12,
+        224 => 13,
+        336 => 14,
+        50 => 15,
+        200 => 16,
+        400 => 17,
+        600 => 18,
+        56 => 19,
+        100 => 20,
+        800 => 21,
+        1200 => 22,
+        _ => 0,
+    }
+}
+
+unsafe extern "C" fn open_port(
+    port: *const AcmPort,
+    dev_context: *mut c_void,
+    port_context: *mut *mut c_void,
+) -> c_int {
+    guard("open_port", -1, || {
+        if port.is_null() || dev_context.is_null() || port_context.is_null() {
+            return -1;
+        }
+        // SAFETY: dev_context is our DevCtx (from open_device), alive until close_device.
+        let dev = unsafe { &*(dev_context as *const DevCtx) };
+        let api = dev.shared.api;
+        let mut gid0 = [0u8; 16];
+        // SAFETY: `port` is the core's acm_port; acm_get_gid writes one 16-byte GID.
+        let rc = unsafe { (api.get_gid)(port, 0, &mut gid0) };
+        if rc != 0 {
+            api.log(0, "ERROR - open_port: no GID at index 0");
+            return -1;
+        }
+        let (lid, mtu, rate) = query_port(api, port);
+        // SAFETY: non-null core port.
+        let port_num = unsafe { (*port).port_num };
+        let info = Arc::new(PortInfo {
+            id: next_id(),
+            port,
+            port_num,
+            gid0,
+            lid,
+            mtu,
+            rate,
+        });
+        if dev.shared.log_enabled(1) {
+            api.log(1, &format!("open_port {port_num}: lid {lid}"));
+        }
+        let ctx = Box::new(PortCtx {
+            shared: dev.shared.clone(),
+            info,
+        });
+        // SAFETY: valid out-pointer (checked).
+        unsafe { *port_context = Box::into_raw(ctx) as *mut c_void };
+        0
+    })
+}
+
+unsafe extern "C" fn close_port(port_context: *mut c_void) {
+    guard("close_port", (), || {
+        if !port_context.is_null() {
+            // SAFETY: from Box::into_raw in open_port; closed once.
+            drop(unsafe { Box::from_raw(port_context as *mut PortCtx) });
+        }
+    })
+}
+
+unsafe extern "C" fn open_endpoint(
+    endpoint: *const AcmEndpoint,
+    port_context: *mut c_void,
+    ep_context: *mut *mut c_void,
+) -> c_int {
+    guard("open_endpoint", -1, || {
+        if endpoint.is_null() || port_context.is_null() || ep_context.is_null() {
+            return -1;
+        }
+        // SAFETY: our PortCtx, alive until close_port (which the core calls after every
+        // close_endpoint of the port).
+        let port = unsafe { &*(port_context as *const PortCtx) };
+        // SAFETY: the core's live acm_endpoint.
+        let pkey = unsafe { (*endpoint).pkey };
+        let ep = Arc::new(Ep::new(
+            next_id(),
+            port.shared.clone(),
+            port.info.clone(),
+            endpoint,
+            pkey,
+        ));
+        let ctx = Box::new(EpCtx { ep });
+        // SAFETY: valid out-pointer.
+        unsafe { *ep_context = Box::into_raw(ctx) as *mut c_void };
+        0
+    })
+}
+
+unsafe extern "C" fn close_endpoint(ep_context: *mut c_void) {
+    guard("close_endpoint", (), || {
+        if ep_context.is_null() {
+            return;
+        }
+        // SAFETY: from Box::into_raw in open_endpoint; closed once.
+        let ctx = unsafe { Box::from_raw(ep_context as *mut EpCtx) };
+        let ep = ctx.ep;
+        {
+            // After this the worker can no longer pass the endpoint to the core.
+            let mut e = match ep.endpoint.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            *e = 0;
+            ep.closed.store(true, Ordering::Release);
+        }
+        // Address contexts the core never removed (duplicate adds after a netlink resync).
+        let leftovers = std::mem::take(&mut *lock(&ep.addr_ctxs));
+        for p in leftovers {
+            // SAFETY: each entry is a live Box<AddrCtx> registered by add_address and not yet
+            // freed by remove_address (which unregisters it).
+            drop(unsafe { Box::from_raw(p as *mut AddrCtx) });
+        }
+        lock(&ep.local).clear();
+        ep.shared.control(Control::EpClosed(ep.clone()));
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+unsafe extern "C" fn add_address(
+    addr: *const AcmAddress,
+    ep_context: *mut c_void,
+    addr_context: *mut *mut c_void,
+) -> c_int {
+    guard("add_address", -1, || {
+        if addr.is_null() || ep_context.is_null() || addr_context.is_null() {
+            return -1;
+        }
+        // SAFETY: our EpCtx, alive until close_endpoint.
+        let ep = unsafe { &*(ep_context as *const EpCtx) }.ep.clone();
+        // SAFETY: the core's acm_address, valid for this call only: copy what we need now.
+        let (type_, bytes) = unsafe { ((*addr).type_, (*addr).info.bytes) };
+        if !(ACM_ADDRESS_NAME..=ACM_ADDRESS_IP6).contains(&type_) {
+            ep.shared
+                .api
+                .log(0, &format!("ERROR - add_address: bad address type {type_}"));
+            return -1;
+        }
+        let local = LocalAddr { type_, addr: bytes };
+        lock(&ep.local).push(local);
+        let raw = Box::into_raw(Box::new(AddrCtx {
+            ep: ep.clone(),
+            local,
+        }));
+        lock(&ep.addr_ctxs).push(raw as usize);
+        // SAFETY: valid out-pointer.
+        unsafe { *addr_context = raw as *mut c_void };
+        0
+    })
+}
+
+unsafe extern "C" fn remove_address(addr_context: *mut c_void) {
+    guard("remove_address", (), || {
+        if addr_context.is_null() {
+            return;
+        }
+        let raw = addr_context as usize;
+        // SAFETY: our AddrCtx, registered in its endpoint (still open: the core removes
+        // addresses before closing the endpoint).
+        let ep = unsafe { &*(addr_context as *const AddrCtx) }.ep.clone();
+        let mut ctxs = lock(&ep.addr_ctxs);
+        let Some(pos) = ctxs.iter().position(|p| *p == raw) else {
+            ep.shared.api.log(0, "ERROR - remove_address: unknown context");
+            return;
+        };
+        ctxs.swap_remove(pos);
+        drop(ctxs);
+        // SAFETY: registered, so not yet freed; we just unregistered it.
+        let ctx = unsafe { Box::from_raw(addr_context as *mut AddrCtx) };
+        let mut local = lock(&ep.local);
+        if let Some(i) = local.iter().position(|l| *l == ctx.local) {
+            local.swap_remove(i);
+        }
+    })
+}
+
+/// Where a resolve request points, after validation.
+enum Target {
+    /// A PathRecord to look up / ask the SA for (the client's constraints).
+    Path([u8; 64], bool),
+    /// Answer now with this status.
+    Fail(u8),
+    /// Answer now with this path (loopback).
+    Local([u8; 64]),
+}
+
+/// The normalised cache key record and the SA query record for a client record.
+///
+/// Fields that name this endpoint itself (SLID = port LID, SGID = GID0, P_Key = the endpoint's
+/// partition) and NumbPath/Preference/reserved are cleared in the key; every other field the
+/// client set stays, so requests with other constraints never share a cached path. The SA
+/// record puts the endpoint's SGID (when no source is given) and P_Key back.
+pub(crate) fn normalise(ep: &Ep, rec: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
+    let mut k = *rec;
+    if ep.port.lid != 0 && path::be16(&k, path::SLID) == ep.port.lid {
+        path::set_be16(&mut k, path::SLID, 0);
+    }
+    if k[path::SGID..path::SGID + 16] == ep.port.gid0 {
+        k[path::SGID..path::SGID + 16].fill(0);
+    }
+    if path::be16(&k, path::PKEY) & 0x7fff == ep.pkey & 0x7fff {
+        path::set_be16(&mut k, path::PKEY, 0);
+    }
+    k[path::REVERSIBLE_NUMPATH] &= 0x80;
+    k[path::PREFERENCE..].fill(0);
+    let mut q = k;
+    if path::gid_is_zero(&q, path::SGID) && path::be16(&q, path::SLID) == 0 {
+        q[path::SGID..path::SGID + 16].copy_from_slice(&ep.port.gid0);
+    }
+    if path::be16(&q, path::PKEY) == 0 {
+        path::set_be16(&mut q, path::PKEY, ep.pkey);
+    }
+    (k, q)
+}
+
+fn loopback_path(ep: &Ep) -> [u8; 64] {
+    let mut r = [0u8; 64];
+    r[path::DGID..path::DGID + 16].copy_from_slice(&ep.port.gid0);
+    r[path::SGID..path::SGID + 16].copy_from_slice(&ep.port.gid0);
+    path::set_be16(&mut r, path::DLID, ep.port.lid);
+    path::set_be16(&mut r, path::SLID, ep.port.lid);
+    r[path::REVERSIBLE_NUMPATH] = 0x80;
+    path::set_be16(&mut r, path::PKEY, ep.pkey);
+    r[path::MTU] = ep.port.mtu;
+    r[path::RATE] = ep.port.rate;
+    r
+}
+
+fn gid_record(gid: &[u8; 16]) -> [u8; 64] {
+    let mut r = [0u8; 64];
+    r[path::DGID..path::DGID + 16].copy_from_slice(gid);
+    r[path::REVERSIBLE_NUMPATH] = 0x80;
+    r
+}
+
+fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
+    let len = msg.hdr.length as usize;
+    if (msg.hdr.opcode & ACM_OP_MASK) != ACM_OP_RESOLVE
+        || len < ACM_MSG_HDR_LENGTH + ACM_MSG_EP_LENGTH
+        || len > ACM_MSG_HDR_LENGTH + ACM_MSG_DATA_LENGTH
+        || (len - ACM_MSG_HDR_LENGTH) % ACM_MSG_EP_LENGTH != 0
+    {
+        return Target::Fail(ACM_STATUS_EINVAL);
+    }
+    let cnt = (len - ACM_MSG_HDR_LENGTH) / ACM_MSG_EP_LENGTH;
+    let [src_out, src_index, dst_index] = msg.hdr.data;
+    if src_out != 0 && src_index as usize >= cnt {
+        return Target::Fail(ACM_STATUS_EINVAL);
+    }
+    let first = &msg.resolve_data[0];
+    if first.type_ == ACM_EP_INFO_PATH {
+        let rec = first.info.bytes;
+        if path::be16(&rec, path::DLID) == 0 && path::gid_is_zero(&rec, path::DGID) {
+            return Target::Fail(ACM_STATUS_EINVAL);
+        }
+        return Target::Path(rec, first.flags & ACM_FLAGS_NODELAY != 0);
+    }
+    if dst_index as usize >= cnt {
+        return Target::Fail(ACM_STATUS_EINVAL);
+    }
+    let dest = &msg.resolve_data[dst_index as usize];
+    let nodelay = dest.flags & ACM_FLAGS_NODELAY != 0;
+    let bytes = dest.info.bytes;
+    match dest.type_ {
+        ACM_ADDRESS_NAME | ACM_ADDRESS_IP | ACM_ADDRESS_IP6 => {
+            if ep.shared.opts.loopback_prot == LoopbackProt::Local {
+                let local = lock(&ep.local);
+                if local.iter().any(|l| l.type_ == dest.type_ && l.addr == bytes) {
+                    if ep.port.lid != 0 {
+                        return Target::Local(loopback_path(ep));
+                    }
+                    return Target::Path(gid_record(&ep.port.gid0), nodelay);
+                }
+            }
+            match ep.shared.host_gid(dest.type_, &bytes) {
+                Some(gid) => {
+                    ep.count_global(cntr::ADDR_CACHE);
+                    Target::Path(gid_record(&gid), nodelay)
+                }
+                // Unknown destination: the ACM multicast protocol is a later step.
+                None => Target::Fail(ACM_STATUS_ENODATA),
+            }
+        }
+        ACM_ADDRESS_GID => {
+            let mut gid = [0u8; 16];
+            gid.copy_from_slice(&bytes[..16]);
+            Target::Path(gid_record(&gid), nodelay)
+        }
+        ACM_ADDRESS_LID => {
+            let lid = u16::from_be_bytes([bytes[0], bytes[1]]);
+            if lid == 0 {
+                return Target::Fail(ACM_STATUS_EINVAL);
+            }
+            let mut r = [0u8; 64];
+            path::set_be16(&mut r, path::DLID, lid);
+            r[path::REVERSIBLE_NUMPATH] = 0x80;
+            Target::Path(r, nodelay)
+        }
+        _ => Target::Fail(ACM_STATUS_EINVAL),
+    }
+}
+
+/// Hands a request to the worker; false if the queue is full.
+fn enqueue(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, kind: Kind, key: RouteKey, sa: [u8; 64]) -> bool {
+    let req = Request {
+        ep: ep.clone(),
+        id,
+        msg: *msg,
+        kind,
+        key,
+        sa_record: sa,
+    };
+    let ok = ep.shared.requests.push(req).is_ok();
+    if ok {
+        ep.shared.waker.wake();
+    } else {
+        ep.shared.overflows.fetch_add(1, Ordering::Relaxed);
+    }
+    ok
+}
+
+fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
+    let ep = &ctx.ep;
+    let sh = &ep.shared;
+    let api = sh.api;
+    ep.count(cntr::RESOLVE);
+    let mut reply = |status: u8, rec: Option<&[u8; 64]>| {
+        *answered = true;
+        ep.count_status(status);
+        respond::send_resolve(api, id, msg, status, rec)
+    };
+    if ep.closed.load(Ordering::Acquire) {
+        return reply(ACM_STATUS_ENODATA, None);
+    }
+    let (rec, nodelay) = match classify(ep, msg) {
+        Target::Fail(s) => {
+            if s == ACM_STATUS_EINVAL {
+                api.log(0, "ERROR - malformed resolve request rejected (EINVAL)");
+            }
+            return reply(s, None);
+        }
+        Target::Local(path) => {
+            ep.count_global(cntr::ROUTE_CACHE);
+            return reply(0, Some(&path));
+        }
+        Target::Path(rec, nodelay) => (rec, nodelay),
+    };
+    let (k, q) = normalise(ep, &rec);
+    let key = RouteKey::new(ep.id, &k);
+    if let Some(path) = sh.routes.get(&key, sh.waker.coarse_ms()) {
+        ep.count_global(cntr::ROUTE_CACHE);
+        return reply(0, Some(&path));
+    }
+    if nodelay {
+        let r = reply(ACM_STATUS_ENODATA, None);
+        // Prime the cache; a full queue only loses the priming.
+        let _ = enqueue(ep, id, msg, Kind::Prime, key, q);
+        return r;
+    }
+    if enqueue(ep, id, msg, Kind::Resolve, key, q) {
+        *answered = true;
+        return 0;
+    }
+    api.log(0, "ERROR - request queue full, answering ENOMEM");
+    reply(ACM_STATUS_ENOMEM, None)
+}
+
+unsafe extern "C" fn resolve(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {
+    if addr_context.is_null() || msg.is_null() {
+        core_api::log(0, "ERROR - resolve: null argument");
+        return -1;
+    }
+    // SAFETY: the core passes a full acm_msg buffer (592 bytes) valid for this call.
+    let copy = unsafe { *msg };
+    // SAFETY: our AddrCtx, alive until remove_address / close_endpoint.
+    let ctx = unsafe { &*(addr_context as *const AddrCtx) };
+    let mut answered = false;
+    let answered_ref = &mut answered;
+    match catch_unwind(AssertUnwindSafe(|| {
+        resolve_impl(ctx, &copy, id, answered_ref)
+    })) {
+        Ok(r) => r,
+        Err(_) => {
+            core_api::log(0, "ERROR - internal error (panic) in resolve");
+            if !answered {
+                let api = ctx.ep.shared.api;
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    respond::send_resolve(api, id, &copy, ACM_STATUS_EINVAL, None)
+                }));
+            }
+            0
+        }
+    }
+}
+
+fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
+    let ep = &ctx.ep;
+    let api = ep.shared.api;
+    let mut reply = |status: u8| {
+        *answered = true;
+        respond::send_query(api, id, msg, status, None)
+    };
+    let first = &msg.resolve_data[0];
+    if msg.hdr.length as usize != ACM_MSG_HDR_LENGTH + ACM_MSG_EP_LENGTH
+        || first.type_ != ACM_EP_INFO_PATH
+    {
+        api.log(0, "ERROR - malformed SA query rejected (EINVAL)");
+        return reply(ACM_STATUS_EINVAL);
+    }
+    if ep.closed.load(Ordering::Acquire) {
+        return reply(ACM_STATUS_ENODATA);
+    }
+    let rec = first.info.bytes;
+    let key = RouteKey::new(ep.id, &rec);
+    if enqueue(ep, id, msg, Kind::Query, key, rec) {
+        *answered = true;
+        return 0;
+    }
+    api.log(0, "ERROR - request queue full, answering ENOMEM");
+    reply(ACM_STATUS_ENOMEM)
+}
+
+unsafe extern "C" fn query(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {
+    if addr_context.is_null() || msg.is_null() {
+        core_api::log(0, "ERROR - query: null argument");
+        return -1;
+    }
+    // SAFETY: as in resolve.
+    let copy = unsafe { *msg };
+    // SAFETY: as in resolve.
+    let ctx = unsafe { &*(addr_context as *const AddrCtx) };
+    let mut answered = false;
+    let answered_ref = &mut answered;
+    match catch_unwind(AssertUnwindSafe(|| query_impl(ctx, &copy, id, answered_ref))) {
+        Ok(r) => r,
+        Err(_) => {
+            core_api::log(0, "ERROR - internal error (panic) in query");
+            if !answered {
+                let api = ctx.ep.shared.api;
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    respond::send_query(api, id, &copy, ACM_STATUS_EINVAL, None)
+                }));
+            }
+            0
+        }
+    }
+}
+
+unsafe extern "C" fn handle_event(port_context: *mut c_void, event: c_int) -> c_int {
+    guard("handle_event", -1, || {
+        if port_context.is_null() {
+            return -1;
+        }
+        // SAFETY: our PortCtx, alive until close_port.
+        let port = unsafe { &*(port_context as *const PortCtx) };
+        if event == IBV_EVENT_CLIENT_REREGISTER {
+            port.shared.api.log(1, "client reregister: flushing learned routes");
+            port.shared.control(Control::Reregister(port.info.id));
+        }
+        0
+    })
+}
+
+unsafe extern "C" fn query_perf(ep_context: *mut c_void, values: *mut u64, cnt: *mut u8) {
+    guard("query_perf", (), || {
+        if ep_context.is_null() || values.is_null() || cnt.is_null() {
+            return;
+        }
+        // SAFETY: our EpCtx.
+        let ep = &unsafe { &*(ep_context as *const EpCtx) }.ep;
+        for (i, c) in ep.counters.iter().enumerate() {
+            // SAFETY: the core's buffer holds 72 u64 (acm_msg data); we write 7.
+            unsafe { values.add(i).write_unaligned(c.load(Ordering::Relaxed).to_be()) };
+        }
+        // SAFETY: valid out-pointer.
+        unsafe { *cnt = cntr::MAX as u8 };
+    })
+}
+
+/// The provider table returned by `provider_query`.
+pub static PROVIDER: AcmProvider = AcmProvider {
+    size: core::mem::size_of::<AcmProvider>(),
+    version: ACM_PROV_VERSION,
+    name: c"acmrs".as_ptr(),
+    open_device,
+    close_device,
+    open_port,
+    close_port,
+    open_endpoint,
+    close_endpoint,
+    add_address,
+    remove_address,
+    resolve,
+    query,
+    handle_event,
+    query_perf,
+};
