@@ -586,8 +586,12 @@ where
         ttl: u64,
     ) -> Inserted {
         let mut w = self.path_words(&key.to_words(), key.ep, 0, now, ttl);
-        for (v, c) in w[PATH_REC..].iter_mut().zip(record.chunks_exact(4)) {
-            *v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let mut i = 0;
+        while i < RECORD_WORDS {
+            let b = 4 * i;
+            w[PATH_REC + i] =
+                u32::from_le_bytes([record[b], record[b + 1], record[b + 2], record[b + 3]]);
+            i += 1;
         }
         self.upsert_path(key, w, now)
     }

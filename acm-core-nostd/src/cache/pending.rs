@@ -16,7 +16,7 @@
 //!
 //! Keys live in `PendingSlot<K>`s that double as hash buckets (chains of `u32` indices, like the
 //! caches); waiters are a FIFO linked list per key through [`WaiterSlot`]s (8 bytes each).
-//! `size_of::<PendingSlot<PathKey>>()` is 64 bytes.
+//! `size_of::<PendingSlot<PathKey>>()` is 72 bytes on 64-bit hosts.
 
 use core::ops::DerefMut;
 

@@ -88,10 +88,12 @@ impl<const W: usize> Slot<W> {
         let s = self.seq.load(Ordering::Relaxed);
         self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        for (i, w) in self.words.iter().enumerate() {
+        let mut i = 0;
+        while i < W {
             if i != INC {
-                w.store(0, Ordering::Relaxed);
+                self.words[i].store(0, Ordering::Relaxed);
             }
+            i += 1;
         }
         self.seq.store(s.wrapping_add(2), Ordering::Release);
         self.next.store(0, Ordering::Relaxed);
@@ -318,8 +320,10 @@ where
         let s = slot.seq.load(Ordering::Relaxed);
         slot.seq.store(s.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        for (a, v) in slot.words.iter().zip(words.iter()) {
-            a.store(*v, Ordering::Relaxed);
+        let mut i = 0;
+        while i < W {
+            slot.words[i].store(words[i], Ordering::Relaxed);
+            i += 1;
         }
         slot.seq.store(s.wrapping_add(2), Ordering::Release);
     }

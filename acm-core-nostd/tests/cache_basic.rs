@@ -1,0 +1,436 @@
+//! Behaviour of the path/address cache: hits, expiry, negative entries, refresh hints, aliases,
+//! invalidation, eviction policy, counters and the 1,000,000-entry capacity.
+
+use acm_core_nostd::cache::{
+    constraint, AddrKey, AddrSlot, CacheConfig, CacheError, Constraints, Dest, Inserted, Lookup,
+    PathCache, PathKey, PathSlot,
+};
+
+type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+fn cache(paths: usize, addrs: usize) -> Cache {
+    let p: Box<[PathSlot]> = (0..paths).map(|_| PathSlot::new()).collect();
+    let a: Box<[AddrSlot]> = (0..addrs).map(|_| AddrSlot::new()).collect();
+    PathCache::new(
+        p,
+        a,
+        CacheConfig {
+            seed: 42,
+            refresh_ahead: 1_000,
+        },
+    )
+    .unwrap()
+}
+
+fn rec(tag: u8) -> [u8; 64] {
+    let mut r = [0u8; 64];
+    for (i, b) in r.iter_mut().enumerate() {
+        *b = tag.wrapping_add(i as u8);
+    }
+    r
+}
+
+fn lid(ep: u16, l: u16) -> PathKey {
+    PathKey::new(ep, Dest::Lid(l))
+}
+
+fn record_of(l: Lookup) -> [u8; 64] {
+    match l {
+        Lookup::Hit { record, .. } => record,
+        other => panic!("expected a hit, got {other:?}"),
+    }
+}
+
+#[test]
+fn storage_must_not_be_empty() {
+    let p: Box<[PathSlot]> = Box::new([]);
+    let a: Box<[AddrSlot]> = Box::new([]);
+    assert_eq!(
+        PathCache::new(p, a, CacheConfig::default()).err(),
+        Some(CacheError::Capacity)
+    );
+}
+
+#[test]
+fn insert_lookup_update_remove() {
+    let c = cache(16, 16);
+    let k = lid(1, 5);
+    assert_eq!(c.lookup(&k, 0), Lookup::Miss);
+    let mut w = c.writer().unwrap();
+    assert!(c.writer().is_none(), "only one writer at a time");
+    assert_eq!(w.insert(&k, &rec(1), 0, 10_000), Inserted::New);
+    assert_eq!(record_of(c.lookup(&k, 1)), rec(1));
+    assert_eq!(w.insert(&k, &rec(2), 0, 10_000), Inserted::Updated);
+    assert_eq!(record_of(c.lookup(&k, 1)), rec(2));
+    assert_eq!(c.len(), 1);
+    assert!(w.remove(&k));
+    assert!(!w.remove(&k));
+    assert_eq!(c.lookup(&k, 1), Lookup::Miss);
+    assert_eq!(c.len(), 0);
+    drop(w);
+    assert!(c.writer().is_some(), "writer role is released on drop");
+}
+
+#[test]
+fn lid_gid_and_constraints_are_separate_entries() {
+    let c = cache(64, 0);
+    let mut w = c.writer().unwrap();
+    let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5];
+    let base = lid(1, 5);
+    let by_gid = PathKey::new(1, Dest::Gid(gid));
+    let sid = Constraints {
+        mask: constraint::SERVICE_ID,
+        service_id: 0x1234,
+        ..Constraints::ANY
+    };
+    let with_sid = PathKey {
+        constraints: sid,
+        ..base
+    };
+    let other_sid = PathKey {
+        constraints: Constraints {
+            service_id: 0x1235,
+            ..sid
+        },
+        ..base
+    };
+    let with_sl = PathKey {
+        constraints: Constraints {
+            mask: constraint::SL,
+            sl: 3,
+            ..Constraints::ANY
+        },
+        ..base
+    };
+    let other_ep = lid(2, 5);
+    let keys = [base, by_gid, with_sid, other_sid, with_sl, other_ep];
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(
+            w.insert(k, &rec(i as u8 * 10), 0, 10_000),
+            Inserted::New,
+            "key {i}"
+        );
+    }
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(record_of(c.lookup(k, 5)), rec(i as u8 * 10), "key {i}");
+    }
+    // Unspecified fields do not split entries.
+    let noise = PathKey {
+        constraints: Constraints {
+            pkey: 0xffff,
+            ..sid
+        },
+        ..base
+    };
+    assert_eq!(record_of(c.lookup(&noise, 5)), rec(20));
+}
+
+#[test]
+fn expiry_is_sub_minute_and_exact() {
+    let c = cache(8, 0);
+    let mut w = c.writer().unwrap();
+    let k = lid(0, 9);
+    w.insert(&k, &rec(3), 1_000, 250);
+    assert!(matches!(
+        c.lookup(&k, 1_249),
+        Lookup::Hit {
+            expires_at: 1_250,
+            ..
+        }
+    ));
+    assert_eq!(c.lookup(&k, 1_250), Lookup::Miss);
+    // ttl saturates: "never" stays never.
+    w.insert(&k, &rec(3), 1_000, u64::MAX);
+    assert!(matches!(
+        c.lookup(&k, u64::MAX - 1),
+        Lookup::Hit {
+            expires_at: u64::MAX,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn negative_entries_have_their_own_lifetime() {
+    let c = cache(8, 8);
+    let mut w = c.writer().unwrap();
+    let k = lid(0, 9);
+    assert_eq!(w.insert_negative(&k, 0, 0, 10), Err(CacheError::ZeroStatus));
+    w.insert_negative(&k, 6, 100, 500).unwrap();
+    assert_eq!(
+        c.lookup(&k, 200),
+        Lookup::Negative {
+            status: 6,
+            until: 600
+        }
+    );
+    assert_eq!(c.lookup(&k, 600), Lookup::Miss);
+    // A positive answer replaces the negative one in place.
+    assert_eq!(w.insert(&k, &rec(4), 700, 1_000), Inserted::Updated);
+    assert_eq!(record_of(c.lookup(&k, 800)), rec(4));
+    // Negative addresses.
+    let a = AddrKey::ipv4(0, [10, 0, 0, 9]);
+    w.insert_addr_negative(&a, 9, 0, 50).unwrap();
+    assert_eq!(
+        c.lookup_addr(&a, 10),
+        Lookup::Negative {
+            status: 9,
+            until: 50
+        }
+    );
+    assert_eq!(c.lookup_addr(&a, 50), Lookup::Miss);
+    let s = c.stats();
+    assert_eq!(s.negative_hits, 2);
+}
+
+#[test]
+fn refresh_hint_goes_to_one_reader_per_version() {
+    let c = cache(8, 0);
+    let mut w = c.writer().unwrap();
+    let k = lid(0, 1);
+    w.insert(&k, &rec(1), 0, 10_000); // refresh_ahead = 1000
+    assert!(matches!(
+        c.lookup(&k, 8_999),
+        Lookup::Hit {
+            needs_refresh: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        c.lookup(&k, 9_000),
+        Lookup::Hit {
+            needs_refresh: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        c.lookup(&k, 9_001),
+        Lookup::Hit {
+            needs_refresh: false,
+            ..
+        }
+    ));
+    // The refresh lands: a new version, and near its end a new hint.
+    w.insert(&k, &rec(2), 9_500, 10_000);
+    assert!(matches!(
+        c.lookup(&k, 9_600),
+        Lookup::Hit {
+            needs_refresh: false,
+            ..
+        }
+    ));
+    assert!(matches!(
+        c.lookup(&k, 18_600),
+        Lookup::Hit {
+            needs_refresh: true,
+            ..
+        }
+    ));
+    assert_eq!(c.stats().refresh_hints, 2);
+}
+
+#[test]
+fn aliases_share_one_record() {
+    let c = cache(8, 8);
+    let mut w = c.writer().unwrap();
+    let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0, 7];
+    let path = PathKey::new(3, Dest::Gid(gid));
+    let name = AddrKey::name(3, "node7").unwrap();
+    let ip = AddrKey::ipv4(3, [192, 168, 0, 7]);
+    let ip6 = AddrKey::ipv6(3, [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+    assert_eq!(w.alias(&name, &path, 0, 1_000), Err(CacheError::NoSuchPath));
+    w.insert(&path, &rec(1), 0, 100_000);
+    for a in [&name, &ip, &ip6] {
+        assert_eq!(w.alias(a, &path, 0, 50_000), Ok(Inserted::New));
+    }
+    for a in [&name, &ip, &ip6] {
+        assert_eq!(record_of(c.lookup_addr(a, 10)), rec(1));
+    }
+    // One update, seen through every alias.
+    w.insert(&path, &rec(2), 10, 100_000);
+    for a in [&name, &ip, &ip6] {
+        match c.lookup_addr(a, 20) {
+            Lookup::Hit {
+                record, expires_at, ..
+            } => {
+                assert_eq!(record, rec(2));
+                assert_eq!(
+                    expires_at, 50_000,
+                    "the alias's own lifetime bounds the answer"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Removing one alias leaves the others.
+    assert!(w.remove_addr(&ip));
+    assert_eq!(c.lookup_addr(&ip, 20), Lookup::Miss);
+    assert_eq!(record_of(c.lookup_addr(&name, 20)), rec(2));
+    // Removing the path (or reusing its slot) turns all aliases into misses.
+    assert!(w.remove(&path));
+    assert_eq!(c.lookup_addr(&name, 20), Lookup::Miss);
+    w.insert(&lid(3, 99), &rec(9), 20, 100_000); // reuses the freed slot
+    assert_eq!(c.lookup_addr(&name, 30), Lookup::Miss);
+    assert_eq!(c.lookup_addr(&ip6, 30), Lookup::Miss);
+}
+
+#[test]
+fn invalidate_ep_is_o1_and_scoped() {
+    let c = cache(64, 16);
+    let mut w = c.writer().unwrap();
+    for l in 0..10 {
+        w.insert(&lid(1, l), &rec(1), 0, 100_000);
+        w.insert(&lid(2, l), &rec(2), 0, 100_000);
+    }
+    w.alias(&AddrKey::name(1, "a").unwrap(), &lid(1, 3), 0, 100_000)
+        .unwrap();
+    w.invalidate_ep(1);
+    for l in 0..10 {
+        assert_eq!(c.lookup(&lid(1, l), 1), Lookup::Miss);
+        assert_eq!(record_of(c.lookup(&lid(2, l), 1)), rec(2));
+    }
+    assert_eq!(
+        c.lookup_addr(&AddrKey::name(1, "a").unwrap(), 1),
+        Lookup::Miss
+    );
+    // New entries on the endpoint work again, and re-inserting an invalidated key revives it.
+    w.insert(&lid(1, 3), &rec(7), 1, 100_000);
+    assert_eq!(record_of(c.lookup(&lid(1, 3), 2)), rec(7));
+    // The stale entries are reclaimed by the sweeper.
+    let before = c.len();
+    let purged = w.purge_expired(2, 64);
+    assert_eq!(purged, 9 + 1, "9 stale paths + 1 stale alias");
+    assert_eq!(c.len(), before - 9);
+    // flush_ep removes everything of an endpoint.
+    assert_eq!(w.flush_ep(2), 10);
+    assert_eq!(c.lookup(&lid(2, 0), 3), Lookup::Miss);
+}
+
+#[test]
+fn full_cache_evicts_dead_entries_first_and_never_grows() {
+    let cap = 64;
+    let c = cache(cap, 0);
+    let mut w = c.writer().unwrap();
+    // Half the entries expire at 1000, the others live long.
+    for l in 0..cap as u16 {
+        let ttl = if l % 2 == 0 { 1_000 } else { 1_000_000 };
+        assert_eq!(w.insert(&lid(0, l), &rec(l as u8), 0, ttl), Inserted::New);
+    }
+    assert_eq!(c.len(), cap);
+    // After the short ones expired, 32 new inserts must take exactly their slots.
+    for l in 0..(cap / 2) as u16 {
+        assert_eq!(
+            w.insert(&lid(0, 1000 + l), &rec(0), 2_000, 1_000_000),
+            Inserted::Evicted
+        );
+    }
+    assert_eq!(c.len(), cap);
+    for l in (1..cap as u16).step_by(2) {
+        assert_eq!(
+            record_of(c.lookup(&lid(0, l), 2_001)),
+            rec(l as u8),
+            "live entry {l} evicted"
+        );
+    }
+    let s = c.stats();
+    assert_eq!(s.expired, 32);
+    assert_eq!(s.evictions, 0);
+    // Everything is live now: further inserts evict live entries, and the table stays bounded.
+    for l in 0..200u16 {
+        assert_eq!(
+            w.insert(&lid(0, 5000 + l), &rec(1), 2_003, 1_000_000),
+            Inserted::Evicted
+        );
+        assert_eq!(c.len(), cap, "bounded");
+    }
+    assert_eq!(c.stats().evictions, 200);
+}
+
+#[test]
+fn clock_keeps_hot_entries() {
+    let cap = 256;
+    let c = cache(cap, 0);
+    let mut w = c.writer().unwrap();
+    for l in 0..cap as u16 {
+        w.insert(&lid(0, l), &rec(1), 0, u64::MAX);
+    }
+    // 16 hot keys are read between every insert; the rest is churn.
+    let hot: Vec<PathKey> = (0..16).map(|l| lid(0, l * 7)).collect();
+    let mut hot_misses = 0;
+    for n in 0..2_000u16 {
+        for k in &hot {
+            if !matches!(c.lookup(k, 1), Lookup::Hit { .. }) {
+                hot_misses += 1;
+                w.insert(k, &rec(1), 1, u64::MAX);
+            }
+        }
+        w.insert(&lid(1, n), &rec(2), 1, u64::MAX);
+    }
+    // Plain FIFO would lose every hot key once per 256 inserts (~7 rounds × 16 = ~120 misses).
+    assert!(hot_misses < 20, "hot keys evicted {hot_misses} times");
+}
+
+#[test]
+fn counters_add_up() {
+    let c = cache(8, 8);
+    let mut w = c.writer().unwrap();
+    w.insert(&lid(0, 1), &rec(1), 0, 100);
+    w.insert(&lid(0, 1), &rec(1), 0, 100);
+    c.lookup(&lid(0, 1), 1);
+    c.lookup(&lid(0, 2), 1);
+    c.lookup(&lid(0, 1), 100);
+    w.remove(&lid(0, 1));
+    let s = c.stats();
+    assert_eq!(
+        (s.inserts, s.updates, s.hits, s.misses, s.removed),
+        (1, 1, 1, 2, 1)
+    );
+    assert_eq!((s.path_entries, s.addr_entries, s.busy), (0, 0, 0));
+}
+
+#[test]
+fn clear_empties_everything() {
+    let c = cache(8, 8);
+    let mut w = c.writer().unwrap();
+    w.insert(&lid(0, 1), &rec(1), 0, 100);
+    w.alias(&AddrKey::name(0, "x").unwrap(), &lid(0, 1), 0, 100)
+        .unwrap();
+    w.clear();
+    assert_eq!(c.lookup(&lid(0, 1), 1), Lookup::Miss);
+    assert_eq!(
+        c.lookup_addr(&AddrKey::name(0, "x").unwrap(), 1),
+        Lookup::Miss
+    );
+    assert_eq!(c.len(), 0);
+    assert_eq!(w.insert(&lid(0, 1), &rec(1), 0, 100), Inserted::New);
+}
+
+/// One million path records fit and work (144 MB of slots). Debug builds are slow, so this
+/// inserts all 1M keys and verifies a strided sample plus the first and last; the release-mode
+/// benchmark (`cargo run -p acm-bench --release --bin cache`) looks up all of them.
+#[test]
+fn one_million_entries() {
+    const N: u32 = 1_000_000;
+    let c = cache(N as usize, 0);
+    let mut w = c.writer().unwrap();
+    let key = |i: u32| {
+        let mut gid = [0u8; 16];
+        gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
+        gid[12..].copy_from_slice(&i.to_be_bytes());
+        PathKey::new((i % 4) as u16, Dest::Gid(gid))
+    };
+    let mut r = [0u8; 64];
+    for i in 0..N {
+        r[..4].copy_from_slice(&i.to_le_bytes());
+        assert_eq!(w.insert(&key(i), &r, 0, u64::MAX), Inserted::New);
+    }
+    assert_eq!(c.len(), N as usize);
+    for i in (0..N).step_by(997).chain([N - 1]) {
+        let got = record_of(c.lookup(&key(i), 1));
+        assert_eq!(&got[..4], &i.to_le_bytes());
+    }
+    // One more evicts exactly one.
+    assert_eq!(w.insert(&key(N), &r, 1, u64::MAX), Inserted::Evicted);
+    assert_eq!(c.len(), N as usize);
+    assert_eq!(c.stats().evictions, 1);
+}
