@@ -1,6 +1,37 @@
 #![no_main]
-// Placeholder: replaced by the owner of this parser.
+//! Fuzzes the `ibacm_hosts.data` parser and the address parsers it is built on.
+use acm_core_nostd::text::addr::{parse_ipv4, parse_ipv6, Address, MAX_NAME_LEN};
+use acm_core_nostd::text::hosts::HostLines;
+use acm_core_nostd::text::Lines;
 use libfuzzer_sys::fuzz_target;
+
 fuzz_target!(|data: &[u8]| {
-    let _ = data;
+    let total = Lines::new(data).count() as u32;
+    let mut last = 0u32;
+    for item in HostLines::new(data) {
+        let line = match item {
+            Ok(e) => {
+                if let Address::Name(n) = e.address {
+                    assert!(!n.as_str().is_empty() && n.as_str().len() <= MAX_NAME_LEN);
+                    assert_eq!(n.as_padded()[MAX_NAME_LEN], 0);
+                }
+                e.line
+            }
+            Err(e) => e.line,
+        };
+        assert!(line > last && line <= total);
+        last = line;
+    }
+    // Whole input as one address token: parsed forms re-format and re-parse to themselves.
+    if let Some(a) = parse_ipv4(data) {
+        let text = std::net::Ipv4Addr::from(a).to_string();
+        assert_eq!(parse_ipv4(text.as_bytes()), Some(a));
+    }
+    if let Some(a) = parse_ipv6(data) {
+        let text = std::net::Ipv6Addr::from(a).to_string();
+        assert_eq!(parse_ipv6(text.as_bytes()), Some(a));
+    }
+    if let Ok(a) = Address::parse(data) {
+        assert_eq!(a.to_acm_bytes().len(), 64);
+    }
 });
