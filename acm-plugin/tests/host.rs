@@ -1,0 +1,521 @@
+//! Drives the real `libacmrs.so` through its vtable from a fake ibacm core (`common`).
+//!
+//! Run with `ACMRS_TEST_LOG=1` to see the provider's log lines.
+
+mod common;
+
+use acmrs::ffi::*;
+use common::*;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+const OPTS: &str = "\
+# test options
+log_level 2
+timeout 100
+retries 0
+acmrs_sa_retries 3
+acmrs_sa_busy_backoff_ms 5
+route_timeout -1
+";
+
+const W: Duration = Duration::from_secs(5);
+
+fn status(r: &Response) -> u8 {
+    r.msg.hdr.status
+}
+
+#[test]
+fn provider_table_and_exports() {
+    let lib = lib();
+    assert_eq!(lib.prov.size, 120);
+    assert_eq!(lib.prov.version, 1);
+    // SAFETY: static NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(lib.prov.name) };
+    assert_eq!(name.to_str().unwrap(), "acmrs");
+    let out = std::process::Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib.path)
+        .output()
+        .expect("nm (binutils) must be installed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let funcs: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" T ") || l.contains(" D ") || l.contains(" B "))
+        .collect();
+    assert_eq!(funcs.len(), 1, "exports: {funcs:?}");
+    assert!(funcs[0].ends_with(" provider_query"));
+    let undef = std::process::Command::new("nm")
+        .args(["-D", "--undefined-only"])
+        .arg(&lib.path)
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&undef.stdout).contains("acm_"),
+        "core helpers must not be linked"
+    );
+}
+
+#[test]
+fn provider_query_refuses_host_without_core_helpers() {
+    let dir = std::env::temp_dir().join(format!("acmrs-nohelpers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("h.c");
+    std::fs::write(
+        &src,
+        "#include <dlfcn.h>\n#include <stdio.h>\n#include <stdint.h>\n\
+         int main(int c, char **v) { void *h = dlopen(v[1], RTLD_LAZY); if (!h) return 2;\n\
+         int (*q)(void **, uint32_t *) = dlsym(h, \"provider_query\"); if (!q) return 3;\n\
+         void *p = 0; uint32_t ver = 0; int rc = q(&p, &ver); printf(\"rc=%d\\n\", rc);\n\
+         return rc == 0 ? 4 : 0; }\n",
+    )
+    .unwrap();
+    let exe = dir.join("h");
+    let cc = std::process::Command::new("cc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .status()
+        .expect("cc");
+    assert!(cc.success());
+    let out = std::process::Command::new(&exe).arg(so_path()).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stdout {:?}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("acm_write"), "stderr: {stderr}");
+    assert!(stderr.contains("must be loaded by ibacm"), "stderr: {stderr}");
+}
+
+#[test]
+fn path_by_dlid_and_dgid_miss_then_hit() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    // Miss by DLID: goes to the SA, answered from the worker.
+    let t1 = h.tid();
+    assert_eq!(h.resolve(ep, &path_request(t1, 5, None, 0), 3), 0);
+    assert!(wait_until(|| sa_pending() == 1));
+    assert_eq!(response_count(), 0, "a miss is not answered inline");
+    assert!(sa_complete_next(SaAction::Answer));
+    assert!(wait_responses(1, W));
+    let r = &find(t1)[0];
+    assert_eq!(r.id, 3);
+    assert_eq!(status(r), 0);
+    assert_eq!(r.msg.hdr.length, 88);
+    assert_eq!(r.msg.resolve_data[0].flags, 0x2b);
+    assert_eq!(r.msg.resolve_data[0].type_, ACM_EP_INFO_PATH);
+    assert_eq!(dlid_of(r), 5);
+    assert_ne!(r.thread, std::thread::current().id());
+    // Hit: answered inline, no SA traffic.
+    let sends = SENDS.load(Ordering::SeqCst);
+    let t2 = h.tid();
+    h.resolve(ep, &path_request(t2, 5, None, 0), 4);
+    let r2 = find(t2);
+    assert_eq!(r2.len(), 1, "hit answered inline");
+    assert_eq!(r2[0].thread, std::thread::current().id());
+    assert_eq!(dlid_of(&r2[0]), 5);
+    assert_eq!(SENDS.load(Ordering::SeqCst), sends);
+    // By DGID.
+    let t3 = h.tid();
+    h.resolve(ep, &path_request(t3, 0, Some(gid_of(0x1000 + 9)), 0), 5);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(3, W));
+    assert_eq!(dlid_of(&find(t3)[0]), 9);
+    // Counters: per EP and the core's global ones.
+    let perf = h.perf(ep);
+    assert_eq!(perf[cntr::RESOLVE], 3);
+    assert_eq!(perf[cntr::ROUTE_QUERY], 2);
+    assert_eq!(perf[cntr::ROUTE_CACHE], 1);
+    assert_eq!(perf[cntr::ERROR], 0);
+    assert_eq!(GLOBAL_COUNTERS[cntr::ROUTE_QUERY].load(Ordering::SeqCst), 2);
+    assert_eq!(GLOBAL_COUNTERS[cntr::ROUTE_CACHE].load(Ordering::SeqCst), 1);
+    assert_eq!(BAD_TID.load(Ordering::SeqCst), 0, "TID upper half must be zero");
+    h.close();
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
+}
+
+fn wait_until(f: impl Fn() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        if t0.elapsed() > W {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
+}
+
+#[test]
+fn constraints_are_part_of_the_cache_key() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let plain = h.tid();
+    h.resolve(ep, &path_request(plain, 6, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    // Same DLID, but SL 3 and a service ID: must not be answered with the plain path.
+    let mut m = path_request(h.tid(), 6, None, 0);
+    let t_sl = m.hdr.tid;
+    m.resolve_data[0].info.bytes[52..54].copy_from_slice(&3u16.to_be_bytes());
+    m.resolve_data[0].info.bytes[0..8].copy_from_slice(&0x1234u64.to_be_bytes());
+    h.resolve(ep, &m, 1);
+    assert!(find(t_sl).is_empty(), "must not be a cache hit");
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(2, W));
+    let p = path_of(&find(t_sl)[0]);
+    assert_eq!(p[53] & 0xf, 3, "SL constraint honoured");
+    assert_eq!(&p[0..8], &0x1234u64.to_be_bytes());
+    // Each is now a hit for its own constraints.
+    let mut m2 = m;
+    m2.hdr.tid = h.tid();
+    h.resolve(ep, &m2, 1);
+    assert_eq!(path_of(&find(m2.hdr.tid)[0])[53] & 0xf, 3);
+    let t4 = h.tid();
+    h.resolve(ep, &path_request(t4, 6, None, 0), 1);
+    assert_eq!(path_of(&find(t4)[0])[53] & 0xf, 0);
+    // Asking for our own SLID / P_Key explicitly is the same key as not asking.
+    let mut m3 = path_request(h.tid(), 6, None, 0);
+    m3.resolve_data[0].info.bytes[42..44].copy_from_slice(&7u16.to_be_bytes());
+    m3.resolve_data[0].info.bytes[50..52].copy_from_slice(&0xffffu16.to_be_bytes());
+    h.resolve(ep, &m3, 1);
+    assert_eq!(find(m3.hdr.tid).len(), 1, "normalised to the plain key");
+    h.close();
+}
+
+#[test]
+fn sa_failures_are_answered_once_with_the_right_status() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let before = ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst);
+    // No record (DLID outside the fake fabric) → SA class status 3 = ENODATA.
+    let t_nr = h.tid();
+    h.resolve(ep, &path_request(t_nr, 0xbfff + 1, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    assert_eq!(status(&find(t_nr)[0]), ACM_STATUS_ENODATA);
+    // Timeout → ETIMEDOUT.
+    let t_to = h.tid();
+    h.resolve(ep, &path_request(t_to, 11, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Timeout);
+    assert!(wait_responses(2, W));
+    assert_eq!(status(&find(t_to)[0]), ACM_STATUS_ETIMEDOUT);
+    // Invalid field → EINVAL.
+    let t_iv = h.tid();
+    h.resolve(ep, &path_request(t_iv, 12, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::InvalidField);
+    assert!(wait_responses(3, W));
+    assert_eq!(status(&find(t_iv)[0]), ACM_STATUS_EINVAL);
+    // BUSY twice, then success: retried with a new TID, one answer.
+    let t_b = h.tid();
+    h.resolve(ep, &path_request(t_b, 13, None, 0), 1);
+    for _ in 0..2 {
+        assert!(wait_until(|| sa_pending() == 1));
+        sa_complete_next(SaAction::Busy);
+    }
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(4, W));
+    assert_eq!(status(&find(t_b)[0]), 0);
+    assert_eq!(dlid_of(&find(t_b)[0]), 13);
+    // BUSY forever → ETIMEDOUT after acmrs_sa_retries.
+    let t_bb = h.tid();
+    h.resolve(ep, &path_request(t_bb, 14, None, 0), 1);
+    for _ in 0..4 {
+        assert!(wait_until(|| sa_pending() == 1));
+        sa_complete_next(SaAction::Busy);
+    }
+    assert!(wait_responses(5, W));
+    assert_eq!(status(&find(t_bb)[0]), ACM_STATUS_ETIMEDOUT);
+    // Never answered → ETIMEDOUT after the core's retry budget (100 ms × 1 + 1 s margin).
+    let t_never = h.tid();
+    h.resolve(ep, &path_request(t_never, 15, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    assert!(wait_responses(6, Duration::from_secs(4)));
+    assert_eq!(status(&find(t_never)[0]), ACM_STATUS_ETIMEDOUT);
+    // Its late reply is ignored (and freed).
+    sa_complete_next(SaAction::Answer);
+    // Send failure → answered at once.
+    SEND_FAIL.store(true, Ordering::SeqCst);
+    let t_sf = h.tid();
+    h.resolve(ep, &path_request(t_sf, 16, None, 0), 1);
+    assert!(wait_responses(7, W));
+    SEND_FAIL.store(false, Ordering::SeqCst);
+    assert_ne!(status(&find(t_sf)[0]), 0);
+    std::thread::sleep(Duration::from_millis(50));
+    check_exactly_once(&[t_nr, t_to, t_iv, t_b, t_bb, t_never, t_sf]).unwrap();
+    let perf = h.perf(ep);
+    assert_eq!(perf[cntr::NODATA], 1);
+    assert_eq!(perf[cntr::ERROR], 5);
+    h.close();
+    assert_eq!(ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst), before);
+}
+
+#[test]
+fn coalesces_and_answers_kernel_style_requests() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    // 20 kernel requests (id 0) for 2 destinations, distinct tids, all in flight together.
+    let mut tids = Vec::new();
+    for i in 0..20 {
+        let t = 0x7f00_0000_0000 + i;
+        tids.push(t);
+        h.resolve(ep, &path_request(t, 20 + (i % 2) as u16, None, 0), 0);
+    }
+    assert!(wait_until(|| sa_pending() == 2));
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(sa_pending(), 2, "coalesced on one SA query per destination");
+    sa_complete_next(SaAction::Answer);
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(20, W));
+    check_exactly_once(&tids).unwrap();
+    for r in responses() {
+        assert_eq!(r.id, 0);
+        let i = r.msg.hdr.tid - 0x7f00_0000_0000;
+        assert_eq!(dlid_of(&r), 20 + (i % 2) as u16);
+    }
+    h.close();
+}
+
+#[test]
+fn nodelay_answers_enodata_and_primes_the_cache() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 30, None, ACM_FLAGS_NODELAY), 1);
+    assert_eq!(status(&find(t)[0]), ACM_STATUS_ENODATA, "answered inline");
+    assert!(wait_until(|| sa_pending() == 1), "lookup started anyway");
+    sa_complete_next(SaAction::Answer);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(response_count(), 1, "the priming query is not answered again");
+    let t2 = h.tid();
+    h.resolve(ep, &path_request(t2, 30, None, ACM_FLAGS_NODELAY), 1);
+    assert_eq!(status(&find(t2)[0]), 0);
+    assert_eq!(dlid_of(&find(t2)[0]), 30);
+    h.close();
+}
+
+#[test]
+fn malformed_requests_get_einval() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let mut bad = Vec::new();
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.length = 87;
+    bad.push(m);
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.length = 16;
+    bad.push(m);
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.length = 600;
+    bad.push(m);
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.data = [1, 5, 0]; // src_out with src_index beyond the entries
+    bad.push(m);
+    let mut m = path_request(h.tid(), 0, None, 0); // no DLID, no DGID
+    m.hdr.length = 88;
+    bad.push(m);
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.opcode = 7;
+    bad.push(m);
+    let mut m = dest_request(h.tid(), (ACM_ADDRESS_NAME, b"node7"), (0x99, b"x"), 0);
+    bad.push(m);
+    m = dest_request(h.tid(), (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_NAME, b"x"), 0);
+    m.hdr.data = [0, 0, 4]; // dst_index out of range
+    bad.push(m);
+    let mut tids = Vec::new();
+    for m in &bad {
+        tids.push(m.hdr.tid);
+        h.resolve(ep, m, 2);
+    }
+    check_exactly_once(&tids).unwrap();
+    for r in responses() {
+        assert_eq!(status(&r), ACM_STATUS_EINVAL, "tid {:#x}", r.msg.hdr.tid);
+        assert_eq!(r.msg.hdr.length, 16);
+    }
+    assert_eq!(h.perf(ep)[cntr::ERROR], bad.len() as u64);
+    assert!(log_contains("malformed"));
+    // A malformed SA query too.
+    let mut q = path_request(h.tid(), 5, None, ACM_FLAGS_QUERY_SA);
+    q.hdr.length = 160;
+    h.query(ep, &q, 2);
+    let r = find(q.hdr.tid);
+    assert_eq!(r.len(), 1);
+    assert!(r[0].query);
+    assert_eq!(status(&r[0]), ACM_STATUS_EINVAL);
+    assert_eq!(sa_pending(), 0);
+    h.close();
+}
+
+#[test]
+fn query_sa_passthrough() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t = h.tid();
+    let q = path_request(t, 8, None, ACM_FLAGS_QUERY_SA);
+    h.query(ep, &q, 9);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    let r = &find(t)[0];
+    assert!(r.query);
+    assert_eq!(r.id, 9);
+    assert_eq!(r.msg.hdr.opcode, ACM_OP_RESOLVE | ACM_OP_ACK);
+    assert_eq!(status(r), 0);
+    assert_eq!(r.msg.hdr.length, 88);
+    assert_eq!(dlid_of(r), 8);
+    assert_eq!(r.msg.resolve_data[0].flags & ACM_FLAGS_QUERY_SA, ACM_FLAGS_QUERY_SA);
+    // Not cached: a second query goes to the SA again, and times out cleanly.
+    let t2 = h.tid();
+    h.query(ep, &path_request(t2, 8, None, ACM_FLAGS_QUERY_SA), 9);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Timeout);
+    assert!(wait_responses(2, W));
+    assert_eq!(status(&find(t2)[0]), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
+    h.close();
+}
+
+#[test]
+fn names_from_hosts_file_loopback_and_source_echo() {
+    let _s = serial();
+    let hosts = "# hosts\nnode9 fe80::1009\n10.0.0.9 fe80::1009\nfe80::9 fe80::1009\nbad-line\n";
+    let opts = format!("{OPTS}addr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n");
+    let mut h = Host::open(&opts, &[("hosts.data", hosts)]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    h.add_addr(ep, ACM_ADDRESS_IP, &[10, 0, 0, 7]);
+    assert!(log_contains("line 5"), "bad hosts line reported");
+    // Remote name → hosts → SA by DGID.
+    let t = h.tid();
+    h.resolve(
+        ep,
+        &dest_request(t, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_NAME, b"node9"), 0),
+        4,
+    );
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    let r = &find(t)[0];
+    assert_eq!(status(r), 0);
+    assert_eq!(dlid_of(r), 9);
+    assert_eq!(r.msg.hdr.length, 16 + 2 * 72, "source echoed");
+    assert_eq!(r.msg.resolve_data[1].flags, ACM_EP_FLAG_SOURCE);
+    assert_eq!(r.msg.resolve_data[1].type_, ACM_ADDRESS_NAME);
+    assert_eq!(&r.msg.resolve_data[1].info.bytes[..5], b"node7");
+    // Same GID by IPv4 and IPv6: one cached route, hits inline.
+    let t4 = h.tid();
+    h.resolve(ep, &dest_request(t4, (ACM_ADDRESS_IP, &[10, 0, 0, 7]), (ACM_ADDRESS_IP, &[10, 0, 0, 9]), 0), 4);
+    assert_eq!(dlid_of(&find(t4)[0]), 9);
+    let mut v6 = [0u8; 16];
+    v6[0] = 0xfe;
+    v6[1] = 0x80;
+    v6[15] = 9;
+    let t6 = h.tid();
+    h.resolve(ep, &dest_request(t6, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_IP6, &v6), 0), 4);
+    assert_eq!(dlid_of(&find(t6)[0]), 9);
+    // Loopback to our own name and IP: inline, LID from ibv_query_port.
+    for dst in [(ACM_ADDRESS_NAME, &b"node7"[..]), (ACM_ADDRESS_IP, &[10, 0, 0, 7][..])] {
+        let tl = h.tid();
+        h.resolve(ep, &dest_request(tl, (ACM_ADDRESS_NAME, b"node7"), dst, 0), 4);
+        let r = &find(tl)[0];
+        assert_eq!(status(r), 0);
+        assert_eq!(dlid_of(r), 7);
+        assert_eq!(&path_of(r)[8..24], &gid_of(OWN_GUID));
+    }
+    // Unknown name → ENODATA (the multicast protocol is not implemented).
+    let tu = h.tid();
+    h.resolve(ep, &dest_request(tu, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_NAME, b"ghost"), 0), 4);
+    assert_eq!(status(&find(tu)[0]), ACM_STATUS_ENODATA);
+    let perf = h.perf(ep);
+    assert_eq!(perf[cntr::ADDR_CACHE], 3);
+    assert_eq!(perf[cntr::NODATA], 1);
+    // After remove_address the IP is no longer local.
+    h.remove_addr(ep, 1);
+    let tr = h.tid();
+    h.resolve(ep, &dest_request(tr, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_IP, &[10, 0, 0, 7]), 0), 4);
+    assert_eq!(status(&find(tr)[0]), ACM_STATUS_ENODATA);
+    h.close();
+}
+
+#[test]
+fn lifecycle_close_while_waiting_port_change_and_reregister() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    // Duplicate add_address after a netlink resync: tolerated; leftovers freed at close.
+    h.add_addr(ep, ACM_ADDRESS_IP, &[10, 0, 0, 7]);
+    h.add_addr(ep, ACM_ADDRESS_IP, &[10, 0, 0, 7]);
+    h.eps[ep].addrs.pop(); // the core "forgets" this context without remove_address
+    let t_ok = h.tid();
+    h.resolve(ep, &path_request(t_ok, 40, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    // A request waiting on the SA when the endpoint closes: answered ENODATA, once.
+    let t_wait = h.tid();
+    h.resolve(ep, &path_request(t_wait, 41, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    h.close_ep(ep);
+    assert!(wait_responses(2, W));
+    assert_eq!(status(&find(t_wait)[0]), ACM_STATUS_ENODATA);
+    // The late SA answer is freed and ignored.
+    sa_complete_next(SaAction::Answer);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(find(t_wait).len(), 1);
+    assert_eq!(DEAD_ENDPOINT_USE.load(Ordering::SeqCst), 0);
+    // LID change: the core closes everything and reopens; the old path is gone.
+    let host_dir = h.dir.clone();
+    h.close();
+    let _ = host_dir;
+    PORT_LID.store(8, Ordering::SeqCst);
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t_new = h.tid();
+    h.resolve(ep, &path_request(t_new, 40, None, 0), 1);
+    assert!(find(t_new).is_empty(), "no stale hit after a port change");
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    let p = path_of(&find(t_new)[0]);
+    assert_eq!(u16::from_be_bytes([p[42], p[43]]), 8, "learned through the new LID");
+    // Reopen of an endpoint within the same port open: fresh key space too.
+    h.close_ep(ep);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t_re = h.tid();
+    h.resolve(ep, &path_request(t_re, 40, None, 0), 1);
+    assert!(find(t_re).is_empty());
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(2, W));
+    // CLIENT_REREGISTER flushes learned routes.
+    h.reregister();
+    std::thread::sleep(Duration::from_millis(20));
+    let t_rr = h.tid();
+    h.resolve(ep, &path_request(t_rr, 40, None, 0), 1);
+    assert!(find(t_rr).is_empty(), "flushed by reregister");
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(3, W));
+    // A request in flight at shutdown is answered by the shutdown.
+    let t_sd = h.tid();
+    h.resolve(ep, &path_request(t_sd, 42, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    h.close();
+    assert_eq!(find(t_sd).len(), 1);
+    assert_eq!(status(&find(t_sd)[0]), ACM_STATUS_ENODATA);
+    sa_drain_timeouts();
+    PORT_LID.store(7, Ordering::SeqCst);
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
+}
