@@ -1,8 +1,7 @@
 #![no_main]
 //! Fuzzes the OpenSM `dump_pr` parser and the two-pass local-path helper with both table kinds.
 use acm_core_nostd::text::dump_pr::{
-    is_header_line, DumpPrLines, Event, LidEntry, LidTable, LocalPaths, LocalPort,
-    LID_MCAST_START,
+    is_header_line, DumpPrLines, Event, LidEntry, LidTable, LocalPaths, LocalPort, LID_MCAST_START,
 };
 use acm_core_nostd::text::{ErrorKind, Lines};
 use libfuzzer_sys::fuzz_target;
@@ -34,7 +33,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let Some(h) = first_header else { return };
-    let port = LocalPort { guid: h.guid, lid: h.lid };
+    let port = LocalPort {
+        guid: h.guid,
+        lid: h.lid,
+    };
     let mut direct = vec![0u64; usize::from(LID_MCAST_START)];
     let mut sparse = [LidEntry::default(); 16];
     let mut small = [0u64; 8];
