@@ -312,11 +312,11 @@ mod tests {
             Ok(0x10000 as *mut u8)
         );
         assert_eq!(
-            resolve_sge(7, &sge(0x10010, 90, key), false),
+            resolve_sge(7, &sge(0x10010, 84, key), false),
             Ok(0x10010 as *mut u8)
         );
         assert_eq!(
-            resolve_sge(7, &sge(0x10010, 91, key), false),
+            resolve_sge(7, &sge(0x10010, 85, key), false),
             Err(SgeError::Protection)
         );
         assert_eq!(

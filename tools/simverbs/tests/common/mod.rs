@@ -1,0 +1,294 @@
+//! Test harness: a private ibsim fabric with OpenSM as master, and processes started under
+//! `LD_PRELOAD=libumad2sim.so:libsimverbs.so`. Everything started is torn down by PID in
+//! `Drop` (also when a test panics), scratch directories are removed.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+pub const NET: &str = "/usr/share/doc/ibsim-utils/net-examples/net.2sw2path4hca";
+
+/// target/<profile>/ of the running test executable (target/<profile>/deps/<test>).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The freshly built libsimverbs.so.
+pub fn libsimverbs() -> PathBuf {
+    let p = profile_dir().join("libsimverbs.so");
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo build -p simverbs` first",
+        p.display()
+    );
+    p
+}
+
+/// `LD_PRELOAD` value for simulated processes.
+pub fn preload() -> String {
+    assert!(
+        Path::new(UMAD2SIM).exists(),
+        "{UMAD2SIM} missing: apt-get install libumad2sim0"
+    );
+    format!("{}:{}", UMAD2SIM, libsimverbs().display())
+}
+
+/// Compiles tests/c/svagent.c once per test process (next to the test executable).
+pub fn svagent() -> PathBuf {
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    AGENT
+        .get_or_init(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/svagent.c");
+            let out = profile_dir().join("simverbs-svagent");
+            let tmp = profile_dir().join(format!("simverbs-svagent.{}", std::process::id()));
+            let st = Command::new("cc")
+                .args(["-Wall", "-Werror", "-O1", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .arg("-libverbs")
+                .status()
+                .expect("cc not found: apt-get install gcc libibverbs-dev");
+            assert!(st.success(), "compiling {} failed", src.display());
+            std::fs::rename(&tmp, &out).expect("rename svagent");
+            out
+        })
+        .clone()
+}
+
+/// Sends SIGTERM to the PID we started, waits up to `grace`, then SIGKILL; always reaps.
+pub fn stop_child(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let t = Instant::now();
+    while t.elapsed() < grace {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A private fabric: ibsim (net.2sw2path4hca) + OpenSM on Hca1.
+pub struct Fabric {
+    pub name: String,
+    pub dir: PathBuf,
+    ibsim: Option<Child>,
+    opensm: Option<Child>,
+}
+
+impl Fabric {
+    /// Starts ibsim and OpenSM and waits until OpenSM is master (LIDs assigned).
+    pub fn start(tag: &str) -> Fabric {
+        let name = format!("svt-{}-{}", tag, std::process::id());
+        let dir = std::env::temp_dir().join(format!("simverbs-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let mut f = Fabric {
+            name,
+            dir,
+            ibsim: None,
+            opensm: None,
+        };
+        let log = std::fs::File::create(f.dir.join("ibsim.log")).expect("log");
+        f.ibsim = Some(
+            Command::new("ibsim")
+                .args(["-s", "-n", NET])
+                .env("IBSIM_SOCKNAME", &f.name)
+                .current_dir(&f.dir)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .expect("ibsim not found: apt-get install ibsim-utils"),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        f.opensm = Some(
+            Command::new("opensm")
+                .args(["-e", "-s", "5", "-f"])
+                .arg(f.dir.join("osm.log"))
+                .env("IBSIM_SOCKNAME", &f.name)
+                .env("SIM_HOST", "Hca1")
+                .env("OSM_TMP_DIR", &f.dir)
+                .env("OSM_CACHE_DIR", &f.dir)
+                .env("LD_PRELOAD", UMAD2SIM)
+                .current_dir(&f.dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("opensm not found: apt-get install opensm"),
+        );
+        let t = Instant::now();
+        loop {
+            let out = f
+                .command("sminfo", "Hca2", false)
+                .output()
+                .expect("sminfo not found: apt-get install infiniband-diags");
+            if String::from_utf8_lossy(&out.stdout).contains("SMINFO_MASTER") {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "OpenSM did not become master within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        f
+    }
+
+    /// A command on node `host` of this fabric (umad2sim, plus simverbs when `verbs`).
+    pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>, host: &str, verbs: bool) -> Command {
+        let mut c = Command::new(prog);
+        c.env("IBSIM_SOCKNAME", &self.name)
+            .env("SIM_HOST", host)
+            .env(
+                "LD_PRELOAD",
+                if verbs {
+                    preload()
+                } else {
+                    UMAD2SIM.to_string()
+                },
+            )
+            .env("SIMVERBS_SHM_DIR", &self.dir)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Starts a verbs agent (tests/c/svagent.c) on `host`.
+    pub fn agent(&self, host: &str) -> Agent {
+        let mut c = self.command(svagent(), host, true);
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = c.spawn().expect("spawn svagent");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Agent {
+            host: host.to_string(),
+            child,
+            stdin: Some(stdin),
+            lines: rx,
+        }
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if let Some(c) = self.opensm.as_mut() {
+            stop_child(c, Duration::from_secs(3));
+        }
+        if let Some(c) = self.ibsim.as_mut() {
+            stop_child(c, Duration::from_secs(2));
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running svagent process.
+pub struct Agent {
+    pub host: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Agent {
+    /// Sends one command line and returns the reply line.
+    pub fn cmd(&mut self, line: &str) -> String {
+        let stdin = self.stdin.as_mut().expect("agent stdin");
+        writeln!(stdin, "{line}").expect("write to agent");
+        stdin.flush().expect("flush");
+        self.lines
+            .recv_timeout(Duration::from_secs(15))
+            .unwrap_or_else(|_| panic!("agent on {} did not answer '{line}'", self.host))
+    }
+
+    /// `init`, returning (lid, qpn, gid-hex).
+    pub fn init(&mut self, qkey: u32, rcq: u32) -> (u16, u32, String) {
+        let r = self.cmd(&format!("init {qkey:#x} {rcq}"));
+        let w: Vec<&str> = r.split_whitespace().collect();
+        assert!(w.len() == 4 && w[0] == "ok", "init on {}: {r}", self.host);
+        (
+            w[1].parse().expect("lid"),
+            w[2].parse().expect("qpn"),
+            w[3].to_string(),
+        )
+    }
+
+    /// Ends the agent cleanly (it destroys every verbs object) and returns its exit code.
+    pub fn quit(mut self) -> Option<i32> {
+        if let Some(mut s) = self.stdin.take() {
+            let _ = writeln!(s, "quit");
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stdin.take();
+        stop_child(&mut self.child, Duration::from_secs(2));
+    }
+}
+
+/// Parses `key=value` fields of an agent reply.
+pub fn field<'a>(reply: &'a str, key: &str) -> Option<&'a str> {
+    reply
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+/// Sends one control command to `@simverbs/<fabric>/<node>/ctl` and returns the reply.
+pub fn control(fabric: &str, node: &str, cmd: &str) -> String {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let me = SocketAddr::from_abstract_name(
+        format!("simverbs-test/{}/{}", std::process::id(), seq).as_bytes(),
+    )
+    .expect("addr");
+    let sock = UnixDatagram::bind_addr(&me).expect("bind test control socket");
+    sock.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let to = SocketAddr::from_abstract_name(format!("simverbs/{fabric}/{node}/ctl").as_bytes())
+        .expect("addr");
+    sock.send_to_addr(cmd.as_bytes(), &to)
+        .expect("send control command");
+    let mut buf = [0u8; 512];
+    let n = sock.recv(&mut buf).expect("control reply");
+    String::from_utf8_lossy(&buf[..n]).to_string()
+}

@@ -1,0 +1,293 @@
+//! simverbs against real programs on a real simulated fabric (ibsim + OpenSM + umad2sim):
+//! `ibv_devinfo`, a C libibverbs agent (tests/c/svagent.c) and the real ibacm daemon with the
+//! stock libibacmp provider.
+
+mod common;
+use common::{control, field, Fabric};
+use std::time::Duration;
+
+const QKEY: u32 = 0x1111_1111;
+const MGID: &str = "ff154001ffff00000000000000000001";
+const MLID: u16 = 0xc010;
+
+/// Value after `key:` on a line of tool output, trimmed.
+fn value_of(text: &str, key: &str) -> String {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(key).map(|r| r.trim().to_string()))
+        .unwrap_or_else(|| panic!("'{key}' not found in:\n{text}"))
+}
+
+#[test]
+fn devinfo_matches_umad_view() {
+    let f = Fabric::start("devinfo");
+    let out = f
+        .command("ibv_devinfo", "Hca3", true)
+        .arg("-v")
+        .output()
+        .expect("ibv_devinfo not found: apt-get install ibverbs-utils");
+    let dev = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "ibv_devinfo failed: {dev}");
+    let out = f
+        .command("ibstat", "Hca3", false)
+        .output()
+        .expect("ibstat not found: apt-get install infiniband-diags");
+    let stat = String::from_utf8_lossy(&out.stdout).to_string();
+
+    assert_eq!(value_of(&dev, "hca_id:"), "ibsim0");
+    let guid = |s: String| {
+        u64::from_str_radix(&s.replace([':', 'x'], "").trim_start_matches('0'), 16).unwrap_or(0)
+    };
+    let node_guid = guid(value_of(&stat, "Node GUID:"));
+    assert_ne!(node_guid, 0);
+    assert_eq!(guid(value_of(&dev, "node_guid:")), node_guid);
+    assert_eq!(
+        guid(value_of(&dev, "sys_image_guid:")),
+        guid(value_of(&stat, "System image GUID:"))
+    );
+    assert_eq!(value_of(&dev, "port_lid:"), value_of(&stat, "Base lid:"));
+    assert_eq!(value_of(&dev, "sm_lid:"), value_of(&stat, "SM lid:"));
+    assert_eq!(
+        value_of(&dev, "port_lmc:"),
+        format!("0x{:02x}", value_of(&stat, "LMC:").parse::<u8>().unwrap())
+    );
+    assert_eq!(value_of(&stat, "State:"), "Active");
+    assert_eq!(value_of(&dev, "state:"), "PORT_ACTIVE (4)");
+    assert_eq!(value_of(&dev, "phys_state:"), "LINK_UP (5)");
+    assert_eq!(value_of(&dev, "link_layer:"), "InfiniBand");
+    // GID 0 = fe80::/64 prefix + port GUID.
+    let port_guid = guid(value_of(&stat, "Port GUID:"));
+    let gid0 = value_of(&dev, "GID[  0]:");
+    assert!(gid0.starts_with("fe80:0000:0000:0000:"), "{gid0}");
+    assert_eq!(guid(gid0[20..].to_string()), port_guid);
+    // Rate 10 Gb/s = 4X SDR.
+    assert_eq!(value_of(&stat, "Rate:"), "10");
+    assert_eq!(value_of(&dev, "active_width:"), "4X (2)");
+    assert_eq!(value_of(&dev, "active_speed:"), "2.5 Gbps (1)");
+}
+
+#[test]
+fn ud_unicast_checks_and_cq_overflow() {
+    let f = Fabric::start("ud");
+    let mut a = f.agent("Hca3");
+    let mut b = f.agent("Hca4");
+    let (alid, aqpn, agid) = a.init(QKEY, 64);
+    let (blid, bqpn, bgid) = b.init(QKEY, 64);
+    assert_ne!(alid, blid);
+    assert_ne!(agid, bgid);
+
+    // Ping-pong, with immediate data.
+    assert_eq!(a.cmd("recv 16"), "ok");
+    assert_eq!(b.cmd("recv 16"), "ok");
+    for i in 0..10 {
+        assert_eq!(
+            a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} ping{i} {i}")),
+            "ok status=0"
+        );
+        let wc = b.cmd("wait 3000");
+        assert_eq!(field(&wc, "status"), Some("0"), "{wc}");
+        assert_eq!(
+            field(&wc, "data"),
+            Some(format!("ping{i}").as_str()),
+            "{wc}"
+        );
+        assert_eq!(
+            field(&wc, "len").unwrap(),
+            (40 + format!("ping{i}").len()).to_string()
+        );
+        assert_eq!(field(&wc, "src_qp").unwrap(), aqpn.to_string());
+        assert_eq!(field(&wc, "qp").unwrap(), bqpn.to_string());
+        assert_eq!(field(&wc, "slid").unwrap(), alid.to_string());
+        assert_eq!(field(&wc, "sl"), Some("2"));
+        assert_eq!(field(&wc, "grh"), Some("0"));
+        assert_eq!(field(&wc, "imm").unwrap(), i.to_string());
+        assert_eq!(
+            b.cmd(&format!("send {alid} {aqpn} {QKEY:#x} pong{i}")),
+            "ok status=0"
+        );
+        let wc = a.cmd("wait 3000");
+        assert_eq!(
+            field(&wc, "data"),
+            Some(format!("pong{i}").as_str()),
+            "{wc}"
+        );
+        assert_eq!(field(&wc, "imm"), Some("none:0"), "{wc}");
+    }
+
+    // A wrong Q_Key is dropped by the receiver; a remote_qkey with the MSB set means "use the
+    // sending QP's own Q_Key" (equal here), so that one arrives.
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} 0x22222222 wrongkey")),
+        "ok status=0"
+    );
+    assert_eq!(b.cmd("wait 500"), "timeout");
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} 0x80000000 msbkey")),
+        "ok status=0"
+    );
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("msbkey"));
+
+    // A wrong destination QPN reaches nobody.
+    assert_eq!(
+        a.cmd(&format!("send {blid} {} {QKEY:#x} nobody", bqpn + 99999)),
+        "ok status=0"
+    );
+    assert_eq!(b.cmd("wait 300"), "timeout");
+
+    // Send gathering past the end of the MR: local protection error (4), nothing sent, and
+    // the QP is in the error state afterwards (later sends are flushed, status 5).
+    assert_eq!(
+        a.cmd(&format!("sendbad {blid} {bqpn} {QKEY:#x}")),
+        "ok status=4"
+    );
+    assert_eq!(b.cmd("wait 300"), "timeout");
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} flushed")),
+        "ok status=5"
+    );
+    assert_eq!(b.cmd("wait 300"), "timeout");
+
+    // CQ overflow: a third node with a 2-entry receive CQ gets 4 datagrams.
+    let mut c = f.agent("Hca2");
+    let (clid, cqpn, _) = c.init(QKEY, 2);
+    assert_eq!(c.cmd("recv 8"), "ok");
+    for i in 0..4 {
+        assert_eq!(
+            b.cmd(&format!("send {clid} {cqpn} {QKEY:#x} flood{i}")),
+            "ok status=0"
+        );
+    }
+    let ev = c.cmd("async 3000");
+    assert_eq!(ev, "async CQ error rcq");
+
+    // Receive buffer reaching past the MR: the datagram completes with a protection error.
+    assert_eq!(b.cmd("recvbad"), "ok");
+    // b still has its earlier receives posted first; use them up.
+    let mut saw_prot = false;
+    for i in 0..20 {
+        assert_eq!(
+            c.cmd(&format!("send {blid} {bqpn} {QKEY:#x} fill{i}")),
+            "ok status=0"
+        );
+        let wc = b.cmd("wait 3000");
+        if field(&wc, "status") == Some("4") {
+            saw_prot = true;
+            break;
+        }
+        assert_eq!(field(&wc, "status"), Some("0"), "{wc}");
+    }
+    assert!(saw_prot, "receive past the MR never failed");
+    // The receive error moved b's QP to the error state: its next receive is flushed.
+    assert_eq!(b.cmd("recv 1"), "ok");
+    assert_eq!(field(&b.cmd("wait 3000"), "status"), Some("5"));
+
+    assert_eq!(a.quit(), Some(0));
+    assert_eq!(b.quit(), Some(0));
+    assert_eq!(c.quit(), Some(0));
+}
+
+#[test]
+fn multicast_to_three_members_with_grh() {
+    let f = Fabric::start("mcast");
+    let mut nodes: Vec<_> = ["Hca2", "Hca3", "Hca4"]
+        .iter()
+        .map(|h| f.agent(h))
+        .collect();
+    let ids: Vec<_> = nodes.iter_mut().map(|n| n.init(QKEY, 64)).collect();
+    for n in nodes.iter_mut() {
+        assert_eq!(n.cmd("recv 8"), "ok");
+        assert_eq!(n.cmd(&format!("attach {MGID} {MLID}")), "ok");
+    }
+    // Not a multicast GID / not a multicast LID: refused.
+    assert_ne!(
+        nodes[0].cmd(&format!("attach fe800000000000000000000000000001 {MLID}")),
+        "ok"
+    );
+    assert_ne!(nodes[0].cmd(&format!("attach {MGID} 5")), "ok");
+
+    assert_eq!(
+        nodes[0].cmd(&format!("msend {MLID} {MGID} {QKEY:#x} hello-group")),
+        "ok status=0"
+    );
+    for (i, n) in nodes.iter_mut().enumerate().skip(1) {
+        let wc = n.cmd("wait 3000");
+        assert_eq!(field(&wc, "status"), Some("0"), "{wc}");
+        assert_eq!(field(&wc, "data"), Some("hello-group"), "{wc}");
+        assert_eq!(field(&wc, "grh"), Some("1"), "{wc}");
+        assert_eq!(
+            field(&wc, "sgid"),
+            Some(ids[0].2.as_str()),
+            "GRH source GID: {wc}"
+        );
+        assert_eq!(field(&wc, "dgid"), Some(MGID), "GRH destination GID: {wc}");
+        assert_eq!(field(&wc, "src_qp").unwrap(), ids[0].1.to_string());
+        assert_eq!(field(&wc, "slid").unwrap(), ids[0].0.to_string());
+        assert_eq!(field(&wc, "qp").unwrap(), ids[i].1.to_string());
+    }
+    // The sending QP does not receive its own multicast.
+    assert_eq!(nodes[0].cmd("wait 300"), "timeout");
+
+    // After a detach only the remaining member receives.
+    assert_eq!(nodes[2].cmd(&format!("detach {MGID} {MLID}")), "ok");
+    assert_eq!(
+        nodes[0].cmd(&format!("msend {MLID} {MGID} {QKEY:#x} second")),
+        "ok status=0"
+    );
+    assert_eq!(field(&nodes[1].cmd("wait 3000"), "data"), Some("second"));
+    assert_eq!(nodes[2].cmd("wait 300"), "timeout");
+
+    // A member whose process died is skipped (and pruned) without hanging the sender.
+    let dead = nodes.remove(1);
+    drop(dead); // killed by PID, its membership file stays behind
+    assert_eq!(
+        nodes[0].cmd(&format!("msend {MLID} {MGID} {QKEY:#x} to-the-dead")),
+        "ok status=0"
+    );
+    for n in nodes {
+        assert_eq!(n.quit(), Some(0));
+    }
+}
+
+#[test]
+fn control_socket_events_and_loss_knob() {
+    let f = Fabric::start("ctl");
+    let mut a = f.agent("Hca3");
+    let mut b = f.agent("Hca4");
+    a.init(QKEY, 64);
+    let (blid, bqpn, _) = b.init(QKEY, 64);
+    assert!(control(&f.name, "Hca3", "ping").starts_with("ok pong"));
+    assert_eq!(a.cmd("async 200"), "timeout");
+    assert_eq!(
+        control(&f.name, "Hca3", "event client_reregister"),
+        "ok 1 context(s)"
+    );
+    assert_eq!(a.cmd("async 2000"), "async client reregistration 1");
+    assert_eq!(
+        control(&f.name, "Hca3", "event sm_change"),
+        "ok 1 context(s)"
+    );
+    assert_eq!(a.cmd("async 2000"), "async SM change 1");
+    assert!(control(&f.name, "Hca3", "event bogus").starts_with("err"));
+    assert!(control(&f.name, "Hca3", "set loss 2").starts_with("err"));
+
+    // loss=1 on the sender: nothing arrives; back to 0: it does.
+    assert_eq!(b.cmd("recv 4"), "ok");
+    assert_eq!(control(&f.name, "Hca3", "set loss 1"), "ok");
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} lost")),
+        "ok status=0"
+    );
+    assert_eq!(b.cmd("wait 300"), "timeout");
+    assert_eq!(control(&f.name, "Hca3", "set loss 0"), "ok");
+    // delay_ms: still delivered, later.
+    assert_eq!(control(&f.name, "Hca3", "set delay_ms 200"), "ok");
+    let t = std::time::Instant::now();
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} late")),
+        "ok status=0"
+    );
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("late"));
+    assert!(t.elapsed() >= Duration::from_millis(190));
+    assert!(control(&f.name, "Hca3", "get").contains("delay_ms=200"));
+    assert_eq!(a.quit(), Some(0));
+    assert_eq!(b.quit(), Some(0));
+}
