@@ -291,3 +291,129 @@ fn control_socket_events_and_loss_knob() {
     assert_eq!(a.quit(), Some(0));
     assert_eq!(b.quit(), Some(0));
 }
+
+/// True when running as root (the ibacm test needs a private /run via `unshare -m`).
+fn is_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// A free TCP port on 127.0.0.1 for an ibacm `server_port`.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Starts the real ibacm daemon (stock libibacmp) on `host` with a private /run.
+fn start_ibacm(f: &Fabric, host: &str, name: &str) -> (std::process::Child, std::path::PathBuf) {
+    let d = f.dir.join(format!("acm-{name}"));
+    std::fs::create_dir_all(d.join("run")).expect("run dir");
+    std::fs::write(
+        d.join("opts.cfg"),
+        format!(
+            "log_file stdout\nlog_level 2\nlock_file /run/ibacm.pid\nserver_mode loop\n\
+             server_port {}\nprovider_lib_path /usr/lib/x86_64-linux-gnu/ibacm\n",
+            free_port()
+        ),
+    )
+    .expect("opts");
+    std::fs::write(d.join("addr.data"), format!("{name} ibsim0 1 default\n")).expect("addr");
+    let log = std::fs::File::create(d.join("ibacm.log")).expect("log");
+    let child = f
+        .command("unshare", host, true)
+        .args([
+            "-m",
+            "sh",
+            "-c",
+            r#"mount --bind "$0/run" /run && exec ibacm -P -A "$0/addr.data" -O "$0/opts.cfg""#,
+        ])
+        .arg(&d)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("unshare/ibacm not found: apt-get install ibacm util-linux");
+    (child, d)
+}
+
+/// Kills a daemon started by `start_ibacm` on drop (by PID: unshare and sh exec into ibacm).
+struct Daemon(std::process::Child);
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        common::stop_child(&mut self.0, Duration::from_secs(3));
+    }
+}
+
+fn wait_for_log(path: &std::path::Path, needle: &str) {
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(20) {
+        if std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .contains(needle)
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "'{needle}' not in {}:\n{}",
+        path.display(),
+        std::fs::read_to_string(path).unwrap_or_default()
+    );
+}
+
+#[test]
+fn real_ibacm_with_stock_provider_resolves() {
+    if !is_root() {
+        eprintln!("SKIPPED: real_ibacm_with_stock_provider_resolves needs root (unshare -m)");
+        return;
+    }
+    let f = Fabric::start("ibacm");
+    let (c3, d3) = start_ibacm(&f, "Hca3", "host3");
+    let _g3 = Daemon(c3);
+    let (c4, d4) = start_ibacm(&f, "Hca4", "host4");
+    let _g4 = Daemon(c4);
+    // The stock provider joined its multicast group through OpenSM's SA and attached its QP.
+    wait_for_log(
+        &d3.join("ibacm.log"),
+        "acmp_process_join_resp: join successful",
+    );
+    wait_for_log(
+        &d4.join("ibacm.log"),
+        "acmp_process_join_resp: join successful",
+    );
+
+    let acme = |args: &str| {
+        let out = f
+            .command("unshare", "Hca3", false)
+            .args(["-m", "sh", "-c"])
+            .arg(format!(
+                r#"mount --bind "$0/run" /run && exec ib_acme -S 127.0.0.1 {args}"#
+            ))
+            .arg(&d3)
+            .output()
+            .expect("ib_acme");
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let lid4 = value_of(
+        &String::from_utf8_lossy(
+            &f.command("ibstat", "Hca4", false)
+                .output()
+                .expect("ibstat")
+                .stdout,
+        ),
+        "Base lid:",
+    );
+    // host3 -> host4: an ACM address request multicast by host3's libibacmp, answered by
+    // host4's over unicast, then a PathRecord from the SA.
+    let out = acme("-f n -s host3 -d host4 -v");
+    assert!(out.contains("SA verification: success"), "{out}");
+    assert!(out.contains(&format!("dlid: {lid4}")), "{out}");
+    wait_for_log(&d4.join("ibacm.log"), "acmp_process_addr_req");
+    let out = acme("-e");
+    assert!(out.contains("ibacmp,host3"), "{out}");
+}
