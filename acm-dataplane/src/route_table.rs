@@ -5,8 +5,8 @@
 //! replaced by the core cache once that lands; the interface here (key words in, 64-byte record
 //! out, expiry in coarse milliseconds) is deliberately small to make the swap mechanical.
 //!
-//! Layout: `2^k` buckets of [`WAYS`] slots. A key lives only in its own bucket, so a lookup
-//! touches at most [`WAYS`] slots and never probes further. Each slot carries a sequence
+//! Layout: `2^k` buckets of [`WAYS`] slots. A key lives in one of its two candidate buckets
+//! (two-choice hashing), so a lookup touches at most `2 × WAYS` slots and never probes further. Each slot carries a sequence
 //! number (seqlock): the writer makes it odd, writes the words, makes it even; a reader
 //! retries when it sees an odd or changed sequence. Every word is an atomic, so concurrent
 //! access is never undefined behaviour even if the single-writer rule were broken (it would
@@ -117,14 +117,29 @@ impl RouteTable {
         self.len() == 0
     }
 
-    fn bucket(&self, key: &RouteKey) -> &[Slot] {
-        let b = (key.hash() as usize) & self.bucket_mask;
-        &self.slots[b * WAYS..(b + 1) * WAYS]
+    /// The key's two candidate buckets (two-choice hashing keeps overflow negligible at the
+    /// load factor `with_capacity` allows), as one iterator over their slots.
+    fn buckets(&self, key: &RouteKey) -> (&[Slot], &[Slot]) {
+        let h = key.hash();
+        let b1 = (h as usize) & self.bucket_mask;
+        let mut b2 = ((h >> 32) as usize) & self.bucket_mask;
+        if b2 == b1 {
+            b2 = (b1 + 1) & self.bucket_mask;
+        }
+        (
+            &self.slots[b1 * WAYS..(b1 + 1) * WAYS],
+            &self.slots[b2 * WAYS..(b2 + 1) * WAYS],
+        )
+    }
+
+    fn candidates(&self, key: &RouteKey) -> impl Iterator<Item = &Slot> {
+        let (a, b) = self.buckets(key);
+        a.iter().chain(b.iter())
     }
 
     /// Looks a key up. Lock-free, allocation-free, no syscall. `now` is the coarse clock (ms).
     pub fn get(&self, key: &RouteKey, now: u64) -> Option<[u8; 64]> {
-        for slot in self.bucket(key) {
+        for slot in self.candidates(key) {
             // A slot changing under us more than a few times means the writer is busy on it:
             // report a miss rather than spin on the core's thread.
             for _ in 0..4 {
@@ -191,28 +206,33 @@ impl RouteTable {
     /// expired one or else a rotating victim is evicted; returns whether something was evicted.
     pub fn insert(&self, key: &RouteKey, record: &[u8; 64], expires: u64, now: u64) -> bool {
         let expires = expires.max(1);
-        let bucket = self.bucket(key);
         // Same key: update in place.
-        for slot in bucket {
+        for slot in self.candidates(key) {
             if slot.expires.load(Ordering::Relaxed) != 0 && Self::slot_key_is(slot, key) {
                 Self::write_slot(slot, None, record, expires);
                 return false;
             }
         }
-        for slot in bucket {
+        // A free (empty or expired) slot in the emptier of the two buckets.
+        let free = |slot: &Slot| {
             let e = slot.expires.load(Ordering::Relaxed);
-            if e == 0 {
-                Self::write_slot(slot, Some(key), record, expires);
+            e == 0 || e <= now
+        };
+        let (first, second) = self.buckets(key);
+        let n1 = first.iter().filter(|s| free(s)).count();
+        let n2 = second.iter().filter(|s| free(s)).count();
+        let bucket = if n2 > n1 { second } else { first };
+        if let Some(slot) = bucket.iter().find(|s| free(s)) {
+            if slot.expires.load(Ordering::Relaxed) == 0 {
                 self.len.fetch_add(1, Ordering::Relaxed);
-                return false;
             }
-            if e <= now {
-                Self::write_slot(slot, Some(key), record, expires);
-                return false;
-            }
+            Self::write_slot(slot, Some(key), record, expires);
+            return false;
         }
-        let v = self.victim.fetch_add(1, Ordering::Relaxed) % WAYS;
-        Self::write_slot(&bucket[v], Some(key), record, expires);
+        let v = self.victim.fetch_add(1, Ordering::Relaxed) % (2 * WAYS);
+        if let Some(slot) = self.candidates(key).nth(v) {
+            Self::write_slot(slot, Some(key), record, expires);
+        }
         true
     }
 

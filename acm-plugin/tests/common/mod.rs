@@ -537,29 +537,34 @@ pub enum SaAction {
 
 /// The fabric the fake SA knows: DLID 1..=n, GUID = 0x1000 + dlid.
 pub fn sa_record_for(req: &[u8; 64], mask: u64) -> Option<[u8; 64]> {
+    let own = PORT_LID.load(Ordering::SeqCst) as u16;
     let dlid_req = u16::from_be_bytes([req[40], req[41]]);
+    let mut dgid = [0u8; 16];
     let dlid = if mask & (1 << 4) != 0 {
+        if dlid_req == 0 || dlid_req >= 0xc000 {
+            return None;
+        }
+        let guid = if dlid_req == own { OWN_GUID } else { 0x1000 + u64::from(dlid_req) };
+        dgid = gid_of(guid);
         dlid_req
     } else if mask & (1 << 2) != 0 {
+        dgid.copy_from_slice(&req[8..24]);
         let guid = u64::from_be_bytes(req[16..24].try_into().unwrap());
         if req[8..16] != GID_PREFIX {
             return None;
         }
         if guid == OWN_GUID {
-            PORT_LID.load(Ordering::SeqCst) as u16
+            own
         } else {
-            u16::try_from(guid.checked_sub(0x1000)?).ok().filter(|l| *l != 0)?
+            // Any GUID above 0x1000 exists; LIDs wrap so 100k destinations fit.
+            let n = guid.checked_sub(0x1000).filter(|n| *n != 0)?;
+            ((n - 1) % 0xbffe + 1) as u16
         }
     } else {
         return None;
     };
-    if dlid == 0 || dlid >= 0xc000 {
-        return None;
-    }
     let mut r = [0u8; 64];
-    let own = PORT_LID.load(Ordering::SeqCst) as u16;
-    let guid = if dlid == own { OWN_GUID } else { 0x1000 + u64::from(dlid) };
-    r[8..24].copy_from_slice(&gid_of(guid));
+    r[8..24].copy_from_slice(&dgid);
     r[24..40].copy_from_slice(&gid_of(OWN_GUID));
     r[40..42].copy_from_slice(&dlid.to_be_bytes());
     r[42..44].copy_from_slice(&own.to_be_bytes());
