@@ -41,11 +41,11 @@
 //!
 //! | storage | bytes per entry |
 //! |---|---|
-//! | [`PathSlot`] (64 B record + 40 B key + 20 B meta + seq, link, bucket head, CLOCK bit, refresh claim) | 144 |
-//! | [`AddrSlot`] (68 B key + 8 B target + 20 B meta + 16 B seq/links/flags) | 112 |
+//! | [`PathSlot`] (64 B record + 40 B key + 20 B meta + seq, chain and free-list links, bucket head, CLOCK bit, refresh claim) | 148 |
+//! | [`AddrSlot`] (68 B key + 8 B target + 20 B meta + 28 B seq/links/head/flags/claim) | 124 |
 //! | [`pending`]: per key / per waiter | see [`pending`] |
 //!
-//! 1,000,000 path entries take 144 MB.
+//! 1,000,000 path entries take 148 MB.
 //!
 //! # Example
 //!
@@ -195,18 +195,32 @@ type Counter = core::sync::atomic::AtomicU64;
 #[cfg(not(target_has_atomic = "64"))]
 type Counter = core::sync::atomic::AtomicU32;
 
+/// Reader-side counters, on their own cache lines so readers do not bounce the writer's.
 #[derive(Default)]
-struct Counters {
+#[repr(align(128))]
+struct ReadCounters {
     hits: Counter,
     negative_hits: Counter,
     misses: Counter,
     busy: Counter,
     refresh_hints: Counter,
+}
+
+/// Writer-side counters (only the writer increments them).
+#[derive(Default)]
+#[repr(align(128))]
+struct WriteCounters {
     inserts: Counter,
     updates: Counter,
     evictions: Counter,
     expired: Counter,
     removed: Counter,
+}
+
+#[derive(Default)]
+struct Counters {
+    read: ReadCounters,
+    write: WriteCounters,
 }
 
 #[inline]
@@ -351,16 +365,16 @@ where
         #[allow(clippy::unnecessary_cast)]
         let g = |x: &Counter| x.load(Ordering::Relaxed) as u64;
         CacheStats {
-            hits: g(&c.hits),
-            negative_hits: g(&c.negative_hits),
-            misses: g(&c.misses),
-            busy: g(&c.busy),
-            refresh_hints: g(&c.refresh_hints),
-            inserts: g(&c.inserts),
-            updates: g(&c.updates),
-            evictions: g(&c.evictions),
-            expired: g(&c.expired),
-            removed: g(&c.removed),
+            hits: g(&c.read.hits),
+            negative_hits: g(&c.read.negative_hits),
+            misses: g(&c.read.misses),
+            busy: g(&c.read.busy),
+            refresh_hints: g(&c.read.refresh_hints),
+            inserts: g(&c.write.inserts),
+            updates: g(&c.write.updates),
+            evictions: g(&c.write.evictions),
+            expired: g(&c.write.expired),
+            removed: g(&c.write.removed),
             path_entries: self.paths.len() as u64,
             addr_entries: self.addrs.len() as u64,
         }
@@ -402,14 +416,14 @@ where
         let c = &self.counters;
         match r {
             Lookup::Hit { needs_refresh, .. } => {
-                bump(&c.hits);
+                bump(&c.read.hits);
                 if *needs_refresh {
-                    bump(&c.refresh_hints);
+                    bump(&c.read.refresh_hints);
                 }
             }
-            Lookup::Negative { .. } => bump(&c.negative_hits),
-            Lookup::Miss => bump(&c.misses),
-            Lookup::Busy => bump(&c.busy),
+            Lookup::Negative { .. } => bump(&c.read.negative_hits),
+            Lookup::Miss => bump(&c.read.misses),
+            Lookup::Busy => bump(&c.read.busy),
         }
     }
 
@@ -557,20 +571,20 @@ where
         // `paths` is never empty (checked in `new`), so upsert always finds a slot.
         match c.paths.upsert(&kw, h, &mut w, &dead).map(|(_, u)| u) {
             Some(Upsert::Updated) => {
-                bump(&c.counters.updates);
+                bump(&c.counters.write.updates);
                 Inserted::Updated
             }
             Some(Upsert::Evicted { dead }) => {
-                bump(&c.counters.inserts);
+                bump(&c.counters.write.inserts);
                 bump(if dead {
-                    &c.counters.expired
+                    &c.counters.write.expired
                 } else {
-                    &c.counters.evictions
+                    &c.counters.write.evictions
                 });
                 Inserted::Evicted
             }
             Some(Upsert::New) | None => {
-                bump(&c.counters.inserts);
+                bump(&c.counters.write.inserts);
                 Inserted::New
             }
         }
@@ -669,20 +683,20 @@ where
         match c.addrs.upsert(&kw, h, &mut w, &dead).map(|(_, u)| u) {
             None => Err(CacheError::Capacity),
             Some(Upsert::Updated) => {
-                bump(&c.counters.updates);
+                bump(&c.counters.write.updates);
                 Ok(Inserted::Updated)
             }
             Some(Upsert::Evicted { dead }) => {
-                bump(&c.counters.inserts);
+                bump(&c.counters.write.inserts);
                 bump(if dead {
-                    &c.counters.expired
+                    &c.counters.write.expired
                 } else {
-                    &c.counters.evictions
+                    &c.counters.write.evictions
                 });
                 Ok(Inserted::Evicted)
             }
             Some(Upsert::New) => {
-                bump(&c.counters.inserts);
+                bump(&c.counters.write.inserts);
                 Ok(Inserted::New)
             }
         }
@@ -695,7 +709,7 @@ where
         match c.paths.find(&kw, hash::hash_words(c.paths.seed(), &kw)) {
             Some(idx) => {
                 c.paths.remove_at(idx);
-                bump(&c.counters.removed);
+                bump(&c.counters.write.removed);
                 true
             }
             None => false,
@@ -709,7 +723,7 @@ where
         match c.addrs.find(&kw, hash::hash_words(c.addrs.seed(), &kw)) {
             Some(idx) => {
                 c.addrs.remove_at(idx);
-                bump(&c.counters.removed);
+                bump(&c.counters.write.removed);
                 true
             }
             None => false,
@@ -734,7 +748,7 @@ where
         let adead = |w: &[u32; ADDR_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
         let n = c.paths.sweep(&c.path_sweep, budget, &pdead)
             + c.addrs.sweep(&c.addr_sweep, budget, &adead);
-        add(&c.counters.expired, n);
+        add(&c.counters.write.expired, n);
         n
     }
 
@@ -755,7 +769,7 @@ where
                 n += 1;
             }
         });
-        add(&c.counters.removed, n);
+        add(&c.counters.write.removed, n);
         n
     }
 

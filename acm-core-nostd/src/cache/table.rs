@@ -62,6 +62,8 @@ pub struct Slot<const W: usize> {
     seq: AtomicU32,
     words: [AtomicU32; W],
     next: AtomicU32,
+    /// Free-list back link (writer only).
+    prev: AtomicU32,
     head: AtomicU32,
     /// CLOCK reference bit (set by readers, cleared by the writer's hand).
     flags: AtomicU32,
@@ -76,6 +78,7 @@ impl<const W: usize> Slot<W> {
             seq: AtomicU32::new(0),
             words: [const { AtomicU32::new(0) }; W],
             next: AtomicU32::new(0),
+            prev: AtomicU32::new(0),
             head: AtomicU32::new(0),
             flags: AtomicU32::new(0),
             claim: AtomicU32::new(u32::MAX),
@@ -97,6 +100,7 @@ impl<const W: usize> Slot<W> {
         }
         self.seq.store(s.wrapping_add(2), Ordering::Release);
         self.next.store(0, Ordering::Relaxed);
+        self.prev.store(0, Ordering::Relaxed);
         self.head.store(0, Ordering::Release);
         self.flags.store(0, Ordering::Relaxed);
     }
@@ -144,7 +148,6 @@ pub(crate) struct Table<S, const W: usize, const KW: usize> {
     // Writer-private state. Atomics only so the table is `Sync` without `unsafe`; only the single
     // writer touches them, hence `Relaxed`.
     free_head: AtomicU32,
-    high_water: AtomicU32,
     hand: AtomicU32,
     len: AtomicU32,
 }
@@ -161,14 +164,15 @@ where
         for s in slots.iter() {
             s.reset();
         }
-        Some(Table {
+        let t = Table {
             slots,
             seed,
             free_head: AtomicU32::new(0),
-            high_water: AtomicU32::new(0),
             hand: AtomicU32::new(0),
             len: AtomicU32::new(0),
-        })
+        };
+        t.init_free_list();
+        Some(t)
     }
 
     #[inline]
@@ -397,30 +401,64 @@ where
         // The free list is threaded through `next`. A reader standing on this slot may follow
         // that link into the free list: it then sees only unoccupied slots and reports a miss.
         slots[idx].flags.store(0, Ordering::Relaxed);
-        slots[idx]
-            .next
-            .store(self.free_head.load(Ordering::Relaxed), Ordering::Release);
-        self.free_head.store(target, Ordering::Relaxed);
+        self.free_push(idx);
         self.len.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// A free slot index, if any (free list first, then never-used slots).
-    fn alloc(&self) -> Option<usize> {
+    /// Threads every slot onto the free list, slot 0 first.
+    fn init_free_list(&self) {
+        self.free_head.store(0, Ordering::Relaxed);
+        for i in (0..self.slots.len()).rev() {
+            self.free_push(i);
+        }
+    }
+
+    /// Pushes unoccupied slot `idx` on the (doubly linked) free list.
+    fn free_push(&self, idx: usize) {
+        let h = self.free_head.load(Ordering::Relaxed);
+        self.slots[idx].next.store(h, Ordering::Release);
+        self.slots[idx].prev.store(0, Ordering::Relaxed);
+        if h != 0 {
+            self.slots[(h - 1) as usize]
+                .prev
+                .store(idx as u32 + 1, Ordering::Relaxed);
+        }
+        self.free_head.store(idx as u32 + 1, Ordering::Relaxed);
+    }
+
+    /// Takes free slot `idx` off the free list in O(1).
+    fn free_unlink(&self, idx: usize) {
+        let p = self.slots[idx].prev.load(Ordering::Relaxed);
+        let n = self.slots[idx].next.load(Ordering::Relaxed);
+        if p == 0 {
+            self.free_head.store(n, Ordering::Relaxed);
+        } else {
+            self.slots[(p - 1) as usize]
+                .next
+                .store(n, Ordering::Release);
+        }
+        if n != 0 {
+            self.slots[(n - 1) as usize]
+                .prev
+                .store(p, Ordering::Relaxed);
+        }
+    }
+
+    /// A free slot for an entry of bucket `home`: slot `home` itself if it is free (then the
+    /// bucket head and the entry share a slot and a lookup touches one slot instead of two),
+    /// else the head of the free list.
+    fn alloc(&self, home: usize) -> Option<usize> {
+        if self.word(home, HDR) & OCCUPIED == 0 {
+            self.free_unlink(home);
+            return Some(home);
+        }
         let f = self.free_head.load(Ordering::Relaxed);
-        if f != 0 {
-            let idx = (f - 1) as usize;
-            self.free_head.store(
-                self.slots[idx].next.load(Ordering::Relaxed),
-                Ordering::Relaxed,
-            );
-            return Some(idx);
+        if f == 0 {
+            return None;
         }
-        let hw = self.high_water.load(Ordering::Relaxed) as usize;
-        if hw < self.slots.len() {
-            self.high_water.store(hw as u32 + 1, Ordering::Relaxed);
-            return Some(hw);
-        }
-        None
+        let idx = (f - 1) as usize;
+        self.free_unlink(idx);
+        Some(idx)
     }
 
     /// Bounded CLOCK: examines at most [`EVICT_SCAN`] slots from the hand. A slot for which
@@ -483,14 +521,14 @@ where
             self.remove_at(head);
             outcome = Upsert::Evicted { dead: false };
         }
-        let idx = match self.alloc() {
+        let idx = match self.alloc(b) {
             Some(i) => i,
             None => {
                 let (v, was_dead) = self.pick_victim(dead);
                 self.remove_at(v);
                 outcome = Upsert::Evicted { dead: was_dead };
                 // remove_at pushed it on the free list.
-                self.alloc()?
+                self.alloc(b)?
             }
         };
         words[INC] = self.word(idx, INC).wrapping_add(1);
@@ -511,8 +549,7 @@ where
         for s in self.slots.iter() {
             s.reset();
         }
-        self.free_head.store(0, Ordering::Relaxed);
-        self.high_water.store(0, Ordering::Relaxed);
+        self.init_free_list();
         self.hand.store(0, Ordering::Relaxed);
         self.len.store(0, Ordering::Relaxed);
     }
@@ -544,8 +581,7 @@ where
 
     /// Calls `f` on the index and words of every occupied slot (writer only, O(capacity)).
     pub(crate) fn for_each_occupied(&self, mut f: impl FnMut(usize, &[u32; W])) {
-        let hw = self.high_water.load(Ordering::Relaxed) as usize;
-        for i in 0..hw.min(self.slots.len()) {
+        for i in 0..self.slots.len() {
             let w = self.load(i);
             if w[HDR] & OCCUPIED != 0 {
                 f(i, &w);

@@ -1,0 +1,469 @@
+//! Cache lookup benchmark: the acmrs `PathCache` against what ibacmp uses and the obvious
+//! alternatives, at 1k, 100k and 1M entries.
+//!
+//! * `acmrs PathCache`: lock-free seqlock reads, keyed by `PathKey` (endpoint, GID, constraints).
+//! * `glibc tsearch`: what ibacmp actually does (acmp.c: `tfind` over nodes whose key is the
+//!   64-byte destination address, compared with `memcmp`).
+//! * `BTreeMap<[u8; 64], _>`: an ordered tree with the same 64-byte keys.
+//! * `HashMap<PathKey, _>`: std's SipHash table with our key type.
+//!
+//! Lookups use random keys (a pre-generated random index sequence, not sequential), timed in
+//! batches of 64 (see `acm_bench::BatchTimer`). Then the same lookups again while a writer
+//! thread rewrites random entries as fast as it can: the acmrs cache needs no lock, ibacmp's
+//! model is one mutex per endpoint (`Mutex<tsearch>`, here `Mutex<BTreeMap>`), and
+//! `RwLock<HashMap>` is the usual std answer.
+//!
+//! Usage: `cargo run --release -p acm-bench --bin cache -- [--quick] [--out DIR]
+//!         [--sizes 1000,100000,1000000] [--lookups N]`
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::os::raw::c_int;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::Instant;
+
+use acm_bench::{heap_bytes, Args, BatchTimer, LatencyHistogram, Summary, Table, XorShift};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
+
+const USAGE: &str = "usage: cache [--quick] [--out DIR] [--sizes N,N,..] [--lookups N]
+  --quick        CI smoke run (1k and 100k entries, 200k lookups each; < 20 s)
+  --out DIR      write one .hgrm file per measurement into DIR
+  --sizes LIST   entry counts (default 1000,100000,1000000)
+  --lookups N    timed lookups per measurement (default 2000000)";
+
+const BATCH: usize = 64;
+
+/// ibacmp's tree node payload: a 64-byte address key followed by the cached record.
+#[repr(C)]
+struct Dest64 {
+    address: [u8; 64],
+    record: [u8; 64],
+}
+
+// glibc's <search.h>; not in the `libc` crate.
+extern "C" {
+    fn tsearch(key: *const c_void, rootp: *mut *mut c_void, compar: Compar) -> *mut c_void;
+    fn tfind(key: *const c_void, rootp: *const *mut c_void, compar: Compar) -> *mut c_void;
+    fn tdestroy(root: *mut c_void, free_node: extern "C" fn(*mut c_void));
+}
+type Compar = extern "C" fn(*const c_void, *const c_void) -> c_int;
+
+extern "C" fn compare_dest(a: *const c_void, b: *const c_void) -> c_int {
+    // SAFETY: tsearch/tfind only pass pointers we gave them: `Dest64`s that live as long as the
+    // tree (nodes are leaked boxes freed in `free_dest`, probes are borrowed for the call).
+    unsafe { libc::memcmp(a, b, 64) }
+}
+
+extern "C" fn free_dest(p: *mut c_void) {
+    // SAFETY: every node key was created by `Box::into_raw(Box<Dest64>)` in `Tsearch::insert`
+    // and is freed exactly once, by tdestroy.
+    drop(unsafe { Box::from_raw(p as *mut Dest64) });
+}
+
+/// A glibc `tsearch` tree keyed like ibacmp's dest trees.
+struct Tsearch {
+    root: *mut c_void,
+}
+
+impl Tsearch {
+    fn new() -> Self {
+        Tsearch {
+            root: std::ptr::null_mut(),
+        }
+    }
+
+    fn insert(&mut self, address: [u8; 64], record: [u8; 64]) {
+        let node = Box::into_raw(Box::new(Dest64 { address, record }));
+        // SAFETY: `root` is a valid tree root (null or built by tsearch); `node` is a valid,
+        // owned Dest64 whose ownership passes to the tree (freed by `free_dest`). Keys are unique
+        // in this benchmark, so tsearch always inserts `node`.
+        let r = unsafe { tsearch(node as *const c_void, &mut self.root, compare_dest) };
+        assert!(!r.is_null(), "tsearch: out of memory");
+    }
+
+    fn find(&self, address: &[u8; 64]) -> Option<u8> {
+        // SAFETY: the probe points at 64 readable bytes, which is all `compare_dest` reads from
+        // it; `root` is a valid tree. A non-null result points at the node's key pointer, which
+        // is a live `Dest64` owned by the tree.
+        unsafe {
+            let p = tfind(address.as_ptr() as *const c_void, &self.root, compare_dest);
+            if p.is_null() {
+                None
+            } else {
+                let d = *(p as *const *const Dest64);
+                Some(std::hint::black_box((*d).record)[0])
+            }
+        }
+    }
+}
+
+impl Drop for Tsearch {
+    fn drop(&mut self) {
+        if !self.root.is_null() {
+            // SAFETY: `root` was built by tsearch and every key by `Box::into_raw`.
+            unsafe { tdestroy(self.root, free_dest) };
+        }
+    }
+}
+
+// SAFETY: the tree is only touched through `&mut self` (insert) or `&self` (tfind, which does not
+// modify the tree), and moved as a whole; glibc's tfind is read-only.
+unsafe impl Send for Tsearch {}
+
+struct Keys {
+    path: Vec<PathKey>,
+    addr: Vec<[u8; 64]>,
+}
+
+fn make_keys(n: usize, rng: &mut XorShift) -> Keys {
+    let mut path = Vec::with_capacity(n);
+    let mut addr = Vec::with_capacity(n);
+    let mut seen = std::collections::HashSet::with_capacity(n);
+    while path.len() < n {
+        let guid = rng.next_u64();
+        if !seen.insert(guid) {
+            continue;
+        }
+        let mut gid = [0u8; 16];
+        gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
+        gid[8..].copy_from_slice(&guid.to_be_bytes());
+        path.push(PathKey::new(0, Dest::Gid(gid)));
+        let mut a = [0u8; 64];
+        a[..16].copy_from_slice(&gid);
+        addr.push(a);
+    }
+    Keys { path, addr }
+}
+
+/// Every structure hands out a *copy* of the 64-byte record, as a lookup that answers a client
+/// must (the acmrs cache copies by design: readers never hold references into the table).
+fn copy_out(r: &[u8; 64]) -> u8 {
+    std::hint::black_box(*r)[0]
+}
+
+fn record(i: usize, version: u64) -> [u8; 64] {
+    let mut r = [0u8; 64];
+    r[0] = 1; // "found" marker checked by the lookups
+    r[8..16].copy_from_slice(&(i as u64).to_le_bytes());
+    r[16..24].copy_from_slice(&version.to_le_bytes());
+    r
+}
+
+struct Measured {
+    name: &'static str,
+    scenario: &'static str,
+    n: usize,
+    summary: Summary,
+    per_sec: f64,
+    bytes_per_entry: Option<f64>,
+    writer_per_sec: Option<f64>,
+}
+
+fn save(out: Option<&Path>, tag: &str, h: &LatencyHistogram) {
+    if let Some(dir) = out {
+        let path = dir.join(format!("{tag}.hgrm"));
+        if let Err(e) = h.write_hgrm(&path) {
+            eprintln!("warning: cannot write {}: {e}", path.display());
+        }
+    }
+}
+
+/// Runs `lookups` timed lookups of random indices and checks every one was found.
+fn timed(order: &[u32], mut lookup: impl FnMut(usize) -> u8) -> (LatencyHistogram, f64) {
+    let mut found = 0u64;
+    let (h, wall) = BatchTimer { batch: BATCH }.run(order.len(), |i| {
+        let r = lookup(order[i] as usize);
+        found += r as u64;
+        r
+    });
+    assert!(
+        found as usize >= order.len() * 99 / 100,
+        "only {found} of {} lookups found their key",
+        order.len()
+    );
+    (h, order.len() as f64 / wall.as_secs_f64())
+}
+
+/// The writer thread's loop: `write(i, version)` on random indices until `stop`; returns the
+/// number of writes.
+fn write_loop(n: usize, stop: &AtomicBool, mut write: impl FnMut(usize, u64)) -> u64 {
+    let mut rng = XorShift::new(0xfeed);
+    let mut v = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..16 {
+            v += 1;
+            write(rng.below(n as u64) as usize, v);
+        }
+    }
+    v
+}
+
+/// Runs `reader` on this thread while `writer` runs on another; returns the reader's result and
+/// the writer's writes per second (over the reader's run time).
+fn with_writer<R>(
+    reader: impl FnOnce() -> R,
+    writer: impl FnOnce(&AtomicBool) -> u64 + Send,
+) -> (R, f64) {
+    let stop = AtomicBool::new(false);
+    let started = AtomicBool::new(false);
+    let writes = AtomicU64::new(0);
+    let (r, wall) = std::thread::scope(|s| {
+        let (stop, started, writes) = (&stop, &started, &writes);
+        s.spawn(move || {
+            started.store(true, Ordering::Release);
+            writes.store(writer(stop), Ordering::Relaxed);
+        });
+        while !started.load(Ordering::Acquire) {
+            std::hint::spin_loop();
+        }
+        let t = Instant::now();
+        let r = reader();
+        let wall = t.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        (r, wall)
+    });
+    (
+        r,
+        writes.load(Ordering::Relaxed) as f64 / wall.as_secs_f64(),
+    )
+}
+
+fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Measured>) {
+    let mut rng = XorShift::new(0x5eed_0000 + n as u64);
+    let keys = make_keys(n, &mut rng);
+    let order: Vec<u32> = (0..lookups).map(|_| rng.below(n as u64) as u32).collect();
+    let mut push =
+        |name, scenario, h: &LatencyHistogram, per_sec, bytes: Option<f64>, wps: Option<f64>| {
+            let tag = format!("cache_{}_{}_{n}", name_tag(name), scenario);
+            save(out, &tag, h);
+            results.push(Measured {
+                name,
+                scenario,
+                n,
+                summary: h.summary(),
+                per_sec,
+                bytes_per_entry: bytes,
+                writer_per_sec: wps,
+            });
+        };
+    let per_entry = |before: usize| Some(heap_bytes().saturating_sub(before) as f64 / n as f64);
+
+    // acmrs PathCache: capacity exactly n (load factor 1, the worst it runs at).
+    {
+        let before = heap_bytes();
+        let paths: Box<[PathSlot]> = PathSlot::boxed(n);
+        let addrs: Box<[AddrSlot]> = AddrSlot::boxed(0);
+        let cache = PathCache::new(
+            paths,
+            addrs,
+            CacheConfig {
+                seed: 0x1234_5678,
+                refresh_ahead: 0,
+            },
+        )
+        .expect("non-empty storage");
+        {
+            let mut w = cache.writer().expect("first writer");
+            for (i, k) in keys.path.iter().enumerate() {
+                w.insert(k, &record(i, 0), 0, u64::MAX);
+            }
+        }
+        let bytes = per_entry(before);
+        assert_eq!(cache.len(), n);
+        let look = |i: usize| match cache.lookup(&keys.path[i], 1) {
+            Lookup::Hit { record, .. } => std::hint::black_box(record)[0],
+            _ => 0,
+        };
+        let (h, ps) = timed(&order, look);
+        push("acmrs PathCache", "idle", &h, ps, bytes, None);
+        let ((h, ps), wps) = with_writer(
+            || timed(&order, look),
+            |stop| {
+                // The fill writer was dropped, so the role is free for this thread.
+                let mut w = cache.writer().expect("writer role is free");
+                write_loop(n, stop, |i, v| {
+                    w.insert(&keys.path[i], &record(i, v), 0, u64::MAX);
+                })
+            },
+        );
+        push("acmrs PathCache", "writer", &h, ps, None, Some(wps));
+        let s = cache.stats();
+        assert_eq!(
+            s.busy + s.misses,
+            0,
+            "no busy/miss expected in the benchmark: {s:?}"
+        );
+    }
+
+    // glibc tsearch (ibacmp).
+    {
+        let before = heap_bytes();
+        let mut t = Tsearch::new();
+        for (i, a) in keys.addr.iter().enumerate() {
+            t.insert(*a, record(i, 0));
+        }
+        let bytes = per_entry(before);
+        let (h, ps) = timed(&order, |i| t.find(&keys.addr[i]).unwrap_or(0));
+        push("glibc tsearch (ibacmp)", "idle", &h, ps, bytes, None);
+    }
+
+    // BTreeMap with 64-byte keys; under a writer: Mutex (ibacmp's one lock per endpoint).
+    {
+        let before = heap_bytes();
+        let mut m: BTreeMap<[u8; 64], [u8; 64]> = BTreeMap::new();
+        for (i, a) in keys.addr.iter().enumerate() {
+            m.insert(*a, record(i, 0));
+        }
+        let bytes = per_entry(before);
+        let (h, ps) = timed(&order, |i| m.get(&keys.addr[i]).map_or(0, copy_out));
+        push("BTreeMap<[u8;64]>", "idle", &h, ps, bytes, None);
+        let m = Mutex::new(m);
+        let ((h, ps), wps) = with_writer(
+            || {
+                timed(&order, |i| {
+                    m.lock().unwrap().get(&keys.addr[i]).map_or(0, copy_out)
+                })
+            },
+            |stop| {
+                write_loop(n, stop, |i, v| {
+                    m.lock().unwrap().insert(keys.addr[i], record(i, v));
+                })
+            },
+        );
+        push("Mutex<BTreeMap>", "writer", &h, ps, None, Some(wps));
+    }
+
+    // HashMap with our key; under a writer: RwLock.
+    {
+        let before = heap_bytes();
+        let mut m: HashMap<PathKey, [u8; 64]> = HashMap::with_capacity(n);
+        for (i, k) in keys.path.iter().enumerate() {
+            m.insert(*k, record(i, 0));
+        }
+        let bytes = per_entry(before);
+        let (h, ps) = timed(&order, |i| m.get(&keys.path[i]).map_or(0, copy_out));
+        push("HashMap<PathKey>", "idle", &h, ps, bytes, None);
+        let m = RwLock::new(m);
+        let ((h, ps), wps) = with_writer(
+            || {
+                timed(&order, |i| {
+                    m.read().unwrap().get(&keys.path[i]).map_or(0, copy_out)
+                })
+            },
+            |stop| {
+                write_loop(n, stop, |i, v| {
+                    m.write().unwrap().insert(keys.path[i], record(i, v));
+                })
+            },
+        );
+        push("RwLock<HashMap>", "writer", &h, ps, None, Some(wps));
+    }
+}
+
+fn name_tag(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect::<String>()
+        .split('_')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+fn main() {
+    let args = match Args::parse(USAGE, &["--sizes", "--lookups"]) {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("{msg}");
+            std::process::exit(2);
+        }
+    };
+    let parse_list = |s: &str| -> Result<Vec<usize>, String> {
+        s.split(',')
+            .map(|x| {
+                x.trim()
+                    .replace('_', "")
+                    .parse::<usize>()
+                    .map_err(|e| format!("bad number {x:?}: {e}"))
+            })
+            .collect()
+    };
+    let sizes = match args.value("--sizes") {
+        Some(s) => parse_list(s),
+        None if args.quick => Ok(vec![1_000, 100_000]),
+        None => Ok(vec![1_000, 100_000, 1_000_000]),
+    };
+    let lookups = match args.value("--lookups") {
+        Some(s) => parse_list(s).and_then(|v| v.first().copied().ok_or_else(|| "empty".into())),
+        None if args.quick => Ok(200_000),
+        None => Ok(2_000_000),
+    };
+    let (sizes, lookups) = match (sizes, lookups) {
+        (Ok(s), Ok(l)) if !s.contains(&0) && l > 0 => (s, l),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("{e}\n{USAGE}");
+            std::process::exit(2);
+        }
+        _ => {
+            eprintln!("sizes and lookups must be > 0\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Some(dir) = &args.out {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("cannot create {}: {e}", dir.display());
+            std::process::exit(1);
+        }
+    }
+    if cfg!(debug_assertions) {
+        eprintln!("note: debug build; run with --release for meaningful numbers");
+    }
+    let t0 = Instant::now();
+    let mut results = Vec::new();
+    for &n in &sizes {
+        eprintln!("measuring {n} entries, {lookups} random lookups per structure ...");
+        run_size(n, lookups, args.out.as_deref(), &mut results);
+    }
+    let mut t = Table::new(&[
+        "structure",
+        "scenario",
+        "entries",
+        "p50 ns",
+        "p99 ns",
+        "p99.9 ns",
+        "p99.99 ns",
+        "max ns",
+        "Mlookups/s",
+        "B/entry",
+        "writer Mupd/s",
+    ]);
+    for m in &results {
+        let mut row = vec![m.name.to_string(), m.scenario.to_string(), m.n.to_string()];
+        row.extend(Table::latency_cells(&m.summary));
+        row.push(format!("{:.2}", m.per_sec / 1e6));
+        row.push(
+            m.bytes_per_entry
+                .map_or(String::new(), |b| format!("{b:.0}")),
+        );
+        row.push(
+            m.writer_per_sec
+                .map_or(String::new(), |w| format!("{:.2}", w / 1e6)),
+        );
+        t.row(row);
+    }
+    println!("{}", t.render());
+    println!(
+        "random-key lookups, batches of {BATCH} timed together (per-op = batch time / {BATCH}); \
+         {} cores; total {:.1} s",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        t0.elapsed().as_secs_f64()
+    );
+}

@@ -1,0 +1,434 @@
+//! Shared helpers for the acmrs benchmarks (`src/bin/*.rs`).
+//!
+//! * [`LatencyHistogram`]: an HDR histogram of per-operation latencies recorded in picoseconds
+//!   (so batch-averaged nanosecond-scale operations keep their precision), with
+//!   [`LatencyHistogram::summary`] for the usual percentiles and
+//!   [`LatencyHistogram::write_hgrm`] for the standard `.hgrm` percentile-distribution text
+//!   format (values in microseconds, as HdrHistogram's plotter expects).
+//! * [`BatchTimer`]: times operations in batches to amortise the timer's own cost.
+//! * [`Table`]: a plain aligned text table for results.
+//! * [`heap_bytes`]: bytes currently allocated from the C heap (glibc `mallinfo2`), for
+//!   bytes-per-entry figures that also see memory allocated by C code.
+//! * [`Args`]: the tiny command-line parser the bench binaries share (`--quick`, `--out DIR`).
+//! * [`XorShift`]: a deterministic PRNG for key sets and access orders.
+
+#![deny(missing_docs)]
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// Percentiles of one latency distribution, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// Number of recorded operations.
+    pub count: u64,
+    /// Mean.
+    pub mean_ns: f64,
+    /// Median.
+    pub p50_ns: f64,
+    /// 99th percentile.
+    pub p99_ns: f64,
+    /// 99.9th percentile.
+    pub p999_ns: f64,
+    /// 99.99th percentile.
+    pub p9999_ns: f64,
+    /// Largest recorded value.
+    pub max_ns: f64,
+}
+
+/// An HDR histogram of latencies, recorded in picoseconds, 3 significant digits, 1 ps .. 1 h.
+#[derive(Clone, Debug)]
+pub struct LatencyHistogram {
+    h: Histogram<u64>,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const PS_PER_NS: f64 = 1000.0;
+
+impl LatencyHistogram {
+    /// An empty histogram.
+    pub fn new() -> Self {
+        let h = Histogram::new_with_bounds(1, 3_600_000_000_000_000, 3)
+            .expect("static histogram bounds are valid");
+        LatencyHistogram { h }
+    }
+
+    /// Records one operation that took `d`.
+    pub fn record(&mut self, d: Duration) {
+        self.record_ps(
+            d.as_nanos().saturating_mul(1000).min(u64::MAX as u128) as u64,
+            1,
+        );
+    }
+
+    /// Records `count` operations of `ps` picoseconds each (values beyond 1 h are clamped).
+    pub fn record_ps(&mut self, ps: u64, count: u64) {
+        let v = ps.clamp(1, self.h.high());
+        // In range by construction, so this cannot fail.
+        let _ = self.h.record_n(v, count);
+    }
+
+    /// Adds every value of `other`.
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        let _ = self.h.add(&other.h);
+    }
+
+    /// The underlying histogram (values in picoseconds).
+    pub fn raw(&self) -> &Histogram<u64> {
+        &self.h
+    }
+
+    /// The usual percentiles.
+    pub fn summary(&self) -> Summary {
+        let q = |p: f64| self.h.value_at_quantile(p) as f64 / PS_PER_NS;
+        Summary {
+            count: self.h.len(),
+            mean_ns: self.h.mean() / PS_PER_NS,
+            p50_ns: q(0.5),
+            p99_ns: q(0.99),
+            p999_ns: q(0.999),
+            p9999_ns: q(0.9999),
+            max_ns: self.h.max() as f64 / PS_PER_NS,
+        }
+    }
+
+    /// The `.hgrm` text (HdrHistogram's `outputPercentileDistribution` format), values in
+    /// microseconds.
+    pub fn hgrm(&self) -> String {
+        let scale = 1_000_000.0; // ps per µs
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:>12} {:>14} {:>10} {:>14}\n",
+            "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
+        );
+        let mut total = 0u64;
+        for v in self.h.iter_quantiles(5) {
+            total += v.count_since_last_iteration();
+            let q = v.quantile_iterated_to();
+            let inv = if q < 1.0 {
+                format!("{:14.2}", 1.0 / (1.0 - q))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                s,
+                "{:12.6} {:2.12} {:10} {}",
+                v.value_iterated_to() as f64 / scale,
+                q,
+                total,
+                inv
+            );
+        }
+        let _ = writeln!(
+            s,
+            "#[Mean    = {:12.6}, StdDeviation   = {:12.6}]",
+            self.h.mean() / scale,
+            self.h.stdev() / scale
+        );
+        let _ = writeln!(
+            s,
+            "#[Max     = {:12.6}, Total count    = {:12}]",
+            self.h.max() as f64 / scale,
+            self.h.len()
+        );
+        let buckets = self.h.buckets();
+        let _ = writeln!(
+            s,
+            "#[Buckets = {:12}, SubBuckets     = {:12}]",
+            buckets,
+            self.h.distinct_values()
+        );
+        s
+    }
+
+    /// Writes [`hgrm`](Self::hgrm) to `path` (atomically: via a `.tmp` file and rename).
+    pub fn write_hgrm(&self, path: &Path) -> std::io::Result<()> {
+        let tmp = path.with_extension("hgrm.tmp");
+        {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(self.hgrm().as_bytes())?;
+            f.sync_all()?;
+        }
+        std::fs::rename(&tmp, path)
+    }
+}
+
+/// Times operations in batches of `batch`, recording the per-operation average of each batch.
+///
+/// Reading the clock costs ~20 ns (vDSO `clock_gettime`), as much as a cache hit; timing each
+/// lookup would mostly measure the clock. Timing 64 at a time and recording `elapsed / 64` for
+/// each of them amortises that to well under 1 ns per operation. The price: a single slow
+/// operation inside a batch is spread over the batch, so high percentiles are percentiles of
+/// *batch averages*; the max column still shows a batch that contained a stall.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchTimer {
+    /// Operations per timed batch.
+    pub batch: usize,
+}
+
+impl BatchTimer {
+    /// Runs `op(i)` for `i` in `0..n` in timed batches and returns the histogram and the total
+    /// wall time. The result of `op` is passed through `black_box` so it is not optimised away.
+    pub fn run<T>(&self, n: usize, mut op: impl FnMut(usize) -> T) -> (LatencyHistogram, Duration) {
+        let mut h = LatencyHistogram::new();
+        let batch = self.batch.max(1);
+        let start = Instant::now();
+        let mut i = 0;
+        while i < n {
+            let end = (i + batch).min(n);
+            let t0 = Instant::now();
+            for j in i..end {
+                std::hint::black_box(op(j));
+            }
+            let ps = t0.elapsed().as_nanos().saturating_mul(1000) / (end - i) as u128;
+            h.record_ps(ps.min(u64::MAX as u128) as u64, (end - i) as u64);
+            i = end;
+        }
+        (h, start.elapsed())
+    }
+}
+
+/// A result table printed with aligned columns.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column titles.
+    pub fn new(header: &[&str]) -> Self {
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Appends a row (missing cells print empty).
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// The standard latency cells: p50, p99, p99.9, p99.99, max (ns, 1 decimal).
+    pub fn latency_cells(s: &Summary) -> Vec<String> {
+        [s.p50_ns, s.p99_ns, s.p999_ns, s.p9999_ns, s.max_ns]
+            .iter()
+            .map(|v| format!("{v:.1}"))
+            .collect()
+    }
+
+    /// Renders the table as GitHub-flavoured Markdown (readable as plain text too).
+    pub fn render(&self) -> String {
+        let cols = self
+            .header
+            .len()
+            .max(self.rows.iter().map(Vec::len).max().unwrap_or(0));
+        let cell = |r: &Vec<String>, i: usize| r.get(i).cloned().unwrap_or_default();
+        let mut w = vec![3usize; cols];
+        for r in std::iter::once(&self.header).chain(&self.rows) {
+            for (i, wi) in w.iter_mut().enumerate() {
+                *wi = (*wi).max(cell(r, i).chars().count());
+            }
+        }
+        let line = |r: &Vec<String>| {
+            let mut s = String::from("|");
+            for (i, wi) in w.iter().enumerate() {
+                let c = cell(r, i);
+                if i == 0 {
+                    let _ = write!(s, " {c:<wi$} |");
+                } else {
+                    let _ = write!(s, " {c:>wi$} |");
+                }
+            }
+            s
+        };
+        let mut out = line(&self.header);
+        out.push('\n');
+        out.push('|');
+        for (i, wi) in w.iter().enumerate() {
+            out.push_str(&"-".repeat(wi + 1));
+            out.push_str(if i == 0 { "-|" } else { ":|" });
+        }
+        out.push('\n');
+        for r in &self.rows {
+            out.push_str(&line(r));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Bytes currently allocated from the C heap, including `mmap`ed large blocks (glibc
+/// `mallinfo2`: `uordblks + hblkhd`). Rust's global allocator is the system `malloc`, so this
+/// sees Rust and C allocations alike.
+pub fn heap_bytes() -> usize {
+    // SAFETY: mallinfo2 takes no arguments, only reads allocator statistics, and returns a plain
+    // struct by value; glibc ≥ 2.33 provides it (Debian 12 ships 2.36).
+    let m = unsafe { libc::mallinfo2() };
+    m.uordblks + m.hblkhd
+}
+
+/// A deterministic xorshift64* generator.
+#[derive(Clone, Debug)]
+pub struct XorShift(u64);
+
+impl XorShift {
+    /// A generator from `seed` (0 is replaced by a fixed non-zero seed).
+    pub fn new(seed: u64) -> Self {
+        XorShift(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform-ish in `0..n` (`n > 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((self.next_u64() >> 32) * n) >> 32
+    }
+}
+
+/// Command-line options shared by the bench binaries.
+#[derive(Clone, Debug, Default)]
+pub struct Args {
+    /// `--quick`: a short CI smoke run.
+    pub quick: bool,
+    /// `--out DIR`: where `.hgrm` files go (created if missing).
+    pub out: Option<PathBuf>,
+    /// Anything else, as `(flag, value)` for `--flag value` / `--flag=value`, or `(flag, "")`.
+    pub rest: Vec<(String, String)>,
+}
+
+impl Args {
+    /// Parses `std::env::args()`; flags in `with_value` take the next argument as their value.
+    /// Returns an error text for `--help` or a malformed command line.
+    pub fn parse(usage: &str, with_value: &[&str]) -> Result<Args, String> {
+        Self::parse_from(std::env::args().skip(1), usage, with_value)
+    }
+
+    /// [`parse`](Self::parse) over explicit arguments.
+    pub fn parse_from(
+        args: impl IntoIterator<Item = String>,
+        usage: &str,
+        with_value: &[&str],
+    ) -> Result<Args, String> {
+        let mut a = Args::default();
+        let mut it = args.into_iter();
+        while let Some(arg) = it.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) => (f.to_string(), Some(v.to_string())),
+                None => (arg.clone(), None),
+            };
+            let mut value = |f: &str| match inline.clone() {
+                Some(v) => Ok(v),
+                None => it
+                    .next()
+                    .ok_or_else(|| format!("{f} needs a value\n{usage}")),
+            };
+            match flag.as_str() {
+                "--help" | "-h" => return Err(usage.to_string()),
+                "--quick" => a.quick = true,
+                "--out" => a.out = Some(PathBuf::from(value("--out")?)),
+                f if with_value.contains(&f) => {
+                    let v = value(f)?;
+                    a.rest.push((f.to_string(), v));
+                }
+                f => return Err(format!("unknown argument {f}\n{usage}")),
+            }
+        }
+        Ok(a)
+    }
+
+    /// The value of `--flag`, if given.
+    pub fn value(&self, flag: &str) -> Option<&str> {
+        self.rest
+            .iter()
+            .rev()
+            .find(|(f, _)| f == flag)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_and_hgrm() {
+        let mut h = LatencyHistogram::new();
+        for ns in 1..=1000u64 {
+            h.record_ps(ns * 1000, 1);
+        }
+        let s = h.summary();
+        assert_eq!(s.count, 1000);
+        assert!((s.p50_ns - 500.0).abs() < 1.0, "{s:?}");
+        assert!((s.p99_ns - 990.0).abs() < 1.0, "{s:?}");
+        assert!((s.max_ns - 1000.0).abs() < 1.0, "{s:?}");
+        let text = h.hgrm();
+        assert!(text.contains("Percentile"));
+        assert!(text.contains("Total count    =         1000"));
+        let last = text
+            .lines()
+            .rfind(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .unwrap();
+        assert!(last.contains("1.000000000000"), "{last}");
+    }
+
+    #[test]
+    fn batch_timer_counts_every_op() {
+        let (h, _) = BatchTimer { batch: 64 }.run(1000, |i| i * 2);
+        assert_eq!(h.summary().count, 1000);
+    }
+
+    #[test]
+    fn table_renders_aligned() {
+        let mut t = Table::new(&["a", "bb"]);
+        t.row(vec!["x".into(), "1".into()]);
+        let r = t.render();
+        assert_eq!(r.lines().count(), 3);
+        assert!(r
+            .lines()
+            .all(|l| l.len() == r.lines().next().unwrap().len()));
+    }
+
+    #[test]
+    fn args_parse() {
+        let a = Args::parse_from(
+            ["--quick", "--out", "/tmp/x", "--sizes=1,2"].map(String::from),
+            "u",
+            &["--sizes"],
+        )
+        .unwrap();
+        assert!(a.quick);
+        assert_eq!(a.out.as_deref(), Some(Path::new("/tmp/x")));
+        assert_eq!(a.value("--sizes"), Some("1,2"));
+        assert!(Args::parse_from(["--bogus".to_string()], "u", &[]).is_err());
+        assert!(Args::parse_from(["--out".to_string()], "u", &[]).is_err());
+    }
+
+    #[test]
+    fn heap_bytes_sees_allocations() {
+        let before = heap_bytes();
+        let v = vec![1u8; 4 << 20];
+        assert!(heap_bytes() >= before + (4 << 20) - 4096);
+        drop(v);
+    }
+}
