@@ -132,3 +132,23 @@ pub fn handle(cmd: &str) -> String {
         _ => format!("err unknown command '{cmd}'"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_validated() {
+        assert!(handle("ping").starts_with("ok pong"));
+        assert_eq!(handle("event client_reregister"), "ok 0 context(s)");
+        assert!(handle("event nonsense").starts_with("err unknown event"));
+        assert!(handle("event port_err 0").starts_with("err bad port"));
+        assert!(handle("event port_err x").starts_with("err bad port"));
+        assert!(handle("set loss banana").starts_with("err"));
+        assert!(handle("").starts_with("err unknown command"));
+        assert_eq!(
+            event_by_name("sm_change"),
+            Some(ibv_event_type::IBV_EVENT_SM_CHANGE)
+        );
+    }
+}

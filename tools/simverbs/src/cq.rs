@@ -185,7 +185,9 @@ pub fn fill_ops(ops: &mut ibv_context_ops) {
 
 /// `ibv_create_comp_channel`.
 #[no_mangle]
-pub extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv_comp_channel {
+pub unsafe extern "C" fn ibv_create_comp_channel(
+    context: *mut ibv_context,
+) -> *mut ibv_comp_channel {
     guard(std::ptr::null_mut(), || {
         // SAFETY: verbs contract: context came from ibv_open_device.
         if unsafe { context_state(context) }.is_none() {
@@ -217,7 +219,7 @@ pub extern "C" fn ibv_create_comp_channel(context: *mut ibv_context) -> *mut ibv
 
 /// `ibv_destroy_comp_channel`: EBUSY while CQs still use it.
 #[no_mangle]
-pub extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
+pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: channel came from ibv_create_comp_channel.
         let Some(ch) = (unsafe { SimChannel::from_ptr(channel) }) else {
@@ -236,7 +238,7 @@ pub extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_
 
 /// `ibv_create_cq`.
 #[no_mangle]
-pub extern "C" fn ibv_create_cq(
+pub unsafe extern "C" fn ibv_create_cq(
     context: *mut ibv_context,
     cqe: c_int,
     cq_context: *mut c_void,
@@ -288,21 +290,20 @@ pub extern "C" fn ibv_create_cq(
         cq.cq_context = cq_context;
         cq.handle = HANDLE.fetch_add(1, Ordering::Relaxed);
         cq.cqe = cqe;
-        let b = Box::new(SimCq {
+        let shared = inner.clone();
+        let p = Box::into_raw(Box::new(SimCq {
             cq,
             magic: CQ_MAGIC,
             inner,
-        });
-        let p = Box::into_raw(b);
-        // SAFETY: p was just created from a Box and is valid.
-        unsafe { (&(*p).inner).cq_ptr.store(p as usize, Ordering::Release) };
+        }));
+        shared.cq_ptr.store(p as usize, Ordering::Release);
         p as *mut ibv_cq
     })
 }
 
 /// `ibv_destroy_cq`: EBUSY while QPs still complete into it.
 #[no_mangle]
-pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: cq came from ibv_create_cq.
         let Some(c) = (unsafe { SimCq::from_ptr(cq) }) else {
@@ -326,7 +327,7 @@ pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 
 /// `ibv_resize_cq`: changes the capacity (EINVAL below the completions already queued).
 #[no_mangle]
-pub extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: cq came from ibv_create_cq.
         let Some(c) = (unsafe { SimCq::from_ptr(cq) }) else {
@@ -347,7 +348,7 @@ pub extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
 
 /// `ibv_get_cq_event`: blocks until an armed CQ of `channel` got a completion.
 #[no_mangle]
-pub extern "C" fn ibv_get_cq_event(
+pub unsafe extern "C" fn ibv_get_cq_event(
     channel: *mut ibv_comp_channel,
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
@@ -389,7 +390,7 @@ pub extern "C" fn ibv_get_cq_event(
 
 /// `ibv_ack_cq_events`: counts acknowledged events (destroy does not wait for them here).
 #[no_mangle]
-pub extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
     guard((), || {
         // SAFETY: verbs contract: cq came from ibv_create_cq.
         if unsafe { SimCq::from_ptr(cq) }.is_some() {

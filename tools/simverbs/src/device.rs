@@ -431,7 +431,7 @@ fn open_context(dev: &'static SimDevice) -> Option<*mut ibv_context> {
 
 /// `ibv_get_device_list`: a `malloc`ed, NULL-terminated array of our devices.
 #[no_mangle]
-pub extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     guard(std::ptr::null_mut(), || {
         let devs = devices();
         let n = devs.len();
@@ -456,7 +456,7 @@ pub extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_
 
 /// `ibv_free_device_list`: frees the array from [`ibv_get_device_list`] (devices live on).
 #[no_mangle]
-pub extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     guard((), || {
         // SAFETY: `list` came from calloc in ibv_get_device_list (or is NULL).
         unsafe { libc::free(list as *mut c_void) };
@@ -465,7 +465,7 @@ pub extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
 
 /// `ibv_get_device_name`: the umad CA name (e.g. `ibsim0`).
 #[no_mangle]
-pub extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const libc::c_char {
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const libc::c_char {
     guard(std::ptr::null(), || match device_from_ptr(device) {
         Some(d) => d.dev.name.as_ptr(),
         None => {
@@ -477,7 +477,7 @@ pub extern "C" fn ibv_get_device_name(device: *mut ibv_device) -> *const libc::c
 
 /// `ibv_get_device_guid`: the node GUID, network byte order.
 #[no_mangle]
-pub extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
     guard(0, || match device_from_ptr(device) {
         Some(d) => d.ca.node_guid.to_be(),
         None => {
@@ -489,7 +489,7 @@ pub extern "C" fn ibv_get_device_guid(device: *mut ibv_device) -> u64 {
 
 /// `ibv_get_device_index`: position in the device list.
 #[no_mangle]
-pub extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
     guard(-1, || match device_from_ptr(device) {
         Some(d) => d.index as c_int,
         None => {
@@ -501,7 +501,7 @@ pub extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int {
 
 /// `ibv_open_device`.
 #[no_mangle]
-pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
     guard(std::ptr::null_mut(), || {
         let Some(d) = device_from_ptr(device) else {
             set_errno(libc::EINVAL);
@@ -516,7 +516,7 @@ pub extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
 
 /// `ibv_close_device`: stops the monitor and frees the context.
 #[no_mangle]
-pub extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
     guard(-1, || {
         // SAFETY: ibv_close_device's contract: context came from ibv_open_device.
         if unsafe { context_state(context) }.is_none() {
@@ -542,7 +542,10 @@ fn parse_hex(s: &str) -> u32 {
 
 /// `ibv_query_device`.
 #[no_mangle]
-pub extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+pub unsafe extern "C" fn ibv_query_device(
+    context: *mut ibv_context,
+    attr: *mut ibv_device_attr,
+) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: context comes from ibv_open_device per the verbs contract.
         let Some(sc) = (unsafe { context_state(context) }) else {
@@ -586,7 +589,7 @@ pub extern "C" fn ibv_query_device(context: *mut ibv_context, attr: *mut ibv_dev
 /// `ibv_query_port` (the exported, compat entry point the inline wrapper falls back to for
 /// non-extended contexts). Writes the `_compat_ibv_port_attr` prefix of `ibv_port_attr`.
 #[no_mangle]
-pub extern "C" fn ibv_query_port(
+pub unsafe extern "C" fn ibv_query_port(
     context: *mut ibv_context,
     port_num: u8,
     port_attr: *mut _compat_ibv_port_attr,
@@ -639,7 +642,7 @@ pub extern "C" fn ibv_query_port(
 
 /// `ibv_query_gid`: index 0 is the port GID (subnet prefix + port GUID); others are zero.
 #[no_mangle]
-pub extern "C" fn ibv_query_gid(
+pub unsafe extern "C" fn ibv_query_gid(
     context: *mut ibv_context,
     port_num: u8,
     index: c_int,
@@ -666,7 +669,7 @@ pub extern "C" fn ibv_query_gid(
 
 /// `ibv_query_gid_type` (private libibverbs symbol used by `ibv_devinfo`): always IB.
 #[no_mangle]
-pub extern "C" fn ibv_query_gid_type(
+pub unsafe extern "C" fn ibv_query_gid_type(
     context: *mut ibv_context,
     port_num: u8,
     index: libc::c_uint,
@@ -689,7 +692,7 @@ pub extern "C" fn ibv_query_gid_type(
 
 /// `ibv_query_pkey`: P_Key table entry, network byte order.
 #[no_mangle]
-pub extern "C" fn ibv_query_pkey(
+pub unsafe extern "C" fn ibv_query_pkey(
     context: *mut ibv_context,
     port_num: u8,
     index: c_int,
@@ -720,7 +723,11 @@ pub extern "C" fn ibv_query_pkey(
 
 /// `ibv_get_pkey_index`: index of `pkey` (network byte order) in the table, or -1/ENOENT.
 #[no_mangle]
-pub extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port_num: u8, pkey: u16) -> c_int {
+pub unsafe extern "C" fn ibv_get_pkey_index(
+    context: *mut ibv_context,
+    port_num: u8,
+    pkey: u16,
+) -> c_int {
     guard(-1, || {
         // SAFETY: context comes from ibv_open_device per the verbs contract.
         let Some(sc) = (unsafe { context_state(context) }) else {
@@ -743,7 +750,7 @@ pub extern "C" fn ibv_get_pkey_index(context: *mut ibv_context, port_num: u8, pk
 
 /// `ibv_get_async_event`: blocks on `async_fd` (unless the caller made it non-blocking).
 #[no_mangle]
-pub extern "C" fn ibv_get_async_event(
+pub unsafe extern "C" fn ibv_get_async_event(
     context: *mut ibv_context,
     event: *mut ibv_async_event,
 ) -> c_int {
@@ -788,10 +795,81 @@ pub extern "C" fn ibv_get_async_event(
 
 /// `ibv_ack_async_event`: nothing to release (destroy does not wait for acks here).
 #[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
+pub unsafe extern "C" fn ibv_ack_async_event(_event: *mut ibv_async_event) {}
 
 /// `ibv_fork_init`: nothing to prepare in a simulation.
 #[no_mangle]
-pub extern "C" fn ibv_fork_init() -> c_int {
+pub unsafe extern "C" fn ibv_fork_init() -> c_int {
     0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn active() -> PortAttrs {
+        PortAttrs {
+            state: 4,
+            lid: 5,
+            sm_lid: 1,
+            pkeys: vec![0xffff],
+            gid_prefix: 0xfe80 << 48,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn port_changes_map_to_events() {
+        let a = active();
+        assert!(diff_events(&a, &a).is_empty());
+        let mut down = a.clone();
+        down.state = 1;
+        assert_eq!(
+            diff_events(&a, &down),
+            vec![ibv_event_type::IBV_EVENT_PORT_ERR]
+        );
+        assert_eq!(
+            diff_events(&down, &a),
+            vec![ibv_event_type::IBV_EVENT_PORT_ACTIVE]
+        );
+        let mut moved = a.clone();
+        moved.lid = 9;
+        moved.sm_lid = 4;
+        assert_eq!(
+            diff_events(&a, &moved),
+            vec![
+                ibv_event_type::IBV_EVENT_LID_CHANGE,
+                ibv_event_type::IBV_EVENT_SM_CHANGE
+            ]
+        );
+        let mut pk = a.clone();
+        pk.pkeys.push(0x8001);
+        assert_eq!(
+            diff_events(&a, &pk),
+            vec![ibv_event_type::IBV_EVENT_PKEY_CHANGE]
+        );
+    }
+
+    #[test]
+    fn live_port_info_overrides_snapshot() {
+        let mut p = active();
+        let mut raw = [0u8; 64];
+        raw[16..18].copy_from_slice(&7u16.to_be_bytes()); // LID
+        raw[18..20].copy_from_slice(&3u16.to_be_bytes()); // SM LID
+        raw[31] = 2; // 4X
+        raw[32] = 0x24; // speed supported 2, state ACTIVE
+        raw[33] = 0x52; // LinkUp
+        raw[35] = 0x10; // SDR
+        raw[36] = 0x45; // neighbour MTU 2048, SM SL 5
+        raw[41] = 0x05; // MTU cap 4096
+        let l = crate::umad::LivePortInfo::parse(&raw).expect("parse");
+        p.merge_live(&l);
+        assert_eq!(
+            (p.lid, p.sm_lid, p.sm_sl, p.state, p.phys_state),
+            (7, 3, 5, 4, 5)
+        );
+        assert_eq!((p.max_mtu, p.active_mtu), (5, 4));
+        assert!(p.live);
+        assert!(crate::umad::LivePortInfo::parse(&raw[..63]).is_none());
+    }
 }

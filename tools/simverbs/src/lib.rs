@@ -13,12 +13,26 @@
 //! * [`transport`]: the datagram transport between processes (abstract unix sockets keyed by
 //!   fabric, LID and QPN; multicast membership files) and the loss/delay knobs.
 //!
-//! Every exported function runs its body inside [`guard`], so no panic crosses the C ABI.
+//! Every exported function runs its body inside `guard`, so no panic crosses the C ABI.
 //! See `docs/simverbs.md` for the design, the control protocol and the gotchas.
+//!
+//! # Safety
+//!
+//! The exported `ibv_*` functions are `unsafe extern "C"`: they share libibverbs' contract.
+//! Every object pointer must be NULL or an object this library returned and that was not yet
+//! destroyed (objects carry a magic number, so a foreign pointer to readable memory is
+//! refused with EINVAL, but a dangling one cannot be detected); every out-pointer must be
+//! writable; scatter/gather lists and work-request chains must be as long as declared.
+
+// The shared contract above is the safety documentation of every exported function.
+#![allow(clippy::missing_safety_doc)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod control;
 pub mod cq;
 pub mod device;
+#[cfg(test)]
+mod layout;
 pub mod mem;
 pub mod qp;
 pub mod transport;

@@ -182,7 +182,7 @@ fn register(
 
 /// `ibv_alloc_pd`.
 #[no_mangle]
-pub extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
+pub unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     guard(std::ptr::null_mut(), || {
         // SAFETY: verbs contract: context came from ibv_open_device.
         let Some(sc) = (unsafe { context_state(context) }) else {
@@ -204,7 +204,7 @@ pub extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
 
 /// `ibv_dealloc_pd`: EBUSY while MRs, QPs or AHs still use it.
 #[no_mangle]
-pub extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: pd came from ibv_alloc_pd.
         let Some(p) = (unsafe { SimPd::from_ptr(pd) }) else {
@@ -223,7 +223,7 @@ pub extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 
 /// `ibv_reg_mr`.
 #[no_mangle]
-pub extern "C" fn ibv_reg_mr(
+pub unsafe extern "C" fn ibv_reg_mr(
     pd: *mut ibv_pd,
     addr: *mut c_void,
     length: usize,
@@ -236,7 +236,7 @@ pub extern "C" fn ibv_reg_mr(
 
 /// `ibv_reg_mr_iova`.
 #[no_mangle]
-pub extern "C" fn ibv_reg_mr_iova(
+pub unsafe extern "C" fn ibv_reg_mr_iova(
     pd: *mut ibv_pd,
     addr: *mut c_void,
     length: usize,
@@ -250,7 +250,7 @@ pub extern "C" fn ibv_reg_mr_iova(
 
 /// `ibv_reg_mr_iova2` (what the inline `ibv_reg_mr` calls for non-constant access flags).
 #[no_mangle]
-pub extern "C" fn ibv_reg_mr_iova2(
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
     pd: *mut ibv_pd,
     addr: *mut c_void,
     length: usize,
@@ -264,7 +264,7 @@ pub extern "C" fn ibv_reg_mr_iova2(
 
 /// `ibv_dereg_mr`.
 #[no_mangle]
-pub extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
         if mr.is_null() {
             return libc::EINVAL;

@@ -350,7 +350,10 @@ fn bind_qp_socket(lid: u16) -> Option<(u32, UnixDatagram)> {
 
 /// `ibv_create_qp`: UD only.
 #[no_mangle]
-pub extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    init: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
     guard(std::ptr::null_mut(), || {
         // SAFETY: verbs contract: pd came from ibv_alloc_pd.
         let Some(p) = (unsafe { SimPd::from_ptr(pd) }) else {
@@ -447,14 +450,14 @@ pub extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) ->
             }
         };
         p.users.fetch_add(1, Ordering::AcqRel);
+        let shared = inner.clone();
         let b = Box::into_raw(Box::new(SimQp {
             qp: q,
             magic: QP_MAGIC,
             inner,
             rx: Mutex::new(Some(rx)),
         }));
-        // SAFETY: b was just created from a Box.
-        unsafe { (&(*b).inner).qp_ptr.store(b as usize, Ordering::Release) };
+        shared.qp_ptr.store(b as usize, Ordering::Release);
         crate::debug(format_args!("QP {qpn:#x} at LID {lid}"));
         b as *mut ibv_qp
     })
@@ -462,7 +465,7 @@ pub extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) ->
 
 /// `ibv_destroy_qp`: stops the receiver, leaves all multicast groups, frees the QP.
 #[no_mangle]
-pub extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: qp came from ibv_create_qp.
         let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
@@ -516,7 +519,11 @@ fn ud_transition(cur: u32, next: u32) -> Option<(u32, u32)> {
 
 /// `ibv_modify_qp`: the UD state machine with attribute-mask validation.
 #[no_mangle]
-pub extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: qp came from ibv_create_qp.
         let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
@@ -589,7 +596,7 @@ pub extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c
 
 /// `ibv_query_qp`.
 #[no_mangle]
-pub extern "C" fn ibv_query_qp(
+pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
     attr: *mut ibv_qp_attr,
     _mask: c_int,
@@ -706,9 +713,12 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
             .unwrap_or(0xffff),
         sl: attr.sl,
         grh: attr.is_global != 0,
-        imm: (wr.opcode == ibv_wr_opcode::IBV_WR_SEND_WITH_IMM)
+        imm: if wr.opcode == ibv_wr_opcode::IBV_WR_SEND_WITH_IMM {
             // SAFETY: for SEND_WITH_IMM the imm_data member is the one the caller filled.
-            .then(|| unsafe { wr.imm_data_invalidated_rkey_union.imm_data }),
+            Some(unsafe { wr.imm_data_invalidated_rkey_union.imm_data })
+        } else {
+            None
+        },
         solicited: wr.send_flags & ibv_send_flags::IBV_SEND_SOLICITED.0 != 0,
         flow_label: attr.grh.flow_label,
         hop_limit: attr.grh.hop_limit,
@@ -861,7 +871,7 @@ unsafe extern "C" fn sim_post_recv(
 
 /// `ibv_create_ah`.
 #[no_mangle]
-pub extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     guard(std::ptr::null_mut(), || {
         // SAFETY: verbs contract: pd came from ibv_alloc_pd.
         let Some(p) = (unsafe { SimPd::from_ptr(pd) }) else {
@@ -896,7 +906,7 @@ pub extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut
 
 /// `ibv_destroy_ah`.
 #[no_mangle]
-pub extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: ah came from ibv_create_ah.
         let Some(a) = (unsafe { SimAh::from_ptr(ah) }) else {
@@ -916,7 +926,7 @@ pub extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 
 /// `ibv_init_ah_from_wc`: an AH attribute answering the sender of a received datagram.
 #[no_mangle]
-pub extern "C" fn ibv_init_ah_from_wc(
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
     context: *mut ibv_context,
     port_num: u8,
     wc: *mut ibv_wc,
@@ -965,7 +975,7 @@ pub extern "C" fn ibv_init_ah_from_wc(
 
 /// `ibv_create_ah_from_wc`.
 #[no_mangle]
-pub extern "C" fn ibv_create_ah_from_wc(
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
     pd: *mut ibv_pd,
     wc: *mut ibv_wc,
     grh: *mut c_void,
@@ -978,16 +988,18 @@ pub extern "C" fn ibv_create_ah_from_wc(
         };
         // SAFETY: ibv_ah_attr is plain old data; all-zero is valid.
         let mut a: ibv_ah_attr = unsafe { std::mem::zeroed() };
-        if ibv_init_ah_from_wc(p.pd.context, port_num, wc, grh, &mut a) != 0 {
+        // SAFETY: same contract as ours for wc/grh; the context is the PD's, `a` is writable.
+        if unsafe { ibv_init_ah_from_wc(p.pd.context, port_num, wc, grh, &mut a) } != 0 {
             return std::ptr::null_mut();
         }
-        ibv_create_ah(pd, &mut a)
+        // SAFETY: pd was validated above; `a` is a valid ibv_ah_attr.
+        unsafe { ibv_create_ah(pd, &mut a) }
     })
 }
 
 /// `ibv_attach_mcast`: joins the QP to (`gid`, `lid`) — the MLID the SA assigned.
 #[no_mangle]
-pub extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: qp came from ibv_create_qp.
         let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
@@ -1017,7 +1029,7 @@ pub extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u1
 
 /// `ibv_detach_mcast`.
 #[no_mangle]
-pub extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: verbs contract: qp came from ibv_create_qp.
         let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
@@ -1046,14 +1058,17 @@ pub extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u1
 
 /// `ibv_create_srq`: shared receive queues are not simulated.
 #[no_mangle]
-pub extern "C" fn ibv_create_srq(_pd: *mut ibv_pd, _attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+pub unsafe extern "C" fn ibv_create_srq(
+    _pd: *mut ibv_pd,
+    _attr: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
     set_errno(libc::EOPNOTSUPP);
     std::ptr::null_mut()
 }
 
 /// `ibv_rereg_mr`: not simulated (the old MR stays valid), errno EOPNOTSUPP.
 #[no_mangle]
-pub extern "C" fn ibv_rereg_mr(
+pub unsafe extern "C" fn ibv_rereg_mr(
     _mr: *mut ibv_mr,
     _flags: c_int,
     _pd: *mut ibv_pd,

@@ -8,7 +8,7 @@
 //!   umad agent of class 0x81: LID, LMC, SM LID/SL, port state, width/speed, MTUs, capability
 //!   mask. The port monitor uses these to notice LID/SM/state changes.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::raw::{c_char, c_int, c_long, c_uint, c_void};
 
 /// `UMAD_CA_NAME_LEN` from umad.h.
@@ -337,14 +337,4 @@ impl Drop for SmpAgent {
         // the port also unregisters its agents).
         unsafe { umad_close_port(self.port_id) };
     }
-}
-
-/// Renders a C string pointer for diagnostics.
-#[allow(dead_code)]
-pub(crate) fn cstr_lossy(p: *const c_char) -> String {
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: callers pass a valid NUL-terminated string.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }

@@ -35,7 +35,7 @@ fn devinfo_matches_umad_view() {
 
     assert_eq!(value_of(&dev, "hca_id:"), "ibsim0");
     let guid = |s: String| {
-        u64::from_str_radix(&s.replace([':', 'x'], "").trim_start_matches('0'), 16).unwrap_or(0)
+        u64::from_str_radix(s.replace([':', 'x'], "").trim_start_matches('0'), 16).unwrap_or(0)
     };
     let node_guid = guid(value_of(&stat, "Node GUID:"));
     assert_ne!(node_guid, 0);
