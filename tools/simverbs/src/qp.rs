@@ -73,7 +73,10 @@ pub struct QpInner {
     rq: Mutex<VecDeque<RecvWr>>,
     cap: ibv_qp_cap,
     sq_sig_all: bool,
+    /// Bound receive socket (`@simverbs/<fabric>/lid/<lid>/qp/<qpn>`).
     sock: UnixDatagram,
+    /// Unbound, non-blocking send socket: a full or dead peer never blocks `post_send`.
+    tx: UnixDatagram,
     mcast: Mutex<Vec<([u8; 16], u16)>>,
     stop: AtomicBool,
     qp_ptr: AtomicUsize,
@@ -404,6 +407,14 @@ pub unsafe extern "C" fn ibv_create_qp(
             return std::ptr::null_mut();
         };
         let _ = sock.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+        let Ok(tx) = UnixDatagram::unbound() else {
+            set_errno(libc::EMFILE);
+            return std::ptr::null_mut();
+        };
+        if tx.set_nonblocking(true).is_err() {
+            set_errno(libc::EIO);
+            return std::ptr::null_mut();
+        }
         let inner = Arc::new(QpInner {
             qpn,
             lid,
@@ -422,6 +433,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
             sock,
+            tx,
             mcast: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             qp_ptr: AtomicUsize::new(0),
@@ -736,13 +748,13 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
                 continue; // no loopback to the sending QP itself
             }
             let name = transport::qp_addr_name(m.lid, m.qpn);
-            if transport::transmit(&inner.sock, &name, &bytes) == SendOutcome::NoPeer {
+            if transport::transmit(&inner.tx, &name, &bytes) == SendOutcome::NoPeer {
                 let _ = std::fs::remove_file(&m.path); // stale member of a dead process
             }
         }
     } else if d.dlid != 0xffff && d.dlid != 0 {
         let _ = transport::transmit(
-            &inner.sock,
+            &inner.tx,
             &transport::qp_addr_name(d.dlid, d.dst_qpn),
             &bytes,
         );

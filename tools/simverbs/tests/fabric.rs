@@ -126,6 +126,35 @@ fn ud_unicast_checks_and_cq_overflow() {
     );
     assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("msbkey"));
 
+    // A peer that does not drain its socket (stopped) or is gone never blocks the sender.
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &b.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let t = std::time::Instant::now();
+    assert_eq!(
+        a.cmd(&format!("flood {blid} {bqpn} {QKEY:#x} 2000")),
+        "ok status=0"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "sender was slowed down by a stopped peer"
+    );
+    assert!(std::process::Command::new("kill")
+        .args(["-CONT", &b.pid().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // b's 16 - 11 remaining receives were used up by the flood; repost and check it still works.
+    assert_eq!(b.cmd("recv 16"), "ok");
+    while b.cmd("wait 200") != "timeout" {}
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} after-flood")),
+        "ok status=0"
+    );
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("after-flood"));
+
     // A wrong destination QPN reaches nobody.
     assert_eq!(
         a.cmd(&format!("send {blid} {} {QKEY:#x} nobody", bqpn + 99999)),

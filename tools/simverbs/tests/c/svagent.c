@@ -10,6 +10,7 @@
  *   send <dlid> <dqpn> <qkey> <text> [imm]   signalled send, waits for its completion
  *                                   -> ok status=<n>
  *   sendbad <dlid> <dqpn> <qkey>    send whose SGE reaches past the MR       -> ok status=<n>
+ *   flood <dlid> <dqpn> <qkey> <n>  n signalled 64-byte sends, each completed -> ok status=<n>
  *   msend <mlid> <mgid-hex> <qkey> <text>    send to a multicast group (GRH) -> ok status=<n>
  *   attach|detach <mgid-hex> <mlid> -> ok | err <errno>
  *   wait <ms>                       next receive completion through the channel
@@ -284,6 +285,13 @@ int main(void)
 			}
 			int st = send_to(&aa, strtoul(a2, NULL, 0), strtoul(a3, NULL, 0), data, len,
 					 n >= 6, strtoul(a5, NULL, 0));
+			printf("ok status=%d\n", st);
+		} else if (!strcmp(cmd, "flood")) {
+			struct ibv_ah_attr aa = { .dlid = strtoul(a1, NULL, 0), .port_num = 1 };
+			int k = atoi(a4), st = 0;
+			for (int i = 0; i < k && st == 0; i++)
+				st = send_to(&aa, strtoul(a2, NULL, 0), strtoul(a3, NULL, 0),
+					     buf + BUF_SIZE - 4096, 64, 0, 0);
 			printf("ok status=%d\n", st);
 		} else if (!strcmp(cmd, "msend")) {
 			struct ibv_ah_attr aa = { .dlid = strtoul(a1, NULL, 0), .port_num = 1,

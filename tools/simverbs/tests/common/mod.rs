@@ -23,14 +23,28 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// The freshly built libsimverbs.so.
+/// The freshly built libsimverbs.so. `cargo test` does not rebuild a cdylib for integration
+/// tests, so refuse a library older than the sources instead of testing stale code.
 pub fn libsimverbs() -> PathBuf {
     let p = profile_dir().join("libsimverbs.so");
-    assert!(
-        p.exists(),
-        "{} missing: run `cargo build -p simverbs` first",
-        p.display()
-    );
+    let built = std::fs::metadata(&p)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} missing: run `cargo build -p simverbs` first",
+                p.display()
+            )
+        });
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for e in std::fs::read_dir(&src).expect("src dir").flatten() {
+        let m = e.metadata().and_then(|m| m.modified()).expect("mtime");
+        assert!(
+            m <= built,
+            "{} is older than {}: run `cargo build -p simverbs` first",
+            p.display(),
+            e.path().display()
+        );
+    }
     p
 }
 
@@ -227,6 +241,11 @@ impl Agent {
         self.lines
             .recv_timeout(Duration::from_secs(15))
             .unwrap_or_else(|_| panic!("agent on {} did not answer '{line}'", self.host))
+    }
+
+    /// The agent's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// `init`, returning (lid, qpn, gid-hex).
