@@ -446,3 +446,15 @@ fn real_ibacm_with_stock_provider_resolves() {
     let out = acme("-e");
     assert!(out.contains("ibacmp,host3"), "{out}");
 }
+
+#[test]
+fn sm_move_on_the_fabric_raises_sm_change() {
+    let mut f = Fabric::start("smmove");
+    let mut a = f.agent("Hca3");
+    a.init(QKEY, 64);
+    assert_eq!(a.cmd("async 300"), "timeout");
+    // No control command here: the monitor thread sees PortInfo.MasterSMLID change.
+    f.move_sm("Hca2", "Hca4");
+    assert_eq!(a.cmd("async 10000"), "async SM change 1");
+    assert_eq!(a.quit(), Some(0));
+}

@@ -98,6 +98,15 @@ pub fn stop_child(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
+/// Port GUID of `HcaN` in net.2sw2path4hca (0x100001, 0x100004, 0x100007, 0x10000a).
+pub fn port_guid(host: &str) -> u64 {
+    let n: u64 = host
+        .strip_prefix("Hca")
+        .and_then(|n| n.parse().ok())
+        .expect("HcaN");
+    0x100001 + 3 * (n - 1)
+}
+
 /// A private fabric: ibsim (net.2sw2path4hca) + OpenSM on Hca1.
 pub struct Fabric {
     pub name: String,
@@ -119,6 +128,13 @@ impl Fabric {
             ibsim: None,
             opensm: None,
         };
+        f.start_ibsim();
+        f.start_opensm("Hca1", "Hca2");
+        f
+    }
+
+    fn start_ibsim(&mut self) {
+        let f = self;
         let log = std::fs::File::create(f.dir.join("ibsim.log")).expect("log");
         f.ibsim = Some(
             Command::new("ibsim")
@@ -132,12 +148,17 @@ impl Fabric {
                 .expect("ibsim not found: apt-get install ibsim-utils"),
         );
         std::thread::sleep(Duration::from_millis(300));
+    }
+
+    /// Starts OpenSM on `host` and waits until `probe` sees it as master.
+    fn start_opensm(&mut self, host: &str, probe: &str) {
+        let f = self;
         f.opensm = Some(
             Command::new("opensm")
                 .args(["-e", "-s", "5", "-f"])
-                .arg(f.dir.join("osm.log"))
+                .arg(f.dir.join(format!("osm-{host}.log")))
                 .env("IBSIM_SOCKNAME", &f.name)
-                .env("SIM_HOST", "Hca1")
+                .env("SIM_HOST", host)
                 .env("OSM_TMP_DIR", &f.dir)
                 .env("OSM_CACHE_DIR", &f.dir)
                 .env("LD_PRELOAD", UMAD2SIM)
@@ -148,22 +169,32 @@ impl Fabric {
                 .spawn()
                 .expect("opensm not found: apt-get install opensm"),
         );
+        let want = format!("sm guid {:#x}", port_guid(host));
         let t = Instant::now();
         loop {
             let out = f
-                .command("sminfo", "Hca2", false)
+                .command("sminfo", probe, false)
                 .output()
                 .expect("sminfo not found: apt-get install infiniband-diags");
-            if String::from_utf8_lossy(&out.stdout).contains("SMINFO_MASTER") {
+            let text = String::from_utf8_lossy(&out.stdout);
+            if text.contains("SMINFO_MASTER") && text.contains(&want) {
                 break;
             }
             assert!(
                 t.elapsed() < Duration::from_secs(30),
-                "OpenSM did not become master within 30 s"
+                "OpenSM on {host} did not become master within 30 s"
             );
             std::thread::sleep(Duration::from_millis(300));
         }
-        f
+    }
+
+    /// Stops the running OpenSM and starts one on `host` (the SM moves: every port's
+    /// PortInfo.MasterSMLID changes).
+    pub fn move_sm(&mut self, host: &str, probe: &str) {
+        if let Some(mut c) = self.opensm.take() {
+            stop_child(&mut c, Duration::from_secs(3));
+        }
+        self.start_opensm(host, probe);
     }
 
     /// A command on node `host` of this fabric (umad2sim, plus simverbs when `verbs`).
