@@ -1,1 +1,271 @@
-fn main() {}
+//! `acm-fabric`: bring a simulated fabric with real ibacm daemons up, use it, tear it down.
+//! See `docs/fabric.md` and `acm-fabric help`.
+
+use acm_fabric::{Fabric, FabricBuilder, Provider, Topology};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const USAGE: &str = "\
+usage:
+  acm-fabric up  [FABRIC OPTIONS] [--keep]
+        bring the fabric up, print how to reach it, wait for Ctrl-C, tear down
+  acm-fabric run [FABRIC OPTIONS] --on NODE [--until TEXT] [--timeout SECS] -- IB_ACME_ARGS...
+        bring up, run `ib_acme IB_ACME_ARGS` against NODE's daemon (repeating until the
+        output contains TEXT, if given), print it, tear down; exit status is ib_acme's
+  acm-fabric topology SPEC      print the ibsim net file of SPEC
+  acm-fabric examples           list the shipped topologies
+
+FABRIC OPTIONS:
+  --topology SPEC      shipped example (net.2sw2path4hca, default), fattree:LEAVES,SPINES,HCAS,
+                       or a path to an ibsim net file
+  --nodes A,B,...      HCAs that run an ibacm daemon (default: Hca2,Hca3,Hca4)
+  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so
+  --provider-name N    the provider name when --provider is a path
+  --sm-node HCA        HCA that OpenSM runs as (default: first HCA without a daemon)
+  --opt NAME=VALUE     extra ibacm_opts.cfg line on every node (repeatable)
+  --keep               keep the scratch directory (logs) after teardown
+";
+
+/// Set while `up` waits for a signal: a signal then means a graceful teardown.
+static WAITING: AtomicBool = AtomicBool::new(false);
+
+fn main() -> ExitCode {
+    let (tx, rx) = mpsc::channel::<i32>();
+    if let Err(e) = install_signal_thread(tx) {
+        eprintln!("acm-fabric: {e}");
+        return ExitCode::from(2);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match real_main(&args, &rx) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("acm-fabric: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Blocks SIGINT/SIGTERM/SIGHUP in every thread and waits for them on a dedicated thread.
+/// (Children get a clean signal mask: std resets it before exec.)
+fn install_signal_thread(tx: mpsc::Sender<i32>) -> Result<(), String> {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use; pthread_sigmask
+    // runs before any other thread exists, so every later thread inherits the mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err("cannot block signals".into());
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid initialised sigset_t and `sig` a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                continue;
+            }
+            if WAITING.load(Ordering::SeqCst) && tx.send(sig).is_ok() {
+                continue;
+            }
+            let n = acm_fabric::emergency_teardown();
+            eprintln!("acm-fabric: signal {sig}: killed {n} process group(s), exiting");
+            std::process::exit(128 + sig);
+        })
+        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    Ok(())
+}
+
+struct Opts {
+    builder: FabricBuilder,
+    on: Option<String>,
+    until: Option<String>,
+    timeout: Duration,
+    rest: Vec<String>,
+    keep: bool,
+}
+
+fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
+    let mut topology = "net.2sw2path4hca".to_string();
+    let mut nodes = vec!["Hca2".to_string(), "Hca3".into(), "Hca4".into()];
+    let mut provider = "stock".to_string();
+    let mut provider_name: Option<String> = None;
+    let mut sm_node = None;
+    let mut opts = Vec::new();
+    let mut keep = false;
+    let mut on = None;
+    let mut until = None;
+    let mut timeout = Duration::from_secs(15);
+    let mut rest = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        match a.as_str() {
+            "--topology" => topology = val("--topology")?,
+            "--nodes" => {
+                nodes = val("--nodes")?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            }
+            "--provider" => provider = val("--provider")?,
+            "--provider-name" => provider_name = Some(val("--provider-name")?),
+            "--sm-node" => sm_node = Some(val("--sm-node")?),
+            "--opt" => {
+                let v = val("--opt")?;
+                let (k, v) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("--opt wants NAME=VALUE, got {v:?}"))?;
+                opts.push((k.to_string(), v.to_string()));
+            }
+            "--keep" => keep = true,
+            "--on" => on = Some(val("--on")?),
+            "--until" => until = Some(val("--until")?),
+            "--timeout" => {
+                let v = val("--timeout")?;
+                let secs: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--timeout wants seconds, got {v:?}"))?;
+                timeout = Duration::from_secs(secs);
+            }
+            "--" => {
+                rest = it.cloned().collect();
+                break;
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    let topology = Topology::parse(&topology).map_err(|e| e.to_string())?;
+    let provider =
+        Provider::parse(&provider, provider_name.as_deref()).map_err(|e| e.to_string())?;
+    let mut builder = Fabric::builder(topology, nodes)
+        .provider(provider)
+        .keep_scratch(keep)
+        .name_prefix("acmfab-cli");
+    if let Some(s) = sm_node {
+        builder = builder.sm_node(&s);
+    }
+    for (k, v) in &opts {
+        builder = builder.option(k, v);
+    }
+    Ok(Opts {
+        builder,
+        on,
+        until,
+        timeout,
+        rest,
+        keep,
+    })
+}
+
+fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode, String> {
+    let Some(cmd) = args.first() else {
+        eprint!("{USAGE}");
+        return Ok(ExitCode::from(2));
+    };
+    match cmd.as_str() {
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        "examples" => {
+            for n in Topology::example_names() {
+                println!("{n}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        "topology" => {
+            let spec = args
+                .get(1)
+                .ok_or_else(|| format!("topology needs a SPEC\n{USAGE}"))?;
+            print!("{}", Topology::parse(spec).map_err(|e| e.to_string())?.net);
+            Ok(ExitCode::SUCCESS)
+        }
+        "up" => {
+            let o = parse_fabric_opts(&args[1..])?;
+            let fabric = o.builder.start().map_err(|e| e.to_string())?;
+            print_summary(&fabric);
+            if o.keep {
+                println!("scratch kept at {}", fabric.scratch().display());
+            }
+            println!("fabric is up; Ctrl-C (or SIGTERM) tears it down");
+            WAITING.store(true, Ordering::SeqCst);
+            let _ = signals.recv();
+            println!("tearing down");
+            drop(fabric);
+            Ok(ExitCode::SUCCESS)
+        }
+        "run" => {
+            let o = parse_fabric_opts(&args[1..])?;
+            let on =
+                o.on.ok_or_else(|| format!("run needs --on NODE\n{USAGE}"))?;
+            if o.rest.is_empty() {
+                return Err(format!("run needs ib_acme arguments after --\n{USAGE}"));
+            }
+            let fabric = o.builder.start().map_err(|e| e.to_string())?;
+            print_summary(&fabric);
+            let node = fabric.node(&on).map_err(|e| e.to_string())?;
+            let argv: Vec<&str> = o.rest.iter().map(String::as_str).collect();
+            let out = match &o.until {
+                Some(text) => node.acme_until(&argv, o.timeout, |out| out.stdout.contains(text)),
+                None => node.acme(&argv),
+            }
+            .map_err(|e| e.to_string())?;
+            println!("$ ib_acme {}", o.rest.join(" "));
+            print!("{}", out.stdout);
+            eprint!("{}", out.stderr);
+            let ok = out.success() && o.until.as_ref().is_none_or(|t| out.stdout.contains(t));
+            if !ok {
+                eprintln!("{}", fabric.logs_report());
+            }
+            Ok(match out.code {
+                Some(0) if ok => ExitCode::SUCCESS,
+                Some(c) if c > 0 && c < 256 => ExitCode::from(c as u8),
+                _ => ExitCode::from(1),
+            })
+        }
+        other => Err(format!("unknown command {other:?}\n{USAGE}")),
+    }
+}
+
+fn print_summary(f: &Fabric) {
+    println!(
+        "fabric {} on {} (OpenSM as {}), provider {}, scratch {}",
+        f.name(),
+        f.topology().label,
+        f.sm_node(),
+        f.provider().name(),
+        f.scratch().display()
+    );
+    for n in f.nodes() {
+        println!(
+            "  {:<8} lid {:<4} gid {:<18} name {:<8} ipv4 {:<12} ipv6 {:<14} port {} pid {}",
+            n.name,
+            n.lid,
+            n.gid.to_string(),
+            n.addrs.name,
+            n.addrs.ipv4.to_string(),
+            n.addrs.ipv6.to_string(),
+            n.server_port,
+            n.pid().map(|p| p.to_string()).unwrap_or_else(|| "-".into())
+        );
+    }
+    if let Some(n) = f.nodes().first() {
+        println!(
+            "  ib_acme on {}: unshare -m sh -c 'mount --bind {} /run && exec ib_acme -e'",
+            n.name,
+            n.run_dir.display()
+        );
+    }
+}

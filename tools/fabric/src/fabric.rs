@@ -1,0 +1,1143 @@
+//! Bringing a simulated fabric up (ibsim → OpenSM → N real `ibacm` daemons), driving it, and
+//! tearing it down.
+
+use crate::process::{self, Output, Proc};
+use crate::topology::Topology;
+use crate::{Error, Result};
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Debian's umad → ibsim preload.
+pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+/// The stock provider shipped with Debian's ibacm package.
+pub const STOCK_PROVIDER: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
+/// The real ibacm daemon.
+pub const IBACM: &str = "/usr/sbin/ibacm";
+/// The real ibacm client tool.
+pub const IB_ACME: &str = "/usr/bin/ib_acme";
+
+/// Which provider library each daemon loads. The library is COPIED into a per-node provider
+/// directory (the core skips symlinks) and selected with `provider <name> default`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provider {
+    /// Debian's `libibacmp.so` (provider name `ibacmp`).
+    Stock,
+    /// This project's `libacmrs.so` (provider name `acmrs`), found next to the running
+    /// executable (`target/<profile>/`), or at `$ACM_FABRIC_ACMRS`.
+    Acmrs,
+    /// Any provider library and the name its `provider_query` reports.
+    Custom {
+        /// Path of the `.so`.
+        path: PathBuf,
+        /// The provider's name (`struct acm_provider.name`).
+        name: String,
+    },
+}
+
+impl Provider {
+    /// `stock`, `acmrs`, or a path (then `name` is required).
+    pub fn parse(spec: &str, name: Option<&str>) -> Result<Provider> {
+        match (spec, name) {
+            ("stock", None) => Ok(Provider::Stock),
+            ("acmrs", None) => Ok(Provider::Acmrs),
+            ("stock" | "acmrs", Some(_)) => Err(Error::new(
+                "a provider name only goes with a provider given as a path",
+            )),
+            (path, Some(name)) => Ok(Provider::Custom {
+                path: PathBuf::from(path),
+                name: name.to_string(),
+            }),
+            (path, None) => Err(Error::new(format!(
+                "provider {path:?} is neither `stock` nor `acmrs`: give its provider name too"
+            ))),
+        }
+    }
+
+    /// The name used in `provider <name> default`.
+    pub fn name(&self) -> &str {
+        match self {
+            Provider::Stock => "ibacmp",
+            Provider::Acmrs => "acmrs",
+            Provider::Custom { name, .. } => name,
+        }
+    }
+
+    /// Where the library is.
+    pub fn library(&self) -> Result<PathBuf> {
+        match self {
+            Provider::Stock => existing(PathBuf::from(STOCK_PROVIDER), "install Debian's ibacm"),
+            Provider::Acmrs => find_artifact(
+                "ACM_FABRIC_ACMRS",
+                "libacmrs.so",
+                "cargo build -p acm-plugin",
+            ),
+            Provider::Custom { path, .. } => existing(path.clone(), "check the path"),
+        }
+    }
+}
+
+fn existing(p: PathBuf, hint: &str) -> Result<PathBuf> {
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(Error::new(format!("{} not found ({hint})", p.display())))
+    }
+}
+
+/// Finds a workspace build artifact: `$<env>` if set, else next to the running executable
+/// (`target/<profile>/`) or one level up (tests run from `target/<profile>/deps/`).
+pub fn find_artifact(env: &str, file: &str, build_hint: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
+        return existing(PathBuf::from(p), &format!("${env} is set to it"));
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::new(format!("cannot locate the running executable: {e}")))?;
+    let mut tried = Vec::new();
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        let candidate = d.join(file);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        tried.push(candidate.display().to_string());
+        dir = d.parent();
+    }
+    Err(Error::new(format!(
+        "{file} not found (looked at {}); run `{build_hint}` with the same CARGO_TARGET_DIR \
+         and profile, or set ${env}",
+        tried.join(", ")
+    )))
+}
+
+/// Addresses a node's daemon serves (written to its `ibacm_addr.cfg`) and that
+/// `ibacm_hosts.data` maps to its GID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAddrs {
+    /// Host name: the node name in lower case (`Hca3` → `hca3`).
+    pub name: String,
+    /// `10.40.0.<k>` where `k` is the node's 1-based position among the topology's HCAs.
+    pub ipv4: Ipv4Addr,
+    /// `fd00:acf::<k>`.
+    pub ipv6: Ipv6Addr,
+}
+
+impl NodeAddrs {
+    fn for_index(node: &str, k: usize) -> NodeAddrs {
+        let k32 = k as u32;
+        NodeAddrs {
+            name: node.to_lowercase(),
+            ipv4: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 40, 0, 0)) + k32),
+            ipv6: Ipv6Addr::new(0xfd00, 0xacf, 0, 0, 0, 0, (k >> 16) as u16, k as u16),
+        }
+    }
+}
+
+/// Configuration of a fabric; [`FabricBuilder::start`] brings it up.
+#[derive(Debug, Clone)]
+pub struct FabricBuilder {
+    topology: Topology,
+    nodes: Vec<String>,
+    provider: Provider,
+    sm_node: Option<String>,
+    options: Vec<(Option<String>, String, String)>,
+    daemon_env: Vec<(String, String)>,
+    prefix: String,
+    keep: bool,
+    ready_timeout: Duration,
+    simverbs: Option<PathBuf>,
+    start_daemons: bool,
+}
+
+/// A running fabric. Dropping it stops every process it started (by process group: daemons
+/// TERM then KILL, OpenSM, ibsim) and removes its scratch directory (unless kept). If the
+/// thread is panicking, every node's log is printed to stderr first.
+#[derive(Debug)]
+pub struct Fabric {
+    name: String,
+    scratch: PathBuf,
+    keep: bool,
+    topology: Topology,
+    provider: Provider,
+    sm_node: String,
+    simverbs: PathBuf,
+    ibsim: Option<Proc>,
+    sm: Option<Proc>,
+    sm_starts: u32,
+    nodes: Vec<Node>,
+}
+
+/// One simulated HCA running a real `ibacm` daemon.
+#[derive(Debug)]
+pub struct Node {
+    /// ibsim node name (`SIM_HOST`), e.g. `Hca3`.
+    pub name: String,
+    /// Base LID assigned by OpenSM.
+    pub lid: u16,
+    /// Port GID 0 (subnet prefix + port GUID).
+    pub gid: Ipv6Addr,
+    /// Addresses listed in the node's address file.
+    pub addrs: NodeAddrs,
+    /// TCP port the daemon serves (`server_mode loop`).
+    pub server_port: u16,
+    /// The node's scratch directory (opts, addr, hosts files, provider dir, logs).
+    pub dir: PathBuf,
+    /// The directory bind-mounted on `/run` for the daemon and its `ib_acme` calls.
+    pub run_dir: PathBuf,
+    fabric: String,
+    scratch: PathBuf,
+    daemon: Option<Proc>,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl FabricBuilder {
+    /// A fabric on `topology` whose daemons run on `nodes` (HCA names), with the stock provider.
+    pub fn new<I, S>(topology: Topology, nodes: I) -> FabricBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        FabricBuilder {
+            topology,
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            provider: Provider::Stock,
+            sm_node: None,
+            options: Vec::new(),
+            daemon_env: Vec::new(),
+            prefix: "acmfab".into(),
+            keep: false,
+            ready_timeout: Duration::from_secs(30),
+            simverbs: None,
+            start_daemons: true,
+        }
+    }
+
+    /// The provider every daemon loads.
+    pub fn provider(mut self, provider: Provider) -> Self {
+        self.provider = provider;
+        self
+    }
+
+    /// The HCA OpenSM runs as (default: the first HCA of the topology without a daemon).
+    pub fn sm_node(mut self, node: &str) -> Self {
+        self.sm_node = Some(node.to_string());
+        self
+    }
+
+    /// Sets an `ibacm_opts.cfg` option on every node (replaces the template's line of that
+    /// name, else appends). `provider` lines are appended, never replaced.
+    pub fn option(mut self, name: &str, value: &str) -> Self {
+        self.options.push((None, name.into(), value.into()));
+        self
+    }
+
+    /// Sets an `ibacm_opts.cfg` option on one node only.
+    pub fn node_option(mut self, node: &str, name: &str, value: &str) -> Self {
+        self.options
+            .push((Some(node.to_string()), name.into(), value.into()));
+        self
+    }
+
+    /// Adds an environment variable for every daemon (e.g. `SIMVERBS_DEBUG=1`).
+    pub fn daemon_env(mut self, key: &str, value: &str) -> Self {
+        self.daemon_env.push((key.into(), value.into()));
+        self
+    }
+
+    /// A label for the fabric name and scratch directory (default `acmfab`); a test name is a
+    /// good choice. The fabric name is `<prefix>-<pid>-<seq>`.
+    pub fn name_prefix(mut self, prefix: &str) -> Self {
+        self.prefix = prefix
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(24)
+            .collect();
+        self
+    }
+
+    /// Keep the scratch directory after teardown (processes are stopped regardless).
+    pub fn keep_scratch(mut self, keep: bool) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// How long to wait for OpenSM to become master and for each daemon to answer.
+    pub fn ready_timeout(mut self, t: Duration) -> Self {
+        self.ready_timeout = t;
+        self
+    }
+
+    /// Path of `libsimverbs.so` (default: `$ACM_FABRIC_SIMVERBS` or next to the executable).
+    pub fn simverbs(mut self, path: PathBuf) -> Self {
+        self.simverbs = Some(path);
+        self
+    }
+
+    /// Whether to start the ibacm daemons (default true). Without them the fabric is just
+    /// ibsim + OpenSM, and nodes only carry their LID/GID and generated files.
+    pub fn start_daemons(mut self, yes: bool) -> Self {
+        self.start_daemons = yes;
+        self
+    }
+
+    /// Brings everything up and waits until it is ready: ibsim, OpenSM master (polled with
+    /// `sminfo`), LIDs assigned (`ibaddr` per node), then each daemon serving `ib_acme -e`.
+    /// On any failure, everything started so far is stopped and the error carries the logs.
+    pub fn start(self) -> Result<Fabric> {
+        let hcas = self.topology.hcas();
+        if self.nodes.is_empty() {
+            return Err(Error::new("no daemon nodes given"));
+        }
+        for n in &self.nodes {
+            if !hcas.contains(n) {
+                return Err(Error::new(format!(
+                    "node {n:?} is not an HCA of topology {} (HCAs: {})",
+                    self.topology.label,
+                    hcas.join(", ")
+                )));
+            }
+        }
+        let mut uniq = self.nodes.clone();
+        uniq.sort();
+        uniq.dedup();
+        if uniq.len() != self.nodes.len() {
+            return Err(Error::new("a node is listed twice"));
+        }
+        // ibsim serves at most 10 clients: OpenSM, the daemons and one transient probe.
+        if self.nodes.len() > 8 {
+            return Err(Error::new(format!(
+                "{} daemon nodes requested; ibsim allows 10 clients per fabric (OpenSM + probe + 8 daemons)",
+                self.nodes.len()
+            )));
+        }
+        let sm_node = match &self.sm_node {
+            Some(s) if hcas.contains(s) => s.clone(),
+            Some(s) => {
+                return Err(Error::new(format!(
+                    "SM node {s:?} is not an HCA of the topology"
+                )))
+            }
+            None => hcas
+                .iter()
+                .find(|h| !self.nodes.contains(h))
+                .cloned()
+                .ok_or_else(|| {
+                    Error::new("every HCA has a daemon; leave one free for OpenSM or set sm_node")
+                })?,
+        };
+        for tool in ["ibsim", "opensm", "sminfo", "ibaddr", "unshare"] {
+            if which(tool).is_none() {
+                return Err(Error::new(format!(
+                    "`{tool}` not found in PATH (apt-get install ibsim-utils opensm infiniband-diags util-linux)"
+                )));
+            }
+        }
+        existing(PathBuf::from(UMAD2SIM), "apt-get install libumad2sim0")?;
+        let (simverbs, provider_lib) = if self.start_daemons {
+            existing(PathBuf::from(IBACM), "apt-get install ibacm")?;
+            let sv = match &self.simverbs {
+                Some(p) => existing(p.clone(), "check the path")?,
+                None => find_artifact(
+                    "ACM_FABRIC_SIMVERBS",
+                    "libsimverbs.so",
+                    "cargo build -p simverbs",
+                )?,
+            };
+            (sv, Some(self.provider.library()?))
+        } else {
+            (PathBuf::new(), None)
+        };
+
+        let name = format!(
+            "{}-{}-{}",
+            self.prefix,
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let scratch = std::env::temp_dir().join(&name);
+        let _ = std::fs::remove_dir_all(&scratch);
+        mkdir(&scratch)?;
+        process::register_scratch(scratch.clone());
+        if self.keep {
+            // Kept directories are never removed, not even by an emergency teardown.
+            process::unregister_scratch(&scratch);
+        }
+        let mut fabric = Fabric {
+            name,
+            scratch,
+            keep: self.keep,
+            topology: self.topology.clone(),
+            provider: self.provider.clone(),
+            sm_node,
+            simverbs,
+            ibsim: None,
+            sm: None,
+            sm_starts: 0,
+            nodes: Vec::new(),
+        };
+        match fabric.bring_up(&self, provider_lib.as_deref(), &hcas) {
+            Ok(()) => Ok(fabric),
+            Err(e) => {
+                let report = fabric.logs_report();
+                drop(fabric);
+                Err(Error::new(format!("{e}\n{report}")))
+            }
+        }
+    }
+}
+
+impl Fabric {
+    /// Shorthand for [`FabricBuilder::new`].
+    pub fn builder<I, S>(topology: Topology, nodes: I) -> FabricBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        FabricBuilder::new(topology, nodes)
+    }
+
+    fn bring_up(
+        &mut self,
+        cfg: &FabricBuilder,
+        provider_lib: Option<&Path>,
+        hcas: &[String],
+    ) -> Result<()> {
+        // 1. ibsim.
+        let net_path = self.scratch.join("topology.net");
+        write(&net_path, &self.topology.net)?;
+        let ibsim_dir = self.scratch.join("ibsim");
+        mkdir(&ibsim_dir)?;
+        let mut cmd = Command::new("ibsim");
+        cmd.args(["-s", "-n"])
+            .arg(&net_path)
+            .env("IBSIM_SOCKNAME", &self.name)
+            .current_dir(&ibsim_dir)
+            .stdout(file(&ibsim_dir.join("ibsim.log"))?)
+            .stderr(file(&ibsim_dir.join("ibsim.err"))?);
+        self.ibsim = Some(Proc::spawn("ibsim", cmd, Duration::from_secs(1))?);
+        let ctl = format!("@{}:ctl", self.name);
+        wait_for(Duration::from_secs(10), "ibsim control socket", || {
+            if let Some(p) = self.ibsim.as_mut() {
+                if let Some(st) = p.try_wait() {
+                    return Err(Error::new(format!("ibsim exited: {st}")));
+                }
+            }
+            Ok(abstract_socket_exists(&ctl))
+        })?;
+
+        // 2. OpenSM, master.
+        self.start_sm_with_timeout(cfg.ready_timeout)?;
+
+        // 3. Per-node identity, then files.
+        let tools = self.tools_dir()?;
+        for node in &cfg.nodes {
+            let k = hcas.iter().position(|h| h == node).unwrap_or(0) + 1;
+            let (lid, gid) = self.wait_lid(node, &tools, cfg.ready_timeout)?;
+            let dir = self.scratch.join(node);
+            let run_dir = dir.join("run");
+            mkdir(&run_dir)?;
+            self.nodes.push(Node {
+                name: node.clone(),
+                lid,
+                gid,
+                addrs: NodeAddrs::for_index(node, k),
+                server_port: free_tcp_port()?,
+                dir,
+                run_dir,
+                fabric: self.name.clone(),
+                scratch: self.scratch.clone(),
+                daemon: None,
+            });
+        }
+        let hosts = self.hosts_data();
+        for i in 0..self.nodes.len() {
+            let node = &self.nodes[i];
+            let extra: Vec<(String, String)> = cfg
+                .options
+                .iter()
+                .filter(|(only, _, _)| only.as_deref().is_none_or(|n| n == node.name))
+                .map(|(_, k, v)| (k.clone(), v.clone()))
+                .collect();
+            write(&node.dir.join("ibacm_hosts.data"), &hosts)?;
+            write(&node.dir.join("ibacm_addr.cfg"), &node.addr_cfg())?;
+            let opts = node.opts_cfg(&self.provider, &extra)?;
+            write(&node.dir.join("ibacm_opts.cfg"), &opts)?;
+            let prov_dir = node.dir.join("prov");
+            mkdir(&prov_dir)?;
+            if let Some(lib) = provider_lib {
+                let file_name = lib
+                    .file_name()
+                    .ok_or_else(|| Error::new("provider path has no file name"))?;
+                std::fs::copy(lib, prov_dir.join(file_name)).map_err(|e| {
+                    Error::new(format!(
+                        "cannot copy {} to {}: {e}",
+                        lib.display(),
+                        prov_dir.display()
+                    ))
+                })?;
+            }
+        }
+        if !cfg.start_daemons {
+            return Ok(());
+        }
+
+        // 4. Daemons: start them all, then wait for each.
+        for i in 0..self.nodes.len() {
+            let simverbs = self.simverbs.clone();
+            let shm = self.scratch.clone();
+            self.nodes[i].start_daemon(&simverbs, &shm, &cfg.daemon_env)?;
+        }
+        let provider = self.provider.name().to_string();
+        for node in &mut self.nodes {
+            node.wait_ready(&provider, cfg.ready_timeout)?;
+        }
+        Ok(())
+    }
+
+    fn tools_dir(&self) -> Result<PathBuf> {
+        let d = self.scratch.join("tools");
+        mkdir(&d)?;
+        Ok(d)
+    }
+
+    /// Runs an infiniband-diags style tool as HCA `host` (umad2sim preloaded, not simverbs),
+    /// e.g. `fabric.run_tool("Hca1", "saquery", &["-g"])`. Each call is a transient ibsim
+    /// client: keep them sequential.
+    pub fn run_tool(&self, host: &str, program: &str, args: &[&str]) -> Result<Output> {
+        let tools = self.tools_dir()?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env("LD_PRELOAD", UMAD2SIM)
+            .env("SIM_HOST", host)
+            .env("IBSIM_SOCKNAME", &self.name)
+            .current_dir(&tools);
+        let out = process::run_with_timeout(program, cmd, Duration::from_secs(10), &tools)?;
+        remove_sys_dirs(&tools);
+        Ok(out)
+    }
+
+    fn wait_lid(&self, node: &str, _tools: &Path, timeout: Duration) -> Result<(u16, Ipv6Addr)> {
+        let mut last = String::new();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.run_tool(node, "ibaddr", &[])?;
+            if let Some((lid, gid)) = parse_ibaddr(&out.stdout) {
+                if lid != 0 {
+                    return Ok((lid, gid));
+                }
+            }
+            last = format!("{last}{out}");
+            if Instant::now() >= deadline {
+                return Err(Error::new(format!(
+                    "node {node} got no LID within {timeout:?}; last ibaddr:\n{last}"
+                )));
+            }
+            last.clear();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn start_sm_with_timeout(&mut self, timeout: Duration) -> Result<()> {
+        if self.sm.is_some() {
+            return Err(Error::new("OpenSM is already running"));
+        }
+        self.sm_starts += 1;
+        let dir = self.scratch.join("opensm");
+        mkdir(&dir)?;
+        let log = dir.join(format!("osm-{}.log", self.sm_starts));
+        let mut cmd = Command::new("opensm");
+        cmd.arg("-e")
+            .arg("-f")
+            .arg(&log)
+            .args(["-s", "5"])
+            .env("LD_PRELOAD", UMAD2SIM)
+            .env("SIM_HOST", &self.sm_node)
+            .env("IBSIM_SOCKNAME", &self.name)
+            .env("OSM_TMP_DIR", &dir)
+            .env("OSM_CACHE_DIR", &dir)
+            .current_dir(&dir)
+            .stdout(file(&dir.join(format!("osm-{}.out", self.sm_starts)))?)
+            .stderr(std::process::Stdio::null());
+        // OpenSM under umad2sim sometimes hangs on exit: short grace, then KILL.
+        self.sm = Some(Proc::spawn("opensm", cmd, Duration::from_secs(2))?);
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.sm.as_mut().and_then(|p| p.try_wait()) {
+                self.sm = None;
+                return Err(Error::new(format!("OpenSM exited during start: {st}")));
+            }
+            let out = self.run_tool(&self.sm_node, "sminfo", &[])?;
+            if out.stdout.contains("SMINFO_MASTER") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(format!(
+                    "OpenSM did not become master within {timeout:?}; last sminfo:\n{out}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Starts OpenSM again (after [`Fabric::stop_sm`]) and waits until it is master.
+    pub fn start_sm(&mut self) -> Result<()> {
+        self.start_sm_with_timeout(Duration::from_secs(30))
+    }
+
+    /// Stops OpenSM (TERM, then KILL after 2 s).
+    pub fn stop_sm(&mut self) {
+        if let Some(mut p) = self.sm.take() {
+            p.stop();
+        }
+    }
+
+    /// Whether OpenSM is running.
+    pub fn sm_running(&mut self) -> bool {
+        match self.sm.as_mut() {
+            Some(p) => p.try_wait().is_none(),
+            None => false,
+        }
+    }
+
+    /// The fabric's name (`IBSIM_SOCKNAME`, also the simverbs fabric name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The scratch directory (removed at teardown unless kept).
+    pub fn scratch(&self) -> &Path {
+        &self.scratch
+    }
+
+    /// The HCA OpenSM runs as.
+    pub fn sm_node(&self) -> &str {
+        &self.sm_node
+    }
+
+    /// The topology.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// The provider the daemons load.
+    pub fn provider(&self) -> &Provider {
+        &self.provider
+    }
+
+    /// All daemon nodes, in the order given.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// A daemon node by name (`Hca3`).
+    pub fn node(&self, name: &str) -> Result<&Node> {
+        self.nodes.iter().find(|n| n.name == name).ok_or_else(|| {
+            Error::new(format!(
+                "no daemon node {name:?} (nodes: {})",
+                self.nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+    }
+
+    /// A daemon node by name, mutably (to stop or restart its daemon).
+    pub fn node_mut(&mut self, name: &str) -> Result<&mut Node> {
+        let idx = self
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .ok_or_else(|| Error::new(format!("no daemon node {name:?}")))?;
+        Ok(&mut self.nodes[idx])
+    }
+
+    /// PIDs of every process the fabric currently runs (ibsim, OpenSM, daemons).
+    pub fn pids(&self) -> Vec<i32> {
+        let mut v = Vec::new();
+        v.extend(self.ibsim.as_ref().map(Proc::pid));
+        v.extend(self.sm.as_ref().map(Proc::pid));
+        v.extend(
+            self.nodes
+                .iter()
+                .filter_map(|n| n.daemon.as_ref().map(Proc::pid)),
+        );
+        v
+    }
+
+    /// `ibacm_hosts.data` content: every daemon node's name, IPv4 and IPv6 mapped to its GID.
+    pub fn hosts_data(&self) -> String {
+        let mut s = String::from("# generated by acm-fabric\n");
+        for n in &self.nodes {
+            for a in [
+                n.addrs.name.clone(),
+                n.addrs.ipv4.to_string(),
+                n.addrs.ipv6.to_string(),
+            ] {
+                s.push_str(&format!("{a} {}\n", n.gid));
+            }
+        }
+        s
+    }
+
+    /// Every node's daemon log tail, the OpenSM and ibsim logs: for failure messages.
+    pub fn logs_report(&self) -> String {
+        let mut s = format!(
+            "==== fabric {} (scratch {}) ====\n",
+            self.name,
+            self.scratch.display()
+        );
+        for n in &self.nodes {
+            s.push_str(&format!(
+                "---- {} ibacm.log (tail) ----\n{}\n---- {} ibacm.out ----\n{}\n",
+                n.name,
+                tail(&n.log_path(), 80),
+                n.name,
+                tail(&n.dir.join("ibacm.out"), 20)
+            ));
+        }
+        for i in 1..=self.sm_starts {
+            let p = self.scratch.join("opensm").join(format!("osm-{i}.log"));
+            s.push_str(&format!(
+                "---- OpenSM log {i} (tail) ----\n{}\n",
+                tail(&p, 25)
+            ));
+        }
+        s.push_str(&format!(
+            "---- ibsim (tail) ----\n{}\n",
+            tail(&self.scratch.join("ibsim").join("ibsim.log"), 10)
+        ));
+        s
+    }
+
+    fn teardown(&mut self) {
+        for n in &mut self.nodes {
+            n.stop_daemon();
+        }
+        self.stop_sm();
+        if let Some(mut p) = self.ibsim.take() {
+            p.stop();
+        }
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.scratch);
+        }
+        process::unregister_scratch(&self.scratch);
+    }
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs_report());
+        }
+        self.teardown();
+    }
+}
+
+impl Node {
+    /// Path of the daemon's log (`log_file`).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("ibacm.log")
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        String::from_utf8_lossy(&std::fs::read(self.log_path()).unwrap_or_default()).into_owned()
+    }
+
+    /// The daemon's PID, if running.
+    pub fn pid(&self) -> Option<i32> {
+        self.daemon.as_ref().map(Proc::pid)
+    }
+
+    /// Whether the daemon is running.
+    pub fn daemon_running(&mut self) -> bool {
+        match self.daemon.as_mut() {
+            Some(p) => p.try_wait().is_none(),
+            None => false,
+        }
+    }
+
+    fn addr_cfg(&self) -> String {
+        format!(
+            "# generated by acm-fabric for {}\n{} ibsim0 1 default\n{} ibsim0 1 default\n{} ibsim0 1 default\n",
+            self.name, self.addrs.name, self.addrs.ipv4, self.addrs.ipv6
+        )
+    }
+
+    fn opts_cfg(&self, provider: &Provider, extra: &[(String, String)]) -> Result<String> {
+        // The template from the installed ib_acme, so every option the core and ibacmp know
+        // is present with its default.
+        let out = process::run_with_timeout(
+            "ib_acme -O",
+            {
+                let mut c = Command::new(IB_ACME);
+                c.args(["-O", "-D"]).arg(&self.dir);
+                c
+            },
+            Duration::from_secs(10),
+            &self.scratch,
+        )?;
+        let template_path = self.dir.join("ibacm_opts.cfg");
+        let template = std::fs::read_to_string(&template_path).map_err(|e| {
+            Error::new(format!(
+                "`ib_acme -O -D {}` wrote no template ({e}); its output:\n{out}",
+                self.dir.display()
+            ))
+        })?;
+        let d = |p: &str| self.dir.join(p).display().to_string();
+        let mut overrides: Vec<(String, String)> = vec![
+            ("log_file".into(), d("ibacm.log")),
+            ("log_level".into(), "2".into()),
+            ("lock_file".into(), "/run/ibacm.pid".into()),
+            ("server_mode".into(), "loop".into()),
+            ("server_port".into(), self.server_port.to_string()),
+            ("provider_lib_path".into(), d("prov")),
+            ("support_ips_in_addr_cfg".into(), "1".into()),
+            ("addr_data_file".into(), d("ibacm_hosts.data")),
+            ("route_data_file".into(), d("ibacm_route.data")),
+        ];
+        overrides.extend(extra.iter().cloned());
+        let mut lines: Vec<String> = template.lines().map(str::to_string).collect();
+        let mut appended = Vec::new();
+        for (k, v) in &overrides {
+            let line = format!("{k} {v}");
+            if line.len() >= 119 {
+                return Err(Error::new(format!(
+                    "option line too long for ibacm's 120-byte reader: {line}"
+                )));
+            }
+            let slot = if k.eq_ignore_ascii_case("provider") {
+                None
+            } else {
+                lines.iter().position(|l| {
+                    !l.starts_with('#')
+                        && l.split_whitespace()
+                            .next()
+                            .is_some_and(|w| w.eq_ignore_ascii_case(k))
+                })
+            };
+            match slot {
+                Some(i) => lines[i] = line,
+                None => appended.push(line),
+            }
+        }
+        lines.push(String::new());
+        lines.push("# acm-fabric".into());
+        lines.extend(appended);
+        lines.push(format!("provider {} default", provider.name()));
+        lines.push(String::new());
+        Ok(lines.join("\n"))
+    }
+
+    fn ns_command(&self, program: &str) -> Command {
+        let mut c = Command::new("unshare");
+        c.args([
+            "-m",
+            "sh",
+            "-c",
+            r#"mount --bind "$1" /run && shift && exec "$@""#,
+            "sh",
+        ])
+        .arg(&self.run_dir)
+        .arg(program)
+        .current_dir(&self.dir);
+        c
+    }
+
+    fn start_daemon(
+        &mut self,
+        simverbs: &Path,
+        shm: &Path,
+        env: &[(String, String)],
+    ) -> Result<()> {
+        if self.daemon.is_some() {
+            return Err(Error::new(format!("{}: daemon already running", self.name)));
+        }
+        // Only the daemon gets the preloads (not unshare/sh/mount): `env` execs it in place.
+        let mut cmd = self.ns_command("env");
+        cmd.arg(format!("LD_PRELOAD={}:{}", UMAD2SIM, simverbs.display()))
+            .arg(IBACM)
+            .arg("-P")
+            .arg("-O")
+            .arg(self.dir.join("ibacm_opts.cfg"))
+            .arg("-A")
+            .arg(self.dir.join("ibacm_addr.cfg"))
+            .env("SIM_HOST", &self.name)
+            .env("IBSIM_SOCKNAME", &self.fabric)
+            .env("SIMVERBS_SHM_DIR", shm)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdout(file(&self.dir.join("ibacm.out"))?)
+            .stderr(file_append(&self.dir.join("ibacm.out"))?);
+        let _ = std::fs::remove_file(self.run_dir.join("ibacm-tcp.port"));
+        let _ = std::fs::remove_file(self.run_dir.join("ibacm.port"));
+        self.daemon = Some(Proc::spawn(
+            &format!("ibacm@{}", self.name),
+            cmd,
+            Duration::from_secs(3),
+        )?);
+        Ok(())
+    }
+
+    fn wait_ready(&mut self, provider: &str, timeout: Duration) -> Result<()> {
+        let port_file = self.run_dir.join("ibacm-tcp.port");
+        let name = self.name.clone();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.daemon.as_mut().and_then(|p| p.try_wait()) {
+                self.daemon = None;
+                return Err(Error::new(format!(
+                    "{name}: ibacm exited during start: {st}"
+                )));
+            }
+            if port_file.exists() {
+                let out = self.acme(&["-e"])?;
+                if out.success() && out.stdout.contains(provider) {
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::new(format!(
+                        "{name}: `ib_acme -e` shows no endpoint of provider {provider} within {timeout:?}:\n{out}"
+                    )));
+                }
+            } else if Instant::now() >= deadline {
+                return Err(Error::new(format!(
+                    "{name}: ibacm wrote no {} within {timeout:?}",
+                    port_file.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the daemon (TERM, then KILL after 3 s).
+    pub fn stop_daemon(&mut self) {
+        if let Some(mut p) = self.daemon.take() {
+            p.stop();
+        }
+        remove_sys_dirs(&self.dir);
+    }
+
+    /// Runs the real `ib_acme` against this node's daemon (in its `/run` namespace), with a
+    /// 30 s timeout, e.g. `node.acme(&["-f", "n", "-s", "hca3", "-d", "hca4", "-v"])`.
+    pub fn acme(&self, args: &[&str]) -> Result<Output> {
+        self.run(IB_ACME, args, Duration::from_secs(30))
+    }
+
+    /// Runs `ib_acme` repeatedly (every 200 ms) until `accept` returns true or `timeout`
+    /// passes; returns the last output either way (check it).
+    pub fn acme_until(
+        &self,
+        args: &[&str],
+        timeout: Duration,
+        accept: impl Fn(&Output) -> bool,
+    ) -> Result<Output> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.acme(args)?;
+            if accept(&out) || Instant::now() >= deadline {
+                return Ok(out);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs any program in this node's `/run` namespace (no preloads), in the node directory.
+    pub fn run(&self, program: &str, args: &[&str], timeout: Duration) -> Result<Output> {
+        let mut cmd = self.ns_command(program);
+        cmd.args(args);
+        process::run_with_timeout(program, cmd, timeout, &self.scratch)
+    }
+
+    /// Sends a command to the node's simverbs control socket
+    /// (`@simverbs/<fabric>/<node>/ctl`) and returns its reply (`ok ...`), e.g.
+    /// `node.simverbs_ctl("event client_reregister 1")`.
+    pub fn simverbs_ctl(&self, command: &str) -> Result<String> {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixDatagram};
+        let me = format!(
+            "acm-fabric/{}/{}/{}",
+            self.fabric,
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let io = |e: std::io::Error| Error::new(format!("simverbs control of {}: {e}", self.name));
+        let sock =
+            UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(me.as_bytes()).map_err(io)?)
+                .map_err(io)?;
+        sock.set_read_timeout(Some(Duration::from_secs(3)))
+            .map_err(io)?;
+        let to = format!("simverbs/{}/{}/ctl", self.fabric, self.name);
+        let to_addr = SocketAddr::from_abstract_name(to.as_bytes()).map_err(io)?;
+        sock.send_to_addr(command.as_bytes(), &to_addr)
+            .map_err(|e| {
+                Error::new(format!(
+                    "cannot reach @{to} (is the daemon running with simverbs?): {e}"
+                ))
+            })?;
+        let mut buf = [0u8; 512];
+        let n = sock
+            .recv(&mut buf)
+            .map_err(|e| Error::new(format!("no reply from @{to} to {command:?}: {e}")))?;
+        let reply = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+        if reply.starts_with("ok") {
+            Ok(reply)
+        } else {
+            Err(Error::new(format!("@{to} refused {command:?}: {reply}")))
+        }
+    }
+
+    /// Queues an async event on the node's simulated device, e.g. `client_reregister`.
+    pub fn event(&self, event: &str) -> Result<String> {
+        self.simverbs_ctl(&format!("event {event} 1"))
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop_daemon();
+    }
+}
+
+/// Parses `ibaddr` output: `GID fe80::10:7 LID start 0x5 end 0x5`.
+pub fn parse_ibaddr(s: &str) -> Option<(u16, Ipv6Addr)> {
+    let line = s.lines().find(|l| l.trim_start().starts_with("GID "))?;
+    let mut w = line.split_whitespace();
+    let _ = w.next();
+    let gid: Ipv6Addr = w.next()?.parse().ok()?;
+    let rest: Vec<&str> = w.collect();
+    let i = rest.iter().position(|t| *t == "start")?;
+    let lid = rest.get(i + 1)?;
+    let lid = u16::from_str_radix(lid.trim_start_matches("0x"), 16).ok()?;
+    Some((lid, gid))
+}
+
+fn wait_for(timeout: Duration, what: &str, mut cond: impl FnMut() -> Result<bool>) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond()? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::new(format!(
+                "timed out after {timeout:?} waiting for {what}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn abstract_socket_exists(name_with_at: &str) -> bool {
+    std::fs::read_to_string("/proc/net/unix")
+        .map(|t| {
+            // ibsim's names carry a trailing NUL, shown by the kernel as a second `@`.
+            t.lines().any(|l| {
+                l.split_whitespace()
+                    .last()
+                    .is_some_and(|n| n.trim_end_matches('@') == name_with_at)
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn free_tcp_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| Error::new(format!("cannot find a free TCP port: {e}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::new(format!("cannot find a free TCP port: {e}")))
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file())
+}
+
+fn mkdir(p: &Path) -> Result<()> {
+    std::fs::create_dir_all(p)
+        .map_err(|e| Error::new(format!("cannot create {}: {e}", p.display())))
+}
+
+fn write(p: &Path, text: &str) -> Result<()> {
+    std::fs::write(p, text).map_err(|e| Error::new(format!("cannot write {}: {e}", p.display())))
+}
+
+fn file(p: &Path) -> Result<std::fs::File> {
+    std::fs::File::create(p).map_err(|e| Error::new(format!("cannot create {}: {e}", p.display())))
+}
+
+fn file_append(p: &Path) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(p)
+        .map_err(|e| Error::new(format!("cannot open {}: {e}", p.display())))
+}
+
+fn tail(p: &Path, n: usize) -> String {
+    match std::fs::read(p) {
+        Ok(b) => {
+            let t = String::from_utf8_lossy(&b);
+            let lines: Vec<&str> = t.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("({}: {e})", p.display()),
+    }
+}
+
+/// umad2sim leaves `sys-<pid>/` in the working directory of each process it ran in.
+fn remove_sys_dirs(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("sys-") {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ibaddr_output_parses() {
+        let (lid, gid) = parse_ibaddr("GID fe80::10:7 LID start 0x5 end 0x5\n").unwrap();
+        assert_eq!(lid, 5);
+        assert_eq!(gid, "fe80::10:7".parse::<Ipv6Addr>().unwrap());
+        assert!(parse_ibaddr("ibwarn: something\n").is_none());
+        assert!(parse_ibaddr("GID zz LID start 0x5").is_none());
+    }
+
+    #[test]
+    fn provider_specs() {
+        assert_eq!(Provider::parse("stock", None).unwrap(), Provider::Stock);
+        assert_eq!(Provider::parse("acmrs", None).unwrap().name(), "acmrs");
+        assert!(Provider::parse("/x/libfoo.so", None).is_err());
+        assert_eq!(
+            Provider::parse("/x/libfoo.so", Some("foo")).unwrap().name(),
+            "foo"
+        );
+        assert!(Provider::parse("stock", Some("x")).is_err());
+    }
+
+    #[test]
+    fn node_addresses_are_distinct() {
+        let a = NodeAddrs::for_index("Hca3", 3);
+        let b = NodeAddrs::for_index("Hca4", 4);
+        assert_eq!(a.name, "hca3");
+        assert_eq!(a.ipv4, Ipv4Addr::new(10, 40, 0, 3));
+        assert_eq!(a.ipv6, "fd00:acf::3".parse::<Ipv6Addr>().unwrap());
+        assert_ne!(a.ipv4, b.ipv4);
+        assert_ne!(a.ipv6, b.ipv6);
+    }
+}

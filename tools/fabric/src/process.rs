@@ -1,0 +1,238 @@
+//! Child processes that are always torn down: each one leads its own process group, is
+//! recorded in a process-wide registry, and is killed (TERM, grace period, KILL) by PID when its
+//! guard drops, or all at once by [`emergency_teardown`] from a signal handler thread.
+
+use crate::{Error, Result};
+use std::collections::BTreeSet;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Process groups (leader PIDs) that are alive and not yet reaped, and scratch directories
+/// that exist. Only what this process started is ever recorded here.
+struct Registry {
+    groups: BTreeSet<i32>,
+    scratch: BTreeSet<PathBuf>,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    groups: BTreeSet::new(),
+    scratch: BTreeSet::new(),
+});
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    // A panic while holding the lock leaves plain sets behind: still usable.
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn register_scratch(dir: PathBuf) {
+    registry().scratch.insert(dir);
+}
+
+pub(crate) fn unregister_scratch(dir: &PathBuf) {
+    registry().scratch.remove(dir);
+}
+
+/// Kills every process group this process started and still owns (SIGKILL), and removes every
+/// scratch directory not marked to be kept. For a signal-handling thread of a CLI: call it,
+/// then exit. Returns the number of process groups signalled.
+pub fn emergency_teardown() -> usize {
+    let (groups, scratch) = {
+        let mut r = registry();
+        (
+            std::mem::take(&mut r.groups),
+            std::mem::take(&mut r.scratch),
+        )
+    };
+    for pgid in &groups {
+        signal_group(*pgid, libc::SIGKILL);
+    }
+    for dir in scratch {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    groups.len()
+}
+
+/// The leader PIDs of every live process group started through this crate (all fabrics).
+pub fn live_process_groups() -> Vec<i32> {
+    registry().groups.iter().copied().collect()
+}
+
+fn signal_group(pgid: i32, sig: i32) {
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: killpg has no memory-safety preconditions; pgid is a group we created (the
+    // leader is our unreaped child, so the id cannot have been recycled).
+    unsafe {
+        libc::killpg(pgid, sig);
+    }
+}
+
+/// A running child that leads its own process group. Dropping it stops the whole group.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Child,
+    exited: Option<ExitStatus>,
+    /// How long to wait after SIGTERM before SIGKILL.
+    grace: Duration,
+}
+
+impl Proc {
+    /// Spawns `cmd` as the leader of a new process group and records it in the registry.
+    pub fn spawn(name: &str, mut cmd: Command, grace: Duration) -> Result<Proc> {
+        cmd.process_group(0).stdin(Stdio::null());
+        // Hold the registry lock across spawn + insert, so an emergency teardown on another
+        // thread either sees this child or runs before it exists.
+        let mut r = registry();
+        let child = cmd
+            .spawn()
+            .map_err(|e| Error::new(format!("cannot start {name} ({cmd:?}): {e}")))?;
+        r.groups.insert(child.id() as i32);
+        drop(r);
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            exited: None,
+            grace,
+        })
+    }
+
+    /// The child's PID (also its process group id).
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// What this process is (for messages).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Returns the exit status if the child has exited (reaping it).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.exited = Some(st);
+                // The leader is reaped; stragglers of its group are killed now, since the
+                // group id may be recycled once the group is empty.
+                signal_group(self.pid(), libc::SIGKILL);
+                registry().groups.remove(&self.pid());
+            }
+        }
+        self.exited
+    }
+
+    /// Waits up to `timeout` for the child to exit by itself.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM to the group, wait for the grace period, then SIGKILL; always reaps the leader.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        if self.try_wait().is_none() {
+            signal_group(self.pid(), libc::SIGTERM);
+            if self.wait_timeout(self.grace).is_none() {
+                signal_group(self.pid(), libc::SIGKILL);
+                if let Ok(st) = self.child.wait() {
+                    self.exited = Some(st);
+                }
+            }
+        }
+        signal_group(self.pid(), libc::SIGKILL);
+        registry().groups.remove(&self.pid());
+        self.exited
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Output of a finished command.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// Exit code, or `None` if it was killed by a signal (e.g. on timeout).
+    pub code: Option<i32>,
+    /// Whether the command was killed because it ran past its timeout.
+    pub timed_out: bool,
+    /// Captured standard output.
+    pub stdout: String,
+    /// Captured standard error.
+    pub stderr: String,
+}
+
+impl Output {
+    /// True if the command exited with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+impl std::fmt::Display for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "exit: {}{}",
+            self.code
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "signal".into()),
+            if self.timed_out { " (timed out)" } else { "" }
+        )?;
+        writeln!(f, "--- stdout ---\n{}", self.stdout)?;
+        write!(f, "--- stderr ---\n{}", self.stderr)
+    }
+}
+
+/// Runs `cmd` to completion in its own process group, capturing stdout and stderr (through
+/// files in `scratch`, so a chatty child cannot block on a full pipe), killing the group after
+/// `timeout`.
+pub fn run_with_timeout(
+    name: &str,
+    mut cmd: Command,
+    timeout: Duration,
+    scratch: &std::path::Path,
+) -> Result<Output> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out_path = scratch.join(format!(".run-{n}.out"));
+    let err_path = scratch.join(format!(".run-{n}.err"));
+    let out = std::fs::File::create(&out_path)
+        .map_err(|e| Error::new(format!("cannot create {}: {e}", out_path.display())))?;
+    let err = std::fs::File::create(&err_path)
+        .map_err(|e| Error::new(format!("cannot create {}: {e}", err_path.display())))?;
+    cmd.stdout(out).stderr(err);
+    let mut p = Proc::spawn(name, cmd, Duration::from_millis(500))?;
+    let status = p.wait_timeout(timeout);
+    let timed_out = status.is_none();
+    let status = if timed_out { p.stop() } else { status };
+    drop(p);
+    let stdout = std::fs::read(&out_path).unwrap_or_default();
+    let stderr = std::fs::read(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    let _ = std::fs::remove_file(&err_path);
+    Ok(Output {
+        code: status.and_then(|s| s.code()),
+        timed_out,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    })
+}
+
+/// True if a process with this PID exists (any state but reaped).
+pub fn pid_exists(pid: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
