@@ -317,6 +317,17 @@ fn control_socket_events_and_loss_knob() {
     assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("late"));
     assert!(t.elapsed() >= Duration::from_millis(190));
     assert!(control(&f.name, "Hca3", "get").contains("delay_ms=200"));
+    // dup=1: every datagram arrives twice.
+    assert_eq!(control(&f.name, "Hca3", "set delay_ms 0"), "ok");
+    assert_eq!(control(&f.name, "Hca3", "set dup 1"), "ok");
+    assert_eq!(b.cmd("recv 4"), "ok");
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} twice")),
+        "ok status=0"
+    );
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("twice"));
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("twice"));
+    assert_eq!(b.cmd("wait 300"), "timeout");
     assert_eq!(a.quit(), Some(0));
     assert_eq!(b.quit(), Some(0));
 }
