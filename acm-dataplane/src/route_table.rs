@@ -243,7 +243,9 @@ impl RouteTable {
             if slot.expires.load(Ordering::Relaxed) == 0 {
                 continue;
             }
-            let mut key = RouteKey { words: [0; KEY_WORDS] };
+            let mut key = RouteKey {
+                words: [0; KEY_WORDS],
+            };
             for (i, w) in key.words.iter_mut().enumerate() {
                 *w = slot.key[i].load(Ordering::Relaxed);
             }

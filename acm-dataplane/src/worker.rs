@@ -112,52 +112,54 @@ impl Worker {
         mut poller: P,
     ) -> std::io::Result<Worker> {
         let shared = waker.0.clone();
-        let handle = thread::Builder::new().name(config.name.clone()).spawn(move || {
-            let _ = shared.thread.set(thread::current());
-            if let Some(cpu) = config.cpu {
-                let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
-            }
-            let mut last_work = Instant::now();
-            loop {
-                let now = Instant::now();
-                shared.coarse_ms.store(
-                    now.saturating_duration_since(shared.epoch).as_millis() as u64,
-                    Ordering::Relaxed,
-                );
-                let out = poller.poll(now);
-                if poller.finished() {
-                    break;
+        let handle = thread::Builder::new()
+            .name(config.name.clone())
+            .spawn(move || {
+                let _ = shared.thread.set(thread::current());
+                if let Some(cpu) = config.cpu {
+                    let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
                 }
-                if out.did_work {
-                    last_work = now;
-                    continue;
-                }
-                if now.duration_since(last_work) < config.spin {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                let mut park_for = config.max_park;
-                if let Some(d) = out.next_deadline {
-                    park_for = park_for.min(d.saturating_duration_since(now));
-                }
-                shared.parked.store(true, Ordering::SeqCst);
-                // Producers push, then check `parked`: re-poll once after announcing the park
-                // so a push that raced with the announcement is not missed.
-                let again = poller.poll(Instant::now());
-                if again.did_work || poller.finished() {
-                    shared.parked.store(false, Ordering::SeqCst);
-                    last_work = Instant::now();
+                let mut last_work = Instant::now();
+                loop {
+                    let now = Instant::now();
+                    shared.coarse_ms.store(
+                        now.saturating_duration_since(shared.epoch).as_millis() as u64,
+                        Ordering::Relaxed,
+                    );
+                    let out = poller.poll(now);
                     if poller.finished() {
                         break;
                     }
-                    continue;
+                    if out.did_work {
+                        last_work = now;
+                        continue;
+                    }
+                    if now.duration_since(last_work) < config.spin {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    let mut park_for = config.max_park;
+                    if let Some(d) = out.next_deadline {
+                        park_for = park_for.min(d.saturating_duration_since(now));
+                    }
+                    shared.parked.store(true, Ordering::SeqCst);
+                    // Producers push, then check `parked`: re-poll once after announcing the park
+                    // so a push that raced with the announcement is not missed.
+                    let again = poller.poll(Instant::now());
+                    if again.did_work || poller.finished() {
+                        shared.parked.store(false, Ordering::SeqCst);
+                        last_work = Instant::now();
+                        if poller.finished() {
+                            break;
+                        }
+                        continue;
+                    }
+                    if !park_for.is_zero() {
+                        thread::park_timeout(park_for);
+                    }
+                    shared.parked.store(false, Ordering::SeqCst);
                 }
-                if !park_for.is_zero() {
-                    thread::park_timeout(park_for);
-                }
-                shared.parked.store(false, Ordering::SeqCst);
-            }
-        })?;
+            })?;
         Ok(Worker {
             handle: Some(handle),
             waker,

@@ -12,31 +12,50 @@ use std::sync::OnceLock;
 /// Completion handler passed to `acm_alloc_sa_mad`.
 pub type SaHandler = unsafe extern "C" fn(*mut AcmSaMad);
 
+/// `acm_write`.
+pub type WriteFn = unsafe extern "C" fn(c_int, *const c_char, ...);
+/// `acm_alloc_sa_mad`.
+pub type AllocFn =
+    unsafe extern "C" fn(*const AcmEndpoint, *mut c_void, SaHandler) -> *mut AcmSaMad;
+/// `acm_send_sa_mad`.
+pub type SendFn = unsafe extern "C" fn(*mut AcmSaMad) -> c_int;
+/// `acm_free_sa_mad`.
+pub type FreeFn = unsafe extern "C" fn(*mut AcmSaMad);
+/// `acm_resolve_response` / `acm_query_response`.
+pub type ResponseFn = unsafe extern "C" fn(u64, *mut AcmMsg) -> c_int;
+/// `acm_get_opts_file`.
+pub type OptsFileFn = unsafe extern "C" fn() -> *const c_char;
+/// `acm_increment_counter`.
+pub type CounterFn = unsafe extern "C" fn(c_int);
+/// `acm_get_gid`.
+pub type GetGidFn = unsafe extern "C" fn(*const AcmPort, c_int, *mut [u8; 16]) -> c_int;
+/// `ibv_query_port` (exported, non-inline form).
+pub type QueryPortFn = unsafe extern "C" fn(*mut c_void, u8, *mut c_void) -> c_int;
+
 /// Function pointers into the host.
 #[derive(Clone, Copy)]
 pub struct CoreApi {
     /// `void acm_write(int level, const char *fmt, ...)`; called only as `(level, "%s", text)`.
-    pub write: unsafe extern "C" fn(c_int, *const c_char, ...),
+    pub write: WriteFn,
     /// `acm_alloc_sa_mad`.
-    pub alloc_sa_mad:
-        unsafe extern "C" fn(*const AcmEndpoint, *mut c_void, SaHandler) -> *mut AcmSaMad,
+    pub alloc_sa_mad: AllocFn,
     /// `acm_send_sa_mad`.
-    pub send_sa_mad: unsafe extern "C" fn(*mut AcmSaMad) -> c_int,
+    pub send_sa_mad: SendFn,
     /// `acm_free_sa_mad`.
-    pub free_sa_mad: unsafe extern "C" fn(*mut AcmSaMad),
+    pub free_sa_mad: FreeFn,
     /// `acm_resolve_response`.
-    pub resolve_response: unsafe extern "C" fn(u64, *mut AcmMsg) -> c_int,
+    pub resolve_response: ResponseFn,
     /// `acm_query_response`.
-    pub query_response: unsafe extern "C" fn(u64, *mut AcmMsg) -> c_int,
+    pub query_response: ResponseFn,
     /// `acm_get_opts_file`.
-    pub get_opts_file: unsafe extern "C" fn() -> *const c_char,
+    pub get_opts_file: OptsFileFn,
     /// `acm_increment_counter`.
-    pub increment_counter: unsafe extern "C" fn(c_int),
+    pub increment_counter: CounterFn,
     /// `acm_get_gid`.
-    pub get_gid: unsafe extern "C" fn(*const AcmPort, c_int, *mut [u8; 16]) -> c_int,
+    pub get_gid: GetGidFn,
     /// `ibv_query_port` (optional: from libibverbs, which the core links). Gives the port LID
     /// for loopback paths; without it, loopback goes through the SA.
-    pub ibv_query_port: Option<unsafe extern "C" fn(*mut c_void, u8, *mut c_void) -> c_int>,
+    pub ibv_query_port: Option<QueryPortFn>,
 }
 
 static API: OnceLock<CoreApi> = OnceLock::new();
@@ -82,19 +101,19 @@ impl CoreApi {
         // have the same size on the platforms ibacm supports.
         let api = unsafe {
             CoreApi {
-                write: core::mem::transmute::<*mut c_void, _>(write),
-                alloc_sa_mad: core::mem::transmute::<*mut c_void, _>(alloc),
-                send_sa_mad: core::mem::transmute::<*mut c_void, _>(send),
-                free_sa_mad: core::mem::transmute::<*mut c_void, _>(free),
-                resolve_response: core::mem::transmute::<*mut c_void, _>(rr),
-                query_response: core::mem::transmute::<*mut c_void, _>(qr),
-                get_opts_file: core::mem::transmute::<*mut c_void, _>(opts),
-                increment_counter: core::mem::transmute::<*mut c_void, _>(inc),
-                get_gid: core::mem::transmute::<*mut c_void, _>(gid),
+                write: core::mem::transmute::<*mut c_void, WriteFn>(write),
+                alloc_sa_mad: core::mem::transmute::<*mut c_void, AllocFn>(alloc),
+                send_sa_mad: core::mem::transmute::<*mut c_void, SendFn>(send),
+                free_sa_mad: core::mem::transmute::<*mut c_void, FreeFn>(free),
+                resolve_response: core::mem::transmute::<*mut c_void, ResponseFn>(rr),
+                query_response: core::mem::transmute::<*mut c_void, ResponseFn>(qr),
+                get_opts_file: core::mem::transmute::<*mut c_void, OptsFileFn>(opts),
+                increment_counter: core::mem::transmute::<*mut c_void, CounterFn>(inc),
+                get_gid: core::mem::transmute::<*mut c_void, GetGidFn>(gid),
                 ibv_query_port: if qp.is_null() {
                     None
                 } else {
-                    Some(core::mem::transmute::<*mut c_void, _>(qp))
+                    Some(core::mem::transmute::<*mut c_void, QueryPortFn>(qp))
                 },
             }
         };
@@ -139,7 +158,9 @@ impl CoreApi {
         // SAFETY: non-null, NUL-terminated, lives for the process.
         let s = unsafe { CStr::from_ptr(p) };
         use std::os::unix::ffi::OsStrExt;
-        Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes())))
+        Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
+            s.to_bytes(),
+        )))
     }
 }
 

@@ -234,7 +234,8 @@ impl Engine {
             } else {
                 // SAFETY: `endpoint` is the core's live acm_endpoint (close_endpoint nulls it
                 // under this lock before the core frees it); the context is an integer token.
-                let mad = unsafe { (api.alloc_sa_mad)(endpoint, token as usize as *mut c_void, handler) };
+                let mad =
+                    unsafe { (api.alloc_sa_mad)(endpoint, token as usize as *mut c_void, handler) };
                 if mad.is_null() {
                     Some(ACM_STATUS_ENOMEM)
                 } else {
@@ -442,7 +443,9 @@ impl Engine {
                         self.sh.routes.insert(k, r, NEVER, coarse);
                     }
                 }
-                self.log(1, || format!("client reregister: {n} cached routes flushed"));
+                self.log(1, || {
+                    format!("client reregister: {n} cached routes flushed")
+                });
             }
             Control::Preload(ep_id, list) => {
                 let coarse = self.now_coarse();
@@ -515,7 +518,10 @@ impl Poller for Engine {
 }
 
 /// Copies an SA completion for the worker. Runs on the core's SA thread: copy, free, hand over.
-pub fn take_sa_completion(mad: *mut AcmSaMad, api: &crate::core_api::CoreApi) -> SaReply {
+///
+/// # Safety
+/// `mad` must be a non-null MAD the core completed for us (it is freed here).
+pub unsafe fn take_sa_completion(mad: *mut AcmSaMad, api: &crate::core_api::CoreApi) -> SaReply {
     // SAFETY: the core passes the acm_sa_mad it allocated for us; it stays valid until we free it
     // below, and nobody else touches it meanwhile.
     let reply = unsafe {

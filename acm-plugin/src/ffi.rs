@@ -280,8 +280,7 @@ pub struct AcmProvider {
     /// Close a device.
     pub close_device: unsafe extern "C" fn(*mut c_void),
     /// Open a port.
-    pub open_port:
-        unsafe extern "C" fn(*const AcmPort, *mut c_void, *mut *mut c_void) -> c_int,
+    pub open_port: unsafe extern "C" fn(*const AcmPort, *mut c_void, *mut *mut c_void) -> c_int,
     /// Close a port.
     pub close_port: unsafe extern "C" fn(*mut c_void),
     /// Open an endpoint.
@@ -315,55 +314,145 @@ pub type LayoutRow = (&'static str, usize);
 pub fn layout_table() -> Vec<LayoutRow> {
     vec![
         ("sizeof(struct acm_device)", size_of::<AcmDevice>()),
-        ("offsetof(struct acm_device, dev_guid)", offset_of!(AcmDevice, dev_guid)),
+        (
+            "offsetof(struct acm_device, dev_guid)",
+            offset_of!(AcmDevice, dev_guid),
+        ),
         ("sizeof(struct acm_port)", size_of::<AcmPort>()),
-        ("offsetof(struct acm_port, port_num)", offset_of!(AcmPort, port_num)),
+        (
+            "offsetof(struct acm_port, port_num)",
+            offset_of!(AcmPort, port_num),
+        ),
         ("sizeof(struct acm_endpoint)", size_of::<AcmEndpoint>()),
-        ("offsetof(struct acm_endpoint, pkey)", offset_of!(AcmEndpoint, pkey)),
+        (
+            "offsetof(struct acm_endpoint, pkey)",
+            offset_of!(AcmEndpoint, pkey),
+        ),
         ("sizeof(struct acm_address)", size_of::<AcmAddress>()),
-        ("offsetof(struct acm_address, info)", offset_of!(AcmAddress, info)),
-        ("offsetof(struct acm_address, id_string)", offset_of!(AcmAddress, id_string)),
-        ("offsetof(struct acm_address, type)", offset_of!(AcmAddress, type_)),
+        (
+            "offsetof(struct acm_address, info)",
+            offset_of!(AcmAddress, info),
+        ),
+        (
+            "offsetof(struct acm_address, id_string)",
+            offset_of!(AcmAddress, id_string),
+        ),
+        (
+            "offsetof(struct acm_address, type)",
+            offset_of!(AcmAddress, type_),
+        ),
         ("sizeof(union acm_ep_info)", size_of::<AcmEpInfo>()),
-        ("_Alignof(union acm_ep_info)", core::mem::align_of::<AcmEpInfo>()),
+        (
+            "_Alignof(union acm_ep_info)",
+            core::mem::align_of::<AcmEpInfo>(),
+        ),
         ("sizeof(struct acm_hdr)", size_of::<AcmHdr>()),
-        ("offsetof(struct acm_hdr, status)", offset_of!(AcmHdr, status)),
+        (
+            "offsetof(struct acm_hdr, status)",
+            offset_of!(AcmHdr, status),
+        ),
         ("offsetof(struct acm_hdr, data)", offset_of!(AcmHdr, data)),
-        ("offsetof(struct acm_hdr, length)", offset_of!(AcmHdr, length)),
+        (
+            "offsetof(struct acm_hdr, length)",
+            offset_of!(AcmHdr, length),
+        ),
         ("offsetof(struct acm_hdr, tid)", offset_of!(AcmHdr, tid)),
-        ("sizeof(struct acm_ep_addr_data)", size_of::<AcmEpAddrData>()),
-        ("offsetof(struct acm_ep_addr_data, type)", offset_of!(AcmEpAddrData, type_)),
-        ("offsetof(struct acm_ep_addr_data, info)", offset_of!(AcmEpAddrData, info)),
+        (
+            "sizeof(struct acm_ep_addr_data)",
+            size_of::<AcmEpAddrData>(),
+        ),
+        (
+            "offsetof(struct acm_ep_addr_data, type)",
+            offset_of!(AcmEpAddrData, type_),
+        ),
+        (
+            "offsetof(struct acm_ep_addr_data, info)",
+            offset_of!(AcmEpAddrData, info),
+        ),
         ("sizeof(struct acm_msg)", size_of::<AcmMsg>()),
-        ("offsetof(struct acm_msg, resolve_data)", offset_of!(AcmMsg, resolve_data)),
+        (
+            "offsetof(struct acm_msg, resolve_data)",
+            offset_of!(AcmMsg, resolve_data),
+        ),
         ("sizeof(ib_mad_addr_t)", size_of::<IbMadAddr>()),
         ("offsetof(ib_mad_addr_t, lid)", offset_of!(IbMadAddr, lid)),
         ("offsetof(ib_mad_addr_t, gid)", offset_of!(IbMadAddr, gid)),
-        ("offsetof(ib_mad_addr_t, flow_label)", offset_of!(IbMadAddr, flow_label)),
-        ("offsetof(ib_mad_addr_t, pkey_index)", offset_of!(IbMadAddr, pkey_index)),
+        (
+            "offsetof(ib_mad_addr_t, flow_label)",
+            offset_of!(IbMadAddr, flow_label),
+        ),
+        (
+            "offsetof(ib_mad_addr_t, pkey_index)",
+            offset_of!(IbMadAddr, pkey_index),
+        ),
         ("sizeof(struct ib_user_mad)", size_of::<IbUserMad>()),
-        ("offsetof(struct ib_user_mad, status)", offset_of!(IbUserMad, status)),
-        ("offsetof(struct ib_user_mad, addr)", offset_of!(IbUserMad, addr)),
+        (
+            "offsetof(struct ib_user_mad, status)",
+            offset_of!(IbUserMad, status),
+        ),
+        (
+            "offsetof(struct ib_user_mad, addr)",
+            offset_of!(IbUserMad, addr),
+        ),
         ("sizeof(struct umad_sa_packet)", size_of::<SaPacket>()),
         ("sizeof(struct acm_sa_mad)", size_of::<AcmSaMad>()),
-        ("offsetof(struct acm_sa_mad, umad)", offset_of!(AcmSaMad, umad)),
-        ("offsetof(struct acm_sa_mad, sa_mad)", offset_of!(AcmSaMad, sa_mad)),
+        (
+            "offsetof(struct acm_sa_mad, umad)",
+            offset_of!(AcmSaMad, umad),
+        ),
+        (
+            "offsetof(struct acm_sa_mad, sa_mad)",
+            offset_of!(AcmSaMad, sa_mad),
+        ),
         ("sizeof(struct acm_provider)", size_of::<AcmProvider>()),
-        ("offsetof(struct acm_provider, version)", offset_of!(AcmProvider, version)),
-        ("offsetof(struct acm_provider, name)", offset_of!(AcmProvider, name)),
-        ("offsetof(struct acm_provider, open_device)", offset_of!(AcmProvider, open_device)),
-        ("offsetof(struct acm_provider, resolve)", offset_of!(AcmProvider, resolve)),
-        ("offsetof(struct acm_provider, query)", offset_of!(AcmProvider, query)),
-        ("offsetof(struct acm_provider, handle_event)", offset_of!(AcmProvider, handle_event)),
-        ("offsetof(struct acm_provider, query_perf)", offset_of!(AcmProvider, query_perf)),
+        (
+            "offsetof(struct acm_provider, version)",
+            offset_of!(AcmProvider, version),
+        ),
+        (
+            "offsetof(struct acm_provider, name)",
+            offset_of!(AcmProvider, name),
+        ),
+        (
+            "offsetof(struct acm_provider, open_device)",
+            offset_of!(AcmProvider, open_device),
+        ),
+        (
+            "offsetof(struct acm_provider, resolve)",
+            offset_of!(AcmProvider, resolve),
+        ),
+        (
+            "offsetof(struct acm_provider, query)",
+            offset_of!(AcmProvider, query),
+        ),
+        (
+            "offsetof(struct acm_provider, handle_event)",
+            offset_of!(AcmProvider, handle_event),
+        ),
+        (
+            "offsetof(struct acm_provider, query_perf)",
+            offset_of!(AcmProvider, query_perf),
+        ),
         ("sizeof(struct ibv_path_record)", 64),
         ("offsetof(struct ibv_path_record, dlid)", crate::path::DLID),
         ("offsetof(struct ibv_path_record, slid)", crate::path::SLID),
         ("offsetof(struct ibv_path_record, pkey)", crate::path::PKEY),
-        ("offsetof(struct ibv_path_record, reversible_numpath)", crate::path::REVERSIBLE_NUMPATH),
-        ("offsetof(struct ibv_path_record, qosclass_sl)", crate::path::QOS_SL),
-        ("offsetof(struct ibv_path_record, packetlifetime)", crate::path::LIFETIME),
-        ("IBV_EVENT_CLIENT_REREGISTER", IBV_EVENT_CLIENT_REREGISTER as usize),
+        (
+            "offsetof(struct ibv_path_record, reversible_numpath)",
+            crate::path::REVERSIBLE_NUMPATH,
+        ),
+        (
+            "offsetof(struct ibv_path_record, qosclass_sl)",
+            crate::path::QOS_SL,
+        ),
+        (
+            "offsetof(struct ibv_path_record, packetlifetime)",
+            crate::path::LIFETIME,
+        ),
+        (
+            "IBV_EVENT_CLIENT_REREGISTER",
+            IBV_EVENT_CLIENT_REREGISTER as usize,
+        ),
         ("ACM_MAX_COUNTER", cntr::MAX),
     ]
 }

@@ -109,7 +109,12 @@ pub fn comp_mask(r: &[u8; 64]) -> u64 {
     if be16(r, SLID) != 0 {
         m |= comp::SLID;
     }
-    let fh = u32::from_be_bytes([r[FLOW_HOP], r[FLOW_HOP + 1], r[FLOW_HOP + 2], r[FLOW_HOP + 3]]);
+    let fh = u32::from_be_bytes([
+        r[FLOW_HOP],
+        r[FLOW_HOP + 1],
+        r[FLOW_HOP + 2],
+        r[FLOW_HOP + 3],
+    ]);
     if (fh >> 8) & 0xfffff != 0 {
         m |= comp::FLOW_LABEL;
     }
@@ -264,6 +269,10 @@ mod tests {
         mad[sa::STATUS + 1] = 0;
         assert_eq!(classify_reply(0, &mad), SaOutcome::Failed(3));
         mad[sa::STATUS] = 0;
-        assert_eq!(classify_reply(0, &mad), SaOutcome::Failed(2), "GET is not a reply");
+        assert_eq!(
+            classify_reply(0, &mad),
+            SaOutcome::Failed(2),
+            "GET is not a reply"
+        );
     }
 }

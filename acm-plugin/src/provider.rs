@@ -13,7 +13,7 @@ use crate::engine::{self, Engine, MAX_INFLIGHT};
 use crate::ffi::*;
 use crate::path;
 use crate::respond;
-use crate::state::{Control, Ep, Kind, LocalAddr, PortInfo, Request, Shared};
+use crate::state::{Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, Shared};
 use acm_core_nostd::text::hosts::HostLines;
 use acm_core_nostd::text::opts::{AddrPreload, LoopbackProt, PollMode, ProviderOptions, RouteProt};
 use acm_dataplane::route_table::{RouteKey, RouteTable};
@@ -85,7 +85,10 @@ fn load_options(api: &CoreApi) -> ProviderOptions {
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) => {
-            api.log(1, &format!("opts file {}: {e}; defaults used", path.display()));
+            api.log(
+                1,
+                &format!("opts file {}: {e}; defaults used", path.display()),
+            );
             return ProviderOptions::default();
         }
     };
@@ -106,7 +109,7 @@ fn load_options(api: &CoreApi) -> ProviderOptions {
     opts
 }
 
-fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<((u16, [u8; 64]), [u8; 16])> {
+fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostEntry> {
     if opts.addr_preload != AddrPreload::AcmHosts {
         return Vec::new();
     }
@@ -131,9 +134,12 @@ fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<((u16, [u8; 64]), [u
             ),
         }
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.sort_by_key(|e| e.0);
     out.dedup_by(|a, b| a.0 == b.0);
-    api.log(1, &format!("{} host addresses preloaded from {file}", out.len()));
+    api.log(
+        1,
+        &format!("{} host addresses preloaded from {file}", out.len()),
+    );
     out
 }
 
@@ -187,7 +193,8 @@ unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
         if mad.is_null() {
             return;
         }
-        let reply = engine::take_sa_completion(mad, api);
+        // SAFETY: the core hands us the completed, non-null MAD we allocated.
+        let reply = unsafe { engine::take_sa_completion(mad, api) };
         let shared = global().shared.clone();
         if let Some(sh) = shared {
             if sh.replies.push(reply).is_err() {
@@ -506,7 +513,9 @@ unsafe extern "C" fn remove_address(addr_context: *mut c_void) {
         let ep = unsafe { &*(addr_context as *const AddrCtx) }.ep.clone();
         let mut ctxs = lock(&ep.addr_ctxs);
         let Some(pos) = ctxs.iter().position(|p| *p == raw) else {
-            ep.shared.api.log(0, "ERROR - remove_address: unknown context");
+            ep.shared
+                .api
+                .log(0, "ERROR - remove_address: unknown context");
             return;
         };
         ctxs.swap_remove(pos);
@@ -582,8 +591,8 @@ fn gid_record(gid: &[u8; 16]) -> [u8; 64] {
 fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
     let len = msg.hdr.length as usize;
     if (msg.hdr.opcode & ACM_OP_MASK) != ACM_OP_RESOLVE
-        || len < ACM_MSG_HDR_LENGTH + ACM_MSG_EP_LENGTH
-        || len > ACM_MSG_HDR_LENGTH + ACM_MSG_DATA_LENGTH
+        || !(ACM_MSG_HDR_LENGTH + ACM_MSG_EP_LENGTH..=ACM_MSG_HDR_LENGTH + ACM_MSG_DATA_LENGTH)
+            .contains(&len)
         || (len - ACM_MSG_HDR_LENGTH) % ACM_MSG_EP_LENGTH != 0
     {
         return Target::Fail(ACM_STATUS_EINVAL);
@@ -611,7 +620,10 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
         ACM_ADDRESS_NAME | ACM_ADDRESS_IP | ACM_ADDRESS_IP6 => {
             if ep.shared.opts.loopback_prot == LoopbackProt::Local {
                 let local = lock(&ep.local);
-                if local.iter().any(|l| l.type_ == dest.type_ && l.addr == bytes) {
+                if local
+                    .iter()
+                    .any(|l| l.type_ == dest.type_ && l.addr == bytes)
+                {
                     if ep.port.lid != 0 {
                         return Target::Local(loopback_path(ep));
                     }
@@ -777,7 +789,9 @@ unsafe extern "C" fn query(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64)
     let ctx = unsafe { &*(addr_context as *const AddrCtx) };
     let mut answered = false;
     let answered_ref = &mut answered;
-    match catch_unwind(AssertUnwindSafe(|| query_impl(ctx, &copy, id, answered_ref))) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        query_impl(ctx, &copy, id, answered_ref)
+    })) {
         Ok(r) => r,
         Err(_) => {
             core_api::log(0, "ERROR - internal error (panic) in query");
@@ -800,7 +814,9 @@ unsafe extern "C" fn handle_event(port_context: *mut c_void, event: c_int) -> c_
         // SAFETY: our PortCtx, alive until close_port.
         let port = unsafe { &*(port_context as *const PortCtx) };
         if event == IBV_EVENT_CLIENT_REREGISTER {
-            port.shared.api.log(1, "client reregister: flushing learned routes");
+            port.shared
+                .api
+                .log(1, "client reregister: flushing learned routes");
             port.shared.control(Control::Reregister(port.info.id));
         }
         0
@@ -816,7 +832,11 @@ unsafe extern "C" fn query_perf(ep_context: *mut c_void, values: *mut u64, cnt: 
         let ep = &unsafe { &*(ep_context as *const EpCtx) }.ep;
         for (i, c) in ep.counters.iter().enumerate() {
             // SAFETY: the core's buffer holds 72 u64 (acm_msg data); we write 7.
-            unsafe { values.add(i).write_unaligned(c.load(Ordering::Relaxed).to_be()) };
+            unsafe {
+                values
+                    .add(i)
+                    .write_unaligned(c.load(Ordering::Relaxed).to_be())
+            };
         }
         // SAFETY: valid out-pointer.
         unsafe { *cnt = cntr::MAX as u8 };

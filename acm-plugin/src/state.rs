@@ -65,6 +65,9 @@ pub enum Control {
     Shutdown,
 }
 
+/// One address-preload entry: ((ACM address type, zero-padded address), GID).
+pub type HostEntry = ((u16, [u8; 64]), [u8; 16]);
+
 /// One provider instance.
 pub struct Shared {
     /// Core helpers.
@@ -82,7 +85,7 @@ pub struct Shared {
     /// Wakes the worker; also the coarse clock.
     pub waker: Waker,
     /// Address preload (`acm_hosts`): sorted (type, address) → GID. Immutable after open.
-    pub hosts: Vec<((u16, [u8; 64]), [u8; 16])>,
+    pub hosts: Vec<HostEntry>,
     /// Requests refused because a queue was full.
     pub overflows: AtomicU64,
     /// SA replies dropped because the reply queue was full.

@@ -79,12 +79,23 @@ fn provider_query_refuses_host_without_core_helpers() {
         .status()
         .expect("cc");
     assert!(cc.success());
-    let out = std::process::Command::new(&exe).arg(so_path()).output().unwrap();
+    let out = std::process::Command::new(&exe)
+        .arg(so_path())
+        .output()
+        .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "stdout {:?}", String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert!(stderr.contains("acm_write"), "stderr: {stderr}");
-    assert!(stderr.contains("must be loaded by ibacm"), "stderr: {stderr}");
+    assert!(
+        stderr.contains("must be loaded by ibacm"),
+        "stderr: {stderr}"
+    );
 }
 
 #[test]
@@ -131,7 +142,11 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     assert_eq!(perf[cntr::ERROR], 0);
     assert_eq!(GLOBAL_COUNTERS[cntr::ROUTE_QUERY].load(Ordering::SeqCst), 2);
     assert_eq!(GLOBAL_COUNTERS[cntr::ROUTE_CACHE].load(Ordering::SeqCst), 1);
-    assert_eq!(BAD_TID.load(Ordering::SeqCst), 0, "TID upper half must be zero");
+    assert_eq!(
+        BAD_TID.load(Ordering::SeqCst),
+        0,
+        "TID upper half must be zero"
+    );
     h.close();
     assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
 }
@@ -256,7 +271,10 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     assert_eq!(perf[cntr::NODATA], 1);
     assert_eq!(perf[cntr::ERROR], 5);
     h.close();
-    assert_eq!(ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst), before);
+    assert_eq!(
+        ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst),
+        before
+    );
 }
 
 #[test]
@@ -297,7 +315,11 @@ fn nodelay_answers_enodata_and_primes_the_cache() {
     assert!(wait_until(|| sa_pending() == 1), "lookup started anyway");
     sa_complete_next(SaAction::Answer);
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(response_count(), 1, "the priming query is not answered again");
+    assert_eq!(
+        response_count(),
+        1,
+        "the priming query is not answered again"
+    );
     let t2 = h.tid();
     h.resolve(ep, &path_request(t2, 30, None, ACM_FLAGS_NODELAY), 1);
     assert_eq!(status(&find(t2)[0]), 0);
@@ -331,7 +353,12 @@ fn malformed_requests_get_einval() {
     bad.push(m);
     let mut m = dest_request(h.tid(), (ACM_ADDRESS_NAME, b"node7"), (0x99, b"x"), 0);
     bad.push(m);
-    m = dest_request(h.tid(), (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_NAME, b"x"), 0);
+    m = dest_request(
+        h.tid(),
+        (ACM_ADDRESS_NAME, b"node7"),
+        (ACM_ADDRESS_NAME, b"x"),
+        0,
+    );
     m.hdr.data = [0, 0, 4]; // dst_index out of range
     bad.push(m);
     let mut tids = Vec::new();
@@ -376,7 +403,10 @@ fn query_sa_passthrough() {
     assert_eq!(status(r), 0);
     assert_eq!(r.msg.hdr.length, 88);
     assert_eq!(dlid_of(r), 8);
-    assert_eq!(r.msg.resolve_data[0].flags & ACM_FLAGS_QUERY_SA, ACM_FLAGS_QUERY_SA);
+    assert_eq!(
+        r.msg.resolve_data[0].flags & ACM_FLAGS_QUERY_SA,
+        ACM_FLAGS_QUERY_SA
+    );
     // Not cached: a second query goes to the SA again, and times out cleanly.
     let t2 = h.tid();
     h.query(ep, &path_request(t2, 8, None, ACM_FLAGS_QUERY_SA), 9);
@@ -401,7 +431,12 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     let t = h.tid();
     h.resolve(
         ep,
-        &dest_request(t, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_NAME, b"node9"), 0),
+        &dest_request(
+            t,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_NAME, b"node9"),
+            0,
+        ),
         4,
     );
     assert!(wait_until(|| sa_pending() == 1));
@@ -416,19 +451,39 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     assert_eq!(&r.msg.resolve_data[1].info.bytes[..5], b"node7");
     // Same GID by IPv4 and IPv6: one cached route, hits inline.
     let t4 = h.tid();
-    h.resolve(ep, &dest_request(t4, (ACM_ADDRESS_IP, &[10, 0, 0, 7]), (ACM_ADDRESS_IP, &[10, 0, 0, 9]), 0), 4);
+    h.resolve(
+        ep,
+        &dest_request(
+            t4,
+            (ACM_ADDRESS_IP, &[10, 0, 0, 7]),
+            (ACM_ADDRESS_IP, &[10, 0, 0, 9]),
+            0,
+        ),
+        4,
+    );
     assert_eq!(dlid_of(&find(t4)[0]), 9);
     let mut v6 = [0u8; 16];
     v6[0] = 0xfe;
     v6[1] = 0x80;
     v6[15] = 9;
     let t6 = h.tid();
-    h.resolve(ep, &dest_request(t6, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_IP6, &v6), 0), 4);
+    h.resolve(
+        ep,
+        &dest_request(t6, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_IP6, &v6), 0),
+        4,
+    );
     assert_eq!(dlid_of(&find(t6)[0]), 9);
     // Loopback to our own name and IP: inline, LID from ibv_query_port.
-    for dst in [(ACM_ADDRESS_NAME, &b"node7"[..]), (ACM_ADDRESS_IP, &[10, 0, 0, 7][..])] {
+    for dst in [
+        (ACM_ADDRESS_NAME, &b"node7"[..]),
+        (ACM_ADDRESS_IP, &[10, 0, 0, 7][..]),
+    ] {
         let tl = h.tid();
-        h.resolve(ep, &dest_request(tl, (ACM_ADDRESS_NAME, b"node7"), dst, 0), 4);
+        h.resolve(
+            ep,
+            &dest_request(tl, (ACM_ADDRESS_NAME, b"node7"), dst, 0),
+            4,
+        );
         let r = &find(tl)[0];
         assert_eq!(status(r), 0);
         assert_eq!(dlid_of(r), 7);
@@ -436,7 +491,16 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     }
     // Unknown name → ENODATA (the multicast protocol is not implemented).
     let tu = h.tid();
-    h.resolve(ep, &dest_request(tu, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_NAME, b"ghost"), 0), 4);
+    h.resolve(
+        ep,
+        &dest_request(
+            tu,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_NAME, b"ghost"),
+            0,
+        ),
+        4,
+    );
     assert_eq!(status(&find(tu)[0]), ACM_STATUS_ENODATA);
     let perf = h.perf(ep);
     assert_eq!(perf[cntr::ADDR_CACHE], 3);
@@ -444,7 +508,16 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     // After remove_address the IP is no longer local.
     h.remove_addr(ep, 1);
     let tr = h.tid();
-    h.resolve(ep, &dest_request(tr, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_IP, &[10, 0, 0, 7]), 0), 4);
+    h.resolve(
+        ep,
+        &dest_request(
+            tr,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_IP, &[10, 0, 0, 7]),
+            0,
+        ),
+        4,
+    );
     assert_eq!(status(&find(tr)[0]), ACM_STATUS_ENODATA);
     h.close();
 }
@@ -489,7 +562,11 @@ fn lifecycle_close_while_waiting_port_change_and_reregister() {
     sa_complete_next(SaAction::Answer);
     assert!(wait_responses(1, W));
     let p = path_of(&find(t_new)[0]);
-    assert_eq!(u16::from_be_bytes([p[42], p[43]]), 8, "learned through the new LID");
+    assert_eq!(
+        u16::from_be_bytes([p[42], p[43]]),
+        8,
+        "learned through the new LID"
+    );
     // Reopen of an endpoint within the same port open: fresh key space too.
     h.close_ep(ep);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));

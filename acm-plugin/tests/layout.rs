@@ -45,9 +45,18 @@ fn mirrors_match_installed_headers() {
     let mut expected: Vec<(&str, usize)> = rows.clone();
     use acmrs::provider::*;
     expected.push(("offsetof(struct ibv_port_attr, lid)", PORT_ATTR_LID));
-    expected.push(("offsetof(struct ibv_port_attr, active_mtu)", PORT_ATTR_ACTIVE_MTU));
-    expected.push(("offsetof(struct ibv_port_attr, active_width)", PORT_ATTR_ACTIVE_WIDTH));
-    expected.push(("offsetof(struct ibv_port_attr, active_speed)", PORT_ATTR_ACTIVE_SPEED));
+    expected.push((
+        "offsetof(struct ibv_port_attr, active_mtu)",
+        PORT_ATTR_ACTIVE_MTU,
+    ));
+    expected.push((
+        "offsetof(struct ibv_port_attr, active_width)",
+        PORT_ATTR_ACTIVE_WIDTH,
+    ));
+    expected.push((
+        "offsetof(struct ibv_port_attr, active_speed)",
+        PORT_ATTR_ACTIVE_SPEED,
+    ));
     assert_eq!(got.len(), expected.len());
     let mut bad = Vec::new();
     for ((expr, ours), theirs) in expected.iter().zip(&got) {
@@ -56,5 +65,11 @@ fn mirrors_match_installed_headers() {
         }
     }
     assert!(bad.is_empty(), "layout mismatches:\n{}", bad.join("\n"));
-    assert_eq!(got[expected.iter().position(|r| r.0 == "sizeof(struct acm_provider)").unwrap()], 120);
+    assert_eq!(
+        got[expected
+            .iter()
+            .position(|r| r.0 == "sizeof(struct acm_provider)")
+            .unwrap()],
+        120
+    );
 }

@@ -58,18 +58,41 @@ fn run_schedule(h: &mut Host, seed: u64) -> Result<(), String> {
                 let tid = h.tid();
                 let dlid = 1 + rng.below(6) as u16;
                 let nodelay = rng.below(5) == 0;
-                let mut m = path_request(tid, dlid, None, if nodelay { ACM_FLAGS_NODELAY } else { 0 });
-                let sl = if rng.below(4) == 0 { 1 + rng.below(3) as u8 } else { 0 };
+                let mut m =
+                    path_request(tid, dlid, None, if nodelay { ACM_FLAGS_NODELAY } else { 0 });
+                let sl = if rng.below(4) == 0 {
+                    1 + rng.below(3) as u8
+                } else {
+                    0
+                };
                 m.resolve_data[0].info.bytes[53] = sl;
-                let id = if rng.below(3) == 0 { 0 } else { 1 + rng.below(5) };
+                let id = if rng.below(3) == 0 {
+                    0
+                } else {
+                    1 + rng.below(5)
+                };
                 h.resolve(0, &m, id);
-                expect.insert(tid, Expect { dlid, sl, query: false });
+                expect.insert(
+                    tid,
+                    Expect {
+                        dlid,
+                        sl,
+                        query: false,
+                    },
+                );
             }
             45..=49 => {
                 let tid = h.tid();
                 let dlid = 1 + rng.below(6) as u16;
                 h.query(0, &path_request(tid, dlid, None, ACM_FLAGS_QUERY_SA), 1);
-                expect.insert(tid, Expect { dlid, sl: 0, query: true });
+                expect.insert(
+                    tid,
+                    Expect {
+                        dlid,
+                        sl: 0,
+                        query: true,
+                    },
+                );
             }
             50..=84 => {
                 let n = sa_pending();
@@ -96,7 +119,11 @@ fn run_schedule(h: &mut Host, seed: u64) -> Result<(), String> {
     let t0 = Instant::now();
     let mut quiet = 0;
     loop {
-        let action = if rng.below(2) == 0 { SaAction::Answer } else { SaAction::Timeout };
+        let action = if rng.below(2) == 0 {
+            SaAction::Answer
+        } else {
+            SaAction::Timeout
+        };
         while sa_complete_next(action) {}
         if response_count() >= expect.len() && sa_pending() == 0 {
             quiet += 1;
@@ -138,10 +165,15 @@ fn run_schedule(h: &mut Host, seed: u64) -> Result<(), String> {
     }
     let outstanding = ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst);
     if outstanding != base_allocs {
-        return Err(format!("seed {seed}: {} SA MADs not freed", outstanding - base_allocs));
+        return Err(format!(
+            "seed {seed}: {} SA MADs not freed",
+            outstanding - base_allocs
+        ));
     }
     if DEAD_ENDPOINT_USE.load(Ordering::SeqCst) != 0 {
-        return Err(format!("seed {seed}: SA MAD allocated on a closed endpoint"));
+        return Err(format!(
+            "seed {seed}: SA MAD allocated on a closed endpoint"
+        ));
     }
     Ok(())
 }
@@ -153,7 +185,10 @@ fn exactly_once_under_random_schedules() {
         Ok(s) => (s.parse().expect("ACMRS_SEED"), 1),
         Err(_) => (
             1u64,
-            std::env::var("ACMRS_SCHEDULES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000),
+            std::env::var("ACMRS_SCHEDULES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1000),
         ),
     };
     let mut h = Host::open(OPTS, &[]);
@@ -187,7 +222,11 @@ fn hundred_thousand_destinations() {
     for i in 1..=n {
         h.resolve(0, &path_request(i, 0, Some(gid_of(0x1000 + i)), 0), 1);
     }
-    assert!(wait_responses(n as usize, Duration::from_secs(60)), "only {} answered", response_count());
+    assert!(
+        wait_responses(n as usize, Duration::from_secs(60)),
+        "only {} answered",
+        response_count()
+    );
     let miss_time = t0.elapsed();
     drop(sa);
     let tids: Vec<u64> = (1..=n).collect();
@@ -230,7 +269,10 @@ fn full_queue_and_pending_table_answer_enomem() {
         }
     }
     std::thread::sleep(Duration::from_millis(50));
-    let enomem = responses().iter().filter(|r| r.msg.hdr.status == ACM_STATUS_ENOMEM).count();
+    let enomem = responses()
+        .iter()
+        .filter(|r| r.msg.hdr.status == ACM_STATUS_ENOMEM)
+        .count();
     assert!(enomem >= 40 - 8, "{enomem} ENOMEM answers");
     while sa_complete_next(SaAction::Answer) {}
     assert!(wait_responses(40, Duration::from_secs(5)));

@@ -167,7 +167,11 @@ pub unsafe extern "C" fn acm_increment_counter(which: c_int) {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn acm_get_gid(_port: *const AcmPort, index: c_int, gid: *mut [u8; 16]) -> c_int {
+pub unsafe extern "C" fn acm_get_gid(
+    _port: *const AcmPort,
+    index: c_int,
+    gid: *mut [u8; 16],
+) -> c_int {
     if index != 0 {
         return -1;
     }
@@ -196,7 +200,11 @@ pub fn so_path() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(|d| d.parent()).unwrap();
     let p = dir.join("libacmrs.so");
-    assert!(p.exists(), "{} missing: run `cargo build -p acm-plugin`", p.display());
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo build -p acm-plugin`",
+        p.display()
+    );
     // `cargo test` does not relink the cdylib: refuse to test a library older than its sources.
     let so_time = std::fs::metadata(&p).and_then(|m| m.modified()).unwrap();
     for dir in ["src", "../acm-dataplane/src"] {
@@ -544,7 +552,11 @@ pub fn sa_record_for(req: &[u8; 64], mask: u64) -> Option<[u8; 64]> {
         if dlid_req == 0 || dlid_req >= 0xc000 {
             return None;
         }
-        let guid = if dlid_req == own { OWN_GUID } else { 0x1000 + u64::from(dlid_req) };
+        let guid = if dlid_req == own {
+            OWN_GUID
+        } else {
+            0x1000 + u64::from(dlid_req)
+        };
         dgid = gid_of(guid);
         dlid_req
     } else if mask & (1 << 2) != 0 {
@@ -571,8 +583,16 @@ pub fn sa_record_for(req: &[u8; 64], mask: u64) -> Option<[u8; 64]> {
     r[49] = 0x80;
     r[50..52].copy_from_slice(&0xffffu16.to_be_bytes());
     // Honour the constraints the query carried, like a real SA would.
-    let sl = if mask & (1 << 15) != 0 { req[53] & 0xf } else { 0 };
-    let qos = if mask & (1 << 14) != 0 { u16::from_be_bytes([req[52], req[53]]) >> 4 } else { 0 };
+    let sl = if mask & (1 << 15) != 0 {
+        req[53] & 0xf
+    } else {
+        0
+    };
+    let qos = if mask & (1 << 14) != 0 {
+        u16::from_be_bytes([req[52], req[53]]) >> 4
+    } else {
+        0
+    };
     r[52..54].copy_from_slice(&((qos << 4) | u16::from(sl)).to_be_bytes());
     r[48] = if mask & (1 << 10) != 0 { req[48] } else { 0 };
     r[0..8].copy_from_slice(if mask & 3 != 0 { &req[0..8] } else { &[0; 8] });
@@ -706,7 +726,11 @@ pub fn check_exactly_once(expected: &[u64]) -> Result<(), String> {
         }
     }
     if seen.len() != expected.len() {
-        return Err(format!("{} distinct tids answered, {} expected", seen.len(), expected.len()));
+        return Err(format!(
+            "{} distinct tids answered, {} expected",
+            seen.len(),
+            expected.len()
+        ));
     }
     Ok(())
 }
