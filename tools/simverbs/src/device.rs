@@ -207,6 +207,8 @@ pub struct ContextState {
     monitor: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Events delivered so far (diagnostics and tests).
     pub events_posted: AtomicUsize,
+    /// QPs of this context, so a LID change can move their sockets.
+    pub qps: Mutex<Vec<Weak<crate::qp::QpInner>>>,
 }
 
 impl ContextState {
@@ -363,6 +365,10 @@ fn monitor_loop(state: Weak<ContextState>, mut agent: Option<SmpAgent>, period: 
             *p = new.clone();
         }
         for (i, (o, n)) in old.iter().zip(new.iter()).enumerate() {
+            if i == 0 && o.lid != n.lid && n.lid != 0 {
+                // Sockets are keyed by LID: move them before telling the consumer.
+                crate::qp::rebind_qps(&st, n.lid);
+            }
             for kind in diff_events(o, n) {
                 st.post_event(kind, EventElement::Port((i + 1) as u8));
             }
@@ -392,6 +398,7 @@ fn open_context(dev: &'static SimDevice) -> Option<*mut ibv_context> {
         stop: AtomicBool::new(false),
         monitor: Mutex::new(None),
         events_posted: AtomicUsize::new(0),
+        qps: Mutex::new(Vec::new()),
     });
     if let Some(period) = monitor_period() {
         let weak = Arc::downgrade(&state);

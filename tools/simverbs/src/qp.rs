@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::os::raw::{c_int, c_void};
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Largest number of QPs per context.
@@ -63,8 +63,8 @@ pub struct QpCounters {
 /// A QP's shared state (the receiver thread holds an `Arc`).
 pub struct QpInner {
     pub qpn: u32,
-    /// LID the socket is bound under.
-    pub lid: u16,
+    /// LID the receive socket is bound under (follows LID changes, see [`rebind_qps`]).
+    lid: AtomicU16,
     pd: usize,
     ctx: Arc<ContextState>,
     send_cq: Arc<CqInner>,
@@ -73,8 +73,9 @@ pub struct QpInner {
     rq: Mutex<VecDeque<RecvWr>>,
     cap: ibv_qp_cap,
     sq_sig_all: bool,
-    /// Bound receive socket (`@simverbs/<fabric>/lid/<lid>/qp/<qpn>`).
-    sock: UnixDatagram,
+    /// Bound receive socket (`@simverbs/<fabric>/lid/<lid>/qp/<qpn>`); replaced on a LID
+    /// change, the receiver thread picks up the new one when the old one is shut down.
+    sock: Mutex<Arc<UnixDatagram>>,
     /// Unbound, non-blocking send socket: a full or dead peer never blocks `post_send`.
     tx: UnixDatagram,
     mcast: Mutex<Vec<([u8; 16], u16)>>,
@@ -310,7 +311,10 @@ impl QpInner {
 fn receiver_loop(qp: Arc<QpInner>) {
     let mut buf = vec![0u8; Datagram::HEADER_LEN + 65536];
     loop {
-        match qp.sock.recv(&mut buf) {
+        let Ok(sock) = qp.sock.lock().map(|s| s.clone()) else {
+            return;
+        };
+        match sock.recv(&mut buf) {
             Ok(n) => {
                 if qp.stop.load(Ordering::Acquire) {
                     return;
@@ -335,7 +339,18 @@ fn receiver_loop(qp: Arc<QpInner>) {
 
 /// Picks a QPN and binds its socket; QPNs start at a per-process base so processes of the
 /// same node rarely collide, and a taken address moves on to the next number.
-fn bind_qp_socket(lid: u16) -> Option<(u32, UnixDatagram)> {
+/// With `fixed`, only that QPN is tried (rebinding after a LID change).
+fn bind_qp_socket(lid: u16, fixed: Option<u32>) -> Option<(u32, UnixDatagram)> {
+    let bind = |qpn: u32| {
+        let s = crate::control::bind_abstract(&transport::qp_addr_name(lid, qpn)).ok()?;
+        // The timeout lets the receiver notice `stop` even if a wake-up is missed.
+        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+            .ok()?;
+        Some((qpn, s))
+    };
+    if let Some(qpn) = fixed {
+        return bind(qpn);
+    }
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let base = ((std::process::id() & 0xfff) << 12) | 0x10;
     for _ in 0..4096 {
@@ -344,11 +359,62 @@ fn bind_qp_socket(lid: u16) -> Option<(u32, UnixDatagram)> {
         if qpn < 2 || qpn == MCAST_QPN {
             continue;
         }
-        if let Ok(s) = crate::control::bind_abstract(&transport::qp_addr_name(lid, qpn)) {
-            return Some((qpn, s));
+        if let Some(r) = bind(qpn) {
+            return Some(r);
         }
     }
     None
+}
+
+impl QpInner {
+    /// Re-binds the receive socket (and multicast memberships) under `new_lid`.
+    fn rebind(&self, new_lid: u16) {
+        let old_lid = self.lid.load(Ordering::Acquire);
+        if old_lid == new_lid {
+            return;
+        }
+        let Some((_, sock)) = bind_qp_socket(new_lid, Some(self.qpn)) else {
+            crate::log(format_args!(
+                "QP {:#x}: cannot rebind under new LID {new_lid}, stays at {old_lid}",
+                self.qpn
+            ));
+            return;
+        };
+        let old = match self.sock.lock() {
+            Ok(mut s) => std::mem::replace(&mut *s, Arc::new(sock)),
+            Err(_) => return,
+        };
+        self.lid.store(new_lid, Ordering::Release);
+        // SAFETY: `old` is an open socket we own; shutdown makes the receiver's recv on it
+        // return so that it switches to the new one.
+        unsafe { libc::shutdown(old.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Ok(m) = self.mcast.lock() {
+            for (g, mlid) in m.iter() {
+                transport::mcast_leave(g, old_lid, self.qpn);
+                if let Err(e) = transport::mcast_join(g, *mlid, new_lid, self.qpn) {
+                    crate::log(format_args!(
+                        "QP {:#x}: multicast rejoin failed: {e}",
+                        self.qpn
+                    ));
+                }
+            }
+        }
+        crate::debug(format_args!(
+            "QP {:#x}: LID {old_lid} -> {new_lid}",
+            self.qpn
+        ));
+    }
+}
+
+/// Moves every QP of a context to `new_lid` (called by the port monitor on a LID change).
+pub fn rebind_qps(ctx: &ContextState, new_lid: u16) {
+    let qps: Vec<Arc<QpInner>> = match ctx.qps.lock() {
+        Ok(v) => v.iter().filter_map(std::sync::Weak::upgrade).collect(),
+        Err(_) => return,
+    };
+    for q in qps {
+        q.rebind(new_lid);
+    }
 }
 
 /// `ibv_create_qp`: UD only.
@@ -402,11 +468,10 @@ pub unsafe extern "C" fn ibv_create_qp(
         };
         ia.cap = cap;
         let lid = p.ctx.port(1).map(|a| a.lid).unwrap_or(0);
-        let Some((qpn, sock)) = bind_qp_socket(lid) else {
+        let Some((qpn, sock)) = bind_qp_socket(lid, None) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
-        let _ = sock.set_read_timeout(Some(std::time::Duration::from_millis(500)));
         let Ok(tx) = UnixDatagram::unbound() else {
             set_errno(libc::EMFILE);
             return std::ptr::null_mut();
@@ -417,7 +482,7 @@ pub unsafe extern "C" fn ibv_create_qp(
         }
         let inner = Arc::new(QpInner {
             qpn,
-            lid,
+            lid: AtomicU16::new(lid),
             pd: pd as usize,
             ctx: p.ctx.clone(),
             send_cq: scq.inner.clone(),
@@ -432,7 +497,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             rq: Mutex::new(VecDeque::new()),
             cap,
             sq_sig_all: ia.sq_sig_all != 0,
-            sock,
+            sock: Mutex::new(Arc::new(sock)),
             tx,
             mcast: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
@@ -462,6 +527,9 @@ pub unsafe extern "C" fn ibv_create_qp(
             }
         };
         p.users.fetch_add(1, Ordering::AcqRel);
+        if let Ok(mut v) = p.ctx.qps.lock() {
+            v.push(Arc::downgrade(&inner));
+        }
         let shared = inner.clone();
         let b = Box::into_raw(Box::new(SimQp {
             qp: q,
@@ -486,16 +554,22 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let inner = &q.inner;
         inner.stop.store(true, Ordering::Release);
         inner.qp_ptr.store(0, Ordering::Release);
-        // SAFETY: the socket fd is open; shutdown wakes the receiver's blocking recv.
-        unsafe { libc::shutdown(inner.sock.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Ok(s) = inner.sock.lock() {
+            // SAFETY: the socket fd is open (the Arc keeps it); shutdown wakes the receiver's
+            // blocking recv.
+            unsafe { libc::shutdown(s.as_raw_fd(), libc::SHUT_RDWR) };
+        }
         let h = q.rx.lock().ok().and_then(|mut h| h.take());
         if let Some(h) = h {
             let _ = h.join();
         }
         if let Ok(mut m) = inner.mcast.lock() {
             for (g, _) in m.drain(..) {
-                transport::mcast_leave(&g, inner.lid, inner.qpn);
+                transport::mcast_leave(&g, inner.lid.load(Ordering::Acquire), inner.qpn);
             }
+        }
+        if let Ok(mut v) = inner.ctx.qps.lock() {
+            v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(inner)));
         }
         // SAFETY: the PD outlives its QPs (dealloc_pd refuses while users != 0).
         if let Some(p) = unsafe { SimPd::from_ptr(q.qp.pd) } {
@@ -744,7 +818,7 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
     if d.dst_qpn == MCAST_QPN {
         let members = transport::mcast_members(d.grh.then_some(&d.dgid), d.dlid);
         for m in members {
-            if m.lid == inner.lid && m.qpn == inner.qpn {
+            if m.lid == inner.lid.load(Ordering::Acquire) && m.qpn == inner.qpn {
                 continue; // no loopback to the sending QP itself
             }
             let name = transport::qp_addr_name(m.lid, m.qpn);
@@ -1030,7 +1104,8 @@ pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
             return libc::EIO;
         };
         if !m.iter().any(|(mg, ml)| *mg == g && *ml == lid) {
-            if let Err(e) = transport::mcast_join(&g, lid, inner.lid, inner.qpn) {
+            let own = inner.lid.load(Ordering::Acquire);
+            if let Err(e) = transport::mcast_join(&g, lid, own, inner.qpn) {
                 return e.raw_os_error().unwrap_or(libc::EIO);
             }
             m.push((g, lid));
@@ -1062,7 +1137,7 @@ pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
             return libc::EINVAL;
         }
         if !m.iter().any(|(mg, _)| *mg == g) {
-            transport::mcast_leave(&g, inner.lid, inner.qpn);
+            transport::mcast_leave(&g, inner.lid.load(Ordering::Acquire), inner.qpn);
         }
         0
     })

@@ -469,3 +469,64 @@ fn sm_move_on_the_fabric_raises_sm_change() {
     assert_eq!(a.cmd("async 10000"), "async SM change 1");
     assert_eq!(a.quit(), Some(0));
 }
+
+/// Reads async events until `want` arrives (other events may come first).
+fn wait_event(a: &mut common::Agent, want: &str) {
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(15) {
+        let ev = a.cmd("async 1000");
+        if ev == want {
+            return;
+        }
+    }
+    panic!("no '{want}' on {}", a.host);
+}
+
+#[test]
+fn lid_change_on_the_fabric_moves_the_qp() {
+    let mut f = Fabric::start("lidchg");
+    // Hca1 shares its node with the first OpenSM; its LID changes when the SM moves with -r.
+    let mut a = f.agent("Hca1");
+    let mut b = f.agent("Hca4");
+    let (alid, aqpn, _) = a.init(QKEY, 64);
+    let (blid, bqpn, _) = b.init(QKEY, 64);
+    assert_eq!(a.cmd("recv 8"), "ok");
+    assert_eq!(
+        b.cmd(&format!("send {alid} {aqpn} {QKEY:#x} before")),
+        "ok status=0"
+    );
+    assert_eq!(field(&a.cmd("wait 3000"), "data"), Some("before"));
+
+    f.move_sm_reassigning_lids("Hca2", "Hca4");
+    wait_event(&mut a, "async LID change 1");
+    let port = a.cmd("port");
+    let new_alid: u16 = port
+        .split_whitespace()
+        .nth(1)
+        .and_then(|l| l.parse().ok())
+        .expect(&port);
+    assert_ne!(new_alid, alid, "{port}");
+    // The QP moved with the port: reachable at the new LID, not at the old one.
+    assert_eq!(
+        b.cmd(&format!("send {new_alid} {aqpn} {QKEY:#x} after")),
+        "ok status=0"
+    );
+    assert_eq!(field(&a.cmd("wait 3000"), "data"), Some("after"));
+    assert_eq!(
+        b.cmd(&format!("send {alid} {aqpn} {QKEY:#x} old-lid")),
+        "ok status=0"
+    );
+    assert_eq!(a.cmd("wait 300"), "timeout");
+    // And its datagrams carry the new SLID.
+    assert_eq!(b.cmd("recv 2"), "ok");
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} from-new")),
+        "ok status=0"
+    );
+    assert_eq!(
+        field(&b.cmd("wait 3000"), "slid").unwrap(),
+        new_alid.to_string()
+    );
+    assert_eq!(a.quit(), Some(0));
+    assert_eq!(b.quit(), Some(0));
+}

@@ -17,6 +17,7 @@
  *                                   -> wc status=.. len=.. src_qp=.. slid=.. grh=.. imm=..
  *                                      sgid=.. dgid=.. data=<text>   | timeout
  *   async <ms>                      next async event -> async <type> <port|cq> | timeout
+ *   port                            ibv_query_port now -> ok <lid> <sm_lid> <state>
  *   quit
  */
 #include <infiniband/verbs.h>
@@ -317,6 +318,12 @@ int main(void)
 			printf(rc ? "err %d\n" : "ok\n", rc);
 		} else if (!strcmp(cmd, "wait")) {
 			do_wait(atoi(a1));
+		} else if (!strcmp(cmd, "port")) {
+			struct ibv_port_attr pa;
+			if (ibv_query_port(ctx, 1, &pa))
+				printf("err query_port\n");
+			else
+				printf("ok %u %u %d\n", pa.lid, pa.sm_lid, pa.state);
 		} else if (!strcmp(cmd, "async")) {
 			do_async(atoi(a1));
 		} else {

@@ -152,15 +152,24 @@ impl Fabric {
 
     /// Starts OpenSM on `host` and waits until `probe` sees it as master.
     fn start_opensm(&mut self, host: &str, probe: &str) {
+        self.start_opensm_with(host, probe, &[], None);
+    }
+
+    fn start_opensm_with(&mut self, host: &str, probe: &str, extra: &[&str], cache: Option<&Path>) {
         let f = self;
+        let cache = cache
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| f.dir.clone());
         f.opensm = Some(
             Command::new("opensm")
-                .args(["-e", "-s", "5", "-f"])
+                .args(["-e", "-s", "5"])
+                .args(extra)
+                .arg("-f")
                 .arg(f.dir.join(format!("osm-{host}.log")))
                 .env("IBSIM_SOCKNAME", &f.name)
                 .env("SIM_HOST", host)
-                .env("OSM_TMP_DIR", &f.dir)
-                .env("OSM_CACHE_DIR", &f.dir)
+                .env("OSM_TMP_DIR", &cache)
+                .env("OSM_CACHE_DIR", &cache)
                 .env("LD_PRELOAD", UMAD2SIM)
                 .current_dir(&f.dir)
                 .stdin(Stdio::null())
@@ -195,6 +204,17 @@ impl Fabric {
             stop_child(&mut c, Duration::from_secs(3));
         }
         self.start_opensm(host, probe);
+    }
+
+    /// Like [`Fabric::move_sm`], but the new OpenSM starts with an empty cache and `-r`
+    /// (reassign LIDs): in net.2sw2path4hca moving to Hca2 gives Hca2 LID 1 and Hca1 LID 3.
+    pub fn move_sm_reassigning_lids(&mut self, host: &str, probe: &str) {
+        if let Some(mut c) = self.opensm.take() {
+            stop_child(&mut c, Duration::from_secs(3));
+        }
+        let cache = self.dir.join(format!("osm-cache-{host}"));
+        std::fs::create_dir_all(&cache).expect("cache dir");
+        self.start_opensm_with(host, probe, &["-r"], Some(&cache));
     }
 
     /// A command on node `host` of this fabric (umad2sim, plus simverbs when `verbs`).
