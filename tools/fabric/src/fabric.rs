@@ -925,8 +925,16 @@ impl Node {
 
     /// Runs the real `ib_acme` against this node's daemon (in its `/run` namespace), with a
     /// 30 s timeout, e.g. `node.acme(&["-f", "n", "-s", "hca3", "-d", "hca4", "-v"])`.
+    /// (Some options exit non-zero even when they work, e.g. `-P`: check the output.)
+    /// `-S 127.0.0.1` is added unless `args` has `-S` (in `server_mode loop` ib_acme only
+    /// uses TCP when given a service address; it reads the port from `/run/ibacm.port`).
     pub fn acme(&self, args: &[&str]) -> Result<Output> {
-        self.run(IB_ACME, args, Duration::from_secs(30))
+        let mut argv: Vec<&str> = Vec::with_capacity(args.len() + 2);
+        if !args.contains(&"-S") {
+            argv.extend(["-S", "127.0.0.1"]);
+        }
+        argv.extend_from_slice(args);
+        self.run(IB_ACME, &argv, Duration::from_secs(30))
     }
 
     /// Runs `ib_acme` repeatedly (every 200 ms) until `accept` returns true or `timeout`

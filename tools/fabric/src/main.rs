@@ -263,7 +263,7 @@ fn print_summary(f: &Fabric) {
     }
     if let Some(n) = f.nodes().first() {
         println!(
-            "  ib_acme on {}: unshare -m sh -c 'mount --bind {} /run && exec ib_acme -e'",
+            "  ib_acme on {}: unshare -m sh -c 'mount --bind {} /run && exec ib_acme -S 127.0.0.1 -e'",
             n.name,
             n.run_dir.display()
         );
