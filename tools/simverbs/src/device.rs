@@ -309,6 +309,20 @@ fn refresh_ports(agent: &mut Option<SmpAgent>, ca: &str, ports: &mut [PortAttrs]
             p.merge_live(&l);
             any = true;
         }
+        // The P_Key table is set by the SM after start-up: read it live too (block by block,
+        // as many entries as the snapshot has; a partial answer keeps the old table).
+        let blocks = p.pkeys.len().div_ceil(32).max(1);
+        let mut keys = Vec::with_capacity(blocks * 32);
+        for b in 0..blocks {
+            match a.query_pkey_block(b as u16, 200) {
+                Some(k) => keys.extend_from_slice(&k),
+                None => break,
+            }
+        }
+        if keys.len() == blocks * 32 {
+            keys.truncate(p.pkeys.len().max(32));
+            p.pkeys = keys;
+        }
     }
     any
 }

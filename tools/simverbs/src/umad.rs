@@ -275,6 +275,23 @@ impl SmpAgent {
     /// Sends `Get(PortInfo)` for `port` to the local node (directed route, hop count 0) and
     /// waits up to `timeout_ms` for the answer.
     pub fn query_port_info(&mut self, port: u8, timeout_ms: i32) -> Option<LivePortInfo> {
+        let d = self.get(0x0015, u32::from(port), timeout_ms)?;
+        LivePortInfo::parse(&d)
+    }
+
+    /// Reads block `block` (32 entries, host byte order) of the local CA port's P_Key table.
+    pub fn query_pkey_block(&mut self, block: u16, timeout_ms: i32) -> Option<[u16; 32]> {
+        let d = self.get(0x0016, u32::from(block), timeout_ms)?;
+        let mut keys = [0u16; 32];
+        for (i, k) in keys.iter_mut().enumerate() {
+            *k = u16::from_be_bytes([d[2 * i], d[2 * i + 1]]);
+        }
+        Some(keys)
+    }
+
+    /// One directed-route `SubnGet(attr_id, attr_mod)` to the local node; the 64-byte
+    /// attribute data of a successful answer.
+    fn get(&mut self, attr_id: u16, attr_mod: u32, timeout_ms: i32) -> Option<[u8; 64]> {
         self.tid = self.tid.wrapping_add(1);
         let tid = self.tid;
         // SAFETY: umad_size takes no arguments.
@@ -290,8 +307,8 @@ impl SmpAgent {
             mad[2] = 1; // class version
             mad[3] = 1; // Get
             mad[12..16].copy_from_slice(&tid.to_be_bytes());
-            mad[16..18].copy_from_slice(&0x0015u16.to_be_bytes()); // PortInfo
-            mad[20..24].copy_from_slice(&u32::from(port).to_be_bytes());
+            mad[16..18].copy_from_slice(&attr_id.to_be_bytes());
+            mad[20..24].copy_from_slice(&attr_mod.to_be_bytes());
             mad[32..34].copy_from_slice(&0xffffu16.to_be_bytes()); // DrSLID: permissive
             mad[34..36].copy_from_slice(&0xffffu16.to_be_bytes()); // DrDLID: permissive
         }
@@ -301,8 +318,8 @@ impl SmpAgent {
         if unsafe { umad_send(self.port_id, self.agent_id, umad, 256, timeout_ms, 1) } < 0 {
             return None;
         }
-        let deadline =
-            std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms as u64 * 3);
+        let deadline = std::time::Instant::now()
+            + std::time::Duration::from_millis(timeout_ms.max(1) as u64 * 3);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -323,10 +340,16 @@ impl SmpAgent {
             // SAFETY: as above, the MAD lies inside `buf`.
             let mad = unsafe { std::slice::from_raw_parts(umad_get_mad(umad) as *const u8, 256) };
             // Only the low 32 TID bits survive umad2sim/ibsim (see test-fabric.md).
-            if mad[12..16] != tid.to_be_bytes() || mad[3] != 0x81 {
+            if mad[12..16] != tid.to_be_bytes() || mad[1] != 0x81 || mad[3] != 0x81 {
                 continue;
             }
-            return LivePortInfo::parse(&mad[64..128]);
+            // DR SMP status: 15 bits after the direction bit.
+            if u16::from_be_bytes([mad[4], mad[5]]) & 0x7fff != 0 {
+                return None;
+            }
+            let mut data = [0u8; 64];
+            data.copy_from_slice(&mad[64..128]);
+            return Some(data);
         }
     }
 }

@@ -530,3 +530,46 @@ fn lid_change_on_the_fabric_moves_the_qp() {
     assert_eq!(a.quit(), Some(0));
     assert_eq!(b.quit(), Some(0));
 }
+
+#[test]
+fn pkey_partitions_from_opensm_are_enforced() {
+    // Hca3 and Hca4 are full members of partition 0x0001; Hca2 is only in the default one.
+    let f = Fabric::start_with_partitions(
+        "pkey",
+        Some(
+            "Default=0x7fff : ALL=full ;\n\
+             part1=0x0001 : 0x0000000000100007=full, 0x000000000010000a=full ;\n",
+        ),
+    );
+    let mut a = f.agent("Hca3");
+    let mut b = f.agent("Hca4");
+    let mut c = f.agent("Hca2");
+    // The P_Key tables OpenSM programmed are what ibv_get_pkey_index sees (live SMP read).
+    let (_, _, _) = a.init_pkey(QKEY, 64, "0x8001");
+    let (blid, bqpn, _) = b.init_pkey(QKEY, 64, "0x8001");
+    assert!(c
+        .cmd(&format!("init {QKEY:#x} 64 0x8001"))
+        .starts_with("err pkey"));
+    drop(c);
+    let mut c = f.agent("Hca2");
+    let (clid, cqpn, _) = c.init(QKEY, 64);
+    assert_eq!(b.cmd("recv 4"), "ok");
+    assert_eq!(c.cmd("recv 4"), "ok");
+    // Same partition: delivered, with the receiver's P_Key index.
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} member")),
+        "ok status=0"
+    );
+    let wc = b.cmd("wait 3000");
+    assert_eq!(field(&wc, "data"), Some("member"), "{wc}");
+    assert_ne!(field(&wc, "pkey_index"), Some("0"), "{wc}");
+    // Other partition: dropped by the receiving HCA.
+    assert_eq!(
+        a.cmd(&format!("send {clid} {cqpn} {QKEY:#x} outsider")),
+        "ok status=0"
+    );
+    assert_eq!(c.cmd("wait 500"), "timeout");
+    assert_eq!(a.quit(), Some(0));
+    assert_eq!(b.quit(), Some(0));
+    assert_eq!(c.quit(), Some(0));
+}

@@ -3,7 +3,8 @@
  * simverbs integration tests (built with `cc svagent.c -libverbs`, run under
  * LD_PRELOAD=libumad2sim.so:libsimverbs.so). One reply line per command on stdout.
  *
- *   init <qkey> <recv_cq_size>      open ibsim0, PD, channel, CQs, 1 MiB MR, UD QP to RTS
+ *   init <qkey> <recv_cq_size> [pkey]   open ibsim0, PD, channel, CQs, 1 MiB MR, UD QP to
+ *                                   RTS (on the P_Key index of `pkey`, default index 0)
  *                                   -> ok <lid> <qpn> <gid-hex>
  *   recv <n>                        post n receives of 40+2048 bytes         -> ok
  *   recvbad                         post a receive reaching past the MR      -> ok
@@ -60,7 +61,7 @@ static int unhex(const char *s, uint8_t *out, int n)
 	return 0;
 }
 
-static int do_init(uint32_t qkey, int rcq_size)
+static int do_init(uint32_t qkey, int rcq_size, const char *pkey)
 {
 	int n = 0;
 	struct ibv_device **list = ibv_get_device_list(&n);
@@ -104,7 +105,16 @@ static int do_init(uint32_t qkey, int rcq_size)
 		printf("err create_qp %d\n", errno);
 		return -1;
 	}
-	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = qkey };
+	int pkey_index = 0;
+	if (*pkey) {
+		pkey_index = ibv_get_pkey_index(ctx, 1, htons(strtoul(pkey, NULL, 0)));
+		if (pkey_index < 0) {
+			printf("err pkey %s not in the table\n", pkey);
+			return -1;
+		}
+	}
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = pkey_index, .port_num = 1,
+				 .qkey = qkey };
 	/* RTR straight from RESET must be refused (state machine check). */
 	struct ibv_qp_attr bad = { .qp_state = IBV_QPS_RTR };
 	if (ibv_modify_qp(qp, &bad, IBV_QP_STATE) == 0) {
@@ -261,7 +271,7 @@ int main(void)
 		if (!strcmp(cmd, "quit"))
 			break;
 		if (!strcmp(cmd, "init")) {
-			if (do_init(strtoul(a1, NULL, 0), atoi(a2)))
+			if (do_init(strtoul(a1, NULL, 0), atoi(a2), a3))
 				return 1;
 		} else if (!strcmp(cmd, "recv")) {
 			int k = atoi(a1), rc = 0;

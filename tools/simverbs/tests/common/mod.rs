@@ -118,6 +118,11 @@ pub struct Fabric {
 impl Fabric {
     /// Starts ibsim and OpenSM and waits until OpenSM is master (LIDs assigned).
     pub fn start(tag: &str) -> Fabric {
+        Fabric::start_with_partitions(tag, None)
+    }
+
+    /// Like [`Fabric::start`], with an OpenSM partitions.conf (`-P`).
+    pub fn start_with_partitions(tag: &str, partitions: Option<&str>) -> Fabric {
         let name = format!("svt-{}-{}", tag, std::process::id());
         let dir = std::env::temp_dir().join(format!("simverbs-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -129,7 +134,15 @@ impl Fabric {
             opensm: None,
         };
         f.start_ibsim();
-        f.start_opensm("Hca1", "Hca2");
+        match partitions {
+            None => f.start_opensm("Hca1", "Hca2"),
+            Some(text) => {
+                let conf = f.dir.join("partitions.conf");
+                std::fs::write(&conf, text).expect("partitions.conf");
+                let conf = conf.to_string_lossy().to_string();
+                f.start_opensm_with("Hca1", "Hca2", &["-P", &conf], None);
+            }
+        }
         f
     }
 
@@ -301,7 +314,12 @@ impl Agent {
 
     /// `init`, returning (lid, qpn, gid-hex).
     pub fn init(&mut self, qkey: u32, rcq: u32) -> (u16, u32, String) {
-        let r = self.cmd(&format!("init {qkey:#x} {rcq}"));
+        self.init_pkey(qkey, rcq, "")
+    }
+
+    /// `init` with the QP on the P_Key index of `pkey` (e.g. "0x8001"; "" = index 0).
+    pub fn init_pkey(&mut self, qkey: u32, rcq: u32, pkey: &str) -> (u16, u32, String) {
+        let r = self.cmd(&format!("init {qkey:#x} {rcq} {pkey}"));
         let w: Vec<&str> = r.split_whitespace().collect();
         assert!(w.len() == 4 && w[0] == "ok", "init on {}: {r}", self.host);
         (
