@@ -401,7 +401,10 @@ unsafe extern "C" fn close_port(port_context: *mut c_void) {
     guard("close_port", (), || {
         if !port_context.is_null() {
             // SAFETY: from Box::into_raw in open_port; closed once.
-            drop(unsafe { Box::from_raw(port_context as *mut PortCtx) });
+            let ctx = unsafe { Box::from_raw(port_context as *mut PortCtx) };
+            ctx.shared
+                .api
+                .log(1, &format!("close_port {}", ctx.info.port_num));
         }
     })
 }

@@ -1,0 +1,170 @@
+//! libacmrs.so inside the real, unmodified ibacm daemon on a simulated fabric (ibsim + OpenSM +
+//! simverbs), driven with the real `ib_acme` through `acm_fabric`.
+//!
+//! Needs root (private /run per daemon) and the artifacts `libsimverbs.so` and `libacmrs.so`
+//! (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
+
+use acm_fabric::{Fabric, Output, Provider, Topology};
+use std::time::{Duration, Instant};
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn ok(o: &Output) -> bool {
+    o.success() && o.stdout.contains("SA verification: success")
+}
+
+/// The 7 values of the first data row of `ib_acme -P` output.
+fn counters(o: &Output) -> Vec<u64> {
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("127.0.0.1,"))
+        .unwrap_or_else(|| panic!("no counter row in {o}"));
+    line.split(',')
+        .skip(1)
+        .map(|v| v.trim().parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn real_ibacm_resolves_through_acmrs() {
+    if !is_root() {
+        eprintln!("SKIPPED: real_ibacm_resolves_through_acmrs needs root (mount namespaces)");
+        return;
+    }
+    let mut fabric = Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca3", "Hca4"],
+    )
+    .provider(Provider::Acmrs)
+    .name_prefix("acmrs-real")
+    .option("addr_preload", "acm_hosts")
+    .option("timeout", "500")
+    .option("retries", "1")
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (n3, n4) = {
+        let a = fabric.node("Hca3").unwrap();
+        let b = fabric.node("Hca4").unwrap();
+        (
+            (a.lid, a.gid.to_string(), a.addrs.clone()),
+            (b.lid, b.gid.to_string(), b.addrs.clone()),
+        )
+    };
+    let w = Duration::from_secs(15);
+    let hca3 = fabric.node("Hca3").unwrap();
+
+    // The core lists our endpoint under our provider name.
+    let e = hca3.acme(&["-e"]).unwrap();
+    assert!(
+        e.stdout.contains(",acmrs,"),
+        "{e}\n{}",
+        fabric.logs_report()
+    );
+
+    // NODELAY before anything is cached: "no data" at once, but the lookup is started, so
+    // the same request succeeds shortly after.
+    let c_args = ["-f", "n", "-s", &n3.2.name, "-d", &n4.2.name, "-c"];
+    let first = hca3.acme(&c_args).unwrap();
+    assert!(!first.success(), "first NODELAY request must miss: {first}");
+    let primed = hca3.acme_until(&c_args, w, |o| o.success()).unwrap();
+    assert!(primed.success(), "{primed}\n{}", fabric.logs_report());
+
+    // Paths by LID and by GID, verified against the SA by ib_acme (-v uses query()).
+    let (l3, l4) = (n3.0.to_string(), n4.0.to_string());
+    let by_lid = hca3
+        .acme_until(&["-f", "l", "-s", &l3, "-d", &l4, "-v"], w, ok)
+        .unwrap();
+    assert!(ok(&by_lid), "{by_lid}\n{}", fabric.logs_report());
+    let by_gid = hca3
+        .acme_until(&["-f", "g", "-s", &n3.1, "-d", &n4.1, "-v"], w, ok)
+        .unwrap();
+    assert!(ok(&by_gid), "{by_gid}\n{}", fabric.logs_report());
+
+    // Names and IPs from the hosts preload, from both sides.
+    let name = hca3
+        .acme_until(
+            &["-f", "n", "-s", &n3.2.name, "-d", &n4.2.name, "-v"],
+            w,
+            ok,
+        )
+        .unwrap();
+    assert!(ok(&name), "{name}");
+    let (ip3, ip4) = (n3.2.ipv4.to_string(), n4.2.ipv4.to_string());
+    let ip = hca3
+        .acme_until(&["-f", "i", "-s", &ip3, "-d", &ip4, "-v"], w, ok)
+        .unwrap();
+    assert!(ok(&ip), "{ip}\n{}", fabric.logs_report());
+    let hca4 = fabric.node("Hca4").unwrap();
+    let back = hca4
+        .acme_until(
+            &["-f", "n", "-s", &n4.2.name, "-d", &n3.2.name, "-v"],
+            w,
+            ok,
+        )
+        .unwrap();
+    assert!(ok(&back), "{back}\n{}", fabric.logs_report());
+
+    // Loopback: our own name resolves to a path to ourselves.
+    let lo = hca3
+        .acme(&["-f", "n", "-s", &n3.2.name, "-d", &n3.2.name])
+        .unwrap();
+    assert!(lo.success(), "{lo}");
+    assert!(lo.stdout.contains(&format!("dlid: {}", n3.0)), "{lo}");
+
+    // Counters: the core's global ones (we call acm_increment_counter) and our per-EP ones.
+    let global = counters(&hca3.acme(&["-P"]).unwrap());
+    assert!(global[5] >= 4, "Route Query Count {global:?}");
+    assert!(global[6] >= 2, "Route Cache Count {global:?}");
+    let ep = counters(&hca3.acme(&["-P", "1"]).unwrap());
+    assert!(ep[1] >= 6, "per-EP Resolve Count {ep:?}");
+    assert!(ep[5] >= 4 && ep[6] >= 2, "per-EP route counters {ep:?}");
+    let again = hca3.acme(&["-f", "l", "-s", &l3, "-d", &l4]).unwrap();
+    assert!(again.success());
+    let ep2 = counters(&hca3.acme(&["-P", "1"]).unwrap());
+    assert_eq!(ep2[6], ep[6] + 1, "a repeated request is a cache hit");
+
+    // Client reregister (SM change): routes flushed, resolution still works.
+    hca3.event("client_reregister").unwrap();
+    let rr = hca3
+        .acme_until(&["-f", "l", "-s", &l3, "-d", &l4, "-v"], w, ok)
+        .unwrap();
+    assert!(ok(&rr), "{rr}");
+    let log = hca3.log();
+    assert!(log.contains("client reregister"), "{log}");
+
+    // Port down/up is not exercised here: with ibsim + simverbs the port stays ACTIVE after
+    // `ibportstate disable` of the facing switch port, so the core's acm_port_down sees an
+    // active port and does nothing (see docs/plugin.md). The close/reopen sequence is covered
+    // by tests/host.rs (lifecycle_close_while_waiting_port_change_and_reregister).
+
+    // OpenSM stopped: a new destination gets an error answer in bounded time (nothing
+    // stuck), cached ones are still served; when OpenSM returns, resolution recovers.
+    fabric.stop_sm();
+    let hca3 = fabric.node("Hca3").unwrap();
+    let t0 = Instant::now();
+    let down = hca3.acme(&["-f", "l", "-s", &l3, "-d", "1"]).unwrap();
+    assert!(!down.success(), "no SA, no path: {down}");
+    assert!(
+        !down.timed_out && t0.elapsed() < Duration::from_secs(20),
+        "{down}"
+    );
+    let cached = hca3.acme(&["-f", "l", "-s", &l3, "-d", &l4]).unwrap();
+    assert!(
+        cached.success(),
+        "cached path served without the SA: {cached}"
+    );
+    fabric.start_sm().unwrap();
+    let hca3 = fabric.node("Hca3").unwrap();
+    let back = hca3
+        .acme_until(
+            &["-f", "l", "-s", &l3, "-d", "1", "-v"],
+            Duration::from_secs(40),
+            ok,
+        )
+        .unwrap();
+    assert!(ok(&back), "{back}\n{}", fabric.logs_report());
+}
