@@ -26,6 +26,7 @@ FABRIC OPTIONS:
   --sm-node HCA        HCA that OpenSM runs as (default: first HCA without a daemon)
   --opt NAME=VALUE     extra ibacm_opts.cfg line on every node (repeatable)
   --keep               keep the scratch directory (logs) after teardown
+  --name-prefix P      label of the fabric name and scratch dir (default acmfab-cli)
 ";
 
 /// Set while `up` waits for a signal: a signal then means a graceful teardown.
@@ -99,6 +100,7 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut sm_node = None;
     let mut opts = Vec::new();
     let mut keep = false;
+    let mut prefix = "acmfab-cli".to_string();
     let mut on = None;
     let mut until = None;
     let mut timeout = Duration::from_secs(15);
@@ -130,6 +132,7 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
                 opts.push((k.to_string(), v.to_string()));
             }
             "--keep" => keep = true,
+            "--name-prefix" => prefix = val("--name-prefix")?,
             "--on" => on = Some(val("--on")?),
             "--until" => until = Some(val("--until")?),
             "--timeout" => {
@@ -152,7 +155,7 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut builder = Fabric::builder(topology, nodes)
         .provider(provider)
         .keep_scratch(keep)
-        .name_prefix("acmfab-cli");
+        .name_prefix(&prefix);
     if let Some(s) = sm_node {
         builder = builder.sm_node(&s);
     }

@@ -15,11 +15,14 @@ use std::time::{Duration, Instant};
 struct Registry {
     groups: BTreeSet<i32>,
     scratch: BTreeSet<PathBuf>,
+    /// Set by [`emergency_teardown`]: no process may be started afterwards.
+    closed: bool,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     groups: BTreeSet::new(),
     scratch: BTreeSet::new(),
+    closed: false,
 });
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
@@ -37,10 +40,12 @@ pub(crate) fn unregister_scratch(dir: &PathBuf) {
 
 /// Kills every process group this process started and still owns (SIGKILL), and removes every
 /// scratch directory not marked to be kept. For a signal-handling thread of a CLI: call it,
-/// then exit. Returns the number of process groups signalled.
+/// then exit. Afterwards no new process can be started through this crate. Returns the number
+/// of process groups signalled.
 pub fn emergency_teardown() -> usize {
     let (groups, scratch) = {
         let mut r = registry();
+        r.closed = true;
         (
             std::mem::take(&mut r.groups),
             std::mem::take(&mut r.scratch),
@@ -88,6 +93,11 @@ impl Proc {
         // Hold the registry lock across spawn + insert, so an emergency teardown on another
         // thread either sees this child or runs before it exists.
         let mut r = registry();
+        if r.closed {
+            return Err(Error::new(format!(
+                "not starting {name}: the process is shutting down"
+            )));
+        }
         let child = cmd
             .spawn()
             .map_err(|e| Error::new(format!("cannot start {name} ({cmd:?}): {e}")))?;
