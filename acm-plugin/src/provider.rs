@@ -14,8 +14,11 @@ use crate::ffi::*;
 use crate::path;
 use crate::respond;
 use crate::state::{Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, Shared};
+use acm_core_nostd::text::dump_pr::{LidTable, LocalPaths, LocalPort};
 use acm_core_nostd::text::hosts::HostLines;
-use acm_core_nostd::text::opts::{AddrPreload, LoopbackProt, PollMode, ProviderOptions, RouteProt};
+use acm_core_nostd::text::opts::{
+    AddrPreload, LoopbackProt, PollMode, ProviderOptions, RoutePreload, RouteProt,
+};
 use acm_dataplane::route_table::{RouteKey, RouteTable};
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
@@ -430,11 +433,99 @@ unsafe extern "C" fn open_endpoint(
             endpoint,
             pkey,
         ));
+        if port.shared.opts.route_preload == RoutePreload::OpensmFullV1 {
+            let list = preload_routes(&ep);
+            if !list.is_empty() {
+                ep.shared.control(Control::Preload(ep.id, list));
+            }
+        }
         let ctx = Box::new(EpCtx { ep });
         // SAFETY: valid out-pointer.
         unsafe { *ep_context = Box::into_raw(ctx) as *mut c_void };
         0
     })
+}
+
+/// `route_preload opensm_full_v1`: the local port's section of `route_data_file` (OpenSM's
+/// `dump_pr` full format, parsed by `text::dump_pr`) as cache entries that never expire.
+///
+/// Each path is stored under the keys the common requests normalise to: by DLID and by DGID,
+/// with and without the reversible bit (the constraints are empty, so any request with more
+/// constraints still goes to the SA).
+fn preload_routes(ep: &Ep) -> Vec<(RouteKey, [u8; 64])> {
+    let api = ep.shared.api;
+    let file = ep.shared.opts.route_data_file.as_str();
+    if ep.port.lid == 0 {
+        api.log(
+            0,
+            "ERROR - route preload needs the port LID (ibv_query_port unavailable)",
+        );
+        return Vec::new();
+    }
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            api.log(0, &format!("ERROR - route_data_file {file}: {e}"));
+            return Vec::new();
+        }
+    };
+    let mut guid = [0u8; 8];
+    guid.copy_from_slice(&ep.port.gid0[8..]);
+    let local = LocalPort {
+        guid: u64::from_be_bytes(guid),
+        lid: ep.port.lid,
+    };
+    let mut table = vec![0u64; 0xc000];
+    let report = |e: acm_core_nostd::text::LineError| {
+        api.log(
+            0,
+            &format!("ERROR - {file} line {}: {}", e.line, e.reason()),
+        );
+    };
+    let paths = match LocalPaths::new(&bytes, local, LidTable::Direct(&mut table), report) {
+        Ok(p) => p,
+        Err(e) => {
+            api.log(0, &format!("ERROR - failed to preload EP from {file}: {e}"));
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for p in paths {
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => {
+                report(e);
+                continue;
+            }
+        };
+        let mut dgid = ep.port.gid0;
+        dgid[8..].copy_from_slice(&p.guid.to_be_bytes());
+        let mut r = [0u8; 64];
+        r[path::DGID..path::DGID + 16].copy_from_slice(&dgid);
+        r[path::SGID..path::SGID + 16].copy_from_slice(&ep.port.gid0);
+        path::set_be16(&mut r, path::DLID, p.dlid);
+        path::set_be16(&mut r, path::SLID, ep.port.lid);
+        r[path::REVERSIBLE_NUMPATH] = 0x80;
+        path::set_be16(&mut r, path::PKEY, ep.pkey);
+        path::set_be16(&mut r, path::QOS_SL, u16::from(p.sl & 0xf));
+        r[path::MTU] = p.mtu;
+        r[path::RATE] = p.rate;
+        for rev in [0u8, 0x80] {
+            let mut by_lid = [0u8; 64];
+            path::set_be16(&mut by_lid, path::DLID, p.dlid);
+            by_lid[path::REVERSIBLE_NUMPATH] = rev;
+            out.push((RouteKey::new(ep.id, &by_lid), r));
+            let mut by_gid = [0u8; 64];
+            by_gid[path::DGID..path::DGID + 16].copy_from_slice(&dgid);
+            by_gid[path::REVERSIBLE_NUMPATH] = rev;
+            out.push((RouteKey::new(ep.id, &by_gid), r));
+        }
+    }
+    api.log(
+        1,
+        &format!("{} routes preloaded from {file}", out.len() / 4),
+    );
+    out
 }
 
 unsafe extern "C" fn close_endpoint(ep_context: *mut c_void) {

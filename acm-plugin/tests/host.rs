@@ -596,3 +596,62 @@ fn lifecycle_close_while_waiting_port_change_and_reregister() {
     PORT_LID.store(7, Ordering::SeqCst);
     assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
 }
+
+#[test]
+fn route_preload_opensm_full_v1() {
+    let _s = serial();
+    let dump = "\
+Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1
+# LID  : SL : MTU : RATE
+0x0007 : 0  : 4   : 3
+0x000b : 2  : 4   : 6
+0x000c : 1  : 3   : 3
+0x000d : UNREACHABLE
+0x000c : x  : 3   : 3
+
+Channel Adapter 0x000000000000100b, base LID 11, \"Other\", port 1
+0x0007 : 2  : 4   : 6
+
+Switch 0x000000000000100c, base LID 12, \"Sw\", port 0
+0x0007 : 1  : 3   : 3
+";
+    let opts = format!("{OPTS}route_preload opensm_full_v1\nroute_data_file $DIR/route.data\n");
+    let mut h = Host::open(&opts, &[("route.data", dump)]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    assert!(log_contains("route.data line 7"), "bad path line reported");
+    std::thread::sleep(Duration::from_millis(50)); // the worker inserts the preload
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 11, None, 0), 1);
+    let r = find(t);
+    assert_eq!(r.len(), 1, "preloaded: answered inline");
+    let p = path_of(&r[0]);
+    assert_eq!(dlid_of(&r[0]), 11);
+    assert_eq!(p[53] & 0xf, 2, "SL from the dump");
+    assert_eq!(p[55], 6, "rate from the dump");
+    assert_eq!(&p[8..24], &gid_of(0x100b));
+    let tg = h.tid();
+    h.resolve(ep, &path_request(tg, 0, Some(gid_of(0x100c)), 0), 1);
+    assert_eq!(dlid_of(&find(tg)[0]), 12);
+    assert_eq!(sa_pending(), 0);
+    // Other constraints are not answered from the preload.
+    let mut m = path_request(h.tid(), 11, None, 0);
+    m.resolve_data[0].info.bytes[48] = 5; // TClass
+    h.resolve(ep, &m, 1);
+    assert!(find(m.hdr.tid).is_empty());
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(3, W));
+    // Reregister keeps preloaded routes; unreachable ones are not preloaded.
+    h.reregister();
+    std::thread::sleep(Duration::from_millis(50));
+    let t2 = h.tid();
+    h.resolve(ep, &path_request(t2, 11, None, 0), 1);
+    assert_eq!(find(t2).len(), 1);
+    let t3 = h.tid();
+    h.resolve(ep, &path_request(t3, 13, None, 0), 1);
+    assert!(find(t3).is_empty(), "UNREACHABLE is not preloaded");
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(5, W));
+    h.close();
+}

@@ -285,6 +285,8 @@ pub fn reset_counters() {
 impl Host {
     /// Writes `opts` (plus `extra_files`) into a scratch dir and opens device + port.
     pub fn open(opts: &str, extra_files: &[(&str, &str)]) -> Host {
+        // A failed test may leave MADs behind: time them out so tests stay independent.
+        sa_drain_timeouts();
         let dir = std::env::temp_dir().join(format!(
             "acmrs-host-{}-{}",
             std::process::id(),
