@@ -513,6 +513,74 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> AcmMsg<T> {
     }
 }
 
+/// The 16-byte `acm_hdr` view: an [`AcmMsg`] needs only the header bytes for its header
+/// accessors, so the same type serves (`AcmHdr::new_checked(&buf[..16])`).
+pub type AcmHdr<T> = AcmMsg<T>;
+
+/// A parsed `acm_hdr`. `length` and `tid` are in native byte order (RESOLVE); for PERF_QUERY /
+/// EP_QUERY messages use [`AcmMsg::length_be`] instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AcmHdrRepr {
+    /// `version`.
+    pub version: u8,
+    /// `opcode`, raw (ACK bit included).
+    pub opcode: u8,
+    /// `status`.
+    pub status: Status,
+    /// `data[0..3]`: src_out, src_index, dst_index.
+    pub data: [u8; 3],
+    /// `length` (native byte order).
+    pub length: u16,
+    /// `tid` (native byte order, opaque).
+    pub tid: u64,
+}
+
+impl AcmHdrRepr {
+    /// Parses the header (no check of `length` against the buffer).
+    pub fn parse<T: AsRef<[u8]>>(h: &AcmHdr<T>) -> Result<AcmHdrRepr> {
+        h.check_len()?;
+        Ok(AcmHdrRepr {
+            version: h.version(),
+            opcode: h.opcode_raw(),
+            status: h.status(),
+            data: [h.src_out(), h.src_index(), h.dst_index()],
+            length: h.length(),
+            tid: h.tid(),
+        })
+    }
+    /// Bytes needed by [`emit`](Self::emit).
+    pub const fn buffer_len(&self) -> usize {
+        HDR_LEN
+    }
+    /// Writes the header. The buffer must be ≥ 16 bytes.
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut AcmHdr<T>) {
+        h.set_version(self.version);
+        h.set_opcode_raw(self.opcode);
+        h.set_status(self.status);
+        h.set_src_out(self.data[0]);
+        h.set_src_index(self.data[1]);
+        h.set_dst_index(self.data[2]);
+        h.set_length(self.length);
+        h.set_tid(self.tid);
+    }
+}
+
+/// Builds a PERF_QUERY request as `ib_acme -P` sends it: `src_index = ep_index` (0 = the
+/// core's global counters), big-endian length 16. Returns 16.
+pub fn build_perf_request(ep_index: u8, tid: u64, out: &mut [u8]) -> Result<usize> {
+    if out.len() < HDR_LEN {
+        return Err(Error::Truncated);
+    }
+    out[..HDR_LEN].fill(0);
+    let mut m = AcmMsg::new_unchecked(&mut out[..]);
+    m.set_version(ACM_VERSION);
+    m.set_opcode_raw(Opcode::PerfQuery.into());
+    m.set_src_index(ep_index);
+    m.set_length_be(HDR_LEN as u16);
+    m.set_tid(tid);
+    Ok(HDR_LEN)
+}
+
 /// A parsed RESOLVE message: header plus the entries `hdr.length` covers (native byte order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcmMsgRepr {
@@ -973,6 +1041,28 @@ mod tests {
         assert_eq!(
             PerfResponseRepr::parse(&AcmMsg::new_unchecked(&b[..])),
             Err(Error::Malformed)
+        );
+    }
+
+    #[test]
+    fn header_repr_and_perf_request() {
+        let req = request_le();
+        let h = AcmHdrRepr::parse(&AcmHdr::new_checked(&req[..16]).unwrap()).unwrap();
+        assert_eq!(h.length as usize, req.len());
+        assert_eq!(h.data, [0, 1, 0]);
+        let mut b = [0u8; 16];
+        h.emit(&mut AcmHdr::new_unchecked(&mut b[..]));
+        assert_eq!(b[..], req[..16]);
+        assert_eq!(
+            AcmHdrRepr::parse(&AcmHdr::new_unchecked(&req[..15])),
+            Err(Error::Truncated)
+        );
+        let mut p = [0xffu8; 16];
+        assert_eq!(build_perf_request(2, 5, &mut p), Ok(16));
+        assert_eq!(p[..8], [1, 2, 0, 0, 2, 0, 0, 16]);
+        assert_eq!(
+            build_perf_request(2, 5, &mut p[..15]),
+            Err(Error::Truncated)
         );
     }
 
