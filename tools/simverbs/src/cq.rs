@@ -60,6 +60,8 @@ pub struct ChannelInner {
     wr: c_int,
     /// CQ pointers with a pending completion event, in order.
     pending: Mutex<VecDeque<usize>>,
+    /// CQs created on this channel and not yet destroyed.
+    cqs: AtomicUsize,
 }
 
 impl ChannelInner {
@@ -211,6 +213,7 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
                 rd: fds[0],
                 wr: fds[1],
                 pending: Mutex::new(VecDeque::new()),
+                cqs: AtomicUsize::new(0),
             }),
         });
         Box::into_raw(ch) as *mut ibv_comp_channel
@@ -225,7 +228,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         let Some(ch) = (unsafe { SimChannel::from_ptr(channel) }) else {
             return libc::EINVAL;
         };
-        if Arc::strong_count(&ch.inner) > 1 {
+        if ch.inner.cqs.load(Ordering::Acquire) != 0 {
             return libc::EBUSY;
         }
         // SAFETY: checked live SimChannel allocated by Box; the caller gives it up.
@@ -263,7 +266,10 @@ pub unsafe extern "C" fn ibv_create_cq(
         } else {
             // SAFETY: verbs contract: channel came from ibv_create_comp_channel.
             match unsafe { SimChannel::from_ptr(channel) } {
-                Some(c) => Some(c.inner.clone()),
+                Some(c) => {
+                    c.inner.cqs.fetch_add(1, Ordering::AcqRel);
+                    Some(c.inner.clone())
+                }
                 None => {
                     set_errno(libc::EINVAL);
                     return std::ptr::null_mut();
@@ -316,6 +322,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             if let Ok(mut p) = ch.pending.lock() {
                 p.retain(|x| *x != cq as usize);
             }
+            ch.cqs.fetch_sub(1, Ordering::AcqRel);
         }
         // SAFETY: checked live SimCq allocated by Box; the caller gives it up.
         let mut b = unsafe { Box::from_raw(cq as *mut SimCq) };
@@ -363,17 +370,20 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         }
+        // Our own reference keeps the pipe open while we block.
+        let inner = ch.inner.clone();
         loop {
             let mut b = [0u8; 1];
-            // SAFETY: rd is our open pipe read end; `b` is one writable byte.
-            let r = unsafe { libc::read(ch.inner.rd, b.as_mut_ptr() as *mut c_void, 1) };
+            // SAFETY: rd is our open pipe read end (kept open by `inner`); `b` is one
+            // writable byte.
+            let r = unsafe { libc::read(inner.rd, b.as_mut_ptr() as *mut c_void, 1) };
             if r != 1 {
                 if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                     continue;
                 }
                 return -1; // errno from read (EAGAIN on a non-blocking fd)
             }
-            let next = ch.inner.pending.lock().ok().and_then(|mut p| p.pop_front());
+            let next = inner.pending.lock().ok().and_then(|mut p| p.pop_front());
             // An event of a CQ destroyed meanwhile leaves a byte without an entry: skip it.
             let Some(p) = next else { continue };
             // SAFETY: p is a live SimCq (destroy_cq removes its pending entries first).

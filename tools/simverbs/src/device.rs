@@ -784,10 +784,14 @@ pub unsafe extern "C" fn ibv_get_async_event(
             set_errno(libc::EINVAL);
             return -1;
         }
+        // Hold our own reference while blocked: the pipe stays open even if the context is
+        // closed meanwhile (which the verbs contract forbids, but must not crash us).
+        let state = sc.state.clone();
         let mut b = [0u8; 1];
         loop {
-            // SAFETY: async_rd is our open pipe read end; `b` is one writable byte.
-            let r = unsafe { libc::read(sc.state.async_rd, b.as_mut_ptr() as *mut c_void, 1) };
+            // SAFETY: async_rd is our open pipe read end (kept open by `state`); `b` is one
+            // writable byte.
+            let r = unsafe { libc::read(state.async_rd, b.as_mut_ptr() as *mut c_void, 1) };
             if r == 1 {
                 break;
             }
@@ -796,7 +800,7 @@ pub unsafe extern "C" fn ibv_get_async_event(
             }
             return -1; // errno from read (EAGAIN for a non-blocking fd)
         }
-        let ev = sc.state.events.lock().ok().and_then(|mut q| q.pop_front());
+        let ev = state.events.lock().ok().and_then(|mut q| q.pop_front());
         let Some(ev) = ev else {
             set_errno(libc::EAGAIN);
             return -1;
