@@ -94,8 +94,6 @@ mod tests {
         assert!(!g.is_zero());
         assert!(!g.is_multicast());
         assert!(Gid::ZERO.is_zero());
-        extern crate std;
-        use std::string::ToString;
         assert_eq!(g.to_string(), "fe80:0000:0000:0000:0000:0000:0010:0004");
     }
 
