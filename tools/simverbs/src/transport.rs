@@ -474,7 +474,7 @@ fn schedule(name: &str, bytes: Vec<u8>, after: std::time::Duration) {
 }
 
 /// How long a datagram picked for reordering is held back.
-const REORDER_HOLD: std::time::Duration = std::time::Duration::from_millis(10);
+const REORDER_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Sends one datagram to the abstract address `name`, applying the knobs. Never blocks.
 pub fn transmit(sock: &std::os::unix::net::UnixDatagram, name: &str, bytes: &[u8]) -> SendOutcome {

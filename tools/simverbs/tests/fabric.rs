@@ -328,6 +328,21 @@ fn control_socket_events_and_loss_knob() {
     assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("twice"));
     assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("twice"));
     assert_eq!(b.cmd("wait 300"), "timeout");
+    // reorder: a datagram picked for reordering is held back, the next one overtakes it.
+    assert_eq!(control(&f.name, "Hca3", "set dup 0"), "ok");
+    assert_eq!(b.cmd("recv 4"), "ok");
+    assert_eq!(control(&f.name, "Hca3", "set reorder 1"), "ok");
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} first")),
+        "ok status=0"
+    );
+    assert_eq!(control(&f.name, "Hca3", "set reorder 0"), "ok");
+    assert_eq!(
+        a.cmd(&format!("send {blid} {bqpn} {QKEY:#x} second")),
+        "ok status=0"
+    );
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("second"));
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("first"));
     assert_eq!(a.quit(), Some(0));
     assert_eq!(b.quit(), Some(0));
 }
