@@ -291,10 +291,18 @@ fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Meas
         push("acmrs PathCache", "writer", &h, ps, None, Some(wps));
         let s = cache.stats();
         assert_eq!(
-            s.busy + s.misses,
-            0,
-            "no busy/miss expected in the benchmark: {s:?}"
+            s.misses, 0,
+            "every key was inserted and never expires: {s:?}"
         );
+        if s.busy > 0 {
+            // A lookup gives up after MAX_RETRIES attempts if the writer keeps the slot's
+            // sequence odd, i.e. it was preempted mid-update; the caller treats it as a miss.
+            eprintln!(
+                "note: {n} entries: {} of {} acmrs lookups under the writer returned Busy",
+                s.busy,
+                s.hits + s.busy
+            );
+        }
     }
 
     // glibc tsearch (ibacmp).
