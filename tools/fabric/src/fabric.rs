@@ -190,6 +190,18 @@ pub struct Node {
     fabric: String,
     scratch: PathBuf,
     daemon: Option<Proc>,
+    /// How the daemon was started (for [`Node::restart_daemon`]).
+    launch: Option<Launch>,
+}
+
+/// What a daemon start needs, kept so a node's daemon can be started again.
+#[derive(Debug, Clone)]
+struct Launch {
+    simverbs: PathBuf,
+    shm: PathBuf,
+    env: Vec<(String, String)>,
+    provider: String,
+    ready_timeout: Duration,
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -451,6 +463,7 @@ impl Fabric {
                 fabric: self.name.clone(),
                 scratch: self.scratch.clone(),
                 daemon: None,
+                launch: None,
             });
         }
         let hosts = self.hosts_data();
@@ -486,14 +499,19 @@ impl Fabric {
         }
 
         // 4. Daemons: start them all, then wait for each.
-        for i in 0..self.nodes.len() {
-            let simverbs = self.simverbs.clone();
-            let shm = self.scratch.clone();
-            self.nodes[i].start_daemon(&simverbs, &shm, &cfg.daemon_env)?;
-        }
-        let provider = self.provider.name().to_string();
+        let launch = Launch {
+            simverbs: self.simverbs.clone(),
+            shm: self.scratch.clone(),
+            env: cfg.daemon_env.clone(),
+            provider: self.provider.name().to_string(),
+            ready_timeout: cfg.ready_timeout,
+        };
         for node in &mut self.nodes {
-            node.wait_ready(&provider, cfg.ready_timeout)?;
+            node.launch = Some(launch.clone());
+            node.start_daemon()?;
+        }
+        for node in &mut self.nodes {
+            node.wait_ready()?;
         }
         Ok(())
     }
@@ -850,12 +868,14 @@ impl Node {
         c
     }
 
-    fn start_daemon(
-        &mut self,
-        simverbs: &Path,
-        shm: &Path,
-        env: &[(String, String)],
-    ) -> Result<()> {
+    fn start_daemon(&mut self) -> Result<()> {
+        let Some(launch) = self.launch.clone() else {
+            return Err(Error::new(format!(
+                "{}: the fabric was started without daemons",
+                self.name
+            )));
+        };
+        let (simverbs, shm, env) = (&launch.simverbs, &launch.shm, &launch.env);
         if self.daemon.is_some() {
             return Err(Error::new(format!("{}: daemon already running", self.name)));
         }
@@ -884,7 +904,18 @@ impl Node {
         Ok(())
     }
 
-    fn wait_ready(&mut self, provider: &str, timeout: Duration) -> Result<()> {
+    /// Starts the daemon again after [`Node::stop_daemon`] (same files, same port) and waits
+    /// until `ib_acme -e` lists its endpoint. The provider's caches start empty.
+    pub fn restart_daemon(&mut self) -> Result<()> {
+        self.start_daemon()?;
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let Some(launch) = self.launch.clone() else {
+            return Err(Error::new(format!("{}: no daemon", self.name)));
+        };
+        let (provider, timeout) = (launch.provider.as_str(), launch.ready_timeout);
         let port_file = self.run_dir.join("ibacm-tcp.port");
         let name = self.name.clone();
         let deadline = Instant::now() + timeout;

@@ -251,6 +251,16 @@ fn stock_ibacmp_cache_only_then_rejoin_after_sm_restart_and_client_reregister() 
     // The re-joined group carries the multicast protocol again (a destination not cached yet).
     resolve_verified(&f, "Hca4", "n", "hca4", "hca3", "Hca3");
 
+    // A daemon stopped and started again comes back with empty caches and resolves again.
+    let old_pid = f.node("Hca3").unwrap().pid().unwrap();
+    f.node_mut("Hca3").unwrap().stop_daemon();
+    assert!(!pid_exists(old_pid));
+    assert_eq!(f.node("Hca3").unwrap().pid(), None);
+    f.node_mut("Hca3").unwrap().restart_daemon().unwrap();
+    assert_ne!(f.node("Hca3").unwrap().pid(), Some(old_pid));
+    assert_eq!(counters(&f, "Hca3")["Resolve Count"], 0);
+    resolve_verified(&f, "Hca3", "n", "hca3", "hca2", "Hca2");
+
     // Teardown leaves no process behind.
     let pids = f.pids();
     assert_eq!(pids.len(), 2 + NODES.len(), "{pids:?}");
