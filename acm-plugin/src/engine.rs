@@ -18,8 +18,7 @@ use crate::ffi::{
 };
 use crate::path::{self, SaOutcome};
 use crate::respond;
-use crate::state::{Control, Ep, Kind, Request, SaReply, Shared};
-use acm_dataplane::route_table::{RouteKey, NEVER};
+use crate::state::{Control, Ep, Kind, Request, RouteKey, SaReply, Shared, NEVER};
 use acm_dataplane::worker::{PollOutcome, Poller};
 use core::ffi::c_void;
 use std::collections::{HashMap, VecDeque};
@@ -66,7 +65,7 @@ pub struct Engine {
     inflight_free: Vec<u32>,
     by_key: HashMap<RouteKey, u32>,
     backlog: VecDeque<u32>,
-    preloads: HashMap<u64, Vec<(RouteKey, [u8; 64])>>,
+    preloads: HashMap<u64, (Arc<Ep>, Vec<([u8; 64], [u8; 64])>)>,
     next_timer: Option<Instant>,
     done: bool,
 }
@@ -122,7 +121,7 @@ impl Engine {
             return;
         }
         if kind != Kind::Query {
-            if let Some(rec) = self.sh.routes.get(&req.key, self.now_coarse()) {
+            if let Some(rec) = self.sh.lookup(&req.key, self.now_coarse()) {
                 // Filled by a query that completed after resolve() looked.
                 req.ep.count_global(cntr::ROUTE_CACHE);
                 self.answer(&req, kind, 0, Some(&rec));
@@ -282,11 +281,8 @@ impl Engine {
             self.by_key.remove(&k);
             if let (0, Some(r)) = (status, record) {
                 if !f.ep.closed.load(Ordering::Acquire) {
-                    let expires = match self.sh.opts.route_ttl_ms() {
-                        None => NEVER,
-                        Some(ms) => self.now_coarse() + ms,
-                    };
-                    self.sh.routes.insert(&k, r, expires, self.now_coarse());
+                    let ttl = self.sh.opts.route_ttl_ms().unwrap_or(NEVER);
+                    self.sh.insert(&k, r, self.now_coarse(), ttl);
                 }
             }
         }
@@ -313,7 +309,7 @@ impl Engine {
             };
             if p.kind != Kind::Query {
                 let key = p.req.key;
-                if let Some(rec) = self.sh.routes.get(&key, self.now_coarse()) {
+                if let Some(rec) = self.sh.lookup(&key, self.now_coarse()) {
                     if let Some(p) = self.pending[slot as usize].take() {
                         self.pending_free.push(slot);
                         p.req.ep.count_global(cntr::ROUTE_CACHE);
@@ -426,9 +422,8 @@ impl Engine {
                 self.backlog.push_back(slot);
             }
         }
-        let id = ep.id;
-        self.sh.routes.retain(|k| k.ep_id() != id);
-        self.preloads.remove(&id);
+        self.sh.invalidate_ep(ep);
+        self.preloads.remove(&ep.id);
     }
 
     fn handle_control(&mut self, c: Control, now: Instant) {
@@ -436,23 +431,25 @@ impl Engine {
             Control::EpClosed(ep) => self.close_ep(&ep, now),
             Control::Reregister(port_id) => {
                 let _ = port_id;
-                let n = self.sh.routes.clear();
+                let n = self.sh.clear();
                 let coarse = self.now_coarse();
-                for list in self.preloads.values() {
+                for (ep, list) in self.preloads.values() {
                     for (k, r) in list {
-                        self.sh.routes.insert(k, r, NEVER, coarse);
+                        self.sh.insert(&RouteKey::new(ep, k), r, coarse, NEVER);
                     }
                 }
                 self.log(1, || {
                     format!("client reregister: {n} cached routes flushed")
                 });
             }
-            Control::Preload(ep_id, list) => {
+            Control::Preload(ep, list) => {
                 let coarse = self.now_coarse();
-                for (k, r) in &list {
-                    self.sh.routes.insert(k, r, NEVER, coarse);
+                if !ep.closed.load(Ordering::Acquire) {
+                    for (k, r) in &list {
+                        self.sh.insert(&RouteKey::new(&ep, k), r, coarse, NEVER);
+                    }
+                    self.preloads.insert(ep.id, (ep, list));
                 }
-                self.preloads.insert(ep_id, list);
             }
             Control::Shutdown => {
                 self.done = true;
@@ -469,7 +466,7 @@ impl Engine {
                 while let Some(req) = self.sh.requests.pop() {
                     self.answer(&req, req.kind, ACM_STATUS_ENODATA, None);
                 }
-                self.sh.routes.clear();
+                self.sh.clear();
                 self.preloads.clear();
             }
         }

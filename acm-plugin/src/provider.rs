@@ -13,18 +13,18 @@ use crate::engine::{self, Engine, MAX_INFLIGHT};
 use crate::ffi::*;
 use crate::path;
 use crate::respond;
-use crate::state::{Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, Shared};
+use crate::state::{Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, RouteKey, Shared};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
 use acm_core_nostd::text::dump_pr::{LidTable, LocalPaths, LocalPort};
 use acm_core_nostd::text::hosts::HostLines;
 use acm_core_nostd::text::opts::{
     AddrPreload, LoopbackProt, PollMode, ProviderOptions, RoutePreload, RouteProt,
 };
-use acm_dataplane::route_table::{RouteKey, RouteTable};
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
 use crossbeam_queue::ArrayQueue;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -146,18 +146,41 @@ fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostEntry> {
     out
 }
 
+fn new_cache(opts: &ProviderOptions) -> std::io::Result<crate::state::Cache> {
+    // A per-instance seed so remote parties cannot aim at one bucket.
+    let seed = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(next_id());
+        h.finish()
+    };
+    let config = CacheConfig {
+        seed,
+        ..CacheConfig::default()
+    };
+    // Addresses are not aliased into the cache yet; the table only needs to exist.
+    PathCache::new(
+        PathSlot::boxed(opts.acmrs_path_capacity as usize),
+        AddrSlot::boxed(16),
+        config,
+    )
+    .map_err(|e| std::io::Error::other(format!("path cache: {e:?}")))
+}
+
 fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worker)> {
     let opts = load_options(api);
     let hosts = load_hosts(api, &opts);
     let waker = Worker::new_waker();
     let shared = Arc::new(Shared {
         api,
-        routes: RouteTable::with_capacity(opts.acmrs_path_capacity as usize),
+        cache: new_cache(&opts)?,
         requests: ArrayQueue::new(opts.acmrs_request_capacity.max(1) as usize),
         replies: ArrayQueue::new(MAX_INFLIGHT * 4),
         control: Mutex::new(Vec::new()),
         waker: waker.clone(),
         hosts,
+        flush_gen: AtomicU32::new(0),
+        ep_slots: Mutex::new([false; 256]),
         overflows: AtomicU64::new(0),
         reply_drops: AtomicU64::new(0),
         opts,
@@ -179,7 +202,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         0,
         &format!(
             "started: route cache {} slots, request queue {}, pending {}",
-            shared.routes.slot_count(),
+            shared.cache.capacity(),
             shared.opts.acmrs_request_capacity,
             shared.opts.acmrs_pending_capacity
         ),
@@ -426,8 +449,15 @@ unsafe extern "C" fn open_endpoint(
         let port = unsafe { &*(port_context as *const PortCtx) };
         // SAFETY: the core's live acm_endpoint.
         let pkey = unsafe { (*endpoint).pkey };
+        let Some(slot) = port.shared.take_ep_slot() else {
+            port.shared
+                .api
+                .log(0, "ERROR - open_endpoint: 256 endpoints already open");
+            return -1;
+        };
         let ep = Arc::new(Ep::new(
             next_id(),
+            slot,
             port.shared.clone(),
             port.info.clone(),
             endpoint,
@@ -436,7 +466,7 @@ unsafe extern "C" fn open_endpoint(
         if port.shared.opts.route_preload == RoutePreload::OpensmFullV1 {
             let list = preload_routes(&ep);
             if !list.is_empty() {
-                ep.shared.control(Control::Preload(ep.id, list));
+                ep.shared.control(Control::Preload(ep.clone(), list));
             }
         }
         let ctx = Box::new(EpCtx { ep });
@@ -452,7 +482,7 @@ unsafe extern "C" fn open_endpoint(
 /// Each path is stored under the keys the common requests normalise to: by DLID and by DGID,
 /// with and without the reversible bit (the constraints are empty, so any request with more
 /// constraints still goes to the SA).
-fn preload_routes(ep: &Ep) -> Vec<(RouteKey, [u8; 64])> {
+fn preload_routes(ep: &Ep) -> Vec<([u8; 64], [u8; 64])> {
     let api = ep.shared.api;
     let file = ep.shared.opts.route_data_file.as_str();
     if ep.port.lid == 0 {
@@ -514,11 +544,11 @@ fn preload_routes(ep: &Ep) -> Vec<(RouteKey, [u8; 64])> {
             let mut by_lid = [0u8; 64];
             path::set_be16(&mut by_lid, path::DLID, p.dlid);
             by_lid[path::REVERSIBLE_NUMPATH] = rev;
-            out.push((RouteKey::new(ep.id, &by_lid), r));
+            out.push((by_lid, r));
             let mut by_gid = [0u8; 64];
             by_gid[path::DGID..path::DGID + 16].copy_from_slice(&dgid);
             by_gid[path::REVERSIBLE_NUMPATH] = rev;
-            out.push((RouteKey::new(ep.id, &by_gid), r));
+            out.push((by_gid, r));
         }
     }
     api.log(
@@ -798,8 +828,8 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         Target::Path(rec, nodelay) => (rec, nodelay),
     };
     let (k, q) = normalise(ep, &rec);
-    let key = RouteKey::new(ep.id, &k);
-    if let Some(path) = sh.routes.get(&key, sh.waker.coarse_ms()) {
+    let key = RouteKey::new(ep, &k);
+    if let Some(path) = sh.lookup(&key, sh.waker.coarse_ms()) {
         ep.count_global(cntr::ROUTE_CACHE);
         return reply(0, Some(&path));
     }
@@ -863,7 +893,7 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
         return reply(ACM_STATUS_ENODATA);
     }
     let rec = first.info.bytes;
-    let key = RouteKey::new(ep.id, &rec);
+    let key = RouteKey::new(ep, &rec);
     if enqueue(ep, id, msg, Kind::Query, key, rec) {
         *answered = true;
         return 0;
@@ -908,6 +938,8 @@ unsafe extern "C" fn handle_event(port_context: *mut c_void, event: c_int) -> c_
         // SAFETY: our PortCtx, alive until close_port.
         let port = unsafe { &*(port_context as *const PortCtx) };
         if event == IBV_EVENT_CLIENT_REREGISTER {
+            // From now on no request sees a route learned before the SM change.
+            port.shared.flush_gen.fetch_add(1, Ordering::AcqRel);
             port.shared
                 .api
                 .log(1, "client reregister: flushing learned routes");

@@ -8,12 +8,106 @@
 
 use crate::core_api::CoreApi;
 use crate::ffi::{cntr, AcmEndpoint, AcmMsg, AcmPort};
+use acm_core_nostd::cache::{
+    constraint, AddrSlot, Constraints, Dest, Lookup, PathCache, PathKey, PathSlot,
+};
 use acm_core_nostd::text::opts::ProviderOptions;
-use acm_dataplane::route_table::{RouteKey, RouteTable};
 use acm_dataplane::worker::Waker;
 use crossbeam_queue::ArrayQueue;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The path cache (`acm-core-nostd::cache`) over heap storage sized from the options.
+pub type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+/// Cache lifetime meaning "never expires".
+pub const NEVER: u64 = u64::MAX;
+
+/// What identifies a route request: the endpoint (and its cache generation) and the
+/// normalised client record (see `provider::normalise`). Misses with equal keys coalesce on
+/// one SA query.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RouteKey {
+    /// Endpoint id (unique per open, never reused).
+    pub ep_id: u64,
+    /// The endpoint number in the cache: flush generation (high byte) and endpoint slot (low
+    /// byte). A CLIENT_REREGISTER bumps the generation on the main thread, so from that moment
+    /// no request sees routes learned before it, without waiting for the worker.
+    pub cache_ep: u16,
+    /// The normalised request record.
+    pub record: [u8; 64],
+}
+
+impl RouteKey {
+    /// A key for endpoint `ep` (at the current flush generation) and a normalised record.
+    pub fn new(ep: &Ep, record: &[u8; 64]) -> Self {
+        RouteKey {
+            ep_id: ep.id,
+            cache_ep: ep.cache_ep(),
+            record: *record,
+        }
+    }
+
+    /// The cache key: destination (DLID, else DGID) plus every constraint the client set.
+    /// `None` when the request sets something the cache key cannot hold (both DLID and DGID, a
+    /// foreign SLID/SGID, flow label, hop limit, preference): such requests always go to the SA.
+    pub fn cache_key(&self) -> Option<PathKey> {
+        use crate::path::*;
+        let r = &self.record;
+        let dlid = be16(r, DLID);
+        let has_dgid = !gid_is_zero(r, DGID);
+        let dest = match (dlid, has_dgid) {
+            (0, false) => return None,
+            (0, true) => {
+                let mut g = [0u8; 16];
+                g.copy_from_slice(&r[DGID..DGID + 16]);
+                Dest::Gid(g)
+            }
+            (l, false) => Dest::Lid(l),
+            (_, true) => return None,
+        };
+        if be16(r, SLID) != 0
+            || !gid_is_zero(r, SGID)
+            || r[FLOW_HOP..FLOW_HOP + 4] != [0; 4]
+            || r[PREFERENCE] != 0
+        {
+            return None;
+        }
+        let mut c = Constraints::ANY;
+        let mut sid = [0u8; 8];
+        sid.copy_from_slice(&r[SERVICE_ID..SERVICE_ID + 8]);
+        c.service_id = u64::from_be_bytes(sid);
+        c.pkey = be16(r, PKEY);
+        let qs = be16(r, QOS_SL);
+        c.qos_class = qs >> 4;
+        c.sl = (qs & 0xf) as u8;
+        c.tclass = r[TCLASS];
+        c.mtu = r[MTU];
+        c.rate = r[RATE];
+        c.packet_life = r[LIFETIME];
+        c.reversible_numpath = r[REVERSIBLE_NUMPATH];
+        for (set, bit) in [
+            (c.service_id != 0, constraint::SERVICE_ID),
+            (c.pkey != 0, constraint::PKEY),
+            (c.qos_class != 0, constraint::QOS_CLASS),
+            (c.tclass != 0, constraint::TCLASS),
+            (c.sl != 0, constraint::SL),
+            (c.mtu != 0, constraint::MTU),
+            (c.rate != 0, constraint::RATE),
+            (c.packet_life != 0, constraint::PACKET_LIFE),
+            (c.reversible_numpath != 0, constraint::REVERSIBLE_NUMPATH),
+        ] {
+            if set {
+                c.mask |= bit;
+            }
+        }
+        Some(PathKey {
+            ep: self.cache_ep,
+            dest,
+            constraints: c,
+        })
+    }
+}
 
 /// What kind of client call a queued request came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +153,9 @@ pub enum Control {
     EpClosed(Arc<Ep>),
     /// CLIENT_REREGISTER on a port: drop learned routes of its endpoints (preloads stay).
     Reregister(u64),
-    /// Preloaded routes for an endpoint (inserted by the worker, the only table writer).
-    Preload(u64, Vec<(RouteKey, [u8; 64])>),
+    /// Preloaded routes for an endpoint, as (normalised request record, path) pairs (inserted
+    /// by the worker, the only cache writer; again after every reregister).
+    Preload(Arc<Ep>, Vec<([u8; 64], [u8; 64])>),
     /// Answer everything and stop.
     Shutdown,
 }
@@ -74,8 +169,8 @@ pub struct Shared {
     pub api: &'static CoreApi,
     /// Options from `acm_get_opts_file()`.
     pub opts: ProviderOptions,
-    /// PathRecord cache (worker writes, main thread reads).
-    pub routes: RouteTable,
+    /// PathRecord cache (the worker is its only writer; the main thread reads it lock-free).
+    pub cache: Cache,
     /// main → worker requests.
     pub requests: ArrayQueue<Request>,
     /// SA thread → worker replies.
@@ -86,6 +181,11 @@ pub struct Shared {
     pub waker: Waker,
     /// Address preload (`acm_hosts`): sorted (type, address) → GID. Immutable after open.
     pub hosts: Vec<HostEntry>,
+    /// Cache flush generation, bumped by `handle_event(CLIENT_REREGISTER)`.
+    pub flush_gen: AtomicU32,
+    /// Which of the 256 cache endpoint slots are taken (an endpoint's slot is released by the
+    /// worker after its routes were invalidated).
+    pub ep_slots: Mutex<[bool; 256]>,
     /// Requests refused because a queue was full.
     pub overflows: AtomicU64,
     /// SA replies dropped because the reply queue was full.
@@ -105,6 +205,64 @@ impl Shared {
     /// Logs if the level is enabled (avoids formatting otherwise).
     pub fn log_enabled(&self, level: u8) -> bool {
         level <= self.opts.effective_log_level()
+    }
+
+    /// A cached path for `key`, if any (lock-free, allocation-free; `now` in coarse ms).
+    pub fn lookup(&self, key: &RouteKey, now: u64) -> Option<[u8; 64]> {
+        let ck = key.cache_key()?;
+        match self.cache.lookup(&ck, now) {
+            Lookup::Hit { record, .. } => Some(record),
+            Lookup::Miss | Lookup::Busy | Lookup::Negative { .. } => None,
+        }
+    }
+
+    /// Caches `record` for `key` until `now + ttl` (worker only). Uncacheable keys are skipped.
+    pub fn insert(&self, key: &RouteKey, record: &[u8; 64], now: u64, ttl: u64) {
+        let Some(ck) = key.cache_key() else {
+            return;
+        };
+        match self.cache.writer() {
+            Some(mut w) => {
+                w.insert(&ck, record, now, ttl);
+            }
+            None => self
+                .api
+                .log(0, "ERROR - path cache writer busy; route not cached"),
+        }
+    }
+
+    /// Makes everything learned through endpoint `ep` a miss, in O(1), then frees its cache
+    /// slot (worker only).
+    pub fn invalidate_ep(&self, ep: &Ep) {
+        if let Some(mut w) = self.cache.writer() {
+            // The cache's generation array is indexed by the low byte: the slot.
+            w.invalidate_ep(u16::from(ep.slot));
+        }
+        let mut slots = match self.ep_slots.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        slots[usize::from(ep.slot)] = false;
+    }
+
+    /// Takes a free cache endpoint slot (main thread, at open_endpoint).
+    pub fn take_ep_slot(&self) -> Option<u8> {
+        let mut slots = match self.ep_slots.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let i = slots.iter().position(|t| !t)?;
+        slots[i] = true;
+        u8::try_from(i).ok()
+    }
+
+    /// Drops every cached route (worker only); returns how many there were.
+    pub fn clear(&self) -> usize {
+        let n = self.cache.len();
+        if let Some(mut w) = self.cache.writer() {
+            w.clear();
+        }
+        n
     }
 
     /// Looks an address up in the hosts preload.
@@ -151,8 +309,10 @@ pub struct LocalAddr {
 
 /// One endpoint (port, partition).
 pub struct Ep {
-    /// Unique id (never reused), part of every cache key of this endpoint.
+    /// Unique id (never reused).
     pub id: u64,
+    /// Cache endpoint slot (unique among live endpoints), see [`RouteKey::cache_ep`].
+    pub slot: u8,
     /// The instance.
     pub shared: Arc<Shared>,
     /// The port.
@@ -176,6 +336,7 @@ impl Ep {
     /// Creates an endpoint record.
     pub fn new(
         id: u64,
+        slot: u8,
         shared: Arc<Shared>,
         port: Arc<PortInfo>,
         endpoint: *const AcmEndpoint,
@@ -183,6 +344,7 @@ impl Ep {
     ) -> Self {
         Ep {
             id,
+            slot,
             shared,
             port,
             pkey,
@@ -192,6 +354,12 @@ impl Ep {
             local: Mutex::new(Vec::new()),
             addr_ctxs: Mutex::new(Vec::new()),
         }
+    }
+
+    /// This endpoint's number in the cache at the current flush generation.
+    pub fn cache_ep(&self) -> u16 {
+        let gen = self.shared.flush_gen.load(Ordering::Acquire) as u16 & 0xff;
+        (gen << 8) | u16::from(self.slot)
     }
 
     /// Bumps a per-endpoint counter.

@@ -127,14 +127,28 @@ fn real_ibacm_resolves_through_acmrs() {
     let ep2 = counters(&hca3.acme(&["-P", "1"]).unwrap());
     assert_eq!(ep2[6], ep[6] + 1, "a repeated request is a cache hit");
 
-    // Client reregister (SM change): routes flushed, resolution still works.
+    // Client reregister (SM change): learned routes are flushed at once; resolution still
+    // works (through the SA again).
+    let before = counters(&hca3.acme(&["-P", "1"]).unwrap());
     hca3.event("client_reregister").unwrap();
+    let t0 = Instant::now();
+    while !hca3.log().contains("client reregister") {
+        assert!(t0.elapsed() < w, "event not delivered\n{}", hca3.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let rr = hca3
         .acme_until(&["-f", "l", "-s", &l3, "-d", &l4, "-v"], w, ok)
         .unwrap();
     assert!(ok(&rr), "{rr}");
-    let log = hca3.log();
-    assert!(log.contains("client reregister"), "{log}");
+    let after = counters(&hca3.acme(&["-P", "1"]).unwrap());
+    assert_eq!(
+        after[6], before[6],
+        "no cache hit right after the flush: {before:?} {after:?}"
+    );
+    assert!(
+        after[5] >= before[5] + 2,
+        "route and -v query went to the SA: {after:?}"
+    );
 
     // Port down/up is not exercised here: with ibsim + simverbs the port stays ACTIVE after
     // `ibportstate disable` of the facing switch port, so the core's acm_port_down sees an
