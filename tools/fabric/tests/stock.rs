@@ -269,3 +269,21 @@ fn stock_ibacmp_cache_only_then_rejoin_after_sm_restart_and_client_reregister() 
         assert!(!pid_exists(p), "process {p} survived the teardown");
     }
 }
+
+#[test]
+fn stock_ibacmp_on_a_generated_fat_tree() {
+    // Leaf1: Hca1 (OpenSM), Hca2; Leaf2: Hca3, Hca4; two spines.
+    let f = Fabric::builder(
+        Topology::fat_tree(2, 2, 2).unwrap(),
+        ["Hca2", "Hca3", "Hca4"],
+    )
+    .provider(Provider::Stock)
+    .name_prefix("stock-fattree")
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    assert_eq!(f.sm_node(), "Hca1");
+    resolve_verified(&f, "Hca2", "n", "hca2", "hca4", "Hca4");
+    resolve_verified(&f, "Hca3", "n", "hca3", "hca4", "Hca4");
+    let (l2, l3) = (f.node("Hca2").unwrap().lid, f.node("Hca3").unwrap().lid);
+    resolve_verified(&f, "Hca2", "l", &l2.to_string(), &l3.to_string(), "Hca3");
+}
