@@ -18,7 +18,7 @@ use crate::ffi::{
 };
 use crate::path::{self, SaOutcome};
 use crate::respond;
-use crate::state::{Control, Ep, Kind, Request, RouteKey, SaReply, Shared, NEVER};
+use crate::state::{Control, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply, Shared, NEVER};
 use acm_dataplane::worker::{PollOutcome, Poller};
 use core::ffi::c_void;
 use std::collections::{HashMap, VecDeque};
@@ -65,7 +65,7 @@ pub struct Engine {
     inflight_free: Vec<u32>,
     by_key: HashMap<RouteKey, u32>,
     backlog: VecDeque<u32>,
-    preloads: HashMap<u64, (Arc<Ep>, Vec<([u8; 64], [u8; 64])>)>,
+    preloads: HashMap<u64, (Arc<Ep>, Vec<PreloadedRoute>)>,
     next_timer: Option<Instant>,
     done: bool,
 }

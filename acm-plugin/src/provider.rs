@@ -482,7 +482,7 @@ unsafe extern "C" fn open_endpoint(
 /// Each path is stored under the keys the common requests normalise to: by DLID and by DGID,
 /// with and without the reversible bit (the constraints are empty, so any request with more
 /// constraints still goes to the SA).
-fn preload_routes(ep: &Ep) -> Vec<([u8; 64], [u8; 64])> {
+fn preload_routes(ep: &Ep) -> Vec<crate::state::PreloadedRoute> {
     let api = ep.shared.api;
     let file = ep.shared.opts.route_data_file.as_str();
     if ep.port.lid == 0 {

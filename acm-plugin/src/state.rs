@@ -147,6 +147,9 @@ pub struct SaReply {
     pub mad: [u8; 256],
 }
 
+/// A preloaded route: (normalised request record it answers, the path).
+pub type PreloadedRoute = ([u8; 64], [u8; 64]);
+
 /// Rare control messages from the main thread.
 pub enum Control {
     /// The endpoint was closed: answer its requests, drop its routes.
@@ -155,7 +158,7 @@ pub enum Control {
     Reregister(u64),
     /// Preloaded routes for an endpoint, as (normalised request record, path) pairs (inserted
     /// by the worker, the only cache writer; again after every reregister).
-    Preload(Arc<Ep>, Vec<([u8; 64], [u8; 64])>),
+    Preload(Arc<Ep>, Vec<PreloadedRoute>),
     /// Answer everything and stop.
     Shutdown,
 }
