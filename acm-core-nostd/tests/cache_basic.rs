@@ -444,3 +444,22 @@ fn one_million_entries() {
         assert_eq!(c.stats().evictions, 1);
     }
 }
+
+#[test]
+fn cache_is_shareable_and_writer_is_sendable() {
+    fn sync_send<T: Sync + Send>() {}
+    fn send<T: Send>() {}
+    sync_send::<Cache>();
+    sync_send::<PathCache<&'static [PathSlot], &'static [AddrSlot]>>();
+    send::<acm_core_nostd::cache::CacheWriter<'static, Box<[PathSlot]>, Box<[AddrSlot]>>>();
+    // The writer can live on another thread than the one that made the cache.
+    let c = std::sync::Arc::new(cache(8, 0));
+    let c2 = std::sync::Arc::clone(&c);
+    std::thread::spawn(move || {
+        let mut w = c2.writer().unwrap();
+        w.insert(&lid(0, 1), &rec(5), 0, 100);
+    })
+    .join()
+    .unwrap();
+    assert_eq!(record_of(c.lookup(&lid(0, 1), 1)), rec(5));
+}
