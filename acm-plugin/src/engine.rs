@@ -448,6 +448,8 @@ impl Engine {
                     for (k, r) in &list {
                         self.sh.insert(&RouteKey::new(&ep, k), r, coarse, NEVER);
                     }
+                    let n = list.len();
+                    self.log(1, || format!("{n} preloaded cache entries inserted"));
                     self.preloads.insert(ep.id, (ep, list));
                 }
             }

@@ -266,6 +266,7 @@ pub struct Host {
     pub eps: Vec<Endpoint>,
     pub dir: std::path::PathBuf,
     pub next_tid: u64,
+    closed: bool,
 }
 
 pub struct Endpoint {
@@ -327,6 +328,7 @@ impl Host {
             eps: Vec::new(),
             dir,
             next_tid: 1,
+            closed: false,
         }
     }
 
@@ -400,6 +402,14 @@ impl Host {
 
     /// acm_shutdown_port + close_device, as on port down.
     pub fn close(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
         while !self.eps.is_empty() {
             self.close_ep(0);
         }
@@ -459,6 +469,13 @@ impl Host {
 pub fn uniq() -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     N.fetch_add(1, Ordering::SeqCst)
+}
+
+/// A test that fails half-way still closes its instance, so later tests start clean.
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
 }
 
 // ---- requests ------------------------------------------------------------------------------
