@@ -18,7 +18,11 @@ fuzz_target!(|data: &[u8]| {
         let again = AcmMsgRepr::parse(&AcmMsg::new_unchecked(&b[..n])).unwrap();
         assert_eq!(again, r);
     }
-    let path = PathRecordRepr { dlid: 6, slid: 4, ..PathRecordRepr::ZERO };
+    let path = PathRecordRepr {
+        dlid: 6,
+        slid: 4,
+        ..PathRecordRepr::ZERO
+    };
     let mut out = [0u8; MSG_LEN];
     if let Ok(layout) = m.check_resolve() {
         assert!(layout.count >= 1 && layout.dest < layout.count.max(1));
@@ -39,6 +43,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(p) = PerfResponseRepr::parse(&m) {
         let mut b = [0u8; MSG_LEN];
         let n = p.emit(&mut AcmMsg::new_unchecked(&mut b[..])).unwrap();
-        assert_eq!(PerfResponseRepr::parse(&AcmMsg::new_unchecked(&b[..n])), Ok(p));
+        assert_eq!(
+            PerfResponseRepr::parse(&AcmMsg::new_unchecked(&b[..n])),
+            Ok(p)
+        );
     }
 });

@@ -10,7 +10,11 @@ fuzz_target!(|data: &[u8]| {
         let mut b = [0u8; 24];
         h.emit(&mut Header::new_unchecked(&mut b[..]));
         assert_eq!(HeaderRepr::parse(&Header::new_unchecked(&b[..])), Ok(h));
-        let _ = (h.status.busy(), h.status.invalid_field(), h.method.is_response());
+        let _ = (
+            h.status.busy(),
+            h.status.invalid_field(),
+            h.method.is_response(),
+        );
     }
     if let Some(rest) = data.get(24..) {
         if let Ok(r) = RmppRepr::parse(&RmppHeader::new_unchecked(rest)) {
