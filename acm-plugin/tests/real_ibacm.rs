@@ -98,6 +98,11 @@ fn real_ibacm_resolves_through_acmrs() {
         .acme_until(&["-f", "i", "-s", &ip3, "-d", &ip4, "-v"], w, ok)
         .unwrap();
     assert!(ok(&ip), "{ip}\n{}", fabric.logs_report());
+    let (ip63, ip64) = (n3.2.ipv6.to_string(), n4.2.ipv6.to_string());
+    let ip6 = hca3
+        .acme_until(&["-f", "i", "-s", &ip63, "-d", &ip64, "-v"], w, ok)
+        .unwrap();
+    assert!(ok(&ip6), "{ip6}\n{}", fabric.logs_report());
     let hca4 = fabric.node("Hca4").unwrap();
     let back = hca4
         .acme_until(
