@@ -16,6 +16,56 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+/// OpenSM's default `subnet_timeout` (OpenSM 3.3.23: `opensm -c FILE` writes
+/// `subnet_timeout 18`, i.e. 4.096 µs × 2^18 ≈ 1.07 s).
+pub const OPENSM_DEFAULT_SUBNET_TIMEOUT: u8 = 18;
+
+/// The SubnetTimeOut ibsim reports in every PortInfo: a placeholder, it ignores the value
+/// OpenSM sets.
+pub const IBSIM_PLACEHOLDER_SUBNET_TIMEOUT: u8 = 31;
+
+/// The subnet timeout `ibv_query_port` reports, given what the fabric's PortInfo says and the
+/// `SIMVERBS_SUBNET_TIMEOUT` override.
+///
+/// Why: ibsim always answers SubnetTimeOut 31, and consumers such as libibacmp wait
+/// `1 << (subnet_timeout - 8)` ms (31 → 2.3 hours) per retry of a request nobody answers, so
+/// their timeout paths could never run. 31 is therefore read as "not set" and replaced by the
+/// value OpenSM would have programmed on real hardware. Any other value passes through; the
+/// override, when given, always wins.
+pub fn effective_subnet_timeout(reported: u8, override_code: Option<u8>) -> u8 {
+    match override_code {
+        Some(code) => code,
+        None if reported == IBSIM_PLACEHOLDER_SUBNET_TIMEOUT => OPENSM_DEFAULT_SUBNET_TIMEOUT,
+        None => reported,
+    }
+}
+
+/// Parses a `SIMVERBS_SUBNET_TIMEOUT` value: the IBA 5-bit code, 0..=31.
+pub fn parse_subnet_timeout(value: &str) -> Result<u8, String> {
+    value
+        .trim()
+        .parse::<u8>()
+        .ok()
+        .filter(|c| *c <= 31)
+        .ok_or_else(|| format!("'{value}' is not a subnet timeout code in 0..31"))
+}
+
+/// `SIMVERBS_SUBNET_TIMEOUT`, read once per process; an invalid value is reported on stderr
+/// and ignored.
+fn subnet_timeout_override() -> Option<u8> {
+    static CODE: OnceLock<Option<u8>> = OnceLock::new();
+    *CODE.get_or_init(|| {
+        let v = std::env::var("SIMVERBS_SUBNET_TIMEOUT").ok()?;
+        match parse_subnet_timeout(&v) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                crate::log(format_args!("ignoring SIMVERBS_SUBNET_TIMEOUT: {e}"));
+                None
+            }
+        }
+    })
+}
+
 /// Our `ibv_device`: the C struct first (callers see only that), then the CA snapshot.
 #[repr(C)]
 pub struct SimDevice {
@@ -130,7 +180,7 @@ impl PortAttrs {
             gid_prefix: p.gid_prefix,
             port_guid: p.port_guid,
             pkeys: p.pkeys.clone(),
-            subnet_timeout: 18,
+            subnet_timeout: OPENSM_DEFAULT_SUBNET_TIMEOUT,
             init_type_reply: 0,
             vl_cap: 1,
             live: false,
@@ -640,7 +690,7 @@ pub unsafe extern "C" fn ibv_query_port(
         a.lmc = p.lmc;
         a.max_vl_num = p.vl_cap;
         a.sm_sl = p.sm_sl;
-        a.subnet_timeout = p.subnet_timeout;
+        a.subnet_timeout = effective_subnet_timeout(p.subnet_timeout, subnet_timeout_override());
         a.init_type_reply = p.init_type_reply;
         a.active_width = p.active_width;
         a.active_speed = p.active_speed;
@@ -873,6 +923,38 @@ mod tests {
             diff_events(&a, &pk),
             vec![ibv_event_type::IBV_EVENT_PKEY_CHANGE]
         );
+    }
+
+    #[test]
+    fn ibsim_placeholder_subnet_timeout_becomes_opensm_default() {
+        // ibsim's 31 → OpenSM's default; real values pass through; the override always wins.
+        assert_eq!(effective_subnet_timeout(31, None), 18);
+        for code in [0u8, 8, 17, 18, 19, 30] {
+            assert_eq!(effective_subnet_timeout(code, None), code);
+        }
+        assert_eq!(effective_subnet_timeout(31, Some(8)), 8);
+        assert_eq!(effective_subnet_timeout(31, Some(31)), 31);
+        assert_eq!(effective_subnet_timeout(12, Some(0)), 0);
+        // The live PortInfo field (byte 51, low 5 bits) is kept raw; the mapping is applied
+        // when reporting.
+        let mut raw = [0u8; 64];
+        raw[51] = 0xe0 | 31;
+        let l = crate::umad::LivePortInfo::parse(&raw).expect("parse");
+        let mut p = active();
+        p.merge_live(&l);
+        assert_eq!(p.subnet_timeout, 31);
+        assert_eq!(effective_subnet_timeout(p.subnet_timeout, None), 18);
+    }
+
+    #[test]
+    fn subnet_timeout_knob_accepts_only_codes() {
+        assert_eq!(parse_subnet_timeout("8"), Ok(8));
+        assert_eq!(parse_subnet_timeout(" 0 "), Ok(0));
+        assert_eq!(parse_subnet_timeout("31"), Ok(31));
+        for bad in ["32", "-1", "", "eight", "1.5", "256"] {
+            let e = parse_subnet_timeout(bad).expect_err(bad);
+            assert!(e.contains("0..31"), "{e}");
+        }
     }
 
     #[test]

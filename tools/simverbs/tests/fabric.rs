@@ -20,13 +20,20 @@ fn value_of(text: &str, key: &str) -> String {
 #[test]
 fn devinfo_matches_umad_view() {
     let f = Fabric::start("devinfo");
-    let out = f
-        .command("ibv_devinfo", "Hca3", true)
-        .arg("-v")
-        .output()
-        .expect("ibv_devinfo not found: apt-get install ibverbs-utils");
-    let dev = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "ibv_devinfo failed: {dev}");
+    let devinfo = |subnet_timeout: Option<&str>| {
+        let mut c = f.command("ibv_devinfo", "Hca3", true);
+        c.arg("-v").env_remove("SIMVERBS_SUBNET_TIMEOUT");
+        if let Some(v) = subnet_timeout {
+            c.env("SIMVERBS_SUBNET_TIMEOUT", v);
+        }
+        let out = c
+            .output()
+            .expect("ibv_devinfo not found: apt-get install ibverbs-utils");
+        let dev = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "ibv_devinfo failed: {dev}");
+        (dev, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (dev, _) = devinfo(None);
     let out = f
         .command("ibstat", "Hca3", false)
         .output()
@@ -63,6 +70,28 @@ fn devinfo_matches_umad_view() {
     assert_eq!(value_of(&stat, "Rate:"), "10");
     assert_eq!(value_of(&dev, "active_width:"), "4X (2)");
     assert_eq!(value_of(&dev, "active_speed:"), "2.5 Gbps (1)");
+
+    // SubnetTimeOut: the fabric (ibsim) says 31, ibv_query_port reports OpenSM's default 18,
+    // unless SIMVERBS_SUBNET_TIMEOUT overrides it; a bad override is reported and ignored.
+    let out = f
+        .command("smpquery", "Hca3", false)
+        .args(["-D", "portinfo", "0", "1"])
+        .output()
+        .expect("smpquery not found: apt-get install infiniband-diags");
+    let pi = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(
+        value_of(&pi, "SubnetTimeout:").trim_start_matches('.'),
+        "31"
+    );
+    assert_eq!(value_of(&dev, "subnet_timeout:"), "18");
+    let (dev8, _) = devinfo(Some("8"));
+    assert_eq!(value_of(&dev8, "subnet_timeout:"), "8");
+    let (dev_bad, err) = devinfo(Some("32"));
+    assert_eq!(value_of(&dev_bad, "subnet_timeout:"), "18");
+    assert!(
+        err.contains("ignoring SIMVERBS_SUBNET_TIMEOUT") && err.contains("0..31"),
+        "{err}"
+    );
 }
 
 #[test]
