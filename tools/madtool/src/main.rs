@@ -8,6 +8,9 @@
 //! madtool capture --out <dir> [--dlid N] [--dguid G] [--missing-dlid N]
 //!                                    send PathRecord GETs and an ACM MCMemberRecord SET to the
 //!                                    SA, save requests and replies as <dir>/opensm_*.bin
+//! madtool acm-respond <req.bin> <resp.bin>
+//!                                    answer an ibacm class 0x2C resolve request as acmp does
+//!                                    (GET_RESP, same TID, one GID: the requester's last MGID)
 //! ```
 
 mod decode;
@@ -16,7 +19,9 @@ mod umad;
 use std::io::Read;
 use std::process::ExitCode;
 
+use acm_core_nostd::wire::acm_mad::{AcmMad, AcmResolveRepr, CTRL_RESOLVE};
 use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::mad::Method;
 use acm_core_nostd::wire::mcmember::{AcmMgid, McMemberMask, McMemberRecord, McMemberRepr};
 use acm_core_nostd::wire::path_record::{
     acm_path_comp_mask, PathRecord, PathRecordQuery, PathRecordRepr,
@@ -29,13 +34,15 @@ const USAGE: &str = "usage:
   madtool decode --hex <hex digits>
   madtool decode --client <file|->
   madtool decode --client --hex <hex digits>
-  madtool capture --out <dir> [--dlid N] [--dguid GUID] [--missing-dlid N]";
+  madtool capture --out <dir> [--dlid N] [--dguid GUID] [--missing-dlid N]
+  madtool acm-respond <request.bin> <response.bin>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("decode") => cmd_decode(&args[1..]),
         Some("capture") => cmd_capture(&args[1..]),
+        Some("acm-respond") => cmd_acm_respond(&args[1..]),
         Some("-h") | Some("--help") | Some("help") => {
             println!("{USAGE}");
             Ok(())
@@ -189,4 +196,35 @@ fn path_get(tid: u64, record: &PathRecordRepr, mask: u64) -> [u8; 256] {
         SaPacket::new_unchecked(&mut mad[..]).data_mut(),
     ));
     mad
+}
+
+/// Builds acmp's answer to a resolve request: GET_RESP, same TID, `gid_cnt = 1` with the
+/// requester's last (most preferred) MGID, addresses zero.
+fn cmd_acm_respond(args: &[String]) -> Result<(), String> {
+    let [req, out] = args else {
+        return Err(format!(
+            "acm-respond needs <request.bin> <response.bin>\n{USAGE}"
+        ));
+    };
+    let bytes = std::fs::read(req).map_err(|e| format!("reading {req}: {e}"))?;
+    let r = AcmResolveRepr::parse(
+        &AcmMad::new_checked(&bytes[..])
+            .map_err(|_| format!("{req}: {} bytes; an ACM MAD is 256", bytes.len()))?,
+    )
+    .map_err(|e| format!("{req}: not an ACM resolve MAD ({e})"))?;
+    if r.method != Method::Get || r.control & 0x7fff != CTRL_RESOLVE {
+        return Err(format!(
+            "{req}: not a resolve request (method {:?}, control 0x{:04x})",
+            r.method, r.control
+        ));
+    }
+    let mgid = *r
+        .gids()
+        .last()
+        .ok_or(format!("{req}: request carries no MGID"))?;
+    let mut mad = [0u8; 256];
+    AcmResolveRepr::response(r.tid, mgid)
+        .emit(&mut AcmMad::new_unchecked(&mut mad[..]))
+        .map_err(|e| format!("encoding the response: {e}"))?;
+    std::fs::write(out, mad).map_err(|e| format!("writing {out}: {e}"))
 }

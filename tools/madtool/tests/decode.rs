@@ -204,3 +204,35 @@ fn bad_input_fails_with_a_clear_message() {
     assert!(err(&[], None).contains("usage"));
     assert!(err(&["capture"], None).contains("--out"));
 }
+
+#[test]
+fn acm_respond_builds_the_response_acmp_accepted() {
+    let dir = std::env::temp_dir().join(format!("acm-wire-madtool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("resp.bin");
+    let req = fixture("acmp_resolve_req.bin");
+    let o = madtool(
+        &["acm-respond", req.to_str().unwrap(), out.to_str().unwrap()],
+        None,
+    );
+    let got = std::fs::read(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        got.unwrap(),
+        std::fs::read(fixture("acmrs_resolve_resp.bin")).unwrap()
+    );
+    let sa = fixture("opensm_pr_get_lid_resp.bin");
+    assert!(err(
+        &["acm-respond", sa.to_str().unwrap(), "/nonexistent/x"],
+        None
+    )
+    .contains("not an ACM resolve MAD"));
+    let resp = fixture("acmrs_resolve_resp.bin");
+    assert!(err(
+        &["acm-respond", resp.to_str().unwrap(), "/nonexistent/x"],
+        None
+    )
+    .contains("not a resolve request"));
+    assert!(err(&["acm-respond"], None).contains("needs <request.bin>"));
+}
