@@ -145,6 +145,7 @@ pub struct FabricBuilder {
     sm_node: Option<String>,
     options: Vec<(Option<String>, String, String)>,
     daemon_env: Vec<(String, String)>,
+    subnet_timeout: Option<u8>,
     prefix: String,
     keep: bool,
     ready_timeout: Duration,
@@ -220,6 +221,7 @@ impl FabricBuilder {
             sm_node: None,
             options: Vec::new(),
             daemon_env: Vec::new(),
+            subnet_timeout: None,
             prefix: "acmfab".into(),
             keep: false,
             ready_timeout: Duration::from_secs(30),
@@ -257,6 +259,17 @@ impl FabricBuilder {
     /// Adds an environment variable for every daemon (e.g. `SIMVERBS_DEBUG=1`).
     pub fn daemon_env(mut self, key: &str, value: &str) -> Self {
         self.daemon_env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The PortInfo SubnetTimeOut code (0..=31) the daemons' `ibv_query_port` reports
+    /// (`SIMVERBS_SUBNET_TIMEOUT` in their environment). Unset (the default), simverbs reports
+    /// the fabric's value, except ibsim's placeholder 31, which it replaces with OpenSM's
+    /// default 18. libibacmp waits `1 << (code - 8)` ms plus its `timeout` option per multicast
+    /// try, so `8` (1 ms) makes unanswered requests fail fastest. A value above 31 makes
+    /// [`FabricBuilder::start`] fail.
+    pub fn subnet_timeout(mut self, code: u8) -> Self {
+        self.subnet_timeout = Some(code);
         self
     }
 
@@ -312,6 +325,11 @@ impl FabricBuilder {
                     hcas.join(", ")
                 )));
             }
+        }
+        if let Some(code) = self.subnet_timeout.filter(|c| *c > 31) {
+            return Err(Error::new(format!(
+                "subnet timeout {code} is not a PortInfo SubnetTimeOut code (0..=31)"
+            )));
         }
         let mut uniq = self.nodes.clone();
         uniq.sort();
@@ -399,6 +417,19 @@ impl FabricBuilder {
                 Err(Error::new(format!("{e}\n{report}")))
             }
         }
+    }
+}
+
+impl FabricBuilder {
+    /// The daemons' extra environment: [`FabricBuilder::daemon_env`] plus the knobs that map to
+    /// simverbs variables (an explicit `daemon_env` of the same name comes later and wins).
+    fn daemon_env_with_knobs(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if let Some(code) = self.subnet_timeout {
+            env.push(("SIMVERBS_SUBNET_TIMEOUT".to_string(), code.to_string()));
+        }
+        env.extend(self.daemon_env.iter().cloned());
+        env
     }
 }
 
@@ -502,7 +533,7 @@ impl Fabric {
         let launch = Launch {
             simverbs: self.simverbs.clone(),
             shm: self.scratch.clone(),
-            env: cfg.daemon_env.clone(),
+            env: cfg.daemon_env_with_knobs(),
             provider: self.provider.name().to_string(),
             ready_timeout: cfg.ready_timeout,
         };

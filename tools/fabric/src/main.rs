@@ -25,6 +25,8 @@ FABRIC OPTIONS:
   --provider-name N    the provider name when --provider is a path
   --sm-node HCA        HCA that OpenSM runs as (default: first HCA without a daemon)
   --opt NAME=VALUE     extra ibacm_opts.cfg line on every node (repeatable)
+  --subnet-timeout N   PortInfo SubnetTimeOut code 0..31 the daemons see (default: simverbs's,
+                       OpenSM's 18 in place of ibsim's placeholder 31; 8 = 1 ms)
   --keep               keep the scratch directory (logs) after teardown
   --name-prefix P      label of the fabric name and scratch dir (default acmfab-cli)
 ";
@@ -98,6 +100,7 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut provider = "stock".to_string();
     let mut provider_name: Option<String> = None;
     let mut sm_node = None;
+    let mut subnet_timeout = None;
     let mut opts = Vec::new();
     let mut keep = false;
     let mut prefix = "acmfab-cli".to_string();
@@ -131,6 +134,13 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
                     .ok_or_else(|| format!("--opt wants NAME=VALUE, got {v:?}"))?;
                 opts.push((k.to_string(), v.to_string()));
             }
+            "--subnet-timeout" => {
+                let v = val("--subnet-timeout")?;
+                subnet_timeout =
+                    Some(v.parse::<u8>().ok().filter(|c| *c <= 31).ok_or_else(|| {
+                        format!("--subnet-timeout wants a code in 0..31, got {v:?}")
+                    })?);
+            }
             "--keep" => keep = true,
             "--name-prefix" => prefix = val("--name-prefix")?,
             "--on" => on = Some(val("--on")?),
@@ -158,6 +168,9 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
         .name_prefix(&prefix);
     if let Some(s) = sm_node {
         builder = builder.sm_node(&s);
+    }
+    if let Some(code) = subnet_timeout {
+        builder = builder.subnet_timeout(code);
     }
     for (k, v) in &opts {
         builder = builder.option(k, v);
@@ -270,5 +283,36 @@ fn print_summary(f: &Fabric) {
             n.name,
             n.run_dir.display()
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn subnet_timeout_flag_is_validated() {
+        let ok = parse_fabric_opts(&args(&["--subnet-timeout", "8"])).expect("8 is valid");
+        assert!(
+            format!("{:?}", ok.builder).contains("subnet_timeout: Some(8)"),
+            "{:?}",
+            ok.builder
+        );
+        let unset = parse_fabric_opts(&args(&[])).expect("defaults");
+        assert!(format!("{:?}", unset.builder).contains("subnet_timeout: None"));
+        for bad in ["32", "-1", "x", ""] {
+            let e = parse_fabric_opts(&args(&["--subnet-timeout", bad]))
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} accepted"));
+            assert!(e.contains("0..31"), "{e}");
+        }
+        let e = parse_fabric_opts(&args(&["--subnet-timeout"]))
+            .err()
+            .expect("missing value accepted");
+        assert!(e.contains("--subnet-timeout needs a value"), "{e}");
     }
 }

@@ -87,9 +87,18 @@ fn bad_configurations_are_clear_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("OpenSM"), "{e}");
-    let e = Fabric::builder(t, ["Hca2", "Hca2"])
+    let e = Fabric::builder(t.clone(), ["Hca2", "Hca2"])
         .start()
         .unwrap_err()
         .to_string();
     assert!(e.contains("twice"), "{e}");
+    let e = Fabric::builder(t, ["Hca2"])
+        .subnet_timeout(32)
+        .start()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("subnet timeout 32") && e.contains("0..=31"),
+        "{e}"
+    );
 }

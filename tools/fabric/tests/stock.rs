@@ -287,3 +287,78 @@ fn stock_ibacmp_on_a_generated_fat_tree() {
     let (l2, l3) = (f.node("Hca2").unwrap().lid, f.node("Hca3").unwrap().lid);
     resolve_verified(&f, "Hca2", "l", &l2.to_string(), &l3.to_string(), "Hca3");
 }
+
+/// libibacmp's options for the timeout tests: 300 ms per try, 1 retry (2 tries in all).
+const TRY_MS: u64 = 300;
+const TRIES: u64 = 2;
+
+/// Resolves a name that is in no address file: libibacmp multicasts an ACM address request
+/// nobody answers, retries once, and fails the request. Returns the `ib_acme` result and how
+/// long it took. Afterwards the daemon must still resolve: a cached destination and one it
+/// has never seen (a fresh multicast request).
+fn unanswered_name_fails(f: &Fabric) -> (Output, Duration) {
+    // The endpoint is READY (joined) once a resolution works.
+    resolve_verified(f, "Hca3", "n", "hca3", "hca4", "Hca4");
+    let node = f.node("Hca3").unwrap();
+    let started = std::time::Instant::now();
+    let out = node
+        .acme(&["-f", "n", "-s", "hca3", "-d", "nobody-answers"])
+        .unwrap();
+    let took = started.elapsed();
+    eprintln!("{}: unanswered name failed after {took:?}", f.name());
+    assert!(
+        !out.success() && out.stdout.contains("Connection timed out"),
+        "an unanswered name must fail with ETIMEDOUT ({took:?}):\n{out}\n{}",
+        f.logs_report()
+    );
+    // libibacmp's own account: one retry, then the request failed (its retry/timeout path).
+    let log = node.log();
+    assert!(
+        count(&log, "notice - retrying request") == (TRIES - 1) as usize
+            && log.contains("notice - failing request"),
+        "{log}"
+    );
+    assert!(counters(f, "Hca3")["Error Count"] >= 1);
+    // Still healthy: a cached destination and a new one (multicast again) both resolve.
+    resolve_verified(f, "Hca3", "n", "hca3", "hca4", "Hca4");
+    resolve_verified(f, "Hca3", "n", "hca3", "hca2", "Hca2");
+    (out, took)
+}
+
+fn timeout_fabric(prefix: &str, subnet_timeout: Option<u8>) -> Fabric {
+    let mut b = Fabric::builder(Topology::example("net.2sw2path4hca").unwrap(), NODES)
+        .provider(Provider::Stock)
+        .name_prefix(prefix)
+        .option("timeout", &TRY_MS.to_string())
+        .option("retries", &(TRIES - 1).to_string());
+    if let Some(code) = subnet_timeout {
+        b = b.subnet_timeout(code);
+    }
+    b.start().unwrap_or_else(|e| panic!("bring-up failed: {e}"))
+}
+
+#[test]
+fn stock_ibacmp_unanswered_name_times_out_with_the_default_subnet_timeout() {
+    // No override: simverbs reports OpenSM's default 18 in place of ibsim's 31, so each try
+    // waits 1 << (18 - 8) = 1024 ms + `timeout` (with 31 it would be 2.3 hours).
+    let f = timeout_fabric("stock-timeout18", None);
+    let (_, took) = unanswered_name_fails(&f);
+    let floor = Duration::from_millis(TRIES * (1024 + TRY_MS));
+    assert!(
+        took >= floor && took < Duration::from_secs(20),
+        "took {took:?}, expected {floor:?}..20 s"
+    );
+}
+
+#[test]
+fn stock_ibacmp_unanswered_name_times_out_fast_with_subnet_timeout_8() {
+    // SubnetTimeOut 8 → 1 ms per try on top of `timeout`: well under the default's floor.
+    let f = timeout_fabric("stock-timeout8", Some(8));
+    let (_, took) = unanswered_name_fails(&f);
+    let floor = Duration::from_millis(TRIES * (1 + TRY_MS));
+    let default_floor = Duration::from_millis(TRIES * (1024 + TRY_MS));
+    assert!(
+        took >= floor && took < default_floor,
+        "took {took:?}, expected {floor:?}..{default_floor:?}"
+    );
+}
