@@ -668,3 +668,38 @@ Switch 0x000000000000100c, base LID 12, \"Sw\", port 0
     assert!(wait_responses(5, W));
     h.close();
 }
+
+#[test]
+fn options_are_validated_and_route_lifetime_honoured() {
+    let _s = serial();
+    let opts = format!(
+        "{OPTS}acmrs_cpu banana\nroute_prot acm\nsome_other_provider_option 5\n\
+         acmrs_route_ttl_ms 300\n"
+    );
+    let mut h = Host::open(&opts, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    // The invalid value is reported with its line; unknown names are ignored silently.
+    assert!(
+        log_contains("ibacm_opts.cfg line 8: invalid number"),
+        "invalid acmrs_cpu reported"
+    );
+    assert!(!log_contains("some_other_provider_option"));
+    assert!(log_contains("route_prot acm is not implemented"));
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 50, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    let t2 = h.tid();
+    h.resolve(ep, &path_request(t2, 50, None, 0), 1);
+    assert_eq!(find(t2).len(), 1, "hit while fresh");
+    // acmrs_route_ttl_ms 300: after it the route is queried again.
+    std::thread::sleep(Duration::from_millis(600));
+    let t3 = h.tid();
+    h.resolve(ep, &path_request(t3, 50, None, 0), 1);
+    assert!(find(t3).is_empty(), "expired route is not served");
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(3, W));
+    h.close();
+}
