@@ -6,7 +6,9 @@
 //!
 //! * misses for the same (endpoint, constraints) key coalesce on one SA PathRecord GET;
 //! * at most `acmrs_pending_capacity` requests wait at once (more → ENOMEM), at most
-//!   [`MAX_INFLIGHT`] SA queries are in flight (more wait in a FIFO backlog);
+//!   `8 × sa_depth` (8..=[`MAX_INFLIGHT`]) SA queries are in flight, more wait in a FIFO
+//!   backlog (the core itself sends `sa_depth` at a time and queues the rest in an unbounded
+//!   list, so keeping only a few in its queue keeps memory bounded on our side);
 //! * SA BUSY is retried with exponential backoff (`acmrs_sa_busy_backoff_ms`, `acmrs_sa_retries`
 //!   tries); a umad timeout is ETIMEDOUT; a reply that never comes is ETIMEDOUT after the
 //!   core's whole retry budget plus a margin;
@@ -67,6 +69,9 @@ pub struct Engine {
     backlog: VecDeque<u32>,
     preloads: HashMap<u64, (Arc<Ep>, Vec<PreloadedRoute>)>,
     next_timer: Option<Instant>,
+    /// An in-flight slot was freed: start backlog entries (done from `poll`, never from inside
+    /// `complete`, so failures that complete at once cannot recurse).
+    kick_backlog: bool,
     done: bool,
 }
 
@@ -74,16 +79,20 @@ impl Engine {
     /// An engine with all its tables allocated now (capacities from the options).
     pub fn new(sh: Arc<Shared>, handler: SaHandler) -> Self {
         let cap = sh.opts.acmrs_pending_capacity as usize;
+        let inflight = (sh.opts.sa_depth as usize)
+            .saturating_mul(8)
+            .clamp(8, MAX_INFLIGHT);
         Engine {
             handler,
             pending: (0..cap).map(|_| None).collect(),
             pending_free: (0..cap as u32).rev().collect(),
-            inflight: (0..MAX_INFLIGHT).map(|_| None).collect(),
-            inflight_free: (0..MAX_INFLIGHT as u32).rev().collect(),
-            by_key: HashMap::with_capacity(MAX_INFLIGHT),
+            inflight: (0..inflight).map(|_| None).collect(),
+            inflight_free: (0..inflight as u32).rev().collect(),
+            by_key: HashMap::with_capacity(inflight),
             backlog: VecDeque::with_capacity(cap),
             preloads: HashMap::new(),
             next_timer: None,
+            kick_backlog: false,
             done: false,
             sh,
         }
@@ -272,7 +281,7 @@ impl Engine {
     }
 
     /// Completes an in-flight query: answers all its waiters, frees the slots, starts backlog.
-    fn complete(&mut self, fi: u32, status: u8, record: Option<&[u8; 64]>, now: Instant) {
+    fn complete(&mut self, fi: u32, status: u8, record: Option<&[u8; 64]>, _now: Instant) {
         let Some(f) = self.inflight[fi as usize].take() else {
             return;
         };
@@ -296,7 +305,7 @@ impl Engine {
             let _ = p.id;
             cur = p.next;
         }
-        self.drain_backlog(now);
+        self.kick_backlog = true;
     }
 
     fn drain_backlog(&mut self, now: Instant) {
@@ -399,17 +408,11 @@ impl Engine {
     }
 
     fn close_ep(&mut self, ep: &Arc<Ep>, now: Instant) {
-        for fi in 0..self.inflight.len() as u32 {
-            let same = self.inflight[fi as usize]
-                .as_ref()
-                .is_some_and(|f| f.ep.id == ep.id);
-            if same {
-                self.complete(fi, ACM_STATUS_ENODATA, None, now);
-            }
-        }
-        let mut keep = VecDeque::with_capacity(0);
-        std::mem::swap(&mut keep, &mut self.backlog);
-        for slot in keep {
+        // Backlog first (rotated in place, no allocation), so nothing of this endpoint starts.
+        for _ in 0..self.backlog.len() {
+            let Some(slot) = self.backlog.pop_front() else {
+                break;
+            };
             let same = self.pending[slot as usize]
                 .as_ref()
                 .is_some_and(|p| p.req.ep.id == ep.id);
@@ -420,6 +423,14 @@ impl Engine {
                 }
             } else {
                 self.backlog.push_back(slot);
+            }
+        }
+        for fi in 0..self.inflight.len() as u32 {
+            let same = self.inflight[fi as usize]
+                .as_ref()
+                .is_some_and(|f| f.ep.id == ep.id);
+            if same {
+                self.complete(fi, ACM_STATUS_ENODATA, None, now);
             }
         }
         self.sh.invalidate_ep(ep);
@@ -505,6 +516,10 @@ impl Poller for Engine {
             self.handle_request(req, now);
         }
         self.run_timers(now);
+        if self.kick_backlog {
+            self.kick_backlog = false;
+            self.drain_backlog(now);
+        }
         PollOutcome {
             did_work: did,
             next_deadline: self.next_timer,

@@ -703,3 +703,48 @@ fn options_are_validated_and_route_lifetime_honoured() {
     assert!(wait_responses(3, W));
     h.close();
 }
+
+#[test]
+fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
+    let _s = serial();
+    let mut h = Host::open(OPTS, &[]); // sa_depth 1: 8 SA queries in flight
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let mut tids = Vec::new();
+    for i in 0..40u16 {
+        let t = h.tid();
+        tids.push(t);
+        h.resolve(ep, &path_request(t, 100 + i, None, 0), 1);
+    }
+    assert!(wait_until(|| sa_pending() == 8));
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(sa_pending(), 8, "no more than 8 × sa_depth in flight");
+    // Answering drains the backlog in order.
+    let t0 = std::time::Instant::now();
+    while response_count() < 40 {
+        while sa_complete_next(SaAction::Answer) {}
+        assert!(t0.elapsed() < W);
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    check_exactly_once(&tids).unwrap();
+    assert!(responses().iter().all(|r| r.msg.hdr.status == 0));
+    // 2000 waiting requests (8 in flight, the rest in the backlog) when the endpoint closes:
+    // every one answered ENODATA once, nothing started on the closed endpoint.
+    reset_counters();
+    let mut tids = Vec::new();
+    for i in 0..2000u16 {
+        let t = h.tid();
+        tids.push(t);
+        h.resolve(ep, &path_request(t, 1000 + i, None, 0), 1);
+    }
+    assert!(wait_until(|| sa_pending() == 8));
+    h.close_ep(ep);
+    assert!(wait_responses(2000, W));
+    check_exactly_once(&tids).unwrap();
+    assert!(responses()
+        .iter()
+        .all(|r| r.msg.hdr.status == ACM_STATUS_ENODATA));
+    assert_eq!(DEAD_ENDPOINT_USE.load(Ordering::SeqCst), 0);
+    sa_drain_timeouts();
+    h.close();
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
+}

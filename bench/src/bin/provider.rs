@@ -301,7 +301,7 @@ fn run_size(prov: &AcmProvider, dir: &std::path::Path, size: usize, samples: usi
     std::fs::write(
         &opts,
         format!(
-            "log_level 0\nacmrs_path_capacity {}\nacmrs_request_capacity 65536\n\
+            "log_level 0\nsa_depth 32\nacmrs_path_capacity {}\nacmrs_request_capacity 65536\n\
              acmrs_pending_capacity 65536\nacmrs_poll_mode adaptive\n",
             size + size / 4 + 16
         ),
