@@ -90,6 +90,7 @@ impl Constraints {
     };
 
     /// Packs the specified fields into 5 words; unspecified fields become 0.
+    #[inline]
     pub fn to_words(&self) -> [u32; 5] {
         let m = self.mask;
         let on = |bit: u16| m & bit != 0;
@@ -139,6 +140,7 @@ impl PathKey {
     }
 
     /// Packs the key into words; equal keys pack equal and vice versa (after masking).
+    #[inline]
     pub fn to_words(&self) -> [u32; PATH_KEY_WORDS] {
         let mut w = [0u32; PATH_KEY_WORDS];
         match self.dest {
@@ -219,6 +221,7 @@ impl AddrKey {
     }
 
     /// Packs the key into words.
+    #[inline]
     pub fn to_words(&self) -> [u32; ADDR_KEY_WORDS] {
         let mut w = [0u32; ADDR_KEY_WORDS];
         w[0] = ((self.ep as u32) << 16) | self.kind as u32;
@@ -238,18 +241,22 @@ pub trait CacheKey: Copy + Eq {
 }
 
 impl CacheKey for PathKey {
+    #[inline]
     fn ep(&self) -> u16 {
         self.ep
     }
+    #[inline]
     fn hash_with(&self, seed: u64) -> u64 {
         hash_words(seed, &self.to_words())
     }
 }
 
 impl CacheKey for AddrKey {
+    #[inline]
     fn ep(&self) -> u16 {
         self.ep
     }
+    #[inline]
     fn hash_with(&self, seed: u64) -> u64 {
         hash_words(seed, &self.to_words())
     }

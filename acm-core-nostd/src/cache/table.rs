@@ -58,17 +58,21 @@ const REFERENCED: u32 = 1;
 /// One entry-and-bucket of cache storage; see the module docs of [`cache`](super).
 ///
 /// `Slot::new()` is `const`, so firmware can declare `static S: [PathSlot; N]`.
+// `repr(C)` fixes the order: the bucket head, the sequence counter, the header and the key come
+// first, so a lookup whose entry sits in its own bucket's slot (home placement) finds head, seq and
+// key in one cache line instead of paying a second dependent miss.
+#[repr(C)]
 pub struct Slot<const W: usize> {
+    head: AtomicU32,
     seq: AtomicU32,
     words: [AtomicU32; W],
     next: AtomicU32,
-    /// Free-list back link (writer only).
-    prev: AtomicU32,
-    head: AtomicU32,
     /// CLOCK reference bit (set by readers, cleared by the writer's hand).
     flags: AtomicU32,
     /// The sequence value of the version for which a refresh hint was last handed out.
     claim: AtomicU32,
+    /// Free-list back link (writer only).
+    prev: AtomicU32,
 }
 
 impl<const W: usize> Slot<W> {
