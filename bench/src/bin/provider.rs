@@ -296,14 +296,21 @@ struct Results {
     miss_answer: LatencyHistogram,
 }
 
-fn run_size(prov: &AcmProvider, dir: &std::path::Path, size: usize, samples: usize) -> Results {
+fn run_size(
+    prov: &AcmProvider,
+    dir: &std::path::Path,
+    size: usize,
+    samples: usize,
+    poll_mode: &str,
+) -> Results {
     let opts = dir.join(format!("opts-{size}.cfg"));
     std::fs::write(
         &opts,
         format!(
             "log_level 0\nsa_depth 32\nacmrs_path_capacity {}\nacmrs_request_capacity 65536\n\
-             acmrs_pending_capacity 65536\nacmrs_poll_mode adaptive\n",
-            size + size / 4 + 16
+             acmrs_pending_capacity 65536\nacmrs_poll_mode {}\n",
+            size + size / 4 + 16,
+            poll_mode
         ),
     )
     .unwrap();
@@ -473,7 +480,8 @@ fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let daemon = raw.iter().any(|a| a == "--daemon");
     let rest = raw.into_iter().filter(|a| a != "--daemon");
-    let args = match Args::parse_from(rest, USAGE, &["--sizes", "--daemon-samples"]) {
+    let args = match Args::parse_from(rest, USAGE, &["--sizes", "--daemon-samples", "--poll-mode"])
+    {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
@@ -486,6 +494,7 @@ fn main() {
         None => vec![1000, 100_000, 1_000_000],
     };
     let samples = if args.quick { 100_000 } else { 1_000_000 };
+    let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
     let exe = std::env::current_exe().unwrap();
     let lib = exe.parent().unwrap().join("libacmrs.so");
     assert!(
@@ -509,7 +518,7 @@ fn main() {
         "max ns",
     ]);
     for &size in &sizes {
-        let r = run_size(prov, &dir, size, samples);
+        let r = run_size(prov, &dir, size, samples, poll_mode);
         for (what, h) in [
             ("hit resolve()", &r.hit),
             ("miss resolve() call", &r.miss_call),
