@@ -463,3 +463,10 @@ fn cache_is_shareable_and_writer_is_sendable() {
     .unwrap();
     assert_eq!(record_of(c.lookup(&lid(0, 1), 1)), rec(5));
 }
+
+#[test]
+fn documented_bytes_per_entry() {
+    // docs/cache.md and the module docs quote these sizes.
+    assert_eq!(std::mem::size_of::<PathSlot>(), 148);
+    assert_eq!(std::mem::size_of::<AddrSlot>(), 120);
+}

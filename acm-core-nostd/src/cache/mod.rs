@@ -42,7 +42,7 @@
 //! | storage | bytes per entry |
 //! |---|---|
 //! | [`PathSlot`] (64 B record + 40 B key + 20 B meta + seq, chain and free-list links, bucket head, CLOCK bit, refresh claim) | 148 |
-//! | [`AddrSlot`] (68 B key + 8 B target + 20 B meta + 28 B seq/links/head/flags/claim) | 124 |
+//! | [`AddrSlot`] (68 B key + 8 B target + 20 B meta + 24 B seq, links, bucket head, CLOCK, claim) | 120 |
 //! | [`pending`]: per key / per waiter | see [`pending`] |
 //!
 //! 1,000,000 path entries take 148 MB.
