@@ -434,21 +434,6 @@ pub fn layout_table() -> Vec<LayoutRow> {
             offset_of!(AcmProvider, query_perf),
         ),
         ("sizeof(struct ibv_path_record)", 64),
-        ("offsetof(struct ibv_path_record, dlid)", crate::path::DLID),
-        ("offsetof(struct ibv_path_record, slid)", crate::path::SLID),
-        ("offsetof(struct ibv_path_record, pkey)", crate::path::PKEY),
-        (
-            "offsetof(struct ibv_path_record, reversible_numpath)",
-            crate::path::REVERSIBLE_NUMPATH,
-        ),
-        (
-            "offsetof(struct ibv_path_record, qosclass_sl)",
-            crate::path::QOS_SL,
-        ),
-        (
-            "offsetof(struct ibv_path_record, packetlifetime)",
-            crate::path::LIFETIME,
-        ),
         (
             "IBV_EVENT_CLIENT_REREGISTER",
             IBV_EVENT_CLIENT_REREGISTER as usize,

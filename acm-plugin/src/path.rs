@@ -1,5 +1,4 @@
-//! The provider's use of the SA: PathRecord field offsets (for building and normalising the
-//! 64-byte records in place), the PathRecord GET it sends and how it classifies the reply.
+//! The provider's use of the SA: the PathRecord GET it sends and how it classifies the reply.
 //!
 //! Encoding and decoding are `acm-core-nostd::wire::{mad, sa, path_record}`; this module only
 //! adds the provider's policy (which status means retry, which ACM status to answer). The
@@ -8,50 +7,6 @@
 use acm_core_nostd::wire::mad::{Header, MadStatus, Method};
 use acm_core_nostd::wire::path_record::{acm_path_comp_mask, PathRecordRepr};
 use acm_core_nostd::wire::sa::{attr, SaPacket, SaRepr};
-
-/// `service_id` (be64).
-pub const SERVICE_ID: usize = 0;
-/// `dgid` (16 bytes).
-pub const DGID: usize = 8;
-/// `sgid` (16 bytes).
-pub const SGID: usize = 24;
-/// `dlid` (be16).
-pub const DLID: usize = 40;
-/// `slid` (be16).
-pub const SLID: usize = 42;
-/// `flowlabel_hoplimit` (be32: flow label 27:8, hop limit 7:0).
-pub const FLOW_HOP: usize = 44;
-/// `tclass`.
-pub const TCLASS: usize = 48;
-/// `reversible_numpath` (reversible bit 7, numpath 6:0).
-pub const REVERSIBLE_NUMPATH: usize = 49;
-/// `pkey` (be16).
-pub const PKEY: usize = 50;
-/// `qosclass_sl` (be16: QoS class 15:4, SL 3:0).
-pub const QOS_SL: usize = 52;
-/// `mtu` (selector 7:6, MTU 5:0).
-pub const MTU: usize = 54;
-/// `rate` (selector 7:6, rate 5:0).
-pub const RATE: usize = 55;
-/// `packetlifetime` (selector 7:6, lifetime 5:0).
-pub const LIFETIME: usize = 56;
-/// `preference`.
-pub const PREFERENCE: usize = 57;
-
-/// Reads a big-endian u16 field.
-pub fn be16(r: &[u8; 64], off: usize) -> u16 {
-    u16::from_be_bytes([r[off], r[off + 1]])
-}
-
-/// Writes a big-endian u16 field.
-pub fn set_be16(r: &mut [u8; 64], off: usize, v: u16) {
-    r[off..off + 2].copy_from_slice(&v.to_be_bytes());
-}
-
-/// Whether a 16-byte GID field is all zero.
-pub fn gid_is_zero(r: &[u8; 64], off: usize) -> bool {
-    r[off..off + 16].iter().all(|b| *b == 0)
-}
 
 /// The component mask that requires every field the record sets (non-zero): ibacm's own
 /// `acm_path_comp_mask` rule, from `wire::path_record`.
@@ -119,16 +74,19 @@ pub fn tid_low(mad: &[u8; 256]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use acm_core_nostd::wire::path_record::PathRecordMask as M;
+    use acm_core_nostd::wire::path_record::{PathRecord, PathRecordMask as M};
 
     #[test]
     fn comp_mask_requires_what_is_set() {
         let mut r = [0u8; 64];
         assert_eq!(comp_mask(&r), 0);
-        set_be16(&mut r, DLID, 6);
-        r[REVERSIBLE_NUMPATH] = 0x81;
-        set_be16(&mut r, QOS_SL, 0x0013);
-        r[TCLASS] = 4;
+        {
+            let mut p = PathRecord::new_unchecked(&mut r[..]);
+            p.set_dlid(6);
+            p.set_reversible_numpath(true, 1);
+            p.set_qosclass_sl(1, 3);
+        }
+        r[48] = 4; // TClass
         r[0] = 1;
         let m = comp_mask(&r);
         assert_eq!(

@@ -11,7 +11,6 @@
 use crate::core_api::{self, CoreApi};
 use crate::engine::{self, Engine, MAX_INFLIGHT};
 use crate::ffi::*;
-use crate::path;
 use crate::respond;
 use crate::state::{Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, RouteKey, Shared};
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
@@ -20,6 +19,9 @@ use acm_core_nostd::text::hosts::HostLines;
 use acm_core_nostd::text::opts::{
     AddrPreload, LoopbackProt, PollMode, ProviderOptions, RoutePreload, RouteProt,
 };
+use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::path_record::PathRecord;
+use acm_core_nostd::wire::Selector;
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
 use crossbeam_queue::ArrayQueue;
@@ -531,23 +533,29 @@ fn preload_routes(ep: &Ep) -> Vec<crate::state::PreloadedRoute> {
         let mut dgid = ep.port.gid0;
         dgid[8..].copy_from_slice(&p.guid.to_be_bytes());
         let mut r = [0u8; 64];
-        r[path::DGID..path::DGID + 16].copy_from_slice(&dgid);
-        r[path::SGID..path::SGID + 16].copy_from_slice(&ep.port.gid0);
-        path::set_be16(&mut r, path::DLID, p.dlid);
-        path::set_be16(&mut r, path::SLID, ep.port.lid);
-        r[path::REVERSIBLE_NUMPATH] = 0x80;
-        path::set_be16(&mut r, path::PKEY, ep.pkey);
-        path::set_be16(&mut r, path::QOS_SL, u16::from(p.sl & 0xf));
-        r[path::MTU] = p.mtu;
-        r[path::RATE] = p.rate;
-        for rev in [0u8, 0x80] {
+        {
+            let mut pr = PathRecord::new_unchecked(&mut r[..]);
+            pr.set_dgid(Gid(dgid));
+            pr.set_sgid(Gid(ep.port.gid0));
+            pr.set_dlid(p.dlid);
+            pr.set_slid(ep.port.lid);
+            pr.set_reversible_numpath(true, 0);
+            pr.set_pkey(ep.pkey);
+            pr.set_qosclass_sl(0, p.sl);
+            // The dump's raw MTU and rate codes, selector bits 0, as ibacmp stores them.
+            pr.set_mtu(Selector::from_byte(0), p.mtu);
+            pr.set_rate(Selector::from_byte(0), p.rate);
+        }
+        for rev in [false, true] {
             let mut by_lid = [0u8; 64];
-            path::set_be16(&mut by_lid, path::DLID, p.dlid);
-            by_lid[path::REVERSIBLE_NUMPATH] = rev;
+            let mut k = PathRecord::new_unchecked(&mut by_lid[..]);
+            k.set_dlid(p.dlid);
+            k.set_reversible_numpath(rev, 0);
             out.push((by_lid, r));
             let mut by_gid = [0u8; 64];
-            by_gid[path::DGID..path::DGID + 16].copy_from_slice(&dgid);
-            by_gid[path::REVERSIBLE_NUMPATH] = rev;
+            let mut k = PathRecord::new_unchecked(&mut by_gid[..]);
+            k.set_dgid(Gid(dgid));
+            k.set_reversible_numpath(rev, 0);
             out.push((by_gid, r));
         }
     }
@@ -671,44 +679,55 @@ enum Target {
 /// record puts the endpoint's SGID (when no source is given) and P_Key back.
 pub(crate) fn normalise(ep: &Ep, rec: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
     let mut k = *rec;
-    if ep.port.lid != 0 && path::be16(&k, path::SLID) == ep.port.lid {
-        path::set_be16(&mut k, path::SLID, 0);
+    {
+        let mut p = PathRecord::new_unchecked(&mut k[..]);
+        if ep.port.lid != 0 && p.slid() == ep.port.lid {
+            p.set_slid(0);
+        }
+        if p.sgid().0 == ep.port.gid0 {
+            p.set_sgid(Gid([0; 16]));
+        }
+        if p.pkey() & 0x7fff == ep.pkey & 0x7fff {
+            p.set_pkey(0);
+        }
+        let reversible = p.reversible();
+        p.set_reversible_numpath(reversible, 0);
+        p.set_preference(0);
+        p.clear_reserved();
     }
-    if k[path::SGID..path::SGID + 16] == ep.port.gid0 {
-        k[path::SGID..path::SGID + 16].fill(0);
-    }
-    if path::be16(&k, path::PKEY) & 0x7fff == ep.pkey & 0x7fff {
-        path::set_be16(&mut k, path::PKEY, 0);
-    }
-    k[path::REVERSIBLE_NUMPATH] &= 0x80;
-    k[path::PREFERENCE..].fill(0);
     let mut q = k;
-    if path::gid_is_zero(&q, path::SGID) && path::be16(&q, path::SLID) == 0 {
-        q[path::SGID..path::SGID + 16].copy_from_slice(&ep.port.gid0);
-    }
-    if path::be16(&q, path::PKEY) == 0 {
-        path::set_be16(&mut q, path::PKEY, ep.pkey);
+    {
+        let mut p = PathRecord::new_unchecked(&mut q[..]);
+        if p.sgid().is_zero() && p.slid() == 0 {
+            p.set_sgid(Gid(ep.port.gid0));
+        }
+        if p.pkey() == 0 {
+            p.set_pkey(ep.pkey);
+        }
     }
     (k, q)
 }
 
 fn loopback_path(ep: &Ep) -> [u8; 64] {
     let mut r = [0u8; 64];
-    r[path::DGID..path::DGID + 16].copy_from_slice(&ep.port.gid0);
-    r[path::SGID..path::SGID + 16].copy_from_slice(&ep.port.gid0);
-    path::set_be16(&mut r, path::DLID, ep.port.lid);
-    path::set_be16(&mut r, path::SLID, ep.port.lid);
-    r[path::REVERSIBLE_NUMPATH] = 0x80;
-    path::set_be16(&mut r, path::PKEY, ep.pkey);
-    r[path::MTU] = ep.port.mtu;
-    r[path::RATE] = ep.port.rate;
+    let mut p = PathRecord::new_unchecked(&mut r[..]);
+    p.set_dgid(Gid(ep.port.gid0));
+    p.set_sgid(Gid(ep.port.gid0));
+    p.set_dlid(ep.port.lid);
+    p.set_slid(ep.port.lid);
+    p.set_reversible_numpath(true, 0);
+    p.set_pkey(ep.pkey);
+    // The port's active MTU and rate, no selector bits (as ibacmp's loopback entries).
+    p.set_mtu(Selector::from_byte(0), ep.port.mtu);
+    p.set_rate(Selector::from_byte(0), ep.port.rate);
     r
 }
 
 fn gid_record(gid: &[u8; 16]) -> [u8; 64] {
     let mut r = [0u8; 64];
-    r[path::DGID..path::DGID + 16].copy_from_slice(gid);
-    r[path::REVERSIBLE_NUMPATH] = 0x80;
+    let mut p = PathRecord::new_unchecked(&mut r[..]);
+    p.set_dgid(Gid(*gid));
+    p.set_reversible_numpath(true, 0);
     r
 }
 
@@ -729,7 +748,8 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
     let first = &msg.resolve_data[0];
     if first.type_ == ACM_EP_INFO_PATH {
         let rec = first.info.bytes;
-        if path::be16(&rec, path::DLID) == 0 && path::gid_is_zero(&rec, path::DGID) {
+        let p = PathRecord::new_unchecked(&rec[..]);
+        if p.dlid() == 0 && p.dgid().is_zero() {
             return Target::Fail(ACM_STATUS_EINVAL);
         }
         return Target::Path(rec, first.flags & ACM_FLAGS_NODELAY != 0);
@@ -774,8 +794,9 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
                 return Target::Fail(ACM_STATUS_EINVAL);
             }
             let mut r = [0u8; 64];
-            path::set_be16(&mut r, path::DLID, lid);
-            r[path::REVERSIBLE_NUMPATH] = 0x80;
+            let mut p = PathRecord::new_unchecked(&mut r[..]);
+            p.set_dlid(lid);
+            p.set_reversible_numpath(true, 0);
             Target::Path(r, nodelay)
         }
         _ => Target::Fail(ACM_STATUS_EINVAL),

@@ -12,6 +12,7 @@ use acm_core_nostd::cache::{
     constraint, AddrSlot, Constraints, Dest, Lookup, PathCache, PathKey, PathSlot,
 };
 use acm_core_nostd::text::opts::ProviderOptions;
+use acm_core_nostd::wire::path_record::PathRecord;
 use acm_dataplane::worker::Waker;
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -52,40 +53,30 @@ impl RouteKey {
     /// `None` when the request sets something the cache key cannot hold (both DLID and DGID, a
     /// foreign SLID/SGID, flow label, hop limit, preference): such requests always go to the SA.
     pub fn cache_key(&self) -> Option<PathKey> {
-        use crate::path::*;
-        let r = &self.record;
-        let dlid = be16(r, DLID);
-        let has_dgid = !gid_is_zero(r, DGID);
-        let dest = match (dlid, has_dgid) {
-            (0, false) => return None,
-            (0, true) => {
-                let mut g = [0u8; 16];
-                g.copy_from_slice(&r[DGID..DGID + 16]);
-                Dest::Gid(g)
-            }
-            (l, false) => Dest::Lid(l),
-            (_, true) => return None,
+        let p = PathRecord::new_unchecked(&self.record[..]);
+        let dest = match (p.dlid(), p.dgid()) {
+            (0, g) if g.is_zero() => return None,
+            (0, g) => Dest::Gid(g.0),
+            (l, g) if g.is_zero() => Dest::Lid(l),
+            _ => return None,
         };
-        if be16(r, SLID) != 0
-            || !gid_is_zero(r, SGID)
-            || r[FLOW_HOP..FLOW_HOP + 4] != [0; 4]
-            || r[PREFERENCE] != 0
+        if p.slid() != 0
+            || !p.sgid().is_zero()
+            || p.flowlabel_hoplimit() != 0
+            || p.preference() != 0
         {
             return None;
         }
         let mut c = Constraints::ANY;
-        let mut sid = [0u8; 8];
-        sid.copy_from_slice(&r[SERVICE_ID..SERVICE_ID + 8]);
-        c.service_id = u64::from_be_bytes(sid);
-        c.pkey = be16(r, PKEY);
-        let qs = be16(r, QOS_SL);
-        c.qos_class = qs >> 4;
-        c.sl = (qs & 0xf) as u8;
-        c.tclass = r[TCLASS];
-        c.mtu = r[MTU];
-        c.rate = r[RATE];
-        c.packet_life = r[LIFETIME];
-        c.reversible_numpath = r[REVERSIBLE_NUMPATH];
+        c.service_id = p.service_id();
+        c.pkey = p.pkey();
+        c.qos_class = p.qos_class();
+        c.sl = p.sl();
+        c.tclass = p.tclass();
+        c.mtu = p.mtu_byte();
+        c.rate = p.rate_byte();
+        c.packet_life = p.packet_life_byte();
+        c.reversible_numpath = p.reversible_numpath();
         for (set, bit) in [
             (c.service_id != 0, constraint::SERVICE_ID),
             (c.pkey != 0, constraint::PKEY),
