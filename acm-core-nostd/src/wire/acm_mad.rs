@@ -15,7 +15,7 @@
 
 use super::gid::Gid;
 use super::mad::{Method, MgmtClass};
-use super::{array, be16, be64, enum_with_unknown, put_be16, put_be64, Error, Result};
+use super::{array, be16, be64, enum_with_unknown, put_be16, put_be64, view, Error, Result};
 
 /// Length of an ACM MAD (`ACM_SEND_SIZE`).
 pub const ACM_MAD_LEN: usize = 256;
@@ -73,38 +73,16 @@ mod field {
     pub const GID: usize = 152;
 }
 
-/// A view of a 256-byte ACM resolve MAD.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AcmMad<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A view of a 256-byte ACM resolve MAD.
+    pub struct AcmMad(len = ACM_MAD_LEN);
+    /// Wraps a buffer and checks that it holds a whole MAD.
+    fn new_checked;
+    /// Checks the length (256 bytes); after success no accessor panics.
+    fn check_len;
 }
 
 impl<T: AsRef<[u8]>> AcmMad<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        AcmMad { buffer }
-    }
-    /// Wraps a buffer and checks that it holds a whole MAD.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let m = Self::new_unchecked(buffer);
-        m.check_len()?;
-        Ok(m)
-    }
-    /// Checks the length (256 bytes); after success no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < ACM_MAD_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-    fn b(&self) -> &[u8] {
-        self.buffer.as_ref()
-    }
     /// BaseVersion (1).
     pub fn base_version(&self) -> u8 {
         self.b()[field::BASE_VERSION]
@@ -183,9 +161,6 @@ impl<T: AsRef<[u8]>> AcmMad<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> AcmMad<T> {
-    fn bm(&mut self) -> &mut [u8] {
-        self.buffer.as_mut()
-    }
     /// Sets BaseVersion.
     pub fn set_base_version(&mut self, v: u8) {
         self.bm()[field::BASE_VERSION] = v

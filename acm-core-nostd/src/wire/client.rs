@@ -17,7 +17,7 @@
 //! `tid` is opaque (for kernel requests a pointer): copy it, never interpret it.
 
 use super::path_record::{PathRecordRepr, PATH_RECORD_LEN};
-use super::{array, be16, be64, enum_with_unknown, put_be16, put_be64, Error, Result};
+use super::{array, be16, be64, enum_with_unknown, put_be16, put_be64, view, Error, Result};
 
 /// `ACM_VERSION`.
 pub const ACM_VERSION: u8 = 1;
@@ -159,50 +159,31 @@ fn ne32(b: &[u8], at: usize) -> u32 {
     u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
-/// A view of one 72-byte `acm_ep_addr_data` entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EpAddrData<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A view of one 72-byte `acm_ep_addr_data` entry.
+    pub struct EpAddrData(len = EP_LEN);
+    /// Wraps a buffer and checks that it holds a whole entry.
+    fn new_checked;
+    /// Checks the length; after success no accessor panics.
+    fn check_len;
 }
 
 impl<T: AsRef<[u8]>> EpAddrData<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        EpAddrData { buffer }
-    }
-    /// Wraps a buffer and checks that it holds a whole entry.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let e = Self::new_unchecked(buffer);
-        e.check_len()?;
-        Ok(e)
-    }
-    /// Checks the length; after success no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < EP_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
     /// Flags (native byte order): `ACM_EP_FLAG_*`, `IBV_PATH_FLAG_*`, `ACM_FLAGS_*`.
     pub fn flags(&self) -> u32 {
-        ne32(self.buffer.as_ref(), efield::FLAGS.start)
+        ne32(self.b(), efield::FLAGS.start)
     }
     /// Entry type (native byte order).
     pub fn info_type(&self) -> EpInfoType {
-        EpInfoType::from(ne16(self.buffer.as_ref(), efield::TYPE.start))
+        EpInfoType::from(ne16(self.b(), efield::TYPE.start))
     }
     /// Reserved 16 bits (native byte order).
     pub fn reserved(&self) -> u16 {
-        ne16(self.buffer.as_ref(), efield::RESERVED.start)
+        ne16(self.b(), efield::RESERVED.start)
     }
     /// The 64-byte `info` union (address, name, or network-order PathRecord).
     pub fn info(&self) -> &[u8] {
-        &self.buffer.as_ref()[efield::INFO]
+        &self.b()[efield::INFO]
     }
     /// The `info` union read as a PathRecord.
     pub fn path(&self) -> PathRecordRepr {
@@ -214,19 +195,19 @@ impl<T: AsRef<[u8]>> EpAddrData<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> EpAddrData<T> {
     /// Sets the flags (native byte order).
     pub fn set_flags(&mut self, v: u32) {
-        self.buffer.as_mut()[efield::FLAGS].copy_from_slice(&v.to_ne_bytes())
+        self.bm()[efield::FLAGS].copy_from_slice(&v.to_ne_bytes())
     }
     /// Sets the entry type (native byte order).
     pub fn set_info_type(&mut self, v: EpInfoType) {
-        self.buffer.as_mut()[efield::TYPE].copy_from_slice(&u16::from(v).to_ne_bytes())
+        self.bm()[efield::TYPE].copy_from_slice(&u16::from(v).to_ne_bytes())
     }
     /// Sets the reserved field.
     pub fn set_reserved(&mut self, v: u16) {
-        self.buffer.as_mut()[efield::RESERVED].copy_from_slice(&v.to_ne_bytes())
+        self.bm()[efield::RESERVED].copy_from_slice(&v.to_ne_bytes())
     }
     /// Mutable access to the 64-byte `info` union.
     pub fn info_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[efield::INFO]
+        &mut self.bm()[efield::INFO]
     }
 }
 
@@ -280,10 +261,14 @@ impl EpAddrDataRepr {
     }
 }
 
-/// A view of an `acm_msg` (header plus up to 8 entries).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AcmMsg<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A view of an `acm_msg` (header plus up to 8 entries).
+    pub struct AcmMsg(len = HDR_LEN);
+    /// Wraps a buffer and checks that it holds at least a header.
+    fn new_checked;
+    /// Checks that the buffer holds the 16-byte header; after success the header accessors
+    /// do not panic, and [`entry`](Self::entry) returns `None` for slots past the buffer.
+    fn check_len;
 }
 
 /// Which entries of a RESOLVE request matter, after [`AcmMsg::check_resolve`].
@@ -302,32 +287,6 @@ pub struct ResolveLayout {
 }
 
 impl<T: AsRef<[u8]>> AcmMsg<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        AcmMsg { buffer }
-    }
-    /// Wraps a buffer and checks that it holds at least a header.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let m = Self::new_unchecked(buffer);
-        m.check_len()?;
-        Ok(m)
-    }
-    /// Checks that the buffer holds the 16-byte header; after success the header accessors
-    /// do not panic, and [`entry`](Self::entry) returns `None` for slots past the buffer.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HDR_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-    fn b(&self) -> &[u8] {
-        self.buffer.as_ref()
-    }
     /// `hdr.version`.
     pub fn version(&self) -> u8 {
         self.b()[hfield::VERSION]
@@ -453,9 +412,6 @@ fn check_len_field(length: usize, buffer_len: usize) -> Result<usize> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> AcmMsg<T> {
-    fn bm(&mut self) -> &mut [u8] {
-        self.buffer.as_mut()
-    }
     /// Sets `hdr.version`.
     pub fn set_version(&mut self, v: u8) {
         self.bm()[hfield::VERSION] = v

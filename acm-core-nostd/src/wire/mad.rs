@@ -9,7 +9,7 @@
 //!       8 PayloadLength/NewWindowLast
 //! ```
 
-use super::{be16, be32, be64, enum_with_unknown, put_be16, put_be32, put_be64, Error, Result};
+use super::{be16, be32, be64, enum_with_unknown, put_be16, put_be32, put_be64, view, Result};
 
 /// Length of the common MAD header.
 pub const HEADER_LEN: usize = 24;
@@ -163,38 +163,16 @@ mod field {
     pub const ATTR_MOD: Field = 20..24;
 }
 
-/// A view of a MAD common header (the first 24 bytes of any MAD).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Header<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A view of a MAD common header (the first 24 bytes of any MAD).
+    pub struct Header(len = HEADER_LEN);
+    /// Wraps a buffer and checks it holds a header.
+    fn new_checked;
+    /// Checks the length; after success no accessor panics.
+    fn check_len;
 }
 
 impl<T: AsRef<[u8]>> Header<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        Header { buffer }
-    }
-    /// Wraps a buffer and checks it holds a header.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let h = Self::new_unchecked(buffer);
-        h.check_len()?;
-        Ok(h)
-    }
-    /// Checks the length; after success no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < HEADER_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-    fn b(&self) -> &[u8] {
-        self.buffer.as_ref()
-    }
     /// BaseVersion (1).
     pub fn base_version(&self) -> u8 {
         self.b()[field::BASE_VERSION]
@@ -242,9 +220,6 @@ impl<T: AsRef<[u8]>> Header<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
-    fn bm(&mut self) -> &mut [u8] {
-        self.buffer.as_mut()
-    }
     /// Sets BaseVersion.
     pub fn set_base_version(&mut self, v: u8) {
         self.bm()[field::BASE_VERSION] = v
@@ -380,89 +355,70 @@ mod rfield {
     pub const PAYLEN: Field = 8..12;
 }
 
-/// A view of an RMPP header (12 bytes; in a MAD it sits at offset 24).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RmppHeader<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A view of an RMPP header (12 bytes; in a MAD it sits at offset 24).
+    pub struct RmppHeader(len = RMPP_LEN);
+    /// Wraps a buffer and checks it holds an RMPP header.
+    fn new_checked;
+    /// Checks the length; after success no accessor panics.
+    fn check_len;
 }
 
 impl<T: AsRef<[u8]>> RmppHeader<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        RmppHeader { buffer }
-    }
-    /// Wraps a buffer and checks it holds an RMPP header.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let h = Self::new_unchecked(buffer);
-        h.check_len()?;
-        Ok(h)
-    }
-    /// Checks the length; after success no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < RMPP_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
     /// RMPPVersion.
     pub fn version(&self) -> u8 {
-        self.buffer.as_ref()[rfield::VERSION]
+        self.b()[rfield::VERSION]
     }
     /// RMPPType.
     pub fn rmpp_type(&self) -> RmppType {
-        RmppType::from(self.buffer.as_ref()[rfield::TYPE])
+        RmppType::from(self.b()[rfield::TYPE])
     }
     /// RRespTime (upper 5 bits of byte 2).
     pub fn resp_time(&self) -> u8 {
-        self.buffer.as_ref()[rfield::RTIME_FLAGS] >> 3
+        self.b()[rfield::RTIME_FLAGS] >> 3
     }
     /// RMPPFlags (lower 3 bits of byte 2: Active, First, Last).
     pub fn flags(&self) -> u8 {
-        self.buffer.as_ref()[rfield::RTIME_FLAGS] & 0x7
+        self.b()[rfield::RTIME_FLAGS] & 0x7
     }
     /// RMPPStatus.
     pub fn status(&self) -> u8 {
-        self.buffer.as_ref()[rfield::STATUS]
+        self.b()[rfield::STATUS]
     }
     /// SegmentNumber.
     pub fn seg_num(&self) -> u32 {
-        be32(self.buffer.as_ref(), rfield::SEG_NUM.start)
+        be32(self.b(), rfield::SEG_NUM.start)
     }
     /// PayloadLength / NewWindowLast.
     pub fn paylen_newwin(&self) -> u32 {
-        be32(self.buffer.as_ref(), rfield::PAYLEN.start)
+        be32(self.b(), rfield::PAYLEN.start)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> RmppHeader<T> {
     /// Sets RMPPVersion.
     pub fn set_version(&mut self, v: u8) {
-        self.buffer.as_mut()[rfield::VERSION] = v
+        self.bm()[rfield::VERSION] = v
     }
     /// Sets RMPPType.
     pub fn set_rmpp_type(&mut self, v: RmppType) {
-        self.buffer.as_mut()[rfield::TYPE] = v.into()
+        self.bm()[rfield::TYPE] = v.into()
     }
     /// Sets RRespTime (5 bits) and RMPPFlags (3 bits).
     pub fn set_resp_time_flags(&mut self, resp_time: u8, flags: u8) {
-        self.buffer.as_mut()[rfield::RTIME_FLAGS] = (resp_time << 3) | (flags & 0x7)
+        self.bm()[rfield::RTIME_FLAGS] = (resp_time << 3) | (flags & 0x7)
     }
     /// Sets RMPPStatus.
     pub fn set_status(&mut self, v: u8) {
-        self.buffer.as_mut()[rfield::STATUS] = v
+        self.bm()[rfield::STATUS] = v
     }
     /// Sets SegmentNumber.
     pub fn set_seg_num(&mut self, v: u32) {
-        put_be32(self.buffer.as_mut(), rfield::SEG_NUM.start, v)
+        put_be32(self.bm(), rfield::SEG_NUM.start, v)
     }
     /// Sets PayloadLength / NewWindowLast.
     pub fn set_paylen_newwin(&mut self, v: u32) {
-        put_be32(self.buffer.as_mut(), rfield::PAYLEN.start, v)
+        put_be32(self.bm(), rfield::PAYLEN.start, v)
     }
 }
 
@@ -527,6 +483,7 @@ impl RmppRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Error;
 
     static HDR: [u8; 36] = [
         0x01, 0x03, 0x02, 0x81, // base, SA, v2, GetResp

@@ -10,7 +10,7 @@
 //! ```
 
 use super::gid::Gid;
-use super::{array, be16, be32, put_be16, put_be32, Error, Result, Selector};
+use super::{array, be16, be32, put_be16, put_be32, view, Error, Result, Selector};
 
 /// Length of an MCMemberRecord as carried in an SA MAD (with the 4-byte pad).
 pub const MCMEMBER_RECORD_LEN: usize = 56;
@@ -51,38 +51,16 @@ mod field {
     pub const RESERVED: Field = 50..56;
 }
 
-/// A read/write view of an MCMemberRecord.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct McMemberRecord<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A read/write view of an MCMemberRecord.
+    pub struct McMemberRecord(len = MCMEMBER_RECORD_LEN);
+    /// Wraps a buffer and checks that it holds a whole record.
+    fn new_checked;
+    /// Checks the length (56 bytes); after success no accessor panics.
+    fn check_len;
 }
 
 impl<T: AsRef<[u8]>> McMemberRecord<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        McMemberRecord { buffer }
-    }
-    /// Wraps a buffer and checks that it holds a whole record.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let r = Self::new_unchecked(buffer);
-        r.check_len()?;
-        Ok(r)
-    }
-    /// Checks the length (56 bytes); after success no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < MCMEMBER_RECORD_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-    fn b(&self) -> &[u8] {
-        self.buffer.as_ref()
-    }
     /// Multicast GID.
     pub fn mgid(&self) -> Gid {
         Gid(array(self.b(), field::MGID.start))
@@ -162,9 +140,6 @@ impl<T: AsRef<[u8]>> McMemberRecord<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> McMemberRecord<T> {
-    fn bm(&mut self) -> &mut [u8] {
-        self.buffer.as_mut()
-    }
     /// Sets the MGID.
     pub fn set_mgid(&mut self, v: Gid) {
         self.bm()[field::MGID].copy_from_slice(&v.0)

@@ -123,6 +123,65 @@ pub(crate) fn array<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
     a
 }
 
+/// Declares a zero-copy view `$name<T: AsRef<[u8]>>` over a buffer that must hold at least
+/// `len` bytes, with the parts every view shares: `new_unchecked`, `new_checked`, `check_len`,
+/// `into_inner`, and the private byte accessors `b()` (read) and `bm()` (write, for
+/// `T: AsMut<[u8]>`). The field accessors stay in the module's own `impl` blocks. The doc
+/// comments before `fn new_checked;` and `fn check_len;` become those methods' docs.
+macro_rules! view {
+    (
+        $( #[$struct_attr:meta] )*
+        pub struct $name:ident(len = $len:expr);
+        $( #[$checked_attr:meta] )*
+        fn new_checked;
+        $( #[$check_len_attr:meta] )*
+        fn check_len;
+    ) => {
+        $( #[$struct_attr] )*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name<T: AsRef<[u8]>> {
+            buffer: T,
+        }
+
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// Wraps a buffer without checking its length.
+            pub const fn new_unchecked(buffer: T) -> Self {
+                $name { buffer }
+            }
+            $( #[$checked_attr] )*
+            pub fn new_checked(buffer: T) -> $crate::wire::Result<Self> {
+                let view = Self::new_unchecked(buffer);
+                view.check_len()?;
+                Ok(view)
+            }
+            $( #[$check_len_attr] )*
+            pub fn check_len(&self) -> $crate::wire::Result<()> {
+                if self.buffer.as_ref().len() < $len {
+                    Err($crate::wire::Error::Truncated)
+                } else {
+                    Ok(())
+                }
+            }
+            /// Returns the underlying buffer.
+            pub fn into_inner(self) -> T {
+                self.buffer
+            }
+            #[inline]
+            fn b(&self) -> &[u8] {
+                self.buffer.as_ref()
+            }
+        }
+
+        impl<T: AsRef<[u8]> + AsMut<[u8]>> $name<T> {
+            #[inline]
+            fn bm(&mut self) -> &mut [u8] {
+                self.buffer.as_mut()
+            }
+        }
+    };
+}
+pub(crate) use view;
+
 /// Declares a `u8`/`u16` wire enum that keeps unknown values (`Unknown(raw)`).
 macro_rules! enum_with_unknown {
     (

@@ -15,7 +15,7 @@
 //! ([`PathRecordQuery`]), and ibacm's own "every non-zero field" rule ([`acm_path_comp_mask`]).
 
 use super::gid::Gid;
-use super::{array, be16, be32, be64, put_be16, put_be32, put_be64, Error, Result, Selector};
+use super::{array, be16, be32, be64, put_be16, put_be32, put_be64, view, Result, Selector};
 
 /// Length of a PathRecord in bytes.
 pub const PATH_RECORD_LEN: usize = 64;
@@ -39,43 +39,16 @@ mod field {
     pub const RESERVED: Field = 58..64;
 }
 
-/// A read/write view of a 64-byte PathRecord.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PathRecord<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A read/write view of a 64-byte PathRecord.
+    pub struct PathRecord(len = PATH_RECORD_LEN);
+    /// Wraps a buffer and checks that it holds a whole record.
+    fn new_checked;
+    /// Checks the length; after success no accessor panics.
+    fn check_len;
 }
 
 impl<T: AsRef<[u8]>> PathRecord<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> PathRecord<T> {
-        PathRecord { buffer }
-    }
-
-    /// Wraps a buffer and checks that it holds a whole record.
-    pub fn new_checked(buffer: T) -> Result<PathRecord<T>> {
-        let r = Self::new_unchecked(buffer);
-        r.check_len()?;
-        Ok(r)
-    }
-
-    /// Checks the length; after success no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < PATH_RECORD_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
-
-    fn b(&self) -> &[u8] {
-        self.buffer.as_ref()
-    }
-
     /// ServiceID (64 bits).
     pub fn service_id(&self) -> u64 {
         be64(self.b(), field::SERVICE_ID.start)
@@ -194,9 +167,6 @@ impl<T: AsRef<[u8]>> PathRecord<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> PathRecord<T> {
-    fn bm(&mut self) -> &mut [u8] {
-        self.buffer.as_mut()
-    }
     /// Sets the ServiceID.
     pub fn set_service_id(&mut self, v: u64) {
         put_be64(self.bm(), field::SERVICE_ID.start, v)
@@ -649,6 +619,7 @@ impl PathRecordQuery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Error;
 
     /// A PathRecord as OpenSM answers Hca2(LID 4) → Hca4(LID 6) on the simulated fabric,
     /// with every field non-trivial so that a misplaced byte shows.

@@ -11,7 +11,7 @@ use super::mad::{
     Header, HeaderRepr, MadStatus, Method, MgmtClass, RmppHeader, RmppRepr, BASE_VERSION,
     HEADER_LEN, RMPP_LEN,
 };
-use super::{be16, be64, enum_with_unknown, put_be16, put_be64, Error, Result};
+use super::{be16, be64, enum_with_unknown, put_be16, put_be64, view, Error, Result};
 
 /// Length of an SA MAD.
 pub const MAD_LEN: usize = super::mad::MAD_LEN;
@@ -73,93 +73,74 @@ mod field {
     pub const DATA: Field = 56..256;
 }
 
-/// A view of a whole 256-byte SA MAD.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SaPacket<T: AsRef<[u8]>> {
-    buffer: T,
+view! {
+    /// A view of a whole 256-byte SA MAD.
+    pub struct SaPacket(len = MAD_LEN);
+    /// Wraps a buffer and checks it holds a whole SA MAD.
+    fn new_checked;
+    /// Checks the length (≥ 256); after success no accessor panics.
+    fn check_len;
 }
 
 impl<T: AsRef<[u8]>> SaPacket<T> {
-    /// Wraps a buffer without checking its length.
-    pub const fn new_unchecked(buffer: T) -> Self {
-        SaPacket { buffer }
-    }
-    /// Wraps a buffer and checks it holds a whole SA MAD.
-    pub fn new_checked(buffer: T) -> Result<Self> {
-        let p = Self::new_unchecked(buffer);
-        p.check_len()?;
-        Ok(p)
-    }
-    /// Checks the length (≥ 256); after success no accessor panics.
-    pub fn check_len(&self) -> Result<()> {
-        if self.buffer.as_ref().len() < MAD_LEN {
-            Err(Error::Truncated)
-        } else {
-            Ok(())
-        }
-    }
-    /// Returns the underlying buffer.
-    pub fn into_inner(self) -> T {
-        self.buffer
-    }
     /// The common header.
     pub fn header(&self) -> Header<&[u8]> {
-        Header::new_unchecked(&self.buffer.as_ref()[..HEADER_LEN])
+        Header::new_unchecked(&self.b()[..HEADER_LEN])
     }
     /// The RMPP header.
     pub fn rmpp(&self) -> RmppHeader<&[u8]> {
-        RmppHeader::new_unchecked(&self.buffer.as_ref()[HEADER_LEN..HEADER_LEN + RMPP_LEN])
+        RmppHeader::new_unchecked(&self.b()[HEADER_LEN..HEADER_LEN + RMPP_LEN])
     }
     /// SM_Key.
     pub fn sm_key(&self) -> u64 {
-        be64(self.buffer.as_ref(), field::SM_KEY.start)
+        be64(self.b(), field::SM_KEY.start)
     }
     /// AttributeOffset (record size in 8-byte words, in GetTable responses).
     pub fn attr_offset(&self) -> u16 {
-        be16(self.buffer.as_ref(), field::ATTR_OFFSET.start)
+        be16(self.b(), field::ATTR_OFFSET.start)
     }
     /// The reserved word after AttributeOffset.
     pub fn reserved(&self) -> u16 {
-        be16(self.buffer.as_ref(), field::RESERVED.start)
+        be16(self.b(), field::RESERVED.start)
     }
     /// ComponentMask (host value).
     pub fn comp_mask(&self) -> u64 {
-        be64(self.buffer.as_ref(), field::COMP_MASK.start)
+        be64(self.b(), field::COMP_MASK.start)
     }
     /// The 200 bytes of attribute data.
     pub fn data(&self) -> &[u8] {
-        &self.buffer.as_ref()[field::DATA]
+        &self.b()[field::DATA]
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> SaPacket<T> {
     /// The common header, mutable.
     pub fn header_mut(&mut self) -> Header<&mut [u8]> {
-        Header::new_unchecked(&mut self.buffer.as_mut()[..HEADER_LEN])
+        Header::new_unchecked(&mut self.bm()[..HEADER_LEN])
     }
     /// The RMPP header, mutable.
     pub fn rmpp_mut(&mut self) -> RmppHeader<&mut [u8]> {
-        RmppHeader::new_unchecked(&mut self.buffer.as_mut()[HEADER_LEN..HEADER_LEN + RMPP_LEN])
+        RmppHeader::new_unchecked(&mut self.bm()[HEADER_LEN..HEADER_LEN + RMPP_LEN])
     }
     /// Sets SM_Key.
     pub fn set_sm_key(&mut self, v: u64) {
-        put_be64(self.buffer.as_mut(), field::SM_KEY.start, v)
+        put_be64(self.bm(), field::SM_KEY.start, v)
     }
     /// Sets AttributeOffset.
     pub fn set_attr_offset(&mut self, v: u16) {
-        put_be16(self.buffer.as_mut(), field::ATTR_OFFSET.start, v)
+        put_be16(self.bm(), field::ATTR_OFFSET.start, v)
     }
     /// Sets the reserved word.
     pub fn set_reserved(&mut self, v: u16) {
-        put_be16(self.buffer.as_mut(), field::RESERVED.start, v)
+        put_be16(self.bm(), field::RESERVED.start, v)
     }
     /// Sets ComponentMask.
     pub fn set_comp_mask(&mut self, v: u64) {
-        put_be64(self.buffer.as_mut(), field::COMP_MASK.start, v)
+        put_be64(self.bm(), field::COMP_MASK.start, v)
     }
     /// The attribute data, mutable.
     pub fn data_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer.as_mut()[field::DATA]
+        &mut self.bm()[field::DATA]
     }
 }
 
