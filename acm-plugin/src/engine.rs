@@ -130,11 +130,18 @@ impl Engine {
             return;
         }
         if kind != Kind::Query {
-            if let Some(rec) = self.sh.lookup(&req.key, self.now_coarse()) {
+            match self.sh.lookup(&req.key, self.now_coarse()) {
                 // Filled by a query that completed after resolve() looked.
-                req.ep.count_global(cntr::ROUTE_CACHE);
-                self.answer(&req, kind, 0, Some(&rec));
-                return;
+                Some(Ok(rec)) => {
+                    req.ep.count_global(cntr::ROUTE_CACHE);
+                    self.answer(&req, kind, 0, Some(&rec));
+                    return;
+                }
+                Some(Err(status)) => {
+                    self.answer(&req, kind, status, None);
+                    return;
+                }
+                None => {}
             }
         }
         let Some(slot) = self.pending_free.pop() else {
@@ -318,11 +325,16 @@ impl Engine {
             };
             if p.kind != Kind::Query {
                 let key = p.req.key;
-                if let Some(rec) = self.sh.lookup(&key, self.now_coarse()) {
+                if let Some(cached) = self.sh.lookup(&key, self.now_coarse()) {
                     if let Some(p) = self.pending[slot as usize].take() {
                         self.pending_free.push(slot);
-                        p.req.ep.count_global(cntr::ROUTE_CACHE);
-                        self.answer(&p.req, p.kind, 0, Some(&rec));
+                        match cached {
+                            Ok(rec) => {
+                                p.req.ep.count_global(cntr::ROUTE_CACHE);
+                                self.answer(&p.req, p.kind, 0, Some(&rec));
+                            }
+                            Err(status) => self.answer(&p.req, p.kind, status, None),
+                        }
                     }
                     continue;
                 }
@@ -350,6 +362,14 @@ impl Engine {
             SaOutcome::Record(rec) => self.complete(fi, 0, Some(&rec), now),
             SaOutcome::Failed(s) => {
                 self.log(1, || format!("SA PathRecord query failed, status {s}"));
+                // "No such path" is an answer from the SA, not a failure to reach it: remember
+                // it for acmrs_negative_ttl_ms so repeated lookups do not load the SA.
+                let ttl = u64::from(self.sh.opts.acmrs_negative_ttl_ms);
+                if s == ACM_STATUS_ENODATA && r.umad_status == 0 && ttl > 0 {
+                    if let Some(Some(k)) = self.inflight[fi as usize].as_ref().map(|f| f.key) {
+                        self.sh.insert_negative(&k, s, self.now_coarse(), ttl);
+                    }
+                }
                 self.complete(fi, s, None, now)
             }
             SaOutcome::Busy => {

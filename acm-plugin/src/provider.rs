@@ -850,9 +850,13 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     };
     let (k, q) = normalise(ep, &rec);
     let key = RouteKey::new(ep, &k);
-    if let Some(path) = sh.lookup(&key, sh.waker.coarse_ms()) {
-        ep.count_global(cntr::ROUTE_CACHE);
-        return reply(0, Some(&path));
+    match sh.lookup(&key, sh.waker.coarse_ms()) {
+        Some(Ok(path)) => {
+            ep.count_global(cntr::ROUTE_CACHE);
+            return reply(0, Some(&path));
+        }
+        Some(Err(status)) => return reply(status, None),
+        None => {}
     }
     if nodelay {
         let r = reply(ACM_STATUS_ENODATA, None);

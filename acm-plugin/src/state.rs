@@ -201,12 +201,24 @@ impl Shared {
         level <= self.opts.effective_log_level()
     }
 
-    /// A cached path for `key`, if any (lock-free, allocation-free; `now` in coarse ms).
-    pub fn lookup(&self, key: &RouteKey, now: u64) -> Option<[u8; 64]> {
+    /// What the cache says about `key` (lock-free, allocation-free; `now` in coarse ms):
+    /// `Some(Ok(path))`, `Some(Err(status))` for a recent negative answer, `None` on a miss.
+    pub fn lookup(&self, key: &RouteKey, now: u64) -> Option<Result<[u8; 64], u8>> {
         let ck = key.cache_key()?;
         match self.cache.lookup(&ck, now) {
-            Lookup::Hit { record, .. } => Some(record),
-            Lookup::Miss | Lookup::Busy | Lookup::Negative { .. } => None,
+            Lookup::Hit { record, .. } => Some(Ok(record)),
+            Lookup::Negative { status, .. } => Some(Err(status)),
+            Lookup::Miss | Lookup::Busy => None,
+        }
+    }
+
+    /// Remembers that the SA has no record for `key` for `ttl` ms (worker only).
+    pub fn insert_negative(&self, key: &RouteKey, status: u8, now: u64, ttl: u64) {
+        let Some(ck) = key.cache_key() else {
+            return;
+        };
+        if let Some(mut w) = self.cache.writer() {
+            let _ = w.insert_negative(&ck, status, now, ttl);
         }
     }
 

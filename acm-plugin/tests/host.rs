@@ -215,19 +215,24 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     sa_complete_next(SaAction::Answer);
     assert!(wait_responses(1, W));
     assert_eq!(status(&find(t_nr)[0]), ACM_STATUS_ENODATA);
+    // Remembered (acmrs_negative_ttl_ms, default 5 s): answered inline, the SA is not asked.
+    let t_nr2 = h.tid();
+    h.resolve(ep, &path_request(t_nr2, 0xbfff + 1, None, 0), 1);
+    assert_eq!(status(&find(t_nr2)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(sa_pending(), 0);
     // Timeout → ETIMEDOUT.
     let t_to = h.tid();
     h.resolve(ep, &path_request(t_to, 11, None, 0), 1);
     assert!(wait_until(|| sa_pending() == 1));
     sa_complete_next(SaAction::Timeout);
-    assert!(wait_responses(2, W));
+    assert!(wait_responses(3, W));
     assert_eq!(status(&find(t_to)[0]), ACM_STATUS_ETIMEDOUT);
     // Invalid field → EINVAL.
     let t_iv = h.tid();
     h.resolve(ep, &path_request(t_iv, 12, None, 0), 1);
     assert!(wait_until(|| sa_pending() == 1));
     sa_complete_next(SaAction::InvalidField);
-    assert!(wait_responses(3, W));
+    assert!(wait_responses(4, W));
     assert_eq!(status(&find(t_iv)[0]), ACM_STATUS_EINVAL);
     // BUSY twice, then success: retried with a new TID, one answer.
     let t_b = h.tid();
@@ -238,7 +243,7 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     }
     assert!(wait_until(|| sa_pending() == 1));
     sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(4, W));
+    assert!(wait_responses(5, W));
     assert_eq!(status(&find(t_b)[0]), 0);
     assert_eq!(dlid_of(&find(t_b)[0]), 13);
     // BUSY forever → ETIMEDOUT after acmrs_sa_retries.
@@ -248,13 +253,13 @@ fn sa_failures_are_answered_once_with_the_right_status() {
         assert!(wait_until(|| sa_pending() == 1));
         sa_complete_next(SaAction::Busy);
     }
-    assert!(wait_responses(5, W));
+    assert!(wait_responses(6, W));
     assert_eq!(status(&find(t_bb)[0]), ACM_STATUS_ETIMEDOUT);
     // Never answered → ETIMEDOUT after the core's retry budget (100 ms × 1 + 1 s margin).
     let t_never = h.tid();
     h.resolve(ep, &path_request(t_never, 15, None, 0), 1);
     assert!(wait_until(|| sa_pending() == 1));
-    assert!(wait_responses(6, Duration::from_secs(4)));
+    assert!(wait_responses(7, Duration::from_secs(4)));
     assert_eq!(status(&find(t_never)[0]), ACM_STATUS_ETIMEDOUT);
     // Its late reply is ignored (and freed).
     sa_complete_next(SaAction::Answer);
@@ -262,13 +267,13 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     SEND_FAIL.store(true, Ordering::SeqCst);
     let t_sf = h.tid();
     h.resolve(ep, &path_request(t_sf, 16, None, 0), 1);
-    assert!(wait_responses(7, W));
+    assert!(wait_responses(8, W));
     SEND_FAIL.store(false, Ordering::SeqCst);
     assert_ne!(status(&find(t_sf)[0]), 0);
     std::thread::sleep(Duration::from_millis(50));
-    check_exactly_once(&[t_nr, t_to, t_iv, t_b, t_bb, t_never, t_sf]).unwrap();
+    check_exactly_once(&[t_nr, t_nr2, t_to, t_iv, t_b, t_bb, t_never, t_sf]).unwrap();
     let perf = h.perf(ep);
-    assert_eq!(perf[cntr::NODATA], 1);
+    assert_eq!(perf[cntr::NODATA], 2);
     assert_eq!(perf[cntr::ERROR], 5);
     h.close();
     assert_eq!(
