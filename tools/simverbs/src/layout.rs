@@ -4,9 +4,9 @@
 //! `umad_ca_t`/`umad_port_t` mirrors. A C program compiled against the real headers prints
 //! `name size` and `name.field offset` lines; the test compares them with Rust's view.
 
-use crate::umad::{UmadCa, UmadPort};
 use rdma_sys::*;
 use std::mem::{offset_of, size_of};
+use umad_ffi::sys::{UmadCa, UmadPort};
 
 const C_SOURCE: &str = r#"
 #include <stddef.h>

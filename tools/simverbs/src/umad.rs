@@ -9,76 +9,9 @@
 //!   mask. The port monitor uses these to notice LID/SM/state changes.
 
 use std::ffi::CString;
-use std::os::raw::{c_char, c_int, c_long, c_uint, c_void};
-
-/// `UMAD_CA_NAME_LEN` from umad.h.
-const CA_NAME_LEN: usize = 20;
-/// `UMAD_CA_MAX_PORTS` from umad.h.
-const CA_MAX_PORTS: usize = 10;
-
-/// Mirror of `umad_port_t` (umad.h); layout checked by the C layout test.
-#[repr(C)]
-pub struct UmadPort {
-    pub ca_name: [c_char; CA_NAME_LEN],
-    pub portnum: c_int,
-    pub base_lid: c_uint,
-    pub lmc: c_uint,
-    pub sm_lid: c_uint,
-    pub sm_sl: c_uint,
-    pub state: c_uint,
-    pub phys_state: c_uint,
-    pub rate: c_uint,
-    pub capmask: u32,
-    pub gid_prefix: u64,
-    pub port_guid: u64,
-    pub pkeys_size: c_uint,
-    pub pkeys: *mut u16,
-    pub link_layer: [c_char; CA_NAME_LEN],
-}
-
-/// Mirror of `umad_ca_t` (umad.h); layout checked by the C layout test.
-#[repr(C)]
-pub struct UmadCa {
-    pub ca_name: [c_char; CA_NAME_LEN],
-    pub node_type: c_uint,
-    pub numports: c_int,
-    pub fw_ver: [c_char; 20],
-    pub ca_type: [c_char; 40],
-    pub hw_ver: [c_char; 20],
-    pub node_guid: u64,
-    pub system_guid: u64,
-    pub ports: [*mut UmadPort; CA_MAX_PORTS],
-}
-
-#[link(name = "ibumad")]
-extern "C" {
-    fn umad_init() -> c_int;
-    fn umad_get_cas_names(cas: *mut [c_char; CA_NAME_LEN], max: c_int) -> c_int;
-    fn umad_get_ca(ca_name: *const c_char, ca: *mut UmadCa) -> c_int;
-    fn umad_release_ca(ca: *mut UmadCa) -> c_int;
-    fn umad_open_port(ca_name: *const c_char, portnum: c_int) -> c_int;
-    fn umad_close_port(portid: c_int) -> c_int;
-    fn umad_register(
-        portid: c_int,
-        mgmt_class: c_int,
-        mgmt_version: c_int,
-        rmpp_version: u8,
-        method_mask: *mut c_long,
-    ) -> c_int;
-    fn umad_send(
-        portid: c_int,
-        agentid: c_int,
-        umad: *mut c_void,
-        length: c_int,
-        timeout_ms: c_int,
-        retries: c_int,
-    ) -> c_int;
-    fn umad_recv(portid: c_int, umad: *mut c_void, length: *mut c_int, timeout_ms: c_int) -> c_int;
-    fn umad_get_mad(umad: *mut c_void) -> *mut c_void;
-    fn umad_size() -> usize;
-    fn umad_set_addr(umad: *mut c_void, dlid: c_int, dqp: c_int, sl: c_int, qkey: c_int) -> c_int;
-    fn umad_status(umad: *mut c_void) -> c_int;
-}
+use std::os::raw::{c_char, c_int};
+use umad_ffi::sys::{self, CA_NAME_LEN};
+use umad_ffi::{Addr, Port, MAD_LEN};
 
 /// One port as seen in the umad2sim sysfs snapshot (host byte order).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -111,21 +44,14 @@ pub struct CaSnapshot {
     pub ports: Vec<PortSnapshot>,
 }
 
-/// Calls `umad_init` once per process (libibumad requires it before the other calls).
-fn init_once() -> bool {
-    static INIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // SAFETY: umad_init takes no arguments and is safe to call at any time.
-    *INIT.get_or_init(|| unsafe { umad_init() } >= 0)
-}
-
 /// Names of the umad CAs visible to this process (under umad2sim: `ibsim0`).
 pub fn ca_names() -> Vec<String> {
-    if !init_once() {
+    if !umad_ffi::init() {
         return Vec::new();
     }
     let mut names = [[0 as c_char; CA_NAME_LEN]; 32];
     // SAFETY: `names` has room for 32 entries of CA_NAME_LEN chars, as passed.
-    let n = unsafe { umad_get_cas_names(names.as_mut_ptr(), names.len() as c_int) };
+    let n = unsafe { sys::umad_get_cas_names(names.as_mut_ptr(), names.len() as c_int) };
     if n <= 0 {
         return Vec::new();
     }
@@ -137,14 +63,14 @@ pub fn ca_names() -> Vec<String> {
 
 /// Reads the sysfs snapshot of CA `name` through `umad_get_ca`.
 pub fn read_ca(name: &str) -> Option<CaSnapshot> {
-    if !init_once() {
+    if !umad_ffi::init() {
         return None;
     }
     let cname = CString::new(name).ok()?;
     // SAFETY: UmadCa is plain old data; all-zero is a valid (empty) value.
-    let mut ca: UmadCa = unsafe { std::mem::zeroed() };
+    let mut ca: sys::UmadCa = unsafe { std::mem::zeroed() };
     // SAFETY: cname is NUL-terminated and `ca` is a valid, writable umad_ca_t.
-    if unsafe { umad_get_ca(cname.as_ptr(), &mut ca) } < 0 {
+    if unsafe { sys::umad_get_ca(cname.as_ptr(), &mut ca) } < 0 {
         return None;
     }
     let mut snap = CaSnapshot {
@@ -189,7 +115,7 @@ pub fn read_ca(name: &str) -> Option<CaSnapshot> {
         });
     }
     // SAFETY: `ca` was filled by umad_get_ca and is released exactly once.
-    unsafe { umad_release_ca(&mut ca) };
+    unsafe { sys::umad_release_ca(&mut ca) };
     Some(snap)
 }
 
@@ -241,7 +167,7 @@ impl LivePortInfo {
 
 /// A umad port with a class 0x81 (directed-route SMP) agent, for PortInfo queries.
 pub struct SmpAgent {
-    port_id: c_int,
+    port: Port,
     agent_id: c_int,
     tid: u32,
 }
@@ -249,24 +175,12 @@ pub struct SmpAgent {
 impl SmpAgent {
     /// Opens `ca`/`port` and registers a directed-route SMP agent.
     pub fn open(ca: &str, port: u8) -> Option<SmpAgent> {
-        if !init_once() {
-            return None;
-        }
         let cname = CString::new(ca).ok()?;
-        // SAFETY: cname is a valid NUL-terminated string.
-        let port_id = unsafe { umad_open_port(cname.as_ptr(), c_int::from(port)) };
-        if port_id < 0 {
-            return None;
-        }
-        // SAFETY: port_id is open; a NULL method mask registers no unsolicited methods.
-        let agent_id = unsafe { umad_register(port_id, 0x81, 1, 0, std::ptr::null_mut()) };
-        if agent_id < 0 {
-            // SAFETY: port_id was opened above and is closed once.
-            unsafe { umad_close_port(port_id) };
-            return None;
-        }
+        let port = Port::open(Some(&cname), port).ok()?;
+        // On failure the port is closed when `port` drops.
+        let agent_id = port.register(0x81, 1, 0).ok()?;
         Some(SmpAgent {
-            port_id,
+            port,
             agent_id,
             tid: std::process::id().wrapping_mul(7919),
         })
@@ -294,30 +208,25 @@ impl SmpAgent {
     fn get(&mut self, attr_id: u16, attr_mod: u32, timeout_ms: i32) -> Option<[u8; 64]> {
         self.tid = self.tid.wrapping_add(1);
         let tid = self.tid;
-        // SAFETY: umad_size takes no arguments.
-        let hdr = unsafe { umad_size() };
-        let mut buf = vec![0u8; hdr + 256];
-        let umad = buf.as_mut_ptr() as *mut c_void;
-        {
-            // SAFETY: `buf` holds a umad header followed by 256 MAD bytes, as umad_get_mad
-            // expects; the returned pointer is inside `buf`.
-            let mad = unsafe { std::slice::from_raw_parts_mut(umad_get_mad(umad) as *mut u8, 256) };
-            mad[0] = 1; // base version
-            mad[1] = 0x81; // directed-route SMP
-            mad[2] = 1; // class version
-            mad[3] = 1; // Get
-            mad[12..16].copy_from_slice(&tid.to_be_bytes());
-            mad[16..18].copy_from_slice(&attr_id.to_be_bytes());
-            mad[20..24].copy_from_slice(&attr_mod.to_be_bytes());
-            mad[32..34].copy_from_slice(&0xffffu16.to_be_bytes()); // DrSLID: permissive
-            mad[34..36].copy_from_slice(&0xffffu16.to_be_bytes()); // DrDLID: permissive
-        }
-        // SAFETY: `umad` points at a umad buffer of the right size.
-        unsafe { umad_set_addr(umad, 0xffff, 0, 0, 0) };
-        // SAFETY: port/agent are open; the buffer holds a header plus 256 MAD bytes.
-        if unsafe { umad_send(self.port_id, self.agent_id, umad, 256, timeout_ms, 1) } < 0 {
-            return None;
-        }
+        let mut mad = [0u8; MAD_LEN];
+        mad[0] = 1; // base version
+        mad[1] = 0x81; // directed-route SMP
+        mad[2] = 1; // class version
+        mad[3] = 1; // Get
+        mad[12..16].copy_from_slice(&tid.to_be_bytes());
+        mad[16..18].copy_from_slice(&attr_id.to_be_bytes());
+        mad[20..24].copy_from_slice(&attr_mod.to_be_bytes());
+        mad[32..34].copy_from_slice(&0xffffu16.to_be_bytes()); // DrSLID: permissive
+        mad[34..36].copy_from_slice(&0xffffu16.to_be_bytes()); // DrDLID: permissive
+        let permissive = Addr {
+            dlid: 0xffff,
+            dqp: 0,
+            sl: 0,
+            qkey: 0,
+        };
+        self.port
+            .send(self.agent_id, &mad, permissive, timeout_ms, 1)
+            .ok()?;
         let deadline = std::time::Instant::now()
             + std::time::Duration::from_millis(timeout_ms.max(1) as u64 * 3);
         loop {
@@ -325,20 +234,11 @@ impl SmpAgent {
             if left.is_zero() {
                 return None;
             }
-            let mut len: c_int = 256;
-            buf.iter_mut().for_each(|b| *b = 0);
-            let umad = buf.as_mut_ptr() as *mut c_void;
-            // SAFETY: `umad` has room for a header plus `len` MAD bytes.
-            let r = unsafe { umad_recv(self.port_id, umad, &mut len, left.as_millis() as c_int) };
-            if r < 0 {
+            let got = self.port.recv(left.as_millis() as c_int).ok()?;
+            if got.status != 0 {
                 return None;
             }
-            // SAFETY: `umad` is a received umad buffer.
-            if unsafe { umad_status(umad) } != 0 {
-                return None;
-            }
-            // SAFETY: as above, the MAD lies inside `buf`.
-            let mad = unsafe { std::slice::from_raw_parts(umad_get_mad(umad) as *const u8, 256) };
+            let mad = got.mad;
             // Only the low 32 TID bits survive umad2sim/ibsim (see test-fabric.md).
             if mad[12..16] != tid.to_be_bytes() || mad[1] != 0x81 || mad[3] != 0x81 {
                 continue;
@@ -351,13 +251,5 @@ impl SmpAgent {
             data.copy_from_slice(&mad[64..128]);
             return Some(data);
         }
-    }
-}
-
-impl Drop for SmpAgent {
-    fn drop(&mut self) {
-        // SAFETY: the port was opened by SmpAgent::open and is closed exactly once (closing
-        // the port also unregisters its agents).
-        unsafe { umad_close_port(self.port_id) };
     }
 }
