@@ -124,24 +124,27 @@ fn rmpp(r: &RmppRepr, out: &mut String) {
     let _ = writeln!(out, "  PayloadLength/NewWindowLast: {}", r.paylen_newwin);
 }
 
-fn mask_names(bits: u64, names: &[(&'static str, u64)]) -> String {
+/// The `  ComponentMask: 0x... (Name|Name|unknown 0x...)` line of an SA header.
+fn comp_mask<M: Copy>(bits: u64, names: &[(&'static str, M)], to_bits: fn(M) -> u64) -> String {
     let mut v: Vec<&str> = names
         .iter()
-        .filter(|(_, m)| *m != 0 && bits & m == *m)
-        .map(|(n, _)| *n)
+        .map(|&(n, m)| (n, to_bits(m)))
+        .filter(|&(_, m)| m != 0 && bits & m == m)
+        .map(|(n, _)| n)
         .collect();
-    let known: u64 = names.iter().fold(0, |a, (_, m)| a | m);
+    let known: u64 = names.iter().fold(0, |a, &(_, m)| a | to_bits(m));
     let extra = bits & !known;
     let extra_s;
     if extra != 0 {
         extra_s = format!("unknown 0x{extra:x}");
         v.push(&extra_s);
     }
-    if v.is_empty() {
+    let names = if v.is_empty() {
         "none".into()
     } else {
         v.join("|")
-    }
+    };
+    format!("  ComponentMask: 0x{bits:016x} ({names})")
 }
 
 fn decode_sa(bytes: &[u8], out: &mut String) -> Result<(), String> {
@@ -161,30 +164,14 @@ fn decode_sa(bytes: &[u8], out: &mut String) -> Result<(), String> {
     let _ = writeln!(out, "  AttributeOffset: {} (x8 bytes)", r.attr_offset);
     match r.header.attr_id {
         attr::PATH_RECORD => {
-            let names: Vec<_> = PathRecordMask::NAMES
-                .iter()
-                .map(|(n, m)| (*n, m.bits()))
-                .collect();
-            let _ = writeln!(
-                out,
-                "  ComponentMask: 0x{:016x} ({})",
-                r.comp_mask,
-                mask_names(r.comp_mask, &names)
-            );
+            let line = comp_mask(r.comp_mask, &PathRecordMask::NAMES, PathRecordMask::bits);
+            let _ = writeln!(out, "{line}");
             let pr = PathRecordRepr::parse_bytes(p.data()).map_err(why("PathRecord"))?;
             path_record(&pr, "PathRecord", "  ", out);
         }
         attr::MCMEMBER_RECORD => {
-            let names: Vec<_> = McMemberMask::NAMES
-                .iter()
-                .map(|(n, m)| (*n, m.bits()))
-                .collect();
-            let _ = writeln!(
-                out,
-                "  ComponentMask: 0x{:016x} ({})",
-                r.comp_mask,
-                mask_names(r.comp_mask, &names)
-            );
+            let line = comp_mask(r.comp_mask, &McMemberMask::NAMES, McMemberMask::bits);
+            let _ = writeln!(out, "{line}");
             let m = McMemberRepr::parse_bytes(p.data()).map_err(why("MCMemberRecord"))?;
             mcmember(&m, out);
         }
@@ -496,5 +483,22 @@ mod tests {
         b[1] = 0x04;
         assert!(decode_mad(&b).unwrap().contains("PerfMgmt"));
         assert!(decode_client(&[1; 3]).is_err());
+    }
+    #[test]
+    fn component_mask_names_known_and_unknown_bits() {
+        let pr = PathRecordMask::DLID.union(PathRecordMask::SLID).bits();
+        assert_eq!(
+            comp_mask(pr, &PathRecordMask::NAMES, PathRecordMask::bits),
+            format!("  ComponentMask: 0x{pr:016x} (DLID|SLID)")
+        );
+        let mc = McMemberMask::MGID.bits() | (1 << 60);
+        assert_eq!(
+            comp_mask(mc, &McMemberMask::NAMES, McMemberMask::bits),
+            "  ComponentMask: 0x1000000000000001 (MGID|unknown 0x1000000000000000)"
+        );
+        assert_eq!(
+            comp_mask(0, &McMemberMask::NAMES, McMemberMask::bits),
+            "  ComponentMask: 0x0000000000000000 (none)"
+        );
     }
 }
