@@ -21,7 +21,7 @@ run() { # title, node, ib_acme args...
   local title=$1 node=$2; shift 2
   echo
   echo "=== $title  (ib_acme $* on $node, provider $PROVIDER)"
-  "$FAB" run --provider "$PROVIDER" --nodes Hca2,Hca3,Hca4 --name-prefix main \
+  "$FAB" run --provider "$PROVIDER" --nodes Hca2,Hca3,Hca4 --name-prefix main --opt addr_preload=acm_hosts \
     --on "$node" --timeout 20 -- "$@"
 }
 
