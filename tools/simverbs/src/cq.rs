@@ -144,17 +144,8 @@ impl SimCq {
     /// # Safety
     /// `p` must be NULL or a pointer returned by [`ibv_create_cq`] and not yet destroyed.
     pub unsafe fn from_ptr<'a>(p: *mut ibv_cq) -> Option<&'a SimCq> {
-        if p.is_null() {
-            set_errno(libc::EINVAL);
-            return None;
-        }
-        // SAFETY: per the contract, p is the first field of a live SimCq.
-        let s = unsafe { &*(p as *const SimCq) };
-        if s.magic != CQ_MAGIC {
-            set_errno(libc::EINVAL);
-            return None;
-        }
-        Some(s)
+        // SAFETY: this function's contract is resolve's contract for this type.
+        unsafe { crate::resolve_or_einval(p, |s: &SimCq| s.magic, CQ_MAGIC) }
     }
 }
 
@@ -170,12 +161,8 @@ impl SimChannel {
     /// # Safety
     /// `p` must be NULL or a pointer returned by [`ibv_create_comp_channel`], not destroyed.
     unsafe fn from_ptr<'a>(p: *mut ibv_comp_channel) -> Option<&'a SimChannel> {
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: per the contract, p is the first field of a live SimChannel.
-        let s = unsafe { &*(p as *const SimChannel) };
-        (s.magic == CH_MAGIC).then_some(s)
+        // SAFETY: this function's contract is resolve's contract for this type.
+        unsafe { crate::resolve(p, |s: &SimChannel| s.magic, CH_MAGIC) }
     }
 }
 

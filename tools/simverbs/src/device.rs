@@ -332,17 +332,8 @@ pub fn for_each_context(mut f: impl FnMut(&Arc<ContextState>)) {
 /// # Safety
 /// `ctx` must be NULL or a pointer returned by [`ibv_open_device`] and not yet closed.
 pub unsafe fn context_state<'a>(ctx: *mut ibv_context) -> Option<&'a SimContext> {
-    if ctx.is_null() {
-        set_errno(libc::EINVAL);
-        return None;
-    }
-    // SAFETY: per the contract, ctx is the first field of a live SimContext.
-    let sc = unsafe { &*(ctx as *const SimContext) };
-    if sc.magic != CONTEXT_MAGIC {
-        set_errno(libc::EINVAL);
-        return None;
-    }
-    Some(sc)
+    // SAFETY: this function's contract is resolve's contract for this type.
+    unsafe { crate::resolve_or_einval(ctx, |sc: &SimContext| sc.magic, CONTEXT_MAGIC) }
 }
 
 /// Reads live PortInfo for every port, merging into `ports`. Returns false if no agent.

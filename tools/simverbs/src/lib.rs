@@ -55,6 +55,41 @@ pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// Resolves a pointer simverbs handed to C (the first field of one of its `#[repr(C)]`
+/// objects) back to the object; `None` if it is NULL or the object's `magic` is not `want`.
+///
+/// # Safety
+/// `p` must be NULL or point at the first field of a live `T`.
+pub(crate) unsafe fn resolve<'a, P, T>(
+    p: *mut P,
+    magic: fn(&T) -> u64,
+    want: u64,
+) -> Option<&'a T> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: per the contract, p is the first field of a live T.
+    let obj = unsafe { &*(p as *const T) };
+    (magic(obj) == want).then_some(obj)
+}
+
+/// [`resolve`], setting errno to EINVAL when it gives `None`.
+///
+/// # Safety
+/// As [`resolve`].
+pub(crate) unsafe fn resolve_or_einval<'a, P, T>(
+    p: *mut P,
+    magic: fn(&T) -> u64,
+    want: u64,
+) -> Option<&'a T> {
+    // SAFETY: the caller upholds resolve's contract.
+    let obj = unsafe { resolve(p, magic, want) };
+    if obj.is_none() {
+        set_errno(libc::EINVAL);
+    }
+    obj
+}
+
 /// Sets the calling thread's `errno`.
 pub(crate) fn set_errno(code: i32) {
     // SAFETY: __errno_location always returns a valid pointer to this thread's errno.

@@ -32,17 +32,8 @@ impl SimPd {
     /// # Safety
     /// `p` must be NULL or a pointer returned by [`ibv_alloc_pd`] and not yet deallocated.
     pub unsafe fn from_ptr<'a>(p: *mut ibv_pd) -> Option<&'a SimPd> {
-        if p.is_null() {
-            set_errno(libc::EINVAL);
-            return None;
-        }
-        // SAFETY: per the contract, p is the first field of a live SimPd.
-        let s = unsafe { &*(p as *const SimPd) };
-        if s.magic != PD_MAGIC {
-            set_errno(libc::EINVAL);
-            return None;
-        }
-        Some(s)
+        // SAFETY: this function's contract is resolve's contract for this type.
+        unsafe { crate::resolve_or_einval(p, |s: &SimPd| s.magic, PD_MAGIC) }
     }
 }
 
@@ -266,14 +257,11 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     guard(libc::EIO, || {
-        if mr.is_null() {
+        // SAFETY: verbs contract: mr is NULL or came from ibv_reg_mr; SimMr starts with the
+        // ibv_mr.
+        let Some(m) = (unsafe { crate::resolve(mr, |m: &SimMr| m.magic, MR_MAGIC) }) else {
             return libc::EINVAL;
-        }
-        // SAFETY: verbs contract: mr came from ibv_reg_mr; SimMr starts with the ibv_mr.
-        let m = unsafe { &*(mr as *const SimMr) };
-        if m.magic != MR_MAGIC {
-            return libc::EINVAL;
-        }
+        };
         if let Ok(mut map) = regions().lock() {
             map.remove(&m.mr.lkey);
         }

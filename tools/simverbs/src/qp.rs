@@ -97,17 +97,8 @@ impl SimQp {
     /// # Safety
     /// `p` must be NULL or a pointer returned by [`ibv_create_qp`], not yet destroyed.
     unsafe fn from_ptr<'a>(p: *mut ibv_qp) -> Option<&'a SimQp> {
-        if p.is_null() {
-            set_errno(libc::EINVAL);
-            return None;
-        }
-        // SAFETY: per the contract, p is the first field of a live SimQp.
-        let s = unsafe { &*(p as *const SimQp) };
-        if s.magic != QP_MAGIC {
-            set_errno(libc::EINVAL);
-            return None;
-        }
-        Some(s)
+        // SAFETY: this function's contract is resolve's contract for this type.
+        unsafe { crate::resolve_or_einval(p, |s: &SimQp| s.magic, QP_MAGIC) }
     }
 }
 
@@ -123,12 +114,8 @@ impl SimAh {
     /// # Safety
     /// `p` must be NULL or a pointer returned by [`ibv_create_ah`], not yet destroyed.
     unsafe fn from_ptr<'a>(p: *mut ibv_ah) -> Option<&'a SimAh> {
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: per the contract, p is the first field of a live SimAh.
-        let s = unsafe { &*(p as *const SimAh) };
-        (s.magic == AH_MAGIC).then_some(s)
+        // SAFETY: this function's contract is resolve's contract for this type.
+        unsafe { crate::resolve(p, |s: &SimAh| s.magic, AH_MAGIC) }
     }
 }
 
@@ -836,6 +823,60 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
     Ok(ibv_wc_status::IBV_WC_SUCCESS)
 }
 
+/// A work request of a chain handed to `post_send` / `post_recv`.
+trait WorkRequest {
+    /// The next request of the chain (NULL at the end).
+    fn next(&self) -> *mut Self;
+}
+
+impl WorkRequest for ibv_send_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl WorkRequest for ibv_recv_wr {
+    fn next(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// What `post_send` and `post_recv` share: resolves the QP, hands each work request of the
+/// chain to `post`, and on the first `Err(code)` (or an unknown QP: EINVAL) stores that
+/// request in `*bad_wr`, if given, and returns the code; 0 when every request was posted.
+///
+/// # Safety
+/// `qp` comes from our ops table, `wr` is NULL or a valid chain of work requests and `bad_wr`
+/// is NULL or a writable out-pointer.
+unsafe fn post_chain<W: WorkRequest>(
+    qp: *mut ibv_qp,
+    wr: *mut W,
+    bad_wr: *mut *mut W,
+    mut post: impl FnMut(&SimQp, &W) -> Result<(), c_int>,
+) -> c_int {
+    let fail = |w: *mut W, code: c_int| {
+        if !bad_wr.is_null() {
+            // SAFETY: bad_wr is a valid out-pointer (checked non-NULL).
+            unsafe { *bad_wr = w };
+        }
+        code
+    };
+    // SAFETY: called through our ops table with a QP of our context.
+    let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
+        return fail(wr, libc::EINVAL);
+    };
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: the caller passes a valid chain of work requests.
+        let w = unsafe { &*cur };
+        if let Err(code) = post(q, w) {
+            return fail(cur, code);
+        }
+        cur = w.next();
+    }
+    0
+}
+
 /// `ops.post_send`.
 unsafe extern "C" fn sim_post_send(
     qp: *mut ibv_qp,
@@ -843,33 +884,16 @@ unsafe extern "C" fn sim_post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     guard(libc::EIO, || {
-        let fail = |w: *mut ibv_send_wr, code: c_int| {
-            if !bad_wr.is_null() {
-                // SAFETY: bad_wr is a valid out-pointer (checked non-NULL).
-                unsafe { *bad_wr = w };
-            }
-            code
-        };
-        // SAFETY: called through our ops table with a QP of our context.
-        let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
-            return fail(wr, libc::EINVAL);
-        };
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: the caller passes a valid chain of ibv_send_wr.
-            let w = unsafe { &*cur };
+        let post = |q: &SimQp, w: &ibv_send_wr| -> Result<(), c_int> {
             let Ok(a) = q.inner.attrs.lock().map(|a| *a) else {
-                return fail(cur, libc::EIO);
+                return Err(libc::EIO);
             };
             let signaled =
                 q.inner.sq_sig_all || w.send_flags & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0;
             let status = match a.state {
-                IBV_QPS_RTS => match send_one(q, &a, w) {
-                    Ok(s) => s,
-                    Err(code) => return fail(cur, code),
-                },
+                IBV_QPS_RTS => send_one(q, &a, w)?,
                 IBV_QPS_ERR => ibv_wc_status::IBV_WC_WR_FLUSH_ERR,
-                _ => return fail(cur, libc::EINVAL),
+                _ => return Err(libc::EINVAL),
             };
             let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
             if signaled || !ok {
@@ -884,9 +908,10 @@ unsafe extern "C" fn sim_post_send(
             if !ok && status != ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                 q.inner.enter_error();
             }
-            cur = w.next;
-        }
-        0
+            Ok(())
+        };
+        // SAFETY: the verbs contract for post calls is post_chain's.
+        unsafe { post_chain(qp, wr, bad_wr, post) }
     })
 }
 
@@ -897,31 +922,17 @@ unsafe extern "C" fn sim_post_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     guard(libc::EIO, || {
-        let fail = |w: *mut ibv_recv_wr, code: c_int| {
-            if !bad_wr.is_null() {
-                // SAFETY: bad_wr is a valid out-pointer (checked non-NULL).
-                unsafe { *bad_wr = w };
-            }
-            code
-        };
-        // SAFETY: called through our ops table with a QP of our context.
-        let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
-            return fail(wr, libc::EINVAL);
-        };
-        let inner = &q.inner;
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: the caller passes a valid chain of ibv_recv_wr.
-            let w = unsafe { &*cur };
+        let post = |q: &SimQp, w: &ibv_recv_wr| -> Result<(), c_int> {
+            let inner = &q.inner;
             let state = inner.attrs.lock().map(|a| a.state).unwrap_or(IBV_QPS_RESET);
             if state == IBV_QPS_RESET {
-                return fail(cur, libc::EINVAL);
+                return Err(libc::EINVAL);
             }
             if w.num_sge < 0
                 || w.num_sge as u32 > inner.cap.max_recv_sge
                 || (w.num_sge > 0 && w.sg_list.is_null())
             {
-                return fail(cur, libc::EINVAL);
+                return Err(libc::EINVAL);
             }
             let sges = if w.num_sge == 0 {
                 Vec::new()
@@ -939,19 +950,20 @@ unsafe extern "C" fn sim_post_recv(
                 });
             } else {
                 let Ok(mut rq) = inner.rq.lock() else {
-                    return fail(cur, libc::EIO);
+                    return Err(libc::EIO);
                 };
                 if rq.len() >= inner.cap.max_recv_wr as usize {
-                    return fail(cur, libc::ENOMEM);
+                    return Err(libc::ENOMEM);
                 }
                 rq.push_back(RecvWr {
                     wr_id: w.wr_id,
                     sges,
                 });
             }
-            cur = w.next;
-        }
-        0
+            Ok(())
+        };
+        // SAFETY: the verbs contract for post calls is post_chain's.
+        unsafe { post_chain(qp, wr, bad_wr, post) }
     })
 }
 
