@@ -336,6 +336,20 @@ pub unsafe fn context_state<'a>(ctx: *mut ibv_context) -> Option<&'a SimContext>
     unsafe { crate::resolve_or_einval(ctx, |sc: &SimContext| sc.magic, CONTEXT_MAGIC) }
 }
 
+/// A snapshot of port `port_num` of `ctx`; `None`, with errno EINVAL, if the context is not
+/// ours or has no such port.
+///
+/// # Safety
+/// As [`context_state`].
+unsafe fn context_port(ctx: *mut ibv_context, port_num: u8) -> Option<PortAttrs> {
+    // SAFETY: the caller upholds context_state's contract.
+    let port = unsafe { context_state(ctx) }?.state.port(port_num);
+    if port.is_none() {
+        set_errno(libc::EINVAL);
+    }
+    port
+}
+
 /// Reads live PortInfo for every port, merging into `ports`. Returns false if no agent.
 fn refresh_ports(agent: &mut Option<SmpAgent>, ca: &str, ports: &mut [PortAttrs]) -> bool {
     if agent.is_none() {
@@ -712,11 +726,7 @@ pub unsafe extern "C" fn ibv_query_gid(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: context comes from ibv_open_device per the verbs contract.
-        let Some(sc) = (unsafe { context_state(context) }) else {
-            return -1;
-        };
-        let Some(p) = sc.state.port(port_num) else {
-            set_errno(libc::EINVAL);
+        let Some(p) = (unsafe { context_port(context, port_num) }) else {
             return -1;
         };
         if gid.is_null() || index != 0 {
@@ -762,11 +772,7 @@ pub unsafe extern "C" fn ibv_query_pkey(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: context comes from ibv_open_device per the verbs contract.
-        let Some(sc) = (unsafe { context_state(context) }) else {
-            return -1;
-        };
-        let Some(p) = sc.state.port(port_num) else {
-            set_errno(libc::EINVAL);
+        let Some(p) = (unsafe { context_port(context, port_num) }) else {
             return -1;
         };
         let Some(k) = usize::try_from(index).ok().and_then(|i| p.pkeys.get(i)) else {
@@ -792,11 +798,7 @@ pub unsafe extern "C" fn ibv_get_pkey_index(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: context comes from ibv_open_device per the verbs contract.
-        let Some(sc) = (unsafe { context_state(context) }) else {
-            return -1;
-        };
-        let Some(p) = sc.state.port(port_num) else {
-            set_errno(libc::EINVAL);
+        let Some(p) = (unsafe { context_port(context, port_num) }) else {
             return -1;
         };
         let want = u16::from_be(pkey);
