@@ -20,7 +20,12 @@ use crate::ffi::{
 };
 use crate::path::{self, SaOutcome};
 use crate::respond;
-use crate::state::{Control, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply, Shared, NEVER};
+use crate::state::{
+    Cached, Control, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply, Shared, NEVER,
+};
+use acm_core_nostd::cache::hash::hash_words;
+use acm_core_nostd::cache::pending::{PendingSlot, Token, WaiterSlot};
+use acm_core_nostd::cache::{Begin, CacheKey, PendingTable};
 use acm_dataplane::worker::{PollOutcome, Poller};
 use core::ffi::c_void;
 use std::collections::{HashMap, VecDeque};
@@ -30,43 +35,104 @@ use std::time::{Duration, Instant};
 
 /// Most SA queries one provider instance keeps in flight (the core queues beyond `sa_depth`).
 pub const MAX_INFLIGHT: usize = 256;
-const NIL: u32 = u32::MAX;
 const BATCH: usize = 256;
 
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
-struct Pending {
-    id: u64,
-    kind: Kind,
-    req: Request,
-    next: u32,
+/// The key requests coalesce on in the pending table: the route key, plus a nonce that is 0
+/// for every cacheable kind and unique per `query()` request (those never coalesce).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PendKey {
+    route: RouteKey,
+    nonce: u32,
+}
+
+impl CacheKey for PendKey {
+    /// The endpoint's cache slot (the low byte of `cache_ep`): unique among live endpoints and
+    /// the same across reregister generations, so `cancel_ep` catches every key of an endpoint.
+    fn ep(&self) -> u16 {
+        self.route.cache_ep & 0xff
+    }
+
+    fn hash_with(&self, seed: u64) -> u64 {
+        let mut w = [0u32; 20];
+        for (d, c) in w.iter_mut().zip(self.route.record.chunks_exact(4)) {
+            *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        w[16] = self.route.ep_id as u32;
+        w[17] = (self.route.ep_id >> 32) as u32;
+        w[18] = u32::from(self.route.cache_ep);
+        w[19] = self.nonce;
+        hash_words(seed, &w)
+    }
+}
+
+type Pending = PendingTable<PendKey, Box<[PendingSlot<PendKey>]>, Box<[WaiterSlot]>>;
+
+/// A key whose resolution was started (it is in the pending table) but not sent yet.
+struct Started {
+    key: PendKey,
+    ep: Arc<Ep>,
+    record: [u8; 64],
 }
 
 struct Inflight {
-    key: Option<RouteKey>,
+    key: PendKey,
     ep: Arc<Ep>,
     record: [u8; 64],
     mask: u64,
     token: u64,
     tid: u32,
-    head: u32,
-    tail: u32,
     busy_tries: u32,
     retry_at: Option<Instant>,
     deadline: Instant,
+}
+
+/// Answers one request (the worker's side of exactly-once: every request handed to the worker
+/// reaches this exactly once, or is answered by `resolve()` already for NODELAY / refresh).
+fn answer(sh: &Shared, req: &Request, status: u8, record: Option<&[u8; 64]>) {
+    let api = sh.api;
+    match req.kind {
+        Kind::Resolve => {
+            req.ep.count_status(status);
+            respond::send_resolve(api, req.id, &req.msg, status, record);
+        }
+        Kind::Query => {
+            respond::send_query(api, req.id, &req.msg, status, record);
+        }
+        Kind::Prime | Kind::Refresh => {}
+    }
+}
+
+/// The request slab the pending table's tokens index, with its free list.
+struct Requests {
+    slots: Vec<Option<Request>>,
+    free: Vec<Token>,
+}
+
+impl Requests {
+    /// Answers and frees the request behind `token` (a no-op for an unknown token).
+    fn finish(&mut self, sh: &Shared, token: Token, status: u8, record: Option<&[u8; 64]>) {
+        if let Some(req) = self.slots.get_mut(token as usize).and_then(Option::take) {
+            self.free.push(token);
+            answer(sh, &req, status, record);
+        }
+    }
 }
 
 /// The engine (see the module docs).
 pub struct Engine {
     sh: Arc<Shared>,
     handler: SaHandler,
-    pending: Vec<Option<Pending>>,
-    pending_free: Vec<u32>,
+    /// Coalescing: one entry per key being resolved, its waiters in arrival order.
+    pending: Pending,
+    reqs: Requests,
     inflight: Vec<Option<Inflight>>,
     inflight_free: Vec<u32>,
-    by_key: HashMap<RouteKey, u32>,
-    backlog: VecDeque<u32>,
+    /// Started keys waiting for an in-flight slot, FIFO.
+    backlog: VecDeque<Started>,
+    next_nonce: u32,
     preloads: HashMap<u64, (Arc<Ep>, Vec<PreloadedRoute>)>,
     next_timer: Option<Instant>,
     /// An in-flight slot was freed: start backlog entries (done from `poll`, never from inside
@@ -78,18 +144,41 @@ pub struct Engine {
 impl Engine {
     /// An engine with all its tables allocated now (capacities from the options).
     pub fn new(sh: Arc<Shared>, handler: SaHandler) -> Self {
-        let cap = sh.opts.acmrs_pending_capacity as usize;
+        let cap = (sh.opts.acmrs_pending_capacity as usize).max(1);
         let inflight = (sh.opts.sa_depth as usize)
             .saturating_mul(8)
             .clamp(8, MAX_INFLIGHT);
+        let seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(cap);
+            h.finish()
+        };
+        let pending = match Pending::new(
+            vec![PendingSlot::default(); cap].into_boxed_slice(),
+            vec![WaiterSlot::default(); cap].into_boxed_slice(),
+            seed,
+        ) {
+            Ok(p) => p,
+            // Capacities are 1..=16M by the options parser; fall back to the smallest table.
+            Err(_) => Pending::new(
+                vec![PendingSlot::default(); 1].into_boxed_slice(),
+                vec![WaiterSlot::default(); 1].into_boxed_slice(),
+                seed,
+            )
+            .unwrap_or_else(|_| unreachable!("a one-entry pending table is valid")),
+        };
         Engine {
             handler,
-            pending: (0..cap).map(|_| None).collect(),
-            pending_free: (0..cap as u32).rev().collect(),
+            pending,
+            reqs: Requests {
+                slots: (0..cap).map(|_| None).collect(),
+                free: (0..cap as u32).rev().collect(),
+            },
             inflight: (0..inflight).map(|_| None).collect(),
             inflight_free: (0..inflight as u32).rev().collect(),
-            by_key: HashMap::with_capacity(inflight),
             backlog: VecDeque::with_capacity(cap),
+            next_nonce: 0,
             preloads: HashMap::new(),
             next_timer: None,
             kick_backlog: false,
@@ -108,113 +197,153 @@ impl Engine {
         self.sh.waker.coarse_ms()
     }
 
-    /// Answers a request that is not (or no longer) in the pending table.
-    fn answer(&self, req: &Request, kind: Kind, status: u8, record: Option<&[u8; 64]>) {
-        let api = self.sh.api;
-        match kind {
-            Kind::Resolve => {
-                req.ep.count_status(status);
-                respond::send_resolve(api, req.id, &req.msg, status, record);
+    /// Answers every waiter of `key` (FIFO) and frees the key.
+    fn finish_key(&mut self, key: &PendKey, status: u8, record: Option<&[u8; 64]>) {
+        let (sh, reqs) = (&*self.sh, &mut self.reqs);
+        self.pending
+            .complete(key, |t| reqs.finish(sh, t, status, record));
+    }
+
+    /// What the cache holds for `key`; a hit that asks for a refresh starts one.
+    fn cached(
+        &mut self,
+        key: &RouteKey,
+        ep: &Arc<Ep>,
+        sa_record: &[u8; 64],
+        now: Instant,
+    ) -> Option<Result<[u8; 64], u8>> {
+        match self.sh.lookup(key, self.now_coarse())? {
+            Cached::Path(rec, refresh) => {
+                if refresh {
+                    self.begin_refresh(key, ep, sa_record, now);
+                }
+                Some(Ok(rec))
             }
-            Kind::Query => {
-                respond::send_query(api, req.id, &req.msg, status, record);
-            }
-            Kind::Prime => {}
+            Cached::Negative(status) => Some(Err(status)),
         }
+    }
+
+    /// Starts re-querying a cached route near its expiry (nobody waits for the answer; the
+    /// completion updates the entry in place). Coalesces with a resolution already under way.
+    fn begin_refresh(&mut self, key: &RouteKey, ep: &Arc<Ep>, sa_record: &[u8; 64], now: Instant) {
+        let pk = PendKey {
+            route: *key,
+            nonce: 0,
+        };
+        if self.pending.is_pending(&pk) {
+            return;
+        }
+        let Some(slot) = self.reqs.free.pop() else {
+            return;
+        };
+        self.reqs.slots[slot as usize] = Some(Request {
+            ep: ep.clone(),
+            id: 0,
+            msg: crate::ffi::AcmMsg::zeroed(),
+            kind: Kind::Refresh,
+            key: *key,
+            sa_record: *sa_record,
+            host: None,
+        });
+        self.enter(pk, slot, now);
     }
 
     fn handle_request(&mut self, req: Request, now: Instant) {
         let kind = req.kind;
         if req.ep.closed.load(Ordering::Acquire) || self.done {
-            self.answer(&req, kind, ACM_STATUS_ENODATA, None);
+            answer(&self.sh, &req, ACM_STATUS_ENODATA, None);
             return;
         }
-        if kind != Kind::Query {
-            match self.sh.lookup(&req.key, self.now_coarse()) {
-                // Filled by a query that completed after resolve() looked.
-                Some(Ok(rec)) => {
-                    req.ep.count_global(cntr::ROUTE_CACHE);
-                    self.answer(&req, kind, 0, Some(&rec));
-                    return;
-                }
-                Some(Err(status)) => {
-                    self.answer(&req, kind, status, None);
-                    return;
-                }
-                None => {}
-            }
+        if let Some(i) = req.host {
+            // The address mapping had expired: re-resolve it from the preload table (the
+            // worker's copy of the hosts file; the ACM multicast protocol is not implemented).
+            self.sh.renew_host(i, self.now_coarse());
+            req.ep.count_global(cntr::ADDR_QUERY);
         }
-        let Some(slot) = self.pending_free.pop() else {
-            self.sh.overflows.fetch_add(1, Ordering::Relaxed);
-            self.log(0, || "ERROR - pending table full, answering ENOMEM".into());
-            self.answer(&req, kind, ACM_STATUS_ENOMEM, None);
-            return;
-        };
-        let key = req.key;
-        self.pending[slot as usize] = Some(Pending {
-            id: req.id,
-            kind,
-            req,
-            next: NIL,
-        });
-        if kind != Kind::Query {
-            if let Some(&fi) = self.by_key.get(&key) {
-                self.append_waiter(fi, slot);
+        if kind != Kind::Query && kind != Kind::Refresh {
+            // Filled by a query that completed after resolve() looked.
+            if let Some(c) = self.cached(&req.key, &req.ep, &req.sa_record, now) {
+                match c {
+                    Ok(rec) => {
+                        req.ep.count_global(cntr::ROUTE_CACHE);
+                        answer(&self.sh, &req, 0, Some(&rec));
+                    }
+                    Err(status) => answer(&self.sh, &req, status, None),
+                }
                 return;
             }
         }
-        self.start_or_backlog(slot, now);
-    }
-
-    fn append_waiter(&mut self, fi: u32, slot: u32) {
-        let Some(f) = self.inflight[fi as usize].as_mut() else {
+        let nonce = if kind == Kind::Query {
+            self.next_nonce = self.next_nonce.wrapping_add(1).max(1);
+            self.next_nonce
+        } else {
+            0
+        };
+        let key = PendKey {
+            route: req.key,
+            nonce,
+        };
+        let Some(slot) = self.reqs.free.pop() else {
+            self.overflow(&req);
             return;
         };
-        let tail = f.tail;
-        f.tail = slot;
-        if let Some(p) = self.pending[tail as usize].as_mut() {
-            p.next = slot;
+        self.reqs.slots[slot as usize] = Some(req);
+        self.enter(key, slot, now);
+    }
+
+    /// Answers ENOMEM for a request the pending table has no room for.
+    fn overflow(&self, req: &Request) {
+        self.sh.overflows.fetch_add(1, Ordering::Relaxed);
+        self.log(0, || "ERROR - pending table full, answering ENOMEM".into());
+        answer(&self.sh, req, ACM_STATUS_ENOMEM, None);
+    }
+
+    /// Registers the request in slab slot `slot` as waiting for `key`; starts the key if new.
+    fn enter(&mut self, key: PendKey, slot: Token, now: Instant) {
+        match self.pending.begin(key, slot) {
+            Begin::Coalesced => {}
+            Begin::Full => {
+                if let Some(req) = self.reqs.slots[slot as usize].take() {
+                    self.reqs.free.push(slot);
+                    self.overflow(&req);
+                }
+            }
+            Begin::Started => {
+                let Some(req) = self.reqs.slots[slot as usize].as_ref() else {
+                    return;
+                };
+                let s = Started {
+                    key,
+                    ep: req.ep.clone(),
+                    record: req.sa_record,
+                };
+                self.start_or_backlog(s, now);
+            }
         }
     }
 
-    fn start_or_backlog(&mut self, slot: u32, now: Instant) {
+    fn start_or_backlog(&mut self, s: Started, now: Instant) {
         if self.done {
-            if let Some(p) = self.pending[slot as usize].take() {
-                self.pending_free.push(slot);
-                self.answer(&p.req, p.kind, ACM_STATUS_ENODATA, None);
-            }
+            self.finish_key(&s.key, ACM_STATUS_ENODATA, None);
             return;
         }
         let Some(fi) = self.inflight_free.pop() else {
-            self.backlog.push_back(slot);
+            self.backlog.push_back(s);
             return;
         };
-        let Some(p) = self.pending[slot as usize].as_ref() else {
-            self.inflight_free.push(fi);
-            return;
-        };
-        let key = (p.kind != Kind::Query).then_some(p.req.key);
-        let record = p.req.sa_record;
-        let f = Inflight {
-            key,
-            ep: p.req.ep.clone(),
-            mask: path::comp_mask(&record),
-            record,
+        self.inflight[fi as usize] = Some(Inflight {
+            key: s.key,
+            ep: s.ep,
+            mask: path::comp_mask(&s.record),
+            record: s.record,
             token: 0,
             tid: 0,
-            head: slot,
-            tail: slot,
             busy_tries: 0,
             retry_at: None,
             deadline: now,
-        };
-        self.inflight[fi as usize] = Some(f);
-        if let Some(k) = key {
-            self.by_key.insert(k, fi);
-        }
+        });
         self.send(fi, now);
     }
-
     /// The longest the core may legitimately take (timeout × tries), plus a margin.
     fn sa_budget(&self) -> Duration {
         let o = &self.sh.opts;
@@ -293,57 +422,44 @@ impl Engine {
             return;
         };
         self.inflight_free.push(fi);
-        if let Some(k) = f.key {
-            self.by_key.remove(&k);
-            if let (0, Some(r)) = (status, record) {
-                if !f.ep.closed.load(Ordering::Acquire) {
-                    let ttl = self.sh.opts.route_ttl_ms().unwrap_or(NEVER);
-                    self.sh.insert(&k, r, self.now_coarse(), ttl);
-                }
+        if let (0, Some(r), 0) = (status, record, f.key.nonce) {
+            if !f.ep.closed.load(Ordering::Acquire) {
+                let ttl = self.sh.opts.route_ttl_ms().unwrap_or(NEVER);
+                self.sh.insert(&f.key.route, r, self.now_coarse(), ttl);
             }
         }
-        let mut cur = f.head;
-        while cur != NIL {
-            let Some(p) = self.pending[cur as usize].take() else {
-                break;
-            };
-            self.pending_free.push(cur);
-            self.answer(&p.req, p.kind, status, record);
-            let _ = p.id;
-            cur = p.next;
-        }
+        self.finish_key(&f.key, status, record);
         self.kick_backlog = true;
     }
 
     fn drain_backlog(&mut self, now: Instant) {
         while !self.inflight_free.is_empty() {
-            let Some(slot) = self.backlog.pop_front() else {
+            let Some(s) = self.backlog.pop_front() else {
                 break;
             };
-            let Some(p) = self.pending[slot as usize].as_ref() else {
-                continue;
-            };
-            if p.kind != Kind::Query {
-                let key = p.req.key;
-                if let Some(cached) = self.sh.lookup(&key, self.now_coarse()) {
-                    if let Some(p) = self.pending[slot as usize].take() {
-                        self.pending_free.push(slot);
-                        match cached {
-                            Ok(rec) => {
-                                p.req.ep.count_global(cntr::ROUTE_CACHE);
-                                self.answer(&p.req, p.kind, 0, Some(&rec));
+            if s.key.nonce == 0 {
+                // Filled meanwhile (preload, reregister re-insert): answer from the cache.
+                match self.sh.lookup(&s.key.route, self.now_coarse()) {
+                    Some(Cached::Path(rec, _)) => {
+                        let (sh, reqs) = (&*self.sh, &mut self.reqs);
+                        self.pending.complete(&s.key, |t| {
+                            if let Some(r) = reqs.slots.get(t as usize).and_then(Option::as_ref) {
+                                if r.kind != Kind::Refresh {
+                                    r.ep.count_global(cntr::ROUTE_CACHE);
+                                }
                             }
-                            Err(status) => self.answer(&p.req, p.kind, status, None),
-                        }
+                            reqs.finish(sh, t, 0, Some(&rec));
+                        });
+                        continue;
                     }
-                    continue;
-                }
-                if let Some(&fi) = self.by_key.get(&key) {
-                    self.append_waiter(fi, slot);
-                    continue;
+                    Some(Cached::Negative(status)) => {
+                        self.finish_key(&s.key, status, None);
+                        continue;
+                    }
+                    None => {}
                 }
             }
-            self.start_or_backlog(slot, now);
+            self.start_or_backlog(s, now);
         }
     }
 
@@ -366,8 +482,10 @@ impl Engine {
                 // it for acmrs_negative_ttl_ms so repeated lookups do not load the SA.
                 let ttl = u64::from(self.sh.opts.acmrs_negative_ttl_ms);
                 if s == ACM_STATUS_ENODATA && r.umad_status == 0 && ttl > 0 {
-                    if let Some(Some(k)) = self.inflight[fi as usize].as_ref().map(|f| f.key) {
-                        self.sh.insert_negative(&k, s, self.now_coarse(), ttl);
+                    if let Some(k) = self.inflight[fi as usize].as_ref().map(|f| f.key) {
+                        if k.nonce == 0 {
+                            self.sh.insert_negative(&k.route, s, self.now_coarse(), ttl);
+                        }
                     }
                 }
                 self.complete(fi, s, None, now)
@@ -430,19 +548,13 @@ impl Engine {
     fn close_ep(&mut self, ep: &Arc<Ep>, now: Instant) {
         // Backlog first (rotated in place, no allocation), so nothing of this endpoint starts.
         for _ in 0..self.backlog.len() {
-            let Some(slot) = self.backlog.pop_front() else {
+            let Some(s) = self.backlog.pop_front() else {
                 break;
             };
-            let same = self.pending[slot as usize]
-                .as_ref()
-                .is_some_and(|p| p.req.ep.id == ep.id);
-            if same {
-                if let Some(p) = self.pending[slot as usize].take() {
-                    self.pending_free.push(slot);
-                    self.answer(&p.req, p.kind, ACM_STATUS_ENODATA, None);
-                }
+            if s.ep.id == ep.id {
+                self.finish_key(&s.key, ACM_STATUS_ENODATA, None);
             } else {
-                self.backlog.push_back(slot);
+                self.backlog.push_back(s);
             }
         }
         for fi in 0..self.inflight.len() as u32 {
@@ -452,6 +564,17 @@ impl Engine {
             if same {
                 self.complete(fi, ACM_STATUS_ENODATA, None, now);
             }
+        }
+        // Every started key is in flight or in the backlog, so this finds nothing; it is the
+        // table's own guarantee that no waiter of this endpoint is left behind.
+        let (sh, reqs) = (&*self.sh, &mut self.reqs);
+        let left = self.pending.cancel_ep(u16::from(ep.slot), |_, t| {
+            reqs.finish(sh, t, ACM_STATUS_ENODATA, None)
+        });
+        if left != 0 {
+            self.log(0, || {
+                format!("ERROR - {left} orphaned waiters answered at close")
+            });
         }
         self.sh.invalidate_ep(ep);
         self.preloads.remove(&ep.id);
@@ -489,15 +612,11 @@ impl Engine {
                 for fi in 0..self.inflight.len() as u32 {
                     self.complete(fi, ACM_STATUS_ENODATA, None, now);
                 }
-                while let Some(slot) = self.backlog.pop_front() {
-                    if let Some(p) = self.pending[slot as usize].take() {
-                        self.pending_free.push(slot);
-                        self.answer(&p.req, p.kind, ACM_STATUS_ENODATA, None);
-                    }
+                while let Some(s) = self.backlog.pop_front() {
+                    self.finish_key(&s.key, ACM_STATUS_ENODATA, None);
                 }
-                self.done = true;
                 while let Some(req) = self.sh.requests.pop() {
-                    self.answer(&req, req.kind, ACM_STATUS_ENODATA, None);
+                    answer(&self.sh, &req, ACM_STATUS_ENODATA, None);
                 }
                 self.sh.clear();
                 self.preloads.clear();

@@ -11,6 +11,7 @@
 pub mod core_api;
 pub mod engine;
 pub mod ffi;
+pub mod huge;
 pub mod path;
 pub mod provider;
 pub mod respond;

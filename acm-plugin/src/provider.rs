@@ -12,8 +12,10 @@ use crate::core_api::{self, CoreApi};
 use crate::engine::{self, Engine, MAX_INFLIGHT};
 use crate::ffi::*;
 use crate::respond;
-use crate::state::{Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, RouteKey, Shared};
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
+use crate::state::{
+    Cached, Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, RouteKey, Shared,
+};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache};
 use acm_core_nostd::text::dump_pr::{LidTable, LocalPaths, LocalPort};
 use acm_core_nostd::text::hosts::HostLines;
 use acm_core_nostd::text::opts::{
@@ -148,6 +150,16 @@ fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostEntry> {
     out
 }
 
+/// How long before a route expires its next hit starts a background refresh:
+/// `acmrs_refresh_ahead_pct` of the route lifetime (0 = never; routes that never expire are
+/// never refreshed either).
+pub(crate) fn refresh_ahead_ms(opts: &ProviderOptions) -> u64 {
+    match opts.route_ttl_ms() {
+        Some(ttl) => ttl * u64::from(opts.acmrs_refresh_ahead_pct.min(99)) / 100,
+        None => 0,
+    }
+}
+
 fn new_cache(opts: &ProviderOptions) -> std::io::Result<crate::state::Cache> {
     // A per-instance seed so remote parties cannot aim at one bucket.
     let seed = {
@@ -158,11 +170,11 @@ fn new_cache(opts: &ProviderOptions) -> std::io::Result<crate::state::Cache> {
     };
     let config = CacheConfig {
         seed,
-        ..CacheConfig::default()
+        refresh_ahead: refresh_ahead_ms(opts),
     };
     // Addresses are not aliased into the cache yet; the table only needs to exist.
     PathCache::new(
-        PathSlot::boxed(opts.acmrs_path_capacity as usize),
+        crate::huge::path_slots(opts.acmrs_path_capacity as usize),
         AddrSlot::boxed(16),
         config,
     )
@@ -173,6 +185,12 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
     let opts = load_options(api);
     let hosts = load_hosts(api, &opts);
     let waker = Worker::new_waker();
+    let now = waker.coarse_ms();
+    let host_until = opts
+        .addr_timeout
+        .as_millis()
+        .map_or(crate::state::NEVER, |t| now.saturating_add(t));
+    let host_expiry = hosts.iter().map(|_| AtomicU64::new(host_until)).collect();
     let shared = Arc::new(Shared {
         api,
         cache: new_cache(&opts)?,
@@ -181,6 +199,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         control: Mutex::new(Vec::new()),
         waker: waker.clone(),
         hosts,
+        host_expiry,
         flush_gen: AtomicU32::new(0),
         ep_slots: Mutex::new([false; 256]),
         overflows: AtomicU64::new(0),
@@ -663,8 +682,9 @@ unsafe extern "C" fn remove_address(addr_context: *mut c_void) {
 
 /// Where a resolve request points, after validation.
 enum Target {
-    /// A PathRecord to look up / ask the SA for (the client's constraints).
-    Path([u8; 64], bool),
+    /// A PathRecord to look up / ask the SA for (the client's constraints), NODELAY, and the
+    /// hosts entry whose expired mapping the worker must renew first.
+    Path([u8; 64], bool, Option<u32>),
     /// Answer now with this status.
     Fail(u8),
     /// Answer now with this path (loopback).
@@ -752,7 +772,7 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
         if p.dlid() == 0 && p.dgid().is_zero() {
             return Target::Fail(ACM_STATUS_EINVAL);
         }
-        return Target::Path(rec, first.flags & ACM_FLAGS_NODELAY != 0);
+        return Target::Path(rec, first.flags & ACM_FLAGS_NODELAY != 0, None);
     }
     if dst_index as usize >= cnt {
         return Target::Fail(ACM_STATUS_EINVAL);
@@ -771,14 +791,17 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
                     if ep.port.lid != 0 {
                         return Target::Local(loopback_path(ep));
                     }
-                    return Target::Path(gid_record(&ep.port.gid0), nodelay);
+                    return Target::Path(gid_record(&ep.port.gid0), nodelay, None);
                 }
             }
-            match ep.shared.host_gid(dest.type_, &bytes) {
-                Some(gid) => {
+            let now = ep.shared.waker.coarse_ms();
+            match ep.shared.host_gid(dest.type_, &bytes, now) {
+                Some((_, gid, true)) => {
                     ep.count_global(cntr::ADDR_CACHE);
-                    Target::Path(gid_record(&gid), nodelay)
+                    Target::Path(gid_record(&gid), nodelay, None)
                 }
+                // Expired (addr_timeout): a miss; the worker re-resolves it.
+                Some((i, gid, false)) => Target::Path(gid_record(&gid), nodelay, Some(i)),
                 // Unknown destination: the ACM multicast protocol is a later step.
                 None => Target::Fail(ACM_STATUS_ENODATA),
             }
@@ -786,7 +809,7 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
         ACM_ADDRESS_GID => {
             let mut gid = [0u8; 16];
             gid.copy_from_slice(&bytes[..16]);
-            Target::Path(gid_record(&gid), nodelay)
+            Target::Path(gid_record(&gid), nodelay, None)
         }
         ACM_ADDRESS_LID => {
             let lid = u16::from_be_bytes([bytes[0], bytes[1]]);
@@ -797,14 +820,22 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
             let mut p = PathRecord::new_unchecked(&mut r[..]);
             p.set_dlid(lid);
             p.set_reversible_numpath(true, 0);
-            Target::Path(r, nodelay)
+            Target::Path(r, nodelay, None)
         }
         _ => Target::Fail(ACM_STATUS_EINVAL),
     }
 }
 
 /// Hands a request to the worker; false if the queue is full.
-fn enqueue(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, kind: Kind, key: RouteKey, sa: [u8; 64]) -> bool {
+fn enqueue(
+    ep: &Arc<Ep>,
+    id: u64,
+    msg: &AcmMsg,
+    kind: Kind,
+    key: RouteKey,
+    sa: [u8; 64],
+    host: Option<u32>,
+) -> bool {
     let req = Request {
         ep: ep.clone(),
         id,
@@ -812,6 +843,7 @@ fn enqueue(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, kind: Kind, key: RouteKey, sa: [
         kind,
         key,
         sa_record: sa,
+        host,
     };
     let ok = ep.shared.requests.push(req).is_ok();
     if ok {
@@ -835,7 +867,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     if ep.closed.load(Ordering::Acquire) {
         return reply(ACM_STATUS_ENODATA, None);
     }
-    let (rec, nodelay) = match classify(ep, msg) {
+    let (rec, nodelay, host) = match classify(ep, msg) {
         Target::Fail(s) => {
             if s == ACM_STATUS_EINVAL {
                 api.log(0, "ERROR - malformed resolve request rejected (EINVAL)");
@@ -846,25 +878,36 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
             ep.count_global(cntr::ROUTE_CACHE);
             return reply(0, Some(&path));
         }
-        Target::Path(rec, nodelay) => (rec, nodelay),
+        Target::Path(rec, nodelay, host) => (rec, nodelay, host),
     };
     let (k, q) = normalise(ep, &rec);
     let key = RouteKey::new(ep, &k);
-    match sh.lookup(&key, sh.waker.coarse_ms()) {
-        Some(Ok(path)) => {
+    // An expired address mapping is a miss even when its route is cached.
+    let cached = match host {
+        None => sh.lookup(&key, sh.waker.coarse_ms()),
+        Some(_) => None,
+    };
+    match cached {
+        Some(Cached::Path(path, refresh)) => {
             ep.count_global(cntr::ROUTE_CACHE);
-            return reply(0, Some(&path));
+            let r = reply(0, Some(&path));
+            if refresh {
+                // Near expiry: the worker re-queries in the background (a full queue only
+                // loses the refresh; the entry then expires and is resolved as a miss).
+                let _ = enqueue(ep, 0, msg, Kind::Refresh, key, q, None);
+            }
+            return r;
         }
-        Some(Err(status)) => return reply(status, None),
+        Some(Cached::Negative(status)) => return reply(status, None),
         None => {}
     }
     if nodelay {
         let r = reply(ACM_STATUS_ENODATA, None);
         // Prime the cache; a full queue only loses the priming.
-        let _ = enqueue(ep, id, msg, Kind::Prime, key, q);
+        let _ = enqueue(ep, id, msg, Kind::Prime, key, q, host);
         return r;
     }
-    if enqueue(ep, id, msg, Kind::Resolve, key, q) {
+    if enqueue(ep, id, msg, Kind::Resolve, key, q, host) {
         *answered = true;
         return 0;
     }
@@ -872,9 +915,21 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     reply(ACM_STATUS_ENOMEM, None)
 }
 
-unsafe extern "C" fn resolve(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {
+/// The body of `resolve()` / `query()`: null checks, a copy of the message, `catch_unwind`,
+/// and an EINVAL answer (through `send`) if the implementation panicked before answering.
+///
+/// # Safety
+/// `addr_context` must be null or our `AddrCtx`, `msg` null or a full `acm_msg` buffer.
+unsafe fn client_call(
+    what: &str,
+    addr_context: *mut c_void,
+    msg: *mut AcmMsg,
+    id: u64,
+    imp: fn(&AddrCtx, &AcmMsg, u64, &mut bool) -> c_int,
+    send: fn(&CoreApi, u64, &AcmMsg, u8, Option<&[u8; 64]>) -> c_int,
+) -> c_int {
     if addr_context.is_null() || msg.is_null() {
-        core_api::log(0, "ERROR - resolve: null argument");
+        core_api::log(0, &format!("ERROR - {what}: null argument"));
         return -1;
     }
     // SAFETY: the core passes a full acm_msg buffer (592 bytes) valid for this call.
@@ -883,20 +938,32 @@ unsafe extern "C" fn resolve(addr_context: *mut c_void, msg: *mut AcmMsg, id: u6
     let ctx = unsafe { &*(addr_context as *const AddrCtx) };
     let mut answered = false;
     let answered_ref = &mut answered;
-    match catch_unwind(AssertUnwindSafe(|| {
-        resolve_impl(ctx, &copy, id, answered_ref)
-    })) {
+    match catch_unwind(AssertUnwindSafe(|| imp(ctx, &copy, id, answered_ref))) {
         Ok(r) => r,
         Err(_) => {
-            core_api::log(0, "ERROR - internal error (panic) in resolve");
+            core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
             if !answered {
                 let api = ctx.ep.shared.api;
                 let _ = catch_unwind(AssertUnwindSafe(|| {
-                    respond::send_resolve(api, id, &copy, ACM_STATUS_EINVAL, None)
+                    send(api, id, &copy, ACM_STATUS_EINVAL, None)
                 }));
             }
             0
         }
+    }
+}
+
+unsafe extern "C" fn resolve(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {
+    // SAFETY: the core's arguments, as client_call requires.
+    unsafe {
+        client_call(
+            "resolve",
+            addr_context,
+            msg,
+            id,
+            resolve_impl,
+            respond::send_resolve,
+        )
     }
 }
 
@@ -919,7 +986,7 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
     }
     let rec = first.info.bytes;
     let key = RouteKey::new(ep, &rec);
-    if enqueue(ep, id, msg, Kind::Query, key, rec) {
+    if enqueue(ep, id, msg, Kind::Query, key, rec, None) {
         *answered = true;
         return 0;
     }
@@ -928,30 +995,16 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
 }
 
 unsafe extern "C" fn query(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {
-    if addr_context.is_null() || msg.is_null() {
-        core_api::log(0, "ERROR - query: null argument");
-        return -1;
-    }
-    // SAFETY: as in resolve.
-    let copy = unsafe { *msg };
-    // SAFETY: as in resolve.
-    let ctx = unsafe { &*(addr_context as *const AddrCtx) };
-    let mut answered = false;
-    let answered_ref = &mut answered;
-    match catch_unwind(AssertUnwindSafe(|| {
-        query_impl(ctx, &copy, id, answered_ref)
-    })) {
-        Ok(r) => r,
-        Err(_) => {
-            core_api::log(0, "ERROR - internal error (panic) in query");
-            if !answered {
-                let api = ctx.ep.shared.api;
-                let _ = catch_unwind(AssertUnwindSafe(|| {
-                    respond::send_query(api, id, &copy, ACM_STATUS_EINVAL, None)
-                }));
-            }
-            0
-        }
+    // SAFETY: the core's arguments, as client_call requires.
+    unsafe {
+        client_call(
+            "query",
+            addr_context,
+            msg,
+            id,
+            query_impl,
+            respond::send_query,
+        )
     }
 }
 

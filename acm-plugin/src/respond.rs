@@ -49,6 +49,14 @@ pub fn build_query_response(req: &AcmMsg, status: u8, record: Option<&[u8; 64]>)
     rsp
 }
 
+/// Hands a built response to the core through `f` (`acm_resolve_response` or
+/// `acm_query_response`).
+fn send(f: crate::core_api::ResponseFn, id: u64, mut rsp: AcmMsg) -> c_int {
+    // SAFETY: `rsp` is a valid acm_msg whose hdr.length covers only initialised entries; the
+    // core copies it before returning.
+    unsafe { f(id, &mut rsp) }
+}
+
 /// Sends a RESOLVE answer through `acm_resolve_response`.
 pub fn send_resolve(
     api: &CoreApi,
@@ -57,10 +65,11 @@ pub fn send_resolve(
     status: u8,
     record: Option<&[u8; 64]>,
 ) -> c_int {
-    let mut rsp = build_resolve_response(req, status, record);
-    // SAFETY: `rsp` is a valid acm_msg whose hdr.length covers only initialised entries; the
-    // core copies it before returning.
-    unsafe { (api.resolve_response)(id, &mut rsp) }
+    send(
+        api.resolve_response,
+        id,
+        build_resolve_response(req, status, record),
+    )
 }
 
 /// Sends a QUERY answer through `acm_query_response`.
@@ -71,7 +80,9 @@ pub fn send_query(
     status: u8,
     record: Option<&[u8; 64]>,
 ) -> c_int {
-    let mut rsp = build_query_response(req, status, record);
-    // SAFETY: as in `send_resolve`.
-    unsafe { (api.query_response)(id, &mut rsp) }
+    send(
+        api.query_response,
+        id,
+        build_query_response(req, status, record),
+    )
 }

@@ -109,6 +109,19 @@ pub enum Kind {
     Query,
     /// A NODELAY miss already answered ENODATA: resolve only to prime the cache.
     Prime,
+    /// A hit near expiry (already answered from the cache): re-query the SA and update the
+    /// entry in place. Never answered.
+    Refresh,
+}
+
+/// What the cache holds for a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cached {
+    /// A path; `true` = this caller should start a refresh (the entry is near expiry and no
+    /// other reader was asked for this version).
+    Path([u8; 64], bool),
+    /// A recent negative answer with this status.
+    Negative(u8),
 }
 
 /// A request handed from `resolve()`/`query()` to the worker (a full copy: the core's buffer
@@ -126,6 +139,9 @@ pub struct Request {
     pub key: RouteKey,
     /// The PathRecord to send to the SA.
     pub sa_record: [u8; 64],
+    /// Index into [`Shared::hosts`] of an expired address mapping this request used: the
+    /// worker re-resolves (renews) it before the route lookup.
+    pub host: Option<u32>,
 }
 
 /// An SA completion copied out of the core's MAD on the SA thread.
@@ -175,6 +191,9 @@ pub struct Shared {
     pub waker: Waker,
     /// Address preload (`acm_hosts`): sorted (type, address) → GID. Immutable after open.
     pub hosts: Vec<HostEntry>,
+    /// Per hosts entry: when its address mapping expires (coarse ms, `addr_timeout`;
+    /// [`NEVER`] for `-1`). Written by the worker only (`renew_host`).
+    pub host_expiry: Vec<AtomicU64>,
     /// Cache flush generation, bumped by `handle_event(CLIENT_REREGISTER)`.
     pub flush_gen: AtomicU32,
     /// Which of the 256 cache endpoint slots are taken (an endpoint's slot is released by the
@@ -203,11 +222,15 @@ impl Shared {
 
     /// What the cache says about `key` (lock-free, allocation-free; `now` in coarse ms):
     /// `Some(Ok(path))`, `Some(Err(status))` for a recent negative answer, `None` on a miss.
-    pub fn lookup(&self, key: &RouteKey, now: u64) -> Option<Result<[u8; 64], u8>> {
+    pub fn lookup(&self, key: &RouteKey, now: u64) -> Option<Cached> {
         let ck = key.cache_key()?;
         match self.cache.lookup(&ck, now) {
-            Lookup::Hit { record, .. } => Some(Ok(record)),
-            Lookup::Negative { status, .. } => Some(Err(status)),
+            Lookup::Hit {
+                record,
+                needs_refresh,
+                ..
+            } => Some(Cached::Path(record, needs_refresh)),
+            Lookup::Negative { status, .. } => Some(Cached::Negative(status)),
             Lookup::Miss | Lookup::Busy => None,
         }
     }
@@ -271,12 +294,30 @@ impl Shared {
         n
     }
 
-    /// Looks an address up in the hosts preload.
-    pub fn host_gid(&self, type_: u16, addr: &[u8; 64]) -> Option<[u8; 16]> {
-        self.hosts
+    /// Looks an address up in the hosts preload: `(index, GID, still valid at now)`.
+    pub fn host_gid(&self, type_: u16, addr: &[u8; 64], now: u64) -> Option<(u32, [u8; 16], bool)> {
+        let i = self
+            .hosts
             .binary_search_by(|(k, _)| k.cmp(&(type_, *addr)))
-            .ok()
-            .map(|i| self.hosts[i].1)
+            .ok()?;
+        let fresh = self
+            .host_expiry
+            .get(i)
+            .is_some_and(|e| now < e.load(Ordering::Acquire));
+        Some((i as u32, self.hosts[i].1, fresh))
+    }
+
+    /// The address lifetime in ms (`addr_timeout`), `None` = never expires.
+    pub fn addr_ttl_ms(&self) -> Option<u64> {
+        self.opts.addr_timeout.as_millis()
+    }
+
+    /// Gives hosts entry `i` a new lifetime from `now` (worker only; also at load).
+    pub fn renew_host(&self, i: u32, now: u64) {
+        if let Some(e) = self.host_expiry.get(i as usize) {
+            let until = self.addr_ttl_ms().map_or(NEVER, |t| now.saturating_add(t));
+            e.store(until, Ordering::Release);
+        }
     }
 }
 
