@@ -217,6 +217,17 @@ fn check_header(row: &HashMap<String, String>, sa: &SaRepr) {
     assert_eq!(num(row, "infiniband.sa.smkey"), sa.sm_key);
 }
 
+/// Compares each `infiniband.<record>.<field>` of a tshark row with our value.
+fn check_fields(row: &HashMap<String, String>, record: &str, pairs: &[(&str, u64)]) {
+    for (k, v) in pairs {
+        assert_eq!(
+            num(row, &format!("infiniband.{record}.{k}")),
+            *v,
+            "{record} {k}"
+        );
+    }
+}
+
 fn check_path(row: &HashMap<String, String>, p: &PathRecordRepr) {
     assert_eq!(ip6(row, "infiniband.pathrecord.dgid"), p.dgid);
     assert_eq!(ip6(row, "infiniband.pathrecord.sgid"), p.sgid);
@@ -242,13 +253,7 @@ fn check_path(row: &HashMap<String, String>, p: &PathRecordRepr) {
         ("packetlifetime", p.packet_life as u64),
         ("preference", p.preference as u64),
     ];
-    for (k, v) in pairs {
-        assert_eq!(
-            num(row, &format!("infiniband.pathrecord.{k}")),
-            *v,
-            "PathRecord {k}"
-        );
-    }
+    check_fields(row, "pathrecord", pairs);
 }
 
 fn check_mcm(row: &HashMap<String, String>, m: &McMemberRepr) {
@@ -275,13 +280,7 @@ fn check_mcm(row: &HashMap<String, String>, m: &McMemberRepr) {
         ("joinstate", m.join_state as u64),
         ("proxyjoin", m.proxy_join as u64),
     ];
-    for (k, v) in pairs {
-        assert_eq!(
-            num(row, &format!("infiniband.mcmemberrecord.{k}")),
-            *v,
-            "MCMemberRecord {k}"
-        );
-    }
+    check_fields(row, "mcmemberrecord", pairs);
 }
 
 fn distinct_path() -> PathRecordRepr {
