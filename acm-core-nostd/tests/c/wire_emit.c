@@ -46,6 +46,20 @@ static void fill_path(struct ibv_path_record *pr)
 	pr->preference = 1;
 }
 
+/* A zeroed SA MAD with its common header and component mask (host values) set. */
+static void sa_start(struct umad_sa_packet *sa, uint8_t method, uint64_t tid, uint16_t attr_id,
+		     uint64_t comp_mask)
+{
+	memset(sa, 0, sizeof(*sa));
+	sa->mad_hdr.base_version = UMAD_BASE_VERSION;
+	sa->mad_hdr.mgmt_class = UMAD_CLASS_SUBN_ADM;
+	sa->mad_hdr.class_version = UMAD_SA_CLASS_VERSION;
+	sa->mad_hdr.method = method;
+	sa->mad_hdr.tid = htobe64(tid);
+	sa->mad_hdr.attr_id = htobe16(attr_id);
+	sa->comp_mask = htobe64(comp_mask);
+}
+
 int main(void)
 {
 	struct ibv_path_record pr;
@@ -57,14 +71,8 @@ int main(void)
 	hex("path_record", &pr, sizeof(pr));
 
 	/* PathRecord GET, comp mask DGID|SGID|DLID|SLID|SL (bit numbers of IBA). */
-	memset(&sa, 0, sizeof(sa));
-	sa.mad_hdr.base_version = UMAD_BASE_VERSION;
-	sa.mad_hdr.mgmt_class = UMAD_CLASS_SUBN_ADM;
-	sa.mad_hdr.class_version = UMAD_SA_CLASS_VERSION;
-	sa.mad_hdr.method = UMAD_METHOD_GET;
-	sa.mad_hdr.tid = htobe64(0x12345678);
-	sa.mad_hdr.attr_id = htobe16(UMAD_SA_ATTR_PATH_REC);
-	sa.comp_mask = htobe64((1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 15));
+	sa_start(&sa, UMAD_METHOD_GET, 0x12345678, UMAD_SA_ATTR_PATH_REC,
+		 (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5) | (1 << 15));
 	fill_path((struct ibv_path_record *) sa.data);
 	hex("sa_path_get", &sa, sizeof(sa));
 
@@ -81,20 +89,14 @@ int main(void)
 	hex("sa_path_resp", &sa, sizeof(sa));
 
 	/* MCMemberRecord SET as ibacm joins (plus non-zero SL/flow/hop and lifetime). */
-	memset(&sa, 0, sizeof(sa));
-	sa.mad_hdr.base_version = UMAD_BASE_VERSION;
-	sa.mad_hdr.mgmt_class = UMAD_CLASS_SUBN_ADM;
-	sa.mad_hdr.class_version = UMAD_SA_CLASS_VERSION;
-	sa.mad_hdr.method = UMAD_METHOD_SET;
-	sa.mad_hdr.tid = htobe64(0x2a);
-	sa.mad_hdr.attr_id = htobe16(UMAD_SA_ATTR_MCMEMBER_REC);
-	sa.comp_mask = htobe64(UMAD_SA_MCM_COMP_MASK_MGID | UMAD_SA_MCM_COMP_MASK_PORT_GID |
-			       UMAD_SA_MCM_COMP_MASK_QKEY | UMAD_SA_MCM_COMP_MASK_MTU_SEL |
-			       UMAD_SA_MCM_COMP_MASK_MTU | UMAD_SA_MCM_COMP_MASK_TCLASS |
-			       UMAD_SA_MCM_COMP_MASK_PKEY | UMAD_SA_MCM_COMP_MASK_RATE_SEL |
-			       UMAD_SA_MCM_COMP_MASK_RATE | UMAD_SA_MCM_COMP_MASK_SL |
-			       UMAD_SA_MCM_COMP_MASK_FLOW_LABEL | UMAD_SA_MCM_COMP_MASK_SCOPE |
-			       UMAD_SA_MCM_COMP_MASK_JOIN_STATE);
+	sa_start(&sa, UMAD_METHOD_SET, 0x2a, UMAD_SA_ATTR_MCMEMBER_REC,
+		 UMAD_SA_MCM_COMP_MASK_MGID | UMAD_SA_MCM_COMP_MASK_PORT_GID |
+		 UMAD_SA_MCM_COMP_MASK_QKEY | UMAD_SA_MCM_COMP_MASK_MTU_SEL |
+		 UMAD_SA_MCM_COMP_MASK_MTU | UMAD_SA_MCM_COMP_MASK_TCLASS |
+		 UMAD_SA_MCM_COMP_MASK_PKEY | UMAD_SA_MCM_COMP_MASK_RATE_SEL |
+		 UMAD_SA_MCM_COMP_MASK_RATE | UMAD_SA_MCM_COMP_MASK_SL |
+		 UMAD_SA_MCM_COMP_MASK_FLOW_LABEL | UMAD_SA_MCM_COMP_MASK_SCOPE |
+		 UMAD_SA_MCM_COMP_MASK_JOIN_STATE);
 	mc = (struct umad_sa_mcmember_record *) sa.data;
 	memcpy(mc->mgid, "\xff\x15\x40\x01\xff\xff\x00\x03\x04\0\0\0\0\0\0\0", 16);
 	gid(mc->portgid, 0xfe80000000000000ULL, 0x100004);
