@@ -1095,19 +1095,29 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
     })
 }
 
+/// The QP and the raw GID of an attach/detach call; `None` if either is NULL or the QP is not
+/// ours.
+///
+/// # Safety
+/// `qp` is NULL or came from [`ibv_create_qp`]; `gid` is NULL or a valid `ibv_gid`.
+unsafe fn mcast_args<'a>(qp: *mut ibv_qp, gid: *const ibv_gid) -> Option<(&'a SimQp, [u8; 16])> {
+    // SAFETY: per the contract, qp is NULL or one of our QPs.
+    let q = unsafe { SimQp::from_ptr(qp) }?;
+    if gid.is_null() {
+        return None;
+    }
+    // SAFETY: gid is a valid 16-byte ibv_gid (checked non-NULL).
+    Some((q, unsafe { (*gid).raw }))
+}
+
 /// `ibv_attach_mcast`: joins the QP to (`gid`, `lid`) — the MLID the SA assigned.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
     guard(libc::EIO, || {
-        // SAFETY: verbs contract: qp came from ibv_create_qp.
-        let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
+        // SAFETY: verbs contract: qp came from ibv_create_qp, gid is NULL or a valid ibv_gid.
+        let Some((q, g)) = (unsafe { mcast_args(qp, gid) }) else {
             return libc::EINVAL;
         };
-        if gid.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: gid is a valid 16-byte ibv_gid (checked non-NULL).
-        let g = unsafe { (*gid).raw };
         if g[0] != 0xff || !(0xc000..0xffff).contains(&lid) {
             return libc::EINVAL;
         }
@@ -1130,15 +1140,10 @@ pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
     guard(libc::EIO, || {
-        // SAFETY: verbs contract: qp came from ibv_create_qp.
-        let Some(q) = (unsafe { SimQp::from_ptr(qp) }) else {
+        // SAFETY: verbs contract: qp came from ibv_create_qp, gid is NULL or a valid ibv_gid.
+        let Some((q, g)) = (unsafe { mcast_args(qp, gid) }) else {
             return libc::EINVAL;
         };
-        if gid.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: gid is a valid 16-byte ibv_gid (checked non-NULL).
-        let g = unsafe { (*gid).raw };
         let inner = &q.inner;
         let Ok(mut m) = inner.mcast.lock() else {
             return libc::EIO;
