@@ -301,6 +301,15 @@ fn coalesces_and_answers_kernel_style_requests() {
     sa_complete_next(SaAction::Answer);
     assert!(wait_responses(20, W));
     check_exactly_once(&tids).unwrap();
+    // The waiters of one destination are answered in arrival order.
+    for d in 0..2 {
+        let order: Vec<u64> = responses()
+            .iter()
+            .map(|r| r.msg.hdr.tid)
+            .filter(|t| t % 2 == d)
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "FIFO: {order:x?}");
+    }
     for r in responses() {
         assert_eq!(r.id, 0);
         let i = r.msg.hdr.tid - 0x7f00_0000_0000;
@@ -752,4 +761,116 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
     sa_drain_timeouts();
     h.close();
     assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
+}
+
+#[test]
+fn refresh_ahead_requeries_once_and_updates_in_place() {
+    let _s = serial();
+    // Routes live 2 s; the last 50% (1 s) of that is the refresh window.
+    let opts = format!("{OPTS}acmrs_route_ttl_ms 2000\nacmrs_refresh_ahead_pct 50\n");
+    let mut h = Host::open(&opts, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 50, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    let old = path_of(&find(t)[0]);
+    let t1 = h.tid();
+    h.resolve(ep, &path_request(t1, 50, None, 0), 1);
+    assert_eq!(find(t1).len(), 1, "fresh hit inline");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(sa_pending(), 0, "no refresh outside the window");
+    // Inside the window (the coarse clock may lag up to 100 ms), before expiry.
+    std::thread::sleep(Duration::from_millis(1250));
+    let mut tids = Vec::new();
+    for _ in 0..6 {
+        let tn = h.tid();
+        tids.push(tn);
+        h.resolve(ep, &path_request(tn, 50, None, 0), 1);
+        let r = find(tn);
+        assert_eq!(
+            r.len(),
+            1,
+            "answered inline from the cache during the refresh"
+        );
+        assert_eq!(status(&r[0]), 0);
+        assert_eq!(path_of(&r[0]), old);
+    }
+    assert!(wait_until(|| sa_pending() == 1), "one refresh query");
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        sa_pending(),
+        1,
+        "exactly one SA query for six near-expiry hits"
+    );
+    assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
+    sa_complete_next(SaAction::AnswerLife(0x95));
+    // The entry is updated in place: new record, new lifetime (past the old expiry).
+    assert!(wait_until(|| {
+        let tn = 0x7777_0000_0000 + uniq();
+        let m = path_request(tn, 50, None, 0);
+        h.resolve(ep, &m, 1);
+        find(tn).first().is_some_and(|r| path_of(r)[56] == 0x95)
+    }));
+    std::thread::sleep(Duration::from_millis(900)); // > 2 s after the first answer
+    let t9 = h.tid();
+    h.resolve(ep, &path_request(t9, 50, None, 0), 1);
+    let r = find(t9);
+    assert_eq!(r.len(), 1, "still a hit after the original expiry");
+    assert_eq!(path_of(&r[0])[56], 0x95);
+    assert_eq!(sa_pending(), 0);
+    assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2, "no miss query");
+    h.close();
+}
+
+#[test]
+fn expired_host_mappings_are_re_resolved_by_the_worker() {
+    let _s = serial();
+    let hosts = "node9 fe80::1009\n";
+    // addr_timeout 0: a mapping expires at once, so every use is a miss to re-resolve.
+    let opts =
+        format!("{OPTS}addr_preload acm_hosts\naddr_data_file $DIR/hosts.data\naddr_timeout 0\n");
+    let mut h = Host::open(&opts, &[("hosts.data", hosts)]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let req = |t| {
+        dest_request(
+            t,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_NAME, b"node9"),
+            0,
+        )
+    };
+    let t = h.tid();
+    h.resolve(ep, &req(t), 4);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    assert_eq!(dlid_of(&find(t)[0]), 9);
+    // The route is cached now, but the address mapping is expired: not answered inline; the
+    // worker re-resolves the name (from the preload table) and answers from the route cache.
+    let t2 = h.tid();
+    h.resolve(ep, &req(t2), 4);
+    assert!(wait_responses(2, W));
+    let r = &find(t2)[0];
+    assert_eq!(status(r), 0);
+    assert_eq!(dlid_of(r), 9);
+    assert_eq!(sa_pending(), 0, "the route itself was cached");
+    let perf = h.perf(ep);
+    assert_eq!(perf[cntr::ADDR_QUERY], 2, "two address re-resolutions");
+    assert_eq!(perf[cntr::ADDR_CACHE], 0, "no address cache hit");
+    assert_eq!(perf[cntr::ROUTE_CACHE], 1);
+    h.close();
+    // With the default (1440 minutes) the same name is an address-cache hit.
+    let opts = format!("{OPTS}addr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n");
+    let mut h = Host::open(&opts, &[("hosts.data", hosts)]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t = h.tid();
+    h.resolve(ep, &req(t), 4);
+    assert!(wait_until(|| sa_pending() == 1));
+    sa_complete_next(SaAction::Answer);
+    assert!(wait_responses(1, W));
+    let perf = h.perf(ep);
+    assert_eq!((perf[cntr::ADDR_QUERY], perf[cntr::ADDR_CACHE]), (0, 1));
+    h.close();
 }

@@ -558,6 +558,9 @@ pub enum SaAction {
     Timeout,
     /// Invalid-field common status.
     InvalidField,
+    /// Answer from the table, with the record's PacketLifeTime byte replaced (a path that
+    /// changed at the SA).
+    AnswerLife(u8),
     /// Keep it (answered later or never).
     Hold,
 }
@@ -668,7 +671,7 @@ fn sa_complete(p: usize, action: SaAction) {
                 bytes[3] = 0x81;
                 bytes[4..6].copy_from_slice(&0x001cu16.to_be_bytes());
             }
-            SaAction::Answer => {
+            SaAction::Answer | SaAction::AnswerLife(_) => {
                 let mask = u64::from_be_bytes(bytes[48..56].try_into().unwrap());
                 let mut rec = [0u8; 64];
                 rec.copy_from_slice(&bytes[56..120]);
@@ -676,7 +679,12 @@ fn sa_complete(p: usize, action: SaAction) {
                 // The kernel/ibsim rewrite the upper TID half.
                 bytes[8..12].copy_from_slice(&0xdead_beefu32.to_be_bytes());
                 match sa_record_for(&rec, mask) {
-                    Some(r) => bytes[56..120].copy_from_slice(&r),
+                    Some(mut r) => {
+                        if let SaAction::AnswerLife(life) = action {
+                            r[56] = life;
+                        }
+                        bytes[56..120].copy_from_slice(&r)
+                    }
                     None => bytes[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
                 }
             }
