@@ -26,8 +26,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-const USAGE: &str =
-    "usage: provider [--quick] [--daemon] [--sizes 1000,100000,1000000] [--out DIR]";
+mod samehost;
+
+const USAGE: &str = "usage: provider [--quick] [--sizes 1000,100000] [--hit-samples N] \
+     [--topology fattree:L,S,H] [--out DIR]   (default: same host, same fabric, same run)\n\
+       provider --fake-core [--quick] [--sizes ...] [--poll-mode busy|adaptive|event] [--out DIR]\n\
+       provider --daemon [--daemon-samples N] [--out DIR]";
 
 // ---- the fake core (Rust side of the shim) -------------------------------------------------
 
@@ -478,10 +482,31 @@ fn daemon_rtt(provider: acm_fabric::Provider, samples: usize) -> Result<LatencyH
 
 fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
-    let daemon = raw.iter().any(|a| a == "--daemon");
-    let rest = raw.into_iter().filter(|a| a != "--daemon");
-    let args = match Args::parse_from(rest, USAGE, &["--sizes", "--daemon-samples", "--poll-mode"])
-    {
+    if raw.first().map(String::as_str) == Some("--samehost-child") {
+        if let Err(e) = samehost::child(&raw[1..]) {
+            eprintln!("provider (measuring child): {e}");
+            std::process::exit(1);
+        }
+        // The providers' threads are never joined (the core never unloads a provider).
+        std::process::exit(0);
+    }
+    let flag = |f: &str| raw.iter().any(|a| a == f);
+    let (daemon, fake_core) = (flag("--daemon"), flag("--fake-core"));
+    let rest = raw
+        .iter()
+        .filter(|a| *a != "--daemon" && *a != "--fake-core")
+        .cloned();
+    let args = match Args::parse_from(
+        rest,
+        USAGE,
+        &[
+            "--sizes",
+            "--daemon-samples",
+            "--poll-mode",
+            "--topology",
+            "--hit-samples",
+        ],
+    ) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
@@ -489,62 +514,47 @@ fn main() {
         }
     };
     let sizes: Vec<usize> = match args.value("--sizes") {
-        Some(s) => s.split(',').map(|v| v.parse().expect("--sizes")).collect(),
+        Some(s) => match s.split(',').map(|v| v.trim().parse()).collect() {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("--sizes {s:?}: {e}\n{USAGE}");
+                std::process::exit(2);
+            }
+        },
         None if args.quick => vec![1000, 100_000],
         None => vec![1000, 100_000, 1_000_000],
     };
-    let samples = if args.quick { 100_000 } else { 1_000_000 };
-    let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
-    let exe = std::env::current_exe().unwrap();
-    let lib = exe.parent().unwrap().join("libacmrs.so");
-    assert!(
-        lib.exists(),
-        "{} missing: cargo build --release -p acm-plugin",
-        lib.display()
-    );
-    let dir = std::env::temp_dir().join(format!("acmrs-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    install_shim(&dir);
-    let prov = provider(&lib);
-    std::thread::spawn(sa_thread);
-    let mut table = Table::new(&[
-        "what",
-        "cached paths",
-        "count",
-        "p50 ns",
-        "p99 ns",
-        "p99.9 ns",
-        "p99.99 ns",
-        "max ns",
-    ]);
-    for &size in &sizes {
-        let r = run_size(prov, &dir, size, samples, poll_mode);
-        for (what, h) in [
-            ("hit resolve()", &r.hit),
-            ("miss resolve() call", &r.miss_call),
-            ("miss until answer", &r.miss_answer),
-        ] {
-            let s = h.summary();
-            let mut row = vec![what.to_string(), r.size.to_string(), s.count.to_string()];
-            row.extend(Table::latency_cells(&s));
-            table.row(row);
-            if let Some(out) = &args.out {
-                std::fs::create_dir_all(out).unwrap();
-                let f = out.join(format!(
-                    "provider-acmrs-{}-{}.hgrm",
-                    what.replace([' ', '(', ')'], ""),
-                    r.size
-                ));
-                h.write_hgrm(&f).unwrap();
-            }
+    if !fake_core && !daemon {
+        let cfg = samehost::Config {
+            sizes: sizes.clone(),
+            hit_samples: match args.value("--hit-samples").map(str::parse) {
+                Some(Ok(n)) => n,
+                Some(Err(e)) => {
+                    eprintln!("--hit-samples: {e}");
+                    std::process::exit(2);
+                }
+                None if args.quick => 20_000,
+                None => 200_000,
+            },
+            topology: args
+                .value("--topology")
+                .unwrap_or(if args.quick {
+                    "fattree:4,2,8"
+                } else {
+                    "fattree:8,4,16"
+                })
+                .to_string(),
+            out: args.out.clone(),
+        };
+        if let Err(e) = samehost::run(&cfg) {
+            eprintln!("provider: {e}");
+            std::process::exit(1);
         }
+        return;
     }
-    println!(
-        "## acmrs in-process (fake core, instant SA)\n\n{}",
-        table.render()
-    );
-    SA_STOP.store(true, Ordering::Release);
-    let _ = std::fs::remove_dir_all(&dir);
+    if fake_core {
+        fake_core_run(&args, &sizes);
+    }
     if daemon {
         let n: usize = args
             .value("--daemon-samples")
@@ -588,4 +598,60 @@ fn main() {
             );
         }
     }
+}
+
+/// The in-process mode: acmrs alone, with a fake core and an instant SA (up to 1M paths).
+fn fake_core_run(args: &Args, sizes: &[usize]) {
+    let samples = if args.quick { 100_000 } else { 1_000_000 };
+    let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().join("libacmrs.so");
+    assert!(
+        lib.exists(),
+        "{} missing: cargo build --release -p acm-plugin",
+        lib.display()
+    );
+    let dir = std::env::temp_dir().join(format!("acmrs-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    install_shim(&dir);
+    let prov = provider(&lib);
+    std::thread::spawn(sa_thread);
+    let mut table = Table::new(&[
+        "what",
+        "cached paths",
+        "count",
+        "p50 ns",
+        "p99 ns",
+        "p99.9 ns",
+        "p99.99 ns",
+        "max ns",
+    ]);
+    for &size in sizes {
+        let r = run_size(prov, &dir, size, samples, poll_mode);
+        for (what, h) in [
+            ("hit resolve()", &r.hit),
+            ("miss resolve() call", &r.miss_call),
+            ("miss until answer", &r.miss_answer),
+        ] {
+            let s = h.summary();
+            let mut row = vec![what.to_string(), r.size.to_string(), s.count.to_string()];
+            row.extend(Table::latency_cells(&s));
+            table.row(row);
+            if let Some(out) = &args.out {
+                std::fs::create_dir_all(out).unwrap();
+                let f = out.join(format!(
+                    "provider-acmrs-{}-{}.hgrm",
+                    what.replace([' ', '(', ')'], ""),
+                    r.size
+                ));
+                h.write_hgrm(&f).unwrap();
+            }
+        }
+    }
+    println!(
+        "## acmrs in-process (fake core, instant SA)\n\n{}",
+        table.render()
+    );
+    SA_STOP.store(true, Ordering::Release);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,685 @@
+//! The headline comparison: the stock `libibacmp.so` and `libacmrs.so` loaded in ONE process
+//! that is a node of a simulated fabric, on the same port, in the same run.
+//!
+//! The parent brings up ibsim + OpenSM on a generated fat-tree (`acm_fabric`, no daemons) and
+//! re-executes this binary once per cache size as a fabric node (`LD_PRELOAD` umad2sim +
+//! simverbs, `SIM_HOST`, `IBSIM_SOCKNAME`). The child plays the ibacm core for real
+//! (`host_core.c`: verbs device, GID table, SA MAD service over libibumad to the real
+//! OpenSM), dlopens both providers, opens device/port/endpoint/address on each, waits until
+//! each answers (stock: after its multicast join through our SA service), then measures
+//! `resolve()` → `acm_resolve_response` latency on cache hits (route preload
+//! `opensm_full_v1`) and misses (answered by OpenSM's SA over the simulated fabric).
+
+use acm_bench::{LatencyHistogram, Summary, Table, XorShift};
+use acmrs::ffi::*;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+const STOCK_LIB: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
+const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+const HOST_CORE_C: &str = include_str!("host_core.c");
+/// First fake DLID of the generated route dump (the fabric's own LIDs stay below it).
+const FAKE_BASE_LID: u16 = 0x400;
+/// libibacmp's preload LID table covers unicast LIDs below 0xC000 only.
+const LID_LIMIT: u32 = 0xC000;
+const FAKE_GUID_BASE: u64 = 0x0002_c903_0000_0000;
+
+/// Settings shared by the parent and the measuring child.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Requested cached-path counts (LID + GID entries, 2 per preloaded DLID).
+    pub sizes: Vec<usize>,
+    /// Timed hit requests per provider and size.
+    pub hit_samples: usize,
+    /// `fattree:L,S,H` spec of the fabric.
+    pub topology: String,
+    /// Where `.hgrm` files go.
+    pub out: Option<PathBuf>,
+}
+
+// ---- parent ----------------------------------------------------------------------------------
+
+/// Kills the measuring child by PID if it is still running (also on panic).
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Brings up the fabric and runs one measuring child per size; each prints its table.
+pub fn run(cfg: &Config) -> Result<(), String> {
+    use acm_fabric::{Fabric, Topology};
+    let topo = Topology::parse(&cfg.topology).map_err(|e| e.to_string())?;
+    let hcas = topo.hcas();
+    if hcas.len() < 3 {
+        return Err(format!("{} has fewer than 3 HCAs", cfg.topology));
+    }
+    let switches = topo.switches().len();
+    // OpenSM assigns one LID per HCA port and one per switch: 1..=max_lid.
+    let max_lid = (hcas.len() + switches) as u16;
+    if max_lid >= FAKE_BASE_LID {
+        return Err(format!(
+            "{} needs more than {} LIDs",
+            cfg.topology,
+            FAKE_BASE_LID - 1
+        ));
+    }
+    let host = hcas[1].clone();
+    let simverbs = acm_fabric::find_artifact(
+        "ACM_FABRIC_SIMVERBS",
+        "libsimverbs.so",
+        "cargo build --release -p simverbs",
+    )
+    .map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let acmrs = exe.with_file_name("libacmrs.so");
+    if !acmrs.exists() {
+        return Err(format!(
+            "{} missing: cargo build --release -p acm-plugin",
+            acmrs.display()
+        ));
+    }
+    if !Path::new(STOCK_LIB).exists() {
+        return Err(format!("{STOCK_LIB} missing: apt-get install ibacm"));
+    }
+    let t0 = Instant::now();
+    let fabric = Fabric::builder(topo, [host.as_str()])
+        .start_daemons(false)
+        .name_prefix("bench-samehost")
+        .start()
+        .map_err(|e| e.to_string())?;
+    let lid = fabric.node(&host).map_err(|e| e.to_string())?.lid;
+    println!(
+        "## same host, same fabric, same run: stock libibacmp vs libacmrs\n\n\
+         fabric {} ({} HCAs, {} switches, up in {:.1} s), bench process = {host} (LID {lid}), \
+         SA = OpenSM on {}\n",
+        cfg.topology,
+        hcas.len(),
+        switches,
+        t0.elapsed().as_secs_f64(),
+        fabric.sm_node()
+    );
+    for &size in &cfg.sizes {
+        let dir = fabric.scratch().join(format!("bench-{size}"));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("--samehost-child")
+            .args(["--size", &size.to_string()])
+            .args(["--hit-samples", &cfg.hit_samples.to_string()])
+            .args(["--max-lid", &max_lid.to_string()])
+            .args(["--acmrs", acmrs.to_str().unwrap_or_default()]);
+        if let Some(out) = &cfg.out {
+            let out = std::path::absolute(out).map_err(|e| e.to_string())?;
+            cmd.arg("--out").arg(out);
+        }
+        cmd.current_dir(&dir)
+            .env(
+                "LD_PRELOAD",
+                format!("{UMAD2SIM}:{}", simverbs.to_string_lossy()),
+            )
+            .env("IBSIM_SOCKNAME", fabric.name())
+            .env("SIM_HOST", &host)
+            .env("SIMVERBS_SHM_DIR", &dir);
+        let child = cmd.spawn().map_err(|e| format!("spawn child: {e}"))?;
+        let mut guard = ChildGuard(child);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let status = loop {
+            match guard.0.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() > deadline => {
+                    return Err(format!("child for size {size} timed out"));
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => return Err(e.to_string()),
+            }
+        };
+        if !status.success() {
+            return Err(format!("child for size {size} failed: {status}"));
+        }
+    }
+    Ok(())
+}
+
+// ---- child: the host core (Rust side) --------------------------------------------------------
+
+#[repr(C)]
+struct Hooks {
+    write: extern "C" fn(c_int, *const c_char),
+    resolve_response: extern "C" fn(u64, *mut AcmMsg) -> c_int,
+    query_response: extern "C" fn(u64, *mut AcmMsg) -> c_int,
+    opts: extern "C" fn() -> *const c_char,
+}
+
+#[repr(C)]
+struct HostInfo {
+    verbs: *mut c_void,
+    dev_guid: u64,
+    lid: u16,
+    sm_lid: u16,
+    sm_sl: u8,
+    gid_cnt: u8,
+    gid0: [u8; 16],
+    dev_name: [c_char; 64],
+    error: [c_char; 256],
+}
+
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+static ANSWERS: AtomicU64 = AtomicU64::new(0);
+static LAST_NS: AtomicU64 = AtomicU64::new(0);
+static LAST_TID: AtomicU64 = AtomicU64::new(0);
+static LAST_STATUS: AtomicU8 = AtomicU8::new(0);
+static LAST_PATH: Mutex<[u8; 64]> = Mutex::new([0; 64]);
+static OPTS: Mutex<Option<CString>> = Mutex::new(None);
+static LOG: AtomicBool = AtomicBool::new(false);
+
+fn now_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+extern "C" fn h_write(_level: c_int, s: *const c_char) {
+    if LOG.load(Ordering::Relaxed) && !s.is_null() {
+        // SAFETY: NUL-terminated buffer formatted by host_core.c.
+        eprint!("{}", unsafe { CStr::from_ptr(s) }.to_string_lossy());
+    }
+}
+
+extern "C" fn h_resolve_response(_id: u64, m: *mut AcmMsg) -> c_int {
+    let t = now_ns();
+    if m.is_null() {
+        return -1;
+    }
+    // SAFETY: the provider passes a valid message for the duration of the call.
+    let m = unsafe { &*m };
+    if let Ok(mut p) = LAST_PATH.lock() {
+        *p = m.resolve_data[0].info.bytes;
+    }
+    LAST_STATUS.store(m.hdr.status, Ordering::Relaxed);
+    LAST_TID.store(m.hdr.tid, Ordering::Relaxed);
+    LAST_NS.store(t, Ordering::Relaxed);
+    ANSWERS.fetch_add(1, Ordering::Release);
+    0
+}
+
+extern "C" fn h_query_response(_id: u64, _m: *mut AcmMsg) -> c_int {
+    0
+}
+
+extern "C" fn h_opts() -> *const c_char {
+    OPTS.lock()
+        .ok()
+        .and_then(|o| o.as_ref().map(|c| c.as_ptr()))
+        .unwrap_or(std::ptr::null())
+}
+
+fn set_opts(path: &Path) {
+    if let Ok(mut o) = OPTS.lock() {
+        // The previous string is kept alive: providers may hold the pointer.
+        if let Some(old) = o.take() {
+            std::mem::forget(old);
+        }
+        *o = CString::new(path.to_string_lossy().as_bytes()).ok();
+    }
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns a static string or null.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "?".into()
+    } else {
+        // SAFETY: non-null NUL-terminated string from dlerror.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
+    let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
+    // SAFETY: dlopen of a NUL-terminated library path.
+    let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
+    if h.is_null() {
+        return Err(format!("dlopen {}: {}", path.display(), dlerror()));
+    }
+    Ok(h)
+}
+
+fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
+    // SAFETY: dlsym on a handle returned by dlopen.
+    let s = unsafe { libc::dlsym(h, name.as_ptr()) };
+    if s.is_null() {
+        return Err(format!("symbol {name:?} missing: {}", dlerror()));
+    }
+    Ok(s)
+}
+
+fn provider(lib: &Path) -> Result<&'static AcmProvider, String> {
+    let h = dlopen(lib, libc::RTLD_NOW | libc::RTLD_LOCAL)?;
+    let q = sym(h, c"provider_query")?;
+    // SAFETY: provider_query has this signature (acm_prov.h); the table it returns lives as
+    // long as the library, which is never unloaded.
+    unsafe {
+        let q: extern "C" fn(*mut *const AcmProvider, *mut u32) -> c_int = std::mem::transmute(q);
+        let mut p = std::ptr::null();
+        let mut v = 0;
+        if q(&mut p, &mut v) != 0 || p.is_null() {
+            return Err(format!("{}: provider_query failed", lib.display()));
+        }
+        if v != ACM_PROV_VERSION || (*p).size != std::mem::size_of::<AcmProvider>() {
+            return Err(format!("{}: provider version/size mismatch", lib.display()));
+        }
+        Ok(&*p)
+    }
+}
+
+/// One provider opened on the host's port, as the core opens it.
+struct Opened {
+    name: &'static str,
+    prov: &'static AcmProvider,
+    addr_ctx: *mut c_void,
+}
+
+fn open_provider(
+    name: &'static str,
+    prov: &'static AcmProvider,
+    dev: &'static AcmDevice,
+    port: &'static AcmPort,
+    ep: &'static AcmEndpoint,
+    addr: &AcmAddress,
+) -> Result<Opened, String> {
+    let (mut dc, mut pc, mut ec, mut ac) = (
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+    );
+    // SAFETY: the provider ABI, called in the core's order with stable object pointers.
+    unsafe {
+        if (prov.open_device)(dev, &mut dc) != 0 {
+            return Err(format!("{name}: open_device failed"));
+        }
+        if (prov.open_port)(port, dc, &mut pc) != 0 {
+            return Err(format!("{name}: open_port failed"));
+        }
+        if (prov.open_endpoint)(ep, pc, &mut ec) != 0 {
+            return Err(format!("{name}: open_endpoint failed"));
+        }
+        if (prov.add_address)(addr, ec, &mut ac) != 0 {
+            return Err(format!("{name}: add_address failed"));
+        }
+    }
+    Ok(Opened {
+        name,
+        prov,
+        addr_ctx: ac,
+    })
+}
+
+/// A PATH request as `ib_acme -f l` (by LID) or `-f g` (by GID) sends it.
+fn path_msg(tid: u64, slid: u16, dlid: u16, dgid: Option<[u8; 16]>) -> AcmMsg {
+    let mut m = AcmMsg::zeroed();
+    m.hdr.version = 1;
+    m.hdr.opcode = ACM_OP_RESOLVE;
+    m.hdr.length = 88;
+    m.hdr.tid = tid;
+    m.resolve_data[0].type_ = ACM_EP_INFO_PATH;
+    let b = &mut m.resolve_data[0].info.bytes;
+    match dgid {
+        Some(g) => b[8..24].copy_from_slice(&g),
+        None => {
+            b[40..42].copy_from_slice(&dlid.to_be_bytes());
+            b[42..44].copy_from_slice(&slid.to_be_bytes());
+        }
+    }
+    b[49] = 0x81; // reversible, 1 path
+    m
+}
+
+struct Answer {
+    ns: u64,
+    status: u8,
+    path: [u8; 64],
+}
+
+/// Calls `resolve()` and waits (spinning, then sleeping) for its answer; call → answer time.
+fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer, String> {
+    let before = ANSWERS.load(Ordering::Acquire);
+    let tid = m.hdr.tid;
+    let t0 = now_ns();
+    // SAFETY: as ibacm calls it; the message lives across the call.
+    let rc = unsafe { (o.prov.resolve)(o.addr_ctx, m, 1) };
+    if rc != 0 {
+        return Err(format!("{}: resolve returned {rc}", o.name));
+    }
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while ANSWERS.load(Ordering::Acquire) == before {
+        if start.elapsed() > timeout {
+            return Err(format!("{}: no answer within {timeout:?}", o.name));
+        }
+        spins += 1;
+        if spins < 20_000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+    if LAST_TID.load(Ordering::Relaxed) != tid {
+        return Err(format!("{}: answer for another tid", o.name));
+    }
+    let path = LAST_PATH.lock().map(|p| *p).unwrap_or([0; 64]);
+    Ok(Answer {
+        ns: LAST_NS.load(Ordering::Relaxed).saturating_sub(t0),
+        status: LAST_STATUS.load(Ordering::Relaxed),
+        path,
+    })
+}
+
+fn fake_guid(dlid: u16) -> u64 {
+    FAKE_GUID_BASE + u64::from(dlid)
+}
+
+fn gid_of(prefix: &[u8], guid: u64) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[..8].copy_from_slice(&prefix[..8]);
+    g[8..].copy_from_slice(&guid.to_be_bytes());
+    g
+}
+
+/// An OpenSM `dump_pr` "full" file: the local port's section with one path per fake DLID,
+/// then one header per fake DLID (the LID → GUID table).
+fn write_dump(path: &Path, local_guid: u64, local_lid: u16, dlids: u32) -> std::io::Result<()> {
+    use std::fmt::Write as _;
+    let mut s = String::with_capacity(dlids as usize * 80);
+    let _ = writeln!(
+        s,
+        "Channel Adapter 0x{local_guid:016x}, base LID {local_lid}, LMC 0, port 1"
+    );
+    for i in 0..dlids {
+        let _ = writeln!(s, "0x{:04x} : 0 : 4 : 3", u32::from(FAKE_BASE_LID) + i);
+    }
+    for i in 0..dlids {
+        let lid = (u32::from(FAKE_BASE_LID) + i) as u16;
+        let _ = writeln!(
+            s,
+            "Channel Adapter 0x{:016x}, base LID {lid}, LMC 0, port 1",
+            fake_guid(lid)
+        );
+    }
+    std::fs::write(path, s)
+}
+
+struct ChildArgs {
+    size: usize,
+    hit_samples: usize,
+    max_lid: u16,
+    acmrs: PathBuf,
+    out: Option<PathBuf>,
+}
+
+fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
+    let get = |f: &str| -> Result<&str, String> {
+        args.iter()
+            .position(|a| a == f)
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+            .ok_or_else(|| format!("child: {f} missing"))
+    };
+    let num = |f: &str| -> Result<usize, String> {
+        get(f)?.parse().map_err(|e| format!("child: {f}: {e}"))
+    };
+    Ok(ChildArgs {
+        size: num("--size")?,
+        hit_samples: num("--hit-samples")?,
+        max_lid: num("--max-lid")? as u16,
+        acmrs: PathBuf::from(get("--acmrs")?),
+        out: get("--out").ok().map(PathBuf::from),
+    })
+}
+
+fn leak<T>(v: T) -> &'static T {
+    Box::leak(Box::new(v))
+}
+
+/// Entry of the measuring child (runs under the preload, cwd = its scratch directory).
+pub fn child(args: &[String]) -> Result<(), String> {
+    let a = parse_child(args)?;
+    LOG.store(
+        std::env::var_os("ACMRS_BENCH_LOG").is_some(),
+        Ordering::Relaxed,
+    );
+    let dir = std::env::current_dir().map_err(|e| e.to_string())?;
+    // 1. The host core.
+    let src = dir.join("host_core.c");
+    let so = dir.join("libacmbenchhost.so");
+    std::fs::write(&src, HOST_CORE_C).map_err(|e| e.to_string())?;
+    let st = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&so)
+        .arg(&src)
+        .args(["-libumad", "-libverbs", "-lpthread"])
+        .env_remove("LD_PRELOAD")
+        .status()
+        .map_err(|e| format!("cc (apt-get install build-essential): {e}"))?;
+    if !st.success() {
+        return Err(
+            "building host_core.c failed (needs libibumad-dev, libibverbs-dev, ibacm headers)"
+                .into(),
+        );
+    }
+    let h = dlopen(&so, libc::RTLD_NOW | libc::RTLD_GLOBAL)?;
+    let init = sym(h, c"acmbench_host_init")?;
+    let stats = sym(h, c"acmbench_host_stats")?;
+    let hooks = Hooks {
+        write: h_write,
+        resolve_response: h_resolve_response,
+        query_response: h_query_response,
+        opts: h_opts,
+    };
+    // SAFETY: zeroed plain-old-data out-parameter.
+    let mut info: HostInfo = unsafe { std::mem::zeroed() };
+    let log_level = if LOG.load(Ordering::Relaxed) { 2 } else { 0 };
+    // SAFETY: acmbench_host_init(const struct hooks *, int, int, int, struct host_info *);
+    // the hooks struct is copied, the layouts match host_core.c.
+    let rc = unsafe {
+        let f: extern "C" fn(*const Hooks, c_int, c_int, c_int, *mut HostInfo) -> c_int =
+            std::mem::transmute(init);
+        f(&hooks, log_level, 2000, 2, &mut info)
+    };
+    if rc != 0 {
+        // SAFETY: NUL-terminated by snprintf.
+        let e = unsafe { CStr::from_ptr(info.error.as_ptr()) };
+        return Err(format!("host core: {}", e.to_string_lossy()));
+    }
+    let sa_sent = || {
+        let mut v = [0u64; 3];
+        // SAFETY: acmbench_host_stats(uint64_t out[3]).
+        unsafe {
+            let f: extern "C" fn(*mut u64) = std::mem::transmute(stats);
+            f(v.as_mut_ptr());
+        }
+        v[0]
+    };
+    let lid = info.lid;
+    let local_guid = u64::from_be_bytes(info.gid0[8..].try_into().unwrap_or([0; 8]));
+    // 2. The route dump and the two opts files.
+    let dlids = (a.size / 2).clamp(1, (LID_LIMIT - u32::from(FAKE_BASE_LID)) as usize) as u32;
+    let entries = dlids as usize * 2;
+    let dump = dir.join("route.dump");
+    write_dump(&dump, local_guid, lid, dlids).map_err(|e| e.to_string())?;
+    let common = format!(
+        "log_level {log_level}\nroute_prot sa\naddr_prot acm\nroute_preload opensm_full_v1\n\
+         route_data_file {}\naddr_preload none\nloopback_prot local\ntimeout 2000\nretries 2\n",
+        dump.display()
+    );
+    let stock_opts = dir.join("stock_opts.cfg");
+    let acmrs_opts = dir.join("acmrs_opts.cfg");
+    std::fs::write(&stock_opts, &common).map_err(|e| e.to_string())?;
+    std::fs::write(
+        &acmrs_opts,
+        format!(
+            "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
+             acmrs_pending_capacity 4096\nacmrs_poll_mode adaptive\n",
+            entries + entries / 4 + 1024
+        ),
+    )
+    .map_err(|e| e.to_string())?;
+    // 3. Both providers, in one process (stock reads its options in its constructor).
+    set_opts(&stock_opts);
+    let stock = provider(Path::new(STOCK_LIB))?;
+    set_opts(&acmrs_opts);
+    let acmrs = provider(&a.acmrs)?;
+    let dev = leak(AcmDevice {
+        verbs: info.verbs,
+        dev_guid: info.dev_guid,
+    });
+    let port = leak(AcmPort { dev, port_num: 1 });
+    let ep = leak(AcmEndpoint { port, pkey: 0xffff });
+    let id_string = CString::new("bench").map_err(|e| e.to_string())?.into_raw();
+    let mut name = AcmEpInfo { bytes: [0; 64] };
+    name.bytes[..5].copy_from_slice(b"bench");
+    let addr = AcmAddress {
+        endpoint: ep,
+        info: name,
+        id_string,
+        type_: ACM_ADDRESS_NAME,
+    };
+    let t_open = Instant::now();
+    let provs = [
+        open_provider("stock", stock, dev, port, ep, &addr)?,
+        open_provider("acmrs", acmrs, dev, port, ep, &addr)?,
+    ];
+    // 4. Ready: a preloaded destination answers with success.
+    let mut tid = 1u64;
+    let mut ready_ms = [0u128; 2];
+    for (k, o) in provs.iter().enumerate() {
+        loop {
+            tid += 1;
+            let mut m = path_msg(tid, lid, FAKE_BASE_LID, None);
+            let ans = resolve_timed(o, &mut m, Duration::from_secs(10))?;
+            if ans.status == 0 {
+                ready_ms[k] = t_open.elapsed().as_millis();
+                break;
+            }
+            if t_open.elapsed() > Duration::from_secs(60) {
+                return Err(format!(
+                    "{}: not ready after 60 s (status {}); stock needs its multicast join \
+                     through the SA",
+                    o.name, ans.status
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let prefix = info.gid0;
+    // 5. Hits: random preloaded destinations, by LID and by GID alternately, the two
+    // providers interleaved (alternating who goes first).
+    let mut hits = [LatencyHistogram::new(), LatencyHistogram::new()];
+    let mut rng = XorShift::new(0x5eed ^ a.size as u64);
+    let sa_before = sa_sent();
+    for s in 0..a.hit_samples {
+        let dlid = FAKE_BASE_LID + rng.below(u64::from(dlids)) as u16;
+        let by_gid = s % 2 == 1;
+        let dgid = by_gid.then(|| gid_of(&prefix, fake_guid(dlid)));
+        for k in [s % 2, 1 - s % 2] {
+            tid += 1;
+            let mut m = path_msg(tid, lid, dlid, dgid);
+            let ans = resolve_timed(&provs[k], &mut m, Duration::from_secs(5))?;
+            let got_dlid = u16::from_be_bytes([ans.path[40], ans.path[41]]);
+            if ans.status != 0 || got_dlid != dlid {
+                return Err(format!(
+                    "{} hit {s}: status {} dlid {got_dlid} (wanted {dlid}, by gid {by_gid})",
+                    provs[k].name, ans.status
+                ));
+            }
+            hits[k].record(Duration::from_nanos(ans.ns));
+        }
+    }
+    let sa_during_hits = sa_sent() - sa_before;
+    if sa_during_hits != 0 {
+        return Err(format!(
+            "{sa_during_hits} SA MADs during the hit phase: those were not cache hits"
+        ));
+    }
+    // 6. Misses: every real LID of the fabric (HCAs and switches), once per provider, answered
+    // by OpenSM's SA over the simulated fabric.
+    let mut misses = [LatencyHistogram::new(), LatencyHistogram::new()];
+    let mut failed = [0usize; 2];
+    let sa_before = sa_sent();
+    for dlid in 1..=a.max_lid {
+        if dlid == lid {
+            continue;
+        }
+        for k in [dlid as usize % 2, 1 - dlid as usize % 2] {
+            tid += 1;
+            let mut m = path_msg(tid, lid, dlid, None);
+            let ans = resolve_timed(&provs[k], &mut m, Duration::from_secs(15))?;
+            let got = u16::from_be_bytes([ans.path[40], ans.path[41]]);
+            if ans.status == 0 && got == dlid {
+                misses[k].record(Duration::from_nanos(ans.ns));
+            } else {
+                failed[k] += 1;
+            }
+        }
+    }
+    let sa_during_misses = sa_sent() - sa_before;
+    // 7. Report.
+    println!(
+        "### {entries} cached paths ({dlids} preloaded DLIDs x LID+GID entries; requested {})\n\n\
+         ready after open: stock {} ms, acmrs {} ms; SA MADs during hits: {sa_during_hits}, \
+         during misses: {sa_during_misses}; failed misses: stock {}, acmrs {}\n",
+        a.size, ready_ms[0], ready_ms[1], failed[0], failed[1]
+    );
+    let mut table = Table::new(&[
+        "what",
+        "provider",
+        "count",
+        "p50 ns",
+        "p99 ns",
+        "p99.9 ns",
+        "p99.99 ns",
+        "max ns",
+    ]);
+    for (what, hs) in [("hit", &hits), ("miss (OpenSM SA)", &misses)] {
+        let s: Vec<Summary> = hs.iter().map(LatencyHistogram::summary).collect();
+        for (k, o) in provs.iter().enumerate() {
+            let mut row = vec![what.to_string(), o.name.to_string(), s[k].count.to_string()];
+            row.extend(Table::latency_cells(&s[k]));
+            table.row(row);
+            if let Some(out) = &a.out {
+                std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
+                let f = out.join(format!(
+                    "samehost-{}-{}-{entries}.hgrm",
+                    o.name,
+                    what.split(' ').next().unwrap_or(what)
+                ));
+                hs[k].write_hgrm(&f).map_err(|e| e.to_string())?;
+            }
+        }
+        let r = |x: f64, y: f64| {
+            if y > 0.0 {
+                format!("{:.2}x", x / y)
+            } else {
+                "n/a".into()
+            }
+        };
+        table.row(vec![
+            what.to_string(),
+            "ratio stock/acmrs".into(),
+            String::new(),
+            r(s[0].p50_ns, s[1].p50_ns),
+            r(s[0].p99_ns, s[1].p99_ns),
+            r(s[0].p999_ns, s[1].p999_ns),
+            r(s[0].p9999_ns, s[1].p9999_ns),
+            r(s[0].max_ns, s[1].max_ns),
+        ]);
+    }
+    println!("{}", table.render());
+    Ok(())
+}
