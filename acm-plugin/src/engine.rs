@@ -19,7 +19,7 @@ use crate::ffi::{
     cntr, AcmEndpoint, AcmSaMad, ACM_STATUS_ENODATA, ACM_STATUS_ENOMEM, ACM_STATUS_ETIMEDOUT,
 };
 use crate::path::{self, SaOutcome};
-use crate::respond;
+use crate::respond::{self, Via};
 use crate::state::{
     Cached, Control, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply, Shared, NEVER,
 };
@@ -96,10 +96,10 @@ fn answer(sh: &Shared, req: &Request, status: u8, record: Option<&[u8; 64]>) {
     match req.kind {
         Kind::Resolve => {
             req.ep.count_status(status);
-            respond::send_resolve(api, req.id, &req.msg, status, record);
+            respond::send(api, Via::Resolve, req.id, &req.msg, status, record);
         }
         Kind::Query => {
-            respond::send_query(api, req.id, &req.msg, status, record);
+            respond::send(api, Via::Query, req.id, &req.msg, status, record);
         }
         Kind::Prime | Kind::Refresh => {}
     }

@@ -11,7 +11,7 @@
 use crate::core_api::{self, CoreApi};
 use crate::engine::{self, Engine, MAX_INFLIGHT};
 use crate::ffi::*;
-use crate::respond;
+use crate::respond::{self, Via};
 use crate::state::{
     Cached, Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, RouteKey, Shared,
 };
@@ -862,7 +862,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     let mut reply = |status: u8, rec: Option<&[u8; 64]>| {
         *answered = true;
         ep.count_status(status);
-        respond::send_resolve(api, id, msg, status, rec)
+        respond::send(api, Via::Resolve, id, msg, status, rec)
     };
     if ep.closed.load(Ordering::Acquire) {
         return reply(ACM_STATUS_ENODATA, None);
@@ -916,7 +916,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
 }
 
 /// The body of `resolve()` / `query()`: null checks, a copy of the message, `catch_unwind`,
-/// and an EINVAL answer (through `send`) if the implementation panicked before answering.
+/// and an EINVAL answer (through `via`) if the implementation panicked before answering.
 ///
 /// # Safety
 /// `addr_context` must be null or our `AddrCtx`, `msg` null or a full `acm_msg` buffer.
@@ -926,7 +926,7 @@ unsafe fn client_call(
     msg: *mut AcmMsg,
     id: u64,
     imp: fn(&AddrCtx, &AcmMsg, u64, &mut bool) -> c_int,
-    send: fn(&CoreApi, u64, &AcmMsg, u8, Option<&[u8; 64]>) -> c_int,
+    via: Via,
 ) -> c_int {
     if addr_context.is_null() || msg.is_null() {
         core_api::log(0, &format!("ERROR - {what}: null argument"));
@@ -945,7 +945,7 @@ unsafe fn client_call(
             if !answered {
                 let api = ctx.ep.shared.api;
                 let _ = catch_unwind(AssertUnwindSafe(|| {
-                    send(api, id, &copy, ACM_STATUS_EINVAL, None)
+                    respond::send(api, via, id, &copy, ACM_STATUS_EINVAL, None)
                 }));
             }
             0
@@ -955,16 +955,7 @@ unsafe fn client_call(
 
 unsafe extern "C" fn resolve(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {
     // SAFETY: the core's arguments, as client_call requires.
-    unsafe {
-        client_call(
-            "resolve",
-            addr_context,
-            msg,
-            id,
-            resolve_impl,
-            respond::send_resolve,
-        )
-    }
+    unsafe { client_call("resolve", addr_context, msg, id, resolve_impl, Via::Resolve) }
 }
 
 fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
@@ -972,7 +963,7 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
     let api = ep.shared.api;
     let mut reply = |status: u8| {
         *answered = true;
-        respond::send_query(api, id, msg, status, None)
+        respond::send(api, Via::Query, id, msg, status, None)
     };
     let first = &msg.resolve_data[0];
     if msg.hdr.length as usize != ACM_MSG_HDR_LENGTH + ACM_MSG_EP_LENGTH
@@ -996,16 +987,7 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
 
 unsafe extern "C" fn query(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {
     // SAFETY: the core's arguments, as client_call requires.
-    unsafe {
-        client_call(
-            "query",
-            addr_context,
-            msg,
-            id,
-            query_impl,
-            respond::send_query,
-        )
-    }
+    unsafe { client_call("query", addr_context, msg, id, query_impl, Via::Query) }
 }
 
 unsafe extern "C" fn handle_event(port_context: *mut c_void, event: c_int) -> c_int {

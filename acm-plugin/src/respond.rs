@@ -49,40 +49,35 @@ pub fn build_query_response(req: &AcmMsg, status: u8, record: Option<&[u8; 64]>)
     rsp
 }
 
-/// Hands a built response to the core through `f` (`acm_resolve_response` or
-/// `acm_query_response`).
-fn send(f: crate::core_api::ResponseFn, id: u64, mut rsp: AcmMsg) -> c_int {
+/// Which core helper answers a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// `acm_resolve_response` with [`build_resolve_response`].
+    Resolve,
+    /// `acm_query_response` with [`build_query_response`] (ACM_FLAGS_QUERY_SA).
+    Query,
+}
+
+/// Builds the answer to `req` and hands it to the core.
+pub fn send(
+    api: &CoreApi,
+    via: Via,
+    id: u64,
+    req: &AcmMsg,
+    status: u8,
+    record: Option<&[u8; 64]>,
+) -> c_int {
+    let (f, mut rsp) = match via {
+        Via::Resolve => (
+            api.resolve_response,
+            build_resolve_response(req, status, record),
+        ),
+        Via::Query => (
+            api.query_response,
+            build_query_response(req, status, record),
+        ),
+    };
     // SAFETY: `rsp` is a valid acm_msg whose hdr.length covers only initialised entries; the
     // core copies it before returning.
     unsafe { f(id, &mut rsp) }
-}
-
-/// Sends a RESOLVE answer through `acm_resolve_response`.
-pub fn send_resolve(
-    api: &CoreApi,
-    id: u64,
-    req: &AcmMsg,
-    status: u8,
-    record: Option<&[u8; 64]>,
-) -> c_int {
-    send(
-        api.resolve_response,
-        id,
-        build_resolve_response(req, status, record),
-    )
-}
-
-/// Sends a QUERY answer through `acm_query_response`.
-pub fn send_query(
-    api: &CoreApi,
-    id: u64,
-    req: &AcmMsg,
-    status: u8,
-    record: Option<&[u8; 64]>,
-) -> c_int {
-    send(
-        api.query_response,
-        id,
-        build_query_response(req, status, record),
-    )
 }

@@ -130,9 +130,7 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     // By DGID.
     let t3 = h.tid();
     h.resolve(ep, &path_request(t3, 0, Some(gid_of(0x1000 + 9)), 0), 5);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(3, W));
+    sa_one(SaAction::Answer, 3);
     assert_eq!(dlid_of(&find(t3)[0]), 9);
     // Counters: per EP and the core's global ones.
     let perf = h.perf(ep);
@@ -149,6 +147,14 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     );
     h.close();
     assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
+}
+
+/// Waits for the one SA query in flight, completes it with `action`, and waits until
+/// `responses` answers were recorded in total.
+fn sa_one(action: SaAction, responses: usize) {
+    assert!(wait_until(|| sa_pending() == 1), "one SA query in flight");
+    assert!(sa_complete_next(action));
+    assert!(wait_responses(responses, W), "{responses} answers");
 }
 
 fn wait_until(f: impl Fn() -> bool) -> bool {
@@ -169,9 +175,7 @@ fn constraints_are_part_of_the_cache_key() {
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let plain = h.tid();
     h.resolve(ep, &path_request(plain, 6, None, 0), 1);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     // Same DLID, but SL 3 and a service ID: must not be answered with the plain path.
     let mut m = path_request(h.tid(), 6, None, 0);
     let t_sl = m.hdr.tid;
@@ -179,9 +183,7 @@ fn constraints_are_part_of_the_cache_key() {
     m.resolve_data[0].info.bytes[0..8].copy_from_slice(&0x1234u64.to_be_bytes());
     h.resolve(ep, &m, 1);
     assert!(find(t_sl).is_empty(), "must not be a cache hit");
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(2, W));
+    sa_one(SaAction::Answer, 2);
     let p = path_of(&find(t_sl)[0]);
     assert_eq!(p[53] & 0xf, 3, "SL constraint honoured");
     assert_eq!(&p[0..8], &0x1234u64.to_be_bytes());
@@ -211,9 +213,7 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     // No record (DLID outside the fake fabric) → SA class status 3 = ENODATA.
     let t_nr = h.tid();
     h.resolve(ep, &path_request(t_nr, 0xbfff + 1, None, 0), 1);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     assert_eq!(status(&find(t_nr)[0]), ACM_STATUS_ENODATA);
     // Remembered (acmrs_negative_ttl_ms, default 5 s): answered inline, the SA is not asked.
     let t_nr2 = h.tid();
@@ -223,16 +223,12 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     // Timeout → ETIMEDOUT.
     let t_to = h.tid();
     h.resolve(ep, &path_request(t_to, 11, None, 0), 1);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Timeout);
-    assert!(wait_responses(3, W));
+    sa_one(SaAction::Timeout, 3);
     assert_eq!(status(&find(t_to)[0]), ACM_STATUS_ETIMEDOUT);
     // Invalid field → EINVAL.
     let t_iv = h.tid();
     h.resolve(ep, &path_request(t_iv, 12, None, 0), 1);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::InvalidField);
-    assert!(wait_responses(4, W));
+    sa_one(SaAction::InvalidField, 4);
     assert_eq!(status(&find(t_iv)[0]), ACM_STATUS_EINVAL);
     // BUSY twice, then success: retried with a new TID, one answer.
     let t_b = h.tid();
@@ -241,9 +237,7 @@ fn sa_failures_are_answered_once_with_the_right_status() {
         assert!(wait_until(|| sa_pending() == 1));
         sa_complete_next(SaAction::Busy);
     }
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(5, W));
+    sa_one(SaAction::Answer, 5);
     assert_eq!(status(&find(t_b)[0]), 0);
     assert_eq!(dlid_of(&find(t_b)[0]), 13);
     // BUSY forever → ETIMEDOUT after acmrs_sa_retries.
@@ -418,9 +412,7 @@ fn query_sa_passthrough() {
     let t = h.tid();
     let q = path_request(t, 8, None, ACM_FLAGS_QUERY_SA);
     h.query(ep, &q, 9);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     let r = &find(t)[0];
     assert!(r.query);
     assert_eq!(r.id, 9);
@@ -435,9 +427,7 @@ fn query_sa_passthrough() {
     // Not cached: a second query goes to the SA again, and times out cleanly.
     let t2 = h.tid();
     h.query(ep, &path_request(t2, 8, None, ACM_FLAGS_QUERY_SA), 9);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Timeout);
-    assert!(wait_responses(2, W));
+    sa_one(SaAction::Timeout, 2);
     assert_eq!(status(&find(t2)[0]), ACM_STATUS_ETIMEDOUT);
     assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
     h.close();
@@ -464,9 +454,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         ),
         4,
     );
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     let r = &find(t)[0];
     assert_eq!(status(r), 0);
     assert_eq!(dlid_of(r), 9);
@@ -558,9 +546,7 @@ fn lifecycle_close_while_waiting_port_change_and_reregister() {
     h.eps[ep].addrs.pop(); // the core "forgets" this context without remove_address
     let t_ok = h.tid();
     h.resolve(ep, &path_request(t_ok, 40, None, 0), 1);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     // A request waiting on the SA when the endpoint closes: answered ENODATA, once.
     let t_wait = h.tid();
     h.resolve(ep, &path_request(t_wait, 41, None, 0), 1);
@@ -583,9 +569,7 @@ fn lifecycle_close_while_waiting_port_change_and_reregister() {
     let t_new = h.tid();
     h.resolve(ep, &path_request(t_new, 40, None, 0), 1);
     assert!(find(t_new).is_empty(), "no stale hit after a port change");
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     let p = path_of(&find(t_new)[0]);
     assert_eq!(
         u16::from_be_bytes([p[42], p[43]]),
@@ -598,18 +582,14 @@ fn lifecycle_close_while_waiting_port_change_and_reregister() {
     let t_re = h.tid();
     h.resolve(ep, &path_request(t_re, 40, None, 0), 1);
     assert!(find(t_re).is_empty());
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(2, W));
+    sa_one(SaAction::Answer, 2);
     // CLIENT_REREGISTER flushes learned routes.
     h.reregister();
     std::thread::sleep(Duration::from_millis(20));
     let t_rr = h.tid();
     h.resolve(ep, &path_request(t_rr, 40, None, 0), 1);
     assert!(find(t_rr).is_empty(), "flushed by reregister");
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(3, W));
+    sa_one(SaAction::Answer, 3);
     // A request in flight at shutdown is answered by the shutdown.
     let t_sd = h.tid();
     h.resolve(ep, &path_request(t_sd, 42, None, 0), 1);
@@ -665,9 +645,7 @@ Switch 0x000000000000100c, base LID 12, \"Sw\", port 0
     m.resolve_data[0].info.bytes[48] = 5; // TClass
     h.resolve(ep, &m, 1);
     assert!(find(m.hdr.tid).is_empty());
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(3, W));
+    sa_one(SaAction::Answer, 3);
     // Reregister keeps preloaded routes; unreachable ones are not preloaded.
     h.reregister();
     assert!(wait_until(|| log_contains("cached routes flushed")));
@@ -677,9 +655,7 @@ Switch 0x000000000000100c, base LID 12, \"Sw\", port 0
     let t3 = h.tid();
     h.resolve(ep, &path_request(t3, 13, None, 0), 1);
     assert!(find(t3).is_empty(), "UNREACHABLE is not preloaded");
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(5, W));
+    sa_one(SaAction::Answer, 5);
     h.close();
 }
 
@@ -701,9 +677,7 @@ fn options_are_validated_and_route_lifetime_honoured() {
     assert!(log_contains("route_prot acm is not implemented"));
     let t = h.tid();
     h.resolve(ep, &path_request(t, 50, None, 0), 1);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     let t2 = h.tid();
     h.resolve(ep, &path_request(t2, 50, None, 0), 1);
     assert_eq!(find(t2).len(), 1, "hit while fresh");
@@ -712,9 +686,7 @@ fn options_are_validated_and_route_lifetime_honoured() {
     let t3 = h.tid();
     h.resolve(ep, &path_request(t3, 50, None, 0), 1);
     assert!(find(t3).is_empty(), "expired route is not served");
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(3, W));
+    sa_one(SaAction::Answer, 3);
     h.close();
 }
 
@@ -772,9 +744,7 @@ fn refresh_ahead_requeries_once_and_updates_in_place() {
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let t = h.tid();
     h.resolve(ep, &path_request(t, 50, None, 0), 1);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     let old = path_of(&find(t)[0]);
     let t1 = h.tid();
     h.resolve(ep, &path_request(t1, 50, None, 0), 1);
@@ -843,9 +813,7 @@ fn expired_host_mappings_are_re_resolved_by_the_worker() {
     };
     let t = h.tid();
     h.resolve(ep, &req(t), 4);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     assert_eq!(dlid_of(&find(t)[0]), 9);
     // The route is cached now, but the address mapping is expired: not answered inline; the
     // worker re-resolves the name (from the preload table) and answers from the route cache.
@@ -867,9 +835,7 @@ fn expired_host_mappings_are_re_resolved_by_the_worker() {
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let t = h.tid();
     h.resolve(ep, &req(t), 4);
-    assert!(wait_until(|| sa_pending() == 1));
-    sa_complete_next(SaAction::Answer);
-    assert!(wait_responses(1, W));
+    sa_one(SaAction::Answer, 1);
     let perf = h.perf(ep);
     assert_eq!((perf[cntr::ADDR_QUERY], perf[cntr::ADDR_CACHE]), (0, 1));
     h.close();
