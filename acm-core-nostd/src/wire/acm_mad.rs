@@ -52,13 +52,11 @@ enum_with_unknown! {
 
 mod field {
     use crate::wire::Field;
-    pub const BASE_VERSION: usize = 0;
-    pub const MGMT_CLASS: usize = 1;
-    pub const CLASS_VERSION: usize = 2;
-    pub const METHOD: usize = 3;
-    pub const STATUS: Field = 4..6;
-    pub const CONTROL: Field = 6..8;
-    pub const TID: Field = 8..16;
+    // The header is the first 16 bytes of a MAD common header; `control` sits where a MAD
+    // has ClassSpecific.
+    pub use crate::wire::mad::field::{
+        BASE_VERSION, CLASS_SPECIFIC as CONTROL, CLASS_VERSION, METHOD, MGMT_CLASS, STATUS, TID,
+    };
     // Resolve record, relative to the start of the MAD.
     pub const DEST_TYPE: usize = 16;
     pub const DEST_LENGTH: usize = 17;

@@ -149,7 +149,8 @@ impl MadStatus {
     }
 }
 
-mod field {
+/// Byte ranges of the MAD common header (also the first 16 bytes of [`acm_mad`](super::acm_mad)).
+pub(super) mod field {
     use crate::wire::Field;
     pub const BASE_VERSION: usize = 0;
     pub const MGMT_CLASS: usize = 1;
