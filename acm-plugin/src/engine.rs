@@ -99,6 +99,10 @@ fn answer(sh: &Shared, req: &Request, status: u8, record: Option<&[u8; 64]>) {
             respond::send(api, Via::Resolve, req.id, &req.msg, status, record);
         }
         Kind::Query => {
+            // ibacmp counts every failed SA answer to a query as an error.
+            if status != 0 {
+                req.ep.count(cntr::ERROR);
+            }
             respond::send(api, Via::Query, req.id, &req.msg, status, record);
         }
         Kind::Prime | Kind::Refresh => {}
@@ -488,7 +492,12 @@ impl Engine {
                         }
                     }
                 }
-                self.complete(fi, s, None, now)
+                // The SA's record goes back to query() clients as ibacmp does (resolve answers
+                // carry no record on failure).
+                let mut sa_record = [0u8; 64];
+                sa_record.copy_from_slice(&r.mad[56..120]);
+                let record = (r.umad_status == 0).then_some(&sa_record);
+                self.complete(fi, s, record, now)
             }
             SaOutcome::Busy => {
                 let o = &self.sh.opts;

@@ -963,6 +963,7 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
     let api = ep.shared.api;
     let mut reply = |status: u8| {
         *answered = true;
+        ep.count_status(status);
         respond::send(api, Via::Query, id, msg, status, None)
     };
     let first = &msg.resolve_data[0];

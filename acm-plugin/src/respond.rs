@@ -38,12 +38,14 @@ pub fn build_resolve_response(req: &AcmMsg, status: u8, record: Option<&[u8; 64]
     rsp
 }
 
-/// Builds the QUERY_SA response: the request with ACK set, the status, and the SA's record.
+/// Builds the QUERY_SA response: the request with ACK set, the status, and the SA's record
+/// (when the SA answered; `None` leaves the request's record, as after a timeout).
 pub fn build_query_response(req: &AcmMsg, status: u8, record: Option<&[u8; 64]>) -> AcmMsg {
     let mut rsp = *req;
     rsp.hdr.opcode |= ACM_OP_ACK;
     rsp.hdr.status = status;
-    if let (0, Some(r)) = (status, record) {
+    // Like ibacmp, whatever record the SA answered is returned, also with a failure status.
+    if let Some(r) = record {
         rsp.resolve_data[0].info.bytes = *r;
     }
     rsp

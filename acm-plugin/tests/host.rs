@@ -428,8 +428,35 @@ fn query_sa_passthrough() {
     let t2 = h.tid();
     h.query(ep, &path_request(t2, 8, None, ACM_FLAGS_QUERY_SA), 9);
     sa_one(SaAction::Timeout, 2);
-    assert_eq!(status(&find(t2)[0]), ACM_STATUS_ETIMEDOUT);
+    let r2 = &find(t2)[0];
+    assert_eq!(status(r2), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(dlid_of(r2), 8, "no SA answer: the request's record stays");
     assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
+    assert_eq!(
+        h.perf(ep)[cntr::ERROR],
+        1,
+        "a failed query counts as an error"
+    );
+    // An SA answer with a failure status: passed through with the SA's (empty) record.
+    let t3 = h.tid();
+    h.query(ep, &path_request(t3, 0xc001, None, ACM_FLAGS_QUERY_SA), 9);
+    sa_one(SaAction::Answer, 3);
+    let r3 = &find(t3)[0];
+    assert_eq!(status(r3), ACM_STATUS_ENODATA);
+    assert_eq!(r3.msg.hdr.opcode, ACM_OP_RESOLVE | ACM_OP_ACK);
+    assert_eq!(
+        path_of(r3),
+        [0u8; 64],
+        "the SA's record, as ibacmp returns it"
+    );
+    // A malformed query: EINVAL inline, counted.
+    let t4 = h.tid();
+    let mut bad = path_request(t4, 8, None, ACM_FLAGS_QUERY_SA);
+    bad.hdr.length = 16;
+    h.query(ep, &bad, 9);
+    assert_eq!(status(&find(t4)[0]), ACM_STATUS_EINVAL);
+    let perf = h.perf(ep);
+    assert_eq!((perf[cntr::ERROR], perf[cntr::NODATA]), (3, 0));
     h.close();
 }
 

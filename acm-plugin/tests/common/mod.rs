@@ -685,7 +685,11 @@ fn sa_complete(p: usize, action: SaAction) {
                         }
                         bytes[56..120].copy_from_slice(&r)
                     }
-                    None => bytes[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
+                    None => {
+                        // "No records": status 3, no attribute data.
+                        bytes[4..6].copy_from_slice(&0x0300u16.to_be_bytes());
+                        bytes[56..120].fill(0);
+                    }
                 }
             }
             SaAction::Hold => unreachable!(),
