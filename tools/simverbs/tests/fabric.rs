@@ -1,6 +1,6 @@
 //! simverbs against real programs on a real simulated fabric (ibsim + OpenSM + umad2sim):
 //! `ibv_devinfo`, a C libibverbs agent (tests/c/svagent.c) and the real ibacm daemon with the
-//! stock libibacmp provider.
+//! stock libibacmp provider (started through `acm-fabric`).
 
 mod common;
 use common::{control, field, Fabric};
@@ -388,53 +388,6 @@ fn can_private_run() -> bool {
         .unwrap_or(false)
 }
 
-/// A free TCP port on 127.0.0.1 for an ibacm `server_port`.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// Starts the real ibacm daemon (stock libibacmp) on `host` with a private /run.
-fn start_ibacm(f: &Fabric, host: &str, name: &str) -> (std::process::Child, std::path::PathBuf) {
-    let d = f.dir.join(format!("acm-{name}"));
-    std::fs::create_dir_all(d.join("run")).expect("run dir");
-    std::fs::write(
-        d.join("opts.cfg"),
-        format!(
-            "log_file stdout\nlog_level 2\nlock_file /run/ibacm.pid\nserver_mode loop\n\
-             server_port {}\nprovider_lib_path /usr/lib/x86_64-linux-gnu/ibacm\n",
-            free_port()
-        ),
-    )
-    .expect("opts");
-    std::fs::write(d.join("addr.data"), format!("{name} ibsim0 1 default\n")).expect("addr");
-    let log = std::fs::File::create(d.join("ibacm.log")).expect("log");
-    let child = f
-        .command("unshare", host, true)
-        .args([
-            "-m",
-            "sh",
-            "-c",
-            r#"mount --bind "$0/run" /run && exec ibacm -P -A "$0/addr.data" -O "$0/opts.cfg""#,
-        ])
-        .arg(&d)
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("unshare/ibacm not found: apt-get install ibacm util-linux");
-    (child, d)
-}
-
-/// Kills a daemon started by `start_ibacm` on drop (by PID: unshare and sh exec into ibacm).
-struct Daemon(std::process::Child);
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        common::stop_child(&mut self.0, Duration::from_secs(3));
-    }
-}
-
 fn wait_for_log(path: &std::path::Path, needle: &str) {
     let t = std::time::Instant::now();
     while t.elapsed() < Duration::from_secs(20) {
@@ -453,6 +406,9 @@ fn wait_for_log(path: &std::path::Path, needle: &str) {
     );
 }
 
+/// The real ibacm daemon with the stock libibacmp on Hca3 and Hca4, brought up (private
+/// `/run`, opts/addr files, teardown by PID) by the `acm-fabric` orchestrator over this
+/// build's libsimverbs.so.
 #[test]
 fn real_ibacm_with_stock_provider_resolves() {
     if !can_private_run() {
@@ -462,50 +418,32 @@ fn real_ibacm_with_stock_provider_resolves() {
         );
         return;
     }
-    let f = Fabric::start("ibacm");
-    let (c3, d3) = start_ibacm(&f, "Hca3", "host3");
-    let _g3 = Daemon(c3);
-    let (c4, d4) = start_ibacm(&f, "Hca4", "host4");
-    let _g4 = Daemon(c4);
+    let topology = acm_fabric::Topology::example("net.2sw2path4hca").expect("shipped topology");
+    let f = acm_fabric::Fabric::builder(topology, ["Hca3", "Hca4"])
+        .provider(acm_fabric::Provider::Stock)
+        .simverbs(common::libsimverbs())
+        .name_prefix("svt-ibacm")
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (h3, h4) = (f.node("Hca3").unwrap(), f.node("Hca4").unwrap());
     // The stock provider joined its multicast group through OpenSM's SA and attached its QP.
-    wait_for_log(
-        &d3.join("ibacm.log"),
-        "acmp_process_join_resp: join successful",
-    );
-    wait_for_log(
-        &d4.join("ibacm.log"),
-        "acmp_process_join_resp: join successful",
-    );
-
-    let acme = |args: &str| {
-        let out = f
-            .command("unshare", "Hca3", false)
-            .args(["-m", "sh", "-c"])
-            .arg(format!(
-                r#"mount --bind "$0/run" /run && exec ib_acme -S 127.0.0.1 {args}"#
-            ))
-            .arg(&d3)
-            .output()
-            .expect("ib_acme");
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
-    };
-    let lid4 = value_of(
-        &String::from_utf8_lossy(
-            &f.command("ibstat", "Hca4", false)
-                .output()
-                .expect("ibstat")
-                .stdout,
-        ),
-        "Base lid:",
-    );
-    // host3 -> host4: an ACM address request multicast by host3's libibacmp, answered by
-    // host4's over unicast, then a PathRecord from the SA.
-    let out = acme("-f n -s host3 -d host4 -v");
-    assert!(out.contains("SA verification: success"), "{out}");
-    assert!(out.contains(&format!("dlid: {lid4}")), "{out}");
-    wait_for_log(&d4.join("ibacm.log"), "acmp_process_addr_req");
-    let out = acme("-e");
-    assert!(out.contains("ibacmp,host3"), "{out}");
+    for n in [h3, h4] {
+        wait_for_log(&n.log_path(), "acmp_process_join_resp: join successful");
+    }
+    // hca3 -> hca4: an ACM address request multicast by Hca3's libibacmp, answered by
+    // Hca4's over unicast, then a PathRecord from the SA.
+    let out = h3
+        .acme_until(
+            &["-f", "n", "-s", "hca3", "-d", "hca4", "-v"],
+            Duration::from_secs(15),
+            |o| o.stdout.contains("SA verification: success"),
+        )
+        .expect("ib_acme");
+    assert!(out.stdout.contains("SA verification: success"), "{out}");
+    assert!(out.stdout.contains(&format!("dlid: {}\n", h4.lid)), "{out}");
+    wait_for_log(&h4.log_path(), "acmp_process_addr_req");
+    let out = h3.acme(&["-e"]).expect("ib_acme -e");
+    assert!(out.stdout.contains("ibacmp,hca3"), "{out}");
 }
 
 #[test]
