@@ -187,3 +187,54 @@ fn real_ibacm_resolves_through_acmrs() {
         .unwrap();
     assert!(ok(&back), "{back}\n{}", fabric.logs_report());
 }
+
+#[test]
+fn real_ibacm_refreshes_hot_routes_ahead_of_expiry() {
+    if !is_root() {
+        eprintln!("SKIPPED: real_ibacm_refreshes_hot_routes_ahead_of_expiry needs root");
+        return;
+    }
+    // Routes live 3 s; hits in the last 1.5 s start a background SA re-query.
+    let fabric = Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca3", "Hca4"],
+    )
+    .provider(Provider::Acmrs)
+    .name_prefix("acmrs-refresh")
+    .option("acmrs_route_ttl_ms", "3000")
+    .option("acmrs_refresh_ahead_pct", "50")
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let hca3 = fabric.node("Hca3").unwrap();
+    let (l3, l4) = (
+        hca3.lid.to_string(),
+        fabric.node("Hca4").unwrap().lid.to_string(),
+    );
+    let args = ["-f", "l", "-s", &l3, "-d", &l4];
+    let first = hca3
+        .acme_until(&args, Duration::from_secs(15), |o| o.success())
+        .unwrap();
+    assert!(first.success(), "{first}\n{}", fabric.logs_report());
+    let before = counters(&hca3.acme(&["-P", "1"]).unwrap());
+    // A hot path for more than two lifetimes: every request is a hit (nothing ever expires
+    // under load), and the SA is re-queried in the background.
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_secs(7) {
+        let o = hca3.acme(&args).unwrap();
+        assert!(o.success(), "{o}\n{}", fabric.logs_report());
+        n += 1;
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let after = counters(&hca3.acme(&["-P", "1"]).unwrap());
+    eprintln!("{n} requests in 7 s; per-EP counters before {before:?} after {after:?}");
+    assert_eq!(
+        after[6] - before[6],
+        n,
+        "every request answered from the cache: {before:?} {after:?}"
+    );
+    assert!(
+        after[5] - before[5] >= 2,
+        "background refreshes went to the SA: {before:?} {after:?}"
+    );
+}
