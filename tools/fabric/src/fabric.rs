@@ -151,6 +151,7 @@ pub struct FabricBuilder {
     ready_timeout: Duration,
     simverbs: Option<PathBuf>,
     start_daemons: bool,
+    opensm_args: Vec<String>,
 }
 
 /// A running fabric. Dropping it stops every process it started (by process group: daemons
@@ -168,6 +169,7 @@ pub struct Fabric {
     ibsim: Option<Proc>,
     sm: Option<Proc>,
     sm_starts: u32,
+    sm_args: Vec<String>,
     nodes: Vec<Node>,
 }
 
@@ -227,6 +229,7 @@ impl FabricBuilder {
             ready_timeout: Duration::from_secs(30),
             simverbs: None,
             start_daemons: true,
+            opensm_args: Vec::new(),
         }
     }
 
@@ -299,6 +302,16 @@ impl FabricBuilder {
     /// Path of `libsimverbs.so` (default: `$ACM_FABRIC_SIMVERBS` or next to the executable).
     pub fn simverbs(mut self, path: PathBuf) -> Self {
         self.simverbs = Some(path);
+        self
+    }
+
+    /// Extra OpenSM arguments for every start, e.g. `["-P", "/path/partitions.conf"]`.
+    pub fn opensm_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.opensm_args = args.into_iter().map(Into::into).collect();
         self
     }
 
@@ -407,6 +420,7 @@ impl FabricBuilder {
             ibsim: None,
             sm: None,
             sm_starts: 0,
+            sm_args: self.opensm_args.clone(),
             nodes: Vec::new(),
         };
         match fabric.bring_up(&self, provider_lib.as_deref(), &hcas) {
@@ -473,7 +487,7 @@ impl Fabric {
         })?;
 
         // 2. OpenSM, master.
-        self.start_sm_with_timeout(cfg.ready_timeout)?;
+        self.start_sm_with_timeout(cfg.ready_timeout, false)?;
 
         // 3. Per-node identity, then files.
         let tools = self.tools_dir()?;
@@ -590,12 +604,19 @@ impl Fabric {
         }
     }
 
-    fn start_sm_with_timeout(&mut self, timeout: Duration) -> Result<()> {
+    /// Starts OpenSM on `sm_node`; `fresh` gives it an empty cache directory of its own and
+    /// `-r` (reassign LIDs).
+    fn start_sm_with_timeout(&mut self, timeout: Duration, fresh: bool) -> Result<()> {
         if self.sm.is_some() {
             return Err(Error::new("OpenSM is already running"));
         }
         self.sm_starts += 1;
-        let dir = self.scratch.join("opensm");
+        let dir = if fresh {
+            self.scratch
+                .join(format!("opensm-fresh-{}", self.sm_starts))
+        } else {
+            self.scratch.join("opensm")
+        };
         mkdir(&dir)?;
         let log = dir.join(format!("osm-{}.log", self.sm_starts));
         let mut cmd = Command::new("opensm");
@@ -603,6 +624,8 @@ impl Fabric {
             .arg("-f")
             .arg(&log)
             .args(["-s", "5"])
+            .args(&self.sm_args)
+            .args(if fresh { &["-r"][..] } else { &[] })
             .env("LD_PRELOAD", UMAD2SIM)
             .env("SIM_HOST", &self.sm_node)
             .env("IBSIM_SOCKNAME", &self.name)
@@ -634,7 +657,21 @@ impl Fabric {
 
     /// Starts OpenSM again (after [`Fabric::stop_sm`]) and waits until it is master.
     pub fn start_sm(&mut self) -> Result<()> {
-        self.start_sm_with_timeout(Duration::from_secs(30))
+        self.start_sm_with_timeout(Duration::from_secs(30), false)
+    }
+
+    /// Moves the SM: stops OpenSM and starts it on HCA `host`, waiting until it is master
+    /// (every port's MasterSMLID changes). With `reassign_lids` the new OpenSM starts with an
+    /// empty cache and `-r`, so LIDs may change; [`Node::lid`] keeps the bring-up value.
+    pub fn move_sm(&mut self, host: &str, reassign_lids: bool) -> Result<()> {
+        if !self.topology.hcas().iter().any(|h| h == host) {
+            return Err(Error::new(format!(
+                "SM node {host:?} is not an HCA of the topology"
+            )));
+        }
+        self.stop_sm();
+        self.sm_node = host.to_string();
+        self.start_sm_with_timeout(Duration::from_secs(30), reassign_lids)
     }
 
     /// Stops OpenSM (TERM, then KILL after 2 s).

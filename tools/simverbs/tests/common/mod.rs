@@ -1,6 +1,6 @@
-//! Test harness: a private ibsim fabric with OpenSM as master, and processes started under
-//! `LD_PRELOAD=libumad2sim.so:libsimverbs.so`. Everything started is torn down by PID in
-//! `Drop` (also when a test panics), scratch directories are removed.
+//! Test harness: a private ibsim fabric with OpenSM as master (through `acm-fabric`), and
+//! processes started under `LD_PRELOAD=libumad2sim.so:libsimverbs.so`. Everything started is
+//! torn down by PID in `Drop` (also when a test panics), scratch directories are removed.
 
 #![allow(dead_code)]
 
@@ -12,7 +12,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
-pub const NET: &str = "/usr/share/doc/ibsim-utils/net-examples/net.2sw2path4hca";
 
 /// target/<profile>/ of the running test executable (target/<profile>/deps/<test>).
 pub fn profile_dir() -> PathBuf {
@@ -107,12 +106,16 @@ pub fn port_guid(host: &str) -> u64 {
     0x100001 + 3 * (n - 1)
 }
 
-/// A private fabric: ibsim (net.2sw2path4hca) + OpenSM on Hca1.
+/// A private fabric: ibsim (net.2sw2path4hca) + OpenSM on Hca1, brought up and torn down
+/// (by PID, scratch removed) by the `acm-fabric` orchestrator, without ibacm daemons.
 pub struct Fabric {
+    /// `IBSIM_SOCKNAME`, also the simverbs fabric name.
     pub name: String,
+    /// Scratch directory: working directory and `SIMVERBS_SHM_DIR` of the processes.
     pub dir: PathBuf,
-    ibsim: Option<Child>,
-    opensm: Option<Child>,
+    inner: acm_fabric::Fabric,
+    /// OpenSM's partitions.conf (`-P`), removed on drop.
+    partitions: Option<PathBuf>,
 }
 
 impl Fabric {
@@ -123,78 +126,42 @@ impl Fabric {
 
     /// Like [`Fabric::start`], with an OpenSM partitions.conf (`-P`).
     pub fn start_with_partitions(tag: &str, partitions: Option<&str>) -> Fabric {
-        let name = format!("svt-{}-{}", tag, std::process::id());
-        let dir = std::env::temp_dir().join(format!("simverbs-{name}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        let mut f = Fabric {
-            name,
-            dir,
-            ibsim: None,
-            opensm: None,
-        };
-        f.start_ibsim();
-        match partitions {
-            None => f.start_opensm("Hca1", "Hca2"),
-            Some(text) => {
-                let conf = f.dir.join("partitions.conf");
-                std::fs::write(&conf, text).expect("partitions.conf");
-                let conf = conf.to_string_lossy().to_string();
-                f.start_opensm_with("Hca1", "Hca2", &["-P", &conf], None);
-            }
+        let topology = acm_fabric::Topology::example("net.2sw2path4hca").expect("shipped topology");
+        let conf = partitions.map(|text| {
+            let p = std::env::temp_dir().join(format!(
+                "simverbs-{tag}-{}-partitions.conf",
+                std::process::id()
+            ));
+            std::fs::write(&p, text).expect("partitions.conf");
+            p
+        });
+        // Hca2 is only waited for (LID assigned); no daemon runs anywhere.
+        let mut builder = acm_fabric::Fabric::builder(topology, ["Hca2"])
+            .sm_node("Hca1")
+            .name_prefix(&format!("svt-{tag}"))
+            .start_daemons(false);
+        if let Some(p) = &conf {
+            builder = builder.opensm_args(["-P".to_string(), p.display().to_string()]);
         }
+        let inner = builder
+            .start()
+            .unwrap_or_else(|e| panic!("fabric bring-up failed: {e}"));
+        let f = Fabric {
+            name: inner.name().to_string(),
+            dir: inner.scratch().to_path_buf(),
+            inner,
+            partitions: conf,
+        };
+        f.wait_master_seen("Hca1", "Hca2");
         f
     }
 
-    fn start_ibsim(&mut self) {
-        let f = self;
-        let log = std::fs::File::create(f.dir.join("ibsim.log")).expect("log");
-        f.ibsim = Some(
-            Command::new("ibsim")
-                .args(["-s", "-n", NET])
-                .env("IBSIM_SOCKNAME", &f.name)
-                .current_dir(&f.dir)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log"))
-                .stderr(log)
-                .spawn()
-                .expect("ibsim not found: apt-get install ibsim-utils"),
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-
-    /// Starts OpenSM on `host` and waits until `probe` sees it as master.
-    fn start_opensm(&mut self, host: &str, probe: &str) {
-        self.start_opensm_with(host, probe, &[], None);
-    }
-
-    fn start_opensm_with(&mut self, host: &str, probe: &str, extra: &[&str], cache: Option<&Path>) {
-        let f = self;
-        let cache = cache
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| f.dir.clone());
-        f.opensm = Some(
-            Command::new("opensm")
-                .args(["-e", "-s", "5"])
-                .args(extra)
-                .arg("-f")
-                .arg(f.dir.join(format!("osm-{host}.log")))
-                .env("IBSIM_SOCKNAME", &f.name)
-                .env("SIM_HOST", host)
-                .env("OSM_TMP_DIR", &cache)
-                .env("OSM_CACHE_DIR", &cache)
-                .env("LD_PRELOAD", UMAD2SIM)
-                .current_dir(&f.dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("opensm not found: apt-get install opensm"),
-        );
+    /// Waits until `probe` sees OpenSM on `host` as master.
+    fn wait_master_seen(&self, host: &str, probe: &str) {
         let want = format!("sm guid {:#x}", port_guid(host));
         let t = Instant::now();
         loop {
-            let out = f
+            let out = self
                 .command("sminfo", probe, false)
                 .output()
                 .expect("sminfo not found: apt-get install infiniband-diags");
@@ -213,21 +180,19 @@ impl Fabric {
     /// Stops the running OpenSM and starts one on `host` (the SM moves: every port's
     /// PortInfo.MasterSMLID changes).
     pub fn move_sm(&mut self, host: &str, probe: &str) {
-        if let Some(mut c) = self.opensm.take() {
-            stop_child(&mut c, Duration::from_secs(3));
-        }
-        self.start_opensm(host, probe);
+        self.inner
+            .move_sm(host, false)
+            .unwrap_or_else(|e| panic!("moving the SM to {host}: {e}"));
+        self.wait_master_seen(host, probe);
     }
 
     /// Like [`Fabric::move_sm`], but the new OpenSM starts with an empty cache and `-r`
     /// (reassign LIDs): in net.2sw2path4hca moving to Hca2 gives Hca2 LID 1 and Hca1 LID 3.
     pub fn move_sm_reassigning_lids(&mut self, host: &str, probe: &str) {
-        if let Some(mut c) = self.opensm.take() {
-            stop_child(&mut c, Duration::from_secs(3));
-        }
-        let cache = self.dir.join(format!("osm-cache-{host}"));
-        std::fs::create_dir_all(&cache).expect("cache dir");
-        self.start_opensm_with(host, probe, &["-r"], Some(&cache));
+        self.inner
+            .move_sm(host, true)
+            .unwrap_or_else(|e| panic!("moving the SM to {host}: {e}"));
+        self.wait_master_seen(host, probe);
     }
 
     /// A command on node `host` of this fabric (umad2sim, plus simverbs when `verbs`).
@@ -278,13 +243,9 @@ impl Fabric {
 
 impl Drop for Fabric {
     fn drop(&mut self) {
-        if let Some(c) = self.opensm.as_mut() {
-            stop_child(c, Duration::from_secs(3));
+        if let Some(p) = &self.partitions {
+            let _ = std::fs::remove_file(p);
         }
-        if let Some(c) = self.ibsim.as_mut() {
-            stop_child(c, Duration::from_secs(2));
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
