@@ -46,6 +46,18 @@ fn err(args: &[&str], stdin: Option<&[u8]>) -> String {
     String::from_utf8(o.stderr).unwrap()
 }
 
+/// `madtool decode <flags> <seed>` on a file of the committed fuzz seed corpus.
+fn decode_corpus(flags: &[&str], seed: &str) -> String {
+    let path = root().join("acm-core-nostd/fuzz/corpus").join(seed);
+    let path = path.to_str().expect("UTF-8 path");
+    let args: Vec<&str> = ["decode"]
+        .into_iter()
+        .chain(flags.iter().copied())
+        .chain([path])
+        .collect();
+    ok(&args)
+}
+
 fn has(out: &str, line: &str) {
     assert!(
         out.lines().any(|l| l.trim() == line),
@@ -142,14 +154,7 @@ fn decodes_status_and_acm_mad_and_client_msgs() {
         "Note: status is not success; the record may be meaningless",
     );
 
-    let corpus = root().join("acm-core-nostd/fuzz/corpus");
-    let out = ok(&[
-        "decode",
-        corpus
-            .join("wire_acm_mad/resolve_req.bin")
-            .to_str()
-            .unwrap(),
-    ]);
+    let out = decode_corpus(&[], "wire_acm_mad/resolve_req.bin");
     has(&out, "MgmtClass: 0x2c (Acm)");
     has(&out, "Control: 0x0001 (RESOLVE)");
     has(&out, "Dest: 10.0.0.6");
@@ -157,27 +162,13 @@ fn decodes_status_and_acm_mad_and_client_msgs() {
     has(&out, "GIDCount: 1");
     has(&out, "GID[0]: ff15:4001:ffff:0003:0400:0000:0000:0000");
 
-    let out = ok(&[
-        "decode",
-        "--client",
-        corpus
-            .join("wire_client_msg/resolve_resp.bin")
-            .to_str()
-            .unwrap(),
-    ]);
+    let out = decode_corpus(&["--client"], "wire_client_msg/resolve_resp.bin");
     has(&out, "Length: 160 (native byte order)");
     has(&out, "Flags: 0x0000002b");
     has(&out, "Type: Path");
     has(&out, "DLID: 6");
     has(&out, "Address: 10.0.0.4");
-    let out = ok(&[
-        "decode",
-        "--client",
-        corpus
-            .join("wire_client_msg/perf_resp.bin")
-            .to_str()
-            .unwrap(),
-    ]);
+    let out = decode_corpus(&["--client"], "wire_client_msg/perf_resp.bin");
     has(&out, "Length: 72 (big-endian)");
     has(&out, "Route Cache Count: 1006");
 }
