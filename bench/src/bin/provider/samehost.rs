@@ -26,6 +26,8 @@ const FAKE_BASE_LID: u16 = 0x400;
 /// libibacmp's preload LID table covers unicast LIDs below 0xC000 only.
 const LID_LIMIT: u32 = 0xC000;
 const FAKE_GUID_BASE: u64 = 0x0002_c903_0000_0000;
+/// The most cached paths the stock provider's route preload gives in this benchmark.
+pub const STOCK_MAX_ENTRIES: usize = 2 * (LID_LIMIT as usize - FAKE_BASE_LID as usize);
 
 /// Settings shared by the parent and the measuring child.
 #[derive(Debug, Clone)]
@@ -38,6 +40,8 @@ pub struct Config {
     pub topology: String,
     /// Where `.hgrm` files go.
     pub out: Option<PathBuf>,
+    /// `acmrs_poll_mode` of the acmrs worker (busy, adaptive, event).
+    pub poll_mode: String,
 }
 
 // ---- parent ----------------------------------------------------------------------------------
@@ -100,12 +104,13 @@ pub fn run(cfg: &Config) -> Result<(), String> {
     println!(
         "## same host, same fabric, same run: stock libibacmp vs libacmrs\n\n\
          fabric {} ({} HCAs, {} switches, up in {:.1} s), bench process = {host} (LID {lid}), \
-         SA = OpenSM on {}\n",
+         SA = OpenSM on {}\n\nfabric name: {}\n",
         cfg.topology,
         hcas.len(),
         switches,
         t0.elapsed().as_secs_f64(),
-        fabric.sm_node()
+        fabric.sm_node(),
+        fabric.name()
     );
     for &size in &cfg.sizes {
         let dir = fabric.scratch().join(format!("bench-{size}"));
@@ -115,6 +120,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .args(["--size", &size.to_string()])
             .args(["--hit-samples", &cfg.hit_samples.to_string()])
             .args(["--max-lid", &max_lid.to_string()])
+            .args(["--poll-mode", &cfg.poll_mode])
             .args(["--acmrs", acmrs.to_str().unwrap_or_default()]);
         if let Some(out) = &cfg.out {
             let out = std::path::absolute(out).map_err(|e| e.to_string())?;
@@ -421,6 +427,7 @@ struct ChildArgs {
     max_lid: u16,
     acmrs: PathBuf,
     out: Option<PathBuf>,
+    poll_mode: String,
 }
 
 fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
@@ -440,6 +447,7 @@ fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
         max_lid: num("--max-lid")? as u16,
         acmrs: PathBuf::from(get("--acmrs")?),
         out: get("--out").ok().map(PathBuf::from),
+        poll_mode: get("--poll-mode")?.to_string(),
     })
 }
 
@@ -525,8 +533,11 @@ pub fn child(args: &[String]) -> Result<(), String> {
         &acmrs_opts,
         format!(
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
-             acmrs_pending_capacity 4096\nacmrs_poll_mode adaptive\n",
-            entries + entries / 4 + 1024
+             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\n",
+            // acmrs stores each preloaded route under 4 keys (see docs/bench.md): room for
+            // all of them plus the misses, at a load factor below 0.8.
+            dlids as usize * 5 + 1024,
+            a.poll_mode
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -632,9 +643,9 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // 7. Report.
     println!(
         "### {entries} cached paths ({dlids} preloaded DLIDs x LID+GID entries; requested {})\n\n\
-         ready after open: stock {} ms, acmrs {} ms; SA MADs during hits: {sa_during_hits}, \
+         acmrs_poll_mode {}; ready after open: stock {} ms, acmrs {} ms; SA MADs during hits: {sa_during_hits}, \
          during misses: {sa_during_misses}; failed misses: stock {}, acmrs {}\n",
-        a.size, ready_ms[0], ready_ms[1], failed[0], failed[1]
+        a.size, a.poll_mode, ready_ms[0], ready_ms[1], failed[0], failed[1]
     );
     let mut table = Table::new(&[
         "what",
