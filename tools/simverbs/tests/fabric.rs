@@ -10,6 +10,15 @@ const QKEY: u32 = 0x1111_1111;
 const MGID: &str = "ff154001ffff00000000000000000001";
 const MLID: u16 = 0xc010;
 
+/// Sends `sig` (e.g. `-STOP`) to a process this test started, by PID.
+fn signal(pid: u32, sig: &str) {
+    let st = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success(), "kill {sig} {pid}");
+}
+
 /// Value after `key:` on a line of tool output, trimmed.
 fn value_of(text: &str, key: &str) -> String {
     text.lines()
@@ -156,11 +165,7 @@ fn ud_unicast_checks_and_cq_overflow() {
     assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("msbkey"));
 
     // A peer that does not drain its socket (stopped) or is gone never blocks the sender.
-    assert!(std::process::Command::new("kill")
-        .args(["-STOP", &b.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(b.pid(), "-STOP");
     let t = std::time::Instant::now();
     assert_eq!(
         a.cmd(&format!("flood {blid} {bqpn} {QKEY:#x} 2000")),
@@ -170,11 +175,7 @@ fn ud_unicast_checks_and_cq_overflow() {
         t.elapsed() < Duration::from_secs(10),
         "sender was slowed down by a stopped peer"
     );
-    assert!(std::process::Command::new("kill")
-        .args(["-CONT", &b.pid().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    signal(b.pid(), "-CONT");
     // b's 16 - 11 remaining receives were used up by the flood; repost and check it still works.
     assert_eq!(b.cmd("recv 16"), "ok");
     while b.cmd("wait 200") != "timeout" {}
