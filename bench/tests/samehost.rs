@@ -81,11 +81,19 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
         stdout.contains("failed misses: stock 0, acmrs 0"),
         "{stdout}"
     );
-    // 2x2x4 fat-tree: 8 HCAs + 4 switches = 12 LIDs; all but the bench's own are misses,
-    // one SA PathRecord per miss and provider.
-    assert!(stdout.contains("during misses: 22;"), "{stdout}");
+    assert!(
+        stdout.contains("answered without an SA query: stock 0, acmrs 0"),
+        "{stdout}"
+    );
+    // 2x2x4 fat-tree: 8 HCAs + 4 switches = 12 LIDs; all but the bench's own are misses by
+    // LID, then the same 11 by GID: one SA PathRecord per miss and provider.
+    assert!(stdout.contains("during misses: 44;"), "{stdout}");
     assert!(stdout.contains("### 1000 cached paths"), "{stdout}");
-    for (what, count) in [("hit", "500"), ("miss (OpenSM SA)", "11")] {
+    for (what, count) in [
+        ("hit", "500"),
+        ("miss by LID (OpenSM SA)", "11"),
+        ("miss by GID (OpenSM SA)", "11"),
+    ] {
         let rows = cell_rows(&stdout, what);
         assert_eq!(rows.len(), 3, "{what}: {stdout}");
         for (row, prov) in rows.iter().zip(["stock", "acmrs"]) {
@@ -100,8 +108,10 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
     for f in [
         "samehost-stock-hit-1000.hgrm",
         "samehost-acmrs-hit-1000.hgrm",
-        "samehost-stock-miss-1000.hgrm",
-        "samehost-acmrs-miss-1000.hgrm",
+        "samehost-stock-miss-lid-1000.hgrm",
+        "samehost-acmrs-miss-lid-1000.hgrm",
+        "samehost-stock-miss-gid-1000.hgrm",
+        "samehost-acmrs-miss-gid-1000.hgrm",
     ] {
         let text = std::fs::read_to_string(out_dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(text.contains("Percentile"), "{f}");

@@ -545,7 +545,7 @@ fn main() {
                 .unwrap_or(if args.quick {
                     "fattree:4,2,8"
                 } else {
-                    "fattree:8,4,16"
+                    "fattree:16,4,16"
                 })
                 .to_string(),
             out: args.out.clone(),
