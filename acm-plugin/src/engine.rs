@@ -261,8 +261,9 @@ impl Engine {
         if let Some(i) = req.host {
             // The address mapping had expired: re-resolve it from the preload table (the
             // worker's copy of the hosts file; the ACM multicast protocol is not implemented).
-            self.sh.renew_host(i, self.now_coarse());
-            req.ep.count_global(cntr::ADDR_QUERY);
+            if self.sh.renew_host(i, self.now_coarse()) {
+                req.ep.count_global(cntr::ADDR_QUERY);
+            }
         }
         if kind != Kind::Query && kind != Kind::Refresh {
             // Filled by a query that completed after resolve() looked.

@@ -312,12 +312,19 @@ impl Shared {
         self.opts.addr_timeout.as_millis()
     }
 
-    /// Gives hosts entry `i` a new lifetime from `now` (worker only; also at load).
-    pub fn renew_host(&self, i: u32, now: u64) {
-        if let Some(e) = self.host_expiry.get(i as usize) {
-            let until = self.addr_ttl_ms().map_or(NEVER, |t| now.saturating_add(t));
-            e.store(until, Ordering::Release);
+    /// Re-resolves hosts entry `i` if it is expired at `now`: gives it a new lifetime from
+    /// `now` (worker only). Returns true if it was expired (one re-resolution, however many
+    /// requests were queued behind the expired mapping).
+    pub fn renew_host(&self, i: u32, now: u64) -> bool {
+        let Some(e) = self.host_expiry.get(i as usize) else {
+            return false;
+        };
+        if now < e.load(Ordering::Acquire) {
+            return false;
         }
+        let until = self.addr_ttl_ms().map_or(NEVER, |t| now.saturating_add(t));
+        e.store(until, Ordering::Release);
+        true
     }
 }
 
