@@ -15,7 +15,7 @@
 //!   sees. If the path entry is removed or its slot reused, the aliases become misses.
 //! * Storage is handed in: `PathCache<P, A>` is generic over `P: Deref<Target = [PathSlot]>` and
 //!   `A: Deref<Target = [AddrSlot]>`, so a host passes `Box<[PathSlot]>` (sized from the options at
-//!   run time, see [`PathSlot::boxed`]) and firmware passes `&'static [PathSlot]` from a `static`
+//!   run time, see `PathSlot::boxed` with the `std` feature) and firmware passes `&'static [PathSlot]` from a `static`
 //!   array (`Slot::new` is `const`). Nothing allocates after construction.
 //! * **One writer, many readers.** Lookups take `&self`, never block, never allocate and never see
 //!   a torn record (a per-slot seqlock over `AtomicU32` words; no `unsafe`, 32-bit atomics only, so
