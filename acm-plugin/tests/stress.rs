@@ -191,7 +191,10 @@ fn exactly_once_under_random_schedules() {
                 .unwrap_or(1000),
         ),
     };
-    let mut h = Host::open(OPTS, &[]);
+    // Short route lifetimes with a wide refresh-ahead window, so schedules also see expiry
+    // and background refreshes racing with misses, closes and reregisters.
+    let opts = format!("{OPTS}acmrs_route_ttl_ms 40\nacmrs_refresh_ahead_pct 75\n");
+    let mut h = Host::open(&opts, &[]);
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     for seed in first..first + count {
         if let Err(e) = run_schedule(&mut h, seed) {
