@@ -89,6 +89,11 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
     // LID, then the same 11 by GID: one SA PathRecord per miss and provider.
     assert!(stdout.contains("during misses: 44;"), "{stdout}");
     assert!(stdout.contains("### 1000 cached paths"), "{stdout}");
+    // Both answer a hit synchronously, inside resolve() (so call -> answer is call latency).
+    assert!(
+        stdout.contains("hits answered inside resolve(): stock 500, acmrs 500"),
+        "{stdout}"
+    );
     for (what, count) in [
         ("hit", "500"),
         ("miss by LID (OpenSM SA)", "11"),

@@ -349,6 +349,8 @@ fn path_msg(tid: u64, slid: u16, dlid: u16, dgid: Option<[u8; 16]>) -> AcmMsg {
 
 struct Answer {
     ns: u64,
+    /// Answered before `resolve()` returned.
+    inline: bool,
     status: u8,
     path: [u8; 64],
 }
@@ -360,6 +362,7 @@ fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer
     let t0 = now_ns();
     // SAFETY: as ibacm calls it; the message lives across the call.
     let rc = unsafe { (o.prov.resolve)(o.addr_ctx, m, 1) };
+    let inline = ANSWERS.load(Ordering::Acquire) != before;
     if rc != 0 {
         return Err(format!("{}: resolve returned {rc}", o.name));
     }
@@ -382,6 +385,7 @@ fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer
     let path = LAST_PATH.lock().map(|p| *p).unwrap_or([0; 64]);
     Ok(Answer {
         ns: LAST_NS.load(Ordering::Relaxed).saturating_sub(t0),
+        inline,
         status: LAST_STATUS.load(Ordering::Relaxed),
         path,
     })
@@ -592,6 +596,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // 5. Hits: random preloaded destinations, by LID and by GID alternately, the two
     // providers interleaved (alternating who goes first).
     let mut hits = [LatencyHistogram::new(), LatencyHistogram::new()];
+    let mut inline_hits = [0usize; 2];
     let mut rng = XorShift::new(0x5eed ^ a.size as u64);
     let sa_before = sa_sent();
     for s in 0..a.hit_samples {
@@ -610,6 +615,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
                 ));
             }
             hits[k].record(Duration::from_nanos(ans.ns));
+            inline_hits[k] += usize::from(ans.inline);
         }
     }
     let sa_during_hits = sa_sent() - sa_before;
@@ -673,8 +679,17 @@ pub fn child(args: &[String]) -> Result<(), String> {
          acmrs_poll_mode {}; ready after open: stock {} ms, acmrs {} ms; \
          SA MADs during hits: {sa_during_hits}, during misses: {sa_during_misses}; \
          failed misses: stock {}, acmrs {}; miss requests answered without an SA query: \
-         stock {}, acmrs {}\n",
-        a.size, a.poll_mode, ready_ms[0], ready_ms[1], failed[0], failed[1], cached[0], cached[1]
+         stock {}, acmrs {}; hits answered inside resolve(): stock {}, acmrs {}\n",
+        a.size,
+        a.poll_mode,
+        ready_ms[0],
+        ready_ms[1],
+        failed[0],
+        failed[1],
+        cached[0],
+        cached[1],
+        inline_hits[0],
+        inline_hits[1]
     );
     let mut table = Table::new(&[
         "what",
