@@ -570,29 +570,44 @@ pub fn child(args: &[String]) -> Result<(), String> {
         open_provider("stock", stock, dev, port, ep, &addr)?,
         open_provider("acmrs", acmrs, dev, port, ep, &addr)?,
     ];
-    // 4. Ready: a preloaded destination answers with success.
+    // 4. Ready: the first and the last preloaded destination, by LID and by GID, are
+    // answered inside resolve() with success (stock: after its multicast join; acmrs: after
+    // its worker inserted the whole preload).
+    let prefix = info.gid0;
+    let last = (u32::from(FAKE_BASE_LID) + dlids - 1) as u16;
+    let probes = [
+        (FAKE_BASE_LID, None),
+        (last, None),
+        (last, Some(gid_of(&prefix, fake_guid(last)))),
+        (
+            FAKE_BASE_LID,
+            Some(gid_of(&prefix, fake_guid(FAKE_BASE_LID))),
+        ),
+    ];
     let mut tid = 1u64;
     let mut ready_ms = [0u128; 2];
     for (k, o) in provs.iter().enumerate() {
-        loop {
+        let mut next = 0;
+        while next < probes.len() {
             tid += 1;
-            let mut m = path_msg(tid, lid, FAKE_BASE_LID, None);
+            let (dlid, dgid) = probes[next];
+            let mut m = path_msg(tid, lid, dlid, dgid);
             let ans = resolve_timed(o, &mut m, Duration::from_secs(10))?;
-            if ans.status == 0 {
-                ready_ms[k] = t_open.elapsed().as_millis();
-                break;
+            if ans.status == 0 && ans.inline {
+                next += 1;
+                continue;
             }
             if t_open.elapsed() > Duration::from_secs(60) {
                 return Err(format!(
-                    "{}: not ready after 60 s (status {}); stock needs its multicast join \
-                     through the SA",
-                    o.name, ans.status
+                    "{}: not ready after 60 s (status {}, inline {}); stock needs its \
+                     multicast join through the SA",
+                    o.name, ans.status, ans.inline
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        ready_ms[k] = t_open.elapsed().as_millis();
     }
-    let prefix = info.gid0;
     // 5. Hits: random preloaded destinations, by LID and by GID alternately, the two
     // providers interleaved (alternating who goes first).
     let mut hits = [LatencyHistogram::new(), LatencyHistogram::new()];
