@@ -21,6 +21,15 @@ impl Drop for Guard {
     }
 }
 
+/// Removes the test's scratch directory, also when an assertion fails.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// PIDs of processes whose environment has `IBSIM_SOCKNAME=<fabric>`.
 fn processes_of(fabric: &str) -> Vec<String> {
     let needle = format!("IBSIM_SOCKNAME={fabric}");
@@ -55,6 +64,7 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
     );
     let scratch = std::env::temp_dir().join(format!("acm-bench-samehost-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();
+    let _scratch = Scratch(scratch.clone());
     let out_dir = scratch.join("hgrm");
     let child = Command::new(env!("CARGO_BIN_EXE_provider"))
         .args(["--quick", "--sizes", "1000", "--hit-samples", "500"])
@@ -129,5 +139,4 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
         .trim()
         .to_string();
     assert!(processes_of(&fabric).is_empty(), "{fabric} left processes");
-    let _ = std::fs::remove_dir_all(&scratch);
 }
