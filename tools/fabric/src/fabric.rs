@@ -5,9 +5,11 @@ use crate::process::{self, Output, Proc};
 use crate::topology::Topology;
 use crate::{Error, Result};
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Debian's umad → ibsim preload.
@@ -167,6 +169,11 @@ pub struct Fabric {
     sm_node: String,
     simverbs: PathBuf,
     ibsim: Option<Proc>,
+    /// ibsim's console: a FIFO that ibsim holds open for reading *and* writing (so it never
+    /// sees end-of-file, which would make it spin), written by [`Fabric::ibsim_command`].
+    console: PathBuf,
+    /// Serialises console commands; counts them (each one is followed by a marker line).
+    console_seq: Mutex<u64>,
     sm: Option<Proc>,
     sm_starts: u32,
     sm_args: Vec<String>,
@@ -418,6 +425,8 @@ impl FabricBuilder {
             sm_node,
             simverbs,
             ibsim: None,
+            console: PathBuf::new(),
+            console_seq: Mutex::new(0),
             sm: None,
             sm_starts: 0,
             sm_args: self.opensm_args.clone(),
@@ -468,14 +477,21 @@ impl Fabric {
         write(&net_path, &self.topology.net)?;
         let ibsim_dir = self.scratch.join("ibsim");
         mkdir(&ibsim_dir)?;
+        self.console = ibsim_dir.join("console");
+        let console = open_console_fifo(&self.console)?;
         let mut cmd = Command::new("ibsim");
-        cmd.args(["-s", "-n"])
+        cmd.arg("-s")
             .arg(&net_path)
             .env("IBSIM_SOCKNAME", &self.name)
             .current_dir(&ibsim_dir)
             .stdout(file(&ibsim_dir.join("ibsim.log"))?)
             .stderr(file(&ibsim_dir.join("ibsim.err"))?);
-        self.ibsim = Some(Proc::spawn("ibsim", cmd, Duration::from_secs(1))?);
+        self.ibsim = Some(Proc::spawn_with_stdin(
+            "ibsim",
+            cmd,
+            console.into(),
+            Duration::from_secs(1),
+        )?);
         let ctl = format!("@{}:ctl", self.name);
         wait_for(Duration::from_secs(10), "ibsim control socket", || {
             if let Some(p) = self.ibsim.as_mut() {
@@ -672,6 +688,140 @@ impl Fabric {
         self.stop_sm();
         self.sm_node = host.to_string();
         self.start_sm_with_timeout(Duration::from_secs(30), reassign_lids)
+    }
+
+    /// Runs one command on ibsim's console (`Unlink "Hca3"[1]`, `ReLink "Hca3"[1]`,
+    /// `Baselid ...`, `Dump "Hca3"`, see ibsim's `Help`) and returns what it printed (prompts
+    /// removed). ibsim reports its errors as lines starting with `#`; this does not judge the
+    /// output (see [`Fabric::port_down`] for a checked use). Commands are serialised; each one
+    /// is followed by a `# acm-fabric N` marker line whose echo in ibsim's log says it is done.
+    pub fn ibsim_command(&self, line: &str) -> Result<String> {
+        // ibsim reads console lines into a 128-byte buffer; longer ones would be split.
+        if line.len() > 100 || line.contains(['\n', '\r']) || line.trim().is_empty() {
+            return Err(Error::new(format!(
+                "bad ibsim console command {line:?} (one line, 1..=100 bytes)"
+            )));
+        }
+        if self.ibsim.is_none() {
+            return Err(Error::new("ibsim is not running"));
+        }
+        let mut seq = self.console_seq.lock().unwrap_or_else(|e| e.into_inner());
+        *seq += 1;
+        let marker = format!("# acm-fabric {}", *seq);
+        let log = self.scratch.join("ibsim").join("ibsim.log");
+        let start = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
+        // A reader (ibsim itself) always has the FIFO open, so a non-blocking open succeeds
+        // at once and one write of < PIPE_BUF bytes is atomic.
+        let mut w = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.console)
+            .map_err(|e| {
+                Error::new(format!(
+                    "cannot open ibsim console {}: {e}",
+                    self.console.display()
+                ))
+            })?;
+        std::io::Write::write_all(&mut w, format!("{line}\n{marker}\n").as_bytes())
+            .map_err(|e| Error::new(format!("cannot write to ibsim console: {e}")))?;
+        drop(w);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read(&log).unwrap_or_default();
+            let text = String::from_utf8_lossy(text.get(start..).unwrap_or(&[]));
+            if let Some(i) = text.find(&marker) {
+                return Ok(text[..i].replace("sim> ", "").trim().to_string());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(format!(
+                    "ibsim did not answer console command {line:?} within 10 s; log so far:\n{text}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Takes HCA `host`'s port 1 link down, as pulling its cable would: ibsim `Unlink`s it, so
+    /// its PortInfo reads Down/Polling (simverbs' port monitor then raises
+    /// `IBV_EVENT_PORT_ERR` in the node's processes, and its datagrams stop), the switch sends
+    /// trap 128 and OpenSM drops the port from the subnet. Returns once PortInfo reads Down.
+    pub fn port_down(&self, host: &str) -> Result<()> {
+        self.check_hca(host)?;
+        let out = self.ibsim_command(&format!("Unlink \"{host}\"[1]"))?;
+        if let Some(err) = out.lines().find(|l| l.starts_with('#')) {
+            return Err(Error::new(format!("ibsim refused to unlink {host}: {err}")));
+        }
+        let pi = self.port_info(host)?;
+        if pi.state != "Down" {
+            return Err(Error::new(format!(
+                "{host} port 1 reads {pi:?} after Unlink"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Brings HCA `host`'s port 1 link back (ibsim `ReLink` to its previous peer) and waits
+    /// until the SM has made it ACTIVE again (up to 20 s; OpenSM sweeps on the switch's trap
+    /// 128). simverbs then raises `IBV_EVENT_PORT_ACTIVE`. Fails if the port was not down or
+    /// no SM brings it up in time.
+    pub fn port_up(&self, host: &str) -> Result<PortInfo> {
+        self.check_hca(host)?;
+        let out = self.ibsim_command(&format!("ReLink \"{host}\"[1]"))?;
+        if let Some(err) = out.lines().find(|l| l.starts_with('#')) {
+            return Err(Error::new(format!("ibsim refused to relink {host}: {err}")));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let pi = self.port_info(host)?;
+            if pi.state == "Active" && pi.lid != 0 {
+                return Ok(pi);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(format!(
+                    "{host} port 1 not ACTIVE 20 s after ReLink (is OpenSM running?): {pi:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// HCA `host`'s port 1 as the fabric says right now (`smpquery -D portinfo 0 1` run as
+    /// that HCA; a transient ibsim client).
+    pub fn port_info(&self, host: &str) -> Result<PortInfo> {
+        self.check_hca(host)?;
+        let out = self.run_tool(host, "smpquery", &["-D", "portinfo", "0", "1"])?;
+        PortInfo::parse(&out.stdout)
+            .ok_or_else(|| Error::new(format!("cannot read {host}'s PortInfo:\n{out}")))
+    }
+
+    /// Re-reads every daemon node's LID and GID from the fabric (`ibaddr`), e.g. after
+    /// [`Fabric::move_sm`] with `reassign_lids`; returns the nodes whose LID changed as
+    /// `(name, old, new)`.
+    pub fn refresh_lids(&mut self) -> Result<Vec<(String, u16, u16)>> {
+        let mut changed = Vec::new();
+        let tools = self.tools_dir()?;
+        for i in 0..self.nodes.len() {
+            let name = self.nodes[i].name.clone();
+            let (lid, gid) = self.wait_lid(&name, &tools, Duration::from_secs(20))?;
+            let n = &mut self.nodes[i];
+            if n.lid != lid {
+                changed.push((name, n.lid, lid));
+            }
+            n.lid = lid;
+            n.gid = gid;
+        }
+        Ok(changed)
+    }
+
+    fn check_hca(&self, host: &str) -> Result<()> {
+        if self.topology.hcas().iter().any(|h| h == host) {
+            Ok(())
+        } else {
+            Err(Error::new(format!(
+                "{host:?} is not an HCA of topology {}",
+                self.topology.label
+            )))
+        }
     }
 
     /// Stops OpenSM (TERM, then KILL after 2 s).
@@ -1124,6 +1274,62 @@ pub fn parse_ibaddr(s: &str) -> Option<(u16, Ipv6Addr)> {
     Some((lid, gid))
 }
 
+/// A port's state as `smpquery portinfo` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortInfo {
+    /// `LinkState`: `Down`, `Initialize`, `Armed` or `Active`.
+    pub state: String,
+    /// `PhysLinkState`: `Polling`, `LinkUp`, ...
+    pub phys_state: String,
+    /// Base LID (0 while unassigned).
+    pub lid: u16,
+    /// The master SM's LID.
+    pub sm_lid: u16,
+}
+
+impl PortInfo {
+    /// Parses `smpquery portinfo` output (`Lid:....5`, `LinkState:....Active`, ...).
+    pub fn parse(s: &str) -> Option<PortInfo> {
+        let field = |name: &str| {
+            s.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == name).then(|| v.trim_start_matches('.').trim().to_string())
+            })
+        };
+        let num = |v: String| {
+            v.strip_prefix("0x")
+                .map(|h| u16::from_str_radix(h, 16).ok())
+                .unwrap_or_else(|| v.parse().ok())
+        };
+        Some(PortInfo {
+            state: field("LinkState")?,
+            phys_state: field("PhysLinkState")?,
+            lid: num(field("Lid")?)?,
+            sm_lid: num(field("SMLid")?)?,
+        })
+    }
+}
+
+/// Creates ibsim's console FIFO and opens it read+write: given to ibsim as stdin, ibsim is
+/// then a writer itself and never reads end-of-file (at EOF ibsim busy-loops at 100% CPU).
+fn open_console_fifo(path: &Path) -> Result<std::fs::File> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| Error::new(format!("bad console path {}", path.display())))?;
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        return Err(Error::new(format!(
+            "cannot create ibsim console FIFO {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::new(format!("cannot open {}: {e}", path.display())))
+}
+
 fn wait_for(timeout: Duration, what: &str, mut cond: impl FnMut() -> Result<bool>) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
@@ -1215,6 +1421,24 @@ fn remove_sys_dirs(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn portinfo_output_parses() {
+        let up = "# Port info: DR path slid 65535; dlid 65535; 0 port 1\nLid:.............................5\nSMLid:...........................1\nLinkState:.......................Active\nPhysLinkState:...................LinkUp\n";
+        assert_eq!(
+            PortInfo::parse(up),
+            Some(PortInfo {
+                state: "Active".into(),
+                phys_state: "LinkUp".into(),
+                lid: 5,
+                sm_lid: 1
+            })
+        );
+        let down = up.replace("Active", "Down").replace("LinkUp", "Polling");
+        assert_eq!(PortInfo::parse(&down).map(|p| p.state), Some("Down".into()));
+        assert_eq!(PortInfo::parse("ibwarn: no answer"), None);
+        assert_eq!(PortInfo::parse(&up.replace("Lid:......", "Lid: x")), None);
+    }
 
     #[test]
     fn ibaddr_output_parses() {

@@ -47,7 +47,7 @@ pub mod fabric;
 pub mod process;
 pub mod topology;
 
-pub use fabric::{find_artifact, Fabric, FabricBuilder, Node, NodeAddrs, Provider};
+pub use fabric::{find_artifact, Fabric, FabricBuilder, Node, NodeAddrs, PortInfo, Provider};
 pub use process::{emergency_teardown, live_process_groups, pid_exists, Output};
 pub use topology::Topology;
 

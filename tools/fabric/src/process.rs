@@ -88,8 +88,18 @@ pub struct Proc {
 
 impl Proc {
     /// Spawns `cmd` as the leader of a new process group and records it in the registry.
-    pub fn spawn(name: &str, mut cmd: Command, grace: Duration) -> Result<Proc> {
-        cmd.process_group(0).stdin(Stdio::null());
+    pub fn spawn(name: &str, cmd: Command, grace: Duration) -> Result<Proc> {
+        Proc::spawn_with_stdin(name, cmd, Stdio::null(), grace)
+    }
+
+    /// As [`Proc::spawn`], with `stdin` as the child's standard input (e.g. ibsim's console).
+    pub fn spawn_with_stdin(
+        name: &str,
+        mut cmd: Command,
+        stdin: Stdio,
+        grace: Duration,
+    ) -> Result<Proc> {
+        cmd.process_group(0).stdin(stdin);
         // Hold the registry lock across spawn + insert, so an emergency teardown on another
         // thread either sees this child or runs before it exists.
         let mut r = registry();

@@ -350,12 +350,29 @@ unsafe fn context_port(ctx: *mut ibv_context, port_num: u8) -> Option<PortAttrs>
     port
 }
 
+/// The process's SMP agents, one per CA, shared by every context and monitor. umad2sim
+/// delivers every answer of a management class to the fd that registered that class *last*,
+/// so a second agent (ibacm's core and libibacmp each open a context) would starve the first
+/// one's monitor: the core would then never see its port go down. Never closed.
+fn smp_agents() -> &'static Mutex<Vec<(String, SmpAgent)>> {
+    static AGENTS: OnceLock<Mutex<Vec<(String, SmpAgent)>>> = OnceLock::new();
+    AGENTS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
 /// Reads live PortInfo for every port, merging into `ports`. Returns false if no agent.
-fn refresh_ports(agent: &mut Option<SmpAgent>, ca: &str, ports: &mut [PortAttrs]) -> bool {
-    if agent.is_none() {
-        *agent = SmpAgent::open(ca, 1);
+fn refresh_ports(ca: &str, ports: &mut [PortAttrs]) -> bool {
+    // One query at a time per process: the lock spans send and receive, so each answer is
+    // read by the thread that asked for it.
+    let Ok(mut agents) = smp_agents().lock() else {
+        return false;
+    };
+    if !agents.iter().any(|(n, _)| n == ca) {
+        match SmpAgent::open(ca, 1) {
+            Some(a) => agents.push((ca.to_string(), a)),
+            None => return false,
+        }
     }
-    let Some(a) = agent.as_mut() else {
+    let Some(a) = agents.iter_mut().find(|(n, _)| n == ca).map(|(_, a)| a) else {
         return false;
     };
     let mut any = false;
@@ -415,7 +432,7 @@ fn monitor_period() -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
-fn monitor_loop(state: Weak<ContextState>, mut agent: Option<SmpAgent>, period: Duration) {
+fn monitor_loop(state: Weak<ContextState>, period: Duration) {
     loop {
         std::thread::sleep(period);
         let Some(st) = state.upgrade() else { return };
@@ -427,7 +444,7 @@ fn monitor_loop(state: Weak<ContextState>, mut agent: Option<SmpAgent>, period: 
             Err(_) => return,
         };
         let mut new = old.clone();
-        if !refresh_ports(&mut agent, &st.device.ca.name, &mut new) {
+        if !refresh_ports(&st.device.ca.name, &mut new) {
             continue;
         }
         if let Ok(mut p) = st.ports.lock() {
@@ -456,8 +473,7 @@ fn open_context(dev: &'static SimDevice) -> Option<*mut ibv_context> {
     // SAFETY: fds[1] is a valid descriptor we just created.
     unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) };
     let mut ports: Vec<PortAttrs> = dev.ca.ports.iter().map(PortAttrs::from_snapshot).collect();
-    let mut agent = None;
-    refresh_ports(&mut agent, &dev.ca.name, &mut ports);
+    refresh_ports(&dev.ca.name, &mut ports);
     let state = Arc::new(ContextState {
         device: dev,
         async_rd: fds[0],
@@ -473,7 +489,7 @@ fn open_context(dev: &'static SimDevice) -> Option<*mut ibv_context> {
         let weak = Arc::downgrade(&state);
         let h = std::thread::Builder::new()
             .name("simverbs-monitor".into())
-            .spawn(move || monitor_loop(weak, agent, period))
+            .spawn(move || monitor_loop(weak, period))
             .ok();
         if let Ok(mut m) = state.monitor.lock() {
             *m = h;

@@ -58,6 +58,8 @@ pub struct QpCounters {
     pub no_recv_wr: AtomicU64,
     pub not_ready: AtomicU64,
     pub not_member: AtomicU64,
+    /// Datagrams dropped because this QP's port is not ACTIVE (link down).
+    pub port_down: AtomicU64,
 }
 
 /// A QP's shared state (the receiver thread holds an `Arc`).
@@ -137,6 +139,13 @@ fn mtu_bytes(mtu: u8) -> usize {
 }
 
 /// P_Key match rule (IBA 10.9.3): same low 15 bits, at least one full member.
+/// Whether a port moves datagrams: false once live PortInfo says it is not ACTIVE (ibsim
+/// `Unlink`, a disabled switch port, ...). Ports known only from umad2sim's start-up snapshot
+/// are trusted, so a process without an SMP agent keeps working as before.
+pub fn port_carries_traffic(p: &crate::device::PortAttrs) -> bool {
+    !p.live || p.state == ibv_port_state::IBV_PORT_ACTIVE as u8
+}
+
 fn pkey_matches(a: u16, b: u16) -> bool {
     (a & 0x7fff) != 0 && (a & 0x7fff) == (b & 0x7fff) && (a | b) & 0x8000 != 0
 }
@@ -198,6 +207,13 @@ impl QpInner {
             self.counters.not_member.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        let port = self.ctx.port(a.port).unwrap_or_default();
+        if !port_carries_traffic(&port) {
+            // The link is down: nothing reaches this port (checked before the Q_Key so a
+            // down port never counts violations either).
+            self.counters.port_down.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if d.qkey != a.qkey {
             self.counters
                 .qkey_violations
@@ -208,7 +224,6 @@ impl QpInner {
             ));
             return;
         }
-        let port = self.ctx.port(a.port).unwrap_or_default();
         let own_pkey = port
             .pkeys
             .get(usize::from(a.pkey_index))
@@ -745,6 +760,14 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
     if total > mtu_bytes(port.active_mtu) {
         return Ok(ibv_wc_status::IBV_WC_LOC_LEN_ERR);
     }
+    if !port_carries_traffic(&port) {
+        // A UD send on a port whose link is down completes but the packet goes nowhere.
+        crate::debug(format_args!(
+            "QP {:#x}: port {} not ACTIVE (state {}), datagram dropped",
+            inner.qpn, a.port, port.state
+        ));
+        return Ok(ibv_wc_status::IBV_WC_SUCCESS);
+    }
     let mut payload = Vec::with_capacity(total);
     for s in sges {
         let src = if inline {
@@ -1211,5 +1234,20 @@ mod tests {
         assert!(!pkey_matches(0x7fff, 0x7fff)); // two limited members
         assert!(!pkey_matches(0xffff, 0x8001));
         assert!(!pkey_matches(0, 0x8000));
+    }
+
+    #[test]
+    fn only_a_live_non_active_port_stops_traffic() {
+        let mut p = crate::device::PortAttrs {
+            state: 1,
+            ..Default::default()
+        };
+        assert!(port_carries_traffic(&p), "snapshot-only state is trusted");
+        p.live = true;
+        assert!(!port_carries_traffic(&p), "live Down");
+        p.state = 2;
+        assert!(!port_carries_traffic(&p), "live Init");
+        p.state = 4;
+        assert!(port_carries_traffic(&p), "live Active");
     }
 }

@@ -1,0 +1,140 @@
+//! A port really going down and up on the simulated fabric (ibsim `Unlink` / `ReLink` through
+//! its console), seen by the real ibacm core through simverbs' port monitor, with Debian's
+//! unmodified `libibacmp.so` as the provider; plus the `acm-fabric script` multi-command CLI.
+//!
+//! Needs root, ibsim-utils, opensm, infiniband-diags, ibacm, libumad2sim0, and
+//! `libsimverbs.so` built into the same target directory (`cargo build -p simverbs`).
+
+use acm_fabric::{Fabric, Provider, Topology};
+use std::time::{Duration, Instant};
+
+const VERIFIED: &str = "SA verification: success";
+
+/// Waits until `pred(log)` holds for `node`'s daemon log.
+fn wait_log(f: &Fabric, node: &str, what: &str, pred: impl Fn(&str) -> bool) {
+    let t0 = Instant::now();
+    loop {
+        let log = f.node(node).unwrap().log();
+        if pred(&log) {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{node}: no {what} in its log within 15 s\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn stock_ibacmp_port_down_closes_and_port_up_resolves_again() {
+    let f = Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca3", "Hca4"],
+    )
+    .provider(Provider::Stock)
+    .name_prefix("port-stock")
+    .option("timeout", "300")
+    .option("retries", "1")
+    .subnet_timeout(8)
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (l3, l4) = (
+        f.node("Hca3").unwrap().lid.to_string(),
+        f.node("Hca4").unwrap().lid.to_string(),
+    );
+    let args = ["-f", "l", "-s", &l3, "-d", &l4, "-v"];
+    let w = Duration::from_secs(15);
+    let first = f
+        .node("Hca3")
+        .unwrap()
+        .acme_until(&args, w, |o| o.stdout.contains(VERIFIED))
+        .unwrap();
+    assert!(
+        first.stdout.contains(VERIFIED),
+        "{first}\n{}",
+        f.logs_report()
+    );
+    let pi = f.port_info("Hca3").unwrap();
+    assert_eq!(pi.state, "Active", "{pi:?}");
+
+    // Down: ibsim unlinks the cable; the port really reads Down, and the core (which
+    // re-queries the port before believing PORT_ERR) runs its close sequence.
+    f.port_down("Hca3").unwrap();
+    let pi = f.port_info("Hca3").unwrap();
+    assert_eq!(
+        (pi.state.as_str(), pi.phys_state.as_str()),
+        ("Down", "Polling")
+    );
+    wait_log(&f, "Hca3", "port down", |l| {
+        l.contains("processing async event port error")
+            && l.contains("acm_port_down: ibsim0 1 is down")
+    });
+    let log = f.node("Hca3").unwrap().log();
+    assert!(
+        !log.contains("acm_port_down: port active"),
+        "the core must not see the port ACTIVE:\n{log}"
+    );
+    // Resolution from the down port is refused (the endpoint is gone), promptly.
+    let t0 = Instant::now();
+    let down = f.node("Hca3").unwrap().acme(&args).unwrap();
+    assert!(
+        !down.success() && !down.timed_out && t0.elapsed() < Duration::from_secs(10),
+        "resolution on a down port: {down}"
+    );
+    // The SA no longer knows Hca3 (OpenSM dropped the port): from Hca4 there is no path.
+    let from4 = f
+        .node("Hca4")
+        .unwrap()
+        .acme(&["-f", "l", "-s", &l4, "-d", &l3])
+        .unwrap();
+    assert!(!from4.success(), "path to a down port: {from4}");
+
+    // Up: ReLink, OpenSM brings it ACTIVE, simverbs raises PORT_ACTIVE, the core reopens the
+    // port, and resolution with SA verification works again.
+    let ups_before = log.matches("acm_port_up: ibsim0 1").count();
+    let pi = f.port_up("Hca3").unwrap();
+    assert_eq!(
+        pi.lid.to_string(),
+        l3,
+        "OpenSM keeps the LID of a known GUID"
+    );
+    wait_log(&f, "Hca3", "port up", |l| {
+        l.contains("processing async event port active")
+            && l.matches("acm_port_up: ibsim0 1").count() > ups_before
+    });
+    let again = f
+        .node("Hca3")
+        .unwrap()
+        .acme_until(&args, w, |o| o.stdout.contains(VERIFIED))
+        .unwrap();
+    assert!(
+        again.stdout.contains(VERIFIED),
+        "{again}\n{}",
+        f.logs_report()
+    );
+    let back = f
+        .node("Hca4")
+        .unwrap()
+        .acme_until(&["-f", "l", "-s", &l4, "-d", &l3, "-v"], w, |o| {
+            o.stdout.contains(VERIFIED)
+        })
+        .unwrap();
+    assert!(
+        back.stdout.contains(VERIFIED),
+        "{back}\n{}",
+        f.logs_report()
+    );
+
+    // Misuse is a clear error, not a hang: unlinking a port twice, relinking a linked one.
+    f.port_down("Hca4").unwrap();
+    let e = f.port_down("Hca4").unwrap_err().to_string();
+    assert!(e.contains("not linked"), "{e}");
+    f.port_up("Hca4").unwrap();
+    let e = f.port_up("Hca4").unwrap_err().to_string();
+    assert!(e.contains("refused to relink"), "{e}");
+    let e = f.port_down("Switch1").unwrap_err().to_string();
+    assert!(e.contains("not an HCA"), "{e}");
+    assert!(f.ibsim_command("Unlink \"Hca4\"[1]\nReLink").is_err());
+}
