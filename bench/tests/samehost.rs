@@ -108,6 +108,7 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
         ("hit", "500"),
         ("miss by LID (OpenSM SA)", "11"),
         ("miss by GID (OpenSM SA)", "11"),
+        ("miss, provider's own time", "22"),
     ] {
         let rows = cell_rows(&stdout, what);
         assert_eq!(rows.len(), 3, "{what}: {stdout}");
@@ -119,6 +120,13 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
         }
         assert_eq!(rows[2][2], "ratio stock/acmrs");
         assert!(rows[2][4].ends_with('x'), "{:?}", rows[2]);
+    }
+    // The provider's own share of a miss excludes the SA round trip: below the whole miss.
+    let own = cell_rows(&stdout, "miss, provider's own time");
+    let lid = cell_rows(&stdout, "miss by LID (OpenSM SA)");
+    for k in 0..2 {
+        let (o, l): (f64, f64) = (own[k][4].parse().unwrap(), lid[k][4].parse().unwrap());
+        assert!(o < l, "{}: own {o} vs whole miss {l}", own[k][2]);
     }
     for f in [
         "samehost-stock-hit-1000.hgrm",

@@ -35,6 +35,8 @@ struct hooks {
 	int (*resolve_response)(uint64_t id, struct acm_msg *msg);
 	int (*query_response)(uint64_t id, struct acm_msg *msg);
 	const char *(*opts)(void);
+	/* 0: acm_send_sa_mad entered; 1: a matched SA reply is handed to the provider */
+	void (*stamp)(int what);
 };
 
 struct host_info {
@@ -345,6 +347,9 @@ int acm_send_sa_mad(struct acm_sa_mad *mad)
 	struct req *r = req_of(mad);
 	int ret;
 
+	if (H.stamp)
+		H.stamp(0);
+
 	mad->umad.addr.qpn = htobe32(1);
 	mad->umad.addr.qkey = htobe32(0x80010000);
 	mad->umad.addr.lid = htobe16(g_sm_lid);
@@ -393,6 +398,8 @@ static void *recv_thread(void *arg)
 		if (len < 0 || len > (int)sizeof resp.sa_mad)
 			len = sizeof resp.sa_mad;
 		memcpy(&found->mad.umad, &resp.umad, sizeof resp.umad + len);
+		if (H.stamp)
+			H.stamp(1);
 		found->handler(&found->mad);
 	}
 	return NULL;

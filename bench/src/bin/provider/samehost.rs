@@ -162,6 +162,7 @@ struct Hooks {
     resolve_response: extern "C" fn(u64, *mut AcmMsg) -> c_int,
     query_response: extern "C" fn(u64, *mut AcmMsg) -> c_int,
     opts: extern "C" fn() -> *const c_char,
+    stamp: extern "C" fn(c_int),
 }
 
 #[repr(C)]
@@ -185,6 +186,8 @@ static LAST_STATUS: AtomicU8 = AtomicU8::new(0);
 static LAST_PATH: Mutex<[u8; 64]> = Mutex::new([0; 64]);
 static OPTS: Mutex<Option<CString>> = Mutex::new(None);
 static LOG: AtomicBool = AtomicBool::new(false);
+static SEND_NS: AtomicU64 = AtomicU64::new(0);
+static RECV_NS: AtomicU64 = AtomicU64::new(0);
 
 fn now_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
@@ -212,6 +215,14 @@ extern "C" fn h_resolve_response(_id: u64, m: *mut AcmMsg) -> c_int {
     LAST_NS.store(t, Ordering::Relaxed);
     ANSWERS.fetch_add(1, Ordering::Release);
     0
+}
+
+extern "C" fn h_stamp(what: c_int) {
+    let t = now_ns();
+    match what {
+        0 => SEND_NS.store(t, Ordering::Relaxed),
+        _ => RECV_NS.store(t, Ordering::Relaxed),
+    }
 }
 
 extern "C" fn h_query_response(_id: u64, _m: *mut AcmMsg) -> c_int {
@@ -349,6 +360,9 @@ fn path_msg(tid: u64, slid: u16, dlid: u16, dgid: Option<[u8; 16]>) -> AcmMsg {
 
 struct Answer {
     ns: u64,
+    /// The provider's own share of a miss: `resolve()` → `acm_send_sa_mad`, plus SA reply
+    /// handed over → `acm_resolve_response` (the fabric round trip in between excluded).
+    own_ns: u64,
     /// Answered before `resolve()` returned.
     inline: bool,
     status: u8,
@@ -359,6 +373,8 @@ struct Answer {
 fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer, String> {
     let before = ANSWERS.load(Ordering::Acquire);
     let tid = m.hdr.tid;
+    SEND_NS.store(0, Ordering::Relaxed);
+    RECV_NS.store(0, Ordering::Relaxed);
     let t0 = now_ns();
     // SAFETY: as ibacm calls it; the message lives across the call.
     let rc = unsafe { (o.prov.resolve)(o.addr_ctx, m, 1) };
@@ -385,6 +401,17 @@ fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer
     let path = LAST_PATH.lock().map(|p| *p).unwrap_or([0; 64]);
     Ok(Answer {
         ns: LAST_NS.load(Ordering::Relaxed).saturating_sub(t0),
+        own_ns: {
+            let (send, recv) = (
+                SEND_NS.load(Ordering::Relaxed),
+                RECV_NS.load(Ordering::Relaxed),
+            );
+            if send != 0 && recv >= send {
+                (send - t0) + LAST_NS.load(Ordering::Relaxed).saturating_sub(recv)
+            } else {
+                0
+            }
+        },
         inline,
         status: LAST_STATUS.load(Ordering::Relaxed),
         path,
@@ -493,6 +520,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
         resolve_response: h_resolve_response,
         query_response: h_query_response,
         opts: h_opts,
+        stamp: h_stamp,
     };
     // SAFETY: zeroed plain-old-data out-parameter.
     let mut info: HostInfo = unsafe { std::mem::zeroed() };
@@ -644,6 +672,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // from the LID answers). A sample counts as a miss only if that very call sent an SA MAD.
     let mut miss_lid = [LatencyHistogram::new(), LatencyHistogram::new()];
     let mut miss_gid = [LatencyHistogram::new(), LatencyHistogram::new()];
+    let mut miss_own = [LatencyHistogram::new(), LatencyHistogram::new()];
     let mut failed = [0usize; 2];
     let mut cached = [0usize; 2];
     let mut dgids = Vec::new();
@@ -664,6 +693,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
                 cached[k] += 1;
             } else {
                 miss_lid[k].record(Duration::from_nanos(ans.ns));
+                miss_own[k].record(Duration::from_nanos(ans.own_ns));
                 if k == 0 {
                     let mut g = [0u8; 16];
                     g.copy_from_slice(&ans.path[8..24]);
@@ -684,6 +714,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
                 cached[k] += 1;
             } else {
                 miss_gid[k].record(Duration::from_nanos(ans.ns));
+                miss_own[k].record(Duration::from_nanos(ans.own_ns));
             }
         }
     }
@@ -720,6 +751,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
         ("hit", "hit", &hits),
         ("miss by LID (OpenSM SA)", "miss-lid", &miss_lid),
         ("miss by GID (OpenSM SA)", "miss-gid", &miss_gid),
+        ("miss, provider's own time", "miss-own", &miss_own),
     ] {
         let s: Vec<Summary> = hs.iter().map(LatencyHistogram::summary).collect();
         for (k, o) in provs.iter().enumerate() {
