@@ -36,6 +36,9 @@
 //! program in the node's `/run` namespace), [`Node::log`], [`Node::simverbs_ctl`],
 //! [`Node::stop_daemon`]; [`Fabric::run_tool`] (an infiniband-diags tool as some HCA, e.g.
 //! `saquery -g`), [`Fabric::stop_sm`] / [`Fabric::start_sm`], [`Fabric::logs_report`],
+//! [`Fabric::port_down`] / [`Fabric::port_up`] / [`Fabric::port_info`] (a link really going
+//! down and up, through ibsim's console), [`Fabric::refresh_lids`], [`script`] (several
+//! commands on one bring-up),
 //! [`Fabric::pids`]; [`emergency_teardown`] for a signal handler.
 //!
 //! Artifacts: `libsimverbs.so` and `libacmrs.so` are looked up next to the running executable
@@ -45,6 +48,7 @@
 
 pub mod fabric;
 pub mod process;
+pub mod script;
 pub mod topology;
 
 pub use fabric::{find_artifact, Fabric, FabricBuilder, Node, NodeAddrs, PortInfo, Provider};

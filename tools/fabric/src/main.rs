@@ -1,7 +1,7 @@
 //! `acm-fabric`: bring a simulated fabric with real ibacm daemons up, use it, tear it down.
 //! See `docs/fabric.md` and `acm-fabric help`.
 
-use acm_fabric::{Fabric, FabricBuilder, Provider, Topology};
+use acm_fabric::{script, Fabric, FabricBuilder, Provider, Topology};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -14,6 +14,13 @@ usage:
   acm-fabric run [FABRIC OPTIONS] --on NODE [--until TEXT] [--timeout SECS] -- IB_ACME_ARGS...
         bring up, run `ib_acme IB_ACME_ARGS` against NODE's daemon (repeating until the
         output contains TEXT, if given), print it, tear down; exit status is ib_acme's
+  acm-fabric script [FABRIC OPTIONS] [--retry SECS] [--cmd STEP]... [FILE|-]
+        bring up once, run every STEP (from --cmd, then from FILE or stdin `-`), printing each
+        command and its output, tear down; exit status 1 if any step failed, 2 for a bad script.
+        STEP: `NODE[:] IB_ACME_ARGS...` | `port-down HCA` | `port-up HCA` | `sleep SECS`;
+        `#` comments; placeholders {NODE.lid} {NODE.gid} {NODE.name} {NODE.ipv4} {NODE.ipv6};
+        --retry SECS repeats a failing ib_acme step for up to SECS (default 0: once)
+        e.g. acm-fabric script --nodes Hca3,Hca4 --retry 10 --cmd 'Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v'
   acm-fabric topology SPEC      print the ibsim net file of SPEC
   acm-fabric examples           list the shipped topologies
 
@@ -92,6 +99,13 @@ struct Opts {
     timeout: Duration,
     rest: Vec<String>,
     keep: bool,
+    /// `script`: `--cmd` steps, `--retry`, the positional FILE (`-` = stdin).
+    cmds: Vec<String>,
+    retry: Duration,
+    file: Option<String>,
+    /// Daemon nodes and every HCA of the topology (to check a script before bring-up).
+    nodes: Vec<String>,
+    hcas: Vec<String>,
 }
 
 fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
@@ -108,6 +122,9 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut until = None;
     let mut timeout = Duration::from_secs(15);
     let mut rest = Vec::new();
+    let mut cmds = Vec::new();
+    let mut retry = Duration::ZERO;
+    let mut file = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| {
@@ -152,14 +169,29 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
                     .map_err(|_| format!("--timeout wants seconds, got {v:?}"))?;
                 timeout = Duration::from_secs(secs);
             }
+            "--cmd" => cmds.push(val("--cmd")?),
+            "--retry" => {
+                let v = val("--retry")?;
+                let secs: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|s| (0.0..=3600.0).contains(s))
+                    .ok_or_else(|| format!("--retry wants seconds (0..3600), got {v:?}"))?;
+                retry = Duration::from_secs_f64(secs);
+            }
             "--" => {
                 rest = it.cloned().collect();
                 break;
+            }
+            other if (other == "-" || !other.starts_with('-')) && file.is_none() => {
+                file = Some(other.to_string())
             }
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
     }
     let topology = Topology::parse(&topology).map_err(|e| e.to_string())?;
+    let hcas = topology.hcas();
+    let node_names = nodes.clone();
     let provider =
         Provider::parse(&provider, provider_name.as_deref()).map_err(|e| e.to_string())?;
     let mut builder = Fabric::builder(topology, nodes)
@@ -182,6 +214,11 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
         timeout,
         rest,
         keep,
+        cmds,
+        retry,
+        file,
+        nodes: node_names,
+        hcas,
     })
 }
 
@@ -210,6 +247,7 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
         }
         "up" => {
             let o = parse_fabric_opts(&args[1..])?;
+            only_script_takes(&o)?;
             let fabric = o.builder.start().map_err(|e| e.to_string())?;
             print_summary(&fabric);
             if o.keep {
@@ -224,6 +262,7 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
         }
         "run" => {
             let o = parse_fabric_opts(&args[1..])?;
+            only_script_takes(&o)?;
             let on =
                 o.on.ok_or_else(|| format!("run needs --on NODE\n{USAGE}"))?;
             if o.rest.is_empty() {
@@ -251,8 +290,69 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
                 _ => ExitCode::from(1),
             })
         }
+        "script" => {
+            let o = parse_fabric_opts(&args[1..])?;
+            if o.on.is_some() || o.until.is_some() || !o.rest.is_empty() {
+                return Err(format!(
+                    "script takes its commands from --cmd and FILE, not --on/--until/--\n{USAGE}"
+                ));
+            }
+            let mut text = o.cmds.join("\n");
+            match o.file.as_deref() {
+                Some("-") => {
+                    let mut s = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                        .map_err(|e| format!("cannot read the script from stdin: {e}"))?;
+                    text = format!("{text}\n{s}");
+                }
+                Some(path) => {
+                    let s = std::fs::read_to_string(path)
+                        .map_err(|e| format!("cannot read script {path}: {e}"))?;
+                    text = format!("{text}\n{s}");
+                }
+                None => {}
+            }
+            // Check the whole script before starting anything; `--cmd` lines come first.
+            let steps = match script::parse_script(&text, &o.nodes, &o.hcas) {
+                Ok(s) if s.is_empty() => {
+                    eprintln!("acm-fabric: script has no steps\n{USAGE}");
+                    return Ok(ExitCode::from(2));
+                }
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("acm-fabric: bad script: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let mut fabric = o.builder.start().map_err(|e| e.to_string())?;
+            print_summary(&fabric);
+            let mut stdout = std::io::stdout().lock();
+            let failed = script::run_script(&mut fabric, &steps, o.retry, &mut stdout)
+                .map_err(|e| e.to_string())?;
+            println!("{} step(s), {failed} failed", steps.len());
+            if failed > 0 {
+                eprintln!("{}", fabric.logs_report());
+            }
+            drop(fabric);
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
         other => Err(format!("unknown command {other:?}\n{USAGE}")),
     }
+}
+
+/// `--cmd`, `--retry` and a positional FILE belong to `script`.
+fn only_script_takes(o: &Opts) -> Result<(), String> {
+    if let Some(f) = &o.file {
+        return Err(format!("unknown argument {f:?}\n{USAGE}"));
+    }
+    if !o.cmds.is_empty() || !o.retry.is_zero() {
+        return Err(format!("--cmd and --retry are for `script`\n{USAGE}"));
+    }
+    Ok(())
 }
 
 fn print_summary(f: &Fabric) {

@@ -138,3 +138,71 @@ fn stock_ibacmp_port_down_closes_and_port_up_resolves_again() {
     assert!(e.contains("not an HCA"), "{e}");
     assert!(f.ibsim_command("Unlink \"Hca4\"[1]\nReLink").is_err());
 }
+
+#[test]
+fn cli_script_runs_several_steps_on_one_bring_up() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let exe = env!("CARGO_BIN_EXE_acm-fabric");
+    // A bad script is refused before anything starts (exit 2, no fabric summary).
+    let bad = Command::new(exe)
+        .args(["script", "--nodes", "Hca3,Hca4", "--cmd", "Hca2 -e"])
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&bad.stdout),
+        String::from_utf8_lossy(&bad.stderr),
+    );
+    assert_eq!(bad.status.code(), Some(2), "{so}\n{se}");
+    assert!(se.contains("line 1") && se.contains("Hca2"), "{se}");
+    assert!(!so.contains("fabric "), "nothing may start: {so}");
+
+    // One bring-up, six steps: `--cmd` first, then stdin; step 4 fails (port down), the
+    // others succeed, so the exit status is 1 and the summary says which.
+    let script = "\
+# resolve, take Hca3's link down, fail, bring it up, resolve again
+Hca4 -f n -s hca4 -d hca3 -v
+port-down Hca3
+Hca3 -f l -s {Hca3.lid} -d {Hca4.lid}
+port-up Hca3
+Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v
+";
+    let mut child = Command::new(exe)
+        .args([
+            "script",
+            "--nodes",
+            "Hca3,Hca4",
+            "--name-prefix",
+            "port-script",
+        ])
+        .args(["--opt", "timeout=300", "--opt", "retries=1", "--retry", "3"])
+        .args(["--cmd", "Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{so}\n{se}");
+    assert!(so.contains("6 step(s), 1 failed"), "{so}");
+    assert!(so.contains("^^^ step 4 FAILED"), "{so}");
+    assert_eq!(so.matches("^^^ step").count(), 1, "{so}");
+    assert_eq!(so.matches(VERIFIED).count(), 3, "{so}");
+    // Placeholders were expanded (Hca3 = LID 5, Hca4 = LID 6 on this topology).
+    assert!(so.contains("$ [Hca3] ib_acme -f l -s 5 -d 6 -v"), "{so}");
+    assert!(
+        so.contains("$ port-down Hca3") && so.contains("$ port-up Hca3"),
+        "{so}"
+    );
+    assert!(so.contains("Hca3 port 1: Active lid 5"), "{so}");
+}

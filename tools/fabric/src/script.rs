@@ -1,0 +1,326 @@
+//! Several commands on one fabric bring-up: the `acm-fabric script` file format, its parser
+//! and its runner.
+//!
+//! One step per line; blank lines and lines starting with `#` are ignored:
+//!
+//! ```text
+//! # NODE[:] IB_ACME_ARGS...        ib_acme against NODE's daemon (`-S 127.0.0.1` is added)
+//! Hca3: -f n -s hca3 -d hca4 -v
+//! Hca3 -f l -s {Hca3.lid} -d {Hca4.lid} -v
+//! port-down Hca3                   # ibsim unlinks Hca3's port 1 (see Fabric::port_down)
+//! port-up Hca3                     # relink and wait until the SM made it ACTIVE again
+//! sleep 0.5                        # seconds
+//! ```
+//!
+//! Arguments are split on whitespace; `'...'` and `"..."` quote (no escapes). Placeholders
+//! `{NODE.lid}`, `{NODE.gid}`, `{NODE.name}`, `{NODE.ipv4}`, `{NODE.ipv6}` are replaced by
+//! that daemon node's values when the step runs (so a LID read after a change is current).
+
+use crate::{Error, Fabric, Output, Result};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+/// One step of a script.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// `ib_acme ARGS` against the daemon on `node`.
+    Acme {
+        /// Daemon node.
+        node: String,
+        /// ib_acme arguments, placeholders not yet expanded.
+        args: Vec<String>,
+    },
+    /// [`Fabric::port_down`] on an HCA.
+    PortDown(String),
+    /// [`Fabric::port_up`] on an HCA.
+    PortUp(String),
+    /// A pause.
+    Sleep(Duration),
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Acme { node, args } => write!(f, "[{node}] ib_acme {}", args.join(" ")),
+            Step::PortDown(n) => write!(f, "port-down {n}"),
+            Step::PortUp(n) => write!(f, "port-up {n}"),
+            Step::Sleep(d) => write!(f, "sleep {}", d.as_secs_f64()),
+        }
+    }
+}
+
+/// Splits a line into words: whitespace separates, `'...'` and `"..."` group.
+pub fn split_words(line: &str) -> std::result::Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quote: Option<char> = None;
+    for c in line.chars() {
+        match quote {
+            Some(q) if c == q => quote = None,
+            Some(_) => cur.push(c),
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                in_word = true;
+            }
+            None if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            None => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if let Some(q) = quote {
+        return Err(format!("unterminated {q} quote"));
+    }
+    if in_word {
+        words.push(cur);
+    }
+    Ok(words)
+}
+
+/// Parses one step (a script line, or a `--cmd` value); `None` for blank and comment lines.
+/// `daemons` are the nodes running ibacm, `hcas` every HCA of the topology.
+pub fn parse_step(
+    line: &str,
+    daemons: &[String],
+    hcas: &[String],
+) -> std::result::Result<Option<Step>, String> {
+    let t = line.trim();
+    if t.is_empty() || t.starts_with('#') {
+        return Ok(None);
+    }
+    let words = split_words(t)?;
+    let (first, rest) = words.split_first().ok_or("empty line")?;
+    let hca = |w: Option<&String>| -> std::result::Result<String, String> {
+        let n = w.ok_or(format!("{first} needs an HCA name"))?;
+        if rest.len() != 1 {
+            return Err(format!("{first} takes exactly one HCA name"));
+        }
+        if !hcas.contains(n) {
+            return Err(format!("{n:?} is not an HCA of the topology"));
+        }
+        Ok(n.clone())
+    };
+    match first.as_str() {
+        "port-down" => Ok(Some(Step::PortDown(hca(rest.first())?))),
+        "port-up" => Ok(Some(Step::PortUp(hca(rest.first())?))),
+        "sleep" => {
+            let secs: f64 = match rest {
+                [s] => s
+                    .parse()
+                    .map_err(|_| format!("sleep wants seconds, got {s:?}"))?,
+                _ => return Err("sleep takes one number of seconds".into()),
+            };
+            if !(0.0..=600.0).contains(&secs) {
+                return Err(format!("sleep {secs}: 0..=600 seconds"));
+            }
+            Ok(Some(Step::Sleep(Duration::from_secs_f64(secs))))
+        }
+        node => {
+            let node = node.strip_suffix(':').unwrap_or(node);
+            if !daemons.iter().any(|d| d == node) {
+                return Err(format!(
+                    "{node:?} is neither a daemon node ({}) nor port-down/port-up/sleep",
+                    daemons.join(", ")
+                ));
+            }
+            if rest.is_empty() {
+                return Err(format!("no ib_acme arguments for {node}"));
+            }
+            Ok(Some(Step::Acme {
+                node: node.to_string(),
+                args: rest.to_vec(),
+            }))
+        }
+    }
+}
+
+/// Parses a whole script; errors name the line.
+pub fn parse_script(text: &str, daemons: &[String], hcas: &[String]) -> Result<Vec<Step>> {
+    let mut steps = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        match parse_step(line, daemons, hcas) {
+            Ok(Some(s)) => steps.push(s),
+            Ok(None) => {}
+            Err(e) => return Err(Error::new(format!("line {}: {e}: {line:?}", i + 1))),
+        }
+    }
+    Ok(steps)
+}
+
+/// Replaces `{NODE.lid|gid|name|ipv4|ipv6}` with the fabric's current values.
+pub fn expand(arg: &str, fabric: &Fabric) -> Result<String> {
+    let mut out = String::new();
+    let mut rest = arg;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .map(|c| open + c)
+            .ok_or_else(|| Error::new(format!("unclosed {{ in {arg:?}")))?;
+        out.push_str(&rest[..open]);
+        let key = &rest[open + 1..close];
+        let (node, field) = key
+            .split_once('.')
+            .ok_or_else(|| Error::new(format!("placeholder {{{key}}} is not {{NODE.field}}")))?;
+        let n = fabric.node(node)?;
+        out.push_str(&match field {
+            "lid" => n.lid.to_string(),
+            "gid" => n.gid.to_string(),
+            "name" => n.addrs.name.clone(),
+            "ipv4" => n.addrs.ipv4.to_string(),
+            "ipv6" => n.addrs.ipv6.to_string(),
+            _ => {
+                return Err(Error::new(format!(
+                    "placeholder {{{key}}}: field must be lid, gid, name, ipv4 or ipv6"
+                )))
+            }
+        });
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Runs every step in order (all of them, also after a failure), printing each command and
+/// its output to `out`. An `ib_acme` step is repeated for up to `retry` while it exits non-zero
+/// (0: run once). Returns the number of failed steps.
+pub fn run_script(
+    fabric: &mut Fabric,
+    steps: &[Step],
+    retry: Duration,
+    out: &mut dyn Write,
+) -> Result<usize> {
+    let mut failed = 0;
+    let io = |e: std::io::Error| Error::new(format!("cannot write output: {e}"));
+    for (i, step) in steps.iter().enumerate() {
+        let res: Result<Option<Output>> = match step {
+            Step::Acme { node, args } => {
+                let args = args
+                    .iter()
+                    .map(|a| expand(a, fabric))
+                    .collect::<Result<Vec<_>>>();
+                match args {
+                    Ok(args) => {
+                        writeln!(out, "$ [{node}] ib_acme {}", args.join(" ")).map_err(io)?;
+                        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+                        let n = fabric.node(node)?;
+                        let t0 = Instant::now();
+                        loop {
+                            let o = n.acme(&argv)?;
+                            if o.success() || t0.elapsed() >= retry {
+                                break Ok(Some(o));
+                            }
+                            std::thread::sleep(Duration::from_millis(200));
+                        }
+                    }
+                    Err(e) => {
+                        writeln!(out, "$ {step}").map_err(io)?;
+                        Err(e)
+                    }
+                }
+            }
+            Step::PortDown(h) => {
+                writeln!(out, "$ port-down {h}").map_err(io)?;
+                fabric.port_down(h).map(|()| None)
+            }
+            Step::PortUp(h) => {
+                writeln!(out, "$ port-up {h}").map_err(io)?;
+                fabric.port_up(h).map(|pi| {
+                    let _ = writeln!(out, "{h} port 1: {} lid {}", pi.state, pi.lid);
+                    None
+                })
+            }
+            Step::Sleep(d) => {
+                writeln!(out, "$ sleep {}", d.as_secs_f64()).map_err(io)?;
+                std::thread::sleep(*d);
+                Ok(None)
+            }
+        };
+        let ok = match res {
+            Ok(None) => true,
+            Ok(Some(o)) => {
+                write!(out, "{}", o.stdout).map_err(io)?;
+                if !o.stderr.is_empty() {
+                    write!(out, "{}", o.stderr).map_err(io)?;
+                }
+                o.success()
+            }
+            Err(e) => {
+                writeln!(out, "error: {e}").map_err(io)?;
+                false
+            }
+        };
+        if !ok {
+            failed += 1;
+            writeln!(out, "^^^ step {} FAILED", i + 1).map_err(io)?;
+        }
+        out.flush().map_err(io)?;
+    }
+    Ok(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn words_and_quotes() {
+        assert_eq!(
+            split_words(" -f n  -s 'a b' -d \"c\"d ").unwrap(),
+            names(&["-f", "n", "-s", "a b", "-d", "cd"])
+        );
+        assert_eq!(split_words("''").unwrap(), names(&[""]));
+        assert!(split_words("-s 'open").is_err());
+    }
+
+    #[test]
+    fn steps_parse_with_line_numbers_in_errors() {
+        let d = names(&["Hca3", "Hca4"]);
+        let h = names(&["Hca1", "Hca2", "Hca3", "Hca4"]);
+        let s = parse_script(
+            "# comment\n\nHca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v\nHca4 -e\nport-down Hca2\nport-up Hca2\nsleep 0.25\n",
+            &d,
+            &h,
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            vec![
+                Step::Acme {
+                    node: "Hca3".into(),
+                    args: names(&["-f", "l", "-s", "{Hca3.lid}", "-d", "{Hca4.lid}", "-v"])
+                },
+                Step::Acme {
+                    node: "Hca4".into(),
+                    args: names(&["-e"])
+                },
+                Step::PortDown("Hca2".into()),
+                Step::PortUp("Hca2".into()),
+                Step::Sleep(Duration::from_millis(250)),
+            ]
+        );
+        for (bad, why) in [
+            ("Hca3 -e\nHca2 -e", "line 2"),
+            ("Hca3:", "no ib_acme arguments"),
+            ("port-down Hca9", "not an HCA"),
+            ("port-up", "needs an HCA"),
+            ("port-up Hca3 Hca4", "exactly one"),
+            ("sleep x", "seconds"),
+            ("sleep 1e9", "0..=600"),
+            ("Hca3 -s 'x", "unterminated"),
+        ] {
+            let e = parse_script(bad, &d, &h).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+}
