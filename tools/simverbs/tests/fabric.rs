@@ -472,6 +472,51 @@ fn wait_event(a: &mut common::Agent, want: &str) {
 }
 
 #[test]
+fn port_down_on_the_fabric_raises_port_err_and_stops_traffic() {
+    let f = Fabric::start("portdown");
+    let mut a = f.agent("Hca3");
+    let mut b = f.agent("Hca4");
+    let (alid, aqpn, _) = a.init(QKEY, 64);
+    let (blid, bqpn, _) = b.init(QKEY, 64);
+    assert_eq!(a.cmd("recv 8"), "ok");
+    assert_eq!(b.cmd("recv 8"), "ok");
+    let send = |from: &mut common::Agent, lid: u16, qpn: u32, data: &str| {
+        assert_eq!(
+            from.cmd(&format!("send {lid} {qpn} {QKEY:#x} {data}")),
+            "ok status=0"
+        );
+    };
+    send(&mut b, alid, aqpn, "before");
+    assert_eq!(field(&a.cmd("wait 3000"), "data"), Some("before"));
+
+    // ibsim unlinks Hca3's cable: its PortInfo reads Down, the monitor raises PORT_ERR and
+    // ibv_query_port says so; nothing reaches the down port, nothing leaves it (the sends
+    // still complete successfully, as UD sends into a dead link do).
+    f.port_down("Hca3");
+    wait_event(&mut a, "async port error 1");
+    let port = a.cmd("port");
+    assert_eq!(
+        port.split_whitespace().nth(3),
+        Some("1"),
+        "state DOWN: {port}"
+    );
+    send(&mut b, alid, aqpn, "to-down");
+    assert_eq!(a.cmd("wait 300"), "timeout");
+    send(&mut a, blid, bqpn, "from-down");
+    assert_eq!(b.cmd("wait 300"), "timeout");
+
+    // Relinked, the SM makes it ACTIVE again: PORT_ACTIVE, same LID, traffic flows both ways.
+    f.port_up("Hca3");
+    wait_event(&mut a, "async port active 1");
+    send(&mut b, alid, aqpn, "after");
+    assert_eq!(field(&a.cmd("wait 3000"), "data"), Some("after"));
+    send(&mut a, blid, bqpn, "back");
+    assert_eq!(field(&b.cmd("wait 3000"), "data"), Some("back"));
+    assert_eq!(a.quit(), Some(0));
+    assert_eq!(b.quit(), Some(0));
+}
+
+#[test]
 fn lid_change_on_the_fabric_moves_the_qp() {
     let mut f = Fabric::start("lidchg");
     // Hca1 shares its node with the first OpenSM; its LID changes when the SM moves with -r.

@@ -195,6 +195,20 @@ impl Fabric {
         self.wait_master_seen(host, probe);
     }
 
+    /// Takes `host`'s port 1 link down (ibsim `Unlink`); returns once PortInfo reads Down.
+    pub fn port_down(&self, host: &str) {
+        self.inner
+            .port_down(host)
+            .unwrap_or_else(|e| panic!("port down on {host}: {e}"));
+    }
+
+    /// Brings `host`'s port 1 link back (ibsim `ReLink`); returns once the SM made it ACTIVE.
+    pub fn port_up(&self, host: &str) {
+        self.inner
+            .port_up(host)
+            .unwrap_or_else(|e| panic!("port up on {host}: {e}"));
+    }
+
     /// A command on node `host` of this fabric (umad2sim, plus simverbs when `verbs`).
     pub fn command(&self, prog: impl AsRef<std::ffi::OsStr>, host: &str, verbs: bool) -> Command {
         let mut c = Command::new(prog);
