@@ -11,7 +11,7 @@ PKGS=(
   # Wireshark's dissectors for the SA MAD cross-check
   tshark
   # bindgen (rdma-sys) needs libclang; C header tests need a compiler
-  libclang-dev pkg-config gcc g++ make
+  libclang-dev pkg-config build-essential libc6-dev
   # leak checks
   valgrind
   # mount namespaces for per-daemon /run (unshare, mount)
