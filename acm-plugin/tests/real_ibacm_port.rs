@@ -158,6 +158,16 @@ fn real_ibacm_acmrs_port_down_up_and_lid_change() {
     // LID change: the SM moves to Hca3 itself (new OpenSM, empty cache, `-r`), so Hca3's port
     // becomes LID 1. simverbs raises LID_CHANGE, the core closes and reopens; paths use the
     // new LIDs. (OpenSM with `-r` on Hca2 happens to keep Hca3's and Hca4's LIDs.)
+    // Hca4 learns the path to Hca3 first (DLID = Hca3's old LID).
+    let pre = f
+        .node("Hca4")
+        .unwrap()
+        .acme_until(&["-f", "n", "-s", "hca4", "-d", "hca3", "-v"], w, ok)
+        .unwrap();
+    assert!(
+        ok(&pre) && pre.stdout.contains(&format!("dlid: {l3}\n")),
+        "{pre}"
+    );
     f.move_sm("Hca3", true).unwrap();
     let changed = f.refresh_lids().unwrap();
     eprintln!("LIDs changed by the new SM: {changed:?}");
@@ -189,5 +199,26 @@ fn real_ibacm_acmrs_port_down_up_and_lid_change() {
     assert!(
         by_name.stdout.contains(&format!("slid: {nl3}\n")),
         "{by_name}"
+    );
+    // Hca4's own LID did not change, so its port saw no LID_CHANGE (and the core drops
+    // SM_CHANGE): only the client reregister a real new master SM sends (ibsim drops the
+    // bit; acm_fabric raises it) tells it that learned paths are void. After it, the path to
+    // Hca3 carries Hca3's new LID, not the cached one.
+    assert!(!changed.iter().any(|(n, _, _)| n == "Hca4"), "{changed:?}");
+    assert_eq!(f.client_reregister_all().unwrap(), 2);
+    wait_log(&f, "Hca4", "client reregister", |l| {
+        l.contains("client reregister")
+    });
+    let remote = f
+        .node("Hca4")
+        .unwrap()
+        .acme_until(&["-f", "n", "-s", "hca4", "-d", "hca3", "-v"], w, |o| {
+            ok(o) && o.stdout.contains(&format!("dlid: {nl3}\n"))
+        })
+        .unwrap();
+    assert!(
+        ok(&remote) && remote.stdout.contains(&format!("dlid: {nl3}\n")),
+        "no stale DLID after the SM's reregister: {remote}\n{}",
+        f.logs_report()
     );
 }

@@ -813,6 +813,23 @@ impl Fabric {
         Ok(changed)
     }
 
+    /// Raises `IBV_EVENT_CLIENT_REREGISTER` in every daemon node (simverbs control socket).
+    /// A real OpenSM sets PortInfo.ClientReregister on every port in its first sweep as a new
+    /// master, and on ports it newly discovers (e.g. after a link comes up); ibsim drops that
+    /// bit, so call this after [`Fabric::move_sm`] / [`Fabric::start_sm`] (or
+    /// [`Fabric::port_up`]) when a test wants what a real SM would cause. Returns how many
+    /// nodes were told.
+    pub fn client_reregister_all(&self) -> Result<usize> {
+        let mut n = 0;
+        for node in &self.nodes {
+            if node.daemon.is_some() {
+                node.event("client_reregister")?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     fn check_hca(&self, host: &str) -> Result<()> {
         if self.topology.hcas().iter().any(|h| h == host) {
             Ok(())
