@@ -694,7 +694,7 @@ impl Fabric {
     /// `Baselid ...`, `Dump "Hca3"`, see ibsim's `Help`) and returns what it printed (prompts
     /// removed). ibsim reports its errors as lines starting with `#`; this does not judge the
     /// output (see [`Fabric::port_down`] for a checked use). Commands are serialised; each one
-    /// is followed by a `# acm-fabric N` marker line whose echo in ibsim's log says it is done.
+    /// is followed by a `# acm-fabric N done` marker line whose echo in ibsim's log says it is done.
     pub fn ibsim_command(&self, line: &str) -> Result<String> {
         // ibsim reads console lines into a 128-byte buffer; longer ones would be split.
         if line.len() > 100 || line.contains(['\n', '\r']) || line.trim().is_empty() {
@@ -707,7 +707,7 @@ impl Fabric {
         }
         let mut seq = self.console_seq.lock().unwrap_or_else(|e| e.into_inner());
         *seq += 1;
-        let marker = format!("# acm-fabric {}", *seq);
+        let marker = format!("# acm-fabric {} done", *seq);
         let log = self.scratch.join("ibsim").join("ibsim.log");
         let start = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
         // A reader (ibsim itself) always has the FIFO open, so a non-blocking open succeeds
