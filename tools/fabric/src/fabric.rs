@@ -744,7 +744,9 @@ impl Fabric {
     /// Takes HCA `host`'s port 1 link down, as pulling its cable would: ibsim `Unlink`s it, so
     /// its PortInfo reads Down/Polling (simverbs' port monitor then raises
     /// `IBV_EVENT_PORT_ERR` in the node's processes, and its datagrams stop), the switch sends
-    /// trap 128 and OpenSM drops the port from the subnet. Returns once PortInfo reads Down.
+    /// trap 128 and OpenSM drops the port from the subnet. Returns once PortInfo reads Down
+    /// and, if `host` runs a daemon, its core has closed the port (`ib_acme -e` lists no
+    /// endpoint of the provider).
     pub fn port_down(&self, host: &str) -> Result<()> {
         self.check_hca(host)?;
         let out = self.ibsim_command(&format!("Unlink \"{host}\"[1]"))?;
@@ -757,13 +759,17 @@ impl Fabric {
                 "{host} port 1 reads {pi:?} after Unlink"
             )));
         }
+        if let Some(n) = self.nodes.iter().find(|n| n.name == host) {
+            n.wait_endpoint(false, Duration::from_secs(10))?;
+        }
         Ok(())
     }
 
     /// Brings HCA `host`'s port 1 link back (ibsim `ReLink` to its previous peer) and waits
     /// until the SM has made it ACTIVE again (up to 20 s; OpenSM sweeps on the switch's trap
-    /// 128). simverbs then raises `IBV_EVENT_PORT_ACTIVE`. Fails if the port was not down or
-    /// no SM brings it up in time.
+    /// 128). simverbs then raises `IBV_EVENT_PORT_ACTIVE`; if `host` runs a daemon, this also
+    /// waits (up to 15 s) until its core has reopened the port (`-e` lists the endpoint
+    /// again). Fails if the port was not down or no SM brings it up in time.
     pub fn port_up(&self, host: &str) -> Result<PortInfo> {
         self.check_hca(host)?;
         let out = self.ibsim_command(&format!("ReLink \"{host}\"[1]"))?;
@@ -774,6 +780,9 @@ impl Fabric {
         loop {
             let pi = self.port_info(host)?;
             if pi.state == "Active" && pi.lid != 0 {
+                if let Some(n) = self.nodes.iter().find(|n| n.name == host) {
+                    n.wait_endpoint(true, Duration::from_secs(15))?;
+                }
                 return Ok(pi);
             }
             if Instant::now() >= deadline {
@@ -1144,6 +1153,35 @@ impl Node {
     pub fn restart_daemon(&mut self) -> Result<()> {
         self.start_daemon()?;
         self.wait_ready()
+    }
+
+    /// If this node runs a daemon: waits until `ib_acme -e` does (`present`) or does not list
+    /// an endpoint of its provider, i.e. until the core finished its port open / close
+    /// sequence (both run on the core's main thread, which also answers `-e`).
+    fn wait_endpoint(&self, present: bool, timeout: Duration) -> Result<()> {
+        let (Some(launch), Some(_)) = (&self.launch, &self.daemon) else {
+            return Ok(());
+        };
+        let row = format!(",{},", launch.provider);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.acme(&["-e"])?;
+            if out.stdout.contains(&row) == present {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(format!(
+                    "{}: the daemon {} its endpoint within {timeout:?}:\n{out}",
+                    self.name,
+                    if present {
+                        "did not reopen"
+                    } else {
+                        "did not close"
+                    }
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn wait_ready(&mut self) -> Result<()> {
