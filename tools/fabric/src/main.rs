@@ -383,6 +383,14 @@ fn print_summary(f: &Fabric) {
             n.name,
             n.run_dir.display()
         );
+        println!(
+            "  link of {} down/up: echo 'Unlink \"{}\"[1]' > {}   (then 'ReLink \"{}\"[1]'; output in {})",
+            n.name,
+            n.name,
+            f.scratch().join("ibsim").join("console").display(),
+            n.name,
+            f.scratch().join("ibsim").join("ibsim.log").display()
+        );
     }
 }
 
