@@ -21,7 +21,8 @@ use crate::ffi::{
 use crate::path::{self, SaOutcome};
 use crate::respond::{self, Via};
 use crate::state::{
-    Cached, Control, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply, Shared, NEVER,
+    Cached, Control, DirectReq, DirectSlot, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply,
+    Shared, NEVER,
 };
 use acm_core_nostd::cache::hash::hash_words;
 use acm_core_nostd::cache::pending::{PendingSlot, Token, WaiterSlot};
@@ -73,12 +74,15 @@ type Pending = PendingTable<PendKey, Box<[PendingSlot<PendKey>]>, Box<[WaiterSlo
 /// A key whose resolution was started (it is in the pending table) but not sent yet.
 struct Started {
     key: PendKey,
+    /// The request that started the key (its first waiter).
+    starter: Token,
     ep: Arc<Ep>,
     record: [u8; 64],
 }
 
 struct Inflight {
     key: PendKey,
+    starter: Token,
     ep: Arc<Ep>,
     record: [u8; 64],
     mask: u64,
@@ -92,21 +96,67 @@ struct Inflight {
 /// Answers one request (the worker's side of exactly-once: every request handed to the worker
 /// reaches this exactly once, or is answered by `resolve()` already for NODELAY / refresh).
 fn answer(sh: &Shared, req: &Request, status: u8, record: Option<&[u8; 64]>) {
+    answer_parts(sh, req.kind, &req.ep, req.id, &req.msg, status, record);
+}
+
+fn answer_parts(
+    sh: &Shared,
+    kind: Kind,
+    ep: &Ep,
+    id: u64,
+    msg: &crate::ffi::AcmMsg,
+    status: u8,
+    record: Option<&[u8; 64]>,
+) {
     let api = sh.api;
-    match req.kind {
+    match kind {
         Kind::Resolve => {
-            req.ep.count_status(status);
-            respond::send(api, Via::Resolve, req.id, &req.msg, status, record);
+            ep.count_status(status);
+            respond::send(api, Via::Resolve, id, msg, status, record);
         }
         Kind::Query => {
             // ibacmp counts every failed SA answer to a query as an error.
             if status != 0 {
-                req.ep.count(cntr::ERROR);
+                ep.count(cntr::ERROR);
             }
-            respond::send(api, Via::Query, req.id, &req.msg, status, record);
+            respond::send(api, Via::Query, id, msg, status, record);
         }
         Kind::Prime | Kind::Refresh => {}
     }
+}
+
+fn lock_direct(m: &std::sync::Mutex<DirectSlot>) -> std::sync::MutexGuard<'_, DirectSlot> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Runs on the core's SA thread: if `r` is a successful answer to a query whose starter is
+/// armed for a direct answer, claims that starter and returns what answering it needs (the
+/// caller answers with [`answer_direct`]). Only successes are claimed; everything else (and
+/// every coalesced waiter) is answered by the worker.
+pub fn claim_direct(sh: &Shared, r: &SaReply) -> Option<(DirectReq, [u8; 64])> {
+    if r.token == 0 {
+        return None;
+    }
+    let slot = sh.direct.get((r.token & 0xffff) as usize)?;
+    let SaOutcome::Record(rec) = path::classify_reply(r.umad_status, &r.mad) else {
+        return None;
+    };
+    let mut g = lock_direct(slot);
+    if g.claimed || g.token != r.token || g.tid != path::tid_low(&r.mad) {
+        return None;
+    }
+    // A closed endpoint's waiters get ENODATA from the worker.
+    if g.req.as_ref().is_none_or(|d| d.ep.closed.load(Ordering::Acquire)) {
+        return None;
+    }
+    let d = g.req.take()?;
+    g.claimed = true;
+    Some((d, rec))
+}
+
+/// Answers a starter claimed by [`claim_direct`] with the SA's record (SA thread).
+pub fn answer_direct(sh: &Shared, d: &DirectReq, record: &[u8; 64]) {
+    answer_parts(sh, d.kind, &d.ep, d.id, &d.msg, 0, Some(record));
 }
 
 /// The request slab the pending table's tokens index, with its free list.
@@ -118,9 +168,23 @@ struct Requests {
 impl Requests {
     /// Answers and frees the request behind `token` (a no-op for an unknown token).
     fn finish(&mut self, sh: &Shared, token: Token, status: u8, record: Option<&[u8; 64]>) {
+        self.finish_unless(sh, token, status, record, None);
+    }
+
+    /// As [`Requests::finish`], but only frees `answered` (the SA thread answered it).
+    fn finish_unless(
+        &mut self,
+        sh: &Shared,
+        token: Token,
+        status: u8,
+        record: Option<&[u8; 64]>,
+        answered: Option<Token>,
+    ) {
         if let Some(req) = self.slots.get_mut(token as usize).and_then(Option::take) {
             self.free.push(token);
-            answer(sh, &req, status, record);
+            if answered != Some(token) {
+                answer(sh, &req, status, record);
+            }
         }
     }
 }
@@ -319,6 +383,7 @@ impl Engine {
                 };
                 let s = Started {
                     key,
+                    starter: slot,
                     ep: req.ep.clone(),
                     record: req.sa_record,
                 };
@@ -338,6 +403,7 @@ impl Engine {
         };
         self.inflight[fi as usize] = Some(Inflight {
             key: s.key,
+            starter: s.starter,
             ep: s.ep,
             mask: path::comp_mask(&s.record),
             record: s.record,
@@ -372,6 +438,23 @@ impl Engine {
         f.retry_at = None;
         f.deadline = now + budget;
         let ep = f.ep.clone();
+        // Arm the starter for a direct answer by the SA thread before the MAD can complete.
+        if let Some(slot) = self.sh.direct.get(fi as usize) {
+            let starter = self.reqs.slots.get(f.starter as usize).and_then(Option::as_ref);
+            let mut g = lock_direct(slot);
+            if !g.claimed {
+                g.token = token;
+                g.tid = tid;
+                g.req = starter
+                    .filter(|r| matches!(r.kind, Kind::Resolve | Kind::Query))
+                    .map(|r| DirectReq {
+                        ep: r.ep.clone(),
+                        id: r.id,
+                        msg: r.msg,
+                        kind: r.kind,
+                    });
+            }
+        }
         let status = {
             let guard = match ep.endpoint.lock() {
                 Ok(g) => g,
@@ -427,13 +510,22 @@ impl Engine {
             return;
         };
         self.inflight_free.push(fi);
+        // Disarm the direct answer; if the SA thread claimed the starter, it answered it.
+        let answered = self.sh.direct.get(fi as usize).and_then(|slot| {
+            let mut g = lock_direct(slot);
+            let claimed = std::mem::take(&mut *g).claimed;
+            claimed.then_some(f.starter)
+        });
         if let (0, Some(r), 0) = (status, record, f.key.nonce) {
             if !f.ep.closed.load(Ordering::Acquire) {
                 let ttl = self.sh.opts.route_ttl_ms().unwrap_or(NEVER);
                 self.sh.insert(&f.key.route, r, self.now_coarse(), ttl);
             }
         }
-        self.finish_key(&f.key, status, record);
+        let (sh, reqs) = (&*self.sh, &mut self.reqs);
+        self.pending.complete(&f.key, |t| {
+            reqs.finish_unless(sh, t, status, record, answered)
+        });
         self.kick_backlog = true;
     }
 

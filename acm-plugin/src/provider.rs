@@ -197,6 +197,11 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         requests: ArrayQueue::new(opts.acmrs_request_capacity.max(1) as usize),
         replies: ArrayQueue::new(MAX_INFLIGHT * 4),
         control: Mutex::new(Vec::new()),
+        direct: if opts.acmrs_sa_direct {
+            (0..MAX_INFLIGHT).map(|_| Mutex::default()).collect()
+        } else {
+            Box::default()
+        },
         waker: waker.clone(),
         hosts,
         host_expiry,
@@ -244,9 +249,16 @@ unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
         let reply = unsafe { engine::take_sa_completion(mad, api) };
         let shared = global().shared.clone();
         if let Some(sh) = shared {
+            // A successful reply answers the client that started the query right here (it is
+            // claimed under the slot's lock, so the worker will not answer it again); the
+            // worker still gets the reply to write the cache and answer coalesced waiters.
+            let direct = engine::claim_direct(&sh, &reply);
             if sh.replies.push(reply).is_err() {
                 sh.reply_drops.fetch_add(1, Ordering::Relaxed);
                 api.log(0, "ERROR - SA reply queue full; the request will time out");
+            }
+            if let Some((d, record)) = direct {
+                engine::answer_direct(&sh, &d, &record);
             }
             sh.waker.wake();
         }

@@ -154,6 +154,37 @@ pub struct SaReply {
     pub mad: [u8; 256],
 }
 
+/// The client a query in flight was started for, armed so the core's SA thread can answer it
+/// straight from a successful SA reply (one thread hand-off less than answering from the
+/// worker). The worker writes it before sending the MAD and reads it at completion; the SA
+/// thread only claims it. Exactly-once: `claimed` is set under the lock by whoever answers
+/// the starter first (the SA thread, which then answers), and the worker answers the starter
+/// only if it finds the slot unclaimed (it disarms it under the same lock). Never touched by the
+/// core's main thread.
+#[derive(Default)]
+pub struct DirectSlot {
+    /// The send token of the query this slot is armed for (0 = disarmed).
+    pub token: u64,
+    /// Low 32 bits of that query's TID.
+    pub tid: u32,
+    /// The starter's answer data while armed.
+    pub req: Option<DirectReq>,
+    /// The SA thread answered the starter of this in-flight query.
+    pub claimed: bool,
+}
+
+/// What the SA thread needs to answer a starter request.
+pub struct DirectReq {
+    /// Endpoint it arrived on (counters, `closed`).
+    pub ep: Arc<Ep>,
+    /// Core client index.
+    pub id: u64,
+    /// Copy of the client message.
+    pub msg: AcmMsg,
+    /// [`Kind::Resolve`] or [`Kind::Query`].
+    pub kind: Kind,
+}
+
 /// A preloaded route: (normalised request record it answers, the path).
 pub type PreloadedRoute = ([u8; 64], [u8; 64]);
 
@@ -187,6 +218,9 @@ pub struct Shared {
     pub replies: ArrayQueue<SaReply>,
     /// Rare control messages.
     pub control: Mutex<Vec<Control>>,
+    /// One per in-flight SA query slot (indexed by the low 16 bits of its token): the starter
+    /// the SA thread may answer directly (see [`DirectSlot`]). Empty = direct answers off.
+    pub direct: Box<[Mutex<DirectSlot>]>,
     /// Wakes the worker; also the coarse clock.
     pub waker: Waker,
     /// Address preload (`acm_hosts`): sorted (type, address) → GID. Immutable after open.

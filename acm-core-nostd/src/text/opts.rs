@@ -242,6 +242,10 @@ pub struct ProviderOptions {
     pub acmrs_sa_busy_backoff_ms: u32,
     /// `acmrs_poll_mode` (default `adaptive`).
     pub acmrs_poll_mode: PollMode,
+    /// `acmrs_sa_direct` (default 1; 0 or 1): the core's SA thread answers the client that
+    /// started a successful SA query directly from the reply (the worker still writes the
+    /// cache); 0 = every answer goes through the worker.
+    pub acmrs_sa_direct: bool,
     /// `acmrs_cpu` (default -1 = do not pin): CPU to pin the worker to.
     pub acmrs_cpu: i32,
     /// `acmrs_log_level` (default unset = follow `log_level`; 0..=4, `-1` = unset).
@@ -283,6 +287,7 @@ impl Default for ProviderOptions {
             acmrs_sa_retries: 3,
             acmrs_sa_busy_backoff_ms: 100,
             acmrs_poll_mode: PollMode::Adaptive,
+            acmrs_sa_direct: true,
             acmrs_cpu: -1,
             acmrs_log_level: None,
         }
@@ -429,6 +434,7 @@ impl ProviderOptions {
                 ("adaptive", PollMode::Adaptive),
                 ("event", PollMode::Event),
             ]);
+            "acmrs_sa_direct" => acmrs_sa_direct = |v| uint(v, 0, 1).map(|b| b == 1);
             "acmrs_cpu" => acmrs_cpu = |v| int(v, -1, 65535).map(|c| c as i32);
             "acmrs_log_level" => acmrs_log_level =
                 |v| int(v, -1, 4).map(|l| u8::try_from(l).ok());

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 mod samehost;
 
 const USAGE: &str = "usage: provider [--quick] [--sizes 1000,100000] [--hit-samples N] \
-     [--topology fattree:L,S,H] [--poll-mode busy|adaptive|event] [--out DIR]   (default: same host, same fabric, same run)\n\
+     [--topology fattree:L,S,H] [--poll-mode busy|adaptive|event] [--sa-direct 0|1] [--out DIR]   (default: same host, same fabric, same run)\n\
        provider --fake-core [--quick] [--sizes ...] [--poll-mode busy|adaptive|event] [--out DIR]\n\
        provider --daemon [--daemon-samples N] [--out DIR]";
 
@@ -503,6 +503,7 @@ fn main() {
             "--sizes",
             "--daemon-samples",
             "--poll-mode",
+            "--sa-direct",
             "--topology",
             "--hit-samples",
         ],
@@ -550,6 +551,7 @@ fn main() {
                 .to_string(),
             out: args.out.clone(),
             poll_mode: args.value("--poll-mode").unwrap_or("adaptive").to_string(),
+            sa_direct: args.value("--sa-direct").unwrap_or("1").to_string(),
         };
         if let Err(e) = samehost::run(&cfg) {
             eprintln!("provider: {e}");

@@ -42,6 +42,8 @@ pub struct Config {
     pub out: Option<PathBuf>,
     /// `acmrs_poll_mode` of the acmrs worker (busy, adaptive, event).
     pub poll_mode: String,
+    /// `acmrs_sa_direct` of acmrs (0 or 1).
+    pub sa_direct: String,
 }
 
 // ---- parent ----------------------------------------------------------------------------------
@@ -121,6 +123,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .args(["--hit-samples", &cfg.hit_samples.to_string()])
             .args(["--max-lid", &max_lid.to_string()])
             .args(["--poll-mode", &cfg.poll_mode])
+            .args(["--sa-direct", &cfg.sa_direct])
             .args(["--acmrs", acmrs.to_str().unwrap_or_default()]);
         if let Some(out) = &cfg.out {
             let out = std::path::absolute(out).map_err(|e| e.to_string())?;
@@ -363,6 +366,9 @@ struct Answer {
     /// The provider's own share of a miss: `resolve()` → `acm_send_sa_mad`, plus SA reply
     /// handed over → `acm_resolve_response` (the fabric round trip in between excluded).
     own_ns: u64,
+    /// The two parts of `own_ns`: `resolve()` → `acm_send_sa_mad`, SA reply → answer.
+    send_ns: u64,
+    reply_ns: u64,
     /// Answered before `resolve()` returned.
     inline: bool,
     status: u8,
@@ -412,6 +418,14 @@ fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer
                 0
             }
         },
+        send_ns: match SEND_NS.load(Ordering::Relaxed) {
+            0 => 0,
+            s => s.saturating_sub(t0),
+        },
+        reply_ns: match RECV_NS.load(Ordering::Relaxed) {
+            0 => 0,
+            r => LAST_NS.load(Ordering::Relaxed).saturating_sub(r),
+        },
         inline,
         status: LAST_STATUS.load(Ordering::Relaxed),
         path,
@@ -459,6 +473,7 @@ struct ChildArgs {
     acmrs: PathBuf,
     out: Option<PathBuf>,
     poll_mode: String,
+    sa_direct: String,
 }
 
 fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
@@ -479,6 +494,7 @@ fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
         acmrs: PathBuf::from(get("--acmrs")?),
         out: get("--out").ok().map(PathBuf::from),
         poll_mode: get("--poll-mode")?.to_string(),
+        sa_direct: get("--sa-direct")?.to_string(),
     })
 }
 
@@ -565,11 +581,12 @@ pub fn child(args: &[String]) -> Result<(), String> {
         &acmrs_opts,
         format!(
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
-             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\n",
+             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\nacmrs_sa_direct {}\n",
             // acmrs stores each preloaded route under 4 keys (see docs/bench.md): room for
             // all of them plus the misses, at a load factor below 0.8.
             dlids as usize * 5 + 1024,
-            a.poll_mode
+            a.poll_mode,
+            a.sa_direct
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -673,6 +690,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
     let mut miss_lid = [LatencyHistogram::new(), LatencyHistogram::new()];
     let mut miss_gid = [LatencyHistogram::new(), LatencyHistogram::new()];
     let mut miss_own = [LatencyHistogram::new(), LatencyHistogram::new()];
+    let mut miss_send = [LatencyHistogram::new(), LatencyHistogram::new()];
+    let mut miss_reply = [LatencyHistogram::new(), LatencyHistogram::new()];
     let mut failed = [0usize; 2];
     let mut cached = [0usize; 2];
     let mut dgids = Vec::new();
@@ -694,6 +713,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
             } else {
                 miss_lid[k].record(Duration::from_nanos(ans.ns));
                 miss_own[k].record(Duration::from_nanos(ans.own_ns));
+                miss_send[k].record(Duration::from_nanos(ans.send_ns));
+                miss_reply[k].record(Duration::from_nanos(ans.reply_ns));
                 if k == 0 {
                     let mut g = [0u8; 16];
                     g.copy_from_slice(&ans.path[8..24]);
@@ -715,6 +736,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
             } else {
                 miss_gid[k].record(Duration::from_nanos(ans.ns));
                 miss_own[k].record(Duration::from_nanos(ans.own_ns));
+                miss_send[k].record(Duration::from_nanos(ans.send_ns));
+                miss_reply[k].record(Duration::from_nanos(ans.reply_ns));
             }
         }
     }
@@ -722,12 +745,13 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // 7. Report.
     println!(
         "### {entries} cached paths ({dlids} preloaded DLIDs x LID+GID entries; requested {})\n\n\
-         acmrs_poll_mode {}; ready after open: stock {} ms, acmrs {} ms; \
+         acmrs_poll_mode {}, acmrs_sa_direct {}; ready after open: stock {} ms, acmrs {} ms; \
          SA MADs during hits: {sa_during_hits}, during misses: {sa_during_misses}; \
          failed misses: stock {}, acmrs {}; miss requests answered without an SA query: \
          stock {}, acmrs {}; hits answered inside resolve(): stock {}, acmrs {}\n",
         a.size,
         a.poll_mode,
+        a.sa_direct,
         ready_ms[0],
         ready_ms[1],
         failed[0],
@@ -752,6 +776,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
         ("miss by LID (OpenSM SA)", "miss-lid", &miss_lid),
         ("miss by GID (OpenSM SA)", "miss-gid", &miss_gid),
         ("miss, provider's own time", "miss-own", &miss_own),
+        ("miss own: resolve() -> SA send", "miss-send", &miss_send),
+        ("miss own: SA reply -> answer", "miss-reply", &miss_reply),
     ] {
         let s: Vec<Summary> = hs.iter().map(LatencyHistogram::summary).collect();
         for (k, o) in provs.iter().enumerate() {
