@@ -11,24 +11,32 @@ PROVIDER=${PROVIDER:-acmrs}
 bash scripts/install-deps.sh
 echo "=== building (release)"
 cargo build --release --quiet -p simverbs -p acm-plugin -p acm-fabric
-FAB=target/release/acm-fabric
 
 if [[ -e /dev/infiniband/uverbs0 ]]; then
   echo "note: InfiniBand hardware found; this job still runs on the simulated fabric" >&2
 fi
 
-run() { # title, node, ib_acme args...
-  local title=$1 node=$2; shift 2
-  echo
-  echo "=== $title  (ib_acme $* on $node, provider $PROVIDER)"
-  "$FAB" run --provider "$PROVIDER" --nodes Hca2,Hca3,Hca4 --name-prefix main --opt addr_preload=acm_hosts \
-    --on "$node" --timeout 20 -- "$@"
-}
-
-run "endpoints" Hca3 -e
-run "path by LID 5 -> 6, verified against the SA" Hca3 -f l -s 5 -d 6 -v
-run "path by GID, verified against the SA" Hca3 -f g -s fe80::10:7 -d fe80::10:a -v
-run "path to a host name (hosts preload), verified" Hca3 -f n -s hca3 -d hca4 -v
-run "path to an IPv4 address (hosts preload)" Hca3 -f i -s 10.40.0.3 -d 10.40.0.4 -v
-echo
+echo "=== ibsim (net.2sw2path4hca) + OpenSM + real ibacm on Hca2, Hca3, Hca4 with provider $PROVIDER"
+# One bring-up; each step is printed with ib_acme's output; teardown by PID at the end.
+target/release/acm-fabric script --provider "$PROVIDER" --nodes Hca2,Hca3,Hca4 \
+  --name-prefix main --opt addr_preload=acm_hosts --retry 10 - <<'STEPS'
+# the endpoints ibacm assigned to the provider
+Hca3: -e
+# a path by LID, checked against the SA (ib_acme -v re-asks the SA through the provider)
+Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v
+# the same destination again: now a cache hit
+Hca3: -f l -s {Hca3.lid} -d {Hca4.lid}
+# by GID, across both switches
+Hca2: -f g -s {Hca2.gid} -d {Hca4.gid} -v
+# host names and IP addresses from the hosts file
+Hca3: -f n -s {Hca3.name} -d {Hca4.name} -v
+Hca4: -f i -s {Hca4.ipv4} -d {Hca2.ipv4} -v
+Hca4: -f i -s {Hca4.ipv6} -d {Hca3.ipv6} -v
+# the provider's counters for Hca3's endpoint (route queries vs route cache hits)
+Hca3: -P 1
+# the port goes down and comes back; nothing learned before is served stale
+port-down Hca3
+port-up Hca3
+Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v
+STEPS
 echo "=== done: every fabric process was stopped and its scratch directory removed"
