@@ -155,10 +155,8 @@ fn real_ibacm_resolves_through_acmrs() {
         "route and -v query went to the SA: {after:?}"
     );
 
-    // Port down/up is not exercised here: with ibsim + simverbs the port stays ACTIVE after
-    // `ibportstate disable` of the facing switch port, so the core's acm_port_down sees an
-    // active port and does nothing (see docs/plugin.md). The close/reopen sequence is covered
-    // by tests/host.rs (lifecycle_close_while_waiting_port_change_and_reregister).
+    // Port down/up and a LID change with the real daemon are in tests/real_ibacm_port.rs
+    // (ibsim's Unlink/ReLink); the close/reopen sequence in-process is in tests/host.rs.
 
     // OpenSM stopped: a new destination gets an error answer in bounded time (nothing
     // stuck), cached ones are still served; when OpenSM returns, resolution recovers.
