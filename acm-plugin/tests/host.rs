@@ -899,3 +899,98 @@ fn expired_host_mappings_are_re_resolved_by_the_worker() {
     assert_eq!((perf[cntr::ADDR_QUERY], perf[cntr::ADDR_CACHE]), (0, 1));
     h.close();
 }
+
+#[test]
+fn sa_thread_answers_the_starter_directly_and_the_worker_the_rest() {
+    let _s = serial();
+    let me = std::thread::current().id();
+    let mut h = Host::open(OPTS, &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    // Three misses for one destination coalesce on one SA query.
+    let tids: Vec<u64> = (0..3).map(|_| h.tid()).collect();
+    for (i, &t) in tids.iter().enumerate() {
+        h.resolve(ep, &path_request(t, 40, None, 0), 10 + i as u64);
+    }
+    assert!(wait_until(|| sa_pending() == 1));
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(sa_pending(), 1, "coalesced");
+    // The test thread plays the core's SA thread: the starter is answered inside the
+    // completion handler, before it returns.
+    assert!(sa_complete_next(SaAction::Answer));
+    let first = find(tids[0]);
+    assert_eq!(first.len(), 1, "starter answered inside the SA handler");
+    assert_eq!(first[0].thread, me);
+    assert_eq!((status(&first[0]), dlid_of(&first[0])), (0, 40));
+    // The coalesced waiters are answered by the worker, after the starter, in order.
+    assert!(wait_responses(3, W));
+    check_exactly_once(&tids).unwrap();
+    let order: Vec<u64> = responses().iter().map(|r| r.msg.hdr.tid).collect();
+    assert_eq!(order, tids, "FIFO");
+    for r in &responses()[1..] {
+        assert_ne!(r.thread, me);
+        assert_eq!((status(r), dlid_of(r)), (0, 40));
+    }
+    // Failures are never answered on the SA thread (the worker owns negative caching,
+    // retries and counters): no record, BUSY then success, timeout.
+    for (action, expect) in [
+        (SaAction::Timeout, ACM_STATUS_ETIMEDOUT),
+        (SaAction::InvalidField, ACM_STATUS_EINVAL),
+    ] {
+        reset_counters();
+        let t = h.tid();
+        h.resolve(ep, &path_request(t, 41, None, 0), 1);
+        sa_one(action, 1);
+        let r = find(t);
+        assert_eq!(r.len(), 1);
+        assert_eq!(status(&r[0]), expect);
+        assert_ne!(r[0].thread, me, "failure answered by the worker");
+    }
+    // BUSY, then the retry succeeds: the retry's reply answers the starter directly.
+    reset_counters();
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 42, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    assert!(sa_complete_next(SaAction::Busy));
+    assert!(wait_until(|| sa_pending() == 1), "retried after BUSY");
+    assert!(sa_complete_next(SaAction::Answer));
+    let r = find(t);
+    assert_eq!(r.len(), 1);
+    assert_eq!((status(&r[0]), dlid_of(&r[0])), (0, 42));
+    assert_eq!(r[0].thread, me);
+    // query() (ACM_FLAGS_QUERY_SA) starters are answered directly too, with the SA record.
+    reset_counters();
+    let t = h.tid();
+    h.query(ep, &path_request(t, 43, None, ACM_FLAGS_QUERY_SA), 2);
+    sa_one(SaAction::Answer, 1);
+    let r = find(t);
+    assert!(r[0].query);
+    assert_eq!(r[0].thread, me);
+    assert_eq!(status(&r[0]), 0);
+    // A closed endpoint's starter gets ENODATA from the worker, never a late success.
+    reset_counters();
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 44, None, 0), 1);
+    assert!(wait_until(|| sa_pending() == 1));
+    h.close_ep(ep);
+    assert!(wait_responses(1, W));
+    // The SA's success arrives after the close: ignored.
+    assert!(sa_complete_next(SaAction::Answer));
+    std::thread::sleep(Duration::from_millis(20));
+    let r = find(t);
+    assert_eq!(r.len(), 1, "exactly once");
+    assert_eq!(status(&r[0]), ACM_STATUS_ENODATA);
+    h.close();
+    assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
+
+    // acmrs_sa_direct 0: every answer comes from the worker.
+    let mut h = Host::open(&format!("{OPTS}{WORKER_ANSWERS}"), &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    reset_counters();
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 45, None, 0), 1);
+    sa_one(SaAction::Answer, 1);
+    let r = find(t);
+    assert_eq!((status(&r[0]), dlid_of(&r[0])), (0, 45));
+    assert_ne!(r[0].thread, me);
+    h.close();
+}
