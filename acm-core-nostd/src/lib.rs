@@ -15,6 +15,8 @@
 //! The crate owns no clock: callers pass the current time in.
 #![cfg_attr(not(any(test, feature = "std")), no_std)]
 #![deny(missing_docs)]
+// No `unsafe` anywhere in the crate: enforced, not just observed.
+#![forbid(unsafe_code)]
 
 pub mod cache;
 pub mod text;

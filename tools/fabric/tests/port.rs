@@ -205,4 +205,12 @@ Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v
         "{so}"
     );
     assert!(so.contains("Hca3 port 1: Active lid 5"), "{so}");
+    // A failed step prints every node's daemon log (and OpenSM's) on stderr.
+    for node in ["Hca3", "Hca4"] {
+        assert!(
+            se.contains(&format!("---- {node} ibacm.log (tail) ----")),
+            "{se}"
+        );
+    }
+    assert!(se.contains("---- OpenSM log 1 (tail) ----"), "{se}");
 }

@@ -607,3 +607,36 @@ fn pkey_partitions_from_opensm_are_enforced() {
     assert_eq!(b.quit(), Some(0));
     assert_eq!(c.quit(), Some(0));
 }
+
+#[test]
+fn two_fabrics_side_by_side_do_not_cross_talk() {
+    // Same topology, so Hca4 has the same LID in both fabrics; only the fabric name differs.
+    let fa = Fabric::start("sidea");
+    let fb = Fabric::start("sideb");
+    assert_ne!(fa.name, fb.name);
+    let mut a3 = fa.agent("Hca3");
+    let mut a4 = fa.agent("Hca4");
+    let mut b4 = fb.agent("Hca4");
+    a3.init(QKEY, 64);
+    let (a4lid, a4qpn, _) = a4.init(QKEY, 64);
+    let (b4lid, b4qpn, _) = b4.init(QKEY, 64);
+    assert_eq!(a4lid, b4lid, "same topology, same LIDs");
+    assert_eq!(a4.cmd("recv 8"), "ok");
+    assert_eq!(b4.cmd("recv 8"), "ok");
+    // Addressed to fabric B's QP (LID + QPN), sent in fabric A: lost, B never sees it.
+    assert_eq!(
+        a3.cmd(&format!("send {b4lid} {b4qpn} {QKEY:#x} wrong-fabric")),
+        "ok status=0"
+    );
+    assert_eq!(b4.cmd("wait 500"), "timeout");
+    // The same sender reaches its own fabric's Hca4, and only that one.
+    assert_eq!(
+        a3.cmd(&format!("send {a4lid} {a4qpn} {QKEY:#x} own-fabric")),
+        "ok status=0"
+    );
+    assert_eq!(field(&a4.cmd("wait 3000"), "data"), Some("own-fabric"));
+    assert_eq!(b4.cmd("wait 300"), "timeout");
+    for ag in [a3, a4, b4] {
+        assert_eq!(ag.quit(), Some(0));
+    }
+}
