@@ -37,9 +37,22 @@ use std::time::{Duration, Instant};
 /// Most SA queries one provider instance keeps in flight (the core queues beyond `sa_depth`).
 pub const MAX_INFLIGHT: usize = 256;
 const BATCH: usize = 256;
+/// Early replies kept for the inline slot.
+const EARLY: usize = 4;
 
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh (context token, TID) pair for a query on in-flight slot `fi`: the token's low 16
+/// bits are the slot, the TID's upper 32 bits are zero (ibacm matches replies on the low 32).
+pub fn next_ids(fi: u32) -> (u64, u32) {
+    let token = (NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) << 16) | u64::from(fi);
+    let mut tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+    if tid == 0 {
+        tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+    }
+    (token, tid)
+}
 
 /// The key requests coalesce on in the pending table: the route key, plus a nonce that is 0
 /// for every cacheable kind and unique per `query()` request (those never coalesce).
@@ -196,8 +209,14 @@ pub struct Engine {
     /// Coalescing: one entry per key being resolved, its waiters in arrival order.
     pending: Pending,
     reqs: Requests,
+    /// In-flight queries: the worker's own slots `0..n`, then unused ones, and at
+    /// [`Shared::INLINE_SLOT`] the one `resolve()` sent itself (never on the free list).
     inflight: Vec<Option<Inflight>>,
     inflight_free: Vec<u32>,
+    /// How many of the worker's own slots there are.
+    own_slots: usize,
+    /// Replies for the inline slot that arrived before `resolve()`'s hand-over (a few, newest).
+    early: VecDeque<SaReply>,
     /// Started keys waiting for an in-flight slot, FIFO.
     backlog: VecDeque<Started>,
     next_nonce: u32,
@@ -243,8 +262,10 @@ impl Engine {
                 slots: (0..cap).map(|_| None).collect(),
                 free: (0..cap as u32).rev().collect(),
             },
-            inflight: (0..inflight).map(|_| None).collect(),
+            inflight: (0..=Shared::INLINE_SLOT).map(|_| None).collect(),
             inflight_free: (0..inflight as u32).rev().collect(),
+            own_slots: inflight,
+            early: VecDeque::with_capacity(EARLY),
             backlog: VecDeque::with_capacity(cap),
             next_nonce: 0,
             preloads: HashMap::new(),
@@ -312,11 +333,96 @@ impl Engine {
             key: *key,
             sa_record: *sa_record,
             host: None,
+            sent: None,
         });
         self.enter(pk, slot, now);
     }
 
+    /// Takes over tracking of a query `resolve()` sent itself on [`Shared::INLINE_SLOT`].
+    fn adopt(&mut self, req: Request, sent: crate::state::Sent, now: Instant) {
+        let fi = Shared::INLINE_SLOT as u32;
+        let free_slot = self.inflight[fi as usize].is_none();
+        let usable = free_slot && !self.done && !req.ep.closed.load(Ordering::Acquire);
+        // The worker was idle when it was sent, so the key cannot be pending; if it were, a
+        // unique nonce keeps this query apart (the starter must never become another
+        // query's waiter: the SA thread may answer it).
+        let mut key = PendKey {
+            route: req.key,
+            nonce: 0,
+        };
+        if self.pending.is_pending(&key) {
+            self.next_nonce = self.next_nonce.wrapping_add(1).max(1);
+            key.nonce = self.next_nonce;
+        }
+        let slot = if usable { self.reqs.free.pop() } else { None };
+        let Some(slot) = slot else {
+            // Not tracked: answer here unless the SA thread already did.
+            if self.disarm(fi, sent.token) != Some(true) {
+                let s = if usable { ACM_STATUS_ENOMEM } else { ACM_STATUS_ENODATA };
+                answer(&self.sh, &req, s, None);
+            }
+            if free_slot {
+                self.sh.inline_busy.store(false, Ordering::Release);
+            }
+            return;
+        };
+        let (ep, record) = (req.ep.clone(), req.sa_record);
+        self.reqs.slots[slot as usize] = Some(req);
+        match self.pending.begin(key, slot) {
+            Begin::Started => {}
+            Begin::Coalesced | Begin::Full => {
+                // Not possible for a new key in a table with a free request slot; stay
+                // exactly-once anyway.
+                if let Some(req) = self.reqs.slots[slot as usize].take() {
+                    self.reqs.free.push(slot);
+                    if self.disarm(fi, sent.token) != Some(true) {
+                        self.overflow(&req);
+                    }
+                }
+                self.sh.inline_busy.store(false, Ordering::Release);
+                return;
+            }
+        }
+        let deadline = sent.at + self.sa_budget();
+        self.inflight[fi as usize] = Some(Inflight {
+            key,
+            starter: slot,
+            ep,
+            mask: path::comp_mask(&record),
+            record,
+            token: sent.token,
+            tid: sent.tid,
+            busy_tries: 0,
+            retry_at: None,
+            deadline,
+        });
+        self.arm_timer(deadline);
+        // Its reply may have overtaken the hand-over.
+        while let Some(r) = self.early.pop_front() {
+            if r.token == sent.token {
+                self.early.clear();
+                self.handle_reply(r, now);
+                break;
+            }
+        }
+    }
+
+    /// Disarms the direct answer of slot `fi` if it is armed for `token`: `Some(claimed)`
+    /// (whether the SA thread answered the starter), `None` if it was not armed for it.
+    fn disarm(&self, fi: u32, token: u64) -> Option<bool> {
+        let slot = self.sh.direct.get(fi as usize)?;
+        let mut g = lock_direct(slot);
+        if g.token != token {
+            return None;
+        }
+        Some(std::mem::take(&mut *g).claimed)
+    }
+
     fn handle_request(&mut self, req: Request, now: Instant) {
+        if let Some(sent) = req.sent {
+            self.adopt(req, sent, now);
+            return;
+        }
         let kind = req.kind;
         if req.ep.closed.load(Ordering::Acquire) || self.done {
             answer(&self.sh, &req, ACM_STATUS_ENODATA, None);
@@ -428,11 +534,7 @@ impl Engine {
         let Some(f) = self.inflight[fi as usize].as_mut() else {
             return;
         };
-        let token = (NEXT_TOKEN.fetch_add(1, Ordering::Relaxed) << 16) | u64::from(fi);
-        let mut tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-        if tid == 0 {
-            tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-        }
+        let (token, tid) = next_ids(fi);
         f.token = token;
         f.tid = tid;
         f.retry_at = None;
@@ -509,7 +611,9 @@ impl Engine {
         let Some(f) = self.inflight[fi as usize].take() else {
             return;
         };
-        self.inflight_free.push(fi);
+        if (fi as usize) < self.own_slots {
+            self.inflight_free.push(fi);
+        }
         // Disarm the direct answer; if the SA thread claimed the starter, it answered it.
         let answered = self.sh.direct.get(fi as usize).and_then(|slot| {
             let mut g = lock_direct(slot);
@@ -526,6 +630,10 @@ impl Engine {
         self.pending.complete(&f.key, |t| {
             reqs.finish_unless(sh, t, status, record, answered)
         });
+        if fi as usize == Shared::INLINE_SLOT {
+            // After the disarm: resolve() may arm the slot again from now on.
+            self.sh.inline_busy.store(false, Ordering::Release);
+        }
         self.kick_backlog = true;
     }
 
@@ -568,6 +676,14 @@ impl Engine {
             .and_then(|f| f.as_ref())
             .is_some_and(|f| f.token == r.token && f.tid == path::tid_low(&r.mad));
         if !matches {
+            if fi as usize == Shared::INLINE_SLOT && self.inflight[fi as usize].is_none() {
+                // Possibly the reply to a query resolve() just sent, ahead of its hand-over.
+                if self.early.len() == EARLY {
+                    self.early.pop_front();
+                }
+                self.early.push_back(r);
+                return;
+            }
             self.log(2, || "late or unknown SA reply ignored".into());
             return;
         }
@@ -718,7 +834,12 @@ impl Engine {
                     self.finish_key(&s.key, ACM_STATUS_ENODATA, None);
                 }
                 while let Some(req) = self.sh.requests.pop() {
-                    answer(&self.sh, &req, ACM_STATUS_ENODATA, None);
+                    match req.sent {
+                        // Disarms its direct answer (answered ENODATA unless the SA thread
+                        // already answered it) and frees the inline slot.
+                        Some(sent) => self.adopt(req, sent, now),
+                        None => answer(&self.sh, &req, ACM_STATUS_ENODATA, None),
+                    }
                 }
                 self.sh.clear();
                 self.preloads.clear();
@@ -730,6 +851,7 @@ impl Engine {
 impl Poller for Engine {
     fn poll(&mut self, now: Instant) -> PollOutcome {
         let mut did = false;
+        let pushed = self.sh.pushed.load(Ordering::Acquire);
         let controls: Vec<Control> = match self.sh.control.lock() {
             Ok(mut v) if !v.is_empty() => std::mem::take(&mut *v),
             Ok(_) => Vec::new(),
@@ -760,6 +882,15 @@ impl Poller for Engine {
         if self.kick_backlog {
             self.kick_backlog = false;
             self.drain_backlog(now);
+        }
+        // Every pending key is in flight or in the backlog: nothing of either, and nothing
+        // queued, means a new miss has nothing to coalesce with.
+        if self.backlog.is_empty()
+            && self.inflight_free.len() == self.own_slots
+            && self.inflight[Shared::INLINE_SLOT].is_none()
+            && self.sh.requests.is_empty()
+        {
+            self.sh.idle_seen.store(pushed, Ordering::Release);
         }
         PollOutcome {
             did_work: did,

@@ -198,7 +198,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         replies: ArrayQueue::new(MAX_INFLIGHT * 4),
         control: Mutex::new(Vec::new()),
         direct: if opts.acmrs_sa_direct {
-            (0..MAX_INFLIGHT).map(|_| Mutex::default()).collect()
+            (0..=MAX_INFLIGHT).map(|_| Mutex::default()).collect()
         } else {
             Box::default()
         },
@@ -207,6 +207,9 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         host_expiry,
         flush_gen: AtomicU32::new(0),
         ep_slots: Mutex::new([false; 256]),
+        pushed: AtomicU64::new(0),
+        idle_seen: AtomicU64::new(0),
+        inline_busy: std::sync::atomic::AtomicBool::new(false),
         overflows: AtomicU64::new(0),
         reply_drops: AtomicU64::new(0),
         opts,
@@ -856,14 +859,126 @@ fn enqueue(
         key,
         sa_record: sa,
         host,
+        sent: None,
     };
     let ok = ep.shared.requests.push(req).is_ok();
     if ok {
+        ep.shared.pushed.fetch_add(1, Ordering::Release);
         ep.shared.waker.wake();
     } else {
         ep.shared.overflows.fetch_add(1, Ordering::Relaxed);
     }
     ok
+}
+
+/// `acmrs_sa_inline`: sends a miss's SA query on the calling (core main) thread, as ibacmp
+/// does, when the worker is idle (nothing pending, in flight or queued, so there is nothing to
+/// coalesce with) and the reserved in-flight slot is free. The request is then handed to the
+/// worker only for tracking (timeouts, retries, the cache write); the SA thread answers a
+/// success directly (`acmrs_sa_direct`). Returns false (nothing sent, nothing armed) when any
+/// condition fails: the caller queues the request as usual. Never waits on a lock another
+/// thread may hold across slow work: the endpoint lock is only tried (the worker holds it
+/// while sending), and the direct slot's lock is only ever held for a copy.
+fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) -> bool {
+    let sh = &ep.shared;
+    let fi = Shared::INLINE_SLOT;
+    let Some(slot) = sh.direct.get(fi) else {
+        return false;
+    };
+    if sh.idle_seen.load(Ordering::Acquire) != sh.pushed.load(Ordering::Relaxed)
+        || sh.inline_busy.swap(true, Ordering::AcqRel)
+    {
+        return false;
+    }
+    let release = || sh.inline_busy.store(false, Ordering::Release);
+    let guard = match ep.endpoint.try_lock() {
+        Ok(g) => g,
+        Err(_) => {
+            release();
+            return false;
+        }
+    };
+    let endpoint = *guard as *const AcmEndpoint;
+    if endpoint.is_null() {
+        release();
+        return false;
+    }
+    let (token, tid) = engine::next_ids(fi as u32);
+    let disarm = || {
+        *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Default::default();
+    };
+    *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = crate::state::DirectSlot {
+        token,
+        tid,
+        req: Some(crate::state::DirectReq {
+            ep: ep.clone(),
+            id,
+            msg: *msg,
+            kind: Kind::Resolve,
+        }),
+        claimed: false,
+    };
+    let api = sh.api;
+    // SAFETY: `endpoint` is the core's live acm_endpoint (close_endpoint nulls it under the lock
+    // we hold, on this same thread); the context is an integer token.
+    let mad = unsafe { (api.alloc_sa_mad)(endpoint, token as usize as *mut c_void, sa_handler) };
+    if mad.is_null() {
+        disarm();
+        release();
+        return false;
+    }
+    // SAFETY: `mad` is a valid acm_sa_mad the core just allocated for us; we own it until
+    // acm_send_sa_mad succeeds (then the core owns it until it calls our handler).
+    let sent = unsafe {
+        crate::path::build_path_get(&mut (*mad).sa_mad.bytes, tid, &q, crate::path::comp_mask(&q));
+        if (api.send_sa_mad)(mad) != 0 {
+            (api.free_sa_mad)(mad);
+            false
+        } else {
+            true
+        }
+    };
+    drop(guard);
+    if !sent {
+        disarm();
+        release();
+        return false;
+    }
+    ep.count_global(cntr::ROUTE_QUERY);
+    let req = Request {
+        ep: ep.clone(),
+        id,
+        msg: *msg,
+        kind: Kind::Resolve,
+        key,
+        sa_record: q,
+        host: None,
+        sent: Some(crate::state::Sent {
+            token,
+            tid,
+            at: std::time::Instant::now(),
+        }),
+    };
+    if sh.requests.push(req).is_err() {
+        // Cannot happen (the worker was idle: the queue is empty and we are its only producer).
+        // Keep exactly-once anyway: answer here unless the SA thread already has.
+        let claimed = {
+            let mut g = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let c = g.claimed;
+            *g = Default::default();
+            c
+        };
+        if !claimed {
+            ep.count_status(ACM_STATUS_ENOMEM);
+            respond::send(api, Via::Resolve, id, msg, ACM_STATUS_ENOMEM, None);
+        }
+        release();
+        return true;
+    }
+    sh.pushed.fetch_add(1, Ordering::Release);
+    // No wake-up: the reply wakes the worker (the SA thread pushes it), and the worker polls at
+    // least every max_park anyway for the overdue timer.
+    true
 }
 
 fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
@@ -918,6 +1033,10 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         // Prime the cache; a full queue only loses the priming.
         let _ = enqueue(ep, id, msg, Kind::Prime, key, q, host);
         return r;
+    }
+    if host.is_none() && sh.opts.acmrs_sa_inline && send_inline(ep, id, msg, key, q) {
+        *answered = true;
+        return 0;
     }
     if enqueue(ep, id, msg, Kind::Resolve, key, q, host) {
         *answered = true;

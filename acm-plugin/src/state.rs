@@ -142,6 +142,20 @@ pub struct Request {
     /// Index into [`Shared::hosts`] of an expired address mapping this request used: the
     /// worker re-resolves (renews) it before the route lookup.
     pub host: Option<u32>,
+    /// Set when `resolve()` already sent the SA query itself (`acmrs_sa_inline`): the worker
+    /// only tracks it, on the reserved in-flight slot [`Shared::INLINE_SLOT`].
+    pub sent: Option<Sent>,
+}
+
+/// An SA query `resolve()` sent on the core's thread.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    /// Its context token (low 16 bits = [`Shared::INLINE_SLOT`]).
+    pub token: u64,
+    /// Low 32 bits of its TID.
+    pub tid: u32,
+    /// When it was sent.
+    pub at: std::time::Instant,
 }
 
 /// An SA completion copied out of the core's MAD on the SA thread.
@@ -233,6 +247,16 @@ pub struct Shared {
     /// Which of the 256 cache endpoint slots are taken (an endpoint's slot is released by the
     /// worker after its routes were invalidated).
     pub ep_slots: Mutex<[bool; 256]>,
+    /// Requests pushed into `requests` (the core's main thread is the only pusher).
+    pub pushed: AtomicU64,
+    /// The value of `pushed` at the start of the last worker round that ended with nothing
+    /// pending, in flight or queued: equal to `pushed` = the worker is idle and nothing was
+    /// queued since, so `resolve()` may send a miss's SA query itself (it cannot coalesce
+    /// with anything).
+    pub idle_seen: AtomicU64,
+    /// The reserved in-flight slot [`Shared::INLINE_SLOT`] is in use (set by `resolve()`,
+    /// cleared by the worker when that query completes).
+    pub inline_busy: AtomicBool,
     /// Requests refused because a queue was full.
     pub overflows: AtomicU64,
     /// SA replies dropped because the reply queue was full.
@@ -240,6 +264,10 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The in-flight slot index reserved for queries `resolve()` sent itself (the worker's
+    /// own slots are `0..8 × sa_depth`, at most [`crate::engine::MAX_INFLIGHT`]).
+    pub const INLINE_SLOT: usize = crate::engine::MAX_INFLIGHT;
+
     /// Queues a control message and wakes the worker.
     pub fn control(&self, c: Control) {
         match self.control.lock() {

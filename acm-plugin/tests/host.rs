@@ -750,17 +750,22 @@ fn options_are_validated_and_route_lifetime_honoured() {
 #[test]
 fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
     let _s = serial();
-    let mut h = Host::open(OPTS, &[]); // sa_depth 1: 8 SA queries in flight
+    // sa_depth 1: 8 SA queries in flight from the worker, plus the first miss, which
+    // resolve() sent itself (acmrs_sa_inline, the worker was idle).
+    let mut h = Host::open(OPTS, &[]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let mut tids = Vec::new();
     for i in 0..40u16 {
         let t = h.tid();
         tids.push(t);
         h.resolve(ep, &path_request(t, 100 + i, None, 0), 1);
+        if i == 0 {
+            assert_eq!(sa_pending(), 1, "sent inside resolve()");
+        }
     }
-    assert!(wait_until(|| sa_pending() == 8));
+    assert!(wait_until(|| sa_pending() == 9));
     std::thread::sleep(Duration::from_millis(20));
-    assert_eq!(sa_pending(), 8, "no more than 8 × sa_depth in flight");
+    assert_eq!(sa_pending(), 9, "no more than 8 × sa_depth + 1 in flight");
     // Answering drains the backlog in order.
     let t0 = std::time::Instant::now();
     while response_count() < 40 {
@@ -779,7 +784,7 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
         tids.push(t);
         h.resolve(ep, &path_request(t, 1000 + i, None, 0), 1);
     }
-    assert!(wait_until(|| sa_pending() == 8));
+    assert!(wait_until(|| sa_pending() == 9));
     h.close_ep(ep);
     assert!(wait_responses(2000, W));
     check_exactly_once(&tids).unwrap();
@@ -910,6 +915,10 @@ fn sa_thread_answers_the_starter_directly_and_the_worker_the_rest() {
     let tids: Vec<u64> = (0..3).map(|_| h.tid()).collect();
     for (i, &t) in tids.iter().enumerate() {
         h.resolve(ep, &path_request(t, 40, None, 0), 10 + i as u64);
+        if i == 0 {
+            // acmrs_sa_inline 1 (default) and an idle worker: sent inside resolve().
+            assert_eq!(sa_pending(), 1, "first miss sent inline");
+        }
     }
     assert!(wait_until(|| sa_pending() == 1));
     std::thread::sleep(Duration::from_millis(20));
@@ -944,6 +953,26 @@ fn sa_thread_answers_the_starter_directly_and_the_worker_the_rest() {
         assert_eq!(r.len(), 1);
         assert_eq!(status(&r[0]), expect);
         assert_ne!(r[0].thread, me, "failure answered by the worker");
+    }
+    // A reply that overtakes resolve()'s hand-over to the worker (the worker is not even woken
+    // for an inline send): a success is answered at once, a failure by the worker once it
+    // takes the query over.
+    for (dlid, action, expect, on_sa_thread) in [
+        (46, SaAction::Answer, 0, true),
+        (47, SaAction::Timeout, ACM_STATUS_ETIMEDOUT, false),
+    ] {
+        reset_counters();
+        // Give the worker time to finish its round and report itself idle.
+        std::thread::sleep(Duration::from_millis(20));
+        let t = h.tid();
+        h.resolve(ep, &path_request(t, dlid, None, 0), 1);
+        assert!(sa_complete_next(action), "sent inline");
+        assert!(wait_responses(1, W));
+        std::thread::sleep(Duration::from_millis(20));
+        let r = find(t);
+        assert_eq!(r.len(), 1, "exactly once");
+        assert_eq!(status(&r[0]), expect);
+        assert_eq!(r[0].thread == me, on_sa_thread);
     }
     // BUSY, then the retry succeeds: the retry's reply answers the starter directly.
     reset_counters();

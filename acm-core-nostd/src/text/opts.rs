@@ -246,6 +246,10 @@ pub struct ProviderOptions {
     /// started a successful SA query directly from the reply (the worker still writes the
     /// cache); 0 = every answer goes through the worker.
     pub acmrs_sa_direct: bool,
+    /// `acmrs_sa_inline` (default 1; 0 or 1, needs `acmrs_sa_direct 1`): while the worker is
+    /// idle, `resolve()` sends a miss's SA query itself on the core's thread (as ibacmp does)
+    /// instead of handing it to the worker; 0 = the worker sends every query.
+    pub acmrs_sa_inline: bool,
     /// `acmrs_cpu` (default -1 = do not pin): CPU to pin the worker to.
     pub acmrs_cpu: i32,
     /// `acmrs_log_level` (default unset = follow `log_level`; 0..=4, `-1` = unset).
@@ -288,6 +292,7 @@ impl Default for ProviderOptions {
             acmrs_sa_busy_backoff_ms: 100,
             acmrs_poll_mode: PollMode::Adaptive,
             acmrs_sa_direct: true,
+            acmrs_sa_inline: true,
             acmrs_cpu: -1,
             acmrs_log_level: None,
         }
@@ -435,6 +440,7 @@ impl ProviderOptions {
                 ("event", PollMode::Event),
             ]);
             "acmrs_sa_direct" => acmrs_sa_direct = |v| uint(v, 0, 1).map(|b| b == 1);
+            "acmrs_sa_inline" => acmrs_sa_inline = |v| uint(v, 0, 1).map(|b| b == 1);
             "acmrs_cpu" => acmrs_cpu = |v| int(v, -1, 65535).map(|c| c as i32);
             "acmrs_log_level" => acmrs_log_level =
                 |v| int(v, -1, 4).map(|l| u8::try_from(l).ok());
