@@ -90,6 +90,23 @@ fn stock_ibacmp_resolves_names_ips_lids_gids_with_sa_verification() {
         );
     }
 
+    // Any program runs inside a node's private /run: it sees that node's daemon port file.
+    let mut ports = std::collections::BTreeSet::new();
+    for n in f.nodes() {
+        let out = n
+            .run("cat", &["/run/ibacm.port"], Duration::from_secs(5))
+            .unwrap();
+        let host_view = std::fs::read_to_string(n.run_dir.join("ibacm.port")).unwrap();
+        assert!(out.success() && !out.stdout.trim().is_empty(), "{out}");
+        assert_eq!(out.stdout.trim(), host_view.trim(), "{}", n.name);
+        ports.insert(host_view.trim().to_string());
+    }
+    assert_eq!(
+        ports.len(),
+        f.nodes().len(),
+        "one port per daemon: {ports:?}"
+    );
+
     let before = counters(&f, "Hca3");
     assert_eq!(before["Resolve Count"], 0, "{before:?}");
 
