@@ -93,6 +93,12 @@ fn devinfo_matches_umad_view() {
         "31"
     );
     assert_eq!(value_of(&dev, "subnet_timeout:"), "18");
+    // SM SL and MTUs: what the live PortInfo of the node says.
+    let dots = |key: &str| value_of(&pi, key).trim_start_matches('.').to_string();
+    assert_eq!(value_of(&dev, "sm_sl:"), dots("SMSL:"), "{dev}\n{pi}");
+    let mtu = |key: &str| value_of(&dev, key).split(' ').next().unwrap().to_string();
+    assert_eq!(mtu("active_mtu:"), dots("NeighborMTU:"), "{dev}\n{pi}");
+    assert_eq!(mtu("max_mtu:"), dots("MtuCap:"), "{dev}\n{pi}");
     let (dev8, _) = devinfo(Some("8"));
     assert_eq!(value_of(&dev8, "subnet_timeout:"), "8");
     let (dev_bad, err) = devinfo(Some("32"));
