@@ -142,6 +142,10 @@ fn ud_unicast_checks_and_cq_overflow() {
         assert_eq!(field(&wc, "qp").unwrap(), bqpn.to_string());
         assert_eq!(field(&wc, "slid").unwrap(), alid.to_string());
         assert_eq!(field(&wc, "sl"), Some("2"));
+        // LMC 0: no path bits; default partition at P_Key index 0 (the agent pre-fills the WC
+        // with 0xa5 bytes, so unwritten fields would show).
+        assert_eq!(field(&wc, "path_bits"), Some("0"), "{wc}");
+        assert_eq!(field(&wc, "pkey_index"), Some("0"), "{wc}");
         assert_eq!(field(&wc, "grh"), Some("0"));
         assert_eq!(field(&wc, "imm").unwrap(), i.to_string());
         assert_eq!(

@@ -200,16 +200,19 @@ static void print_wc(struct ibv_wc *wc)
 		hex((uint8_t *)slot + 24, 16, dg);
 	}
 	int dlen = wc->status == IBV_WC_SUCCESS && wc->byte_len >= 40 ? (int)wc->byte_len - 40 : 0;
-	printf("wc status=%d len=%u qp=%u src_qp=%u slid=%u sl=%u pkey_index=%u grh=%d imm=%s%u "
-	       "sgid=%s dgid=%s data=%.*s\n",
+	printf("wc status=%d len=%u qp=%u src_qp=%u slid=%u sl=%u pkey_index=%u path_bits=%u grh=%d "
+	       "imm=%s%u sgid=%s dgid=%s data=%.*s\n",
 	       wc->status, wc->byte_len, wc->qp_num, wc->src_qp, wc->slid, wc->sl, wc->pkey_index,
-	       !!(wc->wc_flags & IBV_WC_GRH), (wc->wc_flags & IBV_WC_WITH_IMM) ? "" : "none:",
+	       wc->dlid_path_bits, !!(wc->wc_flags & IBV_WC_GRH),
+	       (wc->wc_flags & IBV_WC_WITH_IMM) ? "" : "none:",
 	       (wc->wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc->imm_data) : 0, sg, dg, dlen, slot + 40);
 }
 
 static void do_wait(int ms)
 {
 	struct ibv_wc wc;
+	/* Garbage first: every field printed must have been written by poll_cq. */
+	memset(&wc, 0xa5, sizeof(wc));
 	for (;;) {
 		if (ibv_poll_cq(rcq, 1, &wc) == 1) {
 			print_wc(&wc);
