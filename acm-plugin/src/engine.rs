@@ -696,8 +696,15 @@ impl Engine {
                 let ttl = u64::from(self.sh.opts.acmrs_negative_ttl_ms);
                 if s == ACM_STATUS_ENODATA && r.umad_status == 0 && ttl > 0 {
                     if let Some(k) = self.inflight[fi as usize].as_ref().map(|f| f.key) {
-                        if k.nonce == 0 {
-                            self.sh.insert_negative(&k.route, s, self.now_coarse(), ttl);
+                        // Never over a path cached since the query started (a preload or
+                        // reregister re-insert): that would hide a valid route.
+                        let now_c = self.now_coarse();
+                        let has_path = matches!(
+                            self.sh.lookup(&k.route, now_c),
+                            Some(Cached::Path(..))
+                        );
+                        if k.nonce == 0 && !has_path {
+                            self.sh.insert_negative(&k.route, s, now_c, ttl);
                         }
                     }
                 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 mod samehost;
 
 const USAGE: &str = "usage: provider [--quick] [--sizes 1000,100000] [--hit-samples N] \
-     [--topology fattree:L,S,H] [--poll-mode busy|adaptive|event] [--sa-direct 0|1] [--out DIR]   (default: same host, same fabric, same run)\n\
+     [--topology fattree:L,S,H] [--poll-mode busy|adaptive|event] [--sa-direct 0|1] [--sa-inline 0|1] [--out DIR]   (default: same host, same fabric, same run)\n\
        provider --fake-core [--quick] [--sizes ...] [--poll-mode busy|adaptive|event] [--out DIR]\n\
        provider --daemon [--daemon-samples N] [--out DIR]";
 
@@ -504,6 +504,7 @@ fn main() {
             "--daemon-samples",
             "--poll-mode",
             "--sa-direct",
+            "--sa-inline",
             "--topology",
             "--hit-samples",
         ],
@@ -552,6 +553,7 @@ fn main() {
             out: args.out.clone(),
             poll_mode: args.value("--poll-mode").unwrap_or("adaptive").to_string(),
             sa_direct: args.value("--sa-direct").unwrap_or("1").to_string(),
+            sa_inline: args.value("--sa-inline").unwrap_or("1").to_string(),
         };
         if let Err(e) = samehost::run(&cfg) {
             eprintln!("provider: {e}");

@@ -44,6 +44,8 @@ pub struct Config {
     pub poll_mode: String,
     /// `acmrs_sa_direct` of acmrs (0 or 1).
     pub sa_direct: String,
+    /// `acmrs_sa_inline` of acmrs (0 or 1).
+    pub sa_inline: String,
 }
 
 // ---- parent ----------------------------------------------------------------------------------
@@ -124,6 +126,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .args(["--max-lid", &max_lid.to_string()])
             .args(["--poll-mode", &cfg.poll_mode])
             .args(["--sa-direct", &cfg.sa_direct])
+            .args(["--sa-inline", &cfg.sa_inline])
             .args(["--acmrs", acmrs.to_str().unwrap_or_default()]);
         if let Some(out) = &cfg.out {
             let out = std::path::absolute(out).map_err(|e| e.to_string())?;
@@ -474,6 +477,7 @@ struct ChildArgs {
     out: Option<PathBuf>,
     poll_mode: String,
     sa_direct: String,
+    sa_inline: String,
 }
 
 fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
@@ -495,6 +499,7 @@ fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
         out: get("--out").ok().map(PathBuf::from),
         poll_mode: get("--poll-mode")?.to_string(),
         sa_direct: get("--sa-direct")?.to_string(),
+        sa_inline: get("--sa-inline")?.to_string(),
     })
 }
 
@@ -581,12 +586,14 @@ pub fn child(args: &[String]) -> Result<(), String> {
         &acmrs_opts,
         format!(
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
-             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\nacmrs_sa_direct {}\n",
+             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\nacmrs_sa_direct {}\n\
+             acmrs_sa_inline {}\n",
             // acmrs stores each preloaded route under 4 keys (see docs/bench.md): room for
             // all of them plus the misses, at a load factor below 0.8.
             dlids as usize * 5 + 1024,
             a.poll_mode,
-            a.sa_direct
+            a.sa_direct,
+            a.sa_inline
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -745,13 +752,14 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // 7. Report.
     println!(
         "### {entries} cached paths ({dlids} preloaded DLIDs x LID+GID entries; requested {})\n\n\
-         acmrs_poll_mode {}, acmrs_sa_direct {}; ready after open: stock {} ms, acmrs {} ms; \
+         acmrs_poll_mode {}, acmrs_sa_direct {}, acmrs_sa_inline {}; ready after open: stock {} ms, acmrs {} ms; \
          SA MADs during hits: {sa_during_hits}, during misses: {sa_during_misses}; \
          failed misses: stock {}, acmrs {}; miss requests answered without an SA query: \
          stock {}, acmrs {}; hits answered inside resolve(): stock {}, acmrs {}\n",
         a.size,
         a.poll_mode,
         a.sa_direct,
+        a.sa_inline,
         ready_ms[0],
         ready_ms[1],
         failed[0],
