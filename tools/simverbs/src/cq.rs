@@ -4,7 +4,8 @@
 //! to an armed CQ disarms it and queues a completion event on its channel, whose `fd` (the
 //! read end of a pipe) becomes readable; `ibv_get_cq_event` blocks on that fd like the kernel
 //! one. A completion that finds the CQ full is lost and the CQ reports `IBV_EVENT_CQ_ERR`
-//! through the context's async events (once), as on hardware.
+//! through the context's async events (once), as on hardware; from then on the CQ is in the
+//! error state and every later completion is lost too (the queued ones can still be polled).
 
 use crate::device::{context_state, ContextState, EventElement};
 use crate::{guard, set_errno};
@@ -95,12 +96,15 @@ pub struct CqInner {
 }
 
 impl CqInner {
-    /// Adds a completion; on overflow the completion is lost and `IBV_EVENT_CQ_ERR` is raised.
+    /// Adds a completion; on overflow the completion is lost, `IBV_EVENT_CQ_ERR` is raised and
+    /// the CQ stays in error (later completions are lost as well).
     pub fn push(&self, c: Completion) {
         let cq = self.cq_ptr.load(Ordering::Acquire);
         let (notify, overflow) = {
             let Ok(mut q) = self.queue.lock() else { return };
-            if q.entries.len() >= q.capacity {
+            if q.overflowed || q.entries.len() >= q.capacity {
+                // Overrun: the CQ is in the error state from now on, as on hardware; it
+                // takes no more completions (those already queued can still be polled).
                 let first = !q.overflowed;
                 q.overflowed = true;
                 (false, first)

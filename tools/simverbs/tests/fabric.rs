@@ -227,6 +227,19 @@ fn ud_unicast_checks_and_cq_overflow() {
     }
     let ev = c.cmd("async 3000");
     assert_eq!(ev, "async CQ error rcq");
+    // The two that fit are still there; after the overrun the CQ is in error, as on hardware:
+    // a later datagram (a receive is still posted) never completes.
+    for i in 0..2 {
+        assert_eq!(
+            field(&c.cmd("wait 3000"), "data"),
+            Some(format!("flood{i}").as_str())
+        );
+    }
+    assert_eq!(
+        b.cmd(&format!("send {clid} {cqpn} {QKEY:#x} after-overrun")),
+        "ok status=0"
+    );
+    assert_eq!(c.cmd("wait 500"), "timeout");
 
     // Receive buffer reaching past the MR: the datagram completes with a protection error.
     assert_eq!(b.cmd("recvbad"), "ok");
