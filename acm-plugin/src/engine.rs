@@ -22,7 +22,7 @@ use crate::path::{self, SaOutcome};
 use crate::respond::{self, Via};
 use crate::state::{
     Cached, Control, DirectReq, DirectSlot, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply,
-    Shared, NEVER,
+    Shared, INLINE_SLOTS, NEVER,
 };
 use acm_core_nostd::cache::hash::hash_words;
 use acm_core_nostd::cache::pending::{PendingSlot, Token, WaiterSlot};
@@ -52,6 +52,11 @@ pub fn next_ids(fi: u32) -> (u64, u32) {
         tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
     }
     (token, tid)
+}
+
+/// Whether `fi` is one of the in-flight slots reserved for `resolve()`'s inline sends.
+fn is_inline(fi: u32) -> bool {
+    (Shared::INLINE_SLOT..Shared::INLINE_SLOT + INLINE_SLOTS).contains(&(fi as usize))
 }
 
 /// The key requests coalesce on in the pending table: the route key, plus a nonce that is 0
@@ -210,11 +215,13 @@ pub struct Engine {
     pending: Pending,
     reqs: Requests,
     /// In-flight queries: the worker's own slots `0..n`, then unused ones, and at
-    /// [`Shared::INLINE_SLOT`] the one `resolve()` sent itself (never on the free list).
+    /// [`Shared::INLINE_SLOT`] the ones `resolve()` sent itself (never on the free list).
     inflight: Vec<Option<Inflight>>,
     inflight_free: Vec<u32>,
     /// How many of the worker's own slots there are.
     own_slots: usize,
+    /// Requests taken from the queue that `enqueue` counted in [`Shared::pushed`].
+    taken: u64,
     /// Replies for the inline slot that arrived before `resolve()`'s hand-over (a few, newest).
     early: VecDeque<SaReply>,
     /// Started keys waiting for an in-flight slot, FIFO.
@@ -262,9 +269,10 @@ impl Engine {
                 slots: (0..cap).map(|_| None).collect(),
                 free: (0..cap as u32).rev().collect(),
             },
-            inflight: (0..=Shared::INLINE_SLOT).map(|_| None).collect(),
+            inflight: (0..Shared::INLINE_SLOT + INLINE_SLOTS).map(|_| None).collect(),
             inflight_free: (0..inflight as u32).rev().collect(),
             own_slots: inflight,
+            taken: 0,
             early: VecDeque::with_capacity(EARLY),
             backlog: VecDeque::with_capacity(cap),
             next_nonce: 0,
@@ -338,9 +346,22 @@ impl Engine {
         self.enter(pk, slot, now);
     }
 
-    /// Takes over tracking of a query `resolve()` sent itself on [`Shared::INLINE_SLOT`].
+    /// Frees inline slot `fi` for `resolve()` (after its direct answer was disarmed).
+    fn release_inline(&self, fi: u32) {
+        if let Some(b) = (fi as usize)
+            .checked_sub(Shared::INLINE_SLOT)
+            .and_then(|i| self.sh.inline_busy.get(i))
+        {
+            b.store(false, Ordering::Release);
+        }
+    }
+
+    /// Takes over tracking of a query `resolve()` sent itself on an inline slot.
     fn adopt(&mut self, req: Request, sent: crate::state::Sent, now: Instant) {
-        let fi = Shared::INLINE_SLOT as u32;
+        let fi = sent.fi;
+        if !is_inline(fi) {
+            return;
+        }
         let free_slot = self.inflight[fi as usize].is_none();
         let usable = free_slot && !self.done && !req.ep.closed.load(Ordering::Acquire);
         // The worker was idle when it was sent, so the key cannot be pending; if it were, a
@@ -362,7 +383,7 @@ impl Engine {
                 answer(&self.sh, &req, s, None);
             }
             if free_slot {
-                self.sh.inline_busy.store(false, Ordering::Release);
+                self.release_inline(fi);
             }
             return;
         };
@@ -379,7 +400,7 @@ impl Engine {
                         self.overflow(&req);
                     }
                 }
-                self.sh.inline_busy.store(false, Ordering::Release);
+                self.release_inline(fi);
                 return;
             }
         }
@@ -630,10 +651,8 @@ impl Engine {
         self.pending.complete(&f.key, |t| {
             reqs.finish_unless(sh, t, status, record, answered)
         });
-        if fi as usize == Shared::INLINE_SLOT {
-            // After the disarm: resolve() may arm the slot again from now on.
-            self.sh.inline_busy.store(false, Ordering::Release);
-        }
+        // After the disarm: resolve() may arm an inline slot again from now on.
+        self.release_inline(fi);
         self.kick_backlog = true;
     }
 
@@ -676,7 +695,7 @@ impl Engine {
             .and_then(|f| f.as_ref())
             .is_some_and(|f| f.token == r.token && f.tid == path::tid_low(&r.mad));
         if !matches {
-            if fi as usize == Shared::INLINE_SLOT && self.inflight[fi as usize].is_none() {
+            if is_inline(fi) && self.inflight.get(fi as usize).is_some_and(Option::is_none) {
                 // Possibly the reply to a query resolve() just sent, ahead of its hand-over.
                 if self.early.len() == EARLY {
                     self.early.pop_front();
@@ -858,7 +877,7 @@ impl Engine {
 impl Poller for Engine {
     fn poll(&mut self, now: Instant) -> PollOutcome {
         let mut did = false;
-        let pushed = self.sh.pushed.load(Ordering::Acquire);
+
         let controls: Vec<Control> = match self.sh.control.lock() {
             Ok(mut v) if !v.is_empty() => std::mem::take(&mut *v),
             Ok(_) => Vec::new(),
@@ -882,6 +901,9 @@ impl Poller for Engine {
             let Some(req) = self.sh.requests.pop() else {
                 break;
             };
+            if req.sent.is_none() {
+                self.taken += 1;
+            }
             did = true;
             self.handle_request(req, now);
         }
@@ -890,14 +912,10 @@ impl Poller for Engine {
             self.kick_backlog = false;
             self.drain_backlog(now);
         }
-        // Every pending key is in flight or in the backlog: nothing of either, and nothing
-        // queued, means a new miss has nothing to coalesce with.
-        if self.backlog.is_empty()
-            && self.inflight_free.len() == self.own_slots
-            && self.inflight[Shared::INLINE_SLOT].is_none()
-            && self.sh.requests.is_empty()
-        {
-            self.sh.idle_seen.store(pushed, Ordering::Release);
+        // Every pending key is in flight or in the backlog: none of the worker's own, and
+        // every queued request taken, means the only pending keys are inline ones.
+        if self.backlog.is_empty() && self.inflight_free.len() == self.own_slots {
+            self.sh.idle_seen.store(self.taken, Ordering::Release);
         }
         PollOutcome {
             did_work: did,

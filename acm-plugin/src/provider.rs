@@ -198,7 +198,9 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         replies: ArrayQueue::new(MAX_INFLIGHT * 4),
         control: Mutex::new(Vec::new()),
         direct: if opts.acmrs_sa_direct {
-            (0..=MAX_INFLIGHT).map(|_| Mutex::default()).collect()
+            (0..MAX_INFLIGHT + crate::state::INLINE_SLOTS)
+                .map(|_| Mutex::default())
+                .collect()
         } else {
             Box::default()
         },
@@ -209,7 +211,8 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         ep_slots: Mutex::new([false; 256]),
         pushed: AtomicU64::new(0),
         idle_seen: AtomicU64::new(0),
-        inline_busy: std::sync::atomic::AtomicBool::new(false),
+        inline_busy: Default::default(),
+        inline_keys: Mutex::new([None; crate::state::INLINE_SLOTS]),
         overflows: AtomicU64::new(0),
         reply_drops: AtomicU64::new(0),
         opts,
@@ -881,16 +884,38 @@ fn enqueue(
 /// while sending), and the direct slot's lock is only ever held for a copy.
 fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) -> bool {
     let sh = &ep.shared;
-    let fi = Shared::INLINE_SLOT;
-    let Some(slot) = sh.direct.get(fi) else {
-        return false;
-    };
-    if sh.idle_seen.load(Ordering::Acquire) != sh.pushed.load(Ordering::Relaxed)
-        || sh.inline_busy.swap(true, Ordering::AcqRel)
+    if sh.direct.is_empty()
+        || sh.idle_seen.load(Ordering::Acquire) != sh.pushed.load(Ordering::Relaxed)
     {
         return false;
     }
-    let release = || sh.inline_busy.store(false, Ordering::Release);
+    // Main thread only: never contended.
+    let mut keys = sh
+        .inline_keys
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut free = None;
+    for (i, busy) in sh.inline_busy.iter().enumerate() {
+        if busy.load(Ordering::Acquire) {
+            if keys[i] == Some(key) {
+                // The same route is being resolved inline: the worker coalesces it.
+                return false;
+            }
+        } else if free.is_none() {
+            free = Some(i);
+        }
+    }
+    let Some(i) = free else {
+        return false;
+    };
+    let fi = Shared::INLINE_SLOT + i;
+    let Some(slot) = sh.direct.get(fi) else {
+        return false;
+    };
+    sh.inline_busy[i].store(true, Ordering::Release);
+    keys[i] = Some(key);
+    drop(keys);
+    let release = || sh.inline_busy[i].store(false, Ordering::Release);
     let guard = match ep.endpoint.try_lock() {
         Ok(g) => g,
         Err(_) => {
@@ -954,6 +979,7 @@ fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) 
         sa_record: q,
         host: None,
         sent: Some(crate::state::Sent {
+            fi: fi as u32,
             token,
             tid,
             at: std::time::Instant::now(),
@@ -975,7 +1001,6 @@ fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) 
         release();
         return true;
     }
-    sh.pushed.fetch_add(1, Ordering::Release);
     // No wake-up: the reply wakes the worker (the SA thread pushes it), and the worker polls at
     // least every max_park anyway for the overdue timer.
     true

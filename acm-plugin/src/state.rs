@@ -21,6 +21,9 @@ use std::sync::{Arc, Mutex};
 /// The path cache (`acm-core-nostd::cache`) over heap storage sized from the options.
 pub type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
+/// How many SA queries `resolve()` may have in flight that it sent itself.
+pub const INLINE_SLOTS: usize = 4;
+
 /// Cache lifetime meaning "never expires".
 pub const NEVER: u64 = u64::MAX;
 
@@ -143,14 +146,16 @@ pub struct Request {
     /// worker re-resolves (renews) it before the route lookup.
     pub host: Option<u32>,
     /// Set when `resolve()` already sent the SA query itself (`acmrs_sa_inline`): the worker
-    /// only tracks it, on the reserved in-flight slot [`Shared::INLINE_SLOT`].
+    /// only tracks it, on one of the reserved in-flight slots from [`Shared::INLINE_SLOT`].
     pub sent: Option<Sent>,
 }
 
 /// An SA query `resolve()` sent on the core's thread.
 #[derive(Clone, Copy, Debug)]
 pub struct Sent {
-    /// Its context token (low 16 bits = [`Shared::INLINE_SLOT`]).
+    /// Its in-flight slot (`INLINE_SLOT..INLINE_SLOT + INLINE_SLOTS`).
+    pub fi: u32,
+    /// Its context token (low 16 bits = `fi`).
     pub token: u64,
     /// Low 32 bits of its TID.
     pub tid: u32,
@@ -247,16 +252,19 @@ pub struct Shared {
     /// Which of the 256 cache endpoint slots are taken (an endpoint's slot is released by the
     /// worker after its routes were invalidated).
     pub ep_slots: Mutex<[bool; 256]>,
-    /// Requests pushed into `requests` (the core's main thread is the only pusher).
+    /// Requests queued for the worker by `enqueue` (not the inline hand-overs; the core's
+    /// main thread is the only pusher).
     pub pushed: AtomicU64,
-    /// The value of `pushed` at the start of the last worker round that ended with nothing
-    /// pending, in flight or queued: equal to `pushed` = the worker is idle and nothing was
-    /// queued since, so `resolve()` may send a miss's SA query itself (it cannot coalesce
-    /// with anything).
+    /// How many of those the worker had taken at the end of its last round that left none of
+    /// them pending (its own in-flight slots and backlog empty). Equal to `pushed` = no key
+    /// is pending at the worker except those `resolve()` sent inline (which it knows), so an
+    /// inline send cannot duplicate a query the worker would coalesce.
     pub idle_seen: AtomicU64,
-    /// The reserved in-flight slot [`Shared::INLINE_SLOT`] is in use (set by `resolve()`,
-    /// cleared by the worker when that query completes).
-    pub inline_busy: AtomicBool,
+    /// Per reserved inline slot: in use (set by `resolve()`, cleared by the worker when that
+    /// query completes).
+    pub inline_busy: [AtomicBool; INLINE_SLOTS],
+    /// Per reserved inline slot, the key sent on it (main thread only: never contended).
+    pub inline_keys: Mutex<[Option<RouteKey>; INLINE_SLOTS]>,
     /// Requests refused because a queue was full.
     pub overflows: AtomicU64,
     /// SA replies dropped because the reply queue was full.
@@ -264,8 +272,8 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The in-flight slot index reserved for queries `resolve()` sent itself (the worker's
-    /// own slots are `0..8 × sa_depth`, at most [`crate::engine::MAX_INFLIGHT`]).
+    /// The first in-flight slot index reserved for queries `resolve()` sent itself (the
+    /// worker's own slots are `0..8 × sa_depth`, at most [`crate::engine::MAX_INFLIGHT`]).
     pub const INLINE_SLOT: usize = crate::engine::MAX_INFLIGHT;
 
     /// Queues a control message and wakes the worker.
