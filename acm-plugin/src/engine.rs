@@ -164,7 +164,10 @@ pub fn claim_direct(sh: &Shared, r: &SaReply) -> Option<(DirectReq, [u8; 64])> {
         return None;
     }
     // A closed endpoint's waiters get ENODATA from the worker.
-    if g.req.as_ref().is_none_or(|d| d.ep.closed.load(Ordering::Acquire)) {
+    if g.req
+        .as_ref()
+        .is_none_or(|d| d.ep.closed.load(Ordering::Acquire))
+    {
         return None;
     }
     let d = g.req.take()?;
@@ -269,7 +272,9 @@ impl Engine {
                 slots: (0..cap).map(|_| None).collect(),
                 free: (0..cap as u32).rev().collect(),
             },
-            inflight: (0..Shared::INLINE_SLOT + INLINE_SLOTS).map(|_| None).collect(),
+            inflight: (0..Shared::INLINE_SLOT + INLINE_SLOTS)
+                .map(|_| None)
+                .collect(),
             inflight_free: (0..inflight as u32).rev().collect(),
             own_slots: inflight,
             taken: 0,
@@ -379,7 +384,11 @@ impl Engine {
         let Some(slot) = slot else {
             // Not tracked: answer here unless the SA thread already did.
             if self.disarm(fi, sent.token) != Some(true) {
-                let s = if usable { ACM_STATUS_ENOMEM } else { ACM_STATUS_ENODATA };
+                let s = if usable {
+                    ACM_STATUS_ENOMEM
+                } else {
+                    ACM_STATUS_ENODATA
+                };
                 answer(&self.sh, &req, s, None);
             }
             if free_slot {
@@ -563,7 +572,11 @@ impl Engine {
         let ep = f.ep.clone();
         // Arm the starter for a direct answer by the SA thread before the MAD can complete.
         if let Some(slot) = self.sh.direct.get(fi as usize) {
-            let starter = self.reqs.slots.get(f.starter as usize).and_then(Option::as_ref);
+            let starter = self
+                .reqs
+                .slots
+                .get(f.starter as usize)
+                .and_then(Option::as_ref);
             let mut g = lock_direct(slot);
             if !g.claimed {
                 g.token = token;
@@ -718,10 +731,8 @@ impl Engine {
                         // Never over a path cached since the query started (a preload or
                         // reregister re-insert): that would hide a valid route.
                         let now_c = self.now_coarse();
-                        let has_path = matches!(
-                            self.sh.lookup(&k.route, now_c),
-                            Some(Cached::Path(..))
-                        );
+                        let has_path =
+                            matches!(self.sh.lookup(&k.route, now_c), Some(Cached::Path(..)));
                         if k.nonce == 0 && !has_path {
                             self.sh.insert_negative(&k.route, s, now_c, ttl);
                         }

@@ -930,9 +930,13 @@ fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) 
     }
     let (token, tid) = engine::next_ids(fi as u32);
     let disarm = || {
-        *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Default::default();
+        *slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Default::default();
     };
-    *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = crate::state::DirectSlot {
+    *slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = crate::state::DirectSlot {
         token,
         tid,
         req: Some(crate::state::DirectReq {
@@ -955,7 +959,12 @@ fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) 
     // SAFETY: `mad` is a valid acm_sa_mad the core just allocated for us; we own it until
     // acm_send_sa_mad succeeds (then the core owns it until it calls our handler).
     let sent = unsafe {
-        crate::path::build_path_get(&mut (*mad).sa_mad.bytes, tid, &q, crate::path::comp_mask(&q));
+        crate::path::build_path_get(
+            &mut (*mad).sa_mad.bytes,
+            tid,
+            &q,
+            crate::path::comp_mask(&q),
+        );
         if (api.send_sa_mad)(mad) != 0 {
             (api.free_sa_mad)(mad);
             false
@@ -989,7 +998,9 @@ fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) 
         // Cannot happen (the worker was idle: the queue is empty and we are its only producer).
         // Keep exactly-once anyway: answer here unless the SA thread already has.
         let claimed = {
-            let mut g = slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut g = slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let c = g.claimed;
             *g = Default::default();
             c

@@ -151,7 +151,7 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     assert_eq!(r2[0].thread, std::thread::current().id());
     assert_eq!(SENDS.load(Ordering::SeqCst), sends);
     let extra = id - 101; // requests answered by the worker before the route was cached
-    // By DGID.
+                          // By DGID.
     let t3 = h.tid();
     h.resolve(ep, &path_request(t3, 0, Some(gid_of(0x1000 + 9)), 0), 5);
     sa_one(SaAction::Answer, 3);
@@ -159,7 +159,11 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     // Counters: per EP and the core's global ones.
     let perf = h.perf(ep);
     assert_eq!(perf[cntr::RESOLVE], 3 + extra);
-    assert_eq!(perf[cntr::ROUTE_QUERY], 2, "no SA query for the requests in the window");
+    assert_eq!(
+        perf[cntr::ROUTE_QUERY],
+        2,
+        "no SA query for the requests in the window"
+    );
     // Coalesced ones are no cache hits; one the worker found cached is.
     assert!((1..=1 + extra).contains(&perf[cntr::ROUTE_CACHE]));
     assert_eq!(perf[cntr::ERROR], 0);
@@ -492,9 +496,8 @@ fn query_sa_passthrough() {
 fn names_from_hosts_file_loopback_and_source_echo() {
     let _s = serial();
     let hosts = "# hosts\nnode9 fe80::1009\n10.0.0.9 fe80::1009\nfe80::9 fe80::1009\nbad-line\n";
-    let opts = format!(
-        "{OPTS}{WORKER_ANSWERS}addr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n"
-    );
+    let opts =
+        format!("{OPTS}{WORKER_ANSWERS}addr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n");
     let mut h = Host::open(&opts, &[("hosts.data", hosts)]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     h.add_addr(ep, ACM_ADDRESS_IP, &[10, 0, 0, 7]);
@@ -801,9 +804,8 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
 fn refresh_ahead_requeries_once_and_updates_in_place() {
     let _s = serial();
     // Routes live 2 s; the last 50% (1 s) of that is the refresh window.
-    let opts = format!(
-        "{OPTS}{WORKER_ANSWERS}acmrs_route_ttl_ms 2000\nacmrs_refresh_ahead_pct 50\n"
-    );
+    let opts =
+        format!("{OPTS}{WORKER_ANSWERS}acmrs_route_ttl_ms 2000\nacmrs_refresh_ahead_pct 50\n");
     let mut h = Host::open(&opts, &[]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let t = h.tid();
