@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 /// Most SA queries one provider instance keeps in flight (the core queues beyond `sa_depth`).
 pub const MAX_INFLIGHT: usize = 256;
 const BATCH: usize = 256;
-/// Early replies kept for the inline slot.
-const EARLY: usize = 4;
+/// Early replies kept for the inline slots (the oldest, stale ones, are dropped first).
+const EARLY: usize = 4 * INLINE_SLOTS;
 
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
@@ -427,13 +427,15 @@ impl Engine {
             deadline,
         });
         self.arm_timer(deadline);
-        // Its reply may have overtaken the hand-over.
-        while let Some(r) = self.early.pop_front() {
-            if r.token == sent.token {
-                self.early.clear();
-                self.handle_reply(r, now);
-                break;
-            }
+        // Its reply may have overtaken the hand-over (the others' stay: several inline
+        // queries may be waiting for their hand-over).
+        if let Some(r) = self
+            .early
+            .iter()
+            .position(|r| r.token == sent.token)
+            .and_then(|i| self.early.remove(i))
+        {
+            self.handle_reply(r, now);
         }
     }
 

@@ -1012,8 +1012,9 @@ fn send_inline(ep: &Arc<Ep>, id: u64, msg: &AcmMsg, key: RouteKey, q: [u8; 64]) 
         release();
         return true;
     }
-    // No wake-up: the reply wakes the worker (the SA thread pushes it), and the worker polls at
-    // least every max_park anyway for the overdue timer.
+    // No wake-up (the one syscall here is the core's umad send, as in ibacmp): the reply
+    // wakes the worker (the SA thread pushes it), and the worker polls at least every
+    // max_park anyway for the overdue timer.
     true
 }
 

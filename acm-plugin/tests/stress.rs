@@ -144,6 +144,14 @@ fn run_schedule(h: &mut Host, seed: u64) -> Result<(), String> {
     }
     let tids: Vec<u64> = expect.keys().copied().collect();
     check_exactly_once(&tids).map_err(|e| format!("seed {seed}: {e}"))?;
+    // The fake SA completes every MAD (at the latest in the loop above), so the worker's
+    // safety-net timer must never fire: if it did, a reply was lost on the way (e.g. one
+    // that overtook resolve()'s inline hand-over and was not kept for it).
+    if log_contains("overdue") {
+        return Err(format!(
+            "seed {seed}: an SA reply was lost (answered by the overdue timer)"
+        ));
+    }
     for r in responses() {
         let e = &expect[&r.msg.hdr.tid];
         if r.query != e.query {
