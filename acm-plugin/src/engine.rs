@@ -225,6 +225,8 @@ pub struct Engine {
     own_slots: usize,
     /// Requests taken from the queue that `enqueue` counted in [`Shared::pushed`].
     taken: u64,
+    /// A completion this round answered someone from the worker (see `poll`).
+    answered_any: bool,
     /// Replies for the inline slot that arrived before `resolve()`'s hand-over (a few, newest).
     early: VecDeque<SaReply>,
     /// Started keys waiting for an in-flight slot, FIFO.
@@ -278,6 +280,7 @@ impl Engine {
             inflight_free: (0..inflight as u32).rev().collect(),
             own_slots: inflight,
             taken: 0,
+            answered_any: false,
             early: VecDeque::with_capacity(EARLY),
             backlog: VecDeque::with_capacity(cap),
             next_nonce: 0,
@@ -663,9 +666,12 @@ impl Engine {
             }
         }
         let (sh, reqs) = (&*self.sh, &mut self.reqs);
+        let mut by_worker = false;
         self.pending.complete(&f.key, |t| {
+            by_worker |= answered != Some(t);
             reqs.finish_unless(sh, t, status, record, answered)
         });
+        self.answered_any |= by_worker;
         // After the disarm: resolve() may arm an inline slot again from now on.
         self.release_inline(fi);
         self.kick_backlog = true;
@@ -903,11 +909,14 @@ impl Poller for Engine {
         if self.done {
             return PollOutcome::default();
         }
+        // Replies and inline hand-overs count as work (keep the worker spinning) only if the
+        // worker answered someone: a success whose only client the SA thread answered
+        // directly just needs its cache write, and spinning after it would only take the CPU
+        // from whoever serves the next miss (on a small box: the SM).
         for _ in 0..BATCH {
             let Some(r) = self.sh.replies.pop() else {
                 break;
             };
-            did = true;
             self.handle_reply(r, now);
         }
         for _ in 0..BATCH {
@@ -916,8 +925,8 @@ impl Poller for Engine {
             };
             if req.sent.is_none() {
                 self.taken += 1;
+                did = true;
             }
-            did = true;
             self.handle_request(req, now);
         }
         self.run_timers(now);
@@ -930,6 +939,7 @@ impl Poller for Engine {
         if self.backlog.is_empty() && self.inflight_free.len() == self.own_slots {
             self.sh.idle_seen.store(self.taken, Ordering::Release);
         }
+        did |= std::mem::take(&mut self.answered_any);
         PollOutcome {
             did_work: did,
             next_deadline: self.next_timer,
