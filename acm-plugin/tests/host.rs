@@ -17,6 +17,8 @@ retries 0
 acmrs_sa_retries 3
 acmrs_sa_busy_backoff_ms 5
 route_timeout -1
+acmrs_sa_direct 1
+acmrs_sa_inline 1
 ";
 
 /// Appended by tests that check a hit *inline* right after a miss was answered: with the
@@ -730,7 +732,7 @@ fn options_are_validated_and_route_lifetime_honoured() {
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     // The invalid value is reported with its line; unknown names are ignored silently.
     assert!(
-        log_contains("ibacm_opts.cfg line 8: invalid number"),
+        log_contains("ibacm_opts.cfg line 10: invalid number"),
         "invalid acmrs_cpu reported"
     );
     assert!(!log_contains("some_other_provider_option"));

@@ -205,7 +205,8 @@ fn exactly_once_under_random_schedules() {
     // `acmrs_sa_direct 1`, seeds 1..=199, 400..=599, ...) and answers from the worker only.
     let opts = |seed: u64| {
         format!(
-            "{OPTS}acmrs_route_ttl_ms 40\nacmrs_refresh_ahead_pct 75\nacmrs_sa_direct {}\n",
+            "{OPTS}acmrs_route_ttl_ms 40\nacmrs_refresh_ahead_pct 75\nacmrs_sa_direct {}\n\
+             acmrs_sa_inline 1\n",
             u8::from((seed / 200) % 2 == 0)
         )
     };
