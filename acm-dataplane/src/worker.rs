@@ -27,6 +27,40 @@ pub trait Poller: Send + 'static {
     fn poll(&mut self, now: Instant) -> PollOutcome;
     /// Whether the poller has finished its shutdown and the thread may exit.
     fn finished(&self) -> bool;
+    /// Called on the worker thread after [`Poller::poll`] panicked (the panic was caught; the
+    /// worker keeps running). `message` is the panic's text. The poller must bring its state
+    /// back to a consistent one (e.g. answer everything it holds). The default does nothing.
+    /// If this panics too, the worker thread exits.
+    fn recover(&mut self, message: &str) {
+        let _ = message;
+    }
+}
+
+/// The text of a caught panic payload.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "(non-string panic payload)"
+    }
+}
+
+/// One poll round with panics caught: a panic becomes [`Poller::recover`] and a round that did
+/// work. `None` when `recover` panicked as well (the worker gives up).
+fn poll_guarded<P: Poller>(poller: &mut P, now: Instant) -> Option<PollOutcome> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poller.poll(now))) {
+        Ok(out) => Some(out),
+        Err(payload) => {
+            let msg = panic_message(&*payload);
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poller.recover(msg))).ok()?;
+            Some(PollOutcome {
+                did_work: true,
+                next_deadline: None,
+            })
+        }
+    }
 }
 
 /// Worker settings.
@@ -126,7 +160,9 @@ impl Worker {
                         now.saturating_duration_since(shared.epoch).as_millis() as u64,
                         Ordering::Relaxed,
                     );
-                    let out = poller.poll(now);
+                    let Some(out) = poll_guarded(&mut poller, now) else {
+                        break;
+                    };
                     if poller.finished() {
                         break;
                     }
@@ -145,7 +181,10 @@ impl Worker {
                     shared.parked.store(true, Ordering::SeqCst);
                     // Producers push, then check `parked`: re-poll once after announcing the park
                     // so a push that raced with the announcement is not missed.
-                    let again = poller.poll(Instant::now());
+                    let Some(again) = poll_guarded(&mut poller, Instant::now()) else {
+                        shared.parked.store(false, Ordering::SeqCst);
+                        break;
+                    };
                     if again.did_work || poller.finished() {
                         shared.parked.store(false, Ordering::SeqCst);
                         last_work = Instant::now();
@@ -217,6 +256,60 @@ mod tests {
         fn finished(&self) -> bool {
             self.done
         }
+    }
+
+    struct Panicky {
+        rounds: Arc<AtomicUsize>,
+        recovered: Arc<std::sync::Mutex<Vec<String>>>,
+        done: bool,
+    }
+
+    impl Poller for Panicky {
+        fn poll(&mut self, _now: Instant) -> PollOutcome {
+            let n = self.rounds.fetch_add(1, Ordering::AcqRel);
+            if n == 2 {
+                panic!("injected panic in round {n}");
+            }
+            if n >= 5 {
+                self.done = true;
+            }
+            PollOutcome {
+                did_work: true,
+                next_deadline: None,
+            }
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+        fn recover(&mut self, message: &str) {
+            self.recovered.lock().unwrap().push(message.to_string());
+        }
+    }
+
+    #[test]
+    fn a_panic_in_poll_is_recovered_and_the_worker_keeps_running() {
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let recovered = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let w = Worker::spawn(
+            WorkerConfig::default(),
+            Worker::new_waker(),
+            Panicky {
+                rounds: rounds.clone(),
+                recovered: recovered.clone(),
+                done: false,
+            },
+        )
+        .unwrap();
+        w.join()
+            .expect("the worker thread must not die of the panic");
+        assert!(
+            rounds.load(Ordering::Acquire) >= 6,
+            "kept polling after the panic"
+        );
+        assert_eq!(
+            *recovered.lock().unwrap(),
+            vec!["injected panic in round 2".to_string()]
+        );
     }
 
     #[test]

@@ -210,6 +210,30 @@ impl Requests {
     }
 }
 
+/// A pending table of `cap` keys and waiters with a fresh hash seed.
+fn new_pending(cap: usize) -> Pending {
+    let seed = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_usize(cap);
+        h.finish()
+    };
+    match Pending::new(
+        vec![PendingSlot::default(); cap].into_boxed_slice(),
+        vec![WaiterSlot::default(); cap].into_boxed_slice(),
+        seed,
+    ) {
+        Ok(p) => p,
+        // Capacities are 1..=16M by the options parser; fall back to the smallest table.
+        Err(_) => Pending::new(
+            vec![PendingSlot::default(); 1].into_boxed_slice(),
+            vec![WaiterSlot::default(); 1].into_boxed_slice(),
+            seed,
+        )
+        .unwrap_or_else(|_| unreachable!("a one-entry pending table is valid")),
+    }
+}
+
 /// The engine (see the module docs).
 pub struct Engine {
     sh: Arc<Shared>,
@@ -221,6 +245,11 @@ pub struct Engine {
     /// [`Shared::INLINE_SLOT`] the ones `resolve()` sent itself (never on the free list).
     inflight: Vec<Option<Inflight>>,
     inflight_free: Vec<u32>,
+    /// Per in-flight slot: the token of a MAD the core still holds although its waiters were
+    /// already answered (deadline, endpoint closed), 0 = none. Such a slot stays reserved
+    /// until the core hands the MAD back (it always does: reply, umad timeout or send
+    /// failure), so the MADs held by the core never exceed the number of slots.
+    zombie: Vec<u64>,
     /// How many of the worker's own slots there are.
     own_slots: usize,
     /// Requests taken from the queue that `enqueue` counted in [`Shared::pushed`].
@@ -238,6 +267,10 @@ pub struct Engine {
     /// `complete`, so failures that complete at once cannot recurse).
     kick_backlog: bool,
     done: bool,
+    /// Test hook (debug builds only, `ACMRS_TEST_PANIC_DLID`): a worker-side request for this
+    /// DLID makes the engine panic, to prove the worker survives it (review G4).
+    #[cfg(debug_assertions)]
+    panic_dlid: Option<u16>,
 }
 
 impl Engine {
@@ -247,26 +280,7 @@ impl Engine {
         let inflight = (sh.opts.sa_depth as usize)
             .saturating_mul(8)
             .clamp(8, MAX_INFLIGHT);
-        let seed = {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(cap);
-            h.finish()
-        };
-        let pending = match Pending::new(
-            vec![PendingSlot::default(); cap].into_boxed_slice(),
-            vec![WaiterSlot::default(); cap].into_boxed_slice(),
-            seed,
-        ) {
-            Ok(p) => p,
-            // Capacities are 1..=16M by the options parser; fall back to the smallest table.
-            Err(_) => Pending::new(
-                vec![PendingSlot::default(); 1].into_boxed_slice(),
-                vec![WaiterSlot::default(); 1].into_boxed_slice(),
-                seed,
-            )
-            .unwrap_or_else(|_| unreachable!("a one-entry pending table is valid")),
-        };
+        let pending = new_pending(cap);
         Engine {
             handler,
             pending,
@@ -278,6 +292,7 @@ impl Engine {
                 .map(|_| None)
                 .collect(),
             inflight_free: (0..inflight as u32).rev().collect(),
+            zombie: vec![0; Shared::INLINE_SLOT + INLINE_SLOTS],
             own_slots: inflight,
             taken: 0,
             answered_any: false,
@@ -288,6 +303,10 @@ impl Engine {
             next_timer: None,
             kick_backlog: false,
             done: false,
+            #[cfg(debug_assertions)]
+            panic_dlid: std::env::var("ACMRS_TEST_PANIC_DLID")
+                .ok()
+                .and_then(|v| v.parse().ok()),
             sh,
         }
     }
@@ -395,7 +414,16 @@ impl Engine {
                 answer(&self.sh, &req, s, None);
             }
             if free_slot {
-                self.release_inline(fi);
+                // The core still holds the MAD resolve() sent, unless its reply came early.
+                let early = self.early.iter().position(|r| r.token == sent.token);
+                if let Some(i) = early {
+                    self.early.remove(i);
+                    self.release_inline(fi);
+                } else if self.done {
+                    self.release_inline(fi);
+                } else {
+                    self.zombie[fi as usize] = sent.token;
+                }
             }
             return;
         };
@@ -454,6 +482,16 @@ impl Engine {
     }
 
     fn handle_request(&mut self, req: Request, now: Instant) {
+        #[cfg(debug_assertions)]
+        if self.panic_dlid.is_some()
+            && self.panic_dlid == Some(u16::from_be_bytes([req.sa_record[40], req.sa_record[41]]))
+        {
+            // Held in a request slot first, as a real bug would find it.
+            if let Some(slot) = self.reqs.free.pop() {
+                self.reqs.slots[slot as usize] = Some(req);
+            }
+            panic!("injected test panic (ACMRS_TEST_PANIC_DLID)");
+        }
         if let Some(sent) = req.sent {
             self.adopt(req, sent, now);
             return;
@@ -632,6 +670,10 @@ impl Engine {
                 self.arm_timer(now + budget);
             }
             Some(s) => {
+                // Nothing is held by the core: the slot is free again at once.
+                if let Some(f) = self.inflight[fi as usize].as_mut() {
+                    f.token = 0;
+                }
                 self.log(1, || format!("SA query not sent (status {s})"));
                 self.complete(fi, s, None, now);
             }
@@ -650,7 +692,11 @@ impl Engine {
         let Some(f) = self.inflight[fi as usize].take() else {
             return;
         };
-        if (fi as usize) < self.own_slots {
+        // A MAD still held by the core (sent, no reply yet) keeps the slot until it is back.
+        let zombie = f.token != 0 && !self.done;
+        if zombie {
+            self.zombie[fi as usize] = f.token;
+        } else if (fi as usize) < self.own_slots {
             self.inflight_free.push(fi);
         }
         // Disarm the direct answer; if the SA thread claimed the starter, it answered it.
@@ -673,6 +719,18 @@ impl Engine {
         });
         self.answered_any |= by_worker;
         // After the disarm: resolve() may arm an inline slot again from now on.
+        if !zombie {
+            self.release_inline(fi);
+            self.kick_backlog = true;
+        }
+    }
+
+    /// The core handed back the MAD of a zombie slot: the slot is free again.
+    fn bury(&mut self, fi: u32) {
+        self.zombie[fi as usize] = 0;
+        if (fi as usize) < self.own_slots {
+            self.inflight_free.push(fi);
+        }
         self.release_inline(fi);
         self.kick_backlog = true;
     }
@@ -710,11 +768,24 @@ impl Engine {
 
     fn handle_reply(&mut self, r: SaReply, now: Instant) {
         let fi = (r.token & 0xffff) as u32;
+        if r.token != 0 && self.zombie.get(fi as usize) == Some(&r.token) {
+            self.log(2, || {
+                "SA reply after the deadline: in-flight slot freed".into()
+            });
+            self.bury(fi);
+            return;
+        }
         let matches = self
             .inflight
             .get(fi as usize)
             .and_then(|f| f.as_ref())
             .is_some_and(|f| f.token == r.token && f.tid == path::tid_low(&r.mad));
+        if matches {
+            // The core handed the MAD back: nothing of this query is outstanding any more.
+            if let Some(f) = self.inflight[fi as usize].as_mut() {
+                f.token = 0;
+            }
+        }
         if !matches {
             if is_inline(fi) && self.inflight.get(fi as usize).is_some_and(Option::is_none) {
                 // Possibly the reply to a query resolve() just sent, ahead of its hand-over.
@@ -893,6 +964,60 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// After a caught panic (review G4): logs it and brings the engine back to a consistent,
+    /// empty state. Every request the worker holds is answered EINVAL exactly once (unless the
+    /// SA thread already answered it directly), MADs still held by the core keep their slots
+    /// reserved (zombies) until they come back, the cache is kept.
+    fn recover_after_panic(&mut self, message: &str) {
+        let held = self.reqs.slots.iter().filter(|r| r.is_some()).count();
+        self.sh.api.log(
+            0,
+            &format!(
+                "ERROR - acmrs worker panicked ({message}); answering {held} waiting \
+                 requests EINVAL and continuing"
+            ),
+        );
+        let mut by_sa: Vec<Token> = Vec::new();
+        for fi in 0..self.inflight.len() {
+            let Some(f) = self.inflight[fi].take() else {
+                continue;
+            };
+            if let Some(slot) = self.sh.direct.get(fi) {
+                if std::mem::take(&mut *lock_direct(slot)).claimed {
+                    by_sa.push(f.starter);
+                }
+            }
+            if f.token != 0 && !self.done {
+                self.zombie[fi] = f.token;
+            }
+        }
+        for t in 0..self.reqs.slots.len() {
+            if let Some(req) = self.reqs.slots[t].take() {
+                if !by_sa.contains(&(t as Token)) {
+                    answer(&self.sh, &req, crate::ffi::ACM_STATUS_EINVAL, None);
+                }
+            }
+        }
+        let cap = self.reqs.slots.len();
+        self.reqs.free = (0..cap as u32).rev().collect();
+        self.pending = new_pending(cap);
+        self.backlog.clear();
+        self.early.clear();
+        self.inflight_free = (0..self.own_slots as u32)
+            .rev()
+            .filter(|&fi| self.zombie[fi as usize] == 0)
+            .collect();
+        for fi in Shared::INLINE_SLOT..self.inflight.len() {
+            if self.zombie[fi] == 0 {
+                self.release_inline(fi as u32);
+            }
+        }
+        self.kick_backlog = false;
+        self.answered_any = true;
+    }
+}
+
 impl Poller for Engine {
     fn poll(&mut self, now: Instant) -> PollOutcome {
         let mut did = false;
@@ -948,6 +1073,10 @@ impl Poller for Engine {
 
     fn finished(&self) -> bool {
         self.done
+    }
+
+    fn recover(&mut self, message: &str) {
+        self.recover_after_panic(message);
     }
 }
 

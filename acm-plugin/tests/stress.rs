@@ -201,14 +201,17 @@ fn exactly_once_under_random_schedules() {
     };
     // Short route lifetimes with a wide refresh-ahead window, so schedules also see expiry
     // and background refreshes racing with misses, closes and reregisters.
-    // Blocks of 200 seeds alternate between direct answers from the SA thread (the default,
-    // `acmrs_sa_direct 1`, seeds 1..=199, 400..=599, ...) and answers from the worker only.
+    // Blocks of 200 seeds rotate through the three miss-path modes: the defaults (seeds
+    // 1..=199, 600..=799, ...: the worker sends every query and answers every client, the SA
+    // thread only copies and hands over), the opt-in `acmrs_sa_direct 1` + `acmrs_sa_inline 1`
+    // (resolve() sends, the SA thread answers) and `acmrs_sa_direct 1` alone.
     let opts = |seed: u64| {
-        format!(
-            "{OPTS}acmrs_route_ttl_ms 40\nacmrs_refresh_ahead_pct 75\nacmrs_sa_direct {}\n\
-             acmrs_sa_inline 1\n",
-            u8::from((seed / 200) % 2 == 0)
-        )
+        let mode = match (seed / 200) % 3 {
+            0 => "",
+            1 => "acmrs_sa_direct 1\nacmrs_sa_inline 1\n",
+            _ => "acmrs_sa_direct 1\nacmrs_sa_inline 0\n",
+        };
+        format!("{OPTS}acmrs_route_ttl_ms 40\nacmrs_refresh_ahead_pct 75\n{mode}")
     };
     let mut h = Host::open(&opts(first), &[]);
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));

@@ -242,11 +242,12 @@ pub struct ProviderOptions {
     pub acmrs_sa_busy_backoff_ms: u32,
     /// `acmrs_poll_mode` (default `adaptive`).
     pub acmrs_poll_mode: PollMode,
-    /// `acmrs_sa_direct` (default 1; 0 or 1): the core's SA thread answers the client that
-    /// started a successful SA query directly from the reply (the worker still writes the
-    /// cache); 0 = every answer goes through the worker.
+    /// `acmrs_sa_direct` (default 0; 0 or 1, opt-in): the core's SA thread answers the client
+    /// that started a successful SA query directly from the reply (the worker still writes the
+    /// cache); 0 = every answer goes through the worker (the SA thread only copies and hands
+    /// over, so a stuck client can never stall it).
     pub acmrs_sa_direct: bool,
-    /// `acmrs_sa_inline` (default 1; 0 or 1, needs `acmrs_sa_direct 1`): while the worker is
+    /// `acmrs_sa_inline` (default 0; 0 or 1, opt-in, needs `acmrs_sa_direct 1`): while the worker is
     /// idle, `resolve()` sends a miss's SA query itself on the core's thread (as ibacmp does)
     /// instead of handing it to the worker; 0 = the worker sends every query.
     pub acmrs_sa_inline: bool,
@@ -291,8 +292,8 @@ impl Default for ProviderOptions {
             acmrs_sa_retries: 3,
             acmrs_sa_busy_backoff_ms: 100,
             acmrs_poll_mode: PollMode::Adaptive,
-            acmrs_sa_direct: true,
-            acmrs_sa_inline: true,
+            acmrs_sa_direct: false,
+            acmrs_sa_inline: false,
             acmrs_cpu: -1,
             acmrs_log_level: None,
         }

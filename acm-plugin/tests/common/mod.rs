@@ -41,6 +41,8 @@ pub static BAD_TID: AtomicUsize = AtomicUsize::new(0);
 pub static DEAD_ENDPOINT_USE: AtomicUsize = AtomicUsize::new(0);
 pub static GLOBAL_COUNTERS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
 pub static PORT_LID: AtomicU64 = AtomicU64::new(7);
+/// The client id whose answer blocks in `acm_resolve_response` (`u64::MAX` = none).
+pub static BLOCK_ID: AtomicU64 = AtomicU64::new(u64::MAX);
 
 static SA_QUEUE: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
 static RESPONSES: Mutex<Vec<Response>> = Mutex::new(Vec::new());
@@ -132,6 +134,10 @@ fn record_response(id: u64, msg: *mut AcmMsg, query: bool) -> c_int {
         msg: m,
         thread: std::thread::current().id(),
     });
+    // Plays a blocking send() to a stuck client (review G1): the answer for this id blocks.
+    while BLOCK_ID.load(Ordering::SeqCst) == id {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     0
 }
 
