@@ -785,6 +785,16 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
     }
     let first = &msg.resolve_data[0];
     if first.type_ == ACM_EP_INFO_PATH {
+        // The core does not preprocess `hdr.data` for PATH requests: an echoed source must be
+        // a real address entry (never the PATH entry itself, never an unknown type), else the
+        // client would get a bogus second "path" or a response libacm rejects (review G6).
+        if src_out != 0
+            && !msg.resolve_data.get(src_index as usize).is_some_and(|e| {
+                matches!(e.type_, ACM_ADDRESS_NAME | ACM_ADDRESS_IP | ACM_ADDRESS_IP6)
+            })
+        {
+            return Target::Fail(ACM_STATUS_EINVAL);
+        }
         let rec = first.info.bytes;
         let p = PathRecord::new_unchecked(&rec[..]);
         if p.dlid() == 0 && p.dgid().is_zero() {

@@ -153,3 +153,31 @@ fn a_worker_panic_answers_everything_and_the_worker_keeps_running() {
     once.unwrap();
     assert_eq!(status5, Some(0), "a miss after the panic is resolved");
 }
+
+/// G6: a PATH request whose `src_out` names a real address entry gets it echoed after the
+/// path (the invalid cases are in host.rs `malformed_requests_get_einval`).
+#[test]
+fn path_request_src_out_echoes_an_address_entry() {
+    let _s = serial();
+    let mut h = Host::open("log_level 0\n", &[]);
+    h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let mut m = path_request(77, 5, None, 0);
+    m.hdr.length = 160;
+    m.resolve_data[1].type_ = ACM_ADDRESS_NAME;
+    m.resolve_data[1].info.bytes[..5].copy_from_slice(b"node7");
+    m.hdr.data = [1, 1, 0];
+    h.resolve(0, &m, 1);
+    let t0 = Instant::now();
+    while find(77).is_empty() && t0.elapsed() < Duration::from_secs(3) {
+        sa_complete_next(SaAction::Answer);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let r = find(77).pop().expect("answered");
+    h.close();
+    sa_drain_timeouts();
+    assert_eq!(r.msg.hdr.status, 0);
+    assert_eq!(r.msg.hdr.length, 160);
+    assert_eq!(r.msg.resolve_data[0].type_, acmrs::ffi::ACM_EP_INFO_PATH);
+    assert_eq!(r.msg.resolve_data[1].type_, ACM_ADDRESS_NAME);
+    assert_eq!(&r.msg.resolve_data[1].info.bytes[..5], b"node7");
+}

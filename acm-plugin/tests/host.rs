@@ -414,6 +414,18 @@ fn malformed_requests_get_einval() {
     );
     m.hdr.data = [0, 0, 4]; // dst_index out of range
     bad.push(m);
+    // Review G6: src_out on a PATH request must name an address entry.
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.data = [1, 0, 0]; // the PATH entry itself
+    bad.push(m);
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.length = 160;
+    m.resolve_data[1].type_ = 0x99; // an unknown type at src_index
+    m.hdr.data = [1, 1, 0];
+    bad.push(m);
+    let mut m = path_request(h.tid(), 5, None, 0);
+    m.hdr.length = 100; // in range, not a whole number of entries
+    bad.push(m);
     let mut tids = Vec::new();
     for m in &bad {
         tids.push(m.hdr.tid);
