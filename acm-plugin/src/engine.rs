@@ -21,8 +21,8 @@ use crate::ffi::{
 use crate::path::{self, SaOutcome};
 use crate::respond::{self, Via};
 use crate::state::{
-    Cached, Control, DirectReq, DirectSlot, Ep, Kind, PreloadedRoute, Request, RouteKey, SaReply,
-    Shared, INLINE_SLOTS, NEVER,
+    Cached, Control, DirectReq, DirectSlot, Ep, Kind, LogReason, PreloadedRoute, Request, RouteKey,
+    SaReply, Shared, INLINE_SLOTS, NEVER,
 };
 use acm_core_nostd::cache::hash::hash_words;
 use acm_core_nostd::cache::pending::{PendingSlot, Token, WaiterSlot};
@@ -542,7 +542,11 @@ impl Engine {
     /// Answers ENOMEM for a request the pending table has no room for.
     fn overflow(&self, req: &Request) {
         self.sh.overflows.fetch_add(1, Ordering::Relaxed);
-        self.log(0, || "ERROR - pending table full, answering ENOMEM".into());
+        self.sh.log_limited(
+            LogReason::PendingFull,
+            0,
+            "ERROR - pending table full, answering ENOMEM",
+        );
         answer(&self.sh, req, ACM_STATUS_ENOMEM, None);
     }
 
@@ -868,7 +872,11 @@ impl Engine {
                 continue;
             }
             if deadline <= now {
-                self.log(0, || "ERROR - SA reply overdue, answering ETIMEDOUT".into());
+                self.sh.log_limited(
+                    LogReason::Overdue,
+                    0,
+                    "ERROR - SA reply overdue, answering ETIMEDOUT",
+                );
                 self.complete(fi, ACM_STATUS_ETIMEDOUT, None, now);
             } else {
                 next = Some(next.map_or(deadline, |n| n.min(deadline)));

@@ -13,7 +13,7 @@ use crate::engine::{self, Engine, MAX_INFLIGHT};
 use crate::ffi::*;
 use crate::respond::{self, Via};
 use crate::state::{
-    Cached, Control, Ep, HostEntry, Kind, LocalAddr, PortInfo, Request, RouteKey, Shared,
+    Cached, Control, Ep, HostEntry, Kind, LocalAddr, LogReason, PortInfo, Request, RouteKey, Shared,
 };
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache};
 use acm_core_nostd::text::dump_pr::{LidTable, LocalPaths, LocalPort};
@@ -215,6 +215,8 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Shared>, Worke
         inline_keys: Mutex::new([None; crate::state::INLINE_SLOTS]),
         overflows: AtomicU64::new(0),
         reply_drops: AtomicU64::new(0),
+        malformed: AtomicU64::new(0),
+        log_limits: Default::default(),
         opts,
     });
     let spin = match shared.opts.acmrs_poll_mode {
@@ -261,7 +263,11 @@ unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
             let direct = engine::claim_direct(&sh, &reply);
             if sh.replies.push(reply).is_err() {
                 sh.reply_drops.fetch_add(1, Ordering::Relaxed);
-                api.log(0, "ERROR - SA reply queue full; the request will time out");
+                sh.log_limited(
+                    LogReason::ReplyDrop,
+                    0,
+                    "ERROR - SA reply queue full; the request will time out",
+                );
             }
             if let Some((d, record)) = direct {
                 engine::answer_direct(&sh, &d, &record);
@@ -1044,7 +1050,12 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     let (rec, nodelay, host) = match classify(ep, msg) {
         Target::Fail(s) => {
             if s == ACM_STATUS_EINVAL {
-                api.log(0, "ERROR - malformed resolve request rejected (EINVAL)");
+                ep.shared.malformed.fetch_add(1, Ordering::Relaxed);
+                ep.shared.log_limited(
+                    LogReason::Malformed,
+                    0,
+                    "ERROR - malformed resolve request rejected (EINVAL)",
+                );
             }
             return reply(s, None);
         }
@@ -1089,7 +1100,12 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         *answered = true;
         return 0;
     }
-    api.log(0, "ERROR - request queue full, answering ENOMEM");
+    ep.shared.overflows.fetch_add(1, Ordering::Relaxed);
+    ep.shared.log_limited(
+        LogReason::QueueFull,
+        0,
+        "ERROR - request queue full, answering ENOMEM",
+    );
     reply(ACM_STATUS_ENOMEM, None)
 }
 
@@ -1148,7 +1164,12 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
     if msg.hdr.length as usize != ACM_MSG_HDR_LENGTH + ACM_MSG_EP_LENGTH
         || first.type_ != ACM_EP_INFO_PATH
     {
-        api.log(0, "ERROR - malformed SA query rejected (EINVAL)");
+        ep.shared.malformed.fetch_add(1, Ordering::Relaxed);
+        ep.shared.log_limited(
+            LogReason::Malformed,
+            0,
+            "ERROR - malformed SA query rejected (EINVAL)",
+        );
         return reply(ACM_STATUS_EINVAL);
     }
     if ep.closed.load(Ordering::Acquire) {
@@ -1160,7 +1181,12 @@ fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_in
         *answered = true;
         return 0;
     }
-    api.log(0, "ERROR - request queue full, answering ENOMEM");
+    ep.shared.overflows.fetch_add(1, Ordering::Relaxed);
+    ep.shared.log_limited(
+        LogReason::QueueFull,
+        0,
+        "ERROR - request queue full, answering ENOMEM",
+    );
     reply(ACM_STATUS_ENOMEM)
 }
 

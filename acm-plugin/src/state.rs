@@ -269,9 +269,88 @@ pub struct Shared {
     pub overflows: AtomicU64,
     /// SA replies dropped because the reply queue was full.
     pub reply_drops: AtomicU64,
+    /// Malformed client requests answered EINVAL.
+    pub malformed: AtomicU64,
+    /// Rate limits of the per-request error lines, one per [`LogReason`].
+    pub log_limits: [LogLimit; LogReason::COUNT],
+}
+
+/// Why a per-request error line is logged (each reason is rate-limited on its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogReason {
+    /// A malformed resolve/query request (EINVAL).
+    Malformed = 0,
+    /// The request queue was full (ENOMEM).
+    QueueFull = 1,
+    /// The pending table was full (ENOMEM, worker).
+    PendingFull = 2,
+    /// An SA reply never came (ETIMEDOUT, worker).
+    Overdue = 3,
+    /// The SA reply queue was full (SA thread).
+    ReplyDrop = 4,
+}
+
+impl LogReason {
+    /// Number of reasons.
+    pub const COUNT: usize = 5;
+}
+
+/// At most [`LogLimit::LINES`] lines per reason per second; the lines beyond that are counted
+/// and reported as one "suppressed" line by the first line of a later second. Lock-free (any
+/// thread), no syscall: the clock is the worker's coarse one.
+#[derive(Debug, Default)]
+pub struct LogLimit {
+    /// The second the current window started at (coarse clock).
+    window: AtomicU64,
+    /// Lines logged in the current window.
+    lines: AtomicU32,
+    /// Lines suppressed since the last summary.
+    suppressed: AtomicU64,
+}
+
+impl LogLimit {
+    /// Lines per reason per second.
+    pub const LINES: u32 = 5;
+
+    /// Whether a line may be logged at second `now_s`, and how many suppressed lines to report
+    /// first (non-zero only once per window, to the caller that opens a new window).
+    pub fn admit(&self, now_s: u64) -> (bool, u64) {
+        let mut report = 0;
+        let w = self.window.load(Ordering::Acquire);
+        if w != now_s
+            && self
+                .window
+                .compare_exchange(w, now_s, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.lines.store(0, Ordering::Release);
+            report = self.suppressed.swap(0, Ordering::AcqRel);
+        }
+        if self.lines.fetch_add(1, Ordering::AcqRel) < Self::LINES {
+            (true, report)
+        } else {
+            self.suppressed.fetch_add(1, Ordering::AcqRel);
+            (false, report)
+        }
+    }
 }
 
 impl Shared {
+    /// Logs a per-request error line, rate-limited per `reason` (see [`LogLimit`]).
+    pub fn log_limited(&self, reason: LogReason, level: i32, text: &str) {
+        let now_s = self.waker.coarse_ms() / 1000;
+        let (admit, suppressed) = self.log_limits[reason as usize].admit(now_s);
+        if suppressed > 0 {
+            self.api.log(
+                level,
+                &format!("ERROR - {reason:?}: {suppressed} similar messages suppressed"),
+            );
+        }
+        if admit {
+            self.api.log(level, text);
+        }
+    }
+
     /// The first in-flight slot index reserved for queries `resolve()` sent itself (the
     /// worker's own slots are `0..8 × sa_depth`, at most [`crate::engine::MAX_INFLIGHT`]).
     pub const INLINE_SLOT: usize = crate::engine::MAX_INFLIGHT;

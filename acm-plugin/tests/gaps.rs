@@ -1,7 +1,7 @@
 //! Regression tests for the gaps of the issue-4 acceptance review (docs/review-issue-4.md),
 //! adopted from the review's probes. Each one failed before its fix.
 mod common;
-use acmrs::ffi::ACM_ADDRESS_NAME;
+use acmrs::ffi::{cntr, ACM_ADDRESS_NAME};
 use common::*;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -180,4 +180,37 @@ fn path_request_src_out_echoes_an_address_entry() {
     assert_eq!(r.msg.resolve_data[0].type_, acmrs::ffi::ACM_EP_INFO_PATH);
     assert_eq!(r.msg.resolve_data[1].type_, ACM_ADDRESS_NAME);
     assert_eq!(&r.msg.resolve_data[1].info.bytes[..5], b"node7");
+}
+
+/// G3: a flood of malformed requests is answered and counted one by one, but logged at most
+/// a few lines per second, with a "suppressed" summary afterwards.
+#[test]
+fn error_logging_is_rate_limited_but_every_error_counted() {
+    let _s = serial();
+    let mut h = Host::open("log_level 0\n", &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let n = 10_000u64;
+    let t0 = Instant::now();
+    for tid in 1..=n {
+        let mut m = path_request(tid, 5, None, 0);
+        m.hdr.length = 87;
+        h.resolve(ep, &m, 1);
+    }
+    let secs = t0.elapsed().as_secs() + 2;
+    let lines = log_count("malformed resolve request");
+    assert_eq!(response_count(), n as usize);
+    assert_eq!(h.perf(ep)[cntr::ERROR], n, "every error counted");
+    assert!(lines >= 1, "the first one is logged");
+    assert!(
+        lines as u64 <= 5 * secs,
+        "{lines} log lines for {n} malformed requests in {secs} s"
+    );
+    // A later second: the next error reports how many were suppressed.
+    std::thread::sleep(Duration::from_millis(1300));
+    let mut m = path_request(n + 1, 5, None, 0);
+    m.hdr.length = 87;
+    h.resolve(ep, &m, 1);
+    let summary = log_contains("similar messages suppressed");
+    h.close();
+    assert!(summary, "a suppressed-lines summary is logged");
 }

@@ -532,6 +532,11 @@ pub fn log_contains(s: &str) -> bool {
     lock(&LOG).iter().any(|l| l.contains(s))
 }
 
+/// How many logged lines contain `s`.
+pub fn log_count(s: &str) -> usize {
+    lock(&LOG).iter().filter(|l| l.contains(s)).count()
+}
+
 /// Waits until at least `n` responses were recorded.
 pub fn wait_responses(n: usize, timeout: Duration) -> bool {
     let t0 = Instant::now();
