@@ -706,9 +706,10 @@ unsafe extern "C" fn remove_address(addr_context: *mut c_void) {
 
 /// Where a resolve request points, after validation.
 enum Target {
-    /// A PathRecord to look up / ask the SA for (the client's constraints), NODELAY, and the
-    /// hosts entry whose expired mapping the worker must renew first.
-    Path([u8; 64], bool, Option<u32>),
+    /// A PathRecord to look up / ask the SA for (the client's constraints), NODELAY, the
+    /// hosts entry whose expired mapping the worker must renew first, and whether a fresh
+    /// hosts mapping gave the destination (ADDR_CACHE is counted if its route then misses).
+    Path([u8; 64], bool, Option<u32>, bool),
     /// Answer now with this status.
     Fail(u8),
     /// Answer now with this path (loopback).
@@ -806,7 +807,7 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
         if p.dlid() == 0 && p.dgid().is_zero() {
             return Target::Fail(ACM_STATUS_EINVAL);
         }
-        return Target::Path(rec, first.flags & ACM_FLAGS_NODELAY != 0, None);
+        return Target::Path(rec, first.flags & ACM_FLAGS_NODELAY != 0, None, false);
     }
     if dst_index as usize >= cnt {
         return Target::Fail(ACM_STATUS_EINVAL);
@@ -825,17 +826,16 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
                     if ep.port.lid != 0 {
                         return Target::Local(loopback_path(ep));
                     }
-                    return Target::Path(gid_record(&ep.port.gid0), nodelay, None);
+                    return Target::Path(gid_record(&ep.port.gid0), nodelay, None, false);
                 }
             }
             let now = ep.shared.waker.coarse_ms();
             match ep.shared.host_gid(dest.type_, &bytes, now) {
-                Some((_, gid, true)) => {
-                    ep.count_global(cntr::ADDR_CACHE);
-                    Target::Path(gid_record(&gid), nodelay, None)
-                }
+                // ibacmp counts ADDR_CACHE only for a destination whose address is known but
+                // whose route is not (ADDR_RESOLVED): resolve_impl counts it on a route miss.
+                Some((_, gid, true)) => Target::Path(gid_record(&gid), nodelay, None, true),
                 // Expired (addr_timeout): a miss; the worker re-resolves it.
-                Some((i, gid, false)) => Target::Path(gid_record(&gid), nodelay, Some(i)),
+                Some((i, gid, false)) => Target::Path(gid_record(&gid), nodelay, Some(i), false),
                 // Unknown destination: the ACM multicast protocol is a later step.
                 None => Target::Fail(ACM_STATUS_ENODATA),
             }
@@ -843,7 +843,7 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
         ACM_ADDRESS_GID => {
             let mut gid = [0u8; 16];
             gid.copy_from_slice(&bytes[..16]);
-            Target::Path(gid_record(&gid), nodelay, None)
+            Target::Path(gid_record(&gid), nodelay, None, false)
         }
         ACM_ADDRESS_LID => {
             let lid = u16::from_be_bytes([bytes[0], bytes[1]]);
@@ -854,7 +854,7 @@ fn classify(ep: &Ep, msg: &AcmMsg) -> Target {
             let mut p = PathRecord::new_unchecked(&mut r[..]);
             p.set_dlid(lid);
             p.set_reversible_numpath(true, 0);
-            Target::Path(r, nodelay, None)
+            Target::Path(r, nodelay, None, false)
         }
         _ => Target::Fail(ACM_STATUS_EINVAL),
     }
@@ -1047,7 +1047,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     if ep.closed.load(Ordering::Acquire) {
         return reply(ACM_STATUS_ENODATA, None);
     }
-    let (rec, nodelay, host) = match classify(ep, msg) {
+    let (rec, nodelay, host, addr_hit) = match classify(ep, msg) {
         Target::Fail(s) => {
             if s == ACM_STATUS_EINVAL {
                 ep.shared.malformed.fetch_add(1, Ordering::Relaxed);
@@ -1063,7 +1063,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
             ep.count_global(cntr::ROUTE_CACHE);
             return reply(0, Some(&path));
         }
-        Target::Path(rec, nodelay, host) => (rec, nodelay, host),
+        Target::Path(rec, nodelay, host, addr_hit) => (rec, nodelay, host, addr_hit),
     };
     let (k, q) = normalise(ep, &rec);
     let key = RouteKey::new(ep, &k);
@@ -1083,8 +1083,17 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
             }
             return r;
         }
-        Some(Cached::Negative(status)) => return reply(status, None),
+        Some(Cached::Negative(status)) => {
+            if addr_hit {
+                ep.count_global(cntr::ADDR_CACHE);
+            }
+            return reply(status, None);
+        }
         None => {}
+    }
+    // ibacmp's ADDR_RESOLVED state: the address is known, the route is not.
+    if addr_hit {
+        ep.count_global(cntr::ADDR_CACHE);
     }
     if nodelay {
         let r = reply(ACM_STATUS_ENODATA, None);

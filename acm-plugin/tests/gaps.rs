@@ -214,3 +214,56 @@ fn error_logging_is_rate_limited_but_every_error_counted() {
     h.close();
     assert!(summary, "a suppressed-lines summary is logged");
 }
+
+/// G5: `ib_acme -P` "Addr Cache Count" means what it means with ibacmp: counted when a name's
+/// address is known but its route is not (ADDR_RESOLVED); a name whose route is cached is a
+/// route cache hit only.
+#[test]
+fn repeated_name_hits_count_like_ibacmp() {
+    let _s = serial();
+    let hosts = "node9 fe80::1009\n";
+    let mut h = Host::open(
+        "log_level 0\naddr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n",
+        &[("hosts.data", hosts)],
+    );
+    h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let req = |t| {
+        dest_request(
+            t,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_NAME, b"node9"),
+            0,
+        )
+    };
+    let p0 = h.perf(0);
+    h.resolve(0, &req(1), 4);
+    let t0 = Instant::now();
+    while find(1).is_empty() && t0.elapsed() < Duration::from_secs(3) {
+        sa_complete_next(SaAction::Answer);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let before = h.perf(0);
+    for t in 2..5 {
+        h.resolve(0, &req(t), 4);
+    }
+    let after = h.perf(0);
+    h.close();
+    sa_drain_timeouts();
+    assert_eq!(
+        before[cntr::ADDR_CACHE] - p0[cntr::ADDR_CACHE],
+        1,
+        "first use: address known, route not"
+    );
+    assert_eq!(before[cntr::ROUTE_QUERY] - p0[cntr::ROUTE_QUERY], 1);
+    assert_eq!(
+        after[cntr::ROUTE_CACHE] - before[cntr::ROUTE_CACHE],
+        3,
+        "route cache hits"
+    );
+    assert_eq!(
+        after[cntr::ADDR_CACHE],
+        before[cntr::ADDR_CACHE],
+        "no ADDR_CACHE for READY hits"
+    );
+}
