@@ -598,9 +598,15 @@ impl Engine {
         });
         self.send(fi, now);
     }
-    /// The longest the core may legitimately take (timeout × tries), plus a margin.
+    /// How long a client waits for an SA answer: `acmrs_sa_timeout_ms`, or by default (0) the
+    /// longest the core may legitimately take (timeout × tries) plus a margin. At the deadline
+    /// the waiters are answered ETIMEDOUT; the slot stays reserved until the core hands the MAD
+    /// back (see `zombie`), so a short deadline never grows the core's queue.
     fn sa_budget(&self) -> Duration {
         let o = &self.sh.opts;
+        if o.acmrs_sa_timeout_ms > 0 {
+            return Duration::from_millis(u64::from(o.acmrs_sa_timeout_ms));
+        }
         Duration::from_millis(u64::from(o.timeout) * (u64::from(o.retries) + 1) + 1000)
     }
 

@@ -129,8 +129,13 @@ fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostEntry> {
         }
     };
     let mut out = Vec::new();
+    let cap = opts.acmrs_addr_capacity as usize;
+    let mut dropped = 0usize;
     for entry in HostLines::new(&bytes) {
         match entry {
+            // acmrs_addr_capacity bounds the address table (memory stays bounded whatever
+            // the file holds); the rest is counted and reported below.
+            Ok(_) if out.len() >= cap => dropped += 1,
             Ok(h) => out.push((
                 (u16::from(h.address.acm_type()), h.address.to_acm_bytes()),
                 h.gid,
@@ -140,6 +145,14 @@ fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostEntry> {
                 &format!("ERROR - {file} line {}: {}; skipped", e.line, e.reason()),
             ),
         }
+    }
+    if dropped > 0 {
+        api.log(
+            0,
+            &format!(
+                "ERROR - {file}: {dropped} addresses beyond acmrs_addr_capacity {cap} ignored"
+            ),
+        );
     }
     out.sort_by_key(|e| e.0);
     out.dedup_by(|a, b| a.0 == b.0);

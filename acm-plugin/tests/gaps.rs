@@ -267,3 +267,65 @@ fn repeated_name_hits_count_like_ibacmp() {
         "no ADDR_CACHE for READY hits"
     );
 }
+
+/// G7: `acmrs_sa_timeout_ms` is the client's deadline (the core's own budget here is
+/// 2 s × 3 + 1 s); the MAD stays with the core and its slot reserved until it comes back.
+#[test]
+fn acmrs_sa_timeout_ms_bounds_the_clients_wait() {
+    let _s = serial();
+    let mut h = Host::open(
+        "log_level 0\ntimeout 2000\nretries 2\nacmrs_sa_timeout_ms 300\n",
+        &[],
+    );
+    h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t0 = Instant::now();
+    h.resolve(0, &path_request(1, 5, None, 0), 1);
+    let answered = wait_responses(1, Duration::from_secs(3));
+    let waited = t0.elapsed();
+    let held = sa_pending();
+    let status = find(1).first().map(|r| r.msg.hdr.status);
+    h.close();
+    sa_drain_timeouts();
+    assert!(answered, "not answered within 3 s");
+    assert!(
+        waited >= Duration::from_millis(250) && waited < Duration::from_millis(1500),
+        "answered after {waited:?}"
+    );
+    assert_eq!(status, Some(acmrs::ffi::ACM_STATUS_ETIMEDOUT));
+    assert_eq!(held, 1, "the MAD is still the core's");
+}
+
+/// G7: `acmrs_addr_capacity` bounds the addresses loaded from the hosts preload.
+#[test]
+fn acmrs_addr_capacity_bounds_the_hosts_preload() {
+    let _s = serial();
+    let hosts = "node1 fe80::1001\nnode2 fe80::1002\nnode3 fe80::1003\n";
+    let mut h = Host::open(
+        "log_level 0\naddr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n\
+         acmrs_addr_capacity 2\n",
+        &[("hosts.data", hosts)],
+    );
+    h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let req = |t, name: &'static [u8]| {
+        dest_request(t, (ACM_ADDRESS_NAME, b"node7"), (ACM_ADDRESS_NAME, name), 0)
+    };
+    h.resolve(0, &req(1, b"node1"), 4);
+    h.resolve(0, &req(3, b"node3"), 4);
+    let t0 = Instant::now();
+    while find(1).is_empty() && t0.elapsed() < Duration::from_secs(3) {
+        sa_complete_next(SaAction::Answer);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let s1 = find(1).first().map(|r| r.msg.hdr.status);
+    let s3 = find(3).first().map(|r| r.msg.hdr.status);
+    let logged = log_contains("1 addresses beyond acmrs_addr_capacity 2 ignored");
+    h.close();
+    sa_drain_timeouts();
+    assert_eq!(s1, Some(0), "within the capacity");
+    assert_eq!(
+        s3,
+        Some(acmrs::ffi::ACM_STATUS_ENODATA),
+        "beyond the capacity"
+    );
+    assert!(logged);
+}

@@ -221,7 +221,8 @@ pub struct ProviderOptions {
     pub log_level: u8,
     /// `acmrs_path_capacity` (default 65536; 1..=16M): path-record cache entries.
     pub acmrs_path_capacity: u32,
-    /// `acmrs_addr_capacity` (default 65536; 1..=16M): address cache entries.
+    /// `acmrs_addr_capacity` (default 65536; 1..=16M): most addresses loaded from the
+    /// `addr_data_file` preload (the rest is logged and ignored).
     pub acmrs_addr_capacity: u32,
     /// `acmrs_pending_capacity` (default 4096): distinct destinations in flight at once.
     pub acmrs_pending_capacity: u32,
@@ -234,7 +235,8 @@ pub struct ProviderOptions {
     /// `acmrs_refresh_ahead_pct` (default 10; 0..=99): refresh a route in the background when
     /// less than this share of its lifetime remains (0 = never refresh ahead).
     pub acmrs_refresh_ahead_pct: u8,
-    /// `acmrs_sa_timeout_ms` (default 1000): per-try SA timeout of our own retry layer.
+    /// `acmrs_sa_timeout_ms` (default 0; 0..=3_600_000): how long a client waits for an SA
+    /// answer before ETIMEDOUT; 0 = the core's whole budget, `timeout × (retries + 1)` + 1 s.
     pub acmrs_sa_timeout_ms: u32,
     /// `acmrs_sa_retries` (default 3): retries of our own layer on top of the core's.
     pub acmrs_sa_retries: u32,
@@ -288,7 +290,7 @@ impl Default for ProviderOptions {
             acmrs_route_ttl_ms: 0,
             acmrs_negative_ttl_ms: 5000,
             acmrs_refresh_ahead_pct: 10,
-            acmrs_sa_timeout_ms: 1000,
+            acmrs_sa_timeout_ms: 0,
             acmrs_sa_retries: 3,
             acmrs_sa_busy_backoff_ms: 100,
             acmrs_poll_mode: PollMode::Adaptive,
@@ -432,7 +434,7 @@ impl ProviderOptions {
             "acmrs_negative_ttl_ms" => acmrs_negative_ttl_ms = |v| uint(v, 0, u32::MAX);
             "acmrs_refresh_ahead_pct" => acmrs_refresh_ahead_pct =
                 |v| uint(v, 0, 99).map(|p| p as u8);
-            "acmrs_sa_timeout_ms" => acmrs_sa_timeout_ms = |v| uint(v, 1, 3_600_000);
+            "acmrs_sa_timeout_ms" => acmrs_sa_timeout_ms = |v| uint(v, 0, 3_600_000);
             "acmrs_sa_retries" => acmrs_sa_retries = |v| uint(v, 0, 1000);
             "acmrs_sa_busy_backoff_ms" => acmrs_sa_busy_backoff_ms = |v| uint(v, 0, 3_600_000);
             "acmrs_poll_mode" => acmrs_poll_mode = |v| keyword(v, &[
