@@ -253,8 +253,10 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
             if o.keep {
                 println!("scratch kept at {}", fabric.scratch().display());
             }
-            println!("fabric is up; Ctrl-C (or SIGTERM) tears it down");
+            // Armed before the announcement: whoever reacts to it with a signal must get the
+            // graceful teardown, not the bring-up emergency path.
             WAITING.store(true, Ordering::SeqCst);
+            println!("fabric is up; Ctrl-C (or SIGTERM) tears it down");
             let _ = signals.recv();
             println!("tearing down");
             drop(fabric);
