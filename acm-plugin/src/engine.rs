@@ -911,6 +911,12 @@ impl Engine {
                 .is_some_and(|f| f.ep.id == ep.id);
             if same {
                 self.complete(fi, ACM_STATUS_ENODATA, None, now);
+                // A closed endpoint's MADs may never come back (the core stops reading a
+                // port without a provider), and no new MAD goes to it until it reopens: free
+                // the slot now, or a port that stays down would hold it forever.
+                if self.zombie[fi as usize] != 0 {
+                    self.bury(fi);
+                }
             }
         }
         // Every started key is in flight or in the backlog, so this finds nothing; it is the

@@ -329,3 +329,47 @@ fn acmrs_addr_capacity_bounds_the_hosts_preload() {
     );
     assert!(logged);
 }
+
+/// G2 corner: the MADs of a closed endpoint may never come back (the core stops reading a
+/// port that went down), so closing frees their slots: another endpoint still gets its
+/// queries sent and answered, and the late replies are ignored.
+#[test]
+fn closing_an_endpoint_frees_the_slots_of_its_held_mads() {
+    let _s = serial();
+    let mut h = Host::open("log_level 0\n", &[]);
+    h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    for i in 0..8u64 {
+        h.resolve(0, &path_request(1 + i, 10 + i as u16, None, 0), 1);
+    }
+    let t0 = Instant::now();
+    while sa_pending() < 8 && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    h.close_ep(0);
+    assert!(
+        wait_responses(8, Duration::from_secs(2)),
+        "waiters answered at close"
+    );
+    h.open_ep(0x8001, (ACM_ADDRESS_NAME, b"node8"));
+    h.resolve(0, &path_request(100, 5, None, 0), 1);
+    let t0 = Instant::now();
+    while sa_pending() < 9 && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sent = sa_pending();
+    // The core answers everything, the closed endpoint's MADs first.
+    let t0 = Instant::now();
+    while find(100).is_empty() && t0.elapsed() < Duration::from_secs(3) {
+        sa_complete_next(SaAction::Answer);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let tids: Vec<u64> = (1..=8).chain([100]).collect();
+    let once = check_exactly_once(&tids);
+    let status = find(100).first().map(|r| r.msg.hdr.status);
+    h.close();
+    sa_drain_timeouts();
+    assert_eq!(sent, 9, "the new endpoint's query was sent");
+    once.unwrap();
+    assert_eq!(status, Some(0));
+}
