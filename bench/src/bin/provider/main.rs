@@ -552,8 +552,8 @@ fn main() {
                 .to_string(),
             out: args.out.clone(),
             poll_mode: args.value("--poll-mode").unwrap_or("adaptive").to_string(),
-            sa_direct: args.value("--sa-direct").unwrap_or("1").to_string(),
-            sa_inline: args.value("--sa-inline").unwrap_or("1").to_string(),
+            sa_direct: args.value("--sa-direct").unwrap_or("0").to_string(),
+            sa_inline: args.value("--sa-inline").unwrap_or("0").to_string(),
         };
         if let Err(e) = samehost::run(&cfg) {
             eprintln!("provider: {e}");
