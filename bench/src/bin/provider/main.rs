@@ -23,10 +23,11 @@ use acmrs::ffi::*;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 mod samehost;
+use samehost::{dlopen, gid_of, now_ns, sym};
 
 const USAGE: &str = "usage: provider [--quick] [--sizes 1000,100000] [--hit-samples N] \
      [--topology fattree:L,S,H] [--poll-mode busy|adaptive|event] [--sa-direct 0|1] [--sa-inline 0|1] [--out DIR]   (default: same host, same fabric, same run)\n\
@@ -96,11 +97,6 @@ static SA_STOP: AtomicBool = AtomicBool::new(false);
 static ANSWERED: AtomicUsize = AtomicUsize::new(0);
 static LAST_ANSWER_NS: AtomicU64 = AtomicU64::new(0);
 static OPTS: Mutex<Option<CString>> = Mutex::new(None);
-static EPOCH: OnceLock<Instant> = OnceLock::new();
-
-fn now_ns() -> u64 {
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
 
 extern "C" fn h_write(_level: c_int, s: *const c_char) {
     if std::env::var_os("ACMRS_BENCH_LOG").is_some() && !s.is_null() {
@@ -162,12 +158,9 @@ extern "C" fn h_query_port(_c: *mut c_void, _p: u8, a: *mut u8) -> c_int {
     0
 }
 
+/// A GID on the default subnet prefix fe80::/64.
 fn gid(guid: u64) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[0] = 0xfe;
-    g[1] = 0x80;
-    g[8..].copy_from_slice(&guid.to_be_bytes());
-    g
+    gid_of(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0], guid)
 }
 
 /// The instant SA: answers every PathRecord GET with a path to the requested DGID.
@@ -205,23 +198,6 @@ fn sa_thread() {
     }
 }
 
-fn load(path: &std::path::Path, flags: c_int) -> *mut c_void {
-    let c = CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: dlopen of a library path.
-    let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
-    if h.is_null() {
-        // SAFETY: dlerror returns a static string or null.
-        let e = unsafe { libc::dlerror() };
-        let msg = if e.is_null() {
-            "?".into()
-        } else {
-            unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
-        };
-        panic!("dlopen {}: {msg}", path.display());
-    }
-    h
-}
-
 fn install_shim(dir: &std::path::Path) {
     let src = dir.join("shim.c");
     let so = dir.join("libacmbenchcore.so");
@@ -233,7 +209,7 @@ fn install_shim(dir: &std::path::Path) {
         .status()
         .expect("cc (build-essential) is needed to build the core shim");
     assert!(st.success(), "shim build failed");
-    let h = load(&so, libc::RTLD_NOW | libc::RTLD_GLOBAL);
+    let h = dlopen(&so, libc::RTLD_NOW | libc::RTLD_GLOBAL).unwrap_or_else(|e| panic!("{e}"));
     let hooks = Hooks {
         write: h_write,
         alloc: h_alloc,
@@ -248,25 +224,14 @@ fn install_shim(dir: &std::path::Path) {
     };
     // SAFETY: the shim's setter copies the struct (layouts match: 10 function pointers).
     unsafe {
-        let set = libc::dlsym(h, c"acmbench_set_hooks".as_ptr());
-        assert!(!set.is_null());
+        let set = sym(h, c"acmbench_set_hooks").unwrap_or_else(|e| panic!("{e}"));
         let set: extern "C" fn(*const Hooks) = std::mem::transmute(set);
         set(&hooks);
     }
 }
 
 fn provider(lib: &std::path::Path) -> &'static AcmProvider {
-    let h = load(lib, libc::RTLD_NOW | libc::RTLD_LOCAL);
-    // SAFETY: provider_query per acm_prov.h.
-    unsafe {
-        let q = libc::dlsym(h, c"provider_query".as_ptr());
-        assert!(!q.is_null());
-        let q: extern "C" fn(*mut *const AcmProvider, *mut u32) -> c_int = std::mem::transmute(q);
-        let mut p = std::ptr::null();
-        let mut v = 0;
-        assert_eq!(q(&mut p, &mut v), 0, "provider_query failed");
-        &*p
-    }
+    samehost::provider(lib).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn path_msg(tid: u64, guid: u64) -> AcmMsg {

@@ -195,7 +195,7 @@ static LOG: AtomicBool = AtomicBool::new(false);
 static SEND_NS: AtomicU64 = AtomicU64::new(0);
 static RECV_NS: AtomicU64 = AtomicU64::new(0);
 
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
@@ -263,7 +263,7 @@ fn dlerror() -> String {
     }
 }
 
-fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
+pub(crate) fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: dlopen of a NUL-terminated library path.
     let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
@@ -273,7 +273,7 @@ fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
     Ok(h)
 }
 
-fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
+pub(crate) fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
     // SAFETY: dlsym on a handle returned by dlopen.
     let s = unsafe { libc::dlsym(h, name.as_ptr()) };
     if s.is_null() {
@@ -282,7 +282,7 @@ fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
     Ok(s)
 }
 
-fn provider(lib: &Path) -> Result<&'static AcmProvider, String> {
+pub(crate) fn provider(lib: &Path) -> Result<&'static AcmProvider, String> {
     let h = dlopen(lib, libc::RTLD_NOW | libc::RTLD_LOCAL)?;
     let q = sym(h, c"provider_query")?;
     // SAFETY: provider_query has this signature (acm_prov.h); the table it returns lives as
@@ -439,7 +439,7 @@ fn fake_guid(dlid: u16) -> u64 {
     FAKE_GUID_BASE + u64::from(dlid)
 }
 
-fn gid_of(prefix: &[u8], guid: u64) -> [u8; 16] {
+pub(crate) fn gid_of(prefix: &[u8], guid: u64) -> [u8; 16] {
     let mut g = [0u8; 16];
     g[..8].copy_from_slice(&prefix[..8]);
     g[8..].copy_from_slice(&guid.to_be_bytes());
