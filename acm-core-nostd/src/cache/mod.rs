@@ -401,7 +401,7 @@ where
     #[inline]
     fn lookup_impl<const CHECKED: bool>(&self, key: &PathKey, now: u64) -> Lookup {
         let kw = key.to_words();
-        let h = hash::hash_words(self.paths.seed(), &kw);
+        let h = self.paths.hash(&kw);
         let mut w = [0u32; PATH_WORDS];
         let r = match self.paths.read::<CHECKED>(&kw, h, &mut w) {
             Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now),
@@ -465,7 +465,7 @@ where
 
     fn lookup_addr_inner(&self, key: &AddrKey, now: u64) -> Lookup {
         let kw = key.to_words();
-        let h = hash::hash_words(self.addrs.seed(), &kw);
+        let h = self.addrs.hash(&kw);
         let mut aw = [0u32; ADDR_WORDS];
         match self.addrs.read::<true>(&kw, h, &mut aw) {
             Probe::Found(aidx, _) => {
@@ -566,7 +566,7 @@ where
     fn upsert_path(&mut self, key: &PathKey, mut w: [u32; PATH_WORDS], now: u64) -> Inserted {
         let c = self.cache;
         let kw = key.to_words();
-        let h = hash::hash_words(c.paths.seed(), &kw);
+        let h = c.paths.hash(&kw);
         let dead = |x: &[u32; PATH_WORDS]| c.dead(x, now);
         // `paths` is never empty (checked in `new`), so upsert always finds a slot.
         match c.paths.upsert(&kw, h, &mut w, &dead).map(|(_, u)| u) {
@@ -640,7 +640,7 @@ where
         let pkw = path.to_words();
         let idx = c
             .paths
-            .find(&pkw, hash::hash_words(c.paths.seed(), &pkw))
+            .find(&pkw, c.paths.hash(&pkw))
             .ok_or(CacheError::NoSuchPath)?;
         let inc = c.paths.load(idx)[INC];
         self.upsert_addr(addr, 0, idx as u32, inc, now, ttl)
@@ -678,7 +678,7 @@ where
         w[KEY..KEY + ADDR_KEY_WORDS].copy_from_slice(&kw);
         w[ADDR_TGT] = target;
         w[ADDR_TGT + 1] = inc;
-        let h = hash::hash_words(c.addrs.seed(), &kw);
+        let h = c.addrs.hash(&kw);
         let dead = |x: &[u32; ADDR_WORDS]| c.dead(x, now);
         match c.addrs.upsert(&kw, h, &mut w, &dead).map(|(_, u)| u) {
             None => Err(CacheError::Capacity),
@@ -704,30 +704,20 @@ where
 
     /// Removes the path entry for `key`; its aliases become misses. True if it was present.
     pub fn remove(&mut self, key: &PathKey) -> bool {
-        let c = self.cache;
-        let kw = key.to_words();
-        match c.paths.find(&kw, hash::hash_words(c.paths.seed(), &kw)) {
-            Some(idx) => {
-                c.paths.remove_at(idx);
-                bump(&c.counters.write.removed);
-                true
-            }
-            None => false,
+        let removed = self.cache.paths.remove_key(&key.to_words());
+        if removed {
+            bump(&self.cache.counters.write.removed);
         }
+        removed
     }
 
     /// Removes the address entry for `addr` (the path entry stays). True if it was present.
     pub fn remove_addr(&mut self, addr: &AddrKey) -> bool {
-        let c = self.cache;
-        let kw = addr.to_words();
-        match c.addrs.find(&kw, hash::hash_words(c.addrs.seed(), &kw)) {
-            Some(idx) => {
-                c.addrs.remove_at(idx);
-                bump(&c.counters.write.removed);
-                true
-            }
-            None => false,
+        let removed = self.cache.addrs.remove_key(&addr.to_words());
+        if removed {
+            bump(&self.cache.counters.write.removed);
         }
+        removed
     }
 
     /// Invalidates everything learned through endpoint `ep` in O(1): its generation is bumped,

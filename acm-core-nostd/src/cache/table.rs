@@ -189,11 +189,6 @@ where
         self.len.load(Ordering::Relaxed) as usize
     }
 
-    #[inline]
-    pub(crate) fn seed(&self) -> u64 {
-        self.seed
-    }
-
     // ---------------------------------------------------------------- readers
 
     /// Finds `key` and copies the entry's words into `out`. `CHECKED = false` skips the
@@ -336,8 +331,14 @@ where
         slot.seq.store(s.wrapping_add(2), Ordering::Release);
     }
 
+    /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take.
+    #[inline]
+    pub(crate) fn hash(&self, key: &[u32]) -> u64 {
+        super::hash::hash_words(self.seed, key)
+    }
+
     fn bucket_of_words(&self, key: &[u32]) -> usize {
-        reduce(super::hash::hash_words(self.seed, key), self.slots.len())
+        reduce(self.hash(key), self.slots.len())
     }
 
     /// Writer lookup: the index of `key`'s entry, if present.
@@ -372,6 +373,17 @@ where
             link = self.slots[(link - 1) as usize].next.load(Ordering::Relaxed);
         }
         n
+    }
+
+    /// Writer: removes `key`'s entry if present. True if it was.
+    pub(crate) fn remove_key(&self, key: &[u32; KW]) -> bool {
+        match self.find(key, self.hash(key)) {
+            Some(idx) => {
+                self.remove_at(idx);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Unlinks occupied slot `idx` from its chain, marks it empty (bumping nothing else) and puts
