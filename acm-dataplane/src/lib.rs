@@ -7,5 +7,8 @@
 //!   keeps a coarse clock readers can use without a syscall.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod verbs;
 pub mod worker;
