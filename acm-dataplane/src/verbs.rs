@@ -409,7 +409,9 @@ impl UdEndpoint {
             broken: false,
             stats: UdStats::default(),
             // SAFETY: ibv_wc is plain old data (integers and a union of integers).
-            wcs: (0..POLL_BURST).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            wcs: (0..POLL_BURST)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
             rx_mad: vec![[0; MAD_LEN]; POLL_BURST],
             rx_meta: vec![
                 RecvMeta {
@@ -585,9 +587,7 @@ impl UdEndpoint {
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = state;
         // SAFETY: qp is live while self is; STATE alone is valid for →ERR and →RESET.
-        let rc = unsafe {
-            ibv_modify_qp(self.qp, &mut a, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32)
-        };
+        let rc = unsafe { ibv_modify_qp(self.qp, &mut a, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
         if rc != 0 {
             return Err(rc_err("ibv_modify_qp", rc));
         }
@@ -642,7 +642,11 @@ impl UdEndpoint {
             unsafe {
                 *wr.add(k) = ibv_recv_wr {
                     wr_id: u64::from(i),
-                    next: if k + 1 < n { wr.add(k + 1) } else { ptr::null_mut() },
+                    next: if k + 1 < n {
+                        wr.add(k + 1)
+                    } else {
+                        ptr::null_mut()
+                    },
                     sg_list: sge.add(k),
                     num_sge: 1,
                 };
@@ -744,9 +748,10 @@ impl UdEndpoint {
 
     /// The slot of the attached group with this index.
     fn group_slot(&self, index: u8) -> Option<usize> {
-        self.groups
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| s.attached && s.group.index == index))
+        self.groups.iter().position(|s| {
+            s.as_ref()
+                .is_some_and(|s| s.attached && s.group.index == index)
+        })
     }
 
     fn detach_slot(&mut self, i: usize) {
@@ -1323,7 +1328,9 @@ mod tests {
     fn ah_key_attr_is_global_from_sgid_index_0() {
         let g = McGroup {
             index: 0,
-            mgid: Gid([0xff, 0x15, 0x40, 0x01, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            mgid: Gid([
+                0xff, 0x15, 0x40, 0x01, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            ]),
             mlid: 0xc001,
             sl: 3,
             flow_label: 7,
