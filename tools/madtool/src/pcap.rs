@@ -3,8 +3,11 @@
 //!
 //! Link types: LINKTYPE_ERF (197) with ERF records of type 21 (INFINIBAND), extension headers
 //! skipped; LINKTYPE_USER0 (147) and LINKTYPE_INFINIBAND (247) holding the bare frame (LRH
-//! first). pcap (not pcapng), either byte order, micro- or nanosecond timestamps. Several
-//! files are merged by timestamp (stable: same time keeps file order, then record order).
+//! first). pcap (not pcapng), either byte order, micro- or nanosecond timestamps. One file is
+//! printed in file order (packet numbers = tshark's frame numbers; in a shared capture file
+//! two writers' timestamps may be slightly out of order); several files (e.g. one per process,
+//! `SIMVERBS_PCAP=...%p`) are merged by timestamp (stable: equal times keep file order, then
+//! record order).
 //!
 //! Frames: LRH, GRH when LNH = 3, BTH; for UD SEND only (0x64) / with immediate (0x65) the
 //! DETH, ImmDt and the payload (BTH PadCnt removed, ICRC + VCRC removed), decoded as a MAD
@@ -476,7 +479,7 @@ pub fn brief(n: usize, r: &Record) -> String {
     s
 }
 
-/// Reads every file, merges their records by time, and prints them.
+/// Reads every file, merges their records by time (if more than one), and prints them.
 pub fn run(files: &[String], brief_mode: bool) -> Result<String, String> {
     let mut all: Vec<(u32, u32, usize, usize, Record)> = Vec::new();
     for (fi, f) in files.iter().enumerate() {
@@ -486,7 +489,9 @@ pub fn run(files: &[String], brief_mode: bool) -> Result<String, String> {
             all.push((r.sec, r.nsec, fi, ri, r));
         }
     }
-    all.sort_by_key(|(s, ns, fi, ri, _)| (*s, *ns, *fi, *ri));
+    if files.len() > 1 {
+        all.sort_by_key(|(s, ns, fi, ri, _)| (*s, *ns, *fi, *ri));
+    }
     let mut out = String::new();
     for (i, (.., r)) in all.iter().enumerate() {
         if brief_mode {
