@@ -141,6 +141,19 @@ fn multicast_reaches_attached_members_only() {
         .starts_with("err sent=0 unknown-group"));
     assert!(s.cmd("msend 7 700").starts_with("err sent=0 unknown-group"));
     assert_eq!(s.stats()["ah_created"], 1);
+
+    // Detach while a send through the group's AH is still in flight (not reaped): the AH
+    // lives until its completion, then goes; close then finds nothing left (dealloc_pd would
+    // say EBUSY for a leaked AH).
+    assert_eq!(m1.cmd("msend 0 800"), "ok sent=1");
+    assert_eq!(m1.cmd(&format!("detach 0 {MGID} {MLID}")), "ok");
+    assert!(m1
+        .cmd("msend 0 801")
+        .starts_with("err sent=0 unknown-group"));
+    assert_eq!(s.recv(1, 3000)[0]["tag"], "800");
+    assert_eq!(m1.cmd("poll"), "ok completions=1");
+    let r = m1.cmd("close");
+    assert!(r.starts_with("ok "), "{r}");
     for n in [s, m1, m2] {
         assert_eq!(n.quit(Duration::from_secs(5)), Some(0));
     }
@@ -152,6 +165,15 @@ fn send_buffer_exhaustion_is_an_error_not_a_hang() {
     let f = Fabric::start("nobuf");
     let mut a = f.agent("Hca3");
     let mut b = f.agent("Hca4");
+    // P_Key lookup: a partition not in the table is refused; the limited-member form of the
+    // default partition finds its (full-member) entry at index 0.
+    assert!(
+        a.cmd("open 16 4 0x1234").starts_with("err pkey 0x1234"),
+        "unknown P_Key accepted"
+    );
+    let r = a.cmd("open 8 2 0x7fff");
+    assert_eq!(field(&r, "pkey_index"), "0", "{r}");
+    assert!(a.cmd("close").starts_with("ok "));
     a.open(16, 4);
     let eb = b.open(64, 4);
     // No poll in between: four sends take the four buffers, the fifth is refused at once.
@@ -370,5 +392,58 @@ fn teardown_under_valgrind_loses_nothing() {
             "leak from our code:\n{b}"
         );
     }
+    assert_eq!(b.quit(Duration::from_secs(5)), Some(0));
+}
+
+#[test]
+fn unicast_ah_cache_evicts_and_never_destroys_an_ah_in_use() {
+    let f = Fabric::start("ahcache");
+    let mut a = f.agent("Hca3");
+    let mut b = f.agent("Hca4");
+    a.open(16, 40);
+    let eb = b.open(64, 4);
+    let dst = format!("{} {} {}", eb.lid, eb.qpn, eb.gid);
+    // B drains every 8 MADs: simverbs' per-QP datagram socket holds net.unix.max_dgram_qlen
+    // (10 on this machine) and a burst beyond that is lost, as congestion on a fabric would.
+    let mut got = Vec::new();
+    // 40 distinct AVs (flow labels 1..=40), each send reaped: 40 AHs made, 8 evicted (32 slots).
+    for flow in 1..=40u64 {
+        assert_eq!(a.cmd(&format!("send {dst} {flow} 1 {flow}")), "ok sent=1");
+        assert_eq!(a.cmd("poll"), "ok completions=1");
+        if flow % 8 == 0 {
+            got.extend(b.recv(8, 3000));
+        }
+    }
+    let st = a.stats();
+    assert_eq!((st["ah_created"], st["ah_evicted"]), (40, 8), "{st:?}");
+    // The most recent AV is still cached.
+    assert_eq!(a.cmd(&format!("send {dst} 41 1 40")), "ok sent=1");
+    assert_eq!(a.cmd("poll"), "ok completions=1");
+    assert_eq!(a.stats()["ah_created"], 40);
+    got.extend(b.recv(1, 3000));
+    // 32 new AVs without reaping: every slot holds an AH a send in flight uses, so a 33rd AV
+    // is refused (AhBusy), not served by destroying a busy AH.
+    for flow in 100..132u64 {
+        assert_eq!(a.cmd(&format!("send {dst} {flow} 1 {flow}")), "ok sent=1");
+        if flow % 8 == 3 {
+            got.extend(b.recv(8, 3000));
+        }
+    }
+    let r = a.cmd(&format!("send {dst} 132 1 132"));
+    assert!(r.starts_with("err sent=0 ah-busy"), "{r}");
+    assert_eq!(a.stats()["ah_busy"], 1);
+    assert_eq!(a.cmd("poll"), "ok completions=32");
+    assert_eq!(a.cmd(&format!("send {dst} 132 1 132")), "ok sent=1");
+    got.extend(b.recv(1, 3000));
+    let tags: Vec<u64> = got.iter().map(|m| m["tag"].parse().unwrap()).collect();
+    let want: Vec<u64> = (1..=41).chain(100..=132).collect();
+    assert_eq!(tags, want);
+    assert!(got.iter().all(|m| m["intact"] == "1"));
+    let st = a.stats();
+    assert_eq!(st["ah_created"], 73, "{st:?}");
+    assert_eq!(st["ah_evicted"], 41, "{st:?}");
+    assert_eq!(st["send_errors"], 1, "the refused send: {st:?}");
+    assert!(a.cmd("close").starts_with("ok "));
+    assert_eq!(a.quit(Duration::from_secs(5)), Some(0));
     assert_eq!(b.quit(Duration::from_secs(5)), Some(0));
 }

@@ -7,7 +7,8 @@
 //! open <recv_depth> <send_depth> [pkey]      ibv_open_device(first) + UdEndpoint::open
 //!       -> ok lid=<lid> qpn=<qpn> gid=<hex32> pkey_index=<i>
 //! attach|detach <index> <mgid-hex32> <mlid>  -> ok | err <reason>
-//! send <dlid> <dqpn> <dgid-hex32> <tag> [count]   unicast MADs tagged tag, tag+1, ...
+//! send <dlid> <dqpn> <dgid-hex32> <tag> [count] [flow_label]   unicast MADs tagged tag,
+//!       tag+1, ... (the flow label makes distinct AVs for the AH cache)
 //! msend <index> <tag> [count]                multicast MADs on attached group <index>
 //!       -> ok sent=<n> | err sent=<n> <nobuf|unknown-group|ah-busy|recovering|verbs> <text>
 //! poll                                       one UdEndpoint::poll (MADs kept for recv)
@@ -344,19 +345,21 @@ impl Agent {
                     writeln!(out, "err usage")?;
                     return Ok(true);
                 };
+                let count = num(arg(5)).unwrap_or(1);
+                // A distinct flow label makes a distinct AV (and address handle).
+                let flow_label = num(arg(6)).unwrap_or(0) as u32;
                 let av = UnicastAv {
                     dlid: dlid as u16,
                     sl: 0,
                     src_path_bits: 0,
                     static_rate: 0,
                     dgid: Gid(dgid),
-                    flow_label: 0,
+                    flow_label,
                     hop_limit: 1,
                     tclass: 0,
                     remote_qpn: dqpn as u32,
                     remote_qkey: ACM_QKEY,
                 };
-                let count = num(arg(5)).unwrap_or(1);
                 self.sends(AcmDest::Unicast(av), tag, count, out)?;
             }
             Some("msend") => {
