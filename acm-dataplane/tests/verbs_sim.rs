@@ -447,3 +447,51 @@ fn unicast_ah_cache_evicts_and_never_destroys_an_ah_in_use() {
     assert_eq!(a.quit(Duration::from_secs(5)), Some(0));
     assert_eq!(b.quit(Duration::from_secs(5)), Some(0));
 }
+
+#[test]
+fn partition_endpoint_uses_its_pkey_index() {
+    // Hca3 and Hca4 are full members of partition 0x0001; Hca2 only of the default one.
+    let f = Fabric::start_with_partitions(
+        "pkey",
+        Some(
+            "Default=0x7fff : ALL=full ;\n\
+             part1=0x0001 : 0x0000000000100007=full, 0x000000000010000a=full ;\n",
+        ),
+    );
+    let mut a = f.agent("Hca3");
+    let mut b = f.agent("Hca4");
+    let mut c = f.agent("Hca2");
+    // pkey_index() finds what OpenSM programmed (simverbs reads the table live).
+    let r = a.cmd("open 16 4 0x8001");
+    assert!(r.starts_with("ok "), "{r}");
+    let pa = field(&r, "pkey_index").to_string();
+    assert_ne!(pa, "0", "partition 0x8001 at index 0? {r}");
+    let r = b.cmd("open 16 4 0x8001");
+    assert!(r.starts_with("ok "), "{r}");
+    let eb_lid = field(&r, "lid").to_string();
+    let eb_qpn = field(&r, "qpn").to_string();
+    let eb_gid = field(&r, "gid").to_string();
+    let pb = field(&r, "pkey_index").to_string();
+    assert!(c.cmd("open 16 4 0x8001").starts_with("err pkey 0x8001"));
+    let ec = c.open(16, 4);
+    assert_eq!(ec.pkey_index, 0);
+    // Same partition: delivered; the receiver's RecvMeta carries its P_Key index, equal to
+    // the endpoint's own (what the resolver checks).
+    assert_eq!(
+        a.cmd(&format!("send {eb_lid} {eb_qpn} {eb_gid} 7")),
+        "ok sent=1"
+    );
+    let got = b.recv(1, 3000);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["pkey_index"], pb);
+    assert_eq!(got[0]["ep_pkey_index"], pb);
+    // Other partition: the receiving HCA drops it.
+    assert_eq!(
+        a.cmd(&format!("send {} {} {} 8", ec.lid, ec.qpn, ec.gid)),
+        "ok sent=1"
+    );
+    assert!(c.recv(1, 500).is_empty());
+    for n in [a, b, c] {
+        assert_eq!(n.quit(Duration::from_secs(5)), Some(0));
+    }
+}

@@ -113,26 +113,60 @@ pub struct Fabric {
     pub name: String,
     /// Scratch directory: working directory and `SIMVERBS_SHM_DIR` of the processes.
     pub dir: PathBuf,
-    _inner: acm_fabric::Fabric,
+    /// ibsim + OpenSM, stopped by PID when dropped.
+    inner: Option<acm_fabric::Fabric>,
+    /// OpenSM's partitions.conf (it re-reads it on sweeps), removed on drop.
+    partitions: Option<PathBuf>,
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        self.inner.take();
+        if let Some(p) = &self.partitions {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 impl Fabric {
     pub fn start(tag: &str) -> Fabric {
+        Fabric::start_with_partitions(tag, None)
+    }
+
+    /// Like [`Fabric::start`], with an OpenSM partitions.conf (`-P`, a temp file removed when
+    /// the fabric is dropped).
+    pub fn start_with_partitions(tag: &str, partitions: Option<&str>) -> Fabric {
         // Fail before bringing anything up if the library is missing or stale.
         let _ = libsimverbs();
         let topology = acm_fabric::Topology::example("net.2sw2path4hca").expect("shipped topology");
+        let conf = partitions.map(|text| {
+            let p = std::env::temp_dir()
+                .join(format!("dpv-{tag}-{}-partitions.conf", std::process::id()));
+            std::fs::write(&p, text).expect("partitions.conf");
+            p
+        });
         // Hca2 is only waited for (LID assigned); no daemon runs anywhere.
-        let inner = acm_fabric::Fabric::builder(topology, ["Hca2"])
+        let mut builder = acm_fabric::Fabric::builder(topology, ["Hca2"])
             .sm_node("Hca1")
             .name_prefix(&format!("dpv-{tag}"))
-            .start_daemons(false)
+            .start_daemons(false);
+        if let Some(p) = &conf {
+            builder = builder.opensm_args(["-P".to_string(), p.display().to_string()]);
+        }
+        // Built before start so that a failed bring-up still removes the file (Drop).
+        let mut f = Fabric {
+            name: String::new(),
+            dir: PathBuf::new(),
+            inner: None,
+            partitions: conf,
+        };
+        let inner = builder
             .start()
             .unwrap_or_else(|e| panic!("fabric bring-up failed: {e}"));
-        Fabric {
-            name: inner.name().to_string(),
-            dir: inner.scratch().to_path_buf(),
-            _inner: inner,
-        }
+        f.name = inner.name().to_string();
+        f.dir = inner.scratch().to_path_buf();
+        f.inner = Some(inner);
+        f
     }
 
     fn command(&self, prog: &Path, host: &str) -> Command {
