@@ -181,6 +181,18 @@ fn acm_wire_on_capture(label: &str, requester: Provider, responder: Provider) {
     .start()
     .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     let (h3, h4) = (f.node("Hca3").unwrap(), f.node("Hca4").unwrap());
+    // Each daemon serves its endpoint with the provider asked for.
+    for (n, p) in [(h3, &requester), (h4, &responder)] {
+        let e = n.acme(&["-e"]).unwrap();
+        assert!(
+            e.success()
+                && e.stdout
+                    .contains(&format!(",{},{},", p.name(), n.addrs.name)),
+            "{}: ib_acme -e should list provider {}:\n{e}",
+            n.name,
+            p.name()
+        );
+    }
     let (lid3, lid4, gid3, gid4) = (h3.lid, h4.lid, h3.gid, h4.gid);
     let (name3, name4) = (h3.addrs.name.clone(), h4.addrs.name.clone());
     let out = h3
