@@ -27,11 +27,29 @@
 //! to exactly one [`Output::Answer`] carrying its `client` and the request's `tid`, on every
 //! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full tables).
 
+mod addr;
+mod mads;
+mod output;
 pub mod request;
+mod route;
+#[cfg(feature = "sim")]
+pub mod sim;
+mod storage;
 
-use crate::cache::PathCache;
+#[cfg(feature = "std")]
+pub use storage::HeapStorage;
+pub use storage::{
+    AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
+};
+
+use crate::cache::{AddrSlot, PathCache, PathSlot};
+use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt};
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
+use crate::wire::rate::{Mtu, Rate};
+use core::ops::Deref;
+use request::{EINVAL, ENODATA, ENOMEM};
+use storage::{list_id, AddrState, GroupState, JobState, Link, List, ReqState};
 
 /// Milliseconds on the caller's monotonic clock.
 pub type Millis = u64;
@@ -207,6 +225,8 @@ pub struct Answer {
 }
 
 /// One thing for the caller to do.
+// Every variant carries its MAD or message by value: no allocator, and the caller moves it out.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 pub enum Output {
     /// Send this SA MAD (class 3) for endpoint `ep`; report its completion, reply or failure
@@ -286,6 +306,11 @@ pub struct Stats {
     pub malformed: u64,
     /// Queries answered ETIMEDOUT.
     pub timeouts: u64,
+    /// Peer requests dropped because we share no multicast group with the requester.
+    pub acm_no_group: u64,
+    /// Answers that found no request slot at all (only possible if the caller feeds more than
+    /// `answer_reserve` requests without draining [`Resolver::poll_output`]; see its docs).
+    pub lost: u64,
 }
 
 /// The resolver's settings (from `ibacm_opts.cfg`, see [`Config::from_options`]).
@@ -323,4 +348,897 @@ pub struct Config {
     pub min_mtu: u8,
     /// `min_rate` as `enum ibv_rate` (base group).
     pub min_rate: u8,
+    /// How long a request may wait in a queue (the SA backlog, the ACM window queue, an
+    /// endpoint not joined yet) before it is answered (ETIMEDOUT; ENODATA while the endpoint
+    /// has not joined its group): `sa_deadline × (retries + 1)`.
+    pub queue_deadline: Millis,
+}
+
+impl Config {
+    /// The settings an `ibacm_opts.cfg` gives (ibacmp's option names plus the `acmrs_*` ones).
+    pub fn from_options(o: &ProviderOptions) -> Config {
+        let sa_deadline = if o.acmrs_sa_timeout_ms > 0 {
+            u64::from(o.acmrs_sa_timeout_ms)
+        } else {
+            // The core's whole budget for one MAD (timeout × tries) plus a margin.
+            u64::from(o.timeout) * (u64::from(o.retries) + 1) + 1000
+        };
+        let min_mtu = Mtu::from_bytes(u32::from(o.min_mtu)).unwrap_or(Mtu::Mtu2048);
+        let min_rate = Rate::from_gbps(u32::from(o.min_rate)).unwrap_or(Rate::Gbps10);
+        Config {
+            addr_acm: o.addr_prot == AddrProt::Acm,
+            route_acm: o.route_prot == RouteProt::Acm,
+            loopback_local: o.loopback_prot == LoopbackProt::Local,
+            addr_ttl: o.addr_timeout.as_millis(),
+            route_ttl: o.route_ttl_ms(),
+            negative_ttl: u64::from(o.acmrs_negative_ttl_ms),
+            acm_timeout: u64::from(o.timeout),
+            acm_retries: o.retries,
+            acm_window: o.acmrs_acm_window.max(1),
+            sa_window: o.sa_depth.saturating_mul(8).clamp(8, 256),
+            sa_busy_retries: o.acmrs_sa_retries,
+            sa_busy_backoff: u64::from(o.acmrs_sa_busy_backoff_ms),
+            sa_deadline,
+            min_mtu: min_mtu.into(),
+            min_rate: min_rate.into(),
+            queue_deadline: sa_deadline.saturating_mul(u64::from(o.retries) + 1),
+        }
+    }
+}
+
+impl Default for Config {
+    /// [`Config::from_options`] of the default options.
+    fn default() -> Self {
+        Config::from_options(&ProviderOptions::default())
+    }
+}
+
+/// Route lifetime meaning "never expires".
+const NEVER: Millis = u64::MAX;
+
+fn req_link(r: &mut RequestSlot) -> &mut Link {
+    &mut r.link
+}
+fn job_link(j: &mut JobSlot) -> &mut Link {
+    &mut j.qlink
+}
+fn addr_qlink(a: &mut AddrEntry) -> &mut Link {
+    &mut a.qlink
+}
+fn addr_slink(a: &mut AddrEntry) -> &mut Link {
+    &mut a.slink
+}
+fn addr_rlink(a: &mut AddrEntry) -> &mut Link {
+    &mut a.rlink
+}
+
+/// A tiny deterministic PRNG step (splitmix64), for the TID start.
+pub(crate) fn splitmix64(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The resolver (see the [module docs](self)).
+///
+/// **Draining rule.** After every input call, call [`poll_output`](Self::poll_output) until it
+/// returns `None`. Every output is derived from state the resolver holds anyway (request slots
+/// on an answer FIFO, route jobs on a send FIFO, address entries with send flags, per-endpoint
+/// flags and counters), so nothing is ever dropped while outputs wait; the one exception is an
+/// immediate answer (hit, error, ENOMEM) arriving when every request slot is taken, which is
+/// impossible under this rule as long as `answer_reserve ≥ 1` ([`Stats::lost`] counts it).
+pub struct Resolver<S: Storage> {
+    st: S,
+    cfg: Config,
+    seed: u64,
+    tid: u32,
+    /// `EpId` → endpoint slot + 1.
+    ep_map: [u8; MAX_EPS],
+    /// Endpoint slots with per-endpoint outputs pending.
+    dirty: [u64; MAX_EPS / 64],
+    free_reqs: List,
+    answers: List,
+    free_jobs: List,
+    sa_send: List,
+    backlog: List,
+    free_addrs: List,
+    acm_send: List,
+    removals: List,
+    /// Jobs holding an SA window slot (Send, Sent, Busy, Zombie).
+    window: u32,
+    /// Jobs not free.
+    jobs_active: u32,
+    /// Address entries Queued or Querying.
+    acm_active: u32,
+    /// Requests waiting (not answered).
+    waiting: u32,
+    /// A lower bound of the earliest timer.
+    next_timer: Option<Millis>,
+    stats: Stats,
+    done: bool,
+    evict_hand: u32,
+}
+
+impl<S: Storage> Resolver<S> {
+    /// A resolver over `storage` (every slot is reset). `seed` picks the hash seed and the
+    /// first TID (use a random one on hosts). Fails with [`Error::Storage`] if a table is empty
+    /// or there are fewer request slots than `answer_reserve + 1`.
+    pub fn new(config: Config, mut storage: S, seed: u64) -> Result<Self, Error> {
+        let reserve = storage.answer_reserve();
+        let bad = storage.requests().len() <= reserve
+            || storage.requests().len() >= u32::MAX as usize
+            || storage.jobs().is_empty()
+            || storage.jobs().len() > 0x00ff_ffff
+            || storage.job_buckets().is_empty()
+            || storage.addrs().is_empty()
+            || storage.addrs().len() >= u32::MAX as usize
+            || storage.addr_buckets().is_empty()
+            || storage.endpoints().is_empty()
+            || storage.sa_inflight() == 0;
+        if bad {
+            return Err(Error::Storage);
+        }
+        let mut s = seed;
+        let mut r = Resolver {
+            cfg: config,
+            seed: splitmix64(&mut s),
+            tid: splitmix64(&mut s) as u32,
+            st: storage,
+            ep_map: [0; MAX_EPS],
+            dirty: [0; MAX_EPS / 64],
+            free_reqs: List::EMPTY,
+            answers: List::EMPTY,
+            free_jobs: List::EMPTY,
+            sa_send: List::EMPTY,
+            backlog: List::EMPTY,
+            free_addrs: List::EMPTY,
+            acm_send: List::EMPTY,
+            removals: List::EMPTY,
+            window: 0,
+            jobs_active: 0,
+            acm_active: 0,
+            waiting: 0,
+            next_timer: None,
+            stats: Stats::default(),
+            done: false,
+            evict_hand: 0,
+        };
+        r.st.requests().fill(RequestSlot::EMPTY);
+        r.st.jobs().fill(JobSlot::EMPTY);
+        r.st.job_buckets().fill(0);
+        r.st.addrs().fill(AddrEntry::EMPTY);
+        r.st.addr_buckets().fill(0);
+        r.st.endpoints().fill(EpSlot::EMPTY);
+        r.st.preloads().fill(PreloadSlot::EMPTY);
+        for i in 0..r.st.requests().len() as u32 {
+            r.free_reqs
+                .push_back(r.st.requests(), i, list_id::FREE, req_link);
+        }
+        for i in 0..r.st.jobs().len() as u32 {
+            r.free_jobs
+                .push_back(r.st.jobs(), i, list_id::FREE, job_link);
+        }
+        for i in 0..r.st.addrs().len() as u32 {
+            r.free_addrs
+                .push_back(r.st.addrs(), i, list_id::FREE, addr_qlink);
+        }
+        Ok(r)
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Opens endpoint `ep` (call from the core's `open_endpoint`). With `addr_prot acm` or
+    /// `route_prot acm` it starts the multicast join(s) ([`Output::SendSa`] with an
+    /// MCMemberRecord SET); the endpoint serves names and IPs once group 0 is joined.
+    /// [`Error::Endpoint`] if `ep` is open already, [`Error::Capacity`] if no endpoint slot is
+    /// free.
+    pub fn open_endpoint(&mut self, now: Millis, ep: EpId, cfg: EpConfig) -> Result<(), Error> {
+        if self.ep_slot(ep).is_some() {
+            return Err(Error::Endpoint);
+        }
+        if self.done {
+            return Err(Error::Endpoint);
+        }
+        // Reuse this endpoint's old slot if it still has outputs to flush (its leaves go out
+        // before the new joins), else any slot with nothing pending.
+        let n = self.st.endpoints().len().min(MAX_EPS);
+        let old = (0..n).find(|&i| {
+            let e = &self.st.endpoints()[i];
+            !e.open && e.id == ep.0 && self.is_dirty(i)
+        });
+        let slot =
+            old.or_else(|| (0..n).find(|&i| !self.st.endpoints()[i].open && !self.is_dirty(i)));
+        let Some(slot) = slot else {
+            return Err(Error::Capacity);
+        };
+        let min = (self.cfg.min_rate, self.cfg.min_mtu);
+        let want_groups = self.cfg.addr_acm || self.cfg.route_acm;
+        let second = self.cfg.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
+        {
+            let e = &mut self.st.endpoints()[slot];
+            let (groups, attached, force, counts, record) = (
+                e.groups,
+                e.attached,
+                e.force_detach,
+                e.counts,
+                e.attached_record,
+            );
+            *e = EpSlot::EMPTY;
+            // Outputs of a previous life of this slot (leaves, a detach, counts) still go out.
+            e.attached = attached;
+            e.force_detach = force || attached;
+            e.attached_record = record;
+            e.counts = counts;
+            for (g, old) in e.groups.iter_mut().zip(groups) {
+                g.leave = old.leave;
+                g.leave_record = old.leave_record;
+            }
+            e.open = true;
+            e.id = ep.0;
+            e.port_gid = cfg.port_gid.0;
+            e.lid = cfg.lid;
+            e.pkey = cfg.pkey;
+            e.mtu = cfg.mtu;
+            e.rate = cfg.rate;
+            e.subnet_timeout = cfg.subnet_timeout_ms;
+            e.qpn = cfg.qpn;
+            e.cache_ep = u16::from(ep.0);
+            if want_groups {
+                e.groups[0].rate = min.0;
+                e.groups[0].mtu = min.1;
+            }
+            if second {
+                e.groups[1].rate = cfg.rate;
+                e.groups[1].mtu = cfg.mtu;
+            }
+        }
+        self.ep_map[usize::from(ep.0)] = slot as u8 + 1;
+        if want_groups {
+            self.start_join(now, slot, 0);
+        }
+        if second {
+            self.start_join(now, slot, 1);
+        }
+        self.mark_dirty(slot);
+        Ok(())
+    }
+
+    /// Closes endpoint `ep` (the core's `close_endpoint`): answers its waiters ENODATA, leaves
+    /// its groups ([`Output::Detach`], MCMemberRecord DELETE fire-and-forget), forgets its
+    /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
+    /// the endpoint still held by the caller are forgotten (their replies are ignored).
+    pub fn close_endpoint<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>, ep: EpId)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        self.drop_endpoint_work(now, cache, slot, ENODATA, true);
+        for i in 0..self.st.addrs().len() as u32 {
+            let a = self.st.addrs()[i as usize];
+            if a.state != AddrState::Free && usize::from(a.ep) == slot {
+                self.free_addr(i);
+            }
+        }
+        for p in self.st.preloads().iter_mut() {
+            if p.used && usize::from(p.ep) == slot {
+                *p = PreloadSlot::EMPTY;
+            }
+        }
+        {
+            let e = &mut self.st.endpoints()[slot];
+            let (gid, pkey) = (Gid(e.port_gid), e.pkey);
+            for g in e.groups.iter_mut() {
+                if matches!(g.state, GroupState::Joining | GroupState::Joined) {
+                    g.leave = true;
+                    g.leave_record = mads::join_record(gid, pkey, g.rate, g.mtu);
+                }
+                g.state = GroupState::Off;
+            }
+            e.open = false;
+            e.queue = List::EMPTY;
+            e.inflight = List::EMPTY;
+            e.locals = List::EMPTY;
+            e.acm_inflight = 0;
+        }
+        if let Some(mut w) = cache.writer() {
+            w.invalidate_ep(u16::from(ep.0));
+        }
+        self.ep_map[usize::from(ep.0)] = 0;
+        self.mark_dirty(slot);
+        self.pump(now, cache);
+    }
+
+    /// Adds a local address of `ep` (the core's `add_address`; `type_` 1..=3). Peers asking
+    /// for it get a response. With `loopback_prot local` (and a known LID) it also answers
+    /// requests for itself with the loopback path, cached and aliased under `cache_ep` so the
+    /// caller's hit path finds it (never expires).
+    pub fn add_address<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+        type_: u8,
+        addr: &[u8; 64],
+    ) -> Result<(), Error>
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        if !(1..=3).contains(&type_) {
+            return Err(Error::AddressType);
+        }
+        let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
+        let i = match self.find_addr(slot, type_, addr) {
+            Some(i) => {
+                let a = self.st.addrs()[i as usize];
+                if a.state == AddrState::Local {
+                    return Ok(());
+                }
+                // Someone may be waiting for what is now our own address.
+                self.fail_addr_waiters(i, ENODATA);
+                self.free_addr(i);
+                self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?
+            }
+            None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
+        };
+        {
+            let e = self.st.endpoints()[slot];
+            let a = &mut self.st.addrs()[i as usize];
+            a.state = AddrState::Local;
+            a.gid = e.port_gid;
+            a.lid = e.lid;
+            a.qpn = e.qpn;
+            a.expires = NEVER;
+            a.cache_ep = cache_ep;
+        }
+        let mut locals = self.st.endpoints()[slot].locals;
+        locals.push_back(self.st.addrs(), i, list_id::LOCALS, addr_qlink);
+        self.st.endpoints()[slot].locals = locals;
+        self.insert_loopback(now, cache, slot, i, cache_ep);
+        self.pump(now, cache);
+        Ok(())
+    }
+
+    /// Removes a local address (the core's `remove_address`). Its loopback alias is dropped
+    /// from the cache at the next input that passes the cache.
+    pub fn remove_address(&mut self, ep: EpId, type_: u8, addr: &[u8; 64]) {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        let Some(i) = self.find_addr(slot, type_, addr) else {
+            return;
+        };
+        if self.st.addrs()[i as usize].state != AddrState::Local {
+            return;
+        }
+        self.unlink_q(i);
+        self.st.addrs()[i as usize].state = AddrState::Removing;
+        self.removals
+            .push_back(self.st.addrs(), i, list_id::REMOVALS, addr_qlink);
+    }
+
+    /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `type_` (1..=3) is `gid`.
+    /// The entry is ADDR_RESOLVED: the first request for it queries the route. It expires after
+    /// `addr_ttl` and is renewed on use (counted `AddrQuery`).
+    pub fn preload_address(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        type_: u8,
+        addr: &[u8; 64],
+        gid: Gid,
+    ) -> Result<(), Error> {
+        if !(1..=3).contains(&type_) {
+            return Err(Error::AddressType);
+        }
+        let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
+        let i = match self.find_addr(slot, type_, addr) {
+            Some(i) => {
+                if self.st.addrs()[i as usize].state != AddrState::Resolved {
+                    return Ok(());
+                }
+                i
+            }
+            None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
+        };
+        let expires = self.addr_expiry(now);
+        let cache_ep = self.st.endpoints()[slot].cache_ep;
+        let a = &mut self.st.addrs()[i as usize];
+        a.state = AddrState::Resolved;
+        a.origin = storage::Origin::Preload;
+        a.gid = gid.0;
+        a.lid = 0;
+        a.group = 0;
+        a.expires = expires;
+        a.cache_ep = cache_ep;
+        Ok(())
+    }
+
+    /// A preloaded route (`route_preload`): `path` is cached for its DLID and its DGID (with
+    /// and without the reversible bit, no other constraint), never expires, and is inserted
+    /// again after every [`reregister`](Self::reregister).
+    pub fn preload_route<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+        path: &[u8; 64],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        if let Some(p) = self.st.preloads().iter_mut().find(|p| !p.used) {
+            *p = PreloadSlot {
+                used: true,
+                ep: slot as u8,
+                path: *path,
+            };
+        }
+        self.insert_preload(now, cache, slot, cache_ep, path);
+    }
+
+    /// CLIENT_REREGISTER (or an SM change) on `ep`'s port; `cache_ep` is the endpoint's cache
+    /// number at the new flush generation. Learned routes and addresses of the endpoint are
+    /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
+    /// `cache_ep`; the groups are detached and joined again.
+    pub fn reregister<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        if let Some(mut w) = cache.writer() {
+            w.invalidate_ep(u16::from(ep.0));
+        }
+        self.st.endpoints()[slot].cache_ep = cache_ep;
+        for i in 0..self.st.preloads().len() {
+            let p = self.st.preloads()[i];
+            if p.used && usize::from(p.ep) == slot {
+                self.insert_preload(now, cache, slot, cache_ep, &p.path);
+            }
+        }
+        for i in 0..self.st.addrs().len() as u32 {
+            let a = self.st.addrs()[i as usize];
+            if usize::from(a.ep) != slot {
+                continue;
+            }
+            match a.state {
+                AddrState::Local => self.insert_loopback(now, cache, slot, i, cache_ep),
+                AddrState::Resolved
+                    if a.origin == storage::Origin::Learned && a.job == 0 && !a.send_resp =>
+                {
+                    self.free_addr(i)
+                }
+                _ => {}
+            }
+        }
+        let e = &mut self.st.endpoints()[slot];
+        e.force_detach = e.attached;
+        let wanted: [bool; 2] = [
+            e.groups[0].state != GroupState::Off,
+            e.groups[1].state != GroupState::Off,
+        ];
+        for (g, want) in wanted.into_iter().enumerate() {
+            if want {
+                self.st.endpoints()[slot].groups[g].tries = 0;
+                self.start_join(now, slot, g);
+            }
+        }
+        self.mark_dirty(slot);
+        self.pump(now, cache);
+    }
+
+    /// A client request (`resolve()` → [`Kind::Resolve`], `query()` → [`Kind::Query`], or a
+    /// [`Kind::Prime`] / [`Kind::Refresh`] the caller already answered). `cache_ep` is the
+    /// caller's cache endpoint number for `ep` (the key of every cache entry of this request);
+    /// `msg` the client's message. Resolve and Query requests get exactly one
+    /// [`Output::Answer`]; Prime and Refresh none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn request<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+        client: u64,
+        kind: Kind,
+        msg: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let r = ReqCtx {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+        };
+        let slot = match self.ep_slot(ep) {
+            Some(s) if !self.done => s,
+            _ => {
+                self.answer_now(&r, ENODATA, None);
+                return;
+            }
+        };
+        self.st.endpoints()[slot].cache_ep = cache_ep;
+        if kind == Kind::Query {
+            self.query_request(now, slot, &r);
+        } else {
+            let view = self.view(slot, cache_ep);
+            match request::classify(&view, msg) {
+                request::Target::Fail(s) => {
+                    if s == EINVAL {
+                        self.stats.malformed += 1;
+                    }
+                    self.answer_now(&r, s, None);
+                }
+                request::Target::Route { key, sa, nodelay } => {
+                    self.route_request(now, cache, slot, &r, key, &sa, nodelay)
+                }
+                request::Target::Address { key, nodelay } => {
+                    self.addr_request(now, cache, slot, &r, &key, nodelay)
+                }
+            }
+        }
+        self.pump(now, cache);
+    }
+
+    /// An SA completion for a [`Output::SendSa`] with `token`: the reply MAD (`umad_status`
+    /// 0), or the MAD as sent with a non-zero `umad_status` (timeout, send failure). Replies
+    /// whose token or TID matches nothing in flight are counted and dropped.
+    pub fn handle_sa<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        token: u64,
+        umad_status: u32,
+        mad: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let mad = mads::full_mad(mad);
+        let (kind, index, tid) = mads::untoken(token);
+        match kind {
+            mads::TOKEN_ROUTE => self.route_reply(now, cache, index, tid, umad_status, &mad),
+            mads::TOKEN_JOIN => self.join_reply(now, index, tid, umad_status, &mad),
+            mads::TOKEN_LEAVE => {}
+            _ => self.stats.sa_unknown += 1,
+        }
+        self.pump(now, cache);
+    }
+
+    /// A class 0x2C MAD received on `ep`'s UD QP (`mad` = the 256 bytes after the GRH, `meta`
+    /// from the completion). Requests for one of our addresses are answered (unicast); every
+    /// valid request records its sender; responses complete our queries. Anything malformed,
+    /// unexpected or from another partition is counted in [`Stats`] and dropped.
+    pub fn handle_acm<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        meta: &RecvMeta,
+        mad: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        self.acm_receive(now, cache, ep, meta, mad);
+        self.pump(now, cache);
+    }
+
+    /// Runs the timers due at `now` (SA deadlines, BUSY backoffs, ACM retries, queue
+    /// deadlines, join retries). Call when [`poll_timeout`](Self::poll_timeout) has passed;
+    /// calling it early or often is harmless.
+    pub fn handle_timeout<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        if self.next_timer.is_some_and(|t| t <= now) {
+            self.run_timers(now, cache);
+            self.pump(now, cache);
+            self.next_timer = self.scan_timers();
+        }
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout) next (`None` = no timer armed).
+    /// It may be earlier than necessary, never later.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.next_timer
+    }
+
+    /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
+    pub fn shutdown<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        self.done = true;
+        for slot in 0..self.st.endpoints().len() {
+            if self.st.endpoints()[slot].open {
+                self.drop_endpoint_work(now, cache, slot, ENODATA, true);
+            }
+        }
+        for i in 0..self.st.addrs().len() as u32 {
+            if self.st.addrs()[i as usize].state != AddrState::Free {
+                self.fail_addr_waiters(i, ENODATA);
+            }
+        }
+        self.next_timer = None;
+    }
+
+    /// Drop and refusal counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// True if nothing is pending: no request waiting or unpolled, no SA query or ACM query
+    /// in flight or queued.
+    pub fn is_idle(&self) -> bool {
+        self.jobs_active == 0
+            && self.acm_active == 0
+            && self.waiting == 0
+            && self.answers.is_empty()
+    }
+}
+
+/// The arguments of one client request.
+pub(crate) struct ReqCtx<'m> {
+    pub(crate) ep: EpId,
+    pub(crate) cache_ep: u16,
+    pub(crate) client: u64,
+    pub(crate) kind: Kind,
+    pub(crate) msg: &'m [u8],
+}
+
+impl<S: Storage> Resolver<S> {
+    pub(crate) fn ep_slot(&mut self, ep: EpId) -> Option<usize> {
+        let s = usize::from(self.ep_map[usize::from(ep.0)]).checked_sub(1)?;
+        self.st.endpoints().get(s).filter(|e| e.open).map(|_| s)
+    }
+
+    pub(crate) fn view(&mut self, slot: usize, cache_ep: u16) -> request::EpView {
+        let e = &self.st.endpoints()[slot];
+        request::EpView {
+            cache_ep,
+            port_gid: Gid(e.port_gid),
+            lid: e.lid,
+            pkey: e.pkey,
+        }
+    }
+
+    pub(crate) fn next_tid(&mut self) -> u32 {
+        loop {
+            self.tid = self.tid.wrapping_add(1);
+            if self.tid != 0 {
+                return self.tid;
+            }
+        }
+    }
+
+    pub(crate) fn arm(&mut self, at: Millis) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
+    }
+
+    pub(crate) fn is_dirty(&self, slot: usize) -> bool {
+        self.dirty[slot / 64] & (1 << (slot % 64)) != 0
+    }
+
+    pub(crate) fn mark_dirty(&mut self, slot: usize) {
+        self.dirty[slot / 64] |= 1 << (slot % 64);
+    }
+
+    /// Bumps `counter` of endpoint `ep` (emitted as [`Output::Count`]).
+    pub(crate) fn count(&mut self, ep: EpId, counter: Counter) {
+        let Some(s) = usize::from(self.ep_map[usize::from(ep.0)]).checked_sub(1) else {
+            return;
+        };
+        let c = &mut self.st.endpoints()[s].counts[counter as usize];
+        *c = c.saturating_add(1);
+        self.mark_dirty(s);
+    }
+
+    pub(crate) fn addr_expiry(&self, now: Millis) -> Millis {
+        self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t))
+    }
+
+    /// A request slot: a waiter needs more than the answer reserve free, an immediate answer
+    /// any free slot.
+    pub(crate) fn alloc_req(&mut self, r: &ReqCtx<'_>, waiter: bool) -> Option<u32> {
+        if waiter && (self.free_reqs.len as usize) <= self.st.answer_reserve() {
+            return None;
+        }
+        let i = self
+            .free_reqs
+            .pop_front(self.st.requests(), list_id::FREE, req_link)?;
+        let slot = &mut self.st.requests()[i as usize];
+        let n = r.msg.len().min(MSG_LEN);
+        slot.msg = [0; MSG_LEN];
+        slot.msg[..n].copy_from_slice(&r.msg[..n]);
+        slot.len = n as u16;
+        slot.client = r.client;
+        slot.ep = r.ep.0;
+        slot.query = r.kind == Kind::Query;
+        slot.state = ReqState::Waiting;
+        slot.has_path = false;
+        self.waiting += 1;
+        Some(i)
+    }
+
+    /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
+    pub(crate) fn waiter(&mut self, r: &ReqCtx<'_>) -> Option<u32> {
+        let w = self.alloc_req(r, true);
+        if w.is_none() {
+            self.stats.full += 1;
+            self.answer_now(r, ENOMEM, None);
+        }
+        w
+    }
+
+    /// Answers `r` at once (Resolve and Query only).
+    pub(crate) fn answer_now(&mut self, r: &ReqCtx<'_>, status: u8, path: Option<&[u8; 64]>) {
+        if !matches!(r.kind, Kind::Resolve | Kind::Query) {
+            return;
+        }
+        match self.alloc_req(r, false) {
+            Some(i) => self.answer(i, status, path),
+            None => self.stats.lost += 1,
+        }
+    }
+
+    /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
+    pub(crate) fn answer(&mut self, i: u32, status: u8, path: Option<&[u8; 64]>) {
+        let r = &mut self.st.requests()[i as usize];
+        if r.state != ReqState::Waiting {
+            return;
+        }
+        r.state = ReqState::Answer;
+        r.status = status;
+        r.has_path = path.is_some();
+        if let Some(p) = path {
+            r.path = *p;
+        }
+        let (ep, query) = (EpId(r.ep), r.query);
+        self.waiting -= 1;
+        self.answers
+            .push_back(self.st.requests(), i, list_id::ANSWERS, req_link);
+        match (query, status) {
+            (_, 0) => {}
+            (false, ENODATA) => self.count(ep, Counter::NoData),
+            _ => self.count(ep, Counter::Error),
+        }
+    }
+
+    /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
+    pub(crate) fn answer_list(&mut self, list: &mut List, status: u8, path: Option<&[u8; 64]>) {
+        while let Some(w) = list.pop_front(self.st.requests(), list_id::WAITERS, req_link) {
+            self.answer(w, status, path);
+        }
+    }
+
+    /// Inserts `path` under the loopback key of local address `i` and aliases the address.
+    fn insert_loopback<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        i: u32,
+        cache_ep: u16,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let e = self.st.endpoints()[slot];
+        if !self.cfg.loopback_local || e.lid == 0 {
+            return;
+        }
+        let path = request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
+        let view = self.view(slot, cache_ep);
+        let (k, _) = request::normalise(&view, &request::gid_record(Gid(e.port_gid), 0));
+        let Some(key) = request::cache_key(cache_ep, &k) else {
+            return;
+        };
+        self.st.addrs()[i as usize].cache_ep = cache_ep;
+        if let Some(mut w) = cache.writer() {
+            w.insert(&key, &path, now, NEVER);
+        }
+        let a = self.st.addrs()[i as usize];
+        addr::alias(cache, &a, &key, now, NEVER);
+    }
+
+    fn insert_preload<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        cache_ep: u16,
+        path: &[u8; 64],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        use crate::wire::path_record::PathRecord;
+        let view = self.view(slot, cache_ep);
+        let p = PathRecord::new_unchecked(&path[..]);
+        let (dlid, dgid) = (p.dlid(), p.dgid());
+        let Some(mut w) = cache.writer() else {
+            return;
+        };
+        for rev in [false, true] {
+            let mut records = [[0u8; 64]; 2];
+            {
+                let mut k = PathRecord::new_unchecked(&mut records[0][..]);
+                k.set_dlid(dlid);
+                k.set_reversible_numpath(rev, 0);
+                let mut k = PathRecord::new_unchecked(&mut records[1][..]);
+                k.set_dgid(dgid);
+                k.set_reversible_numpath(rev, 0);
+            }
+            for (r, valid) in records.iter().zip([dlid != 0, !dgid.is_zero()]) {
+                if !valid {
+                    continue;
+                }
+                let (k, _) = request::normalise(&view, r);
+                if let Some(key) = request::cache_key(cache_ep, &k) {
+                    w.insert(&key, path, now, NEVER);
+                }
+            }
+        }
+    }
+
+    /// Answers (with `status`) every route job and address query of endpoint `slot`, and
+    /// forgets the queries the caller still holds when `forget_held`.
+    fn drop_endpoint_work<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        status: u8,
+        forget_held: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        for j in 0..self.st.jobs().len() as u32 {
+            let job = &self.st.jobs()[j as usize];
+            if job.state == JobState::Free || usize::from(job.ep) != slot {
+                continue;
+            }
+            self.finish_job(now, cache, j, status, None, None, false);
+            if forget_held {
+                self.free_zombie(j);
+            }
+        }
+        for i in 0..self.st.addrs().len() as u32 {
+            let a = self.st.addrs()[i as usize];
+            if usize::from(a.ep) == slot
+                && matches!(a.state, AddrState::Queued | AddrState::Querying)
+            {
+                self.fail_addr(i, status);
+            }
+        }
+    }
 }
