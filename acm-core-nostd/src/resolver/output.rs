@@ -150,7 +150,9 @@ impl<S: Storage> Resolver<S> {
                 self.acm_send
                     .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
             }
-            if a.state == AddrState::Querying && e.open {
+            // Multicast only while attached to group 0 (after a reregister the try is lost;
+            // the retry timer runs on).
+            if a.state == AddrState::Querying && e.open && e.groups[0].state == GroupState::Joined {
                 let (src_type, src) = self.source_of(slot, &a);
                 let mut mgids = [Gid::ZERO; 2];
                 let mut n = 0;
