@@ -242,8 +242,9 @@ pub struct Node {
     port_pool: PortPool,
     /// Ports this node's daemon failed to bind (log: `unable to bind listen socket`).
     port_retries: Vec<u16>,
-    /// Length of the daemon log when the daemon was last started.
-    log_start: u64,
+    /// Logs of earlier daemon starts (the core truncates its log file at start, so each one
+    /// is moved to `ibacm.log.<n>` first), oldest first.
+    earlier_logs: Vec<PathBuf>,
     fabric: String,
     scratch: PathBuf,
     daemon: Option<Proc>,
@@ -659,7 +660,7 @@ impl Fabric {
                 port_lease: lease,
                 port_pool: port_pool.clone(),
                 port_retries: Vec::new(),
-                log_start: 0,
+                earlier_logs: Vec::new(),
                 fabric: self.name.clone(),
                 scratch: self.scratch.clone(),
                 daemon: None,
@@ -1168,7 +1169,13 @@ impl Node {
         self.dir.join("ibacm.log")
     }
 
-    /// The daemon's log so far.
+    /// The logs of the daemon's earlier runs on this node (`ibacm.log.1`, ...: each start
+    /// moves the previous log there, since the core truncates its log file), oldest first.
+    pub fn earlier_logs(&self) -> &[PathBuf] {
+        &self.earlier_logs
+    }
+
+    /// The daemon's log so far (of its current or last run; see [`Node::earlier_logs`]).
     pub fn log(&self) -> String {
         String::from_utf8_lossy(&std::fs::read(self.log_path()).unwrap_or_default()).into_owned()
     }
@@ -1313,9 +1320,16 @@ impl Node {
             .stderr(file_append(&self.dir.join("ibacm.out"))?);
         let _ = std::fs::remove_file(self.run_dir.join("ibacm-tcp.port"));
         let _ = std::fs::remove_file(self.run_dir.join("ibacm.port"));
-        self.log_start = std::fs::metadata(self.log_path())
-            .map(|m| m.len())
-            .unwrap_or(0);
+        // The core truncates its log when it starts: keep the previous run's.
+        if std::fs::metadata(self.log_path()).is_ok_and(|m| m.len() > 0) {
+            let keep = self
+                .dir
+                .join(format!("ibacm.log.{}", self.earlier_logs.len() + 1));
+            std::fs::rename(self.log_path(), &keep).map_err(|e| {
+                Error::new(format!("cannot move {}: {e}", self.log_path().display()))
+            })?;
+            self.earlier_logs.push(keep);
+        }
         self.daemon = Some(Proc::spawn(
             &format!("ibacm@{}", self.name),
             cmd,
@@ -1332,18 +1346,9 @@ impl Node {
         self.wait_ready_rebinding()
     }
 
-    /// The daemon's log since its last start.
-    fn log_since_start(&self) -> String {
-        let b = std::fs::read(self.log_path()).unwrap_or_default();
-        let from = usize::try_from(self.log_start).unwrap_or(0);
-        // A log shorter than at the start was truncated: all of it is new.
-        let b = b.get(from..).unwrap_or(&b);
-        String::from_utf8_lossy(b).into_owned()
-    }
-
     /// Whether the core said, since the last start, that it could not bind `server_port`.
     fn bind_failed(&self) -> bool {
-        let log = self.log_since_start();
+        let log = self.log();
         log.contains("ERROR - unable to bind listen socket")
             || log.contains("ERROR - server listen failed")
     }
@@ -1447,13 +1452,19 @@ impl Node {
                     "{name}: ibacm exited during start: {st}"
                 )));
             }
-            if !port_file.exists() && self.bind_failed() {
+            // The core writes its port file *before* it binds: only a daemon that listens on
+            // its port is asked (else `ib_acme` could reach whoever holds the port).
+            if self.bind_failed() {
                 return Err(Error::new(format!(
                     "{name}: ibacm could not bind server_port {}",
                     self.server_port
                 )));
             }
-            if port_file.exists() {
+            let listening = self
+                .daemon
+                .as_ref()
+                .is_some_and(|p| listens_on(p.pid(), self.server_port));
+            if port_file.exists() && listening {
                 let out = self.acme(&["-e"])?;
                 if out.success() && out.stdout.contains(provider) {
                     return Ok(());
@@ -1465,8 +1476,9 @@ impl Node {
                 }
             } else if Instant::now() >= deadline {
                 return Err(Error::new(format!(
-                    "{name}: ibacm wrote no {} within {timeout:?}",
-                    port_file.display()
+                    "{name}: ibacm wrote no {} or does not listen on port {} within {timeout:?}",
+                    port_file.display(),
+                    self.server_port
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -1662,6 +1674,36 @@ fn abstract_socket_exists(name_with_at: &str) -> bool {
                 l.split_whitespace()
                     .last()
                     .is_some_and(|n| n.trim_end_matches('@') == name_with_at)
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4): a LISTEN row of
+/// `/proc/<pid>/net/tcp` whose socket inode is one of the process's descriptors.
+fn listens_on(pid: i32, port: u16) -> bool {
+    let Ok(tcp) = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")) else {
+        return false;
+    };
+    let suffix = format!(":{port:04X}");
+    let inodes: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
+            (f.len() > 9 && f[1].ends_with(&suffix) && f[3] == "0A")
+                .then(|| format!("socket:[{}]", f[9]))
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|rd| {
+            rd.flatten().any(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
             })
         })
         .unwrap_or(false)

@@ -175,7 +175,7 @@ pub fn bind_free(port: u16) -> bool {
     addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::UNSPECIFIED).to_be();
     // SAFETY: `addr` is a valid sockaddr_in that outlives the call and the length matches it;
     // `fd` is the socket created above, closed exactly once right after.
-    let ok = unsafe {
+    unsafe {
         let r = libc::bind(
             fd,
             (&addr as *const libc::sockaddr_in).cast::<libc::sockaddr>(),
@@ -183,8 +183,7 @@ pub fn bind_free(port: u16) -> bool {
         );
         libc::close(fd);
         r == 0
-    };
-    ok
+    }
 }
 
 #[cfg(test)]
@@ -204,7 +203,8 @@ mod tests {
         assert_eq!(parse_range("9-8"), None);
         assert_eq!(parse_range("0-8"), None);
         assert_eq!(parse_range("x"), None);
-        assert!(PortPool::new("/tmp", 9..=8).is_err());
+        let (nine, eight) = (9u16, 8u16);
+        assert!(PortPool::new("/tmp", nine..=eight).is_err());
     }
 
     #[test]

@@ -80,14 +80,16 @@ impl ProviderChoice {
                     }
                 };
                 match node {
-                    None if choice.default.is_some() => return Err(Error::new(format!(
+                    None if choice.default.is_some() => {
+                        return Err(Error::new(format!(
                         "two default providers ({} and {item}); name a node for one: NODE={item}",
                         choice
                             .default
                             .as_ref()
                             .map(Provider::name)
                             .unwrap_or_default()
-                    ))),
+                    )))
+                    }
                     None => choice.default = Some(provider),
                     Some(n) if choice.per_node.iter().any(|(m, _)| m == n) => {
                         return Err(Error::new(format!("provider for {n} given twice")))
