@@ -121,6 +121,10 @@ impl CoreIo for PluginIo {
 
 /// The SA completion handler given to `acm_alloc_sa_mad` (the core's SA thread): copy the
 /// reply, free the MAD, hand the copy to the dataplane. Nothing else runs here.
+///
+/// # Safety
+/// `mad` must be null or an `acm_sa_mad` the core allocated for us and completed (it is freed
+/// here, once).
 pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
     crate::provider::guard("sa_handler", (), || {
         let Some(api) = CoreApi::get() else {
