@@ -228,8 +228,25 @@ fn close_answers_waiters_and_reopen_works() {
     assert!(s.violations.is_empty(), "{:?}", s.violations);
 }
 
+/// What a batch of schedules exercised (to see that the property test is not vacuous).
+#[derive(Default, Debug)]
+struct Coverage {
+    answers: [u64; 16],
+    inline: u64,
+    acm_requests: u64,
+    acm_responses: u64,
+    sa_queries: u64,
+    stats_timeouts: u64,
+    stats_full: u64,
+    malformed_mads: u64,
+}
+
 /// One random schedule; `Err` describes the failure.
 fn schedule(seed: u64) -> Result<(), String> {
+    schedule_with(seed, &mut Coverage::default())
+}
+
+fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
     let mut rng = Rng(seed);
     let nodes = 2 + rng.below(3) as usize;
     let mut c = SimConfig::new(nodes, rng.next_u64());
@@ -328,7 +345,17 @@ fn schedule(seed: u64) -> Result<(), String> {
         if !n.resolver.is_idle() {
             return Err(format!("node {i} not idle at the end"));
         }
+        cov.stats_timeouts += n.stats().timeouts;
+        cov.stats_full += n.stats().full;
+        cov.malformed_mads += n.stats().acm_malformed + n.stats().acm_unknown_tid;
     }
+    for a in &s.answers {
+        cov.answers[usize::from(a.status.min(15))] += 1;
+        cov.inline += u64::from(a.inline);
+    }
+    cov.acm_requests += s.acm_requests.iter().sum::<u64>();
+    cov.acm_responses += s.acm_responses.iter().sum::<u64>();
+    cov.sa_queries += s.sa_queries;
     Ok(())
 }
 
@@ -349,20 +376,31 @@ fn exactly_once_over_random_schedules() {
         .unwrap_or(10_000);
     let start = std::time::Instant::now();
     let mut failures = Vec::new();
+    let mut cov = Coverage::default();
     for seed in 0..n {
-        if let Err(e) = schedule(seed) {
+        if let Err(e) = schedule_with(seed, &mut cov) {
             failures.push((seed, e));
             if failures.len() >= 5 {
                 break;
             }
         }
     }
-    eprintln!("{n} schedules in {:?}", start.elapsed());
+    eprintln!("{n} schedules in {:?}: {cov:?}", start.elapsed());
     if let Some((seed, e)) = failures.first() {
         panic!(
             "{} failing schedules; first: RESOLVER_SEED={seed} replays it: {e}\nothers: {:?}",
             failures.len(),
             failures.iter().skip(1).map(|f| f.0).collect::<Vec<_>>()
+        );
+    }
+    if n >= 1000 {
+        // Not vacuous: successes, timeouts, ENOMEM, EINVAL, ENODATA, hits, multicast, SA.
+        for status in [0, 1, 2, 3, 6] {
+            assert!(cov.answers[status] > n / 100, "status {status}: {cov:?}");
+        }
+        assert!(
+            cov.inline > n && cov.acm_responses > n && cov.sa_queries > n,
+            "{cov:?}"
         );
     }
 }

@@ -528,27 +528,29 @@ impl<S: Storage> Resolver<S> {
         A: Deref<Target = [AddrSlot]>,
     {
         let ready = self.ep_ready(slot);
-        let mut cur = self.st.endpoints()[slot].queue.front();
-        while let Some(i) = cur {
-            cur = List::next_of(self.st.addrs(), i, addr_qlink);
-            if self.st.addrs()[i as usize].timer <= now {
-                // Waiting for the group join: ibacmp's "endpoint not ready" ENODATA.
-                let status = if ready { ETIMEDOUT } else { ENODATA };
-                self.stats.timeouts += u64::from(ready);
-                self.fail_addr(i, status);
+        // Both lists are in deadline order: only due heads are looked at.
+        while let Some(i) = self.st.endpoints()[slot].queue.front() {
+            if self.st.addrs()[i as usize].timer > now {
+                break;
             }
+            // Waiting for the group join: ibacmp's "endpoint not ready" ENODATA.
+            let status = if ready { ETIMEDOUT } else { ENODATA };
+            self.stats.timeouts += u64::from(ready);
+            self.fail_addr(i, status);
         }
         let try_ms = self.acm_try(slot);
-        let mut cur = self.st.endpoints()[slot].inflight.front();
-        while let Some(i) = cur {
-            cur = List::next_of(self.st.addrs(), i, addr_qlink);
+        while let Some(i) = self.st.endpoints()[slot].inflight.front() {
             let a = self.st.addrs()[i as usize];
             if a.timer > now {
-                continue;
+                break;
             }
             if a.tries < self.cfg.acm_retries {
-                // Same TID, as ibacmp re-posts the same message.
+                // Same TID, as ibacmp re-posts the same message; to the back of the list.
                 let at = now.saturating_add(try_ms);
+                let mut l = self.st.endpoints()[slot].inflight;
+                l.remove(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
+                l.push_back(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
+                self.st.endpoints()[slot].inflight = l;
                 let a = &mut self.st.addrs()[i as usize];
                 a.tries += 1;
                 a.timer = at;

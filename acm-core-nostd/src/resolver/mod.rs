@@ -442,6 +442,10 @@ pub struct Resolver<S: Storage> {
     answers: List,
     free_jobs: List,
     sa_send: List,
+    /// Jobs whose MAD the caller holds, in send (= deadline) order.
+    sent: List,
+    /// Jobs waiting out a BUSY backoff.
+    busy: List,
     backlog: List,
     free_addrs: List,
     acm_send: List,
@@ -492,6 +496,8 @@ impl<S: Storage> Resolver<S> {
             answers: List::EMPTY,
             free_jobs: List::EMPTY,
             sa_send: List::EMPTY,
+            sent: List::EMPTY,
+            busy: List::EMPTY,
             backlog: List::EMPTY,
             free_addrs: List::EMPTY,
             acm_send: List::EMPTY,
@@ -1240,5 +1246,110 @@ impl<S: Storage> Resolver<S> {
                 self.fail_addr(i, status);
             }
         }
+    }
+}
+
+#[cfg(feature = "std")]
+impl<S: Storage> Resolver<S> {
+    /// Checks the resolver's internal bookkeeping against its tables (counts, list
+    /// memberships, the SA window); for tests and simulations. O(table size).
+    #[doc(hidden)]
+    pub fn check_invariants(&mut self) -> Result<(), std::string::String> {
+        use std::format;
+        let mut waiting = 0u32;
+        let mut answers = 0u32;
+        let mut free = 0u32;
+        for r in self.st.requests().iter() {
+            match r.state {
+                ReqState::Waiting => waiting += 1,
+                ReqState::Answer => answers += 1,
+                ReqState::Free => free += 1,
+            }
+            let want = match r.state {
+                ReqState::Waiting => list_id::WAITERS,
+                ReqState::Answer => list_id::ANSWERS,
+                ReqState::Free => list_id::FREE,
+            };
+            if r.link.on != want {
+                return Err(format!("request in {:?} on list {}", r.state, r.link.on));
+            }
+        }
+        if waiting != self.waiting || answers != self.answers.len || free != self.free_reqs.len {
+            return Err(format!(
+                "requests: waiting {waiting}/{} answers {answers}/{} free {free}/{}",
+                self.waiting, self.answers.len, self.free_reqs.len
+            ));
+        }
+        let (mut active, mut window, mut waiters) = (0u32, 0u32, 0u32);
+        for j in self.st.jobs().iter() {
+            let want = match j.state {
+                JobState::Free => list_id::FREE,
+                JobState::Backlog => list_id::BACKLOG,
+                JobState::Send => list_id::SA_SEND,
+                JobState::Sent => list_id::SENT,
+                JobState::Busy => list_id::BUSY,
+                JobState::Zombie => 0,
+            };
+            if j.qlink.on != want {
+                return Err(format!("job in {:?} on list {}", j.state, j.qlink.on));
+            }
+            if j.state != JobState::Free {
+                active += 1;
+            }
+            if matches!(
+                j.state,
+                JobState::Send | JobState::Sent | JobState::Busy | JobState::Zombie
+            ) {
+                window += 1;
+            }
+            if j.held != matches!(j.state, JobState::Sent | JobState::Zombie) {
+                return Err(format!("job in {:?} held {}", j.state, j.held));
+            }
+            waiters += j.waiters.len;
+        }
+        if active != self.jobs_active || window != self.window {
+            return Err(format!(
+                "jobs: active {active}/{} window {window}/{}",
+                self.jobs_active, self.window
+            ));
+        }
+        let mut acm = 0u32;
+        for a in self.st.addrs().iter() {
+            let want = match a.state {
+                AddrState::Free => list_id::FREE,
+                AddrState::Queued => list_id::ACM_QUEUE,
+                AddrState::Querying => list_id::ACM_INFLIGHT,
+                AddrState::Local => list_id::LOCALS,
+                AddrState::Removing => list_id::REMOVALS,
+                AddrState::Resolved => 0,
+            };
+            if a.qlink.on != want {
+                return Err(format!("address in {:?} on list {}", a.state, a.qlink.on));
+            }
+            if matches!(a.state, AddrState::Queued | AddrState::Querying) {
+                acm += 1;
+            } else if !a.waiters.is_empty() {
+                return Err(format!("address in {:?} with waiters", a.state));
+            }
+            waiters += a.waiters.len;
+        }
+        if acm != self.acm_active {
+            return Err(format!("acm_active {acm}/{}", self.acm_active));
+        }
+        if waiters != self.waiting {
+            return Err(format!(
+                "waiters on lists {waiters}, waiting {}",
+                self.waiting
+            ));
+        }
+        for e in self.st.endpoints().iter() {
+            if e.open && e.acm_inflight != e.inflight.len {
+                return Err(format!(
+                    "acm_inflight {} list {}",
+                    e.acm_inflight, e.inflight.len
+                ));
+            }
+        }
+        Ok(())
     }
 }

@@ -45,6 +45,8 @@ impl<S: Storage> Resolver<S> {
             job.state = JobState::Sent;
             job.held = true;
             let (slot, tid, sa) = (usize::from(job.ep), job.tid, job.sa);
+            self.sent
+                .push_back(self.st.jobs(), j, list_id::SENT, job_link);
             let ep = EpId(self.st.endpoints()[slot].id);
             return Some(Output::SendSa {
                 ep,

@@ -163,6 +163,7 @@ impl<S: Storage> Resolver<S> {
 
     /// Puts job `j` (already holding a window slot) on the SA send list with a fresh TID.
     fn send_job(&mut self, now: Millis, j: u32) {
+        self.unlist_job(j);
         let tid = self.next_tid();
         let at = now.saturating_add(self.cfg.sa_deadline);
         let ep = {
@@ -362,17 +363,7 @@ impl<S: Storage> Resolver<S> {
             self.answer(w, status, path);
         }
         self.unhash_job(j);
-        match job.state {
-            JobState::Backlog => {
-                self.backlog
-                    .remove(self.st.jobs(), j, list_id::BACKLOG, job_link);
-            }
-            JobState::Send => {
-                self.sa_send
-                    .remove(self.st.jobs(), j, list_id::SA_SEND, job_link);
-            }
-            _ => {}
-        }
+        self.unlist_job(j);
         let holds_window = matches!(job.state, JobState::Send | JobState::Sent | JobState::Busy);
         if job.held {
             let jb = &mut self.st.jobs()[j as usize];
@@ -385,6 +376,19 @@ impl<S: Storage> Resolver<S> {
             }
             self.free_job(j);
         }
+    }
+
+    /// Takes job `j` off whichever list its link is on.
+    fn unlist_job(&mut self, j: u32) {
+        let on = self.st.jobs()[j as usize].qlink.on;
+        let list = match on {
+            list_id::BACKLOG => &mut self.backlog,
+            list_id::SA_SEND => &mut self.sa_send,
+            list_id::SENT => &mut self.sent,
+            list_id::BUSY => &mut self.busy,
+            _ => return,
+        };
+        list.remove(self.st.jobs(), j, on, job_link);
     }
 
     fn free_job(&mut self, j: u32) {
@@ -472,10 +476,13 @@ impl<S: Storage> Resolver<S> {
                 }
                 let wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
                 let at = now.saturating_add(wait);
+                self.unlist_job(j);
                 let jb = &mut self.st.jobs()[j as usize];
                 jb.state = JobState::Busy;
                 jb.busy_tries += 1;
                 jb.timer = at;
+                self.busy
+                    .push_back(self.st.jobs(), j, list_id::BUSY, job_link);
                 self.arm(at);
             }
         }
@@ -537,18 +544,31 @@ impl<S: Storage> Resolver<S> {
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
     {
-        for j in 0..self.st.jobs().len() as u32 {
-            let job = &self.st.jobs()[j as usize];
-            if job.timer > now {
-                continue;
-            }
-            match job.state {
-                JobState::Backlog | JobState::Send | JobState::Sent => {
-                    self.stats.timeouts += 1;
-                    self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+        // Deadline-ordered lists: only their due heads are looked at.
+        for id in [list_id::BACKLOG, list_id::SA_SEND, list_id::SENT] {
+            loop {
+                let head = match id {
+                    list_id::BACKLOG => self.backlog.front(),
+                    list_id::SA_SEND => self.sa_send.front(),
+                    _ => self.sent.front(),
+                };
+                let Some(j) = head else {
+                    break;
+                };
+                if self.st.jobs()[j as usize].timer > now {
+                    break;
                 }
-                JobState::Busy => self.send_job(now, j),
-                _ => {}
+                self.stats.timeouts += 1;
+                self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                // A zombie (the caller holds its MAD) is on no list any more.
+                self.unlist_job(j);
+            }
+        }
+        let mut cur = self.busy.front();
+        while let Some(j) = cur {
+            cur = List::next_of(self.st.jobs(), j, job_link);
+            if self.st.jobs()[j as usize].timer <= now {
+                self.send_job(now, j);
             }
         }
         for slot in 0..self.st.endpoints().len() {
@@ -575,13 +595,20 @@ impl<S: Storage> Resolver<S> {
     pub(crate) fn scan_timers(&mut self) -> Option<Millis> {
         let mut next: Option<Millis> = None;
         let mut at = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
-        for job in self.st.jobs().iter() {
-            if matches!(
-                job.state,
-                JobState::Backlog | JobState::Send | JobState::Sent | JobState::Busy
-            ) {
-                at(job.timer);
-            }
+        for head in [
+            self.backlog.front(),
+            self.sa_send.front(),
+            self.sent.front(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            at(self.st.jobs()[head as usize].timer);
+        }
+        let mut cur = self.busy.front();
+        while let Some(j) = cur {
+            at(self.st.jobs()[j as usize].timer);
+            cur = List::next_of(self.st.jobs(), j, job_link);
         }
         for e in self.st.endpoints().iter() {
             if !e.open {
@@ -596,9 +623,10 @@ impl<S: Storage> Resolver<S> {
                 }
             }
         }
-        for a in self.st.addrs().iter() {
-            if matches!(a.state, AddrState::Queued | AddrState::Querying) {
-                at(a.timer);
+        for slot in 0..self.st.endpoints().len() {
+            let e = self.st.endpoints()[slot];
+            for head in [e.queue.front(), e.inflight.front()].into_iter().flatten() {
+                at(self.st.addrs()[head as usize].timer);
             }
         }
         next

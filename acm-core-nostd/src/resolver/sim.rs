@@ -549,8 +549,22 @@ impl Sim {
         f.delay_min + self.rng.below(f.delay_max.saturating_sub(f.delay_min) + 1)
     }
 
-    /// Drains every node's outputs (and what they cause at once) until all are quiet.
+    /// Drains every node's outputs (and what they cause at once) until all are quiet, then
+    /// checks every resolver's bookkeeping (violations are recorded).
     pub fn pump(&mut self) {
+        self.drain_all();
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if let Err(e) = n.resolver.check_invariants() {
+                self.violations
+                    .push(format!("node {i} at {}: {e}", self.now));
+            }
+            if n.resolver.stats().lost > 0 {
+                self.violations.push(format!("node {i}: answers lost"));
+            }
+        }
+    }
+
+    fn drain_all(&mut self) {
         loop {
             let mut any = false;
             for i in 0..self.nodes.len() {

@@ -111,6 +111,11 @@ impl List {
 }
 
 /// List ids (the `Link::on` tag). One per list kind; a slot is on at most one list per link.
+///
+/// Timer order: every list a timed slot sits on is FIFO in deadline order (deadlines are
+/// `now + constant` when a slot is appended: the backlog, the SA send and sent lists, an
+/// endpoint's ACM queue and in-flight list), so a timer fire looks at list heads only; BUSY
+/// jobs (backoffs differ) are the one list scanned whole.
 pub(crate) mod list_id {
     pub(crate) const FREE: u8 = 1;
     pub(crate) const WAITERS: u8 = 2;
@@ -123,6 +128,8 @@ pub(crate) mod list_id {
     pub(crate) const ROUTE_ADDRS: u8 = 9;
     pub(crate) const LOCALS: u8 = 10;
     pub(crate) const REMOVALS: u8 = 11;
+    pub(crate) const SENT: u8 = 12;
+    pub(crate) const BUSY: u8 = 13;
 }
 
 /// What a request slot holds.
