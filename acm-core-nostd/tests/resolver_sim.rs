@@ -81,6 +81,35 @@ fn name_resolves_in_acm_route_mode_without_sa_path_queries() {
 }
 
 #[test]
+fn acm_route_mode_joins_the_port_group_and_routes_over_the_best_shared_one() {
+    // 40 Gb/s (ibv_rate 7), MTU 4096 (5): group 1 differs from the base group.
+    let mut s = sim(2, |c| {
+        c.resolver.route_acm = true;
+        c.port_rate_mtu = (7, 5);
+    });
+    let c = resolve_name(&mut s, 0, "node1");
+    s.run_for(100);
+    let path = s.answer_of(c).unwrap().path.unwrap();
+    assert_eq!(
+        (path[54], path[55]),
+        (0x85, 0x87),
+        "group 1's MTU and rate (EXACTLY)"
+    );
+    // Mixed fabric: a port at the minimum shares only the base group.
+    let mut s = sim(2, |c| c.resolver.route_acm = true);
+    s.close(1);
+    s.nodes[1].ep_cfg.rate = 7;
+    s.nodes[1].ep_cfg.mtu = 5;
+    s.open(1);
+    s.run_for(10);
+    let c = resolve_name(&mut s, 1, "node0");
+    s.run_for(100);
+    let path = s.answer_of(c).unwrap().path.unwrap();
+    assert_eq!((path[54], path[55]), (0x84, 0x83), "the base group");
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+}
+
+#[test]
 fn coalescing_100_requests_one_multicast_one_sa_query() {
     let mut s = sim(2, |_| {});
     let clients: Vec<u64> = (0..100).map(|_| resolve_name(&mut s, 0, "node1")).collect();
@@ -278,6 +307,9 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         preloads: 4,
     };
     c.cache_slots = 8 + rng.below(64) as usize;
+    if rng.chance(300) {
+        c.port_rate_mtu = (7, 5); // route_acm then joins group 1 too
+    }
     c.faults = Faults {
         loss: rng.below(300) as u32,
         dup: rng.below(200) as u32,

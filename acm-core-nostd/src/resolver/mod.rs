@@ -715,7 +715,8 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Removes a local address (the core's `remove_address`). Its loopback alias is dropped
-    /// from the cache at the next input that passes the cache.
+    /// from the cache at the next input that passes the cache ([`poll_timeout`](Self::poll_timeout)
+    /// asks for an immediate [`handle_timeout`](Self::handle_timeout)).
     pub fn remove_address(&mut self, ep: EpId, type_: u8, addr: &[u8; 64]) {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -730,6 +731,8 @@ impl<S: Storage> Resolver<S> {
         self.st.addrs()[i as usize].state = AddrState::Removing;
         self.removals
             .push_back(self.st.addrs(), i, list_id::REMOVALS, addr_qlink);
+        // No cache here: ask for a `handle_timeout` call, which drops the alias.
+        self.arm(0);
     }
 
     /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `type_` (1..=3) is `gid`.

@@ -615,10 +615,8 @@ impl<S: Storage> Resolver<S> {
                 continue;
             }
             for g in &e.groups {
-                if matches!(
-                    g.state,
-                    GroupState::Joining | GroupState::Retry | GroupState::Send
-                ) {
+                // A join not polled yet (Send) has no timer running.
+                if matches!(g.state, GroupState::Joining | GroupState::Retry) {
                     at(g.timer);
                 }
             }

@@ -106,6 +106,8 @@ pub struct SimConfig {
     pub caps: Capacities,
     /// Path cache slots per node.
     pub cache_slots: usize,
+    /// Every port's active rate and MTU (`enum ibv_rate`, `enum ibv_mtu`).
+    pub port_rate_mtu: (u8, u8),
 }
 
 impl SimConfig {
@@ -126,6 +128,7 @@ impl SimConfig {
                 preloads: 8,
             },
             cache_slots: 256,
+            port_rate_mtu: (3, 4),
         }
     }
 }
@@ -342,8 +345,8 @@ impl Sim {
                     port_gid: node_gid(i),
                     lid: node_lid(i),
                     pkey: 0xffff,
-                    mtu: 4,
-                    rate: 3,
+                    mtu: cfg.port_rate_mtu.1,
+                    rate: cfg.port_rate_mtu.0,
                     subnet_timeout_ms: 0,
                     qpn: 0x100 + i as u32,
                 },
