@@ -439,13 +439,13 @@ unsafe extern "C" fn open_endpoint(
         let inst = &port.inst;
         // SAFETY: the core's live acm_endpoint.
         let pkey = unsafe { (*endpoint).pkey };
-        let Some(ep) = inst.eps.insert(|id| {
+        let Some(ep) = inst.eps.insert(|id, gen| {
             Arc::new(Ep {
                 id,
                 serial: next_serial(),
                 port: port.info.clone(),
                 pkey,
-                gen: AtomicU8::new(0),
+                gen: AtomicU8::new(gen),
                 endpoint: Mutex::new(endpoint as usize),
                 closed: AtomicBool::new(false),
                 counters: Default::default(),
