@@ -5,12 +5,9 @@
 # Then a mixed fabric (Hca2 stock, Hca3 and Hca4 acmrs) with no hosts file.
 #   bash scripts/run-main.sh                     # acmrs, then the mixed fabric
 #   PROVIDER=stock bash scripts/run-main.sh      # the first part with Debian's libibacmp.so
-#   MAIN_MIXED_NAMES=1 bash scripts/run-main.sh  # also names/IPs across providers on the mixed
-#                                                # fabric (needs acmrs's ACM address protocol)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROVIDER=${PROVIDER:-acmrs}
-MAIN_MIXED_NAMES=${MAIN_MIXED_NAMES:-0}
 MIXED=Hca2=stock,Hca3=acmrs,Hca4=acmrs
 BIN=${CARGO_TARGET_DIR:-target}/release
 
@@ -57,12 +54,7 @@ echo "=== names, IPv4, IPv6 with no hosts file (scripts/main-mixed.script), all 
 "$BIN/acm-fabric" script --provider stock --nodes Hca2,Hca3,Hca4 --hosts-file none \
   --name-prefix main-stock --retry 10 scripts/main-mixed.script
 
-if [[ $MAIN_MIXED_NAMES == 1 ]]; then
-  echo "=== names, IPv4, IPv6 across providers ($MIXED), no hosts file (scripts/main-mixed.script)"
-  "$BIN/acm-fabric" script --provider "$MIXED" --nodes Hca2,Hca3,Hca4 --hosts-file none \
-    --name-prefix main-mixed-names --retry 10 scripts/main-mixed.script
-else
-  echo "=== skipped: scripts/main-mixed.script across providers ($MIXED); it needs acmrs's ACM"
-  echo "    address protocol (without it acmrs answers ENODATA); MAIN_MIXED_NAMES=1 runs it"
-fi
+echo "=== names, IPv4, IPv6 across providers ($MIXED), no hosts file (scripts/main-mixed.script)"
+"$BIN/acm-fabric" script --provider "$MIXED" --nodes Hca2,Hca3,Hca4 --hosts-file none \
+  --name-prefix main-mixed-names --retry 10 scripts/main-mixed.script
 echo "=== done: every fabric process was stopped and its scratch directory removed"
