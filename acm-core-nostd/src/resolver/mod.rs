@@ -1356,3 +1356,65 @@ impl<S: Storage> Resolver<S> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_from_default_options_is_ibacmps() {
+        let c = Config::default();
+        assert!(c.addr_acm && !c.route_acm && c.loopback_local);
+        assert_eq!(c.addr_ttl, Some(1440 * 60_000));
+        assert_eq!(c.route_ttl, None);
+        assert_eq!((c.acm_timeout, c.acm_retries, c.acm_window), (2000, 2, 16));
+        assert_eq!(
+            (c.sa_window, c.sa_deadline, c.queue_deadline),
+            (8, 7000, 21_000)
+        );
+        assert_eq!((c.min_mtu, c.min_rate), (4, 3), "2048 bytes, 10 Gb/s");
+        assert_eq!(
+            (c.sa_busy_retries, c.sa_busy_backoff, c.negative_ttl),
+            (3, 100, 5000)
+        );
+    }
+
+    #[test]
+    fn config_follows_the_options() {
+        let (o, _) = ProviderOptions::load(
+            b"addr_prot none\nroute_prot acm\nloopback_prot none\nacmrs_sa_timeout_ms 1500\n\
+              retries 1\nsa_depth 64\nmin_mtu 4096\nmin_rate 40\nacmrs_acm_window 3\n\
+              route_timeout 2\naddr_timeout -1\n",
+            |e| panic!("{e:?}"),
+        );
+        let c = Config::from_options(&o);
+        assert!(!c.addr_acm && c.route_acm && !c.loopback_local);
+        assert_eq!(
+            (c.sa_deadline, c.queue_deadline, c.sa_window),
+            (1500, 3000, 256)
+        );
+        assert_eq!((c.min_mtu, c.min_rate, c.acm_window), (5, 7, 3));
+        assert_eq!((c.route_ttl, c.addr_ttl), (Some(120_000), None));
+    }
+
+    #[test]
+    fn empty_or_inconsistent_storage_is_refused() {
+        let caps = Capacities {
+            requests: 4,
+            answer_reserve: 4,
+            ..Capacities::default()
+        };
+        let mut st = HeapStorage::new(caps);
+        assert!(st.requests().len() > 4, "HeapStorage keeps one waiter slot");
+        let tiny: ArrayStorage<2, 2, 1, 1, 1, 1> = ArrayStorage::new();
+        assert_eq!(
+            Resolver::new(Config::default(), tiny, 0).err(),
+            Some(Error::Storage)
+        );
+        let none: ArrayStorage<4, 1, 0, 1, 1, 1> = ArrayStorage::new();
+        assert_eq!(
+            Resolver::new(Config::default(), none, 0).err(),
+            Some(Error::Storage)
+        );
+    }
+}
