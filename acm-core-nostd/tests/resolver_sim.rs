@@ -110,6 +110,37 @@ fn acm_route_mode_joins_the_port_group_and_routes_over_the_best_shared_one() {
 }
 
 #[test]
+fn issue8_queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
+    // One SA query at a time, the SA never answers (the core gives up after 30 s): the 42
+    // requests queued behind it are answered at their own queue deadline, not after 30 s each.
+    let mut s = sim(2, |c| {
+        c.resolver.sa_window = 1;
+        c.caps.sa_inflight = 1;
+        c.resolver.sa_deadline = 2000;
+        c.resolver.queue_deadline = 6000;
+        c.faults.sa_silent = 1000;
+        c.faults.sa_timeout = 30_000;
+    });
+    let clients: Vec<u64> = (0..43)
+        .map(|i| s.request(0, Kind::Resolve, |tid| lid_msg(100 + i, false, tid)))
+        .collect();
+    s.run_for(6000);
+    for c in &clients {
+        assert_eq!(
+            s.answer_of(*c).map(|a| a.status),
+            Some(ETIMEDOUT),
+            "client {c}"
+        );
+    }
+    assert_eq!(
+        s.sa_queries, 1,
+        "the window stays held by the MAD the core still has"
+    );
+    s.run_for(30_000);
+    assert!(s.nodes[0].resolver.is_idle());
+}
+
+#[test]
 fn coalescing_100_requests_one_multicast_one_sa_query() {
     let mut s = sim(2, |_| {});
     let clients: Vec<u64> = (0..100).map(|_| resolve_name(&mut s, 0, "node1")).collect();
@@ -319,6 +350,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         sa_silent: rng.below(150) as u32,
         sa_timeout: 200 + rng.below(3000),
         sa_delay_max: 1 + rng.below(50),
+        garbage: rng.below(50) as u32,
     };
     let mut s = Sim::new(c);
     if rng.chance(300) {

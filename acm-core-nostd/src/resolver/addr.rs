@@ -660,8 +660,9 @@ impl<S: Storage> Resolver<S> {
         let expires = self.addr_expiry(now);
         let waiters = {
             let a = &mut self.st.addrs()[i as usize];
+            // A hosts-file entry keeps its origin (it survives reregisters); what the peer
+            // says about itself is newer than the file, so the mapping is updated.
             a.state = AddrState::Resolved;
-            a.origin = Origin::Learned;
             a.gid = sgid.0;
             a.lid = meta.slid;
             a.qpn = meta.src_qp;

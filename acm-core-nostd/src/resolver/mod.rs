@@ -1305,7 +1305,14 @@ impl<S: Storage> Resolver<S> {
             ) {
                 window += 1;
             }
-            if j.held != matches!(j.state, JobState::Sent | JobState::Zombie) {
+            // Held only while Sent or Zombie; a Zombie always is (a Sent job whose reply was
+            // dropped for a wrong TID waits for its deadline with the MAD back).
+            let held_ok = if j.held {
+                matches!(j.state, JobState::Sent | JobState::Zombie)
+            } else {
+                j.state != JobState::Zombie
+            };
+            if !held_ok {
                 return Err(format!("job in {:?} held {}", j.state, j.held));
             }
             waiters += j.waiters.len;

@@ -75,6 +75,8 @@ pub struct Faults {
     pub sa_timeout: Millis,
     /// SA reply delay range (ms).
     pub sa_delay_max: Millis,
+    /// An SA reply or ACM delivery has 1–4 random bytes overwritten (TID, status, fields).
+    pub garbage: u32,
 }
 
 impl Faults {
@@ -88,6 +90,7 @@ impl Faults {
         sa_silent: 0,
         sa_timeout: 6000,
         sa_delay_max: 1,
+        garbage: 0,
     };
 }
 
@@ -734,8 +737,28 @@ impl Sim {
             };
             for _ in 0..copies {
                 let d = self.delay();
-                self.schedule(d, Event::Acm { to: j, meta, mad });
+                let mut m = mad;
+                self.mangle(&mut m);
+                self.schedule(
+                    d,
+                    Event::Acm {
+                        to: j,
+                        meta,
+                        mad: m,
+                    },
+                );
             }
+        }
+    }
+
+    /// With probability `Faults::garbage`, overwrites 1–4 random bytes of `mad`.
+    fn mangle(&mut self, mad: &mut [u8; 256]) {
+        if !self.rng.chance(self.faults.garbage) {
+            return;
+        }
+        for _ in 0..1 + self.rng.below(4) {
+            let at = self.rng.below(256) as usize;
+            mad[at] = self.rng.next_u64() as u8;
         }
     }
 
