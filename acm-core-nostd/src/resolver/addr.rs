@@ -289,9 +289,14 @@ impl<S: Storage> Resolver<S> {
         if let (Some(k), false) = (key, force) {
             match cache.lookup(&k, now) {
                 Lookup::Hit {
-                    record, expires_at, ..
+                    record,
+                    expires_at,
+                    needs_refresh,
                 } => {
                     alias(cache, &a, &k, now, expires_at);
+                    if needs_refresh {
+                        self.join_route(now, slot, a.cache_ep, key, &sa, None, Some(i));
+                    }
                     let mut l = waiters;
                     while let Some(w) =
                         l.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
@@ -722,6 +727,11 @@ impl<S: Storage> Resolver<S> {
             self.stats.acm_malformed += 1;
             return;
         };
+        // Our own multicast, looped back by the HCA: nothing to learn or answer.
+        let e = self.st.endpoints()[slot];
+        if sgid.0 == e.port_gid && meta.src_qp == e.qpn {
+            return;
+        }
         match r.method {
             Method::Get => self.peer_request(now, cache, slot, meta, sgid, &r),
             Method::GetResp => self.peer_response(now, cache, slot, meta, sgid, &r),
