@@ -9,7 +9,7 @@
 //! lock-free cache read, the answer. Everything else (misses, the ACM protocol, the SA, timers,
 //! every cache write) is the dataplane loop's, reached through the bounded [`Inbox`] queues.
 
-use crate::core_api::{self, CoreApi};
+use crate::core_api::{self, guard, CoreApi};
 use crate::ffi::*;
 use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo};
 use crate::io::{set_reply_target, PluginIo};
@@ -46,17 +46,6 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 fn next_serial() -> u64 {
     NEXT_SERIAL.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Runs `f`, turning a panic into `on_panic` (logged).
-pub(crate) fn guard<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => {
-            core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
-            on_panic
-        }
-    }
 }
 
 struct DevCtx {
