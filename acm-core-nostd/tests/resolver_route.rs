@@ -516,3 +516,55 @@ fn refresh_ahead_updates_the_entry_in_place() {
         "extended"
     );
 }
+
+/// Cost of the resolver's share of a miss (request → SA query out → reply → answer out), and
+/// of a resolver-side hit. `cargo test --release -p acm-core-nostd --test resolver_route -- \
+/// --ignored --nocapture miss_cost`.
+#[test]
+#[ignore]
+fn miss_cost() {
+    let caps = Capacities {
+        requests: 4096,
+        pending: 1024,
+        ..Capacities::default()
+    };
+    let mut t = setup(route_config(), caps);
+    t.cache = PathCache::new(
+        PathSlot::boxed(1 << 20),
+        AddrSlot::boxed(16),
+        CacheConfig::default(),
+    )
+    .unwrap();
+    let n = 200_000u64;
+    let msgs: Vec<Vec<u8>> = (0..n)
+        .map(|i| path_msg(1 + (i % 60_000) as u16, 0, i))
+        .collect();
+    let mut start = std::time::Instant::now();
+    let mut answers = 0u64;
+    for (i, m) in msgs.iter().enumerate() {
+        if i == 60_000 {
+            eprintln!("60 000 misses: {:?} per miss", start.elapsed() / 60_000);
+            start = std::time::Instant::now();
+        }
+        t.r.request(i as u64, &t.cache, EP, CEP, i as u64, Kind::Resolve, m);
+        while let Some(o) = t.r.poll_output() {
+            match o {
+                Output::SendSa { token, mut mad, .. } => {
+                    mad[3] = 0x81;
+                    let lid = u16::from_be_bytes([mad[96], mad[97]]);
+                    mad[56..120].copy_from_slice(&path_to(lid));
+                    t.r.handle_sa(i as u64, &t.cache, token, 0, &mad);
+                }
+                Output::Answer(_) => answers += 1,
+                _ => {}
+            }
+        }
+    }
+    let el = start.elapsed();
+    assert_eq!(answers, n);
+    eprintln!(
+        "{} resolver-side hits: {:?} per hit",
+        n - 60_000,
+        el / (n - 60_000) as u32
+    );
+}

@@ -290,11 +290,13 @@ pub enum Error {
 /// Counters of what the resolver dropped or refused, for logs and `query_perf`-like exports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Received ACM MADs dropped: wrong class/version/length/method/control.
+    /// Received ACM MADs dropped: wrong length/base/class/version/method/control, address
+    /// types out of range, `gid_cnt` > 6, a response with a status or without a GID.
     pub acm_malformed: u64,
     /// ACM responses whose TID matches no pending query.
     pub acm_unknown_tid: u64,
-    /// ACM responses for an address nobody asked about.
+    /// ACM MADs nobody can use: for an endpoint that is not open, or a response naming a
+    /// multicast group we did not join.
     pub acm_unsolicited: u64,
     /// ACM MADs from an unexpected P_Key (index) or without a GRH.
     pub acm_wrong_key: u64,
@@ -334,7 +336,8 @@ pub struct Config {
     pub acm_timeout: Millis,
     /// ACM request retries (`retries`; tries = retries + 1).
     pub acm_retries: u32,
-    /// ACM multicast queries in flight per endpoint (`resolve_depth`, ibacmp: 1).
+    /// ACM multicast queries in flight per endpoint (`acmrs_acm_window`, default 16; ibacmp's
+    /// `resolve_depth` credits make it 1).
     pub acm_window: u32,
     /// SA queries in flight per resolver (the rest wait FIFO).
     pub sa_window: u32,
