@@ -568,3 +568,49 @@ fn miss_cost() {
         el / (n - 60_000) as u32
     );
 }
+
+#[test]
+fn random_bytes_get_exactly_one_answer_each() {
+    let mut t = setup(route_config(), Capacities::default());
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let base = path_msg(6, 0, 0);
+    let mut asked = 0u64;
+    let mut clients: Vec<u64> = Vec::new();
+    for i in 0..20_000u64 {
+        let mut m = base.clone();
+        m.resize((next() % 600) as usize, 0);
+        for _ in 0..(next() % 6) {
+            let n = m.len().max(1);
+            let at = (next() % n as u64) as usize;
+            if let Some(b) = m.get_mut(at) {
+                *b = next() as u8;
+            }
+        }
+        let kind = if i % 3 == 0 {
+            Kind::Query
+        } else {
+            Kind::Resolve
+        };
+        t.request(i, kind, &m);
+        asked += 1;
+        for (token, mad) in t.sa_sends() {
+            t.r.handle_sa(t.now, &t.cache, token, 110, &mad);
+            t.drain();
+        }
+        clients.extend(t.answers().iter().map(|a| a.0));
+        t.out.clear();
+    }
+    t.advance(1_000_000);
+    clients.extend(t.answers().iter().map(|a| a.0));
+    assert_eq!(clients.len() as u64, asked);
+    clients.sort_unstable();
+    clients.dedup();
+    assert_eq!(clients.len() as u64, asked, "one answer per client");
+    assert!(t.r.is_idle());
+}

@@ -341,6 +341,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
     if rng.chance(300) {
         c.port_rate_mtu = (7, 5); // route_acm then joins group 1 too
     }
+    c.mixed_ports = rng.chance(300);
     c.faults = Faults {
         loss: rng.below(300) as u32,
         dup: rng.below(200) as u32,

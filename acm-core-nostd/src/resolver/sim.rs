@@ -111,6 +111,8 @@ pub struct SimConfig {
     pub cache_slots: usize,
     /// Every port's active rate and MTU (`enum ibv_rate`, `enum ibv_mtu`).
     pub port_rate_mtu: (u8, u8),
+    /// Odd nodes run at 40 Gb/s / MTU 4096 instead (a mixed fabric).
+    pub mixed_ports: bool,
 }
 
 impl SimConfig {
@@ -132,6 +134,7 @@ impl SimConfig {
             },
             cache_slots: 256,
             port_rate_mtu: (3, 4),
+            mixed_ports: false,
         }
     }
 }
@@ -348,8 +351,16 @@ impl Sim {
                     port_gid: node_gid(i),
                     lid: node_lid(i),
                     pkey: 0xffff,
-                    mtu: cfg.port_rate_mtu.1,
-                    rate: cfg.port_rate_mtu.0,
+                    mtu: if cfg.mixed_ports && i % 2 == 1 {
+                        5
+                    } else {
+                        cfg.port_rate_mtu.1
+                    },
+                    rate: if cfg.mixed_ports && i % 2 == 1 {
+                        7
+                    } else {
+                        cfg.port_rate_mtu.0
+                    },
                     subnet_timeout_ms: 0,
                     qpn: 0x100 + i as u32,
                 },
