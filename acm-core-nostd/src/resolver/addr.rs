@@ -852,3 +852,38 @@ fn source_entry(msg: &[u8]) -> Option<(u8, [u8; 64])> {
     a.copy_from_slice(e.info());
     (a != [0; 64]).then_some((t, a))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_keys_only_for_names_and_ips() {
+        let mut a = AddrEntry::EMPTY;
+        a.cache_ep = 0x0203;
+        a.addr[..3].copy_from_slice(b"abc");
+        for (t, kind) in [
+            (1, AddrKind::Name),
+            (2, AddrKind::Ipv4),
+            (3, AddrKind::Ipv6),
+        ] {
+            a.type_ = t;
+            let k = addr_key(&a).unwrap();
+            assert_eq!((k.ep, k.kind, &k.addr[..3]), (0x0203, kind, &b"abc"[..]));
+        }
+        for t in [0, 4, 5, 6] {
+            a.type_ = t;
+            assert!(addr_key(&a).is_none());
+        }
+    }
+
+    #[test]
+    #[cfg(feature = "sim")]
+    fn source_entry_is_the_requests_echoed_source() {
+        let m = super::super::sim::name_msg("dst", Some("src"), false, 1);
+        let (t, a) = source_entry(&m).unwrap();
+        assert_eq!((t, &a[..3]), (1, &b"src"[..]));
+        assert!(source_entry(&super::super::sim::name_msg("dst", None, false, 1)).is_none());
+        assert!(source_entry(&m[..20]).is_none());
+    }
+}

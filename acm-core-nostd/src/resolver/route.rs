@@ -641,3 +641,26 @@ impl<S: Storage> Resolver<S> {
         next
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{constraint, Constraints};
+
+    #[test]
+    fn stored_keys_round_trip() {
+        assert_eq!(StoredKey::from_key(None).key(7), None);
+        let mut c = Constraints::ANY;
+        c.mask = constraint::SL | constraint::SERVICE_ID;
+        c.sl = 3;
+        c.service_id = 0x1234;
+        for dest in [Dest::Lid(9), Dest::Gid([0xfe; 16])] {
+            let k = PathKey {
+                ep: 0x0105,
+                dest,
+                constraints: c,
+            };
+            assert_eq!(StoredKey::from_key(Some(k)).key(0x0105), Some(k));
+        }
+    }
+}
