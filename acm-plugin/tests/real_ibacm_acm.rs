@@ -34,11 +34,13 @@ fn mixed(prefix: &str, opts: &[(&str, &str)], env: &[(&str, &str)]) -> Fabric {
     for (k, v) in env {
         b = b.daemon_env(k, v);
     }
-    let f = b
-        .start()
-        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let f = b.start().unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     // Each daemon serves its endpoint with the provider it was given.
-    for (node, prov) in [("Hca2", ",ibacmp,"), ("Hca3", ",acmrs,"), ("Hca4", ",acmrs,")] {
+    for (node, prov) in [
+        ("Hca2", ",ibacmp,"),
+        ("Hca3", ",acmrs,"),
+        ("Hca4", ",acmrs,"),
+    ] {
         let e = f.node(node).unwrap().acme(&["-e"]).unwrap();
         assert!(e.stdout.contains(prov), "{node} -e: {e}");
     }
