@@ -157,6 +157,8 @@ pub struct Inbox {
     pub replies: ArrayQueue<SaReply>,
     control: Mutex<VecDeque<Control>>,
     control_pushed: AtomicU64,
+    /// Control messages the loop has applied (their outputs carried out).
+    control_applied: AtomicU64,
     /// Requests refused because the queue was full.
     pub overflows: AtomicU64,
     /// SA replies dropped because the reply queue was full.
@@ -173,17 +175,25 @@ impl Inbox {
             replies: ArrayQueue::new(replies.max(1)),
             control: Mutex::new(VecDeque::new()),
             control_pushed: AtomicU64::new(0),
+            control_applied: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
             reply_drops: AtomicU64::new(0),
             waker,
         }
     }
 
-    /// Queues a control message and wakes the loop (main thread).
-    pub fn control(&self, c: Control) {
+    /// Queues a control message and wakes the loop (main thread). Returns its sequence
+    /// number: it has been applied once [`Inbox::controls_applied`] reaches it.
+    pub fn control(&self, c: Control) -> u64 {
         lock(&self.control).push_back(c);
-        self.control_pushed.fetch_add(1, Ordering::AcqRel);
+        let seq = self.control_pushed.fetch_add(1, Ordering::AcqRel) + 1;
         self.waker.wake();
+        seq
+    }
+
+    /// How many control messages the loop has applied so far.
+    pub fn controls_applied(&self) -> u64 {
+        self.control_applied.load(Ordering::Acquire)
     }
 
     /// Hands a request to the loop; false (counted) if the queue is full.
@@ -294,6 +304,9 @@ impl<I: CoreIo> Plane<I> {
             self.controls_applied += 1;
             self.apply(c, now);
             self.drain_outputs(now);
+            self.inbox
+                .control_applied
+                .store(self.controls_applied, Ordering::Release);
         }
         did
     }
@@ -348,6 +361,9 @@ impl<I: CoreIo> Plane<I> {
                     rec.locals.retain(|l| *l != (type_, addr));
                 }
                 self.resolver.remove_address(ep, type_, &addr);
+                // The resolver drops the address's cache alias at its next timer run: now,
+                // before any later request looks it up.
+                self.resolver.handle_timeout(now, &self.cache);
             }
             Control::Reregister(ep) => {
                 let Some(rec) = self.eps[usize::from(ep.0)].as_mut() else {

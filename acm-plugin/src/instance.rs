@@ -238,6 +238,10 @@ pub struct Ep {
     pub counters: [AtomicU64; MAX_COUNTER],
     /// Address contexts handed to the core, freed at close if the core leaked them.
     pub addr_ctxs: Mutex<Vec<usize>>,
+    /// The control sequence number of the endpoint's last `remove_address`: until the
+    /// dataplane has applied it, the removed address's cache alias may still be there, so
+    /// address requests are not answered from the cache inline.
+    pub removal_seq: AtomicU64,
 }
 
 impl Ep {

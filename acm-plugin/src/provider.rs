@@ -439,6 +439,7 @@ unsafe extern "C" fn open_endpoint(
                 closed: AtomicBool::new(false),
                 counters: Default::default(),
                 addr_ctxs: Mutex::new(Vec::new()),
+                removal_seq: AtomicU64::new(0),
             })
         }) else {
             inst.api.log(
@@ -569,11 +570,12 @@ unsafe extern "C" fn remove_address(addr_context: *mut c_void) {
         drop(ctxs);
         // SAFETY: registered, so not yet freed; we just unregistered it.
         let ctx = unsafe { Box::from_raw(addr_context as *mut AddrCtx) };
-        ctx.inst.inbox.control(Control::RemoveAddress {
+        let seq = ctx.inst.inbox.control(Control::RemoveAddress {
             ep: ep.id,
             type_: ctx.type_,
             addr: ctx.addr,
         });
+        ep.removal_seq.store(seq, Ordering::Release);
     })
 }
 
@@ -639,6 +641,12 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
             key.map_or(Lookup::Miss, |k| inst.cache.lookup(&k, now)),
             nodelay,
         ),
+        // A local address removed since the dataplane last caught up may still be aliased.
+        Target::Address { nodelay, .. }
+            if ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied() =>
+        {
+            (Lookup::Miss, nodelay)
+        }
         Target::Address { key, nodelay } => (inst.cache.lookup_addr(&key, now), nodelay),
     };
     match lookup {
