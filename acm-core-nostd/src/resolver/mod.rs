@@ -279,13 +279,29 @@ pub enum Output {
 pub enum Error {
     /// The storage given to [`Resolver::new`] is empty or inconsistent.
     Storage,
-    /// The endpoint is not open (or already open for `open_endpoint`).
+    /// The endpoint is not open (or already open for `open_endpoint`, or the resolver was
+    /// shut down).
     Endpoint,
-    /// The endpoint has no room for another local address.
+    /// A table is full: no endpoint slot (`open_endpoint`), no address entry (`add_address`,
+    /// `preload_address`).
     Capacity,
     /// An address type the ACM protocol does not carry.
     AddressType,
 }
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Error::Storage => "resolver storage is empty or inconsistent",
+            Error::Endpoint => "endpoint not open (or already open)",
+            Error::Capacity => "resolver table full",
+            Error::AddressType => "address type not carried by the ACM protocol",
+        })
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for Error {}
 
 /// Counters of what the resolver dropped or refused, for logs and `query_perf`-like exports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
