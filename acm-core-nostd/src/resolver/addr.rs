@@ -25,7 +25,7 @@ use super::{
 use crate::cache::hash::hash_words;
 use crate::cache::{AddrKey, AddrKind, AddrSlot, Lookup, PathCache, PathKey, PathSlot};
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, ACM_MGMT_CLASS, CTRL_RESOLVE};
-use crate::wire::client::{AcmMsg, EpInfoType};
+use crate::wire::client::{AcmMsg, EpInfoType, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
 use crate::wire::mad::Method;
 use crate::wire::path_record::PathRecord;
@@ -837,20 +837,33 @@ impl<S: Storage> Resolver<S> {
     }
 }
 
-/// The request's source entry (type 1..=3 and its 64 bytes), if it names one.
+/// The request's source entry (type 1..=3 and its 64 bytes), if it names one: the entry at
+/// `src_index` (where the core put the source the client gave, or the one it selected with
+/// `src_out` set), else any entry flagged `ACM_EP_FLAG_SOURCE`.
 fn source_entry(msg: &[u8]) -> Option<(u8, [u8; 64])> {
     let m = AcmMsg::new_checked(msg).ok()?;
-    let s = m.check_resolve().ok()?.source?;
-    let e = m.entry(s)?;
-    let t = match e.info_type() {
-        EpInfoType::Name => 1,
-        EpInfoType::AddressIp => 2,
-        EpInfoType::AddressIp6 => 3,
-        _ => return None,
+    let layout = m.check_resolve().ok()?;
+    let pick = |i: usize| -> Option<(u8, [u8; 64])> {
+        let e = m.entry(i)?;
+        if e.flags() & EP_FLAG_SOURCE == 0 && layout.source != Some(i) {
+            return None;
+        }
+        let t = match e.info_type() {
+            EpInfoType::Name => 1,
+            EpInfoType::AddressIp => 2,
+            EpInfoType::AddressIp6 => 3,
+            _ => return None,
+        };
+        let mut a = [0u8; 64];
+        a.copy_from_slice(e.info());
+        (a != [0; 64]).then_some((t, a))
     };
-    let mut a = [0u8; 64];
-    a.copy_from_slice(e.info());
-    (a != [0; 64]).then_some((t, a))
+    let first = usize::from(m.src_index());
+    pick(first).or_else(|| {
+        (0..=layout.count.min(7))
+            .filter(|&i| i != first)
+            .find_map(pick)
+    })
 }
 
 #[cfg(test)]
@@ -885,5 +898,14 @@ mod tests {
         assert_eq!((t, &a[..3]), (1, &b"src"[..]));
         assert!(source_entry(&super::super::sim::name_msg("dst", None, false, 1)).is_none());
         assert!(source_entry(&m[..20]).is_none());
+        // A source the client gave: flagged SOURCE, src_out 0 (the core selected nothing).
+        let mut m = m;
+        m[3] = 0;
+        let (t, a) = source_entry(&m).unwrap();
+        assert_eq!((t, &a[..3]), (1, &b"src"[..]));
+        m[4] = 0; // src_index wrong: found by its flag
+        assert_eq!(source_entry(&m).map(|s| s.0), Some(1));
+        m[88..92].copy_from_slice(&0u32.to_ne_bytes()); // no SOURCE flag any more
+        assert!(source_entry(&m).is_none());
     }
 }
