@@ -1,0 +1,1028 @@
+//! Address resolution through the real ibacm daemon: name **misses** (ACM multicast query →
+//! the peer's unicast response → SA PathRecord) one at a time and in bursts, and **hits** (the
+//! same names again), stock `libibacmp.so` vs `libacmrs.so`, side by side in one run.
+//!
+//! Each configuration is its own simulated fabric of the same topology (ibsim + OpenSM + real
+//! `ibacm` daemons, no hosts file, every node with extra host names `<node>-1..-N` in its
+//! `ibacm_addr.cfg`, `FabricBuilder::extra_names`): a **requester** node (Hca3) and two
+//! **peers** (Hca2, Hca4). Configurations: `stock` and `acmrs` (all three nodes one provider),
+//! and the mixed `stock-req.acmrs-peers` / `acmrs-req.stock-peers`. All fabrics are up at
+//! once; the measurement phases alternate between them (A B A B, who goes first rotating per
+//! round) so machine drift hits all alike. Every miss uses a name never asked before.
+//!
+//! A TCP client talks to the requester's daemon as `ib_acme -f n` does (RESOLVE, source
+//! entry = the requester's name, destination entry = a peer name; messages built with
+//! `acm_core_nostd::wire::client`). One connection per outstanding request (the core reads one
+//! message per `recv()`), opened one at a time and each proven with a cached request before
+//! any measurement (the core listens with backlog 0). Every answer is checked: status 0 and
+//! the destination GID of the peer owning the name (an error status is counted and reported,
+//! a wrong path fails the run). The requester's `ib_acme -P` counters are read around every
+//! phase.
+//!
+//! The bench runs in its own network namespace with a larger Unix datagram queue (see
+//! [`private_net`]; `--host-net` does not).
+//!
+//! `cargo run --release -p acm-bench --bin addr -- [--quick] [--out DIR]`
+//! (build `-p acm-plugin -p simverbs` with the same profile first; root).
+
+use acm_bench::{Args, LatencyHistogram, Summary, Table};
+use acm_core_nostd::wire::client::{
+    build_perf_request, AcmMsg, AcmMsgRepr, EpAddrDataRepr, EpInfoType, Opcode, PerfResponseRepr,
+    Status, ACM_VERSION, COUNTER_NAMES, EP_FLAG_DEST, EP_FLAG_SOURCE, HDR_LEN, MAX_ADDRESS,
+    MAX_COUNTER, MAX_ENTRIES, MSG_LEN,
+};
+use acm_fabric::{Fabric, HostsFile, Provider, Topology};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: addr [--quick] [--no-mixed] [--rounds R] [--singles N] \
+     [--bursts 1,10,100] [--burst-reps 20,4,2] [--hit-passes P] [--log-level 0..3] \
+     [--only LABEL,..] [--host-net] [--out DIR]\n\
+     configurations (labels): stock, acmrs (both ends one provider), stock-req.acmrs-peers, \
+     acmrs-req.stock-peers (mixed; --no-mixed leaves them out)";
+
+const REQUESTER: &str = "Hca3";
+const PEERS: [&str; 2] = ["Hca2", "Hca4"];
+/// How long one answer may take before the run fails (stock retries an unanswered query after
+/// `timeout` + subnet timeout; nothing here should be unanswered).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// `net.unix.max_dgram_qlen` in the bench's own network namespace (see [`private_net`]).
+const DGRAM_QLEN: u32 = 4096;
+
+// ---- the client ----------------------------------------------------------------------------
+
+/// One TCP connection to a daemon (one request in flight at a time).
+struct Conn {
+    sock: TcpStream,
+    buf: [u8; MSG_LEN],
+    got: usize,
+}
+
+/// What a RESOLVE answer said.
+struct Answer {
+    status: Status,
+    dgid: [u8; 16],
+}
+
+fn io(e: std::io::Error) -> String {
+    e.to_string()
+}
+
+impl Conn {
+    fn open(port: u16) -> Result<Conn, String> {
+        let sock = TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
+        sock.set_nodelay(true).map_err(io)?;
+        sock.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
+        Ok(Conn {
+            sock,
+            buf: [0; MSG_LEN],
+            got: 0,
+        })
+    }
+
+    fn send(&mut self, msg: &[u8]) -> Result<(), String> {
+        self.got = 0;
+        self.sock.write_all(msg).map_err(io)
+    }
+
+    /// Reads what is available; `Some(len)` once a whole message is in `buf` (`be`: the
+    /// length is big-endian, as in PERF_QUERY answers).
+    fn read_some(&mut self, be: bool) -> Result<Option<usize>, String> {
+        let n = self.sock.read(&mut self.buf[self.got..]).map_err(io)?;
+        if n == 0 {
+            return Err("the daemon closed the connection".into());
+        }
+        self.got += n;
+        if self.got < HDR_LEN {
+            return Ok(None);
+        }
+        let m = AcmMsg::new_unchecked(&self.buf[..self.got]);
+        let want = if be { m.length_be() } else { m.length() } as usize;
+        if !(HDR_LEN..=MSG_LEN).contains(&want) {
+            return Err(format!("bad answer length {want}"));
+        }
+        Ok((self.got >= want).then_some(want))
+    }
+
+    fn recv(&mut self, be: bool) -> Result<usize, String> {
+        loop {
+            if let Some(n) = self.read_some(be)? {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// The RESOLVE answer in `buf`.
+    fn answer(&self, len: usize) -> Result<Answer, String> {
+        let m = AcmMsg::new_checked(&self.buf[..len]).map_err(|e| format!("{e:?}"))?;
+        let status = m.status();
+        let mut dgid = [0u8; 16];
+        if status == Status::Success {
+            let r = AcmMsgRepr::parse(&m).map_err(|e| format!("answer: {e:?}"))?;
+            let i = r
+                .entries()
+                .iter()
+                .position(|e| e.info_type == EpInfoType::Path)
+                .ok_or("a success answer without a PATH entry")?;
+            let e = m.entry(i).ok_or("PATH entry outside the buffer")?;
+            dgid = e.path().dgid.0;
+        }
+        Ok(Answer { status, dgid })
+    }
+
+    /// One request, waited for: (answer, round-trip time).
+    fn roundtrip(&mut self, msg: &[u8]) -> Result<(Answer, Duration), String> {
+        let t0 = Instant::now();
+        self.send(msg)?;
+        let n = self.recv(false)?;
+        let dt = t0.elapsed();
+        Ok((self.answer(n)?, dt))
+    }
+
+    /// The core's global counters (`ib_acme -P`), in `COUNTER_NAMES` order.
+    fn counters(&mut self) -> Result<[u64; MAX_COUNTER], String> {
+        let mut out = [0u8; HDR_LEN];
+        build_perf_request(0, 0x5045_5246, &mut out).map_err(|e| format!("{e:?}"))?;
+        self.send(&out)?;
+        let n = self.recv(true)?;
+        let r = PerfResponseRepr::parse(&AcmMsg::new_unchecked(&self.buf[..n]))
+            .map_err(|e| format!("PERF_QUERY answer: {e:?}"))?;
+        Ok(r.counters)
+    }
+}
+
+/// A NAME entry (NUL-padded, as `acm_format_ep_addr` writes it).
+fn name_entry(flags: u32, name: &str) -> EpAddrDataRepr {
+    let mut info = [0u8; MAX_ADDRESS];
+    let b = name.as_bytes();
+    info[..b.len().min(MAX_ADDRESS - 1)].copy_from_slice(&b[..b.len().min(MAX_ADDRESS - 1)]);
+    EpAddrDataRepr {
+        flags,
+        info_type: EpInfoType::Name,
+        info,
+    }
+}
+
+/// `ib_acme -f n -s SRC -d DST` as libacm's `acm_resolve` builds it: header + source entry +
+/// destination entry (160 bytes).
+fn name_request(tid: u64, src: &str, dst: &str) -> Vec<u8> {
+    let mut entries = [EpAddrDataRepr::ZERO; MAX_ENTRIES];
+    entries[0] = name_entry(EP_FLAG_SOURCE, src);
+    entries[1] = name_entry(EP_FLAG_DEST, dst);
+    let repr = AcmMsgRepr {
+        version: ACM_VERSION,
+        opcode: u8::from(Opcode::Resolve),
+        status: Status::Success,
+        data: [0; 3],
+        tid,
+        count: 2,
+        entries,
+    };
+    let mut buf = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut AcmMsg::new_unchecked(&mut buf[..]))
+        .expect("the buffer is buffer_len() long");
+    buf
+}
+
+// ---- one configuration = one fabric --------------------------------------------------------
+
+/// A configuration: who runs which provider.
+#[derive(Clone)]
+struct Config {
+    /// `stock`, `acmrs`, `stock-req.acmrs-peers`, ...
+    label: String,
+    requester: Provider,
+    peers: Provider,
+}
+
+impl Config {
+    fn same(p: Provider) -> Config {
+        Config {
+            label: short(&p).to_string(),
+            requester: p.clone(),
+            peers: p,
+        }
+    }
+    fn mixed(r: Provider, p: Provider) -> Config {
+        Config {
+            label: format!("{}-req.{}-peers", short(&r), short(&p)),
+            requester: r,
+            peers: p,
+        }
+    }
+}
+
+fn short(p: &Provider) -> &'static str {
+    match p {
+        Provider::Stock => "stock",
+        _ => "acmrs",
+    }
+}
+
+/// Histograms and counts of one configuration over the run.
+#[derive(Default)]
+struct Results {
+    single: LatencyHistogram,
+    /// Per burst size: per-request latency, and each burst's completion time.
+    burst: BTreeMap<usize, (LatencyHistogram, Vec<Duration>)>,
+    hit: LatencyHistogram,
+    /// Counter deltas per phase kind (`single`, `burst`, `hit`).
+    counters: BTreeMap<&'static str, [u64; MAX_COUNTER]>,
+    /// Answers with a non-zero status, per phase (`single`, `burst <B>`, `hit`), and the
+    /// statuses seen.
+    failed: BTreeMap<String, (u64, Vec<Status>)>,
+}
+
+struct Bench {
+    cfg: Config,
+    fabric: Fabric,
+    src: String,
+    /// Peer names not used yet, in order (alternating between the peers), and the GID each
+    /// must resolve to.
+    fresh: std::collections::VecDeque<(String, [u8; 16])>,
+    /// Names resolved (missed) so far in the current round, for the hit phase.
+    learned: Vec<(String, [u8; 16])>,
+    conns: Vec<Conn>,
+    tid: u64,
+    res: Results,
+}
+
+fn start_fabric(cfg: &Config, names: usize, log_level: &str) -> Result<Fabric, String> {
+    let nodes: Vec<&str> = PEERS.iter().copied().chain([REQUESTER]).collect();
+    Fabric::builder(
+        Topology::example("net.2sw2path4hca").map_err(|e| e.to_string())?,
+        nodes,
+    )
+    .provider(cfg.peers.clone())
+    .node_provider(REQUESTER, cfg.requester.clone())
+    .hosts_file(HostsFile::Absent)
+    .extra_names(names)
+    .name_prefix(&format!("bench-addr-{}", short(&cfg.requester)))
+    .option("log_level", log_level)
+    .keep_scratch(std::env::var_os("ACM_BENCH_KEEP").is_some())
+    .start()
+    .map_err(|e| format!("{}: bring-up: {e}", cfg.label))
+}
+
+impl Bench {
+    fn new(cfg: Config, names: usize, conns: usize, log_level: &str) -> Result<Bench, String> {
+        let t0 = Instant::now();
+        let fabric = start_fabric(&cfg, names, log_level)?;
+        let req = fabric.node(REQUESTER).map_err(|e| e.to_string())?;
+        let src = req.addrs.name.clone();
+        let port = req.server_port;
+        let mut peers = Vec::new();
+        for p in PEERS {
+            let n = fabric.node(p).map_err(|e| e.to_string())?;
+            peers.push((n.addrs.clone(), n.gid.octets()));
+        }
+        let mut fresh = std::collections::VecDeque::new();
+        for k in 0..names {
+            for (a, gid) in &peers {
+                fresh.push_back((a.extra_names[k].clone(), *gid));
+            }
+        }
+        let mut b = Bench {
+            cfg,
+            fabric,
+            src,
+            fresh,
+            learned: Vec::new(),
+            conns: Vec::new(),
+            tid: 1,
+            res: Results::default(),
+        };
+        // Warm-up on the first connection: each peer's own name (its first request from the
+        // requester also makes the peer look up the route back), repeated until the
+        // endpoints' multicast joins went through.
+        b.conns.push(Conn::open(port)?);
+        for (a, gid) in &peers {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let msg = name_request(b.next_tid(), &b.src, &a.name);
+                let (ans, _) = b.conns[0].roundtrip(&msg)?;
+                if ans.status == Status::Success && ans.dgid == *gid {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "{}: warm-up {} → {}: status {:?}\n{}",
+                        b.cfg.label,
+                        b.src,
+                        a.name,
+                        ans.status,
+                        b.fabric.logs_report()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        // The other connections, one at a time, each proven with a cached request.
+        let proof = peers[0].0.name.clone();
+        for _ in 1..conns {
+            let mut c = Conn::open(port)?;
+            let msg = name_request(b.next_tid(), &b.src, &proof);
+            let (ans, _) = c.roundtrip(&msg)?;
+            if ans.status != Status::Success {
+                return Err(format!("{}: proof request: {:?}", b.cfg.label, ans.status));
+            }
+            b.conns.push(c);
+        }
+        eprintln!(
+            "[addr] {}: fabric {} up, requester {} ({}), peers {} ({}), {} names per node, {} connections, {:.1} s",
+            b.cfg.label,
+            b.fabric.name(),
+            REQUESTER,
+            b.cfg.requester.name(),
+            PEERS.join("+"),
+            b.cfg.peers.name(),
+            names,
+            b.conns.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(b)
+    }
+
+    fn next_tid(&mut self) -> u64 {
+        self.tid += 1;
+        self.tid
+    }
+
+    fn take_fresh(&mut self) -> Result<(String, [u8; 16]), String> {
+        self.fresh
+            .pop_front()
+            .ok_or_else(|| format!("{}: out of fresh names (raise --names)", self.cfg.label))
+    }
+
+    /// `Ok(true)`: the right path; `Ok(false)`: an error status (counted under `phase`, the
+    /// run goes on: a client sees that answer too); `Err`: a success with a wrong path.
+    fn check(
+        &mut self,
+        phase: &str,
+        name: &str,
+        want: &[u8; 16],
+        a: &Answer,
+    ) -> Result<bool, String> {
+        if a.status != Status::Success {
+            let f = self.res.failed.entry(phase.to_string()).or_default();
+            f.0 += 1;
+            if !f.1.contains(&a.status) {
+                f.1.push(a.status);
+            }
+            eprintln!(
+                "[addr] {}: {phase}: {} → {name} answered {:?}",
+                self.cfg.label, self.src, a.status
+            );
+            return Ok(false);
+        }
+        if a.dgid != *want {
+            return Err(format!(
+                "{}: {} → {name}: status {:?}, dgid {:02x?}\n{}",
+                self.cfg.label,
+                self.src,
+                a.status,
+                a.dgid,
+                self.fabric.logs_report()
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Runs `f` and adds the change of the requester's counters to `kind`.
+    fn counted(
+        &mut self,
+        kind: &'static str,
+        f: impl FnOnce(&mut Bench) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let before = self.conns[0].counters()?;
+        f(self)?;
+        let after = self.conns[0].counters()?;
+        let acc = self.res.counters.entry(kind).or_default();
+        for i in 0..MAX_COUNTER {
+            acc[i] += after[i].saturating_sub(before[i]);
+        }
+        Ok(())
+    }
+
+    /// `n` distinct names, one at a time.
+    fn singles(&mut self, n: usize) -> Result<Summary, String> {
+        let mut h = LatencyHistogram::new();
+        self.counted("single", |b| {
+            for _ in 0..n {
+                let (name, gid) = b.take_fresh()?;
+                let msg = name_request(b.next_tid(), &b.src, &name);
+                let (a, dt) = b.conns[0].roundtrip(&msg)?;
+                h.record(dt);
+                if b.check("single", &name, &gid, &a)? {
+                    b.learned.push((name, gid));
+                }
+            }
+            Ok(())
+        })?;
+        self.res.single.merge(&h);
+        Ok(h.summary())
+    }
+
+    /// `reps` bursts of `size` distinct names, each sent at once on `size` connections.
+    fn bursts(&mut self, size: usize, reps: usize) -> Result<(Summary, Duration), String> {
+        let mut h = LatencyHistogram::new();
+        let mut done = Vec::new();
+        self.counted("burst", |b| {
+            for _ in 0..reps {
+                let (lat, total) = b.burst(size)?;
+                h.merge(&lat);
+                done.push(total);
+            }
+            Ok(())
+        })?;
+        let e = self.res.burst.entry(size).or_default();
+        e.0.merge(&h);
+        e.1.extend(&done);
+        done.sort();
+        Ok((h.summary(), done[done.len() / 2]))
+    }
+
+    fn burst(&mut self, size: usize) -> Result<(LatencyHistogram, Duration), String> {
+        let mut work = Vec::with_capacity(size);
+        for _ in 0..size {
+            let (name, gid) = self.take_fresh()?;
+            let msg = name_request(self.next_tid(), &self.src, &name);
+            work.push((name, gid, msg));
+        }
+        let mut sent = vec![Instant::now(); size];
+        let mut lat = vec![Duration::ZERO; size];
+        let mut pending = vec![true; size];
+        let mut ok = vec![false; size];
+        let t0 = Instant::now();
+        for (i, (_, _, msg)) in work.iter().enumerate() {
+            sent[i] = Instant::now();
+            self.conns[i].send(msg)?;
+        }
+        let mut left = size;
+        let mut last = t0;
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(size);
+        while left > 0 {
+            fds.clear();
+            let idx: Vec<usize> = (0..size).filter(|&i| pending[i]).collect();
+            for &i in &idx {
+                fds.push(libc::pollfd {
+                    fd: self.conns[i].sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call.
+            let r = unsafe {
+                libc::poll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    ANSWER_TIMEOUT.as_millis() as i32,
+                )
+            };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(format!("poll: {e}"));
+            }
+            if r == 0 {
+                return Err(format!(
+                    "{}: burst of {size}: {left} answers missing after {:?}\n{}",
+                    self.cfg.label,
+                    ANSWER_TIMEOUT,
+                    self.fabric.logs_report()
+                ));
+            }
+            for (k, &i) in idx.iter().enumerate() {
+                if fds[k].revents == 0 {
+                    continue;
+                }
+                if let Some(n) = self.conns[i].read_some(false)? {
+                    let now = Instant::now();
+                    lat[i] = now - sent[i];
+                    last = last.max(now);
+                    pending[i] = false;
+                    left -= 1;
+                    let a = self.conns[i].answer(n)?;
+                    let (name, gid, _) = &work[i];
+                    ok[i] = self.check(&format!("burst {size}"), name, gid, &a)?;
+                }
+            }
+        }
+        let mut h = LatencyHistogram::new();
+        for d in &lat {
+            h.record(*d);
+        }
+        for (i, (name, gid, _)) in work.into_iter().enumerate() {
+            if ok[i] {
+                self.learned.push((name, gid));
+            }
+        }
+        Ok((h, last - t0))
+    }
+
+    /// `passes` passes over every name missed this round, one at a time (all cached now).
+    fn hits(&mut self, passes: usize) -> Result<Summary, String> {
+        let mut h = LatencyHistogram::new();
+        let names = std::mem::take(&mut self.learned);
+        self.counted("hit", |b| {
+            for _ in 0..passes {
+                for (name, gid) in &names {
+                    let msg = name_request(b.next_tid(), &b.src, name);
+                    let (a, dt) = b.conns[0].roundtrip(&msg)?;
+                    h.record(dt);
+                    b.check("hit", name, gid, &a)?;
+                }
+            }
+            Ok(())
+        })?;
+        self.res.hit.merge(&h);
+        Ok(h.summary())
+    }
+}
+
+// ---- the run -------------------------------------------------------------------------------
+
+struct Plan {
+    rounds: usize,
+    singles: usize,
+    bursts: Vec<(usize, usize)>,
+    hit_passes: usize,
+}
+
+impl Plan {
+    fn names_per_fabric(&self) -> usize {
+        self.rounds * (self.singles + self.bursts.iter().map(|(b, r)| b * r).sum::<usize>())
+    }
+}
+
+fn list(v: Option<&str>, default: &[usize]) -> Result<Vec<usize>, String> {
+    match v {
+        None => Ok(default.to_vec()),
+        Some(s) => s
+            .split(',')
+            .map(|x| x.trim().parse().map_err(|e| format!("{s:?}: {e}")))
+            .collect(),
+    }
+}
+
+fn us(ns: f64) -> String {
+    format!("{:.1}", ns / 1000.0)
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b.is_nan() || b <= 0.0 {
+        return "—".into();
+    }
+    let r = a / b;
+    if r >= 0.1 {
+        format!("{r:.2}×")
+    } else {
+        format!("{r:.1e}×")
+    }
+}
+
+fn median(v: &[Duration]) -> Duration {
+    let mut v = v.to_vec();
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or_default()
+}
+
+fn run(args: &Args, mixed: bool) -> Result<String, String> {
+    let plan = Plan {
+        rounds: args
+            .value("--rounds")
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| format!("--rounds: {e}"))?
+            .unwrap_or(if args.quick { 2 } else { 4 }),
+        singles: args
+            .value("--singles")
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| format!("--singles: {e}"))?
+            .unwrap_or(if args.quick { 40 } else { 150 }),
+        bursts: {
+            let sizes = list(args.value("--bursts"), &[1, 10, 100])?;
+            let reps = list(
+                args.value("--burst-reps"),
+                if args.quick { &[5, 2, 1] } else { &[20, 4, 2] },
+            )?;
+            if sizes.len() != reps.len() || sizes.contains(&0) {
+                return Err(format!(
+                    "--bursts and --burst-reps: same length, sizes ≥ 1\n{USAGE}"
+                ));
+            }
+            sizes.into_iter().zip(reps).collect()
+        },
+        hit_passes: args
+            .value("--hit-passes")
+            .map(str::parse)
+            .transpose()
+            .map_err(|e| format!("--hit-passes: {e}"))?
+            .unwrap_or(if args.quick { 2 } else { 3 }),
+    };
+    let names = plan.names_per_fabric().div_ceil(PEERS.len()) + 8;
+    let conns = plan.bursts.iter().map(|(b, _)| *b).max().unwrap_or(1);
+    let mut configs = vec![Config::same(Provider::Stock), Config::same(Provider::Acmrs)];
+    if mixed {
+        configs.push(Config::mixed(Provider::Stock, Provider::Acmrs));
+        configs.push(Config::mixed(Provider::Acmrs, Provider::Stock));
+    }
+    if let Some(only) = args.value("--only") {
+        let want: Vec<&str> = only.split(',').map(str::trim).collect();
+        configs.retain(|c| want.contains(&c.label.as_str()));
+        if configs.is_empty() {
+            return Err(format!("--only {only}: no such configuration\n{USAGE}"));
+        }
+    }
+    let t_run = Instant::now();
+    let started = now_utc();
+    let load0 = loadavg();
+    let mut benches = Vec::new();
+    for c in &configs {
+        benches.push(Bench::new(
+            c.clone(),
+            names,
+            conns,
+            args.value("--log-level").unwrap_or("0"),
+        )?);
+    }
+    for r in 0..plan.rounds {
+        // Who goes first rotates every round.
+        let order: Vec<usize> = (0..benches.len())
+            .map(|i| (i + r) % benches.len())
+            .collect();
+        for &i in &order {
+            let s = benches[i].singles(plan.singles)?;
+            eprintln!(
+                "[addr] round {}/{} {:<22} single misses ×{}: p50 {} µs p99 {} µs",
+                r + 1,
+                plan.rounds,
+                benches[i].cfg.label,
+                s.count,
+                us(s.p50_ns),
+                us(s.p99_ns)
+            );
+        }
+        for &(size, reps) in &plan.bursts {
+            for &i in &order {
+                let (s, done) = benches[i].bursts(size, reps)?;
+                eprintln!(
+                    "[addr] round {}/{} {:<22} burst {size} ×{reps}: completion median {:.2} ms, per request p50 {} µs p99 {} µs",
+                    r + 1,
+                    plan.rounds,
+                    benches[i].cfg.label,
+                    done.as_secs_f64() * 1e3,
+                    us(s.p50_ns),
+                    us(s.p99_ns)
+                );
+            }
+        }
+        for &i in &order {
+            let s = benches[i].hits(plan.hit_passes)?;
+            eprintln!(
+                "[addr] round {}/{} {:<22} hits ×{}: p50 {} µs p99 {} µs",
+                r + 1,
+                plan.rounds,
+                benches[i].cfg.label,
+                s.count,
+                us(s.p50_ns),
+                us(s.p99_ns)
+            );
+        }
+    }
+    let elapsed = t_run.elapsed();
+    let load1 = loadavg();
+    // Tear the fabrics down (by PID, in Fabric's Drop) before printing.
+    let results: Vec<(Config, Results)> = benches.into_iter().map(|b| (b.cfg, b.res)).collect();
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).map_err(io)?;
+        for (c, r) in &results {
+            let w = |what: &str, h: &LatencyHistogram| {
+                h.write_hgrm(&out.join(format!("addr-{}-{what}.hgrm", c.label)))
+                    .map_err(io)
+            };
+            w("single-miss", &r.single)?;
+            for (size, (h, _)) in &r.burst {
+                w(&format!("burst{size}"), h)?;
+            }
+            w("hit", &r.hit)?;
+        }
+    }
+    let report = render(&plan, &results, mixed, &started, elapsed, load0, load1);
+    if let Some(out) = &args.out {
+        write_atomic(&out.join("addr.md"), &report)?;
+    }
+    Ok(report)
+}
+
+fn render(
+    plan: &Plan,
+    results: &[(Config, Results)],
+    mixed: bool,
+    started: &str,
+    elapsed: Duration,
+    load0: String,
+    load1: String,
+) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Address resolution through the real ibacm daemon (`acm-bench --bin addr`)\n\n\
+         Started {started}, {:.0} s, load average {load0} → {load1}, {} CPUs. Topology \
+         net.2sw2path4hca, requester {REQUESTER}, peers {}, no hosts file, `log_level 0`, \
+         {} rounds (phases alternate between the fabrics), {} single misses, bursts {}, \
+         {} hit passes per round.\n",
+        elapsed.as_secs_f64(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        PEERS.join(", "),
+        plan.rounds,
+        plan.singles,
+        plan.bursts
+            .iter()
+            .map(|(b, r)| format!("{b}×{r}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        plan.hit_passes,
+    );
+    let lat = |t: &mut Table, label: &str, h: &LatencyHistogram| {
+        let s = h.summary();
+        t.row(vec![
+            label.to_string(),
+            s.count.to_string(),
+            us(s.p50_ns),
+            us(h.raw().value_at_quantile(0.90) as f64 / 1000.0),
+            us(s.p99_ns),
+            us(s.max_ns),
+        ]);
+    };
+    let header = [
+        "configuration",
+        "count",
+        "p50 µs",
+        "p90 µs",
+        "p99 µs",
+        "max µs",
+    ];
+    let mut t = Table::new(&header);
+    for (c, r) in results {
+        lat(&mut t, &c.label, &r.single);
+    }
+    let _ = writeln!(
+        md,
+        "## Single-name misses (one at a time: multicast query → peer's response → route)\n\n{}",
+        t.render()
+    );
+    for (size, _) in &plan.bursts {
+        let mut t = Table::new(&[
+            "configuration",
+            "bursts",
+            "completion median ms",
+            "completion max ms",
+            "per request p50 µs",
+            "p90 µs",
+            "p99 µs",
+            "max µs",
+        ]);
+        for (c, r) in results {
+            let Some((h, done)) = r.burst.get(size) else {
+                continue;
+            };
+            let s = h.summary();
+            t.row(vec![
+                c.label.clone(),
+                done.len().to_string(),
+                format!("{:.2}", median(done).as_secs_f64() * 1e3),
+                format!(
+                    "{:.2}",
+                    done.iter().max().copied().unwrap_or_default().as_secs_f64() * 1e3
+                ),
+                us(s.p50_ns),
+                us(h.raw().value_at_quantile(0.90) as f64 / 1000.0),
+                us(s.p99_ns),
+                us(s.max_ns),
+            ]);
+        }
+        let _ = writeln!(
+            md,
+            "## Bursts of {size} distinct names (sent at once, one connection each)\n\n{}",
+            t.render()
+        );
+    }
+    let mut t = Table::new(&header);
+    for (c, r) in results {
+        lat(&mut t, &c.label, &r.hit);
+    }
+    let _ = writeln!(
+        md,
+        "## Hits (the same names again, one at a time)\n\n{}",
+        t.render()
+    );
+    // Ratios: stock over acmrs (both ends acmrs), and stock over an acmrs requester with the
+    // same stock peers (only the requester differs).
+    let find = |l: &str| results.iter().find(|(c, _)| c.label == l).map(|(_, r)| r);
+    if let Some(s) = find("stock") {
+        let others: Vec<(&str, &Results)> = ["acmrs", "acmrs-req.stock-peers"]
+            .into_iter()
+            .filter_map(|l| find(l).map(|r| (l, r)))
+            .collect();
+        let mut hdr = vec!["what".to_string()];
+        for (l, _) in &others {
+            hdr.push(format!("stock/{l} p50"));
+            hdr.push(format!("stock/{l} p99"));
+        }
+        let hdr: Vec<&str> = hdr.iter().map(String::as_str).collect();
+        let mut t = Table::new(&hdr);
+        let q = |h: &LatencyHistogram| (h.summary().p50_ns, h.summary().p99_ns);
+        let mut row = |what: String, f: &dyn Fn(&Results) -> Option<(f64, f64)>| {
+            let Some(base) = f(s) else { return };
+            let mut cells = vec![what];
+            for (_, o) in &others {
+                match f(o) {
+                    Some(v) => {
+                        cells.push(ratio(base.0, v.0));
+                        cells.push(if base.1.is_nan() {
+                            String::new()
+                        } else {
+                            ratio(base.1, v.1)
+                        });
+                    }
+                    None => cells.extend([String::new(), String::new()]),
+                }
+            }
+            t.row(cells);
+        };
+        row("single miss".into(), &|r| Some(q(&r.single)));
+        for (size, _) in &plan.bursts {
+            row(format!("burst {size}: completion (median)"), &|r| {
+                r.burst
+                    .get(size)
+                    .map(|b| (median(&b.1).as_secs_f64(), f64::NAN))
+            });
+            row(format!("burst {size}: per request"), &|r| {
+                r.burst.get(size).map(|b| q(&b.0))
+            });
+        }
+        row("hit".into(), &|r| Some(q(&r.hit)));
+        let _ = writeln!(
+            md,
+            "## Ratios (> 1: the acmrs side is faster)\n\n{}",
+            t.render()
+        );
+    }
+    // What the requester did, from its counters (`ib_acme -P`, global).
+    let mut hdr = vec!["configuration", "phase"];
+    hdr.extend(COUNTER_NAMES);
+    let mut t = Table::new(&hdr);
+    for (c, r) in results {
+        for (kind, v) in &r.counters {
+            let mut row = vec![c.label.clone(), kind.to_string()];
+            row.extend(v.iter().map(|x| x.to_string()));
+            t.row(row);
+        }
+    }
+    let _ = writeln!(
+        md,
+        "## The requester's counters over the measured phases (ib_acme -P deltas)\n\n{}",
+        t.render()
+    );
+    let mut t = Table::new(&["configuration", "phase", "error answers", "statuses"]);
+    for (c, r) in results {
+        for (phase, (n, st)) in &r.failed {
+            t.row(vec![
+                c.label.clone(),
+                phase.clone(),
+                n.to_string(),
+                format!("{st:?}"),
+            ]);
+        }
+    }
+    let _ = writeln!(
+        md,
+        "## Error answers (counted in the latencies above; none is the expected result)\n\n{}",
+        t.render()
+    );
+    if mixed {
+        let _ = writeln!(
+            md,
+            "(Mixed configurations: `X-req.Y-peers` = requester runs X, both peers run Y.)\n"
+        );
+    }
+    md
+}
+
+fn write_atomic(path: &Path, text: &str) -> Result<(), String> {
+    let tmp = path.with_extension("md.tmp");
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Moves this process (and so every fabric process it starts) into a private network
+/// namespace with `lo` up and `net.unix.max_dgram_qlen = qlen`.
+///
+/// simverbs carries each UD datagram over a Unix datagram socket per QP, and a datagram that
+/// finds the receiver's socket queue full is lost. The kernel default queue is 10 datagrams
+/// (this machine's `/proc/sys/net/unix/max_dgram_qlen`), far below what an HCA buffers
+/// (`recv_depth` 1024 posted receives): a burst of more than ~10 multicast queries loses
+/// queries at the peers' sockets before any provider sees them, which no real fabric does.
+/// The sysctl is per network namespace, so the bench raises it for its own namespace only.
+/// Must run before any thread is started (a namespace change applies to the calling thread).
+fn private_net(qlen: u32) -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls on memory owned here; called while the process is
+    // single-threaded.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNET) != 0 {
+            return Err(os("unshare(CLONE_NEWNET)"));
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            return Err(os("socket"));
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo") {
+            *d = *s as libc::c_char;
+        }
+        let r = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr);
+        if r == 0 {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        }
+        let r = if r == 0 {
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr)
+        } else {
+            r
+        };
+        let e = os("bringing lo up");
+        libc::close(fd);
+        if r != 0 {
+            return Err(e);
+        }
+    }
+    std::fs::write("/proc/sys/net/unix/max_dgram_qlen", qlen.to_string())
+        .map_err(|e| format!("net.unix.max_dgram_qlen: {e}"))
+}
+
+fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let mixed = !raw.iter().any(|a| a == "--no-mixed");
+    let host_net = raw.iter().any(|a| a == "--host-net");
+    let rest = raw
+        .into_iter()
+        .filter(|a| a != "--no-mixed" && a != "--mixed" && a != "--host-net");
+    let args = match Args::parse_from(
+        rest,
+        USAGE,
+        &[
+            "--rounds",
+            "--singles",
+            "--bursts",
+            "--burst-reps",
+            "--hit-passes",
+            "--log-level",
+            "--only",
+        ],
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if !host_net {
+        if let Err(e) = private_net(DGRAM_QLEN) {
+            eprintln!("addr: private network namespace: {e} (--host-net runs without one)");
+            std::process::exit(1);
+        }
+    }
+    // The fabrics are torn down (by PID) when `run` returns, error or not.
+    match run(&args, mixed) {
+        Ok(report) => println!("{report}"),
+        Err(e) => {
+            eprintln!("addr: {e}");
+            std::process::exit(1);
+        }
+    }
+}
