@@ -387,8 +387,12 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
                     m
                 });
             }
-            82..=86 => s.close(i),
-            87..=93 => s.open(i),
+            82..=85 => s.close(i),
+            86..=91 => s.open(i),
+            92 => s.preload_hosts(i),
+            93 => s.preload_routes(i),
+            94 => s.remove_name(i),
+            95 => s.add_name(i),
             _ => s.reregister(i),
         }
         if !s.violations.is_empty() {

@@ -426,6 +426,62 @@ impl Sim {
         self.pump();
     }
 
+    /// Preloads on node `i` what an `ibacm_hosts.data` listing every node's name would give.
+    pub fn preload_hosts(&mut self, i: usize) {
+        let now = self.now;
+        let names: Vec<(String, Gid)> = (0..self.nodes.len())
+            .map(|j| (self.nodes[j].name.clone(), node_gid(j)))
+            .collect();
+        let node = &mut self.nodes[i];
+        for (n, g) in names {
+            let _ = node
+                .resolver
+                .preload_address(now, EP, 1, &name_bytes(&n), g);
+        }
+        self.pump();
+    }
+
+    /// Preloads on node `i` the route to every other node (what a `dump_pr` file gives).
+    pub fn preload_routes(&mut self, i: usize) {
+        let now = self.now;
+        for j in 0..self.nodes.len() {
+            if j == i {
+                continue;
+            }
+            let Some(path) = self.path_for(i, &{
+                let mut q = [0u8; 64];
+                PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(j));
+                q
+            }) else {
+                continue;
+            };
+            let node = &mut self.nodes[i];
+            let cep = node.cache_ep();
+            node.resolver
+                .preload_route(now, &node.cache, EP, cep, &path);
+        }
+        self.pump();
+    }
+
+    /// Removes node `i`'s own name (the core's `remove_address`); `add_name` puts it back.
+    pub fn remove_name(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let name = name_bytes(&node.name);
+        node.resolver.remove_address(EP, 1, &name);
+        self.pump();
+    }
+
+    /// Adds node `i`'s own name again.
+    pub fn add_name(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        let (name, cep) = (name_bytes(&node.name), node.cache_ep());
+        let _ = node
+            .resolver
+            .add_address(now, &node.cache, EP, cep, 1, &name);
+        self.pump();
+    }
+
     /// CLIENT_REREGISTER on node `i`: a new flush generation, then the resolver's reregister.
     pub fn reregister(&mut self, i: usize) {
         let now = self.now;
