@@ -110,7 +110,7 @@ fn acm_route_mode_joins_the_port_group_and_routes_over_the_best_shared_one() {
 }
 
 #[test]
-fn issue8_queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
+fn queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
     // One SA query at a time, the SA never answers (the core gives up after 30 s): the 42
     // requests queued behind it are answered at their own queue deadline, not after 30 s each.
     let mut s = sim(2, |c| {

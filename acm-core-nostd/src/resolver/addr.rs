@@ -233,9 +233,10 @@ impl<S: Storage> Resolver<S> {
                 || e.groups[0].state == GroupState::Joined)
     }
 
-    /// The path ACM route mode builds from the group (contract 3.5): the group's path with
-    /// DGID = the peer's GID, DLID = its LID, SLID = ours, reversible, and SL, MTU, rate,
-    /// packet lifetime, traffic class, flow label, hop limit and P_Key from the MCMemberRecord.
+    /// The path ACM route mode builds from the group (libibacmp's `acmp_record_acm_route`): the
+    /// group's path with DGID = the peer's GID, DLID = its LID, SLID = ours, reversible, and
+    /// SL, MTU, rate, packet lifetime, traffic class, flow label, hop limit and P_Key from the
+    /// MCMemberRecord.
     fn acm_path(&mut self, slot: usize, a: &AddrEntry) -> Option<[u8; 64]> {
         let rec = self.group_record(slot, a.group)?;
         let e = self.st.endpoints()[slot];

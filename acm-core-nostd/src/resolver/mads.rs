@@ -191,7 +191,7 @@ pub(crate) fn address_type(t: u8) -> Option<AddressType> {
     }
 }
 
-/// The multicast resolve request (contract 3.4 "Request").
+/// The multicast resolve request, as libibacmp's `acmp_send_resolve` builds it.
 pub(crate) fn acm_request(
     tid: u64,
     dest_type: u8,
@@ -208,7 +208,7 @@ pub(crate) fn acm_request(
     mad
 }
 
-/// The unicast resolve response (contract 3.4 "Response").
+/// The unicast resolve response, as libibacmp's `acmp_send_addr_resp` builds it.
 pub(crate) fn acm_response(tid: u64, mgid: Gid) -> [u8; MAD_LEN] {
     let mut mad = [0u8; MAD_LEN];
     let _ = AcmResolveRepr::response(tid, mgid).emit(&mut AcmMad::new_unchecked(&mut mad[..]));

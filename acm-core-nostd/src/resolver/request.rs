@@ -3,9 +3,10 @@
 //! The provider's inline hit path and the [`Resolver`](super::Resolver) both use these, so a
 //! request is read, keyed and answered one way everywhere. The codec is [`crate::wire::client`].
 //!
-//! * [`classify`] validates a RESOLVE message (the rules of contract 2.3/2.4, plus review G6 for
-//!   `src_out` on PATH requests) and says what it asks for: a route ([`Target::Route`], with
-//!   the cache key and the SA query record) or an address ([`Target::Address`], looked up with
+//! * [`classify`] validates a RESOLVE message (the core's `acm_svr_verify_resolve` rules, plus
+//!   review G6 for `src_out` on PATH requests) and says what it asks for: a route
+//!   ([`Target::Route`], with the cache key and the SA query record) or an address
+//!   ([`Target::Address`], looked up with
 //!   [`PathCache::lookup_addr`](crate::cache::PathCache::lookup_addr)).
 //! * [`normalise`] and [`cache_key`] turn a client PathRecord into the key requests coalesce
 //!   and cache on: destination (DLID, else DGID) plus every constraint the client set.
