@@ -263,6 +263,14 @@ pub struct ProviderOptions {
     /// `acmrs_acm_window` (default 16; 1..=65536): ACM multicast address queries in flight per
     /// endpoint at once (ibacmp: `resolve_depth`, 1); the rest wait FIFO.
     pub acmrs_acm_window: u32,
+    /// `acmrs_prom_file` (default none = off): Prometheus textfile the stats exporter
+    /// rewrites atomically every `acmrs_prom_interval_s` (`none` turns it off).
+    pub acmrs_prom_file: Option<PathString>,
+    /// `acmrs_prom_interval_s` (default 10; 1..=86400): seconds between textfile writes.
+    pub acmrs_prom_interval_s: u32,
+    /// `acmrs_stat_socket` (default `/run/acmrs.sock`; `none` = off): unix socket the stats
+    /// exporter serves `acmrs-stat` on (at most 107 bytes, the `sun_path` limit).
+    pub acmrs_stat_socket: Option<PathString>,
 }
 
 /// Most entries any capacity option accepts.
@@ -305,6 +313,9 @@ impl Default for ProviderOptions {
             acmrs_cpu: -1,
             acmrs_log_level: None,
             acmrs_acm_window: 16,
+            acmrs_prom_file: None,
+            acmrs_prom_interval_s: 10,
+            acmrs_stat_socket: Some(fixed_path("/run/acmrs.sock")),
         }
     }
 }
@@ -456,6 +467,9 @@ impl ProviderOptions {
             "acmrs_log_level" => acmrs_log_level =
                 |v| int(v, -1, 4).map(|l| u8::try_from(l).ok());
             "acmrs_acm_window" => acmrs_acm_window = |v| uint(v, 1, 65536);
+            "acmrs_prom_file" => acmrs_prom_file = |v| optional_path(v, PATH_MAX);
+            "acmrs_prom_interval_s" => acmrs_prom_interval_s = |v| uint(v, 1, 86400);
+            "acmrs_stat_socket" => acmrs_stat_socket = |v| optional_path(v, 107);
         }
         Ok(Applied::Unknown)
     }
@@ -531,6 +545,17 @@ fn path(v: &str) -> Result<PathString, ErrorKind> {
     let mut p = PathString::new();
     p.push_str(v).map_err(|_| ErrorKind::PathTooLong)?;
     Ok(p)
+}
+
+/// A path of at most `max` bytes, or `none` (case-insensitive) for off.
+fn optional_path(v: &str, max: usize) -> Result<Option<PathString>, ErrorKind> {
+    if v.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    if v.len() > max {
+        return Err(ErrorKind::PathTooLong);
+    }
+    path(v).map(Some)
 }
 
 #[cfg(test)]
@@ -671,6 +696,51 @@ mod tests {
             ]
         );
         assert_eq!((o.acmrs_acm_window, o.addr_prot), (16, AddrProt::Acm));
+    }
+
+    #[test]
+    fn stats_export_options() {
+        let d = ProviderOptions::default();
+        assert_eq!(d.acmrs_prom_file, None);
+        assert_eq!(d.acmrs_prom_interval_s, 10);
+        assert_eq!(
+            d.acmrs_stat_socket.as_ref().map(|p| p.as_str()),
+            Some("/run/acmrs.sock")
+        );
+        let (o, _, e) = load(
+            "acmrs_prom_file /var/lib/node_exporter/acmrs.prom\n\
+             acmrs_prom_interval_s 2\n\
+             acmrs_stat_socket none\n",
+        );
+        assert!(e.is_empty(), "{e:?}");
+        assert_eq!(
+            o.acmrs_prom_file.as_ref().map(|p| p.as_str()),
+            Some("/var/lib/node_exporter/acmrs.prom")
+        );
+        assert_eq!((o.acmrs_prom_interval_s, o.acmrs_stat_socket), (2, None));
+        let (o, _, e) = load("acmrs_prom_interval_s 0\nacmrs_prom_interval_s x\nacmrs_prom_file\n");
+        let kinds: Vec<_> = e.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                ErrorKind::OutOfRange,
+                ErrorKind::InvalidNumber,
+                ErrorKind::MissingValue
+            ]
+        );
+        assert_eq!(o, d);
+        // A socket path longer than sun_path allows keeps the default.
+        let mut o = d.clone();
+        let sock = format!("/{}", "s".repeat(107));
+        assert_eq!(
+            o.apply("acmrs_stat_socket", Some(&sock)),
+            Err(ErrorKind::PathTooLong)
+        );
+        assert_eq!(
+            o.apply("acmrs_stat_socket", Some(&sock[1..])),
+            Ok(Applied::Set)
+        );
+        assert_eq!(o.acmrs_stat_socket.as_ref().map(|p| p.len()), Some(107));
     }
 
     #[test]
