@@ -471,3 +471,34 @@ fn array_storage_resolver() {
         .iter()
         .any(|o| matches!(o, Output::SendAcm { .. })));
 }
+
+/// An endpoint without a UD QP (QPN 0) joins nothing and speaks no ACM protocol: names not in
+/// the hosts preload answer ENODATA at once, PATH requests go to the SA.
+#[test]
+fn an_endpoint_without_a_ud_qp_joins_nothing() {
+    let mut t = heap(Config {
+        route_acm: true,
+        ..Config::default()
+    });
+    let cfg = EpConfig {
+        qpn: 0,
+        rate: 7,
+        ..ep_config()
+    };
+    t.r.open_endpoint(0, EP, cfg).unwrap();
+    assert!(t.drain().is_empty(), "no MCMemberRecord SET");
+    t.r.request(0, &t.cache, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    let out = t.drain();
+    let status = out.iter().find_map(|o| match o {
+        Output::Answer(a) => Some(a.status),
+        _ => None,
+    });
+    assert_eq!(status, Some(ENODATA));
+    assert!(!out.iter().any(|o| matches!(o, Output::SendAcm { .. })));
+    let path = acm_core_nostd::resolver::sim::lid_msg(6, false, 2);
+    t.r.request(0, &t.cache, EP, 0, 2, Kind::Resolve, &path);
+    assert!(t
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Output::SendSa { mad, .. } if mad[17] == 0x35)));
+}

@@ -228,9 +228,7 @@ impl<S: Storage> Resolver<S> {
 
     pub(crate) fn ep_ready(&mut self, slot: usize) -> bool {
         let e = &self.st.endpoints()[slot];
-        e.open
-            && (!(self.cfg.addr_acm || self.cfg.route_acm)
-                || e.groups[0].state == GroupState::Joined)
+        e.open && (!e.acm || e.groups[0].state == GroupState::Joined)
     }
 
     /// The path ACM route mode builds from the group (libibacmp's `acmp_record_acm_route`): the
@@ -417,19 +415,22 @@ impl<S: Storage> Resolver<S> {
             (Some(i), Some(AddrState::Resolved)) => {
                 let a = &mut self.st.addrs()[i as usize];
                 a.cache_ep = r.cache_ep;
+                let mut renewed = false;
                 if a.expires <= now {
                     if a.origin == Origin::Preload || a.job != 0 {
-                        // The hosts file is re-read, so to speak: a new lifetime.
+                        // The hosts file is re-read, so to speak: a new lifetime. That is an
+                        // address query (ibacmp: an expired dest is INIT), not an ADDR_CACHE hit.
                         a.expires = self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t));
+                        renewed = true;
                         self.count(r.ep, Counter::AddrQuery);
-                    } else if self.cfg.addr_acm {
+                    } else if self.cfg.addr_acm && self.st.endpoints()[slot].acm {
                         self.requeue(now, slot, i);
                         let mut l = waiters;
                         self.add_waiters(i, &mut l);
                         return;
                     }
                 }
-                let count = (r.kind == Kind::Resolve).then_some(r.ep);
+                let count = (r.kind == Kind::Resolve && !renewed).then_some(r.ep);
                 self.route_addr(now, cache, slot, i, waiters, count, false);
             }
             (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
@@ -437,7 +438,7 @@ impl<S: Storage> Resolver<S> {
             }
             (Some(_), _) => self.answer_list(&mut waiters, ENODATA, None),
             (None, _) => {
-                if !self.cfg.addr_acm {
+                if !(self.cfg.addr_acm && self.st.endpoints()[slot].acm) {
                     self.answer_list(&mut waiters, ENODATA, None);
                     return;
                 }

@@ -79,7 +79,9 @@ pub struct EpConfig {
     pub rate: u8,
     /// The port's subnet timeout in ms, as ibacmp derives it (`1 << (SubnetTimeOut - 8)`).
     pub subnet_timeout_ms: u64,
-    /// The endpoint's own UD QP number (the source QPN of its ACM MADs).
+    /// The endpoint's own UD QP number (the source QPN of its ACM MADs). 0 = the endpoint has
+    /// no UD QP: it joins no group and speaks no ACM protocol (names and IPs resolve from the
+    /// hosts preload and local addresses only, as with `addr_prot none`; routes via the SA).
     pub qpn: u32,
 }
 
@@ -582,8 +584,10 @@ impl<S: Storage> Resolver<S> {
             return Err(Error::Capacity);
         };
         let min = (self.cfg.min_rate, self.cfg.min_mtu);
-        let want_groups = self.cfg.addr_acm || self.cfg.route_acm;
-        let second = self.cfg.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
+        // QPN 0 is QP0 (SMI), never a UD QP: "this endpoint has none", so no ACM protocol.
+        let want_groups = (self.cfg.addr_acm || self.cfg.route_acm) && cfg.qpn != 0;
+        let second =
+            want_groups && self.cfg.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
         {
             let e = &mut self.st.endpoints()[slot];
             let (groups, attached, force, counts, record) = (
@@ -604,6 +608,7 @@ impl<S: Storage> Resolver<S> {
                 g.leave_record = old.leave_record;
             }
             e.open = true;
+            e.acm = want_groups;
             e.id = ep.0;
             e.port_gid = cfg.port_gid.0;
             e.lid = cfg.lid;

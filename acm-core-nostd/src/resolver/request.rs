@@ -15,7 +15,7 @@
 use crate::cache::{constraint, AddrKey, AddrKind, Constraints, Dest, PathKey};
 use crate::wire::client::{
     build_error_response, build_query_response, build_resolve_response, AcmMsg, EpInfoType, Status,
-    FLAGS_NODELAY, HDR_LEN,
+    FLAGS_NODELAY, HDR_LEN, OP_ACK,
 };
 use crate::wire::gid::Gid;
 use crate::wire::path_record::{PathRecord, PathRecordRepr};
@@ -268,8 +268,8 @@ pub fn loopback_path(port_gid: Gid, lid: u16, pkey: u16, mtu: u8, rate: u8) -> [
 /// index 0, flags 0x2B, the source echoed when `src_out`), otherwise the 16-byte error
 /// response. [`Via::Query`]: the request with ACK, `status` and the SA's record (when given).
 /// A request the codec rejects (too short, malformed) still gets a 16-byte answer with its
-/// header bytes (zero-padded) and the status (EINVAL if a success cannot be built); this never
-/// panics.
+/// header bytes (zero-padded) and the status (EINVAL if a success cannot be built), with
+/// `ACM_OP_ACK` for [`Via::Query`]; this never panics.
 pub fn respond(
     request: &[u8],
     via: Via,
@@ -301,13 +301,17 @@ pub fn respond(
         Status::from(status),
         &mut out[..],
     );
+    if via == Via::Query {
+        // Every query() answer carries ACM_OP_ACK, the rejected ones too (as ibacmp's).
+        out[1] |= OP_ACK;
+    }
     fallback.map_or(HDR_LEN as u16, |n| n as u16)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::client::{EP_FLAG_DEST, EP_FLAG_SOURCE, EP_LEN, OP_ACK};
+    use crate::wire::client::{EP_FLAG_DEST, EP_FLAG_SOURCE, EP_LEN};
 
     fn view() -> EpView {
         let mut g = [0u8; 16];
@@ -501,6 +505,14 @@ mod tests {
                 let len = respond(&q[..n], via, 0, Some(&path), &mut out);
                 assert!(len as usize >= HDR_LEN);
             }
+        }
+        // A rejected query (length 160, or 16) is still answered with ACK.
+        for len in [160u16, 16] {
+            let mut bad = q;
+            bad[6..8].copy_from_slice(&len.to_ne_bytes());
+            let n = respond(&bad[..], Via::Query, EINVAL, None, &mut out);
+            assert_eq!((n, out[1], out[2]), (16, 1 | OP_ACK, EINVAL));
+            assert_eq!(&out[8..16], &bad[8..16], "tid");
         }
     }
 }

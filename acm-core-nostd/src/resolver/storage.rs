@@ -401,6 +401,8 @@ impl GroupSlot {
 #[derive(Clone, Copy, Debug)]
 pub struct EpSlot {
     pub(crate) open: bool,
+    /// The endpoint speaks the ACM protocol (a UD QP, and `addr_prot acm` or `route_prot acm`).
+    pub(crate) acm: bool,
     pub(crate) id: u8,
     pub(crate) attached: bool,
     pub(crate) force_detach: bool,
@@ -425,6 +427,7 @@ impl EpSlot {
     /// An empty slot (all zero bytes).
     pub const EMPTY: EpSlot = EpSlot {
         open: false,
+        acm: false,
         id: 0,
         attached: false,
         force_detach: false,
