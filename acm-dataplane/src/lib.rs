@@ -7,10 +7,15 @@
 //! * [`worker`]: the thread the loop runs on: pinned busy-poll, or adaptive spin-then-block on
 //!   the completion channels and a wake-up eventfd; keeps a coarse clock readers can use
 //!   without a syscall.
+//! * [`stats`]: single-writer latency histograms (hit path, misses, SA round trips) and the
+//!   latency clock (calibrated TSC).
+//! * [`export`]: the exporter thread: Prometheus textfile, stats socket (`acmrs-stat`).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod export;
 pub mod plane;
+pub mod stats;
 pub mod verbs;
 pub mod worker;

@@ -14,6 +14,7 @@
 //!
 //! So the same loop runs over the core's SA service and verbs, and over in-memory fakes.
 
+use crate::stats::{Clock, Latency, MissClass, MissStamp, Pending};
 use crate::worker::{PollOutcome, Poller, Waker};
 use acm_core_nostd::cache::{AddrSlot, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
@@ -65,6 +66,9 @@ pub trait CoreIo: Send + 'static {
     fn log_enabled(&self, level: u8) -> bool;
 }
 
+/// Where the loop's latencies go (endpoint, histogram, ns); see [`Plane::with_stats`].
+pub type LatencySink = Box<dyn FnMut(EpId, Latency, u64) + Send>;
+
 /// A client request handed from the core's main thread.
 pub struct Request {
     /// Endpoint it arrived on.
@@ -81,6 +85,8 @@ pub struct Request {
     pub len: u16,
     /// A copy of the client message (the core's buffer dies when the call returns).
     pub msg: [u8; MSG_LEN],
+    /// When a missed `resolve()` started, for its latency (`None`: not timed).
+    pub stamp: Option<MissStamp>,
 }
 
 /// An SA completion copied out of the core's MAD on the SA thread.
@@ -198,6 +204,20 @@ impl Inbox {
 
     /// Hands a request to the loop; false (counted) if the queue is full.
     pub fn request(&self, ep: EpId, cache_ep: u16, client: u64, kind: Kind, msg: &[u8]) -> bool {
+        self.request_stamped(ep, cache_ep, client, kind, msg, None)
+    }
+
+    /// [`Inbox::request`] with the start of a missed `resolve()`, whose answer's latency the
+    /// loop then records.
+    pub fn request_stamped(
+        &self,
+        ep: EpId,
+        cache_ep: u16,
+        client: u64,
+        kind: Kind,
+        msg: &[u8],
+        stamp: Option<MissStamp>,
+    ) -> bool {
         let mut copy = [0u8; MSG_LEN];
         let n = msg.len().min(MSG_LEN);
         copy[..n].copy_from_slice(&msg[..n]);
@@ -209,6 +229,7 @@ impl Inbox {
             ctl_seq: self.control_pushed.load(Ordering::Acquire),
             len: n as u16,
             msg: copy,
+            stamp,
         };
         match self.requests.push(r) {
             Ok(()) => {
@@ -259,6 +280,37 @@ pub struct Plane<I: CoreIo> {
     controls_applied: u64,
     last_stats: Stats,
     done: bool,
+    stats: Option<LoopStats>,
+}
+
+/// The loop's latency bookkeeping ([`Plane::with_stats`]).
+struct LoopStats {
+    clock: Clock,
+    sink: LatencySink,
+    /// Requests given to the resolver, by (client, tid): start, endpoint, route|address.
+    misses: Pending<(EpId, MissClass)>,
+    /// SA queries sent, by token: send time, endpoint.
+    sa: Pending<EpId>,
+}
+
+impl LoopStats {
+    /// Remembers `key` (dropping entries older than 10 min when full: answers that never came).
+    fn remember<V: Copy>(clock: &Clock, p: &mut Pending<V>, key: u128, at: u64, v: V) {
+        if !p.insert(key, at, v) {
+            let stale = (600e9 * clock.ticks_per_ns()) as u64;
+            p.expire(clock.now().saturating_sub(stale));
+            let _ = p.insert(key, at, v);
+        }
+    }
+}
+
+/// The (client, tid) key of a client message.
+fn client_key(client: u64, msg: &[u8]) -> u128 {
+    let tid = msg
+        .get(8..16)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_ne_bytes);
+    (u128::from(client) << 64) | u128::from(tid)
 }
 
 impl<I: CoreIo> Plane<I> {
@@ -283,7 +335,21 @@ impl<I: CoreIo> Plane<I> {
             controls_applied: 0,
             last_stats: Stats::default(),
             done: false,
+            stats: None,
         })
+    }
+
+    /// Records latencies into `sink`: of every stamped request from its stamp (`clock`) to
+    /// its answer, and of every SA query from its send to its reply. The bookkeeping tables
+    /// hold `capacity` entries each (the resolver's request capacity), allocated here.
+    pub fn with_stats(mut self, clock: Clock, capacity: usize, sink: LatencySink) -> Self {
+        self.stats = Some(LoopStats {
+            clock,
+            sink,
+            misses: Pending::new(capacity),
+            sa: Pending::new(capacity),
+        });
+        self
     }
 
     /// The resolver's configuration helper, for callers building one.
@@ -455,8 +521,11 @@ impl<I: CoreIo> Plane<I> {
         while let Some(o) = self.resolver.poll_output() {
             match o {
                 Output::SendSa { ep, token, mad } => {
+                    let at = self.stats.as_ref().map(|s| s.clock.now());
                     if !self.io.send_sa(ep, token, &mad) {
                         self.resolver.handle_sa(now, &self.cache, token, 1, &[]);
+                    } else if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
+                        LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
                     }
                 }
                 Output::SendAcm { ep, to, mad } => {
@@ -473,7 +542,16 @@ impl<I: CoreIo> Plane<I> {
                         }
                     }
                 }
-                Output::Answer(a) => self.io.answer(&a),
+                Output::Answer(a) => {
+                    self.io.answer(&a);
+                    if let Some(s) = self.stats.as_mut() {
+                        if let Some((at, (ep, class))) =
+                            s.misses.remove(client_key(a.client, &a.msg))
+                        {
+                            (s.sink)(ep, class.latency(), s.clock.since(at));
+                        }
+                    }
+                }
                 Output::Attach { ep, group } => {
                     let r = match self.eps[usize::from(ep.0)]
                         .as_mut()
@@ -572,6 +650,11 @@ impl<I: CoreIo> Poller for Plane<I> {
                 break;
             };
             did = true;
+            if let Some(s) = self.stats.as_mut() {
+                if let Some((at, ep)) = s.sa.remove(u128::from(r.token)) {
+                    (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
+                }
+            }
             self.resolver
                 .handle_sa(now, &self.cache, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
@@ -588,6 +671,10 @@ impl<I: CoreIo> Poller for Plane<I> {
                     self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
                     return PollOutcome::default();
                 }
+            }
+            if let (Some(s), Some(st), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
+                let key = client_key(r.client, &r.msg);
+                LoopStats::remember(&s.clock, &mut s.misses, key, st.at, (r.ep, st.class));
             }
             self.resolver.request(
                 now,
@@ -662,6 +749,11 @@ impl<I: CoreIo> Poller for Plane<I> {
                 0,
                 "ERROR - the resolver could not answer its requests after the panic",
             );
+        }
+        if let Some(s) = self.stats.as_mut() {
+            // What the old resolver held and did not answer will never be answered.
+            s.misses.clear();
+            s.sa.clear();
         }
         let Some(fresh) = (self.make_resolver)() else {
             self.io.log(0, "ERROR - no new resolver; stopping");

@@ -14,7 +14,9 @@ use acm_core_nostd::resolver::{Counter, EpId, MAX_EPS};
 use acm_core_nostd::text::opts::ProviderOptions;
 use acm_core_nostd::wire::client::MAX_COUNTER;
 use acm_core_nostd::wire::gid::Gid;
-use acm_dataplane::plane::{HostAddr, HostCache, Inbox};
+use acm_dataplane::export::{EndpointReport, Report, Source};
+use acm_dataplane::plane::{HostAddr, HostCache, Inbox, LatencySink};
+use acm_dataplane::stats::{Clock, EpStats};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -36,6 +38,8 @@ pub struct Instance {
     pub log_limits: [LogLimit; LogReason::COUNT],
     /// Wall-clock epoch of the coarse clock (ms since it, shared with the dataplane).
     pub epoch: std::time::Instant,
+    /// The latency clock (calibrated TSC), shared with the dataplane.
+    pub clock: Clock,
 }
 
 impl Instance {
@@ -236,6 +240,9 @@ pub struct Ep {
     pub closed: AtomicBool,
     /// `ACM_CNTR_*` counters of this endpoint.
     pub counters: [AtomicU64; MAX_COUNTER],
+    /// Latency histograms: `hit` written by the core's main thread only, the others by the
+    /// dataplane thread only ([`latency_sink`]).
+    pub stats: EpStats,
     /// Address contexts handed to the core, freed at close if the core leaked them.
     pub addr_ctxs: Mutex<Vec<usize>>,
     /// The control sequence number of the endpoint's last `remove_address`: until the
@@ -286,6 +293,63 @@ impl Ep {
                 self.count(Counter::NoData)
             }
             _ => self.count(Counter::Error),
+        }
+    }
+}
+
+/// The dataplane's latency sink: records into the endpoint's histograms (dataplane thread
+/// only, the single writer of those). Looks endpoints up in a copy of the registry, refreshed
+/// when its version changes (no lock per record).
+pub fn latency_sink(inst: Arc<Instance>) -> LatencySink {
+    let mut eps = inst.eps.snapshot();
+    let mut version = inst.eps.version();
+    Box::new(move |id, what, ns| {
+        let v = inst.eps.version();
+        if v != version {
+            eps = inst.eps.snapshot();
+            version = v;
+        }
+        if let Some(Some(ep)) = eps.get(usize::from(id.0)) {
+            ep.stats.of(what).record(ns);
+        }
+    })
+}
+
+/// What the exporter thread reads: every open endpoint's labels, counters and histograms.
+pub struct StatsSource(pub Arc<Instance>);
+
+impl Source for StatsSource {
+    fn report(&self) -> Report {
+        let inst = &self.0;
+        let clock = if inst.clock.is_tsc() {
+            format!("tsc {:.4} ticks/ns", inst.clock.ticks_per_ns())
+        } else {
+            "instant".to_string()
+        };
+        let endpoints = inst
+            .eps
+            .snapshot()
+            .into_iter()
+            .flatten()
+            .map(|ep| EndpointReport {
+                port: ep.port.port_num,
+                pkey: ep.pkey,
+                gid: std::net::Ipv6Addr::from(ep.port.gid0.0).to_string(),
+                counters: core::array::from_fn(|i| ep.counters[i].load(Ordering::Relaxed)),
+                hists: [
+                    ep.stats.hit.snapshot(),
+                    ep.stats.route_miss.snapshot(),
+                    ep.stats.addr_miss.snapshot(),
+                    ep.stats.sa_rtt.snapshot(),
+                ],
+            })
+            .collect();
+        Report { clock, endpoints }
+    }
+
+    fn log(&self, level: u8, text: &str) {
+        if self.0.log_enabled(level) {
+            self.0.api.log(i32::from(level), text);
         }
     }
 }

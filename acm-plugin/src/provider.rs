@@ -23,7 +23,9 @@ use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
+use acm_dataplane::export::{ExportConfig, Exporter};
 use acm_dataplane::plane::{Control, Inbox, Plane, Ud};
+use acm_dataplane::stats::{Clock, MissClass, MissStamp};
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -43,6 +45,8 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
     devices: 0,
 });
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
+/// The instance's stats exporter thread (textfile, stats socket), if any.
+static EXPORTER: Mutex<Option<Exporter>> = Mutex::new(None);
 
 fn next_serial() -> u64 {
     NEXT_SERIAL.fetch_add(1, Ordering::Relaxed)
@@ -132,10 +136,12 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         eps: EpRegistry::default(),
         log_limits: Default::default(),
         epoch: waker.epoch(),
+        clock: Clock::calibrated(),
         opts,
     });
     let config = Config::from_options(&inst.opts);
     let caps = capacities(&inst.opts);
+    let tracked = caps.requests;
     let make = Box::new(move || Resolver::new(config, HeapStorage::new(caps), random_seed()).ok());
     let plane = Plane::new(
         make,
@@ -144,7 +150,12 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         PluginIo::new(inst.clone()),
         waker.epoch(),
     )
-    .ok_or_else(|| std::io::Error::other("resolver storage refused"))?;
+    .ok_or_else(|| std::io::Error::other("resolver storage refused"))?
+    .with_stats(
+        inst.clock,
+        tracked,
+        crate::instance::latency_sink(inst.clone()),
+    );
     let spin = match inst.opts.acmrs_poll_mode {
         PollMode::Busy => Duration::from_secs(3600),
         PollMode::Adaptive => Duration::from_micros(50),
@@ -158,6 +169,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
     };
     set_reply_target(&inst);
     let worker = Worker::spawn(wc, waker, plane)?;
+    start_exporter(&inst);
     api.log(
         0,
         &format!(
@@ -168,6 +180,26 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         ),
     );
     Ok((inst, worker))
+}
+
+/// Starts the stats exporter thread (docs/stats.md) if an option asks for it; a failure is
+/// logged and leaves the provider running without it.
+fn start_exporter(inst: &Arc<Instance>) {
+    let path = |p: &Option<acm_core_nostd::text::opts::PathString>| {
+        p.as_ref().map(|p| std::path::PathBuf::from(p.as_str()))
+    };
+    let cfg = ExportConfig {
+        prom_file: path(&inst.opts.acmrs_prom_file),
+        interval: Duration::from_secs(u64::from(inst.opts.acmrs_prom_interval_s)),
+        socket: path(&inst.opts.acmrs_stat_socket),
+    };
+    let src = Box::new(crate::instance::StatsSource(inst.clone()));
+    match Exporter::spawn(cfg, src) {
+        Ok(e) => *lock(&EXPORTER) = e,
+        Err(e) => inst
+            .api
+            .log(0, &format!("ERROR - stats exporter not started: {e}")),
+    }
 }
 
 unsafe extern "C" fn open_device(device: *const AcmDevice, dev_context: *mut *mut c_void) -> c_int {
@@ -219,6 +251,9 @@ unsafe extern "C" fn close_device(dev_context: *mut c_void) {
         };
         if let Some(inst) = inst {
             inst.inbox.control(Control::Shutdown);
+            if let Some(e) = lock(&EXPORTER).take() {
+                e.stop();
+            }
             if let Some(w) = worker {
                 if w.join().is_err() {
                     inst.api.log(0, "ERROR - dataplane thread panicked");
@@ -438,6 +473,7 @@ unsafe extern "C" fn open_endpoint(
                 endpoint: Mutex::new(endpoint as usize),
                 closed: AtomicBool::new(false),
                 counters: Default::default(),
+                stats: Default::default(),
                 addr_ctxs: Mutex::new(Vec::new()),
                 removal_seq: AtomicU64::new(0),
             })
@@ -601,10 +637,22 @@ fn answer_inline(
 
 /// Hands a request to the dataplane; false (counted, logged) if the queue is full.
 fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &AcmMsg) -> bool {
+    hand_over_stamped(ctx, id, kind, msg, None)
+}
+
+/// [`hand_over`] with the start of a missed `resolve()` (the dataplane records its latency).
+fn hand_over_stamped(
+    ctx: &AddrCtx,
+    id: u64,
+    kind: Kind,
+    msg: &AcmMsg,
+    stamp: Option<MissStamp>,
+) -> bool {
+    let (ep, cache_ep, bytes) = (ctx.ep.id, ctx.ep.cache_ep(), msg.as_bytes());
     let ok = ctx
         .inst
         .inbox
-        .request(ctx.ep.id, ctx.ep.cache_ep(), id, kind, msg.as_bytes());
+        .request_stamped(ep, cache_ep, id, kind, bytes, stamp);
     if !ok && matches!(kind, Kind::Resolve | Kind::Query) {
         ctx.inst.log_limited(
             LogReason::QueueFull,
@@ -617,6 +665,8 @@ fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &AcmMsg) -> bool {
 fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
     let ep = &ctx.ep;
     let inst = &ctx.inst;
+    // Latency start (docs/stats.md): one TSC read.
+    let t0 = inst.clock.now();
     ep.count(Counter::Resolve);
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
         *answered = true;
@@ -627,7 +677,12 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         return reply(u8::from(Status::Enodata), None);
     }
     let now = inst.now_ms();
-    let (lookup, nodelay) = match classify(&ep.view(), msg.as_bytes()) {
+    let target = classify(&ep.view(), msg.as_bytes());
+    let class = match target {
+        Target::Address { .. } => MissClass::Address,
+        _ => MissClass::Route,
+    };
+    let (lookup, nodelay) = match target {
         Target::Fail(s) => {
             if s == u8::from(Status::Einval) {
                 inst.log_limited(
@@ -657,6 +712,8 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         } => {
             ep.count_global(inst.api, Counter::RouteCache);
             let r = reply(0, Some(&record));
+            // Single writer: only the core's main thread calls resolve().
+            ep.stats.hit.record(inst.clock.since(t0));
             if needs_refresh {
                 // Near expiry: the dataplane re-resolves in the background (a full queue only
                 // loses the refresh; the entry then expires and is resolved as a miss).
@@ -673,7 +730,8 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         let _ = hand_over(ctx, id, Kind::Prime, msg);
         return r;
     }
-    if hand_over(ctx, id, Kind::Resolve, msg) {
+    let stamp = MissStamp { at: t0, class };
+    if hand_over_stamped(ctx, id, Kind::Resolve, msg, Some(stamp)) {
         *answered = true;
         return 0;
     }
