@@ -13,6 +13,8 @@
 //! * [`XorShift`]: a deterministic PRNG for key sets and access orders.
 
 #![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::fmt::Write as _;
 use std::io::Write as _;

@@ -14,8 +14,9 @@
 //!   ([`responses`], [`find`]) with the thread that made it, so tests check exactly-once
 //!   ([`check_exactly_once`]) and who answered.
 //! * **Counters**: allocations/frees/sends of SA MADs, the core's global `ACM_CNTR_*`.
-//! * **Verbs**: there is no verbs device: `ibv_query_port` reports LID [`PORT_LID`], MTU 2048,
-//!   4x QDR; `ibv_get_pkey_index` / `ibv_query_pkey` fail (no UD QP, SA-only endpoints).
+//! * **Verbs** ([`fake_verbs`], on while a [`crate::host::Host`] is used): there is no verbs
+//!   device: `ibv_query_port` reports LID [`PORT_LID`], MTU 2048, 4x QDR; `ibv_get_pkey_index`
+//!   / `ibv_query_pkey` fail (no UD QP, SA-only endpoints). Off, they forward to libibverbs.
 
 use acmrs::ffi::*;
 use std::collections::{HashMap, VecDeque};
@@ -95,7 +96,6 @@ static SA_CV: Condvar = Condvar::new();
 static RESPONSES: Mutex<Vec<Response>> = Mutex::new(Vec::new());
 static ANSWERED: AtomicUsize = AtomicUsize::new(0);
 static LAST: Mutex<Option<Response>> = Mutex::new(None);
-static KEEP: AtomicBool = AtomicBool::new(true);
 static BARRIERS: AtomicUsize = AtomicUsize::new(0);
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 static LOG_STDERR: AtomicBool = AtomicBool::new(false);
@@ -132,13 +132,16 @@ pub unsafe extern "C" fn acm_write(_level: c_int, _fmt: *const c_char, arg: *con
         return;
     }
     // SAFETY: the caller passes a NUL-terminated string (see above).
-    let s = unsafe { CStr::from_ptr(arg) }
-        .to_string_lossy()
-        .into_owned();
+    log_line(&unsafe { CStr::from_ptr(arg) }.to_string_lossy());
+}
+
+/// Records a log line of the provider, as `acm_write` does (for a host that exports its own
+/// `acm_write` and forwards the formatted text here).
+pub fn log_line(s: &str) {
     if LOG_STDERR.load(Ordering::Relaxed) {
         eprint!("{s}");
     }
-    lock(&LOG).push(s);
+    lock(&LOG).push(s.to_owned());
 }
 
 /// `acm_alloc_sa_mad`: a zeroed MAD with the context and handler (NULL for a NULL endpoint).
@@ -209,25 +212,76 @@ pub unsafe extern "C" fn acm_free_sa_mad(mad: *mut AcmSaMad) {
     drop(unsafe { Box::from_raw(mad as *mut CoreSaReq) });
 }
 
-fn record_response(id: u64, msg: *mut AcmMsg, query: bool) -> c_int {
-    // SAFETY: the provider passes a full acm_msg, valid for the call.
-    let m = unsafe { *msg };
-    if m.hdr.tid >= BARRIER_TID {
+/// How answers are recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// Every answer, with its thread ([`responses`], [`find`]): tests.
+    All,
+    /// Only the last one ([`last_response`]) and the count: long runs that check answers.
+    Last,
+    /// Only the count and the last answer's time, tid and status ([`last_answer`]), no lock
+    /// and no copy: benchmarks, where the core's hook is inside the measured call.
+    Count,
+}
+
+static RECORD: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static LAST_NS: AtomicU64 = AtomicU64::new(0);
+static LAST_TID: AtomicU64 = AtomicU64::new(0);
+static LAST_STATUS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Nanoseconds on this process's monotonic clock (since its first use).
+pub fn now_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Sets how answers are recorded (default [`Record::All`]).
+pub fn record(mode: Record) {
+    now_ns();
+    RECORD.store(mode as u8, Ordering::Relaxed);
+}
+
+/// The last answer's [`now_ns`] time, tid and status (every [`Record`] mode).
+pub fn last_answer() -> (u64, u64, u8) {
+    (
+        LAST_NS.load(Ordering::Acquire),
+        LAST_TID.load(Ordering::Acquire),
+        LAST_STATUS.load(Ordering::Acquire),
+    )
+}
+
+/// Records an answer the way `acm_resolve_response` / `acm_query_response` do (for a host
+/// that exports its own helpers and forwards its answers here). Always returns 0, as the
+/// core does for a delivered answer.
+///
+/// # Safety
+/// `msg` must be a full `acm_msg`, valid for the call.
+pub unsafe fn record_answer(id: u64, msg: *const AcmMsg, query: bool) -> c_int {
+    // SAFETY: the header of a full acm_msg (see above).
+    let (tid, status) = unsafe { ((*msg).hdr.tid, (*msg).hdr.status) };
+    if tid >= BARRIER_TID {
         BARRIERS.fetch_add(1, Ordering::SeqCst);
         return 0;
     }
-    let r = Response {
-        id,
-        query,
-        msg: m,
-        thread: std::thread::current().id(),
-        thread_name: os_thread_name(),
-        at: Instant::now(),
-    };
-    if KEEP.load(Ordering::Relaxed) {
-        lock(&RESPONSES).push(r);
-    } else {
-        *lock(&LAST) = Some(r);
+    LAST_NS.store(now_ns(), Ordering::Release);
+    LAST_TID.store(tid, Ordering::Release);
+    LAST_STATUS.store(status, Ordering::Release);
+    let mode = RECORD.load(Ordering::Relaxed);
+    if mode != Record::Count as u8 {
+        let r = Response {
+            id,
+            query,
+            // SAFETY: a full acm_msg (see above).
+            msg: unsafe { *msg },
+            thread: std::thread::current().id(),
+            thread_name: os_thread_name(),
+            at: Instant::now(),
+        };
+        if mode == Record::All as u8 {
+            lock(&RESPONSES).push(r);
+        } else {
+            *lock(&LAST) = Some(r);
+        }
     }
     ANSWERED.fetch_add(1, Ordering::SeqCst);
     // A blocking send() to a stuck client: the answer for this id blocks.
@@ -235,6 +289,11 @@ fn record_response(id: u64, msg: *mut AcmMsg, query: bool) -> c_int {
         std::thread::sleep(Duration::from_millis(1));
     }
     0
+}
+
+fn record_response(id: u64, msg: *mut AcmMsg, query: bool) -> c_int {
+    // SAFETY: the provider passes a full acm_msg, valid for the call.
+    unsafe { record_answer(id, msg, query) }
 }
 
 /// The calling thread's name as the OS knows it (the provider's threads are spawned by the
@@ -316,12 +375,44 @@ pub unsafe extern "C" fn acm_get_gid(
     0
 }
 
-/// `ibv_query_port` (interposed over libibverbs'): LID [`PORT_LID`], MTU 2048, 4x QDR.
+static FAKE_VERBS: AtomicBool = AtomicBool::new(false);
+
+/// Turns the verbs fakes on (as [`crate::host::Host`] does) or off. Off (the default), the
+/// three interposed verbs functions forward to the next definition (`dlsym(RTLD_NEXT)`: a
+/// preloaded simulated libibverbs, or the real one): an executable that links this crate
+/// exports them whenever it also links libibverbs, and a process with real verbs must keep
+/// them.
+pub fn fake_verbs(on: bool) {
+    FAKE_VERBS.store(on, Ordering::SeqCst);
+}
+
+/// The next definition of `name` after this executable, if any.
+fn next_symbol(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name has no preconditions.
+    unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) }
+}
+
+type QueryPortFn = unsafe extern "C" fn(*mut c_void, u8, *mut u8) -> c_int;
+type GetPkeyIndexFn = unsafe extern "C" fn(*mut c_void, u8, u16) -> c_int;
+type QueryPkeyFn = unsafe extern "C" fn(*mut c_void, u8, c_int, *mut u16) -> c_int;
+
+/// `ibv_query_port` (interposed over libibverbs'): with [`fake_verbs`] on, LID [`PORT_LID`],
+/// MTU 2048, 4x QDR; else the next definition.
 ///
 /// # Safety
-/// `attr` must be a zeroed `struct ibv_port_attr` (at least 45 bytes).
+/// As libibverbs': `attr` must be a zeroed `struct ibv_port_attr` (with the fakes on, any
+/// buffer of at least 45 bytes).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_query_port(_ctx: *mut c_void, _port: u8, attr: *mut u8) -> c_int {
+pub unsafe extern "C" fn ibv_query_port(ctx: *mut c_void, port: u8, attr: *mut u8) -> c_int {
+    if !FAKE_VERBS.load(Ordering::Relaxed) {
+        let f = next_symbol(c"ibv_query_port");
+        if f.is_null() {
+            return -1;
+        }
+        // SAFETY: libibverbs' exported ibv_query_port has this signature; the arguments are
+        // the caller's, passed through.
+        return unsafe { std::mem::transmute::<*mut c_void, QueryPortFn>(f)(ctx, port, attr) };
+    }
     let lid = PORT_LID.load(Ordering::SeqCst) as u16;
     // SAFETY: offsets inside struct ibv_port_attr (lid 34, active_mtu 8, active_width 43,
     // active_speed 44; checked by acm-plugin's layout test), buffer valid per the contract.
@@ -334,23 +425,45 @@ pub unsafe extern "C" fn ibv_query_port(_ctx: *mut c_void, _port: u8, attr: *mut
     0
 }
 
-/// No verbs device: the P_Key lookups the provider makes before it opens a UD QP fail
-/// (interposed over libibverbs', as `ibv_query_port` is), so an endpoint that asks for the
-/// ACM protocol (`route_prot acm`, an explicit `addr_prot acm`) runs SA-only.
+/// With [`fake_verbs`] on there is no verbs device: the P_Key lookups the provider makes
+/// before it opens a UD QP fail, so an endpoint that asks for the ACM protocol (`route_prot
+/// acm`, an explicit `addr_prot acm`) runs SA-only. Off, the next definition.
+///
+/// # Safety
+/// As libibverbs'.
 #[no_mangle]
-pub extern "C" fn ibv_get_pkey_index(_ctx: *mut c_void, _port: u8, _pkey: u16) -> c_int {
-    -1
+pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut c_void, port: u8, pkey: u16) -> c_int {
+    if FAKE_VERBS.load(Ordering::Relaxed) {
+        return -1;
+    }
+    let f = next_symbol(c"ibv_get_pkey_index");
+    if f.is_null() {
+        return -1;
+    }
+    // SAFETY: libibverbs' signature; the caller's arguments passed through.
+    unsafe { std::mem::transmute::<*mut c_void, GetPkeyIndexFn>(f)(ctx, port, pkey) }
 }
 
 /// See [`ibv_get_pkey_index`].
+///
+/// # Safety
+/// As libibverbs'.
 #[no_mangle]
-pub extern "C" fn ibv_query_pkey(
-    _ctx: *mut c_void,
-    _port: u8,
-    _index: c_int,
-    _pkey: *mut u16,
+pub unsafe extern "C" fn ibv_query_pkey(
+    ctx: *mut c_void,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
 ) -> c_int {
-    -1
+    if FAKE_VERBS.load(Ordering::Relaxed) {
+        return -1;
+    }
+    let f = next_symbol(c"ibv_query_pkey");
+    if f.is_null() {
+        return -1;
+    }
+    // SAFETY: libibverbs' signature; the caller's arguments passed through.
+    unsafe { std::mem::transmute::<*mut c_void, QueryPkeyFn>(f)(ctx, port, index, pkey) }
 }
 
 /// The addresses of the exported helpers.
@@ -395,20 +508,18 @@ pub fn exported() -> bool {
 
 // ---- configuration and records ---------------------------------------------------------------
 
-/// The opts file `acm_get_opts_file` returns from now on.
+/// The opts file `acm_get_opts_file` returns from now on. (The previous string is leaked, not
+/// freed: a provider may still hold the pointer it got.)
 pub fn set_opts_file(path: &std::path::Path) {
-    *lock(&OPTS_PATH) = CString::new(path.to_string_lossy().as_bytes()).ok();
+    let new = CString::new(path.to_string_lossy().as_bytes()).ok();
+    if let Some(old) = std::mem::replace(&mut *lock(&OPTS_PATH), new) {
+        std::mem::forget(old);
+    }
 }
 
 /// Whether the provider's log lines also go to stderr (default: if `ACMRS_TEST_LOG` is set).
 pub fn log_to_stderr(on: bool) {
     LOG_STDERR.store(on, Ordering::Relaxed);
-}
-
-/// Whether answers are kept (default); when not, only the count and the last one are (long
-/// benchmark runs).
-pub fn keep_responses(on: bool) {
-    KEEP.store(on, Ordering::Relaxed);
 }
 
 /// Registers / unregisters a core endpoint as live (for [`DEAD_ENDPOINT_USE`]).
@@ -442,9 +553,9 @@ pub fn response_count() -> usize {
     ANSWERED.load(Ordering::SeqCst)
 }
 
-/// The last answer.
+/// The last answer ([`Record::All`] and [`Record::Last`]).
 pub fn last_response() -> Option<Response> {
-    if KEEP.load(Ordering::Relaxed) {
+    if RECORD.load(Ordering::Relaxed) == Record::All as u8 {
         lock(&RESPONSES).last().cloned()
     } else {
         lock(&LAST).clone()

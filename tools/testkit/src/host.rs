@@ -59,23 +59,30 @@ pub fn test_so_path() -> PathBuf {
     p
 }
 
-/// Loads the provider at `path` (once per process: later calls return the first one) and
-/// checks `provider_query`'s answer (0, version 1, table size 120).
-pub fn load(path: &Path) -> Result<&'static Lib, String> {
-    if let Some(l) = LIB.get() {
-        return Ok(l);
-    }
-    core::link();
+/// `dlopen`s the provider library at `path` (`RTLD_NOW | RTLD_LOCAL`, never closed) and
+/// returns its table, checked as the core checks it (`provider_query` returns 0, version 1,
+/// table size 120). Any number of providers may be opened this way.
+pub fn provider_table(path: &Path) -> Result<&'static AcmProvider, String> {
     let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: plain dlopen of a NUL-terminated path; the handle is kept for the process.
     let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if h.is_null() {
-        return Err(format!("dlopen {} failed", path.display()));
+        // SAFETY: dlerror returns a static string or null.
+        let e = unsafe { libc::dlerror() };
+        let e = if e.is_null() {
+            "?".into()
+        } else {
+            // SAFETY: non-null NUL-terminated string from dlerror.
+            unsafe { std::ffi::CStr::from_ptr(e) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        return Err(format!("dlopen {}: {e}", path.display()));
     }
     // SAFETY: symbol lookup in a live handle with a NUL-terminated name.
     let sym = unsafe { libc::dlsym(h, c"provider_query".as_ptr()) };
     if sym.is_null() {
-        return Err("no provider_query".into());
+        return Err(format!("{}: no provider_query", path.display()));
     }
     type Pq = unsafe extern "C" fn(*mut *const AcmProvider, *mut u32) -> c_int;
     // SAFETY: provider_query has this signature (acm_prov.h).
@@ -86,15 +93,31 @@ pub fn load(path: &Path) -> Result<&'static Lib, String> {
     let rc = unsafe { pq(&mut prov, &mut version) };
     if rc != 0 || version != ACM_PROV_VERSION || prov.is_null() {
         return Err(format!(
-            "provider_query: rc {rc}, version {version} (the host must export the core helpers: \
-             link with -Wl,--export-dynamic and call acm_testkit::core::link())"
+            "{}: provider_query rc {rc}, version {version} (does the host export the core \
+             helpers?)",
+            path.display()
         ));
     }
     // SAFETY: a static table inside the library, which is never unloaded.
     let prov = unsafe { &*prov };
     if prov.size != std::mem::size_of::<AcmProvider>() {
-        return Err(format!("provider table size {}", prov.size));
+        return Err(format!(
+            "{}: provider table size {}",
+            path.display(),
+            prov.size
+        ));
     }
+    Ok(prov)
+}
+
+/// Loads `libacmrs.so` from `path` for [`Host`] (once per process: later calls return the
+/// first one), after [`core::link`]: the fake core must be what it binds to.
+pub fn load(path: &Path) -> Result<&'static Lib, String> {
+    if let Some(l) = LIB.get() {
+        return Ok(l);
+    }
+    core::link();
+    let prov = provider_table(path)?;
     Ok(LIB.get_or_init(|| Lib {
         prov,
         path: path.to_path_buf(),
@@ -164,6 +187,7 @@ impl Host {
     pub fn open_with(lib: &Lib, opts: &str, extra_files: &[(&str, &str)]) -> Host {
         // A failed test may leave MADs behind: time them out so tests stay independent.
         sa_drain_timeouts();
+        core::fake_verbs(true);
         core::log_to_stderr(std::env::var_os("ACMRS_TEST_LOG").is_some());
         let dir =
             std::env::temp_dir().join(format!("acmrs-host-{}-{}", std::process::id(), uniq()));

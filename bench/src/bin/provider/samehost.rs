@@ -11,11 +11,13 @@
 //! `opensm_full_v1`) and misses (answered by OpenSM's SA over the simulated fabric).
 
 use acm_bench::{LatencyHistogram, Summary, Table, XorShift};
+use acm_testkit::core::{self as fake, Record};
+use acm_testkit::host::provider_table;
+use acm_testkit::request::{gid, path_of, PathRequest};
 use acmrs::ffi::*;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const STOCK_LIB: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
@@ -40,12 +42,8 @@ pub struct Config {
     pub topology: String,
     /// Where `.hgrm` files go.
     pub out: Option<PathBuf>,
-    /// `acmrs_poll_mode` of the acmrs worker (busy, adaptive, event).
+    /// `acmrs_poll_mode` of the acmrs dataplane (busy, adaptive, event).
     pub poll_mode: String,
-    /// `acmrs_sa_direct` of acmrs (0 or 1).
-    pub sa_direct: String,
-    /// `acmrs_sa_inline` of acmrs (0 or 1).
-    pub sa_inline: String,
 }
 
 // ---- parent ----------------------------------------------------------------------------------
@@ -125,8 +123,6 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .args(["--hit-samples", &cfg.hit_samples.to_string()])
             .args(["--max-lid", &max_lid.to_string()])
             .args(["--poll-mode", &cfg.poll_mode])
-            .args(["--sa-direct", &cfg.sa_direct])
-            .args(["--sa-inline", &cfg.sa_inline])
             .args(["--acmrs", acmrs.to_str().unwrap_or_default()]);
         if let Some(out) = &cfg.out {
             let out = std::path::absolute(out).map_err(|e| e.to_string())?;
@@ -184,72 +180,46 @@ struct HostInfo {
     error: [c_char; 256],
 }
 
-static EPOCH: OnceLock<Instant> = OnceLock::new();
-static ANSWERS: AtomicU64 = AtomicU64::new(0);
-static LAST_NS: AtomicU64 = AtomicU64::new(0);
-static LAST_TID: AtomicU64 = AtomicU64::new(0);
-static LAST_STATUS: AtomicU8 = AtomicU8::new(0);
-static LAST_PATH: Mutex<[u8; 64]> = Mutex::new([0; 64]);
-static OPTS: Mutex<Option<CString>> = Mutex::new(None);
 static LOG: AtomicBool = AtomicBool::new(false);
 static SEND_NS: AtomicU64 = AtomicU64::new(0);
 static RECV_NS: AtomicU64 = AtomicU64::new(0);
 
-pub(crate) fn now_ns() -> u64 {
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
+// The hooks host_core.c calls: the provider's answers and log lines are recorded by the
+// test kit (`acm_testkit::core`, on its clock), the opts file is the test kit's.
 
 extern "C" fn h_write(_level: c_int, s: *const c_char) {
     if LOG.load(Ordering::Relaxed) && !s.is_null() {
         // SAFETY: NUL-terminated buffer formatted by host_core.c.
-        eprint!("{}", unsafe { CStr::from_ptr(s) }.to_string_lossy());
+        fake::log_line(&unsafe { CStr::from_ptr(s) }.to_string_lossy());
     }
 }
 
-extern "C" fn h_resolve_response(_id: u64, m: *mut AcmMsg) -> c_int {
-    let t = now_ns();
+extern "C" fn h_resolve_response(id: u64, m: *mut AcmMsg) -> c_int {
     if m.is_null() {
         return -1;
     }
-    // SAFETY: the provider passes a valid message for the duration of the call.
-    let m = unsafe { &*m };
-    if let Ok(mut p) = LAST_PATH.lock() {
-        *p = m.resolve_data[0].info.bytes;
+    // SAFETY: the provider passes a full message for the duration of the call.
+    unsafe { fake::record_answer(id, m, false) }
+}
+
+extern "C" fn h_query_response(id: u64, m: *mut AcmMsg) -> c_int {
+    if m.is_null() {
+        return -1;
     }
-    LAST_STATUS.store(m.hdr.status, Ordering::Relaxed);
-    LAST_TID.store(m.hdr.tid, Ordering::Relaxed);
-    LAST_NS.store(t, Ordering::Relaxed);
-    ANSWERS.fetch_add(1, Ordering::Release);
-    0
+    // SAFETY: as above.
+    unsafe { fake::record_answer(id, m, true) }
 }
 
 extern "C" fn h_stamp(what: c_int) {
-    let t = now_ns();
+    let t = fake::now_ns();
     match what {
         0 => SEND_NS.store(t, Ordering::Relaxed),
         _ => RECV_NS.store(t, Ordering::Relaxed),
     }
 }
 
-extern "C" fn h_query_response(_id: u64, _m: *mut AcmMsg) -> c_int {
-    0
-}
-
 extern "C" fn h_opts() -> *const c_char {
-    OPTS.lock()
-        .ok()
-        .and_then(|o| o.as_ref().map(|c| c.as_ptr()))
-        .unwrap_or(std::ptr::null())
-}
-
-fn set_opts(path: &Path) {
-    if let Ok(mut o) = OPTS.lock() {
-        // The previous string is kept alive: providers may hold the pointer.
-        if let Some(old) = o.take() {
-            std::mem::forget(old);
-        }
-        *o = CString::new(path.to_string_lossy().as_bytes()).ok();
-    }
+    fake::acm_get_opts_file()
 }
 
 fn dlerror() -> String {
@@ -263,7 +233,7 @@ fn dlerror() -> String {
     }
 }
 
-pub(crate) fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
+fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: dlopen of a NUL-terminated library path.
     let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
@@ -273,32 +243,13 @@ pub(crate) fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
     Ok(h)
 }
 
-pub(crate) fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
+fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
     // SAFETY: dlsym on a handle returned by dlopen.
     let s = unsafe { libc::dlsym(h, name.as_ptr()) };
     if s.is_null() {
         return Err(format!("symbol {name:?} missing: {}", dlerror()));
     }
     Ok(s)
-}
-
-pub(crate) fn provider(lib: &Path) -> Result<&'static AcmProvider, String> {
-    let h = dlopen(lib, libc::RTLD_NOW | libc::RTLD_LOCAL)?;
-    let q = sym(h, c"provider_query")?;
-    // SAFETY: provider_query has this signature (acm_prov.h); the table it returns lives as
-    // long as the library, which is never unloaded.
-    unsafe {
-        let q: extern "C" fn(*mut *const AcmProvider, *mut u32) -> c_int = std::mem::transmute(q);
-        let mut p = std::ptr::null();
-        let mut v = 0;
-        if q(&mut p, &mut v) != 0 || p.is_null() {
-            return Err(format!("{}: provider_query failed", lib.display()));
-        }
-        if v != ACM_PROV_VERSION || (*p).size != std::mem::size_of::<AcmProvider>() {
-            return Err(format!("{}: provider version/size mismatch", lib.display()));
-        }
-        Ok(&*p)
-    }
 }
 
 /// One provider opened on the host's port, as the core opens it.
@@ -344,24 +295,16 @@ fn open_provider(
     })
 }
 
-/// A PATH request as `ib_acme -f l` (by LID) or `-f g` (by GID) sends it.
+/// A PATH request as `ib_acme -f l` (by LID: `slid` + `dlid`) or `-f g` (by GID) sends it,
+/// reversible, 1 path.
 fn path_msg(tid: u64, slid: u16, dlid: u16, dgid: Option<[u8; 16]>) -> AcmMsg {
-    let mut m = AcmMsg::zeroed();
-    m.hdr.version = 1;
-    m.hdr.opcode = ACM_OP_RESOLVE;
-    m.hdr.length = 88;
-    m.hdr.tid = tid;
-    m.resolve_data[0].type_ = ACM_EP_INFO_PATH;
-    let b = &mut m.resolve_data[0].info.bytes;
-    match dgid {
-        Some(g) => b[8..24].copy_from_slice(&g),
-        None => {
-            b[40..42].copy_from_slice(&dlid.to_be_bytes());
-            b[42..44].copy_from_slice(&slid.to_be_bytes());
-        }
+    let by_lid = dgid.is_none();
+    PathRequest {
+        slid: if by_lid { slid } else { 0 },
+        reversible_numpath: 0x81,
+        ..PathRequest::new(tid, if by_lid { dlid } else { 0 }, dgid)
     }
-    b[49] = 0x81; // reversible, 1 path
-    m
+    .msg()
 }
 
 struct Answer {
@@ -380,20 +323,20 @@ struct Answer {
 
 /// Calls `resolve()` and waits (spinning, then sleeping) for its answer; call → answer time.
 fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer, String> {
-    let before = ANSWERS.load(Ordering::Acquire);
+    let before = fake::response_count();
     let tid = m.hdr.tid;
     SEND_NS.store(0, Ordering::Relaxed);
     RECV_NS.store(0, Ordering::Relaxed);
-    let t0 = now_ns();
+    let t0 = fake::now_ns();
     // SAFETY: as ibacm calls it; the message lives across the call.
     let rc = unsafe { (o.prov.resolve)(o.addr_ctx, m, 1) };
-    let inline = ANSWERS.load(Ordering::Acquire) != before;
+    let inline = fake::response_count() != before;
     if rc != 0 {
         return Err(format!("{}: resolve returned {rc}", o.name));
     }
     let start = Instant::now();
     let mut spins = 0u32;
-    while ANSWERS.load(Ordering::Acquire) == before {
+    while fake::response_count() == before {
         if start.elapsed() > timeout {
             return Err(format!("{}: no answer within {timeout:?}", o.name));
         }
@@ -404,19 +347,20 @@ fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer
             std::thread::sleep(Duration::from_micros(20));
         }
     }
-    if LAST_TID.load(Ordering::Relaxed) != tid {
+    let (last_ns, last_tid, status) = fake::last_answer();
+    if last_tid != tid {
         return Err(format!("{}: answer for another tid", o.name));
     }
-    let path = LAST_PATH.lock().map(|p| *p).unwrap_or([0; 64]);
+    let path = fake::last_response().map_or([0; 64], |r| path_of(&r.msg));
     Ok(Answer {
-        ns: LAST_NS.load(Ordering::Relaxed).saturating_sub(t0),
+        ns: last_ns.saturating_sub(t0),
         own_ns: {
             let (send, recv) = (
                 SEND_NS.load(Ordering::Relaxed),
                 RECV_NS.load(Ordering::Relaxed),
             );
             if send != 0 && recv >= send {
-                (send - t0) + LAST_NS.load(Ordering::Relaxed).saturating_sub(recv)
+                (send - t0) + last_ns.saturating_sub(recv)
             } else {
                 0
             }
@@ -427,23 +371,16 @@ fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer
         },
         reply_ns: match RECV_NS.load(Ordering::Relaxed) {
             0 => 0,
-            r => LAST_NS.load(Ordering::Relaxed).saturating_sub(r),
+            r => last_ns.saturating_sub(r),
         },
         inline,
-        status: LAST_STATUS.load(Ordering::Relaxed),
+        status,
         path,
     })
 }
 
 fn fake_guid(dlid: u16) -> u64 {
     FAKE_GUID_BASE + u64::from(dlid)
-}
-
-pub(crate) fn gid_of(prefix: &[u8], guid: u64) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[..8].copy_from_slice(&prefix[..8]);
-    g[8..].copy_from_slice(&guid.to_be_bytes());
-    g
 }
 
 /// An OpenSM `dump_pr` "full" file: the local port's section with one path per fake DLID,
@@ -476,8 +413,6 @@ struct ChildArgs {
     acmrs: PathBuf,
     out: Option<PathBuf>,
     poll_mode: String,
-    sa_direct: String,
-    sa_inline: String,
 }
 
 fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
@@ -498,8 +433,6 @@ fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
         acmrs: PathBuf::from(get("--acmrs")?),
         out: get("--out").ok().map(PathBuf::from),
         poll_mode: get("--poll-mode")?.to_string(),
-        sa_direct: get("--sa-direct")?.to_string(),
-        sa_inline: get("--sa-inline")?.to_string(),
     })
 }
 
@@ -510,6 +443,10 @@ fn leak<T>(v: T) -> &'static T {
 /// Entry of the measuring child (runs under the preload, cwd = its scratch directory).
 pub fn child(args: &[String]) -> Result<(), String> {
     let a = parse_child(args)?;
+    // The last answer (with its path) and the count are enough; hundreds of thousands of
+    // answers are not kept.
+    fake::record(Record::Last);
+    fake::log_to_stderr(std::env::var_os("ACMRS_BENCH_LOG").is_some());
     LOG.store(
         std::env::var_os("ACMRS_BENCH_LOG").is_some(),
         Ordering::Relaxed,
@@ -586,22 +523,19 @@ pub fn child(args: &[String]) -> Result<(), String> {
         &acmrs_opts,
         format!(
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
-             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\nacmrs_sa_direct {}\n\
-             acmrs_sa_inline {}\n",
+             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\n",
             // acmrs stores each preloaded route under 4 keys (see docs/bench.md): room for
             // all of them plus the misses, at a load factor below 0.8.
             dlids as usize * 5 + 1024,
             a.poll_mode,
-            a.sa_direct,
-            a.sa_inline
         ),
     )
     .map_err(|e| e.to_string())?;
     // 3. Both providers, in one process (stock reads its options in its constructor).
-    set_opts(&stock_opts);
-    let stock = provider(Path::new(STOCK_LIB))?;
-    set_opts(&acmrs_opts);
-    let acmrs = provider(&a.acmrs)?;
+    fake::set_opts_file(&stock_opts);
+    let stock = provider_table(Path::new(STOCK_LIB))?;
+    fake::set_opts_file(&acmrs_opts);
+    let acmrs = provider_table(&a.acmrs)?;
     let dev = leak(AcmDevice {
         verbs: info.verbs,
         dev_guid: info.dev_guid,
@@ -625,16 +559,14 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // 4. Ready: the first and the last preloaded destination, by LID and by GID, are
     // answered inside resolve() with success (stock: after its multicast join; acmrs: after
     // its worker inserted the whole preload).
-    let prefix = info.gid0;
+    let mut prefix = [0u8; 8];
+    prefix.copy_from_slice(&info.gid0[..8]);
     let last = (u32::from(FAKE_BASE_LID) + dlids - 1) as u16;
     let probes = [
         (FAKE_BASE_LID, None),
         (last, None),
-        (last, Some(gid_of(&prefix, fake_guid(last)))),
-        (
-            FAKE_BASE_LID,
-            Some(gid_of(&prefix, fake_guid(FAKE_BASE_LID))),
-        ),
+        (last, Some(gid(prefix, fake_guid(last)))),
+        (FAKE_BASE_LID, Some(gid(prefix, fake_guid(FAKE_BASE_LID)))),
     ];
     let mut tid = 1u64;
     let mut ready_ms = [0u128; 2];
@@ -669,7 +601,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
     for s in 0..a.hit_samples {
         let dlid = FAKE_BASE_LID + rng.below(u64::from(dlids)) as u16;
         let by_gid = s % 2 == 1;
-        let dgid = by_gid.then(|| gid_of(&prefix, fake_guid(dlid)));
+        let dgid = by_gid.then(|| gid(prefix, fake_guid(dlid)));
         for k in [s % 2, 1 - s % 2] {
             tid += 1;
             let mut m = path_msg(tid, lid, dlid, dgid);
@@ -752,14 +684,12 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // 7. Report.
     println!(
         "### {entries} cached paths ({dlids} preloaded DLIDs x LID+GID entries; requested {})\n\n\
-         acmrs_poll_mode {}, acmrs_sa_direct {}, acmrs_sa_inline {}; ready after open: stock {} ms, acmrs {} ms; \
+         acmrs_poll_mode {}; ready after open: stock {} ms, acmrs {} ms; \
          SA MADs during hits: {sa_during_hits}, during misses: {sa_during_misses}; \
          failed misses: stock {}, acmrs {}; miss requests answered without an SA query: \
          stock {}, acmrs {}; hits answered inside resolve(): stock {}, acmrs {}\n",
         a.size,
         a.poll_mode,
-        a.sa_direct,
-        a.sa_inline,
         ready_ms[0],
         ready_ms[1],
         failed[0],

@@ -1,0 +1,183 @@
+//! acmrs alone, in-process: this program is the ibacm core (`acm_testkit::core`, exported from
+//! this executable: see build.rs) with an instant SA, and measures `resolve()` on hits and
+//! misses with up to 1M cached paths, sizes no fabric and no stock provider can hold (see
+//! docs/bench.md). `provider --fake-core` and `provider`'s sizes above the stock maximum run
+//! this binary.
+//!
+//! `provider-fake-core [--quick] [--sizes 1000,100000,1000000] [--poll-mode busy|adaptive|event]
+//! [--out DIR]` (`libacmrs.so` next to this executable).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use acm_bench::{Args, LatencyHistogram, Table, XorShift};
+use acm_testkit::core::{self as fake, AutoSa, Record};
+use acm_testkit::host::{self, Host, Lib};
+use acm_testkit::request::PathRequest;
+use acmrs::ffi::{AcmMsg, ACM_ADDRESS_NAME};
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: provider-fake-core [--quick] [--sizes 1000,100000,1000000] \
+     [--poll-mode busy|adaptive|event] [--out DIR]";
+
+/// A PATH request by DGID (GUID `guid` on the fake fabric), as `ib_acme -f g` sends it.
+fn path_msg(tid: u64, guid: u64) -> AcmMsg {
+    PathRequest::new(tid, 0, Some(fake::gid_of(guid))).msg()
+}
+
+fn wait_answered(n: usize) {
+    let t0 = Instant::now();
+    while fake::response_count() < n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "answers stalled at {}",
+            fake::response_count()
+        );
+        std::hint::spin_loop();
+    }
+}
+
+struct Results {
+    size: usize,
+    hit: LatencyHistogram,
+    miss_call: LatencyHistogram,
+    miss_answer: LatencyHistogram,
+}
+
+fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results {
+    let opts = format!(
+        "log_level 0\nsa_depth 32\nacmrs_path_capacity {}\nacmrs_request_capacity 65536\n\
+         acmrs_pending_capacity 65536\nacmrs_poll_mode {poll_mode}\n",
+        size + size / 4 + 16,
+    );
+    let mut h = Host::open_with(lib, &opts, &[]);
+    h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"bench"));
+    let ctx = h.addr_ctx(0);
+    let resolve = |m: &mut AcmMsg| {
+        // SAFETY: the provider ABI as ibacm calls it: our address context, a full message.
+        unsafe { (lib.prov.resolve)(ctx, m, 1) }
+    };
+    // Fill the cache with `size` distinct destinations (misses answered by the instant SA).
+    let mut sent = 0usize;
+    for i in 0..size {
+        while sent - fake::response_count() > 30_000 {
+            std::hint::spin_loop();
+        }
+        let mut m = path_msg(i as u64, 0x1_0000 + i as u64);
+        resolve(&mut m);
+        sent += 1;
+    }
+    wait_answered(sent);
+    // Hits: random cached destinations, each resolve() timed (it answers inline).
+    let mut rng = XorShift::new(42);
+    let mut hit = LatencyHistogram::new();
+    for s in 0..samples {
+        let i = rng.below(size as u64);
+        let mut m = path_msg(s as u64, 0x1_0000 + i);
+        let t0 = Instant::now();
+        resolve(&mut m);
+        hit.record(t0.elapsed());
+    }
+    sent += samples;
+    wait_answered(sent);
+    // Misses, one at a time: the time resolve() holds the core's thread, and the time until
+    // the answer (dataplane → SA → dataplane → acm_resolve_response).
+    let mut miss_call = LatencyHistogram::new();
+    let mut miss_answer = LatencyHistogram::new();
+    let misses = (samples / 10).max(1000);
+    for s in 0..misses {
+        let mut m = path_msg(s as u64, 0x4000_0000 + s as u64);
+        let t0 = fake::now_ns();
+        let c0 = Instant::now();
+        resolve(&mut m);
+        miss_call.record(c0.elapsed());
+        sent += 1;
+        wait_answered(sent);
+        miss_answer.record(Duration::from_nanos(
+            fake::last_answer().0.saturating_sub(t0),
+        ));
+    }
+    h.close();
+    Results {
+        size,
+        hit,
+        miss_call,
+        miss_answer,
+    }
+}
+
+fn main() {
+    let args = match Args::parse(USAGE, &["--sizes", "--poll-mode"]) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let sizes: Vec<usize> = match args.value("--sizes") {
+        Some(s) => match s.split(',').map(|v| v.trim().parse()).collect() {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("--sizes {s:?}: {e}\n{USAGE}");
+                std::process::exit(2);
+            }
+        },
+        None if args.quick => vec![1000, 100_000],
+        None => vec![1000, 100_000, 1_000_000],
+    };
+    let samples = if args.quick { 100_000 } else { 1_000_000 };
+    let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
+    let exe = std::env::current_exe().expect("current_exe");
+    let so = exe.with_file_name("libacmrs.so");
+    if !so.exists() {
+        eprintln!(
+            "{} missing: cargo build --release -p acm-plugin",
+            so.display()
+        );
+        std::process::exit(1);
+    }
+    let lib = match host::load(&so) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("provider-fake-core: {e}");
+            std::process::exit(1);
+        }
+    };
+    fake::record(Record::Count);
+    let _sa = AutoSa::start();
+    let mut table = Table::new(&[
+        "what",
+        "cached paths",
+        "count",
+        "p50 ns",
+        "p99 ns",
+        "p99.9 ns",
+        "p99.99 ns",
+        "max ns",
+    ]);
+    for &size in &sizes {
+        let r = run_size(lib, size, samples, poll_mode);
+        for (what, h) in [
+            ("hit resolve()", &r.hit),
+            ("miss resolve() call", &r.miss_call),
+            ("miss until answer", &r.miss_answer),
+        ] {
+            let s = h.summary();
+            let mut row = vec![what.to_string(), r.size.to_string(), s.count.to_string()];
+            row.extend(Table::latency_cells(&s));
+            table.row(row);
+            if let Some(out) = &args.out {
+                std::fs::create_dir_all(out).expect("--out dir");
+                let f = out.join(format!(
+                    "provider-acmrs-{}-{}.hgrm",
+                    what.replace([' ', '(', ')'], ""),
+                    r.size
+                ));
+                h.write_hgrm(&f).expect("write .hgrm");
+            }
+        }
+    }
+    println!(
+        "## acmrs in-process (fake core, instant SA)\n\n{}",
+        table.render()
+    );
+}
