@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: addr [--quick] [--no-mixed] [--rounds R] [--singles N] \
      [--bursts 1,10,100] [--burst-reps 20,4,2] [--hit-passes P] [--log-level 0..3] \
-     [--only LABEL,..] [--host-net] [--out DIR]\n\
+     [--only LABEL,..] [--opt name=value].. [--host-net] [--out DIR]\n\
      configurations (labels): stock, acmrs (both ends one provider), stock-req.acmrs-peers, \
      acmrs-req.stock-peers (mixed; --no-mixed leaves them out)";
 
@@ -252,9 +252,14 @@ struct Bench {
     res: Results,
 }
 
-fn start_fabric(cfg: &Config, names: usize, log_level: &str) -> Result<Fabric, String> {
+fn start_fabric(
+    cfg: &Config,
+    names: usize,
+    log_level: &str,
+    opts: &[(String, String)],
+) -> Result<Fabric, String> {
     let nodes: Vec<&str> = PEERS.iter().copied().chain([REQUESTER]).collect();
-    Fabric::builder(
+    let mut b = Fabric::builder(
         Topology::example("net.2sw2path4hca").map_err(|e| e.to_string())?,
         nodes,
     )
@@ -264,15 +269,24 @@ fn start_fabric(cfg: &Config, names: usize, log_level: &str) -> Result<Fabric, S
     .extra_names(names)
     .name_prefix(&format!("bench-addr-{}", short(&cfg.requester)))
     .option("log_level", log_level)
-    .keep_scratch(std::env::var_os("ACM_BENCH_KEEP").is_some())
-    .start()
-    .map_err(|e| format!("{}: bring-up: {e}", cfg.label))
+    .keep_scratch(std::env::var_os("ACM_BENCH_KEEP").is_some());
+    for (k, v) in opts {
+        b = b.option(k, v);
+    }
+    b.start()
+        .map_err(|e| format!("{}: bring-up: {e}", cfg.label))
 }
 
 impl Bench {
-    fn new(cfg: Config, names: usize, conns: usize, log_level: &str) -> Result<Bench, String> {
+    fn new(
+        cfg: Config,
+        names: usize,
+        conns: usize,
+        log_level: &str,
+        opts: &[(String, String)],
+    ) -> Result<Bench, String> {
         let t0 = Instant::now();
-        let fabric = start_fabric(&cfg, names, log_level)?;
+        let fabric = start_fabric(&cfg, names, log_level, opts)?;
         let req = fabric.node(REQUESTER).map_err(|e| e.to_string())?;
         let src = req.addrs.name.clone();
         let port = req.server_port;
@@ -550,6 +564,9 @@ impl Bench {
 // ---- the run -------------------------------------------------------------------------------
 
 struct Plan {
+    /// `--opt` lines for every node's `ibacm_opts.cfg`.
+    opts: Vec<(String, String)>,
+    log_level: String,
     rounds: usize,
     singles: usize,
     bursts: Vec<(usize, usize)>,
@@ -595,7 +612,18 @@ fn median(v: &[Duration]) -> Duration {
 }
 
 fn run(args: &Args, mixed: bool) -> Result<String, String> {
+    let mut opts = Vec::new();
+    for (f, v) in &args.rest {
+        if f == "--opt" {
+            let (k, v) = v
+                .split_once('=')
+                .ok_or_else(|| format!("--opt {v}: name=value\n{USAGE}"))?;
+            opts.push((k.to_string(), v.to_string()));
+        }
+    }
     let plan = Plan {
+        opts,
+        log_level: args.value("--log-level").unwrap_or("0").to_string(),
         rounds: args
             .value("--rounds")
             .map(str::parse)
@@ -651,7 +679,8 @@ fn run(args: &Args, mixed: bool) -> Result<String, String> {
             c.clone(),
             names,
             conns,
-            args.value("--log-level").unwrap_or("0"),
+            &plan.log_level,
+            &plan.opts,
         )?);
     }
     for r in 0..plan.rounds {
@@ -737,12 +766,17 @@ fn render(
         md,
         "# Address resolution through the real ibacm daemon (`acm-bench --bin addr`)\n\n\
          Started {started}, {:.0} s, load average {load0} → {load1}, {} CPUs. Topology \
-         net.2sw2path4hca, requester {REQUESTER}, peers {}, no hosts file, `log_level 0`, \
+         net.2sw2path4hca, requester {REQUESTER}, peers {}, no hosts file, `log_level {}`{}, \
          {} rounds (phases alternate between the fabrics), {} single misses, bursts {}, \
          {} hit passes per round.\n",
         elapsed.as_secs_f64(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         PEERS.join(", "),
+        plan.log_level,
+        plan.opts
+            .iter()
+            .map(|(k, v)| format!(", `{k} {v}`"))
+            .collect::<String>(),
         plan.rounds,
         plan.singles,
         plan.bursts
@@ -1003,6 +1037,7 @@ fn main() {
             "--hit-passes",
             "--log-level",
             "--only",
+            "--opt",
         ],
     ) {
         Ok(a) => a,
