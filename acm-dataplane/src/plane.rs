@@ -543,13 +543,14 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Answer(a) => {
+                    // A stamped request's latency runs up to the hand-off to the core.
+                    let timed = self.stats.as_mut().and_then(|s| {
+                        let (at, (ep, class)) = s.misses.remove(client_key(a.client, &a.msg))?;
+                        Some((ep, class.latency(), s.clock.since(at)))
+                    });
                     self.io.answer(&a);
-                    if let Some(s) = self.stats.as_mut() {
-                        if let Some((at, (ep, class))) =
-                            s.misses.remove(client_key(a.client, &a.msg))
-                        {
-                            (s.sink)(ep, class.latency(), s.clock.since(at));
-                        }
+                    if let (Some(s), Some((ep, what, ns))) = (self.stats.as_mut(), timed) {
+                        (s.sink)(ep, what, ns);
                     }
                 }
                 Output::Attach { ep, group } => {

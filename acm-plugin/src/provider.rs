@@ -624,9 +624,26 @@ fn answer_inline(
     status: u8,
     path: Option<&[u8; 64]>,
 ) {
+    answer_inline_timed(ctx, via, msg, id, status, path, None)
+}
+
+/// [`answer_inline`]; with `hit_start`, the hit's latency up to the hand-off to the core is
+/// recorded (the core's main thread is the hit histogram's only writer).
+fn answer_inline_timed(
+    ctx: &AddrCtx,
+    via: Via,
+    msg: &AcmMsg,
+    id: u64,
+    status: u8,
+    path: Option<&[u8; 64]>,
+    hit_start: Option<u64>,
+) {
     let mut out = AcmMsg::zeroed();
     respond(msg.as_bytes(), via, status, path, out.as_bytes_mut());
     ctx.ep.count_status(status);
+    if let Some(t0) = hit_start {
+        ctx.ep.stats.hit.record(ctx.inst.clock.since(t0));
+    }
     let f = match via {
         Via::Resolve => ctx.inst.api.resolve_response,
         Via::Query => ctx.inst.api.query_response,
@@ -670,7 +687,8 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     ep.count(Counter::Resolve);
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
         *answered = true;
-        answer_inline(ctx, Via::Resolve, msg, id, status, path);
+        // A path is answered only on a hit: its latency is recorded.
+        answer_inline_timed(ctx, Via::Resolve, msg, id, status, path, path.map(|_| t0));
         0
     };
     if ep.closed.load(Ordering::Acquire) {
@@ -712,8 +730,6 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         } => {
             ep.count_global(inst.api, Counter::RouteCache);
             let r = reply(0, Some(&record));
-            // Single writer: only the core's main thread calls resolve().
-            ep.stats.hit.record(inst.clock.since(t0));
             if needs_refresh {
                 // Near expiry: the dataplane re-resolves in the background (a full queue only
                 // loses the refresh; the entry then expires and is resolved as a miss).
