@@ -16,6 +16,8 @@ PKGS=(
   valgrind
   # mount namespaces for per-daemon /run (unshare, mount)
   util-linux procps
+  # the stats textfile checked by real Prometheus parsers (promtool, prometheus_client)
+  prometheus python3-prometheus-client
 )
 
 missing=()
