@@ -156,7 +156,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         tracked,
         crate::instance::latency_sink(inst.clone()),
     );
-    let spin = match inst.opts.acmrs_poll_mode {
+    let spin = match inst.opts.poll_mode() {
         PollMode::Busy => Duration::from_secs(3600),
         PollMode::Adaptive => Duration::from_micros(50),
         PollMode::Event => Duration::ZERO,

@@ -354,8 +354,8 @@ pub struct Config {
     pub acm_timeout: Millis,
     /// ACM request retries (`retries`; tries = retries + 1).
     pub acm_retries: u32,
-    /// ACM multicast queries in flight per endpoint (`acmrs_acm_window`, default 16; ibacmp's
-    /// `resolve_depth` credits make it 1).
+    /// ACM multicast queries in flight per endpoint: `max(acmrs_acm_window, resolve_depth)`
+    /// (default 16; ibacmp's `resolve_depth` credits make it 1 there).
     pub acm_window: u32,
     /// SA queries in flight per resolver (the rest wait FIFO).
     pub sa_window: u32,
@@ -395,7 +395,9 @@ impl Config {
             negative_ttl: u64::from(o.acmrs_negative_ttl_ms),
             acm_timeout: u64::from(o.timeout),
             acm_retries: o.retries,
-            acm_window: o.acmrs_acm_window.max(1),
+            // ibacmp's `resolve_depth` (its multicast credits) is honoured as a floor: a site
+            // that raised it keeps at least that many queries in flight.
+            acm_window: o.acmrs_acm_window.max(o.resolve_depth).max(1),
             sa_window: o.sa_depth.saturating_mul(8).clamp(8, 256),
             sa_busy_retries: o.acmrs_sa_retries,
             sa_busy_backoff: u64::from(o.acmrs_sa_busy_backoff_ms),
@@ -1426,6 +1428,9 @@ mod tests {
         );
         assert_eq!((c.min_mtu, c.min_rate, c.acm_window), (5, 7, 3));
         assert_eq!((c.route_ttl, c.addr_ttl), (Some(120_000), None));
+        // ibacmp's resolve_depth is a floor of the window.
+        let (o, _) = ProviderOptions::load(b"resolve_depth 40\n", |e| panic!("{e:?}"));
+        assert_eq!(Config::from_options(&o).acm_window, 40);
     }
 
     #[test]

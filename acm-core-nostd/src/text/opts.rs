@@ -245,18 +245,10 @@ pub struct ProviderOptions {
     pub acmrs_sa_retries: u32,
     /// `acmrs_sa_busy_backoff_ms` (default 100): wait after an SA BUSY status.
     pub acmrs_sa_busy_backoff_ms: u32,
-    /// `acmrs_poll_mode` (default `adaptive`).
-    pub acmrs_poll_mode: PollMode,
-    /// `acmrs_sa_direct` (default 0; 0 or 1, opt-in): the core's SA thread answers the client
-    /// that started a successful SA query directly from the reply (the worker still writes the
-    /// cache); 0 = every answer goes through the worker (the SA thread only copies and hands
-    /// over, so a stuck client can never stall it).
-    pub acmrs_sa_direct: bool,
-    /// `acmrs_sa_inline` (default 0; 0 or 1, opt-in, needs `acmrs_sa_direct 1`): while the worker is
-    /// idle, `resolve()` sends a miss's SA query itself on the core's thread (as ibacmp does)
-    /// instead of handing it to the worker; 0 = the worker sends every query.
-    pub acmrs_sa_inline: bool,
-    /// `acmrs_cpu` (default -1 = do not pin): CPU to pin the worker to.
+    /// `acmrs_poll_mode` (unset by default: `busy` when `acmrs_cpu` pins the dataplane thread
+    /// to a core, else `adaptive`; see [`ProviderOptions::poll_mode`]).
+    pub acmrs_poll_mode: Option<PollMode>,
+    /// `acmrs_cpu` (default -1 = do not pin): CPU to pin the dataplane thread to.
     pub acmrs_cpu: i32,
     /// `acmrs_log_level` (default unset = follow `log_level`; 0..=4, `-1` = unset).
     pub acmrs_log_level: Option<u8>,
@@ -307,9 +299,7 @@ impl Default for ProviderOptions {
             acmrs_sa_timeout_ms: 0,
             acmrs_sa_retries: 3,
             acmrs_sa_busy_backoff_ms: 100,
-            acmrs_poll_mode: PollMode::Adaptive,
-            acmrs_sa_direct: false,
-            acmrs_sa_inline: false,
+            acmrs_poll_mode: None,
             acmrs_cpu: -1,
             acmrs_log_level: None,
             acmrs_acm_window: 16,
@@ -457,12 +447,10 @@ impl ProviderOptions {
             "acmrs_sa_retries" => acmrs_sa_retries = |v| uint(v, 0, 1000);
             "acmrs_sa_busy_backoff_ms" => acmrs_sa_busy_backoff_ms = |v| uint(v, 0, 3_600_000);
             "acmrs_poll_mode" => acmrs_poll_mode = |v| keyword(v, &[
-                ("busy", PollMode::Busy),
-                ("adaptive", PollMode::Adaptive),
-                ("event", PollMode::Event),
+                ("busy", Some(PollMode::Busy)),
+                ("adaptive", Some(PollMode::Adaptive)),
+                ("event", Some(PollMode::Event)),
             ]);
-            "acmrs_sa_direct" => acmrs_sa_direct = |v| uint(v, 0, 1).map(|b| b == 1);
-            "acmrs_sa_inline" => acmrs_sa_inline = |v| uint(v, 0, 1).map(|b| b == 1);
             "acmrs_cpu" => acmrs_cpu = |v| int(v, -1, 65535).map(|c| c as i32);
             "acmrs_log_level" => acmrs_log_level =
                 |v| int(v, -1, 4).map(|l| u8::try_from(l).ok());
@@ -472,6 +460,17 @@ impl ProviderOptions {
             "acmrs_stat_socket" => acmrs_stat_socket = |v| optional_path(v, 107);
         }
         Ok(Applied::Unknown)
+    }
+
+    /// How the dataplane thread waits: `acmrs_poll_mode` if set, else `busy` when `acmrs_cpu`
+    /// pins it to a core (DPDK-style run to completion on a core given to it) and `adaptive`
+    /// otherwise (a small box must not lose a core).
+    pub fn poll_mode(&self) -> PollMode {
+        self.acmrs_poll_mode.unwrap_or(if self.acmrs_cpu >= 0 {
+            PollMode::Busy
+        } else {
+            PollMode::Adaptive
+        })
     }
 
     /// The log level to use: `acmrs_log_level` if set, else the core's `log_level`.
@@ -569,6 +568,26 @@ mod tests {
     }
 
     #[test]
+    fn poll_mode_defaults_to_busy_only_on_a_pinned_core() {
+        assert_eq!(load("").0.poll_mode(), PollMode::Adaptive);
+        assert_eq!(load("acmrs_cpu 1\n").0.poll_mode(), PollMode::Busy);
+        assert_eq!(
+            load("acmrs_cpu 1\nacmrs_poll_mode adaptive\n")
+                .0
+                .poll_mode(),
+            PollMode::Adaptive
+        );
+        assert_eq!(
+            load("acmrs_poll_mode event\n").0.poll_mode(),
+            PollMode::Event
+        );
+        // The removed miss-path modes are unknown names now, ignored like any other.
+        let (_, s, e) = load("acmrs_sa_direct 1\nacmrs_sa_inline 1\n");
+        assert!(e.is_empty());
+        assert_eq!(s.unknown, 2);
+    }
+
+    #[test]
     fn defaults_match_ibacmp() {
         let o = ProviderOptions::default();
         assert_eq!(o.addr_timeout, Lifetime::Minutes(1440));
@@ -617,7 +636,7 @@ mod tests {
         assert_eq!(o.addr_preload, AddrPreload::AcmHosts);
         assert_eq!((o.min_mtu, o.min_rate), (4096, 100));
         assert_eq!(o.acmrs_path_capacity, 1_000_000);
-        assert_eq!(o.acmrs_poll_mode, PollMode::Busy);
+        assert_eq!(o.acmrs_poll_mode, Some(PollMode::Busy));
         assert_eq!(o.acmrs_cpu, 1);
         assert_eq!(o.route_ttl_ms(), Some(500));
         assert_eq!(o.effective_log_level(), 3);
