@@ -147,6 +147,18 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     // Nothing else comes: every request the dataplane holds was taken in.
     h.barrier();
     check_exactly_once(&[t_nr, t_nr2, t_to, t_iv, t_b, t_bb, t_never, t_sf]).unwrap();
+    // Every failure but the remembered one came from the dataplane, never from the thread
+    // that played the core's SA thread (the completion handler only hands replies over).
+    for r in responses() {
+        if r.msg.hdr.tid != t_nr2 {
+            assert!(
+                r.from_dataplane(),
+                "tid {:#x} from {:?}",
+                r.msg.hdr.tid,
+                r.thread_name
+            );
+        }
+    }
     let perf = h.perf(ep);
     assert_eq!(perf[cntr::NODATA], 2);
     assert_eq!(perf[cntr::ERROR], 5);

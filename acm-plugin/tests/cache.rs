@@ -283,6 +283,8 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         let r = &find(t1)[0];
         assert_eq!((status(r), dlid_of(&r.msg)), (0, 9));
         assert!(r.from_dataplane());
+        assert_eq!(r.msg.hdr.length, 16 + 2 * 72, "source echoed");
+        assert_eq!(&r.msg.resolve_data[1].info.bytes[..5], b"node7");
         let t2 = h.tid();
         h.resolve(ep, &req(t2), 4);
         let r = find(t2);
@@ -455,4 +457,61 @@ fn repeated_name_hits_count_like_ibacmp() {
         before[cntr::ADDR_CACHE],
         "no ADDR_CACHE for READY hits"
     );
+}
+
+/// A reopened endpoint starts at a new flush generation (so nothing of its predecessor is
+/// served): the hosts preload, loopback and route preload still work under it, from the
+/// first request on.
+#[test]
+fn preloads_and_loopback_work_after_an_endpoint_reopen() {
+    let _s = serial();
+    let hosts = "node9 fe80::1009\n";
+    let dump =
+        "Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1\n0x000b : 2 : 4 : 6\n\n\
+                Channel Adapter 0x000000000000100b, base LID 11, \"Other\", port 1\n";
+    let opts = format!(
+        "{OPTS}addr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n\
+         route_preload opensm_full_v1\nroute_data_file $DIR/route.data\n"
+    );
+    let mut h = Host::open(&opts, &[("hosts.data", hosts), ("route.data", dump)]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    h.close_ep(ep);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    h.barrier();
+    // Route preload: inline.
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 11, None, 0), 1);
+    assert_eq!(find(t).len(), 1, "preloaded route answered inline");
+    assert_eq!(dlid_of(&find(t)[0].msg), 11);
+    // Loopback: inline.
+    let tl = h.tid();
+    h.resolve(
+        ep,
+        &dest_request(
+            tl,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_NAME, b"node7"),
+            0,
+        ),
+        1,
+    );
+    assert_eq!(find(tl).len(), 1, "loopback answered inline");
+    assert_eq!((status(&find(tl)[0]), dlid_of(&find(tl)[0].msg)), (0, 7));
+    // Hosts name (its GID's route is not preloaded): one SA query, then a hit.
+    let req = |t| {
+        dest_request(
+            t,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_NAME, b"node9"),
+            0,
+        )
+    };
+    let tn = h.tid();
+    h.resolve(ep, &req(tn), 1);
+    sa_one(SaAction::Answer, 3);
+    assert_eq!((status(&find(tn)[0]), dlid_of(&find(tn)[0].msg)), (0, 9));
+    let tn2 = h.tid();
+    h.resolve(ep, &req(tn2), 1);
+    assert_eq!(find(tn2).len(), 1, "a hit inside resolve()");
+    h.close();
 }
