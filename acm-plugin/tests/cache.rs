@@ -515,3 +515,74 @@ fn preloads_and_loopback_work_after_an_endpoint_reopen() {
     assert_eq!(find(tn2).len(), 1, "a hit inside resolve()");
     h.close();
 }
+
+/// An SA "no record" answer is remembered for `acmrs_negative_ttl_ms` (answered inline, no SA
+/// query), then asked again.
+#[test]
+fn no_record_answers_are_remembered_for_their_lifetime() {
+    let _s = serial();
+    let mut h = Host::open(&format!("{OPTS}acmrs_negative_ttl_ms 500\n"), &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let t = h.tid();
+    h.resolve(ep, &path_request(t, 0xc000, None, 0), 1);
+    sa_one(SaAction::Answer, 1);
+    assert_eq!(status(&find(t)[0]), ACM_STATUS_ENODATA);
+    let t2 = h.tid();
+    h.resolve(ep, &path_request(t2, 0xc000, None, 0), 1);
+    assert_eq!(find(t2).len(), 1, "remembered: answered inline");
+    assert_eq!(status(&find(t2)[0]), ACM_STATUS_ENODATA);
+    std::thread::sleep(Duration::from_millis(1200));
+    let t3 = h.tid();
+    h.resolve(ep, &path_request(t3, 0xc000, None, 0), 1);
+    assert!(
+        find(t3).is_empty(),
+        "forgotten after its lifetime: asked again"
+    );
+    sa_one(SaAction::Answer, 3);
+    assert_eq!(status(&find(t3)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
+    h.close();
+}
+
+/// NODELAY for a name the hosts file knows but whose route is not cached: ENODATA inline,
+/// and the lookup primes the route and the name's alias, so a later NODELAY request succeeds
+/// inline.
+#[test]
+fn nodelay_by_name_primes_the_route_and_the_alias() {
+    let _s = serial();
+    let opts = format!("{OPTS}addr_preload acm_hosts\naddr_data_file $DIR/hosts.data\n");
+    let mut h = Host::open(&opts, &[("hosts.data", "node9 fe80::1009\n")]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let req = |t| {
+        dest_request(
+            t,
+            (ACM_ADDRESS_NAME, b"node7"),
+            (ACM_ADDRESS_NAME, b"node9"),
+            ACM_FLAGS_NODELAY,
+        )
+    };
+    let t = h.tid();
+    h.resolve(ep, &req(t), 1);
+    assert_eq!(find(t).len(), 1, "NODELAY is answered inline");
+    assert_eq!(status(&find(t)[0]), ACM_STATUS_ENODATA);
+    assert!(
+        wait_until(|| sa_pending() == 1),
+        "the route lookup started anyway"
+    );
+    assert!(sa_complete_next(SaAction::Answer));
+    let mut tids = vec![t];
+    assert!(
+        wait_until(|| {
+            let t2 = h.tid();
+            tids.push(t2);
+            h.resolve(ep, &req(t2), 1);
+            let r = find(t2);
+            assert_eq!(r.len(), 1, "NODELAY is answered inline");
+            status(&r[0]) == 0 && dlid_of(&r[0].msg) == 9
+        }),
+        "never primed"
+    );
+    h.barrier();
+    check_exactly_once(&tids).unwrap();
+    h.close();
+}
