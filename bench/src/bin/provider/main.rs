@@ -17,8 +17,12 @@
 //!
 //! `cargo run --release -p acm-bench --bin provider -- [--quick] [--daemon] [--out DIR]`
 //! (build `-p acm-plugin` and, for `--daemon`, `-p simverbs` with the same profile first).
+//!
+//! `--out DIR` gets one `.hgrm` per histogram and a percentile plot (`.svg`, acmrs against
+//! stock in one picture; acmrs alone for `--fake-core`) per measurement and size.
 
-use acm_bench::{Args, LatencyHistogram, Table, XorShift};
+use acm_bench::plot::{write_percentile_svg, Series};
+use acm_bench::{progress, Args, LatencyHistogram, Table, XorShift};
 use acmrs::ffi::*;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -480,6 +484,12 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(out) = &args.out {
+        if let Err(e) = std::fs::create_dir_all(out) {
+            eprintln!("cannot create {}: {e}", out.display());
+            std::process::exit(1);
+        }
+    }
     let sizes: Vec<usize> = match args.value("--sizes") {
         Some(s) => match s.split(',').map(|v| v.trim().parse()).collect() {
             Ok(v) => v,
@@ -554,10 +564,15 @@ fn main() {
             "max ns",
         ]);
         let mut p50 = Vec::new();
+        let mut measured = Vec::new();
         for p in [acm_fabric::Provider::Stock, acm_fabric::Provider::Acmrs] {
             let name = p.name().to_string();
+            progress(format_args!(
+                "daemon mode: {name}: fabric + real ibacm, {n} hits over TCP"
+            ));
             match daemon_rtt(p, n) {
                 Ok(h) => {
+                    measured.push((name.clone(), h.clone()));
                     let s = h.summary();
                     p50.push((s.p50_ns, s.p99_ns));
                     let mut row = vec![name.clone(), s.count.to_string()];
@@ -569,6 +584,29 @@ fn main() {
                     }
                 }
                 Err(e) => eprintln!("{name}: {e}"),
+            }
+        }
+        if let Some(out) = &args.out {
+            // acmrs first (blue), stock second (red).
+            measured.reverse();
+            let series: Vec<Series<'_>> = measured
+                .iter()
+                .map(|(name, h)| Series {
+                    label: if name == "ibacmp" {
+                        "stock libibacmp"
+                    } else {
+                        name
+                    },
+                    histogram: h,
+                })
+                .collect();
+            let f = out.join("provider-daemon-hit.svg");
+            if let Err(e) = write_percentile_svg(
+                &f,
+                "real ibacm daemon, cache-hit round trip over TCP",
+                &series,
+            ) {
+                eprintln!("warning: cannot write {}: {e}", f.display());
             }
         }
         println!(
@@ -612,6 +650,9 @@ fn fake_core_run(args: &Args, sizes: &[usize]) {
         "max ns",
     ]);
     for &size in sizes {
+        progress(format_args!(
+            "fake core: {size} cached paths, {samples} samples ({poll_mode})"
+        ));
         let r = run_size(prov, &dir, size, samples, poll_mode);
         for (what, h) in [
             ("hit resolve()", &r.hit),
@@ -630,6 +671,18 @@ fn fake_core_run(args: &Args, sizes: &[usize]) {
                     r.size
                 ));
                 h.write_hgrm(&f).unwrap();
+                let svg = f.with_extension("svg");
+                let title = format!(
+                    "acmrs alone (fake core, instant SA): {what}, {} cached paths",
+                    r.size
+                );
+                let series = [Series {
+                    label: "acmrs",
+                    histogram: h,
+                }];
+                if let Err(e) = write_percentile_svg(&svg, &title, &series) {
+                    eprintln!("warning: cannot write {}: {e}", svg.display());
+                }
             }
         }
     }

@@ -10,7 +10,8 @@
 //! `resolve()` → `acm_resolve_response` latency on cache hits (route preload
 //! `opensm_full_v1`) and misses (answered by OpenSM's SA over the simulated fabric).
 
-use acm_bench::{LatencyHistogram, Summary, Table, XorShift};
+use acm_bench::plot::{write_percentile_svg, Series};
+use acm_bench::{progress, LatencyHistogram, Summary, Table, XorShift};
 use acmrs::ffi::*;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -99,6 +100,11 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         return Err(format!("{STOCK_LIB} missing: apt-get install ibacm"));
     }
     let t0 = Instant::now();
+    progress(format_args!(
+        "bringing up ibsim + OpenSM on {} ({} HCAs, {switches} switches)",
+        cfg.topology,
+        hcas.len()
+    ));
     let fabric = Fabric::builder(topo, [host.as_str()])
         .start_daemons(false)
         .name_prefix("bench-samehost")
@@ -117,6 +123,10 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         fabric.name()
     );
     for &size in &cfg.sizes {
+        progress(format_args!(
+            "size {size}: measuring child starts (both providers, {} hits each)",
+            cfg.hit_samples
+        ));
         let dir = fabric.scratch().join(format!("bench-{size}"));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let mut cmd = std::process::Command::new(&exe);
@@ -140,6 +150,8 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .env("IBSIM_SOCKNAME", fabric.name())
             .env("SIM_HOST", &host)
             .env("SIMVERBS_SHM_DIR", &dir);
+        let (k, v) = acm_bench::progress_env();
+        cmd.env(k, v);
         let child = cmd.spawn().map_err(|e| format!("spawn child: {e}"))?;
         let mut guard = ChildGuard(child);
         let deadline = Instant::now() + Duration::from_secs(600);
@@ -617,6 +629,9 @@ pub fn child(args: &[String]) -> Result<(), String> {
         id_string,
         type_: ACM_ADDRESS_NAME,
     };
+    progress(format_args!(
+        "child {entries}: host core up (LID {lid}); opening stock and acmrs"
+    ));
     let t_open = Instant::now();
     let provs = [
         open_provider("stock", stock, dev, port, ep, &addr)?,
@@ -660,6 +675,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
         }
         ready_ms[k] = t_open.elapsed().as_millis();
     }
+    progress(format_args!(
+        "child {entries}: ready (stock {} ms, acmrs {} ms); {} hits per provider",
+        ready_ms[0], ready_ms[1], a.hit_samples
+    ));
     // 5. Hits: random preloaded destinations, by LID and by GID alternately, the two
     // providers interleaved (alternating who goes first).
     let mut hits = [LatencyHistogram::new(), LatencyHistogram::new()];
@@ -702,6 +721,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
     let mut failed = [0usize; 2];
     let mut cached = [0usize; 2];
     let mut dgids = Vec::new();
+    progress(format_args!(
+        "child {entries}: hits done; misses by LID to {} destinations (OpenSM SA)",
+        a.max_lid - 1
+    ));
     let sa_before = sa_sent();
     for dlid in 1..=a.max_lid {
         if dlid == lid {
@@ -730,6 +753,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
             }
         }
     }
+    progress(format_args!(
+        "child {entries}: misses by GID to {} destinations",
+        dgids.len()
+    ));
     for (i, g) in dgids.iter().enumerate() {
         for k in [i % 2, 1 - i % 2] {
             tid += 1;
@@ -797,6 +824,27 @@ pub fn child(args: &[String]) -> Result<(), String> {
                 let f = out.join(format!("samehost-{}-{tag}-{entries}.hgrm", o.name));
                 hs[k].write_hgrm(&f).map_err(|e| e.to_string())?;
             }
+        }
+        if let Some(out) = &a.out {
+            // acmrs first (blue), stock second (red), as in every plot of the benches.
+            let f = out.join(format!("samehost-{tag}-{entries}.svg"));
+            let title =
+                format!("resolve(), {what}, {entries} cached paths (same process, same fabric)");
+            write_percentile_svg(
+                &f,
+                &title,
+                &[
+                    Series {
+                        label: "acmrs",
+                        histogram: &hs[1],
+                    },
+                    Series {
+                        label: "stock libibacmp",
+                        histogram: &hs[0],
+                    },
+                ],
+            )
+            .map_err(|e| format!("{}: {e}", f.display()))?;
         }
         let r = |x: f64, y: f64| {
             if y > 0.0 {
