@@ -14,7 +14,7 @@
 //!
 //! # fn main() -> acm_fabric::Result<()> {
 //! let fabric = Fabric::builder(Topology::example("net.2sw2path4hca")?, ["Hca2", "Hca3", "Hca4"])
-//!     .provider(Provider::Acmrs)          // or Stock, or Custom { path, name }
+//!     .provider(Provider::Acmrs)          // or Stock, Custom { path, name }, Installed { name }
 //!     .name_prefix("my-test")             // fabric name / scratch dir label
 //!     .option("route_prot", "sa")         // any ibacm_opts.cfg line, all nodes
 //!     .start()?;                          // waits: SM master, LIDs, each daemon answers -e

@@ -28,7 +28,9 @@ FABRIC OPTIONS:
   --topology SPEC      shipped example (net.2sw2path4hca, default), fattree:LEAVES,SPINES,HCAS,
                        or a path to an ibsim net file
   --nodes A,B,...      HCAs that run an ibacm daemon (default: Hca2,Hca3,Hca4)
-  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so
+  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so |
+                       installed:NAME (already in ibacm's default provider directory, e.g.
+                       from the acmrs .deb: no copy, no provider_lib_path line)
   --provider-name N    the provider name when --provider is a path
   --sm-node HCA        HCA that OpenSM runs as (default: first HCA without a daemon)
   --opt NAME=VALUE     extra ibacm_opts.cfg line on every node (repeatable)
