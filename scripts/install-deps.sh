@@ -16,6 +16,10 @@ PKGS=(
   valgrind
   # mount namespaces for per-daemon /run (unshare, mount)
   util-linux procps
+  # the .deb and its man page (scripts/package.sh, tools/fabric/tests/package.rs): pandoc
+  # builds acmrs(7) from docs/acmrs.7.md, man-db + groff-base check it renders without
+  # warnings, dpkg-dev gives cargo-deb dpkg-shlibdeps
+  pandoc man-db groff-base dpkg-dev
 )
 
 missing=()

@@ -51,7 +51,10 @@ pub mod process;
 pub mod script;
 pub mod topology;
 
-pub use fabric::{find_artifact, Fabric, FabricBuilder, Node, NodeAddrs, PortInfo, Provider};
+pub use fabric::{
+    find_artifact, Fabric, FabricBuilder, Node, NodeAddrs, PortInfo, Provider,
+    DEFAULT_PROVIDER_DIR, STOCK_PROVIDER,
+};
 pub use process::{emergency_teardown, live_process_groups, pid_exists, Output};
 pub use topology::Topology;
 
