@@ -163,7 +163,10 @@ struct YAxis {
 }
 
 impl YAxis {
-    fn new(min_ns: f64, max_ns: f64) -> YAxis {
+    /// An axis for values in `min_ns..=max_ns` whose top `headroom` share (0..1) stays free
+    /// of data (room for the legend, which sits in the upper left).
+    fn new(min_ns: f64, max_ns: f64, headroom: f64) -> YAxis {
+        let keep = 1.0 - headroom.clamp(0.0, 0.6);
         let (unit, scale) = if max_ns >= 1e6 {
             ("ms", 1e6)
         } else if max_ns >= 1e3 {
@@ -174,6 +177,7 @@ impl YAxis {
         let (lo, hi) = (min_ns.max(1e-3) / scale, max_ns.max(1e-3) / scale);
         if hi / lo > 100.0 {
             let (a, b) = (lo.log10().floor(), hi.log10().ceil());
+            let top = a + (b - a) / keep;
             let mut ticks = Vec::new();
             let steps: &[f64] = if b - a <= 3.0 {
                 &[1.0, 2.0, 5.0]
@@ -181,10 +185,10 @@ impl YAxis {
                 &[1.0]
             };
             let mut e = a;
-            while e <= b {
+            while e <= top.floor() {
                 for m in steps {
                     let t = (m * 10f64.powf(e)).log10();
-                    if t <= b + 1e-9 {
+                    if t <= top + 1e-9 {
                         ticks.push(t);
                     }
                 }
@@ -194,12 +198,12 @@ impl YAxis {
                 unit,
                 scale,
                 log: true,
-                range: a..b,
+                range: a..top,
                 ticks,
             }
         } else {
-            let top = hi * 1.05;
-            let raw_step = top / 6.0;
+            let top = hi * 1.05 / keep;
+            let raw_step = top / 7.0;
             let mag = 10f64.powf(raw_step.log10().floor());
             let step = [1.0, 2.0, 2.5, 5.0, 10.0]
                 .iter()
@@ -265,10 +269,12 @@ pub fn percentile_svg(title: &str, series: &[Series<'_>]) -> Result<String, Stri
         .iter()
         .map(|s| s.histogram.raw().max() as f64 / 1000.0)
         .fold(0.0, f64::max);
+    // The legend: a line per series plus its frame, 22 px each, over a plot ~390 px high.
+    let headroom = (series.len() as f64 * 22.0 + 24.0) / 390.0;
     let y = if filled.is_empty() {
-        YAxis::new(1.0, 1000.0)
+        YAxis::new(1.0, 1000.0, headroom)
     } else {
-        YAxis::new(min_ns, max_ns)
+        YAxis::new(min_ns, max_ns, headroom)
     };
     let x_coord = TickAxis {
         range: 0.0..x_max,
@@ -284,8 +290,8 @@ pub fn percentile_svg(title: &str, series: &[Series<'_>]) -> Result<String, Stri
             .caption(title, ("sans-serif", 20))
             .margin(16)
             .margin_right(44)
-            .x_label_area_size(48)
-            .y_label_area_size(64)
+            .x_label_area_size(52)
+            .y_label_area_size(72)
             .build_cartesian_2d(x_coord, y.coord())
             .map_err(|e| err(&e))?;
         let y_desc = format!(
@@ -295,6 +301,8 @@ pub fn percentile_svg(title: &str, series: &[Series<'_>]) -> Result<String, Stri
         );
         chart
             .configure_mesh()
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 16))
             .x_desc("percentile")
             .y_desc(y_desc)
             .x_label_formatter(&|x| percentile_label(*x))
@@ -339,7 +347,7 @@ pub fn percentile_svg(title: &str, series: &[Series<'_>]) -> Result<String, Stri
             .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK.mix(0.4))
-            .label_font(("sans-serif", 14))
+            .label_font(("sans-serif", 16))
             .draw()
             .map_err(|e| err(&e))?;
         root.present().map_err(|e| err(&e))?;
