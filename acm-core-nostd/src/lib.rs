@@ -9,6 +9,9 @@
 //! * [`cache`]: fixed-capacity path-record and address caches over caller-provided storage, with
 //!   one writer and lock-free readers, expiry, negative entries and eviction; a pending-request
 //!   table that coalesces concurrent misses.
+//! * [`resolver`]: every decision the provider makes (route and address resolution, the ACM
+//!   multicast protocol, joins, coalescing, retries, deadlines) as a sans-IO, allocation-free
+//!   state machine over caller-provided storage.
 //! * [`text`]: line-by-line parsers for `ibacm_opts.cfg`, `ibacm_hosts.data` and OpenSM's
 //!   `dump_pr` full path-record dump.
 //!
@@ -19,5 +22,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod resolver;
 pub mod text;
 pub mod wire;

@@ -1,11 +1,16 @@
-//! acmrs dataplane: the parts of the provider that do not touch the ibacm ABI.
+//! acmrs dataplane: the IO owner of the provider, and everything of it that does not touch
+//! the ibacm ABI.
 //!
-//! The path cache itself is `acm-core-nostd::cache` (one writer: the worker).
-//!
-//! * [`worker`]: the provider's single worker thread, the place the pinned busy-poll loop lives.
-//!   It runs a [`worker::Poller`] (the provider's engine) with adaptive spin-then-park and
-//!   keeps a coarse clock readers can use without a syscall.
+//! * [`plane`]: the loop that owns the sans-IO resolver (`acm-core-nostd::resolver`), the
+//!   endpoints' UD queue pairs and every cache write; its IO sits behind two small traits so
+//!   the same loop runs over verbs and the core's SA service, or over in-memory fakes.
+//! * [`worker`]: the thread the loop runs on: pinned busy-poll, or adaptive spin-then-block on
+//!   the completion channels and a wake-up eventfd; keeps a coarse clock readers can use
+//!   without a syscall.
 #![deny(missing_docs)]
-#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod plane;
+pub mod verbs;
 pub mod worker;

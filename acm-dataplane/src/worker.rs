@@ -2,11 +2,13 @@
 //!
 //! One worker per provider instance runs a [`Poller`] (the engine that owns all mutable
 //! provider state) in a loop: poll, and when nothing happened spin for a short while, then
-//! park until woken or until the poller's next deadline. Producers (the ibacm main thread, the
+//! block until woken, until one of the poller's file descriptors (its CQ completion channels)
+//! is readable, or until the poller's next deadline. Producers (the ibacm main thread, the
 //! core's SA thread) push into bounded lock-free queues and call [`Waker::wake`], which makes a
-//! syscall only when the worker is actually parked. With `spin` set to a large value this is
-//! the busy-poll mode of a pinned dataplane core.
+//! syscall (an `eventfd` write) only when the worker is actually blocked. With `spin` set to a
+//! large value this is the busy-poll mode of a pinned dataplane core: it never blocks.
 
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle, Thread};
@@ -34,6 +36,16 @@ pub trait Poller: Send + 'static {
     fn recover(&mut self, message: &str) {
         let _ = message;
     }
+    /// Called before the worker blocks: arm whatever event sources the poller has (e.g.
+    /// `ibv_req_notify_cq`) and append their file descriptors to `fds`. The worker then polls
+    /// once more (an event that raced with the arming is not lost) before blocking in
+    /// `poll(2)` on the waker and these descriptors. The default has none.
+    fn prepare_block(&mut self, fds: &mut Vec<RawFd>) {
+        let _ = fds;
+    }
+    /// Called after a block ended (woken, readable descriptor or timeout): consume the events
+    /// of the descriptors armed in [`Poller::prepare_block`] (non-blocking). Default: nothing.
+    fn unblocked(&mut self) {}
 }
 
 /// The text of a caught panic payload.
@@ -89,6 +101,9 @@ impl Default for WorkerConfig {
 
 struct Shared {
     parked: AtomicBool,
+    /// The `eventfd` a blocked worker waits on (with the poller's descriptors); -1 if none
+    /// could be made (then the worker parks its thread, and only wakes and deadlines end it).
+    event: RawFd,
     thread: std::sync::OnceLock<Thread>,
     /// Milliseconds since `epoch`, refreshed by the worker every round.
     coarse_ms: AtomicU64,
@@ -103,9 +118,7 @@ impl Waker {
     /// Makes sure the worker runs a poll round soon.
     pub fn wake(&self) {
         if self.0.parked.load(Ordering::Acquire) {
-            if let Some(t) = self.0.thread.get() {
-                t.unpark();
-            }
+            self.0.kick();
         }
     }
 
@@ -114,9 +127,60 @@ impl Waker {
         self.0.coarse_ms.load(Ordering::Relaxed)
     }
 
+    /// The instant the coarse clock counts from.
+    pub fn epoch(&self) -> Instant {
+        self.0.epoch
+    }
+
     /// Converts an instant to the coarse clock's scale.
     pub fn to_coarse_ms(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.0.epoch).as_millis() as u64
+    }
+}
+
+impl Shared {
+    fn kick(&self) {
+        if self.event >= 0 {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live local to our own eventfd (open until Drop).
+            let _ = unsafe { libc::write(self.event, (&one as *const u64).cast(), 8) };
+        } else if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
+    /// Blocks for at most `d` on the eventfd and `fds`; clears the eventfd.
+    fn block(&self, d: Duration, fds: &[RawFd]) {
+        if self.event < 0 {
+            thread::park_timeout(d);
+            return;
+        }
+        let mut set: Vec<libc::pollfd> = Vec::with_capacity(fds.len() + 1);
+        set.push(libc::pollfd {
+            fd: self.event,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        set.extend(fds.iter().map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+        let ms = d.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `set` is a live array of `set.len()` pollfd structs.
+        let _ = unsafe { libc::poll(set.as_mut_ptr(), set.len() as libc::nfds_t, ms) };
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live local from our non-blocking eventfd.
+        let _ = unsafe { libc::read(self.event, (&mut v as *mut u64).cast(), 8) };
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if self.event >= 0 {
+            // SAFETY: our own descriptor, closed once (the last Waker is gone).
+            unsafe { libc::close(self.event) };
+        }
     }
 }
 
@@ -131,8 +195,11 @@ impl Worker {
     /// A waker/clock that exists before the thread does (so the poller can be built with it).
     pub fn new_waker() -> Waker {
         let epoch = Instant::now();
+        // SAFETY: plain syscall with constant flags; the result is checked.
+        let event = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         Waker(Arc::new(Shared {
             parked: AtomicBool::new(false),
+            event,
             thread: std::sync::OnceLock::new(),
             coarse_ms: AtomicU64::new(1),
             epoch: epoch - Duration::from_millis(1),
@@ -154,6 +221,7 @@ impl Worker {
                     let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
                 }
                 let mut last_work = Instant::now();
+                let mut fds: Vec<RawFd> = Vec::new();
                 loop {
                     let now = Instant::now();
                     shared.coarse_ms.store(
@@ -178,9 +246,12 @@ impl Worker {
                     if let Some(d) = out.next_deadline {
                         park_for = park_for.min(d.saturating_duration_since(now));
                     }
+                    fds.clear();
+                    poller.prepare_block(&mut fds);
                     shared.parked.store(true, Ordering::SeqCst);
                     // Producers push, then check `parked`: re-poll once after announcing the park
-                    // so a push that raced with the announcement is not missed.
+                    // (and arming the poller's event sources) so a push or completion that raced
+                    // with the announcement is not missed.
                     let Some(again) = poll_guarded(&mut poller, Instant::now()) else {
                         shared.parked.store(false, Ordering::SeqCst);
                         break;
@@ -194,9 +265,10 @@ impl Worker {
                         continue;
                     }
                     if !park_for.is_zero() {
-                        thread::park_timeout(park_for);
+                        shared.block(park_for, &fds);
                     }
                     shared.parked.store(false, Ordering::SeqCst);
+                    poller.unblocked();
                 }
             })?;
         Ok(Worker {
@@ -217,9 +289,7 @@ impl Worker {
             Some(h) => {
                 // Keep waking in case the poller parks between our wake and its finish check.
                 while !h.is_finished() {
-                    if let Some(t) = self.waker.0.thread.get() {
-                        t.unpark();
-                    }
+                    self.waker.0.kick();
                     thread::sleep(Duration::from_millis(1));
                 }
                 h.join()
@@ -345,7 +415,6 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(5), "lost wake-up");
             thread::yield_now();
         }
-        assert!(waker.coarse_ms() > 0);
         stop.store(true, Ordering::Release);
         w.join().unwrap();
     }

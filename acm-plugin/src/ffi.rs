@@ -195,7 +195,27 @@ impl AcmMsg {
             }; 8],
         }
     }
+
+    /// The message as the 592 bytes the core exchanges (host-order header fields, as the core
+    /// passes them to providers).
+    pub fn as_bytes(&self) -> &[u8; MSG_BYTES] {
+        // SAFETY: `AcmMsg` is `repr(C)`, exactly MSG_BYTES long with no padding (checked at
+        // compile time below and against the C header by the layout test), and every byte
+        // pattern is a valid `[u8; N]`.
+        unsafe { &*(self as *const AcmMsg as *const [u8; MSG_BYTES]) }
+    }
+
+    /// The message as mutable bytes (every byte pattern is a valid `AcmMsg`: plain integers).
+    pub fn as_bytes_mut(&mut self) -> &mut [u8; MSG_BYTES] {
+        // SAFETY: as in `as_bytes`; `AcmMsg` holds only integers and byte arrays, so any bytes
+        // written through the view leave a valid value.
+        unsafe { &mut *(self as *mut AcmMsg as *mut [u8; MSG_BYTES]) }
+    }
 }
+
+/// `sizeof(struct acm_msg)`.
+pub const MSG_BYTES: usize = 592;
+const _: () = assert!(core::mem::size_of::<AcmMsg>() == MSG_BYTES);
 
 /// `ib_mad_addr_t`.
 #[repr(C)]

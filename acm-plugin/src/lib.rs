@@ -3,19 +3,27 @@
 //! The real, unmodified ibacm daemon `dlopen`s this library and calls `provider_query`, the only
 //! exported symbol. See `docs/plugin.md` for the design, and `ibacm-contract.md` for the ABI.
 //!
+//! A thin shell: every decision is the sans-IO resolver's (`acm-core-nostd::resolver`), every
+//! piece of IO but the core's own helpers is the dataplane's (`acm-dataplane`).
+//!
 //! * [`ffi`]: `#[repr(C)]` mirrors of the ABI structs (layout-checked against the headers).
 //! * [`core_api`]: the core's helpers, looked up in the host executable at run time.
-//! * [`provider`]: the callbacks; cache hits are answered inline, misses go to the worker.
-//! * [`engine`]: the worker's state machine (SA PathRecord queries, exactly-once answers).
+//! * [`provider`]: the callbacks and the instance's life cycle; cache hits are answered
+//!   inline, everything else goes to the dataplane loop.
+//! * [`instance`]: the instance and endpoint objects the core's threads share.
+//! * [`io`]: the dataplane's IO towards the core (SA MADs, answers, counters, logs).
+//! * [`preload`]: the option, hosts and route files.
+//! * [`huge`]: huge-page advice for large caches.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod core_api;
-pub mod engine;
 pub mod ffi;
 pub mod huge;
-pub mod path;
+pub mod instance;
+pub mod io;
+pub mod preload;
 pub mod provider;
-pub mod respond;
-pub mod state;
 
 use core::ffi::c_int;
 

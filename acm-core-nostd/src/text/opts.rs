@@ -109,6 +109,9 @@ impl<'a> Iterator for OptionLines<'a> {
 pub enum AddrProt {
     /// The ACM multicast protocol (the only one ibacmp implements).
     Acm,
+    /// acmrs only: no address protocol; names and IPs resolve only from the hosts preload and
+    /// the endpoint's own addresses (anything else answers ENODATA at once).
+    None,
 }
 
 /// ibacmp's `route_prot`.
@@ -257,6 +260,9 @@ pub struct ProviderOptions {
     pub acmrs_cpu: i32,
     /// `acmrs_log_level` (default unset = follow `log_level`; 0..=4, `-1` = unset).
     pub acmrs_log_level: Option<u8>,
+    /// `acmrs_acm_window` (default 16; 1..=65536): ACM multicast address queries in flight per
+    /// endpoint at once (ibacmp: `resolve_depth`, 1); the rest wait FIFO.
+    pub acmrs_acm_window: u32,
 }
 
 /// Most entries any capacity option accepts.
@@ -298,6 +304,7 @@ impl Default for ProviderOptions {
             acmrs_sa_inline: false,
             acmrs_cpu: -1,
             acmrs_log_level: None,
+            acmrs_acm_window: 16,
         }
     }
 }
@@ -397,7 +404,8 @@ impl ProviderOptions {
             };
         }
         options! {
-            "addr_prot" => addr_prot = |v| keyword(v, &[("acm", AddrProt::Acm)]);
+            "addr_prot" => addr_prot =
+                |v| keyword(v, &[("acm", AddrProt::Acm), ("none", AddrProt::None)]);
             "addr_timeout" => addr_timeout = lifetime;
             "route_prot" => route_prot =
                 |v| keyword(v, &[("sa", RouteProt::Sa), ("acm", RouteProt::Acm)]);
@@ -447,6 +455,7 @@ impl ProviderOptions {
             "acmrs_cpu" => acmrs_cpu = |v| int(v, -1, 65535).map(|c| c as i32);
             "acmrs_log_level" => acmrs_log_level =
                 |v| int(v, -1, 4).map(|l| u8::try_from(l).ok());
+            "acmrs_acm_window" => acmrs_acm_window = |v| uint(v, 1, 65536);
         }
         Ok(Applied::Unknown)
     }
@@ -642,6 +651,26 @@ mod tests {
         assert_eq!(o.route_data_file, d.route_data_file);
         assert_eq!(o.acmrs_poll_mode, d.acmrs_poll_mode);
         assert_eq!((s.errors, s.applied), (11, 1));
+    }
+
+    #[test]
+    fn acm_window_and_addr_prot_none() {
+        let d = ProviderOptions::default();
+        assert_eq!((d.acmrs_acm_window, d.addr_prot), (16, AddrProt::Acm));
+        let (o, _, e) = load("acmrs_acm_window 4\naddr_prot none\n");
+        assert!(e.is_empty(), "{e:?}");
+        assert_eq!((o.acmrs_acm_window, o.addr_prot), (4, AddrProt::None));
+        let (o, _, e) = load("acmrs_acm_window 0\nacmrs_acm_window 65537\naddr_prot sa\n");
+        let kinds: Vec<_> = e.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                ErrorKind::OutOfRange,
+                ErrorKind::OutOfRange,
+                ErrorKind::InvalidKeyword
+            ]
+        );
+        assert_eq!((o.acmrs_acm_window, o.addr_prot), (16, AddrProt::Acm));
     }
 
     #[test]

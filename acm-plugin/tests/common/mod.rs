@@ -195,6 +195,24 @@ pub unsafe extern "C" fn ibv_query_port(_ctx: *mut c_void, _port: u8, attr: *mut
     0
 }
 
+/// This fake core has no verbs device: the P_Key lookups the provider makes before it opens a
+/// UD QP fail (interposed over libibverbs', as `ibv_query_port` is), so an endpoint that asks
+/// for the ACM protocol (`route_prot acm`, an explicit `addr_prot acm`) runs SA-only.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(_ctx: *mut c_void, _port: u8, _pkey: u16) -> c_int {
+    -1
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(
+    _ctx: *mut c_void,
+    _port: u8,
+    _index: c_int,
+    _pkey: *mut u16,
+) -> c_int {
+    -1
+}
+
 // ---- the provider under test ---------------------------------------------------------------
 
 pub struct Lib {
@@ -213,7 +231,11 @@ pub fn so_path() -> std::path::PathBuf {
     );
     // `cargo test` does not relink the cdylib: refuse to test a library older than its sources.
     let so_time = std::fs::metadata(&p).and_then(|m| m.modified()).unwrap();
-    for dir in ["src", "../acm-dataplane/src"] {
+    for dir in [
+        "src",
+        "../acm-dataplane/src",
+        "../acm-core-nostd/src/resolver",
+    ] {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
         for f in std::fs::read_dir(&dir).unwrap().flatten() {
             let t = f.metadata().and_then(|m| m.modified()).unwrap();
@@ -303,7 +325,14 @@ impl Host {
         for (name, text) in extra_files {
             std::fs::write(dir.join(name), text).unwrap();
         }
-        let opts = opts.replace("$DIR", dir.to_str().unwrap());
+        let mut opts = opts.replace("$DIR", dir.to_str().unwrap());
+        // This fake core has no verbs device (its context is a dummy pointer): without an
+        // explicit choice, the endpoints run SA-only (`addr_prot none`), the hosts preload and
+        // local addresses still answer names and IPs. The ACM protocol is tested on the
+        // simulated fabric with the real daemon (real_ibacm_acm.rs).
+        if !opts.contains("addr_prot") {
+            opts = format!("{opts}\naddr_prot none\n");
+        }
         let opts_path = dir.join("ibacm_opts.cfg");
         std::fs::write(&opts_path, opts).unwrap();
         *lock(&OPTS_PATH) = Some(CString::new(opts_path.to_str().unwrap()).unwrap());

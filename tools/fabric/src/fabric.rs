@@ -1,9 +1,10 @@
 //! Bringing a simulated fabric up (ibsim → OpenSM → N real `ibacm` daemons), driving it, and
 //! tearing it down.
 
+use crate::ports::{PortLease, PortPool};
 use crate::process::{self, Output, Proc};
 use crate::topology::Topology;
-use crate::{Error, Result};
+use crate::{Error, ProviderChoice, Result};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -24,9 +25,10 @@ pub const IBACM: &str = "/usr/sbin/ibacm";
 /// The real ibacm client tool.
 pub const IB_ACME: &str = "/usr/bin/ib_acme";
 
-/// Which provider library each daemon loads. The library is COPIED into a per-node provider
-/// directory (the core skips symlinks) and selected with `provider <name> default`.
-/// [`Provider::Installed`] copies nothing and leaves `provider_lib_path` out.
+/// Which provider library a daemon loads. The library is COPIED into the node's provider
+/// directory (the core skips symlinks) and selected with `provider <name> default`. Every node
+/// has its own choice ([`FabricBuilder::node_provider`]); [`FabricBuilder::provider`] is the
+/// default. [`Provider::Installed`] copies nothing and leaves `provider_lib_path` out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Provider {
     /// Debian's `libibacmp.so` (provider name `ibacmp`).
@@ -195,12 +197,47 @@ impl NodeAddrs {
     }
 }
 
+/// Whether the daemons get an `ibacm_hosts.data` (every daemon node's name, IPv4 and IPv6 →
+/// its GID, see [`Fabric::hosts_data`]) and preload it (`addr_preload acm_hosts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostsFile {
+    /// Written into every node's directory (`addr_data_file` names it), loaded only if an
+    /// option says `addr_preload acm_hosts` (the template's `addr_preload none` otherwise).
+    #[default]
+    Written,
+    /// Written, and `addr_preload acm_hosts` set on every node (an explicit `addr_preload`
+    /// option still wins).
+    Preloaded,
+    /// Not written at all, and `addr_preload none` on every node: a daemon knows only its own
+    /// addresses (`ibacm_addr.cfg`); names and IPs of other nodes must be resolved over the
+    /// network (the ACM address protocol). [`FabricBuilder::start`] refuses an option
+    /// `addr_preload acm_hosts` with it.
+    Absent,
+}
+
+impl HostsFile {
+    /// `written` | `preload` | `none` (the CLI's `--hosts-file`).
+    pub fn parse(s: &str) -> Result<HostsFile> {
+        match s {
+            "written" => Ok(HostsFile::Written),
+            "preload" | "preloaded" => Ok(HostsFile::Preloaded),
+            "none" | "absent" => Ok(HostsFile::Absent),
+            _ => Err(Error::new(format!(
+                "hosts file mode {s:?}: written, preload or none"
+            ))),
+        }
+    }
+}
+
 /// Configuration of a fabric; [`FabricBuilder::start`] brings it up.
 #[derive(Debug, Clone)]
 pub struct FabricBuilder {
     topology: Topology,
     nodes: Vec<String>,
     provider: Provider,
+    node_providers: Vec<(String, Provider)>,
+    hosts_file: HostsFile,
+    port_pool: Option<PortPool>,
     sm_node: Option<String>,
     options: Vec<(Option<String>, String, String)>,
     daemon_env: Vec<(String, String)>,
@@ -248,12 +285,22 @@ pub struct Node {
     pub gid: Ipv6Addr,
     /// Addresses listed in the node's address file.
     pub addrs: NodeAddrs,
-    /// TCP port the daemon serves (`server_mode loop`).
+    /// TCP port the daemon serves (`server_mode loop`), leased from the shared
+    /// [`PortPool`] for the node's life; changes if a daemon start found it taken.
     pub server_port: u16,
     /// The node's scratch directory (opts, addr, hosts files, provider dir, logs).
     pub dir: PathBuf,
     /// The directory bind-mounted on `/run` for the daemon and its `ib_acme` calls.
     pub run_dir: PathBuf,
+    provider: Provider,
+    /// Holds [`Node::server_port`] reserved (an exclusive lock) while the node exists.
+    port_lease: PortLease,
+    port_pool: PortPool,
+    /// Ports this node's daemon failed to bind (log: `unable to bind listen socket`).
+    port_retries: Vec<u16>,
+    /// Logs of earlier daemon starts (the core truncates its log file at start, so each one
+    /// is moved to `ibacm.log.<n>` first), oldest first.
+    earlier_logs: Vec<PathBuf>,
     fabric: String,
     scratch: PathBuf,
     daemon: Option<Proc>,
@@ -284,6 +331,9 @@ impl FabricBuilder {
             topology,
             nodes: nodes.into_iter().map(Into::into).collect(),
             provider: Provider::Stock,
+            node_providers: Vec::new(),
+            hosts_file: HostsFile::Written,
+            port_pool: None,
             sm_node: None,
             options: Vec::new(),
             daemon_env: Vec::new(),
@@ -297,9 +347,54 @@ impl FabricBuilder {
         }
     }
 
-    /// The provider every daemon loads.
+    /// The provider every daemon loads unless [`FabricBuilder::node_provider`] says otherwise
+    /// (default [`Provider::Stock`]).
     pub fn provider(mut self, provider: Provider) -> Self {
         self.provider = provider;
+        self
+    }
+
+    /// The provider `node`'s daemon loads (a later call for the same node wins), e.g.
+    /// `.provider(Provider::Stock).node_provider("Hca3", Provider::Acmrs)` for a mixed fabric.
+    /// [`FabricBuilder::start`] fails if `node` is not one of the daemon nodes.
+    pub fn node_provider(mut self, node: &str, provider: Provider) -> Self {
+        self.node_providers.retain(|(n, _)| n != node);
+        self.node_providers.push((node.to_string(), provider));
+        self
+    }
+
+    /// A default provider (if any) and per-node providers at once, as parsed from the CLI's
+    /// `--provider` arguments ([`ProviderChoice::parse`]).
+    pub fn providers(mut self, choice: &ProviderChoice) -> Self {
+        if let Some(p) = &choice.default {
+            self = self.provider(p.clone());
+        }
+        for (n, p) in &choice.per_node {
+            self = self.node_provider(n, p.clone());
+        }
+        self
+    }
+
+    /// The provider `node` will load: its [`FabricBuilder::node_provider`], else the default.
+    pub fn provider_of(&self, node: &str) -> &Provider {
+        self.node_providers
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, p)| p)
+            .unwrap_or(&self.provider)
+    }
+
+    /// Whether the daemons get (and preload) an `ibacm_hosts.data`; default
+    /// [`HostsFile::Written`] (written, not preloaded). [`HostsFile::Absent`] is a fabric
+    /// with no hosts file, where names and IPs must be resolved over the network.
+    pub fn hosts_file(mut self, mode: HostsFile) -> Self {
+        self.hosts_file = mode;
+        self
+    }
+
+    /// Where the daemons' `server_port`s are leased from (default [`PortPool::shared`]).
+    pub fn port_pool(mut self, pool: PortPool) -> Self {
+        self.port_pool = Some(pool);
         self
     }
 
@@ -316,7 +411,8 @@ impl FabricBuilder {
         self
     }
 
-    /// Sets an `ibacm_opts.cfg` option on one node only.
+    /// Sets an `ibacm_opts.cfg` option on one node only (after the options for every node, so
+    /// it wins over them). [`FabricBuilder::start`] fails if `node` runs no daemon.
     pub fn node_option(mut self, node: &str, name: &str, value: &str) -> Self {
         self.options
             .push((Some(node.to_string()), name.into(), value.into()));
@@ -414,6 +510,33 @@ impl FabricBuilder {
         if uniq.len() != self.nodes.len() {
             return Err(Error::new("a node is listed twice"));
         }
+        for (n, p) in &self.node_providers {
+            if !self.nodes.contains(n) {
+                return Err(Error::new(format!(
+                    "provider {} given for {n:?}, which runs no daemon (daemon nodes: {})",
+                    p.name(),
+                    self.nodes.join(", ")
+                )));
+            }
+        }
+        for (n, k, _) in &self.options {
+            if let Some(n) = n.as_ref().filter(|n| !self.nodes.contains(n)) {
+                return Err(Error::new(format!(
+                    "option {k} given for {n:?}, which runs no daemon (daemon nodes: {})",
+                    self.nodes.join(", ")
+                )));
+            }
+        }
+        if self.hosts_file == HostsFile::Absent {
+            if let Some((n, _, v)) = self.options.iter().find(|(_, k, v)| {
+                k.eq_ignore_ascii_case("addr_preload") && !v.eq_ignore_ascii_case("none")
+            }) {
+                return Err(Error::new(format!(
+                    "option addr_preload {v}{} contradicts HostsFile::Absent (no hosts file)",
+                    n.as_ref().map(|n| format!(" on {n}")).unwrap_or_default()
+                )));
+            }
+        }
         // ibsim serves at most 10 clients: OpenSM, the daemons and one transient probe.
         if self.nodes.len() > 8 {
             return Err(Error::new(format!(
@@ -444,7 +567,7 @@ impl FabricBuilder {
             }
         }
         existing(PathBuf::from(UMAD2SIM), "apt-get install libumad2sim0")?;
-        let (simverbs, provider_lib) = if self.start_daemons {
+        let (simverbs, provider_libs) = if self.start_daemons {
             existing(PathBuf::from(IBACM), "apt-get install ibacm")?;
             let sv = match &self.simverbs {
                 Some(p) => existing(p.clone(), "check the path")?,
@@ -454,9 +577,18 @@ impl FabricBuilder {
                     "cargo build -p simverbs",
                 )?,
             };
-            (sv, self.provider.library_to_copy()?)
+            let libs = self
+                .nodes
+                .iter()
+                .map(|n| self.provider_of(n).library_to_copy())
+                .collect::<Result<Vec<_>>>()?;
+            (sv, libs)
         } else {
-            (PathBuf::new(), None)
+            (PathBuf::new(), vec![None; self.nodes.len()])
+        };
+        let port_pool = match &self.port_pool {
+            Some(p) => p.clone(),
+            None => PortPool::shared()?,
         };
 
         let name = format!(
@@ -489,7 +621,7 @@ impl FabricBuilder {
             sm_args: self.opensm_args.clone(),
             nodes: Vec::new(),
         };
-        match fabric.bring_up(&self, provider_lib.as_deref(), &hcas) {
+        match fabric.bring_up(&self, &provider_libs, &port_pool, &hcas) {
             Ok(()) => Ok(fabric),
             Err(e) => {
                 let report = fabric.logs_report();
@@ -526,7 +658,8 @@ impl Fabric {
     fn bring_up(
         &mut self,
         cfg: &FabricBuilder,
-        provider_lib: Option<&Path>,
+        provider_libs: &[Option<PathBuf>],
+        port_pool: &PortPool,
         hcas: &[String],
     ) -> Result<()> {
         // 1. ibsim.
@@ -570,14 +703,20 @@ impl Fabric {
             let dir = self.scratch.join(node);
             let run_dir = dir.join("run");
             mkdir(&run_dir)?;
+            let lease = port_pool.reserve()?;
             self.nodes.push(Node {
                 name: node.clone(),
                 lid,
                 gid,
                 addrs: NodeAddrs::for_index(node, k),
-                server_port: free_tcp_port()?,
+                server_port: lease.port(),
                 dir,
                 run_dir,
+                provider: cfg.provider_of(node).clone(),
+                port_lease: lease,
+                port_pool: port_pool.clone(),
+                port_retries: Vec::new(),
+                earlier_logs: Vec::new(),
                 fabric: self.name.clone(),
                 scratch: self.scratch.clone(),
                 daemon: None,
@@ -585,17 +724,31 @@ impl Fabric {
             });
         }
         let hosts = self.hosts_data();
-        for i in 0..self.nodes.len() {
+        for (i, provider_lib) in provider_libs.iter().enumerate() {
             let node = &self.nodes[i];
-            let extra: Vec<(String, String)> = cfg
-                .options
-                .iter()
-                .filter(|(only, _, _)| only.as_deref().is_none_or(|n| n == node.name))
-                .map(|(_, k, v)| (k.clone(), v.clone()))
-                .collect();
-            write(&node.dir.join("ibacm_hosts.data"), &hosts)?;
+            // The hosts-file mode first, then options for every node, then this node's own
+            // (a later line of the same name replaces an earlier one).
+            let mut extra: Vec<(String, String)> = match cfg.hosts_file {
+                HostsFile::Written => Vec::new(),
+                HostsFile::Preloaded => vec![("addr_preload".into(), "acm_hosts".into())],
+                HostsFile::Absent => vec![("addr_preload".into(), "none".into())],
+            };
+            for global in [true, false] {
+                extra.extend(
+                    cfg.options
+                        .iter()
+                        .filter(|(only, _, _)| match only {
+                            None => global,
+                            Some(n) => !global && *n == node.name,
+                        })
+                        .map(|(_, k, v)| (k.clone(), v.clone())),
+                );
+            }
+            if cfg.hosts_file != HostsFile::Absent {
+                write(&node.dir.join("ibacm_hosts.data"), &hosts)?;
+            }
             write(&node.dir.join("ibacm_addr.cfg"), &node.addr_cfg())?;
-            let opts = node.opts_cfg(&self.provider, &extra)?;
+            let opts = node.opts_cfg(&node.provider, &extra)?;
             write(&node.dir.join("ibacm_opts.cfg"), &opts)?;
             let prov_dir = node.dir.join("prov");
             mkdir(&prov_dir)?;
@@ -616,20 +769,20 @@ impl Fabric {
             return Ok(());
         }
 
-        // 4. Daemons: start them all, then wait for each.
-        let launch = Launch {
-            simverbs: self.simverbs.clone(),
-            shm: self.scratch.clone(),
-            env: cfg.daemon_env_with_knobs(),
-            provider: self.provider.name().to_string(),
-            ready_timeout: cfg.ready_timeout,
-        };
+        // 4. Daemons: start them all, then wait for each (restarting one on a new port if it
+        // found its port taken).
         for node in &mut self.nodes {
-            node.launch = Some(launch.clone());
+            node.launch = Some(Launch {
+                simverbs: self.simverbs.clone(),
+                shm: self.scratch.clone(),
+                env: cfg.daemon_env_with_knobs(),
+                provider: node.provider.name().to_string(),
+                ready_timeout: cfg.ready_timeout,
+            });
             node.start_daemon()?;
         }
         for node in &mut self.nodes {
-            node.wait_ready()?;
+            node.wait_ready_rebinding()?;
         }
         Ok(())
     }
@@ -942,9 +1095,17 @@ impl Fabric {
         &self.topology
     }
 
-    /// The provider the daemons load.
+    /// The default provider ([`FabricBuilder::provider`]); each node's own is
+    /// [`Node::provider`].
     pub fn provider(&self) -> &Provider {
         &self.provider
+    }
+
+    /// Whether the daemon nodes do not all load the same provider.
+    pub fn is_mixed(&self) -> bool {
+        self.nodes
+            .windows(2)
+            .any(|w| w[0].provider.name() != w[1].provider.name())
     }
 
     /// All daemon nodes, in the order given.
@@ -1064,9 +1225,27 @@ impl Node {
         self.dir.join("ibacm.log")
     }
 
-    /// The daemon's log so far.
+    /// The logs of the daemon's earlier runs on this node (`ibacm.log.1`, ...: each start
+    /// moves the previous log there, since the core truncates its log file), oldest first.
+    pub fn earlier_logs(&self) -> &[PathBuf] {
+        &self.earlier_logs
+    }
+
+    /// The daemon's log so far (of its current or last run; see [`Node::earlier_logs`]).
     pub fn log(&self) -> String {
         String::from_utf8_lossy(&std::fs::read(self.log_path()).unwrap_or_default()).into_owned()
+    }
+
+    /// The provider this node's daemon loads ([`FabricBuilder::node_provider`], else the
+    /// fabric's default).
+    pub fn provider(&self) -> &Provider {
+        &self.provider
+    }
+
+    /// Ports this node's daemon found taken at a start (`unable to bind listen socket` in its
+    /// log) and was restarted away from, oldest first; normally empty.
+    pub fn port_retries(&self) -> &[u16] {
+        &self.port_retries
     }
 
     /// The daemon's PID, if running.
@@ -1202,6 +1381,16 @@ impl Node {
             .stderr(file_append(&self.dir.join("ibacm.out"))?);
         let _ = std::fs::remove_file(self.run_dir.join("ibacm-tcp.port"));
         let _ = std::fs::remove_file(self.run_dir.join("ibacm.port"));
+        // The core truncates its log when it starts: keep the previous run's.
+        if std::fs::metadata(self.log_path()).is_ok_and(|m| m.len() > 0) {
+            let keep = self
+                .dir
+                .join(format!("ibacm.log.{}", self.earlier_logs.len() + 1));
+            std::fs::rename(self.log_path(), &keep).map_err(|e| {
+                Error::new(format!("cannot move {}: {e}", self.log_path().display()))
+            })?;
+            self.earlier_logs.push(keep);
+        }
         self.daemon = Some(Proc::spawn(
             &format!("ibacm@{}", self.name),
             cmd,
@@ -1210,11 +1399,74 @@ impl Node {
         Ok(())
     }
 
-    /// Starts the daemon again after [`Node::stop_daemon`] (same files, same port) and waits
-    /// until `ib_acme -e` lists its endpoint. The provider's caches start empty.
+    /// Starts the daemon again after [`Node::stop_daemon`] (same files, same port, unless the
+    /// port was taken meanwhile: then a new one, see [`Node::port_retries`]) and waits until
+    /// `ib_acme -e` lists its endpoint. The provider's caches start empty.
     pub fn restart_daemon(&mut self) -> Result<()> {
         self.start_daemon()?;
-        self.wait_ready()
+        self.wait_ready_rebinding()
+    }
+
+    /// Whether the core said, since the last start, that it could not bind `server_port`.
+    fn bind_failed(&self) -> bool {
+        let log = self.log();
+        log.contains("ERROR - unable to bind listen socket")
+            || log.contains("ERROR - server listen failed")
+    }
+
+    /// [`Node::wait_ready`]; if the daemon could not bind its port (another process took it
+    /// between the lease's check and the daemon's bind), stops it, leases a new port, rewrites
+    /// `server_port` in its opts file and starts it again (up to 5 times).
+    fn wait_ready_rebinding(&mut self) -> Result<()> {
+        const ATTEMPTS: usize = 5;
+        for attempt in 1..=ATTEMPTS {
+            match self.wait_ready() {
+                Ok(()) => return Ok(()),
+                Err(e) if self.bind_failed() && attempt < ATTEMPTS => {
+                    let old = self.server_port;
+                    self.stop_daemon();
+                    // The old lease is still held, so it cannot come back.
+                    let lease = self.port_pool.reserve_avoiding(&self.port_retries)?;
+                    self.port_retries.push(old);
+                    self.server_port = lease.port();
+                    self.port_lease = lease;
+                    self.set_opts_server_port()?;
+                    eprintln!(
+                        "acm-fabric: {}: ibacm could not bind port {old} ({e}); restarting on {}",
+                        self.name, self.server_port
+                    );
+                    self.start_daemon()?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// Rewrites the `server_port` line of the node's `ibacm_opts.cfg` to [`Node::server_port`].
+    fn set_opts_server_port(&self) -> Result<()> {
+        let path = self.dir.join("ibacm_opts.cfg");
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::new(format!("cannot read {}: {e}", path.display())))?;
+        let mut found = false;
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| {
+                if l.split_whitespace().next() == Some("server_port") {
+                    found = true;
+                    format!("server_port {}", self.server_port)
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        if !found {
+            return Err(Error::new(format!(
+                "{} has no server_port line",
+                path.display()
+            )));
+        }
+        write(&path, &(lines.join("\n") + "\n"))
     }
 
     /// If this node runs a daemon: waits until `ib_acme -e` does (`present`) or does not list
@@ -1261,7 +1513,19 @@ impl Node {
                     "{name}: ibacm exited during start: {st}"
                 )));
             }
-            if port_file.exists() {
+            // The core writes its port file *before* it binds: only a daemon that listens on
+            // its port is asked (else `ib_acme` could reach whoever holds the port).
+            if self.bind_failed() {
+                return Err(Error::new(format!(
+                    "{name}: ibacm could not bind server_port {}",
+                    self.server_port
+                )));
+            }
+            let listening = self
+                .daemon
+                .as_ref()
+                .is_some_and(|p| listens_on(p.pid(), self.server_port));
+            if port_file.exists() && listening {
                 let out = self.acme(&["-e"])?;
                 if out.success() && out.stdout.contains(provider) {
                     return Ok(());
@@ -1273,8 +1537,9 @@ impl Node {
                 }
             } else if Instant::now() >= deadline {
                 return Err(Error::new(format!(
-                    "{name}: ibacm wrote no {} within {timeout:?}",
-                    port_file.display()
+                    "{name}: ibacm wrote no {} or does not listen on port {} within {timeout:?}",
+                    port_file.display(),
+                    self.server_port
                 )));
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -1475,12 +1740,34 @@ fn abstract_socket_exists(name_with_at: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn free_tcp_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::new(format!("cannot find a free TCP port: {e}")))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| Error::new(format!("cannot find a free TCP port: {e}")))
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4): a LISTEN row of
+/// `/proc/<pid>/net/tcp` whose socket inode is one of the process's descriptors.
+fn listens_on(pid: i32, port: u16) -> bool {
+    let Ok(tcp) = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")) else {
+        return false;
+    };
+    let suffix = format!(":{port:04X}");
+    let inodes: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:tm retrnsmt uid timeout inode
+            (f.len() > 9 && f[1].ends_with(&suffix) && f[3] == "0A")
+                .then(|| format!("socket:[{}]", f[9]))
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|rd| {
+            rd.flatten().any(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
+            })
+        })
+        .unwrap_or(false)
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -1587,6 +1874,8 @@ mod tests {
         assert!(installed.is_installed() && !Provider::Acmrs.is_installed());
         assert!(Provider::parse("installed:", None).is_err());
         assert!(Provider::parse("installed:acmrs", Some("x")).is_err());
+        let choice = crate::ProviderChoice::parse(&["Hca3=installed:acmrs"], None).unwrap();
+        assert_eq!(choice.for_node("Hca3"), Some(&installed));
     }
 
     #[test]

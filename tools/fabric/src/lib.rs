@@ -15,6 +15,7 @@
 //! # fn main() -> acm_fabric::Result<()> {
 //! let fabric = Fabric::builder(Topology::example("net.2sw2path4hca")?, ["Hca2", "Hca3", "Hca4"])
 //!     .provider(Provider::Acmrs)          // or Stock, Custom { path, name }, Installed { name }
+//!     .node_provider("Hca2", Provider::Stock) // a mixed fabric: Hca2 stock, the rest acmrs
 //!     .name_prefix("my-test")             // fabric name / scratch dir label
 //!     .option("route_prot", "sa")         // any ibacm_opts.cfg line, all nodes
 //!     .start()?;                          // waits: SM master, LIDs, each daemon answers -e
@@ -39,7 +40,9 @@
 //! [`Fabric::port_down`] / [`Fabric::port_up`] / [`Fabric::port_info`] (a link really going
 //! down and up, through ibsim's console), [`Fabric::refresh_lids`], [`script`] (several
 //! commands on one bring-up),
-//! [`Fabric::pids`]; [`emergency_teardown`] for a signal handler.
+//! [`Fabric::pids`]; [`emergency_teardown`] for a signal handler. [`HostsFile`] says whether
+//! the daemons get a hosts file; [`PortPool`] leases each daemon's `server_port` race-free;
+//! [`ProviderChoice`] / [`OptSpec`] parse the CLI's `--provider` / `--opt` forms.
 //!
 //! Artifacts: `libsimverbs.so` and `libacmrs.so` are looked up next to the running executable
 //! (`target/<profile>/`, or its parent for tests in `deps/`), or at `$ACM_FABRIC_SIMVERBS` /
@@ -47,15 +50,19 @@
 //! per fabric, so at most 8 daemon nodes. See `docs/fabric.md`.
 
 pub mod fabric;
+pub mod ports;
 pub mod process;
 pub mod script;
+pub mod spec;
 pub mod topology;
 
 pub use fabric::{
-    find_artifact, Fabric, FabricBuilder, Node, NodeAddrs, PortInfo, Provider,
+    find_artifact, Fabric, FabricBuilder, HostsFile, Node, NodeAddrs, PortInfo, Provider,
     DEFAULT_PROVIDER_DIR, STOCK_PROVIDER,
 };
+pub use ports::{PortLease, PortPool};
 pub use process::{emergency_teardown, live_process_groups, pid_exists, Output};
+pub use spec::{OptSpec, ProviderChoice};
 pub use topology::Topology;
 
 /// What went wrong, in words meant for a person reading a test failure.

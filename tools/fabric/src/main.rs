@@ -1,7 +1,7 @@
 //! `acm-fabric`: bring a simulated fabric with real ibacm daemons up, use it, tear it down.
 //! See `docs/fabric.md` and `acm-fabric help`.
 
-use acm_fabric::{script, Fabric, FabricBuilder, Provider, Topology};
+use acm_fabric::{script, Fabric, FabricBuilder, HostsFile, OptSpec, ProviderChoice, Topology};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -28,12 +28,19 @@ FABRIC OPTIONS:
   --topology SPEC      shipped example (net.2sw2path4hca, default), fattree:LEAVES,SPINES,HCAS,
                        or a path to an ibsim net file
   --nodes A,B,...      HCAs that run an ibacm daemon (default: Hca2,Hca3,Hca4)
-  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so |
+  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so[@NAME] |
                        installed:NAME (already in ibacm's default provider directory, e.g.
-                       from the acmrs .deb: no copy, no provider_lib_path line)
-  --provider-name N    the provider name when --provider is a path
+                       from the acmrs .deb: no copy, no provider_lib_path line), for
+                       every node; NODE=P for one node; repeatable, or comma-separated:
+                       --provider stock --provider Hca3=acmrs
+                       --provider Hca2=stock,Hca3=acmrs,Hca4=acmrs
+  --provider-name N    the provider name of a PATH.so given without @NAME
   --sm-node HCA        HCA that OpenSM runs as (default: first HCA without a daemon)
-  --opt NAME=VALUE     extra ibacm_opts.cfg line on every node (repeatable)
+  --opt NAME=VALUE     extra ibacm_opts.cfg line on every node (repeatable);
+  --opt NODE:NAME=VALUE  on one node (wins over the line for every node)
+  --hosts-file MODE    written (default: ibacm_hosts.data written, not preloaded) | preload
+                       (written + addr_preload acm_hosts) | none (no hosts file, addr_preload
+                       none: names/IPs of other nodes only over the ACM address protocol)
   --subnet-timeout N   PortInfo SubnetTimeOut code 0..31 the daemons see (default: simverbs's,
                        OpenSM's 18 in place of ibsim's placeholder 31; 8 = 1 ms)
   --keep               keep the scratch directory (logs) after teardown
@@ -113,8 +120,9 @@ struct Opts {
 fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut topology = "net.2sw2path4hca".to_string();
     let mut nodes = vec!["Hca2".to_string(), "Hca3".into(), "Hca4".into()];
-    let mut provider = "stock".to_string();
+    let mut providers: Vec<String> = Vec::new();
     let mut provider_name: Option<String> = None;
+    let mut hosts_file = HostsFile::Written;
     let mut sm_node = None;
     let mut subnet_timeout = None;
     let mut opts = Vec::new();
@@ -143,16 +151,13 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
                     .map(str::to_string)
                     .collect()
             }
-            "--provider" => provider = val("--provider")?,
+            "--provider" => providers.push(val("--provider")?),
+            "--hosts-file" => {
+                hosts_file = HostsFile::parse(&val("--hosts-file")?).map_err(|e| e.to_string())?
+            }
             "--provider-name" => provider_name = Some(val("--provider-name")?),
             "--sm-node" => sm_node = Some(val("--sm-node")?),
-            "--opt" => {
-                let v = val("--opt")?;
-                let (k, v) = v
-                    .split_once('=')
-                    .ok_or_else(|| format!("--opt wants NAME=VALUE, got {v:?}"))?;
-                opts.push((k.to_string(), v.to_string()));
-            }
+            "--opt" => opts.push(OptSpec::parse(&val("--opt")?).map_err(|e| e.to_string())?),
             "--subnet-timeout" => {
                 let v = val("--subnet-timeout")?;
                 subnet_timeout =
@@ -194,10 +199,29 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let topology = Topology::parse(&topology).map_err(|e| e.to_string())?;
     let hcas = topology.hcas();
     let node_names = nodes.clone();
-    let provider =
-        Provider::parse(&provider, provider_name.as_deref()).map_err(|e| e.to_string())?;
+    let providers =
+        ProviderChoice::parse(&providers, provider_name.as_deref()).map_err(|e| e.to_string())?;
+    // Checked here too (start() checks again) so a script fails before anything starts.
+    for (n, _) in &providers.per_node {
+        if !node_names.contains(n) {
+            return Err(format!(
+                "--provider {n}=...: {n} is not a daemon node (--nodes {})",
+                node_names.join(",")
+            ));
+        }
+    }
+    for o in &opts {
+        if let Some(n) = o.node.as_ref().filter(|n| !node_names.contains(n)) {
+            return Err(format!(
+                "--opt {n}:{}=...: {n} is not a daemon node (--nodes {})",
+                o.name,
+                node_names.join(",")
+            ));
+        }
+    }
     let mut builder = Fabric::builder(topology, nodes)
-        .provider(provider)
+        .providers(&providers)
+        .hosts_file(hosts_file)
         .keep_scratch(keep)
         .name_prefix(&prefix);
     if let Some(s) = sm_node {
@@ -206,8 +230,11 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     if let Some(code) = subnet_timeout {
         builder = builder.subnet_timeout(code);
     }
-    for (k, v) in &opts {
-        builder = builder.option(k, v);
+    for o in &opts {
+        builder = match &o.node {
+            None => builder.option(&o.name, &o.value),
+            Some(n) => builder.node_option(n, &o.name, &o.value),
+        };
     }
     Ok(Opts {
         builder,
@@ -365,13 +392,21 @@ fn print_summary(f: &Fabric) {
         f.name(),
         f.topology().label,
         f.sm_node(),
-        f.provider().name(),
+        if f.is_mixed() {
+            "per node"
+        } else {
+            f.nodes()
+                .first()
+                .map(|n| n.provider().name())
+                .unwrap_or(f.provider().name())
+        },
         f.scratch().display()
     );
     for n in f.nodes() {
         println!(
-            "  {:<8} lid {:<4} gid {:<18} name {:<8} ipv4 {:<12} ipv6 {:<14} port {} pid {}",
+            "  {:<8} {:<7} lid {:<4} gid {:<18} name {:<8} ipv4 {:<12} ipv6 {:<14} port {} pid {}",
             n.name,
+            n.provider().name(),
             n.lid,
             n.gid.to_string(),
             n.addrs.name,
@@ -426,5 +461,73 @@ mod tests {
             .err()
             .expect("missing value accepted");
         assert!(e.contains("--subnet-timeout needs a value"), "{e}");
+    }
+
+    #[test]
+    fn per_node_providers_and_options() {
+        use acm_fabric::Provider;
+        // The old form: one provider for every node.
+        let o = parse_fabric_opts(&args(&["--provider", "acmrs"])).unwrap();
+        for n in ["Hca2", "Hca3", "Hca4"] {
+            assert_eq!(o.builder.provider_of(n), &Provider::Acmrs);
+        }
+        let o = parse_fabric_opts(&args(&[])).unwrap();
+        assert_eq!(o.builder.provider_of("Hca3"), &Provider::Stock);
+        // A default and one node.
+        let o =
+            parse_fabric_opts(&args(&["--provider", "stock", "--provider", "Hca3=acmrs"])).unwrap();
+        assert_eq!(o.builder.provider_of("Hca2"), &Provider::Stock);
+        assert_eq!(o.builder.provider_of("Hca3"), &Provider::Acmrs);
+        assert_eq!(o.builder.provider_of("Hca4"), &Provider::Stock);
+        // A list, no default (stock).
+        let o = parse_fabric_opts(&args(&["--provider", "Hca3=acmrs,Hca4=acmrs"])).unwrap();
+        assert_eq!(o.builder.provider_of("Hca2"), &Provider::Stock);
+        assert_eq!(o.builder.provider_of("Hca4"), &Provider::Acmrs);
+        // A path with --provider-name (the old form) and per node with @NAME.
+        let o = parse_fabric_opts(&args(&[
+            "--provider",
+            "/x/libp.so",
+            "--provider-name",
+            "p",
+            "--provider",
+            "Hca4=/y/libq.so@q",
+        ]))
+        .unwrap();
+        assert_eq!(o.builder.provider_of("Hca2").name(), "p");
+        assert_eq!(o.builder.provider_of("Hca4").name(), "q");
+        // Nodes that run no daemon are refused before anything starts.
+        let e = parse_fabric_opts(&args(&["--nodes", "Hca3,Hca4", "--provider", "Hca2=acmrs"]))
+            .err()
+            .unwrap();
+        assert!(e.contains("Hca2 is not a daemon node"), "{e}");
+        let e = parse_fabric_opts(&args(&["--nodes", "Hca3", "--opt", "Hca4:timeout=5"]))
+            .err()
+            .unwrap();
+        assert!(e.contains("Hca4 is not a daemon node"), "{e}");
+        let e = parse_fabric_opts(&args(&["--provider", "stock,acmrs"]))
+            .err()
+            .unwrap();
+        assert!(e.contains("two default providers"), "{e}");
+        // Per-node and global options reach the builder.
+        let o = parse_fabric_opts(&args(&[
+            "--opt",
+            "timeout=300",
+            "--opt",
+            "Hca3:retries=1",
+            "--hosts-file",
+            "none",
+        ]))
+        .unwrap();
+        let dbg = format!("{:?}", o.builder);
+        assert!(
+            dbg.contains(r#"(None, "timeout", "300")"#)
+                && dbg.contains(r#"(Some("Hca3"), "retries", "1")"#)
+                && dbg.contains("hosts_file: Absent"),
+            "{dbg}"
+        );
+        let e = parse_fabric_opts(&args(&["--hosts-file", "maybe"]))
+            .err()
+            .unwrap();
+        assert!(e.contains("written, preload or none"), "{e}");
     }
 }

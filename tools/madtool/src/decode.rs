@@ -282,7 +282,8 @@ fn mcmember(m: &McMemberRepr, out: &mut String) {
     let _ = writeln!(out, "  ProxyJoin: {}", u8::from(m.proxy_join));
 }
 
-fn address(t: AddressType, a: &[u8; 64]) -> String {
+/// An ACM address of type `t` as text (quoted name, dotted IPv4, GID/IPv6, LID, else hex).
+pub(crate) fn address(t: AddressType, a: &[u8; 64]) -> String {
     match t {
         AddressType::Ip => format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]),
         AddressType::Ip6 | AddressType::Gid => gid(&Gid::from_bytes(a).unwrap_or_default()),

@@ -11,9 +11,14 @@
 //! madtool acm-respond <req.bin> <resp.bin>
 //!                                    answer an ibacm class 0x2C resolve request as acmp does
 //!                                    (GET_RESP, same TID, one GID: the requester's last MGID)
+//! madtool pcap [--brief] FILE...     print the IB headers (LRH/GRH/BTH/DETH) and the decoded
+//!                                    MAD of every packet of pcap files (ERF 197 type 21,
+//!                                    USER0 147, INFINIBAND 247; e.g. from SIMVERBS_PCAP),
+//!                                    merged by time; --brief: one key=value line per packet
 //! ```
 
 mod decode;
+mod pcap;
 mod umad;
 
 use std::io::Read;
@@ -35,7 +40,8 @@ const USAGE: &str = "usage:
   madtool decode --client <file|->
   madtool decode --client --hex <hex digits>
   madtool capture --out <dir> [--dlid N] [--dguid GUID] [--missing-dlid N]
-  madtool acm-respond <request.bin> <response.bin>";
+  madtool acm-respond <request.bin> <response.bin>
+  madtool pcap [--brief] <file.pcap>...";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -43,6 +49,7 @@ fn main() -> ExitCode {
         Some("decode") => cmd_decode(&args[1..]),
         Some("capture") => cmd_capture(&args[1..]),
         Some("acm-respond") => cmd_acm_respond(&args[1..]),
+        Some("pcap") => cmd_pcap(&args[1..]),
         Some("-h") | Some("--help") | Some("help") => {
             println!("{USAGE}");
             Ok(())
@@ -94,6 +101,23 @@ fn cmd_decode(args: &[String]) -> Result<(), String> {
         decode::decode_mad(&bytes)?
     };
     print!("{text}");
+    Ok(())
+}
+
+fn cmd_pcap(args: &[String]) -> Result<(), String> {
+    let mut brief = false;
+    let mut files = Vec::new();
+    for a in args {
+        match a.as_str() {
+            "--brief" => brief = true,
+            f if f.starts_with("--") => return Err(format!("unexpected option '{f}'\n{USAGE}")),
+            f => files.push(f.to_string()),
+        }
+    }
+    if files.is_empty() {
+        return Err(format!("pcap needs at least one file\n{USAGE}"));
+    }
+    print!("{}", pcap::run(&files, brief)?);
     Ok(())
 }
 

@@ -12,6 +12,7 @@
 //!   channels, UD queue pairs, address handles and multicast.
 //! * [`transport`]: the datagram transport between processes (abstract unix sockets keyed by
 //!   fabric, LID and QPN; multicast membership files) and the loss/delay knobs.
+//! * [`capture`]: `SIMVERBS_PCAP`, every sent datagram as an InfiniBand frame in a pcap file.
 //!
 //! Every exported function runs its body inside `guard`, so no panic crosses the C ABI.
 //! See `docs/simverbs.md` for the design, the control protocol and the gotchas.
@@ -28,6 +29,7 @@
 #![allow(clippy::missing_safety_doc)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod capture;
 pub mod control;
 pub mod cq;
 pub mod device;

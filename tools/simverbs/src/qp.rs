@@ -824,6 +824,7 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
         dgid: unsafe { attr.grh.dgid.raw },
         payload,
     };
+    crate::capture::record(&d);
     let bytes = d.emit();
     if d.dst_qpn == MCAST_QPN {
         let members = transport::mcast_members(d.grh.then_some(&d.dgid), d.dlid);

@@ -1,0 +1,843 @@
+//! Address resolution over the ACM multicast protocol (class 0x2C), the address table, and the
+//! endpoint's multicast joins.
+//!
+//! An address entry is (endpoint, type, 64 bytes). Its states map onto ibacmp's `acmp_dest`:
+//!
+//! ```text
+//!  absent ──request──▶ Queued ──window/joined──▶ Querying ──response / peer's request──▶ Resolved
+//!   (INIT)            (QUERY_ADDR, FIFO,          (QUERY_ADDR, retried every               (ADDR_RESOLVED;
+//!                      queue_deadline)             timeout + subnet timeout)                QUERY_ROUTE while a
+//!                         │                            │ retries exhausted                  route job runs, READY
+//!                         └──deadline──▶ answered, freed ◀┘ (ETIMEDOUT)                    once cached + aliased)
+//! ```
+//!
+//! Local addresses (`add_address`) are `Local`; hosts-file entries are `Resolved` with origin
+//! `Preload` (renewed on use when expired); entries learned from peers' requests are
+//! `Resolved`/`Learned` and may be evicted when the table is full and they are idle.
+
+use super::mads;
+use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
+use super::storage::{list_id, AddrState, GroupState, List, Origin};
+use super::{
+    addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, ReqCtx, Resolver,
+    Storage, NEVER,
+};
+use crate::cache::hash::hash_words;
+use crate::cache::{AddrKey, AddrKind, AddrSlot, Lookup, PathCache, PathKey, PathSlot};
+use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, ACM_MGMT_CLASS, CTRL_RESOLVE};
+use crate::wire::client::{AcmMsg, EpInfoType};
+use crate::wire::gid::Gid;
+use crate::wire::mad::Method;
+use crate::wire::path_record::PathRecord;
+use core::ops::Deref;
+
+/// The cache address key of an entry (NAME/IP/IP6 only).
+pub(crate) fn addr_key(a: &AddrEntry) -> Option<AddrKey> {
+    let kind = match a.type_ {
+        1 => AddrKind::Name,
+        2 => AddrKind::Ipv4,
+        3 => AddrKind::Ipv6,
+        _ => return None,
+    };
+    Some(AddrKey {
+        ep: a.cache_ep,
+        kind,
+        addr: a.addr,
+    })
+}
+
+/// Aliases entry `a`'s address to the cached path `key` (expiring at `path_expires`), with
+/// TTL = min(address lifetime, route lifetime).
+pub(crate) fn alias<P, A>(
+    cache: &PathCache<P, A>,
+    a: &AddrEntry,
+    key: &PathKey,
+    now: Millis,
+    path_expires: Millis,
+) where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    let Some(k) = addr_key(a) else {
+        return;
+    };
+    let until = a.expires.min(path_expires);
+    if until <= now {
+        return;
+    }
+    if let Some(mut w) = cache.writer() {
+        let _ = w.alias(&k, key, now, until - now);
+    }
+}
+
+/// How many probes an insert into a full address table makes for an idle learned entry.
+const EVICT_PROBES: u32 = 64;
+
+impl<S: Storage> Resolver<S> {
+    fn addr_bucket(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> usize {
+        let mut w = [0u32; 17];
+        w[0] = (slot as u32) << 8 | u32::from(type_);
+        for (d, c) in w[1..].iter_mut().zip(addr.chunks_exact(4)) {
+            *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        let h = hash_words(self.seed ^ 0xadd7, &w);
+        (h % self.st.addr_buckets().len() as u64) as usize
+    }
+
+    /// The entry for (endpoint slot, type, address).
+    pub(crate) fn find_addr(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> Option<u32> {
+        let b = self.addr_bucket(slot, type_, addr);
+        let mut cur = self.st.addr_buckets()[b];
+        while let Some(i) = cur.checked_sub(1) {
+            let a = &self.st.addrs()[i as usize];
+            if a.state != AddrState::Free
+                && usize::from(a.ep) == slot
+                && a.type_ == type_
+                && a.addr == *addr
+            {
+                return Some(i);
+            }
+            cur = a.hnext;
+        }
+        None
+    }
+
+    /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
+    /// entry if the table is full. `None` if nothing can be evicted.
+    pub(crate) fn alloc_addr(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> Option<u32> {
+        if self.free_addrs.is_empty() {
+            let n = self.st.addrs().len() as u32;
+            for _ in 0..EVICT_PROBES.min(n) {
+                let i = self.evict_hand % n;
+                self.evict_hand = self.evict_hand.wrapping_add(1);
+                let a = &self.st.addrs()[i as usize];
+                let idle = a.state == AddrState::Resolved
+                    && a.origin == Origin::Learned
+                    && a.job == 0
+                    && !a.send_resp
+                    && a.waiters.is_empty();
+                if idle {
+                    self.free_addr(i);
+                    break;
+                }
+            }
+        }
+        let i = self
+            .free_addrs
+            .pop_front(self.st.addrs(), list_id::FREE, addr_qlink)?;
+        let b = self.addr_bucket(slot, type_, addr);
+        let head = self.st.addr_buckets()[b];
+        let a = &mut self.st.addrs()[i as usize];
+        *a = AddrEntry::EMPTY;
+        a.state = AddrState::Resolved;
+        a.ep = slot as u8;
+        a.type_ = type_;
+        a.addr = *addr;
+        a.hnext = head;
+        self.st.addr_buckets()[b] = i + 1;
+        Some(i)
+    }
+
+    /// Takes entry `i` off the list its `qlink` is on.
+    pub(crate) fn unlink_q(&mut self, i: u32) {
+        let a = self.st.addrs()[i as usize];
+        let slot = usize::from(a.ep);
+        match a.qlink.on {
+            list_id::ACM_QUEUE => {
+                let mut l = self.st.endpoints()[slot].queue;
+                l.remove(self.st.addrs(), i, list_id::ACM_QUEUE, addr_qlink);
+                self.st.endpoints()[slot].queue = l;
+            }
+            list_id::ACM_INFLIGHT => {
+                let mut l = self.st.endpoints()[slot].inflight;
+                l.remove(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
+                let e = &mut self.st.endpoints()[slot];
+                e.inflight = l;
+                e.acm_inflight = e.acm_inflight.saturating_sub(1);
+            }
+            list_id::LOCALS => {
+                let mut l = self.st.endpoints()[slot].locals;
+                l.remove(self.st.addrs(), i, list_id::LOCALS, addr_qlink);
+                self.st.endpoints()[slot].locals = l;
+            }
+            list_id::REMOVALS => {
+                self.removals
+                    .remove(self.st.addrs(), i, list_id::REMOVALS, addr_qlink);
+            }
+            _ => {}
+        }
+    }
+
+    /// Frees entry `i` (its waiters, if any, are answered ENODATA first).
+    pub(crate) fn free_addr(&mut self, i: u32) {
+        let a = self.st.addrs()[i as usize];
+        if a.state == AddrState::Free {
+            return;
+        }
+        self.fail_addr_waiters(i, ENODATA);
+        if matches!(a.state, AddrState::Queued | AddrState::Querying) {
+            self.acm_active -= 1;
+        }
+        self.unlink_q(i);
+        self.acm_send
+            .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+        if let Some(j) = a.job.checked_sub(1) {
+            let mut l = self.st.jobs()[j as usize].addrs;
+            l.remove(self.st.addrs(), i, list_id::ROUTE_ADDRS, super::addr_rlink);
+            self.st.jobs()[j as usize].addrs = l;
+        }
+        // Unhash.
+        let b = self.addr_bucket(usize::from(a.ep), a.type_, &a.addr);
+        let mut cur = self.st.addr_buckets()[b];
+        let mut prev: Option<u32> = None;
+        while let Some(c) = cur.checked_sub(1) {
+            let next = self.st.addrs()[c as usize].hnext;
+            if c == i {
+                match prev {
+                    Some(p) => self.st.addrs()[p as usize].hnext = next,
+                    None => self.st.addr_buckets()[b] = next,
+                }
+                break;
+            }
+            prev = Some(c);
+            cur = next;
+        }
+        self.st.addrs()[i as usize] = AddrEntry::EMPTY;
+        self.free_addrs
+            .push_back(self.st.addrs(), i, list_id::FREE, addr_qlink);
+    }
+
+    /// Answers the waiters of entry `i` with `status`.
+    pub(crate) fn fail_addr_waiters(&mut self, i: u32, status: u8) {
+        let mut l = self.st.addrs()[i as usize].waiters;
+        self.answer_list(&mut l, status, None);
+        self.st.addrs()[i as usize].waiters = List::EMPTY;
+    }
+
+    /// An address query failed: its waiters get `status`, the entry goes (ibacmp: INIT).
+    pub(crate) fn fail_addr(&mut self, i: u32, status: u8) {
+        self.fail_addr_waiters(i, status);
+        self.free_addr(i);
+    }
+
+    fn group_record(&mut self, slot: usize, group: u8) -> Option<[u8; 56]> {
+        let g = usize::from(group).checked_sub(1)?;
+        let gs = self.st.endpoints()[slot].groups.get(g).copied()?;
+        (gs.state == GroupState::Joined).then_some(gs.record)
+    }
+
+    pub(crate) fn ep_ready(&mut self, slot: usize) -> bool {
+        let e = &self.st.endpoints()[slot];
+        e.open
+            && (!(self.cfg.addr_acm || self.cfg.route_acm)
+                || e.groups[0].state == GroupState::Joined)
+    }
+
+    /// The path ACM route mode builds from the group (contract 3.5): the group's path with
+    /// DGID = the peer's GID, DLID = its LID, SLID = ours, reversible, and SL, MTU, rate,
+    /// packet lifetime, traffic class, flow label, hop limit and P_Key from the MCMemberRecord.
+    fn acm_path(&mut self, slot: usize, a: &AddrEntry) -> Option<[u8; 64]> {
+        let rec = self.group_record(slot, a.group)?;
+        let e = self.st.endpoints()[slot];
+        let g = crate::wire::mcmember::McMemberRepr::parse_bytes(&rec).ok()?;
+        let mut r = [0u8; 64];
+        let mut p = PathRecord::new_unchecked(&mut r[..]);
+        p.set_dgid(Gid(a.gid));
+        p.set_sgid(Gid(e.port_gid));
+        p.set_dlid(a.lid);
+        p.set_slid(e.lid);
+        p.set_flow(false, g.flow_label, g.hop_limit);
+        p.set_tclass(g.tclass);
+        p.set_reversible_numpath(true, 1);
+        p.set_pkey(g.pkey);
+        p.set_qosclass_sl(0, g.sl);
+        // MTU, rate and packet lifetime bytes verbatim, selector bits included.
+        r[54] = rec[38];
+        r[55] = rec[42];
+        r[56] = rec[43];
+        Some(r)
+    }
+
+    /// The key and SA record of entry `i`'s route: ibacmp's `{sgid, dgid, pkey, tclass}`.
+    fn addr_route_key(&mut self, slot: usize, i: u32) -> (Option<PathKey>, [u8; 64]) {
+        let a = self.st.addrs()[i as usize];
+        let tclass = self.group_record(slot, a.group).map_or(0, |r| r[39]);
+        let view = self.view(slot, a.cache_ep);
+        let (k, sa) = request::normalise(&view, &request::gid_record(Gid(a.gid), tclass));
+        (request::cache_key(a.cache_ep, &k), sa)
+    }
+
+    /// Routes the resolved address `i` and answers `waiters` (from the cache, from the group in
+    /// ACM route mode, or after an SA query). `count_addr_cache`: a request found the address
+    /// known but not its route (ibacmp's ADDR_RESOLVED hit).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn route_addr<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        i: u32,
+        mut waiters: List,
+        count_addr_cache: Option<EpId>,
+        force: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let (key, sa) = self.addr_route_key(slot, i);
+        let a = self.st.addrs()[i as usize];
+        if let (Some(k), false) = (key, force) {
+            match cache.lookup(&k, now) {
+                Lookup::Hit {
+                    record, expires_at, ..
+                } => {
+                    alias(cache, &a, &k, now, expires_at);
+                    let mut l = waiters;
+                    while let Some(w) =
+                        l.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
+                    {
+                        let ep = EpId(self.st.requests()[w as usize].ep);
+                        self.count(ep, Counter::RouteCache);
+                        self.answer(w, 0, Some(&record));
+                    }
+                    return;
+                }
+                Lookup::Negative { status, .. } => {
+                    self.answer_list(&mut waiters, status, None);
+                    return;
+                }
+                _ => {}
+            }
+        }
+        if let (Some(k), true) = (key, self.cfg.route_acm && a.lid != 0) {
+            if let Some(path) = self.acm_path(slot, &a) {
+                if let Some(mut w) = cache.writer() {
+                    w.insert(&k, &path, now, self.cfg.route_ttl.unwrap_or(NEVER));
+                }
+                let exp = self.cfg.route_ttl.map_or(NEVER, |t| now.saturating_add(t));
+                alias(cache, &a, &k, now, exp);
+                self.answer_list(&mut waiters, 0, Some(&path));
+                return;
+            }
+        }
+        if let (Some(ep), 0) = (count_addr_cache, a.job) {
+            self.count(ep, Counter::AddrCache);
+        }
+        let cache_ep = a.cache_ep;
+        let first = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link);
+        self.join_route(now, slot, cache_ep, key, &sa, first, Some(i));
+        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
+        {
+            self.join_route(now, slot, cache_ep, key, &sa, Some(w), None);
+        }
+    }
+
+    /// A NAME / IP / IP6 request.
+    pub(crate) fn addr_request<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        r: &ReqCtx<'_>,
+        key: &AddrKey,
+        nodelay: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let found = self.find_addr(slot, key.kind as u8, &key.addr);
+        if r.kind != Kind::Refresh {
+            match cache.lookup_addr(key, now) {
+                Lookup::Hit {
+                    record,
+                    needs_refresh,
+                    ..
+                } => {
+                    if r.kind == Kind::Resolve {
+                        self.count(r.ep, Counter::RouteCache);
+                        self.answer_now(r, 0, Some(&record));
+                    }
+                    if let (true, Some(i)) = (needs_refresh, found) {
+                        if self.st.addrs()[i as usize].state == AddrState::Resolved {
+                            self.route_addr(now, cache, slot, i, List::EMPTY, None, true);
+                        }
+                    }
+                    return;
+                }
+                Lookup::Negative { status, .. } => {
+                    self.answer_now(r, status, None);
+                    return;
+                }
+                _ => {}
+            }
+        } else {
+            if let Some(i) = found {
+                if self.st.addrs()[i as usize].state == AddrState::Resolved {
+                    self.st.addrs()[i as usize].cache_ep = r.cache_ep;
+                    self.route_addr(now, cache, slot, i, List::EMPTY, None, true);
+                }
+            }
+            return;
+        }
+        let mut waiters = List::EMPTY;
+        match (r.kind, nodelay) {
+            (Kind::Resolve, false) => {
+                let Some(w) = self.waiter(r) else {
+                    return;
+                };
+                waiters.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
+            }
+            (Kind::Resolve, true) => self.answer_now(r, ENODATA, None),
+            _ => {}
+        }
+        let state = found.map(|i| self.st.addrs()[i as usize].state);
+        match (found, state) {
+            (Some(i), Some(AddrState::Local)) => {
+                let e = self.st.endpoints()[slot];
+                if self.cfg.loopback_local && e.lid != 0 {
+                    let path =
+                        request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
+                    self.insert_loopback(now, cache, slot, i, r.cache_ep);
+                    if !waiters.is_empty() {
+                        self.count(r.ep, Counter::RouteCache);
+                    }
+                    self.answer_list(&mut waiters, 0, Some(&path));
+                } else {
+                    // loopback_prot none: our own address is routed like any other, to GID0.
+                    self.st.addrs()[i as usize].cache_ep = r.cache_ep;
+                    self.route_addr(now, cache, slot, i, waiters, Some(r.ep), false);
+                }
+            }
+            (Some(i), Some(AddrState::Resolved)) => {
+                let a = &mut self.st.addrs()[i as usize];
+                a.cache_ep = r.cache_ep;
+                if a.expires <= now {
+                    if a.origin == Origin::Preload || a.job != 0 {
+                        // The hosts file is re-read, so to speak: a new lifetime.
+                        a.expires = self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t));
+                        self.count(r.ep, Counter::AddrQuery);
+                    } else if self.cfg.addr_acm {
+                        self.requeue(now, slot, i);
+                        let mut l = waiters;
+                        self.add_waiters(i, &mut l);
+                        return;
+                    }
+                }
+                let count = (r.kind == Kind::Resolve).then_some(r.ep);
+                self.route_addr(now, cache, slot, i, waiters, count, false);
+            }
+            (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
+                self.add_waiters(i, &mut waiters);
+            }
+            (Some(_), _) => self.answer_list(&mut waiters, ENODATA, None),
+            (None, _) => {
+                if !self.cfg.addr_acm {
+                    self.answer_list(&mut waiters, ENODATA, None);
+                    return;
+                }
+                let Some(i) = self.alloc_addr(slot, key.kind as u8, &key.addr) else {
+                    self.stats.full += 1;
+                    self.answer_list(&mut waiters, ENOMEM, None);
+                    return;
+                };
+                {
+                    let a = &mut self.st.addrs()[i as usize];
+                    a.cache_ep = r.cache_ep;
+                    if let Some((t, src)) = source_entry(r.msg) {
+                        a.src_type = t;
+                        a.src = src;
+                    }
+                }
+                self.requeue(now, slot, i);
+                self.add_waiters(i, &mut waiters);
+            }
+        }
+    }
+
+    fn add_waiters(&mut self, i: u32, waiters: &mut List) {
+        let mut l = self.st.addrs()[i as usize].waiters;
+        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
+        {
+            l.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
+        }
+        self.st.addrs()[i as usize].waiters = l;
+    }
+
+    /// Puts entry `i` (Resolved, no job) on its endpoint's ACM queue (QUERY_ADDR).
+    fn requeue(&mut self, now: Millis, slot: usize, i: u32) {
+        let at = now.saturating_add(self.cfg.queue_deadline);
+        {
+            let a = &mut self.st.addrs()[i as usize];
+            a.state = AddrState::Queued;
+            a.timer = at;
+            a.tries = 0;
+        }
+        self.acm_active += 1;
+        let mut q = self.st.endpoints()[slot].queue;
+        q.push_back(self.st.addrs(), i, list_id::ACM_QUEUE, addr_qlink);
+        self.st.endpoints()[slot].queue = q;
+        self.arm(at);
+    }
+
+    /// Sends queued address queries of endpoint `slot` while its ACM window has room.
+    pub(crate) fn pump_acm(&mut self, now: Millis, slot: usize) {
+        if !self.ep_ready(slot) {
+            return;
+        }
+        let try_ms = self.acm_try(slot);
+        while self.st.endpoints()[slot].acm_inflight < self.cfg.acm_window {
+            let mut q = self.st.endpoints()[slot].queue;
+            let Some(i) = q.pop_front(self.st.addrs(), list_id::ACM_QUEUE, addr_qlink) else {
+                break;
+            };
+            self.st.endpoints()[slot].queue = q;
+            let tid = u64::from(self.next_tid());
+            let at = now.saturating_add(try_ms);
+            {
+                let a = &mut self.st.addrs()[i as usize];
+                a.state = AddrState::Querying;
+                a.tid = tid;
+                a.tries = 0;
+                a.timer = at;
+                a.send_query = true;
+            }
+            let mut l = self.st.endpoints()[slot].inflight;
+            l.push_back(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
+            let e = &mut self.st.endpoints()[slot];
+            e.inflight = l;
+            e.acm_inflight += 1;
+            let id = EpId(e.id);
+            self.acm_send
+                .push_back(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+            self.count(id, Counter::AddrQuery);
+            self.arm(at);
+        }
+    }
+
+    fn acm_try(&mut self, slot: usize) -> Millis {
+        self.cfg
+            .acm_timeout
+            .saturating_add(self.st.endpoints()[slot].subnet_timeout)
+            .max(1)
+    }
+
+    /// ACM queue deadlines and retries of endpoint `slot`.
+    pub(crate) fn acm_timers<P, A>(&mut self, now: Millis, _cache: &PathCache<P, A>, slot: usize)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let ready = self.ep_ready(slot);
+        // Both lists are in deadline order: only due heads are looked at.
+        while let Some(i) = self.st.endpoints()[slot].queue.front() {
+            if self.st.addrs()[i as usize].timer > now {
+                break;
+            }
+            // Waiting for the group join: ibacmp's "endpoint not ready" ENODATA.
+            let status = if ready { ETIMEDOUT } else { ENODATA };
+            self.stats.timeouts += u64::from(ready);
+            self.fail_addr(i, status);
+        }
+        let try_ms = self.acm_try(slot);
+        while let Some(i) = self.st.endpoints()[slot].inflight.front() {
+            let a = self.st.addrs()[i as usize];
+            if a.timer > now {
+                break;
+            }
+            if a.tries < self.cfg.acm_retries {
+                // Same TID, as ibacmp re-posts the same message; to the back of the list.
+                let at = now.saturating_add(try_ms);
+                let mut l = self.st.endpoints()[slot].inflight;
+                l.remove(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
+                l.push_back(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
+                self.st.endpoints()[slot].inflight = l;
+                let a = &mut self.st.addrs()[i as usize];
+                a.tries += 1;
+                a.timer = at;
+                a.send_query = true;
+                self.acm_send
+                    .push_back(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+                self.arm(at);
+            } else {
+                self.stats.timeouts += 1;
+                self.fail_addr(i, ETIMEDOUT);
+            }
+        }
+    }
+
+    /// Starts (or restarts) the join of group `g` of endpoint `slot`.
+    pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
+        let tid = self.next_tid();
+        let at = now.saturating_add(self.cfg.sa_deadline);
+        let gs = &mut self.st.endpoints()[slot].groups[g];
+        gs.state = GroupState::Send;
+        gs.tid = tid;
+        gs.timer = at;
+        self.mark_dirty(slot);
+        self.arm(at);
+    }
+
+    /// A join failed or got no answer: retry after 1 s, 2 s, … at most 30 s (ibacmp never
+    /// retries, so a lost join there leaves the endpoint unusable until the next reregister).
+    pub(crate) fn join_failed(&mut self, now: Millis, slot: usize, g: usize) {
+        let gs = &mut self.st.endpoints()[slot].groups[g];
+        let wait = (1000u64 << gs.tries.min(5)).min(30_000);
+        gs.tries = gs.tries.saturating_add(1);
+        gs.state = GroupState::Retry;
+        gs.timer = now.saturating_add(wait);
+        self.arm(now.saturating_add(wait));
+    }
+
+    /// An SA completion of a join.
+    pub(crate) fn join_reply(
+        &mut self,
+        now: Millis,
+        index: u32,
+        tid: u32,
+        umad_status: u32,
+        mad: &[u8; 256],
+    ) {
+        let (slot, g) = ((index / 2) as usize, (index % 2) as usize);
+        let ok = self.st.endpoints().get(slot).is_some_and(|e| {
+            e.open && e.groups[g].state == GroupState::Joining && e.groups[g].tid == tid
+        });
+        if !ok {
+            self.stats.sa_unknown += 1;
+            return;
+        }
+        let e = self.st.endpoints()[slot];
+        let mgid = mads::group_mgid(e.pkey, e.groups[g].rate, e.groups[g].mtu);
+        match mads::join_reply(umad_status, mad, mgid) {
+            Some(rec) => {
+                let gs = &mut self.st.endpoints()[slot].groups[g];
+                gs.state = GroupState::Joined;
+                gs.record = rec;
+                gs.tries = 0;
+                self.mark_dirty(slot);
+            }
+            None => self.join_failed(now, slot, g),
+        }
+    }
+
+    /// The best group shared with a peer: the highest-index GID of its list that we joined.
+    fn best_group(&mut self, slot: usize, gids: &[Gid]) -> Option<u8> {
+        let e = self.st.endpoints()[slot];
+        gids.iter().rev().find_map(|m| {
+            (0..2u8).find(|&g| {
+                let gs = &e.groups[usize::from(g)];
+                gs.state == GroupState::Joined && gs.record[..16] == m.0
+            })
+        })
+    }
+
+    /// Records what a peer's packet says about it: entry `i` becomes ADDR_RESOLVED with the
+    /// peer's GID (GRH), LID, QPN and the shared group; waiters move on to the route.
+    #[allow(clippy::too_many_arguments)]
+    fn resolved<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        i: u32,
+        sgid: Gid,
+        meta: &RecvMeta,
+        group: u8,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let a = self.st.addrs()[i as usize];
+        let was_querying = matches!(a.state, AddrState::Queued | AddrState::Querying);
+        if was_querying {
+            self.unlink_q(i);
+            self.acm_active -= 1;
+        } else if a.gid != sgid.0 {
+            // The peer's GID changed: the old alias points at the old route.
+            if let (Some(k), Some(mut w)) = (addr_key(&a), cache.writer()) {
+                w.remove_addr(&k);
+            }
+        }
+        let expires = self.addr_expiry(now);
+        let waiters = {
+            let a = &mut self.st.addrs()[i as usize];
+            a.state = AddrState::Resolved;
+            a.origin = Origin::Learned;
+            a.gid = sgid.0;
+            a.lid = meta.slid;
+            a.qpn = meta.src_qp;
+            a.path_bits = meta.dlid_path_bits;
+            a.group = group + 1;
+            a.expires = expires;
+            a.send_query = false;
+            core::mem::replace(&mut a.waiters, List::EMPTY)
+        };
+        if !self.st.addrs()[i as usize].send_resp {
+            self.acm_send
+                .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+        }
+        if was_querying {
+            // Someone asked: route it now (also with no waiter left, to prime the cache).
+            self.route_addr(now, cache, slot, i, waiters, None, false);
+        }
+    }
+
+    /// A received class 0x2C MAD.
+    pub(crate) fn acm_receive<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        meta: &RecvMeta,
+        mad: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(slot) = self.ep_slot(ep) else {
+            self.stats.acm_unsolicited += 1;
+            return;
+        };
+        let Ok(m) = AcmMad::new_checked(mad) else {
+            self.stats.acm_malformed += 1;
+            return;
+        };
+        if mad.len() != crate::wire::acm_mad::ACM_MAD_LEN
+            || m.base_version() != 1
+            || m.mgmt_class() != ACM_MGMT_CLASS
+            || m.class_version() != 1
+            || m.control() != CTRL_RESOLVE
+        {
+            self.stats.acm_malformed += 1;
+            return;
+        }
+        let sgid = match meta.grh_sgid {
+            Some(g) if meta.pkey_index == meta.ep_pkey_index && !g.is_zero() => g,
+            _ => {
+                self.stats.acm_wrong_key += 1;
+                return;
+            }
+        };
+        let Ok(r) = AcmResolveRepr::parse(&m) else {
+            self.stats.acm_malformed += 1;
+            return;
+        };
+        match r.method {
+            Method::Get => self.peer_request(now, cache, slot, meta, sgid, &r),
+            Method::GetResp => self.peer_response(now, cache, slot, meta, sgid, &r),
+            _ => self.stats.acm_malformed += 1,
+        }
+    }
+
+    fn peer_request<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        meta: &RecvMeta,
+        sgid: Gid,
+        r: &AcmResolveRepr,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let (st, dt) = (u8::from(r.src_type), u8::from(r.dest_type));
+        if !(1..=5).contains(&st) || !(1..=5).contains(&dt) {
+            self.stats.acm_malformed += 1;
+            return;
+        }
+        let Some(g) = self.best_group(slot, r.gids()) else {
+            self.stats.acm_no_group += 1;
+            return;
+        };
+        let target = self
+            .find_addr(slot, dt, &r.dest)
+            .is_some_and(|i| self.st.addrs()[i as usize].state == AddrState::Local);
+        // Every receiver records the requester, as ibacmp does.
+        let rec = match self.find_addr(slot, st, &r.src) {
+            Some(i) => match self.st.addrs()[i as usize].state {
+                AddrState::Local | AddrState::Removing | AddrState::Free => None,
+                _ => Some(i),
+            },
+            None => {
+                let i = self.alloc_addr(slot, st, &r.src);
+                if let Some(i) = i {
+                    let cache_ep = self.st.endpoints()[slot].cache_ep;
+                    self.st.addrs()[i as usize].cache_ep = cache_ep;
+                }
+                i
+            }
+        };
+        if let Some(i) = rec {
+            self.resolved(now, cache, slot, i, sgid, meta, g);
+        }
+        if !target {
+            return;
+        }
+        // Respond at once (ibacmp in SA route mode first runs its own SA query towards the
+        // requester and answers only if that succeeds; the requester never sees that path,
+        // so waiting only delays it, and a failed query there turns into a requester timeout).
+        match rec {
+            Some(i) => {
+                let a = &mut self.st.addrs()[i as usize];
+                a.send_resp = true;
+                a.resp_tid = r.tid;
+                a.resp_group = g + 1;
+                self.acm_send
+                    .push_back(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+            }
+            None => self.stats.full += 1,
+        }
+    }
+
+    fn peer_response<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        meta: &RecvMeta,
+        sgid: Gid,
+        r: &AcmResolveRepr,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let mut cur = self.st.endpoints()[slot].inflight.front();
+        let mut found = None;
+        while let Some(i) = cur {
+            if self.st.addrs()[i as usize].tid == r.tid {
+                found = Some(i);
+                break;
+            }
+            cur = List::next_of(self.st.addrs(), i, addr_qlink);
+        }
+        let Some(i) = found else {
+            self.stats.acm_unknown_tid += 1;
+            return;
+        };
+        if r.status != 0 || r.gid_cnt == 0 {
+            self.stats.acm_malformed += 1;
+            return;
+        }
+        let Some(g) = self.best_group(slot, &r.gids()[..1]) else {
+            self.stats.acm_unsolicited += 1;
+            return;
+        };
+        self.resolved(now, cache, slot, i, sgid, meta, g);
+    }
+}
+
+/// The request's source entry (type 1..=3 and its 64 bytes), if it names one.
+fn source_entry(msg: &[u8]) -> Option<(u8, [u8; 64])> {
+    let m = AcmMsg::new_checked(msg).ok()?;
+    let s = m.check_resolve().ok()?.source?;
+    let e = m.entry(s)?;
+    let t = match e.info_type() {
+        EpInfoType::Name => 1,
+        EpInfoType::AddressIp => 2,
+        EpInfoType::AddressIp6 => 3,
+        _ => return None,
+    };
+    let mut a = [0u8; 64];
+    a.copy_from_slice(e.info());
+    (a != [0; 64]).then_some((t, a))
+}

@@ -1,0 +1,1355 @@
+//! The resolver: every decision acmrs makes, as a sans-IO state machine.
+//!
+//! Modelled on quinn-proto's `Connection`: the resolver never performs IO, never reads a clock
+//! and never allocates. Its caller (the dataplane loop on a host, a firmware main loop, a
+//! simulation) feeds it **inputs** as method calls with the time passed in, and drains its
+//! **outputs** by polling:
+//!
+//! ```text
+//!  inputs                                   outputs (poll_output)
+//!  open_endpoint / close_endpoint  ──┐   ┌──▶ Output::SendSa    (PathRecord GET, MCMember SET/DELETE)
+//!  add_address / remove_address      │   ├──▶ Output::SendAcm   (class 0x2C over the endpoint's UD QP)
+//!  reregister                        ├─▶ ├──▶ Output::Answer    (a client's response, exactly once)
+//!  request      (client, 592 B msg)  │   ├──▶ Output::Attach / Output::Detach (multicast group)
+//!  handle_sa    (SA reply or error)  │   └──▶ Output::Count     (an ACM_CNTR_* event)
+//!  handle_acm   (received 0x2C MAD)  │
+//!  handle_timeout(now)             ──┘        poll_timeout() → when to call handle_timeout
+//! ```
+//!
+//! Storage (request slots, pending keys, in-flight queries, address entries, endpoints) comes
+//! from the caller as slices in a [`Storage`], like [`crate::cache::PathCache`]. The path cache
+//! itself is shared with lock-free readers (the provider's inline hit path), so it is passed to
+//! every input that may write it; the resolver is its only writer.
+//!
+//! Time is one monotonic clock in milliseconds ([`Millis`]), the same ticks the cache uses.
+//!
+//! Exactly-once: every [`Resolver::request`] of kind [`Kind::Resolve`] or [`Kind::Query`] leads
+//! to exactly one [`Output::Answer`] carrying its `client` and the request's `tid`, on every
+//! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full tables).
+
+mod addr;
+mod mads;
+mod output;
+pub mod request;
+mod route;
+#[cfg(feature = "sim")]
+pub mod sim;
+mod storage;
+
+#[cfg(feature = "std")]
+pub use storage::HeapStorage;
+pub use storage::{
+    AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
+};
+
+use crate::cache::{AddrSlot, PathCache, PathSlot};
+use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt};
+use crate::wire::gid::Gid;
+use crate::wire::mad::MAD_LEN;
+use crate::wire::rate::{Mtu, Rate};
+use core::ops::Deref;
+use request::{EINVAL, ENODATA, ENOMEM};
+use storage::{list_id, AddrState, GroupState, JobState, Link, List, ReqState};
+
+/// Milliseconds on the caller's monotonic clock.
+pub type Millis = u64;
+
+/// Most endpoints one resolver serves (the cache's endpoint slots).
+pub const MAX_EPS: usize = 256;
+
+/// Largest client message (`sizeof(struct acm_msg)`).
+pub const MSG_LEN: usize = crate::wire::client::MSG_LEN;
+
+/// An endpoint: the caller's cache endpoint slot (0..[`MAX_EPS`]), unique among open endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EpId(pub u8);
+
+/// What the resolver needs to know about an endpoint (one port, one partition).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpConfig {
+    /// Port GID at index 0 (the source GID of everything this endpoint sends).
+    pub port_gid: Gid,
+    /// Port base LID.
+    pub lid: u16,
+    /// P_Key as the core gave it (full-membership bit included).
+    pub pkey: u16,
+    /// Active MTU (`enum ibv_mtu`).
+    pub mtu: u8,
+    /// Active rate (`enum ibv_rate`), 0 if unknown.
+    pub rate: u8,
+    /// The port's subnet timeout in ms, as ibacmp derives it (`1 << (SubnetTimeOut - 8)`).
+    pub subnet_timeout_ms: u64,
+    /// The endpoint's own UD QP number (the source QPN of its ACM MADs).
+    pub qpn: u32,
+}
+
+/// How a client is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// `acm_resolve_response`.
+    Resolve,
+    /// `acm_query_response` (`ACM_FLAGS_QUERY_SA`).
+    Query,
+}
+
+/// What kind of client call a request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `resolve()`: answered with [`Via::Resolve`].
+    Resolve,
+    /// `query()`: a pass-through SA PathRecord GET, never cached, answered with [`Via::Query`].
+    Query,
+    /// A NODELAY miss the caller already answered ENODATA: resolve only to prime the cache.
+    /// Never answered.
+    Prime,
+    /// A cache hit near expiry that the caller already answered: re-resolve and update the
+    /// entry in place. Never answered.
+    Refresh,
+}
+
+/// The `ACM_CNTR_*` counters (the index into `query_perf`'s array).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Counter {
+    /// Answers with an error status other than ENODATA.
+    Error = 0,
+    /// `resolve()` calls.
+    Resolve = 1,
+    /// Answers with ENODATA.
+    NoData = 2,
+    /// ACM multicast address queries sent.
+    AddrQuery = 3,
+    /// Requests whose address was known but whose route was not.
+    AddrCache = 4,
+    /// SA PathRecord queries sent (query() included).
+    RouteQuery = 5,
+    /// Requests answered from the route cache.
+    RouteCache = 6,
+}
+
+/// A multicast group the endpoint joined (from the SA's MCMemberRecord answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct McGroup {
+    /// Group index (0 = the base group every node joins; 1 = the port's own rate/MTU).
+    pub index: u8,
+    /// The MGID.
+    pub mgid: Gid,
+    /// The MLID the SA assigned.
+    pub mlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Flow label.
+    pub flow_label: u32,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub tclass: u8,
+    /// Static rate (`enum ibv_rate`, selector bits stripped).
+    pub rate: u8,
+    /// MTU (`enum ibv_mtu`, selector bits stripped).
+    pub mtu: u8,
+    /// P_Key of the group.
+    pub pkey: u16,
+    /// Q_Key of the group.
+    pub qkey: u32,
+}
+
+/// An address vector for a unicast ACM MAD (a response to a peer's query).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnicastAv {
+    /// Destination LID (the requester's `wc.slid`).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source path bits (the request's `wc.dlid_path_bits`).
+    pub src_path_bits: u8,
+    /// Static rate (`enum ibv_rate`).
+    pub static_rate: u8,
+    /// GRH destination GID (the request's GRH source GID).
+    pub dgid: Gid,
+    /// GRH flow label.
+    pub flow_label: u32,
+    /// GRH hop limit.
+    pub hop_limit: u8,
+    /// GRH traffic class.
+    pub tclass: u8,
+    /// Destination QP (the request's `wc.src_qp`).
+    pub remote_qpn: u32,
+    /// Q_Key to send with (`ACM_QKEY`).
+    pub remote_qkey: u32,
+}
+
+/// Where an ACM MAD goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcmDest {
+    /// Multicast on the endpoint's attached group with this index (QPN 0xFFFFFF, `ACM_QKEY`).
+    Group(u8),
+    /// Unicast to a peer.
+    Unicast(UnicastAv),
+}
+
+/// What the receive completion of an ACM MAD said about its sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// `wc.slid`.
+    pub slid: u16,
+    /// `wc.src_qp`.
+    pub src_qp: u32,
+    /// `wc.sl`.
+    pub sl: u8,
+    /// `wc.dlid_path_bits`.
+    pub dlid_path_bits: u8,
+    /// `wc.pkey_index`.
+    pub pkey_index: u16,
+    /// The endpoint's own P_Key index (a MAD that arrived on another is dropped).
+    pub ep_pkey_index: u16,
+    /// The source GID of the GRH (`None` when the completion had no `IBV_WC_GRH`).
+    pub grh_sgid: Option<Gid>,
+}
+
+/// A client's answer: `len` bytes of `msg`, for `client` on endpoint `ep`, through `via`.
+#[derive(Clone, Copy, Debug)]
+pub struct Answer {
+    /// Endpoint of the request.
+    pub ep: EpId,
+    /// The core's client index the request came with.
+    pub client: u64,
+    /// Which core helper sends it.
+    pub via: Via,
+    /// The ACM status in the answer (also in `msg`).
+    pub status: u8,
+    /// Valid length of `msg`.
+    pub len: u16,
+    /// The response message (built with `wire::client`).
+    pub msg: [u8; MSG_LEN],
+}
+
+/// One thing for the caller to do.
+// Every variant carries its MAD or message by value: no allocator, and the caller moves it out.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug)]
+pub enum Output {
+    /// Send this SA MAD (class 3) for endpoint `ep`; report its completion, reply or failure
+    /// with [`Resolver::handle_sa`] and the same `token`.
+    SendSa {
+        /// Endpoint whose port the query goes out on.
+        ep: EpId,
+        /// Opaque; give it back to `handle_sa`.
+        token: u64,
+        /// The MAD (its TID's low 32 bits are unique among the resolver's queries).
+        mad: [u8; MAD_LEN],
+    },
+    /// Send this ACM MAD (class 0x2C) on endpoint `ep`'s UD QP. Fire and forget: losses are
+    /// the resolver's business (retries on its timers).
+    SendAcm {
+        /// Endpoint.
+        ep: EpId,
+        /// Destination.
+        to: AcmDest,
+        /// The MAD.
+        mad: [u8; MAD_LEN],
+    },
+    /// Answer a client (exactly once per answered request).
+    Answer(Answer),
+    /// Attach endpoint `ep`'s QP to this group and make an address handle for it.
+    Attach {
+        /// Endpoint.
+        ep: EpId,
+        /// The group.
+        group: McGroup,
+    },
+    /// Detach endpoint `ep`'s QP from this group and drop its address handle.
+    Detach {
+        /// Endpoint.
+        ep: EpId,
+        /// The group.
+        group: McGroup,
+    },
+    /// Bump counter `counter` of endpoint `ep` (and the core's global one where ibacm has it).
+    Count {
+        /// Endpoint.
+        ep: EpId,
+        /// Which counter.
+        counter: Counter,
+    },
+}
+
+/// Why a resolver input was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// The storage given to [`Resolver::new`] is empty or inconsistent.
+    Storage,
+    /// The endpoint is not open (or already open for `open_endpoint`).
+    Endpoint,
+    /// The endpoint has no room for another local address.
+    Capacity,
+    /// An address type the ACM protocol does not carry.
+    AddressType,
+}
+
+/// Counters of what the resolver dropped or refused, for logs and `query_perf`-like exports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Received ACM MADs dropped: wrong class/version/length/method/control.
+    pub acm_malformed: u64,
+    /// ACM responses whose TID matches no pending query.
+    pub acm_unknown_tid: u64,
+    /// ACM responses for an address nobody asked about.
+    pub acm_unsolicited: u64,
+    /// ACM MADs from an unexpected P_Key (index) or without a GRH.
+    pub acm_wrong_key: u64,
+    /// SA replies whose token/TID matches nothing in flight.
+    pub sa_unknown: u64,
+    /// Requests refused because a table was full (answered ENOMEM).
+    pub full: u64,
+    /// Malformed client requests (answered EINVAL).
+    pub malformed: u64,
+    /// Queries answered ETIMEDOUT.
+    pub timeouts: u64,
+    /// Peer requests dropped because we share no multicast group with the requester.
+    pub acm_no_group: u64,
+    /// Answers that found no request slot at all (only possible if the caller feeds more than
+    /// `answer_reserve` requests without draining [`Resolver::poll_output`]; see its docs).
+    pub lost: u64,
+}
+
+/// The resolver's settings (from `ibacm_opts.cfg`, see [`Config::from_options`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// `addr_prot`: resolve names/IPs by the ACM multicast protocol (`acm`), or only from the
+    /// hosts preload and local addresses (`none`).
+    pub addr_acm: bool,
+    /// `route_prot acm`: build the path from the address response and the group instead of an
+    /// SA PathRecord query.
+    pub route_acm: bool,
+    /// `loopback_prot local`: the endpoint's own addresses answer a loopback path at once.
+    pub loopback_local: bool,
+    /// Address mapping lifetime (`addr_timeout`), `None` = never expires.
+    pub addr_ttl: Option<Millis>,
+    /// Route lifetime (`route_timeout` / `acmrs_route_ttl_ms`), `None` = never expires.
+    pub route_ttl: Option<Millis>,
+    /// How long an SA "no record" answer is remembered (`acmrs_negative_ttl_ms`, 0 = not).
+    pub negative_ttl: Millis,
+    /// Per-try wait for an ACM response, before the port's subnet timeout is added (`timeout`).
+    pub acm_timeout: Millis,
+    /// ACM request retries (`retries`; tries = retries + 1).
+    pub acm_retries: u32,
+    /// ACM multicast queries in flight per endpoint (`resolve_depth`, ibacmp: 1).
+    pub acm_window: u32,
+    /// SA queries in flight per resolver (the rest wait FIFO).
+    pub sa_window: u32,
+    /// SA BUSY retries (`acmrs_sa_retries`).
+    pub sa_busy_retries: u32,
+    /// First BUSY backoff, doubled per retry (`acmrs_sa_busy_backoff_ms`).
+    pub sa_busy_backoff: Millis,
+    /// An SA query with no reply after this long is answered ETIMEDOUT.
+    pub sa_deadline: Millis,
+    /// `min_mtu` as `enum ibv_mtu` (base group).
+    pub min_mtu: u8,
+    /// `min_rate` as `enum ibv_rate` (base group).
+    pub min_rate: u8,
+    /// How long a request may wait in a queue (the SA backlog, the ACM window queue, an
+    /// endpoint not joined yet) before it is answered (ETIMEDOUT; ENODATA while the endpoint
+    /// has not joined its group): `sa_deadline × (retries + 1)`.
+    pub queue_deadline: Millis,
+}
+
+impl Config {
+    /// The settings an `ibacm_opts.cfg` gives (ibacmp's option names plus the `acmrs_*` ones).
+    pub fn from_options(o: &ProviderOptions) -> Config {
+        let sa_deadline = if o.acmrs_sa_timeout_ms > 0 {
+            u64::from(o.acmrs_sa_timeout_ms)
+        } else {
+            // The core's whole budget for one MAD (timeout × tries) plus a margin.
+            u64::from(o.timeout) * (u64::from(o.retries) + 1) + 1000
+        };
+        let min_mtu = Mtu::from_bytes(u32::from(o.min_mtu)).unwrap_or(Mtu::Mtu2048);
+        let min_rate = Rate::from_gbps(u32::from(o.min_rate)).unwrap_or(Rate::Gbps10);
+        Config {
+            addr_acm: o.addr_prot == AddrProt::Acm,
+            route_acm: o.route_prot == RouteProt::Acm,
+            loopback_local: o.loopback_prot == LoopbackProt::Local,
+            addr_ttl: o.addr_timeout.as_millis(),
+            route_ttl: o.route_ttl_ms(),
+            negative_ttl: u64::from(o.acmrs_negative_ttl_ms),
+            acm_timeout: u64::from(o.timeout),
+            acm_retries: o.retries,
+            acm_window: o.acmrs_acm_window.max(1),
+            sa_window: o.sa_depth.saturating_mul(8).clamp(8, 256),
+            sa_busy_retries: o.acmrs_sa_retries,
+            sa_busy_backoff: u64::from(o.acmrs_sa_busy_backoff_ms),
+            sa_deadline,
+            min_mtu: min_mtu.into(),
+            min_rate: min_rate.into(),
+            queue_deadline: sa_deadline.saturating_mul(u64::from(o.retries) + 1),
+        }
+    }
+}
+
+impl Default for Config {
+    /// [`Config::from_options`] of the default options.
+    fn default() -> Self {
+        Config::from_options(&ProviderOptions::default())
+    }
+}
+
+/// Route lifetime meaning "never expires".
+const NEVER: Millis = u64::MAX;
+
+fn req_link(r: &mut RequestSlot) -> &mut Link {
+    &mut r.link
+}
+fn job_link(j: &mut JobSlot) -> &mut Link {
+    &mut j.qlink
+}
+fn addr_qlink(a: &mut AddrEntry) -> &mut Link {
+    &mut a.qlink
+}
+fn addr_slink(a: &mut AddrEntry) -> &mut Link {
+    &mut a.slink
+}
+fn addr_rlink(a: &mut AddrEntry) -> &mut Link {
+    &mut a.rlink
+}
+
+/// A tiny deterministic PRNG step (splitmix64), for the TID start.
+pub(crate) fn splitmix64(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The resolver (see the [module docs](self)).
+///
+/// **Draining rule.** After every input call, call [`poll_output`](Self::poll_output) until it
+/// returns `None`. Every output is derived from state the resolver holds anyway (request slots
+/// on an answer FIFO, route jobs on a send FIFO, address entries with send flags, per-endpoint
+/// flags and counters), so nothing is ever dropped while outputs wait; the one exception is an
+/// immediate answer (hit, error, ENOMEM) arriving when every request slot is taken, which is
+/// impossible under this rule as long as `answer_reserve ≥ 1` ([`Stats::lost`] counts it).
+pub struct Resolver<S: Storage> {
+    st: S,
+    cfg: Config,
+    seed: u64,
+    tid: u32,
+    /// `EpId` → endpoint slot + 1.
+    ep_map: [u8; MAX_EPS],
+    /// Endpoint slots with per-endpoint outputs pending.
+    dirty: [u64; MAX_EPS / 64],
+    free_reqs: List,
+    answers: List,
+    free_jobs: List,
+    sa_send: List,
+    /// Jobs whose MAD the caller holds, in send (= deadline) order.
+    sent: List,
+    /// Jobs waiting out a BUSY backoff.
+    busy: List,
+    backlog: List,
+    free_addrs: List,
+    acm_send: List,
+    removals: List,
+    /// Jobs holding an SA window slot (Send, Sent, Busy, Zombie).
+    window: u32,
+    /// Jobs not free.
+    jobs_active: u32,
+    /// Address entries Queued or Querying.
+    acm_active: u32,
+    /// Requests waiting (not answered).
+    waiting: u32,
+    /// A lower bound of the earliest timer.
+    next_timer: Option<Millis>,
+    stats: Stats,
+    done: bool,
+    evict_hand: u32,
+}
+
+impl<S: Storage> Resolver<S> {
+    /// A resolver over `storage` (every slot is reset). `seed` picks the hash seed and the
+    /// first TID (use a random one on hosts). Fails with [`Error::Storage`] if a table is empty
+    /// or there are fewer request slots than `answer_reserve + 1`.
+    pub fn new(config: Config, mut storage: S, seed: u64) -> Result<Self, Error> {
+        let reserve = storage.answer_reserve();
+        let bad = storage.requests().len() <= reserve
+            || storage.requests().len() >= u32::MAX as usize
+            || storage.jobs().is_empty()
+            || storage.jobs().len() > 0x00ff_ffff
+            || storage.job_buckets().is_empty()
+            || storage.addrs().is_empty()
+            || storage.addrs().len() >= u32::MAX as usize
+            || storage.addr_buckets().is_empty()
+            || storage.endpoints().is_empty()
+            || storage.sa_inflight() == 0;
+        if bad {
+            return Err(Error::Storage);
+        }
+        let mut s = seed;
+        let mut r = Resolver {
+            cfg: config,
+            seed: splitmix64(&mut s),
+            tid: splitmix64(&mut s) as u32,
+            st: storage,
+            ep_map: [0; MAX_EPS],
+            dirty: [0; MAX_EPS / 64],
+            free_reqs: List::EMPTY,
+            answers: List::EMPTY,
+            free_jobs: List::EMPTY,
+            sa_send: List::EMPTY,
+            sent: List::EMPTY,
+            busy: List::EMPTY,
+            backlog: List::EMPTY,
+            free_addrs: List::EMPTY,
+            acm_send: List::EMPTY,
+            removals: List::EMPTY,
+            window: 0,
+            jobs_active: 0,
+            acm_active: 0,
+            waiting: 0,
+            next_timer: None,
+            stats: Stats::default(),
+            done: false,
+            evict_hand: 0,
+        };
+        r.st.requests().fill(RequestSlot::EMPTY);
+        r.st.jobs().fill(JobSlot::EMPTY);
+        r.st.job_buckets().fill(0);
+        r.st.addrs().fill(AddrEntry::EMPTY);
+        r.st.addr_buckets().fill(0);
+        r.st.endpoints().fill(EpSlot::EMPTY);
+        r.st.preloads().fill(PreloadSlot::EMPTY);
+        for i in 0..r.st.requests().len() as u32 {
+            r.free_reqs
+                .push_back(r.st.requests(), i, list_id::FREE, req_link);
+        }
+        for i in 0..r.st.jobs().len() as u32 {
+            r.free_jobs
+                .push_back(r.st.jobs(), i, list_id::FREE, job_link);
+        }
+        for i in 0..r.st.addrs().len() as u32 {
+            r.free_addrs
+                .push_back(r.st.addrs(), i, list_id::FREE, addr_qlink);
+        }
+        Ok(r)
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Opens endpoint `ep` (call from the core's `open_endpoint`). With `addr_prot acm` or
+    /// `route_prot acm` it starts the multicast join(s) ([`Output::SendSa`] with an
+    /// MCMemberRecord SET); the endpoint serves names and IPs once group 0 is joined.
+    /// [`Error::Endpoint`] if `ep` is open already, [`Error::Capacity`] if no endpoint slot is
+    /// free.
+    pub fn open_endpoint(&mut self, now: Millis, ep: EpId, cfg: EpConfig) -> Result<(), Error> {
+        if self.ep_slot(ep).is_some() {
+            return Err(Error::Endpoint);
+        }
+        if self.done {
+            return Err(Error::Endpoint);
+        }
+        // Reuse this endpoint's old slot if it still has outputs to flush (its leaves go out
+        // before the new joins), else any slot with nothing pending.
+        let n = self.st.endpoints().len().min(MAX_EPS);
+        let old = (0..n).find(|&i| {
+            let e = &self.st.endpoints()[i];
+            !e.open && e.id == ep.0 && self.is_dirty(i)
+        });
+        let slot =
+            old.or_else(|| (0..n).find(|&i| !self.st.endpoints()[i].open && !self.is_dirty(i)));
+        let Some(slot) = slot else {
+            return Err(Error::Capacity);
+        };
+        let min = (self.cfg.min_rate, self.cfg.min_mtu);
+        let want_groups = self.cfg.addr_acm || self.cfg.route_acm;
+        let second = self.cfg.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
+        {
+            let e = &mut self.st.endpoints()[slot];
+            let (groups, attached, force, counts, record) = (
+                e.groups,
+                e.attached,
+                e.force_detach,
+                e.counts,
+                e.attached_record,
+            );
+            *e = EpSlot::EMPTY;
+            // Outputs of a previous life of this slot (leaves, a detach, counts) still go out.
+            e.attached = attached;
+            e.force_detach = force || attached;
+            e.attached_record = record;
+            e.counts = counts;
+            for (g, old) in e.groups.iter_mut().zip(groups) {
+                g.leave = old.leave;
+                g.leave_record = old.leave_record;
+            }
+            e.open = true;
+            e.id = ep.0;
+            e.port_gid = cfg.port_gid.0;
+            e.lid = cfg.lid;
+            e.pkey = cfg.pkey;
+            e.mtu = cfg.mtu;
+            e.rate = cfg.rate;
+            e.subnet_timeout = cfg.subnet_timeout_ms;
+            e.qpn = cfg.qpn;
+            e.cache_ep = u16::from(ep.0);
+            if want_groups {
+                e.groups[0].rate = min.0;
+                e.groups[0].mtu = min.1;
+            }
+            if second {
+                e.groups[1].rate = cfg.rate;
+                e.groups[1].mtu = cfg.mtu;
+            }
+        }
+        self.ep_map[usize::from(ep.0)] = slot as u8 + 1;
+        if want_groups {
+            self.start_join(now, slot, 0);
+        }
+        if second {
+            self.start_join(now, slot, 1);
+        }
+        self.mark_dirty(slot);
+        Ok(())
+    }
+
+    /// Closes endpoint `ep` (the core's `close_endpoint`): answers its waiters ENODATA, leaves
+    /// its groups ([`Output::Detach`], MCMemberRecord DELETE fire-and-forget), forgets its
+    /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
+    /// the endpoint still held by the caller are forgotten (their replies are ignored).
+    pub fn close_endpoint<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>, ep: EpId)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        self.drop_endpoint_work(now, cache, slot, ENODATA, true);
+        for i in 0..self.st.addrs().len() as u32 {
+            let a = self.st.addrs()[i as usize];
+            if a.state != AddrState::Free && usize::from(a.ep) == slot {
+                self.free_addr(i);
+            }
+        }
+        for p in self.st.preloads().iter_mut() {
+            if p.used && usize::from(p.ep) == slot {
+                *p = PreloadSlot::EMPTY;
+            }
+        }
+        {
+            let e = &mut self.st.endpoints()[slot];
+            let (gid, pkey) = (Gid(e.port_gid), e.pkey);
+            for g in e.groups.iter_mut() {
+                if matches!(g.state, GroupState::Joining | GroupState::Joined) {
+                    g.leave = true;
+                    g.leave_record = mads::join_record(gid, pkey, g.rate, g.mtu);
+                }
+                g.state = GroupState::Off;
+            }
+            e.open = false;
+            e.queue = List::EMPTY;
+            e.inflight = List::EMPTY;
+            e.locals = List::EMPTY;
+            e.acm_inflight = 0;
+        }
+        if let Some(mut w) = cache.writer() {
+            w.invalidate_ep(u16::from(ep.0));
+        }
+        self.ep_map[usize::from(ep.0)] = 0;
+        self.mark_dirty(slot);
+        self.pump(now, cache);
+    }
+
+    /// Adds a local address of `ep` (the core's `add_address`; `type_` 1..=3). Peers asking
+    /// for it get a response. With `loopback_prot local` (and a known LID) it also answers
+    /// requests for itself with the loopback path, cached and aliased under `cache_ep` so the
+    /// caller's hit path finds it (never expires).
+    pub fn add_address<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+        type_: u8,
+        addr: &[u8; 64],
+    ) -> Result<(), Error>
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        if !(1..=3).contains(&type_) {
+            return Err(Error::AddressType);
+        }
+        let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
+        let i = match self.find_addr(slot, type_, addr) {
+            Some(i) => {
+                let a = self.st.addrs()[i as usize];
+                if a.state == AddrState::Local {
+                    return Ok(());
+                }
+                // Someone may be waiting for what is now our own address.
+                self.fail_addr_waiters(i, ENODATA);
+                self.free_addr(i);
+                self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?
+            }
+            None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
+        };
+        {
+            let e = self.st.endpoints()[slot];
+            let a = &mut self.st.addrs()[i as usize];
+            a.state = AddrState::Local;
+            a.gid = e.port_gid;
+            a.lid = e.lid;
+            a.qpn = e.qpn;
+            a.expires = NEVER;
+            a.cache_ep = cache_ep;
+        }
+        let mut locals = self.st.endpoints()[slot].locals;
+        locals.push_back(self.st.addrs(), i, list_id::LOCALS, addr_qlink);
+        self.st.endpoints()[slot].locals = locals;
+        self.insert_loopback(now, cache, slot, i, cache_ep);
+        self.pump(now, cache);
+        Ok(())
+    }
+
+    /// Removes a local address (the core's `remove_address`). Its loopback alias is dropped
+    /// from the cache at the next input that passes the cache.
+    pub fn remove_address(&mut self, ep: EpId, type_: u8, addr: &[u8; 64]) {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        let Some(i) = self.find_addr(slot, type_, addr) else {
+            return;
+        };
+        if self.st.addrs()[i as usize].state != AddrState::Local {
+            return;
+        }
+        self.unlink_q(i);
+        self.st.addrs()[i as usize].state = AddrState::Removing;
+        self.removals
+            .push_back(self.st.addrs(), i, list_id::REMOVALS, addr_qlink);
+    }
+
+    /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `type_` (1..=3) is `gid`.
+    /// The entry is ADDR_RESOLVED: the first request for it queries the route. It expires after
+    /// `addr_ttl` and is renewed on use (counted `AddrQuery`).
+    pub fn preload_address(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        type_: u8,
+        addr: &[u8; 64],
+        gid: Gid,
+    ) -> Result<(), Error> {
+        if !(1..=3).contains(&type_) {
+            return Err(Error::AddressType);
+        }
+        let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
+        let i = match self.find_addr(slot, type_, addr) {
+            Some(i) => {
+                if self.st.addrs()[i as usize].state != AddrState::Resolved {
+                    return Ok(());
+                }
+                i
+            }
+            None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
+        };
+        let expires = self.addr_expiry(now);
+        let cache_ep = self.st.endpoints()[slot].cache_ep;
+        let a = &mut self.st.addrs()[i as usize];
+        a.state = AddrState::Resolved;
+        a.origin = storage::Origin::Preload;
+        a.gid = gid.0;
+        a.lid = 0;
+        a.group = 0;
+        a.expires = expires;
+        a.cache_ep = cache_ep;
+        Ok(())
+    }
+
+    /// A preloaded route (`route_preload`): `path` is cached for its DLID and its DGID (with
+    /// and without the reversible bit, no other constraint), never expires, and is inserted
+    /// again after every [`reregister`](Self::reregister).
+    pub fn preload_route<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+        path: &[u8; 64],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        if let Some(p) = self.st.preloads().iter_mut().find(|p| !p.used) {
+            *p = PreloadSlot {
+                used: true,
+                ep: slot as u8,
+                path: *path,
+            };
+        }
+        self.insert_preload(now, cache, slot, cache_ep, path);
+    }
+
+    /// CLIENT_REREGISTER (or an SM change) on `ep`'s port; `cache_ep` is the endpoint's cache
+    /// number at the new flush generation. Learned routes and addresses of the endpoint are
+    /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
+    /// `cache_ep`; the groups are detached and joined again.
+    pub fn reregister<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(slot) = self.ep_slot(ep) else {
+            return;
+        };
+        if let Some(mut w) = cache.writer() {
+            w.invalidate_ep(u16::from(ep.0));
+        }
+        self.st.endpoints()[slot].cache_ep = cache_ep;
+        for i in 0..self.st.preloads().len() {
+            let p = self.st.preloads()[i];
+            if p.used && usize::from(p.ep) == slot {
+                self.insert_preload(now, cache, slot, cache_ep, &p.path);
+            }
+        }
+        for i in 0..self.st.addrs().len() as u32 {
+            let a = self.st.addrs()[i as usize];
+            if usize::from(a.ep) != slot {
+                continue;
+            }
+            match a.state {
+                AddrState::Local => self.insert_loopback(now, cache, slot, i, cache_ep),
+                AddrState::Resolved
+                    if a.origin == storage::Origin::Learned && a.job == 0 && !a.send_resp =>
+                {
+                    self.free_addr(i)
+                }
+                _ => {}
+            }
+        }
+        let e = &mut self.st.endpoints()[slot];
+        e.force_detach = e.attached;
+        let wanted: [bool; 2] = [
+            e.groups[0].state != GroupState::Off,
+            e.groups[1].state != GroupState::Off,
+        ];
+        for (g, want) in wanted.into_iter().enumerate() {
+            if want {
+                self.st.endpoints()[slot].groups[g].tries = 0;
+                self.start_join(now, slot, g);
+            }
+        }
+        self.mark_dirty(slot);
+        self.pump(now, cache);
+    }
+
+    /// A client request (`resolve()` → [`Kind::Resolve`], `query()` → [`Kind::Query`], or a
+    /// [`Kind::Prime`] / [`Kind::Refresh`] the caller already answered). `cache_ep` is the
+    /// caller's cache endpoint number for `ep` (the key of every cache entry of this request);
+    /// `msg` the client's message. Resolve and Query requests get exactly one
+    /// [`Output::Answer`]; Prime and Refresh none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn request<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        cache_ep: u16,
+        client: u64,
+        kind: Kind,
+        msg: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let r = ReqCtx {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+        };
+        let slot = match self.ep_slot(ep) {
+            Some(s) if !self.done => s,
+            _ => {
+                self.answer_now(&r, ENODATA, None);
+                return;
+            }
+        };
+        self.st.endpoints()[slot].cache_ep = cache_ep;
+        if kind == Kind::Query {
+            self.query_request(now, slot, &r);
+        } else {
+            let view = self.view(slot, cache_ep);
+            match request::classify(&view, msg) {
+                request::Target::Fail(s) => {
+                    if s == EINVAL {
+                        self.stats.malformed += 1;
+                    }
+                    self.answer_now(&r, s, None);
+                }
+                request::Target::Route { key, sa, nodelay } => {
+                    self.route_request(now, cache, slot, &r, key, &sa, nodelay)
+                }
+                request::Target::Address { key, nodelay } => {
+                    self.addr_request(now, cache, slot, &r, &key, nodelay)
+                }
+            }
+        }
+        self.pump(now, cache);
+    }
+
+    /// An SA completion for a [`Output::SendSa`] with `token`: the reply MAD (`umad_status`
+    /// 0), or the MAD as sent with a non-zero `umad_status` (timeout, send failure). Replies
+    /// whose token or TID matches nothing in flight are counted and dropped.
+    pub fn handle_sa<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        token: u64,
+        umad_status: u32,
+        mad: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let mad = mads::full_mad(mad);
+        let (kind, index, tid) = mads::untoken(token);
+        match kind {
+            mads::TOKEN_ROUTE => self.route_reply(now, cache, index, tid, umad_status, &mad),
+            mads::TOKEN_JOIN => self.join_reply(now, index, tid, umad_status, &mad),
+            mads::TOKEN_LEAVE => {}
+            _ => self.stats.sa_unknown += 1,
+        }
+        self.pump(now, cache);
+    }
+
+    /// A class 0x2C MAD received on `ep`'s UD QP (`mad` = the 256 bytes after the GRH, `meta`
+    /// from the completion). Requests for one of our addresses are answered (unicast); every
+    /// valid request records its sender; responses complete our queries. Anything malformed,
+    /// unexpected or from another partition is counted in [`Stats`] and dropped.
+    pub fn handle_acm<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        meta: &RecvMeta,
+        mad: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        self.acm_receive(now, cache, ep, meta, mad);
+        self.pump(now, cache);
+    }
+
+    /// Runs the timers due at `now` (SA deadlines, BUSY backoffs, ACM retries, queue
+    /// deadlines, join retries). Call when [`poll_timeout`](Self::poll_timeout) has passed;
+    /// calling it early or often is harmless.
+    pub fn handle_timeout<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        if self.next_timer.is_some_and(|t| t <= now) {
+            self.run_timers(now, cache);
+            self.pump(now, cache);
+            self.next_timer = self.scan_timers();
+        }
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout) next (`None` = no timer armed).
+    /// It may be earlier than necessary, never later.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        self.next_timer
+    }
+
+    /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
+    pub fn shutdown<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        self.done = true;
+        for slot in 0..self.st.endpoints().len() {
+            if self.st.endpoints()[slot].open {
+                self.drop_endpoint_work(now, cache, slot, ENODATA, true);
+            }
+        }
+        for i in 0..self.st.addrs().len() as u32 {
+            if self.st.addrs()[i as usize].state != AddrState::Free {
+                self.fail_addr_waiters(i, ENODATA);
+            }
+        }
+        self.next_timer = None;
+    }
+
+    /// Drop and refusal counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// True if nothing is pending: no request waiting or unpolled, no SA query or ACM query
+    /// in flight or queued.
+    pub fn is_idle(&self) -> bool {
+        self.jobs_active == 0
+            && self.acm_active == 0
+            && self.waiting == 0
+            && self.answers.is_empty()
+    }
+}
+
+/// The arguments of one client request.
+pub(crate) struct ReqCtx<'m> {
+    pub(crate) ep: EpId,
+    pub(crate) cache_ep: u16,
+    pub(crate) client: u64,
+    pub(crate) kind: Kind,
+    pub(crate) msg: &'m [u8],
+}
+
+impl<S: Storage> Resolver<S> {
+    pub(crate) fn ep_slot(&mut self, ep: EpId) -> Option<usize> {
+        let s = usize::from(self.ep_map[usize::from(ep.0)]).checked_sub(1)?;
+        self.st.endpoints().get(s).filter(|e| e.open).map(|_| s)
+    }
+
+    pub(crate) fn view(&mut self, slot: usize, cache_ep: u16) -> request::EpView {
+        let e = &self.st.endpoints()[slot];
+        request::EpView {
+            cache_ep,
+            port_gid: Gid(e.port_gid),
+            lid: e.lid,
+            pkey: e.pkey,
+        }
+    }
+
+    pub(crate) fn next_tid(&mut self) -> u32 {
+        loop {
+            self.tid = self.tid.wrapping_add(1);
+            if self.tid != 0 {
+                return self.tid;
+            }
+        }
+    }
+
+    pub(crate) fn arm(&mut self, at: Millis) {
+        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
+    }
+
+    pub(crate) fn is_dirty(&self, slot: usize) -> bool {
+        self.dirty[slot / 64] & (1 << (slot % 64)) != 0
+    }
+
+    pub(crate) fn mark_dirty(&mut self, slot: usize) {
+        self.dirty[slot / 64] |= 1 << (slot % 64);
+    }
+
+    /// Bumps `counter` of endpoint `ep` (emitted as [`Output::Count`]).
+    pub(crate) fn count(&mut self, ep: EpId, counter: Counter) {
+        let Some(s) = usize::from(self.ep_map[usize::from(ep.0)]).checked_sub(1) else {
+            return;
+        };
+        let c = &mut self.st.endpoints()[s].counts[counter as usize];
+        *c = c.saturating_add(1);
+        self.mark_dirty(s);
+    }
+
+    pub(crate) fn addr_expiry(&self, now: Millis) -> Millis {
+        self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t))
+    }
+
+    /// A request slot: a waiter needs more than the answer reserve free, an immediate answer
+    /// any free slot.
+    pub(crate) fn alloc_req(&mut self, r: &ReqCtx<'_>, waiter: bool) -> Option<u32> {
+        if waiter && (self.free_reqs.len as usize) <= self.st.answer_reserve() {
+            return None;
+        }
+        let i = self
+            .free_reqs
+            .pop_front(self.st.requests(), list_id::FREE, req_link)?;
+        let slot = &mut self.st.requests()[i as usize];
+        let n = r.msg.len().min(MSG_LEN);
+        slot.msg = [0; MSG_LEN];
+        slot.msg[..n].copy_from_slice(&r.msg[..n]);
+        slot.len = n as u16;
+        slot.client = r.client;
+        slot.ep = r.ep.0;
+        slot.query = r.kind == Kind::Query;
+        slot.state = ReqState::Waiting;
+        slot.has_path = false;
+        self.waiting += 1;
+        Some(i)
+    }
+
+    /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
+    pub(crate) fn waiter(&mut self, r: &ReqCtx<'_>) -> Option<u32> {
+        let w = self.alloc_req(r, true);
+        if w.is_none() {
+            self.stats.full += 1;
+            self.answer_now(r, ENOMEM, None);
+        }
+        w
+    }
+
+    /// Answers `r` at once (Resolve and Query only).
+    pub(crate) fn answer_now(&mut self, r: &ReqCtx<'_>, status: u8, path: Option<&[u8; 64]>) {
+        if !matches!(r.kind, Kind::Resolve | Kind::Query) {
+            return;
+        }
+        match self.alloc_req(r, false) {
+            Some(i) => self.answer(i, status, path),
+            None => self.stats.lost += 1,
+        }
+    }
+
+    /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
+    pub(crate) fn answer(&mut self, i: u32, status: u8, path: Option<&[u8; 64]>) {
+        let r = &mut self.st.requests()[i as usize];
+        if r.state != ReqState::Waiting {
+            return;
+        }
+        r.state = ReqState::Answer;
+        r.status = status;
+        r.has_path = path.is_some();
+        if let Some(p) = path {
+            r.path = *p;
+        }
+        let (ep, query) = (EpId(r.ep), r.query);
+        self.waiting -= 1;
+        self.answers
+            .push_back(self.st.requests(), i, list_id::ANSWERS, req_link);
+        match (query, status) {
+            (_, 0) => {}
+            (false, ENODATA) => self.count(ep, Counter::NoData),
+            _ => self.count(ep, Counter::Error),
+        }
+    }
+
+    /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
+    pub(crate) fn answer_list(&mut self, list: &mut List, status: u8, path: Option<&[u8; 64]>) {
+        while let Some(w) = list.pop_front(self.st.requests(), list_id::WAITERS, req_link) {
+            self.answer(w, status, path);
+        }
+    }
+
+    /// Inserts `path` under the loopback key of local address `i` and aliases the address.
+    fn insert_loopback<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        i: u32,
+        cache_ep: u16,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let e = self.st.endpoints()[slot];
+        if !self.cfg.loopback_local || e.lid == 0 {
+            return;
+        }
+        let path = request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
+        let view = self.view(slot, cache_ep);
+        let (k, _) = request::normalise(&view, &request::gid_record(Gid(e.port_gid), 0));
+        let Some(key) = request::cache_key(cache_ep, &k) else {
+            return;
+        };
+        self.st.addrs()[i as usize].cache_ep = cache_ep;
+        if let Some(mut w) = cache.writer() {
+            w.insert(&key, &path, now, NEVER);
+        }
+        let a = self.st.addrs()[i as usize];
+        addr::alias(cache, &a, &key, now, NEVER);
+    }
+
+    fn insert_preload<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        cache_ep: u16,
+        path: &[u8; 64],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        use crate::wire::path_record::PathRecord;
+        let view = self.view(slot, cache_ep);
+        let p = PathRecord::new_unchecked(&path[..]);
+        let (dlid, dgid) = (p.dlid(), p.dgid());
+        let Some(mut w) = cache.writer() else {
+            return;
+        };
+        for rev in [false, true] {
+            let mut records = [[0u8; 64]; 2];
+            {
+                let mut k = PathRecord::new_unchecked(&mut records[0][..]);
+                k.set_dlid(dlid);
+                k.set_reversible_numpath(rev, 0);
+                let mut k = PathRecord::new_unchecked(&mut records[1][..]);
+                k.set_dgid(dgid);
+                k.set_reversible_numpath(rev, 0);
+            }
+            for (r, valid) in records.iter().zip([dlid != 0, !dgid.is_zero()]) {
+                if !valid {
+                    continue;
+                }
+                let (k, _) = request::normalise(&view, r);
+                if let Some(key) = request::cache_key(cache_ep, &k) {
+                    w.insert(&key, path, now, NEVER);
+                }
+            }
+        }
+    }
+
+    /// Answers (with `status`) every route job and address query of endpoint `slot`, and
+    /// forgets the queries the caller still holds when `forget_held`.
+    fn drop_endpoint_work<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        status: u8,
+        forget_held: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        for j in 0..self.st.jobs().len() as u32 {
+            let job = &self.st.jobs()[j as usize];
+            if job.state == JobState::Free || usize::from(job.ep) != slot {
+                continue;
+            }
+            self.finish_job(now, cache, j, status, None, None, false);
+            if forget_held {
+                self.free_zombie(j);
+            }
+        }
+        for i in 0..self.st.addrs().len() as u32 {
+            let a = self.st.addrs()[i as usize];
+            if usize::from(a.ep) == slot
+                && matches!(a.state, AddrState::Queued | AddrState::Querying)
+            {
+                self.fail_addr(i, status);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl<S: Storage> Resolver<S> {
+    /// Checks the resolver's internal bookkeeping against its tables (counts, list
+    /// memberships, the SA window); for tests and simulations. O(table size).
+    #[doc(hidden)]
+    pub fn check_invariants(&mut self) -> Result<(), std::string::String> {
+        use std::format;
+        let mut waiting = 0u32;
+        let mut answers = 0u32;
+        let mut free = 0u32;
+        for r in self.st.requests().iter() {
+            match r.state {
+                ReqState::Waiting => waiting += 1,
+                ReqState::Answer => answers += 1,
+                ReqState::Free => free += 1,
+            }
+            let want = match r.state {
+                ReqState::Waiting => list_id::WAITERS,
+                ReqState::Answer => list_id::ANSWERS,
+                ReqState::Free => list_id::FREE,
+            };
+            if r.link.on != want {
+                return Err(format!("request in {:?} on list {}", r.state, r.link.on));
+            }
+        }
+        if waiting != self.waiting || answers != self.answers.len || free != self.free_reqs.len {
+            return Err(format!(
+                "requests: waiting {waiting}/{} answers {answers}/{} free {free}/{}",
+                self.waiting, self.answers.len, self.free_reqs.len
+            ));
+        }
+        let (mut active, mut window, mut waiters) = (0u32, 0u32, 0u32);
+        for j in self.st.jobs().iter() {
+            let want = match j.state {
+                JobState::Free => list_id::FREE,
+                JobState::Backlog => list_id::BACKLOG,
+                JobState::Send => list_id::SA_SEND,
+                JobState::Sent => list_id::SENT,
+                JobState::Busy => list_id::BUSY,
+                JobState::Zombie => 0,
+            };
+            if j.qlink.on != want {
+                return Err(format!("job in {:?} on list {}", j.state, j.qlink.on));
+            }
+            if j.state != JobState::Free {
+                active += 1;
+            }
+            if matches!(
+                j.state,
+                JobState::Send | JobState::Sent | JobState::Busy | JobState::Zombie
+            ) {
+                window += 1;
+            }
+            if j.held != matches!(j.state, JobState::Sent | JobState::Zombie) {
+                return Err(format!("job in {:?} held {}", j.state, j.held));
+            }
+            waiters += j.waiters.len;
+        }
+        if active != self.jobs_active || window != self.window {
+            return Err(format!(
+                "jobs: active {active}/{} window {window}/{}",
+                self.jobs_active, self.window
+            ));
+        }
+        let mut acm = 0u32;
+        for a in self.st.addrs().iter() {
+            let want = match a.state {
+                AddrState::Free => list_id::FREE,
+                AddrState::Queued => list_id::ACM_QUEUE,
+                AddrState::Querying => list_id::ACM_INFLIGHT,
+                AddrState::Local => list_id::LOCALS,
+                AddrState::Removing => list_id::REMOVALS,
+                AddrState::Resolved => 0,
+            };
+            if a.qlink.on != want {
+                return Err(format!("address in {:?} on list {}", a.state, a.qlink.on));
+            }
+            if matches!(a.state, AddrState::Queued | AddrState::Querying) {
+                acm += 1;
+            } else if !a.waiters.is_empty() {
+                return Err(format!("address in {:?} with waiters", a.state));
+            }
+            waiters += a.waiters.len;
+        }
+        if acm != self.acm_active {
+            return Err(format!("acm_active {acm}/{}", self.acm_active));
+        }
+        if waiters != self.waiting {
+            return Err(format!(
+                "waiters on lists {waiters}, waiting {}",
+                self.waiting
+            ));
+        }
+        for e in self.st.endpoints().iter() {
+            if e.open && e.acm_inflight != e.inflight.len {
+                return Err(format!(
+                    "acm_inflight {} list {}",
+                    e.acm_inflight, e.inflight.len
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,219 @@
+//! Draining outputs: everything the resolver owes the caller is derived from state it holds.
+//!
+//! Order of [`Resolver::poll_output`]: per-endpoint work (detach before leave before join
+//! before attach, then counters), SA queries, ACM MADs, client answers.
+
+use super::mads::{self, TOKEN_JOIN, TOKEN_LEAVE, TOKEN_ROUTE};
+use super::storage::{list_id, AddrState, GroupState, JobState, ReqState};
+use super::{
+    addr_slink, job_link, req_link, AcmDest, Answer, Counter, EpId, Output, Resolver, Storage,
+    UnicastAv, Via, MSG_LEN,
+};
+use crate::wire::gid::Gid;
+use crate::wire::mad::Method;
+use crate::wire::mcmember::{McMemberRepr, ACM_QKEY};
+
+const COUNTERS: [Counter; 7] = [
+    Counter::Error,
+    Counter::Resolve,
+    Counter::NoData,
+    Counter::AddrQuery,
+    Counter::AddrCache,
+    Counter::RouteQuery,
+    Counter::RouteCache,
+];
+
+impl<S: Storage> Resolver<S> {
+    /// The next thing for the caller to do, `None` when there is nothing. Call it until `None`
+    /// after every input (see the draining rule on [`Resolver`]).
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<Output> {
+        for w in 0..self.dirty.len() {
+            while self.dirty[w] != 0 {
+                let slot = w * 64 + self.dirty[w].trailing_zeros() as usize;
+                if let Some(o) = self.ep_output(slot) {
+                    return Some(o);
+                }
+                self.dirty[w] &= !(1 << (slot % 64));
+            }
+        }
+        if let Some(j) = self
+            .sa_send
+            .pop_front(self.st.jobs(), list_id::SA_SEND, job_link)
+        {
+            let job = &mut self.st.jobs()[j as usize];
+            job.state = JobState::Sent;
+            job.held = true;
+            let (slot, tid, sa) = (usize::from(job.ep), job.tid, job.sa);
+            self.sent
+                .push_back(self.st.jobs(), j, list_id::SENT, job_link);
+            let ep = EpId(self.st.endpoints()[slot].id);
+            return Some(Output::SendSa {
+                ep,
+                token: mads::token(TOKEN_ROUTE, j, tid),
+                mad: mads::path_get(tid, &sa),
+            });
+        }
+        while let Some(i) = self.acm_send.front() {
+            if let Some(o) = self.acm_output(i) {
+                return Some(o);
+            }
+        }
+        let i = self
+            .answers
+            .pop_front(self.st.requests(), list_id::ANSWERS, req_link)?;
+        let r = &mut self.st.requests()[i as usize];
+        let via = if r.query { Via::Query } else { Via::Resolve };
+        let mut msg = [0u8; MSG_LEN];
+        let path = r.has_path.then_some(&r.path);
+        let len =
+            super::request::respond(&r.msg[..usize::from(r.len)], via, r.status, path, &mut msg);
+        let answer = Answer {
+            ep: EpId(r.ep),
+            client: r.client,
+            via,
+            status: r.status,
+            len,
+            msg,
+        };
+        r.state = ReqState::Free;
+        self.free_reqs
+            .push_back(self.st.requests(), i, list_id::FREE, req_link);
+        Some(Output::Answer(answer))
+    }
+
+    fn ep_output(&mut self, slot: usize) -> Option<Output> {
+        let e = self.st.endpoints()[slot];
+        let id = EpId(e.id);
+        let want =
+            (e.open && e.groups[0].state == GroupState::Joined).then_some(e.groups[0].record);
+        if e.attached && (e.force_detach || want != Some(e.attached_record)) {
+            let s = &mut self.st.endpoints()[slot];
+            s.attached = false;
+            s.force_detach = false;
+            return Some(Output::Detach {
+                ep: id,
+                group: mads::group_of(0, &e.attached_record),
+            });
+        }
+        for g in 0..2 {
+            if e.groups[g].leave {
+                self.st.endpoints()[slot].groups[g].leave = false;
+                let tid = self.next_tid();
+                return Some(Output::SendSa {
+                    ep: id,
+                    token: mads::token(TOKEN_LEAVE, (slot * 2 + g) as u32, tid),
+                    mad: mads::mcmember(Method::Delete, tid, &e.groups[g].leave_record),
+                });
+            }
+        }
+        for g in 0..2 {
+            let gs = e.groups[g];
+            if e.open && gs.state == GroupState::Send {
+                self.st.endpoints()[slot].groups[g].state = GroupState::Joining;
+                let rec = mads::join_record(Gid(e.port_gid), e.pkey, gs.rate, gs.mtu);
+                return Some(Output::SendSa {
+                    ep: id,
+                    token: mads::token(TOKEN_JOIN, (slot * 2 + g) as u32, gs.tid),
+                    mad: mads::mcmember(Method::Set, gs.tid, &rec),
+                });
+            }
+        }
+        if let (false, Some(rec)) = (e.attached, want) {
+            let s = &mut self.st.endpoints()[slot];
+            s.attached = true;
+            s.attached_record = rec;
+            return Some(Output::Attach {
+                ep: id,
+                group: mads::group_of(0, &rec),
+            });
+        }
+        for (c, counter) in COUNTERS.iter().enumerate() {
+            if e.counts[c] > 0 {
+                self.st.endpoints()[slot].counts[c] -= 1;
+                return Some(Output::Count {
+                    ep: id,
+                    counter: *counter,
+                });
+            }
+        }
+        None
+    }
+
+    /// The next ACM MAD of entry `i` (taking it off the send list when it has no more).
+    fn acm_output(&mut self, i: u32) -> Option<Output> {
+        let a = self.st.addrs()[i as usize];
+        let slot = usize::from(a.ep);
+        let e = self.st.endpoints()[slot];
+        let id = EpId(e.id);
+        if a.send_query {
+            self.st.addrs()[i as usize].send_query = false;
+            if !a.send_resp {
+                self.acm_send
+                    .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+            }
+            // Multicast only while attached to group 0 (after a reregister the try is lost;
+            // the retry timer runs on).
+            if a.state == AddrState::Querying && e.open && e.groups[0].state == GroupState::Joined {
+                let (src_type, src) = self.source_of(slot, &a);
+                let mut mgids = [Gid::ZERO; 2];
+                let mut n = 0;
+                for g in &e.groups {
+                    if g.state == GroupState::Joined {
+                        mgids[n] = Gid::from_bytes(&g.record[..16]).unwrap_or(Gid::ZERO);
+                        n += 1;
+                    }
+                }
+                return Some(Output::SendAcm {
+                    ep: id,
+                    to: AcmDest::Group(0),
+                    mad: mads::acm_request(a.tid, a.type_, &a.addr, src_type, &src, &mgids[..n]),
+                });
+            }
+            return None;
+        }
+        self.acm_send
+            .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+        if !a.send_resp {
+            return None;
+        }
+        self.st.addrs()[i as usize].send_resp = false;
+        let g = usize::from(a.resp_group).checked_sub(1)?;
+        let gs = e.groups.get(g)?;
+        if !e.open || gs.state != GroupState::Joined {
+            return None;
+        }
+        let rec = McMemberRepr::parse_bytes(&gs.record).ok()?;
+        Some(Output::SendAcm {
+            ep: id,
+            to: AcmDest::Unicast(UnicastAv {
+                dlid: a.lid,
+                sl: rec.sl,
+                src_path_bits: a.path_bits,
+                static_rate: rec.rate,
+                dgid: Gid(a.gid),
+                flow_label: rec.flow_label,
+                hop_limit: rec.hop_limit,
+                tclass: rec.tclass,
+                remote_qpn: a.qpn,
+                remote_qkey: ACM_QKEY,
+            }),
+            mad: mads::acm_response(a.resp_tid, rec.mgid),
+        })
+    }
+
+    /// The source of our request for `a`: the client's source entry, else one of the
+    /// endpoint's local addresses, else our port GID (type GID).
+    fn source_of(&mut self, slot: usize, a: &super::AddrEntry) -> (u8, [u8; 64]) {
+        if a.src_type != 0 {
+            return (a.src_type, a.src);
+        }
+        if let Some(l) = self.st.endpoints()[slot].locals.front() {
+            let la = &self.st.addrs()[l as usize];
+            return (la.type_, la.addr);
+        }
+        let mut g = [0u8; 64];
+        g[..16].copy_from_slice(&self.st.endpoints()[slot].port_gid);
+        (4, g)
+    }
+}

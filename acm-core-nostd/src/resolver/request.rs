@@ -1,0 +1,505 @@
+//! Client requests: classification, cache keys and answers (pure functions).
+//!
+//! The provider's inline hit path and the [`Resolver`](super::Resolver) both use these, so a
+//! request is read, keyed and answered one way everywhere. The codec is [`crate::wire::client`].
+//!
+//! * [`classify`] validates a RESOLVE message (the rules of contract 2.3/2.4, plus review G6 for
+//!   `src_out` on PATH requests) and says what it asks for: a route ([`Target::Route`], with
+//!   the cache key and the SA query record) or an address ([`Target::Address`], looked up with
+//!   [`PathCache::lookup_addr`](crate::cache::PathCache::lookup_addr)).
+//! * [`normalise`] and [`cache_key`] turn a client PathRecord into the key requests coalesce
+//!   and cache on: destination (DLID, else DGID) plus every constraint the client set.
+//! * [`respond`] builds the answer with `wire::client`, and never panics on any input.
+
+use crate::cache::{constraint, AddrKey, AddrKind, Constraints, Dest, PathKey};
+use crate::wire::client::{
+    build_error_response, build_query_response, build_resolve_response, AcmMsg, EpInfoType, Status,
+    FLAGS_NODELAY, HDR_LEN,
+};
+use crate::wire::gid::Gid;
+use crate::wire::path_record::{PathRecord, PathRecordRepr};
+use crate::wire::Selector;
+
+use super::{Via, MSG_LEN};
+
+/// `ACM_STATUS_EINVAL`.
+pub const EINVAL: u8 = 2;
+/// `ACM_STATUS_ENODATA`.
+pub const ENODATA: u8 = 3;
+/// `ACM_STATUS_ENOMEM`.
+pub const ENOMEM: u8 = 1;
+/// `ACM_STATUS_ETIMEDOUT`.
+pub const ETIMEDOUT: u8 = 6;
+
+/// What classification needs to know about the endpoint a request arrived on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpView {
+    /// The caller's cache endpoint number (flush generation << 8 | endpoint slot).
+    pub cache_ep: u16,
+    /// Port GID index 0.
+    pub port_gid: Gid,
+    /// Port base LID (0 if unknown).
+    pub lid: u16,
+    /// The endpoint's P_Key.
+    pub pkey: u16,
+}
+
+/// What a RESOLVE request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A route: look `key` up in the path cache (`None`: the request sets something a cache
+    /// key cannot hold, so it always goes to the SA), else send `sa` to the SA.
+    Route {
+        /// Cache key, if the request is cacheable.
+        key: Option<PathKey>,
+        /// The PathRecord to query the SA with.
+        sa: [u8; 64],
+        /// `ACM_FLAGS_NODELAY`: answer from the cache only (a miss answers ENODATA and primes).
+        nodelay: bool,
+    },
+    /// A name or IP address: look `key` up with `PathCache::lookup_addr`.
+    Address {
+        /// The address key (the request's `cache_ep`, type, 64 bytes).
+        key: AddrKey,
+        /// `ACM_FLAGS_NODELAY`.
+        nodelay: bool,
+    },
+    /// Answer at once with this status (EINVAL for malformed requests).
+    Fail(u8),
+}
+
+/// Classifies a RESOLVE request (`msg` = the client's message, up to 592 bytes).
+///
+/// EINVAL for: a message `wire::client` rejects (length not 16 + 72·n with n ≥ 1, version,
+/// opcode, indices); a PATH request with `src_out` whose source entry is not a NAME/IP/IP6
+/// entry inside the message (review G6); a PATH request with neither DLID nor DGID; LID 0; an
+/// unknown destination type.
+pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
+    let Ok(m) = AcmMsg::new_checked(msg) else {
+        return Target::Fail(EINVAL);
+    };
+    let Ok(layout) = m.check_resolve() else {
+        return Target::Fail(EINVAL);
+    };
+    let Some(dest) = m.entry(layout.dest) else {
+        return Target::Fail(EINVAL);
+    };
+    let nodelay = dest.flags() & FLAGS_NODELAY != 0;
+    let mut info = [0u8; 64];
+    info.copy_from_slice(dest.info());
+    if layout.is_path {
+        // The core does not preprocess `hdr.data` of PATH requests: an echoed source must be a
+        // real address entry inside the message, or the client would get a bogus second path.
+        if let Some(s) = layout.source {
+            let ok = s < layout.count
+                && m.entry(s).is_some_and(|e| {
+                    matches!(
+                        e.info_type(),
+                        EpInfoType::Name | EpInfoType::AddressIp | EpInfoType::AddressIp6
+                    )
+                });
+            if !ok {
+                return Target::Fail(EINVAL);
+            }
+        }
+        let p = PathRecord::new_unchecked(&info[..]);
+        if p.dlid() == 0 && p.dgid().is_zero() {
+            return Target::Fail(EINVAL);
+        }
+        return route(ep, &info, nodelay);
+    }
+    let kind = match dest.info_type() {
+        EpInfoType::Name => AddrKind::Name,
+        EpInfoType::AddressIp => AddrKind::Ipv4,
+        EpInfoType::AddressIp6 => AddrKind::Ipv6,
+        EpInfoType::Gid => {
+            let mut g = [0u8; 16];
+            g.copy_from_slice(&info[..16]);
+            let mut r = gid_record(Gid(g), 0);
+            PathRecord::new_unchecked(&mut r[..]).set_reversible_numpath(true, 0);
+            return route(ep, &r, nodelay);
+        }
+        EpInfoType::Lid => {
+            let lid = u16::from_be_bytes([info[0], info[1]]);
+            if lid == 0 {
+                return Target::Fail(EINVAL);
+            }
+            let mut r = [0u8; 64];
+            let mut p = PathRecord::new_unchecked(&mut r[..]);
+            p.set_dlid(lid);
+            p.set_reversible_numpath(true, 0);
+            return route(ep, &r, nodelay);
+        }
+        _ => return Target::Fail(EINVAL),
+    };
+    Target::Address {
+        key: AddrKey {
+            ep: ep.cache_ep,
+            kind,
+            addr: info,
+        },
+        nodelay,
+    }
+}
+
+fn route(ep: &EpView, record: &[u8; 64], nodelay: bool) -> Target {
+    let (k, sa) = normalise(ep, record);
+    Target::Route {
+        key: cache_key(ep.cache_ep, &k),
+        sa,
+        nodelay,
+    }
+}
+
+/// A PathRecord asking for any path to `gid` (with traffic class `tclass`): what an address
+/// resolves to (ibacmp's `{dgid, tclass}` before the SA query).
+pub fn gid_record(gid: Gid, tclass: u8) -> [u8; 64] {
+    let mut r = [0u8; 64];
+    let mut p = PathRecord::new_unchecked(&mut r[..]);
+    p.set_dgid(gid);
+    p.set_tclass(tclass);
+    r
+}
+
+/// The normalised key record and the SA query record for a client PathRecord.
+///
+/// Fields that name this endpoint itself (SLID = port LID, SGID = GID0, P_Key = the endpoint's
+/// partition) and NumbPath/Preference/reserved are cleared in the key; every other field the
+/// client set stays, so requests with other constraints never share a cached path. The SA
+/// record puts the endpoint's SGID (when no source is given) and P_Key back.
+pub fn normalise(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
+    let mut k = *record;
+    {
+        let mut p = PathRecord::new_unchecked(&mut k[..]);
+        if ep.lid != 0 && p.slid() == ep.lid {
+            p.set_slid(0);
+        }
+        if p.sgid() == ep.port_gid {
+            p.set_sgid(Gid::ZERO);
+        }
+        if p.pkey() & 0x7fff == ep.pkey & 0x7fff {
+            p.set_pkey(0);
+        }
+        let reversible = p.reversible();
+        p.set_reversible_numpath(reversible, 0);
+        p.set_preference(0);
+        p.clear_reserved();
+    }
+    let mut q = k;
+    {
+        let mut p = PathRecord::new_unchecked(&mut q[..]);
+        if p.sgid().is_zero() && p.slid() == 0 {
+            p.set_sgid(ep.port_gid);
+        }
+        if p.pkey() == 0 {
+            p.set_pkey(ep.pkey);
+        }
+    }
+    (k, q)
+}
+
+/// The cache key of a normalised record: destination (DLID, else DGID) plus every constraint
+/// the client set. `None` when the record sets something the key cannot hold (both DLID and
+/// DGID, a foreign SLID/SGID, flow label, hop limit, preference): such requests always go to
+/// the SA.
+pub fn cache_key(cache_ep: u16, normalised: &[u8; 64]) -> Option<PathKey> {
+    let p = PathRecord::new_unchecked(&normalised[..]);
+    let dest = match (p.dlid(), p.dgid()) {
+        (0, g) if g.is_zero() => return None,
+        (0, g) => Dest::Gid(g.0),
+        (l, g) if g.is_zero() => Dest::Lid(l),
+        _ => return None,
+    };
+    if p.slid() != 0 || !p.sgid().is_zero() || p.flowlabel_hoplimit() != 0 || p.preference() != 0 {
+        return None;
+    }
+    let mut c = Constraints::ANY;
+    c.service_id = p.service_id();
+    c.pkey = p.pkey();
+    c.qos_class = p.qos_class();
+    c.sl = p.sl();
+    c.tclass = p.tclass();
+    c.mtu = p.mtu_byte();
+    c.rate = p.rate_byte();
+    c.packet_life = p.packet_life_byte();
+    c.reversible_numpath = p.reversible_numpath();
+    for (set, bit) in [
+        (c.service_id != 0, constraint::SERVICE_ID),
+        (c.pkey != 0, constraint::PKEY),
+        (c.qos_class != 0, constraint::QOS_CLASS),
+        (c.tclass != 0, constraint::TCLASS),
+        (c.sl != 0, constraint::SL),
+        (c.mtu != 0, constraint::MTU),
+        (c.rate != 0, constraint::RATE),
+        (c.packet_life != 0, constraint::PACKET_LIFE),
+        (c.reversible_numpath != 0, constraint::REVERSIBLE_NUMPATH),
+    ] {
+        if set {
+            c.mask |= bit;
+        }
+    }
+    Some(PathKey {
+        ep: cache_ep,
+        dest,
+        constraints: c,
+    })
+}
+
+/// The loopback path of an endpoint (`loopback_prot local`): SGID = DGID = GID0, SLID = DLID =
+/// port LID, reversible, the endpoint's P_Key, the port's MTU and rate without selector bits.
+pub fn loopback_path(port_gid: Gid, lid: u16, pkey: u16, mtu: u8, rate: u8) -> [u8; 64] {
+    let mut r = [0u8; 64];
+    let mut p = PathRecord::new_unchecked(&mut r[..]);
+    p.set_dgid(port_gid);
+    p.set_sgid(port_gid);
+    p.set_dlid(lid);
+    p.set_slid(lid);
+    p.set_reversible_numpath(true, 0);
+    p.set_pkey(pkey);
+    p.set_mtu(Selector::from_byte(0), mtu);
+    p.set_rate(Selector::from_byte(0), rate);
+    r
+}
+
+/// Builds the answer to `request` into `out` and returns its length.
+///
+/// [`Via::Resolve`]: on success (`status` 0 with a `path`) the resolve response (path at
+/// index 0, flags 0x2B, the source echoed when `src_out`), otherwise the 16-byte error
+/// response. [`Via::Query`]: the request with ACK, `status` and the SA's record (when given).
+/// A request the codec rejects (too short, malformed) still gets a 16-byte answer with its
+/// header bytes (zero-padded) and the status (EINVAL if a success cannot be built); this never
+/// panics.
+pub fn respond(
+    request: &[u8],
+    via: Via,
+    status: u8,
+    path: Option<&[u8; 64]>,
+    out: &mut [u8; MSG_LEN],
+) -> u16 {
+    out.fill(0);
+    let req = AcmMsg::new_unchecked(request);
+    let repr = path.and_then(|p| PathRecordRepr::parse_bytes(p).ok());
+    let built = match (via, status, repr) {
+        (Via::Resolve, 0, Some(p)) => build_resolve_response(&req, &p, &mut out[..]),
+        (Via::Resolve, 0, None) => build_error_response(&req, Status::from(EINVAL), &mut out[..]),
+        (Via::Resolve, s, _) => build_error_response(&req, Status::from(s), &mut out[..]),
+        (Via::Query, s, p) => build_query_response(&req, Status::from(s), p.as_ref(), &mut out[..]),
+    };
+    if let Ok(n) = built {
+        return n as u16;
+    }
+    // The codec refused the request: a bare header answer, so the client still gets one.
+    out.fill(0);
+    let n = request.len().min(HDR_LEN);
+    out[..n].copy_from_slice(&request[..n]);
+    let status = if status == 0 { EINVAL } else { status };
+    let mut hdr = [0u8; HDR_LEN];
+    hdr.copy_from_slice(&out[..HDR_LEN]);
+    let fallback = build_error_response(
+        &AcmMsg::new_unchecked(&hdr[..]),
+        Status::from(status),
+        &mut out[..],
+    );
+    fallback.map_or(HDR_LEN as u16, |n| n as u16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::client::{EP_FLAG_DEST, EP_FLAG_SOURCE, EP_LEN, OP_ACK};
+
+    fn view() -> EpView {
+        let mut g = [0u8; 16];
+        g[0] = 0xfe;
+        g[1] = 0x80;
+        g[15] = 4;
+        EpView {
+            cache_ep: 0x0102,
+            port_gid: Gid(g),
+            lid: 4,
+            pkey: 0xffff,
+        }
+    }
+
+    fn msg(entries: &[(u32, u16, [u8; 64])], hdr_data: [u8; 3]) -> [u8; MSG_LEN] {
+        let mut b = [0u8; MSG_LEN];
+        b[0] = 1;
+        b[1] = 1;
+        b[3..6].copy_from_slice(&hdr_data);
+        let len = (HDR_LEN + EP_LEN * entries.len()) as u16;
+        b[6..8].copy_from_slice(&len.to_ne_bytes());
+        b[8..16].copy_from_slice(&0x1122_3344_5566_7788u64.to_ne_bytes());
+        for (i, (flags, t, info)) in entries.iter().enumerate() {
+            let at = HDR_LEN + EP_LEN * i;
+            b[at..at + 4].copy_from_slice(&flags.to_ne_bytes());
+            b[at + 4..at + 6].copy_from_slice(&t.to_ne_bytes());
+            b[at + 8..at + 72].copy_from_slice(info);
+        }
+        b
+    }
+
+    fn lid_path(lid: u16) -> [u8; 64] {
+        let mut r = [0u8; 64];
+        PathRecord::new_unchecked(&mut r[..]).set_dlid(lid);
+        r
+    }
+
+    fn name(s: &str) -> [u8; 64] {
+        let mut a = [0u8; 64];
+        a[..s.len()].copy_from_slice(s.as_bytes());
+        a
+    }
+
+    #[test]
+    fn path_by_lid_is_keyed_and_queried() {
+        let m = msg(&[(0, 0x10, lid_path(6))], [0; 3]);
+        let Target::Route { key, sa, nodelay } = classify(&view(), &m[..88]) else {
+            panic!()
+        };
+        let key = key.unwrap();
+        assert_eq!(key.ep, 0x0102);
+        assert_eq!(key.dest, Dest::Lid(6));
+        assert_eq!(key.constraints.mask, 0);
+        assert!(!nodelay);
+        let p = PathRecord::new_unchecked(&sa[..]);
+        assert_eq!((p.dlid(), p.pkey(), p.sgid()), (6, 0xffff, view().port_gid));
+    }
+
+    #[test]
+    fn own_slid_sgid_pkey_are_normalised_foreign_ones_uncacheable() {
+        let mut r = lid_path(6);
+        {
+            let mut p = PathRecord::new_unchecked(&mut r[..]);
+            p.set_slid(4);
+            p.set_sgid(view().port_gid);
+            p.set_pkey(0x7fff);
+            p.set_preference(3);
+        }
+        let m = msg(&[(FLAGS_NODELAY, 0x10, r)], [0; 3]);
+        let Target::Route { key, nodelay, .. } = classify(&view(), &m[..88]) else {
+            panic!()
+        };
+        assert_eq!(key.unwrap().constraints.mask, 0);
+        assert!(nodelay);
+        PathRecord::new_unchecked(&mut r[..]).set_slid(9);
+        let m = msg(&[(0, 0x10, r)], [0; 3]);
+        assert!(matches!(
+            classify(&view(), &m[..88]),
+            Target::Route { key: None, .. }
+        ));
+    }
+
+    #[test]
+    fn einval_rules() {
+        let v = view();
+        let ok = msg(&[(0, 0x10, lid_path(6))], [0; 3]);
+        // Length 87, 16, 600-ish, not a multiple of 72.
+        for len in [87usize, 16, 100] {
+            let mut m = ok;
+            m[6..8].copy_from_slice(&(len as u16).to_ne_bytes());
+            assert_eq!(classify(&v, &m), Target::Fail(EINVAL), "len {len}");
+        }
+        // Wrong opcode, wrong version.
+        let mut m = ok;
+        m[1] = 2;
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        let mut m = ok;
+        m[0] = 2;
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        // No DLID/DGID.
+        let m = msg(&[(0, 0x10, [0; 64])], [0; 3]);
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        // G6: src_out pointing at the PATH entry itself, at an unknown type, past the end.
+        let m = msg(&[(0, 0x10, lid_path(6))], [1, 0, 0]);
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        let m = msg(&[(0, 0x10, lid_path(6)), (1, 0x99, name("x"))], [1, 1, 0]);
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        let m = msg(&[(0, 0x10, lid_path(6))], [1, 1, 0]);
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        let m = msg(&[(0, 0x10, lid_path(6)), (1, 1, name("a"))], [1, 1, 0]);
+        assert!(matches!(classify(&v, &m), Target::Route { .. }));
+        // dst_index out of range, LID 0, dest type 0x99.
+        let m = msg(&[(EP_FLAG_DEST, 1, name("b"))], [0, 0, 1]);
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        let m = msg(&[(EP_FLAG_DEST, 5, [0; 64])], [0; 3]);
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        let m = msg(&[(EP_FLAG_DEST, 0x99, name("b"))], [0; 3]);
+        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        // Short buffers never panic.
+        for n in 0..20 {
+            let _ = classify(&v, &ok[..n]);
+        }
+    }
+
+    #[test]
+    fn names_and_ips_are_addresses_gid_and_lid_are_routes() {
+        let v = view();
+        let m = msg(
+            &[
+                (EP_FLAG_DEST, 1, name("hca4")),
+                (EP_FLAG_SOURCE, 1, name("hca3")),
+            ],
+            [0, 1, 0],
+        );
+        let Target::Address { key, nodelay } = classify(&v, &m) else {
+            panic!()
+        };
+        assert_eq!(key, AddrKey::name(0x0102, "hca4").unwrap());
+        assert!(!nodelay);
+        let mut ip = [0u8; 64];
+        ip[..4].copy_from_slice(&[10, 0, 0, 6]);
+        let m = msg(&[(EP_FLAG_DEST, 2, ip)], [1, 1, 0]);
+        assert!(matches!(
+            classify(&v, &m),
+            Target::Address {
+                key: AddrKey {
+                    kind: AddrKind::Ipv4,
+                    ..
+                },
+                ..
+            }
+        ));
+        let mut lid = [0u8; 64];
+        lid[1] = 6;
+        let m = msg(&[(EP_FLAG_DEST, 5, lid)], [0; 3]);
+        let Target::Route { key, .. } = classify(&v, &m) else {
+            panic!()
+        };
+        assert_eq!(key.unwrap().dest, Dest::Lid(6));
+        let m = msg(&[(EP_FLAG_DEST, 4, gid_record(v.port_gid, 0))], [0; 3]);
+        assert!(matches!(classify(&v, &m), Target::Route { .. }));
+    }
+
+    #[test]
+    fn responses() {
+        let v = view();
+        let m = msg(
+            &[
+                (EP_FLAG_DEST, 1, name("hca4")),
+                (EP_FLAG_SOURCE, 1, name("hca3")),
+            ],
+            [1, 1, 0],
+        );
+        let path = loopback_path(v.port_gid, 4, 0xffff, 4, 3);
+        let mut out = [0u8; MSG_LEN];
+        let n = respond(&m[..160], Via::Resolve, 0, Some(&path), &mut out);
+        assert_eq!(n, 160);
+        assert_eq!(&out[8..16], &m[8..16], "tid");
+        assert_eq!(&out[24..88], &path[..]);
+        assert_eq!(u32::from_ne_bytes(out[16..20].try_into().unwrap()), 0x2b);
+        assert_eq!(&out[88 + 8..88 + 72], &name("hca3")[..]);
+        let n = respond(&m[..160], Via::Resolve, ENODATA, None, &mut out);
+        assert_eq!((n, out[2]), (16, ENODATA));
+        let q = msg(&[(0, 0x10, lid_path(6))], [0; 3]);
+        let n = respond(&q[..88], Via::Query, 0, Some(&path), &mut out);
+        assert_eq!((n, out[1], out[2]), (88, 1 | OP_ACK, 0));
+        assert_eq!(&out[24..88], &path[..]);
+        // Garbage in, a 16-byte answer out, never a panic.
+        for n in 0..40 {
+            for via in [Via::Resolve, Via::Query] {
+                let len = respond(&q[..n], via, 0, Some(&path), &mut out);
+                assert!(len as usize >= HDR_LEN);
+            }
+        }
+    }
+}

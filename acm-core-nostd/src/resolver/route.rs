@@ -1,0 +1,634 @@
+//! Route resolution: SA PathRecord jobs, coalescing, the SA window and backlog, BUSY backoff,
+//! deadlines, negative caching, refresh-ahead, and the timers of the whole resolver.
+//!
+//! A route job is one coalescing key — (endpoint, cache endpoint number, SA query record) —
+//! with a FIFO of waiting requests and a list of address entries whose route it is. At most
+//! `min(sa_window, sa_inflight)` jobs hold the SA window (sent, BUSY-waiting, or answered while
+//! the caller still holds their MAD); the rest wait FIFO in the backlog, each with its own
+//! deadline (`queue_deadline` from arrival).
+
+use super::mads::{self, SaOutcome};
+use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
+use super::storage::{list_id, AddrState, GroupState, JobState, List, StoredKey};
+use super::{
+    addr, addr_rlink, job_link, Counter, EpId, JobSlot, Kind, Millis, ReqCtx, Resolver, Storage,
+    NEVER,
+};
+use crate::cache::hash::hash_words;
+use crate::cache::{AddrSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
+use crate::wire::client::{AcmMsg, EpInfoType};
+use core::ops::Deref;
+
+impl StoredKey {
+    pub(crate) fn from_key(k: Option<PathKey>) -> StoredKey {
+        match k {
+            None => StoredKey::NONE,
+            Some(k) => {
+                let (kind, lid, gid) = match k.dest {
+                    Dest::Lid(l) => (1, l, [0; 16]),
+                    Dest::Gid(g) => (2, 0, g),
+                };
+                StoredKey {
+                    kind,
+                    lid,
+                    gid,
+                    constraints: k.constraints,
+                }
+            }
+        }
+    }
+
+    pub(crate) fn key(&self, cache_ep: u16) -> Option<PathKey> {
+        let dest = match self.kind {
+            1 => Dest::Lid(self.lid),
+            2 => Dest::Gid(self.gid),
+            _ => return None,
+        };
+        Some(PathKey {
+            ep: cache_ep,
+            dest,
+            constraints: self.constraints,
+        })
+    }
+}
+
+impl<S: Storage> Resolver<S> {
+    fn job_hash(&self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> u64 {
+        let mut w = [0u32; 17];
+        w[0] = (slot as u32) << 16 | u32::from(cache_ep);
+        for (d, c) in w[1..].iter_mut().zip(sa.chunks_exact(4)) {
+            *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        hash_words(self.seed, &w)
+    }
+
+    fn job_bucket(&mut self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> usize {
+        let h = self.job_hash(slot, cache_ep, sa);
+        (h % self.st.job_buckets().len() as u64) as usize
+    }
+
+    /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
+    pub(crate) fn find_job(&mut self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> Option<u32> {
+        let b = self.job_bucket(slot, cache_ep, sa);
+        let mut cur = self.st.job_buckets()[b];
+        while let Some(j) = cur.checked_sub(1) {
+            let job = &self.st.jobs()[j as usize];
+            if !job.query
+                && job.state != JobState::Free
+                && job.state != JobState::Zombie
+                && usize::from(job.ep) == slot
+                && job.cache_ep == cache_ep
+                && job.sa == *sa
+            {
+                return Some(j);
+            }
+            cur = job.hnext;
+        }
+        None
+    }
+
+    fn unhash_job(&mut self, j: u32) {
+        let job = self.st.jobs()[j as usize];
+        if job.query {
+            return;
+        }
+        let b = self.job_bucket(usize::from(job.ep), job.cache_ep, &job.sa);
+        let mut cur = self.st.job_buckets()[b];
+        let mut prev: Option<u32> = None;
+        while let Some(c) = cur.checked_sub(1) {
+            let next = self.st.jobs()[c as usize].hnext;
+            if c == j {
+                match prev {
+                    Some(p) => self.st.jobs()[p as usize].hnext = next,
+                    None => self.st.job_buckets()[b] = next,
+                }
+                self.st.jobs()[j as usize].hnext = 0;
+                return;
+            }
+            prev = Some(c);
+            cur = next;
+        }
+    }
+
+    fn window_free(&self) -> bool {
+        (self.window as usize)
+            < (self.cfg.sa_window as usize)
+                .min(self.st.sa_inflight())
+                .max(1)
+    }
+
+    /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
+    pub(crate) fn start_job(
+        &mut self,
+        now: Millis,
+        slot: usize,
+        cache_ep: u16,
+        key: Option<PathKey>,
+        sa: &[u8; 64],
+        query: bool,
+    ) -> Option<u32> {
+        let j = self
+            .free_jobs
+            .pop_front(self.st.jobs(), list_id::FREE, job_link)?;
+        {
+            let job = &mut self.st.jobs()[j as usize];
+            *job = JobSlot::EMPTY;
+            job.ep = slot as u8;
+            job.cache_ep = cache_ep;
+            job.query = query;
+            job.key = StoredKey::from_key(if query { None } else { key });
+            job.sa = *sa;
+        }
+        if !query {
+            let b = self.job_bucket(slot, cache_ep, sa);
+            let head = self.st.job_buckets()[b];
+            self.st.jobs()[j as usize].hnext = head;
+            self.st.job_buckets()[b] = j + 1;
+        }
+        self.jobs_active += 1;
+        if self.window_free() {
+            self.window += 1;
+            self.send_job(now, j);
+        } else {
+            let at = now.saturating_add(self.cfg.queue_deadline);
+            let job = &mut self.st.jobs()[j as usize];
+            job.state = JobState::Backlog;
+            job.timer = at;
+            self.backlog
+                .push_back(self.st.jobs(), j, list_id::BACKLOG, job_link);
+            self.arm(at);
+        }
+        Some(j)
+    }
+
+    /// Puts job `j` (already holding a window slot) on the SA send list with a fresh TID.
+    fn send_job(&mut self, now: Millis, j: u32) {
+        self.unlist_job(j);
+        let tid = self.next_tid();
+        let at = now.saturating_add(self.cfg.sa_deadline);
+        let ep = {
+            let job = &mut self.st.jobs()[j as usize];
+            job.state = JobState::Send;
+            job.tid = tid;
+            job.timer = at;
+            job.ep
+        };
+        self.sa_send
+            .push_back(self.st.jobs(), j, list_id::SA_SEND, job_link);
+        let id = EpId(self.st.endpoints()[usize::from(ep)].id);
+        self.count(id, Counter::RouteQuery);
+        self.arm(at);
+    }
+
+    /// Adds `waiter` (and address entry `addr`) to the job for (slot, cache_ep, sa), starting
+    /// one if none is pending. A full job table answers the waiter ENOMEM.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn join_route(
+        &mut self,
+        now: Millis,
+        slot: usize,
+        cache_ep: u16,
+        key: Option<PathKey>,
+        sa: &[u8; 64],
+        waiter: Option<u32>,
+        addr: Option<u32>,
+    ) {
+        let j = match self.find_job(slot, cache_ep, sa) {
+            Some(j) => j,
+            None => match self.start_job(now, slot, cache_ep, key, sa, false) {
+                Some(j) => j,
+                None => {
+                    self.stats.full += 1;
+                    if let Some(w) = waiter {
+                        self.answer(w, ENOMEM, None);
+                    }
+                    return;
+                }
+            },
+        };
+        if let Some(w) = waiter {
+            let mut l = self.st.jobs()[j as usize].waiters;
+            l.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
+            self.st.jobs()[j as usize].waiters = l;
+        }
+        if let Some(a) = addr {
+            if self.st.addrs()[a as usize].job == 0 {
+                let mut l = self.st.jobs()[j as usize].addrs;
+                l.push_back(self.st.addrs(), a, list_id::ROUTE_ADDRS, addr_rlink);
+                self.st.jobs()[j as usize].addrs = l;
+                self.st.addrs()[a as usize].job = j + 1;
+            }
+        }
+    }
+
+    /// `query()`: a pass-through SA PathRecord GET of the client's record, never coalesced,
+    /// never cached.
+    pub(crate) fn query_request(&mut self, now: Millis, slot: usize, r: &ReqCtx<'_>) {
+        let valid = AcmMsg::new_checked(r.msg).ok().and_then(|m| {
+            let e = m.entry(0)?;
+            (m.length() == 88 && e.info_type() == EpInfoType::Path).then(|| {
+                let mut rec = [0u8; 64];
+                rec.copy_from_slice(e.info());
+                rec
+            })
+        });
+        let Some(sa) = valid else {
+            self.stats.malformed += 1;
+            self.answer_now(r, request::EINVAL, None);
+            return;
+        };
+        let Some(w) = self.waiter(r) else {
+            return;
+        };
+        match self.start_job(now, slot, r.cache_ep, None, &sa, true) {
+            Some(j) => {
+                let mut l = self.st.jobs()[j as usize].waiters;
+                l.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
+                self.st.jobs()[j as usize].waiters = l;
+            }
+            None => {
+                self.stats.full += 1;
+                self.answer(w, ENOMEM, None);
+            }
+        }
+    }
+
+    /// A PATH / LID / GID request.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn route_request<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        r: &ReqCtx<'_>,
+        key: Option<PathKey>,
+        sa: &[u8; 64],
+        nodelay: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        if let (Some(k), false) = (key, r.kind == Kind::Refresh) {
+            match cache.lookup(&k, now) {
+                Lookup::Hit {
+                    record,
+                    needs_refresh,
+                    ..
+                } => {
+                    if r.kind == Kind::Resolve {
+                        self.count(r.ep, Counter::RouteCache);
+                        self.answer_now(r, 0, Some(&record));
+                    }
+                    if needs_refresh {
+                        self.join_route(now, slot, r.cache_ep, key, sa, None, None);
+                    }
+                    return;
+                }
+                Lookup::Negative { status, .. } => {
+                    self.answer_now(r, status, None);
+                    return;
+                }
+                Lookup::Miss | Lookup::Busy => {}
+            }
+        }
+        let waiter = match (r.kind, nodelay) {
+            (Kind::Resolve, false) => match self.waiter(r) {
+                Some(w) => Some(w),
+                None => return,
+            },
+            (Kind::Resolve, true) => {
+                self.answer_now(r, ENODATA, None);
+                None
+            }
+            _ => None,
+        };
+        self.join_route(now, slot, r.cache_ep, key, sa, waiter, None);
+    }
+
+    /// Completes job `j`: answers its waiters (`status`, `record`; `query_record` is what a
+    /// failed `query()` gets back), aliases its addresses on success, frees the job (or keeps
+    /// it as a zombie while the caller holds its MAD). `from_cache` counts RouteCache per
+    /// answered Resolve waiter.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish_job<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        j: u32,
+        status: u8,
+        record: Option<&[u8; 64]>,
+        query_record: Option<&[u8; 64]>,
+        from_cache: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let job = self.st.jobs()[j as usize];
+        if matches!(job.state, JobState::Free | JobState::Zombie) {
+            return;
+        }
+        let key = job.key.key(job.cache_ep);
+        // Addresses first: the alias must exist before anyone is told the answer.
+        let mut addrs = job.addrs;
+        let path_expires = match (status, record, key) {
+            (0, Some(_), Some(k)) => match cache.lookup(&k, now) {
+                Lookup::Hit { expires_at, .. } => Some(expires_at),
+                _ => None,
+            },
+            _ => None,
+        };
+        while let Some(a) = addrs.pop_front(self.st.addrs(), list_id::ROUTE_ADDRS, addr_rlink) {
+            self.st.addrs()[a as usize].job = 0;
+            if let (Some(exp), Some(k)) = (path_expires, key) {
+                let e = self.st.addrs()[a as usize];
+                if e.state == AddrState::Resolved {
+                    addr::alias(cache, &e, &k, now, exp);
+                }
+            }
+        }
+        let mut waiters = job.waiters;
+        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
+        {
+            let path = if status == 0 {
+                record
+            } else if job.query {
+                query_record
+            } else {
+                None
+            };
+            if from_cache && !self.st.requests()[w as usize].query {
+                let ep = EpId(self.st.requests()[w as usize].ep);
+                self.count(ep, Counter::RouteCache);
+            }
+            self.answer(w, status, path);
+        }
+        self.unhash_job(j);
+        self.unlist_job(j);
+        let holds_window = matches!(job.state, JobState::Send | JobState::Sent | JobState::Busy);
+        if job.held {
+            let jb = &mut self.st.jobs()[j as usize];
+            jb.state = JobState::Zombie;
+            jb.waiters = List::EMPTY;
+            jb.addrs = List::EMPTY;
+        } else {
+            if holds_window {
+                self.window -= 1;
+            }
+            self.free_job(j);
+        }
+    }
+
+    /// Takes job `j` off whichever list its link is on.
+    fn unlist_job(&mut self, j: u32) {
+        let on = self.st.jobs()[j as usize].qlink.on;
+        let list = match on {
+            list_id::BACKLOG => &mut self.backlog,
+            list_id::SA_SEND => &mut self.sa_send,
+            list_id::SENT => &mut self.sent,
+            list_id::BUSY => &mut self.busy,
+            _ => return,
+        };
+        list.remove(self.st.jobs(), j, on, job_link);
+    }
+
+    fn free_job(&mut self, j: u32) {
+        self.st.jobs()[j as usize] = JobSlot::EMPTY;
+        self.free_jobs
+            .push_back(self.st.jobs(), j, list_id::FREE, job_link);
+        self.jobs_active -= 1;
+    }
+
+    /// Frees a zombie whose MAD the caller will never hand back (endpoint closed, shutdown).
+    pub(crate) fn free_zombie(&mut self, j: u32) {
+        if self.st.jobs()[j as usize].state == JobState::Zombie {
+            self.window -= 1;
+            self.free_job(j);
+        }
+    }
+
+    /// An SA completion of route job `j`.
+    pub(crate) fn route_reply<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        j: u32,
+        tid: u32,
+        umad_status: u32,
+        mad: &[u8; 256],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let Some(job) = self.st.jobs().get(j as usize).copied() else {
+            self.stats.sa_unknown += 1;
+            return;
+        };
+        if !job.held || job.tid != tid {
+            self.stats.sa_unknown += 1;
+            return;
+        }
+        // The caller handed its MAD back: nothing of this job is outstanding any more.
+        self.st.jobs()[j as usize].held = false;
+        if job.state == JobState::Zombie {
+            self.free_zombie(j);
+            return;
+        }
+        if job.state != JobState::Sent {
+            self.stats.sa_unknown += 1;
+            return;
+        }
+        if umad_status == 0 && mads::tid_low(mad) != tid {
+            // Not the reply to this TID; the deadline answers the waiters.
+            self.stats.sa_unknown += 1;
+            return;
+        }
+        let key = job.key.key(job.cache_ep);
+        match mads::classify_path_reply(umad_status, mad) {
+            SaOutcome::Record(rec) => {
+                if let (Some(k), false) = (key, job.query) {
+                    if let Some(mut w) = cache.writer() {
+                        w.insert(&k, &rec, now, self.cfg.route_ttl.unwrap_or(NEVER));
+                    }
+                }
+                self.finish_job(now, cache, j, 0, Some(&rec), None, false);
+            }
+            SaOutcome::Failed(s) => {
+                // "No such path" is an answer from the SA, not a failure to reach it: remember
+                // it for a while, never over a path cached since the query started.
+                if let (ENODATA, 0, Some(k), false) = (s, umad_status, key, job.query) {
+                    let ttl = self.cfg.negative_ttl;
+                    if ttl > 0 && !matches!(cache.lookup(&k, now), Lookup::Hit { .. }) {
+                        if let Some(mut w) = cache.writer() {
+                            let _ = w.insert_negative(&k, s, now, ttl);
+                        }
+                    }
+                }
+                let mut sa_record = [0u8; 64];
+                sa_record.copy_from_slice(&mad[56..120]);
+                let qr = (umad_status == 0).then_some(&sa_record);
+                self.finish_job(now, cache, j, s, None, qr, false);
+            }
+            SaOutcome::Busy => {
+                if job.busy_tries >= self.cfg.sa_busy_retries {
+                    self.stats.timeouts += 1;
+                    self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                    return;
+                }
+                let wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
+                let at = now.saturating_add(wait);
+                self.unlist_job(j);
+                let jb = &mut self.st.jobs()[j as usize];
+                jb.state = JobState::Busy;
+                jb.busy_tries += 1;
+                jb.timer = at;
+                self.busy
+                    .push_back(self.st.jobs(), j, list_id::BUSY, job_link);
+                self.arm(at);
+            }
+        }
+    }
+
+    /// Moves backlog jobs into free window slots (answering those the cache can answer now)
+    /// and address queries into free ACM windows; drops removed local addresses' aliases.
+    pub(crate) fn pump<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        while let Some(i) =
+            self.removals
+                .pop_front(self.st.addrs(), list_id::REMOVALS, super::addr_qlink)
+        {
+            let a = self.st.addrs()[i as usize];
+            if let Some(k) = addr::addr_key(&a) {
+                if let Some(mut w) = cache.writer() {
+                    w.remove_addr(&k);
+                }
+            }
+            self.free_addr(i);
+        }
+        while self.window_free() {
+            let Some(j) = self.backlog.front() else {
+                break;
+            };
+            let job = self.st.jobs()[j as usize];
+            if let Some(k) = job.key.key(job.cache_ep) {
+                // Filled meanwhile (another job, a preload): answer from the cache.
+                match cache.lookup(&k, now) {
+                    Lookup::Hit { record, .. } => {
+                        self.finish_job(now, cache, j, 0, Some(&record), None, true);
+                        continue;
+                    }
+                    Lookup::Negative { status, .. } => {
+                        self.finish_job(now, cache, j, status, None, None, false);
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            self.backlog
+                .remove(self.st.jobs(), j, list_id::BACKLOG, job_link);
+            self.window += 1;
+            self.send_job(now, j);
+        }
+        if self.acm_active > 0 {
+            for slot in 0..self.st.endpoints().len() {
+                self.pump_acm(now, slot);
+            }
+        }
+    }
+
+    /// Runs every due timer.
+    pub(crate) fn run_timers<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        // Deadline-ordered lists: only their due heads are looked at.
+        for id in [list_id::BACKLOG, list_id::SA_SEND, list_id::SENT] {
+            loop {
+                let head = match id {
+                    list_id::BACKLOG => self.backlog.front(),
+                    list_id::SA_SEND => self.sa_send.front(),
+                    _ => self.sent.front(),
+                };
+                let Some(j) = head else {
+                    break;
+                };
+                if self.st.jobs()[j as usize].timer > now {
+                    break;
+                }
+                self.stats.timeouts += 1;
+                self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                // A zombie (the caller holds its MAD) is on no list any more.
+                self.unlist_job(j);
+            }
+        }
+        let mut cur = self.busy.front();
+        while let Some(j) = cur {
+            cur = List::next_of(self.st.jobs(), j, job_link);
+            if self.st.jobs()[j as usize].timer <= now {
+                self.send_job(now, j);
+            }
+        }
+        for slot in 0..self.st.endpoints().len() {
+            let e = self.st.endpoints()[slot];
+            if !e.open {
+                continue;
+            }
+            for g in 0..2 {
+                let gs = e.groups[g];
+                if gs.timer > now {
+                    continue;
+                }
+                match gs.state {
+                    GroupState::Joining => self.join_failed(now, slot, g),
+                    GroupState::Retry => self.start_join(now, slot, g),
+                    _ => {}
+                }
+            }
+            self.acm_timers(now, cache, slot);
+        }
+    }
+
+    /// The earliest armed timer (a full scan; run after timers fired).
+    pub(crate) fn scan_timers(&mut self) -> Option<Millis> {
+        let mut next: Option<Millis> = None;
+        let mut at = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
+        for head in [
+            self.backlog.front(),
+            self.sa_send.front(),
+            self.sent.front(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            at(self.st.jobs()[head as usize].timer);
+        }
+        let mut cur = self.busy.front();
+        while let Some(j) = cur {
+            at(self.st.jobs()[j as usize].timer);
+            cur = List::next_of(self.st.jobs(), j, job_link);
+        }
+        for e in self.st.endpoints().iter() {
+            if !e.open {
+                continue;
+            }
+            for g in &e.groups {
+                if matches!(
+                    g.state,
+                    GroupState::Joining | GroupState::Retry | GroupState::Send
+                ) {
+                    at(g.timer);
+                }
+            }
+        }
+        for slot in 0..self.st.endpoints().len() {
+            let e = self.st.endpoints()[slot];
+            for head in [e.queue.front(), e.inflight.front()].into_iter().flatten() {
+                at(self.st.addrs()[head as usize].timer);
+            }
+        }
+        next
+    }
+}

@@ -1,0 +1,814 @@
+//! A deterministic in-memory InfiniBand model to drive resolvers in virtual time (feature
+//! `sim`, host only).
+//!
+//! [`Sim`] holds N nodes, each a [`Resolver`] with its own [`PathCache`] and one endpoint,
+//! and models what sits around them:
+//!
+//! * a UD fabric: unicast ACM MADs go to the node with the destination LID, multicast ones to
+//!   every node attached to the same group; each delivery may be lost, duplicated, delayed and
+//!   so reordered ([`Faults`]);
+//! * an SA: PathRecord GET answered from the nodes' LIDs and GIDs ("no record" for unknown
+//!   ones), MCMemberRecord SET answered with an MLID per MGID; replies may be BUSY or never
+//!   come (then the caller reports a umad timeout after [`Faults::sa_timeout`], as ibacm's
+//!   core does);
+//! * the caller's inline hit path (as the provider has it: a cache hit is answered without the
+//!   resolver, a NODELAY miss is answered ENODATA and handed over as [`Kind::Prime`], a hit
+//!   near expiry as [`Kind::Refresh`]).
+//!
+//! Every client request gets a unique client id and TID; every answer is checked: exactly one
+//! per Resolve/Query request, with its TID ([`Sim::violations`]). Everything is a function of
+//! the seed ([`Rng`], splitmix64), so a failing schedule replays exactly.
+
+use std::collections::{BTreeMap, BinaryHeap};
+use std::string::String;
+use std::vec::Vec;
+use std::{format, vec};
+
+use super::request::{self, EpView, Target};
+use super::{
+    AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Millis, Output,
+    RecvMeta, Resolver, Stats, Via, MSG_LEN,
+};
+use crate::cache::{AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use crate::wire::gid::Gid;
+use crate::wire::path_record::PathRecord;
+
+/// splitmix64: a tiny deterministic PRNG.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        super::splitmix64(&mut self.0)
+    }
+    /// Uniform in `0..n` (0 if `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+    /// True with probability `per_mille / 1000`.
+    pub fn chance(&mut self, per_mille: u32) -> bool {
+        self.below(1000) < u64::from(per_mille)
+    }
+}
+
+/// What goes wrong on the fabric and at the SA (probabilities in per mille).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Faults {
+    /// An ACM delivery is lost.
+    pub loss: u32,
+    /// An ACM delivery is duplicated.
+    pub dup: u32,
+    /// Delivery delay range (ms); a range wider than 0 reorders.
+    pub delay_min: Millis,
+    /// See `delay_min`.
+    pub delay_max: Millis,
+    /// An SA query is answered BUSY.
+    pub sa_busy: u32,
+    /// An SA query gets no reply (the caller reports a umad timeout after `sa_timeout`).
+    pub sa_silent: u32,
+    /// When the caller gives up on a silent SA query.
+    pub sa_timeout: Millis,
+    /// SA reply delay range (ms).
+    pub sa_delay_max: Millis,
+}
+
+impl Faults {
+    /// A perfect fabric with 1 ms deliveries.
+    pub const NONE: Faults = Faults {
+        loss: 0,
+        dup: 0,
+        delay_min: 1,
+        delay_max: 1,
+        sa_busy: 0,
+        sa_silent: 0,
+        sa_timeout: 6000,
+        sa_delay_max: 1,
+    };
+}
+
+/// How a [`Sim`] is built.
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    /// Number of nodes (each with one endpoint, LID `i + 1`, name `node<i>`).
+    pub nodes: usize,
+    /// The seed of everything.
+    pub seed: u64,
+    /// Faults.
+    pub faults: Faults,
+    /// Resolver settings (the same on every node).
+    pub resolver: Config,
+    /// Resolver tables per node.
+    pub caps: Capacities,
+    /// Path cache slots per node.
+    pub cache_slots: usize,
+}
+
+impl SimConfig {
+    /// `nodes` nodes, small tables, no faults.
+    pub fn new(nodes: usize, seed: u64) -> SimConfig {
+        SimConfig {
+            nodes,
+            seed,
+            faults: Faults::NONE,
+            resolver: Config::default(),
+            caps: Capacities {
+                requests: 512,
+                answer_reserve: 8,
+                pending: 64,
+                sa_inflight: 64,
+                addrs: 64,
+                endpoints: 2,
+                preloads: 8,
+            },
+            cache_slots: 256,
+        }
+    }
+}
+
+/// One answer a client got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimAnswer {
+    /// The node that answered.
+    pub node: usize,
+    /// The client id of the request.
+    pub client: u64,
+    /// The ACM status.
+    pub status: u8,
+    /// The path (successful resolve answers).
+    pub path: Option<[u8; 64]>,
+    /// Answered by the caller's hit path (not the resolver).
+    pub inline: bool,
+}
+
+/// One simulated node.
+pub struct Node {
+    /// Its resolver.
+    pub resolver: Resolver<HeapStorage>,
+    /// Its path cache.
+    pub cache: PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[AddrSlot]>>,
+    /// Its endpoint configuration.
+    pub ep_cfg: EpConfig,
+    /// The endpoint is open.
+    pub open: bool,
+    /// The node answers on the fabric (false = a dead peer).
+    pub alive: bool,
+    /// The MGID its QP is attached to.
+    pub attached: Option<Gid>,
+    /// Flush generation (the high byte of its cache endpoint number).
+    pub generation: u8,
+    /// Counters from [`Output::Count`].
+    pub counters: [u64; 7],
+    /// Its name.
+    pub name: String,
+}
+
+/// The endpoint id every node uses.
+pub const EP: EpId = EpId(1);
+
+impl Node {
+    /// The node's cache endpoint number.
+    pub fn cache_ep(&self) -> u16 {
+        u16::from(self.generation) << 8 | u16::from(EP.0)
+    }
+    /// The node's resolver stats.
+    pub fn stats(&self) -> Stats {
+        self.resolver.stats()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Acm {
+        to: usize,
+        meta: RecvMeta,
+        mad: [u8; 256],
+    },
+    Sa {
+        to: usize,
+        token: u64,
+        umad_status: u32,
+        mad: [u8; 256],
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Scheduled {
+    at: Millis,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> core::cmp::Ordering {
+        // Min-heap on (at, seq).
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// The simulation (see the [module docs](self)).
+pub struct Sim {
+    /// Virtual time (ms).
+    pub now: Millis,
+    /// The nodes.
+    pub nodes: Vec<Node>,
+    /// Faults in force (may be changed between steps).
+    pub faults: Faults,
+    /// The PRNG.
+    pub rng: Rng,
+    /// Every answer, in order.
+    pub answers: Vec<SimAnswer>,
+    /// Exactly-once violations found so far.
+    pub violations: Vec<String>,
+    /// SA PathRecord queries the SA model received.
+    pub sa_queries: u64,
+    /// ACM multicast requests sent, per node.
+    pub acm_requests: Vec<u64>,
+    /// Unicast ACM responses sent, per node.
+    pub acm_responses: Vec<u64>,
+    /// Peer requests delivered per (node) — including duplicates.
+    pub delivered: u64,
+    events: BinaryHeap<Scheduled>,
+    seq: u64,
+    next_client: u64,
+    /// client → (node, tid, via, answers so far, expects an answer)
+    requests: BTreeMap<u64, (usize, u64, Via, u32, bool)>,
+    mlids: BTreeMap<[u8; 16], u16>,
+}
+
+/// The GID of node `i`.
+pub fn node_gid(i: usize) -> Gid {
+    Gid::from_parts(
+        0xfe80_0000_0000_0000,
+        0x0002_c903_0000_0000 | (i as u64 + 1),
+    )
+}
+
+/// The LID of node `i`.
+pub fn node_lid(i: usize) -> u16 {
+    i as u16 + 1
+}
+
+/// A NUL-padded 64-byte name.
+pub fn name_bytes(s: &str) -> [u8; 64] {
+    let mut a = [0u8; 64];
+    let n = s.len().min(64);
+    a[..n].copy_from_slice(&s.as_bytes()[..n]);
+    a
+}
+
+/// A RESOLVE request for a name (dest entry, plus a source entry if `src` is given).
+pub fn name_msg(name: &str, src: Option<&str>, nodelay: bool, tid: u64) -> Vec<u8> {
+    let mut entries: Vec<(u32, u16, [u8; 64])> =
+        vec![(2 | if nodelay { 1 << 30 } else { 0 }, 1, name_bytes(name))];
+    if let Some(s) = src {
+        entries.push((1, 1, name_bytes(s)));
+    }
+    let data = [0, 1, 0];
+    let mut m = msg(&entries, if src.is_some() { data } else { [0; 3] }, tid);
+    if src.is_some() {
+        m[3] = 1; // src_out: echo the source, as the core sets it
+    }
+    m
+}
+
+/// A RESOLVE PATH request by DLID.
+pub fn lid_msg(lid: u16, nodelay: bool, tid: u64) -> Vec<u8> {
+    let mut r = [0u8; 64];
+    PathRecord::new_unchecked(&mut r[..]).set_dlid(lid);
+    msg(&[(if nodelay { 1 << 30 } else { 0 }, 0x10, r)], [0; 3], tid)
+}
+
+/// A `query()` (QUERY_SA) PATH request by DLID.
+pub fn query_msg(lid: u16, tid: u64) -> Vec<u8> {
+    let mut r = [0u8; 64];
+    PathRecord::new_unchecked(&mut r[..]).set_dlid(lid);
+    msg(&[(1 << 31, 0x10, r)], [0; 3], tid)
+}
+
+fn msg(entries: &[(u32, u16, [u8; 64])], data: [u8; 3], tid: u64) -> Vec<u8> {
+    let len = 16 + 72 * entries.len();
+    let mut b = vec![0u8; len];
+    b[0] = 1;
+    b[1] = 1;
+    b[3..6].copy_from_slice(&data);
+    b[6..8].copy_from_slice(&(len as u16).to_ne_bytes());
+    b[8..16].copy_from_slice(&tid.to_ne_bytes());
+    for (i, (flags, t, info)) in entries.iter().enumerate() {
+        let at = 16 + 72 * i;
+        b[at..at + 4].copy_from_slice(&flags.to_ne_bytes());
+        b[at + 4..at + 6].copy_from_slice(&t.to_ne_bytes());
+        b[at + 8..at + 72].copy_from_slice(info);
+    }
+    b
+}
+
+impl Sim {
+    /// Builds the nodes, opens their endpoints and adds each node's name as a local address.
+    pub fn new(cfg: SimConfig) -> Sim {
+        let mut rng = Rng(cfg.seed);
+        let mut nodes = Vec::new();
+        for i in 0..cfg.nodes {
+            let cache = PathCache::new(
+                PathSlot::boxed(cfg.cache_slots),
+                AddrSlot::boxed(cfg.cache_slots),
+                CacheConfig {
+                    seed: rng.next_u64(),
+                    refresh_ahead: 5_000,
+                },
+            )
+            .unwrap_or_else(|_| unreachable!("non-empty cache"));
+            let resolver = Resolver::new(cfg.resolver, HeapStorage::new(cfg.caps), rng.next_u64())
+                .unwrap_or_else(|_| unreachable!("valid storage"));
+            nodes.push(Node {
+                resolver,
+                cache,
+                ep_cfg: EpConfig {
+                    port_gid: node_gid(i),
+                    lid: node_lid(i),
+                    pkey: 0xffff,
+                    mtu: 4,
+                    rate: 3,
+                    subnet_timeout_ms: 0,
+                    qpn: 0x100 + i as u32,
+                },
+                open: false,
+                alive: true,
+                attached: None,
+                generation: 0,
+                counters: [0; 7],
+                name: format!("node{i}"),
+            });
+        }
+        let n = nodes.len();
+        let mut sim = Sim {
+            now: 0,
+            nodes,
+            faults: cfg.faults,
+            rng,
+            answers: Vec::new(),
+            violations: Vec::new(),
+            sa_queries: 0,
+            acm_requests: vec![0; n],
+            acm_responses: vec![0; n],
+            delivered: 0,
+            events: BinaryHeap::new(),
+            seq: 0,
+            next_client: 1,
+            requests: BTreeMap::new(),
+            mlids: BTreeMap::new(),
+        };
+        for i in 0..n {
+            sim.open(i);
+        }
+        sim.pump();
+        sim
+    }
+
+    /// Opens node `i`'s endpoint and adds its name.
+    pub fn open(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        if node.open {
+            return;
+        }
+        if node.resolver.open_endpoint(now, EP, node.ep_cfg).is_ok() {
+            node.open = true;
+            let cep = node.cache_ep();
+            let name = name_bytes(&node.name);
+            let _ = node
+                .resolver
+                .add_address(now, &node.cache, EP, cep, 1, &name);
+        }
+        self.pump();
+    }
+
+    /// Closes node `i`'s endpoint (its waiters are answered ENODATA).
+    pub fn close(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        if node.open {
+            node.resolver.close_endpoint(now, &node.cache, EP);
+            node.open = false;
+        }
+        self.pump();
+    }
+
+    /// CLIENT_REREGISTER on node `i`: a new flush generation, then the resolver's reregister.
+    pub fn reregister(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        node.generation = node.generation.wrapping_add(1);
+        let cep = node.cache_ep();
+        node.resolver.reregister(now, &node.cache, EP, cep);
+        self.pump();
+    }
+
+    /// A client request on node `i` (`kind` Resolve or Query), through the caller's hit path
+    /// as the provider has it. Returns the client id.
+    pub fn request(&mut self, i: usize, kind: Kind, make: impl FnOnce(u64) -> Vec<u8>) -> u64 {
+        let client = self.next_client;
+        self.next_client += 1;
+        let tid = 0x5000_0000_0000 | client;
+        let m = make(tid);
+        let via = if kind == Kind::Query {
+            Via::Query
+        } else {
+            Via::Resolve
+        };
+        self.requests.insert(client, (i, tid, via, 0, true));
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        let cep = node.cache_ep();
+        if kind == Kind::Query || !node.open {
+            node.resolver
+                .request(now, &node.cache, EP, cep, client, kind, &m);
+            self.pump();
+            return client;
+        }
+        let view = EpView {
+            cache_ep: cep,
+            port_gid: node.ep_cfg.port_gid,
+            lid: node.ep_cfg.lid,
+            pkey: node.ep_cfg.pkey,
+        };
+        let (lookup, nodelay) = match request::classify(&view, &m) {
+            Target::Route {
+                key: Some(k),
+                nodelay,
+                ..
+            } => (node.cache.lookup(&k, now), nodelay),
+            Target::Route { nodelay, .. } => (Lookup::Miss, nodelay),
+            Target::Address { key, nodelay } => (node.cache.lookup_addr(&key, now), nodelay),
+            Target::Fail(_) => (Lookup::Miss, false),
+        };
+        let (pass, answer) = match lookup {
+            Lookup::Hit {
+                record,
+                needs_refresh,
+                ..
+            } => (
+                needs_refresh.then_some((0, Kind::Refresh)),
+                Some((0, Some(record))),
+            ),
+            Lookup::Negative { status, .. } => (None, Some((status, None))),
+            Lookup::Miss | Lookup::Busy if nodelay => {
+                (Some((0, Kind::Prime)), Some((request::ENODATA, None)))
+            }
+            _ => (Some((client, Kind::Resolve)), None),
+        };
+        if let Some((status, path)) = answer {
+            self.record_answer(i, client, tid, Via::Resolve, status, path, true);
+        }
+        if let Some((c, k)) = pass {
+            let node = &mut self.nodes[i];
+            node.resolver.request(now, &node.cache, EP, cep, c, k, &m);
+        }
+        self.pump();
+        client
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_answer(
+        &mut self,
+        node: usize,
+        client: u64,
+        tid: u64,
+        via: Via,
+        status: u8,
+        path: Option<[u8; 64]>,
+        inline: bool,
+    ) {
+        match self.requests.get_mut(&client) {
+            Some(r) => {
+                r.3 += 1;
+                if r.3 > 1 {
+                    self.violations
+                        .push(format!("client {client}: answered {} times", r.3));
+                }
+                if r.0 != node || r.1 != tid || r.2 != via {
+                    self.violations.push(format!(
+                        "client {client}: answer on node {node} tid {tid:#x} {via:?}, asked on {} tid {:#x} {:?}",
+                        r.0, r.1, r.2
+                    ));
+                }
+            }
+            None => self
+                .violations
+                .push(format!("answer for unknown client {client}")),
+        }
+        self.answers.push(SimAnswer {
+            node,
+            client,
+            status,
+            path,
+            inline,
+        });
+    }
+
+    /// Requests not answered yet.
+    pub fn unanswered(&self) -> Vec<u64> {
+        self.requests
+            .iter()
+            .filter(|(_, r)| r.4 && r.3 == 0)
+            .map(|(c, _)| *c)
+            .collect()
+    }
+
+    /// The answer of `client`, if any.
+    pub fn answer_of(&self, client: u64) -> Option<SimAnswer> {
+        self.answers.iter().find(|a| a.client == client).copied()
+    }
+
+    fn schedule(&mut self, delay: Millis, event: Event) {
+        self.seq += 1;
+        self.events.push(Scheduled {
+            at: self.now + delay,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn delay(&mut self) -> Millis {
+        let f = self.faults;
+        f.delay_min + self.rng.below(f.delay_max.saturating_sub(f.delay_min) + 1)
+    }
+
+    /// Drains every node's outputs (and what they cause at once) until all are quiet, then
+    /// checks every resolver's bookkeeping (violations are recorded).
+    pub fn pump(&mut self) {
+        self.drain_all();
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if let Err(e) = n.resolver.check_invariants() {
+                self.violations
+                    .push(format!("node {i} at {}: {e}", self.now));
+            }
+            if n.resolver.stats().lost > 0 {
+                self.violations.push(format!("node {i}: answers lost"));
+            }
+        }
+    }
+
+    fn drain_all(&mut self) {
+        loop {
+            let mut any = false;
+            for i in 0..self.nodes.len() {
+                while let Some(o) = self.nodes[i].resolver.poll_output() {
+                    any = true;
+                    self.output(i, o);
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+
+    fn output(&mut self, i: usize, o: Output) {
+        match o {
+            Output::Answer(a) => {
+                let tid = u64::from_ne_bytes(a.msg[8..16].try_into().unwrap_or([0; 8]));
+                let path = (a.status == 0 && a.via == Via::Resolve && a.len >= 88).then(|| {
+                    let mut p = [0u8; 64];
+                    p.copy_from_slice(&a.msg[24..88]);
+                    p
+                });
+                if a.len as usize > MSG_LEN || usize::from(a.len) < 16 {
+                    self.violations.push(format!("answer length {}", a.len));
+                }
+                self.record_answer(i, a.client, tid, a.via, a.status, path, false);
+            }
+            Output::Count { counter, .. } => self.nodes[i].counters[counter as usize] += 1,
+            Output::Attach { group, .. } => self.nodes[i].attached = Some(group.mgid),
+            Output::Detach { .. } => self.nodes[i].attached = None,
+            Output::SendSa { token, mad, .. } => self.sa(i, token, mad),
+            Output::SendAcm { to, mad, .. } => self.acm(i, to, mad),
+        }
+    }
+
+    fn sa(&mut self, from: usize, token: u64, mad: [u8; 256]) {
+        let f = self.faults;
+        let mut reply = mad;
+        reply[3] = 0x81;
+        let attr = u16::from_be_bytes([mad[16], mad[17]]);
+        match (mad[3], attr) {
+            (0x01, 0x0035) => {
+                self.sa_queries += 1;
+                if self.rng.chance(f.sa_silent) {
+                    self.schedule(
+                        f.sa_timeout,
+                        Event::Sa {
+                            to: from,
+                            token,
+                            umad_status: 110,
+                            mad,
+                        },
+                    );
+                    return;
+                }
+                if self.rng.chance(f.sa_busy) {
+                    reply[4..6].copy_from_slice(&1u16.to_be_bytes());
+                } else {
+                    match self.path_for(from, &mad[56..120]) {
+                        Some(p) => reply[56..120].copy_from_slice(&p),
+                        None => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
+                    }
+                }
+            }
+            (0x02, 0x0038) => {
+                let mut mgid = [0u8; 16];
+                mgid.copy_from_slice(&mad[56..72]);
+                let n = self.mlids.len() as u16;
+                let mlid = *self.mlids.entry(mgid).or_insert(0xc000 + n);
+                reply[92..94].copy_from_slice(&mlid.to_be_bytes());
+            }
+            (0x15, _) => {
+                reply[3] = 0x95;
+            }
+            _ => reply[4..6].copy_from_slice(&0x0200u16.to_be_bytes()),
+        }
+        let d = 1 + self.rng.below(f.sa_delay_max);
+        self.schedule(
+            d,
+            Event::Sa {
+                to: from,
+                token,
+                umad_status: 0,
+                mad: reply,
+            },
+        );
+    }
+
+    /// The SA's answer to a PathRecord GET from node `from`.
+    fn path_for(&self, from: usize, q: &[u8]) -> Option<[u8; 64]> {
+        let q = PathRecord::new_unchecked(q);
+        let (dlid, dgid) = (q.dlid(), q.dgid());
+        let to = (0..self.nodes.len())
+            .find(|&j| (dlid != 0 && node_lid(j) == dlid) || (dlid == 0 && node_gid(j) == dgid))?;
+        if dlid != 0 && !dgid.is_zero() && node_gid(to) != dgid {
+            return None;
+        }
+        let mut r = [0u8; 64];
+        let mut p = PathRecord::new_unchecked(&mut r[..]);
+        p.set_dgid(node_gid(to));
+        p.set_sgid(node_gid(from));
+        p.set_dlid(node_lid(to));
+        p.set_slid(node_lid(from));
+        p.set_reversible_numpath(true, 0);
+        p.set_pkey(0xffff);
+        p.set_tclass(q.tclass());
+        r[54] = 0x84;
+        r[55] = 0x83;
+        r[56] = 0x92;
+        Some(r)
+    }
+
+    fn acm(&mut self, from: usize, to: AcmDest, mad: [u8; 256]) {
+        let src = &self.nodes[from];
+        if !src.alive {
+            return;
+        }
+        let meta = RecvMeta {
+            slid: src.ep_cfg.lid,
+            src_qp: src.ep_cfg.qpn,
+            sl: 0,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: Some(src.ep_cfg.port_gid),
+        };
+        let targets: Vec<usize> = match to {
+            AcmDest::Group(_) => {
+                self.acm_requests[from] += 1;
+                let g = src.attached;
+                if g.is_none() {
+                    self.violations
+                        .push(format!("node {from} multicasts while not attached"));
+                }
+                (0..self.nodes.len())
+                    .filter(|&j| j != from && self.nodes[j].attached == g && g.is_some())
+                    .collect()
+            }
+            AcmDest::Unicast(av) => {
+                self.acm_responses[from] += 1;
+                let t: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&j| node_lid(j) == av.dlid)
+                    .collect();
+                for &j in &t {
+                    let n = &self.nodes[j];
+                    if av.dgid != n.ep_cfg.port_gid || av.remote_qpn != n.ep_cfg.qpn {
+                        self.violations.push(format!(
+                            "node {from}: unicast AV {av:?} does not match node {j}"
+                        ));
+                    }
+                }
+                t
+            }
+        };
+        for j in targets {
+            if !self.nodes[j].alive || self.rng.chance(self.faults.loss) {
+                continue;
+            }
+            let copies = if self.rng.chance(self.faults.dup) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let d = self.delay();
+                self.schedule(d, Event::Acm { to: j, meta, mad });
+            }
+        }
+    }
+
+    /// When something happens next (an event or a resolver timer).
+    pub fn next_time(&self) -> Option<Millis> {
+        let ev = self.events.peek().map(|e| e.at);
+        let timers = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.resolver.poll_timeout())
+            .min();
+        match (ev, timers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs events and timers until `until` (virtual ms); time ends at `until`.
+    pub fn run_until(&mut self, until: Millis) {
+        loop {
+            self.pump();
+            let Some(t) = self.next_time() else {
+                break;
+            };
+            if t > until {
+                break;
+            }
+            self.now = self.now.max(t);
+            while self.events.peek().is_some_and(|e| e.at <= self.now) {
+                let Some(e) = self.events.pop() else {
+                    break;
+                };
+                self.deliver(e.event);
+                self.pump();
+            }
+            let now = self.now;
+            for n in &mut self.nodes {
+                if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
+                    n.resolver.handle_timeout(now, &n.cache);
+                }
+            }
+        }
+        self.now = self.now.max(until);
+    }
+
+    /// Runs for `ms` more.
+    pub fn run_for(&mut self, ms: Millis) {
+        let until = self.now + ms;
+        self.run_until(until);
+    }
+
+    fn deliver(&mut self, e: Event) {
+        let now = self.now;
+        match e {
+            Event::Acm { to, meta, mad } => {
+                let n = &mut self.nodes[to];
+                if n.alive {
+                    self.delivered += 1;
+                    n.resolver.handle_acm(now, &n.cache, EP, &meta, &mad);
+                }
+            }
+            Event::Sa {
+                to,
+                token,
+                umad_status,
+                mad,
+            } => {
+                let n = &mut self.nodes[to];
+                n.resolver
+                    .handle_sa(now, &n.cache, token, umad_status, &mad);
+            }
+        }
+    }
+
+    /// Node `i`'s counter `c`.
+    pub fn counter(&self, i: usize, c: Counter) -> u64 {
+        self.nodes[i].counters[c as usize]
+    }
+}

@@ -1,0 +1,751 @@
+//! The resolver's tables, in caller-provided storage.
+//!
+//! Every table is a slice of fixed-size slots whose empty state is all zero bytes (links are
+//! `index + 1`, 0 = none; every enum's first variant is 0), so [`ArrayStorage`] can sit in
+//! `.bss` on firmware. Slots are threaded on intrusive doubly linked lists ([`List`]): waiter
+//! FIFOs, the answer FIFO, the SA backlog, send queues, free lists. No list ever needs memory of
+//! its own, which is why no output the resolver owes can be lost to a full queue.
+
+use super::{Millis, MSG_LEN};
+use crate::cache::Constraints;
+
+/// A link of an intrusive list: neighbours as `index + 1` (0 = none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Link {
+    pub(crate) prev: u32,
+    pub(crate) next: u32,
+    /// Which list the slot is on (`ListId`, 0 = none): a cheap guard against double inserts.
+    pub(crate) on: u8,
+}
+
+impl Link {
+    pub(crate) const NONE: Link = Link {
+        prev: 0,
+        next: 0,
+        on: 0,
+    };
+}
+
+/// An intrusive FIFO over one table (head/tail as `index + 1`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct List {
+    pub(crate) head: u32,
+    pub(crate) tail: u32,
+    pub(crate) len: u32,
+}
+
+impl List {
+    pub(crate) const EMPTY: List = List {
+        head: 0,
+        tail: 0,
+        len: 0,
+    };
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head == 0
+    }
+
+    pub(crate) fn front(&self) -> Option<u32> {
+        self.head.checked_sub(1)
+    }
+
+    /// Appends slot `i`, tagging it with `id` (a slot already on a list is left alone).
+    pub(crate) fn push_back<T>(&mut self, s: &mut [T], i: u32, id: u8, f: fn(&mut T) -> &mut Link) {
+        let l = f(&mut s[i as usize]);
+        if l.on != 0 {
+            return;
+        }
+        *l = Link {
+            prev: self.tail,
+            next: 0,
+            on: id,
+        };
+        match self.tail.checked_sub(1) {
+            Some(t) => f(&mut s[t as usize]).next = i + 1,
+            None => self.head = i + 1,
+        }
+        self.tail = i + 1;
+        self.len += 1;
+    }
+
+    /// Unlinks slot `i` if it is on this list (`id`); true if it was.
+    pub(crate) fn remove<T>(
+        &mut self,
+        s: &mut [T],
+        i: u32,
+        id: u8,
+        f: fn(&mut T) -> &mut Link,
+    ) -> bool {
+        let l = *f(&mut s[i as usize]);
+        if l.on != id || id == 0 {
+            return false;
+        }
+        match l.prev.checked_sub(1) {
+            Some(p) => f(&mut s[p as usize]).next = l.next,
+            None => self.head = l.next,
+        }
+        match l.next.checked_sub(1) {
+            Some(n) => f(&mut s[n as usize]).prev = l.prev,
+            None => self.tail = l.prev,
+        }
+        *f(&mut s[i as usize]) = Link::NONE;
+        self.len -= 1;
+        true
+    }
+
+    pub(crate) fn pop_front<T>(
+        &mut self,
+        s: &mut [T],
+        id: u8,
+        f: fn(&mut T) -> &mut Link,
+    ) -> Option<u32> {
+        let i = self.front()?;
+        self.remove(s, i, id, f);
+        Some(i)
+    }
+
+    /// The slot after `i` on its list.
+    pub(crate) fn next_of<T>(s: &mut [T], i: u32, f: fn(&mut T) -> &mut Link) -> Option<u32> {
+        f(&mut s[i as usize]).next.checked_sub(1)
+    }
+}
+
+/// List ids (the `Link::on` tag). One per list kind; a slot is on at most one list per link.
+///
+/// Timer order: every list a timed slot sits on is FIFO in deadline order (deadlines are
+/// `now + constant` when a slot is appended: the backlog, the SA send and sent lists, an
+/// endpoint's ACM queue and in-flight list), so a timer fire looks at list heads only; BUSY
+/// jobs (backoffs differ) are the one list scanned whole.
+pub(crate) mod list_id {
+    pub(crate) const FREE: u8 = 1;
+    pub(crate) const WAITERS: u8 = 2;
+    pub(crate) const ANSWERS: u8 = 3;
+    pub(crate) const BACKLOG: u8 = 4;
+    pub(crate) const SA_SEND: u8 = 5;
+    pub(crate) const ACM_QUEUE: u8 = 6;
+    pub(crate) const ACM_INFLIGHT: u8 = 7;
+    pub(crate) const ACM_SEND: u8 = 8;
+    pub(crate) const ROUTE_ADDRS: u8 = 9;
+    pub(crate) const LOCALS: u8 = 10;
+    pub(crate) const REMOVALS: u8 = 11;
+    pub(crate) const SENT: u8 = 12;
+    pub(crate) const BUSY: u8 = 13;
+}
+
+/// What a request slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum ReqState {
+    Free = 0,
+    /// Waiting on a route job or an address entry.
+    Waiting,
+    /// Answered; on the answer FIFO until polled.
+    Answer,
+}
+
+/// One client request (a copy of its message) until its answer is polled.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestSlot {
+    pub(crate) state: ReqState,
+    pub(crate) query: bool,
+    pub(crate) ep: u8,
+    pub(crate) status: u8,
+    pub(crate) has_path: bool,
+    pub(crate) len: u16,
+    pub(crate) client: u64,
+    pub(crate) link: Link,
+    pub(crate) path: [u8; 64],
+    pub(crate) msg: [u8; MSG_LEN],
+}
+
+impl RequestSlot {
+    /// An empty slot (all zero bytes).
+    pub const EMPTY: RequestSlot = RequestSlot {
+        state: ReqState::Free,
+        query: false,
+        ep: 0,
+        status: 0,
+        has_path: false,
+        len: 0,
+        client: 0,
+        link: Link::NONE,
+        path: [0; 64],
+        msg: [0; MSG_LEN],
+    };
+}
+
+/// Where a route job is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum JobState {
+    Free = 0,
+    /// Waiting for an SA window slot (FIFO, with a deadline).
+    Backlog,
+    /// Decided to send; on the SA send list until polled.
+    Send,
+    /// Polled: the caller holds the MAD; waiting for `handle_sa`.
+    Sent,
+    /// The SA said BUSY: re-send with a new TID at `timer`.
+    Busy,
+    /// Answered (deadline, close) while the caller still holds its MAD: keeps its window slot
+    /// until `handle_sa` gives the MAD back.
+    Zombie,
+}
+
+/// A path key stored as plain fields (an all-zero slot is "no key").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StoredKey {
+    /// 0 = none, 1 = LID, 2 = GID.
+    pub(crate) kind: u8,
+    pub(crate) lid: u16,
+    pub(crate) gid: [u8; 16],
+    pub(crate) constraints: Constraints,
+}
+
+impl StoredKey {
+    pub(crate) const NONE: StoredKey = StoredKey {
+        kind: 0,
+        lid: 0,
+        gid: [0; 16],
+        constraints: Constraints::ANY,
+    };
+}
+
+/// One SA PathRecord resolution: a coalescing key with its waiters.
+#[derive(Clone, Copy, Debug)]
+pub struct JobSlot {
+    pub(crate) state: JobState,
+    /// A `query()` pass-through: never coalesced, never cached.
+    pub(crate) query: bool,
+    /// The caller holds a MAD of this job (sent, not handed back yet).
+    pub(crate) held: bool,
+    pub(crate) ep: u8,
+    pub(crate) cache_ep: u16,
+    pub(crate) busy_tries: u32,
+    pub(crate) tid: u32,
+    pub(crate) hnext: u32,
+    pub(crate) timer: Millis,
+    pub(crate) key: StoredKey,
+    pub(crate) waiters: List,
+    /// Address entries whose route this is (aliased on success).
+    pub(crate) addrs: List,
+    pub(crate) qlink: Link,
+    pub(crate) sa: [u8; 64],
+}
+
+impl JobSlot {
+    /// An empty slot (all zero bytes).
+    pub const EMPTY: JobSlot = JobSlot {
+        state: JobState::Free,
+        query: false,
+        held: false,
+        ep: 0,
+        cache_ep: 0,
+        busy_tries: 0,
+        tid: 0,
+        hnext: 0,
+        timer: 0,
+        key: StoredKey::NONE,
+        waiters: List::EMPTY,
+        addrs: List::EMPTY,
+        qlink: Link::NONE,
+        sa: [0; 64],
+    };
+}
+
+/// Where an address entry is (ibacmp's dest states; see `docs/resolver.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum AddrState {
+    Free = 0,
+    /// QUERY_ADDR, waiting for an ACM window slot or for the endpoint's join (FIFO, deadline).
+    Queued,
+    /// QUERY_ADDR, multicast request out; retried on `timer`.
+    Querying,
+    /// ADDR_RESOLVED (QUERY_ROUTE while `job != 0`, READY once the route is cached).
+    Resolved,
+    /// One of the endpoint's own addresses.
+    Local,
+    /// A removed local address whose loopback alias is still to be dropped from the cache.
+    Removing,
+}
+
+/// Where an address mapping came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Origin {
+    /// Learned from the ACM protocol (a response, or a peer's request).
+    Learned = 0,
+    /// The hosts file (`addr_preload`).
+    Preload,
+}
+
+/// One destination address (endpoint, type, 64 bytes): ibacmp's `acmp_dest` address half.
+#[derive(Clone, Copy, Debug)]
+pub struct AddrEntry {
+    pub(crate) state: AddrState,
+    pub(crate) origin: Origin,
+    pub(crate) ep: u8,
+    pub(crate) type_: u8,
+    /// Our pending ACM request wants (re)sending.
+    pub(crate) send_query: bool,
+    /// A response to this peer's request wants sending.
+    pub(crate) send_resp: bool,
+    /// Index + 1 of our group shared with the peer (0 = unknown).
+    pub(crate) group: u8,
+    pub(crate) resp_group: u8,
+    pub(crate) src_type: u8,
+    pub(crate) path_bits: u8,
+    pub(crate) cache_ep: u16,
+    pub(crate) lid: u16,
+    pub(crate) qpn: u32,
+    pub(crate) tries: u32,
+    /// Route job (index + 1) this address waits on, 0 = none.
+    pub(crate) job: u32,
+    pub(crate) hnext: u32,
+    pub(crate) tid: u64,
+    pub(crate) resp_tid: u64,
+    /// Address mapping expiry (`u64::MAX` = never).
+    pub(crate) expires: Millis,
+    pub(crate) timer: Millis,
+    pub(crate) waiters: List,
+    /// Endpoint queue / in-flight / local list, the removal list, or the free list.
+    pub(crate) qlink: Link,
+    pub(crate) slink: Link,
+    pub(crate) rlink: Link,
+    pub(crate) gid: [u8; 16],
+    pub(crate) addr: [u8; 64],
+    pub(crate) src: [u8; 64],
+}
+
+impl AddrEntry {
+    /// An empty slot (all zero bytes).
+    pub const EMPTY: AddrEntry = AddrEntry {
+        state: AddrState::Free,
+        origin: Origin::Learned,
+        ep: 0,
+        type_: 0,
+        send_query: false,
+        send_resp: false,
+        group: 0,
+        resp_group: 0,
+        src_type: 0,
+        path_bits: 0,
+        cache_ep: 0,
+        lid: 0,
+        qpn: 0,
+        tries: 0,
+        job: 0,
+        hnext: 0,
+        tid: 0,
+        resp_tid: 0,
+        expires: 0,
+        timer: 0,
+        waiters: List::EMPTY,
+        qlink: Link::NONE,
+        slink: Link::NONE,
+        rlink: Link::NONE,
+        gid: [0; 16],
+        addr: [0; 64],
+        src: [0; 64],
+    };
+}
+
+/// Where a multicast group join is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum GroupState {
+    /// Not wanted.
+    Off = 0,
+    /// SET decided; on the endpoint's output flags until polled.
+    Send,
+    /// SET out, waiting for the SA (deadline `timer`).
+    Joining,
+    /// Failed: re-send at `timer`.
+    Retry,
+    /// Joined: `record` is the SA's MCMemberRecord.
+    Joined,
+}
+
+/// One multicast group of an endpoint.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupSlot {
+    pub(crate) state: GroupState,
+    pub(crate) leave: bool,
+    pub(crate) tries: u32,
+    pub(crate) tid: u32,
+    pub(crate) timer: Millis,
+    /// The join's MGID parameters: rate, MTU (tos is 0).
+    pub(crate) rate: u8,
+    pub(crate) mtu: u8,
+    pub(crate) record: [u8; 56],
+    /// The record a pending leave (DELETE) carries.
+    pub(crate) leave_record: [u8; 56],
+}
+
+impl GroupSlot {
+    pub(crate) const EMPTY: GroupSlot = GroupSlot {
+        state: GroupState::Off,
+        leave: false,
+        tries: 0,
+        tid: 0,
+        timer: 0,
+        rate: 0,
+        mtu: 0,
+        record: [0; 56],
+        leave_record: [0; 56],
+    };
+}
+
+/// One endpoint (port, partition) the resolver serves.
+#[derive(Clone, Copy, Debug)]
+pub struct EpSlot {
+    pub(crate) open: bool,
+    pub(crate) id: u8,
+    pub(crate) attached: bool,
+    pub(crate) force_detach: bool,
+    pub(crate) mtu: u8,
+    pub(crate) rate: u8,
+    pub(crate) lid: u16,
+    pub(crate) pkey: u16,
+    pub(crate) cache_ep: u16,
+    pub(crate) qpn: u32,
+    pub(crate) acm_inflight: u32,
+    pub(crate) subnet_timeout: Millis,
+    pub(crate) counts: [u32; 7],
+    pub(crate) groups: [GroupSlot; 2],
+    pub(crate) attached_record: [u8; 56],
+    pub(crate) queue: List,
+    pub(crate) inflight: List,
+    pub(crate) locals: List,
+    pub(crate) port_gid: [u8; 16],
+}
+
+impl EpSlot {
+    /// An empty slot (all zero bytes).
+    pub const EMPTY: EpSlot = EpSlot {
+        open: false,
+        id: 0,
+        attached: false,
+        force_detach: false,
+        mtu: 0,
+        rate: 0,
+        lid: 0,
+        pkey: 0,
+        cache_ep: 0,
+        qpn: 0,
+        acm_inflight: 0,
+        subnet_timeout: 0,
+        counts: [0; 7],
+        groups: [GroupSlot::EMPTY; 2],
+        attached_record: [0; 56],
+        queue: List::EMPTY,
+        inflight: List::EMPTY,
+        locals: List::EMPTY,
+        port_gid: [0; 16],
+    };
+}
+
+/// One preloaded route (`route_preload`): re-inserted after every reregister.
+#[derive(Clone, Copy, Debug)]
+pub struct PreloadSlot {
+    pub(crate) used: bool,
+    pub(crate) ep: u8,
+    pub(crate) path: [u8; 64],
+}
+
+impl PreloadSlot {
+    /// An empty slot (all zero bytes).
+    pub const EMPTY: PreloadSlot = PreloadSlot {
+        used: false,
+        ep: 0,
+        path: [0; 64],
+    };
+}
+
+/// How big each table is (`HeapStorage::new`, with the `std` feature).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacities {
+    /// Client requests held at once (waiting, or answered and not polled yet).
+    pub requests: usize,
+    /// Of `requests`, how many are kept for immediate answers (hits, errors, ENOMEM): a new
+    /// waiter is refused ENOMEM once only these are left, so the refusal itself has a slot.
+    pub answer_reserve: usize,
+    /// Distinct route resolutions (coalescing keys) at once: in flight plus backlog.
+    pub pending: usize,
+    /// Most SA PathRecord queries in flight (the effective window is
+    /// `min(Config::sa_window, sa_inflight, pending)`).
+    pub sa_inflight: usize,
+    /// The resolver's address table (hosts preload, local addresses, learned mappings).
+    pub addrs: usize,
+    /// Endpoints open at once (at most [`MAX_EPS`](super::MAX_EPS)).
+    pub endpoints: usize,
+    /// Preloaded routes (`route_preload`) kept for re-insertion after a reregister.
+    pub preloads: usize,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Capacities {
+            requests: 16_384,
+            answer_reserve: 64,
+            pending: 4096,
+            sa_inflight: 256,
+            addrs: 65_536,
+            endpoints: 16,
+            preloads: 4096,
+        }
+    }
+}
+
+/// The resolver's tables: caller-provided slices. Index spaces are fixed for the life of the
+/// resolver: every accessor must return the same length every time.
+pub trait Storage {
+    /// Request slots.
+    fn requests(&mut self) -> &mut [RequestSlot];
+    /// Route jobs.
+    fn jobs(&mut self) -> &mut [JobSlot];
+    /// Hash buckets of the route jobs (any non-zero length; `pending` is a good size).
+    fn job_buckets(&mut self) -> &mut [u32];
+    /// Address entries.
+    fn addrs(&mut self) -> &mut [AddrEntry];
+    /// Hash buckets of the address entries (any non-zero length).
+    fn addr_buckets(&mut self) -> &mut [u32];
+    /// Endpoints (at most 256 are used).
+    fn endpoints(&mut self) -> &mut [EpSlot];
+    /// Preloaded routes.
+    fn preloads(&mut self) -> &mut [PreloadSlot];
+    /// The most SA queries in flight at once.
+    fn sa_inflight(&self) -> usize;
+    /// Request slots kept for immediate answers.
+    fn answer_reserve(&self) -> usize;
+}
+
+impl<S: Storage + ?Sized> Storage for &mut S {
+    fn requests(&mut self) -> &mut [RequestSlot] {
+        (**self).requests()
+    }
+    fn jobs(&mut self) -> &mut [JobSlot] {
+        (**self).jobs()
+    }
+    fn job_buckets(&mut self) -> &mut [u32] {
+        (**self).job_buckets()
+    }
+    fn addrs(&mut self) -> &mut [AddrEntry] {
+        (**self).addrs()
+    }
+    fn addr_buckets(&mut self) -> &mut [u32] {
+        (**self).addr_buckets()
+    }
+    fn endpoints(&mut self) -> &mut [EpSlot] {
+        (**self).endpoints()
+    }
+    fn preloads(&mut self) -> &mut [PreloadSlot] {
+        (**self).preloads()
+    }
+    fn sa_inflight(&self) -> usize {
+        (**self).sa_inflight()
+    }
+    fn answer_reserve(&self) -> usize {
+        (**self).answer_reserve()
+    }
+}
+
+/// Heap storage sized at run time (hosts; needs the `std` feature).
+#[cfg(feature = "std")]
+pub struct HeapStorage {
+    requests: std::boxed::Box<[RequestSlot]>,
+    jobs: std::boxed::Box<[JobSlot]>,
+    job_buckets: std::boxed::Box<[u32]>,
+    addrs: std::boxed::Box<[AddrEntry]>,
+    addr_buckets: std::boxed::Box<[u32]>,
+    endpoints: std::boxed::Box<[EpSlot]>,
+    preloads: std::boxed::Box<[PreloadSlot]>,
+    sa_inflight: usize,
+    answer_reserve: usize,
+}
+
+#[cfg(feature = "std")]
+impl HeapStorage {
+    /// Tables of the given sizes (each at least 1; `endpoints` at most 256).
+    pub fn new(caps: Capacities) -> Self {
+        fn boxed<T: Copy>(v: T, n: usize) -> std::boxed::Box<[T]> {
+            std::vec![v; n.max(1)].into_boxed_slice()
+        }
+        HeapStorage {
+            requests: boxed(
+                RequestSlot::EMPTY,
+                caps.requests.max(caps.answer_reserve + 1),
+            ),
+            jobs: boxed(JobSlot::EMPTY, caps.pending),
+            job_buckets: boxed(0, caps.pending),
+            addrs: boxed(AddrEntry::EMPTY, caps.addrs),
+            addr_buckets: boxed(0, caps.addrs),
+            endpoints: boxed(EpSlot::EMPTY, caps.endpoints.min(super::MAX_EPS)),
+            preloads: boxed(PreloadSlot::EMPTY, caps.preloads),
+            sa_inflight: caps.sa_inflight.max(1),
+            answer_reserve: caps.answer_reserve,
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl Storage for HeapStorage {
+    fn requests(&mut self) -> &mut [RequestSlot] {
+        &mut self.requests
+    }
+    fn jobs(&mut self) -> &mut [JobSlot] {
+        &mut self.jobs
+    }
+    fn job_buckets(&mut self) -> &mut [u32] {
+        &mut self.job_buckets
+    }
+    fn addrs(&mut self) -> &mut [AddrEntry] {
+        &mut self.addrs
+    }
+    fn addr_buckets(&mut self) -> &mut [u32] {
+        &mut self.addr_buckets
+    }
+    fn endpoints(&mut self) -> &mut [EpSlot] {
+        &mut self.endpoints
+    }
+    fn preloads(&mut self) -> &mut [PreloadSlot] {
+        &mut self.preloads
+    }
+    fn sa_inflight(&self) -> usize {
+        self.sa_inflight
+    }
+    fn answer_reserve(&self) -> usize {
+        self.answer_reserve
+    }
+}
+
+/// Static storage for firmware: `REQ` request slots (of which `RESERVE` for immediate answers),
+/// `JOBS` route jobs (all may be in flight), `ADDRS` address entries, `EPS` endpoints, `PRE`
+/// preloaded routes. All zero bytes when empty, so a `static` of it lands in `.bss`.
+pub struct ArrayStorage<
+    const REQ: usize,
+    const RESERVE: usize,
+    const JOBS: usize,
+    const ADDRS: usize,
+    const EPS: usize,
+    const PRE: usize,
+> {
+    requests: [RequestSlot; REQ],
+    jobs: [JobSlot; JOBS],
+    job_buckets: [u32; JOBS],
+    addrs: [AddrEntry; ADDRS],
+    addr_buckets: [u32; ADDRS],
+    endpoints: [EpSlot; EPS],
+    preloads: [PreloadSlot; PRE],
+}
+
+impl<
+        const REQ: usize,
+        const RESERVE: usize,
+        const JOBS: usize,
+        const ADDRS: usize,
+        const EPS: usize,
+        const PRE: usize,
+    > ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
+{
+    /// Empty tables (usable in a `static` initialiser).
+    pub const fn new() -> Self {
+        ArrayStorage {
+            requests: [RequestSlot::EMPTY; REQ],
+            jobs: [JobSlot::EMPTY; JOBS],
+            job_buckets: [0; JOBS],
+            addrs: [AddrEntry::EMPTY; ADDRS],
+            addr_buckets: [0; ADDRS],
+            endpoints: [EpSlot::EMPTY; EPS],
+            preloads: [PreloadSlot::EMPTY; PRE],
+        }
+    }
+}
+
+impl<
+        const REQ: usize,
+        const RESERVE: usize,
+        const JOBS: usize,
+        const ADDRS: usize,
+        const EPS: usize,
+        const PRE: usize,
+    > Default for ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<
+        const REQ: usize,
+        const RESERVE: usize,
+        const JOBS: usize,
+        const ADDRS: usize,
+        const EPS: usize,
+        const PRE: usize,
+    > Storage for ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
+{
+    fn requests(&mut self) -> &mut [RequestSlot] {
+        &mut self.requests
+    }
+    fn jobs(&mut self) -> &mut [JobSlot] {
+        &mut self.jobs
+    }
+    fn job_buckets(&mut self) -> &mut [u32] {
+        &mut self.job_buckets
+    }
+    fn addrs(&mut self) -> &mut [AddrEntry] {
+        &mut self.addrs
+    }
+    fn addr_buckets(&mut self) -> &mut [u32] {
+        &mut self.addr_buckets
+    }
+    fn endpoints(&mut self) -> &mut [EpSlot] {
+        &mut self.endpoints
+    }
+    fn preloads(&mut self) -> &mut [PreloadSlot] {
+        &mut self.preloads
+    }
+    fn sa_inflight(&self) -> usize {
+        JOBS
+    }
+    fn answer_reserve(&self) -> usize {
+        RESERVE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy)]
+    struct N {
+        l: Link,
+    }
+    fn l(n: &mut N) -> &mut Link {
+        &mut n.l
+    }
+
+    #[test]
+    fn list_push_pop_remove() {
+        let mut s = [N { l: Link::NONE }; 5];
+        let mut a = List::EMPTY;
+        for i in 0..5 {
+            a.push_back(&mut s, i, 1, l);
+        }
+        a.push_back(&mut s, 2, 1, l); // already on: ignored
+        assert_eq!(a.len, 5);
+        assert!(a.remove(&mut s, 2, 1, l));
+        assert!(!a.remove(&mut s, 2, 1, l));
+        assert!(a.remove(&mut s, 0, 1, l));
+        assert!(a.remove(&mut s, 4, 1, l));
+        a.push_back(&mut s, 4, 1, l);
+        let mut got = [0u32; 3];
+        for g in &mut got {
+            *g = a.pop_front(&mut s, 1, l).unwrap();
+        }
+        assert_eq!(got, [1, 3, 4]);
+        assert!(a.is_empty() && a.pop_front(&mut s, 1, l).is_none());
+    }
+}

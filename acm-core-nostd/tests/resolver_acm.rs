@@ -1,0 +1,473 @@
+//! The ACM side of the resolver against real bytes: the join it sends is the one ibacm sends
+//! (and real OpenSM's reply attaches it), the stock libibacmp request is answered with exactly
+//! the response acmp accepted, our request has acmp's layout, and malformed MADs are counted
+//! and dropped. Also: join retries, leaves at close, names waiting for the join.
+
+use acm_core_nostd::cache::{AddrKey, AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use acm_core_nostd::resolver::request::{ENODATA, ETIMEDOUT};
+use acm_core_nostd::resolver::{
+    AcmDest, ArrayStorage, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, RecvMeta,
+    Resolver, Storage,
+};
+use acm_core_nostd::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, CTRL_RESOLVE};
+use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::mad::Method;
+use acm_core_nostd::wire::mcmember::ACM_QKEY;
+
+type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+const EP: EpId = EpId(0);
+
+fn fixture(name: &str) -> Vec<u8> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn name(s: &str) -> [u8; 64] {
+    let mut a = [0u8; 64];
+    a[..s.len()].copy_from_slice(s.as_bytes());
+    a
+}
+
+/// The port of the OpenSM fixtures (fe80::10:4).
+fn ep_config() -> EpConfig {
+    EpConfig {
+        port_gid: Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0004),
+        lid: 4,
+        pkey: 0xffff,
+        mtu: 4,
+        rate: 3,
+        subnet_timeout_ms: 0,
+        qpn: 0x55,
+    }
+}
+
+struct T<S: Storage> {
+    r: Resolver<S>,
+    cache: Cache,
+    now: u64,
+}
+
+fn new_cache() -> Cache {
+    PathCache::new(
+        PathSlot::boxed(256),
+        AddrSlot::boxed(256),
+        CacheConfig::default(),
+    )
+    .unwrap()
+}
+
+fn heap(cfg: Config) -> T<HeapStorage> {
+    let caps = Capacities {
+        requests: 256,
+        pending: 16,
+        addrs: 32,
+        endpoints: 4,
+        ..Capacities::default()
+    };
+    T {
+        r: Resolver::new(cfg, HeapStorage::new(caps), 1).unwrap(),
+        cache: new_cache(),
+        now: 0,
+    }
+}
+
+impl<S: Storage> T<S> {
+    fn drain(&mut self) -> Vec<Output> {
+        std::iter::from_fn(|| self.r.poll_output()).collect()
+    }
+    /// Opens the endpoint and joins with the real OpenSM reply; returns the join MAD we sent.
+    fn open_and_join(&mut self) -> [u8; 256] {
+        self.r.open_endpoint(self.now, EP, ep_config()).unwrap();
+        let out = self.drain();
+        let (token, mad) = out
+            .iter()
+            .find_map(|o| match o {
+                Output::SendSa { token, mad, .. } => Some((*token, *mad)),
+                _ => None,
+            })
+            .expect("a join");
+        let mut reply = fixture("opensm_mcm_set_resp.bin");
+        reply[8..16].copy_from_slice(&mad[8..16]);
+        self.r.handle_sa(self.now, &self.cache, token, 0, &reply);
+        let out = self.drain();
+        assert!(
+            out.iter()
+                .any(|o| matches!(o, Output::Attach { group, .. } if group.mlid == 0xc001)),
+            "{out:?}"
+        );
+        mad
+    }
+}
+
+fn meta_from(slid: u16, sgid: Gid) -> RecvMeta {
+    RecvMeta {
+        slid,
+        src_qp: 0x77,
+        sl: 0,
+        dlid_path_bits: 0,
+        pkey_index: 0,
+        ep_pkey_index: 0,
+        grh_sgid: Some(sgid),
+    }
+}
+
+#[test]
+fn join_is_the_one_ibacm_sends_and_the_opensm_reply_attaches() {
+    let mut t = heap(Config::default());
+    let mad = t.open_and_join();
+    let want = fixture("opensm_mcm_set_req.bin");
+    assert_eq!(&mad[..8], &want[..8]);
+    assert_eq!(&mad[8..12], &[0; 4], "TID upper half 0");
+    assert_eq!(
+        &mad[16..],
+        &want[16..],
+        "header after the TID and the whole record"
+    );
+}
+
+#[test]
+fn stock_acmp_request_gets_the_response_acmp_accepted() {
+    let mut t = heap(Config::default());
+    t.open_and_join();
+    t.r.add_address(0, &t.cache, EP, 0, 1, &name("hca4"))
+        .unwrap();
+    t.drain();
+    let req = fixture("acmp_resolve_req.bin");
+    let requester = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
+    t.r.handle_acm(1, &t.cache, EP, &meta_from(3, requester), &req);
+    let out = t.drain();
+    let (to, mad) = out
+        .iter()
+        .find_map(|o| match o {
+            Output::SendAcm { to, mad, .. } => Some((*to, *mad)),
+            _ => None,
+        })
+        .expect("a response");
+    assert_eq!(mad[..], fixture("acmrs_resolve_resp.bin")[..]);
+    let AcmDest::Unicast(av) = to else {
+        panic!("unicast expected: {to:?}")
+    };
+    assert_eq!(
+        (av.dlid, av.dgid, av.remote_qpn, av.remote_qkey),
+        (3, requester, 0x77, ACM_QKEY)
+    );
+    assert_eq!((av.sl, av.static_rate, av.src_path_bits), (0, 3, 0));
+    // The requester was recorded (hca3 → its GID): resolving it needs no multicast.
+    t.r.request(2, &t.cache, EP, 0, 9, Kind::Resolve, &name_request("hca3"));
+    let out = t.drain();
+    assert!(
+        out.iter().any(|o| matches!(o, Output::SendSa { .. })),
+        "an SA route query"
+    );
+    assert!(!out.iter().any(|o| matches!(o, Output::SendAcm { .. })));
+    // Not for us: no response, but still recorded.
+    let mut other = req.clone();
+    other[24..28].copy_from_slice(b"hca9");
+    other[88..92].copy_from_slice(b"hca7");
+    t.r.handle_acm(3, &t.cache, EP, &meta_from(7, requester), &other);
+    assert!(!t
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Output::SendAcm { .. })));
+}
+
+fn name_request(dest: &str) -> Vec<u8> {
+    acm_core_nostd::resolver::sim::name_msg(dest, None, false, 0x77)
+}
+
+#[test]
+fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
+    for route_acm in [false, true] {
+        let mut t = heap(Config {
+            route_acm,
+            ..Config::default()
+        });
+        t.open_and_join();
+        let m = acm_core_nostd::resolver::sim::name_msg("hca4", Some("hca3"), false, 0x99);
+        t.r.request(0, &t.cache, EP, 0, 5, Kind::Resolve, &m);
+        let out = t.drain();
+        let (to, mad) = out
+            .iter()
+            .find_map(|o| match o {
+                Output::SendAcm { to, mad, .. } => Some((*to, *mad)),
+                _ => None,
+            })
+            .expect("a multicast request");
+        assert_eq!(to, AcmDest::Group(0));
+        let want = fixture("acmp_resolve_req.bin");
+        assert_eq!(&mad[..8], &want[..8]);
+        assert_eq!(&mad[8..12], &[0; 4], "32-bit TID like acmp's");
+        assert_eq!(&mad[16..], &want[16..], "same record as stock acmp's");
+        let r = AcmResolveRepr::parse(&AcmMad::new_checked(&mad[..]).unwrap()).unwrap();
+        assert_eq!(
+            (r.method, r.control, r.dest_type),
+            (Method::Get, CTRL_RESOLVE, AddressType::Name)
+        );
+        // The response acmp accepted, with our TID.
+        let mut resp = fixture("acmrs_resolve_resp.bin");
+        resp[8..16].copy_from_slice(&mad[8..16]);
+        let peer = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0006);
+        t.r.handle_acm(1, &t.cache, EP, &meta_from(6, peer), &resp);
+        let out = t.drain();
+        let answer = out.iter().find_map(|o| match o {
+            Output::Answer(a) => Some(*a),
+            _ => None,
+        });
+        if route_acm {
+            let a = answer.expect("acm mode answers from the group");
+            assert_eq!(a.status, 0);
+            assert_eq!(
+                u16::from_be_bytes([a.msg[24 + 40], a.msg[24 + 41]]),
+                6,
+                "DLID = wc.slid"
+            );
+            assert_eq!(&a.msg[24 + 8..24 + 24], &peer.0, "DGID = GRH SGID");
+            assert_eq!(a.len, 160, "source echoed");
+        } else {
+            assert!(answer.is_none());
+            let (token, q) = out
+                .iter()
+                .find_map(|o| match o {
+                    Output::SendSa { token, mad, .. } => Some((*token, *mad)),
+                    _ => None,
+                })
+                .expect("SA query toward the peer");
+            assert_eq!(&q[56 + 8..56 + 24], &peer.0, "dgid");
+            assert_eq!(&q[56 + 24..56 + 40], &ep_config().port_gid.0, "sgid");
+            assert_eq!(
+                u64::from_be_bytes(q[48..56].try_into().unwrap()),
+                0x200c,
+                "SGID|DGID|PKEY"
+            );
+            let mut reply = q;
+            reply[3] = 0x81;
+            reply[56 + 40..56 + 42].copy_from_slice(&6u16.to_be_bytes());
+            t.r.handle_sa(2, &t.cache, token, 0, &reply);
+            let a = t
+                .drain()
+                .into_iter()
+                .find_map(|o| match o {
+                    Output::Answer(a) => Some(a),
+                    _ => None,
+                })
+                .unwrap();
+            assert_eq!(a.status, 0);
+        }
+        // Aliased for the caller's hit path.
+        let key = AddrKey::name(0, "hca4").unwrap();
+        assert!(matches!(t.cache.lookup_addr(&key, 3), Lookup::Hit { .. }));
+        // A duplicate of the response: its TID is no longer pending.
+        t.r.handle_acm(4, &t.cache, EP, &meta_from(6, peer), &resp);
+        assert_eq!(t.r.stats().acm_unknown_tid, 1);
+    }
+}
+
+#[test]
+fn bad_mads_are_counted_and_dropped() {
+    let mut t = heap(Config::default());
+    t.open_and_join();
+    t.r.add_address(0, &t.cache, EP, 0, 1, &name("hca4"))
+        .unwrap();
+    t.drain();
+    let good = fixture("acmp_resolve_req.bin");
+    let peer = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
+    let m = meta_from(3, peer);
+    let feed = |t: &mut T<HeapStorage>, mad: &[u8], meta: &RecvMeta| {
+        t.r.handle_acm(1, &t.cache, EP, meta, mad);
+        let out = t.drain();
+        assert!(
+            !out.iter().any(|o| matches!(o, Output::SendAcm { .. })),
+            "dropped"
+        );
+    };
+    for (at, v) in [
+        (0usize, 2u8),
+        (1, 0x2d),
+        (2, 2),
+        (3, 0x02),
+        (7, 0x02),
+        (20, 7),
+    ] {
+        let mut b = good.clone();
+        b[at] = v;
+        feed(&mut t, &b, &m);
+    }
+    feed(&mut t, &good[..255], &m);
+    let mut long = good.clone();
+    long.push(0);
+    feed(&mut t, &long, &m);
+    let mut b = good.clone();
+    b[18] = 9; // src_type out of range
+    feed(&mut t, &b, &m);
+    assert_eq!(t.r.stats().acm_malformed, 9);
+    feed(&mut t, &good, &RecvMeta { pkey_index: 1, ..m });
+    feed(
+        &mut t,
+        &good,
+        &RecvMeta {
+            grh_sgid: None,
+            ..m
+        },
+    );
+    assert_eq!(t.r.stats().acm_wrong_key, 2);
+    let mut b = good.clone();
+    b[152..154].copy_from_slice(&[0xff, 0x12]); // a group we did not join
+    feed(&mut t, &b, &m);
+    assert_eq!(t.r.stats().acm_no_group, 1);
+    let mut b = fixture("acmrs_resolve_resp.bin");
+    b[15] = 0x42;
+    feed(&mut t, &b, &m);
+    assert_eq!(t.r.stats().acm_unknown_tid, 1);
+    // SA replies nobody asked for.
+    t.r.handle_sa(1, &t.cache, 0x0100_0005_0000_0001, 0, &[0u8; 256]);
+    t.r.handle_sa(1, &t.cache, 0xff00_0000_0000_0000, 0, &[]);
+    assert_eq!(t.r.stats().sa_unknown, 2);
+    // Random bytes never panic.
+    let mut x = 0x1234_5678_9abc_def0u64;
+    for _ in 0..20_000 {
+        let mut b = good.clone();
+        for _ in 0..8 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b[(x % 256) as usize] = (x >> 8) as u8;
+        }
+        t.r.handle_acm(1, &t.cache, EP, &m, &b);
+        t.r.handle_sa(1, &t.cache, x, (x >> 60) as u32, &b);
+        t.drain();
+    }
+}
+
+#[test]
+fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
+    let cfg = Config {
+        queue_deadline: 20_000,
+        ..Config::default()
+    };
+    let mut t = heap(cfg);
+    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    let token = |out: &[Output]| {
+        out.iter().find_map(|o| match o {
+            Output::SendSa { token, mad, .. } => Some((*token, *mad)),
+            _ => None,
+        })
+    };
+    let (tok, mad) = token(&t.drain()).unwrap();
+    // A name asked before the join: waits.
+    t.r.request(0, &t.cache, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    assert!(t.drain().is_empty());
+    t.r.handle_sa(10, &t.cache, tok, 110, &mad); // umad timeout
+    assert!(token(&t.drain()).is_none());
+    let mut at = 10;
+    for wait in [1000u64, 2000, 4000] {
+        assert_eq!(t.r.poll_timeout(), Some(at + wait));
+        t.r.handle_timeout(at + wait, &t.cache);
+        at += wait;
+        let (tok, mad) = token(&t.drain()).expect("join again");
+        let mut reply = mad;
+        reply[3] = 0x81;
+        reply[4] = 0x02; // SA error
+        t.r.handle_sa(at, &t.cache, tok, 0, &reply);
+        t.drain();
+    }
+    t.r.handle_timeout(at + 8000, &t.cache);
+    let (tok, mad) = token(&t.drain()).unwrap();
+    let mut reply = fixture("opensm_mcm_set_resp.bin");
+    reply[8..16].copy_from_slice(&mad[8..16]);
+    t.r.handle_sa(at + 8000, &t.cache, tok, 0, &reply);
+    let out = t.drain();
+    assert!(out.iter().any(|o| matches!(o, Output::Attach { .. })));
+    assert!(
+        out.iter().any(|o| matches!(
+            o,
+            Output::SendAcm {
+                to: AcmDest::Group(0),
+                ..
+            }
+        )),
+        "the waiting name goes out once joined"
+    );
+    // Nobody answers: ETIMEDOUT after the tries (timeout 2000 + subnet timeout 0, 3 tries).
+    let mut a = None;
+    let mut sends = 1;
+    while a.is_none() {
+        let next = t.r.poll_timeout().expect("a timer");
+        t.r.handle_timeout(next, &t.cache);
+        for o in t.drain() {
+            match o {
+                Output::Answer(x) => a = Some((x.status, next - (at + 8000))),
+                Output::SendAcm { .. } => sends += 1,
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(a, Some((ETIMEDOUT, 6000)));
+    assert_eq!(sends, 3);
+    // A name asked while never joined: ENODATA at the queue deadline.
+    let mut t = heap(Config {
+        queue_deadline: 5000,
+        ..Config::default()
+    });
+    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    t.drain();
+    t.r.request(0, &t.cache, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    t.r.handle_timeout(5000, &t.cache);
+    let a = t.drain().into_iter().find_map(|o| match o {
+        Output::Answer(a) => Some(a.status),
+        _ => None,
+    });
+    assert_eq!(a, Some(ENODATA));
+}
+
+#[test]
+fn close_detaches_and_leaves() {
+    let mut t = heap(Config::default());
+    t.open_and_join();
+    t.r.close_endpoint(5, &t.cache, EP);
+    let out = t.drain();
+    assert!(matches!(out[0], Output::Detach { group, .. } if group.mlid == 0xc001));
+    let Output::SendSa { mad, .. } = out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(mad[3], 0x15, "MCMemberRecord DELETE");
+    assert_eq!(
+        &mad[56..72],
+        &fixture("opensm_mcm_set_req.bin")[56..72],
+        "same MGID"
+    );
+    // Reopen: the same endpoint joins again.
+    t.r.open_endpoint(6, EP, ep_config()).unwrap();
+    assert!(t
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Output::SendSa { mad, .. } if mad[3] == 2)));
+}
+
+/// Static storage: a resolver over `ArrayStorage` works like the heap one.
+#[test]
+fn array_storage_resolver() {
+    let storage: Box<ArrayStorage<32, 2, 4, 8, 2, 2>> = Box::new(ArrayStorage::new());
+    let mut t = T {
+        r: Resolver::new(Config::default(), *storage, 3).unwrap(),
+        cache: new_cache(),
+        now: 0,
+    };
+    t.open_and_join();
+    t.r.add_address(0, &t.cache, EP, 0, 1, &name("hca4"))
+        .unwrap();
+    t.drain();
+    t.r.handle_acm(
+        1,
+        &t.cache,
+        EP,
+        &meta_from(3, Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003)),
+        &fixture("acmp_resolve_req.bin"),
+    );
+    assert!(t
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Output::SendAcm { .. })));
+}

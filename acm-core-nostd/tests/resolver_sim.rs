@@ -1,0 +1,406 @@
+//! The resolver over the simulated fabric (`resolver::sim`): scenario tests, and the
+//! exactly-once property over thousands of random schedules with loss, duplication,
+//! reordering, delay, a dead peer, SA BUSY and silence, closes and reregisters.
+//!
+//! A failing schedule prints its seed; `RESOLVER_SEED=<n> cargo test -p acm-core-nostd --test
+//! resolver_sim exactly_once` replays exactly that one (`RESOLVER_SCHEDULES=<n>` sets how many
+//! are run, default 10 000).
+
+use acm_core_nostd::resolver::request::{ENODATA, ETIMEDOUT};
+use acm_core_nostd::resolver::sim::{
+    lid_msg, name_msg, node_gid, query_msg, Faults, Rng, Sim, SimConfig,
+};
+use acm_core_nostd::resolver::{Capacities, Config, Counter, Kind};
+use acm_core_nostd::wire::path_record::PathRecord;
+
+fn sim(nodes: usize, f: impl FnOnce(&mut SimConfig)) -> Sim {
+    let mut c = SimConfig::new(nodes, 42);
+    f(&mut c);
+    let mut s = Sim::new(c);
+    s.run_for(10); // joins
+    for n in &s.nodes {
+        assert!(n.attached.is_some(), "joined and attached");
+    }
+    s
+}
+
+fn resolve_name(s: &mut Sim, node: usize, name: &str) -> u64 {
+    let n = name.to_string();
+    s.request(node, Kind::Resolve, move |tid| {
+        name_msg(&n, None, false, tid)
+    })
+}
+
+#[test]
+fn name_resolves_across_two_nodes_in_sa_mode() {
+    let mut s = sim(2, |_| {});
+    let c = resolve_name(&mut s, 0, "node1");
+    s.run_for(100);
+    let a = s.answer_of(c).expect("answered");
+    assert_eq!(a.status, 0);
+    let p = a.path.unwrap();
+    let p = PathRecord::new_unchecked(&p[..]);
+    assert_eq!((p.dlid(), p.slid(), p.dgid()), (2, 1, node_gid(1)));
+    assert_eq!(s.counter(0, Counter::AddrQuery), 1);
+    assert_eq!(s.counter(0, Counter::RouteQuery), 1);
+    assert_eq!(
+        (s.acm_requests[0], s.acm_responses[1], s.sa_queries),
+        (1, 1, 1)
+    );
+    // Aliased: the next request is a hit on the caller's path.
+    let c = resolve_name(&mut s, 0, "node1");
+    let a = s.answer_of(c).unwrap();
+    assert!(a.inline && a.status == 0);
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    // node1 recorded node0 from its request (no source entry: our port GID as source).
+    assert_eq!(s.nodes[1].stats().acm_malformed, 0);
+}
+
+#[test]
+fn name_resolves_in_acm_route_mode_without_sa_path_queries() {
+    let mut s = sim(3, |c| c.resolver.route_acm = true);
+    let c = resolve_name(&mut s, 2, "node0");
+    s.run_for(100);
+    let a = s.answer_of(c).expect("answered");
+    assert_eq!(a.status, 0);
+    let path = a.path.unwrap();
+    let p = PathRecord::new_unchecked(&path[..]);
+    assert_eq!(
+        (p.dlid(), p.slid(), p.dgid(), p.sgid()),
+        (1, 3, node_gid(0), node_gid(2))
+    );
+    assert_eq!(p.reversible_numpath(), 0x81);
+    assert_eq!(p.pkey(), 0xffff);
+    assert_eq!(
+        (path[54], path[55]),
+        (0x84, 0x83),
+        "MTU/rate with the record's selector"
+    );
+    assert_eq!(s.sa_queries, 0, "no SA PathRecord in acm route mode");
+    assert_eq!(s.counter(2, Counter::RouteQuery), 0);
+}
+
+#[test]
+fn coalescing_100_requests_one_multicast_one_sa_query() {
+    let mut s = sim(2, |_| {});
+    let clients: Vec<u64> = (0..100).map(|_| resolve_name(&mut s, 0, "node1")).collect();
+    s.run_for(100);
+    assert_eq!(s.acm_requests[0], 1);
+    assert_eq!(s.sa_queries, 1);
+    for c in clients {
+        assert_eq!(s.answer_of(c).unwrap().status, 0);
+    }
+    assert_eq!(s.counter(0, Counter::AddrQuery), 1);
+    assert!(s.violations.is_empty());
+}
+
+#[test]
+fn retries_under_loss_same_tid_then_success() {
+    let mut s = sim(2, |c| c.resolver.acm_timeout = 500);
+    s.faults.loss = 1000;
+    let c = resolve_name(&mut s, 0, "node1");
+    s.run_for(400);
+    s.faults.loss = 0;
+    s.run_for(200);
+    let a = s.answer_of(c).expect("answered after one retry");
+    assert_eq!(a.status, 0);
+    assert_eq!(s.acm_requests[0], 2, "first lost, retry answered");
+    assert_eq!(
+        s.counter(0, Counter::AddrQuery),
+        1,
+        "a retry is the same query"
+    );
+}
+
+#[test]
+fn dead_peer_times_out_after_all_tries() {
+    let mut s = sim(3, |c| c.resolver.acm_timeout = 300);
+    s.nodes[2].alive = false;
+    let c = resolve_name(&mut s, 0, "node2");
+    s.run_for(300 * 3 - 1);
+    assert!(s.answer_of(c).is_none());
+    s.run_for(2);
+    assert_eq!(s.answer_of(c).unwrap().status, ETIMEDOUT);
+    assert_eq!(s.acm_requests[0], 3, "retries = 2: three tries");
+    // Unknown name: same.
+    let c = resolve_name(&mut s, 0, "nobody");
+    s.run_for(1000);
+    assert_eq!(s.answer_of(c).unwrap().status, ETIMEDOUT);
+}
+
+#[test]
+fn window_bounds_multicast_queries_in_flight() {
+    let mut s = sim(2, |c| {
+        c.resolver.acm_window = 2;
+        c.resolver.acm_timeout = 1000;
+    });
+    for i in 0..5 {
+        resolve_name(&mut s, 0, &format!("ghost{i}"));
+    }
+    assert_eq!(s.acm_requests[0], 2, "window 2");
+    s.run_for(2999);
+    assert_eq!(s.acm_requests[0], 6, "two queries, 3 tries each");
+    s.run_for(1);
+    assert_eq!(s.acm_requests[0], 8, "then the next two");
+    s.run_for(10_000);
+    assert_eq!(s.answers.len(), 5);
+    assert!(s.answers.iter().all(|a| a.status == ETIMEDOUT));
+}
+
+#[test]
+fn peer_answering_and_bystander_recording() {
+    let mut s = sim(3, |_| {});
+    let c = s.request(0, Kind::Resolve, |tid| {
+        name_msg("node1", Some("node0"), false, tid)
+    });
+    s.run_for(100);
+    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    // Only the target answered.
+    assert_eq!((s.acm_responses[1], s.acm_responses[2]), (1, 0));
+    // node2 saw the request and recorded node0: resolving node0 from node2 needs no multicast.
+    let before = s.acm_requests[2];
+    let c = resolve_name(&mut s, 2, "node0");
+    s.run_for(100);
+    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.acm_requests[2], before);
+    assert_eq!(s.counter(2, Counter::AddrCache), 1);
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+}
+
+#[test]
+fn loopback_and_path_requests_and_query() {
+    let mut s = sim(2, |_| {});
+    let c = resolve_name(&mut s, 0, "node0");
+    let a = s.answer_of(c).unwrap();
+    assert_eq!(a.status, 0);
+    assert!(a.inline, "loopback aliased at add_address");
+    let c = s.request(0, Kind::Resolve, |tid| lid_msg(2, false, tid));
+    s.run_for(50);
+    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    let c = s.request(0, Kind::Resolve, |tid| lid_msg(99, false, tid));
+    s.run_for(50);
+    assert_eq!(s.answer_of(c).unwrap().status, ENODATA, "SA: no record");
+    let c = s.request(0, Kind::Resolve, |tid| lid_msg(99, false, tid));
+    assert_eq!(s.answer_of(c).unwrap().status, ENODATA, "negative cache");
+    assert!(s.answer_of(c).unwrap().inline);
+    let c = s.request(0, Kind::Query, |tid| query_msg(2, tid));
+    s.run_for(50);
+    assert_eq!(s.answer_of(c).unwrap().status, 0);
+}
+
+#[test]
+fn reregister_detaches_rejoins_and_resolves_again() {
+    let mut s = sim(2, |_| {});
+    let c = resolve_name(&mut s, 0, "node1");
+    s.run_for(100);
+    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    s.reregister(0);
+    s.run_for(100);
+    assert!(s.nodes[0].attached.is_some(), "rejoined");
+    let q = s.acm_requests[0];
+    let c = resolve_name(&mut s, 0, "node1");
+    assert!(
+        !s.answer_of(c).is_some_and(|a| a.inline),
+        "old routes are gone"
+    );
+    s.run_for(100);
+    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.acm_requests[0], q + 1, "learned address was flushed");
+    // Loopback survives (re-inserted under the new generation).
+    let c = resolve_name(&mut s, 0, "node0");
+    assert!(s.answer_of(c).unwrap().inline);
+}
+
+#[test]
+fn close_answers_waiters_and_reopen_works() {
+    let mut s = sim(2, |c| c.resolver.acm_timeout = 5000);
+    s.nodes[1].alive = false;
+    let c = resolve_name(&mut s, 0, "node1");
+    s.run_for(10);
+    s.close(0);
+    assert_eq!(s.answer_of(c).unwrap().status, ENODATA);
+    s.open(0);
+    s.nodes[1].alive = true;
+    s.run_for(10);
+    let c = resolve_name(&mut s, 0, "node1");
+    s.run_for(100);
+    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+}
+
+/// What a batch of schedules exercised (to see that the property test is not vacuous).
+#[derive(Default, Debug)]
+struct Coverage {
+    answers: [u64; 16],
+    inline: u64,
+    acm_requests: u64,
+    acm_responses: u64,
+    sa_queries: u64,
+    stats_timeouts: u64,
+    stats_full: u64,
+    malformed_mads: u64,
+}
+
+/// One random schedule; `Err` describes the failure.
+fn schedule(seed: u64) -> Result<(), String> {
+    schedule_with(seed, &mut Coverage::default())
+}
+
+fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
+    let mut rng = Rng(seed);
+    let nodes = 2 + rng.below(3) as usize;
+    let mut c = SimConfig::new(nodes, rng.next_u64());
+    let sa_deadline = 300 + rng.below(2000);
+    c.resolver = Config {
+        addr_acm: !rng.chance(100),
+        route_acm: rng.chance(250),
+        loopback_local: !rng.chance(200),
+        addr_ttl: (!rng.chance(500)).then(|| 2000 + rng.below(20_000)),
+        route_ttl: (!rng.chance(500)).then(|| 1000 + rng.below(20_000)),
+        negative_ttl: rng.below(3) * 1000,
+        acm_timeout: 100 + rng.below(1000),
+        acm_retries: rng.below(3) as u32,
+        acm_window: 1 + rng.below(4) as u32,
+        sa_window: 1 + rng.below(3) as u32,
+        sa_busy_retries: rng.below(4) as u32,
+        sa_busy_backoff: 10 + rng.below(200),
+        sa_deadline,
+        queue_deadline: sa_deadline * (1 + rng.below(3)),
+        ..Config::default()
+    };
+    c.caps = Capacities {
+        requests: 8 + rng.below(40) as usize,
+        answer_reserve: 1 + rng.below(3) as usize,
+        pending: 1 + rng.below(8) as usize,
+        sa_inflight: 1 + rng.below(8) as usize,
+        addrs: 3 + rng.below(12) as usize,
+        endpoints: 1 + rng.below(2) as usize,
+        preloads: 4,
+    };
+    c.cache_slots = 8 + rng.below(64) as usize;
+    c.faults = Faults {
+        loss: rng.below(300) as u32,
+        dup: rng.below(200) as u32,
+        delay_min: 1,
+        delay_max: 1 + rng.below(100),
+        sa_busy: rng.below(300) as u32,
+        sa_silent: rng.below(150) as u32,
+        sa_timeout: 200 + rng.below(3000),
+        sa_delay_max: 1 + rng.below(50),
+    };
+    let mut s = Sim::new(c);
+    if rng.chance(300) {
+        s.nodes[nodes - 1].alive = false;
+    }
+    let ops = 10 + rng.below(40);
+    for _ in 0..ops {
+        s.run_for(rng.below(600));
+        let i = rng.below(nodes as u64) as usize;
+        let nodelay = rng.chance(100);
+        match rng.below(100) {
+            0..=44 => {
+                let t = rng.below(nodes as u64 + 1) as usize;
+                let name = format!("node{t}");
+                let src = rng.chance(300).then(|| format!("node{i}"));
+                s.request(i, Kind::Resolve, |tid| {
+                    name_msg(&name, src.as_deref(), nodelay, tid)
+                });
+            }
+            45..=69 => {
+                let lid = 1 + rng.below(nodes as u64 + 1) as u16;
+                s.request(i, Kind::Resolve, |tid| lid_msg(lid, nodelay, tid));
+            }
+            70..=77 => {
+                let lid = 1 + rng.below(nodes as u64) as u16;
+                s.request(i, Kind::Query, |tid| query_msg(lid, tid));
+            }
+            78..=81 => {
+                // Malformed: a truncated length.
+                s.request(i, Kind::Resolve, |tid| {
+                    let mut m = lid_msg(1, false, tid);
+                    m[6..8].copy_from_slice(&50u16.to_ne_bytes());
+                    m
+                });
+            }
+            82..=86 => s.close(i),
+            87..=93 => s.open(i),
+            _ => s.reregister(i),
+        }
+        if !s.violations.is_empty() {
+            return Err(format!("{:?}", s.violations));
+        }
+    }
+    for i in 0..nodes {
+        s.open(i);
+    }
+    s.run_for(400_000);
+    if !s.violations.is_empty() {
+        return Err(format!("{:?}", s.violations));
+    }
+    let left = s.unanswered();
+    if !left.is_empty() {
+        return Err(format!("unanswered clients {left:?}"));
+    }
+    for (i, n) in s.nodes.iter().enumerate() {
+        if !n.resolver.is_idle() {
+            return Err(format!("node {i} not idle at the end"));
+        }
+        cov.stats_timeouts += n.stats().timeouts;
+        cov.stats_full += n.stats().full;
+        cov.malformed_mads += n.stats().acm_malformed + n.stats().acm_unknown_tid;
+    }
+    for a in &s.answers {
+        cov.answers[usize::from(a.status.min(15))] += 1;
+        cov.inline += u64::from(a.inline);
+    }
+    cov.acm_requests += s.acm_requests.iter().sum::<u64>();
+    cov.acm_responses += s.acm_responses.iter().sum::<u64>();
+    cov.sa_queries += s.sa_queries;
+    Ok(())
+}
+
+#[test]
+fn exactly_once_over_random_schedules() {
+    if let Some(seed) = std::env::var("RESOLVER_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        if let Err(e) = schedule(seed) {
+            panic!("RESOLVER_SEED={seed}: {e}");
+        }
+        return;
+    }
+    let n: u64 = std::env::var("RESOLVER_SCHEDULES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let start = std::time::Instant::now();
+    let mut failures = Vec::new();
+    let mut cov = Coverage::default();
+    for seed in 0..n {
+        if let Err(e) = schedule_with(seed, &mut cov) {
+            failures.push((seed, e));
+            if failures.len() >= 5 {
+                break;
+            }
+        }
+    }
+    eprintln!("{n} schedules in {:?}: {cov:?}", start.elapsed());
+    if let Some((seed, e)) = failures.first() {
+        panic!(
+            "{} failing schedules; first: RESOLVER_SEED={seed} replays it: {e}\nothers: {:?}",
+            failures.len(),
+            failures.iter().skip(1).map(|f| f.0).collect::<Vec<_>>()
+        );
+    }
+    if n >= 1000 {
+        // Not vacuous: successes, timeouts, ENOMEM, EINVAL, ENODATA, hits, multicast, SA.
+        for status in [0, 1, 2, 3, 6] {
+            assert!(cov.answers[status] > n / 100, "status {status}: {cov:?}");
+        }
+        assert!(
+            cov.inline > n && cov.acm_responses > n && cov.sa_queries > n,
+            "{cov:?}"
+        );
+    }
+}

@@ -1,0 +1,714 @@
+//! The dataplane loop: the one owner of the resolver, the endpoints' UD queue pairs and every
+//! cache write.
+//!
+//! Each round ([`Poller::poll`]) drains, in bursts, the control messages and client requests
+//! of the ibacm main thread and the SA replies of the core's SA thread (bounded lock-free
+//! queues in an [`Inbox`]), the completion queues of the endpoints' UD QPs, and the
+//! resolver's timers; it feeds them to the sans-IO [`Resolver`] and carries out the resolver's
+//! outputs through two small traits:
+//!
+//! * [`CoreIo`]: what the ibacm core does for us (SA MADs, client answers, counters, logs);
+//!   the plugin implements it over the core's helpers, tests over an in-memory fake;
+//! * [`Ud`]: one endpoint's UD QP (verbs in production: [`crate::verbs::UdEndpoint`]; an
+//!   in-memory network in tests).
+//!
+//! So the same loop runs over the core's SA service and verbs, and over in-memory fakes.
+
+use crate::worker::{PollOutcome, Poller, Waker};
+use acm_core_nostd::cache::{AddrSlot, PathCache, PathSlot};
+use acm_core_nostd::resolver::{
+    AcmDest, Answer, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output,
+    RecvMeta, Resolver, Stats, MAX_EPS, MSG_LEN,
+};
+use acm_core_nostd::wire::gid::Gid;
+use crossbeam_queue::ArrayQueue;
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The path cache on the host: heap (or huge-page) storage sized from the options.
+pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+/// How many queue entries one round takes from each source at most (bursts).
+pub const BURST: usize = 64;
+
+/// One endpoint's UD queue pair, as the loop uses it.
+pub trait Ud: Send {
+    /// Posts one MAD; `Err` with a reason when it cannot (no buffer, no group, verbs error).
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String>;
+    /// Hands every received MAD to `f`; returns the number of completions seen.
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize;
+    /// Attaches to a group (and makes its address handle).
+    fn attach(&mut self, group: &McGroup) -> Result<(), String>;
+    /// Detaches from a group.
+    fn detach(&mut self, group: &McGroup);
+    /// Arms completion events; the descriptor to wait on, if the QP has one.
+    fn arm(&mut self) -> Option<RawFd>;
+    /// Consumes pending completion events (non-blocking).
+    fn ack_events(&mut self);
+}
+
+/// What the ibacm core does for the loop.
+pub trait CoreIo: Send + 'static {
+    /// Sends an SA MAD for endpoint `ep`; false if it could not be sent (the query then fails
+    /// at once).
+    fn send_sa(&mut self, ep: EpId, token: u64, mad: &[u8; 256]) -> bool;
+    /// Answers a client.
+    fn answer(&mut self, answer: &Answer);
+    /// Counts an event of endpoint `ep`.
+    fn count(&mut self, ep: EpId, counter: Counter);
+    /// Logs a line at `level` (0 = errors).
+    fn log(&mut self, level: u8, text: &str);
+    /// Whether `level` is logged (to skip formatting).
+    fn log_enabled(&self, level: u8) -> bool;
+}
+
+/// A client request handed from the core's main thread.
+pub struct Request {
+    /// Endpoint it arrived on.
+    pub ep: EpId,
+    /// The endpoint's cache number at the time of the call (flush generation | slot).
+    pub cache_ep: u16,
+    /// The core's client index.
+    pub client: u64,
+    /// Call kind.
+    pub kind: Kind,
+    /// Number of control messages pushed before this request (they apply first).
+    pub ctl_seq: u64,
+    /// Valid length of `msg`.
+    pub len: u16,
+    /// A copy of the client message (the core's buffer dies when the call returns).
+    pub msg: [u8; MSG_LEN],
+}
+
+/// An SA completion copied out of the core's MAD on the SA thread.
+pub struct SaReply {
+    /// The token of the query.
+    pub token: u64,
+    /// `ib_user_mad.status` (nonzero = timeout / send failure).
+    pub umad_status: u32,
+    /// The MAD.
+    pub mad: [u8; 256],
+}
+
+/// One address-preload entry (`addr_preload acm_hosts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostAddr {
+    /// ACM address type (`ACM_ADDRESS_NAME` / `IP` / `IP6`).
+    pub type_: u8,
+    /// The address, zero-padded to 64 bytes.
+    pub addr: [u8; 64],
+    /// The port GID it maps to.
+    pub gid: Gid,
+}
+
+/// Rare messages from the core's main thread, applied in order before later requests.
+pub enum Control {
+    /// An endpoint opened.
+    Open {
+        /// Its id.
+        ep: EpId,
+        /// Its cache number now.
+        cache_ep: u16,
+        /// What the resolver needs.
+        cfg: EpConfig,
+        /// Its UD QP (`None`: no verbs, SA-only endpoint).
+        ud: Option<Box<dyn Ud>>,
+        /// `route_preload`: paths that never expire.
+        routes: Vec<[u8; 64]>,
+        /// `addr_preload`: the hosts file, shared by every endpoint.
+        addrs: Arc<Vec<HostAddr>>,
+    },
+    /// An endpoint closed: answer its requests, drop its state.
+    Close(EpId),
+    /// A local address was added.
+    AddAddress {
+        /// Endpoint.
+        ep: EpId,
+        /// Its cache number.
+        cache_ep: u16,
+        /// ACM address type.
+        type_: u8,
+        /// Zero-padded address.
+        addr: [u8; 64],
+    },
+    /// A local address was removed.
+    RemoveAddress {
+        /// Endpoint.
+        ep: EpId,
+        /// ACM address type.
+        type_: u8,
+        /// Zero-padded address.
+        addr: [u8; 64],
+    },
+    /// CLIENT_REREGISTER on the endpoint's port.
+    Reregister(EpId),
+    /// Answer everything and stop.
+    Shutdown,
+}
+
+/// The queues into the loop (shared with the core's threads).
+pub struct Inbox {
+    /// Client requests (main thread → loop).
+    pub requests: ArrayQueue<Request>,
+    /// SA replies (SA thread → loop).
+    pub replies: ArrayQueue<SaReply>,
+    control: Mutex<VecDeque<Control>>,
+    control_pushed: AtomicU64,
+    /// Requests refused because the queue was full.
+    pub overflows: AtomicU64,
+    /// SA replies dropped because the reply queue was full.
+    pub reply_drops: AtomicU64,
+    /// Wakes the loop.
+    pub waker: Waker,
+}
+
+impl Inbox {
+    /// Queues of these capacities.
+    pub fn new(requests: usize, replies: usize, waker: Waker) -> Self {
+        Inbox {
+            requests: ArrayQueue::new(requests.max(1)),
+            replies: ArrayQueue::new(replies.max(1)),
+            control: Mutex::new(VecDeque::new()),
+            control_pushed: AtomicU64::new(0),
+            overflows: AtomicU64::new(0),
+            reply_drops: AtomicU64::new(0),
+            waker,
+        }
+    }
+
+    /// Queues a control message and wakes the loop (main thread).
+    pub fn control(&self, c: Control) {
+        lock(&self.control).push_back(c);
+        self.control_pushed.fetch_add(1, Ordering::AcqRel);
+        self.waker.wake();
+    }
+
+    /// Hands a request to the loop; false (counted) if the queue is full.
+    pub fn request(&self, ep: EpId, cache_ep: u16, client: u64, kind: Kind, msg: &[u8]) -> bool {
+        let mut copy = [0u8; MSG_LEN];
+        let n = msg.len().min(MSG_LEN);
+        copy[..n].copy_from_slice(&msg[..n]);
+        let r = Request {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            ctl_seq: self.control_pushed.load(Ordering::Acquire),
+            len: n as u16,
+            msg: copy,
+        };
+        match self.requests.push(r) {
+            Ok(()) => {
+                self.waker.wake();
+                true
+            }
+            Err(_) => {
+                self.overflows.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Hands an SA completion to the loop (SA thread); false if the queue was full.
+    pub fn reply(&self, r: SaReply) -> bool {
+        let ok = self.replies.push(r).is_ok();
+        if !ok {
+            self.reply_drops.fetch_add(1, Ordering::Relaxed);
+        }
+        self.waker.wake();
+        ok
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What the loop remembers of an open endpoint (to re-create the resolver after a panic).
+struct EpRecord {
+    cache_ep: u16,
+    cfg: EpConfig,
+    ud: Option<Box<dyn Ud>>,
+    locals: Vec<(u8, [u8; 64])>,
+    routes: Vec<[u8; 64]>,
+    addrs: Arc<Vec<HostAddr>>,
+}
+
+/// The loop (see the module docs).
+pub struct Plane<I: CoreIo> {
+    resolver: Resolver<HeapStorage>,
+    make_resolver: Box<dyn Fn() -> Option<Resolver<HeapStorage>> + Send>,
+    cache: Arc<HostCache>,
+    inbox: Arc<Inbox>,
+    io: I,
+    eps: Vec<Option<EpRecord>>,
+    epoch: Instant,
+    controls_applied: u64,
+    last_stats: Stats,
+    done: bool,
+}
+
+impl<I: CoreIo> Plane<I> {
+    /// A loop over `cache` and `inbox`, with a resolver from `make_resolver` (called again to
+    /// start afresh after a caught panic). `None` from it is an error.
+    pub fn new(
+        make_resolver: Box<dyn Fn() -> Option<Resolver<HeapStorage>> + Send>,
+        cache: Arc<HostCache>,
+        inbox: Arc<Inbox>,
+        io: I,
+        epoch: Instant,
+    ) -> Option<Self> {
+        let resolver = make_resolver()?;
+        Some(Plane {
+            resolver,
+            make_resolver,
+            cache,
+            inbox,
+            io,
+            eps: (0..MAX_EPS).map(|_| None).collect(),
+            epoch,
+            controls_applied: 0,
+            last_stats: Stats::default(),
+            done: false,
+        })
+    }
+
+    /// The resolver's configuration helper, for callers building one.
+    pub fn config_of(opts: &acm_core_nostd::text::opts::ProviderOptions) -> Config {
+        Config::from_options(opts)
+    }
+
+    fn ms(&self, t: Instant) -> Millis {
+        t.saturating_duration_since(self.epoch).as_millis() as Millis
+    }
+
+    fn apply_controls(&mut self, now: Millis) -> bool {
+        let mut did = false;
+        loop {
+            let c = lock(&self.inbox.control).pop_front();
+            let Some(c) = c else { break };
+            did = true;
+            self.controls_applied += 1;
+            self.apply(c, now);
+            self.drain_outputs(now);
+        }
+        did
+    }
+
+    fn apply(&mut self, c: Control, now: Millis) {
+        match c {
+            Control::Open {
+                ep,
+                cache_ep,
+                cfg,
+                ud,
+                routes,
+                addrs,
+            } => {
+                let rec = EpRecord {
+                    cache_ep,
+                    cfg,
+                    ud,
+                    locals: Vec::new(),
+                    routes,
+                    addrs,
+                };
+                self.open_in_resolver(ep, &rec, now);
+                self.eps[usize::from(ep.0)] = Some(rec);
+            }
+            Control::Close(ep) => {
+                self.resolver.close_endpoint(now, &self.cache, ep);
+                self.drain_outputs(now);
+                // Dropping the UD QP detaches and frees its verbs objects.
+                self.eps[usize::from(ep.0)] = None;
+            }
+            Control::AddAddress {
+                ep,
+                cache_ep,
+                type_,
+                addr,
+            } => {
+                if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
+                    rec.cache_ep = cache_ep;
+                    rec.locals.push((type_, addr));
+                }
+                if let Err(e) =
+                    self.resolver
+                        .add_address(now, &self.cache, ep, cache_ep, type_, &addr)
+                {
+                    self.io
+                        .log(0, &format!("ERROR - add_address refused: {e:?}"));
+                }
+            }
+            Control::RemoveAddress { ep, type_, addr } => {
+                if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
+                    rec.locals.retain(|l| *l != (type_, addr));
+                }
+                self.resolver.remove_address(ep, type_, &addr);
+            }
+            Control::Reregister(ep) => {
+                let Some(rec) = self.eps[usize::from(ep.0)].as_mut() else {
+                    return;
+                };
+                // The main thread bumped the endpoint's flush generation when the event came:
+                // from here on its requests carry the new cache number.
+                rec.cache_ep = (rec.cache_ep.wrapping_add(0x100) & 0xff00) | u16::from(ep.0);
+                let cache_ep = rec.cache_ep;
+                // Preloaded routes survive it: the resolver re-inserts them under the new
+                // cache number, and rejoins the endpoint's groups.
+                self.resolver.reregister(now, &self.cache, ep, cache_ep);
+                if self.io.log_enabled(1) {
+                    self.io.log(1, "client reregister: learned routes flushed");
+                }
+            }
+            Control::Shutdown => {
+                self.resolver.shutdown(now, &self.cache);
+                self.drain_outputs(now);
+                // Requests still queued get their one answer too.
+                while let Some(r) = self.inbox.requests.pop() {
+                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                }
+                for e in self.eps.iter_mut() {
+                    *e = None;
+                }
+                if let Some(mut w) = self.cache.writer() {
+                    w.clear();
+                }
+                self.done = true;
+            }
+        }
+    }
+
+    fn open_in_resolver(&mut self, ep: EpId, rec: &EpRecord, now: Millis) {
+        if let Err(e) = self.resolver.open_endpoint(now, ep, rec.cfg) {
+            self.io
+                .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
+            return;
+        }
+        for p in &rec.routes {
+            self.resolver
+                .preload_route(now, &self.cache, ep, rec.cache_ep, p);
+        }
+        for h in rec.addrs.iter() {
+            let _ = self
+                .resolver
+                .preload_address(now, ep, h.type_, &h.addr, h.gid);
+        }
+        for (t, a) in &rec.locals {
+            let _ = self
+                .resolver
+                .add_address(now, &self.cache, ep, rec.cache_ep, *t, a);
+        }
+        if !rec.routes.is_empty() && self.io.log_enabled(1) {
+            let n = rec.routes.len();
+            self.io.log(1, &format!("{n} preloaded routes inserted"));
+        }
+    }
+
+    /// Answers a request the resolver never saw (shutdown, no resolver) with `status`.
+    fn answer_now(&mut self, r: &Request, status: u8) {
+        let via = match r.kind {
+            Kind::Resolve => acm_core_nostd::resolver::Via::Resolve,
+            Kind::Query => acm_core_nostd::resolver::Via::Query,
+            Kind::Prime | Kind::Refresh => return,
+        };
+        let mut msg = [0u8; MSG_LEN];
+        let len = acm_core_nostd::resolver::request::respond(
+            &r.msg[..usize::from(r.len)],
+            via,
+            status,
+            None,
+            &mut msg,
+        );
+        self.io.answer(&Answer {
+            ep: r.ep,
+            client: r.client,
+            via,
+            status,
+            len,
+            msg,
+        });
+    }
+
+    /// Carries out every output the resolver has (a send that fails is reported back to the
+    /// resolver, which may produce more outputs: loop until none are left).
+    fn drain_outputs(&mut self, now: Millis) {
+        while let Some(o) = self.resolver.poll_output() {
+            match o {
+                Output::SendSa { ep, token, mad } => {
+                    if !self.io.send_sa(ep, token, &mad) {
+                        self.resolver.handle_sa(now, &self.cache, token, 1, &[]);
+                    }
+                }
+                Output::SendAcm { ep, to, mad } => {
+                    let r = match self.eps[usize::from(ep.0)]
+                        .as_mut()
+                        .and_then(|e| e.ud.as_mut())
+                    {
+                        Some(ud) => ud.send(&to, &mad),
+                        None => Err("endpoint has no UD QP".into()),
+                    };
+                    if let Err(e) = r {
+                        if self.io.log_enabled(1) {
+                            self.io.log(1, &format!("ACM send failed: {e}"));
+                        }
+                    }
+                }
+                Output::Answer(a) => self.io.answer(&a),
+                Output::Attach { ep, group } => {
+                    let r = match self.eps[usize::from(ep.0)]
+                        .as_mut()
+                        .and_then(|e| e.ud.as_mut())
+                    {
+                        Some(ud) => ud.attach(&group),
+                        None => Err("endpoint has no UD QP".into()),
+                    };
+                    match r {
+                        Ok(()) => {
+                            if self.io.log_enabled(1) {
+                                self.io.log(
+                                    1,
+                                    &format!(
+                                        "joined multicast group {} mlid 0x{:x}",
+                                        group.index, group.mlid
+                                    ),
+                                );
+                            }
+                        }
+                        Err(e) => self
+                            .io
+                            .log(0, &format!("ERROR - multicast attach failed: {e}")),
+                    }
+                }
+                Output::Detach { ep, group } => {
+                    if let Some(ud) = self.eps[usize::from(ep.0)]
+                        .as_mut()
+                        .and_then(|e| e.ud.as_mut())
+                    {
+                        ud.detach(&group);
+                    }
+                }
+                Output::Count { ep, counter } => self.io.count(ep, counter),
+            }
+        }
+    }
+
+    /// Logs what the resolver dropped since the last round (reason and running total).
+    fn log_drops(&mut self) {
+        let s = self.resolver.stats();
+        if s == self.last_stats {
+            return;
+        }
+        let l = self.last_stats;
+        for (name, now, before) in [
+            (
+                "malformed ACM MAD dropped",
+                s.acm_malformed,
+                l.acm_malformed,
+            ),
+            (
+                "ACM response with no pending TID dropped",
+                s.acm_unknown_tid,
+                l.acm_unknown_tid,
+            ),
+            (
+                "unsolicited ACM response dropped",
+                s.acm_unsolicited,
+                l.acm_unsolicited,
+            ),
+            (
+                "ACM MAD from a foreign P_Key or without GRH dropped",
+                s.acm_wrong_key,
+                l.acm_wrong_key,
+            ),
+            ("unknown SA reply ignored", s.sa_unknown, l.sa_unknown),
+            ("request refused, table full (ENOMEM)", s.full, l.full),
+            (
+                "malformed client request rejected (EINVAL)",
+                s.malformed,
+                l.malformed,
+            ),
+            ("query timed out (ETIMEDOUT)", s.timeouts, l.timeouts),
+        ] {
+            if now > before {
+                self.io.log(
+                    0,
+                    &format!("ERROR - {name}: {} (total {now})", now - before),
+                );
+            }
+        }
+        self.last_stats = s;
+    }
+}
+
+impl<I: CoreIo> Poller for Plane<I> {
+    fn poll(&mut self, t: Instant) -> PollOutcome {
+        let now = self.ms(t);
+        let mut did = self.apply_controls(now);
+        if self.done {
+            return PollOutcome::default();
+        }
+        for _ in 0..BURST {
+            let Some(r) = self.inbox.replies.pop() else {
+                break;
+            };
+            did = true;
+            self.resolver
+                .handle_sa(now, &self.cache, r.token, r.umad_status, &r.mad);
+            self.drain_outputs(now);
+        }
+        for _ in 0..BURST {
+            let Some(r) = self.inbox.requests.pop() else {
+                break;
+            };
+            did = true;
+            if r.ctl_seq > self.controls_applied {
+                // Control messages the main thread queued before this request apply first.
+                self.apply_controls(now);
+                if self.done {
+                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                    return PollOutcome::default();
+                }
+            }
+            self.resolver.request(
+                now,
+                &self.cache,
+                r.ep,
+                r.cache_ep,
+                r.client,
+                r.kind,
+                &r.msg[..usize::from(r.len)],
+            );
+            self.drain_outputs(now);
+        }
+        let mut received = 0;
+        {
+            // Split borrows: the QPs hand their MADs straight to the resolver (no copy, no
+            // allocation); the outputs are carried out after the burst (the resolver's output
+            // state never overflows).
+            let Plane {
+                resolver,
+                eps,
+                cache,
+                ..
+            } = self;
+            for (i, e) in eps.iter_mut().enumerate() {
+                let Some(ud) = e.as_mut().and_then(|e| e.ud.as_mut()) else {
+                    continue;
+                };
+                received += ud.poll(&mut |m, b| {
+                    resolver.handle_acm(now, cache, EpId(i as u8), m, &b[..]);
+                });
+            }
+        }
+        if received > 0 {
+            did = true;
+            self.drain_outputs(now);
+        }
+        if self.resolver.poll_timeout().is_some_and(|at| at <= now) {
+            did = true;
+            self.resolver.handle_timeout(now, &self.cache);
+            self.drain_outputs(now);
+        }
+        self.log_drops();
+        PollOutcome {
+            did_work: did,
+            next_deadline: self
+                .resolver
+                .poll_timeout()
+                .map(|at| self.epoch + std::time::Duration::from_millis(at)),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+
+    /// After a caught panic: the resolver's state cannot be trusted, so it is answered out
+    /// (every request it holds gets ENODATA once, as at shutdown, if that still works) and
+    /// replaced by a fresh one with the same endpoints, addresses and preloads.
+    fn recover(&mut self, message: &str) {
+        self.io.log(
+            0,
+            &format!("ERROR - acmrs dataplane panicked ({message}); restarting the resolver"),
+        );
+        let now = self.ms(Instant::now());
+        let cache = self.cache.clone();
+        let old = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.resolver.shutdown(now, &cache);
+            self.drain_outputs(now);
+        }));
+        if old.is_err() {
+            self.io.log(
+                0,
+                "ERROR - the resolver could not answer its requests after the panic",
+            );
+        }
+        let Some(fresh) = (self.make_resolver)() else {
+            self.io.log(0, "ERROR - no new resolver; stopping");
+            self.done = true;
+            return;
+        };
+        self.resolver = fresh;
+        if let Some(mut w) = self.cache.writer() {
+            w.clear();
+        }
+        let eps = std::mem::replace(&mut self.eps, (0..MAX_EPS).map(|_| None).collect());
+        for (i, rec) in eps.into_iter().enumerate() {
+            if let Some(rec) = rec {
+                self.open_in_resolver(EpId(i as u8), &rec, now);
+                self.eps[i] = Some(rec);
+            }
+        }
+        self.drain_outputs(now);
+    }
+
+    fn prepare_block(&mut self, fds: &mut Vec<RawFd>) {
+        for e in self.eps.iter_mut().flatten() {
+            if let Some(fd) = e.ud.as_mut().and_then(|u| u.arm()) {
+                fds.push(fd);
+            }
+        }
+    }
+
+    fn unblocked(&mut self) {
+        for e in self.eps.iter_mut().flatten() {
+            if let Some(ud) = e.ud.as_mut() {
+                ud.ack_events();
+            }
+        }
+    }
+}
+
+/// The verbs context type the plugin hands to [`crate::verbs::UdEndpoint::open`].
+pub use rdma_sys::ibv_context as IbvContext;
+
+impl Ud for crate::verbs::UdEndpoint {
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+        crate::verbs::UdEndpoint::send(self, to, mad).map_err(|e| e.to_string())
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
+        crate::verbs::UdEndpoint::poll(self, |m, b| f(m, b))
+    }
+
+    fn attach(&mut self, group: &McGroup) -> Result<(), String> {
+        crate::verbs::UdEndpoint::attach(self, group).map_err(|e| e.to_string())
+    }
+
+    fn detach(&mut self, group: &McGroup) {
+        crate::verbs::UdEndpoint::detach(self, group)
+    }
+
+    fn arm(&mut self) -> Option<RawFd> {
+        crate::verbs::UdEndpoint::arm(self).ok()?;
+        Some(self.event_fd())
+    }
+
+    fn ack_events(&mut self) {
+        while self.ack_event() {}
+    }
+}

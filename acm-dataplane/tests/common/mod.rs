@@ -1,0 +1,380 @@
+//! Harness for the verbs tests: a private ibsim fabric with OpenSM as master (through
+//! `acm-fabric`, no ibacm daemons), and `ud-agent` / `svagent` processes started under
+//! `LD_PRELOAD=libumad2sim.so:libsimverbs.so`. Every process is killed by PID in `Drop` (also
+//! when a test panics); the fabric's scratch directory is removed by `acm-fabric`.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+
+/// target/<profile>/ of the running test executable (target/<profile>/deps/<test>).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps")
+        .to_path_buf()
+}
+
+fn simverbs_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/simverbs/src")
+}
+
+/// The freshly built libsimverbs.so of this target dir. `cargo test -p acm-dataplane` does
+/// not build it: refuse a missing or stale library instead of testing old code.
+pub fn libsimverbs() -> PathBuf {
+    let p = profile_dir().join("libsimverbs.so");
+    let built = std::fs::metadata(&p)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| {
+            panic!(
+                "{} missing: run `cargo build -p simverbs` (same CARGO_TARGET_DIR) first",
+                p.display()
+            )
+        });
+    for e in std::fs::read_dir(simverbs_src())
+        .expect("tools/simverbs/src")
+        .flatten()
+    {
+        let m = e.metadata().and_then(|m| m.modified()).expect("mtime");
+        assert!(
+            m <= built,
+            "{} is older than {}: run `cargo build -p simverbs` first",
+            p.display(),
+            e.path().display()
+        );
+    }
+    p
+}
+
+/// `LD_PRELOAD` value for simulated processes.
+pub fn preload() -> String {
+    assert!(
+        Path::new(UMAD2SIM).exists(),
+        "{UMAD2SIM} missing: apt-get install libumad2sim0"
+    );
+    format!("{}:{}", UMAD2SIM, libsimverbs().display())
+}
+
+/// simverbs' own C test agent (a plain libibverbs program), compiled once per test process:
+/// an independent peer that can send what our endpoint never would (e.g. oversized datagrams).
+pub fn svagent() -> PathBuf {
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    AGENT
+        .get_or_init(|| {
+            let src =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/simverbs/tests/c/svagent.c");
+            let out = profile_dir().join("dataplane-svagent");
+            let tmp = profile_dir().join(format!("dataplane-svagent.{}", std::process::id()));
+            let st = Command::new("cc")
+                .args(["-Wall", "-O1", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .arg("-libverbs")
+                .status()
+                .expect("cc not found: apt-get install gcc libibverbs-dev");
+            assert!(st.success(), "compiling {} failed", src.display());
+            std::fs::rename(&tmp, &out).expect("rename svagent");
+            out
+        })
+        .clone()
+}
+
+/// SIGTERM to a PID we started, up to `grace`, then SIGKILL; always reaps.
+pub fn stop_child(child: &mut Child, grace: Duration) {
+    if let Ok(Some(_)) = child.try_wait() {
+        return;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let t = Instant::now();
+    while t.elapsed() < grace {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A private fabric: ibsim (net.2sw2path4hca: Hca1..Hca4) + OpenSM on Hca1.
+pub struct Fabric {
+    /// `IBSIM_SOCKNAME`, also the simverbs fabric name.
+    pub name: String,
+    /// Scratch directory: working directory and `SIMVERBS_SHM_DIR` of the processes.
+    pub dir: PathBuf,
+    /// ibsim + OpenSM, stopped by PID when dropped.
+    inner: Option<acm_fabric::Fabric>,
+    /// OpenSM's partitions.conf (it re-reads it on sweeps), removed on drop.
+    partitions: Option<PathBuf>,
+}
+
+impl Drop for Fabric {
+    fn drop(&mut self) {
+        self.inner.take();
+        if let Some(p) = &self.partitions {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Fabric {
+    pub fn start(tag: &str) -> Fabric {
+        Fabric::start_with_partitions(tag, None)
+    }
+
+    /// Like [`Fabric::start`], with an OpenSM partitions.conf (`-P`, a temp file removed when
+    /// the fabric is dropped).
+    pub fn start_with_partitions(tag: &str, partitions: Option<&str>) -> Fabric {
+        // Fail before bringing anything up if the library is missing or stale.
+        let _ = libsimverbs();
+        let topology = acm_fabric::Topology::example("net.2sw2path4hca").expect("shipped topology");
+        let conf = partitions.map(|text| {
+            let p = std::env::temp_dir()
+                .join(format!("dpv-{tag}-{}-partitions.conf", std::process::id()));
+            std::fs::write(&p, text).expect("partitions.conf");
+            p
+        });
+        // Hca2 is only waited for (LID assigned); no daemon runs anywhere.
+        let mut builder = acm_fabric::Fabric::builder(topology, ["Hca2"])
+            .sm_node("Hca1")
+            .name_prefix(&format!("dpv-{tag}"))
+            .start_daemons(false);
+        if let Some(p) = &conf {
+            builder = builder.opensm_args(["-P".to_string(), p.display().to_string()]);
+        }
+        // Built before start so that a failed bring-up still removes the file (Drop).
+        let mut f = Fabric {
+            name: String::new(),
+            dir: PathBuf::new(),
+            inner: None,
+            partitions: conf,
+        };
+        let inner = builder
+            .start()
+            .unwrap_or_else(|e| panic!("fabric bring-up failed: {e}"));
+        f.name = inner.name().to_string();
+        f.dir = inner.scratch().to_path_buf();
+        f.inner = Some(inner);
+        f
+    }
+
+    fn command(&self, prog: &Path, host: &str) -> Command {
+        let mut c = Command::new(prog);
+        c.env("IBSIM_SOCKNAME", &self.name)
+            .env("SIM_HOST", host)
+            .env("LD_PRELOAD", preload())
+            .env("SIMVERBS_SHM_DIR", &self.dir)
+            .current_dir(&self.dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        c
+    }
+
+    /// Starts `ud-agent` on `host`.
+    pub fn agent(&self, host: &str) -> Agent {
+        Agent::spawn(
+            self.command(Path::new(env!("CARGO_BIN_EXE_ud-agent")), host),
+            host,
+        )
+    }
+
+    /// Starts `ud-agent` on `host` wrapped in `valgrind --leak-check=full` (log in `log`).
+    pub fn agent_valgrind(&self, host: &str, log: &Path) -> Agent {
+        let mut c = self.command(Path::new("valgrind"), host);
+        c.arg("--leak-check=full")
+            .arg(format!("--log-file={}", log.display()))
+            .arg(env!("CARGO_BIN_EXE_ud-agent"));
+        Agent::spawn(c, host)
+    }
+
+    /// Starts simverbs' C agent on `host`.
+    pub fn svagent(&self, host: &str) -> Agent {
+        Agent::spawn(self.command(&svagent(), host), host)
+    }
+
+    /// Files in the simverbs multicast membership directory of `mgid` (`<lid>.<qpn>` each).
+    pub fn mcast_members(&self, mgid: &str) -> Vec<String> {
+        let d = self
+            .dir
+            .join(format!("simverbs-{}", self.name))
+            .join("mcast")
+            .join(mgid);
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Whether the QP's datagram socket `@simverbs/<fabric>/lid/<lid>/qp/<qpn>` is bound.
+    pub fn qp_socket_bound(&self, lid: u16, qpn: u32) -> bool {
+        let want = format!("@simverbs/{}/lid/{lid}/qp/{qpn}", self.name);
+        std::fs::read_to_string("/proc/net/unix")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split_whitespace().last() == Some(want.as_str()))
+    }
+}
+
+/// A running agent process (ud-agent or svagent), one reply line per command.
+pub struct Agent {
+    pub host: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+/// What `open` answered.
+#[derive(Clone, Debug)]
+pub struct Opened {
+    pub lid: u16,
+    pub qpn: u32,
+    pub gid: String,
+    pub pkey_index: u16,
+}
+
+impl Agent {
+    fn spawn(mut c: Command, host: &str) -> Agent {
+        let mut child = c.spawn().expect("spawn agent");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Agent {
+            host: host.to_string(),
+            child,
+            stdin: Some(stdin),
+            lines: rx,
+        }
+    }
+
+    /// The next output line (panics after `timeout`).
+    pub fn line(&self, timeout: Duration) -> String {
+        self.lines
+            .recv_timeout(timeout)
+            .unwrap_or_else(|_| panic!("agent on {} gave no output line", self.host))
+    }
+
+    /// Writes one command line without waiting for its reply.
+    pub fn start(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("agent stdin");
+        writeln!(stdin, "{line}").expect("write to agent");
+        stdin.flush().expect("flush");
+    }
+
+    /// Sends one command line and returns the reply line.
+    pub fn cmd(&mut self, line: &str) -> String {
+        self.start(line);
+        self.lines
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("agent on {} did not answer '{line}'", self.host))
+    }
+
+    /// `open <recv_depth> <send_depth>` on the default partition.
+    pub fn open(&mut self, recv_depth: u32, send_depth: u32) -> Opened {
+        let r = self.cmd(&format!("open {recv_depth} {send_depth}"));
+        assert!(r.starts_with("ok "), "open on {}: {r}", self.host);
+        Opened {
+            lid: field(&r, "lid").parse().expect("lid"),
+            qpn: field(&r, "qpn").parse().expect("qpn"),
+            gid: field(&r, "gid").to_string(),
+            pkey_index: field(&r, "pkey_index").parse().expect("pkey_index"),
+        }
+    }
+
+    /// `recv n ms`: the MAD lines, as key=value maps.
+    pub fn recv(&mut self, n: usize, ms: u64) -> Vec<HashMap<String, String>> {
+        self.start(&format!("recv {n} {ms}"));
+        self.recv_reply()
+    }
+
+    /// The reply of a `recv` sent with [`Agent::start`].
+    pub fn recv_reply(&mut self) -> Vec<HashMap<String, String>> {
+        let r = self.line(Duration::from_secs(30));
+        assert!(r.starts_with("ok n="), "recv on {}: {r}", self.host);
+        let k: usize = field(&r, "n").parse().expect("n");
+        (0..k)
+            .map(|_| {
+                let l = self.line(Duration::from_secs(10));
+                assert!(l.starts_with("mad "), "{l}");
+                fields(&l)
+            })
+            .collect()
+    }
+
+    /// `stats` as a map.
+    pub fn stats(&mut self) -> HashMap<String, u64> {
+        let r = self.cmd("stats");
+        assert!(r.starts_with("ok "), "stats on {}: {r}", self.host);
+        fields(&r)
+            .into_iter()
+            .map(|(k, v)| (k, v.parse().expect("counter")))
+            .collect()
+    }
+
+    /// The agent's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Ends the agent with `quit` and returns its exit code (None: it did not exit in time).
+    pub fn quit(mut self, within: Duration) -> Option<i32> {
+        if let Some(mut s) = self.stdin.take() {
+            let _ = writeln!(s, "quit");
+        }
+        let t = Instant::now();
+        while t.elapsed() < within {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stdin.take();
+        stop_child(&mut self.child, Duration::from_secs(2));
+    }
+}
+
+/// The value of `key=` in a reply (panics if absent).
+pub fn field<'a>(reply: &'a str, key: &str) -> &'a str {
+    reply
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key}= in '{reply}'"))
+}
+
+/// Every `key=value` of a line.
+pub fn fields(line: &str) -> HashMap<String, String> {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

@@ -1,0 +1,383 @@
+//! The dataplane loop over in-memory IO: two [`Plane`]s (two nodes) whose UD QPs are an
+//! in-memory network and whose core is a fake (an SA that answers PathRecord GETs and
+//! MCMemberRecord SETs, a list of client answers). The same loop the provider runs over
+//! verbs and the ibacm core; here the rounds are driven by hand, so nothing depends on timing.
+
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
+use acm_core_nostd::resolver::sim::{lid_msg, name_bytes, name_msg, node_gid, node_lid};
+use acm_core_nostd::resolver::{
+    AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
+    RecvMeta, Resolver,
+};
+use acm_core_nostd::wire::path_record::PathRecord;
+use acm_dataplane::plane::{Control, CoreIo, HostCache, Inbox, Plane, SaReply, Ud};
+use acm_dataplane::worker::{Poller, Worker};
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Datagrams in flight: (to node, meta, MAD).
+type Wire = Arc<Mutex<VecDeque<(usize, RecvMeta, [u8; 256])>>>;
+
+/// Node `i`'s UD QP on the in-memory network (two nodes: 0 and 1).
+struct MemUd {
+    me: usize,
+    wire: Wire,
+    attached: bool,
+}
+
+impl Ud for MemUd {
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+        let meta = RecvMeta {
+            slid: node_lid(self.me),
+            src_qp: 100 + self.me as u32,
+            sl: 0,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: Some(node_gid(self.me)),
+        };
+        let to = match to {
+            AcmDest::Group(_) if self.attached => 1 - self.me,
+            AcmDest::Group(g) => return Err(format!("group {g} not attached")),
+            AcmDest::Unicast(av) => (0..2)
+                .find(|&j| node_lid(j) == av.dlid)
+                .ok_or("no such LID")?,
+        };
+        self.wire.lock().unwrap().push_back((to, meta, *mad));
+        Ok(())
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
+        let mut mine = Vec::new();
+        self.wire.lock().unwrap().retain(|(to, m, b)| {
+            if *to == self.me {
+                mine.push((*m, *b));
+                false
+            } else {
+                true
+            }
+        });
+        for (m, b) in &mine {
+            f(m, b);
+        }
+        mine.len()
+    }
+
+    fn attach(&mut self, _group: &McGroup) -> Result<(), String> {
+        self.attached = true;
+        Ok(())
+    }
+
+    fn detach(&mut self, _group: &McGroup) {
+        self.attached = false;
+    }
+
+    fn arm(&mut self) -> Option<RawFd> {
+        None
+    }
+
+    fn ack_events(&mut self) {}
+}
+
+/// What the fake core saw and did.
+#[derive(Default)]
+struct CoreLog {
+    answers: Vec<Answer>,
+    sa_sent: usize,
+    counts: Vec<Counter>,
+    logs: Vec<String>,
+}
+
+/// Node `me`'s fake core: answers SA MADs into the plane's inbox at once.
+struct FakeCore {
+    me: usize,
+    inbox: Arc<Inbox>,
+    log: Arc<Mutex<CoreLog>>,
+    /// Fail every SA send (the resolver must answer the waiters once anyway).
+    refuse_sa: bool,
+}
+
+impl CoreIo for FakeCore {
+    fn send_sa(&mut self, _ep: EpId, token: u64, mad: &[u8; 256]) -> bool {
+        if self.refuse_sa {
+            return false;
+        }
+        self.log.lock().unwrap().sa_sent += 1;
+        let mut reply = *mad;
+        reply[3] = 0x81;
+        match u16::from_be_bytes([mad[16], mad[17]]) {
+            0x0035 => {
+                // PathRecord GET: the path to whichever node the record names.
+                let q = PathRecord::new_unchecked(&mad[56..120]);
+                let to = (0..2).find(|&j| node_lid(j) == q.dlid() || node_gid(j) == q.dgid());
+                match to {
+                    Some(to) => {
+                        let mut p = PathRecord::new_unchecked(&mut reply[56..120]);
+                        p.set_dgid(node_gid(to));
+                        p.set_sgid(node_gid(self.me));
+                        p.set_dlid(node_lid(to));
+                        p.set_slid(node_lid(self.me));
+                        p.set_reversible_numpath(true, 0);
+                        p.set_pkey(0xffff);
+                    }
+                    None => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
+                }
+            }
+            // MCMemberRecord SET: one MLID for the one group.
+            0x0038 => reply[92..94].copy_from_slice(&0xc001u16.to_be_bytes()),
+            _ => reply[3] = mad[3] | 0x80,
+        }
+        self.inbox.reply(SaReply {
+            token,
+            umad_status: 0,
+            mad: reply,
+        });
+        true
+    }
+
+    fn answer(&mut self, a: &Answer) {
+        self.log.lock().unwrap().answers.push(*a);
+    }
+
+    fn count(&mut self, _ep: EpId, c: Counter) {
+        self.log.lock().unwrap().counts.push(c);
+    }
+
+    fn log(&mut self, _level: u8, text: &str) {
+        self.log.lock().unwrap().logs.push(text.to_string());
+    }
+
+    fn log_enabled(&self, _level: u8) -> bool {
+        true
+    }
+}
+
+struct Node {
+    plane: Plane<FakeCore>,
+    inbox: Arc<Inbox>,
+    log: Arc<Mutex<CoreLog>>,
+}
+
+fn node(me: usize, wire: &Wire, refuse_sa: bool) -> Node {
+    let waker = Worker::new_waker();
+    let inbox = Arc::new(Inbox::new(64, 64, waker.clone()));
+    let cache: Arc<HostCache> = Arc::new(
+        PathCache::new(
+            PathSlot::boxed(256),
+            AddrSlot::boxed(64),
+            CacheConfig::default(),
+        )
+        .unwrap(),
+    );
+    let log = Arc::new(Mutex::new(CoreLog::default()));
+    let core = FakeCore {
+        me,
+        inbox: inbox.clone(),
+        log: log.clone(),
+        refuse_sa,
+    };
+    let caps = Capacities {
+        requests: 64,
+        answer_reserve: 4,
+        pending: 16,
+        sa_inflight: 8,
+        addrs: 32,
+        endpoints: 4,
+        preloads: 4,
+    };
+    let make = Box::new(move || Resolver::new(Config::default(), HeapStorage::new(caps), 7).ok());
+    let plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch()).unwrap();
+    inbox.control(Control::Open {
+        ep: EpId(0),
+        cache_ep: 0,
+        cfg: EpConfig {
+            port_gid: node_gid(me),
+            lid: node_lid(me),
+            pkey: 0xffff,
+            mtu: 4,
+            rate: 7,
+            subnet_timeout_ms: 1,
+            qpn: 100 + me as u32,
+        },
+        ud: Some(Box::new(MemUd {
+            me,
+            wire: wire.clone(),
+            attached: false,
+        })),
+        routes: Vec::new(),
+        addrs: Arc::new(Vec::new()),
+    });
+    inbox.control(Control::AddAddress {
+        ep: EpId(0),
+        cache_ep: 0,
+        type_: 1,
+        addr: name_bytes(&format!("node{me}")),
+    });
+    Node { plane, inbox, log }
+}
+
+/// Runs rounds of both planes until `done` holds (bounded: the loop is deterministic, so a
+/// few hundred rounds are plenty; the wall-clock bound only catches a livelock).
+fn run(nodes: &mut [Node], done: impl Fn(&[Node]) -> bool) -> bool {
+    let t0 = Instant::now();
+    for _ in 0..10_000 {
+        for n in nodes.iter_mut() {
+            n.plane.poll(Instant::now());
+        }
+        if done(nodes) {
+            return true;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            break;
+        }
+    }
+    false
+}
+
+fn answers(n: &Node) -> Vec<Answer> {
+    n.log.lock().unwrap().answers.clone()
+}
+
+fn dlid_of(a: &Answer) -> u16 {
+    PathRecord::new_unchecked(&a.msg[24..88]).dlid()
+}
+
+#[test]
+fn a_name_resolves_across_two_planes_over_the_in_memory_network() {
+    let wire: Wire = Arc::default();
+    let mut nodes = [node(0, &wire, false), node(1, &wire, false)];
+    let msg = name_msg("node1", Some("node0"), false, 0x77);
+    assert!(nodes[0].inbox.request(EpId(0), 0, 5, Kind::Resolve, &msg));
+    assert!(run(&mut nodes, |n| !answers(&n[0]).is_empty()));
+    let a = answers(&nodes[0]);
+    assert_eq!(a.len(), 1);
+    assert_eq!((a[0].client, a[0].status), (5, 0));
+    assert_eq!(
+        u64::from_ne_bytes(a[0].msg[8..16].try_into().unwrap()),
+        0x77
+    );
+    assert_eq!(dlid_of(&a[0]), node_lid(1));
+    let c = nodes[0].log.lock().unwrap().counts.clone();
+    assert!(
+        c.contains(&Counter::AddrQuery) && c.contains(&Counter::RouteQuery),
+        "{c:?}"
+    );
+    // The peer answered over the network and the requester sent the SA its own query.
+    assert!(
+        nodes[0].log.lock().unwrap().sa_sent >= 2,
+        "join + PathRecord"
+    );
+    // Nothing more arrives: exactly one answer.
+    run(&mut nodes, |_| false);
+    assert_eq!(answers(&nodes[0]).len(), 1);
+}
+
+#[test]
+fn control_messages_apply_before_later_requests() {
+    let wire: Wire = Arc::default();
+    let mut nodes = [node(0, &wire, false)];
+    // Queued right after the AddAddress of the node's own name (same thread, as the core's
+    // main thread does): the loopback answer needs that address, so the control message must
+    // be applied first even though the request sits in another queue.
+    let msg = name_msg("node0", Some("node0"), false, 9);
+    nodes[0].inbox.control(Control::AddAddress {
+        ep: EpId(0),
+        cache_ep: 0,
+        type_: 1,
+        addr: name_bytes("alias0"),
+    });
+    let alias = name_msg("alias0", Some("node0"), false, 10);
+    assert!(nodes[0].inbox.request(EpId(0), 0, 1, Kind::Resolve, &msg));
+    assert!(nodes[0].inbox.request(EpId(0), 0, 2, Kind::Resolve, &alias));
+    assert!(run(&mut nodes, |n| answers(&n[0]).len() == 2));
+    for a in answers(&nodes[0]) {
+        assert_eq!(a.status, 0, "loopback answered");
+        assert_eq!(dlid_of(&a), node_lid(0));
+    }
+}
+
+#[test]
+fn a_refused_sa_send_answers_the_waiters_once() {
+    let wire: Wire = Arc::default();
+    let mut nodes = [node(0, &wire, true)];
+    for (c, tid) in [(1u64, 11u64), (2, 12)] {
+        assert!(nodes[0]
+            .inbox
+            .request(EpId(0), 0, c, Kind::Resolve, &lid_msg(9, false, tid)));
+    }
+    assert!(run(&mut nodes, |n| answers(&n[0]).len() == 2));
+    run(&mut nodes, |_| false);
+    let a = answers(&nodes[0]);
+    assert_eq!(a.len(), 2, "one answer each");
+    assert!(
+        a.iter().all(|a| a.status != 0),
+        "{:?}",
+        a.iter().map(|a| a.status).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn shutdown_answers_everything_still_queued_exactly_once() {
+    let wire: Wire = Arc::default();
+    let mut nodes = [node(0, &wire, false)];
+    // A miss the resolver holds (the peer does not exist: the name query retries) and two
+    // requests still in the queue when the shutdown arrives.
+    assert!(nodes[0].inbox.request(
+        EpId(0),
+        0,
+        1,
+        Kind::Resolve,
+        &name_msg("nobody", None, false, 1)
+    ));
+    nodes[0].plane.poll(Instant::now());
+    nodes[0].inbox.control(Control::Shutdown);
+    assert!(nodes[0]
+        .inbox
+        .request(EpId(0), 0, 2, Kind::Resolve, &lid_msg(1, false, 2)));
+    assert!(nodes[0]
+        .inbox
+        .request(EpId(0), 0, 3, Kind::Query, &lid_msg(1, false, 3)));
+    nodes[0].plane.poll(Instant::now());
+    assert!(nodes[0].plane.finished());
+    let mut clients: Vec<u64> = answers(&nodes[0]).iter().map(|a| a.client).collect();
+    clients.sort();
+    assert_eq!(clients, vec![1, 2, 3]);
+}
+
+#[test]
+fn a_panic_in_the_loop_restarts_the_resolver_and_answers_what_it_held() {
+    let wire: Wire = Arc::default();
+    let mut nodes = [node(0, &wire, false)];
+    assert!(nodes[0].inbox.request(
+        EpId(0),
+        0,
+        1,
+        Kind::Resolve,
+        &name_msg("nobody", None, false, 1)
+    ));
+    nodes[0].plane.poll(Instant::now());
+    // The worker catches a panic of `poll` and calls `recover`: do the same by hand.
+    nodes[0].plane.recover("injected");
+    assert_eq!(
+        answers(&nodes[0]).iter().filter(|a| a.client == 1).count(),
+        1
+    );
+    assert!(nodes[0]
+        .log
+        .lock()
+        .unwrap()
+        .logs
+        .iter()
+        .any(|l| l.contains("panicked (injected)")));
+    // The fresh resolver serves the same endpoint and addresses.
+    let msg = name_msg("node0", Some("node0"), false, 5);
+    assert!(nodes[0].inbox.request(EpId(0), 0, 2, Kind::Resolve, &msg));
+    assert!(run(&mut nodes, |n| answers(&n[0])
+        .iter()
+        .any(|a| a.client == 2)));
+    let a = answers(&nodes[0]);
+    let a2 = a.iter().find(|a| a.client == 2).unwrap();
+    assert_eq!((a2.status, dlid_of(a2)), (0, node_lid(0)));
+}

@@ -1,0 +1,274 @@
+//! The provider instance and its endpoints, as the core's threads see them.
+//!
+//! * [`Instance`]: one per provider (created at the first `open_device`, torn down after the
+//!   last `close_device`): the options, the path cache (read lock-free here, written only by
+//!   the dataplane), the [`Inbox`] into the dataplane loop, the hosts preload, the endpoint
+//!   registry and the log rate limits.
+//! * [`PortInfo`], [`Ep`]: what the core told us about a port and an endpoint, plus the
+//!   endpoint's counters.
+
+use crate::core_api::CoreApi;
+use crate::ffi::AcmPort;
+use acm_core_nostd::resolver::request::EpView;
+use acm_core_nostd::resolver::{Counter, EpId, MAX_EPS};
+use acm_core_nostd::text::opts::ProviderOptions;
+use acm_core_nostd::wire::client::MAX_COUNTER;
+use acm_core_nostd::wire::gid::Gid;
+use acm_dataplane::plane::{HostAddr, HostCache, Inbox};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One provider instance.
+pub struct Instance {
+    /// Core helpers.
+    pub api: &'static CoreApi,
+    /// Options from `acm_get_opts_file()`.
+    pub opts: ProviderOptions,
+    /// The path cache: lock-free reads here, the dataplane is its only writer.
+    pub cache: Arc<HostCache>,
+    /// The queues into the dataplane loop.
+    pub inbox: Arc<Inbox>,
+    /// The address preload (`addr_preload acm_hosts`), handed to every endpoint.
+    pub hosts: Arc<Vec<HostAddr>>,
+    /// Open endpoints by [`EpId`] (the dataplane's IO looks the core's endpoint up here).
+    pub eps: EpRegistry,
+    /// Per-request error lines, rate-limited per reason.
+    pub log_limits: [LogLimit; LogReason::COUNT],
+    /// Wall-clock epoch of the coarse clock (ms since it, shared with the dataplane).
+    pub epoch: std::time::Instant,
+}
+
+impl Instance {
+    /// Logs if the level is enabled.
+    pub fn log_enabled(&self, level: u8) -> bool {
+        level <= self.opts.effective_log_level()
+    }
+
+    /// Logs a per-request error line, rate-limited per `reason` (see [`LogLimit`]).
+    pub fn log_limited(&self, reason: LogReason, text: &str) {
+        let now_s = self.inbox.waker.coarse_ms() / 1000;
+        let (admit, suppressed) = self.log_limits[reason as usize].admit(now_s);
+        if suppressed > 0 {
+            self.api.log(
+                0,
+                &format!("ERROR - {reason:?}: {suppressed} similar messages suppressed"),
+            );
+        }
+        if admit {
+            self.api.log(0, text);
+        }
+    }
+
+    /// The cache clock now (coarse ms, no syscall).
+    pub fn now_ms(&self) -> u64 {
+        self.inbox.waker.coarse_ms()
+    }
+}
+
+/// Open endpoints by [`EpId`]; slot allocation at `open_endpoint`, release at close.
+pub struct EpRegistry {
+    slots: Mutex<Vec<Option<Arc<Ep>>>>,
+    /// Bumped at every change, so readers can keep a copy and refresh it only when needed.
+    version: AtomicU64,
+}
+
+impl Default for EpRegistry {
+    fn default() -> Self {
+        EpRegistry {
+            slots: Mutex::new((0..MAX_EPS).map(|_| None).collect()),
+            version: AtomicU64::new(0),
+        }
+    }
+}
+
+impl EpRegistry {
+    /// Registers an endpoint built by `make` in a free slot; `None` when all are taken.
+    pub fn insert(&self, make: impl FnOnce(EpId) -> Arc<Ep>) -> Option<Arc<Ep>> {
+        let mut s = lock(&self.slots);
+        let i = s.iter().position(Option::is_none)?;
+        let ep = make(EpId(u8::try_from(i).ok()?));
+        s[i] = Some(ep.clone());
+        self.version.fetch_add(1, Ordering::AcqRel);
+        Some(ep)
+    }
+
+    /// Frees the slot of `id`.
+    pub fn remove(&self, id: EpId) {
+        lock(&self.slots)[usize::from(id.0)] = None;
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The registry's version (changes at every insert/remove).
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    /// A copy of the table.
+    pub fn snapshot(&self) -> Vec<Option<Arc<Ep>>> {
+        lock(&self.slots).clone()
+    }
+
+    /// Every open endpoint of port open `port_id`.
+    pub fn of_port(&self, port_id: u64) -> Vec<Arc<Ep>> {
+        lock(&self.slots)
+            .iter()
+            .flatten()
+            .filter(|e| e.port.id == port_id)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Locks, ignoring poisoning (every critical section here leaves consistent state).
+pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why a per-request error line is logged (each reason is rate-limited on its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogReason {
+    /// A malformed resolve/query request (EINVAL).
+    Malformed = 0,
+    /// The request queue was full (ENOMEM).
+    QueueFull = 1,
+    /// The SA reply queue was full (SA thread).
+    ReplyDrop = 2,
+}
+
+impl LogReason {
+    /// Number of reasons.
+    pub const COUNT: usize = 3;
+}
+
+/// At most [`LogLimit::LINES`] lines per reason per second; the lines beyond that are counted
+/// and reported as one "suppressed" line by the first line of a later second. Lock-free (any
+/// thread), no syscall: the clock is the dataplane's coarse one.
+#[derive(Debug, Default)]
+pub struct LogLimit {
+    window: AtomicU64,
+    lines: AtomicU32,
+    suppressed: AtomicU64,
+}
+
+impl LogLimit {
+    /// Lines per reason per second.
+    pub const LINES: u32 = 5;
+
+    /// Whether a line may be logged at second `now_s`, and how many suppressed lines to report
+    /// first (non-zero only once per window, to the caller that opens a new window).
+    pub fn admit(&self, now_s: u64) -> (bool, u64) {
+        let mut report = 0;
+        let w = self.window.load(Ordering::Acquire);
+        if w != now_s
+            && self
+                .window
+                .compare_exchange(w, now_s, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.lines.store(0, Ordering::Release);
+            report = self.suppressed.swap(0, Ordering::AcqRel);
+        }
+        if self.lines.fetch_add(1, Ordering::AcqRel) < Self::LINES {
+            (true, report)
+        } else {
+            self.suppressed.fetch_add(1, Ordering::AcqRel);
+            (false, report)
+        }
+    }
+}
+
+/// What we learned about a port at `open_port`.
+pub struct PortInfo {
+    /// Unique id of this open (a reopen gets a new one).
+    pub id: u64,
+    /// The core's port (stable for the life of the process).
+    pub port: *const AcmPort,
+    /// Port number.
+    pub port_num: u8,
+    /// GID index 0.
+    pub gid0: Gid,
+    /// Base LID (0 if unknown).
+    pub lid: u16,
+    /// Active MTU (`enum ibv_mtu`).
+    pub mtu: u8,
+    /// Active rate (`enum ibv_rate`), 0 if unknown.
+    pub rate: u8,
+    /// Subnet timeout in ms as ibacmp derives it from PortInfo.SubnetTimeOut.
+    pub subnet_timeout_ms: u64,
+}
+
+// SAFETY: `port` points to the core's acm_port, which lives for the whole process and is only
+// read through core helpers that accept concurrent use.
+unsafe impl Send for PortInfo {}
+// SAFETY: as above; every other field is plain data.
+unsafe impl Sync for PortInfo {}
+
+/// One endpoint (port, partition).
+pub struct Ep {
+    /// The dataplane's id for it (its cache slot).
+    pub id: EpId,
+    /// Unique per open (never reused), for logs.
+    pub serial: u64,
+    /// The port.
+    pub port: Arc<PortInfo>,
+    /// P_Key as the core gave it.
+    pub pkey: u16,
+    /// The cache flush generation: bumped by `handle_event(CLIENT_REREGISTER)` on the main
+    /// thread, so from that moment no hit sees a route learned before it.
+    pub gen: AtomicU8,
+    /// The core's `acm_endpoint*`; 0 once closed. Held while the dataplane sends an SA MAD on
+    /// it, so `close_endpoint` cannot return while that is in progress.
+    pub endpoint: Mutex<usize>,
+    /// Set by `close_endpoint`.
+    pub closed: AtomicBool,
+    /// `ACM_CNTR_*` counters of this endpoint.
+    pub counters: [AtomicU64; MAX_COUNTER],
+    /// Address contexts handed to the core, freed at close if the core leaked them.
+    pub addr_ctxs: Mutex<Vec<usize>>,
+}
+
+impl Ep {
+    /// This endpoint's number in the cache at the current flush generation.
+    pub fn cache_ep(&self) -> u16 {
+        (u16::from(self.gen.load(Ordering::Acquire)) << 8) | u16::from(self.id.0)
+    }
+
+    /// What request classification needs to know of the endpoint.
+    pub fn view(&self) -> EpView {
+        EpView {
+            cache_ep: self.cache_ep(),
+            port_gid: self.port.gid0,
+            lid: self.port.lid,
+            pkey: self.pkey,
+        }
+    }
+
+    /// Bumps a per-endpoint counter.
+    pub fn count(&self, c: Counter) {
+        self.counters[c as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bumps a per-endpoint counter and, for the four ibacm keeps globally (address and route
+    /// queries and cache hits), the core's one; the core counts RESOLVE, ERROR and NODATA
+    /// itself.
+    pub fn count_global(&self, api: &CoreApi, c: Counter) {
+        self.count(c);
+        if matches!(
+            c,
+            Counter::AddrQuery | Counter::AddrCache | Counter::RouteQuery | Counter::RouteCache
+        ) {
+            api.count(c as usize);
+        }
+    }
+
+    /// Counts the status of an answer (ERROR / NODATA), as ibacmp does per endpoint.
+    pub fn count_status(&self, status: u8) {
+        match status {
+            0 => {}
+            s if s == u8::from(acm_core_nostd::wire::client::Status::Enodata) => {
+                self.count(Counter::NoData)
+            }
+            _ => self.count(Counter::Error),
+        }
+    }
+}

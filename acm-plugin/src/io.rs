@@ -1,0 +1,156 @@
+//! The dataplane's [`CoreIo`] over the ibacm core's helpers: SA MADs through the core's SA
+//! service (`acm_alloc_sa_mad` / `acm_send_sa_mad`, completions on the core's SA thread),
+//! client answers through `acm_resolve_response` / `acm_query_response`, counters, logs.
+
+use crate::core_api::CoreApi;
+use crate::ffi::{AcmEndpoint, AcmMsg, AcmSaMad};
+use crate::instance::{lock, Ep, Instance, LogReason};
+use acm_core_nostd::resolver::{Answer, Counter, EpId, Via};
+use acm_dataplane::plane::{CoreIo, SaReply};
+use core::ffi::c_void;
+use std::sync::{Arc, OnceLock, Weak};
+
+/// The instance the SA completion handler hands replies to (the handler is a plain C
+/// function; the core gives it only the MAD).
+static CURRENT: OnceLock<std::sync::Mutex<Weak<Instance>>> = OnceLock::new();
+
+/// Makes `inst` the target of SA completions (at instance creation).
+pub fn set_reply_target(inst: &Arc<Instance>) {
+    let m = CURRENT.get_or_init(|| std::sync::Mutex::new(Weak::new()));
+    *lock(m) = Arc::downgrade(inst);
+}
+
+fn reply_target() -> Option<Arc<Instance>> {
+    CURRENT.get().and_then(|m| lock(m).upgrade())
+}
+
+/// The dataplane's IO towards the core.
+pub struct PluginIo {
+    inst: Arc<Instance>,
+    /// A copy of the endpoint registry, refreshed when its version changes.
+    eps: Vec<Option<Arc<Ep>>>,
+    version: u64,
+}
+
+impl PluginIo {
+    /// IO for `inst`.
+    pub fn new(inst: Arc<Instance>) -> Self {
+        PluginIo {
+            eps: inst.eps.snapshot(),
+            version: inst.eps.version(),
+            inst,
+        }
+    }
+
+    fn ep(&mut self, id: EpId) -> Option<Arc<Ep>> {
+        let v = self.inst.eps.version();
+        if v != self.version {
+            self.eps = self.inst.eps.snapshot();
+            self.version = v;
+        }
+        self.eps.get(usize::from(id.0)).cloned().flatten()
+    }
+}
+
+impl CoreIo for PluginIo {
+    fn send_sa(&mut self, ep: EpId, token: u64, mad: &[u8; 256]) -> bool {
+        let Some(ep) = self.ep(ep) else {
+            return false;
+        };
+        let api = self.inst.api;
+        // Held across the send: close_endpoint nulls the pointer under this lock, so the core's
+        // endpoint cannot go away while we use it.
+        let guard = lock(&ep.endpoint);
+        let endpoint = *guard as *const AcmEndpoint;
+        if endpoint.is_null() {
+            return false;
+        }
+        // SAFETY: `endpoint` is the core's live acm_endpoint (see above); the context is an
+        // integer token, never dereferenced.
+        let m = unsafe { (api.alloc_sa_mad)(endpoint, token as usize as *mut c_void, sa_handler) };
+        if m.is_null() {
+            return false;
+        }
+        // SAFETY: `m` is a valid acm_sa_mad the core just allocated for us; we own it until
+        // acm_send_sa_mad succeeds (then the core owns it until it calls our handler).
+        unsafe {
+            (*m).sa_mad.bytes = *mad;
+            if (api.send_sa_mad)(m) != 0 {
+                (api.free_sa_mad)(m);
+                return false;
+            }
+        }
+        true
+    }
+
+    fn answer(&mut self, a: &Answer) {
+        let api = self.inst.api;
+        let mut msg = AcmMsg::zeroed();
+        msg.as_bytes_mut().copy_from_slice(&a.msg);
+        let f = match a.via {
+            Via::Resolve => api.resolve_response,
+            Via::Query => api.query_response,
+        };
+        // SAFETY: `msg` is a full acm_msg on our stack; the core copies it before returning.
+        let rc = unsafe { f(a.client, &mut msg) };
+        if rc != 0 && self.inst.log_enabled(1) {
+            api.log(
+                1,
+                &format!("client {} answer not delivered ({rc})", a.client),
+            );
+        }
+    }
+
+    fn count(&mut self, ep: EpId, counter: Counter) {
+        let api = self.inst.api;
+        if let Some(ep) = self.ep(ep) {
+            ep.count_global(api, counter);
+        }
+    }
+
+    fn log(&mut self, level: u8, text: &str) {
+        if self.inst.log_enabled(level) {
+            self.inst.api.log(i32::from(level), text);
+        }
+    }
+
+    fn log_enabled(&self, level: u8) -> bool {
+        self.inst.log_enabled(level)
+    }
+}
+
+/// The SA completion handler given to `acm_alloc_sa_mad` (the core's SA thread): copy the
+/// reply, free the MAD, hand the copy to the dataplane. Nothing else runs here.
+///
+/// # Safety
+/// `mad` must be null or an `acm_sa_mad` the core allocated for us and completed (it is freed
+/// here, once).
+pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
+    crate::provider::guard("sa_handler", (), || {
+        let Some(api) = CoreApi::get() else {
+            return;
+        };
+        if mad.is_null() {
+            return;
+        }
+        // SAFETY: the core passes the acm_sa_mad it allocated for us; it stays valid until we
+        // free it below, and nobody else touches it meanwhile.
+        let reply = unsafe {
+            SaReply {
+                token: (*mad).context as usize as u64,
+                umad_status: (*mad).umad.status,
+                mad: (*mad).sa_mad.bytes,
+            }
+        };
+        // SAFETY: the handler owns the MAD after completion and frees it exactly once (here).
+        unsafe { (api.free_sa_mad)(mad) };
+        if let Some(inst) = reply_target() {
+            if !inst.inbox.reply(reply) {
+                inst.log_limited(
+                    LogReason::ReplyDrop,
+                    "ERROR - SA reply queue full; the request will time out",
+                );
+            }
+        }
+    })
+}
