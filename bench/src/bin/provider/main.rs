@@ -280,7 +280,7 @@ fn run_size(
     std::fs::write(
         &opts,
         format!(
-            "log_level 0\nsa_depth 32\nacmrs_path_capacity {}\nacmrs_request_capacity 65536\n\
+            "log_level 0\nsa_depth 32\naddr_prot none\nacmrs_path_capacity {}\nacmrs_request_capacity 65536\n\
              acmrs_pending_capacity 65536\nacmrs_poll_mode {}\n",
             size + size / 4 + 16,
             poll_mode
