@@ -2,11 +2,14 @@
 # The main job: on a simulated InfiniBand fabric (ibsim + real OpenSM, simulated verbs) start
 # real ibacm daemons that load our provider libacmrs.so, resolve paths with the real ib_acme,
 # print them, and tear everything down. Needs root (each daemon gets a private /run).
-#   bash scripts/run-main.sh                 # acmrs
-#   PROVIDER=stock bash scripts/run-main.sh  # the same with Debian's libibacmp.so
+# Then a mixed fabric (Hca2 stock, Hca3 and Hca4 acmrs) with no hosts file.
+#   bash scripts/run-main.sh                     # acmrs, then the mixed fabric
+#   PROVIDER=stock bash scripts/run-main.sh      # the first part with Debian's libibacmp.so
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROVIDER=${PROVIDER:-acmrs}
+MIXED=Hca2=stock,Hca3=acmrs,Hca4=acmrs
+BIN=${CARGO_TARGET_DIR:-target}/release
 
 bash scripts/install-deps.sh
 echo "=== building (release)"
@@ -18,8 +21,8 @@ fi
 
 echo "=== ibsim (net.2sw2path4hca) + OpenSM + real ibacm on Hca2, Hca3, Hca4 with provider $PROVIDER"
 # One bring-up; each step is printed with ib_acme's output; teardown by PID at the end.
-target/release/acm-fabric script --provider "$PROVIDER" --nodes Hca2,Hca3,Hca4 \
-  --name-prefix main --opt addr_preload=acm_hosts --retry 10 - <<'STEPS'
+"$BIN/acm-fabric" script --provider "$PROVIDER" --nodes Hca2,Hca3,Hca4 \
+  --name-prefix main --hosts-file preload --retry 10 - <<'STEPS'
 # the endpoints ibacm assigned to the provider
 Hca3: -e
 # a path by LID, checked against the SA (ib_acme -v re-asks the SA through the provider)
@@ -39,4 +42,19 @@ port-down Hca3
 port-up Hca3
 Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v
 STEPS
+
+# A mixed fabric: every daemon loads its own provider (each node's ibacm_opts.cfg names its
+# provider and provider_lib_path), and there is no hosts file (--hosts-file none): a daemon
+# knows only its own name and IPs, the rest must come over the ACM address protocol.
+echo "=== mixed fabric ($MIXED), no hosts file: each daemon's provider, LID/GID paths from every node"
+"$BIN/acm-fabric" script --provider "$MIXED" --nodes Hca2,Hca3,Hca4 --hosts-file none \
+  --name-prefix main-mixed --retry 10 scripts/main-mixed-lids.script
+
+echo "=== names, IPv4, IPv6 with no hosts file (scripts/main-mixed.script), all stock"
+"$BIN/acm-fabric" script --provider stock --nodes Hca2,Hca3,Hca4 --hosts-file none \
+  --name-prefix main-stock --retry 10 scripts/main-mixed.script
+
+echo "=== names, IPv4, IPv6 across providers ($MIXED), no hosts file (scripts/main-mixed.script)"
+"$BIN/acm-fabric" script --provider "$MIXED" --nodes Hca2,Hca3,Hca4 --hosts-file none \
+  --name-prefix main-mixed-names --retry 10 scripts/main-mixed.script
 echo "=== done: every fabric process was stopped and its scratch directory removed"

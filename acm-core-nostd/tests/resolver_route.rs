@@ -336,3 +336,281 @@ fn full_tables_answer_enomem_close_and_shutdown_answer_everything() {
     assert!(t.r.is_idle());
     let _ = Via::Resolve;
 }
+
+fn gid(n: u8) -> Gid {
+    let mut g = port_gid().0;
+    g[15] = n;
+    Gid(g)
+}
+
+fn name_msg(name: &str, tid: u64) -> Vec<u8> {
+    acm_core_nostd::resolver::sim::name_msg(name, None, false, tid)
+}
+
+fn name(s: &str) -> [u8; 64] {
+    acm_core_nostd::resolver::sim::name_bytes(s)
+}
+
+#[test]
+fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
+    let mut t = setup(route_config(), Capacities::default());
+    let mut path = path_to(6);
+    PathRecord::new_unchecked(&mut path[..]).set_dgid(gid(6));
+    t.r.preload_route(0, &t.cache, EP, CEP, &path);
+    // A learned route too.
+    t.request(1, Kind::Resolve, &path_msg(7, 0, 1));
+    let s = t.sa_sends();
+    t.reply(s[0].0, &s[0].1, 0, Some(path_to(7)));
+    t.out.clear();
+    let lid_keys = |cep| {
+        let mut rev = PathKey::new(cep, Dest::Lid(6));
+        rev.constraints.mask = acm_core_nostd::cache::constraint::REVERSIBLE_NUMPATH;
+        rev.constraints.reversible_numpath = 0x80;
+        [
+            PathKey::new(cep, Dest::Lid(6)),
+            rev,
+            PathKey::new(cep, Dest::Gid(gid(6).0)),
+        ]
+    };
+    for k in lid_keys(CEP) {
+        assert!(
+            matches!(
+                t.cache.lookup(&k, 1),
+                Lookup::Hit {
+                    expires_at: u64::MAX,
+                    ..
+                }
+            ),
+            "{k:?}"
+        );
+    }
+    // Reregister: a new generation; the preload is there under it, the learned route is not.
+    let new_cep = 0x0100 | CEP;
+    t.r.reregister(10, &t.cache, EP, new_cep);
+    t.drain();
+    for k in lid_keys(new_cep) {
+        assert!(matches!(t.cache.lookup(&k, 11), Lookup::Hit { .. }));
+    }
+    assert_eq!(
+        t.cache.lookup(&PathKey::new(CEP, Dest::Lid(7)), 11),
+        Lookup::Miss
+    );
+    assert_eq!(
+        t.cache.lookup(&PathKey::new(new_cep, Dest::Lid(7)), 11),
+        Lookup::Miss
+    );
+    t.r.request(
+        11,
+        &t.cache,
+        EP,
+        new_cep,
+        2,
+        Kind::Resolve,
+        &path_msg(6, 0, 2),
+    );
+    t.drain();
+    assert!(t.sa_sends().is_empty(), "answered from the preload");
+    assert_eq!(t.answers()[0].1, 0);
+}
+
+#[test]
+fn hosts_preload_resolves_routes_aliases_and_renews() {
+    let cfg = Config {
+        addr_ttl: Some(10_000),
+        ..route_config()
+    };
+    let mut t = setup(cfg, Capacities::default());
+    t.r.preload_address(0, EP, 1, &name("hostA"), gid(9))
+        .unwrap();
+    t.request(1, Kind::Resolve, &name_msg("hostA", 1));
+    assert_eq!(t.counts(Counter::AddrCache), 1, "address known, route not");
+    let s = t.sa_sends();
+    assert_eq!(s.len(), 1);
+    let q = PathRecord::new_unchecked(&s[0].1[56..120]);
+    assert_eq!((q.dgid(), q.sgid(), q.pkey()), (gid(9), port_gid(), 0xffff));
+    let mut p = path_to(9);
+    PathRecord::new_unchecked(&mut p[..]).set_dgid(gid(9));
+    t.reply(s[0].0, &s[0].1, 0, Some(p));
+    assert_eq!(t.answers()[0].1, 0);
+    let key = acm_core_nostd::cache::AddrKey::name(CEP, "hostA").unwrap();
+    match t.cache.lookup_addr(&key, 1) {
+        Lookup::Hit { expires_at, .. } => assert_eq!(expires_at, 10_000, "min(addr, route)"),
+        other => panic!("{other:?}"),
+    }
+    // Expired mapping: renewed on use (AddrQuery, as the plugin did), route from the cache.
+    t.now = 10_000;
+    assert_eq!(t.cache.lookup_addr(&key, t.now), Lookup::Miss);
+    t.out.clear();
+    t.request(2, Kind::Resolve, &name_msg("hostA", 2));
+    assert_eq!(t.counts(Counter::AddrQuery), 1);
+    assert_eq!(t.counts(Counter::RouteCache), 1);
+    assert_eq!(t.answers()[0].1, 0);
+    assert!(matches!(
+        t.cache.lookup_addr(&key, t.now + 1),
+        Lookup::Hit { .. }
+    ));
+}
+
+#[test]
+fn local_addresses_loopback_and_removal() {
+    let mut t = setup(route_config(), Capacities::default());
+    t.r.add_address(0, &t.cache, EP, CEP, 1, &name("me"))
+        .unwrap();
+    t.drain();
+    let key = acm_core_nostd::cache::AddrKey::name(CEP, "me").unwrap();
+    let Lookup::Hit {
+        record, expires_at, ..
+    } = t.cache.lookup_addr(&key, 1)
+    else {
+        panic!()
+    };
+    assert_eq!(expires_at, u64::MAX);
+    let p = PathRecord::new_unchecked(&record[..]);
+    assert_eq!(
+        (p.dlid(), p.slid(), p.dgid(), p.sgid()),
+        (4, 4, port_gid(), port_gid())
+    );
+    assert_eq!(
+        (p.reversible(), p.pkey(), p.mtu_byte(), p.rate_byte()),
+        (true, 0xffff, 4, 3)
+    );
+    t.r.remove_address(EP, 1, &name("me"));
+    t.r.handle_timeout(2, &t.cache);
+    assert_eq!(t.cache.lookup_addr(&key, 2), Lookup::Miss);
+    t.request(1, Kind::Resolve, &name_msg("me", 1));
+    assert_eq!(
+        t.answers()[0].1,
+        ENODATA,
+        "addr_prot none: unknown names answer ENODATA"
+    );
+    assert_eq!(
+        t.r.add_address(0, &t.cache, EP, CEP, 4, &name("x")),
+        Err(acm_core_nostd::resolver::Error::AddressType)
+    );
+}
+
+#[test]
+fn refresh_ahead_updates_the_entry_in_place() {
+    let cfg = Config {
+        route_ttl: Some(10_000),
+        ..route_config()
+    };
+    let mut t = setup(cfg, Capacities::default());
+    t.request(1, Kind::Resolve, &path_msg(6, 0, 1));
+    let s = t.sa_sends();
+    t.reply(s[0].0, &s[0].1, 0, Some(path_to(6)));
+    let key = PathKey::new(CEP, Dest::Lid(6));
+    t.now = 6000;
+    let Lookup::Hit { needs_refresh, .. } = t.cache.lookup(&key, t.now) else {
+        panic!()
+    };
+    assert!(needs_refresh, "within refresh_ahead of expiry");
+    t.out.clear();
+    t.request(0, Kind::Refresh, &path_msg(6, 0, 2));
+    let s = t.sa_sends();
+    assert_eq!(s.len(), 1, "re-queried");
+    t.reply(s[0].0, &s[0].1, 0, Some(path_to(6)));
+    assert!(t.answers().is_empty(), "Refresh is never answered");
+    assert!(
+        matches!(t.cache.lookup(&key, 12_000), Lookup::Hit { .. }),
+        "extended"
+    );
+}
+
+/// Cost of the resolver's share of a miss (request → SA query out → reply → answer out), and
+/// of a resolver-side hit. `cargo test --release -p acm-core-nostd --test resolver_route -- \
+/// --ignored --nocapture miss_cost`.
+#[test]
+#[ignore]
+fn miss_cost() {
+    let caps = Capacities {
+        requests: 4096,
+        pending: 1024,
+        ..Capacities::default()
+    };
+    let mut t = setup(route_config(), caps);
+    t.cache = PathCache::new(
+        PathSlot::boxed(1 << 20),
+        AddrSlot::boxed(16),
+        CacheConfig::default(),
+    )
+    .unwrap();
+    let n = 200_000u64;
+    let msgs: Vec<Vec<u8>> = (0..n)
+        .map(|i| path_msg(1 + (i % 60_000) as u16, 0, i))
+        .collect();
+    let mut start = std::time::Instant::now();
+    let mut answers = 0u64;
+    for (i, m) in msgs.iter().enumerate() {
+        if i == 60_000 {
+            eprintln!("60 000 misses: {:?} per miss", start.elapsed() / 60_000);
+            start = std::time::Instant::now();
+        }
+        t.r.request(i as u64, &t.cache, EP, CEP, i as u64, Kind::Resolve, m);
+        while let Some(o) = t.r.poll_output() {
+            match o {
+                Output::SendSa { token, mut mad, .. } => {
+                    mad[3] = 0x81;
+                    let lid = u16::from_be_bytes([mad[96], mad[97]]);
+                    mad[56..120].copy_from_slice(&path_to(lid));
+                    t.r.handle_sa(i as u64, &t.cache, token, 0, &mad);
+                }
+                Output::Answer(_) => answers += 1,
+                _ => {}
+            }
+        }
+    }
+    let el = start.elapsed();
+    assert_eq!(answers, n);
+    eprintln!(
+        "{} resolver-side hits: {:?} per hit",
+        n - 60_000,
+        el / (n - 60_000) as u32
+    );
+}
+
+#[test]
+fn random_bytes_get_exactly_one_answer_each() {
+    let mut t = setup(route_config(), Capacities::default());
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let base = path_msg(6, 0, 0);
+    let mut asked = 0u64;
+    let mut clients: Vec<u64> = Vec::new();
+    for i in 0..20_000u64 {
+        let mut m = base.clone();
+        m.resize((next() % 600) as usize, 0);
+        for _ in 0..(next() % 6) {
+            let n = m.len().max(1);
+            let at = (next() % n as u64) as usize;
+            if let Some(b) = m.get_mut(at) {
+                *b = next() as u8;
+            }
+        }
+        let kind = if i % 3 == 0 {
+            Kind::Query
+        } else {
+            Kind::Resolve
+        };
+        t.request(i, kind, &m);
+        asked += 1;
+        for (token, mad) in t.sa_sends() {
+            t.r.handle_sa(t.now, &t.cache, token, 110, &mad);
+            t.drain();
+        }
+        clients.extend(t.answers().iter().map(|a| a.0));
+        t.out.clear();
+    }
+    t.advance(1_000_000);
+    clients.extend(t.answers().iter().map(|a| a.0));
+    assert_eq!(clients.len() as u64, asked);
+    clients.sort_unstable();
+    clients.dedup();
+    assert_eq!(clients.len() as u64, asked, "one answer per client");
+    assert!(t.r.is_idle());
+}

@@ -81,6 +81,66 @@ fn name_resolves_in_acm_route_mode_without_sa_path_queries() {
 }
 
 #[test]
+fn acm_route_mode_joins_the_port_group_and_routes_over_the_best_shared_one() {
+    // 40 Gb/s (ibv_rate 7), MTU 4096 (5): group 1 differs from the base group.
+    let mut s = sim(2, |c| {
+        c.resolver.route_acm = true;
+        c.port_rate_mtu = (7, 5);
+    });
+    let c = resolve_name(&mut s, 0, "node1");
+    s.run_for(100);
+    let path = s.answer_of(c).unwrap().path.unwrap();
+    assert_eq!(
+        (path[54], path[55]),
+        (0x85, 0x87),
+        "group 1's MTU and rate (EXACTLY)"
+    );
+    // Mixed fabric: a port at the minimum shares only the base group.
+    let mut s = sim(2, |c| c.resolver.route_acm = true);
+    s.close(1);
+    s.nodes[1].ep_cfg.rate = 7;
+    s.nodes[1].ep_cfg.mtu = 5;
+    s.open(1);
+    s.run_for(10);
+    let c = resolve_name(&mut s, 1, "node0");
+    s.run_for(100);
+    let path = s.answer_of(c).unwrap().path.unwrap();
+    assert_eq!((path[54], path[55]), (0x84, 0x83), "the base group");
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+}
+
+#[test]
+fn issue8_queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
+    // One SA query at a time, the SA never answers (the core gives up after 30 s): the 42
+    // requests queued behind it are answered at their own queue deadline, not after 30 s each.
+    let mut s = sim(2, |c| {
+        c.resolver.sa_window = 1;
+        c.caps.sa_inflight = 1;
+        c.resolver.sa_deadline = 2000;
+        c.resolver.queue_deadline = 6000;
+        c.faults.sa_silent = 1000;
+        c.faults.sa_timeout = 30_000;
+    });
+    let clients: Vec<u64> = (0..43)
+        .map(|i| s.request(0, Kind::Resolve, |tid| lid_msg(100 + i, false, tid)))
+        .collect();
+    s.run_for(6000);
+    for c in &clients {
+        assert_eq!(
+            s.answer_of(*c).map(|a| a.status),
+            Some(ETIMEDOUT),
+            "client {c}"
+        );
+    }
+    assert_eq!(
+        s.sa_queries, 1,
+        "the window stays held by the MAD the core still has"
+    );
+    s.run_for(30_000);
+    assert!(s.nodes[0].resolver.is_idle());
+}
+
+#[test]
 fn coalescing_100_requests_one_multicast_one_sa_query() {
     let mut s = sim(2, |_| {});
     let clients: Vec<u64> = (0..100).map(|_| resolve_name(&mut s, 0, "node1")).collect();
@@ -278,6 +338,10 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         preloads: 4,
     };
     c.cache_slots = 8 + rng.below(64) as usize;
+    if rng.chance(300) {
+        c.port_rate_mtu = (7, 5); // route_acm then joins group 1 too
+    }
+    c.mixed_ports = rng.chance(300);
     c.faults = Faults {
         loss: rng.below(300) as u32,
         dup: rng.below(200) as u32,
@@ -287,6 +351,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         sa_silent: rng.below(150) as u32,
         sa_timeout: 200 + rng.below(3000),
         sa_delay_max: 1 + rng.below(50),
+        garbage: rng.below(50) as u32,
     };
     let mut s = Sim::new(c);
     if rng.chance(300) {

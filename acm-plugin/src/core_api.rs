@@ -171,3 +171,15 @@ pub fn log(level: i32, text: &str) {
         None => eprintln!("acmrs: {text}"),
     }
 }
+
+/// Runs `f`, turning a panic into `on_panic` (logged): every `extern "C"` body the core or
+/// libibverbs calls runs inside it, so no panic unwinds across the C ABI.
+pub fn guard<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => {
+            log(0, &format!("ERROR - internal error (panic) in {what}"));
+            on_panic
+        }
+    }
+}

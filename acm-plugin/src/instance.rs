@@ -68,6 +68,11 @@ impl Instance {
 /// Open endpoints by [`EpId`]; slot allocation at `open_endpoint`, release at close.
 pub struct EpRegistry {
     slots: Mutex<Vec<Option<Arc<Ep>>>>,
+    /// Per slot, the flush generation the next endpoint opened in it starts with: one past
+    /// the last one of the endpoint closed there, so a reopened endpoint never shares a
+    /// cache number with its predecessor (whose entries the dataplane invalidates only when
+    /// it gets to the close).
+    next_gen: Mutex<Vec<u8>>,
     /// Bumped at every change, so readers can keep a copy and refresh it only when needed.
     version: AtomicU64,
 }
@@ -76,17 +81,20 @@ impl Default for EpRegistry {
     fn default() -> Self {
         EpRegistry {
             slots: Mutex::new((0..MAX_EPS).map(|_| None).collect()),
+            next_gen: Mutex::new(vec![0; MAX_EPS]),
             version: AtomicU64::new(0),
         }
     }
 }
 
 impl EpRegistry {
-    /// Registers an endpoint built by `make` in a free slot; `None` when all are taken.
-    pub fn insert(&self, make: impl FnOnce(EpId) -> Arc<Ep>) -> Option<Arc<Ep>> {
+    /// Registers an endpoint built by `make` (given its id and the flush generation it starts
+    /// at) in a free slot; `None` when all are taken.
+    pub fn insert(&self, make: impl FnOnce(EpId, u8) -> Arc<Ep>) -> Option<Arc<Ep>> {
         let mut s = lock(&self.slots);
         let i = s.iter().position(Option::is_none)?;
-        let ep = make(EpId(u8::try_from(i).ok()?));
+        let gen = lock(&self.next_gen)[i];
+        let ep = make(EpId(u8::try_from(i).ok()?), gen);
         s[i] = Some(ep.clone());
         self.version.fetch_add(1, Ordering::AcqRel);
         Some(ep)
@@ -94,7 +102,12 @@ impl EpRegistry {
 
     /// Frees the slot of `id`.
     pub fn remove(&self, id: EpId) {
-        lock(&self.slots)[usize::from(id.0)] = None;
+        let mut s = lock(&self.slots);
+        if let Some(ep) = s[usize::from(id.0)].take() {
+            lock(&self.next_gen)[usize::from(id.0)] =
+                ep.gen.load(Ordering::Acquire).wrapping_add(1);
+        }
+        drop(s);
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 

@@ -126,7 +126,7 @@ impl CoreIo for PluginIo {
 /// `mad` must be null or an `acm_sa_mad` the core allocated for us and completed (it is freed
 /// here, once).
 pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
-    crate::provider::guard("sa_handler", (), || {
+    crate::core_api::guard("sa_handler", (), || {
         let Some(api) = CoreApi::get() else {
             return;
         };

@@ -1,7 +1,7 @@
 //! acmrs: an ibacm provider library (`libacmrs.so`, provider name `acmrs`).
 //!
 //! The real, unmodified ibacm daemon `dlopen`s this library and calls `provider_query`, the only
-//! exported symbol. See `docs/plugin.md` for the design, and `ibacm-contract.md` for the ABI.
+//! exported symbol. See `docs/plugin.md` for the design and `acm_prov.h` (rdma-core) for the ABI.
 //!
 //! A thin shell: every decision is the sans-IO resolver's (`acm-core-nostd::resolver`), every
 //! piece of IO but the core's own helpers is the dataplane's (`acm-dataplane`).

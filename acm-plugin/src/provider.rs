@@ -9,7 +9,7 @@
 //! lock-free cache read, the answer. Everything else (misses, the ACM protocol, the SA, timers,
 //! every cache write) is the dataplane loop's, reached through the bounded [`Inbox`] queues.
 
-use crate::core_api::{self, CoreApi};
+use crate::core_api::{self, guard, CoreApi};
 use crate::ffi::*;
 use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo};
 use crate::io::{set_reply_target, PluginIo};
@@ -46,17 +46,6 @@ static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 
 fn next_serial() -> u64 {
     NEXT_SERIAL.fetch_add(1, Ordering::Relaxed)
-}
-
-/// Runs `f`, turning a panic into `on_panic` (logged).
-pub(crate) fn guard<R>(what: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(_) => {
-            core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
-            on_panic
-        }
-    }
 }
 
 struct DevCtx {
@@ -439,13 +428,13 @@ unsafe extern "C" fn open_endpoint(
         let inst = &port.inst;
         // SAFETY: the core's live acm_endpoint.
         let pkey = unsafe { (*endpoint).pkey };
-        let Some(ep) = inst.eps.insert(|id| {
+        let Some(ep) = inst.eps.insert(|id, gen| {
             Arc::new(Ep {
                 id,
                 serial: next_serial(),
                 port: port.info.clone(),
                 pkey,
-                gen: AtomicU8::new(0),
+                gen: AtomicU8::new(gen),
                 endpoint: Mutex::new(endpoint as usize),
                 closed: AtomicBool::new(false),
                 counters: Default::default(),

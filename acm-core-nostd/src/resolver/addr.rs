@@ -289,9 +289,14 @@ impl<S: Storage> Resolver<S> {
         if let (Some(k), false) = (key, force) {
             match cache.lookup(&k, now) {
                 Lookup::Hit {
-                    record, expires_at, ..
+                    record,
+                    expires_at,
+                    needs_refresh,
                 } => {
                     alias(cache, &a, &k, now, expires_at);
+                    if needs_refresh {
+                        self.join_route(now, slot, a.cache_ep, key, &sa, None, Some(i));
+                    }
                     let mut l = waiters;
                     while let Some(w) =
                         l.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
@@ -660,8 +665,9 @@ impl<S: Storage> Resolver<S> {
         let expires = self.addr_expiry(now);
         let waiters = {
             let a = &mut self.st.addrs()[i as usize];
+            // A hosts-file entry keeps its origin (it survives reregisters); what the peer
+            // says about itself is newer than the file, so the mapping is updated.
             a.state = AddrState::Resolved;
-            a.origin = Origin::Learned;
             a.gid = sgid.0;
             a.lid = meta.slid;
             a.qpn = meta.src_qp;
@@ -721,6 +727,11 @@ impl<S: Storage> Resolver<S> {
             self.stats.acm_malformed += 1;
             return;
         };
+        // Our own multicast, looped back by the HCA: nothing to learn or answer.
+        let e = self.st.endpoints()[slot];
+        if sgid.0 == e.port_gid && meta.src_qp == e.qpn {
+            return;
+        }
         match r.method {
             Method::Get => self.peer_request(now, cache, slot, meta, sgid, &r),
             Method::GetResp => self.peer_response(now, cache, slot, meta, sgid, &r),
@@ -840,4 +851,39 @@ fn source_entry(msg: &[u8]) -> Option<(u8, [u8; 64])> {
     let mut a = [0u8; 64];
     a.copy_from_slice(e.info());
     (a != [0; 64]).then_some((t, a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_keys_only_for_names_and_ips() {
+        let mut a = AddrEntry::EMPTY;
+        a.cache_ep = 0x0203;
+        a.addr[..3].copy_from_slice(b"abc");
+        for (t, kind) in [
+            (1, AddrKind::Name),
+            (2, AddrKind::Ipv4),
+            (3, AddrKind::Ipv6),
+        ] {
+            a.type_ = t;
+            let k = addr_key(&a).unwrap();
+            assert_eq!((k.ep, k.kind, &k.addr[..3]), (0x0203, kind, &b"abc"[..]));
+        }
+        for t in [0, 4, 5, 6] {
+            a.type_ = t;
+            assert!(addr_key(&a).is_none());
+        }
+    }
+
+    #[test]
+    #[cfg(feature = "sim")]
+    fn source_entry_is_the_requests_echoed_source() {
+        let m = super::super::sim::name_msg("dst", Some("src"), false, 1);
+        let (t, a) = source_entry(&m).unwrap();
+        assert_eq!((t, &a[..3]), (1, &b"src"[..]));
+        assert!(source_entry(&super::super::sim::name_msg("dst", None, false, 1)).is_none());
+        assert!(source_entry(&m[..20]).is_none());
+    }
 }

@@ -290,11 +290,13 @@ pub enum Error {
 /// Counters of what the resolver dropped or refused, for logs and `query_perf`-like exports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Received ACM MADs dropped: wrong class/version/length/method/control.
+    /// Received ACM MADs dropped: wrong length/base/class/version/method/control, address
+    /// types out of range, `gid_cnt` > 6, a response with a status or without a GID.
     pub acm_malformed: u64,
     /// ACM responses whose TID matches no pending query.
     pub acm_unknown_tid: u64,
-    /// ACM responses for an address nobody asked about.
+    /// ACM MADs nobody can use: for an endpoint that is not open, or a response naming a
+    /// multicast group we did not join.
     pub acm_unsolicited: u64,
     /// ACM MADs from an unexpected P_Key (index) or without a GRH.
     pub acm_wrong_key: u64,
@@ -334,7 +336,8 @@ pub struct Config {
     pub acm_timeout: Millis,
     /// ACM request retries (`retries`; tries = retries + 1).
     pub acm_retries: u32,
-    /// ACM multicast queries in flight per endpoint (`resolve_depth`, ibacmp: 1).
+    /// ACM multicast queries in flight per endpoint (`acmrs_acm_window`, default 16; ibacmp's
+    /// `resolve_depth` credits make it 1).
     pub acm_window: u32,
     /// SA queries in flight per resolver (the rest wait FIFO).
     pub sa_window: u32,
@@ -715,7 +718,8 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Removes a local address (the core's `remove_address`). Its loopback alias is dropped
-    /// from the cache at the next input that passes the cache.
+    /// from the cache at the next input that passes the cache ([`poll_timeout`](Self::poll_timeout)
+    /// asks for an immediate [`handle_timeout`](Self::handle_timeout)).
     pub fn remove_address(&mut self, ep: EpId, type_: u8, addr: &[u8; 64]) {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -730,6 +734,8 @@ impl<S: Storage> Resolver<S> {
         self.st.addrs()[i as usize].state = AddrState::Removing;
         self.removals
             .push_back(self.st.addrs(), i, list_id::REMOVALS, addr_qlink);
+        // No cache here: ask for a `handle_timeout` call, which drops the alias.
+        self.arm(0);
     }
 
     /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `type_` (1..=3) is `gid`.
@@ -1302,7 +1308,14 @@ impl<S: Storage> Resolver<S> {
             ) {
                 window += 1;
             }
-            if j.held != matches!(j.state, JobState::Sent | JobState::Zombie) {
+            // Held only while Sent or Zombie; a Zombie always is (a Sent job whose reply was
+            // dropped for a wrong TID waits for its deadline with the MAD back).
+            let held_ok = if j.held {
+                matches!(j.state, JobState::Sent | JobState::Zombie)
+            } else {
+                j.state != JobState::Zombie
+            };
+            if !held_ok {
                 return Err(format!("job in {:?} held {}", j.state, j.held));
             }
             waiters += j.waiters.len;
@@ -1351,5 +1364,67 @@ impl<S: Storage> Resolver<S> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_from_default_options_is_ibacmps() {
+        let c = Config::default();
+        assert!(c.addr_acm && !c.route_acm && c.loopback_local);
+        assert_eq!(c.addr_ttl, Some(1440 * 60_000));
+        assert_eq!(c.route_ttl, None);
+        assert_eq!((c.acm_timeout, c.acm_retries, c.acm_window), (2000, 2, 16));
+        assert_eq!(
+            (c.sa_window, c.sa_deadline, c.queue_deadline),
+            (8, 7000, 21_000)
+        );
+        assert_eq!((c.min_mtu, c.min_rate), (4, 3), "2048 bytes, 10 Gb/s");
+        assert_eq!(
+            (c.sa_busy_retries, c.sa_busy_backoff, c.negative_ttl),
+            (3, 100, 5000)
+        );
+    }
+
+    #[test]
+    fn config_follows_the_options() {
+        let (o, _) = ProviderOptions::load(
+            b"addr_prot none\nroute_prot acm\nloopback_prot none\nacmrs_sa_timeout_ms 1500\n\
+              retries 1\nsa_depth 64\nmin_mtu 4096\nmin_rate 40\nacmrs_acm_window 3\n\
+              route_timeout 2\naddr_timeout -1\n",
+            |e| panic!("{e:?}"),
+        );
+        let c = Config::from_options(&o);
+        assert!(!c.addr_acm && c.route_acm && !c.loopback_local);
+        assert_eq!(
+            (c.sa_deadline, c.queue_deadline, c.sa_window),
+            (1500, 3000, 256)
+        );
+        assert_eq!((c.min_mtu, c.min_rate, c.acm_window), (5, 7, 3));
+        assert_eq!((c.route_ttl, c.addr_ttl), (Some(120_000), None));
+    }
+
+    #[test]
+    fn empty_or_inconsistent_storage_is_refused() {
+        let caps = Capacities {
+            requests: 4,
+            answer_reserve: 4,
+            ..Capacities::default()
+        };
+        let mut st = HeapStorage::new(caps);
+        assert!(st.requests().len() > 4, "HeapStorage keeps one waiter slot");
+        let tiny: ArrayStorage<2, 2, 1, 1, 1, 1> = ArrayStorage::new();
+        assert_eq!(
+            Resolver::new(Config::default(), tiny, 0).err(),
+            Some(Error::Storage)
+        );
+        let none: ArrayStorage<4, 1, 0, 1, 1, 1> = ArrayStorage::new();
+        assert_eq!(
+            Resolver::new(Config::default(), none, 0).err(),
+            Some(Error::Storage)
+        );
     }
 }

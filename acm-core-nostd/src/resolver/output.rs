@@ -217,3 +217,15 @@ impl<S: Storage> Resolver<S> {
         (4, g)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_in_acm_cntr_order() {
+        for (i, c) in COUNTERS.iter().enumerate() {
+            assert_eq!(*c as usize, i);
+        }
+    }
+}

@@ -316,7 +316,7 @@ impl<S: Storage> Resolver<S> {
         cache: &PathCache<P, A>,
         j: u32,
         status: u8,
-        record: Option<&[u8; 64]>,
+        record: Option<(&[u8; 64], Millis)>,
         query_record: Option<&[u8; 64]>,
         from_cache: bool,
     ) where
@@ -330,13 +330,13 @@ impl<S: Storage> Resolver<S> {
         let key = job.key.key(job.cache_ep);
         // Addresses first: the alias must exist before anyone is told the answer.
         let mut addrs = job.addrs;
-        let path_expires = match (status, record, key) {
-            (0, Some(_), Some(k)) => match cache.lookup(&k, now) {
-                Lookup::Hit { expires_at, .. } => Some(expires_at),
-                _ => None,
-            },
+        // The path's expiry as inserted (not looked up: a lookup here would take the one
+        // refresh claim of the entry away from the provider's hit path).
+        let path_expires = match (status, record, key, job.query) {
+            (0, Some((_, exp)), Some(_), false) => Some(exp),
             _ => None,
         };
+        let record = record.map(|(r, _)| r);
         while let Some(a) = addrs.pop_front(self.st.addrs(), list_id::ROUTE_ADDRS, addr_rlink) {
             self.st.addrs()[a as usize].job = 0;
             if let (Some(exp), Some(k)) = (path_expires, key) {
@@ -445,12 +445,14 @@ impl<S: Storage> Resolver<S> {
         let key = job.key.key(job.cache_ep);
         match mads::classify_path_reply(umad_status, mad) {
             SaOutcome::Record(rec) => {
+                let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
                 if let (Some(k), false) = (key, job.query) {
                     if let Some(mut w) = cache.writer() {
-                        w.insert(&k, &rec, now, self.cfg.route_ttl.unwrap_or(NEVER));
+                        w.insert(&k, &rec, now, ttl);
                     }
                 }
-                self.finish_job(now, cache, j, 0, Some(&rec), None, false);
+                let exp = now.saturating_add(ttl);
+                self.finish_job(now, cache, j, 0, Some((&rec, exp)), None, false);
             }
             SaOutcome::Failed(s) => {
                 // "No such path" is an answer from the SA, not a failure to reach it: remember
@@ -515,8 +517,17 @@ impl<S: Storage> Resolver<S> {
             if let Some(k) = job.key.key(job.cache_ep) {
                 // Filled meanwhile (another job, a preload): answer from the cache.
                 match cache.lookup(&k, now) {
-                    Lookup::Hit { record, .. } => {
-                        self.finish_job(now, cache, j, 0, Some(&record), None, true);
+                    Lookup::Hit {
+                        record,
+                        expires_at,
+                        needs_refresh,
+                    } => {
+                        let (slot, cep, sa) = (usize::from(job.ep), job.cache_ep, job.sa);
+                        let rec = Some((&record, expires_at));
+                        self.finish_job(now, cache, j, 0, rec, None, true);
+                        if needs_refresh {
+                            self.join_route(now, slot, cep, Some(k), &sa, None, None);
+                        }
                         continue;
                     }
                     Lookup::Negative { status, .. } => {
@@ -615,10 +626,8 @@ impl<S: Storage> Resolver<S> {
                 continue;
             }
             for g in &e.groups {
-                if matches!(
-                    g.state,
-                    GroupState::Joining | GroupState::Retry | GroupState::Send
-                ) {
+                // A join not polled yet (Send) has no timer running.
+                if matches!(g.state, GroupState::Joining | GroupState::Retry) {
                     at(g.timer);
                 }
             }
@@ -630,5 +639,28 @@ impl<S: Storage> Resolver<S> {
             }
         }
         next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::{constraint, Constraints};
+
+    #[test]
+    fn stored_keys_round_trip() {
+        assert_eq!(StoredKey::from_key(None).key(7), None);
+        let mut c = Constraints::ANY;
+        c.mask = constraint::SL | constraint::SERVICE_ID;
+        c.sl = 3;
+        c.service_id = 0x1234;
+        for dest in [Dest::Lid(9), Dest::Gid([0xfe; 16])] {
+            let k = PathKey {
+                ep: 0x0105,
+                dest,
+                constraints: c,
+            };
+            assert_eq!(StoredKey::from_key(Some(k)).key(0x0105), Some(k));
+        }
     }
 }

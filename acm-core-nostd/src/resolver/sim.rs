@@ -75,6 +75,8 @@ pub struct Faults {
     pub sa_timeout: Millis,
     /// SA reply delay range (ms).
     pub sa_delay_max: Millis,
+    /// An SA reply or ACM delivery has 1–4 random bytes overwritten (TID, status, fields).
+    pub garbage: u32,
 }
 
 impl Faults {
@@ -88,6 +90,7 @@ impl Faults {
         sa_silent: 0,
         sa_timeout: 6000,
         sa_delay_max: 1,
+        garbage: 0,
     };
 }
 
@@ -106,6 +109,10 @@ pub struct SimConfig {
     pub caps: Capacities,
     /// Path cache slots per node.
     pub cache_slots: usize,
+    /// Every port's active rate and MTU (`enum ibv_rate`, `enum ibv_mtu`).
+    pub port_rate_mtu: (u8, u8),
+    /// Odd nodes run at 40 Gb/s / MTU 4096 instead (a mixed fabric).
+    pub mixed_ports: bool,
 }
 
 impl SimConfig {
@@ -126,6 +133,8 @@ impl SimConfig {
                 preloads: 8,
             },
             cache_slots: 256,
+            port_rate_mtu: (3, 4),
+            mixed_ports: false,
         }
     }
 }
@@ -342,8 +351,16 @@ impl Sim {
                     port_gid: node_gid(i),
                     lid: node_lid(i),
                     pkey: 0xffff,
-                    mtu: 4,
-                    rate: 3,
+                    mtu: if cfg.mixed_ports && i % 2 == 1 {
+                        5
+                    } else {
+                        cfg.port_rate_mtu.1
+                    },
+                    rate: if cfg.mixed_ports && i % 2 == 1 {
+                        7
+                    } else {
+                        cfg.port_rate_mtu.0
+                    },
                     subnet_timeout_ms: 0,
                     qpn: 0x100 + i as u32,
                 },
@@ -731,8 +748,28 @@ impl Sim {
             };
             for _ in 0..copies {
                 let d = self.delay();
-                self.schedule(d, Event::Acm { to: j, meta, mad });
+                let mut m = mad;
+                self.mangle(&mut m);
+                self.schedule(
+                    d,
+                    Event::Acm {
+                        to: j,
+                        meta,
+                        mad: m,
+                    },
+                );
             }
+        }
+    }
+
+    /// With probability `Faults::garbage`, overwrites 1–4 random bytes of `mad`.
+    fn mangle(&mut self, mad: &mut [u8; 256]) {
+        if !self.rng.chance(self.faults.garbage) {
+            return;
+        }
+        for _ in 0..1 + self.rng.below(4) {
+            let at = self.rng.below(256) as usize;
+            mad[at] = self.rng.next_u64() as u8;
         }
     }
 

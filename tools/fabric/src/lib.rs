@@ -49,6 +49,8 @@
 //! `$ACM_FABRIC_ACMRS`. Must run as root (mount namespaces). ibsim serves at most 10 clients
 //! per fabric, so at most 8 daemon nodes. See `docs/fabric.md`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 pub mod fabric;
 pub mod ports;
 pub mod process;

@@ -1,6 +1,8 @@
 //! `acm-fabric`: bring a simulated fabric with real ibacm daemons up, use it, tear it down.
 //! See `docs/fabric.md` and `acm-fabric help`.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 use acm_fabric::{script, Fabric, FabricBuilder, HostsFile, OptSpec, ProviderChoice, Topology};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};

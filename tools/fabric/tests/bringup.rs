@@ -13,7 +13,7 @@ fn sm_assigns_lids_and_teardown_leaves_nothing() {
     .start()
     .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     assert_eq!(fabric.sm_node(), "Hca1");
-    // The LIDs OpenSM gives this topology (docs/test-fabric.md): Hca3=5, Hca4=6.
+    // The LIDs OpenSM gives this topology (docs/fabric.md): Hca3=5, Hca4=6.
     let hca3 = fabric.node("Hca3").unwrap();
     let hca4 = fabric.node("Hca4").unwrap();
     assert_eq!((hca3.lid, hca4.lid), (5, 6));

@@ -17,6 +17,8 @@
 //!                                    merged by time; --brief: one key=value line per packet
 //! ```
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 mod decode;
 mod pcap;
 mod umad;

@@ -25,9 +25,10 @@
 //! refused with EINVAL, but a dangling one cannot be detected); every out-pointer must be
 //! writable; scatter/gather lists and work-request chains must be as long as declared.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 // The shared contract above is the safety documentation of every exported function.
 #![allow(clippy::missing_safety_doc)]
-#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod capture;
 pub mod control;

@@ -745,10 +745,10 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
     let Some(ah) = (unsafe { SimAh::from_ptr(ud.ah) }) else {
         return Err(libc::EINVAL);
     };
-    // SAFETY: sg_list has num_sge elements (checked non-NULL when num_sge > 0).
     let sges: &[ibv_sge] = if wr.num_sge == 0 {
         &[]
     } else {
+        // SAFETY: sg_list has num_sge elements (checked non-NULL when num_sge > 0).
         unsafe { std::slice::from_raw_parts(wr.sg_list, wr.num_sge as usize) }
     };
     let total: usize = sges.iter().map(|s| s.length as usize).sum();

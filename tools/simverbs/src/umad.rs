@@ -239,7 +239,7 @@ impl SmpAgent {
                 return None;
             }
             let mad = got.mad;
-            // Only the low 32 TID bits survive umad2sim/ibsim (see test-fabric.md).
+            // Only the low 32 TID bits survive umad2sim/ibsim (docs/simverbs.md).
             if mad[12..16] != tid.to_be_bytes() || mad[1] != 0x81 || mad[3] != 0x81 {
                 continue;
             }

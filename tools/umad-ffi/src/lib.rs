@@ -10,6 +10,8 @@
 //! Errors are the negative return codes of libibumad, so callers word their own messages.
 //! Every `unsafe` block is an FFI call; its invariants are stated next to it.
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 use std::ffi::{c_int, c_void, CStr};
 
 /// Raw libibumad declarations.
