@@ -18,6 +18,10 @@ PKGS=(
   util-linux procps
   # the stats textfile checked by real Prometheus parsers (promtool, prometheus_client)
   prometheus python3-prometheus-client
+  # the .deb and its man page (scripts/package.sh, tools/fabric/tests/package.rs): pandoc
+  # builds acmrs(7) from docs/acmrs.7.md, man-db + groff-base check it renders without
+  # warnings, dpkg-dev gives cargo-deb dpkg-shlibdeps
+  pandoc man-db groff-base dpkg-dev
 )
 
 missing=()

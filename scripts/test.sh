@@ -27,6 +27,15 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "docs"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
+step "acmrs(7): pandoc builds it, man renders it without warnings"
+pandoc -s -t man docs/acmrs.7.md -o "$LOG_DIR/acmrs.7"
+man_warnings=$(MANWIDTH=80 man --warnings -l "$LOG_DIR/acmrs.7" 2>&1 >/dev/null || true)
+if [[ -n $man_warnings ]]; then
+  printf '%s\n' "$man_warnings"
+  exit 1
+fi
+echo "docs/acmrs.7.md: no warnings"
+
 step "acm-core-nostd on bare-metal targets (no std, no allocator)"
 for t in thumbv7em-none-eabihf riscv32imac-unknown-none-elf; do
   cargo build -p acm-core-nostd --target "$t" --release --quiet

@@ -15,6 +15,10 @@
 //!
 //! Usage: `cargo run --release -p acm-bench --bin cache -- [--quick] [--out DIR]
 //!         [--sizes 1000,100000,1000000] [--lookups N]`
+//!
+//! With `--out DIR`: one `.hgrm` per structure, scenario and size, and two percentile plots per
+//! size (`cache_idle_<n>.svg`: acmrs against glibc tsearch, ibacmp's structure, and the std
+//! maps; `cache_writer_<n>.svg`: the same under a concurrent writer).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
@@ -24,12 +28,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
-use acm_bench::{heap_bytes, Args, BatchTimer, LatencyHistogram, Summary, Table, XorShift};
+use acm_bench::plot::{write_percentile_svg, Series};
+use acm_bench::{
+    heap_bytes, progress, Args, BatchTimer, LatencyHistogram, Summary, Table, XorShift,
+};
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
 
 const USAGE: &str = "usage: cache [--quick] [--out DIR] [--sizes N,N,..] [--lookups N]
   --quick        CI smoke run (1k and 100k entries, 200k lookups each; < 20 s)
-  --out DIR      write one .hgrm file per measurement into DIR
+  --out DIR      write one .hgrm file per measurement and .svg percentile plots into DIR
   --sizes LIST   entry counts (default 1000,100000,1000000)
   --lookups N    timed lookups per measurement (default 2000000)";
 
@@ -259,10 +266,18 @@ fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Meas
     let mut rng = XorShift::new(0x5eed_0000 + n as u64);
     let keys = make_keys(n, &mut rng);
     let order: Vec<u32> = (0..lookups).map(|_| rng.below(n as u64) as u32).collect();
+    let mut plotted: Vec<(&'static str, &'static str, LatencyHistogram)> = Vec::new();
     let mut push =
         |name, scenario, h: &LatencyHistogram, per_sec, bytes: Option<f64>, wps: Option<f64>| {
             let tag = format!("cache_{}_{}_{n}", name_tag(name), scenario);
+            progress(format_args!(
+                "cache {n} entries: {name}, {scenario}: p50 {:.0} ns",
+                h.summary().p50_ns
+            ));
             save(out, &tag, h);
+            if out.is_some() {
+                plotted.push((name, scenario, h.clone()));
+            }
             results.push(Measured {
                 name,
                 scenario,
@@ -395,6 +410,41 @@ fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Meas
         );
         push("RwLock<HashMap>", "writer", &h, ps, None, Some(wps));
     }
+
+    if let Some(dir) = out {
+        for (scenario, what) in [
+            ("idle", "idle"),
+            ("writer", "while a writer thread rewrites random entries"),
+        ] {
+            // acmrs first (blue), then what ibacmp does (red: tsearch, one mutex per
+            // endpoint), then the rest.
+            let rank = |name: &str| match name {
+                "acmrs PathCache" => 0,
+                "glibc tsearch (ibacmp)" | "Mutex<BTreeMap>" => 1,
+                _ => 2,
+            };
+            let mut mine: Vec<_> = plotted.iter().filter(|(_, s, _)| *s == scenario).collect();
+            mine.sort_by_key(|(name, _, _)| rank(name));
+            let series: Vec<Series<'_>> = mine
+                .iter()
+                .map(|(name, _, h)| Series {
+                    label: if *name == "Mutex<BTreeMap>" {
+                        "Mutex<BTreeMap> (ibacmp's model)"
+                    } else {
+                        name
+                    },
+                    histogram: h,
+                })
+                .collect();
+            let path = dir.join(format!("cache_{scenario}_{n}.svg"));
+            let title =
+                format!("cache lookup, {n} entries, {what} (random keys, per-op of {BATCH})");
+            match write_percentile_svg(&path, &title, &series) {
+                Ok(()) => progress(format_args!("wrote {}", path.display())),
+                Err(e) => eprintln!("warning: cannot write {}: {e}", path.display()),
+            }
+        }
+    }
 }
 
 fn name_tag(name: &str) -> String {
@@ -464,7 +514,9 @@ fn main() {
     let t0 = Instant::now();
     let mut results = Vec::new();
     for &n in &sizes {
-        eprintln!("measuring {n} entries, {lookups} random lookups per structure ...");
+        progress(format_args!(
+            "measuring {n} entries, {lookups} random lookups per structure ..."
+        ));
         run_size(n, lookups, args.out.as_deref(), &mut results);
     }
     let mut t = Table::new(&[

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
 /// The stock provider shipped with Debian's ibacm package.
 pub const STOCK_PROVIDER: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
+/// ibacm's default provider directory (compiled into Debian's daemon; used when
+/// `ibacm_opts.cfg` has no `provider_lib_path` line).
+pub const DEFAULT_PROVIDER_DIR: &str = "/usr/lib/x86_64-linux-gnu/ibacm";
 /// The real ibacm daemon.
 pub const IBACM: &str = "/usr/sbin/ibacm";
 /// The real ibacm client tool.
@@ -25,7 +28,7 @@ pub const IB_ACME: &str = "/usr/bin/ib_acme";
 /// Which provider library a daemon loads. The library is COPIED into the node's provider
 /// directory (the core skips symlinks) and selected with `provider <name> default`. Every node
 /// has its own choice ([`FabricBuilder::node_provider`]); [`FabricBuilder::provider`] is the
-/// default.
+/// default. [`Provider::Installed`] copies nothing and leaves `provider_lib_path` out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Provider {
     /// Debian's `libibacmp.so` (provider name `ibacmp`).
@@ -40,11 +43,27 @@ pub enum Provider {
         /// The provider's name (`struct acm_provider.name`).
         name: String,
     },
+    /// A provider installed in ibacm's default provider directory ([`DEFAULT_PROVIDER_DIR`],
+    /// e.g. by the acmrs `.deb`): nothing is copied and the node's `ibacm_opts.cfg` has no
+    /// `provider_lib_path` line, so its daemon loads every library of that directory, as an
+    /// installed ibacm does, and `provider <name> default` picks this one.
+    Installed {
+        /// The provider's name (`struct acm_provider.name`).
+        name: String,
+    },
 }
 
 impl Provider {
-    /// `stock`, `acmrs`, or a path (then `name` is required).
+    /// `stock`, `acmrs`, `installed:NAME`, or a path (then `name` is required).
     pub fn parse(spec: &str, name: Option<&str>) -> Result<Provider> {
+        if let Some(p) = Provider::installed(spec) {
+            return match name {
+                None => p,
+                Some(_) => Err(Error::new(
+                    "a provider name only goes with a provider given as a path",
+                )),
+            };
+        }
         match (spec, name) {
             ("stock", None) => Ok(Provider::Stock),
             ("acmrs", None) => Ok(Provider::Acmrs),
@@ -66,11 +85,47 @@ impl Provider {
         match self {
             Provider::Stock => "ibacmp",
             Provider::Acmrs => "acmrs",
-            Provider::Custom { name, .. } => name,
+            Provider::Custom { name, .. } | Provider::Installed { name } => name,
         }
     }
 
-    /// Where the library is.
+    /// `installed:NAME` as [`Provider::Installed`] (`None` if `spec` is not of that form; an
+    /// error for an empty name).
+    pub fn installed(spec: &str) -> Option<Result<Provider>> {
+        let name = spec.strip_prefix("installed:")?.trim();
+        Some(if name.is_empty() {
+            Err(Error::new(
+                "installed: needs a provider name (installed:acmrs)",
+            ))
+        } else {
+            Ok(Provider::Installed { name: name.into() })
+        })
+    }
+
+    /// Whether the daemon finds this provider in ibacm's default directory (nothing copied,
+    /// no `provider_lib_path`).
+    pub fn is_installed(&self) -> bool {
+        matches!(self, Provider::Installed { .. })
+    }
+
+    /// Where the library is: the file to copy into the node's provider directory, or `None`
+    /// for [`Provider::Installed`] (after checking that the default directory exists).
+    pub fn library_to_copy(&self) -> Result<Option<PathBuf>> {
+        match self {
+            Provider::Installed { .. } => {
+                if Path::new(DEFAULT_PROVIDER_DIR).is_dir() {
+                    Ok(None)
+                } else {
+                    Err(Error::new(format!(
+                        "{DEFAULT_PROVIDER_DIR} not found (install Debian's ibacm)"
+                    )))
+                }
+            }
+            p => p.library().map(Some),
+        }
+    }
+
+    /// Where the library is (for [`Provider::Installed`]: the default provider directory).
     pub fn library(&self) -> Result<PathBuf> {
         match self {
             Provider::Stock => existing(PathBuf::from(STOCK_PROVIDER), "install Debian's ibacm"),
@@ -80,6 +135,7 @@ impl Provider {
                 "cargo build -p acm-plugin",
             ),
             Provider::Custom { path, .. } => existing(path.clone(), "check the path"),
+            Provider::Installed { .. } => Ok(PathBuf::from(DEFAULT_PROVIDER_DIR)),
         }
     }
 }
@@ -542,7 +598,7 @@ impl FabricBuilder {
             let libs = self
                 .nodes
                 .iter()
-                .map(|n| self.provider_of(n).library().map(Some))
+                .map(|n| self.provider_of(n).library_to_copy())
                 .collect::<Result<Vec<_>>>()?;
             (sv, libs)
         } else {
@@ -1266,6 +1322,11 @@ impl Node {
             ("addr_data_file".into(), d("ibacm_hosts.data")),
             ("route_data_file".into(), d("ibacm_route.data")),
         ];
+        if provider.is_installed() {
+            // The daemon's compiled-in directory, as on an installed system (the template's
+            // `provider_lib_path` line is a comment and stays one).
+            overrides.retain(|(k, _)| k != "provider_lib_path");
+        }
         overrides.extend(extra.iter().cloned());
         let mut lines: Vec<String> = template.lines().map(str::to_string).collect();
         let mut appended = Vec::new();
@@ -1824,6 +1885,19 @@ mod tests {
             "foo"
         );
         assert!(Provider::parse("stock", Some("x")).is_err());
+        let installed = Provider::parse("installed:acmrs", None).unwrap();
+        assert_eq!(
+            installed,
+            Provider::Installed {
+                name: "acmrs".into()
+            }
+        );
+        assert_eq!(installed.name(), "acmrs");
+        assert!(installed.is_installed() && !Provider::Acmrs.is_installed());
+        assert!(Provider::parse("installed:", None).is_err());
+        assert!(Provider::parse("installed:acmrs", Some("x")).is_err());
+        let choice = crate::ProviderChoice::parse(&["Hca3=installed:acmrs"], None).unwrap();
+        assert_eq!(choice.for_node("Hca3"), Some(&installed));
     }
 
     #[test]

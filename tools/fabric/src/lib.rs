@@ -14,7 +14,7 @@
 //!
 //! # fn main() -> acm_fabric::Result<()> {
 //! let fabric = Fabric::builder(Topology::example("net.2sw2path4hca")?, ["Hca2", "Hca3", "Hca4"])
-//!     .provider(Provider::Acmrs)          // or Stock, or Custom { path, name }
+//!     .provider(Provider::Acmrs)          // or Stock, Custom { path, name }, Installed { name }
 //!     .node_provider("Hca2", Provider::Stock) // a mixed fabric: Hca2 stock, the rest acmrs
 //!     .name_prefix("my-test")             // fabric name / scratch dir label
 //!     .option("route_prot", "sa")         // any ibacm_opts.cfg line, all nodes
@@ -60,6 +60,7 @@ pub mod topology;
 
 pub use fabric::{
     find_artifact, Fabric, FabricBuilder, HostsFile, Node, NodeAddrs, PortInfo, Provider,
+    DEFAULT_PROVIDER_DIR, STOCK_PROVIDER,
 };
 pub use ports::{PortLease, PortPool};
 pub use process::{emergency_teardown, live_process_groups, pid_exists, Output};

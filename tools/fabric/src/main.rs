@@ -30,7 +30,9 @@ FABRIC OPTIONS:
   --topology SPEC      shipped example (net.2sw2path4hca, default), fattree:LEAVES,SPINES,HCAS,
                        or a path to an ibsim net file
   --nodes A,B,...      HCAs that run an ibacm daemon (default: Hca2,Hca3,Hca4)
-  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so[@NAME], for
+  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so[@NAME] |
+                       installed:NAME (already in ibacm's default provider directory, e.g.
+                       from the acmrs .deb: no copy, no provider_lib_path line), for
                        every node; NODE=P for one node; repeatable, or comma-separated:
                        --provider stock --provider Hca3=acmrs
                        --provider Hca2=stock,Hca3=acmrs,Hca4=acmrs

@@ -5,6 +5,9 @@
 //!
 //! ```text
 //! stock | acmrs | PATH.so[@NAME]        the default for every daemon node
+//! installed:NAME                        a provider already in ibacm's default directory
+//!                                       (e.g. from the acmrs .deb): no copy, no
+//!                                       provider_lib_path line
 //! NODE=stock | NODE=acmrs | NODE=PATH.so[@NAME]   one node's provider
 //! --provider stock --provider Hca3=acmrs
 //! --provider Hca2=stock,Hca3=acmrs,Hca4=acmrs
@@ -54,6 +57,9 @@ impl ProviderChoice {
                 let provider = match p {
                     "stock" => Provider::Stock,
                     "acmrs" => Provider::Acmrs,
+                    p if p.starts_with("installed:") => {
+                        Provider::installed(p).unwrap_or_else(|| unreachable!())?
+                    }
                     "" => return Err(Error::new(format!("provider {item:?} names no provider"))),
                     path => {
                         let (path, n) = match path.rsplit_once('@') {
