@@ -543,14 +543,16 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Answer(a) => {
-                    // A stamped request's latency runs up to the hand-off to the core.
-                    let timed = self.stats.as_mut().and_then(|s| {
-                        let (at, (ep, class)) = s.misses.remove(client_key(a.client, &a.msg))?;
-                        Some((ep, class.latency(), s.clock.since(at)))
-                    });
+                    // A stamped request's latency runs up to the hand-off to the core; the
+                    // bookkeeping waits until the client has its answer.
+                    let end = self.stats.as_ref().map(|s| s.clock.now());
                     self.io.answer(&a);
-                    if let (Some(s), Some((ep, what, ns))) = (self.stats.as_mut(), timed) {
-                        (s.sink)(ep, what, ns);
+                    if let (Some(s), Some(end)) = (self.stats.as_mut(), end) {
+                        if let Some((at, (ep, class))) =
+                            s.misses.remove(client_key(a.client, &a.msg))
+                        {
+                            (s.sink)(ep, class.latency(), s.clock.ns(at, end));
+                        }
                     }
                 }
                 Output::Attach { ep, group } => {

@@ -641,15 +641,17 @@ fn answer_inline_timed(
     let mut out = AcmMsg::zeroed();
     respond(msg.as_bytes(), via, status, path, out.as_bytes_mut());
     ctx.ep.count_status(status);
-    if let Some(t0) = hit_start {
-        ctx.ep.stats.hit.record(ctx.inst.clock.since(t0));
-    }
+    // The span ends here; it is recorded once the client has its answer.
+    let end = hit_start.map(|_| ctx.inst.clock.now());
     let f = match via {
         Via::Resolve => ctx.inst.api.resolve_response,
         Via::Query => ctx.inst.api.query_response,
     };
     // SAFETY: `out` is a full acm_msg on our stack; the core copies it before returning.
     let _ = unsafe { f(id, &mut out) };
+    if let (Some(t0), Some(t1)) = (hit_start, end) {
+        ctx.ep.stats.hit.record(ctx.inst.clock.ns(t0, t1));
+    }
 }
 
 /// Hands a request to the dataplane; false (counted, logged) if the queue is full.
