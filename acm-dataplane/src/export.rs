@@ -456,7 +456,9 @@ fn run(cfg: ExportConfig, src: Box<dyn Source>, stop: UnixStream) {
             break;
         }
         if let Some(l) = listener.as_ref() {
-            while let Ok((c, _)) = l.accept() {
+            // A bounded number per wake: a flood of clients cannot starve the textfile.
+            for _ in 0..16 {
+                let Ok((c, _)) = l.accept() else { break };
                 serve(c, &*src);
             }
         }

@@ -357,30 +357,24 @@ impl<V: Copy> Pending<V> {
         self.len == 0
     }
 
-    /// Remembers `key` (replacing an entry of the same key); false when full.
+    /// Remembers `key`; false when full. A key may be held more than once (two requests of
+    /// one client with the same tid): each [`remove`](Self::remove) takes one, the one
+    /// inserted first.
     pub fn insert(&mut self, key: u128, start: u64, v: V) -> bool {
+        if self.len >= self.max {
+            return false;
+        }
         let mask = self.slots.len() - 1;
         let mut i = self.home(key);
-        loop {
-            match self.slots[i] {
-                Some((k, _, _)) if k == key => {
-                    self.slots[i] = Some((key, start, v));
-                    return true;
-                }
-                Some(_) => i = (i + 1) & mask,
-                None => {
-                    if self.len >= self.max {
-                        return false;
-                    }
-                    self.slots[i] = Some((key, start, v));
-                    self.len += 1;
-                    return true;
-                }
-            }
+        while self.slots[i].is_some() {
+            i = (i + 1) & mask;
         }
+        self.slots[i] = Some((key, start, v));
+        self.len += 1;
+        true
     }
 
-    /// Takes `key`'s entry out.
+    /// Takes one of `key`'s entries out (the first inserted).
     pub fn remove(&mut self, key: u128) -> Option<(u64, V)> {
         if self.len == 0 {
             return None;
@@ -394,6 +388,13 @@ impl<V: Copy> Pending<V> {
                 None => return None,
             }
         };
+        self.remove_at(i);
+        Some(found)
+    }
+
+    /// Empties slot `i` (occupied) and closes the gap.
+    fn remove_at(&mut self, i: usize) {
+        let mask = self.slots.len() - 1;
         self.slots[i] = None;
         self.len -= 1;
         // Backward shift: move later entries of the run into the hole when their home allows.
@@ -410,23 +411,24 @@ impl<V: Copy> Pending<V> {
             }
             j = (j + 1) & mask;
         }
-        Some(found)
     }
 
     /// Drops every entry started before `before` (entries whose answer never came: an SA
-    /// reply the full reply queue dropped); returns how many.
+    /// reply the full reply queue dropped); returns how many. No allocation.
     pub fn expire(&mut self, before: u64) -> usize {
-        let keys: Vec<u128> = self
-            .slots
-            .iter()
-            .flatten()
-            .filter(|(_, s, _)| *s < before)
-            .map(|(k, _, _)| *k)
-            .collect();
-        for k in &keys {
-            self.remove(*k);
+        let mut dropped = 0;
+        let mut i = 0;
+        while i < self.slots.len() {
+            match self.slots[i] {
+                Some((_, s, _)) if s < before => {
+                    self.remove_at(i);
+                    dropped += 1;
+                    // A later entry may have moved into slot i: look at it again.
+                }
+                _ => i += 1,
+            }
         }
-        keys.len()
+        dropped
     }
 
     /// Drops everything.
@@ -586,21 +588,69 @@ mod tests {
     }
 
     #[test]
+    fn pending_table_against_a_reference_map() {
+        use std::collections::{HashMap, VecDeque};
+        let mut x: u64 = 0x9e37_79b9;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut p: Pending<u64> = Pending::new(48);
+        let mut r: HashMap<u128, VecDeque<(u64, u64)>> = HashMap::new();
+        let mut len = 0usize;
+        for step in 0..200_000u64 {
+            // Few distinct keys, so runs collide, wrap and repeat keys.
+            let key = u128::from(next() % 80) * 0x1_0000_0001;
+            match next() % 8 {
+                0..=3 => {
+                    let ok = p.insert(key, step, step ^ 7);
+                    assert_eq!(ok, len < 48);
+                    if ok {
+                        r.entry(key).or_default().push_back((step, step ^ 7));
+                        len += 1;
+                    }
+                }
+                4..=6 => {
+                    let want = r.get_mut(&key).and_then(|q| q.pop_front());
+                    assert_eq!(p.remove(key), want, "step {step}");
+                    len -= usize::from(want.is_some());
+                }
+                _ => {
+                    let before = step.saturating_sub(next() % 64);
+                    let mut n = 0;
+                    for q in r.values_mut() {
+                        let k = q.len();
+                        q.retain(|(s, _)| *s >= before);
+                        n += k - q.len();
+                    }
+                    assert_eq!(p.expire(before), n, "step {step}");
+                    len -= n;
+                }
+            }
+            assert_eq!(p.len(), len);
+        }
+    }
+
+    #[test]
     fn pending_table_insert_remove_full_expire() {
         let mut p: Pending<u8> = Pending::new(100);
         for k in 0..100u128 {
             assert!(p.insert((k << 64) | (k * 7), k as u64, k as u8));
         }
         assert!(!p.insert(1 << 100, 0, 0), "full");
-        assert!(p.insert(0, 99, 9), "same key replaces");
         assert_eq!(p.len(), 100);
         for k in (0..100u128).step_by(2) {
-            assert_eq!(
-                p.remove((k << 64) | (k * 7)).map(|x| x.1),
-                Some(if k == 0 { 9 } else { k as u8 })
-            );
+            assert_eq!(p.remove((k << 64) | (k * 7)).map(|x| x.1), Some(k as u8));
         }
         assert_eq!(p.remove(0), None);
+        // The same key twice: both held, the first inserted comes out first.
+        assert!(p.insert(0, 1, 1) && p.insert(0, 2, 2));
+        assert_eq!(
+            (p.remove(0), p.remove(0), p.remove(0)),
+            (Some((1, 1)), Some((2, 2)), None)
+        );
         for k in (1..100u128).step_by(2) {
             assert_eq!(
                 p.remove((k << 64) | (k * 7)),
@@ -616,6 +666,19 @@ mod tests {
         assert_eq!(p.len(), 40);
         assert_eq!(p.remove(5), None);
         assert_eq!(p.remove(10), Some((10, 0)));
+        for k in 11..50u128 {
+            assert_eq!(p.remove(k), Some((k as u64, 0)), "key {k} after expire");
+        }
+        // Expiry in a crowded table (long runs that wrap around) keeps every survivor.
+        let mut p: Pending<u8> = Pending::new(64);
+        for k in 0..64u128 {
+            assert!(p.insert(k * 1_000_003, k as u64, 0));
+        }
+        assert_eq!(p.expire(32), 32);
+        for k in 32..64u128 {
+            assert_eq!(p.remove(k * 1_000_003), Some((k as u64, 0)));
+        }
+        assert!(p.is_empty());
         p.clear();
         assert!(p.is_empty());
     }
