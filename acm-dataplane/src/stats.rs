@@ -683,3 +683,155 @@ mod tests {
         assert!(p.is_empty());
     }
 }
+
+/// The loop's latency bookkeeping ([`crate::plane::Plane::with_stats`]) over a fake core that
+/// answers every SA MAD at once: an SA-only endpoint, route misses matched to their answers by
+/// (client, tid), SA round trips by token.
+#[cfg(test)]
+mod plane_tests {
+    use super::*;
+    use crate::plane::{Control, CoreIo, HostCache, Inbox, Plane, SaReply};
+    use crate::worker::{Poller, Worker};
+    use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
+    use acm_core_nostd::resolver::sim::{lid_msg, node_gid, node_lid};
+    use acm_core_nostd::resolver::{
+        Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Resolver,
+    };
+    use acm_core_nostd::wire::path_record::PathRecord;
+    use std::sync::{Arc, Mutex};
+
+    struct Core {
+        inbox: Arc<Inbox>,
+        answers: Arc<Mutex<Vec<Answer>>>,
+        sa_sent: Arc<Mutex<usize>>,
+    }
+
+    impl CoreIo for Core {
+        fn send_sa(&mut self, _ep: EpId, token: u64, mad: &[u8; 256]) -> bool {
+            *self.sa_sent.lock().unwrap() += 1;
+            let mut reply = *mad;
+            reply[3] = 0x81;
+            if u16::from_be_bytes([mad[16], mad[17]]) == 0x0035 {
+                let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
+                let mut p = PathRecord::new_unchecked(&mut reply[56..120]);
+                p.set_dgid(node_gid(usize::from(dlid) - 1));
+                p.set_sgid(node_gid(0));
+                p.set_dlid(dlid);
+                p.set_slid(node_lid(0));
+                p.set_reversible_numpath(true, 0);
+                p.set_pkey(0xffff);
+            } else {
+                reply[92..94].copy_from_slice(&0xc001u16.to_be_bytes());
+            }
+            self.inbox.reply(SaReply {
+                token,
+                umad_status: 0,
+                mad: reply,
+            });
+            true
+        }
+        fn answer(&mut self, a: &Answer) {
+            self.answers.lock().unwrap().push(*a);
+        }
+        fn count(&mut self, _ep: EpId, _c: Counter) {}
+        fn log(&mut self, _level: u8, _text: &str) {}
+        fn log_enabled(&self, _level: u8) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn misses_are_timed_to_their_answers_and_sa_queries_to_their_replies() {
+        let waker = Worker::new_waker();
+        let inbox = Arc::new(Inbox::new(64, 64, waker.clone()));
+        let cache: Arc<HostCache> = Arc::new(
+            PathCache::new(
+                PathSlot::boxed(256),
+                AddrSlot::boxed(64),
+                CacheConfig::default(),
+            )
+            .unwrap(),
+        );
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let sa_sent = Arc::new(Mutex::new(0));
+        let core = Core {
+            inbox: inbox.clone(),
+            answers: answers.clone(),
+            sa_sent: sa_sent.clone(),
+        };
+        let caps = Capacities {
+            requests: 64,
+            answer_reserve: 4,
+            pending: 16,
+            sa_inflight: 8,
+            addrs: 32,
+            endpoints: 4,
+            preloads: 4,
+        };
+        let make =
+            Box::new(move || Resolver::new(Config::default(), HeapStorage::new(caps), 7).ok());
+        let recorded = Arc::new(Mutex::new(Vec::new()));
+        let sink = {
+            let r = recorded.clone();
+            Box::new(move |ep: EpId, what: Latency, ns: u64| r.lock().unwrap().push((ep, what, ns)))
+        };
+        let clock = Clock::calibrated();
+        let mut plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch())
+            .unwrap()
+            .with_stats(clock, 64, sink);
+        inbox.control(Control::Open {
+            ep: EpId(0),
+            cache_ep: 0,
+            cfg: EpConfig {
+                port_gid: node_gid(0),
+                lid: node_lid(0),
+                pkey: 0xffff,
+                mtu: 4,
+                rate: 7,
+                subnet_timeout_ms: 1,
+                qpn: 0,
+            },
+            ud: None,
+            routes: Vec::new(),
+            addrs: Arc::new(Vec::new()),
+        });
+        let stamp = |class| {
+            Some(MissStamp {
+                at: clock.now(),
+                class,
+            })
+        };
+        // Two clients, the same tid; a third request not stamped (not timed).
+        let m = lid_msg(2, false, 42);
+        assert!(inbox.request_stamped(EpId(0), 0, 5, Kind::Resolve, &m, stamp(MissClass::Route)));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(inbox.request_stamped(EpId(0), 0, 6, Kind::Resolve, &m, stamp(MissClass::Route)));
+        assert!(inbox.request(EpId(0), 0, 7, Kind::Resolve, &lid_msg(3, false, 43)));
+        for _ in 0..100 {
+            plane.poll(Instant::now());
+            if answers.lock().unwrap().len() == 3 {
+                break;
+            }
+        }
+        let a = answers.lock().unwrap().clone();
+        assert_eq!(a.len(), 3, "{a:?}");
+        assert!(a.iter().all(|a| a.status == 0), "{a:?}");
+        let r = recorded.lock().unwrap().clone();
+        let of = |l: Latency| {
+            r.iter()
+                .filter(|x| x.1 == l)
+                .map(|x| x.2)
+                .collect::<Vec<_>>()
+        };
+        let misses = of(Latency::RouteMiss);
+        assert_eq!(misses.len(), 2, "{r:?}");
+        // Client 5 waited at least the 2 ms before client 6 came; both are under a second.
+        assert!(misses.iter().any(|&ns| ns >= 2_000_000), "{misses:?}");
+        assert!(misses.iter().all(|&ns| ns < 1_000_000_000), "{misses:?}");
+        assert!(of(Latency::AddrMiss).is_empty());
+        // Every SA MAD sent (paths; a join only with a UD QP) got its round trip.
+        assert_eq!(of(Latency::SaRtt).len(), *sa_sent.lock().unwrap(), "{r:?}");
+        assert!(!of(Latency::SaRtt).is_empty());
+        assert!(r.iter().all(|x| x.0 == EpId(0)));
+    }
+}
