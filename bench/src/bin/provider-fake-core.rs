@@ -6,10 +6,15 @@
 //!
 //! `provider-fake-core [--quick] [--sizes 1000,100000,1000000] [--poll-mode busy|adaptive|event]
 //! [--out DIR]` (`libacmrs.so` next to this executable).
+//!
+//! `--out DIR` (created up front) gets one `.hgrm` and one percentile plot (`.svg`, acmrs
+//! alone: the stock provider cannot run on a fake core) per measurement and size. Each size
+//! prints one progress line on stderr (on the parent's clock when `provider` runs this).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use acm_bench::{Args, LatencyHistogram, Table, XorShift};
+use acm_bench::plot::{write_percentile_svg, Series};
+use acm_bench::{progress, Args, LatencyHistogram, Table, XorShift};
 use acm_testkit::core::{self as fake, AutoSa, Record};
 use acm_testkit::host::{self, Host, Lib};
 use acm_testkit::request::PathRequest;
@@ -113,6 +118,12 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(out) = &args.out {
+        if let Err(e) = std::fs::create_dir_all(out) {
+            eprintln!("cannot create {}: {e}", out.display());
+            std::process::exit(1);
+        }
+    }
     let sizes: Vec<usize> = match args.value("--sizes") {
         Some(s) => match s.split(',').map(|v| v.trim().parse()).collect() {
             Ok(v) => v,
@@ -155,6 +166,9 @@ fn main() {
         "max ns",
     ]);
     for &size in &sizes {
+        progress(format_args!(
+            "fake core: {size} cached paths, {samples} samples ({poll_mode})"
+        ));
         let r = run_size(lib, size, samples, poll_mode);
         for (what, h) in [
             ("hit resolve()", &r.hit),
@@ -166,13 +180,24 @@ fn main() {
             row.extend(Table::latency_cells(&s));
             table.row(row);
             if let Some(out) = &args.out {
-                std::fs::create_dir_all(out).expect("--out dir");
                 let f = out.join(format!(
                     "provider-acmrs-{}-{}.hgrm",
                     what.replace([' ', '(', ')'], ""),
                     r.size
                 ));
                 h.write_hgrm(&f).expect("write .hgrm");
+                let svg = f.with_extension("svg");
+                let title = format!(
+                    "acmrs alone (fake core, instant SA): {what}, {} cached paths",
+                    r.size
+                );
+                let series = [Series {
+                    label: "acmrs",
+                    histogram: h,
+                }];
+                if let Err(e) = write_percentile_svg(&svg, &title, &series) {
+                    eprintln!("warning: cannot write {}: {e}", svg.display());
+                }
             }
         }
     }

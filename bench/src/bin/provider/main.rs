@@ -17,11 +17,16 @@
 //!
 //! `cargo run --release -p acm-bench --bin provider -- [--quick] [--daemon] [--out DIR]`
 //! (build `-p acm-plugin` and, for `--daemon`, `-p simverbs` with the same profile first).
+//!
+//! `--out DIR` (created up front) gets one `.hgrm` per histogram and a percentile plot
+//! (`.svg`, acmrs against stock in one picture; acmrs alone for the fake core) per
+//! measurement and size. Each phase prints one progress line on stderr.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use acm_bench::{Args, LatencyHistogram, Table};
+use acm_bench::plot::{write_percentile_svg, Series};
+use acm_bench::{progress, Args, LatencyHistogram, Table};
 use acm_testkit::request::PathRequest;
 use std::time::{Duration, Instant};
 
@@ -129,6 +134,12 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(out) = &args.out {
+        if let Err(e) = std::fs::create_dir_all(out) {
+            eprintln!("cannot create {}: {e}", out.display());
+            std::process::exit(1);
+        }
+    }
     let sizes: Vec<usize> = match args.value("--sizes") {
         Some(s) => match s.split(',').map(|v| v.trim().parse()).collect() {
             Ok(v) => v,
@@ -201,8 +212,12 @@ fn main() {
             "max ns",
         ]);
         let mut p50 = Vec::new();
+        let mut measured = Vec::new();
         for p in [acm_fabric::Provider::Stock, acm_fabric::Provider::Acmrs] {
             let name = p.name().to_string();
+            progress(format_args!(
+                "daemon mode: {name}: fabric + real ibacm, {n} hits over TCP"
+            ));
             match daemon_rtt(p, n) {
                 Ok(h) => {
                     let s = h.summary();
@@ -214,8 +229,32 @@ fn main() {
                         h.write_hgrm(&out.join(format!("provider-daemon-{name}-hit.hgrm")))
                             .unwrap();
                     }
+                    measured.push((name, h));
                 }
                 Err(e) => eprintln!("{name}: {e}"),
+            }
+        }
+        if let Some(out) = &args.out {
+            // acmrs first (blue), stock second (red), as in every plot of the benches.
+            let series: Vec<Series<'_>> = measured
+                .iter()
+                .rev()
+                .map(|(name, h)| Series {
+                    label: if name == "ibacmp" {
+                        "stock libibacmp"
+                    } else {
+                        name
+                    },
+                    histogram: h,
+                })
+                .collect();
+            let f = out.join("provider-daemon-hit.svg");
+            if let Err(e) = write_percentile_svg(
+                &f,
+                "real ibacm daemon, cache-hit round trip over TCP",
+                &series,
+            ) {
+                eprintln!("warning: cannot write {}: {e}", f.display());
             }
         }
         println!(
@@ -257,6 +296,9 @@ fn fake_core_run(args: &Args, sizes: &[usize]) {
     if let Some(out) = &args.out {
         cmd.arg("--out").arg(out);
     }
+    // The child's progress lines continue this process's clock.
+    let (k, v) = acm_bench::progress_env();
+    cmd.env(k, v);
     match cmd.status() {
         Ok(s) if s.success() => {}
         Ok(s) => {

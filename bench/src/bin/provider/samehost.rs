@@ -9,8 +9,13 @@
 //! each answers (stock: after its multicast join through our SA service), then measures
 //! `resolve()` → `acm_resolve_response` latency on cache hits (route preload
 //! `opensm_full_v1`) and misses (answered by OpenSM's SA over the simulated fabric).
+//!
+//! With `--out DIR` the child writes one `.hgrm` per provider, measurement and size and one
+//! percentile plot (`.svg`, acmrs against stock) per measurement and size. Parent and child
+//! print one progress line per phase on stderr, on the parent's clock.
 
-use acm_bench::{LatencyHistogram, Summary, Table, XorShift};
+use acm_bench::plot::{write_percentile_svg, Series};
+use acm_bench::{progress, LatencyHistogram, Summary, Table, XorShift};
 use acm_testkit::core::{self as fake, Record};
 use acm_testkit::host::provider_table;
 use acm_testkit::request::{gid, path_of, PathRequest};
@@ -97,6 +102,11 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         return Err(format!("{STOCK_LIB} missing: apt-get install ibacm"));
     }
     let t0 = Instant::now();
+    progress(format_args!(
+        "bringing up ibsim + OpenSM on {} ({} HCAs, {switches} switches)",
+        cfg.topology,
+        hcas.len()
+    ));
     let fabric = Fabric::builder(topo, [host.as_str()])
         .start_daemons(false)
         .name_prefix("bench-samehost")
@@ -115,6 +125,10 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         fabric.name()
     );
     for &size in &cfg.sizes {
+        progress(format_args!(
+            "size {size}: measuring child starts (both providers, {} hits each)",
+            cfg.hit_samples
+        ));
         let dir = fabric.scratch().join(format!("bench-{size}"));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let mut cmd = std::process::Command::new(&exe);
@@ -136,6 +150,9 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .env("IBSIM_SOCKNAME", fabric.name())
             .env("SIM_HOST", &host)
             .env("SIMVERBS_SHM_DIR", &dir);
+        // The child's progress lines continue this process's clock.
+        let (k, v) = acm_bench::progress_env();
+        cmd.env(k, v);
         let child = cmd.spawn().map_err(|e| format!("spawn child: {e}"))?;
         let mut guard = ChildGuard(child);
         let deadline = Instant::now() + Duration::from_secs(600);
@@ -495,15 +512,17 @@ pub fn child(args: &[String]) -> Result<(), String> {
         let e = unsafe { CStr::from_ptr(info.error.as_ptr()) };
         return Err(format!("host core: {}", e.to_string_lossy()));
     }
-    let sa_sent = || {
+    // SA MADs sent, replies received, replies without a pending request.
+    let sa_stats = || {
         let mut v = [0u64; 3];
         // SAFETY: acmbench_host_stats(uint64_t out[3]).
         unsafe {
             let f: extern "C" fn(*mut u64) = std::mem::transmute(stats);
             f(v.as_mut_ptr());
         }
-        v[0]
+        v
     };
+    let sa_sent = || sa_stats()[0];
     let lid = info.lid;
     let local_guid = u64::from_be_bytes(info.gid0[8..].try_into().unwrap_or([0; 8]));
     // 2. The route dump and the two opts files.
@@ -551,6 +570,9 @@ pub fn child(args: &[String]) -> Result<(), String> {
         id_string,
         type_: ACM_ADDRESS_NAME,
     };
+    progress(format_args!(
+        "child {entries}: host core up (LID {lid}); opening stock and acmrs"
+    ));
     let t_open = Instant::now();
     let provs = [
         open_provider("stock", stock, dev, port, ep, &addr)?,
@@ -592,12 +614,44 @@ pub fn child(args: &[String]) -> Result<(), String> {
         }
         ready_ms[k] = t_open.elapsed().as_millis();
     }
+    // 4b. Joined and SA quiet: each provider joins its ACM multicast group once
+    // (`addr_prot acm`; one MCMemberRecord SET each). Stock answers nothing before its join;
+    // acmrs answers its preload inside resolve() as soon as it is inserted and joins from its
+    // dataplane thread, which can be after the probes above (then that MAD fell into the hit
+    // phase, which fails on any SA MAD). Wait until both joins went out, every SA MAD got its
+    // reply and none was sent for 200 ms.
+    let t_quiet = Instant::now();
+    let (mut last, mut since) = (sa_stats(), Instant::now());
+    let sa_at_ready = last[0];
+    let joins = provs.len() as u64;
+    while last[0] < joins || last[1] < last[0] || since.elapsed() < Duration::from_millis(200) {
+        if t_quiet.elapsed() > Duration::from_secs(30) {
+            return Err(format!(
+                "SA not quiet 30 s after ready (MADs sent {}, replies {}; {joins} joins expected)",
+                last[0], last[1]
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        let now = sa_stats();
+        if now[0] != last[0] {
+            since = Instant::now();
+        }
+        last = now;
+    }
+    let sa_after_ready = last[0] - sa_at_ready;
+    progress(format_args!(
+        "child {entries}: ready (stock {} ms, acmrs {} ms); {} hits per provider",
+        ready_ms[0], ready_ms[1], a.hit_samples
+    ));
     // 5. Hits: random preloaded destinations, by LID and by GID alternately, the two
     // providers interleaved (alternating who goes first).
     let mut hits = [LatencyHistogram::new(), LatencyHistogram::new()];
     let mut inline_hits = [0usize; 2];
     let mut rng = XorShift::new(0x5eed ^ a.size as u64);
     let sa_before = sa_sent();
+    let t_hits = Instant::now();
+    // The first hit call during which an SA MAD left (the failure message names it).
+    let mut first_sa = None;
     for s in 0..a.hit_samples {
         let dlid = FAKE_BASE_LID + rng.below(u64::from(dlids)) as u16;
         let by_gid = s % 2 == 1;
@@ -605,7 +659,17 @@ pub fn child(args: &[String]) -> Result<(), String> {
         for k in [s % 2, 1 - s % 2] {
             tid += 1;
             let mut m = path_msg(tid, lid, dlid, dgid);
+            let sa0 = sa_sent();
             let ans = resolve_timed(&provs[k], &mut m, Duration::from_secs(5))?;
+            if first_sa.is_none() && sa_sent() != sa0 {
+                first_sa = Some(format!(
+                    "first during {} hit {s} (dlid {dlid}, by gid {by_gid}, inline {}) \
+                     {} ms into the hits",
+                    provs[k].name,
+                    ans.inline,
+                    t_hits.elapsed().as_millis()
+                ));
+            }
             let got_dlid = u16::from_be_bytes([ans.path[40], ans.path[41]]);
             if ans.status != 0 || got_dlid != dlid {
                 return Err(format!(
@@ -620,7 +684,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
     let sa_during_hits = sa_sent() - sa_before;
     if sa_during_hits != 0 {
         return Err(format!(
-            "{sa_during_hits} SA MADs during the hit phase: those were not cache hits"
+            "{sa_during_hits} SA MADs during the hit phase: those were not cache hits ({})",
+            first_sa.as_deref().unwrap_or("between two calls")
         ));
     }
     // 6. Misses: every real LID of the fabric (HCAs and switches), once per provider, answered
@@ -634,6 +699,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
     let mut failed = [0usize; 2];
     let mut cached = [0usize; 2];
     let mut dgids = Vec::new();
+    progress(format_args!(
+        "child {entries}: hits done; misses by LID to {} destinations (OpenSM SA)",
+        a.max_lid - 1
+    ));
     let sa_before = sa_sent();
     for dlid in 1..=a.max_lid {
         if dlid == lid {
@@ -662,6 +731,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
             }
         }
     }
+    progress(format_args!(
+        "child {entries}: misses by GID to {} destinations",
+        dgids.len()
+    ));
     for (i, g) in dgids.iter().enumerate() {
         for k in [i % 2, 1 - i % 2] {
             tid += 1;
@@ -685,7 +758,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
     println!(
         "### {entries} cached paths ({dlids} preloaded DLIDs x LID+GID entries; requested {})\n\n\
          acmrs_poll_mode {}; ready after open: stock {} ms, acmrs {} ms; \
-         SA MADs during hits: {sa_during_hits}, during misses: {sa_during_misses}; \
+         SA MADs after ready (before hits): {sa_after_ready}; SA MADs during hits: {sa_during_hits}, during misses: {sa_during_misses}; \
          failed misses: stock {}, acmrs {}; miss requests answered without an SA query: \
          stock {}, acmrs {}; hits answered inside resolve(): stock {}, acmrs {}\n",
         a.size,
@@ -727,6 +800,27 @@ pub fn child(args: &[String]) -> Result<(), String> {
                 let f = out.join(format!("samehost-{}-{tag}-{entries}.hgrm", o.name));
                 hs[k].write_hgrm(&f).map_err(|e| e.to_string())?;
             }
+        }
+        if let Some(out) = &a.out {
+            // acmrs first (blue), stock second (red), as in every plot of the benches.
+            let f = out.join(format!("samehost-{tag}-{entries}.svg"));
+            let title =
+                format!("resolve(), {what}, {entries} cached paths (same process, same fabric)");
+            write_percentile_svg(
+                &f,
+                &title,
+                &[
+                    Series {
+                        label: "acmrs",
+                        histogram: &hs[1],
+                    },
+                    Series {
+                        label: "stock libibacmp",
+                        histogram: &hs[0],
+                    },
+                ],
+            )
+            .map_err(|e| format!("{}: {e}", f.display()))?;
         }
         let r = |x: f64, y: f64| {
             if y > 0.0 {
