@@ -1061,3 +1061,66 @@ fn main() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_request_is_what_libacm_sends() {
+        let m = name_request(0x1234, "hca3", "hca4-17");
+        assert_eq!(m.len(), HDR_LEN + 2 * 72);
+        let v = AcmMsg::new_checked(&m[..]).unwrap();
+        assert_eq!(v.version(), ACM_VERSION);
+        assert_eq!(v.opcode(), Opcode::Resolve);
+        assert_eq!(usize::from(v.length()), m.len());
+        assert_eq!(v.tid(), 0x1234);
+        // The codec's own request check: a destination request with a source entry.
+        v.check_resolve().unwrap();
+        let r = AcmMsgRepr::parse(&v).unwrap();
+        let (src, dst) = (r.entries()[0], r.entries()[1]);
+        assert_eq!(
+            (src.flags, src.info_type),
+            (EP_FLAG_SOURCE, EpInfoType::Name)
+        );
+        assert_eq!((dst.flags, dst.info_type), (EP_FLAG_DEST, EpInfoType::Name));
+        assert_eq!(&src.info[..5], b"hca3\0");
+        assert_eq!(&dst.info[..8], b"hca4-17\0");
+        assert!(dst.info[8..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn long_names_keep_a_terminating_nul() {
+        let long = "n".repeat(80);
+        let m = name_request(1, "hca3", &long);
+        let r = AcmMsgRepr::parse(&AcmMsg::new_checked(&m[..]).unwrap()).unwrap();
+        assert_eq!(r.entries()[1].info[MAX_ADDRESS - 1], 0);
+        assert_eq!(r.entries()[1].info[MAX_ADDRESS - 2], b'n');
+    }
+
+    #[test]
+    fn ratios_and_medians() {
+        assert_eq!(ratio(2.0, 1.0), "2.00×");
+        assert_eq!(ratio(1.0, 0.0), "—");
+        assert_eq!(ratio(1.0, f64::NAN), "—");
+        assert_eq!(ratio(1.0, 5000.0), "2.0e-4×");
+        let d = |ms| Duration::from_millis(ms);
+        assert_eq!(median(&[d(3), d(1), d(2)]), d(2));
+        assert_eq!(median(&[]), Duration::ZERO);
+    }
+
+    #[test]
+    fn plan_sizes_the_name_pool() {
+        let p = Plan {
+            opts: Vec::new(),
+            log_level: "0".into(),
+            rounds: 2,
+            singles: 40,
+            bursts: vec![(1, 5), (10, 2), (100, 1)],
+            hit_passes: 2,
+        };
+        assert_eq!(p.names_per_fabric(), 2 * (40 + 5 + 20 + 100));
+        assert_eq!(list(Some("1, 10,100"), &[]).unwrap(), [1, 10, 100]);
+        assert!(list(Some("1,x"), &[]).is_err());
+    }
+}
