@@ -25,7 +25,7 @@ use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -34,6 +34,10 @@ pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
 /// How many queue entries one round takes from each source at most (bursts).
 pub const BURST: usize = 64;
+
+/// Received MADs taken from one endpoint's CQ per round at most (its poll budget is
+/// `recv_depth + send_depth` completions; the buffer grows past this only if that is larger).
+const RX_BURST: usize = 1024;
 
 /// One endpoint's UD queue pair, as the loop uses it.
 pub trait Ud: Send {
@@ -49,6 +53,23 @@ pub trait Ud: Send {
     fn arm(&mut self) -> Option<RawFd>;
     /// Consumes pending completion events (non-blocking).
     fn ack_events(&mut self);
+    /// What the QP dropped or repaired so far (logged by the loop as it changes).
+    fn health(&self) -> UdHealth {
+        UdHealth::default()
+    }
+}
+
+/// Running totals of what a UD QP dropped or repaired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdHealth {
+    /// Datagrams shorter than a MAD (dropped).
+    pub short: u64,
+    /// Receive completions in error.
+    pub recv_errors: u64,
+    /// Sends that failed (no buffer, no address handle, verbs error).
+    pub send_errors: u64,
+    /// Times the QP was recycled after entering the error state.
+    pub qp_resets: u64,
 }
 
 /// What the ibacm core does for the loop.
@@ -79,8 +100,9 @@ pub struct Request {
     pub client: u64,
     /// Call kind.
     pub kind: Kind,
-    /// Number of control messages pushed before this request (they apply first).
-    pub ctl_seq: u64,
+    /// Its place in the main thread's order of requests and control messages: the loop
+    /// applies every control message with a smaller ticket first, and none with a larger one.
+    pub ticket: u64,
     /// Valid length of `msg`.
     pub len: u16,
     /// A copy of the client message (the core's buffer dies when the call returns).
@@ -161,8 +183,13 @@ pub struct Inbox {
     pub requests: ArrayQueue<Request>,
     /// SA replies (SA thread → loop).
     pub replies: ArrayQueue<SaReply>,
-    control: Mutex<VecDeque<Control>>,
+    control: Mutex<VecDeque<(u64, u64, Control)>>,
     control_pushed: AtomicU64,
+    /// One counter for requests and control messages, in the order the main thread (their
+    /// only producer) queued them.
+    tickets: AtomicU64,
+    /// Set when the loop can no longer resolve anything (it still answers, with errors).
+    stopped: AtomicBool,
     /// Control messages the loop has applied (their outputs carried out).
     control_applied: AtomicU64,
     /// Requests refused because the queue was full.
@@ -181,6 +208,8 @@ impl Inbox {
             replies: ArrayQueue::new(replies.max(1)),
             control: Mutex::new(VecDeque::new()),
             control_pushed: AtomicU64::new(0),
+            tickets: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
             control_applied: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
             reply_drops: AtomicU64::new(0),
@@ -191,10 +220,17 @@ impl Inbox {
     /// Queues a control message and wakes the loop (main thread). Returns its sequence
     /// number: it has been applied once [`Inbox::controls_applied`] reaches it.
     pub fn control(&self, c: Control) -> u64 {
-        lock(&self.control).push_back(c);
+        let ticket = self.tickets.fetch_add(1, Ordering::AcqRel);
         let seq = self.control_pushed.fetch_add(1, Ordering::AcqRel) + 1;
+        lock(&self.control).push_back((ticket, seq, c));
         self.waker.wake();
         seq
+    }
+
+    /// Whether the loop has given up resolving (after a failure it could not recover from):
+    /// it still answers every request, with an error.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
     }
 
     /// How many control messages the loop has applied so far.
@@ -226,7 +262,7 @@ impl Inbox {
             cache_ep,
             client,
             kind,
-            ctl_seq: self.control_pushed.load(Ordering::Acquire),
+            ticket: self.tickets.fetch_add(1, Ordering::AcqRel),
             len: n as u16,
             msg: copy,
             stamp,
@@ -279,6 +315,22 @@ pub struct Plane<I: CoreIo> {
     epoch: Instant,
     controls_applied: u64,
     last_stats: Stats,
+    /// Running totals of the QPs' drops, per endpoint, as last logged.
+    last_health: Vec<UdHealth>,
+    /// When drops were last logged (ms): at most one set of lines per second, so a remote
+    /// node sending garbage cannot flood the core's log; every drop is counted anyway.
+    last_drop_log: Millis,
+    /// A request taken from the queue and not yet known to the resolver or answered: if the
+    /// resolver panics with it, `recover` answers it.
+    in_hand: Option<Request>,
+    /// A request taken from the queue that must wait for a control message queued before it.
+    held: Option<Request>,
+    /// Received MADs of one endpoint's burst (allocated once): each is given to the resolver
+    /// and its outputs carried out before the next (the resolver's rule).
+    rx: Vec<(RecvMeta, [u8; 256])>,
+    /// No resolver any more (it could not be rebuilt after a panic): answer everything with
+    /// ENODATA until the shutdown.
+    dead: bool,
     done: bool,
     stats: Option<LoopStats>,
 }
@@ -334,6 +386,12 @@ impl<I: CoreIo> Plane<I> {
             epoch,
             controls_applied: 0,
             last_stats: Stats::default(),
+            last_health: vec![UdHealth::default(); MAX_EPS],
+            last_drop_log: 0,
+            in_hand: None,
+            held: None,
+            rx: Vec::with_capacity(RX_BURST),
+            dead: false,
             done: false,
             stats: None,
         })
@@ -361,20 +419,51 @@ impl<I: CoreIo> Plane<I> {
         t.saturating_duration_since(self.epoch).as_millis() as Millis
     }
 
-    fn apply_controls(&mut self, now: Millis) -> bool {
-        let mut did = false;
-        loop {
-            let c = lock(&self.inbox.control).pop_front();
-            let Some(c) = c else { break };
-            did = true;
-            self.controls_applied += 1;
+    /// The ticket of the next control message, if any.
+    fn next_control(&self) -> Option<u64> {
+        lock(&self.inbox.control).front().map(|(t, _, _)| *t)
+    }
+
+    /// Applies the next control message (false if there is none).
+    fn apply_control(&mut self, now: Millis) -> bool {
+        let c = lock(&self.inbox.control).pop_front();
+        let Some((_, seq, c)) = c else {
+            return false;
+        };
+        self.controls_applied = seq;
+        if self.dead {
+            // Nothing to resolve with: only the shutdown and the endpoints' QPs matter.
+            match c {
+                Control::Shutdown => self.done = true,
+                Control::Close(ep) => self.eps[usize::from(ep.0)] = None,
+                _ => {}
+            }
+        } else {
             self.apply(c, now);
             self.drain_outputs(now);
-            self.inbox
-                .control_applied
-                .store(self.controls_applied, Ordering::Release);
         }
-        did
+        self.inbox.control_applied.store(seq, Ordering::Release);
+        true
+    }
+
+    /// The next request or control message in the main thread's order (a request is held
+    /// back while a control message queued before it waits): `Some(Some(request))`,
+    /// `Some(None)` when a control message was applied, `None` when both queues are empty.
+    fn next_input(&mut self, now: Millis) -> Option<Option<Request>> {
+        let r = self.held.take().or_else(|| self.inbox.requests.pop());
+        match (r, self.next_control()) {
+            (Some(r), Some(t)) if t < r.ticket => {
+                self.held = Some(r);
+                self.apply_control(now);
+                Some(None)
+            }
+            (Some(r), _) => Some(Some(r)),
+            (None, Some(_)) => {
+                self.apply_control(now);
+                Some(None)
+            }
+            (None, None) => None,
+        }
     }
 
     fn apply(&mut self, c: Control, now: Millis) {
@@ -450,7 +539,7 @@ impl<I: CoreIo> Plane<I> {
                 self.resolver.shutdown(now, &self.cache);
                 self.drain_outputs(now);
                 // Requests still queued get their one answer too.
-                while let Some(r) = self.inbox.requests.pop() {
+                while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
                     self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
                 }
                 for e in self.eps.iter_mut() {
@@ -543,6 +632,13 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Answer(a) => {
+                    if self
+                        .in_hand
+                        .as_ref()
+                        .is_some_and(|r| r.client == a.client && r.msg[8..16] == a.msg[8..16])
+                    {
+                        self.in_hand = None;
+                    }
                     // A stamped request's latency runs up to the hand-off to the core; the
                     // bookkeeping waits until the client has its answer.
                     let end = self.stats.as_ref().map(|s| s.clock.now());
@@ -593,12 +689,48 @@ impl<I: CoreIo> Plane<I> {
         }
     }
 
-    /// Logs what the resolver dropped since the last round (reason and running total).
-    fn log_drops(&mut self) {
+    /// Logs what the resolver and the QPs dropped since the last lines (reason, how many,
+    /// running total), at most once a second.
+    fn log_drops(&mut self, now: Millis) {
+        if self.last_drop_log != 0 && now < self.last_drop_log.saturating_add(1000) {
+            return;
+        }
+        for i in 0..self.eps.len() {
+            let Some(h) = self.eps[i]
+                .as_ref()
+                .and_then(|e| e.ud.as_ref())
+                .map(|u| u.health())
+            else {
+                continue;
+            };
+            let l = self.last_health[i];
+            if h == l {
+                continue;
+            }
+            for (name, now_v, before) in [
+                ("datagram shorter than a MAD dropped", h.short, l.short),
+                ("receive completion in error", h.recv_errors, l.recv_errors),
+                ("ACM send failed", h.send_errors, l.send_errors),
+                ("UD QP recycled after an error", h.qp_resets, l.qp_resets),
+            ] {
+                if now_v > before {
+                    self.io.log(
+                        0,
+                        &format!(
+                            "ERROR - endpoint {i}: {name}: {} (total {now_v})",
+                            now_v - before
+                        ),
+                    );
+                }
+            }
+            self.last_health[i] = h;
+            self.last_drop_log = now.max(1);
+        }
         let s = self.resolver.stats();
         if s == self.last_stats {
             return;
         }
+        self.last_drop_log = now.max(1);
         let l = self.last_stats;
         for (name, now, before) in [
             (
@@ -629,6 +761,12 @@ impl<I: CoreIo> Plane<I> {
                 l.malformed,
             ),
             ("query timed out (ETIMEDOUT)", s.timeouts, l.timeouts),
+            (
+                "ACM request with no group in common dropped",
+                s.acm_no_group,
+                l.acm_no_group,
+            ),
+            ("answer with no free slot lost", s.lost, l.lost),
         ] {
             if now > before {
                 self.io.log(
@@ -641,13 +779,48 @@ impl<I: CoreIo> Plane<I> {
     }
 }
 
+impl<I: CoreIo> Plane<I> {
+    /// A round without a resolver: control messages (the shutdown, closes) and every request
+    /// answered ENODATA, SA replies and received MADs dropped.
+    fn poll_dead(&mut self, now: Millis) -> PollOutcome {
+        let mut did = false;
+        for _ in 0..BURST {
+            let Some(input) = self.next_input(now) else {
+                break;
+            };
+            did = true;
+            if let Some(r) = input {
+                self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+            }
+            if self.done {
+                while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
+                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                }
+                return PollOutcome::default();
+            }
+        }
+        while self.inbox.replies.pop().is_some() {
+            did = true;
+        }
+        for e in self.eps.iter_mut().flatten() {
+            if let Some(ud) = e.ud.as_mut() {
+                did |= ud.poll(&mut |_, _| {}) > 0;
+            }
+        }
+        PollOutcome {
+            did_work: did,
+            next_deadline: None,
+        }
+    }
+}
+
 impl<I: CoreIo> Poller for Plane<I> {
     fn poll(&mut self, t: Instant) -> PollOutcome {
         let now = self.ms(t);
-        let mut did = self.apply_controls(now);
-        if self.done {
-            return PollOutcome::default();
+        if self.dead {
+            return self.poll_dead(now);
         }
+        let mut did = false;
         for _ in 0..BURST {
             let Some(r) = self.inbox.replies.pop() else {
                 break;
@@ -662,64 +835,71 @@ impl<I: CoreIo> Poller for Plane<I> {
                 .handle_sa(now, &self.cache, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
         }
+        // Requests and control messages in the order the main thread queued them: a request
+        // never sees an endpoint, address or generation the main thread changed after it, nor
+        // misses one changed before it.
         for _ in 0..BURST {
-            let Some(r) = self.inbox.requests.pop() else {
+            let Some(input) = self.next_input(now) else {
                 break;
             };
             did = true;
-            if r.ctl_seq > self.controls_applied {
-                // Control messages the main thread queued before this request apply first.
-                self.apply_controls(now);
-                if self.done {
+            if self.done {
+                if let Some(r) = input {
                     self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
-                    return PollOutcome::default();
                 }
+                return PollOutcome::default();
             }
+            let Some(r) = input else {
+                continue;
+            };
             if let (Some(s), Some(st), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
                 let key = client_key(r.client, &r.msg);
                 LoopStats::remember(&s.clock, &mut s.misses, key, st.at, (r.ep, st.class));
             }
+            // In hand until the resolver has it: a panic inside `request` must not lose it.
+            let r = self.in_hand.insert(r);
+            let (ep, cache_ep, client, kind, len) = (r.ep, r.cache_ep, r.client, r.kind, r.len);
+            let msg = r.msg;
             self.resolver.request(
                 now,
                 &self.cache,
-                r.ep,
-                r.cache_ep,
-                r.client,
-                r.kind,
-                &r.msg[..usize::from(r.len)],
+                ep,
+                cache_ep,
+                client,
+                kind,
+                &msg[..usize::from(len)],
             );
+            self.in_hand = None;
             self.drain_outputs(now);
         }
-        let mut received = 0;
-        {
-            // Split borrows: the QPs hand their MADs straight to the resolver (no copy, no
-            // allocation); the outputs are carried out after the burst (the resolver's output
-            // state never overflows).
-            let Plane {
-                resolver,
-                eps,
-                cache,
-                ..
-            } = self;
-            for (i, e) in eps.iter_mut().enumerate() {
-                let Some(ud) = e.as_mut().and_then(|e| e.ud.as_mut()) else {
-                    continue;
-                };
-                received += ud.poll(&mut |m, b| {
-                    resolver.handle_acm(now, cache, EpId(i as u8), m, &b[..]);
-                });
+        if self.done {
+            return PollOutcome::default();
+        }
+        for i in 0..self.eps.len() {
+            let Some(ud) = self.eps[i].as_mut().and_then(|e| e.ud.as_mut()) else {
+                continue;
+            };
+            // The burst is copied out of the QP (its receive buffers are re-posted at once),
+            // then each MAD is given to the resolver and its outputs carried out before the
+            // next: a response the resolver owes a peer must go out before that peer's next
+            // request can replace it.
+            let mut rx = std::mem::take(&mut self.rx);
+            rx.clear();
+            ud.poll(&mut |m, b| rx.push((*m, *b)));
+            for (m, b) in &rx {
+                did = true;
+                self.resolver
+                    .handle_acm(now, &self.cache, EpId(i as u8), m, &b[..]);
+                self.drain_outputs(now);
             }
-        }
-        if received > 0 {
-            did = true;
-            self.drain_outputs(now);
+            self.rx = rx;
         }
         if self.resolver.poll_timeout().is_some_and(|at| at <= now) {
             did = true;
             self.resolver.handle_timeout(now, &self.cache);
             self.drain_outputs(now);
         }
-        self.log_drops();
+        self.log_drops(now);
         PollOutcome {
             did_work: did,
             next_deadline: self
@@ -734,8 +914,10 @@ impl<I: CoreIo> Poller for Plane<I> {
     }
 
     /// After a caught panic: the resolver's state cannot be trusted, so it is answered out
-    /// (every request it holds gets ENODATA once, as at shutdown, if that still works) and
-    /// replaced by a fresh one with the same endpoints, addresses and preloads.
+    /// (every request it holds gets ENODATA once, as at shutdown, if that still works; the
+    /// request that was in hand when it panicked too, unless that one was answered) and
+    /// replaced by a fresh one with the same endpoints, addresses and preloads. If no fresh
+    /// one can be had, the loop goes on without one, answering everything ENODATA.
     fn recover(&mut self, message: &str) {
         self.io.log(
             0,
@@ -753,14 +935,26 @@ impl<I: CoreIo> Poller for Plane<I> {
                 "ERROR - the resolver could not answer its requests after the panic",
             );
         }
+        if let Some(r) = self.in_hand.take() {
+            // Not answered by the shutdown above (drain_outputs clears it when its answer goes).
+            self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+        }
         if let Some(s) = self.stats.as_mut() {
             // What the old resolver held and did not answer will never be answered.
             s.misses.clear();
             s.sa.clear();
         }
-        let Some(fresh) = (self.make_resolver)() else {
-            self.io.log(0, "ERROR - no new resolver; stopping");
-            self.done = true;
+        let fresh =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.make_resolver)()))
+                .ok()
+                .flatten();
+        let Some(fresh) = fresh else {
+            self.io.log(
+                0,
+                "ERROR - no new resolver: every request is answered ENODATA from now on",
+            );
+            self.dead = true;
+            self.inbox.stopped.store(true, Ordering::Release);
             return;
         };
         self.resolver = fresh;
@@ -821,5 +1015,15 @@ impl Ud for crate::verbs::UdEndpoint {
 
     fn ack_events(&mut self) {
         while self.ack_event() {}
+    }
+
+    fn health(&self) -> UdHealth {
+        let s = self.stats();
+        UdHealth {
+            short: s.recv_short,
+            recv_errors: s.recv_errors,
+            send_errors: s.send_errors + s.no_buffer,
+            qp_resets: s.qp_resets,
+        }
     }
 }

@@ -1045,7 +1045,10 @@ impl UdEndpoint {
                         src_qp: wc.src_qp,
                         sl: wc.sl,
                         dlid_path_bits: wc.dlid_path_bits,
-                        pkey_index: wc.pkey_index,
+                        // `wc.pkey_index` is defined for GSI QPs only (ibv_poll_cq(3)); a UD
+                        // QP accepts only packets of its own P_Key (the HCA checks the BTH
+                        // P_Key against the QP's), so a MAD here is on our partition.
+                        pkey_index: self.cfg.pkey_index,
                         ep_pkey_index: self.cfg.pkey_index,
                         grh_sgid: sgid,
                     };

@@ -161,6 +161,36 @@ struct Node {
 }
 
 fn node(me: usize, wire: &Wire, refuse_sa: bool) -> Node {
+    node_with(me, wire, refuse_sa, usize::MAX)
+}
+
+/// The endpoint-open message of node `me` on `wire`.
+fn open_msg(me: usize, wire: &Wire) -> Control {
+    Control::Open {
+        ep: EpId(0),
+        cache_ep: 0,
+        cfg: EpConfig {
+            port_gid: node_gid(me),
+            lid: node_lid(me),
+            pkey: 0xffff,
+            mtu: 4,
+            rate: 7,
+            subnet_timeout_ms: 1,
+            qpn: 100 + me as u32,
+        },
+        ud: Some(Box::new(MemUd {
+            me,
+            wire: wire.clone(),
+            attached: false,
+        })),
+        routes: Vec::new(),
+        addrs: Arc::new(Vec::new()),
+    }
+}
+
+/// A node whose plane can build `resolvers` resolvers (the first at start, the rest after
+/// caught panics).
+fn node_with(me: usize, wire: &Wire, refuse_sa: bool, resolvers: usize) -> Node {
     let waker = Worker::new_waker();
     let inbox = Arc::new(Inbox::new(64, 64, waker.clone()));
     let cache: Arc<HostCache> = Arc::new(
@@ -187,28 +217,16 @@ fn node(me: usize, wire: &Wire, refuse_sa: bool) -> Node {
         endpoints: 4,
         preloads: 4,
     };
-    let make = Box::new(move || Resolver::new(Config::default(), HeapStorage::new(caps), 7).ok());
-    let plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch()).unwrap();
-    inbox.control(Control::Open {
-        ep: EpId(0),
-        cache_ep: 0,
-        cfg: EpConfig {
-            port_gid: node_gid(me),
-            lid: node_lid(me),
-            pkey: 0xffff,
-            mtu: 4,
-            rate: 7,
-            subnet_timeout_ms: 1,
-            qpn: 100 + me as u32,
-        },
-        ud: Some(Box::new(MemUd {
-            me,
-            wire: wire.clone(),
-            attached: false,
-        })),
-        routes: Vec::new(),
-        addrs: Arc::new(Vec::new()),
+    let left = std::sync::atomic::AtomicUsize::new(resolvers);
+    let make = Box::new(move || {
+        let n = left.load(std::sync::atomic::Ordering::Relaxed);
+        left.store(n.saturating_sub(1), std::sync::atomic::Ordering::Relaxed);
+        (n > 0)
+            .then(|| Resolver::new(Config::default(), HeapStorage::new(caps), 7).ok())
+            .flatten()
     });
+    let plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch()).unwrap();
+    inbox.control(open_msg(me, wire));
     inbox.control(Control::AddAddress {
         ep: EpId(0),
         cache_ep: 0,
@@ -275,27 +293,112 @@ fn a_name_resolves_across_two_planes_over_the_in_memory_network() {
 }
 
 #[test]
-fn control_messages_apply_before_later_requests() {
+fn requests_and_control_messages_keep_the_main_threads_order() {
     let wire: Wire = Arc::default();
-    let mut nodes = [node(0, &wire, false)];
-    // Queued right after the AddAddress of the node's own name (same thread, as the core's
-    // main thread does): the loopback answer needs that address, so the control message must
-    // be applied first even though the request sits in another queue.
-    let msg = name_msg("node0", Some("node0"), false, 9);
+    let mut nodes = [node(0, &wire, false), node(1, &wire, false)];
+    run(&mut nodes, |_| false);
+    // A request for node1's name, then the endpoint is closed and opened again, all queued
+    // before the loop runs (as the core's main thread can do between two rounds). The request
+    // belongs to the endpoint that was closed: it is answered ENODATA by the close, not
+    // resolved over the reopened endpoint (which a loop applying control messages first
+    // would do).
+    let msg = name_msg("node1", Some("node0"), false, 0x51);
+    assert!(nodes[0].inbox.request(EpId(0), 0, 7, Kind::Resolve, &msg));
+    nodes[0].inbox.control(Control::Close(EpId(0)));
+    nodes[0].inbox.control(open_msg(0, &wire));
+    nodes[0].inbox.control(Control::AddAddress {
+        ep: EpId(0),
+        cache_ep: 0,
+        type_: 1,
+        addr: name_bytes("node0"),
+    });
+    // And an address added before a request is in effect for it.
     nodes[0].inbox.control(Control::AddAddress {
         ep: EpId(0),
         cache_ep: 0,
         type_: 1,
         addr: name_bytes("alias0"),
     });
-    let alias = name_msg("alias0", Some("node0"), false, 10);
-    assert!(nodes[0].inbox.request(EpId(0), 0, 1, Kind::Resolve, &msg));
-    assert!(nodes[0].inbox.request(EpId(0), 0, 2, Kind::Resolve, &alias));
+    let alias = name_msg("alias0", Some("node0"), false, 0x52);
+    assert!(nodes[0].inbox.request(EpId(0), 0, 8, Kind::Resolve, &alias));
     assert!(run(&mut nodes, |n| answers(&n[0]).len() == 2));
-    for a in answers(&nodes[0]) {
-        assert_eq!(a.status, 0, "loopback answered");
-        assert_eq!(dlid_of(&a), node_lid(0));
+    run(&mut nodes, |_| false);
+    let a = answers(&nodes[0]);
+    assert_eq!(a.len(), 2, "one answer each");
+    let by = |c: u64| a.iter().find(|a| a.client == c).unwrap();
+    assert_eq!(by(7).status, 3, "the closed endpoint's request: ENODATA");
+    assert_eq!(
+        (by(8).status, dlid_of(by(8))),
+        (0, node_lid(0)),
+        "loopback of the new address"
+    );
+}
+
+#[test]
+fn a_burst_of_requests_from_one_peer_gets_every_response() {
+    let wire: Wire = Arc::default();
+    let mut nodes = [node(0, &wire, false), node(1, &wire, false)];
+    nodes[0].inbox.control(Control::AddAddress {
+        ep: EpId(0),
+        cache_ep: 0,
+        type_: 1,
+        addr: name_bytes("alias0"),
+    });
+    // Let both join their group first.
+    run(&mut nodes, |_| false);
+    // node1 asks for both of node0's names in one round: node0 receives both requests in
+    // one burst from its QP and owes node1 two responses.
+    for (c, name) in [(1u64, "node0"), (2, "alias0")] {
+        let m = name_msg(name, Some("node1"), false, 0x60 + c);
+        assert!(nodes[1].inbox.request(EpId(0), 0, c, Kind::Resolve, &m));
     }
+    // Without a retry (node1's first retry is 2 s away; these rounds take milliseconds).
+    let t0 = Instant::now();
+    assert!(
+        run(&mut nodes, |n| answers(&n[1]).len() == 2),
+        "{:?}",
+        answers(&nodes[1])
+            .iter()
+            .map(|a| (a.client, a.status))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "answered by retries"
+    );
+    for a in answers(&nodes[1]) {
+        assert_eq!((a.status, dlid_of(&a)), (0, node_lid(0)));
+    }
+}
+
+#[test]
+fn without_a_resolver_every_request_is_still_answered_once() {
+    let wire: Wire = Arc::default();
+    // One resolver only: after the panic none can be built.
+    let mut nodes = [node_with(0, &wire, false, 1)];
+    run(&mut nodes, |_| false);
+    assert!(nodes[0]
+        .inbox
+        .request(EpId(0), 0, 1, Kind::Resolve, &lid_msg(9, false, 1)));
+    nodes[0].plane.poll(Instant::now());
+    nodes[0].plane.recover("injected");
+    assert!(nodes[0].inbox.is_stopped());
+    assert!(nodes[0]
+        .inbox
+        .request(EpId(0), 0, 2, Kind::Resolve, &lid_msg(9, false, 2)));
+    assert!(nodes[0]
+        .inbox
+        .request(EpId(0), 0, 3, Kind::Query, &lid_msg(9, false, 3)));
+    assert!(run(&mut nodes, |n| answers(&n[0]).len() == 3));
+    let mut got: Vec<(u64, u8)> = answers(&nodes[0])
+        .iter()
+        .map(|a| (a.client, a.status))
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(1, 3), (2, 3), (3, 3)]);
+    nodes[0].inbox.control(Control::Shutdown);
+    nodes[0].plane.poll(Instant::now());
+    assert!(nodes[0].plane.finished());
 }
 
 #[test]

@@ -623,12 +623,14 @@ fn answer_inline(
     id: u64,
     status: u8,
     path: Option<&[u8; 64]>,
+    answered: &mut bool,
 ) {
-    answer_inline_timed(ctx, via, msg, id, status, path, None)
+    answer_inline_timed(ctx, via, msg, id, status, path, None, answered)
 }
 
 /// [`answer_inline`]; with `hit_start`, the hit's latency up to the hand-off to the core is
 /// recorded (the core's main thread is the hit histogram's only writer).
+#[allow(clippy::too_many_arguments)]
 fn answer_inline_timed(
     ctx: &AddrCtx,
     via: Via,
@@ -637,6 +639,7 @@ fn answer_inline_timed(
     status: u8,
     path: Option<&[u8; 64]>,
     hit_start: Option<u64>,
+    answered: &mut bool,
 ) {
     let mut out = AcmMsg::zeroed();
     respond(msg.as_bytes(), via, status, path, out.as_bytes_mut());
@@ -649,6 +652,9 @@ fn answer_inline_timed(
     };
     // SAFETY: `out` is a full acm_msg on our stack; the core copies it before returning.
     let _ = unsafe { f(id, &mut out) };
+    // Only now: a panic before this point (building the answer) leaves the request
+    // unanswered, and the caller's guard answers it EINVAL; after it, never a second answer.
+    *answered = true;
     if let (Some(t0), Some(t1)) = (hit_start, end) {
         ctx.ep.stats.hit.record(ctx.inst.clock.ns(t0, t1));
     }
@@ -688,9 +694,17 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     let t0 = inst.clock.now();
     ep.count(Counter::Resolve);
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
-        *answered = true;
         // A path is answered only on a hit: its latency is recorded.
-        answer_inline_timed(ctx, Via::Resolve, msg, id, status, path, path.map(|_| t0));
+        answer_inline_timed(
+            ctx,
+            Via::Resolve,
+            msg,
+            id,
+            status,
+            path,
+            path.map(|_| t0),
+            answered,
+        );
         0
     };
     if ep.closed.load(Ordering::Acquire) {
@@ -785,7 +799,15 @@ unsafe fn client_call(
             core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
             if !answered {
                 let _ = catch_unwind(AssertUnwindSafe(|| {
-                    answer_inline(ctx, via, &copy, id, u8::from(Status::Einval), None)
+                    answer_inline(
+                        ctx,
+                        via,
+                        &copy,
+                        id,
+                        u8::from(Status::Einval),
+                        None,
+                        &mut true,
+                    )
                 }));
             }
             0
@@ -800,8 +822,7 @@ unsafe extern "C" fn resolve(addr_context: *mut c_void, msg: *mut AcmMsg, id: u6
 
 fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
     let mut reply = |status: u8| {
-        *answered = true;
-        answer_inline(ctx, Via::Query, msg, id, status, None);
+        answer_inline(ctx, Via::Query, msg, id, status, None, answered);
         0
     };
     if ctx.ep.closed.load(Ordering::Acquire) {
