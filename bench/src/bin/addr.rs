@@ -25,6 +25,9 @@
 //! `cargo run --release -p acm-bench --bin addr -- [--quick] [--out DIR]`
 //! (build `-p acm-plugin -p simverbs` with the same profile first; root).
 
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 use acm_bench::{Args, LatencyHistogram, Summary, Table};
 use acm_core_nostd::wire::client::{
     build_perf_request, AcmMsg, AcmMsgRepr, EpAddrDataRepr, EpInfoType, Opcode, PerfResponseRepr,
