@@ -4,7 +4,7 @@
 //! request is read, keyed and answered one way everywhere. The codec is [`crate::wire::client`].
 //!
 //! * [`classify`] validates a RESOLVE message (the core's `acm_svr_verify_resolve` rules, plus
-//!   review G6 for `src_out` on PATH requests) and says what it asks for: a route
+//!   the `src_out` rule for PATH requests) and says what it asks for: a route
 //!   ([`Target::Route`], with the cache key and the SA query record) or an address
 //!   ([`Target::Address`], looked up with
 //!   [`PathCache::lookup_addr`](crate::cache::PathCache::lookup_addr)).
@@ -73,7 +73,7 @@ pub enum Target {
 ///
 /// EINVAL for: a message `wire::client` rejects (length not 16 + 72·n with n ≥ 1, version,
 /// opcode, indices); a PATH request with `src_out` whose source entry is not a NAME/IP/IP6
-/// entry inside the message (review G6); a PATH request with neither DLID nor DGID; LID 0; an
+/// entry inside the message; a PATH request with neither DLID nor DGID; LID 0; an
 /// unknown destination type.
 pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
     let Ok(m) = AcmMsg::new_checked(msg) else {

@@ -4,7 +4,8 @@
  * RTLD_GLOBAL, so that both libibacmp.so and libacmrs.so, dlopened afterwards in the same
  * process, resolve their `acm_*` imports here, as they would against /usr/sbin/ibacm.
  *
- * Written from the contract (docs: /work/shared/docs/ibacm-contract.md sections 1.6 and 1.9):
+ * Written from the provider contract of rdma-core's acm_prov.h and acm.c (the core helpers and how
+ * the core serves them):
  *  - one verbs device, port 1, opened through libibverbs (simverbs under LD_PRELOAD);
  *  - the SA MAD service over libibumad (umad2sim under LD_PRELOAD): umad_open_port on the
  *    device, umad_register(SA class 3, version 1, rmpp 1) as the core does, umad_send to the
