@@ -484,3 +484,48 @@ fn a_panic_in_the_loop_restarts_the_resolver_and_answers_what_it_held() {
     let a2 = a.iter().find(|a| a.client == 2).unwrap();
     assert_eq!((a2.status, dlid_of(a2)), (0, node_lid(0)));
 }
+
+#[test]
+fn garbage_from_the_wire_is_dropped_counted_and_logged() {
+    let wire: Wire = Arc::default();
+    let mut nodes = [node(0, &wire, false)];
+    run(&mut nodes, |_| false);
+    let meta = RecvMeta {
+        slid: 9,
+        src_qp: 77,
+        sl: 0,
+        dlid_path_bits: 0,
+        pkey_index: 0,
+        ep_pkey_index: 0,
+        grh_sgid: Some(node_gid(1)),
+    };
+    // A class-0x2C MAD of the wrong class version, then one of another class altogether.
+    let mut bad = [0u8; 256];
+    bad[0] = 1;
+    bad[1] = 0x2c;
+    bad[2] = 9;
+    bad[3] = 1;
+    let mut other = [0xa5u8; 256];
+    other[1] = 0x03;
+    for m in [bad, other] {
+        wire.lock().unwrap().push_back((0, meta, m));
+    }
+    run(&mut nodes, |n| {
+        n[0].log
+            .lock()
+            .unwrap()
+            .logs
+            .iter()
+            .any(|l| l.contains("malformed ACM MAD dropped: 2 (total 2)"))
+    });
+    let logs = nodes[0].log.lock().unwrap().logs.clone();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("malformed ACM MAD dropped: 2 (total 2)")),
+        "{logs:?}"
+    );
+    assert!(
+        answers(&nodes[0]).is_empty(),
+        "nothing answered for garbage"
+    );
+}
