@@ -178,7 +178,8 @@ impl Host {
     /// Writes `opts` (with `$DIR` replaced by a fresh scratch directory, plus `extra_files`
     /// there) as the opts file and opens device and port. Without an explicit `addr_prot` the
     /// endpoints run `addr_prot none`: this core has no verbs device (the ACM protocol is
-    /// tested on the simulated fabric with the real daemon).
+    /// tested on the simulated fabric with the real daemon); without an explicit
+    /// `acmrs_stat_socket`, no stats socket is served (these tests share the machine's /run).
     pub fn open(opts: &str, extra_files: &[(&str, &str)]) -> Host {
         Self::open_with(lib(), opts, extra_files)
     }
@@ -198,6 +199,10 @@ impl Host {
         let mut opts = opts.replace("$DIR", &dir.to_string_lossy());
         if !opts.contains("addr_prot") {
             opts = format!("{opts}\naddr_prot none\n");
+        }
+        // Tests run in the machine's own /run: no stats socket there unless a test asks.
+        if !opts.contains("acmrs_stat_socket") {
+            opts = format!("{opts}\nacmrs_stat_socket none\n");
         }
         let opts_path = dir.join("ibacm_opts.cfg");
         std::fs::write(&opts_path, opts).expect("opts file");

@@ -542,7 +542,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
         &acmrs_opts,
         format!(
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
-             acmrs_pending_capacity 4096\nacmrs_poll_mode {}\n",
+             acmrs_pending_capacity 4096\nacmrs_stat_socket none\nacmrs_poll_mode {}\n",
             // acmrs stores each preloaded route under 4 keys (see docs/bench.md): room for
             // all of them plus the misses, at a load factor below 0.8.
             dlids as usize * 5 + 1024,
