@@ -9,6 +9,7 @@
 # Package contents (the asset list is [package.metadata.deb] in acm-plugin/Cargo.toml):
 #   /usr/lib/x86_64-linux-gnu/ibacm/libacmrs.so   ibacm's default provider directory
 #   /usr/bin/madtool                               MAD decoder (troubleshooting)
+#   /usr/bin/acmrs-stat                            live counters and latency tables of a daemon
 #   /usr/share/man/man7/acmrs.7.gz                 from docs/acmrs.7.md (pandoc)
 #   /usr/share/doc/acmrs/ibacm_opts.cfg.example    the lines to add to ibacm_opts.cfg
 #   /usr/share/doc/acmrs/copyright                 (cargo-deb)
@@ -46,8 +47,8 @@ meta=$(cargo metadata --format-version 1 --no-deps)
 target=$(printf '%s' "$meta" | grep -o '"target_directory":"[^"]*"' | head -1 | cut -d'"' -f4)
 [[ -n $target ]] || { log "cannot find the cargo target directory"; exit 1; }
 
-log "building libacmrs.so and madtool (release)"
-cargo build --release --locked -p acm-plugin -p acm-madtool >&2
+log "building libacmrs.so, madtool and acmrs-stat (release)"
+cargo build --release --locked -p acm-plugin -p acm-madtool -p acmrs-stat >&2
 
 log "acmrs(7) from docs/acmrs.7.md"
 man_dir="$target/release/man"

@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 const PACKAGE: &str = "acmrs";
 const LIB: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libacmrs.so";
 /// Every regular file the package must install.
-const FILES: [&str; 5] = [
+const FILES: [&str; 6] = [
     LIB,
     "/usr/bin/madtool",
+    "/usr/bin/acmrs-stat",
     "/usr/share/man/man7/acmrs.7.gz",
     "/usr/share/doc/acmrs/ibacm_opts.cfg.example",
     "/usr/share/doc/acmrs/copyright",
@@ -280,6 +281,17 @@ fn deb_installs_into_the_default_provider_dir_resolves_and_purges_cleanly() {
     assert!(
         madtool.success() && madtool.stdout.contains("MgmtClass"),
         "{madtool}"
+    );
+    // acmrs-stat runs from /usr/bin and says clearly when no acmrs provider serves.
+    let stat = run(
+        "/usr/bin/acmrs-stat",
+        &["--socket", "/nonexistent/acmrs.sock"],
+    );
+    assert!(
+        !stat.success()
+            && (stat.stderr.contains("no acmrs provider")
+                || stat.stdout.contains("no acmrs provider")),
+        "{stat}"
     );
 
     // The real daemon, from its default provider directory, on the simulated fabric.
