@@ -249,6 +249,9 @@ pub struct Ep {
     /// dataplane has applied it, the removed address's cache alias may still be there, so
     /// address requests are not answered from the cache inline.
     pub removal_seq: AtomicU64,
+    /// `resolve()` calls so far, for sampling the hit histogram (`acmrs_hit_sample`); written
+    /// by the core's main thread only (plain load and store, no read-modify-write).
+    pub hit_tick: AtomicU32,
 }
 
 impl Ep {

@@ -194,6 +194,8 @@ fn latency_stats_in_the_textfile_and_acmrs_stat() {
     .option("timeout", "500")
     .option("acmrs_prom_file", "/run/acmrs.prom")
     .option("acmrs_prom_interval_s", "1")
+    // Every hit timed (the default times one in 16, weighted 16): the counts below are exact.
+    .option("acmrs_hit_sample", "1")
     .start()
     .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     let (n3, n4) = (f.node("Hca3").unwrap(), f.node("Hca4").unwrap());

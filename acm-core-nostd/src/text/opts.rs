@@ -260,6 +260,10 @@ pub struct ProviderOptions {
     pub acmrs_prom_file: Option<PathString>,
     /// `acmrs_prom_interval_s` (default 10; 1..=86400): seconds between textfile writes.
     pub acmrs_prom_interval_s: u32,
+    /// `acmrs_hit_sample` (default 16; 1..=65536, rounded up to a power of two): one cache hit
+    /// in this many is timed for the hit-latency histogram (and counts for this many there),
+    /// so timing costs a hit a nanosecond or two on average; 1 = time every hit.
+    pub acmrs_hit_sample: u32,
     /// `acmrs_stat_socket` (default `/run/acmrs.sock`; `none` = off): unix socket the stats
     /// exporter serves `acmrs-stat` on (at most 107 bytes, the `sun_path` limit).
     pub acmrs_stat_socket: Option<PathString>,
@@ -305,6 +309,7 @@ impl Default for ProviderOptions {
             acmrs_acm_window: 16,
             acmrs_prom_file: None,
             acmrs_prom_interval_s: 10,
+            acmrs_hit_sample: 16,
             acmrs_stat_socket: Some(fixed_path("/run/acmrs.sock")),
         }
     }
@@ -457,6 +462,7 @@ impl ProviderOptions {
             "acmrs_acm_window" => acmrs_acm_window = |v| uint(v, 1, 65536);
             "acmrs_prom_file" => acmrs_prom_file = |v| optional_path(v, PATH_MAX);
             "acmrs_prom_interval_s" => acmrs_prom_interval_s = |v| uint(v, 1, 86400);
+            "acmrs_hit_sample" => acmrs_hit_sample = |v| uint(v, 1, 65536).map(u32::next_power_of_two);
             "acmrs_stat_socket" => acmrs_stat_socket = |v| optional_path(v, 107);
         }
         Ok(Applied::Unknown)
@@ -737,6 +743,18 @@ mod tests {
             Some("/var/lib/node_exporter/acmrs.prom")
         );
         assert_eq!((o.acmrs_prom_interval_s, o.acmrs_stat_socket), (2, None));
+        assert_eq!(d.acmrs_hit_sample, 16);
+        assert_eq!(
+            load("acmrs_hit_sample 10\n").0.acmrs_hit_sample,
+            16,
+            "a power of two"
+        );
+        assert_eq!(load("acmrs_hit_sample 1\n").0.acmrs_hit_sample, 1);
+        assert_eq!(
+            load("acmrs_hit_sample 0\n").0.acmrs_hit_sample,
+            16,
+            "0 keeps the default"
+        );
         let (o, _, e) = load("acmrs_prom_interval_s 0\nacmrs_prom_interval_s x\nacmrs_prom_file\n");
         let kinds: Vec<_> = e.iter().map(|e| e.kind).collect();
         assert_eq!(
