@@ -19,5 +19,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+mod sync;
 pub mod text;
 pub mod wire;

@@ -3,7 +3,7 @@
 //! Keys are packed into fixed arrays of 32-bit words and compared word for word, so two keys
 //! share an entry only if *every* field is equal: there is no fingerprint that could collide.
 
-use super::hash::hash_words;
+use super::hash::hash_key;
 
 /// Number of 32-bit words a packed [`PathKey`] occupies.
 pub const PATH_KEY_WORDS: usize = 10;
@@ -247,7 +247,7 @@ impl CacheKey for PathKey {
     }
     #[inline]
     fn hash_with(&self, seed: u64) -> u64 {
-        hash_words(seed, &self.to_words())
+        hash_key(seed, &self.to_words())
     }
 }
 
@@ -258,7 +258,7 @@ impl CacheKey for AddrKey {
     }
     #[inline]
     fn hash_with(&self, seed: u64) -> u64 {
-        hash_words(seed, &self.to_words())
+        hash_key(seed, &self.to_words())
     }
 }
 

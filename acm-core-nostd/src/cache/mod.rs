@@ -71,24 +71,26 @@ mod key;
 pub mod pending;
 mod table;
 
+use core::marker::PhantomData;
 use core::ops::Deref;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
     constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PathKey, ADDR_KEY_WORDS,
     MAX_ADDRESS, PATH_KEY_WORDS,
 };
 pub use pending::{Begin, PendingTable};
-pub use table::{Slot, EVICT_SCAN, MAX_CHAIN, MAX_RETRIES};
+pub use table::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
 
 use table::{expiry, set_expiry, Probe, Table, Upsert, EXP_HI, GEN, HDR, INC, KEY, OCCUPIED};
 
 /// Size of a path record in bytes.
 pub const RECORD_LEN: usize = 64;
 const RECORD_WORDS: usize = RECORD_LEN / 4;
-/// Words per path slot: 5 meta + key + record.
+/// Words per path slot: sequence counter + 5 meta + key + record (32 words = 128 bytes).
 pub const PATH_WORDS: usize = KEY + PATH_KEY_WORDS + RECORD_WORDS;
-/// Words per address slot: 5 meta + key + target (index, incarnation).
+/// Words per address slot: sequence counter + 5 meta + key + target (index, incarnation).
 pub const ADDR_WORDS: usize = KEY + ADDR_KEY_WORDS + 2;
 const PATH_REC: usize = KEY + PATH_KEY_WORDS;
 const ADDR_TGT: usize = KEY + ADDR_KEY_WORDS;
@@ -107,6 +109,12 @@ impl<const W: usize> Slot<W> {
     /// `n` empty slots on the heap (host convenience; needs the `std` feature).
     pub fn boxed(n: usize) -> std::boxed::Box<[Self]> {
         (0..n).map(|_| Self::new()).collect()
+    }
+
+    /// Storage for a cache that should hold `entries` entries without evicting: `boxed` of
+    /// [`Slot::slots_for`]`(entries)` (host convenience; needs the `std` feature).
+    pub fn boxed_for(entries: usize) -> std::boxed::Box<[Self]> {
+        Self::boxed(Self::slots_for(entries))
     }
 }
 
@@ -191,12 +199,15 @@ pub enum Inserted {
 }
 
 #[cfg(target_has_atomic = "64")]
-type Counter = core::sync::atomic::AtomicU64;
+type Counter = crate::sync::AtomicU64;
 #[cfg(not(target_has_atomic = "64"))]
-type Counter = core::sync::atomic::AtomicU32;
+type Counter = crate::sync::AtomicU32;
 
-/// Reader-side counters, on their own cache lines so readers do not bounce the writer's.
-#[derive(Default)]
+/// Counter cells a [`CacheReader`] can own (one per reader thread); [`PathCache::lookup`]
+/// counts into one more, shared cell.
+pub const READER_CELLS: usize = 8;
+
+/// Counters of one reader (or of the shared lookup path), on their own cache lines.
 #[repr(align(128))]
 struct ReadCounters {
     hits: Counter,
@@ -206,8 +217,19 @@ struct ReadCounters {
     refresh_hints: Counter,
 }
 
-/// Writer-side counters (only the writer increments them).
-#[derive(Default)]
+impl ReadCounters {
+    fn new() -> Self {
+        ReadCounters {
+            hits: Counter::new(0),
+            negative_hits: Counter::new(0),
+            misses: Counter::new(0),
+            busy: Counter::new(0),
+            refresh_hints: Counter::new(0),
+        }
+    }
+}
+
+/// Writer-side counters (only the writer changes them).
 #[repr(align(128))]
 struct WriteCounters {
     inserts: Counter,
@@ -217,21 +239,46 @@ struct WriteCounters {
     removed: Counter,
 }
 
-#[derive(Default)]
 struct Counters {
-    read: ReadCounters,
+    shared: ReadCounters,
+    readers: [ReadCounters; READER_CELLS],
+    /// Bit `i` set: reader cell `i` is owned by a live [`CacheReader`].
+    taken: AtomicU32,
     write: WriteCounters,
 }
 
-#[inline]
+impl Counters {
+    fn new() -> Self {
+        Counters {
+            shared: ReadCounters::new(),
+            readers: core::array::from_fn(|_| ReadCounters::new()),
+            taken: AtomicU32::new(0),
+            write: WriteCounters {
+                inserts: Counter::new(0),
+                updates: Counter::new(0),
+                evictions: Counter::new(0),
+                expired: Counter::new(0),
+                removed: Counter::new(0),
+            },
+        }
+    }
+}
+
+/// Adds one with a plain `Relaxed` load + store: no locked read-modify-write. Exact when one
+/// thread owns the counter (the writer's counters, a [`CacheReader`]'s cell); the shared cell
+/// of [`PathCache::lookup`] can lose increments when several threads count into it at once.
+#[inline(always)]
 fn bump(c: &Counter) {
-    c.fetch_add(1, Ordering::Relaxed);
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
 #[inline]
 fn add(c: &Counter, n: usize) {
     #[allow(clippy::cast_possible_truncation)]
-    c.fetch_add(n as _, Ordering::Relaxed);
+    c.store(
+        c.load(Ordering::Relaxed).wrapping_add(n as _),
+        Ordering::Relaxed,
+    );
 }
 
 /// A snapshot of a cache's counters (path and address lookups together). 32-bit targets without
@@ -317,10 +364,10 @@ where
         Ok(PathCache {
             paths,
             addrs,
-            ep_gens: [const { AtomicU32::new(0) }; EP_GENERATIONS],
+            ep_gens: core::array::from_fn(|_| AtomicU32::new(0)),
             config,
             writer_taken: AtomicBool::new(false),
-            counters: Counters::default(),
+            counters: Counters::new(),
             path_sweep: AtomicU32::new(0),
             addr_sweep: AtomicU32::new(0),
         })
@@ -334,12 +381,14 @@ where
             .map(|_| CacheWriter { cache: self })
     }
 
-    /// Number of path slots.
+    /// Number of path entry slots: the storage handed in minus its side arrays (~1.6%). Inserts
+    /// start evicting somewhat before `len() == capacity()` (a key can only use the 32 slots of
+    /// its two groups); size storage with [`Slot::slots_for`] for a target entry count.
     pub fn capacity(&self) -> usize {
         self.paths.capacity()
     }
 
-    /// Number of address slots.
+    /// Number of address entry slots (storage minus side arrays).
     pub fn addr_capacity(&self) -> usize {
         self.addrs.capacity()
     }
@@ -359,17 +408,22 @@ where
         self.config
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters: the reader cells (shared and per-[`CacheReader`]) summed.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
         #[allow(clippy::unnecessary_cast)]
         let g = |x: &Counter| x.load(Ordering::Relaxed) as u64;
+        let r = |f: fn(&ReadCounters) -> &Counter| {
+            c.readers
+                .iter()
+                .fold(g(f(&c.shared)), |a, x| a.wrapping_add(g(f(x))))
+        };
         CacheStats {
-            hits: g(&c.read.hits),
-            negative_hits: g(&c.read.negative_hits),
-            misses: g(&c.read.misses),
-            busy: g(&c.read.busy),
-            refresh_hints: g(&c.read.refresh_hints),
+            hits: r(|x| &x.hits),
+            negative_hits: r(|x| &x.negative_hits),
+            misses: r(|x| &x.misses),
+            busy: r(|x| &x.busy),
+            refresh_hints: r(|x| &x.refresh_hints),
             inserts: g(&c.write.inserts),
             updates: g(&c.write.updates),
             evictions: g(&c.write.evictions),
@@ -385,9 +439,43 @@ where
         self.ep_gens[ep_index(ep)].load(Ordering::Acquire)
     }
 
-    /// Looks up a path by key at time `now`. Never blocks; safe from any number of threads.
+    /// Looks up a path by key at time `now`. Never blocks, never allocates, no locked
+    /// read-modify-write on a hit; safe from any number of threads. Counts into the shared
+    /// reader cell (plain stores: exact for one reader thread; with several, use one
+    /// [`CacheReader`] per thread for exact counts and no shared counter line).
+    #[inline]
     pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
-        self.lookup_impl::<true>(key, now)
+        let r = self.lookup_impl::<true>(key, now);
+        count(&self.counters.shared, &r);
+        r
+    }
+
+    /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or
+    /// `None` if all [`READER_CELLS`] are owned. Dropping it frees the cell; its counts stay in
+    /// [`stats`](Self::stats).
+    pub fn reader(&self) -> Option<CacheReader<'_, P, A>> {
+        let mut cur = self.counters.taken.load(Ordering::Relaxed);
+        loop {
+            let free = (!cur).trailing_zeros() as usize;
+            if free >= READER_CELLS {
+                return None;
+            }
+            match self.counters.taken.compare_exchange(
+                cur,
+                cur | (1 << free),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(CacheReader {
+                        cache: self,
+                        cell: free,
+                        _not_sync: PhantomData,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// **Deliberately broken** lookup that skips the seqlock validation, so it can return torn
@@ -398,37 +486,28 @@ where
         self.lookup_impl::<false>(key, now)
     }
 
-    #[inline]
+    /// Test hook: (group 1, group 2, preferred slot) of `key` in the path table.
+    #[doc(hidden)]
+    #[cfg(feature = "std")]
+    pub fn window_for_tests(&self, key: &PathKey) -> (usize, usize, usize) {
+        self.paths.window_of(self.paths.hash(&key.to_words()))
+    }
+
+    #[inline(always)]
     fn lookup_impl<const CHECKED: bool>(&self, key: &PathKey, now: u64) -> Lookup {
         let kw = key.to_words();
         let h = self.paths.hash(&kw);
         let mut w = [0u32; PATH_WORDS];
-        let r = match self.paths.read::<CHECKED>(&kw, h, &mut w) {
+        match self.paths.read::<CHECKED>(&kw, h, &mut w) {
             Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now),
             Probe::NotFound => Lookup::Miss,
             Probe::Busy => Lookup::Busy,
-        };
-        self.count(&r);
-        r
-    }
-
-    fn count(&self, r: &Lookup) {
-        let c = &self.counters;
-        match r {
-            Lookup::Hit { needs_refresh, .. } => {
-                bump(&c.read.hits);
-                if *needs_refresh {
-                    bump(&c.read.refresh_hints);
-                }
-            }
-            Lookup::Negative { .. } => bump(&c.read.negative_hits),
-            Lookup::Miss => bump(&c.read.misses),
-            Lookup::Busy => bump(&c.read.busy),
         }
     }
 
     /// Turns a consistent snapshot of path slot `idx` into a lookup result. `cap` bounds the
     /// expiry (an alias's own lifetime).
+    #[inline(always)]
     fn classify(&self, idx: usize, seq: u32, w: &[u32; PATH_WORDS], cap: u64, now: u64) -> Lookup {
         if w[GEN] != self.gen(ep_of(w)) {
             return Lookup::Miss;
@@ -459,7 +538,7 @@ where
     /// result expires at the earlier of the alias's and the path's expiry.
     pub fn lookup_addr(&self, key: &AddrKey, now: u64) -> Lookup {
         let r = self.lookup_addr_inner(key, now);
-        self.count(&r);
+        count(&self.counters.shared, &r);
         r
     }
 
@@ -500,6 +579,91 @@ where
     /// written under an older endpoint generation.
     fn dead(&self, w: &[u32], now: u64) -> bool {
         w[GEN] != self.gen(ep_of(w)) || expiry(w) <= now || w[HDR] & 0xff != 0
+    }
+}
+
+#[inline(always)]
+fn count(c: &ReadCounters, r: &Lookup) {
+    match r {
+        Lookup::Hit { needs_refresh, .. } => {
+            bump(&c.hits);
+            if *needs_refresh {
+                bump(&c.refresh_hints);
+            }
+        }
+        Lookup::Negative { .. } => bump(&c.negative_hits),
+        Lookup::Miss => bump(&c.misses),
+        Lookup::Busy => bump(&c.busy),
+    }
+}
+
+/// A reader with its own counter cell; see [`PathCache::reader`]. Lookups through it are the
+/// same as [`PathCache::lookup`] but count without touching a line other readers write.
+pub struct CacheReader<'c, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    cache: &'c PathCache<P, A>,
+    cell: usize,
+    /// `Send` but not `Sync`: the cell has exactly one thread counting into it.
+    _not_sync: PhantomData<core::cell::Cell<()>>,
+}
+
+impl<P, A> CacheReader<'_, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    /// [`PathCache::lookup`], counted in this reader's cell.
+    #[inline]
+    pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
+        let r = self.cache.lookup_impl::<true>(key, now);
+        count(&self.cache.counters.readers[self.cell], &r);
+        r
+    }
+
+    /// [`PathCache::lookup_addr`], counted in this reader's cell.
+    pub fn lookup_addr(&self, key: &AddrKey, now: u64) -> Lookup {
+        let r = self.cache.lookup_addr_inner(key, now);
+        count(&self.cache.counters.readers[self.cell], &r);
+        r
+    }
+
+    /// The cache this reader reads.
+    pub fn cache(&self) -> &PathCache<P, A> {
+        self.cache
+    }
+}
+
+impl<P, A> Drop for CacheReader<'_, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    fn drop(&mut self) {
+        let t = &self.cache.counters.taken;
+        let mut cur = t.load(Ordering::Relaxed);
+        while let Err(now) = t.compare_exchange(
+            cur,
+            cur & !(1 << self.cell),
+            Ordering::Release,
+            Ordering::Relaxed,
+        ) {
+            cur = now;
+        }
+    }
+}
+
+impl<P, A> core::fmt::Debug for CacheReader<'_, P, A>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CacheReader")
+            .field("cell", &self.cell)
+            .finish_non_exhaustive()
     }
 }
 
@@ -725,7 +889,8 @@ where
     /// Call on port/LID/P_Key changes and when the endpoint closes. Endpoints whose numbers are
     /// equal modulo [`EP_GENERATIONS`] are invalidated together.
     pub fn invalidate_ep(&mut self, ep: u16) {
-        self.cache.ep_gens[ep_index(ep)].fetch_add(1, Ordering::Release);
+        let g = &self.cache.ep_gens[ep_index(ep)];
+        g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
     }
 
     /// Reclaims dead entries (expired, negative past their time, invalidated) among the next

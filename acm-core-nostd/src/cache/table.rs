@@ -1,112 +1,135 @@
 //! The generic one-writer / many-reader hash table behind both caches.
 //!
-//! Storage is a caller-provided slice of [`Slot`]s. Every slot is at the same time
-//! * an entry: a sequence counter plus `W` words of data (header, incarnation, endpoint
-//!   generation, expiry, key, payload), all `AtomicU32`, and
-//! * a bucket: `head` holds the first entry of bucket `i` (entries are chained through `next`).
+//! ## Layout
 //!
-//! Links are stored as `index + 1`, so `0` means "none" and all-zero storage is a valid empty
-//! table.
+//! Storage is a caller-provided slice of [`Slot`]s: `W` `AtomicU32` words each, 64-byte aligned
+//! (a path slot is 32 words = 128 bytes = exactly two cache lines: sequence counter, meta and key
+//! in the first, the 64-byte record in the second). The slice is split once, at construction:
+//!
+//! * the first `E` slots hold **entries in place** (open addressing, no links, no buckets
+//!   elsewhere);
+//! * the last few slots are reinterpreted as one flat array of words, the **side arrays**: one
+//!   tag byte per entry slot (0 = empty, else 8 bits of the key's hash), one refresh-claim byte
+//!   per entry slot, one CLOCK reference bit per entry slot. About 1.7% of the storage for path
+//!   slots. Lookups never write there except to set a clear reference bit.
+//!
+//! Entry slots form **groups** of [`GROUP`] (16) consecutive slots (2 KiB for path slots). A key
+//! hashes to two groups `g1`, `g2` and a preferred position `p` in `g1`. It lives in one of the
+//! 32 slots of its two groups and never moves while it lives (so slot indices are stable, which
+//! the address aliases rely on). The writer puts a new key into the less loaded of its two
+//! groups, at `p` if that is free; if both groups are full it evicts one of the 32 (bounded
+//! CLOCK, dead entries first) and reuses that slot. So:
+//!
+//! * a lookup examines at most [`MAX_PROBE`] (32) slots, however adversarial the keys: it reads
+//!   the 2 × 16 tag bytes of its groups (computed addresses, no loads to find them) and the
+//!   slots whose tag matches; it reads the preferred slot unconditionally and first, so its two
+//!   lines are in flight while the tag words arrive;
+//! * an insert never fails and never displaces anything outside the key's window.
 //!
 //! ## The seqlock
 //!
-//! The writer makes the sequence counter odd (`Relaxed` store, then a `Release` fence), stores the
-//! words (`Relaxed`), and makes it even again (`Release` store). A reader loads the counter
-//! (`Acquire`), retries if it is odd, loads the words (`Relaxed`), issues an `Acquire` fence and
-//! loads the counter again: if it did not change, no writer store was observed, so the words are
-//! one consistent version. (If any word load had observed a store made after the writer's odd
-//! store, the fence pair would make that odd store — or a later one — visible to the second
-//! counter load, which would then differ.) Every access is atomic, so a torn read is a detected,
-//! discarded value, never undefined behaviour; the module has no `unsafe`.
+//! Word 0 of a slot is its sequence counter. The writer makes it odd (`Relaxed` store, then a
+//! `Release` fence), stores the other words (`Relaxed`), and makes it even again (`Release`
+//! store). A reader loads the counter (`Acquire`), retries if it is odd, loads all words
+//! (`Relaxed`), issues an `Acquire` fence and loads the counter again: if it did not change, no
+//! writer store was observed, so the words are one consistent version. (If any word load had
+//! observed a store made after the writer's odd store, the fence pair would make that odd store
+//! — or a later one — visible to the second counter load, which would then differ.) Every access
+//! is atomic, so a torn read is a detected, discarded value, never undefined behaviour; the
+//! module has no `unsafe`. `tests/cache_loom.rs` model-checks exactly this protocol.
 //!
-//! Readers never block: after [`MAX_RETRIES`] failed attempts on one entry, or after walking
-//! [`MAX_CHAIN`] entries, a lookup gives up with [`Probe::Busy`].
+//! Tags are hints: the key is always verified under the seqlock. The writer stores a tag
+//! (`Release`) only after the slot's words, and clears it after clearing the slot, so a reader
+//! that races an insert or removal sees a miss, never a wrong record.
 //!
-//! A reader walking a chain while the writer unlinks and reuses an entry can follow a stale link
-//! into another chain or the free list. Keys are verified under the seqlock, so the worst outcome
-//! is a spurious miss for that one racing lookup, never a wrong record.
+//! Readers never block: after [`MAX_RETRIES`] failed attempts on one slot a lookup gives up with
+//! [`Probe::Busy`].
 
 use core::ops::Deref;
-use core::sync::atomic::{fence, AtomicU32, Ordering};
 
 use super::hash::reduce;
+use crate::sync::{fence, AtomicU32, Ordering};
 
+/// Word index of the sequence counter.
+pub(crate) const SEQ: usize = 0;
 /// Word index of the header: bit 31 = occupied, bits 7..0 = negative status (0 = positive).
-pub(crate) const HDR: usize = 0;
+pub(crate) const HDR: usize = 1;
 /// Word index of the incarnation, bumped whenever the slot starts holding a new key.
-pub(crate) const INC: usize = 1;
+pub(crate) const INC: usize = 2;
 /// Word index of the endpoint generation the entry was written under.
-pub(crate) const GEN: usize = 2;
+pub(crate) const GEN: usize = 3;
 /// Word indices of the expiry time (low, high).
-pub(crate) const EXP_LO: usize = 3;
-pub(crate) const EXP_HI: usize = 4;
+pub(crate) const EXP_LO: usize = 4;
+pub(crate) const EXP_HI: usize = 5;
 /// First key word.
-pub(crate) const KEY: usize = 5;
+pub(crate) const KEY: usize = 6;
 
 /// Header bit: the slot holds an entry.
 pub(crate) const OCCUPIED: u32 = 1 << 31;
 
-/// Attempts on one entry before a reader gives up with `Busy`.
+/// Attempts on one slot before a reader gives up with `Busy`.
 pub const MAX_RETRIES: u32 = 16;
-/// Longest chain a reader walks (and the writer lets grow) before giving up.
-pub const MAX_CHAIN: usize = 32;
-/// Slots the CLOCK hand examines per eviction at most.
-pub const EVICT_SCAN: usize = 32;
+/// Entry slots per group (a key lives in one of the slots of its two groups).
+pub const GROUP: usize = 16;
+/// Most slots a lookup examines (two groups).
+pub const MAX_PROBE: usize = 2 * GROUP;
+/// Most slots a lookup examines. Kept for source compatibility; equal to [`MAX_PROBE`] (there
+/// are no chains any more).
+pub const MAX_CHAIN: usize = MAX_PROBE;
+/// Slots an eviction examines at most (the key's two groups).
+pub const EVICT_SCAN: usize = MAX_PROBE;
 
-const REFERENCED: u32 = 1;
+/// The load (entries / entry slots) the storage helpers size for: at 85% the less-loaded-of-two
+/// placement overflows a window (and so evicts before the table is full) about never.
+pub const DESIGN_LOAD_PERCENT: usize = 85;
 
-/// One entry-and-bucket of cache storage; see the module docs of [`cache`](super).
+/// One slot of cache storage: `W` atomic words, word 0 the sequence counter. See the
+/// [module docs](self) for the layout and [`cache`](super) for the API.
 ///
-/// `Slot::new()` is `const`, so firmware can declare `static S: [PathSlot; N]`.
-// `repr(C)` fixes the order: the bucket head, the sequence counter, the header and the key come
-// first, so a lookup whose entry sits in its own bucket's slot (home placement) finds head, seq and
-// key in one cache line instead of paying a second dependent miss.
-#[repr(C)]
+/// All-zero is the empty state, so `Slot::new()` is `const` and a `static [PathSlot; N]` goes to
+/// `.bss` (no flash).
+#[repr(C, align(64))]
 pub struct Slot<const W: usize> {
-    head: AtomicU32,
-    seq: AtomicU32,
-    words: [AtomicU32; W],
-    next: AtomicU32,
-    /// CLOCK reference bit (set by readers, cleared by the writer's hand).
-    flags: AtomicU32,
-    /// The sequence value of the version for which a refresh hint was last handed out.
-    claim: AtomicU32,
-    /// Free-list back link (writer only).
-    prev: AtomicU32,
+    pub(crate) w: [AtomicU32; W],
 }
 
 impl<const W: usize> Slot<W> {
-    /// An empty slot.
+    /// An empty slot (all zero).
+    #[cfg(not(loom))]
     pub const fn new() -> Self {
         Slot {
-            seq: AtomicU32::new(0),
-            words: [const { AtomicU32::new(0) }; W],
-            next: AtomicU32::new(0),
-            prev: AtomicU32::new(0),
-            head: AtomicU32::new(0),
-            flags: AtomicU32::new(0),
-            claim: AtomicU32::new(u32::MAX),
+            w: [const { AtomicU32::new(0) }; W],
         }
+    }
+
+    /// An empty slot (all zero).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Slot {
+            w: core::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+
+    /// How many slots to hand to a cache that should hold `entries` entries at the design load
+    /// ([`DESIGN_LOAD_PERCENT`]) without evicting, side arrays included.
+    pub const fn slots_for(entries: usize) -> usize {
+        let e = entries.div_ceil(DESIGN_LOAD_PERCENT).saturating_mul(100);
+        let e = if e < entries { entries } else { e };
+        e + side_slots(e, W)
     }
 
     fn reset(&self) {
         // Keep `seq` and the incarnation monotonic: a reader that raced the reset must not
         // mistake a later entry in this slot for the one it saw before.
-        let s = self.seq.load(Ordering::Relaxed);
-        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        let s = self.w[SEQ].load(Ordering::Relaxed);
+        self.w[SEQ].store(s.wrapping_add(1) | 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        let mut i = 0;
-        while i < W {
+        for (i, w) in self.w.iter().enumerate().skip(1) {
             if i != INC {
-                self.words[i].store(0, Ordering::Relaxed);
+                w.store(0, Ordering::Relaxed);
             }
-            i += 1;
         }
-        self.seq.store(s.wrapping_add(2), Ordering::Release);
-        self.next.store(0, Ordering::Relaxed);
-        self.prev.store(0, Ordering::Relaxed);
-        self.head.store(0, Ordering::Release);
-        self.flags.store(0, Ordering::Relaxed);
+        self.w[SEQ].store((s.wrapping_add(1) | 1).wrapping_add(1), Ordering::Release);
     }
 }
 
@@ -119,9 +142,31 @@ impl<const W: usize> Default for Slot<W> {
 impl<const W: usize> core::fmt::Debug for Slot<W> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Slot")
-            .field("seq", &self.seq.load(Ordering::Relaxed))
+            .field("seq", &self.w[SEQ].load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
+}
+
+/// Side-array words needed for `e` entry slots: tags (1 byte), claims (1 byte), CLOCK (1 bit).
+const fn side_words(e: usize) -> usize {
+    2 * e.div_ceil(4) + e.div_ceil(32)
+}
+
+/// Slots of `w` words needed to hold the side arrays of `e` entry slots.
+const fn side_slots(e: usize, w: usize) -> usize {
+    side_words(e).div_ceil(w)
+}
+
+/// The number of entry slots a slice of `n` slots of `w` words provides.
+pub(crate) fn entry_slots(n: usize, w: usize) -> usize {
+    let mut e = n.saturating_mul(w) / (w + 1);
+    while e > 0 && e + side_slots(e, w) > n {
+        e -= 1;
+    }
+    while e + 1 + side_slots(e + 1, w) <= n {
+        e += 1;
+    }
+    e
 }
 
 /// Outcome of a reader's probe.
@@ -145,13 +190,33 @@ pub(crate) fn set_expiry(w: &mut [u32], t: u64) {
     w[EXP_HI] = (t >> 32) as u32;
 }
 
+/// Where a key may live: two groups, a preferred slot, a tag.
+#[derive(Clone, Copy, Debug)]
+struct Place {
+    g1: usize,
+    g2: usize,
+    pref: usize,
+    tag: u8,
+}
+
+/// Bit `7` of every byte of the result is set exactly where `x` has a zero byte.
+#[inline(always)]
+fn zero_bytes(x: u32) -> u32 {
+    !((((x & 0x7f7f_7f7f).wrapping_add(0x7f7f_7f7f)) | x) | 0x7f7f_7f7f)
+}
+
 /// The hash table. `KW` key words start at [`KEY`]; the payload follows.
 pub(crate) struct Table<S, const W: usize, const KW: usize> {
     slots: S,
     seed: u64,
+    /// Entry slots (the rest of `slots` holds the side arrays).
+    cap: usize,
+    groups: usize,
+    /// Side-array word offsets.
+    claim_base: usize,
+    clock_base: usize,
     // Writer-private state. Atomics only so the table is `Sync` without `unsafe`; only the single
-    // writer touches them, hence `Relaxed`.
-    free_head: AtomicU32,
+    // writer touches them (plain `Relaxed` load + store, no read-modify-write).
     hand: AtomicU32,
     len: AtomicU32,
 }
@@ -165,31 +230,121 @@ where
         if slots.len() >= u32::MAX as usize {
             return None;
         }
-        for s in slots.iter() {
-            s.reset();
-        }
+        let cap = entry_slots(slots.len(), W);
         let t = Table {
+            cap,
+            groups: cap.div_ceil(GROUP),
+            claim_base: cap.div_ceil(4),
+            clock_base: 2 * cap.div_ceil(4),
             slots,
             seed,
-            free_head: AtomicU32::new(0),
             hand: AtomicU32::new(0),
             len: AtomicU32::new(0),
         };
-        t.init_free_list();
+        t.clear();
         Some(t)
     }
 
+    /// Entry slots.
     #[inline]
     pub(crate) fn capacity(&self) -> usize {
-        self.slots.len()
+        self.cap
     }
 
+    /// Occupied entry slots.
     #[inline]
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed) as usize
     }
 
+    /// Side-array word `k`.
+    #[inline(always)]
+    fn side(&self, k: usize) -> &AtomicU32 {
+        let i = self.cap + k / W;
+        &self.slots[i].w[k % W]
+    }
+
+    #[inline(always)]
+    fn tag_word(&self, i: usize) -> &AtomicU32 {
+        self.side(i / 4)
+    }
+
+    #[inline(always)]
+    fn group_len(&self, g: usize) -> usize {
+        let start = g * GROUP;
+        (self.cap - start).min(GROUP)
+    }
+
+    #[inline(always)]
+    fn place(&self, h: u64) -> Place {
+        let g1 = reduce(h, self.groups);
+        let g2 = reduce(h.rotate_left(32), self.groups);
+        let m = super::hash::mix(h);
+        let len = self.group_len(g1);
+        let p = (m as usize) & (GROUP - 1);
+        let p = if p < len { p } else { p % len };
+        let t = (m >> 56) as u8;
+        Place {
+            g1,
+            g2,
+            pref: g1 * GROUP + p,
+            tag: if t == 0 { 1 } else { t },
+        }
+    }
+
+    /// The tag bytes of group `g` (4 words; bytes past the group's end are 0).
+    #[inline(always)]
+    fn group_tags(&self, g: usize) -> [u32; GROUP / 4] {
+        let base = g * GROUP / 4;
+        let mut t = [0u32; GROUP / 4];
+        for (j, o) in t.iter_mut().enumerate() {
+            if (g * GROUP + 4 * j) < self.cap {
+                *o = self.side(base + j).load(Ordering::Acquire);
+            }
+        }
+        t
+    }
+
     // ---------------------------------------------------------------- readers
+
+    /// Copies slot `idx` consistently into `out` (`out[SEQ]` = the sequence value) and reports
+    /// whether it holds `key`. `CHECKED = false` skips the sequence validation (test only).
+    #[inline(always)]
+    fn try_slot<const CHECKED: bool>(
+        &self,
+        idx: usize,
+        key: &[u32; KW],
+        out: &mut [u32; W],
+    ) -> Probe {
+        let slot = &self.slots[idx];
+        let mut tries = 0;
+        loop {
+            let s1 = slot.w[SEQ].load(Ordering::Acquire);
+            if !CHECKED || s1 & 1 == 0 {
+                // Every word, unconditionally: both cache lines of the slot are requested at
+                // once instead of the record line waiting for the key compare.
+                for (o, w) in out.iter_mut().zip(slot.w.iter()).skip(1) {
+                    *o = w.load(Ordering::Relaxed);
+                }
+                fence(Ordering::Acquire);
+                let s2 = slot.w[SEQ].load(Ordering::Relaxed);
+                if !CHECKED || s1 == s2 {
+                    out[SEQ] = s1;
+                    let hit = out[HDR] & OCCUPIED != 0 && out[KEY..KEY + KW] == key[..];
+                    return if hit {
+                        Probe::Found(idx, s1)
+                    } else {
+                        Probe::NotFound
+                    };
+                }
+            }
+            tries += 1;
+            if tries >= MAX_RETRIES {
+                return Probe::Busy;
+            }
+            core::hint::spin_loop();
+        }
+    }
 
     /// Finds `key` and copies the entry's words into `out`. `CHECKED = false` skips the
     /// sequence validation: a deliberately broken reader for tests, see
@@ -201,73 +356,67 @@ where
         hash: u64,
         out: &mut [u32; W],
     ) -> Probe {
-        let slots = &*self.slots;
-        if slots.is_empty() {
+        if self.cap == 0 {
             return Probe::NotFound;
         }
-        let mut link = slots[reduce(hash, slots.len())]
-            .head
-            .load(Ordering::Acquire);
-        let mut steps = 0;
-        while link != 0 {
-            if steps == MAX_CHAIN {
-                return Probe::Busy;
+        let pl = self.place(hash);
+        let t1 = self.group_tags(pl.g1);
+        let t2 = if pl.g2 != pl.g1 {
+            self.group_tags(pl.g2)
+        } else {
+            [0; GROUP / 4]
+        };
+        let mut busy = false;
+        match self.try_slot::<CHECKED>(pl.pref, key, out) {
+            Probe::NotFound => {}
+            Probe::Busy => busy = true,
+            found => return found,
+        }
+        let pat = u32::from_ne_bytes([pl.tag; 4]);
+        for (g, tags) in [(pl.g1, &t1), (pl.g2, &t2)] {
+            for (j, &t) in tags.iter().enumerate() {
+                let mut m = zero_bytes(t ^ pat);
+                while m != 0 {
+                    let b = (m.trailing_zeros() / 8) as usize;
+                    m &= m - 1;
+                    let idx = g * GROUP + 4 * j + b;
+                    if idx == pl.pref || idx >= self.cap {
+                        continue;
+                    }
+                    match self.try_slot::<CHECKED>(idx, key, out) {
+                        Probe::NotFound => {}
+                        Probe::Busy => busy = true,
+                        found => return found,
+                    }
+                }
             }
-            steps += 1;
-            let idx = (link - 1) as usize;
-            let Some(slot) = slots.get(idx) else {
-                return Probe::Busy;
-            };
-            let mut tries = 0;
-            loop {
-                let s1 = slot.seq.load(Ordering::Acquire);
-                if !CHECKED || s1 & 1 == 0 {
-                    let mut matches = true;
-                    for (i, k) in key.iter().enumerate() {
-                        if slot.words[KEY + i].load(Ordering::Relaxed) != *k {
-                            matches = false;
-                            break;
-                        }
-                    }
-                    if matches {
-                        for (o, w) in out.iter_mut().zip(slot.words.iter()) {
-                            *o = w.load(Ordering::Relaxed);
-                        }
-                        matches = out[HDR] & OCCUPIED != 0;
-                    }
-                    let next = slot.next.load(Ordering::Acquire);
-                    fence(Ordering::Acquire);
-                    let s2 = slot.seq.load(Ordering::Relaxed);
-                    if !CHECKED || s1 == s2 {
-                        if matches {
-                            return Probe::Found(idx, s1);
-                        }
-                        link = next;
-                        break;
-                    }
-                }
-                tries += 1;
-                if tries >= MAX_RETRIES {
-                    return Probe::Busy;
-                }
-                core::hint::spin_loop();
+            if pl.g2 == pl.g1 {
+                break;
             }
         }
-        Probe::NotFound
+        if busy {
+            Probe::Busy
+        } else {
+            Probe::NotFound
+        }
     }
 
     /// Copies the words of slot `idx` consistently. `None` if the writer kept it busy.
     #[inline]
     pub(crate) fn read_at(&self, idx: usize, out: &mut [u32; W]) -> Option<Option<u32>> {
-        let slot = self.slots.get(idx)?;
+        if idx >= self.cap {
+            return None;
+        }
+        let slot = &self.slots[idx];
         for _ in 0..MAX_RETRIES {
-            let s1 = slot.seq.load(Ordering::Acquire);
+            let s1 = slot.w[SEQ].load(Ordering::Acquire);
             if s1 & 1 == 0 {
-                for (o, w) in out.iter_mut().zip(slot.words.iter()) {
+                for (o, w) in out.iter_mut().zip(slot.w.iter()).skip(1) {
                     *o = w.load(Ordering::Relaxed);
                 }
                 fence(Ordering::Acquire);
-                if slot.seq.load(Ordering::Relaxed) == s1 {
+                if slot.w[SEQ].load(Ordering::Relaxed) == s1 {
+                    out[SEQ] = s1;
                     return Some(Some(s1));
                 }
             }
@@ -276,28 +425,45 @@ where
         Some(None)
     }
 
-    /// Marks slot `idx` recently used (CLOCK), writing only if the bit is not yet set.
+    /// Marks slot `idx` recently used (CLOCK). Writes only if the bit is clear, and with a plain
+    /// store: a lost race with another reader or the writer's sweep only loses a hint.
     #[inline]
     pub(crate) fn touch(&self, idx: usize) {
-        if let Some(s) = self.slots.get(idx) {
-            if s.flags.load(Ordering::Relaxed) & REFERENCED == 0 {
-                s.flags.fetch_or(REFERENCED, Ordering::Relaxed);
+        if idx < self.cap {
+            let w = self.side(self.clock_base + idx / 32);
+            let bit = 1u32 << (idx % 32);
+            let v = w.load(Ordering::Relaxed);
+            if v & bit == 0 {
+                w.store(v | bit, Ordering::Relaxed);
             }
         }
     }
 
     /// Claims the refresh hint for the version `seq` of slot `idx`: true for exactly one caller
-    /// per version (so one refresh is triggered, not one per reader).
+    /// per version (so one refresh is triggered, not one per reader). The claim is one byte per
+    /// slot (a function of the version, 1..=255), so about one version in 255 gets no hint
+    /// (its entry then expires and is resolved again: harmless).
     #[inline]
     pub(crate) fn claim_refresh(&self, idx: usize, seq: u32) -> bool {
-        let Some(s) = self.slots.get(idx) else {
+        if idx >= self.cap {
             return false;
-        };
-        let c = s.claim.load(Ordering::Relaxed);
-        c != seq
-            && s.claim
-                .compare_exchange(c, seq, Ordering::Relaxed, Ordering::Relaxed)
+        }
+        let w = self.side(self.claim_base + idx / 4);
+        let shift = (idx % 4) * 8;
+        let v = ((seq >> 1) % 255 + 1) << shift;
+        for _ in 0..4 {
+            let c = w.load(Ordering::Relaxed);
+            if c & (0xff << shift) == v {
+                return false;
+            }
+            let n = (c & !(0xff << shift)) | v;
+            if w.compare_exchange(c, n, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
+            {
+                return true;
+            }
+        }
+        false
     }
 
     // ---------------------------------------------------------------- the writer
@@ -306,7 +472,7 @@ where
     /// return its own latest values).
     pub(crate) fn load(&self, idx: usize) -> [u32; W] {
         let mut w = [0u32; W];
-        for (o, a) in w.iter_mut().zip(self.slots[idx].words.iter()) {
+        for (o, a) in w.iter_mut().zip(self.slots[idx].w.iter()) {
             *o = a.load(Ordering::Relaxed);
         }
         w
@@ -314,65 +480,89 @@ where
 
     #[inline]
     fn word(&self, idx: usize, i: usize) -> u32 {
-        self.slots[idx].words[i].load(Ordering::Relaxed)
+        self.slots[idx].w[i].load(Ordering::Relaxed)
     }
 
-    /// Publishes new words for slot `idx` under the seqlock.
+    /// Publishes new words (all but `words[SEQ]`) for slot `idx` under the seqlock.
     pub(crate) fn store(&self, idx: usize, words: &[u32; W]) {
         let slot = &self.slots[idx];
-        let s = slot.seq.load(Ordering::Relaxed);
-        slot.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        let s = slot.w[SEQ].load(Ordering::Relaxed);
+        slot.w[SEQ].store(s.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        let mut i = 0;
-        while i < W {
-            slot.words[i].store(words[i], Ordering::Relaxed);
-            i += 1;
+        for (a, v) in slot.w.iter().zip(words.iter()).skip(1) {
+            a.store(*v, Ordering::Relaxed);
         }
-        slot.seq.store(s.wrapping_add(2), Ordering::Release);
+        slot.w[SEQ].store(s.wrapping_add(2), Ordering::Release);
     }
 
     /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take.
     #[inline]
-    pub(crate) fn hash(&self, key: &[u32]) -> u64 {
-        super::hash::hash_words(self.seed, key)
+    pub(crate) fn hash(&self, key: &[u32; KW]) -> u64 {
+        super::hash::hash_key(self.seed, key)
     }
 
-    fn bucket_of_words(&self, key: &[u32]) -> usize {
-        reduce(self.hash(key), self.slots.len())
+    fn tag_of(&self, idx: usize) -> u8 {
+        (self.tag_word(idx).load(Ordering::Relaxed) >> ((idx % 4) * 8)) as u8
+    }
+
+    fn set_tag(&self, idx: usize, tag: u8) {
+        let w = self.tag_word(idx);
+        let shift = (idx % 4) * 8;
+        let v = w.load(Ordering::Relaxed);
+        w.store(
+            (v & !(0xff << shift)) | ((tag as u32) << shift),
+            Ordering::Release,
+        );
+    }
+
+    fn clock_bit(&self, idx: usize) -> bool {
+        self.side(self.clock_base + idx / 32)
+            .load(Ordering::Relaxed)
+            & (1 << (idx % 32))
+            != 0
+    }
+
+    fn clear_clock(&self, idx: usize) {
+        let w = self.side(self.clock_base + idx / 32);
+        let v = w.load(Ordering::Relaxed);
+        let bit = 1u32 << (idx % 32);
+        if v & bit != 0 {
+            w.store(v & !bit, Ordering::Relaxed);
+        }
+    }
+
+    fn group_load(&self, g: usize) -> usize {
+        let start = g * GROUP;
+        (start..start + self.group_len(g))
+            .filter(|&i| self.tag_of(i) != 0)
+            .count()
+    }
+
+    /// The slots of `key`'s window: group 1, then group 2 (if different).
+    fn window(&self, pl: &Place) -> impl Iterator<Item = usize> + '_ {
+        let a = pl.g1 * GROUP..pl.g1 * GROUP + self.group_len(pl.g1);
+        let b = if pl.g2 != pl.g1 {
+            pl.g2 * GROUP..pl.g2 * GROUP + self.group_len(pl.g2)
+        } else {
+            0..0
+        };
+        a.chain(b)
     }
 
     /// Writer lookup: the index of `key`'s entry, if present.
     pub(crate) fn find(&self, key: &[u32; KW], hash: u64) -> Option<usize> {
-        let slots = &*self.slots;
-        if slots.is_empty() {
+        if self.cap == 0 {
             return None;
         }
-        let mut link = slots[reduce(hash, slots.len())]
-            .head
-            .load(Ordering::Relaxed);
-        while link != 0 {
-            let idx = (link - 1) as usize;
-            if self.word(idx, HDR) & OCCUPIED != 0
+        let pl = self.place(hash);
+        self.window(&pl).find(|&i| {
+            self.tag_of(i) == pl.tag
+                && self.word(i, HDR) & OCCUPIED != 0
                 && key
                     .iter()
                     .enumerate()
-                    .all(|(i, k)| self.word(idx, KEY + i) == *k)
-            {
-                return Some(idx);
-            }
-            link = slots[idx].next.load(Ordering::Relaxed);
-        }
-        None
-    }
-
-    fn chain_len(&self, bucket: usize) -> usize {
-        let mut n = 0;
-        let mut link = self.slots[bucket].head.load(Ordering::Relaxed);
-        while link != 0 {
-            n += 1;
-            link = self.slots[(link - 1) as usize].next.load(Ordering::Relaxed);
-        }
-        n
+                    .all(|(j, k)| self.word(i, KEY + j) == *k)
+        })
     }
 
     /// Writer: removes `key`'s entry if present. True if it was.
@@ -386,134 +576,57 @@ where
         }
     }
 
-    /// Unlinks occupied slot `idx` from its chain, marks it empty (bumping nothing else) and puts
-    /// it on the free list.
+    /// Empties occupied slot `idx` (its incarnation stays, so aliases to it stay stale).
     pub(crate) fn remove_at(&self, idx: usize) {
-        let slots = &*self.slots;
         let w = self.load(idx);
         if w[HDR] & OCCUPIED == 0 {
             return;
         }
-        let b = self.bucket_of_words(&w[KEY..KEY + KW]);
-        let target = idx as u32 + 1;
-        let next = slots[idx].next.load(Ordering::Relaxed);
-        let mut link = slots[b].head.load(Ordering::Relaxed);
-        if link == target {
-            slots[b].head.store(next, Ordering::Release);
-        } else {
-            while link != 0 {
-                let l = (link - 1) as usize;
-                let n = slots[l].next.load(Ordering::Relaxed);
-                if n == target {
-                    slots[l].next.store(next, Ordering::Release);
-                    break;
-                }
-                link = n;
-            }
-        }
         let mut cleared = w;
         cleared[HDR] = 0;
         self.store(idx, &cleared);
-        // The free list is threaded through `next`. A reader standing on this slot may follow
-        // that link into the free list: it then sees only unoccupied slots and reports a miss.
-        slots[idx].flags.store(0, Ordering::Relaxed);
-        self.free_push(idx);
-        self.len.fetch_sub(1, Ordering::Relaxed);
+        self.set_tag(idx, 0);
+        self.clear_clock(idx);
+        self.len
+            .store(self.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
     }
 
-    /// Threads every slot onto the free list, slot 0 first.
-    fn init_free_list(&self) {
-        self.free_head.store(0, Ordering::Relaxed);
-        for i in (0..self.slots.len()).rev() {
-            self.free_push(i);
+    /// Bounded CLOCK over the key's window (both groups full): a slot for which `dead(words)`
+    /// holds (expired, negative, stale generation) is taken at once; otherwise the first slot
+    /// whose reference bit was clear (the bits of referenced slots passed on the way are
+    /// cleared: second chance); otherwise the first slot examined. The scan starts at a rotating
+    /// offset. Returns the victim and whether it was dead.
+    fn pick_victim(&self, pl: &Place, dead: &dyn Fn(&[u32; W]) -> bool) -> (usize, bool) {
+        let mut cand = [0usize; MAX_PROBE];
+        let mut n = 0;
+        for i in self.window(pl) {
+            cand[n] = i;
+            n += 1;
         }
-    }
-
-    /// Pushes unoccupied slot `idx` on the (doubly linked) free list.
-    fn free_push(&self, idx: usize) {
-        let h = self.free_head.load(Ordering::Relaxed);
-        self.slots[idx].next.store(h, Ordering::Release);
-        self.slots[idx].prev.store(0, Ordering::Relaxed);
-        if h != 0 {
-            self.slots[(h - 1) as usize]
-                .prev
-                .store(idx as u32 + 1, Ordering::Relaxed);
-        }
-        self.free_head.store(idx as u32 + 1, Ordering::Relaxed);
-    }
-
-    /// Takes free slot `idx` off the free list in O(1).
-    fn free_unlink(&self, idx: usize) {
-        let p = self.slots[idx].prev.load(Ordering::Relaxed);
-        let n = self.slots[idx].next.load(Ordering::Relaxed);
-        if p == 0 {
-            self.free_head.store(n, Ordering::Relaxed);
-        } else {
-            self.slots[(p - 1) as usize]
-                .next
-                .store(n, Ordering::Release);
-        }
-        if n != 0 {
-            self.slots[(n - 1) as usize]
-                .prev
-                .store(p, Ordering::Relaxed);
-        }
-    }
-
-    /// A free slot for an entry of bucket `home`: slot `home` itself if it is free (then the
-    /// bucket head and the entry share a slot and a lookup touches one slot instead of two),
-    /// else the head of the free list.
-    fn alloc(&self, home: usize) -> Option<usize> {
-        if self.word(home, HDR) & OCCUPIED == 0 {
-            self.free_unlink(home);
-            return Some(home);
-        }
-        let f = self.free_head.load(Ordering::Relaxed);
-        if f == 0 {
-            return None;
-        }
-        let idx = (f - 1) as usize;
-        self.free_unlink(idx);
-        Some(idx)
-    }
-
-    /// Bounded CLOCK: examines at most [`EVICT_SCAN`] slots from the hand. A slot for which
-    /// `dead(words)` holds (expired, negative, stale generation) is taken at once; otherwise the
-    /// first slot whose reference bit was clear; otherwise the first slot examined (whose bit the
-    /// sweep just cleared). Returns the victim and whether it was dead.
-    fn pick_victim(&self, dead: &dyn Fn(&[u32; W]) -> bool) -> (usize, bool) {
-        let n = self.slots.len();
-        let mut hand = self.hand.load(Ordering::Relaxed) as usize % n;
-        let start = hand;
+        let h = self.hand.load(Ordering::Relaxed);
+        self.hand.store(h.wrapping_add(1), Ordering::Relaxed);
+        let start = h as usize % n;
         let mut unreferenced = None;
-        let mut victim = None;
-        for _ in 0..EVICT_SCAN.min(n) {
-            let i = hand;
-            hand = if hand + 1 == n { 0 } else { hand + 1 };
+        for k in 0..n {
+            let i = cand[(start + k) % n];
             let w = self.load(i);
             if w[HDR] & OCCUPIED == 0 || dead(&w) {
-                victim = Some((i, true));
-                break;
+                return (i, true);
             }
-            let f = self.slots[i].flags.load(Ordering::Relaxed);
-            if f & REFERENCED != 0 {
-                self.slots[i]
-                    .flags
-                    .fetch_and(!REFERENCED, Ordering::Relaxed);
-            } else if unreferenced.is_none() {
-                unreferenced = Some(i);
+            if unreferenced.is_none() {
+                if self.clock_bit(i) {
+                    self.clear_clock(i);
+                } else {
+                    unreferenced = Some(i);
+                }
             }
         }
-        let v = victim.unwrap_or((unreferenced.unwrap_or(start), false));
-        self.hand.store(
-            if v.0 + 1 == n { 0 } else { v.0 as u32 + 1 },
-            Ordering::Relaxed,
-        );
-        v
+        (unreferenced.unwrap_or(cand[start]), false)
     }
 
     /// Inserts or overwrites the entry for `key` with `words` (whose key part must equal `key`
-    /// and whose `INC` is filled in here). Evicts when full. Returns (index, outcome).
+    /// and whose `INC` is filled in here). Evicts within the key's window when both its groups
+    /// are full. Returns (index, outcome).
     pub(crate) fn upsert(
         &self,
         key: &[u32; KW],
@@ -521,7 +634,7 @@ where
         words: &mut [u32; W],
         dead: &dyn Fn(&[u32; W]) -> bool,
     ) -> Option<(usize, Upsert)> {
-        if self.slots.is_empty() {
+        if self.cap == 0 {
             return None;
         }
         if let Some(idx) = self.find(key, hash) {
@@ -529,43 +642,49 @@ where
             self.store(idx, words);
             return Some((idx, Upsert::Updated));
         }
-        let b = reduce(hash, self.slots.len());
+        let pl = self.place(hash);
+        let (l1, n1) = (self.group_load(pl.g1), self.group_len(pl.g1));
+        let (l2, n2) = if pl.g2 != pl.g1 {
+            (self.group_load(pl.g2), self.group_len(pl.g2))
+        } else {
+            (n1, n1)
+        };
+        // The less loaded group (by free slots); the preferred slot if it is free.
+        let g = if n1 - l1 >= n2 - l2 { pl.g1 } else { pl.g2 };
         let mut outcome = Upsert::New;
-        if self.chain_len(b) >= MAX_CHAIN {
-            // Only an adversarial key set gets here; drop the chain's head to stay bounded.
-            let head = (self.slots[b].head.load(Ordering::Relaxed) - 1) as usize;
-            self.remove_at(head);
-            outcome = Upsert::Evicted { dead: false };
-        }
-        let idx = match self.alloc(b) {
-            Some(i) => i,
-            None => {
-                let (v, was_dead) = self.pick_victim(dead);
-                self.remove_at(v);
-                outcome = Upsert::Evicted { dead: was_dead };
-                // remove_at pushed it on the free list.
-                self.alloc(b)?
-            }
+        let idx = if self.group_load(g) < self.group_len(g) {
+            let base = g * GROUP;
+            let len = self.group_len(g);
+            let off = if g == pl.g1 { pl.pref - base } else { 0 };
+            (0..len)
+                .map(|k| base + (off + k) % len)
+                .find(|&i| self.tag_of(i) == 0)
+                .unwrap_or(pl.pref)
+        } else {
+            let (v, was_dead) = self.pick_victim(&pl, dead);
+            self.remove_at(v);
+            outcome = Upsert::Evicted { dead: was_dead };
+            v
         };
         words[INC] = self.word(idx, INC).wrapping_add(1);
         self.store(idx, words);
-        let slot = &self.slots[idx];
-        slot.flags.store(0, Ordering::Relaxed);
-        slot.next.store(
-            self.slots[b].head.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
-        self.slots[b].head.store(idx as u32 + 1, Ordering::Release);
-        self.len.fetch_add(1, Ordering::Relaxed);
+        self.clear_clock(idx);
+        self.set_tag(idx, pl.tag);
+        self.len
+            .store(self.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         Some((idx, outcome))
     }
 
     /// Removes every entry (O(capacity)).
     pub(crate) fn clear(&self) {
-        for s in self.slots.iter() {
+        for s in self.slots[..self.cap].iter() {
             s.reset();
         }
-        self.init_free_list();
+        for s in self.slots[self.cap..].iter() {
+            for w in s.w.iter() {
+                w.store(0, Ordering::Relaxed);
+            }
+        }
         self.hand.store(0, Ordering::Relaxed);
         self.len.store(0, Ordering::Relaxed);
     }
@@ -577,17 +696,19 @@ where
         budget: usize,
         dead: &dyn Fn(&[u32; W]) -> bool,
     ) -> usize {
-        let n = self.slots.len();
+        let n = self.cap;
         if n == 0 {
             return 0;
         }
         let mut c = cursor.load(Ordering::Relaxed) as usize % n;
         let mut removed = 0;
         for _ in 0..budget.min(n) {
-            let w = self.load(c);
-            if w[HDR] & OCCUPIED != 0 && dead(&w) {
-                self.remove_at(c);
-                removed += 1;
+            if self.tag_of(c) != 0 {
+                let w = self.load(c);
+                if w[HDR] & OCCUPIED != 0 && dead(&w) {
+                    self.remove_at(c);
+                    removed += 1;
+                }
             }
             c = if c + 1 == n { 0 } else { c + 1 };
         }
@@ -597,12 +718,21 @@ where
 
     /// Calls `f` on the index and words of every occupied slot (writer only, O(capacity)).
     pub(crate) fn for_each_occupied(&self, mut f: impl FnMut(usize, &[u32; W])) {
-        for i in 0..self.slots.len() {
-            let w = self.load(i);
-            if w[HDR] & OCCUPIED != 0 {
-                f(i, &w);
+        for i in 0..self.cap {
+            if self.tag_of(i) != 0 {
+                let w = self.load(i);
+                if w[HDR] & OCCUPIED != 0 {
+                    f(i, &w);
+                }
             }
         }
+    }
+
+    /// Test hook: the window (`g1`, `g2`, preferred slot) of a hash.
+    #[cfg(any(test, feature = "std"))]
+    pub(crate) fn window_of(&self, hash: u64) -> (usize, usize, usize) {
+        let pl = self.place(hash);
+        (pl.g1, pl.g2, pl.pref)
     }
 }
 
@@ -612,4 +742,38 @@ pub(crate) enum Upsert {
     New,
     Updated,
     Evicted { dead: bool },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_slots_leave_room_for_side_arrays() {
+        for n in [0usize, 1, 2, 3, 8, 16, 17, 64, 100, 1000, 1 << 20] {
+            for w in [25usize, 32] {
+                let e = entry_slots(n, w);
+                assert!(e + side_slots(e, w) <= n, "n {n} w {w}");
+                if n >= 2 {
+                    assert!(e >= 1);
+                }
+                assert!(e + 1 + side_slots(e + 1, w) > n);
+            }
+        }
+        // ~1.6% of a path table is side arrays.
+        let n = 1 << 20;
+        let e = entry_slots(n, 32);
+        assert!(n - e < n / 50, "{}", n - e);
+        // slots_for sizes for the design load.
+        let s = Slot::<32>::slots_for(1_000_000);
+        assert!(entry_slots(s, 32) * DESIGN_LOAD_PERCENT / 100 >= 1_000_000);
+    }
+
+    #[test]
+    fn zero_bytes_is_exact() {
+        assert_eq!(zero_bytes(0x0000_0000), 0x8080_8080);
+        assert_eq!(zero_bytes(0x0100_ff00), 0x0080_0080);
+        assert_eq!(zero_bytes(0x0101_0101), 0);
+        assert_eq!(zero_bytes(0x8000_0001), 0x0080_8000);
+    }
 }
