@@ -485,9 +485,9 @@ fn cache_is_shareable_and_writer_is_sendable() {
 #[test]
 fn documented_bytes_per_entry() {
     // docs/cache.md and the module docs quote these sizes: a path slot is exactly two cache
-    // lines (seq + meta + key, then the record), 64-byte aligned.
+    // lines (seq + meta + key, then the record), 128-byte aligned (one adjacent-line pair).
     assert_eq!(std::mem::size_of::<PathSlot>(), 128);
-    assert_eq!(std::mem::align_of::<PathSlot>(), 64);
+    assert_eq!(std::mem::align_of::<PathSlot>(), 128);
     assert_eq!(std::mem::size_of::<AddrSlot>(), 128);
     // Side arrays (tag byte, claim byte, CLOCK bit per slot) take ~1.6% of the slots.
     let c = cache(100_000, 0);

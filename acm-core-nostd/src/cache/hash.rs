@@ -45,23 +45,26 @@ const K: [u64; 6] = [
 /// chunks is multiplied (folded) with seed-dependent secrets independently of the others
 /// (wyhash style, so the multiplies overlap instead of forming a chain), and the products are
 /// folded once more. A 10-word `PathKey` costs 3 + 1 multiplies.
-#[inline]
-pub fn hash_key(seed: u64, words: &[u32]) -> u64 {
+#[inline(always)]
+pub fn hash_key<const N: usize>(seed: u64, words: &[u32; N]) -> u64 {
     let chunk = |i: usize| -> u64 {
-        let lo = words.get(2 * i).copied().unwrap_or(0) as u64;
-        let hi = words.get(2 * i + 1).copied().unwrap_or(0) as u64;
+        let lo = if 2 * i < N { words[2 * i] as u64 } else { 0 };
+        let hi = if 2 * i + 1 < N {
+            words[2 * i + 1] as u64
+        } else {
+            0
+        };
         lo | (hi << 32)
     };
-    let chunks = words.len().div_ceil(2);
-    let mut acc = seed ^ (words.len() as u64).wrapping_mul(MUL2);
+    let chunks = N.div_ceil(2);
+    let s2 = seed.rotate_left(23);
+    let mut acc = seed ^ (N as u64).wrapping_mul(MUL2);
     let mut i = 0;
-    let mut k = 0;
     while i < chunks {
-        let a = chunk(i) ^ seed ^ K[k % 6];
-        let b = chunk(i + 1) ^ seed.rotate_left(23) ^ K[(k + 1) % 6];
+        let a = chunk(i) ^ seed ^ K[i % 6];
+        let b = chunk(i + 1) ^ s2 ^ K[(i + 1) % 6];
         acc ^= fold_mul(a, b);
         i += 2;
-        k += 2;
     }
     fold_mul(acc ^ MUL, MUL2 ^ seed)
 }

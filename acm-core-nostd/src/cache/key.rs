@@ -93,6 +93,10 @@ impl Constraints {
     #[inline]
     pub fn to_words(&self) -> [u32; 5] {
         let m = self.mask;
+        if m == 0 {
+            // The common request: no constraints at all.
+            return [0; 5];
+        }
         let on = |bit: u16| m & bit != 0;
         let sid = if on(constraint::SERVICE_ID) {
             self.service_id

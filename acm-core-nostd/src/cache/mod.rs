@@ -486,10 +486,10 @@ where
         self.lookup_impl::<false>(key, now)
     }
 
-    /// Test hook: (group 1, group 2, preferred slot) of `key` in the path table.
+    /// Test hook: (group 1, group 2, tag byte) of `key` in the path table.
     #[doc(hidden)]
     #[cfg(feature = "std")]
-    pub fn window_for_tests(&self, key: &PathKey) -> (usize, usize, usize) {
+    pub fn window_for_tests(&self, key: &PathKey) -> (usize, usize, u8) {
         self.paths.window_of(self.paths.hash(&key.to_words()))
     }
 
@@ -524,8 +524,8 @@ where
         let needs_refresh = now.saturating_add(self.config.refresh_ahead) >= exp
             && self.paths.claim_refresh(idx, seq);
         let mut record = [0u8; RECORD_LEN];
-        for (c, v) in record.chunks_exact_mut(4).zip(&w[PATH_REC..]) {
-            c.copy_from_slice(&v.to_le_bytes());
+        for i in 0..RECORD_WORDS {
+            record[4 * i..4 * i + 4].copy_from_slice(&w[PATH_REC + i].to_le_bytes());
         }
         Lookup::Hit {
             record,

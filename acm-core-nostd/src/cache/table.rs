@@ -70,7 +70,7 @@ pub(crate) const OCCUPIED: u32 = 1 << 31;
 /// Attempts on one slot before a reader gives up with `Busy`.
 pub const MAX_RETRIES: u32 = 16;
 /// Entry slots per group (a key lives in one of the slots of its two groups).
-pub const GROUP: usize = 16;
+pub const GROUP: usize = 32;
 /// Most slots a lookup examines (two groups).
 pub const MAX_PROBE: usize = 2 * GROUP;
 /// Most slots a lookup examines. Kept for source compatibility; equal to [`MAX_PROBE`] (there
@@ -79,16 +79,17 @@ pub const MAX_CHAIN: usize = MAX_PROBE;
 /// Slots an eviction examines at most (the key's two groups).
 pub const EVICT_SCAN: usize = MAX_PROBE;
 
-/// The load (entries / entry slots) the storage helpers size for: at 85% the less-loaded-of-two
-/// placement overflows a window (and so evicts before the table is full) about never.
-pub const DESIGN_LOAD_PERCENT: usize = 85;
+/// The load (entries / entry slots) the storage helpers size for: at 87% the placement below
+/// overflows a window (and so evicts before the table is full) about never (simulated: no
+/// overflow in 2^20-slot tables up to 90%).
+pub const DESIGN_LOAD_PERCENT: usize = 87;
 
 /// One slot of cache storage: `W` atomic words, word 0 the sequence counter. See the
 /// [module docs](self) for the layout and [`cache`](super) for the API.
 ///
 /// All-zero is the empty state, so `Slot::new()` is `const` and a `static [PathSlot; N]` goes to
 /// `.bss` (no flash).
-#[repr(C, align(64))]
+#[repr(C, align(128))]
 pub struct Slot<const W: usize> {
     pub(crate) w: [AtomicU32; W],
 }
@@ -190,12 +191,13 @@ pub(crate) fn set_expiry(w: &mut [u32], t: u64) {
     w[EXP_HI] = (t >> 32) as u32;
 }
 
-/// Where a key may live: two groups, a preferred slot, a tag.
+/// Where a key may live: two groups, a preferred slot in each, a tag.
 #[derive(Clone, Copy, Debug)]
 struct Place {
     g1: usize,
     g2: usize,
     pref: usize,
+    pref2: usize,
     tag: u8,
 }
 
@@ -280,26 +282,38 @@ where
         let g1 = reduce(h, self.groups);
         let g2 = reduce(h.rotate_left(32), self.groups);
         let m = super::hash::mix(h);
-        let len = self.group_len(g1);
-        let p = (m as usize) & (GROUP - 1);
-        let p = if p < len { p } else { p % len };
+        let at = |g: usize, bits: u64| {
+            let len = self.group_len(g);
+            let p = (bits as usize) & (GROUP - 1);
+            g * GROUP + if p < len { p } else { p % len }
+        };
         let t = (m >> 56) as u8;
         Place {
             g1,
             g2,
-            pref: g1 * GROUP + p,
+            pref: at(g1, m),
+            pref2: at(g2, m >> 8),
             tag: if t == 0 { 1 } else { t },
         }
     }
 
-    /// The tag bytes of group `g` (4 words; bytes past the group's end are 0).
+    /// The tag words of group `g` (8 words, 32 tag bytes). Bytes past the last entry slot are
+    /// other side-array bytes; callers skip indices `>= cap`. (The side storage always extends
+    /// past the last group's tag words: the claim bytes follow the tags.)
     #[inline(always)]
     fn group_tags(&self, g: usize) -> [u32; GROUP / 4] {
-        let base = g * GROUP / 4;
+        let k = g * (GROUP / 4);
+        let (si, off) = (self.cap + k / W, k % W);
         let mut t = [0u32; GROUP / 4];
-        for (j, o) in t.iter_mut().enumerate() {
-            if (g * GROUP + 4 * j) < self.cap {
-                *o = self.side(base + j).load(Ordering::Acquire);
+        if off + GROUP / 4 <= W {
+            // One slot holds all eight words (always for path slots: 32 words).
+            let w = &self.slots[si].w;
+            for (j, o) in t.iter_mut().enumerate() {
+                *o = w[off + j].load(Ordering::Acquire);
+            }
+        } else {
+            for (j, o) in t.iter_mut().enumerate() {
+                *o = self.side(k + j).load(Ordering::Acquire);
             }
         }
         t
@@ -316,26 +330,54 @@ where
         key: &[u32; KW],
         out: &mut [u32; W],
     ) -> Probe {
+        let s1 = self.slots[idx].w[SEQ].load(Ordering::Acquire);
+        self.try_slot_from::<CHECKED>(idx, s1, key, out)
+    }
+
+    /// [`try_slot`](Self::try_slot) whose first sequence load (`Acquire`) was already done.
+    ///
+    /// The header and key are compared first; a slot that does not hold `key` is left at once,
+    /// without validating the copy: a torn read can only make a slot that is *changing key*
+    /// (being removed or reused) look like a miss, which is what a reader racing that change may
+    /// see anyway. (A slot updated in place keeps its key words, so its key compares equal in
+    /// every mix of versions.) Only a match is copied out and validated.
+    #[inline(always)]
+    fn try_slot_from<const CHECKED: bool>(
+        &self,
+        idx: usize,
+        first_seq: u32,
+        key: &[u32; KW],
+        out: &mut [u32; W],
+    ) -> Probe {
         let slot = &self.slots[idx];
         let mut tries = 0;
+        let mut s1 = first_seq;
         loop {
-            let s1 = slot.w[SEQ].load(Ordering::Acquire);
+            let hdr = slot.w[HDR].load(Ordering::Relaxed);
+            let mut diff = 0;
+            for (j, k) in key.iter().enumerate() {
+                diff |= slot.w[KEY + j].load(Ordering::Relaxed) ^ k;
+            }
+            if hdr & OCCUPIED == 0 || diff != 0 {
+                return Probe::NotFound;
+            }
             if !CHECKED || s1 & 1 == 0 {
-                // Every word, unconditionally: both cache lines of the slot are requested at
-                // once instead of the record line waiting for the key compare.
-                for (o, w) in out.iter_mut().zip(slot.w.iter()).skip(1) {
-                    *o = w.load(Ordering::Relaxed);
+                out[HDR] = hdr;
+                // Index loops over constant ranges: fully unrolled.
+                #[allow(clippy::needless_range_loop)]
+                for i in HDR + 1..KEY {
+                    out[i] = slot.w[i].load(Ordering::Relaxed);
+                }
+                out[KEY..KEY + KW].copy_from_slice(key);
+                #[allow(clippy::needless_range_loop)]
+                for i in KEY + KW..W {
+                    out[i] = slot.w[i].load(Ordering::Relaxed);
                 }
                 fence(Ordering::Acquire);
                 let s2 = slot.w[SEQ].load(Ordering::Relaxed);
                 if !CHECKED || s1 == s2 {
                     out[SEQ] = s1;
-                    let hit = out[HDR] & OCCUPIED != 0 && out[KEY..KEY + KW] == key[..];
-                    return if hit {
-                        Probe::Found(idx, s1)
-                    } else {
-                        Probe::NotFound
-                    };
+                    return Probe::Found(idx, s1);
                 }
             }
             tries += 1;
@@ -343,6 +385,7 @@ where
                 return Probe::Busy;
             }
             core::hint::spin_loop();
+            s1 = slot.w[SEQ].load(Ordering::Acquire);
         }
     }
 
@@ -360,27 +403,35 @@ where
             return Probe::NotFound;
         }
         let pl = self.place(hash);
-        let t1 = self.group_tags(pl.g1);
-        let t2 = if pl.g2 != pl.g1 {
-            self.group_tags(pl.g2)
-        } else {
-            [0; GROUP / 4]
-        };
+        // Both preferred slots (where ~3/4 of the keys live) are requested before either is
+        // examined, so the second one's miss overlaps the first's. (Slots are 128-byte aligned:
+        // the adjacent-line prefetcher brings a slot's record line with its first line.)
+        let seq2 = self.slots[pl.pref2].w[SEQ].load(Ordering::Acquire);
         let mut busy = false;
         match self.try_slot::<CHECKED>(pl.pref, key, out) {
             Probe::NotFound => {}
             Probe::Busy => busy = true,
             found => return found,
         }
+        if pl.pref2 != pl.pref {
+            match self.try_slot_from::<CHECKED>(pl.pref2, seq2, key, out) {
+                Probe::NotFound => {}
+                Probe::Busy => busy = true,
+                found => return found,
+            }
+        }
+        // Not in a preferred slot (about 1 key in 4): the tags of both groups (1 byte per slot,
+        // a 1.1 MB array per million slots, so mostly cache-resident) name the candidates.
         let pat = u32::from_ne_bytes([pl.tag; 4]);
-        for (g, tags) in [(pl.g1, &t1), (pl.g2, &t2)] {
+        for g in [pl.g1, pl.g2] {
+            let tags = self.group_tags(g);
             for (j, &t) in tags.iter().enumerate() {
                 let mut m = zero_bytes(t ^ pat);
                 while m != 0 {
                     let b = (m.trailing_zeros() / 8) as usize;
                     m &= m - 1;
                     let idx = g * GROUP + 4 * j + b;
-                    if idx == pl.pref || idx >= self.cap {
+                    if idx == pl.pref || idx == pl.pref2 || idx >= self.cap {
                         continue;
                     }
                     match self.try_slot::<CHECKED>(idx, key, out) {
@@ -411,8 +462,9 @@ where
         for _ in 0..MAX_RETRIES {
             let s1 = slot.w[SEQ].load(Ordering::Acquire);
             if s1 & 1 == 0 {
-                for (o, w) in out.iter_mut().zip(slot.w.iter()).skip(1) {
-                    *o = w.load(Ordering::Relaxed);
+                #[allow(clippy::needless_range_loop)]
+                for i in 1..W {
+                    out[i] = slot.w[i].load(Ordering::Relaxed);
                 }
                 fence(Ordering::Acquire);
                 if slot.w[SEQ].load(Ordering::Relaxed) == s1 {
@@ -643,19 +695,25 @@ where
             return Some((idx, Upsert::Updated));
         }
         let pl = self.place(hash);
-        let (l1, n1) = (self.group_load(pl.g1), self.group_len(pl.g1));
-        let (l2, n2) = if pl.g2 != pl.g1 {
-            (self.group_load(pl.g2), self.group_len(pl.g2))
+        let free1 = self.group_len(pl.g1) - self.group_load(pl.g1);
+        let free2 = if pl.g2 != pl.g1 {
+            self.group_len(pl.g2) - self.group_load(pl.g2)
         } else {
-            (n1, n1)
+            0
         };
-        // The less loaded group (by free slots); the preferred slot if it is free.
-        let g = if n1 - l1 >= n2 - l2 { pl.g1 } else { pl.g2 };
+        // A free preferred slot (the one of the group with more room if both are free), else
+        // any free slot of the group with more room, else evict within the window.
+        let (c1, c2) = (self.tag_of(pl.pref) == 0, self.tag_of(pl.pref2) == 0);
+        let fallback = if free1 >= free2 { pl.g1 } else { pl.g2 };
         let mut outcome = Upsert::New;
-        let idx = if self.group_load(g) < self.group_len(g) {
-            let base = g * GROUP;
-            let len = self.group_len(g);
-            let off = if g == pl.g1 { pl.pref - base } else { 0 };
+        let idx = if c1 && (!c2 || free1 >= free2) {
+            pl.pref
+        } else if c2 {
+            pl.pref2
+        } else if free1.max(free2) > 0 {
+            let base = fallback * GROUP;
+            let len = self.group_len(fallback);
+            let off = if fallback == pl.g1 { pl.pref } else { pl.pref2 } - base;
             (0..len)
                 .map(|k| base + (off + k) % len)
                 .find(|&i| self.tag_of(i) == 0)
@@ -728,11 +786,11 @@ where
         }
     }
 
-    /// Test hook: the window (`g1`, `g2`, preferred slot) of a hash.
+    /// Test hook: the window (`g1`, `g2`) and tag of a hash.
     #[cfg(any(test, feature = "std"))]
-    pub(crate) fn window_of(&self, hash: u64) -> (usize, usize, usize) {
+    pub(crate) fn window_of(&self, hash: u64) -> (usize, usize, u8) {
         let pl = self.place(hash);
-        (pl.g1, pl.g2, pl.pref)
+        (pl.g1, pl.g2, pl.tag)
     }
 }
 
@@ -760,7 +818,7 @@ mod tests {
                 assert!(e + 1 + side_slots(e + 1, w) > n);
             }
         }
-        // ~1.6% of a path table is side arrays.
+        // ~1.7% of a path table is side arrays.
         let n = 1 << 20;
         let e = entry_slots(n, 32);
         assert!(n - e < n / 50, "{}", n - e);
