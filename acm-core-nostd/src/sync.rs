@@ -11,3 +11,13 @@ pub(crate) use core::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// A reader's back-off while the writer holds a slot (loom: a yield, so the model lets the
+/// writer run instead of exploring a spinning reader).
+#[inline(always)]
+pub(crate) fn spin_loop() {
+    #[cfg(not(loom))]
+    core::hint::spin_loop();
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}

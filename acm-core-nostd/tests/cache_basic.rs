@@ -2,8 +2,8 @@
 //! invalidation, eviction policy, counters and the 1,000,000-entry capacity.
 
 use acm_core_nostd::cache::{
-    constraint, AddrKey, AddrSlot, CacheConfig, CacheError, Constraints, Dest, Inserted, Lookup,
-    PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT,
+    constraint, AddrKey, AddrSlot, AliasSlot, CacheConfig, CacheError, Constraints, Dest, Inserted,
+    Lookup, PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT,
 };
 
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -496,4 +496,92 @@ fn documented_bytes_per_entry() {
         "{}",
         c.capacity()
     );
+}
+
+/// One route, four keys (by DLID and by DGID, with and without the reversible bit): one path
+/// slot and three 64-byte alias slots, one record.
+#[test]
+fn one_route_many_keys_shares_one_record() {
+    let p: Box<[PathSlot]> = (0..64).map(|_| PathSlot::new()).collect();
+    let a: Box<[AddrSlot]> = Box::new([]);
+    let x: Box<[AliasSlot]> = (0..64).map(|_| AliasSlot::new()).collect();
+    let c = PathCache::with_aliases(p, a, x, CacheConfig::default()).unwrap();
+    assert_eq!(std::mem::size_of::<AliasSlot>(), 64);
+    let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0, 7];
+    let rev = Constraints {
+        mask: constraint::REVERSIBLE_NUMPATH,
+        reversible_numpath: 0x80,
+        ..Constraints::ANY
+    };
+    let keys = [
+        PathKey::new(3, Dest::Gid(gid)),
+        PathKey {
+            constraints: rev,
+            ..PathKey::new(3, Dest::Gid(gid))
+        },
+        PathKey::new(3, Dest::Lid(7)),
+        PathKey {
+            constraints: rev,
+            ..PathKey::new(3, Dest::Lid(7))
+        },
+    ];
+    let mut w = c.writer().unwrap();
+    assert_eq!(w.insert_route(&keys, &rec(1), 0, u64::MAX), Inserted::New);
+    assert_eq!(
+        (c.len(), c.alias_len()),
+        (1, 3),
+        "one path entry, three aliases"
+    );
+    for k in &keys {
+        assert_eq!(record_of(c.lookup(k, 1)), rec(1), "{k:?}");
+    }
+    // One update, through the primary key, is seen through every key.
+    assert_eq!(w.insert(&keys[0], &rec(2), 1, u64::MAX), Inserted::Updated);
+    for k in &keys {
+        assert_eq!(record_of(c.lookup(k, 2)), rec(2));
+    }
+    // An alias's own lifetime bounds its answers.
+    let other = PathKey::new(3, Dest::Lid(8));
+    w.alias_path(&other, &keys[0], 2, 100).unwrap();
+    assert!(matches!(
+        c.lookup(&other, 50),
+        Lookup::Hit {
+            expires_at: 102,
+            ..
+        }
+    ));
+    assert_eq!(c.lookup(&other, 102), Lookup::Miss);
+    // Aliases of a missing path are refused; removing an alias leaves the rest.
+    assert_eq!(
+        w.alias_path(&other, &lid(3, 99), 0, 10),
+        Err(acm_core_nostd::cache::CacheError::NoSuchPath)
+    );
+    assert!(w.remove(&keys[3]));
+    assert_eq!(c.lookup(&keys[3], 3), Lookup::Miss);
+    assert_eq!(record_of(c.lookup(&keys[2], 3)), rec(2));
+    // Inserting a full entry under an alias key replaces the alias.
+    assert_eq!(w.insert(&keys[2], &rec(5), 3, u64::MAX), Inserted::New);
+    assert_eq!(record_of(c.lookup(&keys[2], 4)), rec(5));
+    assert_eq!(record_of(c.lookup(&keys[1], 4)), rec(2));
+    // Removing the route's path entry turns its aliases into misses, also after slot reuse;
+    // the sweeper reclaims them.
+    assert!(w.remove(&keys[0]));
+    assert_eq!(c.lookup(&keys[1], 5), Lookup::Miss);
+    for l in 0..40 {
+        w.insert(&lid(4, l), &rec(9), 5, u64::MAX);
+    }
+    assert_eq!(c.lookup(&keys[1], 6), Lookup::Miss);
+    let before = c.alias_len();
+    assert!(before >= 1);
+    w.purge_expired(6, 1_000);
+    assert_eq!(c.alias_len(), 0, "dead aliases are reclaimed");
+    // Without alias storage, insert_route stores every key as a path entry.
+    drop(w);
+    let plain = cache(64, 0);
+    let mut w = plain.writer().unwrap();
+    w.insert_route(&keys, &rec(3), 0, u64::MAX);
+    assert_eq!(plain.len(), 4);
+    for k in &keys {
+        assert_eq!(record_of(plain.lookup(k, 1)), rec(3));
+    }
 }

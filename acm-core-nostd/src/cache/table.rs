@@ -67,10 +67,12 @@ pub(crate) const KEY: usize = 6;
 /// Header bit: the slot holds an entry.
 pub(crate) const OCCUPIED: u32 = 1 << 31;
 
-/// Attempts on one slot before a reader gives up with `Busy`.
-pub const MAX_RETRIES: u32 = 16;
-/// Entry slots per group (a key lives in one of the slots of its two groups).
-pub const GROUP: usize = 32;
+/// Attempts on one slot before a reader gives up with `Busy` (2 in the loom model, to keep it
+/// small).
+pub const MAX_RETRIES: u32 = if cfg!(loom) { 2 } else { 16 };
+/// Entry slots per group (a key lives in one of the slots of its two groups). 4 in the loom
+/// model (one tag word per group).
+pub const GROUP: usize = if cfg!(loom) { 4 } else { 32 };
 /// Most slots a lookup examines (two groups).
 pub const MAX_PROBE: usize = 2 * GROUP;
 /// Most slots a lookup examines. Kept for source compatibility; equal to [`MAX_PROBE`] (there
@@ -118,20 +120,40 @@ impl<const W: usize> Slot<W> {
         let e = if e < entries { entries } else { e };
         e + side_slots(e, W)
     }
+}
 
-    fn reset(&self) {
-        // Keep `seq` and the incarnation monotonic: a reader that raced the reset must not
-        // mistake a later entry in this slot for the one it saw before.
-        let s = self.w[SEQ].load(Ordering::Relaxed);
-        self.w[SEQ].store(s.wrapping_add(1) | 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        for (i, w) in self.w.iter().enumerate().skip(1) {
-            if i != INC {
-                w.store(0, Ordering::Relaxed);
-            }
-        }
-        self.w[SEQ].store((s.wrapping_add(1) | 1).wrapping_add(1), Ordering::Release);
+/// Slot storage the table runs on: `W` words, word 0 the sequence counter, word 1 the header,
+/// the key at `KEY_AT`, the incarnation at [`INC`] if `HAS_INC`.
+pub(crate) trait Words<const W: usize> {
+    /// First key word.
+    const KEY_AT: usize;
+    /// Whether word [`INC`] is an incarnation (kept across resets, bumped per new key).
+    const HAS_INC: bool;
+    fn words(&self) -> &[AtomicU32; W];
+}
+
+impl<const W: usize> Words<W> for Slot<W> {
+    const KEY_AT: usize = KEY;
+    const HAS_INC: bool = true;
+    #[inline(always)]
+    fn words(&self) -> &[AtomicU32; W] {
+        &self.w
     }
+}
+
+/// Empties a slot. Keeps `seq` and the incarnation monotonic: a reader that raced the reset must
+/// not mistake a later entry in this slot for the one it saw before.
+fn reset<const W: usize, T: Words<W>>(slot: &T) {
+    let w = slot.words();
+    let s = w[SEQ].load(Ordering::Relaxed);
+    w[SEQ].store(s.wrapping_add(1) | 1, Ordering::Relaxed);
+    fence(Ordering::Release);
+    for (i, x) in w.iter().enumerate().skip(1) {
+        if !(T::HAS_INC && i == INC) {
+            x.store(0, Ordering::Relaxed);
+        }
+    }
+    w[SEQ].store((s.wrapping_add(1) | 1).wrapping_add(1), Ordering::Release);
 }
 
 impl<const W: usize> Default for Slot<W> {
@@ -145,6 +167,74 @@ impl<const W: usize> core::fmt::Debug for Slot<W> {
         f.debug_struct("Slot")
             .field("seq", &self.w[SEQ].load(Ordering::Relaxed))
             .finish_non_exhaustive()
+    }
+}
+
+/// Words of an [`AliasSlot`].
+pub const ALIAS_WORDS: usize = 16;
+/// Alias slot word indices: expiry (low, high), key, target slot index, target incarnation.
+pub(crate) const A_EXP_LO: usize = 2;
+pub(crate) const A_EXP_HI: usize = 3;
+pub(crate) const A_KEY: usize = 4;
+pub(crate) const A_TGT: usize = A_KEY + super::key::PATH_KEY_WORDS;
+pub(crate) const A_TGT_INC: usize = A_TGT + 1;
+const _: () = assert!(A_TGT_INC + 1 == ALIAS_WORDS);
+
+/// One slot of path-alias storage (see [`PathCache::with_aliases`](super::PathCache::with_aliases)):
+/// 16 words = 64 bytes = one cache line, 64-byte aligned: sequence counter, header, expiry, the
+/// alias's packed [`PathKey`](super::PathKey) and the (slot index, incarnation) of the path
+/// entry it answers with. All-zero is empty, so `AliasSlot::new()` is `const` and `static`
+/// storage goes to `.bss`.
+#[repr(C, align(64))]
+pub struct AliasSlot {
+    w: [AtomicU32; ALIAS_WORDS],
+}
+
+impl AliasSlot {
+    /// An empty slot (all zero).
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        AliasSlot {
+            w: [const { AtomicU32::new(0) }; ALIAS_WORDS],
+        }
+    }
+
+    /// An empty slot (all zero).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        AliasSlot {
+            w: core::array::from_fn(|_| AtomicU32::new(0)),
+        }
+    }
+
+    /// How many alias slots hold `aliases` aliases at the design load, side arrays included.
+    pub const fn slots_for(aliases: usize) -> usize {
+        let e = aliases.div_ceil(DESIGN_LOAD_PERCENT).saturating_mul(100);
+        let e = if e < aliases { aliases } else { e };
+        e + side_slots(e, ALIAS_WORDS)
+    }
+}
+
+impl Default for AliasSlot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl core::fmt::Debug for AliasSlot {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("AliasSlot")
+            .field("seq", &self.w[SEQ].load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Words<ALIAS_WORDS> for AliasSlot {
+    const KEY_AT: usize = A_KEY;
+    const HAS_INC: bool = false;
+    #[inline(always)]
+    fn words(&self) -> &[AtomicU32; ALIAS_WORDS] {
+        &self.w
     }
 }
 
@@ -207,8 +297,8 @@ fn zero_bytes(x: u32) -> u32 {
     !((((x & 0x7f7f_7f7f).wrapping_add(0x7f7f_7f7f)) | x) | 0x7f7f_7f7f)
 }
 
-/// The hash table. `KW` key words start at [`KEY`]; the payload follows.
-pub(crate) struct Table<S, const W: usize, const KW: usize> {
+/// The hash table over slots `T`. `KW` key words start at `T::KEY_AT`; the payload follows.
+pub(crate) struct Table<S, T, const W: usize, const KW: usize> {
     slots: S,
     seed: u64,
     /// Entry slots (the rest of `slots` holds the side arrays).
@@ -221,12 +311,16 @@ pub(crate) struct Table<S, const W: usize, const KW: usize> {
     // writer touches them (plain `Relaxed` load + store, no read-modify-write).
     hand: AtomicU32,
     len: AtomicU32,
+    _slot: core::marker::PhantomData<fn() -> T>,
 }
 
-impl<S, const W: usize, const KW: usize> Table<S, W, KW>
+impl<S, T, const W: usize, const KW: usize> Table<S, T, W, KW>
 where
-    S: Deref<Target = [Slot<W>]>,
+    S: Deref<Target = [T]>,
+    T: Words<W>,
 {
+    const KEY: usize = T::KEY_AT;
+
     /// A table over `slots` (reset to empty). `None` if `slots` is longer than `u32::MAX - 1`.
     pub(crate) fn new(slots: S, seed: u64) -> Option<Self> {
         if slots.len() >= u32::MAX as usize {
@@ -242,6 +336,7 @@ where
             seed,
             hand: AtomicU32::new(0),
             len: AtomicU32::new(0),
+            _slot: core::marker::PhantomData,
         };
         t.clear();
         Some(t)
@@ -263,7 +358,7 @@ where
     #[inline(always)]
     fn side(&self, k: usize) -> &AtomicU32 {
         let i = self.cap + k / W;
-        &self.slots[i].w[k % W]
+        &self.slots[i].words()[k % W]
     }
 
     #[inline(always)]
@@ -307,7 +402,7 @@ where
         let mut t = [0u32; GROUP / 4];
         if off + GROUP / 4 <= W {
             // One slot holds all eight words (always for path slots: 32 words).
-            let w = &self.slots[si].w;
+            let w = self.slots[si].words();
             for (j, o) in t.iter_mut().enumerate() {
                 *o = w[off + j].load(Ordering::Acquire);
             }
@@ -330,7 +425,7 @@ where
         key: &[u32; KW],
         out: &mut [u32; W],
     ) -> Probe {
-        let s1 = self.slots[idx].w[SEQ].load(Ordering::Acquire);
+        let s1 = self.slots[idx].words()[SEQ].load(Ordering::Acquire);
         self.try_slot_from::<CHECKED>(idx, s1, key, out)
     }
 
@@ -353,10 +448,10 @@ where
         let mut tries = 0;
         let mut s1 = first_seq;
         loop {
-            let hdr = slot.w[HDR].load(Ordering::Relaxed);
+            let hdr = slot.words()[HDR].load(Ordering::Relaxed);
             let mut diff = 0;
             for (j, k) in key.iter().enumerate() {
-                diff |= slot.w[KEY + j].load(Ordering::Relaxed) ^ k;
+                diff |= slot.words()[Self::KEY + j].load(Ordering::Relaxed) ^ k;
             }
             if hdr & OCCUPIED == 0 || diff != 0 {
                 return Probe::NotFound;
@@ -365,16 +460,16 @@ where
                 out[HDR] = hdr;
                 // Index loops over constant ranges: fully unrolled.
                 #[allow(clippy::needless_range_loop)]
-                for i in HDR + 1..KEY {
-                    out[i] = slot.w[i].load(Ordering::Relaxed);
+                for i in HDR + 1..Self::KEY {
+                    out[i] = slot.words()[i].load(Ordering::Relaxed);
                 }
-                out[KEY..KEY + KW].copy_from_slice(key);
+                out[Self::KEY..Self::KEY + KW].copy_from_slice(key);
                 #[allow(clippy::needless_range_loop)]
-                for i in KEY + KW..W {
-                    out[i] = slot.w[i].load(Ordering::Relaxed);
+                for i in Self::KEY + KW..W {
+                    out[i] = slot.words()[i].load(Ordering::Relaxed);
                 }
                 fence(Ordering::Acquire);
-                let s2 = slot.w[SEQ].load(Ordering::Relaxed);
+                let s2 = slot.words()[SEQ].load(Ordering::Relaxed);
                 if !CHECKED || s1 == s2 {
                     out[SEQ] = s1;
                     return Probe::Found(idx, s1);
@@ -384,20 +479,33 @@ where
             if tries >= MAX_RETRIES {
                 return Probe::Busy;
             }
-            core::hint::spin_loop();
-            s1 = slot.w[SEQ].load(Ordering::Acquire);
+            crate::sync::spin_loop();
+            s1 = slot.words()[SEQ].load(Ordering::Acquire);
         }
     }
 
     /// Finds `key` and copies the entry's words into `out`. `CHECKED = false` skips the
     /// sequence validation: a deliberately broken reader for tests, see
     /// [`PathCache::torn_lookup_for_tests`](super::PathCache::torn_lookup_for_tests).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn read<const CHECKED: bool>(
         &self,
         key: &[u32; KW],
         hash: u64,
         out: &mut [u32; W],
+    ) -> Probe {
+        self.read_counted::<CHECKED>(key, hash, out, &mut 0)
+    }
+
+    /// [`read`](Self::read), adding the number of slots examined to `*examined` (the count is
+    /// a dead local in `read`, compiled away).
+    #[inline(always)]
+    pub(crate) fn read_counted<const CHECKED: bool>(
+        &self,
+        key: &[u32; KW],
+        hash: u64,
+        out: &mut [u32; W],
+        examined: &mut usize,
     ) -> Probe {
         if self.cap == 0 {
             return Probe::NotFound;
@@ -406,14 +514,16 @@ where
         // Both preferred slots (where ~3/4 of the keys live) are requested before either is
         // examined, so the second one's miss overlaps the first's. (Slots are 128-byte aligned:
         // the adjacent-line prefetcher brings a slot's record line with its first line.)
-        let seq2 = self.slots[pl.pref2].w[SEQ].load(Ordering::Acquire);
+        let seq2 = self.slots[pl.pref2].words()[SEQ].load(Ordering::Acquire);
         let mut busy = false;
+        *examined += 1;
         match self.try_slot::<CHECKED>(pl.pref, key, out) {
             Probe::NotFound => {}
             Probe::Busy => busy = true,
             found => return found,
         }
         if pl.pref2 != pl.pref {
+            *examined += 1;
             match self.try_slot_from::<CHECKED>(pl.pref2, seq2, key, out) {
                 Probe::NotFound => {}
                 Probe::Busy => busy = true,
@@ -434,6 +544,7 @@ where
                     if idx == pl.pref || idx == pl.pref2 || idx >= self.cap {
                         continue;
                     }
+                    *examined += 1;
                     match self.try_slot::<CHECKED>(idx, key, out) {
                         Probe::NotFound => {}
                         Probe::Busy => busy = true,
@@ -460,19 +571,19 @@ where
         }
         let slot = &self.slots[idx];
         for _ in 0..MAX_RETRIES {
-            let s1 = slot.w[SEQ].load(Ordering::Acquire);
+            let s1 = slot.words()[SEQ].load(Ordering::Acquire);
             if s1 & 1 == 0 {
                 #[allow(clippy::needless_range_loop)]
                 for i in 1..W {
-                    out[i] = slot.w[i].load(Ordering::Relaxed);
+                    out[i] = slot.words()[i].load(Ordering::Relaxed);
                 }
                 fence(Ordering::Acquire);
-                if slot.w[SEQ].load(Ordering::Relaxed) == s1 {
+                if slot.words()[SEQ].load(Ordering::Relaxed) == s1 {
                     out[SEQ] = s1;
                     return Some(Some(s1));
                 }
             }
-            core::hint::spin_loop();
+            crate::sync::spin_loop();
         }
         Some(None)
     }
@@ -524,7 +635,7 @@ where
     /// return its own latest values).
     pub(crate) fn load(&self, idx: usize) -> [u32; W] {
         let mut w = [0u32; W];
-        for (o, a) in w.iter_mut().zip(self.slots[idx].w.iter()) {
+        for (o, a) in w.iter_mut().zip(self.slots[idx].words().iter()) {
             *o = a.load(Ordering::Relaxed);
         }
         w
@@ -532,19 +643,19 @@ where
 
     #[inline]
     fn word(&self, idx: usize, i: usize) -> u32 {
-        self.slots[idx].w[i].load(Ordering::Relaxed)
+        self.slots[idx].words()[i].load(Ordering::Relaxed)
     }
 
     /// Publishes new words (all but `words[SEQ]`) for slot `idx` under the seqlock.
     pub(crate) fn store(&self, idx: usize, words: &[u32; W]) {
         let slot = &self.slots[idx];
-        let s = slot.w[SEQ].load(Ordering::Relaxed);
-        slot.w[SEQ].store(s.wrapping_add(1), Ordering::Relaxed);
+        let s = slot.words()[SEQ].load(Ordering::Relaxed);
+        slot.words()[SEQ].store(s.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        for (a, v) in slot.w.iter().zip(words.iter()).skip(1) {
+        for (a, v) in slot.words().iter().zip(words.iter()).skip(1) {
             a.store(*v, Ordering::Relaxed);
         }
-        slot.w[SEQ].store(s.wrapping_add(2), Ordering::Release);
+        slot.words()[SEQ].store(s.wrapping_add(2), Ordering::Release);
     }
 
     /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take.
@@ -613,7 +724,7 @@ where
                 && key
                     .iter()
                     .enumerate()
-                    .all(|(j, k)| self.word(i, KEY + j) == *k)
+                    .all(|(j, k)| self.word(i, Self::KEY + j) == *k)
         })
     }
 
@@ -690,7 +801,9 @@ where
             return None;
         }
         if let Some(idx) = self.find(key, hash) {
-            words[INC] = self.word(idx, INC);
+            if T::HAS_INC {
+                words[INC] = self.word(idx, INC);
+            }
             self.store(idx, words);
             return Some((idx, Upsert::Updated));
         }
@@ -724,7 +837,9 @@ where
             outcome = Upsert::Evicted { dead: was_dead };
             v
         };
-        words[INC] = self.word(idx, INC).wrapping_add(1);
+        if T::HAS_INC {
+            words[INC] = self.word(idx, INC).wrapping_add(1);
+        }
         self.store(idx, words);
         self.clear_clock(idx);
         self.set_tag(idx, pl.tag);
@@ -736,10 +851,10 @@ where
     /// Removes every entry (O(capacity)).
     pub(crate) fn clear(&self) {
         for s in self.slots[..self.cap].iter() {
-            s.reset();
+            reset::<W, T>(s);
         }
         for s in self.slots[self.cap..].iter() {
-            for w in s.w.iter() {
+            for w in s.words().iter() {
                 w.store(0, Ordering::Relaxed);
             }
         }
@@ -787,7 +902,6 @@ where
     }
 
     /// Test hook: the window (`g1`, `g2`) and tag of a hash.
-    #[cfg(any(test, feature = "std"))]
     pub(crate) fn window_of(&self, hash: u64) -> (usize, usize, u8) {
         let pl = self.place(hash);
         (pl.g1, pl.g2, pl.tag)
@@ -833,5 +947,68 @@ mod tests {
         assert_eq!(zero_bytes(0x0100_ff00), 0x0080_0080);
         assert_eq!(zero_bytes(0x0101_0101), 0);
         assert_eq!(zero_bytes(0x8000_0001), 0x0080_8000);
+    }
+}
+
+/// A minimal table over the real slot code (same `Slot`, seqlock store, `try_slot`, tags and
+/// placement), with a 1-word key and a 2-word payload, so `tests/cache_loom.rs` can explore every
+/// interleaving of one writer and one reader. Exists only under `cfg(loom)`.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_model {
+    use super::{set_expiry, Probe, Slot, Table, HDR, KEY, OCCUPIED};
+    use core::ops::Deref;
+
+    /// Words of a model slot: seq + 5 meta + 1 key word + 2 payload words.
+    pub const W: usize = KEY + 1 + 2;
+
+    /// The model table.
+    pub struct Tiny<S: Deref<Target = [Slot<W>]>> {
+        t: Table<S, Slot<W>, W, 1>,
+    }
+
+    impl<S: Deref<Target = [Slot<W>]>> Tiny<S> {
+        /// A table over `slots` (all but the side-array slots hold entries).
+        pub fn new(slots: S) -> Self {
+            Tiny {
+                t: Table::new(slots, 7).expect("small"),
+            }
+        }
+
+        /// Entry slots.
+        pub fn capacity(&self) -> usize {
+            self.t.capacity()
+        }
+
+        /// Writer: inserts or updates `key` with `payload`.
+        pub fn write(&self, key: u32, payload: [u32; 2]) {
+            let mut w = [0u32; W];
+            w[HDR] = OCCUPIED;
+            set_expiry(&mut w, u64::MAX);
+            w[KEY] = key;
+            w[KEY + 1..].copy_from_slice(&payload);
+            let k = [key];
+            let _ = self.t.upsert(&k, self.t.hash(&k), &mut w, &|_| false);
+        }
+
+        /// Writer: removes `key`.
+        pub fn remove(&self, key: u32) -> bool {
+            self.t.remove_key(&[key])
+        }
+
+        /// Reader: `Some(payload)` on a validated hit, `None` on a miss or busy.
+        pub fn read(&self, key: u32) -> Option<[u32; 2]> {
+            let k = [key];
+            let mut out = [0u32; W];
+            match self.t.read::<true>(&k, self.t.hash(&k), &mut out) {
+                Probe::Found(..) => {
+                    assert_eq!(out[KEY], key);
+                    let mut p = [0u32; 2];
+                    p.copy_from_slice(&out[KEY + 1..]);
+                    Some(p)
+                }
+                Probe::NotFound | Probe::Busy => None,
+            }
+        }
     }
 }
