@@ -87,7 +87,7 @@ pub const EVICT_SCAN: usize = MAX_PROBE;
 pub const DESIGN_LOAD_PERCENT: usize = 87;
 
 /// One slot of cache storage: `W` atomic words, word 0 the sequence counter. See the
-/// [module docs](self) for the layout and [`cache`](super) for the API.
+/// `table` module docs (the layout, in the source) and [`cache`](super) for the API.
 ///
 /// All-zero is the empty state, so `Slot::new()` is `const` and a `static [PathSlot; N]` goes to
 /// `.bss` (no flash).
