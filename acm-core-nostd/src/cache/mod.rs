@@ -5,47 +5,63 @@
 //! ```text
 //!  AddrKey (ep, NAME|IPv4|IPv6, 64 B) ──alias──┐
 //!  AddrKey (ep, other name/IP)  ───────alias───┤   (index, incarnation)
+//!  PathKey (ep, DLID, rev.)  ──path alias (64 B)┤
 //!                                              ▼
 //!  PathKey (ep, LID|GID, Constraints) ──► path entry: 64-byte PathRecord, expiry, status
 //! ```
 //!
-//! * [`PathCache`] holds path entries (keyed by [`PathKey`]) and address entries (keyed by
-//!   [`AddrKey`]). An address entry points at a path entry, so many addresses (a host's name, its
-//!   IPv4 and IPv6 addresses) share one record: updating the record once updates what every alias
-//!   sees. If the path entry is removed or its slot reused, the aliases become misses.
-//! * Storage is handed in: `PathCache<P, A, R>` is generic over `P: Deref<Target = [PathSlot]>` and
-//!   `A: Deref<Target = [AddrSlot]>`, so a host passes `Box<[PathSlot]>` (sized from the options at
-//!   run time, see `PathSlot::boxed` with the `std` feature) and firmware passes `&'static [PathSlot]` from a `static`
-//!   array (`Slot::new` is `const`). Nothing allocates after construction.
-//! * **One writer, many readers.** Lookups take `&self`, never block, never allocate and never see
-//!   a torn record (a per-slot seqlock over `AtomicU32` words; no `unsafe`, 32-bit atomics only, so
-//!   it runs on `thumbv7em` and `riscv32imac`). Mutation goes through the single
-//!   [`CacheWriter`] obtained from [`PathCache::writer`]. A lookup that keeps colliding with the
-//!   writer gives up with [`Lookup::Busy`] after a bounded number of retries.
+//! * [`PathCache`] holds path entries (keyed by [`PathKey`]), address entries (keyed by
+//!   [`AddrKey`]) and, with [`PathCache::with_aliases`], path aliases (further `PathKey`s of a
+//!   route). An alias points at a path entry, so many keys (a host's name, its IPv4 and IPv6
+//!   addresses; a route's DLID and DGID keys with and without the reversible bit) share one
+//!   record: updating the record once updates what every alias sees. If the path entry is
+//!   removed or its slot reused, the aliases become misses.
+//! * Storage is handed in: `PathCache<P, A, R>` is generic over `P: Deref<Target = [PathSlot]>`,
+//!   `A: Deref<Target = [AddrSlot]>` and `R: Deref<Target = [AliasSlot]>` (default
+//!   `&'static [AliasSlot]`, empty, for [`PathCache::new`]), so a host passes boxes (see
+//!   `PathSlot::boxed`/`boxed_for` with the `std` feature) and firmware passes `&'static` slices of
+//!   `static` arrays (`Slot::new` is `const` and all-zero, so they go to `.bss`). Nothing
+//!   allocates after construction.
+//! * **One writer, many readers.** Lookups take `&self`, never block, never allocate, never do a
+//!   locked read-modify-write on a hit, and never see a torn record (a per-slot seqlock over
+//!   `AtomicU32` words; no `unsafe`, 32-bit atomics only, so it runs on `thumbv7em` and
+//!   `riscv32imac`). Mutation goes through the single [`CacheWriter`] obtained from
+//!   [`PathCache::writer`]. A lookup that keeps colliding with the writer gives up with
+//!   [`Lookup::Busy`] after a bounded number of retries.
 //! * **Time** is a caller-supplied `u64` tick count (the host uses milliseconds of a monotonic
 //!   clock). Entries carry an absolute expiry; negative entries carry a status and their own
 //!   lifetime. A hit within [`CacheConfig::refresh_ahead`] ticks of expiry reports
-//!   `needs_refresh: true`, to exactly one reader per version of the entry.
+//!   `needs_refresh: true`, to one reader per version of the entry.
 //! * **Invalidation** by key ([`CacheWriter::remove`]), by address ([`CacheWriter::remove_addr`])
 //!   and by endpoint in O(1) ([`CacheWriter::invalidate_ep`]: bumps the endpoint's generation, so
 //!   everything learned through it becomes a miss and is reclaimed first).
-//! * **Eviction** when full: bounded CLOCK. Each insert into a full table examines at most
-//!   [`EVICT_SCAN`] slots from the clock hand; the first dead slot (expired, negative, stale
-//!   endpoint generation) is taken at once, else the first slot whose reference bit was clear
-//!   (hits set the bit), else the first slot examined. Capacity never grows.
-//! * **Hashing**: a seeded folded-multiply hash ([`hash`]); buckets are chains of `u32` slot
-//!   indices threaded through the slots themselves (one bucket per slot, load factor ≤ 1), at most
-//!   [`MAX_CHAIN`] long.
+//! * **Placement** (see the `table` module source for the full layout): open addressing over
+//!   128-byte slots that hold the entry itself. A key hashes to two groups of [`GROUP`] (32)
+//!   slots and a preferred slot in each; it lives in one of those 64 slots and never moves.
+//!   A lookup reads both preferred slots first (about 3 keys in 4 are in one of them), then the
+//!   slots whose tag byte (a side array, 1 byte per slot) matches: at most [`MAX_PROBE`] slots,
+//!   whatever the keys.
+//! * **Eviction**: when both of a new key's groups are full, bounded CLOCK over those 64 slots:
+//!   the first dead one (expired, negative, stale endpoint generation) is taken, else the first
+//!   whose reference bit (side array; hits set it with a plain store) was clear, else the first
+//!   examined. Capacity never grows. Size storage with [`Slot::slots_for`] (87% load) and a full
+//!   window practically never happens before the table is full.
+//! * **Counters** are single-writer plain stores: the writer's own, one cell per
+//!   [`CacheReader`], and one shared cell for [`PathCache::lookup`]; [`PathCache::stats`] sums
+//!   them.
 //!
 //! # Memory
 //!
-//! | storage | bytes per entry |
+//! | storage | bytes |
 //! |---|---|
-//! | [`PathSlot`] (64 B record + 40 B key + 20 B meta + seq, chain and free-list links, bucket head, CLOCK bit, refresh claim) | 148 |
-//! | [`AddrSlot`] (68 B key + 8 B target + 20 B meta + 24 B seq, links, bucket head, CLOCK, claim) | 120 |
+//! | [`PathSlot`]: seq + header, incarnation, generation, expiry + 40 B key (first line), 64 B record (second line) | 128 |
+//! | [`AddrSlot`]: seq + meta + 68 B key + 8 B target, padded | 128 |
+//! | [`AliasSlot`]: seq + header + expiry + 40 B key + target (index, incarnation) | 64 |
+//! | side arrays, per slot: tag byte, refresh-claim byte, CLOCK bit (carved from the tail of the storage) | ~2.1 |
 //! | [`pending`]: per key / per waiter | see [`pending`] |
 //!
-//! 1,000,000 path entries take 148 MB.
+//! 1,000,000 path entries at the design load: [`Slot::slots_for`]`(1_000_000)` is about 1.17
+//! million slots, 150 MB (measured RSS: ~150 B per cached path).
 //!
 //! # Example
 //!

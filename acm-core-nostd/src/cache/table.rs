@@ -1,42 +1,47 @@
-//! The generic one-writer / many-reader hash table behind both caches.
+//! The generic one-writer / many-reader hash table behind the caches.
 //!
 //! ## Layout
 //!
-//! Storage is a caller-provided slice of [`Slot`]s: `W` `AtomicU32` words each, 64-byte aligned
-//! (a path slot is 32 words = 128 bytes = exactly two cache lines: sequence counter, meta and key
-//! in the first, the 64-byte record in the second). The slice is split once, at construction:
+//! Storage is a caller-provided slice of slots: [`Slot<W>`] (`W` `AtomicU32` words, 128-byte
+//! aligned) or [`AliasSlot`] (16 words, 64-byte aligned). A path slot is 32 words = 128 bytes =
+//! one adjacent-line pair: sequence counter, header, incarnation, endpoint generation, expiry and
+//! the 10-word key in the first line, the 64-byte record in the second. The slice is split once,
+//! at construction:
 //!
-//! * the first `E` slots hold **entries in place** (open addressing, no links, no buckets
-//!   elsewhere);
+//! * the first `E` slots hold **entries in place** (open addressing: no links, no buckets, no
+//!   pointer to follow);
 //! * the last few slots are reinterpreted as one flat array of words, the **side arrays**: one
 //!   tag byte per entry slot (0 = empty, else 8 bits of the key's hash), one refresh-claim byte
-//!   per entry slot, one CLOCK reference bit per entry slot. About 1.7% of the storage for path
-//!   slots. Lookups never write there except to set a clear reference bit.
+//!   per entry slot, one CLOCK reference bit per entry slot — about 1.7% of a path table. A hit
+//!   writes there only to set a clear reference bit (plain store).
 //!
-//! Entry slots form **groups** of [`GROUP`] (16) consecutive slots (2 KiB for path slots). A key
-//! hashes to two groups `g1`, `g2` and a preferred position `p` in `g1`. It lives in one of the
-//! 32 slots of its two groups and never moves while it lives (so slot indices are stable, which
-//! the address aliases rely on). The writer puts a new key into the less loaded of its two
-//! groups, at `p` if that is free; if both groups are full it evicts one of the 32 (bounded
-//! CLOCK, dead entries first) and reuses that slot. So:
+//! Entry slots form **groups** of [`GROUP`] (32) consecutive slots (4 KiB for path slots). A key
+//! hashes to two groups `g1`, `g2`, a preferred slot in each and a tag. It lives in one of the 64
+//! slots of its two groups and never moves while it lives (slot indices are stable, which the
+//! aliases rely on). The writer puts a new key into a free preferred slot (of the group with
+//! more room if both are free), else into any free slot of the group with more room; if both
+//! groups are full it evicts one of the 64 (bounded CLOCK, dead entries first) and reuses that
+//! slot. At the design load ([`DESIGN_LOAD_PERCENT`]) about 3 keys in 4 sit in a preferred slot
+//! and a full window before the table is full practically never happens. So:
 //!
-//! * a lookup examines at most [`MAX_PROBE`] (32) slots, however adversarial the keys: it reads
-//!   the 2 × 16 tag bytes of its groups (computed addresses, no loads to find them) and the
-//!   slots whose tag matches; it reads the preferred slot unconditionally and first, so its two
-//!   lines are in flight while the tag words arrive;
+//! * a lookup reads both preferred slots (computed addresses; both requested before either is
+//!   examined), and only if neither holds the key, the 2 × 32 tag bytes of its groups and the
+//!   slots whose tag matches: at most [`MAX_PROBE`] (64) slots, however adversarial the keys;
 //! * an insert never fails and never displaces anything outside the key's window.
 //!
 //! ## The seqlock
 //!
 //! Word 0 of a slot is its sequence counter. The writer makes it odd (`Relaxed` store, then a
 //! `Release` fence), stores the other words (`Relaxed`), and makes it even again (`Release`
-//! store). A reader loads the counter (`Acquire`), retries if it is odd, loads all words
-//! (`Relaxed`), issues an `Acquire` fence and loads the counter again: if it did not change, no
-//! writer store was observed, so the words are one consistent version. (If any word load had
-//! observed a store made after the writer's odd store, the fence pair would make that odd store
-//! — or a later one — visible to the second counter load, which would then differ.) Every access
-//! is atomic, so a torn read is a detected, discarded value, never undefined behaviour; the
-//! module has no `unsafe`. `tests/cache_loom.rs` model-checks exactly this protocol.
+//! store). A reader loads the counter (`Acquire`), compares header and key (`Relaxed`; a slot
+//! that does not hold the key is left at once), retries if the counter was odd, loads the
+//! remaining words (`Relaxed`), issues an `Acquire` fence and loads the counter again: if it did
+//! not change, no writer store was observed, so the words are one consistent version. (If any
+//! word load had observed a store made after the writer's odd store, the fence pair would make
+//! that odd store — or a later one — visible to the second counter load, which would then
+//! differ.) Every access is atomic, so a torn read is a detected, discarded value, never
+//! undefined behaviour; the module has no `unsafe`. `tests/cache_loom.rs` model-checks this
+//! protocol (in-place update, two updates, slot reuse for another key).
 //!
 //! Tags are hints: the key is always verified under the seqlock. The writer stores a tag
 //! (`Release`) only after the slot's words, and clears it after clearing the slot, so a reader
