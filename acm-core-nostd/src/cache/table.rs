@@ -24,9 +24,10 @@
 //! slot. At the design load ([`DESIGN_LOAD_PERCENT`]) about 3 keys in 4 sit in a preferred slot
 //! and a full window before the table is full practically never happens. So:
 //!
-//! * a lookup reads both preferred slots (computed addresses; both requested before either is
-//!   examined), and only if neither holds the key, the 2 × 32 tag bytes of its groups and the
-//!   slots whose tag matches: at most [`MAX_PROBE`] (64) slots, however adversarial the keys;
+//! * a lookup reads both preferred slots (computed addresses; both requested, together with the
+//!   first word of each group's tag line, before either is examined), and only if neither holds
+//!   the key, the 2 × 32 tag bytes of its groups and the slots whose tag matches: at most
+//!   [`MAX_PROBE`] (64) slots, however adversarial the keys;
 //! * an insert never fails and never displaces anything outside the key's window.
 //!
 //! ## The seqlock
@@ -401,22 +402,29 @@ where
     /// other side-array bytes; callers skip indices `>= cap`. (The side storage always extends
     /// past the last group's tag words: the claim bytes follow the tags.)
     #[inline(always)]
-    fn group_tags(&self, g: usize) -> [u32; GROUP / 4] {
+    fn group_tags(&self, g: usize, first: u32) -> [u32; GROUP / 4] {
         let k = g * (GROUP / 4);
         let (si, off) = (self.cap + k / W, k % W);
-        let mut t = [0u32; GROUP / 4];
+        let mut t = [first; GROUP / 4];
         if off + GROUP / 4 <= W {
             // One slot holds all eight words (always for path slots: 32 words).
             let w = self.slots[si].words();
-            for (j, o) in t.iter_mut().enumerate() {
+            for (j, o) in t.iter_mut().enumerate().skip(1) {
                 *o = w[off + j].load(Ordering::Acquire);
             }
         } else {
-            for (j, o) in t.iter_mut().enumerate() {
+            for (j, o) in t.iter_mut().enumerate().skip(1) {
                 *o = self.side(k + j).load(Ordering::Acquire);
             }
         }
         t
+    }
+
+    /// The first tag word of group `g`: loaded early, it brings the group's tag line in while
+    /// the preferred slots are read (the tag array is not cache-resident at a million slots).
+    #[inline(always)]
+    fn first_tag_word(&self, g: usize) -> u32 {
+        self.side(g * (GROUP / 4)).load(Ordering::Acquire)
     }
 
     // ---------------------------------------------------------------- readers
@@ -520,6 +528,7 @@ where
         // examined, so the second one's miss overlaps the first's. (Slots are 128-byte aligned:
         // the adjacent-line prefetcher brings a slot's record line with its first line.)
         let seq2 = self.slots[pl.pref2].words()[SEQ].load(Ordering::Acquire);
+        let first = [self.first_tag_word(pl.g1), self.first_tag_word(pl.g2)];
         let mut busy = false;
         *examined += 1;
         match self.try_slot::<CHECKED>(pl.pref, key, out) {
@@ -538,8 +547,8 @@ where
         // Not in a preferred slot (about 1 key in 4): the tags of both groups (1 byte per slot,
         // a 1.1 MB array per million slots, so mostly cache-resident) name the candidates.
         let pat = u32::from_ne_bytes([pl.tag; 4]);
-        for g in [pl.g1, pl.g2] {
-            let tags = self.group_tags(g);
+        for (g, first) in [(pl.g1, first[0]), (pl.g2, first[1])] {
+            let tags = self.group_tags(g, first);
             for (j, &t) in tags.iter().enumerate() {
                 let mut m = zero_bytes(t ^ pat);
                 while m != 0 {
