@@ -23,5 +23,6 @@
 
 pub mod cache;
 pub mod resolver;
+mod sync;
 pub mod text;
 pub mod wire;

@@ -2,8 +2,8 @@
 //! invalidation, eviction policy, counters and the 1,000,000-entry capacity.
 
 use acm_core_nostd::cache::{
-    constraint, AddrKey, AddrSlot, CacheConfig, CacheError, Constraints, Dest, Inserted, Lookup,
-    PathCache, PathKey, PathSlot,
+    constraint, AddrKey, AddrSlot, AliasSlot, CacheConfig, CacheError, Constraints, Dest, Inserted,
+    Lookup, PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT,
 };
 
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -308,42 +308,53 @@ fn invalidate_ep_is_o1_and_scoped() {
 
 #[test]
 fn full_cache_evicts_dead_entries_first_and_never_grows() {
-    let cap = 64;
-    let c = cache(cap, 0);
+    let c = cache(64, 0);
+    let cap = c.capacity();
+    assert!(cap >= 60, "side arrays take few slots: {cap}");
     let mut w = c.writer().unwrap();
-    // Half the entries expire at 1000, the others live long.
-    for l in 0..cap as u16 {
-        let ttl = if l % 2 == 0 { 1_000 } else { 1_000_000 };
-        assert_eq!(w.insert(&lid(0, l), &rec(l as u8), 0, ttl), Inserted::New);
+    // Fill every slot with entries that expire at 1000. (A key can only use the slots of its
+    // two groups, so a few inserts evict before the last slots are taken.)
+    let mut l = 0u16;
+    while c.len() < cap {
+        let r = w.insert(&lid(0, l), &rec(l as u8), 0, 1_000);
+        assert!(matches!(r, Inserted::New | Inserted::Evicted));
+        l += 1;
+        assert!(l < 10_000, "table never filled");
+    }
+    let before = c.stats();
+    // After they expired, new long-lived inserts must take dead slots only: every window still
+    // holds dead entries, so no live entry is lost.
+    let fresh: Vec<PathKey> = (0..(cap / 2) as u16).map(|l| lid(1, l)).collect();
+    for k in &fresh {
+        assert_eq!(w.insert(k, &rec(7), 2_000, 1_000_000), Inserted::Evicted);
     }
     assert_eq!(c.len(), cap);
-    // After the short ones expired, 32 new inserts must take exactly their slots.
-    for l in 0..(cap / 2) as u16 {
-        assert_eq!(
-            w.insert(&lid(0, 1000 + l), &rec(0), 2_000, 1_000_000),
-            Inserted::Evicted
-        );
-    }
-    assert_eq!(c.len(), cap);
-    for l in (1..cap as u16).step_by(2) {
-        assert_eq!(
-            record_of(c.lookup(&lid(0, l), 2_001)),
-            rec(l as u8),
-            "live entry {l} evicted"
-        );
-    }
     let s = c.stats();
-    assert_eq!(s.expired, 32);
-    assert_eq!(s.evictions, 0);
-    // Everything is live now: further inserts evict live entries, and the table stays bounded.
+    assert_eq!(s.expired - before.expired, fresh.len() as u64);
+    assert_eq!(s.evictions, before.evictions, "a live entry was evicted");
+    for k in &fresh {
+        assert_eq!(
+            record_of(c.lookup(k, 2_001)),
+            rec(7),
+            "live entry {k:?} evicted"
+        );
+    }
+    // Everything is live eventually: further inserts evict live entries, and the table stays
+    // bounded.
     for l in 0..200u16 {
         assert_eq!(
-            w.insert(&lid(0, 5000 + l), &rec(1), 2_003, 1_000_000),
+            w.insert(&lid(2, l), &rec(1), 2_003, 1_000_000),
             Inserted::Evicted
         );
         assert_eq!(c.len(), cap, "bounded");
     }
-    assert_eq!(c.stats().evictions, 200);
+    let s2 = c.stats();
+    assert_eq!(
+        (s2.evictions - s.evictions) + (s2.expired - s.expired),
+        200,
+        "each insert into a full table evicts exactly one entry"
+    );
+    assert!(s2.evictions > s.evictions);
 }
 
 #[test]
@@ -405,19 +416,18 @@ fn clear_empties_everything() {
     assert_eq!(w.insert(&lid(0, 1), &rec(1), 0, 100), Inserted::New);
 }
 
-/// One million path records fit and work (148 MB of slots).
+/// One million path records fit and work (`PathSlot::slots_for(1_000_000)` slots, 150 MB).
 ///
-/// The cache is built with 1,000,000 slots and every one is filled (also in debug builds,
-/// ~4 s there); then lookups (every one in release, every 97th in debug) and one more insert
-/// that must evict exactly one.
+/// Every one of the 1,000,000 inserts must find a free slot in its window (none evicts at the
+/// design load); then lookups (every one in release, every 97th in debug); then the table is
+/// filled until it evicts, and each evicting insert must drop exactly one entry.
 /// `cargo run --release -p acm-bench --bin cache -- --sizes 1000000` also fills and looks up
 /// 1M entries.
 #[test]
 fn one_million_entries() {
-    const CAP: u32 = 1_000_000;
-    let fill: u32 = CAP;
-    let c = cache(CAP as usize, 0);
-    assert_eq!(c.capacity(), CAP as usize);
+    const N: u32 = 1_000_000;
+    let c = cache(PathSlot::slots_for(N as usize), 0);
+    assert!(c.capacity() * DESIGN_LOAD_PERCENT / 100 >= N as usize);
     let mut w = c.writer().unwrap();
     let key = |i: u32| {
         let mut gid = [0u8; 16];
@@ -426,23 +436,31 @@ fn one_million_entries() {
         PathKey::new((i % 4) as u16, Dest::Gid(gid))
     };
     let mut r = [0u8; 64];
-    for i in 0..fill {
+    for i in 0..N {
         r[..4].copy_from_slice(&i.to_le_bytes());
-        assert_eq!(w.insert(&key(i), &r, 0, u64::MAX), Inserted::New);
+        assert_eq!(w.insert(&key(i), &r, 0, u64::MAX), Inserted::New, "key {i}");
     }
-    assert_eq!(c.len(), fill as usize);
+    assert_eq!(c.len(), N as usize);
     let stride = if cfg!(debug_assertions) { 97 } else { 1 };
-    for i in (0..fill).step_by(stride).chain([fill - 1]) {
+    for i in (0..N).step_by(stride).chain([N - 1]) {
         let got = record_of(c.lookup(&key(i), 1));
         assert_eq!(&got[..4], &i.to_le_bytes());
     }
-    assert_eq!(c.lookup(&key(fill), 1), Lookup::Miss);
-    if fill == CAP {
-        // Full: one more evicts exactly one.
-        assert_eq!(w.insert(&key(CAP), &r, 1, u64::MAX), Inserted::Evicted);
-        assert_eq!(c.len(), CAP as usize);
-        assert_eq!(c.stats().evictions, 1);
+    assert_eq!(c.lookup(&key(N), 1), Lookup::Miss);
+    // Keep inserting until windows overflow: each evicting insert replaces exactly one entry.
+    let mut i = N;
+    let mut evicted = 0u64;
+    while evicted < 10 {
+        match w.insert(&key(i), &r, 1, u64::MAX) {
+            Inserted::New => {}
+            Inserted::Evicted => evicted += 1,
+            Inserted::Updated => panic!("fresh key {i} updated"),
+        }
+        i += 1;
+        assert_eq!(c.len() as u64, (i - N) as u64 + N as u64 - evicted);
     }
+    assert!(c.len() <= c.capacity());
+    assert_eq!(c.stats().evictions, evicted);
 }
 
 #[test]
@@ -466,7 +484,104 @@ fn cache_is_shareable_and_writer_is_sendable() {
 
 #[test]
 fn documented_bytes_per_entry() {
-    // docs/cache.md and the module docs quote these sizes.
-    assert_eq!(std::mem::size_of::<PathSlot>(), 148);
-    assert_eq!(std::mem::size_of::<AddrSlot>(), 120);
+    // docs/cache.md and the module docs quote these sizes: a path slot is exactly two cache
+    // lines (seq + meta + key, then the record), 128-byte aligned (one adjacent-line pair).
+    assert_eq!(std::mem::size_of::<PathSlot>(), 128);
+    assert_eq!(std::mem::align_of::<PathSlot>(), 128);
+    assert_eq!(std::mem::size_of::<AddrSlot>(), 128);
+    // Side arrays (tag byte, claim byte, CLOCK bit per slot) take ~1.6% of the slots.
+    let c = cache(100_000, 0);
+    assert!(
+        c.capacity() > 98_300 && c.capacity() < 100_000,
+        "{}",
+        c.capacity()
+    );
+}
+
+/// One route, four keys (by DLID and by DGID, with and without the reversible bit): one path
+/// slot and three 64-byte alias slots, one record.
+#[test]
+fn one_route_many_keys_shares_one_record() {
+    let p: Box<[PathSlot]> = (0..64).map(|_| PathSlot::new()).collect();
+    let a: Box<[AddrSlot]> = Box::new([]);
+    let x: Box<[AliasSlot]> = (0..64).map(|_| AliasSlot::new()).collect();
+    let c = PathCache::with_aliases(p, a, x, CacheConfig::default()).unwrap();
+    assert_eq!(std::mem::size_of::<AliasSlot>(), 64);
+    let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0, 7];
+    let rev = Constraints {
+        mask: constraint::REVERSIBLE_NUMPATH,
+        reversible_numpath: 0x80,
+        ..Constraints::ANY
+    };
+    let keys = [
+        PathKey::new(3, Dest::Gid(gid)),
+        PathKey {
+            constraints: rev,
+            ..PathKey::new(3, Dest::Gid(gid))
+        },
+        PathKey::new(3, Dest::Lid(7)),
+        PathKey {
+            constraints: rev,
+            ..PathKey::new(3, Dest::Lid(7))
+        },
+    ];
+    let mut w = c.writer().unwrap();
+    assert_eq!(w.insert_route(&keys, &rec(1), 0, u64::MAX), Inserted::New);
+    assert_eq!(
+        (c.len(), c.alias_len()),
+        (1, 3),
+        "one path entry, three aliases"
+    );
+    for k in &keys {
+        assert_eq!(record_of(c.lookup(k, 1)), rec(1), "{k:?}");
+    }
+    // One update, through the primary key, is seen through every key.
+    assert_eq!(w.insert(&keys[0], &rec(2), 1, u64::MAX), Inserted::Updated);
+    for k in &keys {
+        assert_eq!(record_of(c.lookup(k, 2)), rec(2));
+    }
+    // An alias's own lifetime bounds its answers.
+    let other = PathKey::new(3, Dest::Lid(8));
+    w.alias_path(&other, &keys[0], 2, 100).unwrap();
+    assert!(matches!(
+        c.lookup(&other, 50),
+        Lookup::Hit {
+            expires_at: 102,
+            ..
+        }
+    ));
+    assert_eq!(c.lookup(&other, 102), Lookup::Miss);
+    // Aliases of a missing path are refused; removing an alias leaves the rest.
+    assert_eq!(
+        w.alias_path(&other, &lid(3, 99), 0, 10),
+        Err(acm_core_nostd::cache::CacheError::NoSuchPath)
+    );
+    assert!(w.remove(&keys[3]));
+    assert_eq!(c.lookup(&keys[3], 3), Lookup::Miss);
+    assert_eq!(record_of(c.lookup(&keys[2], 3)), rec(2));
+    // Inserting a full entry under an alias key replaces the alias.
+    assert_eq!(w.insert(&keys[2], &rec(5), 3, u64::MAX), Inserted::New);
+    assert_eq!(record_of(c.lookup(&keys[2], 4)), rec(5));
+    assert_eq!(record_of(c.lookup(&keys[1], 4)), rec(2));
+    // Removing the route's path entry turns its aliases into misses, also after slot reuse;
+    // the sweeper reclaims them.
+    assert!(w.remove(&keys[0]));
+    assert_eq!(c.lookup(&keys[1], 5), Lookup::Miss);
+    for l in 0..40 {
+        w.insert(&lid(4, l), &rec(9), 5, u64::MAX);
+    }
+    assert_eq!(c.lookup(&keys[1], 6), Lookup::Miss);
+    let before = c.alias_len();
+    assert!(before >= 1);
+    w.purge_expired(6, 1_000);
+    assert_eq!(c.alias_len(), 0, "dead aliases are reclaimed");
+    // Without alias storage, insert_route stores every key as a path entry.
+    drop(w);
+    let plain = cache(64, 0);
+    let mut w = plain.writer().unwrap();
+    w.insert_route(&keys, &rec(3), 0, u64::MAX);
+    assert_eq!(plain.len(), 4);
+    for k in &keys {
+        assert_eq!(record_of(plain.lookup(k, 1)), rec(3));
+    }
 }

@@ -32,6 +32,49 @@ pub fn hash_words(seed: u64, words: &[u32]) -> u64 {
     fold_mul(h ^ (words.len() as u64), MUL2)
 }
 
+const K: [u64; 6] = [
+    0xA076_1D64_78BD_642F,
+    0xE703_7ED1_A0B4_28DB,
+    0x8EBC_6AF0_9C88_C6E3,
+    0x5899_65CC_7537_4CC3,
+    0x1D8E_4E27_C47D_124F,
+    0x2D35_8DCC_AA6C_78A5,
+];
+
+/// Hashes a packed cache key in one pass: the words are taken as 64-bit chunks, each pair of
+/// chunks is multiplied (folded) with seed-dependent secrets independently of the others
+/// (wyhash style, so the multiplies overlap instead of forming a chain), and the products are
+/// folded once more. A 10-word `PathKey` costs 3 + 1 multiplies.
+#[inline(always)]
+pub fn hash_key<const N: usize>(seed: u64, words: &[u32; N]) -> u64 {
+    let chunk = |i: usize| -> u64 {
+        let lo = if 2 * i < N { words[2 * i] as u64 } else { 0 };
+        let hi = if 2 * i + 1 < N {
+            words[2 * i + 1] as u64
+        } else {
+            0
+        };
+        lo | (hi << 32)
+    };
+    let chunks = N.div_ceil(2);
+    let s2 = seed.rotate_left(23);
+    let mut acc = seed ^ (N as u64).wrapping_mul(MUL2);
+    let mut i = 0;
+    while i < chunks {
+        let a = chunk(i) ^ seed ^ K[i % 6];
+        let b = chunk(i + 1) ^ s2 ^ K[(i + 1) % 6];
+        acc ^= fold_mul(a, b);
+        i += 2;
+    }
+    fold_mul(acc ^ MUL, MUL2 ^ seed)
+}
+
+/// A second, independent-looking 64-bit value from a hash (slot position and tag bits).
+#[inline(always)]
+pub fn mix(h: u64) -> u64 {
+    fold_mul(h ^ 0x2D35_8DCC_AA6C_78A5, MUL)
+}
+
 /// Maps a hash to `0..n` without division (Lemire's multiply-shift on the high 32 bits).
 #[inline(always)]
 pub fn reduce(hash: u64, n: usize) -> usize {
@@ -58,6 +101,12 @@ mod tests {
         assert_ne!(a, hash_words(1, &[1, 2, 4]));
         assert_ne!(a, hash_words(1, &[1, 2, 3, 0]));
         assert_eq!(a, hash_words(1, &[1, 2, 3]));
+        let b = hash_key(1, &[1, 2, 3]);
+        assert_ne!(b, hash_key(2, &[1, 2, 3]));
+        assert_ne!(b, hash_key(1, &[1, 2, 4]));
+        assert_ne!(b, hash_key(1, &[1, 2, 3, 0]));
+        assert_ne!(hash_key(1, &[1, 0, 0, 0]), hash_key(1, &[0, 0, 1, 0]));
+        assert_eq!(b, hash_key(1, &[1, 2, 3]));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Keys are packed into fixed arrays of 32-bit words and compared word for word, so two keys
 //! share an entry only if *every* field is equal: there is no fingerprint that could collide.
 
-use super::hash::hash_words;
+use super::hash::hash_key;
 
 /// Number of 32-bit words a packed [`PathKey`] occupies.
 pub const PATH_KEY_WORDS: usize = 10;
@@ -93,6 +93,10 @@ impl Constraints {
     #[inline]
     pub fn to_words(&self) -> [u32; 5] {
         let m = self.mask;
+        if m == 0 {
+            // The common request: no constraints at all.
+            return [0; 5];
+        }
         let on = |bit: u16| m & bit != 0;
         let sid = if on(constraint::SERVICE_ID) {
             self.service_id
@@ -247,7 +251,7 @@ impl CacheKey for PathKey {
     }
     #[inline]
     fn hash_with(&self, seed: u64) -> u64 {
-        hash_words(seed, &self.to_words())
+        hash_key(seed, &self.to_words())
     }
 }
 
@@ -258,7 +262,7 @@ impl CacheKey for AddrKey {
     }
     #[inline]
     fn hash_with(&self, seed: u64) -> u64 {
-        hash_words(seed, &self.to_words())
+        hash_key(seed, &self.to_words())
     }
 }
 

@@ -5,47 +5,63 @@
 //! ```text
 //!  AddrKey (ep, NAME|IPv4|IPv6, 64 B) ──alias──┐
 //!  AddrKey (ep, other name/IP)  ───────alias───┤   (index, incarnation)
+//!  PathKey (ep, DLID, rev.)  ──path alias (64 B)┤
 //!                                              ▼
 //!  PathKey (ep, LID|GID, Constraints) ──► path entry: 64-byte PathRecord, expiry, status
 //! ```
 //!
-//! * [`PathCache`] holds path entries (keyed by [`PathKey`]) and address entries (keyed by
-//!   [`AddrKey`]). An address entry points at a path entry, so many addresses (a host's name, its
-//!   IPv4 and IPv6 addresses) share one record: updating the record once updates what every alias
-//!   sees. If the path entry is removed or its slot reused, the aliases become misses.
-//! * Storage is handed in: `PathCache<P, A>` is generic over `P: Deref<Target = [PathSlot]>` and
-//!   `A: Deref<Target = [AddrSlot]>`, so a host passes `Box<[PathSlot]>` (sized from the options at
-//!   run time, see `PathSlot::boxed` with the `std` feature) and firmware passes `&'static [PathSlot]` from a `static`
-//!   array (`Slot::new` is `const`). Nothing allocates after construction.
-//! * **One writer, many readers.** Lookups take `&self`, never block, never allocate and never see
-//!   a torn record (a per-slot seqlock over `AtomicU32` words; no `unsafe`, 32-bit atomics only, so
-//!   it runs on `thumbv7em` and `riscv32imac`). Mutation goes through the single
-//!   [`CacheWriter`] obtained from [`PathCache::writer`]. A lookup that keeps colliding with the
-//!   writer gives up with [`Lookup::Busy`] after a bounded number of retries.
+//! * [`PathCache`] holds path entries (keyed by [`PathKey`]), address entries (keyed by
+//!   [`AddrKey`]) and, with [`PathCache::with_aliases`], path aliases (further `PathKey`s of a
+//!   route). An alias points at a path entry, so many keys (a host's name, its IPv4 and IPv6
+//!   addresses; a route's DLID and DGID keys with and without the reversible bit) share one
+//!   record: updating the record once updates what every alias sees. If the path entry is
+//!   removed or its slot reused, the aliases become misses.
+//! * Storage is handed in: `PathCache<P, A, R>` is generic over `P: Deref<Target = [PathSlot]>`,
+//!   `A: Deref<Target = [AddrSlot]>` and `R: Deref<Target = [AliasSlot]>` (default
+//!   `&'static [AliasSlot]`, empty, for [`PathCache::new`]), so a host passes boxes (see
+//!   `PathSlot::boxed`/`boxed_for` with the `std` feature) and firmware passes `&'static` slices of
+//!   `static` arrays (`Slot::new` is `const` and all-zero, so they go to `.bss`). Nothing
+//!   allocates after construction.
+//! * **One writer, many readers.** Lookups take `&self`, never block, never allocate, never do a
+//!   locked read-modify-write on a hit, and never see a torn record (a per-slot seqlock over
+//!   `AtomicU32` words; no `unsafe`, 32-bit atomics only, so it runs on `thumbv7em` and
+//!   `riscv32imac`). Mutation goes through the single [`CacheWriter`] obtained from
+//!   [`PathCache::writer`]. A lookup that keeps colliding with the writer gives up with
+//!   [`Lookup::Busy`] after a bounded number of retries.
 //! * **Time** is a caller-supplied `u64` tick count (the host uses milliseconds of a monotonic
 //!   clock). Entries carry an absolute expiry; negative entries carry a status and their own
 //!   lifetime. A hit within [`CacheConfig::refresh_ahead`] ticks of expiry reports
-//!   `needs_refresh: true`, to exactly one reader per version of the entry.
+//!   `needs_refresh: true`, to one reader per version of the entry.
 //! * **Invalidation** by key ([`CacheWriter::remove`]), by address ([`CacheWriter::remove_addr`])
 //!   and by endpoint in O(1) ([`CacheWriter::invalidate_ep`]: bumps the endpoint's generation, so
 //!   everything learned through it becomes a miss and is reclaimed first).
-//! * **Eviction** when full: bounded CLOCK. Each insert into a full table examines at most
-//!   [`EVICT_SCAN`] slots from the clock hand; the first dead slot (expired, negative, stale
-//!   endpoint generation) is taken at once, else the first slot whose reference bit was clear
-//!   (hits set the bit), else the first slot examined. Capacity never grows.
-//! * **Hashing**: a seeded folded-multiply hash ([`hash`]); buckets are chains of `u32` slot
-//!   indices threaded through the slots themselves (one bucket per slot, load factor ≤ 1), at most
-//!   [`MAX_CHAIN`] long.
+//! * **Placement** (see the `table` module source for the full layout): open addressing over
+//!   128-byte slots that hold the entry itself. A key hashes to two groups of [`GROUP`] (32)
+//!   slots and a preferred slot in each; it lives in one of those 64 slots and never moves.
+//!   A lookup reads both preferred slots first (about 3 keys in 4 are in one of them), then the
+//!   slots whose tag byte (a side array, 1 byte per slot) matches: at most [`MAX_PROBE`] slots,
+//!   whatever the keys.
+//! * **Eviction**: when both of a new key's groups are full, bounded CLOCK over those 64 slots:
+//!   the first dead one (expired, negative, stale endpoint generation) is taken, else the first
+//!   whose reference bit (side array; hits set it with a plain store) was clear, else the first
+//!   examined. Capacity never grows. Size storage with [`Slot::slots_for`] (87% load) and a full
+//!   window practically never happens before the table is full.
+//! * **Counters** are single-writer plain stores: the writer's own, one cell per
+//!   [`CacheReader`], and one shared cell for [`PathCache::lookup`]; [`PathCache::stats`] sums
+//!   them.
 //!
 //! # Memory
 //!
-//! | storage | bytes per entry |
+//! | storage | bytes |
 //! |---|---|
-//! | [`PathSlot`] (64 B record + 40 B key + 20 B meta + seq, chain and free-list links, bucket head, CLOCK bit, refresh claim) | 148 |
-//! | [`AddrSlot`] (68 B key + 8 B target + 20 B meta + 24 B seq, links, bucket head, CLOCK, claim) | 120 |
+//! | [`PathSlot`]: seq + header, incarnation, generation, expiry + 40 B key (first line), 64 B record (second line) | 128 |
+//! | [`AddrSlot`]: seq + meta + 68 B key + 8 B target, padded | 128 |
+//! | [`AliasSlot`]: seq + header + expiry + 40 B key + target (index, incarnation) | 64 |
+//! | side arrays, per slot: tag byte, refresh-claim byte, CLOCK bit (carved from the tail of the storage) | ~2.1 |
 //! | [`pending`]: per key / per waiter | see [`pending`] |
 //!
-//! 1,000,000 path entries take 148 MB.
+//! 1,000,000 path entries at the design load: [`Slot::slots_for`]`(1_000_000)` is about 1.17
+//! million slots, 150 MB (measured RSS: ~150 B per cached path).
 //!
 //! # Example
 //!
@@ -71,24 +87,41 @@ mod key;
 pub mod pending;
 mod table;
 
+use core::marker::PhantomData;
 use core::ops::Deref;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
     constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PathKey, ADDR_KEY_WORDS,
     MAX_ADDRESS, PATH_KEY_WORDS,
 };
 pub use pending::{Begin, PendingTable};
-pub use table::{Slot, EVICT_SCAN, MAX_CHAIN, MAX_RETRIES};
+pub use table::{
+    AliasSlot, Slot, ALIAS_WORDS, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE,
+    MAX_RETRIES,
+};
 
-use table::{expiry, set_expiry, Probe, Table, Upsert, EXP_HI, GEN, HDR, INC, KEY, OCCUPIED};
+#[cfg(loom)]
+#[doc(hidden)]
+pub use table::loom_model;
+use table::{
+    expiry, set_expiry, Probe, Table, Upsert, A_EXP_HI, A_EXP_LO, A_KEY, A_TGT, A_TGT_INC, EXP_HI,
+    GEN, HDR, INC, KEY, OCCUPIED,
+};
+
+/// An expiry stored at words `lo`, `lo + 1`.
+#[inline]
+fn expiry_at(w: &[u32], lo: usize) -> u64 {
+    (w[lo] as u64) | ((w[lo + 1] as u64) << 32)
+}
 
 /// Size of a path record in bytes.
 pub const RECORD_LEN: usize = 64;
 const RECORD_WORDS: usize = RECORD_LEN / 4;
-/// Words per path slot: 5 meta + key + record.
+/// Words per path slot: sequence counter + 5 meta + key + record (32 words = 128 bytes).
 pub const PATH_WORDS: usize = KEY + PATH_KEY_WORDS + RECORD_WORDS;
-/// Words per address slot: 5 meta + key + target (index, incarnation).
+/// Words per address slot: sequence counter + 5 meta + key + target (index, incarnation).
 pub const ADDR_WORDS: usize = KEY + ADDR_KEY_WORDS + 2;
 const PATH_REC: usize = KEY + PATH_KEY_WORDS;
 const ADDR_TGT: usize = KEY + ADDR_KEY_WORDS;
@@ -107,6 +140,25 @@ impl<const W: usize> Slot<W> {
     /// `n` empty slots on the heap (host convenience; needs the `std` feature).
     pub fn boxed(n: usize) -> std::boxed::Box<[Self]> {
         (0..n).map(|_| Self::new()).collect()
+    }
+
+    /// Storage for a cache that should hold `entries` entries without evicting: `boxed` of
+    /// [`Slot::slots_for`]`(entries)` (host convenience; needs the `std` feature).
+    pub fn boxed_for(entries: usize) -> std::boxed::Box<[Self]> {
+        Self::boxed(Self::slots_for(entries))
+    }
+}
+
+#[cfg(feature = "std")]
+impl AliasSlot {
+    /// `n` empty alias slots on the heap (host convenience; needs the `std` feature).
+    pub fn boxed(n: usize) -> std::boxed::Box<[Self]> {
+        (0..n).map(|_| Self::new()).collect()
+    }
+
+    /// Storage for `aliases` aliases at the design load ([`AliasSlot::slots_for`]).
+    pub fn boxed_for(aliases: usize) -> std::boxed::Box<[Self]> {
+        Self::boxed(Self::slots_for(aliases))
     }
 }
 
@@ -191,12 +243,15 @@ pub enum Inserted {
 }
 
 #[cfg(target_has_atomic = "64")]
-type Counter = core::sync::atomic::AtomicU64;
+type Counter = crate::sync::AtomicU64;
 #[cfg(not(target_has_atomic = "64"))]
-type Counter = core::sync::atomic::AtomicU32;
+type Counter = crate::sync::AtomicU32;
 
-/// Reader-side counters, on their own cache lines so readers do not bounce the writer's.
-#[derive(Default)]
+/// Counter cells a [`CacheReader`] can own (one per reader thread); [`PathCache::lookup`]
+/// counts into one more, shared cell.
+pub const READER_CELLS: usize = 8;
+
+/// Counters of one reader (or of the shared lookup path), on their own cache lines.
 #[repr(align(128))]
 struct ReadCounters {
     hits: Counter,
@@ -206,8 +261,19 @@ struct ReadCounters {
     refresh_hints: Counter,
 }
 
-/// Writer-side counters (only the writer increments them).
-#[derive(Default)]
+impl ReadCounters {
+    fn new() -> Self {
+        ReadCounters {
+            hits: Counter::new(0),
+            negative_hits: Counter::new(0),
+            misses: Counter::new(0),
+            busy: Counter::new(0),
+            refresh_hints: Counter::new(0),
+        }
+    }
+}
+
+/// Writer-side counters (only the writer changes them).
 #[repr(align(128))]
 struct WriteCounters {
     inserts: Counter,
@@ -217,21 +283,46 @@ struct WriteCounters {
     removed: Counter,
 }
 
-#[derive(Default)]
 struct Counters {
-    read: ReadCounters,
+    shared: ReadCounters,
+    readers: [ReadCounters; READER_CELLS],
+    /// Bit `i` set: reader cell `i` is owned by a live [`CacheReader`].
+    taken: AtomicU32,
     write: WriteCounters,
 }
 
-#[inline]
+impl Counters {
+    fn new() -> Self {
+        Counters {
+            shared: ReadCounters::new(),
+            readers: core::array::from_fn(|_| ReadCounters::new()),
+            taken: AtomicU32::new(0),
+            write: WriteCounters {
+                inserts: Counter::new(0),
+                updates: Counter::new(0),
+                evictions: Counter::new(0),
+                expired: Counter::new(0),
+                removed: Counter::new(0),
+            },
+        }
+    }
+}
+
+/// Adds one with a plain `Relaxed` load + store: no locked read-modify-write. Exact when one
+/// thread owns the counter (the writer's counters, a [`CacheReader`]'s cell); the shared cell
+/// of [`PathCache::lookup`] can lose increments when several threads count into it at once.
+#[inline(always)]
 fn bump(c: &Counter) {
-    c.fetch_add(1, Ordering::Relaxed);
+    c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
 #[inline]
 fn add(c: &Counter, n: usize) {
     #[allow(clippy::cast_possible_truncation)]
-    c.fetch_add(n as _, Ordering::Relaxed);
+    c.store(
+        c.load(Ordering::Relaxed).wrapping_add(n as _),
+        Ordering::Relaxed,
+    );
 }
 
 /// A snapshot of a cache's counters (path and address lookups together). 32-bit targets without
@@ -265,28 +356,32 @@ pub struct CacheStats {
 }
 
 /// The path-record and address cache. See the [module docs](self).
-pub struct PathCache<P, A>
+pub struct PathCache<P, A, R = &'static [AliasSlot]>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
 {
-    paths: Table<P, PATH_WORDS, PATH_KEY_WORDS>,
-    addrs: Table<A, ADDR_WORDS, ADDR_KEY_WORDS>,
+    paths: Table<P, PathSlot, PATH_WORDS, PATH_KEY_WORDS>,
+    addrs: Table<A, AddrSlot, ADDR_WORDS, ADDR_KEY_WORDS>,
+    aliases: Table<R, AliasSlot, ALIAS_WORDS, PATH_KEY_WORDS>,
     ep_gens: [AtomicU32; EP_GENERATIONS],
     config: CacheConfig,
     writer_taken: AtomicBool,
     counters: Counters,
     path_sweep: AtomicU32,
     addr_sweep: AtomicU32,
+    alias_sweep: AtomicU32,
 }
 
 /// The cache's single writer; see [`PathCache::writer`]. Dropping it frees the writer role.
-pub struct CacheWriter<'c, P, A>
+pub struct CacheWriter<'c, P, A, R = &'static [AliasSlot]>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
 {
-    cache: &'c PathCache<P, A>,
+    cache: &'c PathCache<P, A, R>,
 }
 
 #[inline]
@@ -305,41 +400,77 @@ where
     A: Deref<Target = [AddrSlot]>,
 {
     /// A cache over `paths` and `addrs` (both reset to empty; `addrs` may be empty if addresses
-    /// are not cached). Fails with [`CacheError::Capacity`] if `paths` is empty or either is
-    /// larger than `u32::MAX - 1` slots.
+    /// are not cached), without path-alias storage (see [`with_aliases`](Self::with_aliases)).
+    /// Fails with [`CacheError::Capacity`] if `paths` provides no entry slot (fewer than 2
+    /// slots) or either is larger than `u32::MAX - 1` slots.
     pub fn new(paths: P, addrs: A, config: CacheConfig) -> Result<Self, CacheError> {
-        if paths.is_empty() {
+        PathCache::with_aliases(paths, addrs, &[], config)
+    }
+}
+
+impl<P, A, R> PathCache<P, A, R>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
+{
+    /// [`new`](PathCache::new) plus storage for path aliases: compact (64-byte) entries that
+    /// make further [`PathKey`]s answer with an existing path entry's record (see
+    /// [`CacheWriter::alias_path`], [`CacheWriter::insert_route`]).
+    pub fn with_aliases(
+        paths: P,
+        addrs: A,
+        aliases: R,
+        config: CacheConfig,
+    ) -> Result<Self, CacheError> {
+        let paths = Table::new(paths, config.seed).ok_or(CacheError::Capacity)?;
+        if paths.capacity() == 0 {
             return Err(CacheError::Capacity);
         }
-        let paths = Table::new(paths, config.seed).ok_or(CacheError::Capacity)?;
         let addrs =
             Table::new(addrs, config.seed ^ 0x000a_dd7e_55e5).ok_or(CacheError::Capacity)?;
+        let aliases =
+            Table::new(aliases, config.seed ^ 0x0a11_a5e5_0000).ok_or(CacheError::Capacity)?;
         Ok(PathCache {
             paths,
             addrs,
-            ep_gens: [const { AtomicU32::new(0) }; EP_GENERATIONS],
+            aliases,
+            ep_gens: core::array::from_fn(|_| AtomicU32::new(0)),
             config,
             writer_taken: AtomicBool::new(false),
-            counters: Counters::default(),
+            counters: Counters::new(),
             path_sweep: AtomicU32::new(0),
             addr_sweep: AtomicU32::new(0),
+            alias_sweep: AtomicU32::new(0),
         })
     }
 
     /// The writer handle, or `None` if one exists already.
-    pub fn writer(&self) -> Option<CacheWriter<'_, P, A>> {
+    pub fn writer(&self) -> Option<CacheWriter<'_, P, A, R>> {
         self.writer_taken
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .ok()
             .map(|_| CacheWriter { cache: self })
     }
 
-    /// Number of path slots.
+    /// Number of path entry slots: the storage handed in minus its side arrays (~1.6%). Inserts
+    /// start evicting somewhat before `len() == capacity()` (a key can only use the 32 slots of
+    /// its two groups); size storage with [`Slot::slots_for`] for a target entry count.
     pub fn capacity(&self) -> usize {
         self.paths.capacity()
     }
 
-    /// Number of address slots.
+    /// Number of path-alias entry slots (storage minus side arrays).
+    pub fn alias_capacity(&self) -> usize {
+        self.aliases.capacity()
+    }
+
+    /// Path aliases currently held.
+    pub fn alias_len(&self) -> usize {
+        self.aliases.len()
+    }
+
+    /// Number of address entry slots (storage minus side arrays).
     pub fn addr_capacity(&self) -> usize {
         self.addrs.capacity()
     }
@@ -359,17 +490,22 @@ where
         self.config
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters: the reader cells (shared and per-[`CacheReader`]) summed.
     pub fn stats(&self) -> CacheStats {
         let c = &self.counters;
         #[allow(clippy::unnecessary_cast)]
         let g = |x: &Counter| x.load(Ordering::Relaxed) as u64;
+        let r = |f: fn(&ReadCounters) -> &Counter| {
+            c.readers
+                .iter()
+                .fold(g(f(&c.shared)), |a, x| a.wrapping_add(g(f(x))))
+        };
         CacheStats {
-            hits: g(&c.read.hits),
-            negative_hits: g(&c.read.negative_hits),
-            misses: g(&c.read.misses),
-            busy: g(&c.read.busy),
-            refresh_hints: g(&c.read.refresh_hints),
+            hits: r(|x| &x.hits),
+            negative_hits: r(|x| &x.negative_hits),
+            misses: r(|x| &x.misses),
+            busy: r(|x| &x.busy),
+            refresh_hints: r(|x| &x.refresh_hints),
             inserts: g(&c.write.inserts),
             updates: g(&c.write.updates),
             evictions: g(&c.write.evictions),
@@ -385,9 +521,43 @@ where
         self.ep_gens[ep_index(ep)].load(Ordering::Acquire)
     }
 
-    /// Looks up a path by key at time `now`. Never blocks; safe from any number of threads.
+    /// Looks up a path by key at time `now`. Never blocks, never allocates, no locked
+    /// read-modify-write on a hit; safe from any number of threads. Counts into the shared
+    /// reader cell (plain stores: exact for one reader thread; with several, use one
+    /// [`CacheReader`] per thread for exact counts and no shared counter line).
+    #[inline]
     pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
-        self.lookup_impl::<true>(key, now)
+        let r = self.lookup_impl::<true>(key, now);
+        count(&self.counters.shared, &r);
+        r
+    }
+
+    /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or
+    /// `None` if all [`READER_CELLS`] are owned. Dropping it frees the cell; its counts stay in
+    /// [`stats`](Self::stats).
+    pub fn reader(&self) -> Option<CacheReader<'_, P, A, R>> {
+        let mut cur = self.counters.taken.load(Ordering::Relaxed);
+        loop {
+            let free = (!cur).trailing_zeros() as usize;
+            if free >= READER_CELLS {
+                return None;
+            }
+            match self.counters.taken.compare_exchange(
+                cur,
+                cur | (1 << free),
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    return Some(CacheReader {
+                        cache: self,
+                        cell: free,
+                        _not_sync: PhantomData,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// **Deliberately broken** lookup that skips the seqlock validation, so it can return torn
@@ -398,37 +568,69 @@ where
         self.lookup_impl::<false>(key, now)
     }
 
-    #[inline]
+    /// Test hook: (group 1, group 2, tag byte) of `key` in the path table.
+    #[doc(hidden)]
+    pub fn window_for_tests(&self, key: &PathKey) -> (usize, usize, u8) {
+        self.paths.window_of(self.paths.hash(&key.to_words()))
+    }
+
+    /// Test hook: how many slots a lookup of `key` examines right now (at most [`MAX_PROBE`]).
+    #[doc(hidden)]
+    pub fn probe_len_for_tests(&self, key: &PathKey) -> usize {
+        let kw = key.to_words();
+        let mut w = [0u32; PATH_WORDS];
+        let mut n = 0;
+        let _ = self
+            .paths
+            .read_counted::<true>(&kw, self.paths.hash(&kw), &mut w, &mut n);
+        n
+    }
+
+    #[inline(always)]
     fn lookup_impl<const CHECKED: bool>(&self, key: &PathKey, now: u64) -> Lookup {
         let kw = key.to_words();
         let h = self.paths.hash(&kw);
         let mut w = [0u32; PATH_WORDS];
-        let r = match self.paths.read::<CHECKED>(&kw, h, &mut w) {
+        match self.paths.read::<CHECKED>(&kw, h, &mut w) {
             Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now),
+            Probe::NotFound if self.aliases.len() != 0 => self.lookup_alias(&kw, now),
             Probe::NotFound => Lookup::Miss,
             Probe::Busy => Lookup::Busy,
-        };
-        self.count(&r);
-        r
+        }
     }
 
-    fn count(&self, r: &Lookup) {
-        let c = &self.counters;
-        match r {
-            Lookup::Hit { needs_refresh, .. } => {
-                bump(&c.read.hits);
-                if *needs_refresh {
-                    bump(&c.read.refresh_hints);
+    /// A path key that is not a path entry: is it an alias of one? (Out of line: only keys
+    /// stored as aliases, and misses while aliases exist, come here.)
+    #[inline(never)]
+    fn lookup_alias(&self, kw: &[u32; PATH_KEY_WORDS], now: u64) -> Lookup {
+        let mut aw = [0u32; ALIAS_WORDS];
+        match self
+            .aliases
+            .read::<true>(kw, self.aliases.hash(kw), &mut aw)
+        {
+            Probe::Found(..) => {
+                let exp = expiry_at(&aw, A_EXP_LO);
+                if now >= exp {
+                    return Lookup::Miss;
+                }
+                let (target, inc) = (aw[A_TGT] as usize, aw[A_TGT_INC]);
+                let mut w = [0u32; PATH_WORDS];
+                match self.paths.read_at(target, &mut w) {
+                    Some(Some(seq)) if w[HDR] & OCCUPIED != 0 && w[INC] == inc => {
+                        self.classify(target, seq, &w, exp, now)
+                    }
+                    Some(None) => Lookup::Busy,
+                    _ => Lookup::Miss,
                 }
             }
-            Lookup::Negative { .. } => bump(&c.read.negative_hits),
-            Lookup::Miss => bump(&c.read.misses),
-            Lookup::Busy => bump(&c.read.busy),
+            Probe::NotFound => Lookup::Miss,
+            Probe::Busy => Lookup::Busy,
         }
     }
 
     /// Turns a consistent snapshot of path slot `idx` into a lookup result. `cap` bounds the
     /// expiry (an alias's own lifetime).
+    #[inline(always)]
     fn classify(&self, idx: usize, seq: u32, w: &[u32; PATH_WORDS], cap: u64, now: u64) -> Lookup {
         if w[GEN] != self.gen(ep_of(w)) {
             return Lookup::Miss;
@@ -445,8 +647,8 @@ where
         let needs_refresh = now.saturating_add(self.config.refresh_ahead) >= exp
             && self.paths.claim_refresh(idx, seq);
         let mut record = [0u8; RECORD_LEN];
-        for (c, v) in record.chunks_exact_mut(4).zip(&w[PATH_REC..]) {
-            c.copy_from_slice(&v.to_le_bytes());
+        for i in 0..RECORD_WORDS {
+            record[4 * i..4 * i + 4].copy_from_slice(&w[PATH_REC + i].to_le_bytes());
         }
         Lookup::Hit {
             record,
@@ -459,7 +661,7 @@ where
     /// result expires at the earlier of the alias's and the path's expiry.
     pub fn lookup_addr(&self, key: &AddrKey, now: u64) -> Lookup {
         let r = self.lookup_addr_inner(key, now);
-        self.count(&r);
+        count(&self.counters.shared, &r);
         r
     }
 
@@ -496,6 +698,20 @@ where
         }
     }
 
+    /// True if alias words are dead at `now`: expired, or their target path entry is gone,
+    /// reused (other incarnation) or itself dead.
+    fn alias_dead(&self, w: &[u32; ALIAS_WORDS], now: u64) -> bool {
+        if expiry_at(w, A_EXP_LO) <= now {
+            return true;
+        }
+        let t = w[A_TGT] as usize;
+        if t >= self.paths.capacity() {
+            return true;
+        }
+        let pw = self.paths.load(t);
+        pw[HDR] & OCCUPIED == 0 || pw[INC] != w[A_TGT_INC] || self.dead(&pw, now)
+    }
+
     /// True if the entry words are dead at `now`: expired, negative (they go first when full), or
     /// written under an older endpoint generation.
     fn dead(&self, w: &[u32], now: u64) -> bool {
@@ -503,10 +719,100 @@ where
     }
 }
 
-impl<P, A> core::fmt::Debug for PathCache<P, A>
+#[inline(always)]
+fn count(c: &ReadCounters, r: &Lookup) {
+    match r {
+        Lookup::Hit { needs_refresh, .. } => {
+            bump(&c.hits);
+            if *needs_refresh {
+                bump(&c.refresh_hints);
+            }
+        }
+        Lookup::Negative { .. } => bump(&c.negative_hits),
+        Lookup::Miss => bump(&c.misses),
+        Lookup::Busy => bump(&c.busy),
+    }
+}
+
+/// A reader with its own counter cell; see [`PathCache::reader`]. Lookups through it are the
+/// same as [`PathCache::lookup`] but count without touching a line other readers write.
+pub struct CacheReader<'c, P, A, R = &'static [AliasSlot]>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
+{
+    cache: &'c PathCache<P, A, R>,
+    cell: usize,
+    /// `Send` but not `Sync`: the cell has exactly one thread counting into it.
+    _not_sync: PhantomData<core::cell::Cell<()>>,
+}
+
+impl<P, A, R> CacheReader<'_, P, A, R>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
+{
+    /// [`PathCache::lookup`], counted in this reader's cell.
+    #[inline]
+    pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
+        let r = self.cache.lookup_impl::<true>(key, now);
+        count(&self.cache.counters.readers[self.cell], &r);
+        r
+    }
+
+    /// [`PathCache::lookup_addr`], counted in this reader's cell.
+    pub fn lookup_addr(&self, key: &AddrKey, now: u64) -> Lookup {
+        let r = self.cache.lookup_addr_inner(key, now);
+        count(&self.cache.counters.readers[self.cell], &r);
+        r
+    }
+
+    /// The cache this reader reads.
+    pub fn cache(&self) -> &PathCache<P, A, R> {
+        self.cache
+    }
+}
+
+impl<P, A, R> Drop for CacheReader<'_, P, A, R>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
+{
+    fn drop(&mut self) {
+        let t = &self.cache.counters.taken;
+        let mut cur = t.load(Ordering::Relaxed);
+        while let Err(now) = t.compare_exchange(
+            cur,
+            cur & !(1 << self.cell),
+            Ordering::Release,
+            Ordering::Relaxed,
+        ) {
+            cur = now;
+        }
+    }
+}
+
+impl<P, A, R> core::fmt::Debug for CacheReader<'_, P, A, R>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("CacheReader")
+            .field("cell", &self.cell)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P, A, R> core::fmt::Debug for PathCache<P, A, R>
+where
+    P: Deref<Target = [PathSlot]>,
+    A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("PathCache")
@@ -517,33 +823,36 @@ where
     }
 }
 
-impl<P, A> Drop for CacheWriter<'_, P, A>
+impl<P, A, R> Drop for CacheWriter<'_, P, A, R>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
 {
     fn drop(&mut self) {
         self.cache.writer_taken.store(false, Ordering::Release);
     }
 }
 
-impl<P, A> core::fmt::Debug for CacheWriter<'_, P, A>
+impl<P, A, R> core::fmt::Debug for CacheWriter<'_, P, A, R>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CacheWriter").finish_non_exhaustive()
     }
 }
 
-impl<P, A> CacheWriter<'_, P, A>
+impl<P, A, R> CacheWriter<'_, P, A, R>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
+    R: Deref<Target = [AliasSlot]>,
 {
     /// The cache this writer writes.
-    pub fn cache(&self) -> &PathCache<P, A> {
+    pub fn cache(&self) -> &PathCache<P, A, R> {
         self.cache
     }
 
@@ -566,6 +875,10 @@ where
     fn upsert_path(&mut self, key: &PathKey, mut w: [u32; PATH_WORDS], now: u64) -> Inserted {
         let c = self.cache;
         let kw = key.to_words();
+        if c.aliases.len() != 0 && c.aliases.remove_key(&kw) {
+            // The key becomes a path entry of its own; the alias it was would be shadowed.
+            bump(&c.counters.write.removed);
+        }
         let h = c.paths.hash(&kw);
         let dead = |x: &[u32; PATH_WORDS]| c.dead(x, now);
         // `paths` is never empty (checked in `new`), so upsert always finds a slot.
@@ -702,9 +1015,13 @@ where
         }
     }
 
-    /// Removes the path entry for `key`; its aliases become misses. True if it was present.
+    /// Removes the path entry (or path alias) for `key`; the entry's aliases become misses.
+    /// True if it was present.
     pub fn remove(&mut self, key: &PathKey) -> bool {
-        let removed = self.cache.paths.remove_key(&key.to_words());
+        let kw = key.to_words();
+        let c = self.cache;
+        let removed =
+            c.paths.remove_key(&kw) || (c.aliases.len() != 0 && c.aliases.remove_key(&kw));
         if removed {
             bump(&self.cache.counters.write.removed);
         }
@@ -725,7 +1042,8 @@ where
     /// Call on port/LID/P_Key changes and when the endpoint closes. Endpoints whose numbers are
     /// equal modulo [`EP_GENERATIONS`] are invalidated together.
     pub fn invalidate_ep(&mut self, ep: u16) {
-        self.cache.ep_gens[ep_index(ep)].fetch_add(1, Ordering::Release);
+        let g = &self.cache.ep_gens[ep_index(ep)];
+        g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
     }
 
     /// Reclaims dead entries (expired, negative past their time, invalidated) among the next
@@ -736,8 +1054,10 @@ where
         // Here negative entries are dead only once past their time.
         let pdead = |w: &[u32; PATH_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
         let adead = |w: &[u32; ADDR_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
+        let xdead = |w: &[u32; ALIAS_WORDS]| c.alias_dead(w, now);
         let n = c.paths.sweep(&c.path_sweep, budget, &pdead)
-            + c.addrs.sweep(&c.addr_sweep, budget, &adead);
+            + c.addrs.sweep(&c.addr_sweep, budget, &adead)
+            + c.aliases.sweep(&c.alias_sweep, budget, &xdead);
         add(&c.counters.write.expired, n);
         n
     }
@@ -759,6 +1079,12 @@ where
                 n += 1;
             }
         });
+        c.aliases.for_each_occupied(|i, w| {
+            if (w[A_KEY] >> 16) as u16 == ep {
+                c.aliases.remove_at(i);
+                n += 1;
+            }
+        });
         add(&c.counters.write.removed, n);
         n
     }
@@ -767,6 +1093,103 @@ where
     pub fn clear(&mut self) {
         self.cache.paths.clear();
         self.cache.addrs.clear();
+        self.cache.aliases.clear();
+    }
+
+    /// Makes `alias` answer with the record of the cached path entry `target` until
+    /// `now + ttl` (never longer than the target lives): a second key for one route at the cost
+    /// of a 64-byte alias slot instead of a 128-byte path slot, and one record to update.
+    /// An update of `target` in place is seen through the alias at once; removing or evicting
+    /// `target` turns the alias into a miss. The alias is invalidated with its target's
+    /// endpoint (`invalidate_ep` of the target's `ep`) and flushed with its own (`flush_ep`).
+    ///
+    /// Fails with [`CacheError::NoSuchPath`] if `target` is not a path entry,
+    /// [`CacheError::Capacity`] if the cache has no alias storage. An existing path entry for
+    /// `alias` itself is removed (the alias replaces it).
+    pub fn alias_path(
+        &mut self,
+        alias: &PathKey,
+        target: &PathKey,
+        now: u64,
+        ttl: u64,
+    ) -> Result<Inserted, CacheError> {
+        let c = self.cache;
+        if c.aliases.capacity() == 0 {
+            return Err(CacheError::Capacity);
+        }
+        let tkw = target.to_words();
+        let idx = c
+            .paths
+            .find(&tkw, c.paths.hash(&tkw))
+            .ok_or(CacheError::NoSuchPath)?;
+        let inc = c.paths.load(idx)[INC];
+        let kw = alias.to_words();
+        if kw == tkw {
+            return Err(CacheError::NoSuchPath);
+        }
+        if c.paths.remove_key(&kw) {
+            bump(&c.counters.write.removed);
+        }
+        let mut w = [0u32; ALIAS_WORDS];
+        w[HDR] = OCCUPIED;
+        let exp = now.saturating_add(ttl);
+        w[A_EXP_LO] = exp as u32;
+        w[A_EXP_HI] = (exp >> 32) as u32;
+        w[A_KEY..A_KEY + PATH_KEY_WORDS].copy_from_slice(&kw);
+        w[A_TGT] = idx as u32;
+        w[A_TGT_INC] = inc;
+        let dead = |x: &[u32; ALIAS_WORDS]| c.alias_dead(x, now);
+        match c.aliases.upsert(&kw, c.aliases.hash(&kw), &mut w, &dead) {
+            None => Err(CacheError::Capacity),
+            Some((_, u)) => Ok(self.count_upsert(u)),
+        }
+    }
+
+    /// Caches one route reachable by several keys: `record` is stored once, under `keys[0]`,
+    /// and `keys[1..]` become aliases of it ([`alias_path`](Self::alias_path)) — for example a
+    /// preloaded route by DLID and by DGID, with and without the reversible bit: one path slot
+    /// and three alias slots instead of four path slots. Without alias storage (or if the
+    /// alias table refuses), the other keys get path entries of their own. Returns what the
+    /// insert of `keys[0]` did; `Inserted::New` for an empty `keys`.
+    pub fn insert_route(
+        &mut self,
+        keys: &[PathKey],
+        record: &[u8; RECORD_LEN],
+        now: u64,
+        ttl: u64,
+    ) -> Inserted {
+        let Some((first, rest)) = keys.split_first() else {
+            return Inserted::New;
+        };
+        let r = self.insert(first, record, now, ttl);
+        for k in rest {
+            if k == first {
+                continue;
+            }
+            if self.alias_path(k, first, now, ttl).is_err() {
+                self.insert(k, record, now, ttl);
+            }
+        }
+        r
+    }
+
+    fn count_upsert(&self, u: Upsert) -> Inserted {
+        let c = &self.cache.counters.write;
+        match u {
+            Upsert::Updated => {
+                bump(&c.updates);
+                Inserted::Updated
+            }
+            Upsert::Evicted { dead } => {
+                bump(&c.inserts);
+                bump(if dead { &c.expired } else { &c.evictions });
+                Inserted::Evicted
+            }
+            Upsert::New => {
+                bump(&c.inserts);
+                Inserted::New
+            }
+        }
     }
 }
 

@@ -13,6 +13,15 @@
 //! model is one mutex per endpoint (`Mutex<tsearch>`, here `Mutex<BTreeMap>`), and
 //! `RwLock<HashMap>` is the usual std answer.
 //!
+//! **Memory floor.** In the same run, for each size, a dependent pointer chase over a buffer as
+//! large as the cache's storage (one 64-byte node per cache line, a single random cycle), once in
+//! memory advised `MADV_NOHUGEPAGE` and once `MADV_HUGEPAGE`: the cost of one dependent load that
+//! misses where the cache's loads miss (L2 / L3 / DRAM, with the same TLB behaviour). Each acmrs
+//! row is also printed as multiples of the floor of its page mode ("floor-loads").
+//!
+//! **RSS per path**: resident set (`/proc/self/statm`) growth from before the storage is
+//! allocated to after the fill, divided by the entries (page-table pages included).
+//!
 //! Usage: `cargo run --release -p acm-bench --bin cache -- [--quick] [--out DIR]
 //!         [--sizes 1000,100000,1000000] [--lookups N]`
 //!
@@ -119,54 +128,138 @@ impl Drop for Tsearch {
 // modify the tree), and moved as a whole; glibc's tfind is read-only.
 unsafe impl Send for Tsearch {}
 
-/// `n` empty path slots in memory advised `MADV_HUGEPAGE` *before* it is first touched, so the
-/// kernel backs it with 2 MiB pages where it can (THP "madvise" mode, Debian's default).
-fn boxed_slots_huge(n: usize) -> Box<[PathSlot]> {
-    let mut v: Vec<PathSlot> = Vec::with_capacity(n);
-    let bytes = n * std::mem::size_of::<PathSlot>();
-    let huge = 2 << 20;
-    let start = (v.as_mut_ptr() as usize).next_multiple_of(huge);
-    let end = (v.as_mut_ptr() as usize + bytes) / huge * huge;
+/// Slots for a cache holding `n` entries (what the cache's own sizing helper recommends).
+fn path_slots_for(n: usize) -> usize {
+    PathSlot::slots_for(n)
+}
+
+/// Advises `[ptr, ptr + bytes)` (rounded inwards to 2 MiB) `MADV_HUGEPAGE` or
+/// `MADV_NOHUGEPAGE` before it is first touched.
+fn advise(ptr: *mut u8, bytes: usize, huge: bool) {
+    let page = 2 << 20;
+    let (start, end) = if huge {
+        (
+            (ptr as usize).next_multiple_of(page),
+            (ptr as usize + bytes) / page * page,
+        )
+    } else {
+        // NOHUGEPAGE: cover every 4 KiB page of the buffer.
+        (
+            (ptr as usize) / 4096 * 4096,
+            (ptr as usize + bytes).next_multiple_of(4096),
+        )
+    };
     if end > start {
-        // SAFETY: [start, end) lies inside the allocation `v` owns (capacity n, not yet
-        // initialised); madvise only changes how the kernel backs those pages, never their
-        // contents or validity. Failure just means no huge pages.
-        let r =
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        let advice = if huge {
+            libc::MADV_HUGEPAGE
+        } else {
+            libc::MADV_NOHUGEPAGE
+        };
+        // SAFETY: [start, end) lies inside (or, for NOHUGEPAGE, on the pages of) an allocation
+        // the caller owns; madvise only changes how the kernel backs those pages, never their
+        // contents or validity. Failure just means the default page size.
+        let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
         if r != 0 {
-            eprintln!(
-                "note: madvise(MADV_HUGEPAGE) failed: {}",
-                std::io::Error::last_os_error()
-            );
+            eprintln!("note: madvise failed: {}", std::io::Error::last_os_error());
         }
     }
+}
+
+/// `n` empty path slots in memory advised `MADV_HUGEPAGE` (or `MADV_NOHUGEPAGE`) *before* it is
+/// first touched, so the kernel backs it with 2 MiB pages where it can (THP "madvise" mode,
+/// Debian's default) — or, explicitly, with 4 KiB pages.
+fn boxed_slots_advised(n: usize, huge: bool) -> Box<[PathSlot]> {
+    let mut v: Vec<PathSlot> = Vec::with_capacity(n);
+    advise(
+        v.as_mut_ptr() as *mut u8,
+        n * std::mem::size_of::<PathSlot>(),
+        huge,
+    );
     v.extend((0..n).map(|_| PathSlot::new()));
     v.into_boxed_slice()
 }
 
-struct Keys {
-    path: Vec<PathKey>,
-    addr: Vec<[u8; 64]>,
+/// Resident set size in bytes (`/proc/self/statm`, field 2).
+fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
-fn make_keys(n: usize, rng: &mut XorShift) -> Keys {
-    let mut path = Vec::with_capacity(n);
-    let mut addr = Vec::with_capacity(n);
-    let mut seen = std::collections::HashSet::with_capacity(n);
-    while path.len() < n {
-        let guid = rng.next_u64();
-        if !seen.insert(guid) {
-            continue;
+/// The memory floor: ns per dependent load of a random single-cycle pointer chase over a
+/// buffer of `bytes` (one node per 64-byte line), advised huge or not before first touch.
+fn floor_ns(bytes: usize, huge: bool, rng: &mut XorShift) -> f64 {
+    const NODE: usize = 8; // u64s per 64-byte line
+    let nodes = (bytes / 64).max(2);
+    let mut buf: Vec<u64> = Vec::with_capacity(nodes * NODE);
+    advise(buf.as_mut_ptr() as *mut u8, nodes * 64, huge);
+    buf.resize(nodes * NODE, 0);
+    // Sattolo: one cycle through every node.
+    let mut perm: Vec<u32> = (0..nodes as u32).collect();
+    for i in (1..nodes).rev() {
+        let j = rng.below(i as u64) as usize;
+        perm.swap(i, j);
+    }
+    for i in 0..nodes {
+        buf[i * NODE] = perm[i] as u64;
+    }
+    drop(perm);
+    let chase = |steps: usize| {
+        let mut i = 0usize;
+        let t = Instant::now();
+        for _ in 0..steps {
+            i = buf[i * NODE] as usize;
         }
+        std::hint::black_box(i);
+        t.elapsed().as_secs_f64() * 1e9 / steps as f64
+    };
+    chase(nodes.min(200_000)); // warm the TLB / caches the way a long run would
+    let mut runs: Vec<f64> = (0..5).map(|_| chase(400_000)).collect();
+    runs.sort_by(f64::total_cmp);
+    runs[2]
+}
+
+/// The keys of entry `i`, computed on the fly (a bijective mix of `i` and a per-size salt gives
+/// distinct random-looking GUIDs). Computing them costs a few ns and no memory access, so a
+/// lookup's time is the structure's, not a dependent cache miss on a 48 MB array of probe keys
+/// (a client's request is in cache when the provider looks it up).
+#[derive(Clone, Copy)]
+struct Keys {
+    salt: u64,
+}
+
+impl Keys {
+    #[inline(always)]
+    fn gid(&self, i: usize) -> [u8; 16] {
+        // splitmix64's finaliser: a bijection on u64.
+        let mut z = (i as u64) ^ self.salt;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
         let mut gid = [0u8; 16];
         gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
-        gid[8..].copy_from_slice(&guid.to_be_bytes());
-        path.push(PathKey::new(0, Dest::Gid(gid)));
-        let mut a = [0u8; 64];
-        a[..16].copy_from_slice(&gid);
-        addr.push(a);
+        gid[8..].copy_from_slice(&z.to_be_bytes());
+        gid
     }
-    Keys { path, addr }
+
+    #[inline(always)]
+    fn path(&self, i: usize) -> PathKey {
+        PathKey::new(0, Dest::Gid(self.gid(i)))
+    }
+
+    #[inline(always)]
+    fn addr(&self, i: usize) -> [u8; 64] {
+        let mut a = [0u8; 64];
+        a[..16].copy_from_slice(&self.gid(i));
+        a
+    }
+}
+
+fn make_keys(rng: &mut XorShift) -> Keys {
+    Keys {
+        salt: rng.next_u64(),
+    }
 }
 
 /// Every structure hands out a *copy* of the 64-byte record, as a lookup that answers a client
@@ -191,6 +284,9 @@ struct Measured {
     per_sec: f64,
     bytes_per_entry: Option<f64>,
     writer_per_sec: Option<f64>,
+    /// ns per dependent load over a buffer as large as this structure, same page mode.
+    floor_ns: Option<f64>,
+    rss_per_entry: Option<f64>,
 }
 
 fn save(out: Option<&Path>, tag: &str, h: &LatencyHistogram) {
@@ -264,42 +360,59 @@ fn with_writer<R>(
 
 fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Measured>) {
     let mut rng = XorShift::new(0x5eed_0000 + n as u64);
-    let keys = make_keys(n, &mut rng);
+    let keys = make_keys(&mut rng);
     let order: Vec<u32> = (0..lookups).map(|_| rng.below(n as u64) as u32).collect();
+    let slots = path_slots_for(n);
+    let storage = slots * std::mem::size_of::<PathSlot>();
+    let floors = [
+        floor_ns(storage, false, &mut rng),
+        floor_ns(storage, true, &mut rng),
+    ];
+    eprintln!(
+        "  floor over {} MiB: {:.1} ns per dependent load with 4 KiB pages, {:.1} ns with THP",
+        storage >> 20,
+        floors[0],
+        floors[1]
+    );
     let mut plotted: Vec<(&'static str, &'static str, LatencyHistogram)> = Vec::new();
-    let mut push =
-        |name, scenario, h: &LatencyHistogram, per_sec, bytes: Option<f64>, wps: Option<f64>| {
-            let tag = format!("cache_{}_{}_{n}", name_tag(name), scenario);
-            progress(format_args!(
-                "cache {n} entries: {name}, {scenario}: p50 {:.0} ns",
-                h.summary().p50_ns
-            ));
-            save(out, &tag, h);
-            if out.is_some() {
-                plotted.push((name, scenario, h.clone()));
-            }
-            results.push(Measured {
-                name,
-                scenario,
-                n,
-                summary: h.summary(),
-                per_sec,
-                bytes_per_entry: bytes,
-                writer_per_sec: wps,
-            });
-        };
+    let mut push = |name,
+                    scenario,
+                    h: &LatencyHistogram,
+                    per_sec,
+                    bytes: Option<f64>,
+                    wps: Option<f64>,
+                    floor: Option<f64>,
+                    rss: Option<f64>| {
+        let tag = format!("cache_{}_{}_{n}", name_tag(name), scenario);
+        progress(format_args!(
+            "cache {n} entries: {name}, {scenario}: p50 {:.0} ns",
+            h.summary().p50_ns
+        ));
+        save(out, &tag, h);
+        if out.is_some() {
+            plotted.push((name, scenario, h.clone()));
+        }
+        results.push(Measured {
+            name,
+            scenario,
+            n,
+            summary: h.summary(),
+            per_sec,
+            bytes_per_entry: bytes,
+            writer_per_sec: wps,
+            floor_ns: floor,
+            rss_per_entry: rss,
+        });
+    };
     let per_entry = |before: usize| Some(heap_bytes().saturating_sub(before) as f64 / n as f64);
 
-    // acmrs PathCache: capacity exactly n (load factor 1, the worst it runs at); slots from a
-    // plain allocation, and from one advised to use transparent huge pages (what a host should do
-    // for large caches: one TLB entry per 2 MiB instead of per 4 KiB).
+    // acmrs PathCache: storage for n entries as the cache's sizing helper recommends; slots from
+    // an allocation advised MADV_NOHUGEPAGE, and from one advised to use transparent huge pages
+    // (what a host should do for large caches: one TLB entry per 2 MiB instead of per 4 KiB).
     for (name, huge) in [("acmrs PathCache", false), ("acmrs PathCache +THP", true)] {
         let before = heap_bytes();
-        let paths: Box<[PathSlot]> = if huge {
-            boxed_slots_huge(n)
-        } else {
-            PathSlot::boxed(n)
-        };
+        let rss_before = rss_bytes();
+        let paths: Box<[PathSlot]> = boxed_slots_advised(slots, huge);
         let addrs: Box<[AddrSlot]> = AddrSlot::boxed(0);
         let config = CacheConfig {
             seed: 0x1234_5678,
@@ -308,29 +421,31 @@ fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Meas
         let cache = PathCache::new(paths, addrs, config).expect("non-empty storage");
         {
             let mut w = cache.writer().expect("first writer");
-            for (i, k) in keys.path.iter().enumerate() {
-                w.insert(k, &record(i, 0), 0, u64::MAX);
+            for i in 0..n {
+                w.insert(&keys.path(i), &record(i, 0), 0, u64::MAX);
             }
         }
         let bytes = per_entry(before);
+        let rss = Some(rss_bytes().saturating_sub(rss_before) as f64 / n as f64);
         assert_eq!(cache.len(), n);
-        let look = |i: usize| match cache.lookup(&keys.path[i], 1) {
+        let floor = Some(floors[huge as usize]);
+        let look = |i: usize| match cache.lookup(&keys.path(i), 1) {
             Lookup::Hit { record, .. } => std::hint::black_box(record)[0],
             _ => 0,
         };
         let (h, ps) = timed(&order, look);
-        push(name, "idle", &h, ps, bytes, None);
+        push(name, "idle", &h, ps, bytes, None, floor, rss);
         let ((h, ps), wps) = with_writer(
             || timed(&order, look),
             |stop| {
                 // The fill writer was dropped, so the role is free for this thread.
                 let mut w = cache.writer().expect("writer role is free");
                 write_loop(n, stop, |i, v| {
-                    w.insert(&keys.path[i], &record(i, v), 0, u64::MAX);
+                    w.insert(&keys.path(i), &record(i, v), 0, u64::MAX);
                 })
             },
         );
-        push(name, "writer", &h, ps, None, Some(wps));
+        push(name, "writer", &h, ps, None, Some(wps), floor, None);
         let s = cache.stats();
         assert_eq!(
             s.misses, 0,
@@ -351,64 +466,91 @@ fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Meas
     {
         let before = heap_bytes();
         let mut t = Tsearch::new();
-        for (i, a) in keys.addr.iter().enumerate() {
-            t.insert(*a, record(i, 0));
+        for i in 0..n {
+            t.insert(keys.addr(i), record(i, 0));
         }
         let bytes = per_entry(before);
-        let (h, ps) = timed(&order, |i| t.find(&keys.addr[i]).unwrap_or(0));
-        push("glibc tsearch (ibacmp)", "idle", &h, ps, bytes, None);
+        let (h, ps) = timed(&order, |i| t.find(&keys.addr(i)).unwrap_or(0));
+        push(
+            "glibc tsearch (ibacmp)",
+            "idle",
+            &h,
+            ps,
+            bytes,
+            None,
+            None,
+            None,
+        );
     }
 
     // BTreeMap with 64-byte keys; under a writer: Mutex (ibacmp's one lock per endpoint).
     {
         let before = heap_bytes();
         let mut m: BTreeMap<[u8; 64], [u8; 64]> = BTreeMap::new();
-        for (i, a) in keys.addr.iter().enumerate() {
-            m.insert(*a, record(i, 0));
+        for i in 0..n {
+            m.insert(keys.addr(i), record(i, 0));
         }
         let bytes = per_entry(before);
-        let (h, ps) = timed(&order, |i| m.get(&keys.addr[i]).map_or(0, copy_out));
-        push("BTreeMap<[u8;64]>", "idle", &h, ps, bytes, None);
+        let (h, ps) = timed(&order, |i| m.get(&keys.addr(i)).map_or(0, copy_out));
+        push("BTreeMap<[u8;64]>", "idle", &h, ps, bytes, None, None, None);
         let m = Mutex::new(m);
         let ((h, ps), wps) = with_writer(
             || {
                 timed(&order, |i| {
-                    m.lock().unwrap().get(&keys.addr[i]).map_or(0, copy_out)
+                    m.lock().unwrap().get(&keys.addr(i)).map_or(0, copy_out)
                 })
             },
             |stop| {
                 write_loop(n, stop, |i, v| {
-                    m.lock().unwrap().insert(keys.addr[i], record(i, v));
+                    m.lock().unwrap().insert(keys.addr(i), record(i, v));
                 })
             },
         );
-        push("Mutex<BTreeMap>", "writer", &h, ps, None, Some(wps));
+        push(
+            "Mutex<BTreeMap>",
+            "writer",
+            &h,
+            ps,
+            None,
+            Some(wps),
+            None,
+            None,
+        );
     }
 
     // HashMap with our key; under a writer: RwLock.
     {
         let before = heap_bytes();
         let mut m: HashMap<PathKey, [u8; 64]> = HashMap::with_capacity(n);
-        for (i, k) in keys.path.iter().enumerate() {
-            m.insert(*k, record(i, 0));
+        for i in 0..n {
+            m.insert(keys.path(i), record(i, 0));
         }
         let bytes = per_entry(before);
-        let (h, ps) = timed(&order, |i| m.get(&keys.path[i]).map_or(0, copy_out));
-        push("HashMap<PathKey>", "idle", &h, ps, bytes, None);
+        let (h, ps) = timed(&order, |i| m.get(&keys.path(i)).map_or(0, copy_out));
+        push("HashMap<PathKey>", "idle", &h, ps, bytes, None, None, None);
         let m = RwLock::new(m);
         let ((h, ps), wps) = with_writer(
             || {
                 timed(&order, |i| {
-                    m.read().unwrap().get(&keys.path[i]).map_or(0, copy_out)
+                    m.read().unwrap().get(&keys.path(i)).map_or(0, copy_out)
                 })
             },
             |stop| {
                 write_loop(n, stop, |i, v| {
-                    m.write().unwrap().insert(keys.path[i], record(i, v));
+                    m.write().unwrap().insert(keys.path(i), record(i, v));
                 })
             },
         );
-        push("RwLock<HashMap>", "writer", &h, ps, None, Some(wps));
+        push(
+            "RwLock<HashMap>",
+            "writer",
+            &h,
+            ps,
+            None,
+            Some(wps),
+            None,
+            None,
+        );
     }
 
     if let Some(dir) = out {
@@ -547,6 +689,38 @@ fn main() {
         t.row(row);
     }
     println!("{}", t.render());
+    let mut f = Table::new(&[
+        "structure",
+        "scenario",
+        "entries",
+        "floor ns",
+        "p50 ns",
+        "p50 ×floor",
+        "p99 ×floor",
+        "p99.9 ×floor",
+        "p99.99 ×floor",
+        "RSS B/path",
+    ]);
+    for m in results.iter().filter(|m| m.floor_ns.is_some()) {
+        let fl = m.floor_ns.unwrap_or(1.0);
+        let s = &m.summary;
+        let mut row = vec![
+            m.name.to_string(),
+            m.scenario.to_string(),
+            m.n.to_string(),
+            format!("{fl:.1}"),
+            format!("{:.1}", s.p50_ns),
+        ];
+        row.extend(
+            [s.p50_ns, s.p99_ns, s.p999_ns, s.p9999_ns]
+                .iter()
+                .map(|v| format!("{:.2}", v / fl)),
+        );
+        row.push(m.rss_per_entry.map_or(String::new(), |b| format!("{b:.0}")));
+        f.row(row);
+    }
+    println!("in floor-loads (multiples of one dependent load over a buffer as large as the cache, same page mode):\n");
+    println!("{}", f.render());
     println!(
         "random-key lookups, batches of {BATCH} timed together (per-op = batch time / {BATCH}); \
          {} cores; total {:.1} s",

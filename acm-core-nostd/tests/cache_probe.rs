@@ -1,0 +1,132 @@
+//! Bounded probing under adversarial keys: many keys that hash to one window (the same two
+//! groups), and keys that also share the tag byte, must not make lookups or inserts unbounded.
+//!
+//! The keys are crafted against a fixed seed with the `window_for_tests` hook (what an attacker
+//! who knew the seed could do; hosts pick the seed at random). Outcome that must hold:
+//! * a lookup examines at most `MAX_PROBE` (64) slots — the two groups of the key's window;
+//! * inserts beyond the window's 64 slots evict exactly one entry *of that window* each
+//!   (`Inserted::Evicted`), so the window holds at most 64 of the keys and nothing outside it
+//!   is disturbed.
+
+use acm_core_nostd::cache::{
+    AddrSlot, CacheConfig, Dest, Inserted, Lookup, PathCache, PathKey, PathSlot, GROUP, MAX_PROBE,
+};
+
+type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+fn cache(entries: usize) -> Cache {
+    let p: Box<[PathSlot]> = (0..PathSlot::slots_for(entries))
+        .map(|_| PathSlot::new())
+        .collect();
+    let a: Box<[AddrSlot]> = Box::new([]);
+    PathCache::new(
+        p,
+        a,
+        CacheConfig {
+            seed: 0xadd0_5eed,
+            refresh_ahead: 0,
+        },
+    )
+    .unwrap()
+}
+
+fn key(i: u64) -> PathKey {
+    let mut gid = [0u8; 16];
+    gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
+    gid[8..].copy_from_slice(&i.to_be_bytes());
+    PathKey::new(1, Dest::Gid(gid))
+}
+
+/// The first `want` keys (searching `key(0..)`) whose window is `{g1, g2}` of `key(0)`, and
+/// whose tag equals `key(0)`'s too if `same_tag`.
+fn crafted(c: &Cache, want: usize, same_tag: bool) -> Vec<PathKey> {
+    let (g1, g2, t) = c.window_for_tests(&key(0));
+    let mut out = Vec::new();
+    let mut i = 0;
+    while out.len() < want {
+        let k = key(i);
+        let (a, b, tag) = c.window_for_tests(&k);
+        if ((a, b) == (g1, g2) || (a, b) == (g2, g1)) && (!same_tag || tag == t) {
+            out.push(k);
+        }
+        i += 1;
+        assert!(i < 50_000_000, "search ran away");
+    }
+    out
+}
+
+#[test]
+fn one_window_flooded_stays_bounded() {
+    let c = cache(1_500); // 2 * 32 groups' worth: ~54 groups
+    let groups = c.capacity().div_ceil(GROUP);
+    assert!(groups > 40, "{groups}");
+    let keys = crafted(&c, 300, false);
+    let (g1, g2, _) = c.window_for_tests(&keys[0]);
+    let window = if g1 == g2 { GROUP } else { 2 * GROUP };
+    let mut w = c.writer().unwrap();
+    let mut evicted = 0;
+    for (i, k) in keys.iter().enumerate() {
+        match w.insert(k, &[i as u8; 64], 0, u64::MAX) {
+            Inserted::New => assert!(i < window, "insert {i} found room beyond the window"),
+            Inserted::Evicted => {
+                assert!(i >= window, "insert {i} evicted with room left");
+                evicted += 1;
+            }
+            Inserted::Updated => panic!("fresh key updated"),
+        }
+        assert!(c.len() <= window, "the window grew past its slots");
+        // The key just inserted is always found, within the bound.
+        assert!(matches!(c.lookup(k, 1), Lookup::Hit { record, .. } if record[0] == i as u8));
+    }
+    assert_eq!(evicted, keys.len() - window);
+    assert_eq!(c.len(), window);
+    assert_eq!(c.stats().evictions as usize, evicted);
+    let mut hits = 0;
+    for k in &keys {
+        let n = c.probe_len_for_tests(k);
+        assert!(n <= MAX_PROBE, "lookup examined {n} slots");
+        if matches!(c.lookup(k, 1), Lookup::Hit { .. }) {
+            hits += 1;
+        }
+    }
+    assert_eq!(hits, window, "exactly the window's slots hold flooded keys");
+    // Keys of other windows are unaffected: they go in as new entries and are found.
+    let mut other = 0;
+    let mut i = 1u64 << 40;
+    while other < 200 {
+        let k = key(i);
+        i += 1;
+        let (a, b, _) = c.window_for_tests(&k);
+        if [a, b].iter().any(|g| *g == g1 || *g == g2) {
+            continue;
+        }
+        assert_eq!(w.insert(&k, &[9; 64], 0, u64::MAX), Inserted::New);
+        assert!(matches!(c.lookup(&k, 1), Lookup::Hit { .. }));
+        other += 1;
+    }
+}
+
+#[test]
+fn same_window_and_same_tag_costs_at_most_the_window() {
+    // A small table (2 groups) so that keys sharing window *and* tag are quick to find.
+    let c = cache(50);
+    let keys = crafted(&c, 100, true);
+    let mut w = c.writer().unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        let r = w.insert(k, &[i as u8; 64], 0, u64::MAX);
+        assert!(matches!(r, Inserted::New | Inserted::Evicted));
+        assert!(c.len() <= c.capacity());
+    }
+    // Every slot of the window now carries the same tag: a lookup of an absent key with that
+    // tag must check them all, and no more.
+    for k in &keys {
+        let n = c.probe_len_for_tests(k);
+        assert!(n <= MAX_PROBE, "lookup examined {n} slots");
+    }
+    let absent = keys
+        .iter()
+        .find(|k| c.lookup(k, 1) == Lookup::Miss)
+        .unwrap();
+    let n = c.probe_len_for_tests(absent);
+    assert!(n <= MAX_PROBE && n >= c.len().min(MAX_PROBE) - 1, "{n}");
+}
