@@ -192,6 +192,11 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// Whether `cpu` is one this process may run on (what pinning to it needs).
+    pub fn cpu_available(cpu: usize) -> bool {
+        core_affinity::get_core_ids().is_some_and(|ids| ids.iter().any(|c| c.id == cpu))
+    }
+
     /// A waker/clock that exists before the thread does (so the poller can be built with it).
     pub fn new_waker() -> Waker {
         let epoch = Instant::now();
@@ -380,6 +385,13 @@ mod tests {
             *recovered.lock().unwrap(),
             vec!["injected panic in round 2".to_string()]
         );
+    }
+
+    #[test]
+    fn a_cpu_is_available_only_if_the_process_may_run_on_it() {
+        let ids = core_affinity::get_core_ids().unwrap_or_default();
+        assert!(ids.iter().all(|c| Worker::cpu_available(c.id)));
+        assert!(!Worker::cpu_available(1 << 20));
     }
 
     #[test]

@@ -157,10 +157,21 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         crate::instance::latency_sink(inst.clone()),
     );
     let spin = match inst.opts.poll_mode() {
-        PollMode::Busy => Duration::from_secs(3600),
+        // Never blocks (run to completion on the core it is given).
+        PollMode::Busy => Duration::MAX,
         PollMode::Adaptive => Duration::from_micros(50),
         PollMode::Event => Duration::ZERO,
     };
+    if let Ok(cpu) = usize::try_from(inst.opts.acmrs_cpu) {
+        if !Worker::cpu_available(cpu) {
+            api.log(
+                0,
+                &format!(
+                    "ERROR - acmrs_cpu {cpu} is not a CPU this process may run on: not pinned"
+                ),
+            );
+        }
+    }
     let wc = WorkerConfig {
         name: "acmrs-dataplane".into(),
         cpu: usize::try_from(inst.opts.acmrs_cpu).ok(),
