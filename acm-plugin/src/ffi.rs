@@ -10,76 +10,83 @@ use core::mem::{offset_of, size_of};
 /// `ACM_PROV_VERSION`.
 pub const ACM_PROV_VERSION: u32 = 1;
 
-/// `ACM_ADDRESS_NAME`, `_IP`, `_IP6`, `_GID`, `_LID` (also the `ACM_EP_INFO_*` values 1..5).
-pub const ACM_ADDRESS_NAME: u16 = 1;
+// The `<infiniband/acm.h>` names, for code written against the C ABI (the tests, the bench).
+// Each value is defined once, in `acm-core-nostd` (the one codec); these are its C spellings.
+use acm_core_nostd::cache::AddrKind;
+use acm_core_nostd::resolver::{request as rq, Counter};
+use acm_core_nostd::wire::client as wc;
+
+/// `ACM_ADDRESS_NAME`, `_IP`, `_IP6` (the `ACM_EP_INFO_*` values 1..3).
+pub const ACM_ADDRESS_NAME: u16 = AddrKind::Name as u16;
 /// IPv4 address type.
-pub const ACM_ADDRESS_IP: u16 = 2;
+pub const ACM_ADDRESS_IP: u16 = AddrKind::Ipv4 as u16;
 /// IPv6 address type.
-pub const ACM_ADDRESS_IP6: u16 = 3;
-/// GID address type (internal to ibacm).
+pub const ACM_ADDRESS_IP6: u16 = AddrKind::Ipv6 as u16;
+/// GID address type (internal to ibacm; `wire::client::EpInfoType::Gid`).
 pub const ACM_ADDRESS_GID: u16 = 4;
-/// LID address type (internal to ibacm).
+/// LID address type (internal to ibacm; `wire::client::EpInfoType::Lid`).
 pub const ACM_ADDRESS_LID: u16 = 5;
-/// `ACM_EP_INFO_PATH`.
+/// `ACM_EP_INFO_PATH` (`wire::client::EpInfoType::Path`).
 pub const ACM_EP_INFO_PATH: u16 = 0x10;
 
-/// `ACM_OP_RESOLVE`.
+/// `ACM_OP_RESOLVE` (`wire::client::Opcode::Resolve`).
 pub const ACM_OP_RESOLVE: u8 = 1;
 /// `ACM_OP_ACK`.
-pub const ACM_OP_ACK: u8 = 0x80;
+pub const ACM_OP_ACK: u8 = wc::OP_ACK;
 /// `ACM_OP_MASK`.
-pub const ACM_OP_MASK: u8 = 0x0f;
+pub const ACM_OP_MASK: u8 = wc::OP_MASK;
 
-/// `ACM_STATUS_*`.
+/// `ACM_STATUS_SUCCESS`.
 pub const ACM_STATUS_SUCCESS: u8 = 0;
 /// Out of resources (queue or pending table full).
-pub const ACM_STATUS_ENOMEM: u8 = 1;
+pub const ACM_STATUS_ENOMEM: u8 = rq::ENOMEM;
 /// Malformed request.
-pub const ACM_STATUS_EINVAL: u8 = 2;
+pub const ACM_STATUS_EINVAL: u8 = rq::EINVAL;
 /// No data (unknown destination, no record, endpoint gone).
-pub const ACM_STATUS_ENODATA: u8 = 3;
+pub const ACM_STATUS_ENODATA: u8 = rq::ENODATA;
 /// The SA did not answer.
-pub const ACM_STATUS_ETIMEDOUT: u8 = 6;
+pub const ACM_STATUS_ETIMEDOUT: u8 = rq::ETIMEDOUT;
 
 /// `ACM_FLAGS_QUERY_SA`.
-pub const ACM_FLAGS_QUERY_SA: u32 = 1 << 31;
+pub const ACM_FLAGS_QUERY_SA: u32 = wc::FLAGS_QUERY_SA;
 /// `ACM_FLAGS_NODELAY`.
-pub const ACM_FLAGS_NODELAY: u32 = 1 << 30;
+pub const ACM_FLAGS_NODELAY: u32 = wc::FLAGS_NODELAY;
 /// `ACM_EP_FLAG_SOURCE`.
-pub const ACM_EP_FLAG_SOURCE: u32 = 1;
+pub const ACM_EP_FLAG_SOURCE: u32 = wc::EP_FLAG_SOURCE;
 /// `ACM_EP_FLAG_DEST`.
-pub const ACM_EP_FLAG_DEST: u32 = 2;
+pub const ACM_EP_FLAG_DEST: u32 = wc::EP_FLAG_DEST;
 
 /// `ACM_MSG_HDR_LENGTH`.
-pub const ACM_MSG_HDR_LENGTH: usize = 16;
+pub const ACM_MSG_HDR_LENGTH: usize = wc::HDR_LEN;
 /// `ACM_MSG_EP_LENGTH`.
-pub const ACM_MSG_EP_LENGTH: usize = 72;
+pub const ACM_MSG_EP_LENGTH: usize = wc::EP_LEN;
 /// `ACM_MSG_DATA_LENGTH`.
-pub const ACM_MSG_DATA_LENGTH: usize = ACM_MSG_EP_LENGTH * 8;
+pub const ACM_MSG_DATA_LENGTH: usize = wc::EP_LEN * wc::MAX_ENTRIES;
 /// `ACM_MAX_ADDRESS`.
-pub const ACM_MAX_ADDRESS: usize = 64;
+pub const ACM_MAX_ADDRESS: usize = wc::MAX_ADDRESS;
 
 /// `IBV_PATH_FLAG_GMP | PRIMARY | BIDIRECTIONAL`.
-pub const PATH_FLAGS_PRIMARY_BIDIR_GMP: u32 = 0x2b;
+pub const PATH_FLAGS_PRIMARY_BIDIR_GMP: u32 = wc::RESPONSE_PATH_FLAGS;
 
-/// `ACM_CNTR_*`, in `query_perf` order.
+/// `ACM_CNTR_*`, in `query_perf` order (the resolver's [`Counter`]).
 pub mod cntr {
+    use super::Counter;
     /// Error Count.
-    pub const ERROR: usize = 0;
+    pub const ERROR: usize = Counter::Error as usize;
     /// Resolve Count.
-    pub const RESOLVE: usize = 1;
+    pub const RESOLVE: usize = Counter::Resolve as usize;
     /// No Data.
-    pub const NODATA: usize = 2;
+    pub const NODATA: usize = Counter::NoData as usize;
     /// Addr Query Count.
-    pub const ADDR_QUERY: usize = 3;
+    pub const ADDR_QUERY: usize = Counter::AddrQuery as usize;
     /// Addr Cache Count.
-    pub const ADDR_CACHE: usize = 4;
+    pub const ADDR_CACHE: usize = Counter::AddrCache as usize;
     /// Route Query Count.
-    pub const ROUTE_QUERY: usize = 5;
+    pub const ROUTE_QUERY: usize = Counter::RouteQuery as usize;
     /// Route Cache Count.
-    pub const ROUTE_CACHE: usize = 6;
+    pub const ROUTE_CACHE: usize = Counter::RouteCache as usize;
     /// `ACM_MAX_COUNTER`.
-    pub const MAX: usize = 7;
+    pub const MAX: usize = acm_core_nostd::wire::client::MAX_COUNTER;
 }
 
 /// `IBV_EVENT_CLIENT_REREGISTER` (enum ibv_event_type).
