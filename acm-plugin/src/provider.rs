@@ -631,7 +631,7 @@ unsafe extern "C" fn remove_address(addr_context: *mut c_void) {
 fn answer_inline(
     ctx: &AddrCtx,
     via: Via,
-    msg: &AcmMsg,
+    msg: &[u8],
     id: u64,
     status: u8,
     path: Option<&[u8; 64]>,
@@ -646,15 +646,50 @@ fn answer_inline(
 fn answer_inline_timed(
     ctx: &AddrCtx,
     via: Via,
-    msg: &AcmMsg,
+    msg: &[u8],
     id: u64,
     status: u8,
     path: Option<&[u8; 64]>,
     hit_start: Option<u64>,
     answered: &mut bool,
 ) {
-    let mut out = AcmMsg::zeroed();
-    respond(msg.as_bytes(), via, status, path, out.as_bytes_mut());
+    // The answer is built in this thread's buffer: `respond` writes every byte of the length
+    // it sets (header and 1–2 entries), so no 592-byte zeroing per answer; the bytes past it
+    // are an earlier answer's (the core sends `hdr.length` bytes).
+    OUT.with(|cell| {
+        let mut fresh;
+        let mut held = cell.try_borrow_mut();
+        let out: &mut AcmMsg = match held.as_deref_mut() {
+            Ok(o) => o,
+            // Re-entered (a panic answer while the buffer is borrowed): a zeroed one.
+            Err(_) => {
+                fresh = AcmMsg::zeroed();
+                &mut fresh
+            }
+        };
+        answer_with(ctx, via, msg, id, status, path, hit_start, answered, out)
+    })
+}
+
+thread_local! {
+    /// The answer buffer of the thread that answers inline (the core's main thread).
+    static OUT: core::cell::RefCell<AcmMsg> = const { core::cell::RefCell::new(AcmMsg::zeroed()) };
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn answer_with(
+    ctx: &AddrCtx,
+    via: Via,
+    msg: &[u8],
+    id: u64,
+    status: u8,
+    path: Option<&[u8; 64]>,
+    hit_start: Option<u64>,
+    answered: &mut bool,
+    out: &mut AcmMsg,
+) {
+    respond(msg, via, status, path, out.as_bytes_mut());
     ctx.ep.count_status(status);
     // The span ends here; it is recorded once the client has its answer.
     let end = hit_start.map(|_| ctx.inst.clock.now());
@@ -662,8 +697,8 @@ fn answer_inline_timed(
         Via::Resolve => ctx.inst.api.resolve_response,
         Via::Query => ctx.inst.api.query_response,
     };
-    // SAFETY: `out` is a full acm_msg on our stack; the core copies it before returning.
-    let _ = unsafe { f(id, &mut out) };
+    // SAFETY: `out` is a full, initialised acm_msg of ours; the core copies it before returning.
+    let _ = unsafe { f(id, out) };
     // Only now: a panic before this point (building the answer) leaves the request
     // unanswered, and the caller's guard answers it EINVAL; after it, never a second answer.
     *answered = true;
@@ -674,7 +709,7 @@ fn answer_inline_timed(
 }
 
 /// Hands a request to the dataplane; false (counted, logged) if the queue is full.
-fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &AcmMsg) -> bool {
+fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &[u8]) -> bool {
     hand_over_stamped(ctx, id, kind, msg, None)
 }
 
@@ -683,10 +718,10 @@ fn hand_over_stamped(
     ctx: &AddrCtx,
     id: u64,
     kind: Kind,
-    msg: &AcmMsg,
+    msg: &[u8],
     stamp: Option<MissStamp>,
 ) -> bool {
-    let (ep, cache_ep, bytes) = (ctx.ep.id, ctx.ep.cache_ep(), msg.as_bytes());
+    let (ep, cache_ep, bytes) = (ctx.ep.id, ctx.ep.cache_ep(), msg);
     let ok = ctx
         .inst
         .inbox
@@ -700,7 +735,7 @@ fn hand_over_stamped(
     ok
 }
 
-fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
+fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
     let ep = &ctx.ep;
     let inst = &ctx.inst;
     // Latency start (docs/stats.md): one TSC read, for one request in `acmrs_hit_sample` (a
@@ -729,7 +764,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
         return reply(u8::from(Status::Enodata), None);
     }
     let now = inst.now_ms();
-    let target = classify(&ep.view(), msg.as_bytes());
+    let target = classify(&ep.view(), msg);
     let class = match target {
         Target::Address { .. } => MissClass::Address,
         _ => MissClass::Route,
@@ -791,7 +826,24 @@ fn resolve_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_
     reply(u8::from(Status::Enomem), None)
 }
 
-/// The body of `resolve()` / `query()`: null checks, a copy of the message, `catch_unwind`,
+/// How many bytes of a request `client_call` copies: `hdr.length`, plus the entry at
+/// `src_index` when `src_out` is set (the core writes the source it selected into the slot
+/// after the last entry without growing `length`), at least the 16-byte header and at most the
+/// 592-byte `acm_msg`. A bad length is the classifier's EINVAL, as with a full copy.
+fn request_span(hdr: &[u8; HDR_LEN]) -> usize {
+    let length = usize::from(u16::from_ne_bytes([hdr[6], hdr[7]]));
+    let source = if hdr[3] != 0 {
+        HDR_LEN + EP_LEN * (usize::from(hdr[4]) + 1)
+    } else {
+        0
+    };
+    length.max(source).clamp(HDR_LEN, MSG_BYTES)
+}
+
+const HDR_LEN: usize = acm_core_nostd::wire::client::HDR_LEN;
+const EP_LEN: usize = acm_core_nostd::wire::client::EP_LEN;
+
+/// The body of `resolve()` / `query()`: null checks, a copy of the request bytes, `catch_unwind`,
 /// and an EINVAL answer (through `via`) if the implementation panicked before answering.
 ///
 /// # Safety
@@ -801,20 +853,30 @@ unsafe fn client_call(
     addr_context: *mut c_void,
     msg: *mut AcmMsg,
     id: u64,
-    imp: fn(&AddrCtx, &AcmMsg, u64, &mut bool) -> c_int,
+    imp: fn(&AddrCtx, &[u8], u64, &mut bool) -> c_int,
     via: Via,
 ) -> c_int {
     if addr_context.is_null() || msg.is_null() {
         core_api::log(0, &format!("ERROR - {what}: null argument"));
         return -1;
     }
-    // SAFETY: the core passes a full acm_msg buffer (592 bytes) valid for this call.
-    let copy = unsafe { *msg };
+    // SAFETY: the core passes a full acm_msg buffer (592 bytes) valid for this call: its
+    // 16-byte header is readable (byte arrays, no alignment needed).
+    let hdr = unsafe { (msg as *const [u8; HDR_LEN]).read() };
+    let n = request_span(&hdr);
+    let mut buf = core::mem::MaybeUninit::<[u8; MSG_BYTES]>::uninit();
+    // SAFETY: `n <= MSG_BYTES` bytes of the core's 592-byte buffer into our 592-byte one (no
+    // overlap: `buf` is on our stack); afterwards exactly the first `n` bytes of `buf` are
+    // initialised, and only those are viewed.
+    let copy: &[u8] = unsafe {
+        core::ptr::copy_nonoverlapping(msg as *const u8, buf.as_mut_ptr() as *mut u8, n);
+        core::slice::from_raw_parts(buf.as_ptr() as *const u8, n)
+    };
     // SAFETY: our AddrCtx, alive until remove_address / close_endpoint.
     let ctx = unsafe { &*(addr_context as *const AddrCtx) };
     let mut answered = false;
     let answered_ref = &mut answered;
-    match catch_unwind(AssertUnwindSafe(|| imp(ctx, &copy, id, answered_ref))) {
+    match catch_unwind(AssertUnwindSafe(|| imp(ctx, copy, id, answered_ref))) {
         Ok(r) => r,
         Err(_) => {
             core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
@@ -823,7 +885,7 @@ unsafe fn client_call(
                     answer_inline(
                         ctx,
                         via,
-                        &copy,
+                        copy,
                         id,
                         u8::from(Status::Einval),
                         None,
@@ -841,7 +903,7 @@ unsafe extern "C" fn resolve(addr_context: *mut c_void, msg: *mut AcmMsg, id: u6
     unsafe { client_call("resolve", addr_context, msg, id, resolve_impl, Via::Resolve) }
 }
 
-fn query_impl(ctx: &AddrCtx, msg: &AcmMsg, id: u64, answered: &mut bool) -> c_int {
+fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
     let mut reply = |status: u8| {
         answer_inline(ctx, Via::Query, msg, id, status, None, answered);
         0

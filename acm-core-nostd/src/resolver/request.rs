@@ -86,8 +86,9 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
         return Target::Fail(EINVAL);
     };
     let nodelay = dest.flags() & FLAGS_NODELAY != 0;
-    let mut info = [0u8; 64];
-    info.copy_from_slice(dest.info());
+    let Ok(info) = <&[u8; 64]>::try_from(dest.info()) else {
+        return Target::Fail(EINVAL);
+    };
     if layout.is_path {
         // The core does not preprocess `hdr.data` of PATH requests: an echoed source must be a
         // real address entry inside the message, or the client would get a bogus second path.
@@ -107,7 +108,7 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
         if p.dlid() == 0 && p.dgid().is_zero() {
             return Target::Fail(EINVAL);
         }
-        return route(ep, &info, nodelay);
+        return route(ep, info, nodelay);
     }
     let kind = match dest.info_type() {
         EpInfoType::Name => AddrKind::Name,
@@ -137,18 +138,50 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
         key: AddrKey {
             ep: ep.cache_ep,
             kind,
-            addr: info,
+            addr: *info,
         },
         nodelay,
     }
 }
 
+/// The route target in one pass over one copy of the record: [`normalise`] in place, the key
+/// read from it ([`cache_key`]), then the SA fields put back — the same key and SA record as
+/// `normalise` + `cache_key`, without their two extra 64-byte copies.
+#[inline]
 fn route(ep: &EpView, record: &[u8; 64], nodelay: bool) -> Target {
-    let (k, sa) = normalise(ep, record);
-    Target::Route {
-        key: cache_key(ep.cache_ep, &k),
-        sa,
-        nodelay,
+    let mut sa = *record;
+    normalise_in_place(ep, &mut sa);
+    let key = cache_key(ep.cache_ep, &sa);
+    query_fields_in_place(ep, &mut sa);
+    Target::Route { key, sa, nodelay }
+}
+
+#[inline]
+fn normalise_in_place(ep: &EpView, k: &mut [u8; 64]) {
+    let mut p = PathRecord::new_unchecked(&mut k[..]);
+    if ep.lid != 0 && p.slid() == ep.lid {
+        p.set_slid(0);
+    }
+    if p.sgid() == ep.port_gid {
+        p.set_sgid(Gid::ZERO);
+    }
+    if p.pkey() & 0x7fff == ep.pkey & 0x7fff {
+        p.set_pkey(0);
+    }
+    let reversible = p.reversible();
+    p.set_reversible_numpath(reversible, 0);
+    p.set_preference(0);
+    p.clear_reserved();
+}
+
+#[inline]
+fn query_fields_in_place(ep: &EpView, q: &mut [u8; 64]) {
+    let mut p = PathRecord::new_unchecked(&mut q[..]);
+    if p.sgid().is_zero() && p.slid() == 0 {
+        p.set_sgid(ep.port_gid);
+    }
+    if p.pkey() == 0 {
+        p.set_pkey(ep.pkey);
     }
 }
 
@@ -170,32 +203,9 @@ pub fn gid_record(gid: Gid, tclass: u8) -> [u8; 64] {
 /// record puts the endpoint's SGID (when no source is given) and P_Key back.
 pub fn normalise(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
     let mut k = *record;
-    {
-        let mut p = PathRecord::new_unchecked(&mut k[..]);
-        if ep.lid != 0 && p.slid() == ep.lid {
-            p.set_slid(0);
-        }
-        if p.sgid() == ep.port_gid {
-            p.set_sgid(Gid::ZERO);
-        }
-        if p.pkey() & 0x7fff == ep.pkey & 0x7fff {
-            p.set_pkey(0);
-        }
-        let reversible = p.reversible();
-        p.set_reversible_numpath(reversible, 0);
-        p.set_preference(0);
-        p.clear_reserved();
-    }
+    normalise_in_place(ep, &mut k);
     let mut q = k;
-    {
-        let mut p = PathRecord::new_unchecked(&mut q[..]);
-        if p.sgid().is_zero() && p.slid() == 0 {
-            p.set_sgid(ep.port_gid);
-        }
-        if p.pkey() == 0 {
-            p.set_pkey(ep.pkey);
-        }
-    }
+    query_fields_in_place(ep, &mut q);
     (k, q)
 }
 
@@ -203,6 +213,7 @@ pub fn normalise(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
 /// the client set. `None` when the record sets something the key cannot hold (both DLID and
 /// DGID, a foreign SLID/SGID, flow label, hop limit, preference): such requests always go to
 /// the SA.
+#[inline]
 pub fn cache_key(cache_ep: u16, normalised: &[u8; 64]) -> Option<PathKey> {
     let p = PathRecord::new_unchecked(&normalised[..]);
     let dest = match (p.dlid(), p.dgid()) {
@@ -269,7 +280,8 @@ pub fn loopback_path(port_gid: Gid, lid: u16, pkey: u16, mtu: u8, rate: u8) -> [
 /// response. [`Via::Query`]: the request with ACK, `status` and the SA's record (when given).
 /// A request the codec rejects (too short, malformed) still gets a 16-byte answer with its
 /// header bytes (zero-padded) and the status (EINVAL if a success cannot be built), with
-/// `ACM_OP_ACK` for [`Via::Query`]; this never panics.
+/// `ACM_OP_ACK` for [`Via::Query`]; this never panics. Only the first (returned) length bytes
+/// of `out` are written.
 pub fn respond(
     request: &[u8],
     via: Via,
@@ -277,7 +289,9 @@ pub fn respond(
     path: Option<&[u8; 64]>,
     out: &mut [u8; MSG_LEN],
 ) -> u16 {
-    out.fill(0);
+    // No zeroing up front: each builder writes every byte of the length it returns (the
+    // header, and for a resolve response entry 0 in full and the echoed source entry); the
+    // bytes of `out` past that length are left as they were.
     let req = AcmMsg::new_unchecked(request);
     let repr = path.and_then(|p| PathRecordRepr::parse_bytes(p).ok());
     let built = match (via, status, repr) {
