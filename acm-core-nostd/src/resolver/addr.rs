@@ -17,12 +17,11 @@
 
 use super::mads;
 use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
-use super::storage::{list_id, AddrState, GroupState, List, Origin};
+use super::storage::{bucket_hash, list_id, AddrState, GroupState, List, Origin};
 use super::{
     addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, ReqCtx, Resolver,
     Storage, NEVER,
 };
-use crate::cache::hash::hash_words;
 use crate::cache::{AddrKey, AddrKind, AddrSlot, Lookup, PathCache, PathKey, PathSlot};
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, ACM_MGMT_CLASS, CTRL_RESOLVE};
 use crate::wire::client::{AcmMsg, EpInfoType, EP_FLAG_SOURCE};
@@ -75,12 +74,11 @@ const EVICT_PROBES: u32 = 64;
 
 impl<S: Storage> Resolver<S> {
     fn addr_bucket(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> usize {
-        let mut w = [0u32; 17];
-        w[0] = (slot as u32) << 8 | u32::from(type_);
-        for (d, c) in w[1..].iter_mut().zip(addr.chunks_exact(4)) {
-            *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-        let h = hash_words(self.seed ^ 0xadd7, &w);
+        let h = bucket_hash(
+            self.seed ^ 0xadd7,
+            (slot as u32) << 8 | u32::from(type_),
+            addr,
+        );
         (h % self.st.addr_buckets().len() as u64) as usize
     }
 

@@ -9,12 +9,11 @@
 
 use super::mads::{self, SaOutcome};
 use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
-use super::storage::{list_id, AddrState, GroupState, JobState, List, StoredKey};
+use super::storage::{bucket_hash, list_id, AddrState, GroupState, JobState, List, StoredKey};
 use super::{
     addr, addr_rlink, job_link, Counter, EpId, JobSlot, Kind, Millis, ReqCtx, Resolver, Storage,
     NEVER,
 };
-use crate::cache::hash::hash_words;
 use crate::cache::{AddrSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
 use crate::wire::client::{AcmMsg, EpInfoType};
 use core::ops::Deref;
@@ -54,12 +53,7 @@ impl StoredKey {
 
 impl<S: Storage> Resolver<S> {
     fn job_hash(&self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> u64 {
-        let mut w = [0u32; 17];
-        w[0] = (slot as u32) << 16 | u32::from(cache_ep);
-        for (d, c) in w[1..].iter_mut().zip(sa.chunks_exact(4)) {
-            *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
-        hash_words(self.seed, &w)
+        bucket_hash(self.seed, (slot as u32) << 16 | u32::from(cache_ep), sa)
     }
 
     fn job_bucket(&mut self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> usize {

@@ -7,7 +7,19 @@
 //! its own, which is why no output the resolver owes can be lost to a full queue.
 
 use super::{Millis, MSG_LEN};
+use crate::cache::hash::hash_words;
 use crate::cache::Constraints;
+
+/// The hash that picks a bucket of a hashed table (address entries, route jobs): one head word
+/// (the endpoint slot and a small field) and a 64-byte key block read as 16 little-endian words.
+pub(crate) fn bucket_hash(seed: u64, head: u32, block: &[u8; 64]) -> u64 {
+    let mut w = [0u32; 17];
+    w[0] = head;
+    for (d, c) in w[1..].iter_mut().zip(block.chunks_exact(4)) {
+        *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    }
+    hash_words(seed, &w)
+}
 
 /// A link of an intrusive list: neighbours as `index + 1` (0 = none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
