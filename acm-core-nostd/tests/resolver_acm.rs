@@ -100,7 +100,19 @@ impl<S: Storage> T<S> {
         );
         mad
     }
+    /// [`T::open_and_join`], then our local name `hca4` (the destination of
+    /// acmp_resolve_req.bin), outputs drained.
+    fn open_join_and_add_hca4(&mut self) {
+        self.open_and_join();
+        self.r
+            .add_address(0, &self.cache, EP, 0, 1, &name("hca4"))
+            .unwrap();
+        self.drain();
+    }
 }
+
+/// The port GID of hca3, the requester of acmp_resolve_req.bin.
+const HCA3_GID: Gid = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
 
 fn meta_from(slid: u16, sgid: Gid) -> RecvMeta {
     RecvMeta {
@@ -131,12 +143,9 @@ fn join_is_the_one_ibacm_sends_and_the_opensm_reply_attaches() {
 #[test]
 fn stock_acmp_request_gets_the_response_acmp_accepted() {
     let mut t = heap(Config::default());
-    t.open_and_join();
-    t.r.add_address(0, &t.cache, EP, 0, 1, &name("hca4"))
-        .unwrap();
-    t.drain();
+    t.open_join_and_add_hca4();
     let req = fixture("acmp_resolve_req.bin");
-    let requester = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
+    let requester = HCA3_GID;
     t.r.handle_acm(1, &t.cache, EP, &meta_from(3, requester), &req);
     let out = t.drain();
     let (to, mad) = out
@@ -268,12 +277,9 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
 #[test]
 fn bad_mads_are_counted_and_dropped() {
     let mut t = heap(Config::default());
-    t.open_and_join();
-    t.r.add_address(0, &t.cache, EP, 0, 1, &name("hca4"))
-        .unwrap();
-    t.drain();
+    t.open_join_and_add_hca4();
     let good = fixture("acmp_resolve_req.bin");
-    let peer = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
+    let peer = HCA3_GID;
     let m = meta_from(3, peer);
     let feed = |t: &mut T<HeapStorage>, mad: &[u8], meta: &RecvMeta| {
         t.r.handle_acm(1, &t.cache, EP, meta, mad);
@@ -455,15 +461,12 @@ fn array_storage_resolver() {
         cache: new_cache(),
         now: 0,
     };
-    t.open_and_join();
-    t.r.add_address(0, &t.cache, EP, 0, 1, &name("hca4"))
-        .unwrap();
-    t.drain();
+    t.open_join_and_add_hca4();
     t.r.handle_acm(
         1,
         &t.cache,
         EP,
-        &meta_from(3, Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003)),
+        &meta_from(3, HCA3_GID),
         &fixture("acmp_resolve_req.bin"),
     );
     assert!(t
