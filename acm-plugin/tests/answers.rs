@@ -21,10 +21,6 @@ acmrs_sa_busy_backoff_ms 5
 route_timeout -1
 ";
 
-fn status(r: &Response) -> u8 {
-    r.msg.hdr.status
-}
-
 #[test]
 fn path_by_dlid_and_dgid_miss_then_hit() {
     let _s = serial();
@@ -43,7 +39,7 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     assert!(wait_responses(1, W));
     let r = &find(t1)[0];
     assert_eq!(r.id, 3);
-    assert_eq!(status(r), 0);
+    assert_eq!(r.status(), 0);
     assert_eq!(r.msg.hdr.length, 88);
     assert_eq!(r.msg.resolve_data[0].flags, 0x2b);
     assert_eq!(r.msg.resolve_data[0].type_, ACM_EP_INFO_PATH);
@@ -58,7 +54,7 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     h.resolve(ep, &path_request(t2, 5, None, 0), 4);
     let r2 = find(t2);
     assert_eq!(r2.len(), 1, "a hit is answered inside resolve()");
-    assert_eq!((status(&r2[0]), dlid_of(&r2[0].msg)), (0, 5));
+    assert_eq!((r2[0].status(), dlid_of(&r2[0].msg)), (0, 5));
     assert_eq!(r2[0].thread, std::thread::current().id());
     assert_eq!(SENDS.load(Ordering::SeqCst), sends);
     // By DGID.
@@ -93,23 +89,23 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     let t_nr = h.tid();
     h.resolve(ep, &path_request(t_nr, 0xbfff + 1, None, 0), 1);
     sa_one(SaAction::Answer, 1);
-    assert_eq!(status(&find(t_nr)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(find(t_nr)[0].status(), ACM_STATUS_ENODATA);
     assert!(find(t_nr)[0].from_dataplane());
     // Remembered (acmrs_negative_ttl_ms, default 5 s): answered inline, the SA is not asked.
     let t_nr2 = h.tid();
     h.resolve(ep, &path_request(t_nr2, 0xbfff + 1, None, 0), 1);
-    assert_eq!(status(&find(t_nr2)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(find(t_nr2)[0].status(), ACM_STATUS_ENODATA);
     assert_eq!(sa_pending(), 0);
     // Timeout → ETIMEDOUT.
     let t_to = h.tid();
     h.resolve(ep, &path_request(t_to, 11, None, 0), 1);
     sa_one(SaAction::Timeout, 3);
-    assert_eq!(status(&find(t_to)[0]), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(find(t_to)[0].status(), ACM_STATUS_ETIMEDOUT);
     // Invalid field → EINVAL.
     let t_iv = h.tid();
     h.resolve(ep, &path_request(t_iv, 12, None, 0), 1);
     sa_one(SaAction::InvalidField, 4);
-    assert_eq!(status(&find(t_iv)[0]), ACM_STATUS_EINVAL);
+    assert_eq!(find(t_iv)[0].status(), ACM_STATUS_EINVAL);
     // BUSY twice, then success: retried with a new TID, one answer.
     let t_b = h.tid();
     h.resolve(ep, &path_request(t_b, 13, None, 0), 1);
@@ -118,7 +114,7 @@ fn sa_failures_are_answered_once_with_the_right_status() {
         sa_complete_next(SaAction::Busy);
     }
     sa_one(SaAction::Answer, 5);
-    assert_eq!(status(&find(t_b)[0]), 0);
+    assert_eq!(find(t_b)[0].status(), 0);
     assert_eq!(dlid_of(&find(t_b)[0].msg), 13);
     // BUSY forever → ETIMEDOUT after acmrs_sa_retries (3).
     let t_bb = h.tid();
@@ -128,13 +124,13 @@ fn sa_failures_are_answered_once_with_the_right_status() {
         sa_complete_next(SaAction::Busy);
     }
     assert!(wait_responses(6, W));
-    assert_eq!(status(&find(t_bb)[0]), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(find(t_bb)[0].status(), ACM_STATUS_ETIMEDOUT);
     // Never answered → ETIMEDOUT at the deadline (the core's budget: 100 ms × 1 + 1 s).
     let t_never = h.tid();
     h.resolve(ep, &path_request(t_never, 15, None, 0), 1);
     assert!(wait_until(|| sa_pending() == 1));
     assert!(wait_responses(7, W));
-    assert_eq!(status(&find(t_never)[0]), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(find(t_never)[0].status(), ACM_STATUS_ETIMEDOUT);
     // Its late reply is ignored (and freed by the handler).
     assert!(sa_complete_next(SaAction::Answer));
     // Send failure → answered at once.
@@ -143,7 +139,7 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     h.resolve(ep, &path_request(t_sf, 16, None, 0), 1);
     assert!(wait_responses(8, W));
     SEND_FAIL.store(false, Ordering::SeqCst);
-    assert_ne!(status(&find(t_sf)[0]), 0);
+    assert_ne!(find(t_sf)[0].status(), 0);
     // Nothing else comes: every request the dataplane holds was taken in.
     h.barrier();
     check_exactly_once(&[t_nr, t_nr2, t_to, t_iv, t_b, t_bb, t_never, t_sf]).unwrap();
@@ -261,7 +257,7 @@ fn malformed_requests_get_einval() {
     // All rejected inline, inside resolve().
     check_exactly_once(&tids).unwrap();
     for r in responses() {
-        assert_eq!(status(&r), ACM_STATUS_EINVAL, "tid {:#x}", r.msg.hdr.tid);
+        assert_eq!(r.status(), ACM_STATUS_EINVAL, "tid {:#x}", r.msg.hdr.tid);
         assert_eq!(r.msg.hdr.length, 16);
         assert_eq!(r.thread, std::thread::current().id());
     }
@@ -275,7 +271,7 @@ fn malformed_requests_get_einval() {
     let r = &find(q.hdr.tid)[0];
     assert!(r.query);
     assert!(r.from_dataplane());
-    assert_eq!(status(r), ACM_STATUS_EINVAL);
+    assert_eq!(r.status(), ACM_STATUS_EINVAL);
     assert_eq!(sa_pending(), 0, "nothing sent for it");
     assert_eq!(h.perf(ep)[cntr::ERROR], bad.len() as u64 + 1);
     assert!(wait_until(|| log_contains(
@@ -300,7 +296,7 @@ fn query_sa_passthrough() {
     assert!(r.from_dataplane());
     assert_eq!(r.id, 9);
     assert_eq!(r.msg.hdr.opcode, ACM_OP_RESOLVE | ACM_OP_ACK);
-    assert_eq!(status(r), 0);
+    assert_eq!(r.status(), 0);
     assert_eq!(r.msg.hdr.length, 88);
     assert_eq!(dlid_of(&r.msg), 8);
     assert_eq!(
@@ -312,7 +308,7 @@ fn query_sa_passthrough() {
     h.query(ep, &path_request(t2, 8, None, ACM_FLAGS_QUERY_SA), 9);
     sa_one(SaAction::Timeout, 2);
     let r2 = &find(t2)[0];
-    assert_eq!(status(r2), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(r2.status(), ACM_STATUS_ETIMEDOUT);
     assert_eq!(
         dlid_of(&r2.msg),
         8,
@@ -329,7 +325,7 @@ fn query_sa_passthrough() {
     h.query(ep, &path_request(t3, 0xc001, None, ACM_FLAGS_QUERY_SA), 9);
     sa_one(SaAction::Answer, 3);
     let r3 = &find(t3)[0];
-    assert_eq!(status(r3), ACM_STATUS_ENODATA);
+    assert_eq!(r3.status(), ACM_STATUS_ENODATA);
     assert_eq!(r3.msg.hdr.opcode, ACM_OP_RESOLVE | ACM_OP_ACK);
     assert_eq!(
         path_of(&r3.msg),
@@ -342,7 +338,7 @@ fn query_sa_passthrough() {
     bad.hdr.length = 16;
     h.query(ep, &bad, 9);
     assert!(wait_responses(4, W));
-    assert_eq!(status(&find(t4)[0]), ACM_STATUS_EINVAL);
+    assert_eq!(find(t4)[0].status(), ACM_STATUS_EINVAL);
     let perf = h.perf(ep);
     assert_eq!((perf[cntr::ERROR], perf[cntr::NODATA]), (3, 0));
     h.close();
@@ -361,7 +357,7 @@ fn a_rejected_query_is_answered_with_ack() {
         h.query(ep, &q, 2);
         assert!(wait_until(|| find(q.hdr.tid).len() == 1));
         let r = &find(q.hdr.tid)[0];
-        assert_eq!((r.query, status(r)), (true, ACM_STATUS_EINVAL));
+        assert_eq!((r.query, r.status()), (true, ACM_STATUS_EINVAL));
         assert_eq!(
             r.msg.hdr.opcode,
             ACM_OP_RESOLVE | ACM_OP_ACK,

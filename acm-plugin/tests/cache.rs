@@ -18,10 +18,6 @@ acmrs_sa_busy_backoff_ms 5
 route_timeout -1
 ";
 
-fn status(r: &Response) -> u8 {
-    r.msg.hdr.status
-}
-
 #[test]
 fn constraints_are_part_of_the_cache_key() {
     let _s = serial();
@@ -66,7 +62,7 @@ fn nodelay_answers_enodata_and_primes_the_cache() {
     let sends = SENDS.load(Ordering::SeqCst);
     let t = h.tid();
     h.resolve(ep, &path_request(t, 30, None, ACM_FLAGS_NODELAY), 1);
-    assert_eq!(status(&find(t)[0]), ACM_STATUS_ENODATA, "answered inline");
+    assert_eq!(find(t)[0].status(), ACM_STATUS_ENODATA, "answered inline");
     assert!(wait_until(|| sa_pending() == 1), "lookup started anyway");
     sa_complete_next(SaAction::Answer);
     // The cache fills from that one SA answer (the test answers no other MAD): a NODELAY
@@ -79,7 +75,7 @@ fn nodelay_answers_enodata_and_primes_the_cache() {
         h.resolve(ep, &path_request(t2, 30, None, ACM_FLAGS_NODELAY), 1);
         let r = find(t2);
         assert_eq!(r.len(), 1, "NODELAY is always answered inline");
-        if status(&r[0]) == 0 {
+        if r[0].status() == 0 {
             break r[0].clone();
         }
         assert!(t0.elapsed() < W, "cache never primed");
@@ -142,7 +138,7 @@ fn refresh_ahead_requeries_once_and_updates_in_place() {
             1,
             "answered inline from the cache during the refresh"
         );
-        assert_eq!(status(&r[0]), 0);
+        assert_eq!(r[0].status(), 0);
         assert_eq!(path_of(&r[0].msg), old);
     }
     assert!(
@@ -258,7 +254,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     );
     sa_one(SaAction::Answer, 1);
     let r = &find(t)[0];
-    assert_eq!(status(r), 0);
+    assert_eq!(r.status(), 0);
     assert_eq!(dlid_of(&r.msg), 9);
     assert_eq!(r.msg.hdr.length, 16 + 2 * 72, "source echoed");
     assert_eq!(r.msg.resolve_data[1].flags, ACM_EP_FLAG_SOURCE);
@@ -281,7 +277,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         h.resolve(ep, &req(t1), 4);
         assert!(wait_until(|| find(t1).len() == 1));
         let r = &find(t1)[0];
-        assert_eq!((status(r), dlid_of(&r.msg)), (0, 9));
+        assert_eq!((r.status(), dlid_of(&r.msg)), (0, 9));
         assert!(r.from_dataplane());
         assert_eq!(r.msg.hdr.length, 16 + 2 * 72, "source echoed");
         assert_eq!(&r.msg.resolve_data[1].info.bytes[..5], b"node7");
@@ -289,7 +285,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         h.resolve(ep, &req(t2), 4);
         let r = find(t2);
         assert_eq!(r.len(), 1, "aliased: a hit inside resolve()");
-        assert_eq!((status(&r[0]), dlid_of(&r[0].msg)), (0, 9));
+        assert_eq!((r[0].status(), dlid_of(&r[0].msg)), (0, 9));
         assert_eq!(r[0].thread, me);
     }
     assert_eq!(SENDS.load(Ordering::SeqCst), sends, "no SA query for them");
@@ -305,7 +301,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
             4,
         );
         let r = &find(tl)[0];
-        assert_eq!(status(r), 0);
+        assert_eq!(r.status(), 0);
         assert_eq!(dlid_of(&r.msg), 7);
         assert_eq!(dgid_of(&r.msg), gid_of(OWN_GUID));
     }
@@ -323,7 +319,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         4,
     );
     assert!(wait_until(|| find(tu).len() == 1));
-    assert_eq!(status(&find(tu)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(find(tu)[0].status(), ACM_STATUS_ENODATA);
     let perf = h.perf(ep);
     // ibacmp's meaning: ADDR_CACHE only when the address is known and its route is not.
     // node9 by name, IPv4 and IPv6 is one GID, so one route: only the first use missed.
@@ -346,7 +342,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     );
     assert!(wait_until(|| find(tr).len() == 1));
     assert_eq!(
-        status(&find(tr)[0]),
+        find(tr)[0].status(),
         ACM_STATUS_ENODATA,
         "a removed address is not served"
     );
@@ -388,7 +384,7 @@ fn expired_host_mappings_are_renewed_and_counted_like_ibacmp() {
     h.resolve(ep, &req(t2), 4);
     assert!(wait_responses(2, W));
     let r = &find(t2)[0];
-    assert_eq!(status(r), 0);
+    assert_eq!(r.status(), 0);
     assert_eq!(dlid_of(&r.msg), 9);
     // Answered by the dataplane thread, not inline: an expired mapping is not a hit. (Its
     // answer may well be there before `resolve()` returns to us: the dataplane may be
@@ -498,7 +494,7 @@ fn preloads_and_loopback_work_after_an_endpoint_reopen() {
         1,
     );
     assert_eq!(find(tl).len(), 1, "loopback answered inline");
-    assert_eq!((status(&find(tl)[0]), dlid_of(&find(tl)[0].msg)), (0, 7));
+    assert_eq!((find(tl)[0].status(), dlid_of(&find(tl)[0].msg)), (0, 7));
     // Hosts name (its GID's route is not preloaded): one SA query, then a hit.
     let req = |t| {
         dest_request(
@@ -511,7 +507,7 @@ fn preloads_and_loopback_work_after_an_endpoint_reopen() {
     let tn = h.tid();
     h.resolve(ep, &req(tn), 1);
     sa_one(SaAction::Answer, 3);
-    assert_eq!((status(&find(tn)[0]), dlid_of(&find(tn)[0].msg)), (0, 9));
+    assert_eq!((find(tn)[0].status(), dlid_of(&find(tn)[0].msg)), (0, 9));
     let tn2 = h.tid();
     h.resolve(ep, &req(tn2), 1);
     assert_eq!(find(tn2).len(), 1, "a hit inside resolve()");
@@ -528,11 +524,11 @@ fn no_record_answers_are_remembered_for_their_lifetime() {
     let t = h.tid();
     h.resolve(ep, &path_request(t, 0xc000, None, 0), 1);
     sa_one(SaAction::Answer, 1);
-    assert_eq!(status(&find(t)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(find(t)[0].status(), ACM_STATUS_ENODATA);
     let t2 = h.tid();
     h.resolve(ep, &path_request(t2, 0xc000, None, 0), 1);
     assert_eq!(find(t2).len(), 1, "remembered: answered inline");
-    assert_eq!(status(&find(t2)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(find(t2)[0].status(), ACM_STATUS_ENODATA);
     std::thread::sleep(Duration::from_millis(1200));
     let t3 = h.tid();
     h.resolve(ep, &path_request(t3, 0xc000, None, 0), 1);
@@ -541,7 +537,7 @@ fn no_record_answers_are_remembered_for_their_lifetime() {
         "forgotten after its lifetime: asked again"
     );
     sa_one(SaAction::Answer, 3);
-    assert_eq!(status(&find(t3)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(find(t3)[0].status(), ACM_STATUS_ENODATA);
     assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
     h.close();
 }
@@ -566,7 +562,7 @@ fn nodelay_by_name_primes_the_route_and_the_alias() {
     let t = h.tid();
     h.resolve(ep, &req(t), 1);
     assert_eq!(find(t).len(), 1, "NODELAY is answered inline");
-    assert_eq!(status(&find(t)[0]), ACM_STATUS_ENODATA);
+    assert_eq!(find(t)[0].status(), ACM_STATUS_ENODATA);
     assert!(
         wait_until(|| sa_pending() == 1),
         "the route lookup started anyway"
@@ -580,7 +576,7 @@ fn nodelay_by_name_primes_the_route_and_the_alias() {
             h.resolve(ep, &req(t2), 1);
             let r = find(t2);
             assert_eq!(r.len(), 1, "NODELAY is answered inline");
-            status(&r[0]) == 0 && dlid_of(&r[0].msg) == 9
+            r[0].status() == 0 && dlid_of(&r[0].msg) == 9
         }),
         "never primed"
     );
