@@ -4,22 +4,15 @@
 //!
 //! Run with `ACMRS_TEST_LOG=1` to see the provider's log lines.
 
+mod common;
+
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
 use acmrs::ffi::*;
+use common::OPTS;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-const OPTS: &str = "\
-# test options
-log_level 2
-timeout 100
-retries 0
-acmrs_sa_retries 3
-acmrs_sa_busy_backoff_ms 5
-route_timeout -1
-";
 
 #[test]
 fn path_by_dlid_and_dgid_miss_then_hit() {

@@ -2,21 +2,15 @@
 //! route lifetime and refresh-ahead, the route preload, the hosts preload (names and IPs,
 //! their lifetime, loopback, removal), and the counters `ib_acme -P` shows.
 
+mod common;
+
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
 use acmrs::ffi::*;
+use common::OPTS;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-const OPTS: &str = "\
-log_level 2
-timeout 100
-retries 0
-acmrs_sa_retries 3
-acmrs_sa_busy_backoff_ms 5
-route_timeout -1
-";
 
 #[test]
 fn constraints_are_part_of_the_cache_key() {
