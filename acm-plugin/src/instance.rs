@@ -238,8 +238,10 @@ pub struct Ep {
     pub endpoint: Mutex<usize>,
     /// Set by `close_endpoint`.
     pub closed: AtomicBool,
-    /// `ACM_CNTR_*` counters of this endpoint.
-    pub counters: [AtomicU64; MAX_COUNTER],
+    /// `ACM_CNTR_*` counters of this endpoint, one array per writing thread ([`Writer`]):
+    /// each is bumped with a plain load and store by its one thread (no locked
+    /// read-modify-write on the hit path), and read as the sum ([`counter`](Self::counter)).
+    pub counters: [[AtomicU64; MAX_COUNTER]; Writer::COUNT],
     /// Latency histograms: `hit` written by the core's main thread only, the others by the
     /// dataplane thread only ([`latency_sink`]).
     pub stats: EpStats,
@@ -270,16 +272,28 @@ impl Ep {
         }
     }
 
-    /// Bumps a per-endpoint counter.
-    pub fn count(&self, c: Counter) {
-        self.counters[c as usize].fetch_add(1, Ordering::Relaxed);
+    /// Bumps a per-endpoint counter in `w`'s array (the calling thread must be `w`).
+    #[inline]
+    pub fn count(&self, w: Writer, c: Counter) {
+        let a = &self.counters[w as usize][c as usize];
+        // Single writer per array: a plain load and store is exact and never locks the bus.
+        a.store(a.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Counter `c` (index `ACM_CNTR_*`): the sum over the writers' arrays.
+    pub fn counter(&self, c: usize) -> u64 {
+        self.counters
+            .iter()
+            .map(|a| a[c].load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
     }
 
     /// Bumps a per-endpoint counter and, for the four ibacm keeps globally (address and route
     /// queries and cache hits), the core's one; the core counts RESOLVE, ERROR and NODATA
     /// itself.
-    pub fn count_global(&self, api: &CoreApi, c: Counter) {
-        self.count(c);
+    #[inline]
+    pub fn count_global(&self, w: Writer, api: &CoreApi, c: Counter) {
+        self.count(w, c);
         if matches!(
             c,
             Counter::AddrQuery | Counter::AddrCache | Counter::RouteQuery | Counter::RouteCache
@@ -289,15 +303,30 @@ impl Ep {
     }
 
     /// Counts the status of an answer (ERROR / NODATA), as ibacmp does per endpoint.
-    pub fn count_status(&self, status: u8) {
+    #[inline]
+    pub fn count_status(&self, w: Writer, status: u8) {
         match status {
             0 => {}
             s if s == u8::from(acm_core_nostd::wire::client::Status::Enodata) => {
-                self.count(Counter::NoData)
+                self.count(w, Counter::NoData)
             }
-            _ => self.count(Counter::Error),
+            _ => self.count(w, Counter::Error),
         }
     }
+}
+
+/// The thread that writes an [`Ep::counters`] array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// The core's main thread (`resolve()`/`query()`: hits and inline answers).
+    Core = 0,
+    /// The dataplane thread (misses, the SA, the ACM protocol).
+    Plane = 1,
+}
+
+impl Writer {
+    /// Number of writers.
+    pub const COUNT: usize = 2;
 }
 
 /// The dataplane's latency sink: records into the endpoint's histograms (dataplane thread
@@ -338,7 +367,7 @@ impl Source for StatsSource {
                 port: ep.port.port_num,
                 pkey: ep.pkey,
                 gid: std::net::Ipv6Addr::from(ep.port.gid0.0).to_string(),
-                counters: core::array::from_fn(|i| ep.counters[i].load(Ordering::Relaxed)),
+                counters: core::array::from_fn(|i| ep.counter(i)),
                 hists: [
                     ep.stats.hit.snapshot(),
                     ep.stats.route_miss.snapshot(),

@@ -104,7 +104,7 @@ impl CoreIo for PluginIo {
     fn count(&mut self, ep: EpId, counter: Counter) {
         let api = self.inst.api;
         if let Some(ep) = self.ep(ep) {
-            ep.count_global(api, counter);
+            ep.count_global(crate::instance::Writer::Plane, api, counter);
         }
     }
 

@@ -11,7 +11,7 @@
 
 use crate::core_api::{self, guard, CoreApi};
 use crate::ffi::*;
-use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo};
+use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo, Writer};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, Lookup, PathCache};
@@ -690,7 +690,7 @@ fn answer_with(
     out: &mut AcmMsg,
 ) {
     respond(msg, via, status, path, out.as_bytes_mut());
-    ctx.ep.count_status(status);
+    ctx.ep.count_status(Writer::Core, status);
     // The span ends here; it is recorded once the client has its answer.
     let end = hit_start.map(|_| ctx.inst.clock.now());
     let f = match via {
@@ -745,7 +745,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
     ep.hit_tick.store(tick, Ordering::Relaxed);
     let sample = inst.opts.acmrs_hit_sample;
     let t0 = (tick & (sample - 1) == 0).then(|| inst.clock.now());
-    ep.count(Counter::Resolve);
+    ep.count(Writer::Core, Counter::Resolve);
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
         answer_inline_timed(
@@ -797,7 +797,7 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
             needs_refresh,
             ..
         } => {
-            ep.count_global(inst.api, Counter::RouteCache);
+            ep.count_global(Writer::Core, inst.api, Counter::RouteCache);
             let r = reply(0, Some(&record));
             if needs_refresh {
                 // Near expiry: the dataplane re-resolves in the background (a full queue only
@@ -958,16 +958,13 @@ unsafe extern "C" fn query_perf(ep_context: *mut c_void, values: *mut u64, cnt: 
         }
         // SAFETY: our EpCtx.
         let ep = &unsafe { &*(ep_context as *const EpCtx) }.ep;
-        for (i, c) in ep.counters.iter().enumerate() {
+        let n = ep.counters[0].len();
+        for i in 0..n {
             // SAFETY: the core's buffer holds 72 u64 (acm_msg data); we write 7.
-            unsafe {
-                values
-                    .add(i)
-                    .write_unaligned(c.load(Ordering::Relaxed).to_be())
-            };
+            unsafe { values.add(i).write_unaligned(ep.counter(i).to_be()) };
         }
         // SAFETY: valid out-pointer.
-        unsafe { *cnt = ep.counters.len() as u8 };
+        unsafe { *cnt = n as u8 };
     })
 }
 
