@@ -11,11 +11,10 @@
 //! Needs root (private /run per daemon) and `libsimverbs.so` + `libacmrs.so` in the target
 //! directory (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
 
+use acm_fabric::checks::{self, check_path, global_counters};
 use acm_fabric::{Fabric, FabricBuilder, HostsFile, Output, Provider, Topology};
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-const VERIFIED: &str = "SA verification: success";
 const ADDR_QUERY: &str = "Addr Query Count";
 
 fn is_root() -> bool {
@@ -76,40 +75,11 @@ fn args(f: &Fabric, on: &str, dest: Dest, to: &str) -> (String, String, &'static
     }
 }
 
-/// Checks that `out` is the path from `on` to `to`, verified by the SA.
-fn check_path(f: &Fabric, on: &str, to: &str, what: &str, out: &Output) {
-    let d = f.node(to).unwrap();
-    let s = f.node(on).unwrap();
-    assert!(
-        out.success() && out.stdout.contains(VERIFIED),
-        "{what} on {on}:\n{out}\n{}",
-        f.logs_report()
-    );
-    for want in [
-        format!("dgid: {}\n", d.gid),
-        format!("sgid: {}\n", s.gid),
-        format!("dlid: {}\n", d.lid),
-        format!("slid: {}\n", s.lid),
-    ] {
-        assert!(out.stdout.contains(&want), "{want:?} missing:\n{out}");
-    }
-}
-
 /// `ib_acme -v` on `on` for `dest` of node `to`, retried while the endpoints finish joining
 /// (the first calls of a fresh fabric), then the path checks.
 fn resolve_verified(f: &Fabric, on: &str, dest: Dest, to: &str) -> Output {
     let (src, dst, fmt) = args(f, on, dest, to);
-    let out = f
-        .node(on)
-        .unwrap()
-        .acme_until(
-            &["-f", fmt, "-s", &src, "-d", &dst, "-v"],
-            Duration::from_secs(20),
-            |o| o.stdout.contains(VERIFIED),
-        )
-        .unwrap();
-    check_path(f, on, to, &format!("-f {fmt} {src} -> {dst}"), &out);
-    out
+    checks::resolve_verified(f, on, fmt, &src, &dst, to, Duration::from_secs(20))
 }
 
 /// The same, in one `ib_acme` call: whatever the provider does to get there (retries
@@ -125,28 +95,13 @@ fn resolve_once(f: &Fabric, on: &str, dest: Dest, to: &str) {
         f,
         on,
         to,
-        &format!("-f {fmt} {src} -> {dst} (one call)"),
+        &format!("-f {fmt} {src} -> {dst} on {on} (one call)"),
         &out,
     );
 }
 
-/// `ib_acme -P col` → the 7 global counters by name.
-fn counters(f: &Fabric, on: &str) -> BTreeMap<String, u64> {
-    let out = f.node(on).unwrap().acme(&["-P", "col"]).unwrap();
-    let map: BTreeMap<String, u64> = out
-        .stdout
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(" : ")?;
-            Some((k.trim().to_string(), v.trim().parse().ok()?))
-        })
-        .collect();
-    assert_eq!(map.len(), 7, "ib_acme -P col:\n{out}");
-    map
-}
-
 fn addr_queries(f: &Fabric, on: &str) -> u64 {
-    counters(f, on)[ADDR_QUERY]
+    global_counters(f, on)[ADDR_QUERY]
 }
 
 /// Resolves `dest` of `to` from `on` and checks that it took exactly one multicast address

@@ -40,7 +40,8 @@
 //! [`Fabric::port_down`] / [`Fabric::port_up`] / [`Fabric::port_info`] (a link really going
 //! down and up, through ibsim's console), [`Fabric::refresh_lids`], [`script`] (several
 //! commands on one bring-up),
-//! [`Fabric::pids`]; [`emergency_teardown`] for a signal handler. [`HostsFile`] says whether
+//! [`Fabric::pids`]; [`emergency_teardown`] for a signal handler; [`checks`] (panicking test
+//! checks: an SA-verified path, the global counters). [`HostsFile`] says whether
 //! the daemons get a hosts file; [`PortPool`] leases each daemon's `server_port` race-free;
 //! [`ProviderChoice`] / [`OptSpec`] parse the CLI's `--provider` / `--opt` forms.
 //!
@@ -51,6 +52,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+pub mod checks;
 pub mod fabric;
 pub mod ports;
 pub mod process;

@@ -4,40 +4,17 @@
 //! Needs root, the Debian packages of docs/fabric.md, and `libsimverbs.so` + `libacmrs.so`
 //! built into the same target directory (`cargo build -p simverbs -p acm-plugin`).
 
-use acm_fabric::{Fabric, HostsFile, Output, Provider, Topology};
+use acm_fabric::checks;
+use acm_fabric::{Fabric, HostsFile, Provider, Topology};
 use std::time::Duration;
-
-const VERIFIED: &str = "SA verification: success";
 
 fn topo() -> Topology {
     Topology::example("net.2sw2path4hca").unwrap()
 }
 
-/// `-f FMT -s SRC -d DST -v` on node `on` (retrying while the endpoints settle); checks the
-/// SA verification and both ends of the path.
+/// [`checks::resolve_verified`] within 15 s.
 fn resolve_verified(f: &Fabric, on: &str, fmt: &str, src: &str, dst: &str, dst_node: &str) {
-    let (s, d) = (f.node(on).unwrap(), f.node(dst_node).unwrap());
-    let out: Output = s
-        .acme_until(
-            &["-f", fmt, "-s", src, "-d", dst, "-v"],
-            Duration::from_secs(15),
-            |o| o.stdout.contains(VERIFIED),
-        )
-        .unwrap();
-    assert!(
-        out.success() && out.stdout.contains(VERIFIED),
-        "[{on} {}] -f {fmt} -s {src} -d {dst} -v:\n{out}\n{}",
-        s.provider().name(),
-        f.logs_report()
-    );
-    for (k, v) in [
-        ("slid", s.lid.to_string()),
-        ("dlid", d.lid.to_string()),
-        ("sgid", s.gid.to_string()),
-        ("dgid", d.gid.to_string()),
-    ] {
-        assert!(out.stdout.contains(&format!("{k}: {v}\n")), "{k}: {out}");
-    }
+    checks::resolve_verified(f, on, fmt, src, dst, dst_node, Duration::from_secs(15));
 }
 
 fn opts_of(f: &Fabric, node: &str) -> String {

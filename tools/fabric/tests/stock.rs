@@ -6,6 +6,7 @@
 //! Needs root, ibsim-utils, opensm, infiniband-diags, ibacm, libumad2sim0, and
 //! `libsimverbs.so` built into the same target directory (`cargo build -p simverbs`).
 
+use acm_fabric::checks::{self, global_counters};
 use acm_fabric::{pid_exists, Fabric, Output, Provider, Topology};
 use std::time::Duration;
 
@@ -19,10 +20,7 @@ fn stock_fabric(prefix: &str) -> Fabric {
         .unwrap_or_else(|e| panic!("bring-up failed: {e}"))
 }
 
-const VERIFIED: &str = "SA verification: success";
-
-/// Resolves with `-v` from `src_node` (retrying while the endpoints finish joining) and checks
-/// the path and the SA verification.
+/// [`checks::resolve_verified`] within 15 s.
 fn resolve_verified(
     f: &Fabric,
     on: &str,
@@ -31,41 +29,7 @@ fn resolve_verified(
     dst: &str,
     dst_node: &str,
 ) -> Output {
-    let node = f.node(on).unwrap();
-    let out = node
-        .acme_until(
-            &["-f", fmt, "-s", src, "-d", dst, "-v"],
-            Duration::from_secs(15),
-            |o| o.stdout.contains(VERIFIED),
-        )
-        .unwrap();
-    let d = f.node(dst_node).unwrap();
-    let s = f.node(on).unwrap();
-    assert!(
-        out.success() && out.stdout.contains(VERIFIED),
-        "-f {fmt} {src} -> {dst} on {on}:\n{out}\n{}",
-        f.logs_report()
-    );
-    assert!(out.stdout.contains(&format!("dgid: {}\n", d.gid)), "{out}");
-    assert!(out.stdout.contains(&format!("sgid: {}\n", s.gid)), "{out}");
-    assert!(out.stdout.contains(&format!("dlid: {}\n", d.lid)), "{out}");
-    assert!(out.stdout.contains(&format!("slid: {}\n", s.lid)), "{out}");
-    out
-}
-
-/// `ib_acme -P col` → the 7 global counters by name.
-fn counters(f: &Fabric, on: &str) -> std::collections::BTreeMap<String, u64> {
-    let out = f.node(on).unwrap().acme(&["-P", "col"]).unwrap();
-    let map: std::collections::BTreeMap<String, u64> = out
-        .stdout
-        .lines()
-        .filter_map(|l| {
-            let (k, v) = l.split_once(" : ")?;
-            Some((k.trim().to_string(), v.trim().parse().ok()?))
-        })
-        .collect();
-    assert_eq!(map.len(), 7, "ib_acme -P col:\n{out}");
-    map
+    checks::resolve_verified(f, on, fmt, src, dst, dst_node, Duration::from_secs(15))
 }
 
 fn count(log: &str, needle: &str) -> usize {
@@ -107,7 +71,7 @@ fn stock_ibacmp_resolves_names_ips_lids_gids_with_sa_verification() {
         "one port per daemon: {ports:?}"
     );
 
-    let before = counters(&f, "Hca3");
+    let before = global_counters(&f, "Hca3");
     assert_eq!(before["Resolve Count"], 0, "{before:?}");
 
     // Names, across the two switches too (Hca3 on Switch1, Hca2/Hca4 on Switch2).
@@ -161,7 +125,7 @@ fn stock_ibacmp_resolves_names_ips_lids_gids_with_sa_verification() {
     resolve_verified(&f, "Hca2", "g", &g2.to_string(), &g4.to_string(), "Hca4");
 
     // Counters moved: Hca3 resolved a name, an IPv4 and a LID (each with a -v SA query).
-    let after = counters(&f, "Hca3");
+    let after = global_counters(&f, "Hca3");
     assert!(after["Resolve Count"] >= 3, "{after:?}");
     assert!(after["Addr Query Count"] >= 2, "{after:?}");
     assert!(after["Route Query Count"] >= 3, "{after:?}");
@@ -169,7 +133,7 @@ fn stock_ibacmp_resolves_names_ips_lids_gids_with_sa_verification() {
 
     // A second resolution of the same name is a route-cache hit.
     resolve_verified(&f, "Hca3", "n", "hca3", "hca4", "Hca4");
-    let again = counters(&f, "Hca3");
+    let again = global_counters(&f, "Hca3");
     assert!(
         again["Route Cache Count"] > after["Route Cache Count"],
         "{after:?} -> {again:?}"
@@ -206,7 +170,7 @@ fn stock_ibacmp_cache_only_then_rejoin_after_sm_restart_and_client_reregister() 
                 .contains(&format!("dlid: {}\n", f.node("Hca4").unwrap().lid)),
         "{warm}"
     );
-    let c = counters(&f, "Hca2");
+    let c = global_counters(&f, "Hca2");
     assert!(c["No Data"] >= 1, "{c:?}");
 
     // A new OpenSM knows no multicast groups; ibacmp does not rejoin on its own...
@@ -275,7 +239,7 @@ fn stock_ibacmp_cache_only_then_rejoin_after_sm_restart_and_client_reregister() 
     assert_eq!(f.node("Hca3").unwrap().pid(), None);
     f.node_mut("Hca3").unwrap().restart_daemon().unwrap();
     assert_ne!(f.node("Hca3").unwrap().pid(), Some(old_pid));
-    assert_eq!(counters(&f, "Hca3")["Resolve Count"], 0);
+    assert_eq!(global_counters(&f, "Hca3")["Resolve Count"], 0);
     resolve_verified(&f, "Hca3", "n", "hca3", "hca2", "Hca2");
 
     // Teardown leaves no process behind.
@@ -335,7 +299,7 @@ fn unanswered_name_fails(f: &Fabric) -> (Output, Duration) {
             && log.contains("notice - failing request"),
         "{log}"
     );
-    assert!(counters(f, "Hca3")["Error Count"] >= 1);
+    assert!(global_counters(f, "Hca3")["Error Count"] >= 1);
     // Still healthy: a cached destination and a new one (multicast again) both resolve.
     resolve_verified(f, "Hca3", "n", "hca3", "hca4", "Hca4");
     resolve_verified(f, "Hca3", "n", "hca3", "hca2", "Hca2");
