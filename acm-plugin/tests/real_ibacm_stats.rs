@@ -21,6 +21,26 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Runs `program args` with `text` on its stdin; its status, stdout and stderr (`missing`: the
+/// panic message when it cannot be started).
+fn run_with_stdin(program: &str, args: &[&str], missing: &str, text: &str) -> std::process::Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect(missing);
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Metric samples: (name, sorted labels without port/pkey/gid) → value, for one endpoint.
 type Samples = BTreeMap<(String, String), f64>;
 
@@ -38,21 +58,7 @@ for fam in text_string_to_metric_families(sys.stdin.read()):
         rest = ",".join("%s=%s" % kv for kv in sorted(labels.items()))
         print("%s\t%s\t%s\t%s\t%r" % (fam.type, gid, s.name, rest, s.value))
 "#;
-    let mut child = Command::new("/usr/bin/python3")
-        .args(["-c", SCRIPT])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_with_stdin("/usr/bin/python3", &["-c", SCRIPT], "python3", text);
     assert!(
         out.status.success(),
         "prometheus_client could not parse the textfile: {}\n{text}",
@@ -72,21 +78,12 @@ for fam in text_string_to_metric_families(sys.stdin.read()):
 
 /// `promtool check metrics` (format and naming lint) must accept the textfile.
 fn promtool_check(text: &str) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian package prometheus: scripts/install-deps.sh)");
-    use std::io::Write as _;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_with_stdin(
+        "promtool",
+        &["check", "metrics"],
+        "promtool (Debian package prometheus: scripts/install-deps.sh)",
+        text,
+    );
     assert!(
         out.status.success(),
         "promtool check metrics: {}{}\n{text}",
