@@ -421,20 +421,27 @@ fn a_refused_sa_send_answers_the_waiters_once() {
     );
 }
 
-#[test]
-fn shutdown_answers_everything_still_queued_exactly_once() {
-    let wire: Wire = Arc::default();
-    let mut nodes = [node(0, &wire, false)];
-    // A miss the resolver holds (the peer does not exist: the name query retries) and two
-    // requests still in the queue when the shutdown arrives.
-    assert!(nodes[0].inbox.request(
+/// Node 0 after one poll of client 1's name request for a peer that does not exist: a miss
+/// the resolver holds (the name query retries).
+fn holding_a_name_miss(wire: &Wire) -> Node {
+    let mut n = node(0, wire, false);
+    assert!(n.inbox.request(
         EpId(0),
         0,
         1,
         Kind::Resolve,
         &name_msg("nobody", None, false, 1)
     ));
-    nodes[0].plane.poll(Instant::now());
+    n.plane.poll(Instant::now());
+    n
+}
+
+#[test]
+fn shutdown_answers_everything_still_queued_exactly_once() {
+    // A miss the resolver holds (the peer does not exist: the name query retries) and two
+    // requests still in the queue when the shutdown arrives.
+    let wire: Wire = Arc::default();
+    let mut nodes = [holding_a_name_miss(&wire)];
     nodes[0].inbox.control(Control::Shutdown);
     assert!(nodes[0]
         .inbox
@@ -452,15 +459,7 @@ fn shutdown_answers_everything_still_queued_exactly_once() {
 #[test]
 fn a_panic_in_the_loop_restarts_the_resolver_and_answers_what_it_held() {
     let wire: Wire = Arc::default();
-    let mut nodes = [node(0, &wire, false)];
-    assert!(nodes[0].inbox.request(
-        EpId(0),
-        0,
-        1,
-        Kind::Resolve,
-        &name_msg("nobody", None, false, 1)
-    ));
-    nodes[0].plane.poll(Instant::now());
+    let mut nodes = [holding_a_name_miss(&wire)];
     // The worker catches a panic of `poll` and calls `recover`: do the same by hand.
     nodes[0].plane.recover("injected");
     assert_eq!(
