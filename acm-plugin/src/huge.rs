@@ -47,6 +47,18 @@ pub fn path_slots(n: usize) -> Box<[PathSlot]> {
     path_slots_advised(n).0
 }
 
+/// Slots for a cache of `entries` paths (`acmrs_path_capacity`): the cache's own sizing at
+/// its design load ([`PathSlot::slots_for`], 87%, side arrays included), so that many entries
+/// fit without early eviction.
+pub fn path_slot_count(entries: usize) -> usize {
+    PathSlot::slots_for(entries.max(1))
+}
+
+/// Storage for a cache of `entries` paths ([`path_slot_count`] slots, see [`path_slots`]).
+pub fn path_slots_for(entries: usize) -> Box<[PathSlot]> {
+    path_slots(path_slot_count(entries))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,7 +97,7 @@ fn new_cache(opts: &ProviderOptions) -> std::io::Result<acm_dataplane::plane::Ho
         refresh_ahead: refresh_ahead_ms(opts),
     };
     PathCache::new(
-        crate::huge::path_slots(opts.acmrs_path_capacity as usize),
+        crate::huge::path_slots_for(opts.acmrs_path_capacity as usize),
         AddrSlot::boxed(opts.acmrs_addr_capacity.max(16) as usize),
         config,
     )

@@ -1222,6 +1222,11 @@ impl<S: Storage> Resolver<S> {
         let Some(mut w) = cache.writer() else {
             return;
         };
+        // Up to four keys (DLID, DGID; with and without the reversible bit) for one route: one
+        // record and aliases where the cache has alias storage (`insert_route`), else one entry
+        // per key.
+        let mut keys = [crate::cache::PathKey::new(0, crate::cache::Dest::Lid(0)); 4];
+        let mut n = 0;
         for rev in [false, true] {
             let mut records = [[0u8; 64]; 2];
             {
@@ -1238,10 +1243,12 @@ impl<S: Storage> Resolver<S> {
                 }
                 let (k, _) = request::normalise(&view, r);
                 if let Some(key) = request::cache_key(cache_ep, &k) {
-                    w.insert(&key, path, now, NEVER);
+                    keys[n] = key;
+                    n += 1;
                 }
             }
         }
+        w.insert_route(&keys[..n], path, now, NEVER);
     }
 
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
