@@ -566,6 +566,33 @@ impl<S: Storage + ?Sized> Storage for &mut S {
     }
 }
 
+/// The table accessors of a [`Storage`] that keeps each table in a field of the same name.
+macro_rules! table_fields {
+    () => {
+        fn requests(&mut self) -> &mut [RequestSlot] {
+            &mut self.requests
+        }
+        fn jobs(&mut self) -> &mut [JobSlot] {
+            &mut self.jobs
+        }
+        fn job_buckets(&mut self) -> &mut [u32] {
+            &mut self.job_buckets
+        }
+        fn addrs(&mut self) -> &mut [AddrEntry] {
+            &mut self.addrs
+        }
+        fn addr_buckets(&mut self) -> &mut [u32] {
+            &mut self.addr_buckets
+        }
+        fn endpoints(&mut self) -> &mut [EpSlot] {
+            &mut self.endpoints
+        }
+        fn preloads(&mut self) -> &mut [PreloadSlot] {
+            &mut self.preloads
+        }
+    };
+}
+
 /// Heap storage sized at run time (hosts; needs the `std` feature).
 #[cfg(feature = "std")]
 pub struct HeapStorage {
@@ -606,27 +633,7 @@ impl HeapStorage {
 
 #[cfg(feature = "std")]
 impl Storage for HeapStorage {
-    fn requests(&mut self) -> &mut [RequestSlot] {
-        &mut self.requests
-    }
-    fn jobs(&mut self) -> &mut [JobSlot] {
-        &mut self.jobs
-    }
-    fn job_buckets(&mut self) -> &mut [u32] {
-        &mut self.job_buckets
-    }
-    fn addrs(&mut self) -> &mut [AddrEntry] {
-        &mut self.addrs
-    }
-    fn addr_buckets(&mut self) -> &mut [u32] {
-        &mut self.addr_buckets
-    }
-    fn endpoints(&mut self) -> &mut [EpSlot] {
-        &mut self.endpoints
-    }
-    fn preloads(&mut self) -> &mut [PreloadSlot] {
-        &mut self.preloads
-    }
+    table_fields!();
     fn sa_inflight(&self) -> usize {
         self.sa_inflight
     }
@@ -701,27 +708,7 @@ impl<
         const PRE: usize,
     > Storage for ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
 {
-    fn requests(&mut self) -> &mut [RequestSlot] {
-        &mut self.requests
-    }
-    fn jobs(&mut self) -> &mut [JobSlot] {
-        &mut self.jobs
-    }
-    fn job_buckets(&mut self) -> &mut [u32] {
-        &mut self.job_buckets
-    }
-    fn addrs(&mut self) -> &mut [AddrEntry] {
-        &mut self.addrs
-    }
-    fn addr_buckets(&mut self) -> &mut [u32] {
-        &mut self.addr_buckets
-    }
-    fn endpoints(&mut self) -> &mut [EpSlot] {
-        &mut self.endpoints
-    }
-    fn preloads(&mut self) -> &mut [PreloadSlot] {
-        &mut self.preloads
-    }
+    table_fields!();
     fn sa_inflight(&self) -> usize {
         JOBS
     }
