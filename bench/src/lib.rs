@@ -11,6 +11,8 @@
 //!   bytes-per-entry figures that also see memory allocated by C code.
 //! * [`Args`]: the tiny command-line parser the bench binaries share (`--quick`, `--out DIR`).
 //! * [`XorShift`]: a deterministic PRNG for key sets and access orders.
+//! * [`floor_ns`]: the memory floor (a dependent pointer chase as large as a cache), and
+//!   [`advise`] (THP or not before first touch).
 //! * [`plot`]: percentile-distribution plots (SVG) of several histograms in one picture.
 //! * [`progress`]: one line per benchmark phase on stderr, with the elapsed time.
 
@@ -416,6 +418,73 @@ impl Args {
             .find(|(f, _)| f == flag)
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// Advises `[ptr, ptr + bytes)` (rounded inwards to 2 MiB) `MADV_HUGEPAGE` or
+/// `MADV_NOHUGEPAGE` before it is first touched.
+pub fn advise(ptr: *mut u8, bytes: usize, huge: bool) {
+    let page = 2 << 20;
+    let (start, end) = if huge {
+        (
+            (ptr as usize).next_multiple_of(page),
+            (ptr as usize + bytes) / page * page,
+        )
+    } else {
+        // NOHUGEPAGE: cover every 4 KiB page of the buffer.
+        (
+            (ptr as usize) / 4096 * 4096,
+            (ptr as usize + bytes).next_multiple_of(4096),
+        )
+    };
+    if end > start {
+        let advice = if huge {
+            libc::MADV_HUGEPAGE
+        } else {
+            libc::MADV_NOHUGEPAGE
+        };
+        // SAFETY: [start, end) lies inside (or, for NOHUGEPAGE, on the pages of) an allocation
+        // the caller owns; madvise only changes how the kernel backs those pages, never their
+        // contents or validity. Failure just means the default page size.
+        let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
+        if r != 0 {
+            eprintln!("note: madvise failed: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+/// The memory floor: ns per dependent load of a random single-cycle pointer chase over a
+/// buffer of `bytes` (one node per 64-byte line), advised huge or not before first touch: the
+/// figure hit latencies are quoted against (`cache` and `provider` benches; `Instant` timer,
+/// amortised over 400k loads; median of 5 runs).
+pub fn floor_ns(bytes: usize, huge: bool, rng: &mut XorShift) -> f64 {
+    const NODE: usize = 8; // u64s per 64-byte line
+    let nodes = (bytes / 64).max(2);
+    let mut buf: Vec<u64> = Vec::with_capacity(nodes * NODE);
+    advise(buf.as_mut_ptr() as *mut u8, nodes * 64, huge);
+    buf.resize(nodes * NODE, 0);
+    // Sattolo: one cycle through every node.
+    let mut perm: Vec<u32> = (0..nodes as u32).collect();
+    for i in (1..nodes).rev() {
+        let j = rng.below(i as u64) as usize;
+        perm.swap(i, j);
+    }
+    for i in 0..nodes {
+        buf[i * NODE] = perm[i] as u64;
+    }
+    drop(perm);
+    let chase = |steps: usize| {
+        let mut i = 0usize;
+        let t = Instant::now();
+        for _ in 0..steps {
+            i = buf[i * NODE] as usize;
+        }
+        std::hint::black_box(i);
+        t.elapsed().as_secs_f64() * 1e9 / steps as f64
+    };
+    chase(nodes.min(200_000)); // warm the TLB / caches the way a long run would
+    let mut runs: Vec<f64> = (0..5).map(|_| chase(400_000)).collect();
+    runs.sort_by(f64::total_cmp);
+    runs[2]
 }
 
 #[cfg(test)]

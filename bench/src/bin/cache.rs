@@ -39,7 +39,8 @@ use std::time::Instant;
 
 use acm_bench::plot::{write_percentile_svg, Series};
 use acm_bench::{
-    heap_bytes, progress, Args, BatchTimer, LatencyHistogram, Summary, Table, XorShift,
+    advise, floor_ns, heap_bytes, progress, Args, BatchTimer, LatencyHistogram, Summary, Table,
+    XorShift,
 };
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
 
@@ -133,38 +134,6 @@ fn path_slots_for(n: usize) -> usize {
     PathSlot::slots_for(n)
 }
 
-/// Advises `[ptr, ptr + bytes)` (rounded inwards to 2 MiB) `MADV_HUGEPAGE` or
-/// `MADV_NOHUGEPAGE` before it is first touched.
-fn advise(ptr: *mut u8, bytes: usize, huge: bool) {
-    let page = 2 << 20;
-    let (start, end) = if huge {
-        (
-            (ptr as usize).next_multiple_of(page),
-            (ptr as usize + bytes) / page * page,
-        )
-    } else {
-        // NOHUGEPAGE: cover every 4 KiB page of the buffer.
-        (
-            (ptr as usize) / 4096 * 4096,
-            (ptr as usize + bytes).next_multiple_of(4096),
-        )
-    };
-    if end > start {
-        let advice = if huge {
-            libc::MADV_HUGEPAGE
-        } else {
-            libc::MADV_NOHUGEPAGE
-        };
-        // SAFETY: [start, end) lies inside (or, for NOHUGEPAGE, on the pages of) an allocation
-        // the caller owns; madvise only changes how the kernel backs those pages, never their
-        // contents or validity. Failure just means the default page size.
-        let r = unsafe { libc::madvise(start as *mut libc::c_void, end - start, advice) };
-        if r != 0 {
-            eprintln!("note: madvise failed: {}", std::io::Error::last_os_error());
-        }
-    }
-}
-
 /// `n` empty path slots in memory advised `MADV_HUGEPAGE` (or `MADV_NOHUGEPAGE`) *before* it is
 /// first touched, so the kernel backs it with 2 MiB pages where it can (THP "madvise" mode,
 /// Debian's default) — or, explicitly, with 4 KiB pages.
@@ -185,39 +154,6 @@ fn rss_bytes() -> usize {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
         .map_or(0, |pages| pages * 4096)
-}
-
-/// The memory floor: ns per dependent load of a random single-cycle pointer chase over a
-/// buffer of `bytes` (one node per 64-byte line), advised huge or not before first touch.
-fn floor_ns(bytes: usize, huge: bool, rng: &mut XorShift) -> f64 {
-    const NODE: usize = 8; // u64s per 64-byte line
-    let nodes = (bytes / 64).max(2);
-    let mut buf: Vec<u64> = Vec::with_capacity(nodes * NODE);
-    advise(buf.as_mut_ptr() as *mut u8, nodes * 64, huge);
-    buf.resize(nodes * NODE, 0);
-    // Sattolo: one cycle through every node.
-    let mut perm: Vec<u32> = (0..nodes as u32).collect();
-    for i in (1..nodes).rev() {
-        let j = rng.below(i as u64) as usize;
-        perm.swap(i, j);
-    }
-    for i in 0..nodes {
-        buf[i * NODE] = perm[i] as u64;
-    }
-    drop(perm);
-    let chase = |steps: usize| {
-        let mut i = 0usize;
-        let t = Instant::now();
-        for _ in 0..steps {
-            i = buf[i * NODE] as usize;
-        }
-        std::hint::black_box(i);
-        t.elapsed().as_secs_f64() * 1e9 / steps as f64
-    };
-    chase(nodes.min(200_000)); // warm the TLB / caches the way a long run would
-    let mut runs: Vec<f64> = (0..5).map(|_| chase(400_000)).collect();
-    runs.sort_by(f64::total_cmp);
-    runs[2]
 }
 
 /// The keys of entry `i`, computed on the fly (a bijective mix of `i` and a per-size salt gives

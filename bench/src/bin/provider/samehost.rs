@@ -15,7 +15,7 @@
 //! print one progress line per phase on stderr, on the parent's clock.
 
 use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{progress, LatencyHistogram, Summary, Table, XorShift};
+use acm_bench::{floor_ns, progress, LatencyHistogram, Summary, Table, XorShift};
 use acm_testkit::core::{self as fake, Record};
 use acm_testkit::host::provider_table;
 use acm_testkit::request::{gid, path_of, PathRequest};
@@ -535,6 +535,9 @@ pub fn child(args: &[String]) -> Result<(), String> {
          route_data_file {}\naddr_preload none\nloopback_prot local\ntimeout 2000\nretries 2\n",
         dump.display()
     );
+    // acmrs stores each preloaded route under up to 4 keys (see docs/bench.md): room for all
+    // of them plus the misses (the plugin sizes its storage for this many at the design load).
+    let acmrs_capacity = dlids as usize * 5 + 1024;
     let stock_opts = dir.join("stock_opts.cfg");
     let acmrs_opts = dir.join("acmrs_opts.cfg");
     std::fs::write(&stock_opts, &common).map_err(|e| e.to_string())?;
@@ -543,10 +546,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
         format!(
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
              acmrs_pending_capacity 4096\nacmrs_stat_socket none\nacmrs_poll_mode {}\n",
-            // acmrs stores each preloaded route under 4 keys (see docs/bench.md): room for
-            // all of them plus the misses, at a load factor below 0.8.
-            dlids as usize * 5 + 1024,
-            a.poll_mode,
+            acmrs_capacity, a.poll_mode,
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -840,6 +840,37 @@ pub fn child(args: &[String]) -> Result<(), String> {
             r(s[0].max_ns, s[1].max_ns),
         ]);
     }
+    // The memory floor of this run: one dependent load over a buffer as large as acmrs's path
+    // storage, in the page mode the plugin gives it (THP from acmrs::huge::THRESHOLD_BYTES).
+    let storage = acmrs::huge::path_slot_count(acmrs_capacity)
+        * core::mem::size_of::<acm_core_nostd::cache::PathSlot>();
+    let huge = storage >= acmrs::huge::THRESHOLD_BYTES;
+    progress(format_args!(
+        "child {entries}: memory floor over {} MiB",
+        storage >> 20
+    ));
+    let floor = floor_ns(storage, huge, &mut XorShift::new(0xf100 ^ a.size as u64));
+    let s: Vec<Summary> = hits.iter().map(LatencyHistogram::summary).collect();
+    for (k, o) in provs.iter().enumerate() {
+        let x = |v: f64| format!("{:.2}", v / floor);
+        table.row(vec![
+            "hit ×floor".into(),
+            o.name.to_string(),
+            String::new(),
+            x(s[k].p50_ns),
+            x(s[k].p99_ns),
+            x(s[k].p999_ns),
+            x(s[k].p9999_ns),
+            x(s[k].max_ns),
+        ]);
+    }
+    println!(
+        "memory floor: {floor:.1} ns per dependent load over {:.1} MiB ({}; acmrs's path storage, {} slots of {} B)\n",
+        storage as f64 / (1 << 20) as f64,
+        if huge { "THP" } else { "4 KiB pages" },
+        acmrs::huge::path_slot_count(acmrs_capacity),
+        core::mem::size_of::<acm_core_nostd::cache::PathSlot>()
+    );
     println!("{}", table.render());
     Ok(())
 }
