@@ -1,6 +1,6 @@
 //! Path-cache storage for large caches, advised to the kernel as transparent-huge-page memory.
 //!
-//! A lookup touches one or two random 148-byte slots; at a million entries every one of them is
+//! A lookup touches one or two random 128-byte slots; at a million entries every one of them is
 //! a TLB miss with 4 KiB pages (docs/cache.md measured 1397 → 1027 ns p50 at 1M with THP). So
 //! when the slot array spans several huge pages, the 2 MiB-aligned part of the allocation is
 //! `madvise(MADV_HUGEPAGE)`d **before** the slots are written (first touch then faults in huge
