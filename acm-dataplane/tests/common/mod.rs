@@ -13,56 +13,8 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
-
-/// target/<profile>/ of the running test executable (target/<profile>/deps/<test>).
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps")
-        .to_path_buf()
-}
-
-fn simverbs_src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/simverbs/src")
-}
-
-/// The freshly built libsimverbs.so of this target dir. `cargo test -p acm-dataplane` does
-/// not build it: refuse a missing or stale library instead of testing old code.
-pub fn libsimverbs() -> PathBuf {
-    let p = profile_dir().join("libsimverbs.so");
-    let built = std::fs::metadata(&p)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} missing: run `cargo build -p simverbs` (same CARGO_TARGET_DIR) first",
-                p.display()
-            )
-        });
-    for e in std::fs::read_dir(simverbs_src())
-        .expect("tools/simverbs/src")
-        .flatten()
-    {
-        let m = e.metadata().and_then(|m| m.modified()).expect("mtime");
-        assert!(
-            m <= built,
-            "{} is older than {}: run `cargo build -p simverbs` first",
-            p.display(),
-            e.path().display()
-        );
-    }
-    p
-}
-
-/// `LD_PRELOAD` value for simulated processes.
-pub fn preload() -> String {
-    assert!(
-        Path::new(UMAD2SIM).exists(),
-        "{UMAD2SIM} missing: apt-get install libumad2sim0"
-    );
-    format!("{}:{}", UMAD2SIM, libsimverbs().display())
-}
+#[allow(unused_imports)] // not every test file uses each
+pub use acm_fabric::testing::{libsimverbs, preload, profile_dir, stop_child};
 
 /// simverbs' own C test agent (a plain libibverbs program), compiled once per test process:
 /// an independent peer that can send what our endpoint never would (e.g. oversized datagrams).
@@ -86,25 +38,6 @@ pub fn svagent() -> PathBuf {
             out
         })
         .clone()
-}
-
-/// SIGTERM to a PID we started, up to `grace`, then SIGKILL; always reaps.
-pub fn stop_child(child: &mut Child, grace: Duration) {
-    if let Ok(Some(_)) = child.try_wait() {
-        return;
-    }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let t = Instant::now();
-    while t.elapsed() < grace {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// A private fabric: ibsim (net.2sw2path4hca: Hca1..Hca4) + OpenSM on Hca1.

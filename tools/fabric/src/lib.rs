@@ -58,6 +58,7 @@ pub mod ports;
 pub mod process;
 pub mod script;
 pub mod spec;
+pub mod testing;
 pub mod topology;
 
 pub use fabric::{

@@ -11,50 +11,10 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
-
-/// target/<profile>/ of the running test executable (target/<profile>/deps/<test>).
-pub fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps")
-        .to_path_buf()
-}
-
-/// The freshly built libsimverbs.so. `cargo test` does not rebuild a cdylib for integration
-/// tests, so refuse a library older than the sources instead of testing stale code.
-pub fn libsimverbs() -> PathBuf {
-    let p = profile_dir().join("libsimverbs.so");
-    let built = std::fs::metadata(&p)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| {
-            panic!(
-                "{} missing: run `cargo build -p simverbs` first",
-                p.display()
-            )
-        });
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    for e in std::fs::read_dir(&src).expect("src dir").flatten() {
-        let m = e.metadata().and_then(|m| m.modified()).expect("mtime");
-        assert!(
-            m <= built,
-            "{} is older than {}: run `cargo build -p simverbs` first",
-            p.display(),
-            e.path().display()
-        );
-    }
-    p
-}
-
-/// `LD_PRELOAD` value for simulated processes.
-pub fn preload() -> String {
-    assert!(
-        Path::new(UMAD2SIM).exists(),
-        "{UMAD2SIM} missing: apt-get install libumad2sim0"
-    );
-    format!("{}:{}", UMAD2SIM, libsimverbs().display())
-}
+#[allow(unused_imports)]
+pub use acm_fabric::fabric::UMAD2SIM;
+#[allow(unused_imports)] // not every test file uses each
+pub use acm_fabric::testing::{libsimverbs, preload, profile_dir, stop_child};
 
 /// Compiles tests/c/svagent.c once per test process (next to the test executable).
 pub fn svagent() -> PathBuf {
@@ -76,25 +36,6 @@ pub fn svagent() -> PathBuf {
             out
         })
         .clone()
-}
-
-/// Sends SIGTERM to the PID we started, waits up to `grace`, then SIGKILL; always reaps.
-pub fn stop_child(child: &mut Child, grace: Duration) {
-    if let Ok(Some(_)) = child.try_wait() {
-        return;
-    }
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let t = Instant::now();
-    while t.elapsed() < grace {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Port GUID of `HcaN` in net.2sw2path4hca (0x100001, 0x100004, 0x100007, 0x10000a).
