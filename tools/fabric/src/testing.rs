@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-/// target/<profile>/ of the running test executable (target/<profile>/deps/<test>).
+/// `target/<profile>/` of the running test executable (`target/<profile>/deps/<test>`).
 pub fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     exe.parent()
