@@ -418,6 +418,36 @@ impl Args {
             .find(|(f, _)| f == flag)
             .map(|(_, v)| v.as_str())
     }
+
+    /// `--sizes a,b,c` (see [`parse_counts`]), else the benches' default sizes: 1 000 and
+    /// 100 000 entries, plus 1 000 000 without `--quick`.
+    pub fn sizes(&self) -> Result<Vec<usize>, String> {
+        match self.value("--sizes") {
+            Some(s) => parse_counts(s),
+            None if self.quick => Ok(vec![1_000, 100_000]),
+            None => Ok(vec![1_000, 100_000, 1_000_000]),
+        }
+    }
+
+    /// Creates the `--out` directory, if one was given.
+    pub fn create_out(&self) -> Result<(), String> {
+        match &self.out {
+            Some(dir) => std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A comma-separated list of counts (`_` allowed as a digit separator), each above 0.
+pub fn parse_counts(s: &str) -> Result<Vec<usize>, String> {
+    s.split(',')
+        .map(|x| match x.trim().replace('_', "").parse::<usize>() {
+            Ok(0) => Err(format!("{x:?} must be above 0")),
+            Ok(n) => Ok(n),
+            Err(e) => Err(format!("bad number {x:?}: {e}")),
+        })
+        .collect()
 }
 
 /// Advises `[ptr, ptr + bytes)` (rounded inwards to 2 MiB) `MADV_HUGEPAGE` or
@@ -542,6 +572,16 @@ mod tests {
         assert_eq!(a.value("--sizes"), Some("1,2"));
         assert!(Args::parse_from(["--bogus".to_string()], "u", &[]).is_err());
         assert!(Args::parse_from(["--out".to_string()], "u", &[]).is_err());
+        let sizes = |v: &[&str]| {
+            Args::parse_from(v.iter().map(|s| s.to_string()), "u", &["--sizes"])
+                .unwrap()
+                .sizes()
+        };
+        assert_eq!(sizes(&[]), Ok(vec![1_000, 100_000, 1_000_000]));
+        assert_eq!(sizes(&["--quick"]), Ok(vec![1_000, 100_000]));
+        assert_eq!(sizes(&["--sizes", "1_000, 96256"]), Ok(vec![1_000, 96_256]));
+        assert!(sizes(&["--sizes", "10,0"]).is_err());
+        assert!(sizes(&["--sizes", "ten"]).is_err());
     }
 
     #[test]

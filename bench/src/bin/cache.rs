@@ -39,8 +39,8 @@ use std::time::Instant;
 
 use acm_bench::plot::{write_percentile_svg, Series};
 use acm_bench::{
-    advise, floor_ns, heap_bytes, progress, Args, BatchTimer, LatencyHistogram, Summary, Table,
-    XorShift,
+    advise, floor_ns, heap_bytes, parse_counts, progress, Args, BatchTimer, LatencyHistogram,
+    Summary, Table, XorShift,
 };
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
 
@@ -549,42 +549,21 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let parse_list = |s: &str| -> Result<Vec<usize>, String> {
-        s.split(',')
-            .map(|x| {
-                x.trim()
-                    .replace('_', "")
-                    .parse::<usize>()
-                    .map_err(|e| format!("bad number {x:?}: {e}"))
-            })
-            .collect()
-    };
-    let sizes = match args.value("--sizes") {
-        Some(s) => parse_list(s),
-        None if args.quick => Ok(vec![1_000, 100_000]),
-        None => Ok(vec![1_000, 100_000, 1_000_000]),
-    };
     let lookups = match args.value("--lookups") {
-        Some(s) => parse_list(s).and_then(|v| v.first().copied().ok_or_else(|| "empty".into())),
+        Some(s) => parse_counts(s).and_then(|v| v.first().copied().ok_or_else(|| "empty".into())),
         None if args.quick => Ok(200_000),
         None => Ok(2_000_000),
     };
-    let (sizes, lookups) = match (sizes, lookups) {
-        (Ok(s), Ok(l)) if !s.contains(&0) && l > 0 => (s, l),
+    let (sizes, lookups) = match (args.sizes(), lookups) {
+        (Ok(s), Ok(l)) => (s, l),
         (Err(e), _) | (_, Err(e)) => {
             eprintln!("{e}\n{USAGE}");
             std::process::exit(2);
         }
-        _ => {
-            eprintln!("sizes and lookups must be > 0\n{USAGE}");
-            std::process::exit(2);
-        }
     };
-    if let Some(dir) = &args.out {
-        if let Err(e) = std::fs::create_dir_all(dir) {
-            eprintln!("cannot create {}: {e}", dir.display());
-            std::process::exit(1);
-        }
+    if let Err(e) = args.create_out() {
+        eprintln!("{e}");
+        std::process::exit(1);
     }
     if cfg!(debug_assertions) {
         eprintln!("note: debug build; run with --release for meaningful numbers");

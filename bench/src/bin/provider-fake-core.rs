@@ -118,22 +118,16 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Some(out) = &args.out {
-        if let Err(e) = std::fs::create_dir_all(out) {
-            eprintln!("cannot create {}: {e}", out.display());
-            std::process::exit(1);
-        }
+    if let Err(e) = args.create_out() {
+        eprintln!("{e}");
+        std::process::exit(1);
     }
-    let sizes: Vec<usize> = match args.value("--sizes") {
-        Some(s) => match s.split(',').map(|v| v.trim().parse()).collect() {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("--sizes {s:?}: {e}\n{USAGE}");
-                std::process::exit(2);
-            }
-        },
-        None if args.quick => vec![1000, 100_000],
-        None => vec![1000, 100_000, 1_000_000],
+    let sizes = match args.sizes() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("--sizes: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
     };
     let samples = if args.quick { 100_000 } else { 1_000_000 };
     let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
