@@ -351,6 +351,8 @@ fn bad_mads_are_counted_and_dropped() {
 fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     let cfg = Config {
         queue_deadline: 20_000,
+        // Only the join's SA traffic here (subscriptions have their own test).
+        sa_reports: false,
         ..Config::default()
     };
     let mut t = heap(cfg);

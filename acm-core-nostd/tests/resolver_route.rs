@@ -79,11 +79,14 @@ impl T {
             .request(self.now, &self.cache, EP, CEP, client, kind, msg);
         self.drain();
     }
+    /// The PathRecord queries sent (other SA MADs, the Report subscriptions, are dropped).
     fn sa_sends(&mut self) -> Vec<(u64, [u8; 256])> {
         let mut v = Vec::new();
         self.out.retain(|o| match o {
             Output::SendSa { token, mad, .. } => {
-                v.push((*token, *mad));
+                if mad[16..18] == [0x00, 0x35] {
+                    v.push((*token, *mad));
+                }
                 false
             }
             _ => true,
@@ -613,4 +616,278 @@ fn random_bytes_get_exactly_one_answer_each() {
     clients.dedup();
     assert_eq!(clients.len() as u64, asked, "one answer per client");
     assert!(t.r.is_idle());
+}
+
+// ---- SA Reports (InformInfo subscriptions) and the BUSY-shrunk window ----
+
+/// The GID of LID `lid` in these tests.
+fn gid_of(lid: u16) -> Gid {
+    let mut g = port_gid().0;
+    g[14..16].copy_from_slice(&lid.to_be_bytes());
+    Gid(g)
+}
+
+fn path_with_gid(lid: u16) -> [u8; 64] {
+    let mut r = path_to(lid);
+    PathRecord::new_unchecked(&mut r[..]).set_dgid(gid_of(lid));
+    r
+}
+
+/// A REPORT(Notice) MAD for generic trap `trap` about `gid`, with `tid`.
+fn report(trap: u16, gid: Gid, tid: u64) -> [u8; 256] {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 3, 2, 0x06]);
+    m[8..16].copy_from_slice(&tid.to_be_bytes());
+    m[16..18].copy_from_slice(&[0x00, 0x02]);
+    let n = &mut m[56..136];
+    n[0] = 0x80 | 4; // generic, type "SM"? (any type)
+    n[1..4].copy_from_slice(&[0, 0, 4]);
+    n[4..6].copy_from_slice(&trap.to_be_bytes());
+    n[6..8].copy_from_slice(&1u16.to_be_bytes());
+    n[16..32].copy_from_slice(&gid.0);
+    m
+}
+
+impl T {
+    /// The InformInfo SETs sent: (token, trap, subscribe).
+    fn informs(&mut self) -> Vec<(u64, u16, bool, [u8; 256])> {
+        let mut v = Vec::new();
+        self.out.retain(|o| match o {
+            Output::SendSa { token, mad, .. } if mad[16..18] == [0x00, 0x03] => {
+                assert_eq!(mad[3], 0x02, "SET");
+                let qpn = u32::from_be_bytes([0, mad[84], mad[85], mad[86]]);
+                assert_eq!(qpn, 0x48, "reports go to the endpoint's QP");
+                v.push((
+                    *token,
+                    u16::from_be_bytes([mad[82], mad[83]]),
+                    mad[79] == 1,
+                    *mad,
+                ));
+                false
+            }
+            _ => true,
+        });
+        v
+    }
+    /// ReportResponses sent: (TID, notice).
+    fn acks(&mut self) -> Vec<(u64, Vec<u8>)> {
+        let mut v = Vec::new();
+        self.out.retain(|o| match o {
+            Output::SendSa { mad, .. } if mad[3] == 0x86 => {
+                let tid = u64::from_be_bytes(mad[8..16].try_into().unwrap());
+                v.push((tid, mad[56..136].to_vec()));
+                false
+            }
+            _ => true,
+        });
+        v
+    }
+    /// Resolves LID `lid` through one SA query answered with a path carrying its GID.
+    fn learn(&mut self, lid: u16, client: u64) {
+        self.request(client, Kind::Resolve, &path_msg(lid, 0, client));
+        let (tok, mad) = self.sa_sends()[0];
+        self.reply(tok, &mad, 0, Some(path_with_gid(lid)));
+        assert_eq!(self.answers().len(), 1);
+    }
+}
+
+fn report_setup() -> T {
+    // `setup` drains the subscriptions the endpoint sends when it opens; open a second time
+    // to see them. The first SETs were out (no reply yet): closing cancels them.
+    let mut t = setup(route_config(), Capacities::default());
+    t.r.close_endpoint(0, &t.cache, EP);
+    t.drain();
+    let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
+    assert_eq!(gone, vec![(64, false), (65, false)]);
+    t.out.clear();
+    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    t.drain();
+    t
+}
+
+#[test]
+fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cancel_on_close() {
+    let mut t = report_setup();
+    let subs = t.informs();
+    let traps: Vec<_> = subs.iter().map(|s| (s.1, s.2)).collect();
+    assert_eq!(traps, vec![(64, true), (65, true)]);
+    for (tok, _, _, mad) in &subs {
+        let mut m = *mad;
+        m[3] = 0x81;
+        t.r.handle_sa(1, &t.cache, *tok, 0, &m);
+    }
+    t.drain();
+    assert!(t.informs().is_empty());
+    t.r.reregister(5, &t.cache, EP, 0x0100 | CEP);
+    t.drain();
+    let again: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
+    assert_eq!(
+        again,
+        vec![(64, true), (65, true)],
+        "the new SM knows none of them"
+    );
+    t.r.close_endpoint(6, &t.cache, EP);
+    t.drain();
+    let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
+    assert_eq!(gone, vec![(64, false), (65, false)]);
+    // Without Reports configured (the core's SA service) nothing is subscribed.
+    let mut c = setup(
+        Config {
+            sa_reports: false,
+            ..route_config()
+        },
+        Capacities::default(),
+    );
+    c.r.reregister(1, &c.cache, EP, 0x0100 | CEP);
+    c.drain();
+    assert!(c.informs().is_empty());
+}
+
+#[test]
+fn a_refused_subscription_is_retried_with_backoff() {
+    let mut t = report_setup();
+    let subs = t.informs();
+    let (tok, _, _, mad) = subs[0];
+    let mut m = mad;
+    m[3] = 0x81;
+    m[4..6].copy_from_slice(&0x0100u16.to_be_bytes()); // SA: ERR_NO_RESOURCES
+    t.r.handle_sa(0, &t.cache, tok, 0, &m);
+    t.drain();
+    assert!(t.informs().is_empty());
+    assert_eq!(t.r.stats().report_malformed, 1, "a refusal is counted");
+    t.advance(999);
+    assert!(t.informs().is_empty());
+    t.advance(1);
+    let retry = t.informs();
+    assert_eq!(retry.len(), 1);
+    assert_eq!(retry[0].1, 64);
+}
+
+#[test]
+fn gid_out_of_service_removes_its_paths_and_is_acknowledged() {
+    let mut t = report_setup();
+    t.out.clear();
+    t.learn(6, 1);
+    t.learn(7, 2);
+    let k6 = PathKey::new(CEP, Dest::Lid(6));
+    let k7 = PathKey::new(CEP, Dest::Lid(7));
+    assert!(matches!(t.cache.lookup(&k6, 1), Lookup::Hit { .. }));
+    let rep = report(65, gid_of(6), 0x1234_5678_9abc);
+    t.r.handle_report(2, &t.cache, EP, &rep);
+    t.drain();
+    let acks = t.acks();
+    assert_eq!(acks.len(), 1, "every Report is acknowledged");
+    assert_eq!(acks[0].0, 0x1234_5678_9abc, "with its own TID");
+    assert_eq!(&acks[0].1[..], &rep[56..136], "and its notice");
+    assert_eq!(t.cache.lookup(&k6, 3), Lookup::Miss, "gone from the cache");
+    assert!(
+        matches!(t.cache.lookup(&k7, 3), Lookup::Hit { .. }),
+        "other paths stay"
+    );
+    assert_eq!(t.r.stats().reports, 1);
+    assert_eq!(t.r.stats().report_invalidated, 1);
+    // The next request asks the SA again.
+    t.request(3, Kind::Resolve, &path_msg(6, 0, 3));
+    assert_eq!(t.sa_sends().len(), 1);
+}
+
+#[test]
+fn a_report_for_an_unknown_gid_is_acknowledged_and_changes_nothing() {
+    let mut t = report_setup();
+    t.out.clear();
+    t.learn(6, 1);
+    t.out.clear();
+    t.r.handle_report(2, &t.cache, EP, &report(65, gid_of(99), 7));
+    t.drain();
+    assert_eq!(t.acks().len(), 1);
+    assert!(t.out.is_empty(), "no other output");
+    assert!(matches!(
+        t.cache.lookup(&PathKey::new(CEP, Dest::Lid(6)), 3),
+        Lookup::Hit { .. }
+    ));
+    assert_eq!(t.r.stats().report_invalidated, 0);
+}
+
+#[test]
+fn malformed_reports_are_dropped_and_counted() {
+    let mut t = report_setup();
+    t.out.clear();
+    let good = report(65, gid_of(6), 7);
+    let mut wrong_attr = good;
+    wrong_attr[16..18].copy_from_slice(&[0x00, 0x35]);
+    let mut wrong_class = good;
+    wrong_class[1] = 0x2c;
+    let mut wrong_method = good;
+    wrong_method[3] = 0x01;
+    for (i, m) in [
+        &wrong_attr[..],
+        &wrong_class[..],
+        &wrong_method[..],
+        &good[..40],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        t.r.handle_report(1, &t.cache, EP, m);
+        t.drain();
+        assert!(t.out.is_empty(), "case {i}: nothing sent");
+        assert_eq!(t.r.stats().report_malformed, i as u64 + 1);
+    }
+    // A Report on an endpoint that is not open: counted, not acknowledged from nowhere.
+    t.r.handle_report(1, &t.cache, EpId(9), &good);
+    t.drain();
+    assert!(t.out.is_empty());
+    assert_eq!(t.r.stats().report_malformed, 5);
+}
+
+#[test]
+fn gid_in_service_drops_negative_entries() {
+    let mut t = report_setup();
+    t.out.clear();
+    t.request(1, Kind::Resolve, &path_msg(8, 0, 1));
+    let (tok, mad) = t.sa_sends()[0];
+    t.reply(tok, &mad, 0x0300, None); // SA: ERR_NO_RECORDS
+    assert_eq!(t.answers()[0].1, ENODATA);
+    let k8 = PathKey::new(CEP, Dest::Lid(8));
+    assert!(matches!(t.cache.lookup(&k8, 1), Lookup::Negative { .. }));
+    t.r.handle_report(2, &t.cache, EP, &report(64, gid_of(8), 9));
+    t.drain();
+    assert_eq!(t.acks().len(), 1);
+    assert_eq!(
+        t.cache.lookup(&k8, 3),
+        Lookup::Miss,
+        "asked again next time"
+    );
+}
+
+#[test]
+fn busy_halves_the_sa_window_and_answers_grow_it_back() {
+    let mut t = setup(
+        Config {
+            sa_window: 8,
+            ..route_config()
+        },
+        Capacities::default(),
+    );
+    for lid in 10..30u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    let first = t.sa_sends();
+    assert_eq!(first.len(), 8, "the window");
+    // One BUSY: the window is 4 now, and grows by one per 4 answers (a window's worth).
+    t.reply(first[0].0, &first[0].1, 0x0001, None);
+    assert_eq!(t.r.stats().sa_busy, 1);
+    for (tok, mad) in &first[1..8] {
+        t.reply(*tok, mad, 0, Some(path_to(1)));
+    }
+    // 7 answers: the window is 5, one of them the BUSY query waiting out its backoff, so 4
+    // new queries went out where 7 would have without the BUSY.
+    assert_eq!(t.sa_sends().len(), 4);
+    // The backed-off query goes out again after its backoff and the window keeps growing.
+    t.advance(100);
+    assert_eq!(t.sa_sends().len(), 1);
 }

@@ -1089,6 +1089,31 @@ where
         n
     }
 
+    /// Fabric-change invalidation (an SA Report that `gids` left or entered service): removes
+    /// every path entry whose record's DGID is one of `gids` (their aliases and address
+    /// entries become misses with them) and, with `negatives`, every negative entry (a
+    /// destination that was unknown may be known now). O(capacity); batch the GIDs of a burst
+    /// of Reports into one call. Returns how many entries were removed.
+    pub fn remove_routes_to(&mut self, gids: &[[u8; 16]], negatives: bool) -> usize {
+        let c = self.cache;
+        let mut n = 0;
+        c.paths.for_each_occupied(|i, w| {
+            let negative = w[HDR] & 0xff != 0;
+            // DGID: bytes 8..24 of the record, i.e. its words 2..6 (stored as read from the
+            // wire, so compare bytes).
+            let mut dgid = [0u8; 16];
+            for (k, word) in w[PATH_REC + 2..PATH_REC + 6].iter().enumerate() {
+                dgid[k * 4..k * 4 + 4].copy_from_slice(&word.to_le_bytes());
+            }
+            if (negatives && negative) || (!negative && gids.contains(&dgid)) {
+                c.paths.remove_at(i);
+                n += 1;
+            }
+        });
+        add(&c.counters.write.removed, n);
+        n
+    }
+
     /// Removes everything (O(capacity)).
     pub fn clear(&mut self) {
         self.cache.paths.clear();

@@ -573,7 +573,7 @@ impl<S: Storage> Resolver<S> {
     /// Starts (or restarts) the join of group `g` of endpoint `slot`.
     pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
         let tid = self.next_tid();
-        let at = now.saturating_add(self.cfg.sa_deadline);
+        let at = now.saturating_add(self.sa_deadline_of(slot));
         let gs = &mut self.st.endpoints()[slot].groups[g];
         gs.state = GroupState::Send;
         gs.tid = tid;

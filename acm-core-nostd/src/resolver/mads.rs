@@ -11,6 +11,7 @@
 
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ADDRESS_LEN};
 use crate::wire::gid::Gid;
+use crate::wire::inform::{InformInfoRepr, NoticeRepr, INFORM_INFO_LEN, NOTICE_LEN};
 use crate::wire::mad::{Header, MadStatus, Method, MAD_LEN};
 use crate::wire::mcmember::{AcmMgid, McMemberMask, McMemberRepr, MCMEMBER_RECORD_LEN};
 use crate::wire::path_record::{acm_path_comp_mask, PathRecordRepr};
@@ -25,6 +26,10 @@ pub(crate) const TOKEN_ROUTE: u64 = 1;
 pub(crate) const TOKEN_JOIN: u64 = 2;
 /// Token kind of an MCMemberRecord DELETE (fire and forget).
 pub(crate) const TOKEN_LEAVE: u64 = 3;
+/// Token kind of an InformInfo SET that subscribes (index = endpoint slot × 2 + trap).
+pub(crate) const TOKEN_INFORM: u64 = 4;
+/// Token kind of fire-and-forget SA MADs: an unsubscribe, a ReportResponse.
+pub(crate) const TOKEN_NOTICE: u64 = 5;
 
 pub(crate) fn token(kind: u64, index: u32, tid: u32) -> u64 {
     (kind << 56) | (u64::from(index & 0x00ff_ffff) << 32) | u64::from(tid)
@@ -212,6 +217,52 @@ pub(crate) fn acm_request(
 pub(crate) fn acm_response(tid: u64, mgid: Gid) -> [u8; MAD_LEN] {
     let mut mad = [0u8; MAD_LEN];
     let _ = AcmResolveRepr::response(tid, mgid).emit(&mut AcmMad::new_unchecked(&mut mad[..]));
+    mad
+}
+
+/// An InformInfo SET (subscribe or unsubscribe) with `tid`.
+pub(crate) fn inform_set(tid: u32, rec: &InformInfoRepr) -> [u8; MAD_LEN] {
+    let mut mad = [0u8; MAD_LEN];
+    let mut p = SaPacket::new_unchecked(&mut mad[..]);
+    // No component mask: InformInfo is not a record with selectable components.
+    SaRepr::request(Method::Set, attr::INFORM_INFO, u64::from(tid), 0).emit(&mut p);
+    rec.emit(&mut p.data_mut()[..INFORM_INFO_LEN]);
+    mad
+}
+
+/// Whether a reply to an InformInfo SET accepted the subscription.
+pub(crate) fn inform_accepted(umad_status: u32, mad: &[u8; MAD_LEN]) -> bool {
+    if umad_status != 0 {
+        return false;
+    }
+    let Ok(repr) = SaRepr::parse(&SaPacket::new_unchecked(&mad[..])) else {
+        return false;
+    };
+    repr.header.status.is_success()
+        && repr.header.method == Method::GetResp
+        && repr.header.attr_id == attr::INFORM_INFO
+        && InformInfoRepr::parse_bytes(&mad[DATA_OFFSET..]).is_ok_and(|r| r.subscribe)
+}
+
+/// A REPORT(Notice) from the SA: its TID, the notice as parsed and as received. `None` for
+/// anything else (the caller counts it).
+pub(crate) fn parse_report(mad: &[u8; MAD_LEN]) -> Option<(u64, NoticeRepr, [u8; NOTICE_LEN])> {
+    let repr = SaRepr::parse(&SaPacket::new_unchecked(&mad[..])).ok()?;
+    if repr.header.method != Method::Report || repr.header.attr_id != attr::NOTICE {
+        return None;
+    }
+    let mut raw = [0u8; NOTICE_LEN];
+    raw.copy_from_slice(&mad[DATA_OFFSET..DATA_OFFSET + NOTICE_LEN]);
+    let n = NoticeRepr::parse_bytes(&raw).ok()?;
+    Some((repr.header.tid, n, raw))
+}
+
+/// The REPORTRESP acknowledging a Report with `tid` and `notice`.
+pub(crate) fn report_response(tid: u64, notice: &[u8; NOTICE_LEN]) -> [u8; MAD_LEN] {
+    let mut mad = [0u8; MAD_LEN];
+    let mut p = SaPacket::new_unchecked(&mut mad[..]);
+    SaRepr::request(Method::ReportResp, attr::NOTICE, tid, 0).emit(&mut p);
+    p.data_mut()[..NOTICE_LEN].copy_from_slice(notice);
     mad
 }
 

@@ -28,6 +28,7 @@
 //! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full tables).
 
 mod addr;
+mod inform;
 mod mads;
 mod output;
 pub mod request;
@@ -43,7 +44,7 @@ pub use storage::{
 };
 
 use crate::cache::{AddrSlot, PathCache, PathSlot};
-use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt};
+use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
 use crate::wire::rate::{Mtu, Rate};
@@ -328,6 +329,16 @@ pub struct Stats {
     pub timeouts: u64,
     /// Peer requests dropped because we share no multicast group with the requester.
     pub acm_no_group: u64,
+    /// SA BUSY answers (each halves the SA window, which grows back by one per answer).
+    pub sa_busy: u64,
+    /// SA Reports received (each acknowledged).
+    pub reports: u64,
+    /// SA MADs on the UD QP that are neither a known reply nor a valid Report, and
+    /// InformInfo replies that refused a subscription.
+    pub report_malformed: u64,
+    /// Cache entries removed because a Report said their destination left or entered
+    /// service.
+    pub report_invalidated: u64,
     /// Answers that found no request slot at all (only possible if the caller feeds more than
     /// `answer_reserve` requests without draining [`Resolver::poll_output`]; see its docs).
     pub lost: u64,
@@ -363,8 +374,15 @@ pub struct Config {
     pub sa_busy_retries: u32,
     /// First BUSY backoff, doubled per retry (`acmrs_sa_busy_backoff_ms`).
     pub sa_busy_backoff: Millis,
-    /// An SA query with no reply after this long is answered ETIMEDOUT.
+    /// An SA query with no reply after this long is answered ETIMEDOUT (plus `sa_tries` ×
+    /// the port's subnet timeout).
     pub sa_deadline: Millis,
+    /// Tries of one SA MAD by the caller's transport, when each try also waits the port's
+    /// subnet timeout (the `ud` transport); 0 when the transport's budget is fixed (the core).
+    pub sa_tries: u32,
+    /// Subscribe to SA Reports (traps 64/65) on every endpoint with a UD QP and invalidate
+    /// what they name (the `ud` transport: Reports arrive on the endpoint's QP).
+    pub sa_reports: bool,
     /// `min_mtu` as `enum ibv_mtu` (base group).
     pub min_mtu: u8,
     /// `min_rate` as `enum ibv_rate` (base group).
@@ -384,6 +402,7 @@ impl Config {
             // The core's whole budget for one MAD (timeout × tries) plus a margin.
             u64::from(o.timeout) * (u64::from(o.retries) + 1) + 1000
         };
+        let ud = o.acmrs_sa_transport == SaTransport::Ud;
         let min_mtu = Mtu::from_bytes(u32::from(o.min_mtu)).unwrap_or(Mtu::Mtu2048);
         let min_rate = Rate::from_gbps(u32::from(o.min_rate)).unwrap_or(Rate::Gbps10);
         Config {
@@ -398,10 +417,14 @@ impl Config {
             // ibacmp's `resolve_depth` (its multicast credits) is honoured as a floor: a site
             // that raised it keeps at least that many queries in flight.
             acm_window: o.acmrs_acm_window.max(o.resolve_depth).max(1),
-            sa_window: o.sa_depth.saturating_mul(8).clamp(8, 256),
+            // Over the core's service only `sa_depth` are sent at once: the rest wait here,
+            // with a deadline, not in the core's queue, which has none.
+            sa_window: if ud { o.acmrs_sa_window } else { o.sa_depth }.max(1),
             sa_busy_retries: o.acmrs_sa_retries,
             sa_busy_backoff: u64::from(o.acmrs_sa_busy_backoff_ms),
             sa_deadline,
+            sa_tries: if ud { o.retries.saturating_add(1) } else { 0 },
+            sa_reports: ud,
             min_mtu: min_mtu.into(),
             min_rate: min_rate.into(),
             queue_deadline: sa_deadline.saturating_mul(u64::from(o.retries) + 1),
@@ -475,6 +498,12 @@ pub struct Resolver<S: Storage> {
     removals: List,
     /// Jobs holding an SA window slot (Send, Sent, Busy, Zombie).
     window: u32,
+    /// The SA window now: `sa_window`, halved per BUSY, +1 per answer.
+    sa_cap: u32,
+    /// Answers since `sa_cap` last grew.
+    sa_acks: u32,
+    /// Distinct ports among the open endpoints (the window is per port).
+    ports: u32,
     /// Jobs not free.
     jobs_active: u32,
     /// Address entries Queued or Querying.
@@ -526,6 +555,9 @@ impl<S: Storage> Resolver<S> {
             acm_send: List::EMPTY,
             removals: List::EMPTY,
             window: 0,
+            sa_cap: config.sa_window.max(1),
+            sa_acks: 0,
+            ports: 0,
             jobs_active: 0,
             acm_active: 0,
             waiting: 0,
@@ -592,8 +624,9 @@ impl<S: Storage> Resolver<S> {
             want_groups && self.cfg.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
         {
             let e = &mut self.st.endpoints()[slot];
-            let (groups, attached, force, counts, record) = (
+            let (groups, informs, attached, force, counts, record) = (
                 e.groups,
+                e.informs,
                 e.attached,
                 e.force_detach,
                 e.counts,
@@ -608,6 +641,9 @@ impl<S: Storage> Resolver<S> {
             for (g, old) in e.groups.iter_mut().zip(groups) {
                 g.leave = old.leave;
                 g.leave_record = old.leave_record;
+            }
+            for (n, old) in e.informs.iter_mut().zip(informs) {
+                n.leave = old.leave;
             }
             e.open = true;
             e.acm = want_groups;
@@ -636,6 +672,8 @@ impl<S: Storage> Resolver<S> {
         if second {
             self.start_join(now, slot, 1);
         }
+        self.subscribe_all(now, slot);
+        self.ports = self.count_ports();
         self.mark_dirty(slot);
         Ok(())
     }
@@ -653,6 +691,7 @@ impl<S: Storage> Resolver<S> {
             return;
         };
         self.drop_endpoint_work(now, cache, slot, ENODATA, true);
+        self.unsubscribe_all(slot);
         for i in 0..self.st.addrs().len() as u32 {
             let a = self.st.addrs()[i as usize];
             if a.state != AddrState::Free && usize::from(a.ep) == slot {
@@ -675,6 +714,7 @@ impl<S: Storage> Resolver<S> {
                 g.state = GroupState::Off;
             }
             e.open = false;
+            e.ack = false;
             e.queue = List::EMPTY;
             e.inflight = List::EMPTY;
             e.locals = List::EMPTY;
@@ -684,6 +724,7 @@ impl<S: Storage> Resolver<S> {
             w.invalidate_ep(u16::from(ep.0));
         }
         self.ep_map[usize::from(ep.0)] = 0;
+        self.ports = self.count_ports();
         self.mark_dirty(slot);
         self.pump(now, cache);
     }
@@ -879,6 +920,8 @@ impl<S: Storage> Resolver<S> {
                 self.start_join(now, slot, g);
             }
         }
+        // A new SM (or the same one after a reregister) holds no subscription of ours.
+        self.subscribe_all(now, slot);
         self.mark_dirty(slot);
         self.pump(now, cache);
     }
@@ -958,7 +1001,8 @@ impl<S: Storage> Resolver<S> {
         match kind {
             mads::TOKEN_ROUTE => self.route_reply(now, cache, index, tid, umad_status, &mad),
             mads::TOKEN_JOIN => self.join_reply(now, index, tid, umad_status, &mad),
-            mads::TOKEN_LEAVE => {}
+            mads::TOKEN_INFORM => self.inform_reply(now, index, tid, umad_status, &mad),
+            mads::TOKEN_LEAVE | mads::TOKEN_NOTICE => {}
             _ => self.stats.sa_unknown += 1,
         }
         self.pump(now, cache);
@@ -1063,6 +1107,31 @@ impl<S: Storage> Resolver<S> {
             lid: e.lid,
             pkey: e.pkey,
         }
+    }
+
+    /// How long an SA MAD of endpoint `slot` may take: the configured deadline plus, when
+    /// the transport's tries each wait the port's subnet timeout, that many subnet timeouts.
+    pub(crate) fn sa_deadline_of(&mut self, slot: usize) -> Millis {
+        let st = self
+            .st
+            .endpoints()
+            .get(slot)
+            .map_or(0, |e| e.subnet_timeout);
+        self.cfg
+            .sa_deadline
+            .saturating_add(st.saturating_mul(u64::from(self.cfg.sa_tries)))
+    }
+
+    /// Distinct port GIDs among the open endpoints (at least 1).
+    fn count_ports(&mut self) -> u32 {
+        let eps = self.st.endpoints();
+        let mut n = 0u32;
+        for (i, e) in eps.iter().enumerate() {
+            if e.open && !eps[..i].iter().any(|o| o.open && o.port_gid == e.port_gid) {
+                n += 1;
+            }
+        }
+        n.max(1)
     }
 
     pub(crate) fn next_tid(&mut self) -> u32 {
@@ -1410,8 +1479,9 @@ mod tests {
         assert_eq!((c.acm_timeout, c.acm_retries, c.acm_window), (2000, 2, 16));
         assert_eq!(
             (c.sa_window, c.sa_deadline, c.queue_deadline),
-            (8, 7000, 21_000)
+            (16, 7000, 21_000)
         );
+        assert_eq!((c.sa_tries, c.sa_reports), (3, true));
         assert_eq!((c.min_mtu, c.min_rate), (4, 3), "2048 bytes, 10 Gb/s");
         assert_eq!(
             (c.sa_busy_retries, c.sa_busy_backoff, c.negative_ttl),
@@ -1431,8 +1501,20 @@ mod tests {
         assert!(!c.addr_acm && c.route_acm && !c.loopback_local);
         assert_eq!(
             (c.sa_deadline, c.queue_deadline, c.sa_window),
-            (1500, 3000, 256)
+            (1500, 3000, 16)
         );
+        // Over the core's service the window is the core's credits, and no Reports come.
+        let (core_o, _) = ProviderOptions::load(
+            b"acmrs_sa_transport core\nsa_depth 4\nacmrs_sa_window 99\n",
+            |e| panic!("{e:?}"),
+        );
+        let core = Config::from_options(&core_o);
+        assert_eq!(
+            (core.sa_window, core.sa_tries, core.sa_reports),
+            (4, 0, false)
+        );
+        let (w, _) = ProviderOptions::load(b"acmrs_sa_window 99\n", |e| panic!("{e:?}"));
+        assert_eq!(Config::from_options(&w).sa_window, 99);
         assert_eq!((c.min_mtu, c.min_rate, c.acm_window), (5, 7, 3));
         assert_eq!((c.route_ttl, c.addr_ttl), (Some(120_000), None));
         // ibacmp's resolve_depth is a floor of the window.

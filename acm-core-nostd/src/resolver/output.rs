@@ -119,6 +119,9 @@ impl<S: Storage> Resolver<S> {
                 });
             }
         }
+        if let Some(o) = self.inform_output(slot) {
+            return Some(o);
+        }
         if let (false, Some(rec)) = (e.attached, want) {
             let s = &mut self.st.endpoints()[slot];
             s.attached = true;

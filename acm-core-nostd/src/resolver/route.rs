@@ -104,11 +104,28 @@ impl<S: Storage> Resolver<S> {
         }
     }
 
+    /// Room in the SA window: `sa_cap` (the configured window, shrunk by BUSY) per port,
+    /// never more than the storage's in-flight capacity, never less than 1.
     fn window_free(&self) -> bool {
+        let per_port = self.sa_cap as usize;
         (self.window as usize)
-            < (self.cfg.sa_window as usize)
+            < per_port
+                .saturating_mul(self.ports.max(1) as usize)
                 .min(self.st.sa_inflight())
                 .max(1)
+    }
+
+    /// An SA answer (record or failure) arrived: after a window's worth of answers the window
+    /// grows by one (additive increase; BUSY halves it).
+    fn sa_answered(&mut self) {
+        if self.sa_cap >= self.cfg.sa_window {
+            return;
+        }
+        self.sa_acks += 1;
+        if self.sa_acks >= self.sa_cap {
+            self.sa_acks = 0;
+            self.sa_cap += 1;
+        }
     }
 
     /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
@@ -159,7 +176,8 @@ impl<S: Storage> Resolver<S> {
     fn send_job(&mut self, now: Millis, j: u32) {
         self.unlist_job(j);
         let tid = self.next_tid();
-        let at = now.saturating_add(self.cfg.sa_deadline);
+        let slot = usize::from(self.st.jobs()[j as usize].ep);
+        let at = now.saturating_add(self.sa_deadline_of(slot));
         let ep = {
             let job = &mut self.st.jobs()[j as usize];
             job.state = JobState::Send;
@@ -437,7 +455,11 @@ impl<S: Storage> Resolver<S> {
             return;
         }
         let key = job.key.key(job.cache_ep);
-        match mads::classify_path_reply(umad_status, mad) {
+        let outcome = mads::classify_path_reply(umad_status, mad);
+        if umad_status == 0 && outcome != SaOutcome::Busy {
+            self.sa_answered();
+        }
+        match outcome {
             SaOutcome::Record(rec) => {
                 let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
                 if let (Some(k), false) = (key, job.query) {
@@ -465,6 +487,11 @@ impl<S: Storage> Resolver<S> {
                 self.finish_job(now, cache, j, s, None, qr, false);
             }
             SaOutcome::Busy => {
+                // The SA is overloaded: halve what we keep in flight (the jobs already out
+                // stay out; new ones wait for the window).
+                self.stats.sa_busy += 1;
+                self.sa_cap = (self.sa_cap / 2).max(1);
+                self.sa_acks = 0;
                 if job.busy_tries >= self.cfg.sa_busy_retries {
                     self.stats.timeouts += 1;
                     self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
@@ -592,6 +619,7 @@ impl<S: Storage> Resolver<S> {
                     _ => {}
                 }
             }
+            self.inform_timers(now, slot);
             self.acm_timers(now, cache, slot);
         }
     }
@@ -623,6 +651,11 @@ impl<S: Storage> Resolver<S> {
                 // A join not polled yet (Send) has no timer running.
                 if matches!(g.state, GroupState::Joining | GroupState::Retry) {
                     at(g.timer);
+                }
+            }
+            for n in &e.informs {
+                if matches!(n.state, GroupState::Joining | GroupState::Retry) {
+                    at(n.timer);
                 }
             }
         }

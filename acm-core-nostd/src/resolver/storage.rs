@@ -409,6 +409,28 @@ impl GroupSlot {
     };
 }
 
+/// One SA event subscription (InformInfo) of an endpoint; its states are those of a join
+/// (`Send` → `Joining` (SET out) → `Joined` (subscribed) or `Retry`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InformSlot {
+    pub(crate) state: GroupState,
+    /// An unsubscribe (SET with Subscribe 0) wants sending.
+    pub(crate) leave: bool,
+    pub(crate) tries: u32,
+    pub(crate) tid: u32,
+    pub(crate) timer: Millis,
+}
+
+impl InformSlot {
+    pub(crate) const EMPTY: InformSlot = InformSlot {
+        state: GroupState::Off,
+        leave: false,
+        tries: 0,
+        tid: 0,
+        timer: 0,
+    };
+}
+
 /// One endpoint (port, partition) the resolver serves.
 #[derive(Clone, Copy, Debug)]
 pub struct EpSlot {
@@ -428,6 +450,12 @@ pub struct EpSlot {
     pub(crate) subnet_timeout: Millis,
     pub(crate) counts: [u32; 7],
     pub(crate) groups: [GroupSlot; 2],
+    /// Subscriptions to traps 64 and 65 (with `Config::sa_reports`).
+    pub(crate) informs: [InformSlot; 2],
+    /// A ReportResponse wants sending: the Report's TID and notice.
+    pub(crate) ack: bool,
+    pub(crate) ack_tid: u64,
+    pub(crate) ack_notice: [u8; 80],
     pub(crate) attached_record: [u8; 56],
     pub(crate) queue: List,
     pub(crate) inflight: List,
@@ -453,6 +481,10 @@ impl EpSlot {
         subnet_timeout: 0,
         counts: [0; 7],
         groups: [GroupSlot::EMPTY; 2],
+        informs: [InformSlot::EMPTY; 2],
+        ack: false,
+        ack_tid: 0,
+        ack_notice: [0; 80],
         attached_record: [0; 56],
         queue: List::EMPTY,
         inflight: List::EMPTY,

@@ -123,6 +123,16 @@ pub enum RouteProt {
     Acm,
 }
 
+/// `acmrs_sa_transport`: how SA MADs (PathRecord queries, group joins, InformInfo) travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaTransport {
+    /// The dataplane's own UD QP sends to the SM's QP1 with the GSI Q_Key and the SA answers
+    /// that QP: `acmrs_sa_window` queries in flight, and SA Reports (fabric changes) arrive.
+    Ud,
+    /// The core's SA service (`acm_send_sa_mad`): `sa_depth` in flight, no Reports.
+    Core,
+}
+
 /// ibacmp's `loopback_prot`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoopbackProt {
@@ -255,6 +265,13 @@ pub struct ProviderOptions {
     /// `acmrs_acm_window` (default 16; 1..=65536): ACM multicast address queries in flight per
     /// endpoint at once (ibacmp: `resolve_depth`, 1); the rest wait FIFO.
     pub acmrs_acm_window: u32,
+    /// `acmrs_sa_transport` (default `ud`; `ud` | `core`): see [`SaTransport`]. An endpoint
+    /// without a UD QP uses the core's service whatever this says.
+    pub acmrs_sa_transport: SaTransport,
+    /// `acmrs_sa_window` (default 16; 1..=4096): SA queries in flight per port over the
+    /// `ud` transport (halved on every BUSY, grown by one per answer); with `core`,
+    /// `sa_depth` is the window.
+    pub acmrs_sa_window: u32,
     /// `acmrs_prom_file` (default none = off): Prometheus textfile the stats exporter
     /// rewrites atomically every `acmrs_prom_interval_s` (`none` turns it off).
     pub acmrs_prom_file: Option<PathString>,
@@ -307,6 +324,8 @@ impl Default for ProviderOptions {
             acmrs_cpu: -1,
             acmrs_log_level: None,
             acmrs_acm_window: 16,
+            acmrs_sa_transport: SaTransport::Ud,
+            acmrs_sa_window: 16,
             acmrs_prom_file: None,
             acmrs_prom_interval_s: 10,
             acmrs_hit_sample: 16,
@@ -460,6 +479,9 @@ impl ProviderOptions {
             "acmrs_log_level" => acmrs_log_level =
                 |v| int(v, -1, 4).map(|l| u8::try_from(l).ok());
             "acmrs_acm_window" => acmrs_acm_window = |v| uint(v, 1, 65536);
+            "acmrs_sa_transport" => acmrs_sa_transport =
+                |v| keyword(v, &[("ud", SaTransport::Ud), ("core", SaTransport::Core)]);
+            "acmrs_sa_window" => acmrs_sa_window = |v| uint(v, 1, 4096);
             "acmrs_prom_file" => acmrs_prom_file = |v| optional_path(v, PATH_MAX);
             "acmrs_prom_interval_s" => acmrs_prom_interval_s = |v| uint(v, 1, 86400);
             "acmrs_hit_sample" => acmrs_hit_sample = |v| uint(v, 1, 65536).map(u32::next_power_of_two);
@@ -707,6 +729,16 @@ mod tests {
     fn acm_window_and_addr_prot_none() {
         let d = ProviderOptions::default();
         assert_eq!((d.acmrs_acm_window, d.addr_prot), (16, AddrProt::Acm));
+        assert_eq!(
+            (d.acmrs_sa_transport, d.acmrs_sa_window),
+            (SaTransport::Ud, 16)
+        );
+        let (o2, _, e2) = load("acmrs_sa_transport core\nacmrs_sa_window 64\n");
+        assert!(e2.is_empty());
+        assert_eq!(
+            (o2.acmrs_sa_transport, o2.acmrs_sa_window),
+            (SaTransport::Core, 64)
+        );
         let (o, _, e) = load("acmrs_acm_window 4\naddr_prot none\n");
         assert!(e.is_empty(), "{e:?}");
         assert_eq!((o.acmrs_acm_window, o.addr_prot), (4, AddrProt::None));

@@ -20,6 +20,7 @@
 //! | [`acm_mad`] | ibacm's class 0x2C resolve MAD (`struct acm_mad` + `acm_resolve_rec`) | 256 B |
 //! | [`client`] | ibacm client protocol (`struct acm_msg`, `acm_hdr`, `acm_ep_addr_data`), response builders, PERF_QUERY | ≤ 592 B |
 //! | [`rate`] | `ibv_rate` / `ibv_mtu` tables, link width × speed → rate (HDR, NDR, XDR aware) | |
+//! | [`inform`] | SA InformInfo (event subscription) and Notice (what a Report carries) | 36 / 80 B |
 //! | [`gid`] | 16-byte GID with subnet prefix / interface id | 16 B |
 //!
 //! Byte order: all IB formats are big-endian (network order). The ibacm client protocol is the
@@ -44,6 +45,7 @@ use core::fmt;
 pub mod acm_mad;
 pub mod client;
 pub mod gid;
+pub mod inform;
 pub mod mad;
 pub mod mcmember;
 pub mod path_record;

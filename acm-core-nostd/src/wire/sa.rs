@@ -28,6 +28,10 @@ pub mod attr {
     pub const CLASS_PORT_INFO: u16 = 0x0001;
     /// NodeRecord.
     pub const NODE_RECORD: u16 = 0x0011;
+    /// InformInfo (event subscription).
+    pub const INFORM_INFO: u16 = 0x0003;
+    /// Notice (what a Report carries).
+    pub const NOTICE: u16 = 0x0002;
     /// PortInfoRecord.
     pub const PORT_INFO_RECORD: u16 = 0x0012;
     /// ServiceRecord.

@@ -1,0 +1,228 @@
+//! Fabric-change invalidation: SA event subscriptions (InformInfo SET for traps 64 and 65 on
+//! every endpoint with a UD QP, when [`Config::sa_reports`](super::Config::sa_reports)) and
+//! the Reports they bring.
+//!
+//! * A subscription is sent when the endpoint opens and again after every reregister (an SM
+//!   change or failover: the new SM knows nothing of the old one's subscriptions). A refused or
+//!   unanswered SET is retried with the join backoff (1 s doubling, at most 30 s).
+//! * A Report is acknowledged (REPORTRESP with its TID and notice, whatever it says), then:
+//!   trap 65 (GID out of service) removes every cached path to that GID and forgets the
+//!   address mappings learned for it; trap 64 (GID in service) removes paths to it and every
+//!   negative entry (a destination the SA did not know may be known now). A Report for a GID
+//!   nobody cached changes nothing. Anything else on class 3 that is not a reply is counted
+//!   in [`Stats::report_malformed`](super::Stats::report_malformed) and dropped.
+//! * Closing the endpoint unsubscribes (SET with Subscribe 0, fire and forget).
+
+use super::mads::{self, TOKEN_INFORM, TOKEN_NOTICE};
+use super::storage::{AddrState, GroupState, Origin};
+use super::{EpId, Millis, Output, Resolver, Storage};
+use crate::cache::{AddrSlot, PathCache, PathSlot};
+use crate::wire::inform::{InformInfoRepr, TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE};
+use core::ops::Deref;
+
+/// The traps every endpoint subscribes to, in `EpSlot::informs` order.
+pub(crate) const TRAPS: [u16; 2] = [TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE];
+
+impl<S: Storage> Resolver<S> {
+    /// (Re)starts subscription `i` of endpoint `slot`.
+    pub(crate) fn start_subscribe(&mut self, now: Millis, slot: usize, i: usize) {
+        let tid = self.next_tid();
+        let at = now.saturating_add(self.sa_deadline_of(slot));
+        let s = &mut self.st.endpoints()[slot].informs[i];
+        s.state = GroupState::Send;
+        s.tid = tid;
+        s.timer = at;
+        self.mark_dirty(slot);
+        self.arm(at);
+    }
+
+    /// Starts both subscriptions of `slot` if the configuration and the endpoint allow.
+    pub(crate) fn subscribe_all(&mut self, now: Millis, slot: usize) {
+        let e = self.st.endpoints()[slot];
+        if !self.cfg.sa_reports || !e.open || e.qpn == 0 {
+            return;
+        }
+        for i in 0..TRAPS.len() {
+            self.st.endpoints()[slot].informs[i].tries = 0;
+            self.start_subscribe(now, slot, i);
+        }
+    }
+
+    /// Marks the subscriptions of a closing endpoint for an unsubscribe.
+    pub(crate) fn unsubscribe_all(&mut self, slot: usize) {
+        for s in self.st.endpoints()[slot].informs.iter_mut() {
+            if matches!(s.state, GroupState::Joining | GroupState::Joined) {
+                s.leave = true;
+            }
+            s.state = GroupState::Off;
+        }
+    }
+
+    /// A reply to subscription SET `index` (slot × 2 + trap).
+    pub(crate) fn inform_reply(
+        &mut self,
+        now: Millis,
+        index: u32,
+        tid: u32,
+        umad_status: u32,
+        mad: &[u8; 256],
+    ) {
+        let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
+        let ok = self.st.endpoints().get(slot).is_some_and(|e| {
+            e.open && e.informs[i].state == GroupState::Joining && e.informs[i].tid == tid
+        });
+        if !ok {
+            self.stats.sa_unknown += 1;
+            return;
+        }
+        if mads::inform_accepted(umad_status, mad) {
+            let s = &mut self.st.endpoints()[slot].informs[i];
+            s.state = GroupState::Joined;
+            s.tries = 0;
+        } else {
+            if umad_status == 0 {
+                self.stats.report_malformed += 1;
+            }
+            self.inform_failed(now, slot, i);
+        }
+    }
+
+    /// Subscription `i` of `slot` failed or timed out: retry later.
+    pub(crate) fn inform_failed(&mut self, now: Millis, slot: usize, i: usize) {
+        let s = &mut self.st.endpoints()[slot].informs[i];
+        let wait = (1000u64 << s.tries.min(5)).min(30_000);
+        s.tries = s.tries.saturating_add(1);
+        s.state = GroupState::Retry;
+        s.timer = now.saturating_add(wait);
+        self.arm(now.saturating_add(wait));
+    }
+
+    /// Subscription timers of `slot` (from `run_timers`).
+    pub(crate) fn inform_timers(&mut self, now: Millis, slot: usize) {
+        for i in 0..TRAPS.len() {
+            let s = self.st.endpoints()[slot].informs[i];
+            if s.timer > now {
+                continue;
+            }
+            match s.state {
+                GroupState::Joining => self.inform_failed(now, slot, i),
+                GroupState::Retry => self.start_subscribe(now, slot, i),
+                _ => {}
+            }
+        }
+    }
+
+    /// The subscription outputs of `slot`, in order: unsubscribes, subscribes, the ack.
+    pub(crate) fn inform_output(&mut self, slot: usize) -> Option<Output> {
+        let e = self.st.endpoints()[slot];
+        let id = EpId(e.id);
+        for (i, trap) in TRAPS.iter().enumerate() {
+            if e.informs[i].leave {
+                self.st.endpoints()[slot].informs[i].leave = false;
+                let tid = self.next_tid();
+                let rec = InformInfoRepr::generic(*trap, e.qpn, false);
+                return Some(Output::SendSa {
+                    ep: id,
+                    token: mads::token(TOKEN_NOTICE, slot as u32, tid),
+                    mad: mads::inform_set(tid, &rec),
+                });
+            }
+        }
+        for (i, trap) in TRAPS.iter().enumerate() {
+            let s = e.informs[i];
+            if e.open && s.state == GroupState::Send {
+                self.st.endpoints()[slot].informs[i].state = GroupState::Joining;
+                let rec = InformInfoRepr::generic(*trap, e.qpn, true);
+                return Some(Output::SendSa {
+                    ep: id,
+                    token: mads::token(TOKEN_INFORM, (slot * 2 + i) as u32, s.tid),
+                    mad: mads::inform_set(s.tid, &rec),
+                });
+            }
+        }
+        if e.ack {
+            self.st.endpoints()[slot].ack = false;
+            return Some(Output::SendSa {
+                ep: id,
+                token: mads::token(TOKEN_NOTICE, slot as u32, e.ack_tid as u32),
+                mad: mads::report_response(e.ack_tid, &e.ack_notice),
+            });
+        }
+        None
+    }
+
+    /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a
+    /// Report is acknowledged and applied; anything else is counted and dropped.
+    pub fn handle_report<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        ep: EpId,
+        mad: &[u8],
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let whole = mad.len() >= crate::wire::sa::DATA_OFFSET + crate::wire::inform::NOTICE_LEN;
+        let mad = mads::full_mad(mad);
+        let report = whole.then(|| mads::parse_report(&mad)).flatten();
+        let (Some(slot), Some((tid, notice, raw))) = (self.ep_slot(ep), report) else {
+            self.stats.report_malformed += 1;
+            return;
+        };
+        self.stats.reports += 1;
+        {
+            let e = &mut self.st.endpoints()[slot];
+            e.ack = true;
+            e.ack_tid = tid;
+            e.ack_notice = raw;
+        }
+        self.mark_dirty(slot);
+        if let Some(gid) = notice.subject_gid() {
+            match notice.trap {
+                TRAP_GID_OUT_OF_SERVICE => self.invalidate_gid(cache, &gid, false, true),
+                TRAP_GID_IN_SERVICE => self.invalidate_gid(cache, &gid, true, false),
+                _ => {}
+            }
+        }
+        self.pump(now, cache);
+    }
+
+    /// Removes cached paths to `gid` (and, with `negatives`, every negative entry); with
+    /// `forget`, the address mappings learned for `gid` too (they are asked again).
+    fn invalidate_gid<P, A>(
+        &mut self,
+        cache: &PathCache<P, A>,
+        gid: &[u8; 16],
+        negatives: bool,
+        forget: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        if let Some(mut w) = cache.writer() {
+            let n = w.remove_routes_to(core::slice::from_ref(gid), negatives);
+            self.stats.report_invalidated += n as u64;
+        }
+        if !forget {
+            return;
+        }
+        for i in 0..self.st.addrs().len() as u32 {
+            let a = self.st.addrs()[i as usize];
+            if a.state == AddrState::Resolved
+                && a.origin == Origin::Learned
+                && a.gid == *gid
+                && a.job == 0
+                && !a.send_resp
+            {
+                if let Some(k) = super::addr::addr_key(&a) {
+                    if let Some(mut w) = cache.writer() {
+                        w.remove_addr(&k);
+                    }
+                }
+                self.free_addr(i);
+                self.stats.report_invalidated += 1;
+            }
+        }
+    }
+}
