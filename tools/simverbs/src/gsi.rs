@@ -11,6 +11,7 @@
 //! ([`crate::qp`]'s `deliver`).
 //!
 //! Wire facts (ibsim 0.10, `include/ibsim.h`, `umad2sim/sim_client.c`, `ibsim/ibsim.c`):
+//! every abstract name ends in a NUL byte (`make_name` counts the terminator);
 //! control datagrams are `struct sim_ctl` (80 bytes, host order) on `@<sock>:ctl`, answered to
 //! the sender's bound address; data datagrams are `struct sim_request` (288 bytes: DLID and
 //! SLID as `htons` values in 32-bit fields, QPNs `htonl`, status `htonl`, length `htobe64`,
@@ -52,8 +53,12 @@ fn sock_base() -> String {
     crate::control::fabric_name()
 }
 
+/// ibsim's abstract addresses include the C string's terminating NUL (`make_name` counts it):
+/// `@sim:ctl` is really the 8 bytes `sim:ctl\0` after the leading NUL.
 fn abstract_addr(name: &str) -> std::io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(name.as_bytes())
+    let mut b = name.as_bytes().to_vec();
+    b.push(0);
+    SocketAddr::from_abstract_name(&b)
 }
 
 /// Encodes a `struct sim_ctl`.

@@ -84,6 +84,9 @@ impl Fabric {
         if let Some(p) = &conf {
             builder = builder.opensm_args(["-P".to_string(), p.display().to_string()]);
         }
+        if let Ok(v) = std::env::var("SVT_OPENSM_DEBUG") {
+            builder = builder.opensm_args(["-D".to_string(), v]);
+        }
         let inner = builder
             .start()
             .unwrap_or_else(|e| panic!("fabric bring-up failed: {e}"));
