@@ -120,9 +120,7 @@ fn wait_report(a: &mut Agent, trap: u16, within: Duration, others: &mut Vec<Wc>)
     let t = Instant::now();
     while t.elapsed() < within {
         let left = within.saturating_sub(t.elapsed()).as_millis().max(1) as u32;
-        let Some(wc) = wait_mad(a, left) else {
-            return None;
-        };
+        let wc = wait_mad(a, left)?;
         a.cmd("recv 1");
         if wc.mad[3] == 0x06 && be16(&wc.mad, 16) == 0x0002 && be16(&wc.mad, 56 + 4) == trap {
             return Some(wc);
