@@ -133,7 +133,8 @@ fn wait_report(a: &mut Agent, trap: u16, within: Duration, others: &mut Vec<Wc>)
 #[test]
 fn sa_path_record_get_through_the_gsi_bridge() {
     let f = Fabric::start("gsi-pr");
-    let mut a = f.agent("Hca3");
+    let pcap = f.dir.join("gsi.pcap");
+    let mut a = f.agent_env("Hca3", &[("SIMVERBS_PCAP", pcap.to_str().expect("utf-8"))]);
     let (lid, qpn, _) = a.init(GSI_QKEY, 64);
     assert_eq!(a.cmd("recv 8"), "ok");
     let sm = sm_lid(&mut a);
@@ -173,6 +174,35 @@ fn sa_path_record_get_through_the_gsi_bridge() {
     assert_eq!(counter(&c, "gsi_received"), 2, "{c}");
     assert_eq!(counter(&c, "gsi_clients"), 1, "{c}");
     assert_eq!(a.quit(), Some(0), "clean destroy (bridge disconnected)");
+
+    // SIMVERBS_PCAP holds both directions: our two Gets to QP1, the SA's two GetResps from
+    // QP1 (ERF 16 + LRH 8 + BTH 12, then DETH: Q_Key, SrcQP; the MAD after it).
+    let b = std::fs::read(&pcap).expect("pcap written");
+    let mut frames = Vec::new();
+    let mut o = 24;
+    while o + 16 <= b.len() {
+        let len = u32::from_le_bytes([b[o + 8], b[o + 9], b[o + 10], b[o + 11]]) as usize;
+        frames.push(b[o + 16..o + 16 + len].to_vec());
+        o += 16 + len;
+    }
+    let summary: Vec<(u32, u32, u8)> = frames
+        .iter()
+        .map(|fr| {
+            let dest_qp = u32::from_be_bytes([0, fr[16 + 8 + 5], fr[16 + 8 + 6], fr[16 + 8 + 7]]);
+            let src_qp = u32::from_be_bytes([0, fr[16 + 20 + 5], fr[16 + 20 + 6], fr[16 + 20 + 7]]);
+            (dest_qp, src_qp, fr[16 + 28 + 3])
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (1, qpn, 0x01),
+            (qpn, 1, 0x81),
+            (1, qpn, 0x01),
+            (qpn, 1, 0x81)
+        ],
+        "(DestQP, SrcQP, method) of each captured frame"
+    );
 }
 
 #[test]

@@ -174,7 +174,15 @@ impl Fabric {
 
     /// Starts a verbs agent (tests/c/svagent.c) on `host`.
     pub fn agent(&self, host: &str) -> Agent {
+        self.agent_env(host, &[])
+    }
+
+    /// [`Fabric::agent`] with extra environment variables.
+    pub fn agent_env(&self, host: &str, env: &[(&str, &str)]) -> Agent {
         let mut c = self.command(svagent(), host, true);
+        for (k, v) in env {
+            c.env(k, v);
+        }
         c.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
