@@ -12,6 +12,9 @@
 //!   `delay_ms` as milliseconds), same meaning as the `SIMVERBS_*` environment variables.
 //! * `get`: reply `ok loss=.. dup=.. reorder=.. delay_ms=..`.
 //! * `ping`: reply `ok pong <pid>`.
+//! * `counters <qpn>`: reply `ok qpn=<qpn> <name>=<value> ...`, the receive-drop and GSI
+//!   bridge counters of that QP (see `qp::QpCounters`), plus `gsi_clients=<n>`, the ibsim
+//!   clients this process's GSI bridges hold.
 
 use crate::device::{for_each_context, EventElement, SimDevice};
 use rdma_sys::ibv_event_type;
@@ -129,6 +132,19 @@ pub fn handle(cmd: &str) -> String {
             Err(e) => format!("err {e}"),
         },
         ["get"] => format!("ok {}", crate::transport::knobs()),
+        ["counters", qpn] => {
+            let n = match qpn.strip_prefix("0x") {
+                Some(h) => u32::from_str_radix(h, 16),
+                None => qpn.parse::<u32>(),
+            };
+            let Ok(n) = n else {
+                return format!("err bad qpn '{qpn}'");
+            };
+            match crate::qp::describe_counters(n) {
+                Some(c) => format!("ok qpn={n} {c} gsi_clients={}", crate::gsi::live_bridges()),
+                None => format!("err no QP {n}"),
+            }
+        }
         _ => format!("err unknown command '{cmd}'"),
     }
 }
@@ -146,6 +162,8 @@ mod tests {
         assert!(handle("event port_err x").starts_with("err bad port"));
         assert!(handle("set loss banana").starts_with("err"));
         assert!(handle("").starts_with("err unknown command"));
+        assert!(handle("counters x").starts_with("err bad qpn"));
+        assert!(handle("counters 0x12").starts_with("err no QP"));
         assert_eq!(
             event_by_name("sm_change"),
             Some(ibv_event_type::IBV_EVENT_SM_CHANGE)

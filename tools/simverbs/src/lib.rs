@@ -12,6 +12,7 @@
 //!   channels, UD queue pairs, address handles and multicast.
 //! * [`transport`]: the datagram transport between processes (abstract unix sockets keyed by
 //!   fabric, LID and QPN; multicast membership files) and the loss/delay knobs.
+//! * [`gsi`]: the GSI bridge, UD sends to remote QPN 1 and their answers through ibsim.
 //! * [`capture`]: `SIMVERBS_PCAP`, every sent datagram as an InfiniBand frame in a pcap file.
 //!
 //! Every exported function runs its body inside `guard`, so no panic crosses the C ABI.
@@ -34,6 +35,7 @@ pub mod capture;
 pub mod control;
 pub mod cq;
 pub mod device;
+pub mod gsi;
 #[cfg(test)]
 mod layout;
 pub mod mem;

@@ -60,6 +60,51 @@ pub struct QpCounters {
     pub not_member: AtomicU64,
     /// Datagrams dropped because this QP's port is not ACTIVE (link down).
     pub port_down: AtomicU64,
+    /// GSI bridge: MADs handed to ibsim for a remote QP1.
+    pub gsi_sent: AtomicU64,
+    /// GSI bridge: sends to QP1 with an effective Q_Key other than 0x80010000 (the remote GSI
+    /// drops them).
+    pub gsi_qkey_drops: AtomicU64,
+    /// GSI bridge: sends to QP1 whose length is not 256 (the remote GSI drops them).
+    pub gsi_bad_length: AtomicU64,
+    /// GSI bridge: sends lost before ibsim (no ibsim client, ibsim's socket full, loss knob).
+    pub gsi_lost: AtomicU64,
+    /// GSI bridge: our MADs ibsim returned as undeliverable (no route, nobody on that QP1).
+    pub gsi_undelivered: AtomicU64,
+    /// GSI bridge: MADs ibsim delivered to this QP (before the receive checks).
+    pub gsi_received: AtomicU64,
+}
+
+impl QpCounters {
+    /// `name=value` pairs of every counter (the control socket's `counters` reply).
+    pub fn describe(&self) -> String {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "qkey_violations={} pkey_violations={} no_recv_wr={} not_ready={} not_member={} \
+             port_down={} gsi_sent={} gsi_qkey_drops={} gsi_bad_length={} gsi_lost={} \
+             gsi_undelivered={} gsi_received={}",
+            c(&self.qkey_violations),
+            c(&self.pkey_violations),
+            c(&self.no_recv_wr),
+            c(&self.not_ready),
+            c(&self.not_member),
+            c(&self.port_down),
+            c(&self.gsi_sent),
+            c(&self.gsi_qkey_drops),
+            c(&self.gsi_bad_length),
+            c(&self.gsi_lost),
+            c(&self.gsi_undelivered),
+            c(&self.gsi_received),
+        )
+    }
+}
+
+/// A QP's GSI bridge (see [`crate::gsi`]), connected at its first send to QPN 1.
+#[derive(Default)]
+struct GsiState {
+    bridge: Option<Arc<crate::gsi::Bridge>>,
+    /// When connecting last failed (retried at most once a second).
+    failed_at: Option<std::time::Instant>,
 }
 
 /// A QP's shared state (the receiver thread holds an `Arc`).
@@ -84,6 +129,9 @@ pub struct QpInner {
     stop: AtomicBool,
     qp_ptr: AtomicUsize,
     pub counters: QpCounters,
+    gsi: Mutex<GsiState>,
+    /// Back reference for the GSI bridge's reader thread.
+    me: std::sync::Weak<QpInner>,
 }
 
 /// Our `ibv_qp`.
@@ -186,7 +234,7 @@ impl QpInner {
     }
 
     /// Receive-side processing of one datagram (runs in the receiver thread).
-    fn deliver(&self, d: &Datagram) {
+    pub(crate) fn deliver(&self, d: &Datagram) {
         let Ok(a) = self.attrs.lock().map(|a| *a) else {
             return;
         };
@@ -408,6 +456,95 @@ impl QpInner {
     }
 }
 
+impl QpInner {
+    /// A unicast UD send to remote QPN 1: through the GSI bridge to that LID's QP1. The send
+    /// always completes with success, as on a fabric; what the remote GSI would drop (not one
+    /// 256-byte MAD, Q_Key not the GSI's) goes nowhere and is counted.
+    fn gsi_send(&self, d: &Datagram) {
+        if d.payload.len() != crate::gsi::MAD_SIZE {
+            self.counters.gsi_bad_length.fetch_add(1, Ordering::Relaxed);
+            crate::debug(format_args!(
+                "QP {:#x}: {}-byte datagram to QP1 dropped (a GSI takes 256-byte MADs)",
+                self.qpn,
+                d.payload.len()
+            ));
+            return;
+        }
+        if d.qkey != crate::gsi::GSI_QKEY {
+            self.counters.gsi_qkey_drops.fetch_add(1, Ordering::Relaxed);
+            crate::debug(format_args!(
+                "QP {:#x}: Q_Key {:#x} to QP1 dropped (the GSI takes {:#x})",
+                self.qpn,
+                d.qkey,
+                crate::gsi::GSI_QKEY
+            ));
+            return;
+        }
+        let Some(b) = self.gsi_bridge() else {
+            self.counters.gsi_lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if transport::lost_by_knob() || !b.send(d.dlid, d.slid, self.qpn, &d.payload) {
+            self.counters.gsi_lost.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.counters.gsi_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The QP's bridge, connecting it on first use (a failed connect is retried at most once
+    /// a second, logged each time).
+    fn gsi_bridge(&self) -> Option<Arc<crate::gsi::Bridge>> {
+        let mut g = self.gsi.lock().ok()?;
+        if let Some(b) = &g.bridge {
+            return Some(b.clone());
+        }
+        if g.failed_at
+            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
+        {
+            return None;
+        }
+        let b = match crate::gsi::Bridge::connect(self.qpn) {
+            Ok(b) => b,
+            Err(e) => {
+                crate::log(format_args!(
+                    "QP {:#x}: no GSI bridge, MAD to QP1 lost: {e}",
+                    self.qpn
+                ));
+                g.failed_at = Some(std::time::Instant::now());
+                return None;
+            }
+        };
+        if let Err(e) = b.start(self.me.clone()) {
+            crate::log(format_args!("QP {:#x}: GSI reader thread: {e}", self.qpn));
+            b.close();
+            g.failed_at = Some(std::time::Instant::now());
+            return None;
+        }
+        g.bridge = Some(b.clone());
+        Some(b)
+    }
+}
+
+/// Counters of QP `qpn` in any open context, as `name=value` pairs.
+pub fn describe_counters(qpn: u32) -> Option<String> {
+    let mut out = None;
+    crate::device::for_each_context(|c| {
+        if out.is_some() {
+            return;
+        }
+        if let Ok(v) = c.qps.lock() {
+            if let Some(q) = v
+                .iter()
+                .filter_map(std::sync::Weak::upgrade)
+                .find(|q| q.qpn == qpn)
+            {
+                out = Some(q.counters.describe());
+            }
+        }
+    });
+    out
+}
+
 /// Moves every QP of a context to `new_lid` (called by the port monitor on a LID change).
 pub fn rebind_qps(ctx: &ContextState, new_lid: u16) {
     let qps: Vec<Arc<QpInner>> = match ctx.qps.lock() {
@@ -482,7 +619,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             set_errno(libc::EIO);
             return std::ptr::null_mut();
         }
-        let inner = Arc::new(QpInner {
+        let inner = Arc::new_cyclic(|me| QpInner {
             qpn,
             lid: AtomicU16::new(lid),
             pd: pd as usize,
@@ -505,6 +642,8 @@ pub unsafe extern "C" fn ibv_create_qp(
             stop: AtomicBool::new(false),
             qp_ptr: AtomicUsize::new(0),
             counters: QpCounters::default(),
+            gsi: Mutex::new(GsiState::default()),
+            me: me.clone(),
         });
         // SAFETY: ibv_qp is plain old data (zeroed pthread objects are valid initialisers).
         let mut q: ibv_qp = unsafe { std::mem::zeroed() };
@@ -564,6 +703,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let h = q.rx.lock().ok().and_then(|mut h| h.take());
         if let Some(h) = h {
             let _ = h.join();
+        }
+        let bridge = inner.gsi.lock().ok().and_then(|mut g| g.bridge.take());
+        if let Some(b) = bridge {
+            b.close();
         }
         if let Ok(mut m) = inner.mcast.lock() {
             for (g, _) in m.drain(..) {
@@ -825,6 +968,10 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
         payload,
     };
     crate::capture::record(&d);
+    if d.dst_qpn == 1 && d.dlid != 0 && d.dlid < 0xc000 {
+        inner.gsi_send(&d);
+        return Ok(ibv_wc_status::IBV_WC_SUCCESS);
+    }
     let bytes = d.emit();
     if d.dst_qpn == MCAST_QPN {
         let members = transport::mcast_members(d.grh.then_some(&d.dgid), d.dlid);

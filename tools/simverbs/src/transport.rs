@@ -473,6 +473,13 @@ fn schedule(name: &str, bytes: Vec<u8>, after: std::time::Duration) {
     }
 }
 
+/// One draw of the loss knob: `true` if the datagram is to be lost (used by the GSI bridge,
+/// which applies only this knob).
+pub fn lost_by_knob() -> bool {
+    let k = knobs();
+    k.loss > 0.0 && random_unit() < k.loss
+}
+
 /// How long a datagram picked for reordering is held back.
 const REORDER_HOLD: std::time::Duration = std::time::Duration::from_millis(100);
 

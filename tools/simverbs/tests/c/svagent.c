@@ -13,10 +13,16 @@
  *   sendbad <dlid> <dqpn> <qkey>    send whose SGE reaches past the MR       -> ok status=<n>
  *   flood <dlid> <dqpn> <qkey> <n>  n signalled 64-byte sends, each completed -> ok status=<n>
  *   msend <mlid> <mgid-hex> <qkey> <text>    send to a multicast group (GRH) -> ok status=<n>
+ *   madsend <dlid> <dqpn> <qkey> <hex>       send the bytes given in hex (e.g. a 256-byte MAD to
+ *                                   QP1 through simverbs' GSI bridge), SL 0 -> ok status=<n>
  *   attach|detach <mgid-hex> <mlid> -> ok | err <errno>
  *   wait <ms>                       next receive completion through the channel
  *                                   -> wc status=.. len=.. src_qp=.. slid=.. grh=.. imm=..
  *                                      sgid=.. dgid=.. data=<text>   | timeout
+ *   waitmad <ms>                    like wait, but prints the payload as mad=<hex of byte_len-40
+ *                                   bytes> and grh_area=<1 if the 40-byte GRH area still holds
+ *                                   the 0x5a fill `recv` put there, else 0>
+ *   qkey <qkey>                     ibv_modify_qp(IBV_QP_QKEY) in RTS      -> ok | err <rc>
  *   async <ms>                      next async event -> async <type> <port|cq> | timeout
  *   port                            ibv_query_port now -> ok <lid> <sm_lid> <state>
  *   quit
@@ -191,6 +197,24 @@ static int send_to(struct ibv_ah_attr *aa, uint32_t dqpn, uint32_t qkey, char *d
 	return wc.status;
 }
 
+static void print_wc_mad(struct ibv_wc *wc)
+{
+	uint8_t *slot = (uint8_t *)(uintptr_t)wc->wr_id;
+	int untouched = 1;
+	for (int i = 0; i < 40; i++)
+		untouched &= slot[i] == 0x5a;
+	int dlen = wc->status == IBV_WC_SUCCESS && wc->byte_len >= 40 ? (int)wc->byte_len - 40 : 0;
+	static char h[2 * 2048 + 1];
+	if (dlen > 2048)
+		dlen = 2048;
+	hex(slot + 40, dlen, h);
+	h[2 * dlen] = 0;
+	printf("wc status=%d len=%u qp=%u src_qp=%u slid=%u sl=%u pkey_index=%u path_bits=%u grh=%d "
+	       "grh_area=%d mad=%s\n",
+	       wc->status, wc->byte_len, wc->qp_num, wc->src_qp, wc->slid, wc->sl, wc->pkey_index,
+	       wc->dlid_path_bits, !!(wc->wc_flags & IBV_WC_GRH), untouched, h);
+}
+
 static void print_wc(struct ibv_wc *wc)
 {
 	char *slot = (char *)(uintptr_t)wc->wr_id;
@@ -208,14 +232,14 @@ static void print_wc(struct ibv_wc *wc)
 	       (wc->wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc->imm_data) : 0, sg, dg, dlen, slot + 40);
 }
 
-static void do_wait(int ms)
+static void do_wait(int ms, void (*print)(struct ibv_wc *))
 {
 	struct ibv_wc wc;
 	/* Garbage first: every field printed must have been written by poll_cq. */
 	memset(&wc, 0xa5, sizeof(wc));
 	for (;;) {
 		if (ibv_poll_cq(rcq, 1, &wc) == 1) {
-			print_wc(&wc);
+			print(&wc);
 			return;
 		}
 		if (ibv_req_notify_cq(rcq, 0)) {
@@ -224,7 +248,7 @@ static void do_wait(int ms)
 		}
 		/* A completion may have landed between the poll and the arm. */
 		if (ibv_poll_cq(rcq, 1, &wc) == 1) {
-			print_wc(&wc);
+			print(&wc);
 			return;
 		}
 		struct pollfd p = { .fd = ch->fd, .events = POLLIN };
@@ -279,6 +303,7 @@ int main(void)
 		} else if (!strcmp(cmd, "recv")) {
 			int k = atoi(a1), rc = 0;
 			for (int i = 0; i < k && !rc; i++) {
+				memset(buf + (size_t)next_slot * SLOT, 0x5a, 40);
 				rc = post_recv(buf + (size_t)next_slot * SLOT, SLOT);
 				next_slot = (next_slot + 1) % (BUF_SIZE / SLOT - 1);
 			}
@@ -330,7 +355,23 @@ int main(void)
 							: ibv_detach_mcast(qp, &g, strtoul(a2, NULL, 0));
 			printf(rc ? "err %d\n" : "ok\n", rc);
 		} else if (!strcmp(cmd, "wait")) {
-			do_wait(atoi(a1));
+			do_wait(atoi(a1), print_wc);
+		} else if (!strcmp(cmd, "qkey")) {
+			struct ibv_qp_attr qa = { .qkey = strtoul(a1, NULL, 0) };
+			int rc = ibv_modify_qp(qp, &qa, IBV_QP_QKEY);
+			printf(rc ? "err %d\n" : "ok\n", rc);
+		} else if (!strcmp(cmd, "waitmad")) {
+			do_wait(atoi(a1), print_wc_mad);
+		} else if (!strcmp(cmd, "madsend")) {
+			struct ibv_ah_attr aa = { .dlid = strtoul(a1, NULL, 0), .port_num = 1 };
+			char *data = buf + BUF_SIZE - 4096;
+			int len = strlen(a4) / 2;
+			if (len > 2048 || unhex(a4, (uint8_t *)data, len)) {
+				printf("err hex\n");
+				continue;
+			}
+			int st = send_to(&aa, strtoul(a2, NULL, 0), strtoul(a3, NULL, 0), data, len, 0, 0);
+			printf("ok status=%d\n", st);
 		} else if (!strcmp(cmd, "port")) {
 			struct ibv_port_attr pa;
 			if (ibv_query_port(ctx, 1, &pa))

@@ -84,6 +84,9 @@ impl Fabric {
         if let Some(p) = &conf {
             builder = builder.opensm_args(["-P".to_string(), p.display().to_string()]);
         }
+        if let Ok(v) = std::env::var("SVT_OPENSM_DEBUG") {
+            builder = builder.opensm_args(["-D".to_string(), v]);
+        }
         let inner = builder
             .start()
             .unwrap_or_else(|e| panic!("fabric bring-up failed: {e}"));
@@ -171,7 +174,15 @@ impl Fabric {
 
     /// Starts a verbs agent (tests/c/svagent.c) on `host`.
     pub fn agent(&self, host: &str) -> Agent {
+        self.agent_env(host, &[])
+    }
+
+    /// [`Fabric::agent`] with extra environment variables.
+    pub fn agent_env(&self, host: &str, env: &[(&str, &str)]) -> Agent {
         let mut c = self.command(svagent(), host, true);
+        for (k, v) in env {
+            c.env(k, v);
+        }
         c.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
