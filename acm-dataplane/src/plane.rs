@@ -14,6 +14,7 @@
 //!
 //! So the same loop runs over the core's SA service and verbs, and over in-memory fakes.
 
+use crate::sa::{Expired, SaChannel, SmAddr, TIMED_OUT};
 use crate::stats::{Clock, Latency, MissClass, MissStamp, Pending};
 use crate::worker::{PollOutcome, Poller, Waker};
 use acm_core_nostd::cache::{AddrSlot, PathCache, PathSlot};
@@ -56,6 +57,11 @@ pub trait Ud: Send {
     /// What the QP dropped or repaired so far (logged by the loop as it changes).
     fn health(&self) -> UdHealth {
         UdHealth::default()
+    }
+    /// Where the port's SA is now (`None`: unknown; the endpoint's SA MADs then go through
+    /// the core's service).
+    fn sm_addr(&mut self) -> Option<SmAddr> {
+        None
     }
 }
 
@@ -302,6 +308,8 @@ struct EpRecord {
     locals: Vec<(u8, [u8; 64])>,
     routes: Vec<[u8; 64]>,
     addrs: Arc<Vec<HostAddr>>,
+    /// Where the port's SA is, as last read from the port (`ud` SA transport).
+    sm: Option<SmAddr>,
 }
 
 /// The loop (see the module docs).
@@ -333,7 +341,16 @@ pub struct Plane<I: CoreIo> {
     dead: bool,
     done: bool,
     stats: Option<LoopStats>,
+    /// SA MADs go out on the endpoints' UD QPs (`acmrs_sa_transport ud`).
+    sa_ud: bool,
+    /// The `ud` transport's outstanding SA requests.
+    sa: SaChannel,
+    /// When the endpoints' SM addresses are read again.
+    next_sm_check: Millis,
 }
+
+/// How often the loop re-reads each port's SM LID (the core forwards no SM_CHANGE event).
+pub const SM_CHECK_MS: Millis = 1000;
 
 /// The loop's latency bookkeeping ([`Plane::with_stats`]).
 struct LoopStats {
@@ -394,6 +411,9 @@ impl<I: CoreIo> Plane<I> {
             dead: false,
             done: false,
             stats: None,
+            sa_ud: false,
+            sa: SaChannel::new(0),
+            next_sm_check: 0,
         })
     }
 
@@ -407,6 +427,15 @@ impl<I: CoreIo> Plane<I> {
             misses: Pending::new(capacity),
             sa: Pending::new(capacity),
         });
+        self
+    }
+
+    /// Sends SA MADs from each endpoint's UD QP to its port's SM (the `ud` transport) with
+    /// room for `capacity` outstanding requests; endpoints without a QP or without a known SM
+    /// still use the core's service.
+    pub fn with_ud_sa(mut self, capacity: usize) -> Self {
+        self.sa_ud = true;
+        self.sa = SaChannel::new(capacity);
         self
     }
 
@@ -476,20 +505,26 @@ impl<I: CoreIo> Plane<I> {
                 routes,
                 addrs,
             } => {
-                let rec = EpRecord {
+                let mut rec = EpRecord {
                     cache_ep,
                     cfg,
                     ud,
                     locals: Vec::new(),
                     routes,
                     addrs,
+                    sm: None,
                 };
+                if self.sa_ud {
+                    rec.sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
+                }
                 self.open_in_resolver(ep, &rec, now);
                 self.eps[usize::from(ep.0)] = Some(rec);
             }
             Control::Close(ep) => {
                 self.resolver.close_endpoint(now, &self.cache, ep);
                 self.drain_outputs(now);
+                // The resolver forgot the endpoint's queries: their replies match nothing.
+                self.sa.drop_endpoint(ep, |_, _| {});
                 // Dropping the UD QP detaches and frees its verbs objects.
                 self.eps[usize::from(ep.0)] = None;
             }
@@ -548,6 +583,7 @@ impl<I: CoreIo> Plane<I> {
                 if let Some(mut w) = self.cache.writer() {
                     w.clear();
                 }
+                self.sa = SaChannel::new(0);
                 self.done = true;
             }
         }
@@ -576,6 +612,128 @@ impl<I: CoreIo> Plane<I> {
         if !rec.routes.is_empty() && self.io.log_enabled(1) {
             let n = rec.routes.len();
             self.io.log(1, &format!("{n} preloaded routes inserted"));
+        }
+    }
+
+    /// The SM address endpoint `ep`'s SA MADs go to over its UD QP, `None` when they go
+    /// through the core (transport `core`, no QP, no SM known).
+    fn ud_sa_route(&self, ep: EpId) -> Option<SmAddr> {
+        if !self.sa_ud {
+            return None;
+        }
+        let rec = self.eps.get(usize::from(ep.0))?.as_ref()?;
+        rec.ud.as_ref()?;
+        rec.sm
+    }
+
+    /// Sends an SA MAD on `ep`'s UD QP to `sm` (tracked for re-sends unless it is a response).
+    /// False when it cannot be tracked (table full); a failed post is retried like a loss.
+    fn send_sa_ud(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        sm: SmAddr,
+        token: u64,
+        mad: &[u8; 256],
+    ) -> bool {
+        let Some(rec) = self.eps[usize::from(ep.0)].as_mut() else {
+            return false;
+        };
+        let per_try = self
+            .resolver
+            .config()
+            .acm_timeout
+            .saturating_add(rec.cfg.subnet_timeout_ms);
+        let tries = self.resolver.config().sa_tries.max(1);
+        let Some(wire) = self.sa.start(now, ep, token, mad, per_try, tries) else {
+            self.io
+                .log(0, "ERROR - SA request table full: query failed");
+            return false;
+        };
+        if let Some(ud) = rec.ud.as_mut() {
+            if let Err(e) = ud.send(&sm.dest(), &wire) {
+                if self.io.log_enabled(1) {
+                    self.io.log(1, &format!("SA send failed (retried): {e}"));
+                }
+            }
+        }
+        true
+    }
+
+    /// A class 3 MAD received on `ep`'s QP: a reply completes its request, anything else is
+    /// offered to the resolver as a Report.
+    fn sa_receive(&mut self, now: Millis, ep: EpId, mad: &[u8; 256]) {
+        if mad[3] & acm_core_nostd::wire::mad::METHOD_RESP == 0 {
+            self.resolver.handle_report(now, &self.cache, ep, mad);
+            return;
+        }
+        let Some(token) = self.sa.reply(mad) else {
+            // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
+            self.resolver.handle_sa(now, &self.cache, 0, 0, mad);
+            return;
+        };
+        if let Some(s) = self.stats.as_mut() {
+            if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
+                (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
+            }
+        }
+        self.resolver.handle_sa(now, &self.cache, token, 0, mad);
+    }
+
+    /// Re-sends or fails the `ud` transport's SA requests whose try ran out, and re-reads the
+    /// ports' SM addresses when due (a new SM LID drops what was learned from the old fabric
+    /// state and subscribes again, as a client reregister does).
+    fn sa_timers(&mut self, now: Millis) {
+        if self.sa.next_deadline().is_some_and(|t| t <= now) {
+            let mut due = Vec::new();
+            self.sa.expire(now, |e| due.push(e));
+            for e in due {
+                match e {
+                    Expired::Resend { ep, mad } => {
+                        let sm = self.ud_sa_route(ep);
+                        let rec = self.eps[usize::from(ep.0)].as_mut();
+                        if let (Some(sm), Some(ud)) = (sm, rec.and_then(|r| r.ud.as_mut())) {
+                            let _ = ud.send(&sm.dest(), &mad);
+                        }
+                    }
+                    Expired::Failed { token, mad } => {
+                        self.resolver
+                            .handle_sa(now, &self.cache, token, TIMED_OUT, &mad);
+                        self.drain_outputs(now);
+                    }
+                }
+            }
+        }
+        if !self.sa_ud || now < self.next_sm_check {
+            return;
+        }
+        self.next_sm_check = now.saturating_add(SM_CHECK_MS);
+        for i in 0..self.eps.len() {
+            let Some(rec) = self.eps[i].as_mut() else {
+                continue;
+            };
+            let Some(ud) = rec.ud.as_mut() else {
+                continue;
+            };
+            let sm = ud.sm_addr();
+            if sm.is_none() || sm == rec.sm {
+                continue;
+            }
+            let old = rec.sm.replace(sm.expect("checked"));
+            let cache_ep = rec.cache_ep;
+            if let Some(old) = old {
+                self.io.log(
+                    0,
+                    &format!(
+                        "SM LID changed {} -> {}: learned paths dropped, subscriptions renewed",
+                        old.lid,
+                        sm.map_or(0, |s| s.lid)
+                    ),
+                );
+                self.resolver
+                    .reregister(now, &self.cache, EpId(i as u8), cache_ep);
+                self.drain_outputs(now);
+            }
         }
     }
 
@@ -611,7 +769,11 @@ impl<I: CoreIo> Plane<I> {
             match o {
                 Output::SendSa { ep, token, mad } => {
                     let at = self.stats.as_ref().map(|s| s.clock.now());
-                    if !self.io.send_sa(ep, token, &mad) {
+                    let sent = match self.ud_sa_route(ep) {
+                        Some(sm) => self.send_sa_ud(now, ep, sm, token, &mad),
+                        None => self.io.send_sa(ep, token, &mad),
+                    };
+                    if !sent {
                         self.resolver.handle_sa(now, &self.cache, token, 1, &[]);
                     } else if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
                         LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
@@ -767,6 +929,11 @@ impl<I: CoreIo> Plane<I> {
                 l.acm_no_group,
             ),
             ("answer with no free slot lost", s.lost, l.lost),
+            (
+                "SA MAD neither a reply nor a valid Report dropped, or subscription refused",
+                s.report_malformed,
+                l.report_malformed,
+            ),
         ] {
             if now > before {
                 self.io.log(
@@ -888,8 +1055,12 @@ impl<I: CoreIo> Poller for Plane<I> {
             ud.poll(&mut |m, b| rx.push((*m, *b)));
             for (m, b) in &rx {
                 did = true;
-                self.resolver
-                    .handle_acm(now, &self.cache, EpId(i as u8), m, &b[..]);
+                if b[1] == 0x03 {
+                    self.sa_receive(now, EpId(i as u8), b);
+                } else {
+                    self.resolver
+                        .handle_acm(now, &self.cache, EpId(i as u8), m, &b[..]);
+                }
                 self.drain_outputs(now);
             }
             self.rx = rx;
@@ -899,13 +1070,20 @@ impl<I: CoreIo> Poller for Plane<I> {
             self.resolver.handle_timeout(now, &self.cache);
             self.drain_outputs(now);
         }
+        self.sa_timers(now);
         self.log_drops(now);
+        let sm_check = self.sa_ud.then_some(self.next_sm_check);
+        let next = [
+            self.resolver.poll_timeout(),
+            self.sa.next_deadline(),
+            sm_check,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         PollOutcome {
             did_work: did,
-            next_deadline: self
-                .resolver
-                .poll_timeout()
-                .map(|at| self.epoch + std::time::Duration::from_millis(at)),
+            next_deadline: next.map(|at| self.epoch + std::time::Duration::from_millis(at)),
         }
     }
 
@@ -944,6 +1122,9 @@ impl<I: CoreIo> Poller for Plane<I> {
             s.misses.clear();
             s.sa.clear();
         }
+        // The old resolver's tokens mean nothing to the new one.
+        let cap = self.sa.capacity();
+        self.sa = SaChannel::new(cap);
         let fresh =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.make_resolver)()))
                 .ok()
@@ -1015,6 +1196,10 @@ impl Ud for crate::verbs::UdEndpoint {
 
     fn ack_events(&mut self) {
         while self.ack_event() {}
+    }
+
+    fn sm_addr(&mut self) -> Option<SmAddr> {
+        crate::verbs::UdEndpoint::sm_addr(self).map(|(lid, sl)| SmAddr { lid, sl })
     }
 
     fn health(&self) -> UdHealth {

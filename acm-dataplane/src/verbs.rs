@@ -686,6 +686,25 @@ impl UdEndpoint {
         self.qpn
     }
 
+    /// The port's SM LID and SL as the port says now (`ibv_query_port`): where the `ud` SA
+    /// transport sends. `None` if the query fails or the port knows no SM (LID 0).
+    pub fn sm_addr(&self) -> Option<(u16, u8)> {
+        // SAFETY: the PD is alive while the endpoint is; its context is the core's open one.
+        let ctx = unsafe { (*self.pd).context };
+        // SAFETY: ibv_port_attr is plain old data (integers).
+        let mut attr: rdma_sys::ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the exported ibv_query_port fills at most a `struct _compat_ibv_port_attr`,
+        // which is the prefix of the `ibv_port_attr` we pass.
+        let rc = unsafe {
+            rdma_sys::ibv_query_port(
+                ctx,
+                self.cfg.port_num,
+                &mut attr as *mut rdma_sys::ibv_port_attr as *mut rdma_sys::_compat_ibv_port_attr,
+            )
+        };
+        (rc == 0 && attr.sm_lid != 0).then_some((attr.sm_lid, attr.sm_sl))
+    }
+
     /// The configuration the endpoint was opened with.
     pub fn config(&self) -> &UdConfig {
         &self.cfg

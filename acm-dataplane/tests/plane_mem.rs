@@ -154,6 +154,16 @@ impl CoreIo for FakeCore {
     }
 }
 
+/// The resolver's defaults with the SA behind the core's service, as these loops have it (no
+/// `with_ud_sa`): no Report subscriptions.
+fn core_sa_config() -> Config {
+    let (o, _) =
+        acm_core_nostd::text::opts::ProviderOptions::load(b"acmrs_sa_transport core\n", |e| {
+            panic!("{e:?}")
+        });
+    Config::from_options(&o)
+}
+
 struct Node {
     plane: Plane<FakeCore>,
     inbox: Arc<Inbox>,
@@ -222,7 +232,7 @@ fn node_with(me: usize, wire: &Wire, refuse_sa: bool, resolvers: usize) -> Node 
         let n = left.load(std::sync::atomic::Ordering::Relaxed);
         left.store(n.saturating_sub(1), std::sync::atomic::Ordering::Relaxed);
         (n > 0)
-            .then(|| Resolver::new(Config::default(), HeapStorage::new(caps), 7).ok())
+            .then(|| Resolver::new(core_sa_config(), HeapStorage::new(caps), 7).ok())
             .flatten()
     });
     let plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch()).unwrap();
@@ -504,25 +514,35 @@ fn garbage_from_the_wire_is_dropped_counted_and_logged() {
     bad[1] = 0x2c;
     bad[2] = 9;
     bad[3] = 1;
+    // One of the SA class that is a reply (R bit) to nothing we sent, and one that is not a
+    // reply, so must be a valid Report, and is not.
     let mut other = [0xa5u8; 256];
     other[1] = 0x03;
-    for m in [bad, other] {
+    let mut not_report = [0u8; 256];
+    not_report[..4].copy_from_slice(&[1, 3, 2, 0x06]);
+    not_report[16..18].copy_from_slice(&[0x00, 0x35]);
+    for m in [bad, other, not_report] {
         wire.lock().unwrap().push_back((0, meta, m));
     }
-    run(&mut nodes, |n| {
+    let logged = |n: &[Node], what: &str| {
         n[0].log
             .lock()
             .unwrap()
             .logs
             .iter()
-            .any(|l| l.contains("malformed ACM MAD dropped: 2 (total 2)"))
-    });
+            .any(|l| l.contains(what))
+    };
+    let all = |n: &[Node]| {
+        logged(n, "malformed ACM MAD dropped: 1 (total 1)")
+            && logged(n, "unknown SA reply ignored: 1 (total 1)")
+            && logged(
+                n,
+                "nor a valid Report dropped, or subscription refused: 1 (total 1)",
+            )
+    };
+    run(&mut nodes, all);
     let logs = nodes[0].log.lock().unwrap().logs.clone();
-    assert!(
-        logs.iter()
-            .any(|l| l.contains("malformed ACM MAD dropped: 2 (total 2)")),
-        "{logs:?}"
-    );
+    assert!(all(&nodes), "{logs:?}");
     assert!(
         answers(&nodes[0]).is_empty(),
         "nothing answered for garbage"

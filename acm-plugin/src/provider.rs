@@ -19,7 +19,7 @@ use acm_core_nostd::resolver::request::{classify, respond, Target};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, HeapStorage, Kind, Resolver, Via, MSG_LEN,
 };
-use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload};
+use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
@@ -156,6 +156,13 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         tracked,
         crate::instance::latency_sink(inst.clone()),
     );
+    let plane = if inst.opts.acmrs_sa_transport == SaTransport::Ud {
+        // Room for every query the resolver may have out, plus each endpoint's two joins, two
+        // subscriptions and their cancellations.
+        plane.with_ud_sa(caps.sa_inflight + 8 * caps.endpoints)
+    } else {
+        plane
+    };
     let spin = match inst.opts.poll_mode() {
         // Never blocks (run to completion on the core it is given).
         PollMode::Busy => Duration::MAX,
@@ -402,7 +409,11 @@ unsafe extern "C" fn close_port(port_context: *mut c_void) {
 /// requests through the SA only) or when the options need no ACM traffic.
 fn open_ud(inst: &Instance, port: &PortInfo, pkey: u16) -> Option<(Box<dyn Ud>, u32)> {
     use acm_core_nostd::text::opts::{AddrProt, RouteProt};
-    if inst.opts.addr_prot == AddrProt::None && inst.opts.route_prot != RouteProt::Acm {
+    // The QP carries the ACM protocol, the `ud` SA transport, or both.
+    if inst.opts.addr_prot == AddrProt::None
+        && inst.opts.route_prot != RouteProt::Acm
+        && inst.opts.acmrs_sa_transport != SaTransport::Ud
+    {
         return None;
     }
     // SAFETY: the core's port and device live for the whole process.
