@@ -55,7 +55,7 @@ const USAGE: &str = "usage: miss [--quick] [--topology fattree:L,S,H] [--bursts 
      [--reps R] [--opt name=value].. [--log-level 0..3] [--settle MS] [--seed N] [--host-net] \
      [--out DIR]\n\
      defaults: fattree:16,4,16, bursts 1,10,100,all (all = every LID but the daemon's own: 275), \
-     5 reps; --quick: fattree:4,2,8, bursts 1,10,all (37), 2 reps";
+     10 reps; --quick: fattree:4,2,8, bursts 1,10,all (37), 2 reps";
 
 /// `Route Query Count` in the PERF_QUERY counters (`ACM_CNTR_ROUTE_QUERY`).
 const ROUTE_QUERY: usize = 5;
@@ -189,6 +189,8 @@ struct BurstResult {
     lat: LatencyHistogram,
     /// First send → last answer.
     completion: Duration,
+    /// First send → last send (how long the client took to put the burst out).
+    send_span: Duration,
     /// Counter deltas over the burst.
     counters: [u64; MAX_COUNTER],
     /// Answers with an error status.
@@ -200,6 +202,7 @@ struct BurstResult {
 struct Agg {
     lat: LatencyHistogram,
     completion: Vec<Duration>,
+    send_span: Vec<Duration>,
     rep_p50_ns: Vec<f64>,
     rep_p99_ns: Vec<f64>,
     counters: [u64; MAX_COUNTER],
@@ -212,6 +215,7 @@ impl Agg {
     fn add(&mut self, r: &BurstResult, size: usize) {
         self.lat.merge(&r.lat);
         self.completion.push(r.completion);
+        self.send_span.push(r.send_span);
         let s = r.lat.summary();
         self.rep_p50_ns.push(s.p50_ns);
         self.rep_p99_ns.push(s.p99_ns);
@@ -323,6 +327,7 @@ impl Daemon {
             sent[i] = Instant::now();
             self.conns[i].send(msg)?;
         }
+        let send_span = t0.elapsed();
         let mut left = size;
         let mut last = t0;
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(size);
@@ -402,6 +407,7 @@ impl Daemon {
         Ok(BurstResult {
             lat: h,
             completion,
+            send_span,
             counters,
             errors,
         })
@@ -459,7 +465,7 @@ fn parse_plan(args: &Args) -> Result<Plan, String> {
     Ok(Plan {
         topology: args.value("--topology").unwrap_or(default_topo).to_string(),
         bursts,
-        reps: num("--reps", if args.quick { 2 } else { 5 })?.max(1) as usize,
+        reps: num("--reps", if args.quick { 2 } else { 10 })?.max(1) as usize,
         opts,
         log_level: args.value("--log-level").unwrap_or("0").to_string(),
         settle: Duration::from_millis(num("--settle", 300)?),
@@ -803,6 +809,7 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
         "requests",
         "completion min ms",
         "completion median ms",
+        "send span median ms",
         "p50 µs",
         "p99 µs",
         "max µs",
@@ -832,6 +839,7 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
                     a.requests.to_string(),
                     ms(min(&a.completion).unwrap_or_default()),
                     ms(median(&a.completion).unwrap_or_default()),
+                    ms(median(&a.send_span).unwrap_or_default()),
                     us(s.p50_ns),
                     us(s.p99_ns),
                     us(s.max_ns),
@@ -975,6 +983,6 @@ mod tests {
         let p = parse_plan(&a).unwrap();
         assert_eq!(p.bursts, [1, 0]);
         assert_eq!(p.opts, [("sa_depth".to_string(), "32".to_string())]);
-        assert_eq!(p.reps, 5);
+        assert_eq!(p.reps, 10);
     }
 }
