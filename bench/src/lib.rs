@@ -15,6 +15,8 @@
 //!   [`advise`] (THP or not before first touch).
 //! * [`plot`]: percentile-distribution plots (SVG) of several histograms in one picture.
 //! * [`progress`]: one line per benchmark phase on stderr, with the elapsed time.
+//! * [`private_net`]: a private network namespace with a larger Unix datagram queue, for the
+//!   benches that drive a simulated fabric with bursts.
 
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -515,6 +517,50 @@ pub fn floor_ns(bytes: usize, huge: bool, rng: &mut XorShift) -> f64 {
     let mut runs: Vec<f64> = (0..5).map(|_| chase(400_000)).collect();
     runs.sort_by(f64::total_cmp);
     runs[2]
+}
+
+/// Moves this process (and so every fabric process it starts afterwards) into a private
+/// network namespace with `lo` up and `net.unix.max_dgram_qlen = qlen`.
+///
+/// simverbs carries each UD datagram over a Unix datagram socket per QP, and umad2sim talks to
+/// ibsim over one as well; a datagram that finds the receiver's queue full is lost. The kernel
+/// default queue is 10 datagrams, far below what an HCA buffers: a burst of more than ~10
+/// datagrams at one socket loses some, which no real fabric does. The sysctl is per network
+/// namespace, so this raises it for the bench's own namespace only. Must run before any thread
+/// is started (a namespace change applies to the calling thread). Root only.
+pub fn private_net(qlen: u32) -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls on memory owned here (a zeroed `ifreq`, a socket closed before
+    // returning); called while the process is single-threaded.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNET) != 0 {
+            return Err(os("unshare(CLONE_NEWNET)"));
+        }
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            return Err(os("socket"));
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo") {
+            *d = *s as libc::c_char;
+        }
+        let r = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr);
+        if r == 0 {
+            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        }
+        let r = if r == 0 {
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr)
+        } else {
+            r
+        };
+        let e = os("bringing lo up");
+        libc::close(fd);
+        if r != 0 {
+            return Err(e);
+        }
+    }
+    std::fs::write("/proc/sys/net/unix/max_dgram_qlen", qlen.to_string())
+        .map_err(|e| format!("net.unix.max_dgram_qlen: {e}"))
 }
 
 #[cfg(test)]

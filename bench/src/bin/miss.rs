@@ -1,0 +1,988 @@
+//! PATH-resolution **miss bursts** through the real ibacm daemon, stock `libibacmp.so` vs
+//! `libacmrs.so`, side by side in one run.
+//!
+//! One simulated fat-tree (default `fattree:16,4,16`: 256 HCAs, 20 switches, 276 LIDs) with
+//! OpenSM on `Hca1` and two `ibacm` daemons on the same leaf: `Hca2` loads the stock provider,
+//! `Hca3` acmrs (a mixed fabric, `FabricBuilder::node_provider`). Every other HCA (and every
+//! switch port 0) is only a LID the SA knows: ibsim serves at most 10 clients per fabric, so
+//! only these two nodes run daemons.
+//!
+//! A burst of `B` distinct destination LIDs (a random subset of every LID but the daemon's
+//! own; `all` = all of them, 275 on the default fabric) is sent at once to one daemon as
+//! `ib_acme -f l -s <own> -d <dlid>` sends it (an 88-byte PATH request, slid + dlid, no
+//! QUERY_SA flag: `acm_svr_resolve_path` → the provider's `resolve()`), **one TCP connection
+//! per request** (the core reads one message per `recv()`; connections are opened one at a
+//! time and each proven with a cached request, the core listens with backlog 0). Each answer
+//! is timestamped as it arrives (per-request latency from that request's own send; the burst's
+//! completion time from the first send to the last answer) and checked: status 0 and a PATH
+//! entry with the requested DLID and the daemon's own SLID. The **same burst again** right
+//! after is served from the cache (hits).
+//!
+//! Every miss is a real miss: **both daemons are restarted** (`Node::restart_daemon`, empty
+//! caches, counters reset) before each repetition of each burst size, then warmed up with a
+//! path to their own LID (not a destination of any burst) until it answers, then left alone for
+//! `--settle` ms (their multicast joins go through the same SA service). The two providers'
+//! bursts of one repetition run one after the other (who goes first alternates), never at the
+//! same time. The core's global counters (PERF_QUERY, as `ib_acme -P`) are read before and
+//! after each burst: `Route Query Count` per destination is the SA queries per destination.
+//!
+//! The bench runs in its own network namespace with a larger Unix datagram queue (see
+//! [`acm_bench::private_net`]; `--host-net` does not).
+//!
+//! `cargo run --release -p acm-bench --bin miss -- [--quick] [--out DIR]`
+//! (build `-p acm-plugin -p simverbs` with the same profile first; root).
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+use acm_bench::plot::{write_percentile_svg, Series};
+use acm_bench::{progress, Args, LatencyHistogram, Table, XorShift};
+use acm_core_nostd::wire::client::{
+    build_perf_request, AcmMsg, AcmMsgRepr, EpInfoType, PerfResponseRepr, Status, HDR_LEN,
+    MAX_COUNTER, MSG_LEN,
+};
+use acm_fabric::{Fabric, Provider, Topology};
+use acm_testkit::request::PathRequest;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const USAGE: &str = "usage: miss [--quick] [--topology fattree:L,S,H] [--bursts 1,10,100,all] \
+     [--reps R] [--opt name=value].. [--log-level 0..3] [--settle MS] [--seed N] [--host-net] \
+     [--out DIR]\n\
+     defaults: fattree:16,4,16, bursts 1,10,100,all (all = every LID but the daemon's own: 275), \
+     10 reps; --quick: fattree:4,2,8, bursts 1,10,all (37), 2 reps";
+
+/// `Route Query Count` in the PERF_QUERY counters (`ACM_CNTR_ROUTE_QUERY`).
+const ROUTE_QUERY: usize = 5;
+/// `Route Cache Count` (`ACM_CNTR_ROUTE_CACHE`).
+const ROUTE_CACHE: usize = 6;
+/// How long one answer may take before the run fails.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// `net.unix.max_dgram_qlen` in the bench's own network namespace.
+const DGRAM_QLEN: u32 = 4096;
+/// Length of a PATH request (`ib_acme -f l`): header + one entry.
+const PATH_REQ_LEN: usize = 88;
+
+fn io(e: std::io::Error) -> String {
+    e.to_string()
+}
+
+// ---- the client ----------------------------------------------------------------------------
+
+/// One TCP connection to a daemon (one request in flight at a time).
+struct Conn {
+    sock: TcpStream,
+    buf: [u8; MSG_LEN],
+    got: usize,
+}
+
+/// What a PATH answer said.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    status: Status,
+    tid: u64,
+    /// `(slid, dlid)` of the PATH entry (0, 0 on an error status).
+    lids: (u16, u16),
+}
+
+impl Conn {
+    fn open(port: u16) -> Result<Conn, String> {
+        let sock = TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
+        sock.set_nodelay(true).map_err(io)?;
+        sock.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
+        Ok(Conn {
+            sock,
+            buf: [0; MSG_LEN],
+            got: 0,
+        })
+    }
+
+    fn send(&mut self, msg: &[u8]) -> Result<(), String> {
+        self.got = 0;
+        self.sock.write_all(msg).map_err(io)
+    }
+
+    /// Reads what is available; `Some(len)` once a whole message is in `buf` (`be`: the
+    /// length is big-endian, as in PERF_QUERY answers).
+    fn read_some(&mut self, be: bool) -> Result<Option<usize>, String> {
+        let n = self.sock.read(&mut self.buf[self.got..]).map_err(io)?;
+        if n == 0 {
+            return Err("the daemon closed the connection".into());
+        }
+        self.got += n;
+        if self.got < HDR_LEN {
+            return Ok(None);
+        }
+        let m = AcmMsg::new_unchecked(&self.buf[..self.got]);
+        let want = if be { m.length_be() } else { m.length() } as usize;
+        if !(HDR_LEN..=MSG_LEN).contains(&want) {
+            return Err(format!("bad answer length {want}"));
+        }
+        Ok((self.got >= want).then_some(want))
+    }
+
+    fn recv(&mut self, be: bool) -> Result<usize, String> {
+        loop {
+            if let Some(n) = self.read_some(be)? {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// The PATH answer in `buf`.
+    fn answer(&self, len: usize) -> Result<Answer, String> {
+        let m = AcmMsg::new_checked(&self.buf[..len]).map_err(|e| format!("{e:?}"))?;
+        let (status, tid) = (m.status(), m.tid());
+        let mut lids = (0, 0);
+        if status == Status::Success {
+            let r = AcmMsgRepr::parse(&m).map_err(|e| format!("answer: {e:?}"))?;
+            let i = r
+                .entries()
+                .iter()
+                .position(|e| e.info_type == EpInfoType::Path)
+                .ok_or("a success answer without a PATH entry")?;
+            let p = m.entry(i).ok_or("PATH entry outside the buffer")?.path();
+            lids = (p.slid, p.dlid);
+        }
+        Ok(Answer { status, tid, lids })
+    }
+
+    /// One request, waited for.
+    fn roundtrip(&mut self, msg: &[u8]) -> Result<Answer, String> {
+        self.send(msg)?;
+        let n = self.recv(false)?;
+        self.answer(n)
+    }
+
+    /// The core's global counters (`ib_acme -P`), in `COUNTER_NAMES` order.
+    fn counters(&mut self) -> Result<[u64; MAX_COUNTER], String> {
+        let mut out = [0u8; HDR_LEN];
+        build_perf_request(0, 0x5045_5246, &mut out).map_err(|e| format!("{e:?}"))?;
+        self.send(&out)?;
+        let n = self.recv(true)?;
+        let r = PerfResponseRepr::parse(&AcmMsg::new_unchecked(&self.buf[..n]))
+            .map_err(|e| format!("PERF_QUERY answer: {e:?}"))?;
+        Ok(r.counters)
+    }
+}
+
+/// `ib_acme -f l -s <slid> -d <dlid>`: one PATH entry with slid and dlid, NumbPath 1.
+fn path_request(tid: u64, slid: u16, dlid: u16) -> Vec<u8> {
+    let m = PathRequest {
+        slid,
+        ..PathRequest::new(tid, dlid, None)
+    }
+    .msg();
+    m.as_bytes()[..PATH_REQ_LEN].to_vec()
+}
+
+// ---- one daemon ----------------------------------------------------------------------------
+
+/// What one burst gave.
+struct BurstResult {
+    /// Per-request latency (send → its answer).
+    lat: LatencyHistogram,
+    /// First send → last answer.
+    completion: Duration,
+    /// First send → last send (how long the client took to put the burst out).
+    send_span: Duration,
+    /// Counter deltas over the burst.
+    counters: [u64; MAX_COUNTER],
+    /// Answers with an error status.
+    errors: Vec<(u16, Status)>,
+}
+
+/// Histograms and counts of one provider and one kind (miss or hit) for one burst size.
+#[derive(Default)]
+struct Agg {
+    lat: LatencyHistogram,
+    completion: Vec<Duration>,
+    send_span: Vec<Duration>,
+    rep_p50_ns: Vec<f64>,
+    rep_p99_ns: Vec<f64>,
+    counters: [u64; MAX_COUNTER],
+    requests: u64,
+    errors: u64,
+    statuses: Vec<Status>,
+}
+
+impl Agg {
+    fn add(&mut self, r: &BurstResult, size: usize) {
+        self.lat.merge(&r.lat);
+        self.completion.push(r.completion);
+        self.send_span.push(r.send_span);
+        let s = r.lat.summary();
+        self.rep_p50_ns.push(s.p50_ns);
+        self.rep_p99_ns.push(s.p99_ns);
+        for (a, b) in self.counters.iter_mut().zip(r.counters) {
+            *a += b;
+        }
+        self.requests += size as u64;
+        self.errors += r.errors.len() as u64;
+        for (_, st) in &r.errors {
+            if !self.statuses.contains(st) {
+                self.statuses.push(*st);
+            }
+        }
+    }
+}
+
+/// Per burst size: (misses, hits).
+type PerSize = BTreeMap<usize, (Agg, Agg)>;
+
+struct Daemon {
+    /// `stock` or `acmrs`.
+    label: &'static str,
+    node: String,
+    lid: u16,
+    /// Destinations: every LID of the fabric but `lid`.
+    dests: Vec<u16>,
+    /// The control connection (probes, counters); the burst connections.
+    ctl: Option<Conn>,
+    conns: Vec<Conn>,
+    tid: u64,
+    res: PerSize,
+}
+
+impl Daemon {
+    fn next_tid(&mut self) -> u64 {
+        self.tid += 1;
+        self.tid
+    }
+
+    fn ctl(&mut self) -> Result<&mut Conn, String> {
+        self.ctl
+            .as_mut()
+            .ok_or_else(|| format!("{}: not connected", self.label))
+    }
+
+    /// After a (re)start: a path to the daemon's own LID until it answers with success,
+    /// then `conns` burst connections, each proven with that (now cached) request.
+    fn connect(&mut self, fabric: &Fabric, conns: usize) -> Result<(), String> {
+        self.ctl = None;
+        self.conns.clear();
+        let node = fabric.node(&self.node).map_err(|e| e.to_string())?;
+        let port = node.server_port;
+        let mut ctl = Conn::open(port)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let msg = path_request(self.next_tid(), self.lid, self.lid);
+            let a = ctl.roundtrip(&msg)?;
+            if a.status == Status::Success && a.lids.1 == self.lid {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{}: warm-up path to its own LID {}: status {:?}\n{}",
+                    self.label,
+                    self.lid,
+                    a.status,
+                    fabric.logs_report()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.ctl = Some(ctl);
+        for _ in 0..conns {
+            let mut c = Conn::open(port)?;
+            let msg = path_request(self.next_tid(), self.lid, self.lid);
+            let a = c.roundtrip(&msg)?;
+            if a.status != Status::Success {
+                return Err(format!("{}: proof request: {:?}", self.label, a.status));
+            }
+            self.conns.push(c);
+        }
+        Ok(())
+    }
+
+    /// One burst to `dlids`, all sent at once, one connection each; counters around it.
+    fn burst(&mut self, dlids: &[u16], what: &str) -> Result<BurstResult, String> {
+        let size = dlids.len();
+        if size > self.conns.len() {
+            return Err(format!(
+                "{}: {size} > {} connections",
+                self.label,
+                self.conns.len()
+            ));
+        }
+        let before = self.ctl()?.counters()?;
+        let msgs: Vec<(u64, Vec<u8>)> = dlids
+            .iter()
+            .map(|&d| {
+                let tid = self.next_tid();
+                (tid, path_request(tid, self.lid, d))
+            })
+            .collect();
+        let mut sent = vec![Instant::now(); size];
+        let mut lat = vec![Duration::ZERO; size];
+        let mut pending = vec![true; size];
+        let mut errors = Vec::new();
+        let t0 = Instant::now();
+        for (i, (_, msg)) in msgs.iter().enumerate() {
+            sent[i] = Instant::now();
+            self.conns[i].send(msg)?;
+        }
+        let send_span = t0.elapsed();
+        let mut left = size;
+        let mut last = t0;
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(size);
+        let mut idx: Vec<usize> = Vec::with_capacity(size);
+        while left > 0 {
+            fds.clear();
+            idx.clear();
+            for i in (0..size).filter(|&i| pending[i]) {
+                idx.push(i);
+                fds.push(libc::pollfd {
+                    fd: self.conns[i].sock.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call.
+            let r = unsafe {
+                libc::poll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    ANSWER_TIMEOUT.as_millis() as i32,
+                )
+            };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(format!("poll: {e}"));
+            }
+            if r == 0 {
+                return Err(format!(
+                    "{}: {what} burst of {size}: {left} answers missing after {ANSWER_TIMEOUT:?}",
+                    self.label
+                ));
+            }
+            for (k, &i) in idx.iter().enumerate() {
+                if fds[k].revents == 0 {
+                    continue;
+                }
+                let Some(n) = self.conns[i].read_some(false)? else {
+                    continue;
+                };
+                let now = Instant::now();
+                lat[i] = now - sent[i];
+                last = last.max(now);
+                pending[i] = false;
+                left -= 1;
+                let a = self.conns[i].answer(n)?;
+                let (tid, dlid) = (msgs[i].0, dlids[i]);
+                if a.tid != tid {
+                    return Err(format!(
+                        "{}: {what}: answer tid {:#x}, request {tid:#x}",
+                        self.label, a.tid
+                    ));
+                }
+                if a.status != Status::Success {
+                    errors.push((dlid, a.status));
+                } else if a.lids != (self.lid, dlid) {
+                    return Err(format!(
+                        "{}: {what}: path {} → {dlid} answered slid {} dlid {}",
+                        self.label, self.lid, a.lids.0, a.lids.1
+                    ));
+                }
+            }
+        }
+        let completion = last - t0;
+        let after = self.ctl()?.counters()?;
+        let mut h = LatencyHistogram::new();
+        for d in &lat {
+            h.record(*d);
+        }
+        let mut counters = [0u64; MAX_COUNTER];
+        for (i, c) in counters.iter_mut().enumerate() {
+            *c = after[i].saturating_sub(before[i]);
+        }
+        Ok(BurstResult {
+            lat: h,
+            completion,
+            send_span,
+            counters,
+            errors,
+        })
+    }
+}
+
+// ---- the run -------------------------------------------------------------------------------
+
+struct Plan {
+    topology: String,
+    /// Burst sizes; 0 = every LID but the daemon's own.
+    bursts: Vec<usize>,
+    reps: usize,
+    opts: Vec<(String, String)>,
+    log_level: String,
+    settle: Duration,
+    seed: u64,
+}
+
+fn parse_plan(args: &Args) -> Result<Plan, String> {
+    let num = |flag: &str, default: u64| -> Result<u64, String> {
+        args.value(flag)
+            .map(|v| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}")))
+            .transpose()
+            .map(|v| v.unwrap_or(default))
+    };
+    let mut opts = Vec::new();
+    for (f, v) in &args.rest {
+        if f == "--opt" {
+            let (k, v) = v
+                .split_once('=')
+                .ok_or_else(|| format!("--opt {v}: name=value\n{USAGE}"))?;
+            opts.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let bursts = match args.value("--bursts") {
+        Some(s) => s
+            .split(',')
+            .map(|x| match x.trim() {
+                "all" => Ok(0),
+                x => match x.parse::<usize>() {
+                    Ok(0) | Err(_) => Err(format!("--bursts: bad size {x:?}\n{USAGE}")),
+                    Ok(n) => Ok(n),
+                },
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None if args.quick => vec![1, 10, 0],
+        None => vec![1, 10, 100, 0],
+    };
+    let default_topo = if args.quick {
+        "fattree:4,2,8"
+    } else {
+        "fattree:16,4,16"
+    };
+    Ok(Plan {
+        topology: args.value("--topology").unwrap_or(default_topo).to_string(),
+        bursts,
+        reps: num("--reps", if args.quick { 2 } else { 10 })?.max(1) as usize,
+        opts,
+        log_level: args.value("--log-level").unwrap_or("0").to_string(),
+        settle: Duration::from_millis(num("--settle", 300)?),
+        seed: num("--seed", 0x6d69_7373)?,
+    })
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "?".into())
+}
+
+fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn us(ns: f64) -> String {
+    format!("{:.1}", ns / 1000.0)
+}
+
+fn median<T: Copy + PartialOrd>(v: &[T]) -> Option<T> {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v.get(v.len() / 2).copied()
+}
+
+fn min<T: Copy + PartialOrd>(v: &[T]) -> Option<T> {
+    v.iter().copied().reduce(|a, b| if b < a { b } else { a })
+}
+
+/// Force-disconnects (ibsim console `X <n>`) every ibsim client whose process is gone, and
+/// returns how many.
+///
+/// A daemon stopped with SIGTERM never tells ibsim it left, and ibsim only notices a dead
+/// client when a packet to it fails: without this, every `restart_daemon` leaks one of
+/// ibsim's 10 client slots and the 7th restart's daemon dies in `sim_init: connect failed`.
+fn reap_dead_clients(fabric: &Fabric) -> Result<usize, String> {
+    let list = fabric
+        .ibsim_command("Attached")
+        .map_err(|e| e.to_string())?;
+    let mut n = 0;
+    // `Client 3: pid 1234 connected at "Hca3" port 0x..., lid 5, qp 0 ...`
+    for line in list.lines() {
+        let Some(rest) = line.trim().strip_prefix("Client ") else {
+            continue;
+        };
+        let Some((id, rest)) = rest.split_once(':') else {
+            continue;
+        };
+        let pid = rest
+            .split_whitespace()
+            .skip_while(|w| *w != "pid")
+            .nth(1)
+            .and_then(|p| p.parse::<i32>().ok());
+        if let (Ok(id), Some(pid)) = (id.trim().parse::<u32>(), pid) {
+            if !Path::new(&format!("/proc/{pid}")).exists() {
+                fabric
+                    .ibsim_command(&format!("X {id}"))
+                    .map_err(|e| e.to_string())?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// A random subset of `size` LIDs of `dests` (a partial Fisher-Yates shuffle).
+fn pick(dests: &[u16], size: usize, rng: &mut XorShift) -> Vec<u16> {
+    let mut v = dests.to_vec();
+    let n = size.min(v.len());
+    for i in 0..n {
+        let j = i + rng.below((v.len() - i) as u64) as usize;
+        v.swap(i, j);
+    }
+    v.truncate(n);
+    v
+}
+
+fn run(args: &Args) -> Result<String, String> {
+    let plan = parse_plan(args)?;
+    args.create_out()?;
+    let topo = Topology::parse(&plan.topology).map_err(|e| e.to_string())?;
+    let hcas = topo.hcas();
+    if hcas.len() < 3 {
+        return Err(format!("{} has fewer than 3 HCAs", plan.topology));
+    }
+    // OpenSM assigns one LID per HCA port and one per switch: 1..=max_lid.
+    let max_lid = (hcas.len() + topo.switches().len()) as u16;
+    let (stock_node, acmrs_node) = (hcas[1].clone(), hcas[2].clone());
+    let started = now_utc();
+    let load0 = loadavg();
+    let t_run = Instant::now();
+    progress(format_args!(
+        "bringing up {} ({} HCAs, {} LIDs): OpenSM on {}, stock on {stock_node}, acmrs on {acmrs_node}",
+        plan.topology,
+        hcas.len(),
+        max_lid,
+        hcas[0]
+    ));
+    let mut b = Fabric::builder(topo, [stock_node.as_str(), acmrs_node.as_str()])
+        .provider(Provider::Stock)
+        .node_provider(&acmrs_node, Provider::Acmrs)
+        .sm_node(&hcas[0])
+        .name_prefix("bench-miss")
+        .option("log_level", &plan.log_level)
+        .keep_scratch(std::env::var_os("ACM_BENCH_KEEP").is_some());
+    for (k, v) in &plan.opts {
+        b = b.option(k, v);
+    }
+    let mut fabric = b.start().map_err(|e| format!("bring-up: {e}"))?;
+    let up = t_run.elapsed();
+    let mut daemons = Vec::new();
+    for (label, node) in [("stock", &stock_node), ("acmrs", &acmrs_node)] {
+        let lid = fabric.node(node).map_err(|e| e.to_string())?.lid;
+        daemons.push(Daemon {
+            label,
+            node: node.clone(),
+            lid,
+            dests: (1..=max_lid).filter(|&l| l != lid).collect(),
+            ctl: None,
+            conns: Vec::new(),
+            tid: 0,
+            res: BTreeMap::new(),
+        });
+    }
+    let all = daemons.iter().map(|d| d.dests.len()).min().unwrap_or(0);
+    let sizes: Vec<usize> = plan
+        .bursts
+        .iter()
+        .map(|&s| if s == 0 { all } else { s.min(all) })
+        .collect();
+    let conns = sizes.iter().copied().max().unwrap_or(1);
+    progress(format_args!(
+        "fabric {} up in {:.1} s; bursts {:?} × {} reps, restart before each",
+        fabric.name(),
+        up.as_secs_f64(),
+        sizes,
+        plan.reps
+    ));
+    let mut rng = XorShift::new(plan.seed);
+    let mut restarts = Vec::new();
+    let mut round = 0usize;
+    for &size in &sizes {
+        for rep in 0..plan.reps {
+            // Flush: restart both daemons (empty caches), then warm up and connect each.
+            let t = Instant::now();
+            for d in &mut daemons {
+                d.ctl = None;
+                d.conns.clear();
+                let n = fabric.node_mut(&d.node).map_err(|e| e.to_string())?;
+                n.stop_daemon();
+                reap_dead_clients(&fabric)?;
+                let n = fabric.node_mut(&d.node).map_err(|e| e.to_string())?;
+                n.restart_daemon()
+                    .map_err(|e| format!("{}: restart: {e}", d.label))?;
+            }
+            for d in &mut daemons {
+                d.connect(&fabric, conns)?;
+            }
+            restarts.push(t.elapsed());
+            std::thread::sleep(plan.settle);
+            let order: Vec<usize> = if round % 2 == 0 {
+                vec![0, 1]
+            } else {
+                vec![1, 0]
+            };
+            round += 1;
+            let dlids = pick(&daemons[0].dests, size, &mut rng);
+            for &k in &order {
+                let d = &mut daemons[k];
+                // The same LIDs for both, but a daemon's own LID is not a destination: the
+                // other daemon's LID stands in for it.
+                let mine: Vec<u16> = if dlids.contains(&d.lid) {
+                    let spare = *d
+                        .dests
+                        .iter()
+                        .find(|l| !dlids.contains(l))
+                        .ok_or("no spare destination")?;
+                    dlids
+                        .iter()
+                        .map(|&l| if l == d.lid { spare } else { l })
+                        .collect()
+                } else {
+                    dlids.clone()
+                };
+                let miss = d.burst(&mine, "miss")?;
+                let hit = d.burst(&mine, "hit")?;
+                let (sm, sh) = (miss.lat.summary(), hit.lat.summary());
+                progress(format_args!(
+                    "burst {size} rep {}/{} {}: miss completion {} ms (p50 {} µs, max {} µs, route queries {}), hit completion {} ms (p50 {} µs, route queries {}){}",
+                    rep + 1,
+                    plan.reps,
+                    d.label,
+                    ms(miss.completion),
+                    us(sm.p50_ns),
+                    us(sm.max_ns),
+                    miss.counters[ROUTE_QUERY],
+                    ms(hit.completion),
+                    us(sh.p50_ns),
+                    hit.counters[ROUTE_QUERY],
+                    if miss.errors.is_empty() && hit.errors.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            "; error answers: miss {:?}, hit {:?}",
+                            miss.errors, hit.errors
+                        )
+                    }
+                ));
+                let e = d.res.entry(size).or_default();
+                e.0.add(&miss, size);
+                e.1.add(&hit, size);
+            }
+        }
+    }
+    let elapsed = t_run.elapsed();
+    let load1 = loadavg();
+    let fabric_name = fabric.name().to_string();
+    drop(fabric);
+    let results: Vec<(&'static str, PerSize)> =
+        daemons.into_iter().map(|d| (d.label, d.res)).collect();
+    if let Some(out) = &args.out {
+        for (label, res) in &results {
+            for (size, (m, h)) in res {
+                for (what, a) in [("miss", m), ("hit", h)] {
+                    a.lat
+                        .write_hgrm(&out.join(format!("miss-{label}-{what}-{size}.hgrm")))
+                        .map_err(io)?;
+                }
+            }
+        }
+        for &size in &sizes {
+            let mut series = Vec::new();
+            // acmrs first (blue), stock second (red), as in every plot of the benches.
+            for what in ["miss", "hit"] {
+                for (label, res) in results.iter().rev() {
+                    if let Some((m, h)) = res.get(&size) {
+                        series.push((
+                            format!("{label} {what}"),
+                            if what == "miss" { &m.lat } else { &h.lat },
+                        ));
+                    }
+                }
+            }
+            let series: Vec<Series<'_>> = series
+                .iter()
+                .map(|(l, h)| Series {
+                    label: l,
+                    histogram: h,
+                })
+                .collect();
+            let f = out.join(format!("miss-burst{size}.svg"));
+            write_percentile_svg(
+                &f,
+                &format!("burst of {size} distinct PATH requests through ibacm, per request"),
+                &series,
+            )
+            .map_err(|e| format!("{}: {e}", f.display()))?;
+        }
+    }
+    let report = render(
+        &plan,
+        &results,
+        &sizes,
+        &Meta {
+            started,
+            elapsed,
+            up,
+            restarts: median(&restarts).unwrap_or_default(),
+            load0,
+            load1,
+            fabric: fabric_name,
+            max_lid,
+        },
+    );
+    if let Some(out) = &args.out {
+        let p = out.join("miss.md");
+        std::fs::write(&p, &report).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(report)
+}
+
+struct Meta {
+    started: String,
+    elapsed: Duration,
+    up: Duration,
+    restarts: Duration,
+    load0: String,
+    load1: String,
+    fabric: String,
+    max_lid: u16,
+}
+
+fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: &Meta) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# PATH miss bursts through the real ibacm daemon (`acm-bench --bin miss`)\n\n\
+         Started {}, {:.0} s (fabric up in {:.1} s, restart + warm-up + connect median {:.2} s), \
+         load average {} → {}, {} CPUs. Topology {} ({} LIDs; fabric {}), OpenSM on Hca1, stock \
+         on Hca2, acmrs on Hca3, `log_level {}`{}; bursts {:?} × {} reps, both daemons \
+         restarted before each rep (every miss a real miss), the same burst again right after \
+         (hits).\n",
+        m.started,
+        m.elapsed.as_secs_f64(),
+        m.up.as_secs_f64(),
+        m.restarts.as_secs_f64(),
+        m.load0,
+        m.load1,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        plan.topology,
+        m.max_lid,
+        m.fabric,
+        plan.log_level,
+        if plan.opts.is_empty() {
+            ", every other option at its default".to_string()
+        } else {
+            plan.opts
+                .iter()
+                .map(|(k, v)| format!(", `{k} {v}`"))
+                .collect::<String>()
+        },
+        sizes,
+        plan.reps,
+    );
+    let mut t = Table::new(&[
+        "burst",
+        "provider",
+        "kind",
+        "requests",
+        "completion min ms",
+        "completion median ms",
+        "send span median ms",
+        "p50 µs",
+        "p99 µs",
+        "max µs",
+        "rep p99 median µs",
+        "route queries / dest",
+        "route cache / dest",
+        "errors",
+    ]);
+    for &size in sizes {
+        for (label, res) in results {
+            let Some(pair) = res.get(&size) else {
+                continue;
+            };
+            for (kind, a) in [("miss", &pair.0), ("hit", &pair.1)] {
+                let s = a.lat.summary();
+                let per = |c: usize| {
+                    if a.requests == 0 {
+                        String::new()
+                    } else {
+                        format!("{:.2}", a.counters[c] as f64 / a.requests as f64)
+                    }
+                };
+                t.row(vec![
+                    size.to_string(),
+                    label.to_string(),
+                    kind.to_string(),
+                    a.requests.to_string(),
+                    ms(min(&a.completion).unwrap_or_default()),
+                    ms(median(&a.completion).unwrap_or_default()),
+                    ms(median(&a.send_span).unwrap_or_default()),
+                    us(s.p50_ns),
+                    us(s.p99_ns),
+                    us(s.max_ns),
+                    us(median(&a.rep_p99_ns).unwrap_or(0.0)),
+                    per(ROUTE_QUERY),
+                    per(ROUTE_CACHE),
+                    if a.errors == 0 {
+                        "0".to_string()
+                    } else {
+                        format!("{} {:?}", a.errors, a.statuses)
+                    },
+                ]);
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "## Per burst size and provider (per-request latency over all reps; completion = first \
+         send → last answer)\n\n{}",
+        t.render()
+    );
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 && a.is_finite() {
+            format!("{:.2}×", a / b)
+        } else {
+            "—".to_string()
+        }
+    };
+    let mut t = Table::new(&[
+        "burst",
+        "stock miss/hit (completion median)",
+        "acmrs miss/hit (completion median)",
+        "stock/acmrs miss completion",
+        "stock/acmrs miss p50",
+        "stock/acmrs miss p99",
+    ]);
+    let get = |l: &str, size: usize| {
+        results
+            .iter()
+            .find(|(x, _)| *x == l)
+            .and_then(|(_, r)| r.get(&size))
+    };
+    for &size in sizes {
+        let (Some(s), Some(a)) = (get("stock", size), get("acmrs", size)) else {
+            continue;
+        };
+        let med = |x: &Agg| median(&x.completion).unwrap_or_default().as_secs_f64();
+        t.row(vec![
+            size.to_string(),
+            ratio(med(&s.0), med(&s.1)),
+            ratio(med(&a.0), med(&a.1)),
+            ratio(med(&s.0), med(&a.0)),
+            ratio(s.0.lat.summary().p50_ns, a.0.lat.summary().p50_ns),
+            ratio(s.0.lat.summary().p99_ns, a.0.lat.summary().p99_ns),
+        ]);
+    }
+    let _ = writeln!(
+        md,
+        "## Ratios (miss/hit: how far a miss burst is from the same burst served from the \
+         cache; stock/acmrs > 1: acmrs faster)\n\n{}",
+        t.render()
+    );
+    md
+}
+
+fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let host_net = raw.iter().any(|a| a == "--host-net");
+    let rest = raw.into_iter().filter(|a| a != "--host-net");
+    let args = match Args::parse_from(
+        rest,
+        USAGE,
+        &[
+            "--topology",
+            "--bursts",
+            "--reps",
+            "--opt",
+            "--log-level",
+            "--settle",
+            "--seed",
+        ],
+    ) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if !host_net {
+        if let Err(e) = acm_bench::private_net(DGRAM_QLEN) {
+            eprintln!("miss: private network namespace: {e} (--host-net runs without one)");
+            std::process::exit(1);
+        }
+    }
+    // The fabric is torn down (by PID, in Fabric's Drop) when `run` returns, error or not.
+    match run(&args) {
+        Ok(report) => println!("{report}"),
+        Err(e) => {
+            eprintln!("miss: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_request_is_what_ib_acme_sends() {
+        let m = path_request(7, 2, 200);
+        assert_eq!(m.len(), PATH_REQ_LEN);
+        let v = AcmMsg::new_checked(&m[..]).unwrap();
+        assert_eq!(usize::from(v.length()), PATH_REQ_LEN);
+        assert_eq!(v.tid(), 7);
+        let p = v.entry(0).unwrap().path();
+        assert_eq!((p.slid, p.dlid), (2, 200));
+    }
+
+    #[test]
+    fn pick_is_a_subset_without_repeats() {
+        let dests: Vec<u16> = (1..=50).collect();
+        let mut rng = XorShift::new(1);
+        let v = pick(&dests, 20, &mut rng);
+        let mut s = v.clone();
+        s.sort();
+        s.dedup();
+        assert_eq!(s.len(), 20);
+        assert!(v.iter().all(|l| dests.contains(l)));
+        assert_eq!(pick(&dests, 99, &mut rng).len(), 50);
+    }
+
+    #[test]
+    fn plan_parses_all_and_opts() {
+        let a = Args::parse_from(
+            ["--bursts", "1,all", "--opt", "sa_depth=32"].map(String::from),
+            USAGE,
+            &["--bursts", "--opt"],
+        )
+        .unwrap();
+        let p = parse_plan(&a).unwrap();
+        assert_eq!(p.bursts, [1, 0]);
+        assert_eq!(p.opts, [("sa_depth".to_string(), "32".to_string())]);
+        assert_eq!(p.reps, 10);
+    }
+}
