@@ -891,3 +891,46 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
     t.advance(100);
     assert_eq!(t.sa_sends().len(), 1);
 }
+
+#[test]
+fn with_the_sa_gone_every_request_is_answered_within_the_queue_deadline_of_its_arrival() {
+    let mut t = setup(
+        Config {
+            sa_window: 4,
+            sa_deadline: 1000,
+            queue_deadline: 2500,
+            sa_tries: 0,
+            ..route_config()
+        },
+        Capacities::default(),
+    );
+    for lid in 10..30u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    // The transport reports each try lost 1 s after it went out (as the ud channel does after
+    // its tries), which frees the window for the next queries of the backlog.
+    let mut out = t.sa_sends();
+    assert_eq!(out.len(), 4);
+    let mut answered = 0;
+    while t.now < 5000 {
+        t.advance(500);
+        if t.now % 1000 == 0 {
+            for (tok, mad) in out.drain(..) {
+                t.r.handle_sa(t.now, &t.cache, tok, 110, &mad);
+            }
+            t.drain();
+            out = t.sa_sends();
+        }
+        let a = t.answers();
+        assert!(a.iter().all(|x| x.1 == ETIMEDOUT));
+        answered += a.len();
+        if t.now >= 2500 {
+            assert_eq!(answered, 20, "all answered by the deadline (t = {})", t.now);
+        }
+    }
+    assert!(t.r.is_idle() || out.is_empty());
+}

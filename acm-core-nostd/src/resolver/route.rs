@@ -147,6 +147,7 @@ impl<S: Storage> Resolver<S> {
             job.ep = slot as u8;
             job.cache_ep = cache_ep;
             job.query = query;
+            job.born = now;
             job.key = StoredKey::from_key(if query { None } else { key });
             job.sa = *sa;
         }
@@ -176,8 +177,15 @@ impl<S: Storage> Resolver<S> {
     fn send_job(&mut self, now: Millis, j: u32) {
         self.unlist_job(j);
         let tid = self.next_tid();
-        let slot = usize::from(self.st.jobs()[j as usize].ep);
-        let at = now.saturating_add(self.sa_deadline_of(slot));
+        let (slot, born) = {
+            let job = &self.st.jobs()[j as usize];
+            (usize::from(job.ep), job.born)
+        };
+        // Each try has its deadline, and the whole job (backlog, tries, BUSY backoffs) has
+        // `queue_deadline` from its start: nothing waits longer, even with the SA gone.
+        let at = now
+            .saturating_add(self.sa_deadline_of(slot))
+            .min(born.saturating_add(self.cfg.queue_deadline));
         let ep = {
             let job = &mut self.st.jobs()[j as usize];
             job.state = JobState::Send;
@@ -498,7 +506,9 @@ impl<S: Storage> Resolver<S> {
                     return;
                 }
                 let wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
-                let at = now.saturating_add(wait);
+                let at = now
+                    .saturating_add(wait)
+                    .min(job.born.saturating_add(self.cfg.queue_deadline));
                 self.unlist_job(j);
                 let jb = &mut self.st.jobs()[j as usize];
                 jb.state = JobState::Busy;
@@ -576,30 +586,44 @@ impl<S: Storage> Resolver<S> {
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
     {
-        // Deadline-ordered lists: only their due heads are looked at.
-        for id in [list_id::BACKLOG, list_id::SA_SEND, list_id::SENT] {
-            loop {
-                let head = match id {
-                    list_id::BACKLOG => self.backlog.front(),
-                    list_id::SA_SEND => self.sa_send.front(),
-                    _ => self.sent.front(),
-                };
-                let Some(j) = head else {
-                    break;
-                };
-                if self.st.jobs()[j as usize].timer > now {
-                    break;
+        // The backlog is in arrival (= deadline) order: only its due head is looked at. The
+        // SA lists are short (the window) and not quite in deadline order (a BUSY retry keeps
+        // its start's deadline), so they are walked whole.
+        while let Some(j) = self.backlog.front() {
+            if self.st.jobs()[j as usize].timer > now {
+                break;
+            }
+            self.stats.timeouts += 1;
+            self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+            self.unlist_job(j);
+        }
+        for id in [list_id::SA_SEND, list_id::SENT] {
+            let mut cur = if id == list_id::SA_SEND {
+                self.sa_send.front()
+            } else {
+                self.sent.front()
+            };
+            while let Some(j) = cur {
+                cur = List::next_of(self.st.jobs(), j, job_link);
+                if self.st.jobs()[j as usize].timer <= now {
+                    self.stats.timeouts += 1;
+                    self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                    // A zombie (the caller holds its MAD) is on no list any more.
+                    self.unlist_job(j);
                 }
-                self.stats.timeouts += 1;
-                self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
-                // A zombie (the caller holds its MAD) is on no list any more.
-                self.unlist_job(j);
             }
         }
         let mut cur = self.busy.front();
         while let Some(j) = cur {
             cur = List::next_of(self.st.jobs(), j, job_link);
-            if self.st.jobs()[j as usize].timer <= now {
+            let job = self.st.jobs()[j as usize];
+            if job.timer > now {
+                continue;
+            }
+            if job.born.saturating_add(self.cfg.queue_deadline) <= now {
+                self.stats.timeouts += 1;
+                self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+            } else {
                 self.send_job(now, j);
             }
         }
@@ -628,20 +652,15 @@ impl<S: Storage> Resolver<S> {
     pub(crate) fn scan_timers(&mut self) -> Option<Millis> {
         let mut next: Option<Millis> = None;
         let mut at = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
-        for head in [
-            self.backlog.front(),
-            self.sa_send.front(),
-            self.sent.front(),
-        ]
-        .into_iter()
-        .flatten()
-        {
+        if let Some(head) = self.backlog.front() {
             at(self.st.jobs()[head as usize].timer);
         }
-        let mut cur = self.busy.front();
-        while let Some(j) = cur {
-            at(self.st.jobs()[j as usize].timer);
-            cur = List::next_of(self.st.jobs(), j, job_link);
+        for first in [self.sa_send.front(), self.sent.front(), self.busy.front()] {
+            let mut cur = first;
+            while let Some(j) = cur {
+                at(self.st.jobs()[j as usize].timer);
+                cur = List::next_of(self.st.jobs(), j, job_link);
+            }
         }
         for e in self.st.endpoints().iter() {
             if !e.open {

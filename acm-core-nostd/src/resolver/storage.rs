@@ -237,6 +237,8 @@ pub struct JobSlot {
     pub(crate) tid: u32,
     pub(crate) hnext: u32,
     pub(crate) timer: Millis,
+    /// When the job started: it is answered by `born + queue_deadline` whatever happens.
+    pub(crate) born: Millis,
     pub(crate) key: StoredKey,
     pub(crate) waiters: List,
     /// Address entries whose route this is (aliased on success).
@@ -257,6 +259,7 @@ impl JobSlot {
         tid: 0,
         hnext: 0,
         timer: 0,
+        born: 0,
         key: StoredKey::NONE,
         waiters: List::EMPTY,
         addrs: List::EMPTY,
