@@ -664,7 +664,21 @@ impl<I: CoreIo> Plane<I> {
     /// offered to the resolver as a Report.
     fn sa_receive(&mut self, now: Millis, ep: EpId, mad: &[u8; 256]) {
         if mad[3] & acm_core_nostd::wire::mad::METHOD_RESP == 0 {
+            let before = self.resolver.stats();
             self.resolver.handle_report(now, &self.cache, ep, mad);
+            let after = self.resolver.stats();
+            if after.reports > before.reports && self.io.log_enabled(1) {
+                // Trap number and subject GID of the Notice (SA data at 56).
+                let trap = u16::from_be_bytes([mad[60], mad[61]]);
+                let gid = Gid::from_bytes(&mad[72..88]).unwrap_or(Gid::ZERO);
+                self.io.log(
+                    1,
+                    &format!(
+                        "SA Report: trap {trap} for {gid}: {} cache entries invalidated",
+                        after.report_invalidated - before.report_invalidated
+                    ),
+                );
+            }
             return;
         }
         let Some(token) = self.sa.reply(mad) else {

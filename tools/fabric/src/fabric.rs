@@ -1080,9 +1080,38 @@ impl Fabric {
 
     /// Stops OpenSM (TERM, then KILL after 2 s).
     pub fn stop_sm(&mut self) {
+        // A paused OpenSM would sit on its TERM until it was killed.
+        let _ = self.resume_sm();
         if let Some(mut p) = self.sm.take() {
             p.stop();
         }
+    }
+
+    /// Freezes OpenSM (SIGSTOP): the SA is gone, as with a hung or overloaded SM, while its
+    /// process, LIDs and subscriptions stay. [`resume_sm`](Self::resume_sm) continues it.
+    pub fn pause_sm(&self) -> Result<()> {
+        self.signal_sm(libc::SIGSTOP)
+    }
+
+    /// Continues OpenSM after [`pause_sm`](Self::pause_sm) (SIGCONT).
+    pub fn resume_sm(&self) -> Result<()> {
+        self.signal_sm(libc::SIGCONT)
+    }
+
+    fn signal_sm(&self, sig: i32) -> Result<()> {
+        let pid = self
+            .sm
+            .as_ref()
+            .map(|p| p.pid())
+            .ok_or_else(|| Error::new("OpenSM is not running"))?;
+        // SAFETY: kill has no memory preconditions; the PID is our own child's.
+        if unsafe { libc::kill(pid, sig) } != 0 {
+            return Err(Error::new(format!(
+                "kill({pid}, {sig}): {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(())
     }
 
     /// Whether OpenSM is running.

@@ -1,0 +1,257 @@
+//! The `ud` SA transport inside the real, unmodified ibacm daemon, against real OpenSM on the
+//! simulated fabric (ibsim; simverbs bridges the UD QP's MADs to the SM's QP1):
+//!
+//! * SA queries are pipelined up to `acmrs_sa_window` whatever the core's `sa_depth` (1), and
+//!   with the SA gone (OpenSM frozen with SIGSTOP) under a burst of distinct misses, every
+//!   request is answered within the configured bound while the SA is still gone; when OpenSM
+//!   continues, new misses resolve again.
+//! * Fabric changes reach the cache: an HCA unlinked in ibsim (OpenSM reports trap 65 to our
+//!   subscription) stops being answered from acmrs's cache; relinked (trap 64) it resolves
+//!   again, although a negative entry for it would otherwise live for 10 minutes. The stock
+//!   provider on another node, which subscribes to nothing, keeps answering its stale path.
+//!
+//! Needs root (private /run per daemon) and the artifacts `libsimverbs.so` and `libacmrs.so`
+//! (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
+
+use acm_fabric::checks::SA_VERIFIED;
+use acm_fabric::{Fabric, Output, Provider, Topology};
+use std::time::{Duration, Instant};
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The 7 per-endpoint counters of endpoint 1 (`ib_acme -P 1`): [error, resolve, no data,
+/// addr query, addr cache, route query, route cache].
+fn ep_counters(f: &Fabric, node: &str) -> Vec<u64> {
+    let o = f.node(node).unwrap().acme(&["-P", "1"]).unwrap();
+    o.stdout
+        .lines()
+        .find(|l| l.starts_with("127.0.0.1,"))
+        .and_then(|l| {
+            l.split(',')
+                .skip(1)
+                .map(|v| v.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|| panic!("no counter row: {o}\n{}", f.logs_report()))
+}
+
+const ROUTE_QUERY: usize = 5;
+const ROUTE_CACHE: usize = 6;
+
+/// `ib_acme -f l` from `on` to `dlid`: what the provider answers (with `-v` ib_acme also asks
+/// the SA itself whether the path is real, and fails if it is not, whatever the provider said).
+fn path(f: &Fabric, on: &str, dlid: u16, verify: bool) -> Output {
+    let s = f.node(on).unwrap().lid.to_string();
+    let d = dlid.to_string();
+    let mut args = vec!["-f", "l", "-s", &s, "-d", &d];
+    if verify {
+        args.push("-v");
+    }
+    f.node(on).unwrap().acme(&args).unwrap()
+}
+
+/// `ib_acme -f l` on `on` to `dlid`, retried for up to `within` until the SA verified a path
+/// with that DLID.
+fn verified_until(f: &Fabric, on: &str, dlid: u16, within: Duration) -> Output {
+    let t0 = Instant::now();
+    loop {
+        let o = path(f, on, dlid, true);
+        if o.stdout.contains(SA_VERIFIED) && o.stdout.contains(&format!("dlid: {dlid}\n")) {
+            return o;
+        }
+        assert!(
+            t0.elapsed() < within,
+            "{on} -> LID {dlid} not verified within {within:?}: {o}\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the_bound() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    // 56 HCAs and 6 switches, so 50 distinct destinations the SA knows. Hca1 runs OpenSM.
+    let mut f = Fabric::builder(Topology::parse("fattree:4,2,14").unwrap(), ["Hca2"])
+        .provider(Provider::Acmrs)
+        .name_prefix("acmrs-sawin")
+        .option("timeout", "500")
+        .option("retries", "1")
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let me = f.node("Hca2").unwrap().lid;
+    let known = f.port_info("Hca1").unwrap().lid;
+    verified_until(&f, "Hca2", known, Duration::from_secs(20));
+    // sa_deadline = timeout × (retries + 1) + 1 s = 2 s, so the bound of a request is
+    // queue_deadline = 2 s × (retries + 1) = 4 s from its arrival.
+    let bound = Duration::from_secs(4);
+    let dests: Vec<u16> = (1..=62u16)
+        .filter(|l| *l != me && *l != known)
+        .take(50)
+        .collect();
+    assert_eq!(dests.len(), 50);
+    let before = ep_counters(&f, "Hca2");
+    f.pause_sm().unwrap();
+    let paused = Instant::now();
+    let results: Vec<(Output, Duration)> = std::thread::scope(|s| {
+        let hs: Vec<_> = dests
+            .iter()
+            .map(|&d| {
+                let f = &f;
+                s.spawn(move || {
+                    let t0 = Instant::now();
+                    let o = path(f, "Hca2", d, false);
+                    (o, t0.elapsed())
+                })
+            })
+            .collect();
+        // All 50 arrive within a second; the window lets 16 out, whatever sa_depth (1) says.
+        std::thread::sleep(Duration::from_millis(1500));
+        let during = ep_counters(&f, "Hca2");
+        assert_eq!(
+            during[ROUTE_QUERY] - before[ROUTE_QUERY],
+            16,
+            "SA queries out with the SA frozen: {before:?} -> {during:?}\n{}",
+            f.logs_report()
+        );
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let answered_by = paused.elapsed();
+    for (o, took) in &results {
+        assert!(
+            !o.success() && !o.timed_out,
+            "with the SA gone a request is answered with an error: {o}"
+        );
+        assert!(
+            *took < bound + Duration::from_secs(3),
+            "answered after {took:?} (bound {bound:?}): {o}"
+        );
+    }
+    // Everyone had an answer while OpenSM was still frozen; keep it frozen a while longer (the
+    // SA gone for more than three bounds), then let it continue.
+    let gone = bound * 3;
+    if answered_by < gone {
+        std::thread::sleep(gone - answered_by);
+    }
+    f.resume_sm().unwrap();
+    // The provider recovers: fresh misses resolve (the SA may need a moment to catch up with
+    // what queued up on its QP while it was frozen).
+    for &d in dests.iter().take(5) {
+        let s = me.to_string();
+        let ds = d.to_string();
+        let o = f
+            .node("Hca2")
+            .unwrap()
+            .acme_until(
+                &["-f", "l", "-s", &s, "-d", &ds, "-v"],
+                Duration::from_secs(20),
+                |o| o.stdout.contains(SA_VERIFIED),
+            )
+            .unwrap();
+        assert!(
+            o.stdout.contains(SA_VERIFIED),
+            "after the SA came back: {o}"
+        );
+    }
+}
+
+#[test]
+fn an_unlinked_node_is_dropped_from_the_cache_and_reachable_again_when_relinked() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    // Hca2 stock, Hca3 acmrs; Hca4 runs no daemon, it is the destination that comes and goes.
+    let f = Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca2", "Hca3"],
+    )
+    .provider(Provider::Acmrs)
+    .node_provider("Hca2", Provider::Stock)
+    .name_prefix("acmrs-trap")
+    // A path never expires and "no path" is remembered for 10 minutes: only the SA's
+    // Reports can change what the cache says within this test.
+    .option("route_timeout", "-1")
+    .option("acmrs_negative_ttl_ms", "600000")
+    .option("log_level", "1")
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let w = Duration::from_secs(20);
+    let l4 = f.port_info("Hca4").unwrap().lid;
+    for on in ["Hca2", "Hca3"] {
+        verified_until(&f, on, l4, w);
+    }
+    let c0 = ep_counters(&f, "Hca3");
+    assert!(path(&f, "Hca3", l4, false).success());
+    let c1 = ep_counters(&f, "Hca3");
+    assert_eq!(
+        c1[ROUTE_CACHE],
+        c0[ROUTE_CACHE] + 1,
+        "a cache hit: {c0:?} {c1:?}"
+    );
+
+    // Hca4 leaves the fabric. OpenSM sweeps (the switch's trap 128) and reports trap 65.
+    f.port_down("Hca4").unwrap();
+    let t0 = Instant::now();
+    let gone = loop {
+        let o = path(&f, "Hca3", l4, false);
+        if !o.success() {
+            break o;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "acmrs still answers the path to an unlinked node after 15 s: {o}\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let dropped_after = t0.elapsed();
+    let log = f.node("Hca3").unwrap().log();
+    assert!(
+        log.contains("SA Report: trap 65 for") && !log.contains("trap 65 for ::: 0"),
+        "the Report was applied: {gone}\n{log}"
+    );
+    // Not from the cache: the request went to the SA, which has no path to it.
+    let c2 = ep_counters(&f, "Hca3");
+    let o = path(&f, "Hca3", l4, false);
+    let c3 = ep_counters(&f, "Hca3");
+    assert!(!o.success());
+    assert_eq!(c3[ROUTE_CACHE], c2[ROUTE_CACHE], "no hit: {c2:?} {c3:?}");
+    // The stock provider keeps serving its cached path: it never hears of the change.
+    let stock = path(&f, "Hca2", l4, false);
+    assert!(
+        stock.success(),
+        "stock libibacmp keeps its stale path (this is what acmrs fixes): {stock}"
+    );
+    eprintln!("acmrs dropped the path {dropped_after:?} after the unlink; stock still serves it");
+
+    // Hca4 comes back: trap 64 drops the negative entry, the next request asks the SA.
+    f.port_up("Hca4").unwrap();
+    let t1 = Instant::now();
+    loop {
+        let o = path(&f, "Hca3", l4, true);
+        if o.stdout.contains(SA_VERIFIED) {
+            break;
+        }
+        assert!(
+            t1.elapsed() < Duration::from_secs(20),
+            "a relinked node is not reachable again after 20 s: {o}\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        f.node("Hca3")
+            .unwrap()
+            .log()
+            .contains("SA Report: trap 64 for"),
+        "{}",
+        f.logs_report()
+    );
+}
