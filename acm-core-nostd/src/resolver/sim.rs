@@ -443,6 +443,13 @@ pub fn lid_msg(lid: u16, nodelay: bool, tid: u64) -> Vec<u8> {
     msg(&[(if nodelay { 1 << 30 } else { 0 }, 0x10, r)], [0; 3], tid)
 }
 
+/// A RESOLVE PATH request by DGID.
+pub fn gid_msg(gid: Gid, nodelay: bool, tid: u64) -> Vec<u8> {
+    let mut r = [0u8; 64];
+    PathRecord::new_unchecked(&mut r[..]).set_dgid(gid);
+    msg(&[(if nodelay { 1 << 30 } else { 0 }, 0x10, r)], [0; 3], tid)
+}
+
 /// A `query()` (QUERY_SA) PATH request by DLID.
 pub fn query_msg(lid: u16, tid: u64) -> Vec<u8> {
     let mut r = [0u8; 64];
