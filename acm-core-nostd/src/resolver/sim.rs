@@ -168,8 +168,9 @@ pub struct SaServiceStats {
     pub peak_core_wait: usize,
     /// Queries served per virtual millisecond (index = the ms the service ended in).
     pub served_per_ms: Vec<u32>,
-    /// Queries the SA accepted per (node, DLID) (`SimConfig::count_per_dest`).
-    pub per_dest: HashMap<(u32, u16), u32>,
+    /// Queries the SA accepted per (node, destination node) (`SimConfig::count_per_dest`;
+    /// `u32::MAX` = a destination that is no node).
+    pub per_dest: HashMap<(u32, u32), u32>,
     /// Most sends in the MAD layer (sent, not completed) of one node at once.
     pub peak_node_inflight: u32,
 }
@@ -209,7 +210,7 @@ pub struct SimConfig {
     pub checks: bool,
     /// Address-cache slots per node (`None`: `cache_slots`).
     pub addr_cache_slots: Option<usize>,
-    /// Count the SA's accepted queries per (node, DLID) ([`SaServiceStats::per_dest`]).
+    /// Count the SA's accepted queries per (node, destination) ([`SaServiceStats::per_dest`]).
     pub count_per_dest: bool,
 }
 
@@ -1028,7 +1029,8 @@ impl Sim {
             }
             self.core_credits[from] -= 1;
         }
-        self.umad.insert((from, token), UmadSend { mad, attempt: 0 });
+        self.umad
+            .insert((from, token), UmadSend { mad, attempt: 0 });
         self.node_inflight[from] += 1;
         let f = self.node_inflight[from];
         self.sa_stats.peak_node_inflight = self.sa_stats.peak_node_inflight.max(f);
@@ -1105,12 +1107,11 @@ impl Sim {
             }
             self.sa_stats.served_per_ms[ms] += 1;
             if self.count_per_dest {
-                let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
-                *self
-                    .sa_stats
-                    .per_dest
-                    .entry((from as u32, dlid))
-                    .or_insert(0) += 1;
+                let q = PathRecord::new_unchecked(&mad[56..120]);
+                let to = self
+                    .node_of(q.dlid(), q.dgid())
+                    .map_or(u32::MAX, |j| j as u32);
+                *self.sa_stats.per_dest.entry((from as u32, to)).or_insert(0) += 1;
             }
             match self.path_for(from, &mad[56..120]) {
                 Some(p) => reply[56..120].copy_from_slice(&p),

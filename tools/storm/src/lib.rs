@@ -11,11 +11,11 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use acm_core_nostd::cache::PathSlot;
 use acm_core_nostd::resolver::sim::{
     gid_msg, lid_msg, node_gid, node_lid, Rng, SaService, SaServiceStats, Sim, SimConfig,
 };
 use acm_core_nostd::resolver::{Capacities, Config, Kind, Millis};
-use acm_core_nostd::cache::PathSlot;
 use acm_core_nostd::wire::path_record::PathRecord;
 
 /// Which resolver configuration the nodes run.
