@@ -58,14 +58,15 @@ impl Profile {
 /// * no negative cache (`negative_ttl = 0`) and one multicast resolve in flight
 ///   (`acm_window = 1`, `resolve_depth`), neither of which a PATH storm exercises.
 pub fn ibacmp_like() -> Config {
-    let mut c = Config::default();
-    c.sa_window = 1;
-    c.sa_busy_retries = 0;
-    c.sa_deadline = 3_600_000;
-    c.queue_deadline = 3_600_000;
-    c.negative_ttl = 0;
-    c.acm_window = 1;
-    c
+    Config {
+        sa_window: 1,
+        sa_busy_retries: 0,
+        sa_deadline: 3_600_000,
+        queue_deadline: 3_600_000,
+        negative_ttl: 0,
+        acm_window: 1,
+        ..Config::default()
+    }
 }
 
 /// How the k destinations of a node are picked.
