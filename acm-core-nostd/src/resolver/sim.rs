@@ -15,11 +15,18 @@
 //!   resolver, a NODELAY miss is answered ENODATA and handed over as [`Kind::Prime`], a hit
 //!   near expiry as [`Kind::Refresh`]).
 //!
+//! Optionally ([`SimConfig::sa_service`]) the SA is one server instead: a service rate, a
+//! bounded FIFO that answers BUSY when full, one-way fabric latency and loss, and in front of
+//! it the kernel MAD layer's per-send timeout and retransmissions (same TID) and the core's
+//! `sa_depth` credits ([`SaService`]); PathRecord GETs then go through that model (the storm
+//! simulator, `tools/storm`). [`SimConfig::scale`] makes every step cost O(nodes touched)
+//! instead of O(nodes), for 10 000-node runs.
+//!
 //! Every client request gets a unique client id and TID; every answer is checked: exactly one
 //! per Resolve/Query request, with its TID ([`Sim::violations`]). Everything is a function of
 //! the seed ([`Rng`], splitmix64), so a failing schedule replays exactly.
 
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::string::String;
 use std::vec::Vec;
 use std::{format, vec};
@@ -94,6 +101,87 @@ impl Faults {
     };
 }
 
+/// The SA as one server, and the MAD layer in front of it (see the [module docs](self)).
+///
+/// A PathRecord GET a node sends is held by the core until it has one of the port's
+/// `core_sa_depth` credits (`acm_send_sa_mad`: a credit, else the FIFO `sa_wait`, released
+/// when a MAD is received on the port), then sent by the kernel MAD layer: it reaches the SA
+/// after `latency` unless lost (`loss`); without a reply within `umad_timeout` it is sent again
+/// with the same TID, `umad_retries` times, then completed with a umad timeout. The SA serves
+/// one query per `1 / rate` in arrival order; a query that finds `queue_cap` queries waiting
+/// or in service is answered BUSY at once (no service time). It serves every query it
+/// accepted, including those whose sender has given up (their replies are dropped by the MAD
+/// layer, counted in [`SaServiceStats::late`]). Joins and other SA MADs keep the instant model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaService {
+    /// PathRecords served per second.
+    pub rate: u64,
+    /// Queries the SA holds (waiting plus in service); one more is answered BUSY.
+    pub queue_cap: usize,
+    /// One-way fabric latency (ms), each way.
+    pub latency: Millis,
+    /// A MAD (query or reply) is lost, per mille.
+    pub loss: u32,
+    /// The MAD layer's per-send timeout (ms; the core's `timeout`).
+    pub umad_timeout: Millis,
+    /// The MAD layer's retransmissions (the core's `retries`).
+    pub umad_retries: u32,
+    /// The core's SA credits per port (`sa_depth`); `None` = unlimited (the resolver's own
+    /// window is the only bound).
+    pub core_sa_depth: Option<u32>,
+}
+
+impl SaService {
+    /// 30 000 PathRecords/s, 10 000 queued, 1 ms each way, no loss, the core's MAD timeout and
+    /// retries (2000 ms, 2), no core credit limit.
+    pub const DEFAULT: SaService = SaService {
+        rate: 30_000,
+        queue_cap: 10_000,
+        latency: 1,
+        loss: 0,
+        umad_timeout: 2000,
+        umad_retries: 2,
+        core_sa_depth: None,
+    };
+}
+
+/// What the [`SaService`] model saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SaServiceStats {
+    /// MADs the MAD layer put on the wire (first sends and retransmissions).
+    pub sent: u64,
+    /// Of `sent`, retransmissions after a umad timeout.
+    pub retransmits: u64,
+    /// MADs lost on the wire (either way).
+    pub lost: u64,
+    /// Queries the SA accepted and served.
+    pub served: u64,
+    /// Queries the SA answered BUSY.
+    pub busy: u64,
+    /// Most queries the SA held at once.
+    pub peak_queue: usize,
+    /// Sends completed with a umad timeout (retries exhausted).
+    pub umad_timeouts: u64,
+    /// Replies that reached a sender whose send had already completed (dropped).
+    pub late: u64,
+    /// Most sends the core held waiting for a credit, at once, on one node.
+    pub peak_core_wait: usize,
+    /// Queries served per virtual millisecond (index = the ms the service ended in).
+    pub served_per_ms: Vec<u32>,
+    /// Queries the SA accepted per (node, destination node) (`SimConfig::count_per_dest`;
+    /// `u32::MAX` = a destination that is no node).
+    pub per_dest: HashMap<(u32, u32), u32>,
+    /// Most sends in the MAD layer (sent, not completed) of one node at once.
+    pub peak_node_inflight: u32,
+}
+
+/// A send the MAD layer holds.
+#[derive(Clone, Debug)]
+struct UmadSend {
+    mad: [u8; 256],
+    attempt: u32,
+}
+
 /// How a [`Sim`] is built.
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
@@ -113,6 +201,17 @@ pub struct SimConfig {
     pub port_rate_mtu: (u8, u8),
     /// Odd nodes run at 40 Gb/s / MTU 4096 instead (a mixed fabric).
     pub mixed_ports: bool,
+    /// The SA as one server with a rate and a queue (`None`: the instant model of [`Faults`]).
+    pub sa_service: Option<SaService>,
+    /// Steps touch only the nodes that had an input (a timer heap, a dirty list, answered
+    /// requests forgotten); for large node counts. Results are the same as without.
+    pub scale: bool,
+    /// Check every touched resolver's bookkeeping after each step (off: [`Sim::check_all`]).
+    pub checks: bool,
+    /// Address-cache slots per node (`None`: `cache_slots`).
+    pub addr_cache_slots: Option<usize>,
+    /// Count the SA's accepted queries per (node, destination) ([`SaServiceStats::per_dest`]).
+    pub count_per_dest: bool,
 }
 
 impl SimConfig {
@@ -135,6 +234,11 @@ impl SimConfig {
             cache_slots: 256,
             port_rate_mtu: (3, 4),
             mixed_ports: false,
+            sa_service: None,
+            scale: false,
+            checks: true,
+            addr_cache_slots: None,
+            count_per_dest: false,
         }
     }
 }
@@ -152,6 +256,8 @@ pub struct SimAnswer {
     pub path: Option<[u8; 64]>,
     /// Answered by the caller's hit path (not the resolver).
     pub inline: bool,
+    /// When (virtual ms).
+    pub at: Millis,
 }
 
 /// One simulated node.
@@ -202,6 +308,24 @@ enum Event {
         token: u64,
         umad_status: u32,
         mad: [u8; 256],
+    },
+    /// A PathRecord GET reaches the SA server ([`SaService`]).
+    SaArrive {
+        from: usize,
+        token: u64,
+        mad: [u8; 256],
+    },
+    /// The SA server's reply reaches the sender's MAD layer.
+    SaReply {
+        to: usize,
+        token: u64,
+        mad: [u8; 256],
+    },
+    /// The MAD layer's timeout of one try of a send.
+    UmadTimeout {
+        from: usize,
+        token: u64,
+        attempt: u32,
     },
 }
 
@@ -258,6 +382,23 @@ pub struct Sim {
     /// client → (node, tid, via, answers so far, expects an answer)
     requests: BTreeMap<u64, (usize, u64, Via, u32, bool)>,
     mlids: BTreeMap<[u8; 16], u16>,
+    /// The SA server model, if any.
+    pub sa_service: Option<SaService>,
+    /// What it saw.
+    pub sa_stats: SaServiceStats,
+    scale: bool,
+    checks: bool,
+    count_per_dest: bool,
+    dirty: Vec<usize>,
+    is_dirty: Vec<bool>,
+    timers: BinaryHeap<core::cmp::Reverse<(Millis, usize)>>,
+    armed: Vec<Option<Millis>>,
+    umad: HashMap<(usize, u64), UmadSend>,
+    node_inflight: Vec<u32>,
+    sa_fifo: VecDeque<u64>,
+    sa_free_ns: u64,
+    core_credits: Vec<u32>,
+    core_wait: Vec<VecDeque<(u64, [u8; 256])>>,
 }
 
 /// The GID of node `i`.
@@ -303,6 +444,13 @@ pub fn lid_msg(lid: u16, nodelay: bool, tid: u64) -> Vec<u8> {
     msg(&[(if nodelay { 1 << 30 } else { 0 }, 0x10, r)], [0; 3], tid)
 }
 
+/// A RESOLVE PATH request by DGID.
+pub fn gid_msg(gid: Gid, nodelay: bool, tid: u64) -> Vec<u8> {
+    let mut r = [0u8; 64];
+    PathRecord::new_unchecked(&mut r[..]).set_dgid(gid);
+    msg(&[(if nodelay { 1 << 30 } else { 0 }, 0x10, r)], [0; 3], tid)
+}
+
 /// A `query()` (QUERY_SA) PATH request by DLID.
 pub fn query_msg(lid: u16, tid: u64) -> Vec<u8> {
     let mut r = [0u8; 64];
@@ -335,7 +483,7 @@ impl Sim {
         for i in 0..cfg.nodes {
             let cache = PathCache::new(
                 PathSlot::boxed(cfg.cache_slots),
-                AddrSlot::boxed(cfg.cache_slots),
+                AddrSlot::boxed(cfg.addr_cache_slots.unwrap_or(cfg.cache_slots)),
                 CacheConfig {
                     seed: rng.next_u64(),
                     refresh_ahead: 5_000,
@@ -389,6 +537,21 @@ impl Sim {
             next_client: 1,
             requests: BTreeMap::new(),
             mlids: BTreeMap::new(),
+            sa_service: cfg.sa_service,
+            sa_stats: SaServiceStats::default(),
+            scale: cfg.scale,
+            checks: cfg.checks,
+            count_per_dest: cfg.count_per_dest,
+            dirty: Vec::new(),
+            is_dirty: vec![false; n],
+            timers: BinaryHeap::new(),
+            armed: vec![None; n],
+            umad: HashMap::new(),
+            node_inflight: vec![0; n],
+            sa_fifo: VecDeque::new(),
+            sa_free_ns: 0,
+            core_credits: vec![cfg.sa_service.and_then(|s| s.core_sa_depth).unwrap_or(0); n],
+            core_wait: vec![VecDeque::new(); n],
         };
         for i in 0..n {
             sim.open(i);
@@ -412,6 +575,7 @@ impl Sim {
                 .resolver
                 .add_address(now, &node.cache, EP, cep, 1, &name);
         }
+        self.touch(i);
         self.pump();
     }
 
@@ -423,6 +587,7 @@ impl Sim {
             node.resolver.close_endpoint(now, &node.cache, EP);
             node.open = false;
         }
+        self.touch(i);
         self.pump();
     }
 
@@ -438,6 +603,7 @@ impl Sim {
                 .resolver
                 .preload_address(now, EP, 1, &name_bytes(&n), g);
         }
+        self.touch(i);
         self.pump();
     }
 
@@ -460,6 +626,7 @@ impl Sim {
             node.resolver
                 .preload_route(now, &node.cache, EP, cep, &path);
         }
+        self.touch(i);
         self.pump();
     }
 
@@ -468,6 +635,7 @@ impl Sim {
         let node = &mut self.nodes[i];
         let name = name_bytes(&node.name);
         node.resolver.remove_address(EP, 1, &name);
+        self.touch(i);
         self.pump();
     }
 
@@ -479,6 +647,7 @@ impl Sim {
         let _ = node
             .resolver
             .add_address(now, &node.cache, EP, cep, 1, &name);
+        self.touch(i);
         self.pump();
     }
 
@@ -489,6 +658,7 @@ impl Sim {
         node.generation = node.generation.wrapping_add(1);
         let cep = node.cache_ep();
         node.resolver.reregister(now, &node.cache, EP, cep);
+        self.touch(i);
         self.pump();
     }
 
@@ -511,6 +681,7 @@ impl Sim {
         if kind == Kind::Query || !node.open {
             node.resolver
                 .request(now, &node.cache, EP, cep, client, kind, &m);
+            self.touch(i);
             self.pump();
             return client;
         }
@@ -552,6 +723,7 @@ impl Sim {
             let node = &mut self.nodes[i];
             node.resolver.request(now, &node.cache, EP, cep, c, k, &m);
         }
+        self.touch(i);
         self.pump();
         client
     }
@@ -580,6 +752,10 @@ impl Sim {
                         r.0, r.1, r.2
                     ));
                 }
+                if self.scale {
+                    // Forgotten once answered: a second answer is then "unknown client".
+                    self.requests.remove(&client);
+                }
             }
             None => self
                 .violations
@@ -591,7 +767,113 @@ impl Sim {
             status,
             path,
             inline,
+            at: self.now,
         });
+    }
+
+    /// Takes the answers recorded so far (a long run drains them as it goes).
+    pub fn take_answers(&mut self) -> Vec<SimAnswer> {
+        core::mem::take(&mut self.answers)
+    }
+
+    /// Node `i` had an input: in scale mode, drain it and re-arm its timer at the next pump.
+    fn touch(&mut self, i: usize) {
+        if self.scale && !self.is_dirty[i] {
+            self.is_dirty[i] = true;
+            self.dirty.push(i);
+        }
+    }
+
+    /// Checks every resolver's bookkeeping now (violations are recorded).
+    pub fn check_all(&mut self) {
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if let Err(e) = n.resolver.check_invariants() {
+                self.violations
+                    .push(format!("node {i} at {}: {e}", self.now));
+            }
+            if n.resolver.stats().lost > 0 {
+                self.violations.push(format!("node {i}: answers lost"));
+            }
+        }
+    }
+
+    /// Sends the MAD layer holds for node `i` (sent, neither answered nor timed out).
+    pub fn umad_inflight(&self, i: usize) -> u32 {
+        self.node_inflight[i]
+    }
+
+    /// Sends the MAD layer holds, all nodes.
+    pub fn umad_pending(&self) -> usize {
+        self.umad.len()
+    }
+
+    fn pump_dirty(&mut self) {
+        while !self.dirty.is_empty() {
+            let d = core::mem::take(&mut self.dirty);
+            for i in d {
+                self.is_dirty[i] = false;
+                while let Some(o) = self.nodes[i].resolver.poll_output() {
+                    self.output(i, o);
+                }
+                let n = &mut self.nodes[i];
+                if self.checks {
+                    if let Err(e) = n.resolver.check_invariants() {
+                        self.violations
+                            .push(format!("node {i} at {}: {e}", self.now));
+                    }
+                }
+                if n.resolver.stats().lost > 0 {
+                    self.violations.push(format!("node {i}: answers lost"));
+                }
+                if let Some(t) = n.resolver.poll_timeout() {
+                    if self.armed[i].is_none_or(|a| a != t) {
+                        self.armed[i] = Some(t);
+                        self.timers.push(core::cmp::Reverse((t, i)));
+                    }
+                }
+            }
+        }
+    }
+
+    fn run_until_scaled(&mut self, until: Millis) {
+        loop {
+            self.pump();
+            let ev = self.events.peek().map(|e| e.at);
+            let tm = self.timers.peek().map(|r| r.0 .0);
+            let t = match (ev, tm) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => break,
+            };
+            if t > until {
+                break;
+            }
+            self.now = self.now.max(t);
+            while self.events.peek().is_some_and(|e| e.at <= self.now) {
+                let Some(e) = self.events.pop() else {
+                    break;
+                };
+                self.deliver(e.event);
+                self.pump();
+            }
+            let now = self.now;
+            while let Some(&core::cmp::Reverse((t, i))) = self.timers.peek() {
+                if t > now {
+                    break;
+                }
+                self.timers.pop();
+                if self.armed[i] == Some(t) {
+                    self.armed[i] = None;
+                }
+                let n = &mut self.nodes[i];
+                if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
+                    n.resolver.handle_timeout(now, &n.cache);
+                }
+                self.touch(i);
+                self.pump();
+            }
+        }
+        self.now = self.now.max(until);
     }
 
     /// Requests not answered yet.
@@ -625,6 +907,10 @@ impl Sim {
     /// Drains every node's outputs (and what they cause at once) until all are quiet, then
     /// checks every resolver's bookkeeping (violations are recorded).
     pub fn pump(&mut self) {
+        if self.scale {
+            self.pump_dirty();
+            return;
+        }
         self.drain_all();
         for (i, n) in self.nodes.iter_mut().enumerate() {
             if let Err(e) = n.resolver.check_invariants() {
@@ -679,6 +965,11 @@ impl Sim {
         let mut reply = mad;
         reply[3] = 0x81;
         let attr = u16::from_be_bytes([mad[16], mad[17]]);
+        if let (Some(svc), 0x01, 0x0035) = (self.sa_service, mad[3], attr) {
+            self.sa_queries += 1;
+            self.umad_submit(svc, from, token, mad);
+            return;
+        }
         match (mad[3], attr) {
             (0x01, 0x0035) => {
                 self.sa_queries += 1;
@@ -727,12 +1018,138 @@ impl Sim {
         );
     }
 
+    /// The core takes a send ([`SaService::core_sa_depth`] credits), the MAD layer sends it.
+    fn umad_submit(&mut self, svc: SaService, from: usize, token: u64, mad: [u8; 256]) {
+        if svc.core_sa_depth.is_some() {
+            if self.core_credits[from] == 0 || !self.core_wait[from].is_empty() {
+                self.core_wait[from].push_back((token, mad));
+                let w = self.core_wait[from].len();
+                self.sa_stats.peak_core_wait = self.sa_stats.peak_core_wait.max(w);
+                return;
+            }
+            self.core_credits[from] -= 1;
+        }
+        self.umad
+            .insert((from, token), UmadSend { mad, attempt: 0 });
+        self.node_inflight[from] += 1;
+        let f = self.node_inflight[from];
+        self.sa_stats.peak_node_inflight = self.sa_stats.peak_node_inflight.max(f);
+        self.transmit(svc, from, token, 0, mad);
+    }
+
+    /// One try of a send: on the wire (maybe lost), and its timeout.
+    fn transmit(&mut self, svc: SaService, from: usize, token: u64, attempt: u32, mad: [u8; 256]) {
+        self.sa_stats.sent += 1;
+        if self.rng.chance(svc.loss) {
+            self.sa_stats.lost += 1;
+        } else {
+            self.schedule(svc.latency, Event::SaArrive { from, token, mad });
+        }
+        self.schedule(
+            svc.umad_timeout,
+            Event::UmadTimeout {
+                from,
+                token,
+                attempt,
+            },
+        );
+    }
+
+    /// A send completed (reply or umad timeout): the core's credit comes back (the next
+    /// waiting send goes out), the resolver gets the completion.
+    fn umad_complete(&mut self, to: usize, token: u64, umad_status: u32, mad: &[u8; 256]) {
+        self.node_inflight[to] -= 1;
+        if let Some(svc) = self.sa_service {
+            if svc.core_sa_depth.is_some() {
+                self.core_credits[to] += 1;
+                while self.core_credits[to] > 0 {
+                    let Some((t, m)) = self.core_wait[to].pop_front() else {
+                        break;
+                    };
+                    self.core_credits[to] -= 1;
+                    self.umad.insert((to, t), UmadSend { mad: m, attempt: 0 });
+                    self.node_inflight[to] += 1;
+                    self.transmit(svc, to, t, 0, m);
+                }
+            }
+        }
+        let now = self.now;
+        let n = &mut self.nodes[to];
+        n.resolver.handle_sa(now, &n.cache, token, umad_status, mad);
+        self.touch(to);
+    }
+
+    /// A query reaches the SA server: BUSY if its queue is full, else served in turn.
+    fn sa_arrive(&mut self, from: usize, token: u64, mad: [u8; 256]) {
+        let Some(svc) = self.sa_service else {
+            return;
+        };
+        let arrival = self.now.saturating_mul(1_000_000);
+        while self.sa_fifo.front().is_some_and(|&f| f <= arrival) {
+            self.sa_fifo.pop_front();
+        }
+        let mut reply = mad;
+        reply[3] = 0x81;
+        let delay = if self.sa_fifo.len() >= svc.queue_cap {
+            self.sa_stats.busy += 1;
+            reply[4..6].copy_from_slice(&1u16.to_be_bytes());
+            svc.latency
+        } else {
+            let service = 1_000_000_000 / svc.rate.max(1);
+            let finish = arrival.max(self.sa_free_ns) + service;
+            self.sa_free_ns = finish;
+            self.sa_fifo.push_back(finish);
+            self.sa_stats.peak_queue = self.sa_stats.peak_queue.max(self.sa_fifo.len());
+            self.sa_stats.served += 1;
+            let ms = (finish / 1_000_000) as usize;
+            if self.sa_stats.served_per_ms.len() <= ms {
+                self.sa_stats.served_per_ms.resize(ms + 1, 0);
+            }
+            self.sa_stats.served_per_ms[ms] += 1;
+            if self.count_per_dest {
+                let q = PathRecord::new_unchecked(&mad[56..120]);
+                let to = self
+                    .node_of(q.dlid(), q.dgid())
+                    .map_or(u32::MAX, |j| j as u32);
+                *self.sa_stats.per_dest.entry((from as u32, to)).or_insert(0) += 1;
+            }
+            match self.path_for(from, &mad[56..120]) {
+                Some(p) => reply[56..120].copy_from_slice(&p),
+                None => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
+            }
+            (finish - arrival).div_ceil(1_000_000) + svc.latency
+        };
+        if self.rng.chance(svc.loss) {
+            self.sa_stats.lost += 1;
+            return;
+        }
+        self.schedule(
+            delay,
+            Event::SaReply {
+                to: from,
+                token,
+                mad: reply,
+            },
+        );
+    }
+
+    /// The node with LID `dlid` (if not 0), else with GID `dgid`: O(1), as the nodes' LIDs
+    /// and GIDs are a function of their index.
+    fn node_of(&self, dlid: u16, dgid: Gid) -> Option<usize> {
+        let j = if dlid != 0 {
+            usize::from(dlid) - 1
+        } else {
+            let low = u32::from_be_bytes([dgid.0[12], dgid.0[13], dgid.0[14], dgid.0[15]]);
+            (low as usize).checked_sub(1)?
+        };
+        (j < self.nodes.len() && (dlid != 0 || node_gid(j) == dgid)).then_some(j)
+    }
+
     /// The SA's answer to a PathRecord GET from node `from`.
     fn path_for(&self, from: usize, q: &[u8]) -> Option<[u8; 64]> {
         let q = PathRecord::new_unchecked(q);
         let (dlid, dgid) = (q.dlid(), q.dgid());
-        let to = (0..self.nodes.len())
-            .find(|&j| (dlid != 0 && node_lid(j) == dlid) || (dlid == 0 && node_gid(j) == dgid))?;
+        let to = self.node_of(dlid, dgid)?;
         if dlid != 0 && !dgid.is_zero() && node_gid(to) != dgid {
             return None;
         }
@@ -832,6 +1249,13 @@ impl Sim {
     /// When something happens next (an event or a resolver timer).
     pub fn next_time(&self) -> Option<Millis> {
         let ev = self.events.peek().map(|e| e.at);
+        if self.scale {
+            let tm = self.timers.peek().map(|r| r.0 .0);
+            return match (ev, tm) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
         let timers = self
             .nodes
             .iter()
@@ -845,6 +1269,10 @@ impl Sim {
 
     /// Runs events and timers until `until` (virtual ms); time ends at `until`.
     pub fn run_until(&mut self, until: Millis) {
+        if self.scale {
+            self.run_until_scaled(until);
+            return;
+        }
         loop {
             self.pump();
             let Some(t) = self.next_time() else {
@@ -886,6 +1314,7 @@ impl Sim {
                     self.delivered += 1;
                     n.resolver.handle_acm(now, &n.cache, EP, &meta, &mad);
                 }
+                self.touch(to);
             }
             Event::Sa {
                 to,
@@ -896,6 +1325,36 @@ impl Sim {
                 let n = &mut self.nodes[to];
                 n.resolver
                     .handle_sa(now, &n.cache, token, umad_status, &mad);
+                self.touch(to);
+            }
+            Event::SaArrive { from, token, mad } => self.sa_arrive(from, token, mad),
+            Event::SaReply { to, token, mad } => match self.umad.remove(&(to, token)) {
+                Some(_) => self.umad_complete(to, token, 0, &mad),
+                None => self.sa_stats.late += 1,
+            },
+            Event::UmadTimeout {
+                from,
+                token,
+                attempt,
+            } => {
+                let Some(svc) = self.sa_service else {
+                    return;
+                };
+                let Some(s) = self.umad.get_mut(&(from, token)) else {
+                    return;
+                };
+                if s.attempt != attempt {
+                    return;
+                }
+                if attempt < svc.umad_retries {
+                    s.attempt += 1;
+                    let mad = s.mad;
+                    self.sa_stats.retransmits += 1;
+                    self.transmit(svc, from, token, attempt + 1, mad);
+                } else if let Some(s) = self.umad.remove(&(from, token)) {
+                    self.sa_stats.umad_timeouts += 1;
+                    self.umad_complete(from, token, 110, &s.mad);
+                }
             }
         }
     }

@@ -1,0 +1,181 @@
+//! Invariants of the storm model and its driving (small N; virtual time only, nothing timed).
+
+use acm_core_nostd::resolver::sim::SaService;
+use acmrs_storm::{run, Dest, Params, Peers, Profile, Report};
+
+fn small(nodes: usize, peers: usize, profile: Profile) -> Params {
+    let mut p = Params::new(nodes, peers, profile);
+    p.checks = true;
+    p.concurrency = 16;
+    p
+}
+
+fn clean(r: &Report) {
+    assert!(
+        r.violations.is_empty(),
+        "{:?}",
+        &r.violations[..r.violations.len().min(5)]
+    );
+    assert_eq!(r.unanswered, 0, "every request answered");
+    assert_eq!(r.wrong, 0, "every path leads to its peer");
+    let pairs = r.params.nodes * r.params.peers;
+    assert_eq!(r.pair_done.len(), pairs, "every pair resolved exactly once");
+    assert_eq!(r.node_done.len(), r.params.nodes);
+    assert!(r.all_done.is_some());
+    // Every request issued got exactly one answer: the successes plus the failures.
+    assert_eq!(r.issued, pairs as u64 + r.failed);
+}
+
+/// The SA served no more than `rate × window` in any window of whole milliseconds (+1 for the
+/// query in service at the window's start).
+fn never_faster_than_rate(r: &Report) {
+    let per_ms = &r.sa.served_per_ms;
+    let rate = r.params.sa.rate as f64 / 1000.0;
+    for w in [1usize, 3, 10, 100] {
+        let mut sum: u64 = per_ms.iter().take(w).map(|&x| u64::from(x)).sum();
+        for i in w..=per_ms.len() {
+            assert!(
+                sum as f64 <= rate * w as f64 + 1.0,
+                "{sum} served in {w} ms ending at {i}"
+            );
+            if i < per_ms.len() {
+                sum += u64::from(per_ms[i]);
+                sum -= u64::from(per_ms[i - w]);
+            }
+        }
+    }
+    let total: u64 = per_ms.iter().map(|&x| u64::from(x)).sum();
+    assert_eq!(total, r.sa.served);
+}
+
+#[test]
+fn acmrs_one_query_per_pair_when_nothing_is_lost() {
+    for (pick, dest) in [(Peers::Ring, Dest::Lid), (Peers::Random, Dest::Gid)] {
+        let mut p = small(40, 12, Profile::Acmrs);
+        p.pick = pick;
+        p.dest = dest;
+        let r = run(p);
+        clean(&r);
+        let pairs = (p.nodes * p.peers) as u64;
+        assert_eq!(r.sa_queries, pairs, "{pick:?} {dest:?}");
+        assert_eq!(r.sa.served, pairs);
+        assert_eq!(r.per_dest_max, 1);
+        assert_eq!(r.per_dest_repeats, 0);
+        assert_eq!((r.sa.busy, r.sa.umad_timeouts, r.failed), (0, 0, 0));
+        never_faster_than_rate(&r);
+    }
+}
+
+#[test]
+fn the_sa_never_serves_faster_than_its_rate() {
+    for profile in [Profile::Acmrs, Profile::IbacmpLike] {
+        let mut p = small(60, 20, profile);
+        p.sa.rate = 2_000;
+        let r = run(p);
+        clean(&r);
+        never_faster_than_rate(&r);
+        // 1 200 queries at 2 000/s cannot finish before 0.6 s.
+        assert!(r.all_done.unwrap_or(0) >= 600, "{:?}", r.all_done);
+    }
+}
+
+#[test]
+fn busy_when_the_queue_is_full_and_the_queue_never_exceeds_its_capacity() {
+    for profile in [Profile::Acmrs, Profile::IbacmpLike] {
+        let mut p = small(50, 10, profile);
+        p.sa = SaService {
+            rate: 1_000,
+            queue_cap: 20,
+            ..SaService::DEFAULT
+        };
+        p.client_retry = 200;
+        let r = run(p);
+        clean(&r);
+        assert!(
+            r.sa.busy > 0,
+            "{profile:?}: BUSY with 50 senders and room for 20"
+        );
+        assert!(r.sa.peak_queue <= 20, "{}", r.sa.peak_queue);
+        assert_eq!(r.sa.peak_queue, 20, "the queue fills");
+        // Every SA query the resolvers sent was either served or answered BUSY (no loss, no
+        // timeouts here).
+        assert_eq!(r.sa.umad_timeouts, 0);
+        assert_eq!(r.sa.served + r.sa.busy, r.sa.sent);
+        never_faster_than_rate(&r);
+    }
+}
+
+#[test]
+fn ibacmp_like_has_at_most_one_query_in_flight_per_node() {
+    let mut p = small(30, 20, Profile::IbacmpLike);
+    p.concurrency = 20;
+    let r = run(p);
+    clean(&r);
+    assert_eq!(r.sa.peak_node_inflight, 1);
+    let mut q = p;
+    q.profile = Profile::Acmrs;
+    let r = run(q);
+    clean(&r);
+    assert_eq!(
+        r.sa.peak_node_inflight, 8,
+        "acmrs's default window is 8 (sa_depth 1 × 8)"
+    );
+}
+
+#[test]
+fn core_sa_depth_holds_sends_back() {
+    let mut p = small(20, 10, Profile::Acmrs);
+    p.sa.core_sa_depth = Some(1);
+    let r = run(p);
+    clean(&r);
+    assert_eq!(r.sa.peak_node_inflight, 1, "the core's one credit");
+    assert!(
+        r.sa.peak_core_wait >= 7,
+        "the rest of acmrs's window waits in the core"
+    );
+}
+
+#[test]
+fn losses_and_a_slow_sa_give_retransmits_timeouts_late_replies_and_still_complete() {
+    for profile in [Profile::Acmrs, Profile::IbacmpLike] {
+        // 30 senders: ibacmp-like keeps 30 queries queued (30 ms at 1 000/s, below one 50 ms
+        // try), acmrs 240 (60 ms at 4 000/s: some first tries time out while queued, and their
+        // first reply completes the send, the retransmission's is late).
+        let mut p = small(30, 10, profile);
+        p.sa = SaService {
+            rate: if profile == Profile::Acmrs {
+                4_000
+            } else {
+                1_000
+            },
+            loss: 50,
+            umad_timeout: 50,
+            umad_retries: 1,
+            ..SaService::DEFAULT
+        };
+        p.client_retry = 50;
+        let r = run(p);
+        clean(&r);
+        assert!(r.sa.lost > 0 && r.sa.retransmits > 0, "{:?}", r.sa);
+        assert!(
+            r.sa.umad_timeouts > 0 && r.failed > 0,
+            "{profile:?}: {:?}",
+            r.sa
+        );
+        if profile == Profile::Acmrs {
+            assert!(r.sa.late > 0, "the SA serves queries whose sender gave up");
+        }
+        never_faster_than_rate(&r);
+    }
+}
+
+#[test]
+fn deterministic() {
+    let mut p = small(30, 10, Profile::Acmrs);
+    p.sa.loss = 20;
+    p.sa.umad_timeout = 100;
+    p.pick = Peers::Random;
+    let (a, b) = (run(p), run(p));
+    assert_eq!(a.pair_done, b.pair_done);
+    assert_eq!(a.sa, b.sa);
+}
