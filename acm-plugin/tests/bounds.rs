@@ -1,5 +1,5 @@
-//! Bounded resources: the SA window (8 × `sa_depth` MADs held by the core, the rest in a FIFO
-//! backlog), the request queue and pending table (ENOMEM beyond them), the address table,
+//! Bounded resources: the SA window over the core's service (`acmrs_sa_transport core`:
+//! `sa_depth` MADs held by the core, the rest in a FIFO backlog with deadlines), the request queue and pending table (ENOMEM beyond them), the address table,
 //! held MADs of closed endpoints, 100k destinations, and no leak over open/close cycles.
 
 use acm_testkit::core::*;
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 const OPTS: &str = "\
 log_level 0
+acmrs_sa_transport core
 timeout 100
 retries 0
 route_timeout -1
@@ -19,7 +20,7 @@ route_timeout -1
 #[test]
 fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
     let _s = serial();
-    // sa_depth 1: at most 8 SA queries in flight, the rest wait in the backlog.
+    // sa_depth 1: one SA query in the core at a time, the rest wait in our backlog.
     let mut h = Host::open(OPTS, &[]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let mut tids = Vec::new();
@@ -29,7 +30,7 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
         h.resolve(ep, &path_request(t, 100 + i, None, 0), 1);
     }
     h.barrier();
-    assert_eq!(sa_pending(), 8, "no more than 8 × sa_depth in flight");
+    assert_eq!(sa_pending(), 1, "no more than sa_depth in flight");
     assert_eq!(response_count(), 0);
     // Answering drains the backlog in order.
     let t0 = Instant::now();
@@ -42,7 +43,7 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
     assert!(responses().iter().all(|r| r.msg.hdr.status == 0));
     let order: Vec<u64> = responses().iter().map(|r| r.msg.hdr.tid).collect();
     assert_eq!(order, tids, "FIFO");
-    // 2000 waiting requests (8 in flight, the rest in the backlog) when the endpoint closes:
+    // 2000 waiting requests (1 in flight, the rest in the backlog) when the endpoint closes:
     // every one answered ENODATA once, nothing started on the closed endpoint.
     reset_counters();
     let mut tids = Vec::new();
@@ -51,7 +52,7 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
         tids.push(t);
         h.resolve(ep, &path_request(t, 1000 + i, None, 0), 1);
     }
-    assert!(wait_until(|| sa_pending() == 8));
+    assert!(wait_until(|| sa_pending() == 1));
     h.close_ep(ep);
     assert!(wait_responses(2000, W));
     check_exactly_once(&tids).unwrap();
@@ -64,23 +65,26 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
     assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
 }
 
-/// The MADs held by the core never exceed the in-flight bound (8 × sa_depth), even when the
+/// The MADs held by the core never exceed the in-flight bound (`sa_depth`), even when the
 /// SA never answers and the deadlines answer the clients first: a window slot stays reserved
 /// until the core hands its MAD back. Every client is still answered exactly once.
 #[test]
 fn outstanding_mads_stay_bounded_when_the_sa_never_answers() {
     let _s = serial();
-    // sa_depth 1 → 8 in flight; deadline = 100 ms × 1 + 1 s, in the SA window and in the
+    // sa_depth 1 → 1 in flight; deadline = 100 ms × 1 + 1 s, in the SA window and in the
     // backlog alike.
-    let mut h = Host::open("log_level 0\ntimeout 100\nretries 0\n", &[]);
+    let mut h = Host::open(
+        "log_level 0\nacmrs_sa_transport core\ntimeout 100\nretries 0\n",
+        &[],
+    );
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let sends = SENDS.load(Ordering::SeqCst);
     let tids: Vec<u64> = (1..=40).collect();
     for &t in &tids {
         h.resolve(0, &path_request(t, t as u16, None, 0), 1);
     }
-    // The SA holds every MAD: all 40 are answered by deadlines (ETIMEDOUT), 8 of them with
-    // their MAD still held by the core.
+    // The SA holds every MAD: all 40 are answered by deadlines (ETIMEDOUT), 1 of them with
+    // its MAD still held by the core.
     let mut max = 0;
     assert!(wait_until(|| {
         max = max.max(sa_pending());
@@ -91,17 +95,17 @@ fn outstanding_mads_stay_bounded_when_the_sa_never_answers() {
         .all(|r| r.msg.hdr.status == ACM_STATUS_ETIMEDOUT));
     check_exactly_once(&tids).unwrap();
     // No slot was freed for the backlog while the core held the MADs: nothing else was sent.
-    assert_eq!(sa_pending(), 8);
-    assert_eq!(SENDS.load(Ordering::SeqCst) - sends, 8);
+    assert_eq!(sa_pending(), 1);
+    assert_eq!(SENDS.load(Ordering::SeqCst) - sends, 1);
     assert!(
-        max <= 8,
-        "the dataplane handed {max} MADs to the core (bound 8)"
+        max <= 1,
+        "the dataplane handed {max} MADs to the core (bound 1)"
     );
     // The core gives the MADs back (umad timeouts): nothing is left to send or answer.
     sa_drain_timeouts();
     h.barrier();
     assert_eq!(sa_pending(), 0);
-    assert_eq!(SENDS.load(Ordering::SeqCst) - sends, 8);
+    assert_eq!(SENDS.load(Ordering::SeqCst) - sends, 1);
     check_exactly_once(&tids).unwrap();
     h.close();
     assert_eq!(ALLOCS.load(Ordering::SeqCst), FREES.load(Ordering::SeqCst));
@@ -262,7 +266,7 @@ fn open_close_cycles_do_not_leak() {
         }
         assert!(
             wait_until(|| sa_pending() >= 8),
-            "8 × sa_depth queries in flight"
+            "a window of queries in flight (acmrs_sa_window over the core: no UD QP here)"
         );
         let t0 = Instant::now();
         while response_count() < 50 {

@@ -65,6 +65,9 @@ pub fn ibacmp_like() -> Config {
         queue_deadline: 3_600_000,
         negative_ttl: 0,
         acm_window: 1,
+        // The core's SA service: its budget per MAD is fixed, and no Reports come.
+        sa_tries: 0,
+        sa_reports: false,
         ..Config::default()
     }
 }

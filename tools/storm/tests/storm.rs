@@ -117,8 +117,8 @@ fn ibacmp_like_has_at_most_one_query_in_flight_per_node() {
     let r = run(q);
     clean(&r);
     assert_eq!(
-        r.sa.peak_node_inflight, 8,
-        "acmrs's default window is 8 (sa_depth 1 × 8)"
+        r.sa.peak_node_inflight, 16,
+        "acmrs's default window is acmrs_sa_window (16)"
     );
 }
 
