@@ -10,12 +10,12 @@ use plotters::prelude::*;
 const USAGE: &str = "acmrs-storm [--quick] [--nodes N[,N…]] [--peers K] [--random] [--gid]
     [--concurrency C] [--client-retry-ms MS] [--sa-rate R] [--sa-queue Q] [--latency-ms MS]
     [--loss PER_MILLE] [--umad-timeout-ms MS] [--umad-retries N] [--core-sa-depth D]
-    [--profile acmrs|ibacmp|both] [--seed S] [--horizon-s S] [--svg PATH] [--md PATH]
+    [--profile acmrs|ibacmp|both] [--seed S] [--horizon-s S] [--out DIR] [--svg PATH] [--md PATH]
 
 Defaults: N = 1000,10000, K = 1000 ring neighbours by LID, C = 64 outstanding requests per
 node, client retry 1000 ms, SA 30000 PathRecords/s with a 10000-query queue, 1 ms one-way,
 no loss, umad timeout 2000 ms × 2 retries (the core's), core sa_depth unlimited, both
-profiles, seed 1, horizon 3600 s, plot to storm.svg. --quick: N = 200, K = 50.";
+profiles, seed 1, horizon 3600 s, plot to storm.svg (DIR/storm.svg and DIR/storm.md with --out). --quick: N = 200, K = 50.";
 
 fn num<T: std::str::FromStr>(a: &acm_bench::Args, f: &str, d: T) -> Result<T, String> {
     match a.value(f) {
@@ -87,7 +87,17 @@ fn real_main() -> Result<(), String> {
         "both" => vec![Profile::Acmrs, Profile::IbacmpLike],
         p => return Err(format!("--profile: {p}?\n{USAGE}")),
     };
-    let svg = PathBuf::from(a.value("--svg").unwrap_or("storm.svg"));
+    // --out DIR (as every bench): the completion curve and the table go there.
+    a.create_out()?;
+    let in_out = |name: &str| a.out.as_ref().map(|d| d.join(name));
+    let svg = match a.value("--svg") {
+        Some(p) => PathBuf::from(p),
+        None => in_out("storm.svg").unwrap_or_else(|| PathBuf::from("storm.svg")),
+    };
+    let md = a
+        .value("--md")
+        .map(PathBuf::from)
+        .or_else(|| in_out("storm.md"));
     let mut reports = Vec::new();
     for &n in &nodes {
         for &prof in &profiles {
@@ -183,8 +193,9 @@ fn real_main() -> Result<(), String> {
     if let Some(rss) = peak_rss() {
         println!("peak RSS {:.1} MiB", rss as f64 / (1 << 20) as f64);
     }
-    if let Some(md) = a.value("--md") {
-        std::fs::write(md, &t).map_err(|e| format!("{md}: {e}"))?;
+    if let Some(md) = md {
+        std::fs::write(&md, &t).map_err(|e| format!("{}: {e}", md.display()))?;
+        println!("table: {}", md.display());
     }
     plot(&svg, &reports).map_err(|e| format!("{}: {e}", svg.display()))?;
     println!("plot: {}", svg.display());
