@@ -78,7 +78,7 @@ fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the
         return;
     }
     // 56 HCAs and 6 switches, so 50 distinct destinations the SA knows. Hca1 runs OpenSM.
-    let mut f = Fabric::builder(Topology::parse("fattree:4,2,14").unwrap(), ["Hca2"])
+    let f = Fabric::builder(Topology::parse("fattree:4,2,14").unwrap(), ["Hca2"])
         .provider(Provider::Acmrs)
         .name_prefix("acmrs-sawin")
         .option("timeout", "500")
