@@ -221,12 +221,12 @@ impl<S: Storage> Resolver<S> {
     fn group_record(&mut self, slot: usize, group: u8) -> Option<[u8; 56]> {
         let g = usize::from(group).checked_sub(1)?;
         let gs = self.st.endpoints()[slot].groups.get(g).copied()?;
-        (gs.state == GroupState::Joined).then_some(gs.record)
+        (gs.t.state == GroupState::Joined).then_some(gs.record)
     }
 
     pub(crate) fn ep_ready(&mut self, slot: usize) -> bool {
         let e = &self.st.endpoints()[slot];
-        e.open && (!e.acm || e.groups[0].state == GroupState::Joined)
+        e.open && (!e.acm || e.groups[0].t.state == GroupState::Joined)
     }
 
     /// The path ACM route mode builds from the group (libibacmp's `acmp_record_acm_route`): the
@@ -574,10 +574,7 @@ impl<S: Storage> Resolver<S> {
     pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
         let tid = self.next_tid();
         let at = now.saturating_add(self.sa_deadline_of(slot));
-        let gs = &mut self.st.endpoints()[slot].groups[g];
-        gs.state = GroupState::Send;
-        gs.tid = tid;
-        gs.timer = at;
+        self.st.endpoints()[slot].groups[g].t.send(tid, at);
         self.mark_dirty(slot);
         self.arm(at);
     }
@@ -585,12 +582,8 @@ impl<S: Storage> Resolver<S> {
     /// A join failed or got no answer: retry after 1 s, 2 s, … at most 30 s (ibacmp never
     /// retries, so a lost join there leaves the endpoint unusable until the next reregister).
     pub(crate) fn join_failed(&mut self, now: Millis, slot: usize, g: usize) {
-        let gs = &mut self.st.endpoints()[slot].groups[g];
-        let wait = (1000u64 << gs.tries.min(5)).min(30_000);
-        gs.tries = gs.tries.saturating_add(1);
-        gs.state = GroupState::Retry;
-        gs.timer = now.saturating_add(wait);
-        self.arm(now.saturating_add(wait));
+        let at = self.st.endpoints()[slot].groups[g].t.failed(now);
+        self.arm(at);
     }
 
     /// An SA completion of a join.
@@ -603,9 +596,11 @@ impl<S: Storage> Resolver<S> {
         mad: &[u8; 256],
     ) {
         let (slot, g) = ((index / 2) as usize, (index % 2) as usize);
-        let ok = self.st.endpoints().get(slot).is_some_and(|e| {
-            e.open && e.groups[g].state == GroupState::Joining && e.groups[g].tid == tid
-        });
+        let ok = self
+            .st
+            .endpoints()
+            .get(slot)
+            .is_some_and(|e| e.open && e.groups[g].t.awaits(tid));
         if !ok {
             self.stats.sa_unknown += 1;
             return;
@@ -615,9 +610,8 @@ impl<S: Storage> Resolver<S> {
         match mads::join_reply(umad_status, mad, mgid) {
             Some(rec) => {
                 let gs = &mut self.st.endpoints()[slot].groups[g];
-                gs.state = GroupState::Joined;
+                gs.t.accepted();
                 gs.record = rec;
-                gs.tries = 0;
                 self.mark_dirty(slot);
             }
             None => self.join_failed(now, slot, g),
@@ -630,7 +624,7 @@ impl<S: Storage> Resolver<S> {
         gids.iter().rev().find_map(|m| {
             (0..2u8).find(|&g| {
                 let gs = &e.groups[usize::from(g)];
-                gs.state == GroupState::Joined && gs.record[..16] == m.0
+                gs.t.state == GroupState::Joined && gs.record[..16] == m.0
             })
         })
     }

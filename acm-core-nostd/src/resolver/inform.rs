@@ -28,10 +28,7 @@ impl<S: Storage> Resolver<S> {
     pub(crate) fn start_subscribe(&mut self, now: Millis, slot: usize, i: usize) {
         let tid = self.next_tid();
         let at = now.saturating_add(self.sa_deadline_of(slot));
-        let s = &mut self.st.endpoints()[slot].informs[i];
-        s.state = GroupState::Send;
-        s.tid = tid;
-        s.timer = at;
+        self.st.endpoints()[slot].informs[i].t.send(tid, at);
         self.mark_dirty(slot);
         self.arm(at);
     }
@@ -43,7 +40,7 @@ impl<S: Storage> Resolver<S> {
             return;
         }
         for i in 0..TRAPS.len() {
-            self.st.endpoints()[slot].informs[i].tries = 0;
+            self.st.endpoints()[slot].informs[i].t.tries = 0;
             self.start_subscribe(now, slot, i);
         }
     }
@@ -51,10 +48,10 @@ impl<S: Storage> Resolver<S> {
     /// Marks the subscriptions of a closing endpoint for an unsubscribe.
     pub(crate) fn unsubscribe_all(&mut self, slot: usize) {
         for s in self.st.endpoints()[slot].informs.iter_mut() {
-            if matches!(s.state, GroupState::Joining | GroupState::Joined) {
+            if matches!(s.t.state, GroupState::Joining | GroupState::Joined) {
                 s.leave = true;
             }
-            s.state = GroupState::Off;
+            s.t.state = GroupState::Off;
         }
     }
 
@@ -68,17 +65,17 @@ impl<S: Storage> Resolver<S> {
         mad: &[u8; 256],
     ) {
         let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
-        let ok = self.st.endpoints().get(slot).is_some_and(|e| {
-            e.open && e.informs[i].state == GroupState::Joining && e.informs[i].tid == tid
-        });
+        let ok = self
+            .st
+            .endpoints()
+            .get(slot)
+            .is_some_and(|e| e.open && e.informs[i].t.awaits(tid));
         if !ok {
             self.stats.sa_unknown += 1;
             return;
         }
         if mads::inform_accepted(umad_status, mad) {
-            let s = &mut self.st.endpoints()[slot].informs[i];
-            s.state = GroupState::Joined;
-            s.tries = 0;
+            self.st.endpoints()[slot].informs[i].t.accepted();
         } else {
             if umad_status == 0 {
                 self.stats.report_malformed += 1;
@@ -89,24 +86,16 @@ impl<S: Storage> Resolver<S> {
 
     /// Subscription `i` of `slot` failed or timed out: retry later.
     pub(crate) fn inform_failed(&mut self, now: Millis, slot: usize, i: usize) {
-        let s = &mut self.st.endpoints()[slot].informs[i];
-        let wait = (1000u64 << s.tries.min(5)).min(30_000);
-        s.tries = s.tries.saturating_add(1);
-        s.state = GroupState::Retry;
-        s.timer = now.saturating_add(wait);
-        self.arm(now.saturating_add(wait));
+        let at = self.st.endpoints()[slot].informs[i].t.failed(now);
+        self.arm(at);
     }
 
     /// Subscription timers of `slot` (from `run_timers`).
     pub(crate) fn inform_timers(&mut self, now: Millis, slot: usize) {
         for i in 0..TRAPS.len() {
-            let s = self.st.endpoints()[slot].informs[i];
-            if s.timer > now {
-                continue;
-            }
-            match s.state {
-                GroupState::Joining => self.inform_failed(now, slot, i),
-                GroupState::Retry => self.start_subscribe(now, slot, i),
+            match self.st.endpoints()[slot].informs[i].t.due(now) {
+                Some(GroupState::Joining) => self.inform_failed(now, slot, i),
+                Some(GroupState::Retry) => self.start_subscribe(now, slot, i),
                 _ => {}
             }
         }
@@ -129,9 +118,9 @@ impl<S: Storage> Resolver<S> {
             }
         }
         for (i, trap) in TRAPS.iter().enumerate() {
-            let s = e.informs[i];
+            let s = e.informs[i].t;
             if e.open && s.state == GroupState::Send {
-                self.st.endpoints()[slot].informs[i].state = GroupState::Joining;
+                self.st.endpoints()[slot].informs[i].t.state = GroupState::Joining;
                 let rec = InformInfoRepr::generic(*trap, e.qpn, true);
                 return Some(Output::SendSa {
                     ep: id,

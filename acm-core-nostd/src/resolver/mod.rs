@@ -707,11 +707,11 @@ impl<S: Storage> Resolver<S> {
             let e = &mut self.st.endpoints()[slot];
             let (gid, pkey) = (Gid(e.port_gid), e.pkey);
             for g in e.groups.iter_mut() {
-                if matches!(g.state, GroupState::Joining | GroupState::Joined) {
+                if matches!(g.t.state, GroupState::Joining | GroupState::Joined) {
                     g.leave = true;
                     g.leave_record = mads::join_record(gid, pkey, g.rate, g.mtu);
                 }
-                g.state = GroupState::Off;
+                g.t.state = GroupState::Off;
             }
             e.open = false;
             e.ack = false;
@@ -911,12 +911,12 @@ impl<S: Storage> Resolver<S> {
         let e = &mut self.st.endpoints()[slot];
         e.force_detach = e.attached;
         let wanted: [bool; 2] = [
-            e.groups[0].state != GroupState::Off,
-            e.groups[1].state != GroupState::Off,
+            e.groups[0].t.state != GroupState::Off,
+            e.groups[1].t.state != GroupState::Off,
         ];
         for (g, want) in wanted.into_iter().enumerate() {
             if want {
-                self.st.endpoints()[slot].groups[g].tries = 0;
+                self.st.endpoints()[slot].groups[g].t.tries = 0;
                 self.start_join(now, slot, g);
             }
         }

@@ -86,7 +86,7 @@ impl<S: Storage> Resolver<S> {
         let e = self.st.endpoints()[slot];
         let id = EpId(e.id);
         let want =
-            (e.open && e.groups[0].state == GroupState::Joined).then_some(e.groups[0].record);
+            (e.open && e.groups[0].t.state == GroupState::Joined).then_some(e.groups[0].record);
         if e.attached && (e.force_detach || want != Some(e.attached_record)) {
             let s = &mut self.st.endpoints()[slot];
             s.attached = false;
@@ -109,13 +109,13 @@ impl<S: Storage> Resolver<S> {
         }
         for g in 0..2 {
             let gs = e.groups[g];
-            if e.open && gs.state == GroupState::Send {
-                self.st.endpoints()[slot].groups[g].state = GroupState::Joining;
+            if e.open && gs.t.state == GroupState::Send {
+                self.st.endpoints()[slot].groups[g].t.state = GroupState::Joining;
                 let rec = mads::join_record(Gid(e.port_gid), e.pkey, gs.rate, gs.mtu);
                 return Some(Output::SendSa {
                     ep: id,
-                    token: mads::token(TOKEN_JOIN, (slot * 2 + g) as u32, gs.tid),
-                    mad: mads::mcmember(Method::Set, gs.tid, &rec),
+                    token: mads::token(TOKEN_JOIN, (slot * 2 + g) as u32, gs.t.tid),
+                    mad: mads::mcmember(Method::Set, gs.t.tid, &rec),
                 });
             }
         }
@@ -157,12 +157,13 @@ impl<S: Storage> Resolver<S> {
             }
             // Multicast only while attached to group 0 (after a reregister the try is lost;
             // the retry timer runs on).
-            if a.state == AddrState::Querying && e.open && e.groups[0].state == GroupState::Joined {
+            if a.state == AddrState::Querying && e.open && e.groups[0].t.state == GroupState::Joined
+            {
                 let (src_type, src) = self.source_of(slot, &a);
                 let mut mgids = [Gid::ZERO; 2];
                 let mut n = 0;
                 for g in &e.groups {
-                    if g.state == GroupState::Joined {
+                    if g.t.state == GroupState::Joined {
                         mgids[n] = Gid::from_bytes(&g.record[..16]).unwrap_or(Gid::ZERO);
                         n += 1;
                     }
@@ -183,7 +184,7 @@ impl<S: Storage> Resolver<S> {
         self.st.addrs()[i as usize].send_resp = false;
         let g = usize::from(a.resp_group).checked_sub(1)?;
         let gs = e.groups.get(g)?;
-        if !e.open || gs.state != GroupState::Joined {
+        if !e.open || gs.t.state != GroupState::Joined {
             return None;
         }
         let rec = McMemberRepr::parse_bytes(&gs.record).ok()?;

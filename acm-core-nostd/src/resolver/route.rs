@@ -633,13 +633,9 @@ impl<S: Storage> Resolver<S> {
                 continue;
             }
             for g in 0..2 {
-                let gs = e.groups[g];
-                if gs.timer > now {
-                    continue;
-                }
-                match gs.state {
-                    GroupState::Joining => self.join_failed(now, slot, g),
-                    GroupState::Retry => self.start_join(now, slot, g),
+                match e.groups[g].t.due(now) {
+                    Some(GroupState::Joining) => self.join_failed(now, slot, g),
+                    Some(GroupState::Retry) => self.start_join(now, slot, g),
                     _ => {}
                 }
             }
@@ -666,15 +662,15 @@ impl<S: Storage> Resolver<S> {
             if !e.open {
                 continue;
             }
-            for g in &e.groups {
-                // A join not polled yet (Send) has no timer running.
-                if matches!(g.state, GroupState::Joining | GroupState::Retry) {
-                    at(g.timer);
-                }
-            }
-            for n in &e.informs {
-                if matches!(n.state, GroupState::Joining | GroupState::Retry) {
-                    at(n.timer);
+            // A SET not polled yet (Send) has no timer running.
+            for t in e
+                .groups
+                .iter()
+                .map(|g| g.t)
+                .chain(e.informs.iter().map(|n| n.t))
+            {
+                if let Some(t) = t.armed() {
+                    at(t);
                 }
             }
         }

@@ -382,14 +382,68 @@ pub(crate) enum GroupState {
     Joined,
 }
 
-/// One multicast group of an endpoint.
+/// An SA SET that is retried until the SA accepts it (a join, a subscription): its state,
+/// TID, tries and timer (the reply deadline while `Joining`, the retry time while `Retry`).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct GroupSlot {
+pub(crate) struct SaTry {
     pub(crate) state: GroupState,
-    pub(crate) leave: bool,
     pub(crate) tries: u32,
     pub(crate) tid: u32,
     pub(crate) timer: Millis,
+}
+
+impl SaTry {
+    pub(crate) const OFF: SaTry = SaTry {
+        state: GroupState::Off,
+        tries: 0,
+        tid: 0,
+        timer: 0,
+    };
+
+    /// Decided: the SET with `tid` goes out at the next poll, its reply is due by `at`.
+    pub(crate) fn send(&mut self, tid: u32, at: Millis) {
+        self.state = GroupState::Send;
+        self.tid = tid;
+        self.timer = at;
+    }
+
+    /// Whether a reply with `tid` is the one this SET waits for.
+    pub(crate) fn awaits(&self, tid: u32) -> bool {
+        self.state == GroupState::Joining && self.tid == tid
+    }
+
+    /// The SA accepted it.
+    pub(crate) fn accepted(&mut self) {
+        self.state = GroupState::Joined;
+        self.tries = 0;
+    }
+
+    /// Refused or unanswered: retried after 1 s, doubling per failure up to 30 s. Returns
+    /// when.
+    pub(crate) fn failed(&mut self, now: Millis) -> Millis {
+        let wait = (1000u64 << self.tries.min(5)).min(30_000);
+        self.tries = self.tries.saturating_add(1);
+        self.state = GroupState::Retry;
+        self.timer = now.saturating_add(wait);
+        self.timer
+    }
+
+    /// The running timer, if any (a SET not polled yet has none).
+    pub(crate) fn armed(&self) -> Option<Millis> {
+        matches!(self.state, GroupState::Joining | GroupState::Retry).then_some(self.timer)
+    }
+
+    /// What is due at `now`: `Joining` (the reply is late) or `Retry` (send again).
+    pub(crate) fn due(&self, now: Millis) -> Option<GroupState> {
+        self.armed().filter(|t| *t <= now).map(|_| self.state)
+    }
+}
+
+/// One multicast group of an endpoint.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupSlot {
+    pub(crate) t: SaTry,
+    pub(crate) leave: bool,
     /// The join's MGID parameters: rate, MTU (tos is 0).
     pub(crate) rate: u8,
     pub(crate) mtu: u8,
@@ -400,11 +454,8 @@ pub(crate) struct GroupSlot {
 
 impl GroupSlot {
     pub(crate) const EMPTY: GroupSlot = GroupSlot {
-        state: GroupState::Off,
+        t: SaTry::OFF,
         leave: false,
-        tries: 0,
-        tid: 0,
-        timer: 0,
         rate: 0,
         mtu: 0,
         record: [0; 56],
@@ -416,21 +467,15 @@ impl GroupSlot {
 /// (`Send` → `Joining` (SET out) → `Joined` (subscribed) or `Retry`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct InformSlot {
-    pub(crate) state: GroupState,
+    pub(crate) t: SaTry,
     /// An unsubscribe (SET with Subscribe 0) wants sending.
     pub(crate) leave: bool,
-    pub(crate) tries: u32,
-    pub(crate) tid: u32,
-    pub(crate) timer: Millis,
 }
 
 impl InformSlot {
     pub(crate) const EMPTY: InformSlot = InformSlot {
-        state: GroupState::Off,
+        t: SaTry::OFF,
         leave: false,
-        tries: 0,
-        tid: 0,
-        timer: 0,
     };
 }
 
