@@ -17,6 +17,10 @@
 //! * [`progress`]: one line per benchmark phase on stderr, with the elapsed time.
 //! * [`private_net`]: a private network namespace with a larger Unix datagram queue, for the
 //!   benches that drive a simulated fabric with bursts.
+//! * [`client`]: the ACM client of the daemon benches (`miss`, `addr`): connections, answers,
+//!   counters, bursts.
+//! * [`now_utc`]: the wall-clock time for a report's header.
+//! * [`fabric_bench_main`]: the `main` of those daemon benches (command line, namespace, report).
 
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -29,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+pub mod client;
 pub mod plot;
 
 /// The environment variable that carries [`progress`]'s start time (Unix time in µs) to child
@@ -412,6 +417,11 @@ impl Args {
         Ok(a)
     }
 
+    /// Whether `flag` was given (a value flag, or a switch [`fabric_bench_main`] took out).
+    pub fn has(&self, flag: &str) -> bool {
+        self.rest.iter().any(|(f, _)| f == flag)
+    }
+
     /// The value of `--flag`, if given.
     pub fn value(&self, flag: &str) -> Option<&str> {
         self.rest
@@ -419,6 +429,21 @@ impl Args {
             .rev()
             .find(|(f, _)| f == flag)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// Every `--opt name=value`, in order, as `(name, value)` (each trimmed); `usage` ends the
+    /// error for one without `=`.
+    pub fn opts(&self, usage: &str) -> Result<Vec<(String, String)>, String> {
+        let mut opts = Vec::new();
+        for (f, v) in &self.rest {
+            if f == "--opt" {
+                let (k, v) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("--opt {v}: name=value\n{usage}"))?;
+                opts.push((k.trim().to_string(), v.trim().to_string()));
+            }
+        }
+        Ok(opts)
     }
 
     /// `--sizes a,b,c` (see [`parse_counts`]), else the benches' default sizes: 1 000 and
@@ -563,6 +588,62 @@ pub fn private_net(qlen: u32) -> Result<(), String> {
         .map_err(|e| format!("net.unix.max_dgram_qlen: {e}"))
 }
 
+/// The current time, `YYYY-MM-DD HH:MM:SS UTC` (from `date -u`; empty if that fails), for a
+/// report's header.
+pub fn now_utc() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The `main` of a bench that drives simulated fabrics (`miss`, `addr`).
+///
+/// Takes `--host-net` and every flag in `switches` (flags without a value) out of the command
+/// line, each seen one kept in [`Args::rest`] as `(flag, "")` (see [`Args::has`]), and parses
+/// the rest ([`Args::parse_from`], `with_value`); `--help` or a bad command line prints the
+/// message and exits 2. Without `--host-net` it then moves into [`private_net`]`(qlen)` (exit
+/// 1 if that fails), runs `run` and prints its report; an error prints `<bin>: <error>` and
+/// exits 1. The fabrics `run` starts are torn down (by PID, in `Fabric`'s Drop) when it
+/// returns, error or not.
+pub fn fabric_bench_main(
+    bin: &str,
+    usage: &str,
+    with_value: &[&str],
+    switches: &[&str],
+    qlen: u32,
+    run: impl FnOnce(&Args) -> Result<String, String>,
+) {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let is_switch = |a: &String| a == "--host-net" || switches.contains(&a.as_str());
+    let seen: Vec<String> = raw.iter().filter(|a| is_switch(a)).cloned().collect();
+    let rest = raw.into_iter().filter(|a| !is_switch(a));
+    let mut args = match Args::parse_from(rest, usage, with_value) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    args.rest
+        .extend(seen.into_iter().map(|f| (f, String::new())));
+    if !args.has("--host-net") {
+        if let Err(e) = private_net(qlen) {
+            eprintln!("{bin}: private network namespace: {e} (--host-net runs without one)");
+            std::process::exit(1);
+        }
+    }
+    match run(&args) {
+        Ok(report) => println!("{report}"),
+        Err(e) => {
+            eprintln!("{bin}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,6 +697,21 @@ mod tests {
         assert!(a.quick);
         assert_eq!(a.out.as_deref(), Some(Path::new("/tmp/x")));
         assert_eq!(a.value("--sizes"), Some("1,2"));
+        assert!(a.has("--sizes") && !a.has("--host-net"));
+        let o = Args::parse_from(
+            ["--opt", "a=1", "--opt= b = x=y "].map(String::from),
+            "u",
+            &["--opt"],
+        )
+        .unwrap();
+        assert_eq!(
+            o.opts("u").unwrap(),
+            [("a".into(), "1".into()), ("b".into(), "x=y".into())]
+        );
+        assert!(Args::parse_from(["--opt=a".to_string()], "u", &["--opt"])
+            .unwrap()
+            .opts("u")
+            .is_err());
         assert!(Args::parse_from(["--bogus".to_string()], "u", &[]).is_err());
         assert!(Args::parse_from(["--out".to_string()], "u", &[]).is_err());
         let sizes = |v: &[&str]| {

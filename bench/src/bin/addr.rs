@@ -20,7 +20,7 @@
 //! phase.
 //!
 //! The bench runs in its own network namespace with a larger Unix datagram queue (see
-//! [`private_net`]; `--host-net` does not).
+//! [`acm_bench::private_net`]; `--host-net` does not).
 //!
 //! `cargo run --release -p acm-bench --bin addr -- [--quick] [--out DIR]`
 //! (build `-p acm-plugin -p simverbs` with the same profile first; root).
@@ -28,18 +28,17 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use acm_bench::{Args, LatencyHistogram, Summary, Table};
+use acm_bench::client::{Answer, Burst, Conn, Next, ANSWER_TIMEOUT};
+use acm_bench::{now_utc, Args, LatencyHistogram, Summary, Table};
+#[cfg(test)]
+use acm_core_nostd::wire::client::HDR_LEN;
 use acm_core_nostd::wire::client::{
-    build_perf_request, AcmMsg, AcmMsgRepr, EpAddrDataRepr, EpInfoType, Opcode, PerfResponseRepr,
-    Status, ACM_VERSION, COUNTER_NAMES, EP_FLAG_DEST, EP_FLAG_SOURCE, HDR_LEN, MAX_ADDRESS,
-    MAX_COUNTER, MAX_ENTRIES, MSG_LEN,
+    AcmMsg, AcmMsgRepr, EpAddrDataRepr, EpInfoType, Opcode, Status, ACM_VERSION, COUNTER_NAMES,
+    EP_FLAG_DEST, EP_FLAG_SOURCE, MAX_ADDRESS, MAX_COUNTER, MAX_ENTRIES,
 };
 use acm_fabric::{Fabric, HostsFile, Provider, Topology};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -51,112 +50,13 @@ const USAGE: &str = "usage: addr [--quick] [--no-mixed] [--rounds R] [--singles 
 
 const REQUESTER: &str = "Hca3";
 const PEERS: [&str; 2] = ["Hca2", "Hca4"];
-/// How long one answer may take before the run fails (stock retries an unanswered query after
-/// `timeout` + subnet timeout; nothing here should be unanswered).
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
-/// `net.unix.max_dgram_qlen` in the bench's own network namespace (see [`private_net`]).
+/// `net.unix.max_dgram_qlen` in the bench's own network namespace (see [`acm_bench::private_net`]).
 const DGRAM_QLEN: u32 = 4096;
 
-// ---- the client ----------------------------------------------------------------------------
-
-/// One TCP connection to a daemon (one request in flight at a time).
-struct Conn {
-    sock: TcpStream,
-    buf: [u8; MSG_LEN],
-    got: usize,
-}
-
-/// What a RESOLVE answer said.
-struct Answer {
-    status: Status,
-    dgid: [u8; 16],
-}
+// ---- the requests --------------------------------------------------------------------------
 
 fn io(e: std::io::Error) -> String {
     e.to_string()
-}
-
-impl Conn {
-    fn open(port: u16) -> Result<Conn, String> {
-        let sock = TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
-        sock.set_nodelay(true).map_err(io)?;
-        sock.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
-        Ok(Conn {
-            sock,
-            buf: [0; MSG_LEN],
-            got: 0,
-        })
-    }
-
-    fn send(&mut self, msg: &[u8]) -> Result<(), String> {
-        self.got = 0;
-        self.sock.write_all(msg).map_err(io)
-    }
-
-    /// Reads what is available; `Some(len)` once a whole message is in `buf` (`be`: the
-    /// length is big-endian, as in PERF_QUERY answers).
-    fn read_some(&mut self, be: bool) -> Result<Option<usize>, String> {
-        let n = self.sock.read(&mut self.buf[self.got..]).map_err(io)?;
-        if n == 0 {
-            return Err("the daemon closed the connection".into());
-        }
-        self.got += n;
-        if self.got < HDR_LEN {
-            return Ok(None);
-        }
-        let m = AcmMsg::new_unchecked(&self.buf[..self.got]);
-        let want = if be { m.length_be() } else { m.length() } as usize;
-        if !(HDR_LEN..=MSG_LEN).contains(&want) {
-            return Err(format!("bad answer length {want}"));
-        }
-        Ok((self.got >= want).then_some(want))
-    }
-
-    fn recv(&mut self, be: bool) -> Result<usize, String> {
-        loop {
-            if let Some(n) = self.read_some(be)? {
-                return Ok(n);
-            }
-        }
-    }
-
-    /// The RESOLVE answer in `buf`.
-    fn answer(&self, len: usize) -> Result<Answer, String> {
-        let m = AcmMsg::new_checked(&self.buf[..len]).map_err(|e| format!("{e:?}"))?;
-        let status = m.status();
-        let mut dgid = [0u8; 16];
-        if status == Status::Success {
-            let r = AcmMsgRepr::parse(&m).map_err(|e| format!("answer: {e:?}"))?;
-            let i = r
-                .entries()
-                .iter()
-                .position(|e| e.info_type == EpInfoType::Path)
-                .ok_or("a success answer without a PATH entry")?;
-            let e = m.entry(i).ok_or("PATH entry outside the buffer")?;
-            dgid = e.path().dgid.0;
-        }
-        Ok(Answer { status, dgid })
-    }
-
-    /// One request, waited for: (answer, round-trip time).
-    fn roundtrip(&mut self, msg: &[u8]) -> Result<(Answer, Duration), String> {
-        let t0 = Instant::now();
-        self.send(msg)?;
-        let n = self.recv(false)?;
-        let dt = t0.elapsed();
-        Ok((self.answer(n)?, dt))
-    }
-
-    /// The core's global counters (`ib_acme -P`), in `COUNTER_NAMES` order.
-    fn counters(&mut self) -> Result<[u64; MAX_COUNTER], String> {
-        let mut out = [0u8; HDR_LEN];
-        build_perf_request(0, 0x5045_5246, &mut out).map_err(|e| format!("{e:?}"))?;
-        self.send(&out)?;
-        let n = self.recv(true)?;
-        let r = PerfResponseRepr::parse(&AcmMsg::new_unchecked(&self.buf[..n]))
-            .map_err(|e| format!("PERF_QUERY answer: {e:?}"))?;
-        Ok(r.counters)
-    }
 }
 
 /// A NAME entry (NUL-padded, as `acm_format_ep_addr` writes it).
@@ -323,7 +223,7 @@ impl Bench {
             loop {
                 let msg = name_request(b.next_tid(), &b.src, &a.name);
                 let (ans, _) = b.conns[0].roundtrip(&msg)?;
-                if ans.status == Status::Success && ans.dgid == *gid {
+                if ans.status == Status::Success && ans.path.dgid.0 == *gid {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -397,13 +297,13 @@ impl Bench {
             );
             return Ok(false);
         }
-        if a.dgid != *want {
+        if a.path.dgid.0 != *want {
             return Err(format!(
                 "{}: {} → {name}: status {:?}, dgid {:02x?}\n{}",
                 self.cfg.label,
                 self.src,
                 a.status,
-                a.dgid,
+                a.path.dgid.0,
                 self.fabric.logs_report()
             ));
         }
@@ -471,77 +371,32 @@ impl Bench {
             let msg = name_request(self.next_tid(), &self.src, &name);
             work.push((name, gid, msg));
         }
-        let mut sent = vec![Instant::now(); size];
-        let mut lat = vec![Duration::ZERO; size];
-        let mut pending = vec![true; size];
         let mut ok = vec![false; size];
-        let t0 = Instant::now();
-        for (i, (_, _, msg)) in work.iter().enumerate() {
-            sent[i] = Instant::now();
-            self.conns[i].send(msg)?;
-        }
-        let mut left = size;
-        let mut last = t0;
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(size);
-        while left > 0 {
-            fds.clear();
-            let idx: Vec<usize> = (0..size).filter(|&i| pending[i]).collect();
-            for &i in &idx {
-                fds.push(libc::pollfd {
-                    fd: self.conns[i].sock.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
-            // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call.
-            let r = unsafe {
-                libc::poll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    ANSWER_TIMEOUT.as_millis() as i32,
-                )
-            };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(format!("poll: {e}"));
-            }
-            if r == 0 {
-                return Err(format!(
-                    "{}: burst of {size}: {left} answers missing after {:?}\n{}",
-                    self.cfg.label,
-                    ANSWER_TIMEOUT,
-                    self.fabric.logs_report()
-                ));
-            }
-            for (k, &i) in idx.iter().enumerate() {
-                if fds[k].revents == 0 {
-                    continue;
-                }
-                if let Some(n) = self.conns[i].read_some(false)? {
-                    let now = Instant::now();
-                    lat[i] = now - sent[i];
-                    last = last.max(now);
-                    pending[i] = false;
-                    left -= 1;
-                    let a = self.conns[i].answer(n)?;
+        let reqs: Vec<&[u8]> = work.iter().map(|(_, _, m)| &m[..]).collect();
+        let mut b = Burst::send(&mut self.conns, &reqs)?;
+        loop {
+            match b.next(&mut self.conns)? {
+                Next::Answer(i, a) => {
                     let (name, gid, _) = &work[i];
                     ok[i] = self.check(&format!("burst {size}"), name, gid, &a)?;
                 }
+                Next::AllIn => break,
+                Next::TimedOut(left) => {
+                    return Err(format!(
+                        "{}: burst of {size}: {left} answers missing after {:?}\n{}",
+                        self.cfg.label,
+                        ANSWER_TIMEOUT,
+                        self.fabric.logs_report()
+                    ))
+                }
             }
-        }
-        let mut h = LatencyHistogram::new();
-        for d in &lat {
-            h.record(*d);
         }
         for (i, (name, gid, _)) in work.into_iter().enumerate() {
             if ok[i] {
                 self.learned.push((name, gid));
             }
         }
-        Ok((h, last - t0))
+        Ok((b.latencies(), b.completion()))
     }
 
     /// `passes` passes over every name missed this round, one at a time (all cached now).
@@ -615,17 +470,8 @@ fn median(v: &[Duration]) -> Duration {
 }
 
 fn run(args: &Args, mixed: bool) -> Result<String, String> {
-    let mut opts = Vec::new();
-    for (f, v) in &args.rest {
-        if f == "--opt" {
-            let (k, v) = v
-                .split_once('=')
-                .ok_or_else(|| format!("--opt {v}: name=value\n{USAGE}"))?;
-            opts.push((k.to_string(), v.to_string()));
-        }
-    }
     let plan = Plan {
-        opts,
+        opts: args.opts(USAGE)?,
         log_level: args.value("--log-level").unwrap_or("0").to_string(),
         rounds: args
             .value("--rounds")
@@ -968,69 +814,10 @@ fn loadavg() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-fn now_utc() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
-/// Moves this process (and so every fabric process it starts) into a private network
-/// namespace with `lo` up and `net.unix.max_dgram_qlen = qlen`.
-///
-/// simverbs carries each UD datagram over a Unix datagram socket per QP, and a datagram that
-/// finds the receiver's socket queue full is lost. The kernel default queue is 10 datagrams
-/// (this machine's `/proc/sys/net/unix/max_dgram_qlen`), far below what an HCA buffers
-/// (`recv_depth` 1024 posted receives): a burst of more than ~10 multicast queries loses
-/// queries at the peers' sockets before any provider sees them, which no real fabric does.
-/// The sysctl is per network namespace, so the bench raises it for its own namespace only.
-/// Must run before any thread is started (a namespace change applies to the calling thread).
-fn private_net(qlen: u32) -> Result<(), String> {
-    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    // SAFETY: plain syscalls on memory owned here; called while the process is
-    // single-threaded.
-    unsafe {
-        if libc::unshare(libc::CLONE_NEWNET) != 0 {
-            return Err(os("unshare(CLONE_NEWNET)"));
-        }
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
-        if fd < 0 {
-            return Err(os("socket"));
-        }
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo") {
-            *d = *s as libc::c_char;
-        }
-        let r = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr);
-        if r == 0 {
-            ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        }
-        let r = if r == 0 {
-            libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr)
-        } else {
-            r
-        };
-        let e = os("bringing lo up");
-        libc::close(fd);
-        if r != 0 {
-            return Err(e);
-        }
-    }
-    std::fs::write("/proc/sys/net/unix/max_dgram_qlen", qlen.to_string())
-        .map_err(|e| format!("net.unix.max_dgram_qlen: {e}"))
-}
-
 fn main() {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let mixed = !raw.iter().any(|a| a == "--no-mixed");
-    let host_net = raw.iter().any(|a| a == "--host-net");
-    let rest = raw
-        .into_iter()
-        .filter(|a| a != "--no-mixed" && a != "--mixed" && a != "--host-net");
-    let args = match Args::parse_from(
-        rest,
+    // `--mixed` (the default) is accepted and changes nothing.
+    acm_bench::fabric_bench_main(
+        "addr",
         USAGE,
         &[
             "--rounds",
@@ -1042,27 +829,10 @@ fn main() {
             "--only",
             "--opt",
         ],
-    ) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    if !host_net {
-        if let Err(e) = private_net(DGRAM_QLEN) {
-            eprintln!("addr: private network namespace: {e} (--host-net runs without one)");
-            std::process::exit(1);
-        }
-    }
-    // The fabrics are torn down (by PID) when `run` returns, error or not.
-    match run(&args, mixed) {
-        Ok(report) => println!("{report}"),
-        Err(e) => {
-            eprintln!("addr: {e}");
-            std::process::exit(1);
-        }
-    }
+        &["--no-mixed", "--mixed"],
+        DGRAM_QLEN,
+        |args| run(args, !args.has("--no-mixed")),
+    );
 }
 
 #[cfg(test)]

@@ -35,19 +35,16 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+use acm_bench::client::{Burst, Conn, Next, ANSWER_TIMEOUT};
 use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{progress, Args, LatencyHistogram, Table, XorShift};
-use acm_core_nostd::wire::client::{
-    build_perf_request, AcmMsg, AcmMsgRepr, EpInfoType, PerfResponseRepr, Status, HDR_LEN,
-    MAX_COUNTER, MSG_LEN,
-};
+use acm_bench::{now_utc, progress, Args, LatencyHistogram, Table, XorShift};
+#[cfg(test)]
+use acm_core_nostd::wire::client::AcmMsg;
+use acm_core_nostd::wire::client::{Status, MAX_COUNTER};
 use acm_fabric::{Fabric, Provider, Topology};
 use acm_testkit::request::PathRequest;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -61,8 +58,6 @@ const USAGE: &str = "usage: miss [--quick] [--topology fattree:L,S,H] [--bursts 
 const ROUTE_QUERY: usize = 5;
 /// `Route Cache Count` (`ACM_CNTR_ROUTE_CACHE`).
 const ROUTE_CACHE: usize = 6;
-/// How long one answer may take before the run fails.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// `net.unix.max_dgram_qlen` in the bench's own network namespace.
 const DGRAM_QLEN: u32 = 4096;
 /// Length of a PATH request (`ib_acme -f l`): header + one entry.
@@ -72,104 +67,7 @@ fn io(e: std::io::Error) -> String {
     e.to_string()
 }
 
-// ---- the client ----------------------------------------------------------------------------
-
-/// One TCP connection to a daemon (one request in flight at a time).
-struct Conn {
-    sock: TcpStream,
-    buf: [u8; MSG_LEN],
-    got: usize,
-}
-
-/// What a PATH answer said.
-#[derive(Clone, Copy, Debug)]
-struct Answer {
-    status: Status,
-    tid: u64,
-    /// `(slid, dlid)` of the PATH entry (0, 0 on an error status).
-    lids: (u16, u16),
-}
-
-impl Conn {
-    fn open(port: u16) -> Result<Conn, String> {
-        let sock = TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
-        sock.set_nodelay(true).map_err(io)?;
-        sock.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(io)?;
-        Ok(Conn {
-            sock,
-            buf: [0; MSG_LEN],
-            got: 0,
-        })
-    }
-
-    fn send(&mut self, msg: &[u8]) -> Result<(), String> {
-        self.got = 0;
-        self.sock.write_all(msg).map_err(io)
-    }
-
-    /// Reads what is available; `Some(len)` once a whole message is in `buf` (`be`: the
-    /// length is big-endian, as in PERF_QUERY answers).
-    fn read_some(&mut self, be: bool) -> Result<Option<usize>, String> {
-        let n = self.sock.read(&mut self.buf[self.got..]).map_err(io)?;
-        if n == 0 {
-            return Err("the daemon closed the connection".into());
-        }
-        self.got += n;
-        if self.got < HDR_LEN {
-            return Ok(None);
-        }
-        let m = AcmMsg::new_unchecked(&self.buf[..self.got]);
-        let want = if be { m.length_be() } else { m.length() } as usize;
-        if !(HDR_LEN..=MSG_LEN).contains(&want) {
-            return Err(format!("bad answer length {want}"));
-        }
-        Ok((self.got >= want).then_some(want))
-    }
-
-    fn recv(&mut self, be: bool) -> Result<usize, String> {
-        loop {
-            if let Some(n) = self.read_some(be)? {
-                return Ok(n);
-            }
-        }
-    }
-
-    /// The PATH answer in `buf`.
-    fn answer(&self, len: usize) -> Result<Answer, String> {
-        let m = AcmMsg::new_checked(&self.buf[..len]).map_err(|e| format!("{e:?}"))?;
-        let (status, tid) = (m.status(), m.tid());
-        let mut lids = (0, 0);
-        if status == Status::Success {
-            let r = AcmMsgRepr::parse(&m).map_err(|e| format!("answer: {e:?}"))?;
-            let i = r
-                .entries()
-                .iter()
-                .position(|e| e.info_type == EpInfoType::Path)
-                .ok_or("a success answer without a PATH entry")?;
-            let p = m.entry(i).ok_or("PATH entry outside the buffer")?.path();
-            lids = (p.slid, p.dlid);
-        }
-        Ok(Answer { status, tid, lids })
-    }
-
-    /// One request, waited for.
-    fn roundtrip(&mut self, msg: &[u8]) -> Result<Answer, String> {
-        self.send(msg)?;
-        let n = self.recv(false)?;
-        self.answer(n)
-    }
-
-    /// The core's global counters (`ib_acme -P`), in `COUNTER_NAMES` order.
-    fn counters(&mut self) -> Result<[u64; MAX_COUNTER], String> {
-        let mut out = [0u8; HDR_LEN];
-        build_perf_request(0, 0x5045_5246, &mut out).map_err(|e| format!("{e:?}"))?;
-        self.send(&out)?;
-        let n = self.recv(true)?;
-        let r = PerfResponseRepr::parse(&AcmMsg::new_unchecked(&self.buf[..n]))
-            .map_err(|e| format!("PERF_QUERY answer: {e:?}"))?;
-        Ok(r.counters)
-    }
-}
+// ---- the requests --------------------------------------------------------------------------
 
 /// `ib_acme -f l -s <slid> -d <dlid>`: one PATH entry with slid and dlid, NumbPath 1.
 fn path_request(tid: u64, slid: u16, dlid: u16) -> Vec<u8> {
@@ -272,8 +170,8 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let msg = path_request(self.next_tid(), self.lid, self.lid);
-            let a = ctl.roundtrip(&msg)?;
-            if a.status == Status::Success && a.lids.1 == self.lid {
+            let (a, _) = ctl.roundtrip(&msg)?;
+            if a.status == Status::Success && a.path.dlid == self.lid {
                 break;
             }
             if Instant::now() > deadline {
@@ -291,7 +189,7 @@ impl Daemon {
         for _ in 0..conns {
             let mut c = Conn::open(port)?;
             let msg = path_request(self.next_tid(), self.lid, self.lid);
-            let a = c.roundtrip(&msg)?;
+            let (a, _) = c.roundtrip(&msg)?;
             if a.status != Status::Success {
                 return Err(format!("{}: proof request: {:?}", self.label, a.status));
             }
@@ -318,96 +216,46 @@ impl Daemon {
                 (tid, path_request(tid, self.lid, d))
             })
             .collect();
-        let mut sent = vec![Instant::now(); size];
-        let mut lat = vec![Duration::ZERO; size];
-        let mut pending = vec![true; size];
+        let reqs: Vec<&[u8]> = msgs.iter().map(|(_, m)| &m[..]).collect();
         let mut errors = Vec::new();
-        let t0 = Instant::now();
-        for (i, (_, msg)) in msgs.iter().enumerate() {
-            sent[i] = Instant::now();
-            self.conns[i].send(msg)?;
-        }
-        let send_span = t0.elapsed();
-        let mut left = size;
-        let mut last = t0;
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(size);
-        let mut idx: Vec<usize> = Vec::with_capacity(size);
-        while left > 0 {
-            fds.clear();
-            idx.clear();
-            for i in (0..size).filter(|&i| pending[i]) {
-                idx.push(i);
-                fds.push(libc::pollfd {
-                    fd: self.conns[i].sock.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                });
-            }
-            // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs for the call.
-            let r = unsafe {
-                libc::poll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    ANSWER_TIMEOUT.as_millis() as i32,
-                )
-            };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(format!("poll: {e}"));
-            }
-            if r == 0 {
-                return Err(format!(
+        let mut b = Burst::send(&mut self.conns, &reqs)?;
+        loop {
+            let (i, a) = match b.next(&mut self.conns)? {
+                Next::Answer(i, a) => (i, a),
+                Next::AllIn => break,
+                Next::TimedOut(left) => {
+                    return Err(format!(
                     "{}: {what} burst of {size}: {left} answers missing after {ANSWER_TIMEOUT:?}",
                     self.label
+                ))
+                }
+            };
+            let (tid, dlid) = (msgs[i].0, dlids[i]);
+            if a.tid != tid {
+                return Err(format!(
+                    "{}: {what}: answer tid {:#x}, request {tid:#x}",
+                    self.label, a.tid
                 ));
             }
-            for (k, &i) in idx.iter().enumerate() {
-                if fds[k].revents == 0 {
-                    continue;
-                }
-                let Some(n) = self.conns[i].read_some(false)? else {
-                    continue;
-                };
-                let now = Instant::now();
-                lat[i] = now - sent[i];
-                last = last.max(now);
-                pending[i] = false;
-                left -= 1;
-                let a = self.conns[i].answer(n)?;
-                let (tid, dlid) = (msgs[i].0, dlids[i]);
-                if a.tid != tid {
-                    return Err(format!(
-                        "{}: {what}: answer tid {:#x}, request {tid:#x}",
-                        self.label, a.tid
-                    ));
-                }
-                if a.status != Status::Success {
-                    errors.push((dlid, a.status));
-                } else if a.lids != (self.lid, dlid) {
-                    return Err(format!(
-                        "{}: {what}: path {} → {dlid} answered slid {} dlid {}",
-                        self.label, self.lid, a.lids.0, a.lids.1
-                    ));
-                }
+            let lids = (a.path.slid, a.path.dlid);
+            if a.status != Status::Success {
+                errors.push((dlid, a.status));
+            } else if lids != (self.lid, dlid) {
+                return Err(format!(
+                    "{}: {what}: path {} → {dlid} answered slid {} dlid {}",
+                    self.label, self.lid, lids.0, lids.1
+                ));
             }
         }
-        let completion = last - t0;
         let after = self.ctl()?.counters()?;
-        let mut h = LatencyHistogram::new();
-        for d in &lat {
-            h.record(*d);
-        }
         let mut counters = [0u64; MAX_COUNTER];
         for (i, c) in counters.iter_mut().enumerate() {
             *c = after[i].saturating_sub(before[i]);
         }
         Ok(BurstResult {
-            lat: h,
-            completion,
-            send_span,
+            lat: b.latencies(),
+            completion: b.completion(),
+            send_span: b.send_span(),
             counters,
             errors,
         })
@@ -434,15 +282,7 @@ fn parse_plan(args: &Args) -> Result<Plan, String> {
             .transpose()
             .map(|v| v.unwrap_or(default))
     };
-    let mut opts = Vec::new();
-    for (f, v) in &args.rest {
-        if f == "--opt" {
-            let (k, v) = v
-                .split_once('=')
-                .ok_or_else(|| format!("--opt {v}: name=value\n{USAGE}"))?;
-            opts.push((k.trim().to_string(), v.trim().to_string()));
-        }
-    }
+    let opts = args.opts(USAGE)?;
     let bursts = match args.value("--bursts") {
         Some(s) => s
             .split(',')
@@ -478,15 +318,6 @@ fn loadavg() -> String {
         .ok()
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|| "?".into())
-}
-
-fn now_utc() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
 }
 
 fn ms(d: Duration) -> String {
@@ -906,11 +737,8 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
 }
 
 fn main() {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let host_net = raw.iter().any(|a| a == "--host-net");
-    let rest = raw.into_iter().filter(|a| a != "--host-net");
-    let args = match Args::parse_from(
-        rest,
+    acm_bench::fabric_bench_main(
+        "miss",
         USAGE,
         &[
             "--topology",
@@ -921,27 +749,10 @@ fn main() {
             "--settle",
             "--seed",
         ],
-    ) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    if !host_net {
-        if let Err(e) = acm_bench::private_net(DGRAM_QLEN) {
-            eprintln!("miss: private network namespace: {e} (--host-net runs without one)");
-            std::process::exit(1);
-        }
-    }
-    // The fabric is torn down (by PID, in Fabric's Drop) when `run` returns, error or not.
-    match run(&args) {
-        Ok(report) => println!("{report}"),
-        Err(e) => {
-            eprintln!("miss: {e}");
-            std::process::exit(1);
-        }
-    }
+        &[],
+        DGRAM_QLEN,
+        run,
+    );
 }
 
 #[cfg(test)]
