@@ -865,6 +865,8 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
     let mut t = setup(
         Config {
             sa_window: 8,
+            sa_deadline: 1000,
+            queue_deadline: 60_000,
             ..route_config()
         },
         Capacities::default(),
@@ -878,18 +880,37 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
     }
     let first = t.sa_sends();
     assert_eq!(first.len(), 8, "the window");
-    // One BUSY: the window is 4 now, and grows by one per 4 answers (a window's worth).
+    // One BUSY: the window is 4 now (the BUSY query keeps its slot while it backs off), and
+    // it does not grow again for `sa_deadline` (1 s here): everyone probing upward at once is
+    // what filled the SA's queue.
     t.reply(first[0].0, &first[0].1, 0x0001, None);
     assert_eq!(t.r.stats().sa_busy, 1);
     for (tok, mad) in &first[1..8] {
         t.reply(*tok, mad, 0, Some(path_to(1)));
     }
-    // 7 answers: the window is 5, one of them the BUSY query waiting out its backoff, so 4
-    // new queries went out where 7 would have without the BUSY.
-    assert_eq!(t.sa_sends().len(), 4);
-    // The backed-off query goes out again after its backoff and the window keeps growing.
+    // 7 answers: 3 new queries went out (4 in the window with the backing-off one), where 7
+    // would have without the BUSY.
+    let second = t.sa_sends();
+    assert_eq!(second.len(), 3);
+    // The backed-off query goes out again after its backoff, with a new TID.
     t.advance(100);
-    assert_eq!(t.sa_sends().len(), 1);
+    let again = t.sa_sends();
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].1[8..16], first[0].1[8..16]);
+    // Within the hold, answers do not grow the window: one new query per answer.
+    for (tok, mad) in &second {
+        t.reply(*tok, mad, 0, Some(path_to(1)));
+    }
+    let third = t.sa_sends();
+    assert_eq!(third.len(), 3, "one for one");
+    // Past it, a window's worth of answers (4) grows it by one.
+    t.advance(950);
+    let mut out = third;
+    out.extend(again);
+    for (tok, mad) in out {
+        t.reply(tok, &mad, 0, Some(path_to(1)));
+    }
+    assert_eq!(t.sa_sends().len(), 5, "4 + 1 after 4 answers");
 }
 
 #[test]

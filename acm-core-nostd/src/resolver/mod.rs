@@ -502,6 +502,8 @@ pub struct Resolver<S: Storage> {
     sa_cap: u32,
     /// Answers since `sa_cap` last grew.
     sa_acks: u32,
+    /// `sa_cap` does not grow before this (`sa_deadline` after the last BUSY).
+    sa_hold: Millis,
     /// Distinct ports among the open endpoints (the window is per port).
     ports: u32,
     /// Jobs not free.
@@ -557,6 +559,7 @@ impl<S: Storage> Resolver<S> {
             window: 0,
             sa_cap: config.sa_window.max(1),
             sa_acks: 0,
+            sa_hold: 0,
             ports: 0,
             jobs_active: 0,
             acm_active: 0,

@@ -117,8 +117,10 @@ impl<S: Storage> Resolver<S> {
 
     /// An SA answer (record or failure) arrived: after a window's worth of answers the window
     /// grows by one (additive increase; BUSY halves it).
-    fn sa_answered(&mut self) {
-        if self.sa_cap >= self.cfg.sa_window {
+    fn sa_answered(&mut self, now: Millis) {
+        // After a BUSY the window does not grow for a while: every resolver on the fabric
+        // probing upward at once is what filled the SA's queue.
+        if self.sa_cap >= self.cfg.sa_window || now < self.sa_hold {
             return;
         }
         self.sa_acks += 1;
@@ -465,7 +467,7 @@ impl<S: Storage> Resolver<S> {
         let key = job.key.key(job.cache_ep);
         let outcome = mads::classify_path_reply(umad_status, mad);
         if umad_status == 0 && outcome != SaOutcome::Busy {
-            self.sa_answered();
+            self.sa_answered(now);
         }
         match outcome {
             SaOutcome::Record(rec) => {
@@ -500,6 +502,7 @@ impl<S: Storage> Resolver<S> {
                 self.stats.sa_busy += 1;
                 self.sa_cap = (self.sa_cap / 2).max(1);
                 self.sa_acks = 0;
+                self.sa_hold = now.saturating_add(self.cfg.sa_deadline);
                 if job.busy_tries >= self.cfg.sa_busy_retries {
                     self.stats.timeouts += 1;
                     self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);

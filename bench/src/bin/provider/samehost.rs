@@ -538,6 +538,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // acmrs stores each preloaded route under up to 4 keys (see docs/bench.md): room for all
     // of them plus the misses (the plugin sizes its storage for this many at the design load).
     let acmrs_capacity = dlids as usize * 5 + 1024;
+    // acmrs's SA MADs go through this host's SA service like stock's (`acmrs_sa_transport
+    // core`): the misses of both then cost the same SA round trip, and the phase checks
+    // below can see (and forbid) every SA MAD. The daemon benches (`addr`, `miss`) measure
+    // the default `ud` transport.
     let stock_opts = dir.join("stock_opts.cfg");
     let acmrs_opts = dir.join("acmrs_opts.cfg");
     std::fs::write(&stock_opts, &common).map_err(|e| e.to_string())?;
@@ -545,7 +549,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
         &acmrs_opts,
         format!(
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
-             acmrs_pending_capacity 4096\nacmrs_stat_socket none\nacmrs_poll_mode {}\n",
+             acmrs_pending_capacity 4096\nacmrs_stat_socket none\nacmrs_poll_mode {}\n\
+             acmrs_sa_transport core\n",
             acmrs_capacity, a.poll_mode,
         ),
     )
