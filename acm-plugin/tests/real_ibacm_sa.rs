@@ -255,3 +255,69 @@ fn an_unlinked_node_is_dropped_from_the_cache_and_reachable_again_when_relinked(
         f.logs_report()
     );
 }
+
+#[test]
+fn a_new_sm_drops_what_the_old_one_taught_and_reports_to_us_again() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    // OpenSM starts on Hca1; acmrs runs on Hca3; Hca4 is a destination.
+    let mut f = Fabric::builder(Topology::example("net.2sw2path4hca").unwrap(), ["Hca3"])
+        .provider(Provider::Acmrs)
+        .name_prefix("acmrs-smmove")
+        .option("route_timeout", "-1")
+        .option("log_level", "1")
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let w = Duration::from_secs(20);
+    let l4 = f.port_info("Hca4").unwrap().lid;
+    verified_until(&f, "Hca3", l4, w);
+    let c0 = ep_counters(&f, "Hca3");
+    assert!(path(&f, "Hca3", l4, false).success());
+    let c1 = ep_counters(&f, "Hca3");
+    assert_eq!(
+        c1[ROUTE_CACHE],
+        c0[ROUTE_CACHE] + 1,
+        "cached: {c0:?} {c1:?}"
+    );
+
+    // The SM moves to Hca2 (same LIDs): a new SM with none of the old one's subscriptions.
+    let sm_before = f.port_info("Hca3").unwrap().sm_lid;
+    f.move_sm("Hca2", false).unwrap();
+    let sm_after = f.port_info("Hca3").unwrap().sm_lid;
+    assert_ne!(sm_before, sm_after, "the SM moved");
+    // What the old SM taught is not served as fresh: the next request asks the (new) SA.
+    let t0 = Instant::now();
+    loop {
+        let before = ep_counters(&f, "Hca3");
+        let o = path(&f, "Hca3", l4, false);
+        let after = ep_counters(&f, "Hca3");
+        if o.success() && after[ROUTE_QUERY] > before[ROUTE_QUERY] {
+            break;
+        }
+        assert!(
+            t0.elapsed() < w,
+            "still answered from the old SM's data {w:?} after the move: {o} {before:?} \
+             {after:?}\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // And the new SM reports to us: unlinking Hca4 reaches acmrs's cache.
+    f.port_down("Hca4").unwrap();
+    let t1 = Instant::now();
+    while path(&f, "Hca3", l4, false).success() {
+        assert!(
+            t1.elapsed() < Duration::from_secs(15),
+            "no Report from the new SM: the path is still served\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(f
+        .node("Hca3")
+        .unwrap()
+        .log()
+        .contains("SA Report: trap 65 for"));
+}
