@@ -2,7 +2,9 @@
 //! the reply, the answer; coalescing, the window and backlog, BUSY, deadlines, negative
 //! caching, query() pass-through, close and shutdown.
 
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
+use acm_core_nostd::cache::{
+    AddrSlot, AliasSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot,
+};
 use acm_core_nostd::resolver::request::{ENODATA, ENOMEM, ETIMEDOUT};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Resolver, Via,
@@ -10,7 +12,8 @@ use acm_core_nostd::resolver::{
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
 
-type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+/// With path-alias storage, as the plugin's `HostCache`.
+type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>, Box<[AliasSlot]>>;
 
 const EP: EpId = EpId(3);
 const CEP: u16 = 0x0003;
@@ -42,9 +45,10 @@ struct T {
 }
 
 fn setup(cfg: Config, caps: Capacities) -> T {
-    let cache = PathCache::new(
+    let cache = PathCache::with_aliases(
         PathSlot::boxed(1024),
         AddrSlot::boxed(1024),
+        AliasSlot::boxed(256),
         CacheConfig::default(),
     )
     .unwrap();
@@ -360,6 +364,8 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     let mut path = path_to(6);
     PathRecord::new_unchecked(&mut path[..]).set_dgid(gid(6));
     t.r.preload_route(0, &t.cache, EP, CEP, &path);
+    // One record, three aliases (by DLID and by DGID, with and without the reversible bit).
+    assert_eq!((t.cache.len(), t.cache.alias_len()), (1, 3));
     // A learned route too.
     t.request(1, Kind::Resolve, &path_msg(7, 0, 1));
     let s = t.sa_sends();
@@ -369,30 +375,37 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
         let mut rev = PathKey::new(cep, Dest::Lid(6));
         rev.constraints.mask = acm_core_nostd::cache::constraint::REVERSIBLE_NUMPATH;
         rev.constraints.reversible_numpath = 0x80;
+        let mut grev = PathKey::new(cep, Dest::Gid(gid(6).0));
+        grev.constraints = rev.constraints;
         [
             PathKey::new(cep, Dest::Lid(6)),
             rev,
             PathKey::new(cep, Dest::Gid(gid(6).0)),
+            grev,
         ]
     };
     for k in lid_keys(CEP) {
-        assert!(
-            matches!(
-                t.cache.lookup(&k, 1),
-                Lookup::Hit {
-                    expires_at: u64::MAX,
-                    ..
-                }
-            ),
-            "{k:?}"
-        );
+        match t.cache.lookup(&k, 1) {
+            Lookup::Hit {
+                record,
+                expires_at: u64::MAX,
+                ..
+            } => assert_eq!(record, path, "{k:?}"),
+            other => panic!("{k:?}: {other:?}"),
+        }
     }
     // Reregister: a new generation; the preload is there under it, the learned route is not.
     let new_cep = 0x0100 | CEP;
     t.r.reregister(10, &t.cache, EP, new_cep);
     t.drain();
     for k in lid_keys(new_cep) {
-        assert!(matches!(t.cache.lookup(&k, 11), Lookup::Hit { .. }));
+        match t.cache.lookup(&k, 11) {
+            Lookup::Hit { record, .. } => assert_eq!(record, path, "{k:?}"),
+            other => panic!("{k:?}: {other:?}"),
+        }
+    }
+    for k in lid_keys(CEP) {
+        assert_eq!(t.cache.lookup(&k, 11), Lookup::Miss, "{k:?}: old generation");
     }
     assert_eq!(
         t.cache.lookup(&PathKey::new(CEP, Dest::Lid(7)), 11),
@@ -532,9 +545,10 @@ fn miss_cost() {
         ..Capacities::default()
     };
     let mut t = setup(route_config(), caps);
-    t.cache = PathCache::new(
+    t.cache = PathCache::with_aliases(
         PathSlot::boxed(1 << 20),
         AddrSlot::boxed(16),
+        AliasSlot::boxed(64),
         CacheConfig::default(),
     )
     .unwrap();

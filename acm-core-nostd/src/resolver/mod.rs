@@ -43,7 +43,7 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{AddrSlot, PathCache, PathSlot};
+use crate::cache::{AddrSlot, AliasSlot, PathCache, PathSlot};
 use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
@@ -685,10 +685,11 @@ impl<S: Storage> Resolver<S> {
     /// its groups ([`Output::Detach`], MCMemberRecord DELETE fire-and-forget), forgets its
     /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
     /// the endpoint still held by the caller are forgotten (their replies are ignored).
-    pub fn close_endpoint<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>, ep: EpId)
+    pub fn close_endpoint<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>, ep: EpId)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -736,10 +737,10 @@ impl<S: Storage> Resolver<S> {
     /// for it get a response. With `loopback_prot local` (and a known LID) it also answers
     /// requests for itself with the loopback path, cached and aliased under `cache_ep` so the
     /// caller's hit path finds it (never expires).
-    pub fn add_address<P, A>(
+    pub fn add_address<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         ep: EpId,
         cache_ep: u16,
         type_: u8,
@@ -748,6 +749,7 @@ impl<S: Storage> Resolver<S> {
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         if !(1..=3).contains(&type_) {
             return Err(Error::AddressType);
@@ -845,16 +847,17 @@ impl<S: Storage> Resolver<S> {
     /// A preloaded route (`route_preload`): `path` is cached for its DLID and its DGID (with
     /// and without the reversible bit, no other constraint), never expires, and is inserted
     /// again after every [`reregister`](Self::reregister).
-    pub fn preload_route<P, A>(
+    pub fn preload_route<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         ep: EpId,
         cache_ep: u16,
         path: &[u8; 64],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -873,15 +876,16 @@ impl<S: Storage> Resolver<S> {
     /// number at the new flush generation. Learned routes and addresses of the endpoint are
     /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
     /// `cache_ep`; the groups are detached and joined again.
-    pub fn reregister<P, A>(
+    pub fn reregister<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         ep: EpId,
         cache_ep: u16,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -935,10 +939,10 @@ impl<S: Storage> Resolver<S> {
     /// `msg` the client's message. Resolve and Query requests get exactly one
     /// [`Output::Answer`]; Prime and Refresh none.
     #[allow(clippy::too_many_arguments)]
-    pub fn request<P, A>(
+    pub fn request<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         ep: EpId,
         cache_ep: u16,
         client: u64,
@@ -947,6 +951,7 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let r = ReqCtx {
             ep,
@@ -988,16 +993,17 @@ impl<S: Storage> Resolver<S> {
     /// An SA completion for a [`Output::SendSa`] with `token`: the reply MAD (`umad_status`
     /// 0), or the MAD as sent with a non-zero `umad_status` (timeout, send failure). Replies
     /// whose token or TID matches nothing in flight are counted and dropped.
-    pub fn handle_sa<P, A>(
+    pub fn handle_sa<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         token: u64,
         umad_status: u32,
         mad: &[u8],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let mad = mads::full_mad(mad);
         let (kind, index, tid) = mads::untoken(token);
@@ -1015,16 +1021,17 @@ impl<S: Storage> Resolver<S> {
     /// from the completion). Requests for one of our addresses are answered (unicast); every
     /// valid request records its sender; responses complete our queries. Anything malformed,
     /// unexpected or from another partition is counted in [`Stats`] and dropped.
-    pub fn handle_acm<P, A>(
+    pub fn handle_acm<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         ep: EpId,
         meta: &RecvMeta,
         mad: &[u8],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         self.acm_receive(now, cache, ep, meta, mad);
         self.pump(now, cache);
@@ -1033,10 +1040,11 @@ impl<S: Storage> Resolver<S> {
     /// Runs the timers due at `now` (SA deadlines, BUSY backoffs, ACM retries, queue
     /// deadlines, join retries). Call when [`poll_timeout`](Self::poll_timeout) has passed;
     /// calling it early or often is harmless.
-    pub fn handle_timeout<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    pub fn handle_timeout<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         if self.next_timer.is_some_and(|t| t <= now) {
             self.run_timers(now, cache);
@@ -1053,10 +1061,11 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
-    pub fn shutdown<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    pub fn shutdown<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         self.done = true;
         for slot in 0..self.st.endpoints().len() {
@@ -1247,16 +1256,17 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Inserts `path` under the loopback key of local address `i` and aliases the address.
-    fn insert_loopback<P, A>(
+    fn insert_loopback<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         slot: usize,
         i: u32,
         cache_ep: u16,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let e = self.st.endpoints()[slot];
         if !self.cfg.loopback_local || e.lid == 0 {
@@ -1276,16 +1286,17 @@ impl<S: Storage> Resolver<S> {
         addr::alias(cache, &a, &key, now, NEVER);
     }
 
-    fn insert_preload<P, A>(
+    fn insert_preload<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         slot: usize,
         cache_ep: u16,
         path: &[u8; 64],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         use crate::wire::path_record::PathRecord;
         let view = self.view(slot, cache_ep);
@@ -1325,16 +1336,17 @@ impl<S: Storage> Resolver<S> {
 
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
     /// forgets the queries the caller still holds when `forget_held`.
-    fn drop_endpoint_work<P, A>(
+    fn drop_endpoint_work<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         slot: usize,
         status: u8,
         forget_held: bool,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         for j in 0..self.st.jobs().len() as u32 {
             let job = &self.st.jobs()[j as usize];

@@ -14,7 +14,7 @@ use super::{
     addr, addr_rlink, job_link, Counter, EpId, JobSlot, Kind, Millis, ReqCtx, Resolver, Storage,
     NEVER,
 };
-use crate::cache::{AddrSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
+use crate::cache::{AddrSlot, AliasSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
 use crate::wire::client::{AcmMsg, EpInfoType};
 use core::ops::Deref;
 
@@ -277,10 +277,10 @@ impl<S: Storage> Resolver<S> {
 
     /// A PATH / LID / GID request.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn route_request<P, A>(
+    pub(crate) fn route_request<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         slot: usize,
         r: &ReqCtx<'_>,
         key: Option<PathKey>,
@@ -289,6 +289,7 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         if let (Some(k), false) = (key, r.kind == Kind::Refresh) {
             match cache.lookup(&k, now) {
@@ -332,10 +333,10 @@ impl<S: Storage> Resolver<S> {
     /// it as a zombie while the caller holds its MAD). `from_cache` counts RouteCache per
     /// answered Resolve waiter.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn finish_job<P, A>(
+    pub(crate) fn finish_job<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         j: u32,
         status: u8,
         record: Option<(&[u8; 64], Millis)>,
@@ -344,6 +345,7 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let job = self.st.jobs()[j as usize];
         if matches!(job.state, JobState::Free | JobState::Zombie) {
@@ -429,10 +431,10 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// An SA completion of route job `j`.
-    pub(crate) fn route_reply<P, A>(
+    pub(crate) fn route_reply<P, A, R>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
+        cache: &PathCache<P, A, R>,
         j: u32,
         tid: u32,
         umad_status: u32,
@@ -440,6 +442,7 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         let Some(job) = self.st.jobs().get(j as usize).copied() else {
             self.stats.sa_unknown += 1;
@@ -526,10 +529,11 @@ impl<S: Storage> Resolver<S> {
 
     /// Moves backlog jobs into free window slots (answering those the cache can answer now)
     /// and address queries into free ACM windows; drops removed local addresses' aliases.
-    pub(crate) fn pump<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    pub(crate) fn pump<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         while let Some(i) =
             self.removals
@@ -584,10 +588,11 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Runs every due timer.
-    pub(crate) fn run_timers<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
+    pub(crate) fn run_timers<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
+        R: Deref<Target = [AliasSlot]>,
     {
         // The backlog is in arrival (= deadline) order: only its due head is looked at. The
         // SA lists are short (the window) and not quite in deadline order (a BUSY retry keeps

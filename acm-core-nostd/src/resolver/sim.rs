@@ -36,7 +36,7 @@ use super::{
     AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Millis, Output,
     RecvMeta, Resolver, Stats, Via, MSG_LEN,
 };
-use crate::cache::{AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use crate::cache::{AddrSlot, AliasSlot, CacheConfig, Lookup, PathCache, PathSlot};
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
 
@@ -265,7 +265,11 @@ pub struct Node {
     /// Its resolver.
     pub resolver: Resolver<HeapStorage>,
     /// Its path cache.
-    pub cache: PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[AddrSlot]>>,
+    pub cache: PathCache<
+        std::boxed::Box<[PathSlot]>,
+        std::boxed::Box<[AddrSlot]>,
+        std::boxed::Box<[AliasSlot]>,
+    >,
     /// Its endpoint configuration.
     pub ep_cfg: EpConfig,
     /// The endpoint is open.
@@ -481,9 +485,11 @@ impl Sim {
         let mut rng = Rng(cfg.seed);
         let mut nodes = Vec::new();
         for i in 0..cfg.nodes {
-            let cache = PathCache::new(
+            let cache = PathCache::with_aliases(
                 PathSlot::boxed(cfg.cache_slots),
                 AddrSlot::boxed(cfg.addr_cache_slots.unwrap_or(cfg.cache_slots)),
+                // Preloaded routes: one record + 3 aliases each (`insert_route`).
+                AliasSlot::boxed(cfg.cache_slots),
                 CacheConfig {
                     seed: rng.next_u64(),
                     refresh_ahead: 5_000,
