@@ -405,7 +405,11 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
         }
     }
     for k in lid_keys(CEP) {
-        assert_eq!(t.cache.lookup(&k, 11), Lookup::Miss, "{k:?}: old generation");
+        assert_eq!(
+            t.cache.lookup(&k, 11),
+            Lookup::Miss,
+            "{k:?}: old generation"
+        );
     }
     assert_eq!(
         t.cache.lookup(&PathKey::new(CEP, Dest::Lid(7)), 11),

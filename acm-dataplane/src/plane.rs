@@ -17,7 +17,7 @@
 use crate::sa::{Expired, SaChannel, SmAddr, TIMED_OUT};
 use crate::stats::{Clock, Latency, MissClass, MissStamp, Pending};
 use crate::worker::{PollOutcome, Poller, Waker};
-use acm_core_nostd::cache::{AddrSlot, PathCache, PathSlot};
+use acm_core_nostd::cache::{AddrSlot, AliasSlot, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output,
     RecvMeta, Resolver, Stats, MAX_EPS, MSG_LEN,
@@ -30,8 +30,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// The path cache on the host: heap (or huge-page) storage sized from the options.
-pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+/// The path cache on the host: heap (or huge-page) storage sized from the options, with
+/// path-alias storage so a preloaded route (by DLID and by DGID, with and without the
+/// reversible bit) is one path entry plus three aliases (`CacheWriter::insert_route`).
+pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>, Box<[AliasSlot]>>;
 
 /// How many queue entries one round takes from each source at most (bursts).
 pub const BURST: usize = 64;
@@ -595,10 +597,15 @@ impl<I: CoreIo> Plane<I> {
                 .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
             return;
         }
+        let before = (self.cache.len(), self.cache.alias_len());
         for p in &rec.routes {
             self.resolver
                 .preload_route(now, &self.cache, ep, rec.cache_ep, p);
         }
+        // What the preloads took (a route: one path entry + three aliases while the alias
+        // storage lasts).
+        let paths = self.cache.len().saturating_sub(before.0);
+        let aliases = self.cache.alias_len().saturating_sub(before.1);
         for h in rec.addrs.iter() {
             let _ = self
                 .resolver
@@ -611,7 +618,12 @@ impl<I: CoreIo> Plane<I> {
         }
         if !rec.routes.is_empty() && self.io.log_enabled(1) {
             let n = rec.routes.len();
-            self.io.log(1, &format!("{n} preloaded routes inserted"));
+            self.io.log(
+                1,
+                &format!(
+                    "{n} preloaded routes inserted: {paths} path entries, {aliases} path aliases"
+                ),
+            );
         }
     }
 

@@ -224,6 +224,74 @@ Switch 0x000000000000100c, base LID 12, \"Sw\", port 0
     h.close();
 }
 
+/// One entry per route: N preloaded routes cost N path entries and 3N path aliases (not 4N
+/// path entries), and each route's four keys — by DLID and by DGID, with and without the
+/// reversible bit — answer inline with the same record, before and after a reregister.
+#[test]
+fn a_preloaded_route_is_one_path_entry_and_three_aliases() {
+    let _s = serial();
+    const N: u16 = 40;
+    let mut dump = String::from("Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1\n");
+    for i in 0..N {
+        dump += &format!("0x{:04x} : 1 : 4 : 6\n", 0x20 + i);
+    }
+    for i in 0..N {
+        dump += &format!(
+            "\nChannel Adapter 0x{:016x}, base LID {}, \"N{i}\", port 1\n",
+            0x2000 + u64::from(i),
+            0x20 + i
+        );
+    }
+    let opts = format!("{OPTS}route_preload opensm_full_v1\nroute_data_file $DIR/route.data\n");
+    let mut h = Host::open(&opts, &[("route.data", &dump)]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let want = format!(
+        "{N} preloaded routes inserted: {N} path entries, {} path aliases",
+        3 * N
+    );
+    // Without alias storage: "40 preloaded routes inserted: 160 path entries, 0 path aliases".
+    assert!(wait_until(|| log_contains(&want)), "want {want:?}");
+    let check = |h: &mut Host| {
+        for i in 0..N {
+            let (dlid, dgid) = (0x20 + i, gid_of(0x2000 + u64::from(i)));
+            let mut records = Vec::new();
+            for (l, g) in [(dlid, None), (0, Some(dgid))] {
+                for rev in [false, true] {
+                    let t = h.tid();
+                    let mut m = path_request(t, l, g, 0);
+                    if rev {
+                        m.resolve_data[0].info.bytes[49] = 0x81; // reversible, NumbPath 1
+                    }
+                    h.resolve(ep, &m, 1);
+                    let r = find(t);
+                    assert_eq!(
+                        r.len(),
+                        1,
+                        "route {i} by {l}/{g:?} rev {rev}: answered inline"
+                    );
+                    assert_eq!(r[0].status(), 0);
+                    assert_eq!((dlid_of(&r[0].msg), dgid_of(&r[0].msg)), (dlid, dgid));
+                    records.push(path_of(&r[0].msg));
+                }
+            }
+            assert!(
+                records.windows(2).all(|w| w[0] == w[1]),
+                "route {i}: one record"
+            );
+        }
+        assert_eq!(
+            sa_pending(),
+            0,
+            "no key of a preloaded route went to the SA"
+        );
+    };
+    check(&mut h);
+    h.reregister();
+    assert!(wait_until(|| log_contains("learned routes flushed")));
+    check(&mut h);
+    h.close();
+}
+
 #[test]
 fn names_from_hosts_file_loopback_and_source_echo() {
     let _s = serial();

@@ -1173,9 +1173,10 @@ where
     /// Caches one route reachable by several keys: `record` is stored once, under `keys[0]`,
     /// and `keys[1..]` become aliases of it ([`alias_path`](Self::alias_path)) — for example a
     /// preloaded route by DLID and by DGID, with and without the reversible bit: one path slot
-    /// and three alias slots instead of four path slots. Without alias storage (or if the
-    /// alias table refuses), the other keys get path entries of their own. Returns what the
-    /// insert of `keys[0]` did; `Inserted::New` for an empty `keys`.
+    /// and three alias slots instead of four path slots. Without alias storage, or where an
+    /// alias would have to evict a live alias (its window holds no free or dead slot), the
+    /// other keys get path entries of their own: a route never pushes out another route's
+    /// alias. Returns what the insert of `keys[0]` did; `Inserted::New` for an empty `keys`.
     pub fn insert_route(
         &mut self,
         keys: &[PathKey],
@@ -1191,7 +1192,12 @@ where
             if k == first {
                 continue;
             }
-            if self.alias_path(k, first, now, ttl).is_err() {
+            let c = self.cache;
+            let kw = k.to_words();
+            let room = c
+                .aliases
+                .has_room(&kw, c.aliases.hash(&kw), &|x| c.alias_dead(x, now));
+            if !room || self.alias_path(k, first, now, ttl).is_err() {
                 self.insert(k, record, now, ttl);
             }
         }

@@ -801,6 +801,31 @@ where
         (unreferenced.unwrap_or(cand[start]), false)
     }
 
+    /// True if [`upsert`](Self::upsert) of `key` would evict no live entry: the key is present,
+    /// one of its groups has a free slot, or its window holds a dead one.
+    pub(crate) fn has_room(
+        &self,
+        key: &[u32; KW],
+        hash: u64,
+        dead: &dyn Fn(&[u32; W]) -> bool,
+    ) -> bool {
+        if self.cap == 0 {
+            return false;
+        }
+        if self.find(key, hash).is_some() {
+            return true;
+        }
+        let pl = self.place(hash);
+        let full = |g| self.group_len(g) == self.group_load(g);
+        if !full(pl.g1) || (pl.g2 != pl.g1 && !full(pl.g2)) {
+            return true;
+        }
+        self.window(&pl).any(|i| {
+            let w = self.load(i);
+            w[HDR] & OCCUPIED == 0 || dead(&w)
+        })
+    }
+
     /// Inserts or overwrites the entry for `key` with `words` (whose key part must equal `key`
     /// and whose `INC` is filled in here). Evicts within the key's window when both its groups
     /// are full. Returns (index, outcome).

@@ -530,8 +530,12 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// ACM queue deadlines and retries of endpoint `slot`.
-    pub(crate) fn acm_timers<P, A, R>(&mut self, now: Millis, _cache: &PathCache<P, A, R>, slot: usize)
-    where
+    pub(crate) fn acm_timers<P, A, R>(
+        &mut self,
+        now: Millis,
+        _cache: &PathCache<P, A, R>,
+        slot: usize,
+    ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
         R: Deref<Target = [AliasSlot]>,

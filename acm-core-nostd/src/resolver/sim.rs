@@ -260,16 +260,19 @@ pub struct SimAnswer {
     pub at: Millis,
 }
 
+/// A node's path cache (with path-alias storage, as the host's).
+pub type SimCache = PathCache<
+    std::boxed::Box<[PathSlot]>,
+    std::boxed::Box<[AddrSlot]>,
+    std::boxed::Box<[AliasSlot]>,
+>;
+
 /// One simulated node.
 pub struct Node {
     /// Its resolver.
     pub resolver: Resolver<HeapStorage>,
     /// Its path cache.
-    pub cache: PathCache<
-        std::boxed::Box<[PathSlot]>,
-        std::boxed::Box<[AddrSlot]>,
-        std::boxed::Box<[AliasSlot]>,
-    >,
+    pub cache: SimCache,
     /// Its endpoint configuration.
     pub ep_cfg: EpConfig,
     /// The endpoint is open.
