@@ -130,3 +130,36 @@ fn same_window_and_same_tag_costs_at_most_the_window() {
     let n = c.probe_len_for_tests(absent);
     assert!(n <= MAX_PROBE && n >= c.len().min(MAX_PROBE) - 1, "{n}");
 }
+
+/// `prefetch_hint` names the slots a lookup reads first: one slot of each of the key's two
+/// groups, inside the storage, on slot boundaries.
+#[test]
+fn the_prefetch_hint_is_the_keys_preferred_slots() {
+    let p: Box<[PathSlot]> = (0..PathSlot::slots_for(10_000))
+        .map(|_| PathSlot::new())
+        .collect();
+    let (base, len) = (p.as_ptr() as usize, p.len());
+    let a: Box<[AddrSlot]> = Box::new([]);
+    let c = PathCache::new(p, a, CacheConfig::default()).unwrap();
+    let size = core::mem::size_of::<PathSlot>();
+    for i in 0..1000 {
+        let k = key(i);
+        let (g1, g2, _) = c.window_for_tests(&k);
+        let hint = c.prefetch_hint(&k);
+        for (h, g) in hint.iter().zip([g1, g2]) {
+            let off = *h as usize - base;
+            assert!(off < len * size && off % size == 0, "{off}");
+            assert_eq!(off / size / GROUP, g, "key {i}: hint in its group");
+        }
+    }
+    // An inserted key found at once sits in one of them (most keys do, ~3 in 4).
+    let mut w = c.writer().unwrap();
+    let mut at_home = 0;
+    for i in 0..1000 {
+        w.insert(&key(i), &[1; 64], 0, 1000);
+        if c.probe_len_for_tests(&key(i)) == 1 {
+            at_home += 1;
+        }
+    }
+    assert!(at_home > 500, "{at_home}");
+}

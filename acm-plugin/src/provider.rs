@@ -764,6 +764,22 @@ fn hand_over_stamped(
     ok
 }
 
+/// Starts loading the cache lines at `hint` (from `PathCache::prefetch_hint`) without waiting
+/// for them.
+#[inline(always)]
+fn prefetch(hint: [*const u8; 2]) {
+    #[cfg(target_arch = "x86_64")]
+    for p in hint {
+        // SAFETY: a prefetch is only a hint: it never faults, reads nothing into the program
+        // and writes nothing, whatever the address (these are slots of our live cache).
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = hint;
+}
+
 fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
     let ep = &ctx.ep;
     let inst = &ctx.inst;
@@ -774,6 +790,12 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
     ep.hit_tick.store(tick, Ordering::Relaxed);
     let sample = inst.opts.acmrs_hit_sample;
     let t0 = (tick & (sample - 1) == 0).then(|| inst.clock.now());
+    // The key next, and its slots' DRAM miss started, so that it overlaps everything else
+    // this request does before the lookup ("the miss starts first").
+    let target = classify(&ep.view(), msg);
+    if let Target::Route { key: Some(k), .. } = &target {
+        prefetch(inst.cache.prefetch_hint(k));
+    }
     ep.count(Writer::Core, Counter::Resolve);
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
@@ -793,7 +815,6 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
         return reply(u8::from(Status::Enodata), None);
     }
     let now = inst.now_ms();
-    let target = classify(&ep.view(), msg);
     let class = match target {
         Target::Address { .. } => MissClass::Address,
         _ => MissClass::Route,

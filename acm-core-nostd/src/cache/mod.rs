@@ -532,6 +532,16 @@ where
         r
     }
 
+    /// The memory a [`lookup`](Self::lookup) of `key` reads first (its two preferred slots),
+    /// for a prefetch instruction of the caller's: hashing the key and issuing the prefetch
+    /// at the top of a request lets the DRAM miss overlap the request's other work. Only
+    /// addresses (never dereferenced here); null for an empty cache.
+    #[inline]
+    pub fn prefetch_hint(&self, key: &PathKey) -> [*const u8; 2] {
+        let kw = key.to_words();
+        self.paths.home_addrs(self.paths.hash(&kw))
+    }
+
     /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or
     /// `None` if all [`READER_CELLS`] are owned. Dropping it frees the cell; its counts stay in
     /// [`stats`](Self::stats).

@@ -674,6 +674,17 @@ where
 
     /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take.
     #[inline]
+    /// The addresses a read of `hash` loads first: its two preferred slots (see
+    /// [`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)).
+    pub(crate) fn home_addrs(&self, hash: u64) -> [*const u8; 2] {
+        if self.cap == 0 {
+            return [core::ptr::null(); 2];
+        }
+        let pl = self.place(hash);
+        let at = |i: usize| self.slots[i].words().as_ptr() as *const u8;
+        [at(pl.pref), at(pl.pref2)]
+    }
+
     pub(crate) fn hash(&self, key: &[u32; KW]) -> u64 {
         super::hash::hash_key(self.seed, key)
     }
