@@ -30,8 +30,9 @@ pub struct Series<'a> {
 /// Width and height of the SVG, in pixels.
 pub const SIZE: (u32, u32) = (900, 540);
 
-/// Series colours, in order (blue, red, green, orange, purple, brown; then repeated).
-const COLORS: [RGBColor; 6] = [
+/// Series colours, in order (blue, red, green, orange, purple, brown; then repeated): every
+/// plot of the repo uses them, so a provider keeps its colour from picture to picture.
+pub const COLORS: [RGBColor; 6] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x2c, 0xa0, 0x2c),

@@ -17,7 +17,7 @@
 
 use super::mads;
 use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
-use super::storage::{bucket_hash, list_id, AddrState, GroupState, List, Origin};
+use super::storage::{bucket_hash, list_id, AddrState, EpSlot, GroupState, List, Origin, SaTry};
 use super::{
     addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, ReqCtx, Resolver,
     Storage, NEVER,
@@ -594,6 +594,27 @@ impl<S: Storage> Resolver<S> {
         self.arm(at);
     }
 
+    /// The (endpoint slot, index) of the SET (a join, a subscription: `of` picks its
+    /// [`SaTry`]) that a reply for token index `index` (slot × 2 + index) with `tid` answers;
+    /// `None`, counted as an unknown SA reply, if none waits for it.
+    pub(crate) fn set_awaiting(
+        &mut self,
+        index: u32,
+        tid: u32,
+        of: fn(&EpSlot, usize) -> SaTry,
+    ) -> Option<(usize, usize)> {
+        let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
+        let ok = self
+            .st
+            .endpoints()
+            .get(slot)
+            .is_some_and(|e| e.open && of(e, i).awaits(tid));
+        if !ok {
+            self.stats.sa_unknown += 1;
+        }
+        ok.then_some((slot, i))
+    }
+
     /// An SA completion of a join.
     pub(crate) fn join_reply(
         &mut self,
@@ -603,16 +624,9 @@ impl<S: Storage> Resolver<S> {
         umad_status: u32,
         mad: &[u8; 256],
     ) {
-        let (slot, g) = ((index / 2) as usize, (index % 2) as usize);
-        let ok = self
-            .st
-            .endpoints()
-            .get(slot)
-            .is_some_and(|e| e.open && e.groups[g].t.awaits(tid));
-        if !ok {
-            self.stats.sa_unknown += 1;
+        let Some((slot, g)) = self.set_awaiting(index, tid, |e, g| e.groups[g].t) else {
             return;
-        }
+        };
         let e = self.st.endpoints()[slot];
         let mgid = mads::group_mgid(e.pkey, e.groups[g].rate, e.groups[g].mtu);
         match mads::join_reply(umad_status, mad, mgid) {

@@ -64,16 +64,9 @@ impl<S: Storage> Resolver<S> {
         umad_status: u32,
         mad: &[u8; 256],
     ) {
-        let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
-        let ok = self
-            .st
-            .endpoints()
-            .get(slot)
-            .is_some_and(|e| e.open && e.informs[i].t.awaits(tid));
-        if !ok {
-            self.stats.sa_unknown += 1;
+        let Some((slot, i)) = self.set_awaiting(index, tid, |e, i| e.informs[i].t) else {
             return;
-        }
+        };
         if mads::inform_accepted(umad_status, mad) {
             self.st.endpoints()[slot].informs[i].t.accepted();
         } else {

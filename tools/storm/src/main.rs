@@ -204,14 +204,7 @@ fn real_main() -> Result<(), String> {
 
 /// Fraction of (node, peer) pairs resolved against virtual time, one curve per run.
 fn plot(path: &std::path::Path, reports: &[Report]) -> Result<(), Box<dyn std::error::Error>> {
-    let colors = [
-        RGBColor(0x1f, 0x77, 0xb4),
-        RGBColor(0xd6, 0x27, 0x28),
-        RGBColor(0x2c, 0xa0, 0x2c),
-        RGBColor(0xff, 0x7f, 0x0e),
-        RGBColor(0x94, 0x67, 0xbd),
-        RGBColor(0x8c, 0x56, 0x4b),
-    ];
+    let colors = acm_bench::plot::COLORS;
     let tmax = reports
         .iter()
         .filter_map(|r| r.pair_done.last().copied())
@@ -219,7 +212,7 @@ fn plot(path: &std::path::Path, reports: &[Report]) -> Result<(), Box<dyn std::e
         .unwrap_or(1)
         .max(1) as f64
         / 1000.0;
-    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    let root = SVGBackend::new(path, acm_bench::plot::SIZE).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
