@@ -973,3 +973,38 @@ fn with_the_sa_gone_every_request_is_answered_within_the_queue_deadline_of_its_a
     }
     assert!(t.r.is_idle() || out.is_empty());
 }
+
+#[test]
+fn a_query_that_cannot_return_before_its_deadline_is_not_sent() {
+    let mut t = setup(
+        Config {
+            sa_window: 1,
+            queue_deadline: 1000,
+            ..route_config()
+        },
+        Capacities::default(),
+    );
+    for lid in [10u16, 11, 12] {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    let first = t.sa_sends();
+    assert_eq!(first.len(), 1);
+    // Answered after 300 ms: the SA's round trip is 300 ms; LID 11 (700 ms left) goes out.
+    t.advance(300);
+    t.reply(first[0].0, &first[0].1, 0, Some(path_to(10)));
+    let second = t.sa_sends();
+    assert_eq!(second.len(), 1);
+    assert_eq!(t.answers().len(), 1);
+    // Another 300 ms: LID 12 has 400 ms left, less than two round trips: answered now, and
+    // the SA is not given work nobody will wait for.
+    t.advance(300);
+    t.reply(second[0].0, &second[0].1, 0, Some(path_to(11)));
+    assert!(t.sa_sends().is_empty());
+    let a = t.answers();
+    assert_eq!(a.len(), 2);
+    assert_eq!((a[1].0, a[1].1), (12, ETIMEDOUT));
+}

@@ -504,6 +504,8 @@ pub struct Resolver<S: Storage> {
     sa_acks: u32,
     /// `sa_cap` does not grow before this (`sa_deadline` after the last BUSY).
     sa_hold: Millis,
+    /// Smoothed SA round trip (send → reply, queueing in the SA included; 0 = none yet).
+    sa_rtt: Millis,
     /// Distinct ports among the open endpoints (the window is per port).
     ports: u32,
     /// Jobs not free.
@@ -560,6 +562,7 @@ impl<S: Storage> Resolver<S> {
             sa_cap: config.sa_window.max(1),
             sa_acks: 0,
             sa_hold: 0,
+            sa_rtt: 0,
             ports: 0,
             jobs_active: 0,
             acm_active: 0,

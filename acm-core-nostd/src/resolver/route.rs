@@ -115,6 +115,16 @@ impl<S: Storage> Resolver<S> {
                 .max(1)
     }
 
+    /// Whether job `job`, sent now, would be answered by its deadline only after less than two
+    /// SA round trips (the smoothed estimate; never before a first reply).
+    fn too_late(&self, now: Millis, job: &JobSlot) -> bool {
+        let left = job
+            .born
+            .saturating_add(self.cfg.queue_deadline)
+            .saturating_sub(now);
+        self.sa_rtt > 0 && left < self.sa_rtt.saturating_mul(2)
+    }
+
     /// An SA answer (record or failure) arrived: after a window's worth of answers the window
     /// grows by one (additive increase; BUSY halves it).
     fn sa_answered(&mut self, now: Millis) {
@@ -193,6 +203,7 @@ impl<S: Storage> Resolver<S> {
             job.state = JobState::Send;
             job.tid = tid;
             job.timer = at;
+            job.sent = now;
             job.ep
         };
         self.sa_send
@@ -469,6 +480,14 @@ impl<S: Storage> Resolver<S> {
         }
         let key = job.key.key(job.cache_ep);
         let outcome = mads::classify_path_reply(umad_status, mad);
+        if umad_status == 0 {
+            let sample = now.saturating_sub(job.sent);
+            self.sa_rtt = if self.sa_rtt == 0 {
+                sample.max(1)
+            } else {
+                (self.sa_rtt * 7 + sample) / 8
+            };
+        }
         if umad_status == 0 && outcome != SaOutcome::Busy {
             self.sa_answered(now);
         }
@@ -574,6 +593,14 @@ impl<S: Storage> Resolver<S> {
                     }
                     _ => {}
                 }
+            }
+            if self.too_late(now, &job) {
+                // Its answer could not come back before its deadline: do not spend the SA's
+                // work on it (a storm's backlog would otherwise feed the SA queries whose
+                // clients have already been told ETIMEDOUT).
+                self.stats.timeouts += 1;
+                self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                continue;
             }
             self.backlog
                 .remove(self.st.jobs(), j, list_id::BACKLOG, job_link);

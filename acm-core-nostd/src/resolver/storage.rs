@@ -239,6 +239,8 @@ pub struct JobSlot {
     pub(crate) timer: Millis,
     /// When the job started: it is answered by `born + queue_deadline` whatever happens.
     pub(crate) born: Millis,
+    /// When its query last went out (for the SA round-trip estimate).
+    pub(crate) sent: Millis,
     pub(crate) key: StoredKey,
     pub(crate) waiters: List,
     /// Address entries whose route this is (aliased on success).
@@ -260,6 +262,7 @@ impl JobSlot {
         hnext: 0,
         timer: 0,
         born: 0,
+        sent: 0,
         key: StoredKey::NONE,
         waiters: List::EMPTY,
         addrs: List::EMPTY,
