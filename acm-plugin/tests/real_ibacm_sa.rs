@@ -109,13 +109,26 @@ fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the
                 })
             })
             .collect();
-        // All 50 arrive within a second; the window lets 16 out, whatever sa_depth (1) says.
-        std::thread::sleep(Duration::from_millis(1500));
-        let during = ep_counters(&f, "Hca2");
+        // The window lets 16 out, whatever sa_depth (1) says: wait until 16 went (the 50
+        // clients start within a second or two), then check that no more follow while the SA
+        // stays silent (the first ones time out only after 3 tries of ~3 s).
+        let t0 = Instant::now();
+        let mut during = ep_counters(&f, "Hca2");
+        while during[ROUTE_QUERY] - before[ROUTE_QUERY] < 16
+            && t0.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+            during = ep_counters(&f, "Hca2");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let later = ep_counters(&f, "Hca2");
         assert_eq!(
-            during[ROUTE_QUERY] - before[ROUTE_QUERY],
-            16,
-            "SA queries out with the SA frozen: {before:?} -> {during:?}\n{}",
+            (
+                during[ROUTE_QUERY] - before[ROUTE_QUERY],
+                later[ROUTE_QUERY] - before[ROUTE_QUERY]
+            ),
+            (16, 16),
+            "SA queries out with the SA frozen: {before:?} -> {during:?} -> {later:?}\n{}",
             f.logs_report()
         );
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -127,7 +140,9 @@ fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the
             "with the SA gone a request is answered with an error: {o}"
         );
         assert!(
-            *took < bound + Duration::from_secs(3),
+            // Slack for 50 ib_acme processes starting at once on a busy 2-core box (the exact
+            // bound is proven in virtual time: resolver_route.rs).
+            *took < bound + Duration::from_secs(6),
             "answered after {took:?} (bound {bound:?}): {o}"
         );
     }
