@@ -23,6 +23,8 @@ use acm_core_nostd::resolver::{
     RecvMeta, Resolver, Stats, MAX_EPS, MSG_LEN,
 };
 use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::inform::NoticeRepr;
+use acm_core_nostd::wire::sa::DATA_OFFSET as SA_DATA;
 use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -347,6 +349,8 @@ pub struct Plane<I: CoreIo> {
     sa_ud: bool,
     /// The `ud` transport's outstanding SA requests.
     sa: SaChannel,
+    /// [`SaChannel::expire`]'s work of one round (kept between rounds).
+    sa_due: Vec<Expired>,
     /// When the endpoints' SM addresses are read again.
     next_sm_check: Millis,
 }
@@ -415,6 +419,7 @@ impl<I: CoreIo> Plane<I> {
             stats: None,
             sa_ud: false,
             sa: SaChannel::new(0),
+            sa_due: Vec::with_capacity(16),
             next_sm_check: 0,
         })
     }
@@ -680,9 +685,10 @@ impl<I: CoreIo> Plane<I> {
             self.resolver.handle_report(now, &self.cache, ep, mad);
             let after = self.resolver.stats();
             if after.reports > before.reports && self.io.log_enabled(1) {
-                // Trap number and subject GID of the Notice (SA data at 56).
-                let trap = u16::from_be_bytes([mad[60], mad[61]]);
-                let gid = Gid::from_bytes(&mad[72..88]).unwrap_or(Gid::ZERO);
+                // The resolver took it as a Report, so its Notice parses.
+                let notice = NoticeRepr::parse_bytes(&mad[SA_DATA..]).ok();
+                let trap = notice.map_or(0, |n| n.trap);
+                let gid = notice.and_then(|n| n.subject_gid()).map_or(Gid::ZERO, Gid);
                 self.io.log(
                     1,
                     &format!(
@@ -711,9 +717,10 @@ impl<I: CoreIo> Plane<I> {
     /// state and subscribes again, as a client reregister does).
     fn sa_timers(&mut self, now: Millis) {
         if self.sa.next_deadline().is_some_and(|t| t <= now) {
-            let mut due = Vec::new();
+            // The loop's own buffer (as `rx`): no allocation per expiry round.
+            let mut due = std::mem::take(&mut self.sa_due);
             self.sa.expire(now, |e| due.push(e));
-            for e in due {
+            for e in due.drain(..) {
                 match e {
                     Expired::Resend { ep, mad } => {
                         let sm = self.ud_sa_route(ep);
@@ -729,6 +736,7 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
             }
+            self.sa_due = due;
         }
         if !self.sa_ud || now < self.next_sm_check {
             return;
@@ -741,19 +749,20 @@ impl<I: CoreIo> Plane<I> {
             let Some(ud) = rec.ud.as_mut() else {
                 continue;
             };
-            let sm = ud.sm_addr();
-            if sm.is_none() || sm == rec.sm {
+            let Some(sm) = ud.sm_addr() else {
+                continue;
+            };
+            if rec.sm == Some(sm) {
                 continue;
             }
-            let old = rec.sm.replace(sm.expect("checked"));
+            let old = rec.sm.replace(sm);
             let cache_ep = rec.cache_ep;
             if let Some(old) = old {
                 self.io.log(
                     0,
                     &format!(
                         "SM LID changed {} -> {}: learned paths dropped, subscriptions renewed",
-                        old.lid,
-                        sm.map_or(0, |s| s.lid)
+                        old.lid, sm.lid
                     ),
                 );
                 self.resolver

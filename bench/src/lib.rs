@@ -456,6 +456,27 @@ impl Args {
         }
     }
 
+    /// A parsed command line, or its message printed and exit 2 (`--help`, a bad line).
+    pub fn or_exit(parsed: Result<Args, String>) -> Args {
+        parsed.unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(2)
+        })
+    }
+
+    /// The `--out` directory created (exit 1 if it cannot be) and [`sizes`](Self::sizes)
+    /// (exit 2 with `usage` if they do not parse): the start of every sized bench.
+    pub fn out_and_sizes_or_exit(&self, usage: &str) -> Vec<usize> {
+        if let Err(e) = self.create_out() {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+        self.sizes().unwrap_or_else(|e| {
+            eprintln!("--sizes: {e}\n{usage}");
+            std::process::exit(2)
+        })
+    }
+
     /// Creates the `--out` directory, if one was given.
     pub fn create_out(&self) -> Result<(), String> {
         match &self.out {
@@ -620,13 +641,7 @@ pub fn fabric_bench_main(
     let is_switch = |a: &String| a == "--host-net" || switches.contains(&a.as_str());
     let seen: Vec<String> = raw.iter().filter(|a| is_switch(a)).cloned().collect();
     let rest = raw.into_iter().filter(|a| !is_switch(a));
-    let mut args = match Args::parse_from(rest, usage, with_value) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
+    let mut args = Args::or_exit(Args::parse_from(rest, usage, with_value));
     args.rest
         .extend(seen.into_iter().map(|f| (f, String::new())));
     if !args.has("--host-net") {

@@ -623,18 +623,24 @@ where
                 if now >= exp {
                     return Lookup::Miss;
                 }
-                let (target, inc) = (aw[A_TGT] as usize, aw[A_TGT_INC]);
-                let mut w = [0u32; PATH_WORDS];
-                match self.paths.read_at(target, &mut w) {
-                    Some(Some(seq)) if w[HDR] & OCCUPIED != 0 && w[INC] == inc => {
-                        self.classify(target, seq, &w, exp, now)
-                    }
-                    Some(None) => Lookup::Busy,
-                    _ => Lookup::Miss,
-                }
+                self.follow(aw[A_TGT] as usize, aw[A_TGT_INC], exp, now)
             }
             Probe::NotFound => Lookup::Miss,
             Probe::Busy => Lookup::Busy,
+        }
+    }
+
+    /// Follows a (path or address) alias to its path entry: slot `target`, if it still holds
+    /// incarnation `inc`; the result expires by `cap` (the alias's own expiry) at the latest.
+    #[inline(always)]
+    fn follow(&self, target: usize, inc: u32, cap: u64, now: u64) -> Lookup {
+        let mut w = [0u32; PATH_WORDS];
+        match self.paths.read_at(target, &mut w) {
+            Some(Some(seq)) if w[HDR] & OCCUPIED != 0 && w[INC] == inc => {
+                self.classify(target, seq, &w, cap, now)
+            }
+            Some(None) => Lookup::Busy,
+            _ => Lookup::Miss,
         }
     }
 
@@ -693,15 +699,7 @@ where
                     return Lookup::Negative { status, until: exp };
                 }
                 self.addrs.touch(aidx);
-                let (target, inc) = (aw[ADDR_TGT] as usize, aw[ADDR_TGT + 1]);
-                let mut w = [0u32; PATH_WORDS];
-                match self.paths.read_at(target, &mut w) {
-                    Some(Some(seq)) if w[HDR] & OCCUPIED != 0 && w[INC] == inc => {
-                        self.classify(target, seq, &w, exp, now)
-                    }
-                    Some(None) => Lookup::Busy,
-                    _ => Lookup::Miss,
-                }
+                self.follow(aw[ADDR_TGT] as usize, aw[ADDR_TGT + 1], exp, now)
             }
             Probe::NotFound => Lookup::Miss,
             Probe::Busy => Lookup::Busy,

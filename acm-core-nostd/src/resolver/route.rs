@@ -115,8 +115,8 @@ impl<S: Storage> Resolver<S> {
                 .max(1)
     }
 
-    /// Whether job `job`, sent now, would be answered by its deadline only after less than two
-    /// SA round trips (the smoothed estimate; never before a first reply).
+    /// Whether fewer than two SA round trips (the smoothed estimate; none before a first reply)
+    /// are left before `job`'s deadline.
     fn too_late(&self, now: Millis, job: &JobSlot) -> bool {
         let left = job
             .born
@@ -487,9 +487,9 @@ impl<S: Storage> Resolver<S> {
             } else {
                 (self.sa_rtt * 7 + sample) / 8
             };
-        }
-        if umad_status == 0 && outcome != SaOutcome::Busy {
-            self.sa_answered(now);
+            if outcome != SaOutcome::Busy {
+                self.sa_answered(now);
+            }
         }
         match outcome {
             SaOutcome::Record(rec) => {

@@ -844,45 +844,45 @@ impl Sim {
         }
     }
 
-    fn run_until_scaled(&mut self, until: Millis) {
-        loop {
-            self.pump();
-            let ev = self.events.peek().map(|e| e.at);
-            let tm = self.timers.peek().map(|r| r.0 .0);
-            let t = match (ev, tm) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) | (None, Some(a)) => a,
-                (None, None) => break,
-            };
-            if t > until {
-                break;
-            }
-            self.now = self.now.max(t);
-            while self.events.peek().is_some_and(|e| e.at <= self.now) {
-                let Some(e) = self.events.pop() else {
-                    break;
-                };
-                self.deliver(e.event);
-                self.pump();
-            }
-            let now = self.now;
-            while let Some(&core::cmp::Reverse((t, i))) = self.timers.peek() {
-                if t > now {
-                    break;
-                }
-                self.timers.pop();
-                if self.armed[i] == Some(t) {
-                    self.armed[i] = None;
-                }
-                let n = &mut self.nodes[i];
+    /// When the next event or timer is due (with `scale`: from the timer heap, whose entries
+    /// may be stale, i.e. early; [`run_due_timers`](Self::run_due_timers) skips those).
+    fn next_step(&self) -> Option<Millis> {
+        if !self.scale {
+            return self.next_time();
+        }
+        let ev = self.events.peek().map(|e| e.at);
+        let tm = self.timers.peek().map(|r| r.0 .0);
+        match (ev, tm) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs every resolver timer due at `now` (with `scale`: only the nodes the heap names).
+    fn run_due_timers(&mut self, now: Millis) {
+        if !self.scale {
+            for n in &mut self.nodes {
                 if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
                     n.resolver.handle_timeout(now, &n.cache);
                 }
-                self.touch(i);
-                self.pump();
             }
+            return;
         }
-        self.now = self.now.max(until);
+        while let Some(&core::cmp::Reverse((t, i))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if self.armed[i] == Some(t) {
+                self.armed[i] = None;
+            }
+            let n = &mut self.nodes[i];
+            if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
+                n.resolver.handle_timeout(now, &n.cache);
+            }
+            self.touch(i);
+            self.pump();
+        }
     }
 
     /// Requests not answered yet.
@@ -1278,13 +1278,9 @@ impl Sim {
 
     /// Runs events and timers until `until` (virtual ms); time ends at `until`.
     pub fn run_until(&mut self, until: Millis) {
-        if self.scale {
-            self.run_until_scaled(until);
-            return;
-        }
         loop {
             self.pump();
-            let Some(t) = self.next_time() else {
+            let Some(t) = self.next_step() else {
                 break;
             };
             if t > until {
@@ -1298,12 +1294,7 @@ impl Sim {
                 self.deliver(e.event);
                 self.pump();
             }
-            let now = self.now;
-            for n in &mut self.nodes {
-                if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
-                    n.resolver.handle_timeout(now, &n.cache);
-                }
-            }
+            self.run_due_timers(self.now);
         }
         self.now = self.now.max(until);
     }

@@ -542,13 +542,7 @@ fn name_tag(name: &str) -> String {
 }
 
 fn main() {
-    let args = match Args::parse(USAGE, &["--sizes", "--lookups"]) {
-        Ok(a) => a,
-        Err(msg) => {
-            eprintln!("{msg}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::or_exit(Args::parse(USAGE, &["--sizes", "--lookups"]));
     let lookups = match args.value("--lookups") {
         Some(s) => parse_counts(s).and_then(|v| v.first().copied().ok_or_else(|| "empty".into())),
         None if args.quick => Ok(200_000),

@@ -111,24 +111,8 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
 }
 
 fn main() {
-    let args = match Args::parse(USAGE, &["--sizes", "--poll-mode"]) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = args.create_out() {
-        eprintln!("{e}");
-        std::process::exit(1);
-    }
-    let sizes = match args.sizes() {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("--sizes: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::or_exit(Args::parse(USAGE, &["--sizes", "--poll-mode"]));
+    let sizes = args.out_and_sizes_or_exit(USAGE);
     let samples = if args.quick { 100_000 } else { 1_000_000 };
     let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
     let exe = std::env::current_exe().expect("current_exe");

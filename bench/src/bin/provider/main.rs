@@ -117,7 +117,7 @@ fn main() {
         .iter()
         .filter(|a| *a != "--daemon" && *a != "--fake-core")
         .cloned();
-    let args = match Args::parse_from(
+    let args = Args::or_exit(Args::parse_from(
         rest,
         USAGE,
         &[
@@ -127,24 +127,8 @@ fn main() {
             "--topology",
             "--hit-samples",
         ],
-    ) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = args.create_out() {
-        eprintln!("{e}");
-        std::process::exit(1);
-    }
-    let sizes = match args.sizes() {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("--sizes: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    ));
+    let sizes = args.out_and_sizes_or_exit(USAGE);
     if !fake_core && !daemon {
         // Sizes beyond what the stock provider can preload get the acmrs-only fake-core run.
         let (same, alone): (Vec<usize>, Vec<usize>) = sizes
