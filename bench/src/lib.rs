@@ -487,6 +487,18 @@ impl Args {
     }
 }
 
+/// `file` next to this executable (a library or binary the same `cargo build` made), or an
+/// error saying which `build` command makes it.
+pub fn sibling(file: &str, build: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let p = exe.with_file_name(file);
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(format!("{} missing: {build}", p.display()))
+    }
+}
+
 /// A comma-separated list of counts (`_` allowed as a digit separator), each above 0.
 pub fn parse_counts(s: &str) -> Result<Vec<usize>, String> {
     s.split(',')

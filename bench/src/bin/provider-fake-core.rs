@@ -115,15 +115,11 @@ fn main() {
     let sizes = args.out_and_sizes_or_exit(USAGE);
     let samples = if args.quick { 100_000 } else { 1_000_000 };
     let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
-    let exe = std::env::current_exe().expect("current_exe");
-    let so = exe.with_file_name("libacmrs.so");
-    if !so.exists() {
-        eprintln!(
-            "{} missing: cargo build --release -p acm-plugin",
-            so.display()
-        );
-        std::process::exit(1);
-    }
+    let so = acm_bench::sibling("libacmrs.so", "cargo build --release -p acm-plugin")
+        .unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1)
+        });
     let lib = match host::load(&so) {
         Ok(l) => l,
         Err(e) => {

@@ -253,15 +253,14 @@ fn main() {
 /// binary, `provider-fake-core`, next to this one: it must export the fake core's helpers,
 /// which this binary's measuring child must not (see build.rs).
 fn fake_core_run(args: &Args, sizes: &[usize]) {
-    let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe.with_file_name("provider-fake-core");
-    if !bin.exists() {
-        eprintln!(
-            "{} missing: cargo build --release -p acm-bench (builds every bench binary)",
-            bin.display()
-        );
-        std::process::exit(1);
-    }
+    let bin = acm_bench::sibling(
+        "provider-fake-core",
+        "cargo build --release -p acm-bench (builds every bench binary)",
+    )
+    .unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(1)
+    });
     let mut cmd = std::process::Command::new(&bin);
     let list: Vec<String> = sizes.iter().map(usize::to_string).collect();
     cmd.args(["--sizes", &list.join(",")]);

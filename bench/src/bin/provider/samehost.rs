@@ -91,13 +91,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let acmrs = exe.with_file_name("libacmrs.so");
-    if !acmrs.exists() {
-        return Err(format!(
-            "{} missing: cargo build --release -p acm-plugin",
-            acmrs.display()
-        ));
-    }
+    let acmrs = acm_bench::sibling("libacmrs.so", "cargo build --release -p acm-plugin")?;
     if !Path::new(STOCK_LIB).exists() {
         return Err(format!("{STOCK_LIB} missing: apt-get install ibacm"));
     }
