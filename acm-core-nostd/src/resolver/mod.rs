@@ -1310,10 +1310,12 @@ impl<S: Storage> Resolver<S> {
         };
         // Up to four keys (DLID, DGID; with and without the reversible bit) for one route: one
         // record and aliases where the cache has alias storage (`insert_route`), else one entry
-        // per key.
+        // per key. The first key is the path entry, found in one read; the aliases cost two
+        // more. So the reversible DLID key goes first: it is what LID and GID requests, and
+        // the PathRecord requests of librdmacm and ib_acme, look up.
         let mut keys = [crate::cache::PathKey::new(0, crate::cache::Dest::Lid(0)); 4];
         let mut n = 0;
-        for rev in [false, true] {
+        for rev in [true, false] {
             let mut records = [[0u8; 64]; 2];
             {
                 let mut k = PathRecord::new_unchecked(&mut records[0][..]);
