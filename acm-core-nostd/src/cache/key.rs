@@ -21,6 +21,9 @@ pub enum Dest {
     Gid([u8; 16]),
 }
 
+/// The reversible bit of [`Constraints::reversible_numpath`] (and of the PathRecord byte).
+pub const REVERSIBLE: u8 = 0x80;
+
 /// Bits of [`Constraints::mask`]: which constraint fields the request actually specified.
 ///
 /// A request that leaves a field unspecified and one that specifies it as 0 are different keys.
@@ -161,6 +164,28 @@ impl PathKey {
         }
         w[5..].copy_from_slice(&self.constraints.to_words());
         w
+    }
+}
+
+impl PathKey {
+    /// The key as the path cache stores it, and whether the request needs a reversible path.
+    /// The reversible bit is not part of a cache key: a reversible path also answers a request
+    /// that does not ask for one, so one entry serves a destination with and without the bit
+    /// (a preloaded route is two entries, by DLID and by DGID, not four). A lookup that wants
+    /// a reversible path and finds a record without the bit is a miss. The pending table keeps
+    /// the full key ([`to_words`](Self::to_words)), so such requests are queried apart.
+    #[inline]
+    pub fn cache_words(&self) -> ([u32; PATH_KEY_WORDS], bool) {
+        let c = &self.constraints;
+        if c.mask & constraint::REVERSIBLE_NUMPATH == 0 || c.reversible_numpath & REVERSIBLE == 0 {
+            return (self.to_words(), false);
+        }
+        let mut k = *self;
+        k.constraints.reversible_numpath &= !REVERSIBLE;
+        if k.constraints.reversible_numpath == 0 {
+            k.constraints.mask &= !constraint::REVERSIBLE_NUMPATH;
+        }
+        (k.to_words(), true)
     }
 }
 

@@ -94,7 +94,7 @@ use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
     constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PathKey, ADDR_KEY_WORDS,
-    MAX_ADDRESS, PATH_KEY_WORDS,
+    MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
 };
 pub use pending::{Begin, PendingTable};
 pub use table::{
@@ -538,7 +538,7 @@ where
     /// addresses (never dereferenced here); null for an empty cache.
     #[inline]
     pub fn prefetch_hint(&self, key: &PathKey) -> [*const u8; 2] {
-        let kw = key.to_words();
+        let kw = key.cache_words().0;
         self.paths.home_addrs(self.paths.hash(&kw))
     }
 
@@ -581,13 +581,13 @@ where
     /// Test hook: (group 1, group 2, tag byte) of `key` in the path table.
     #[doc(hidden)]
     pub fn window_for_tests(&self, key: &PathKey) -> (usize, usize, u8) {
-        self.paths.window_of(self.paths.hash(&key.to_words()))
+        self.paths.window_of(self.paths.hash(&key.cache_words().0))
     }
 
     /// Test hook: how many slots a lookup of `key` examines right now (at most [`MAX_PROBE`]).
     #[doc(hidden)]
     pub fn probe_len_for_tests(&self, key: &PathKey) -> usize {
-        let kw = key.to_words();
+        let kw = key.cache_words().0;
         let mut w = [0u32; PATH_WORDS];
         let mut n = 0;
         let _ = self
@@ -598,10 +598,19 @@ where
 
     #[inline(always)]
     fn lookup_impl<const CHECKED: bool>(&self, key: &PathKey, now: u64) -> Lookup {
-        let kw = key.to_words();
+        let (kw, wants_reversible) = key.cache_words();
         let h = self.paths.hash(&kw);
         let mut w = [0u32; PATH_WORDS];
         match self.paths.read::<CHECKED>(&kw, h, &mut w) {
+            // A path without the reversible bit does not answer a request that needs one
+            // (PathRecord byte 49 = byte 1 of record word 12).
+            Probe::Found(..)
+                if wants_reversible
+                    && w[HDR] & 0xff == 0
+                    && (w[PATH_REC + 12] >> 8) as u8 & REVERSIBLE == 0 =>
+            {
+                Lookup::Miss
+            }
             Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now),
             Probe::NotFound if self.aliases.len() != 0 => self.lookup_alias(&kw, now),
             Probe::NotFound => Lookup::Miss,
@@ -882,7 +891,7 @@ where
 
     fn upsert_path(&mut self, key: &PathKey, mut w: [u32; PATH_WORDS], now: u64) -> Inserted {
         let c = self.cache;
-        let kw = key.to_words();
+        let kw = key.cache_words().0;
         if c.aliases.len() != 0 && c.aliases.remove_key(&kw) {
             // The key becomes a path entry of its own; the alias it was would be shadowed.
             bump(&c.counters.write.removed);
@@ -920,7 +929,7 @@ where
         now: u64,
         ttl: u64,
     ) -> Inserted {
-        let mut w = self.path_words(&key.to_words(), key.ep, 0, now, ttl);
+        let mut w = self.path_words(&key.cache_words().0, key.ep, 0, now, ttl);
         let mut i = 0;
         while i < RECORD_WORDS {
             let b = 4 * i;
@@ -943,7 +952,7 @@ where
         if status == 0 {
             return Err(CacheError::ZeroStatus);
         }
-        let w = self.path_words(&key.to_words(), key.ep, status, now, ttl);
+        let w = self.path_words(&key.cache_words().0, key.ep, status, now, ttl);
         Ok(self.upsert_path(key, w, now))
     }
 
@@ -958,7 +967,7 @@ where
         ttl: u64,
     ) -> Result<Inserted, CacheError> {
         let c = self.cache;
-        let pkw = path.to_words();
+        let pkw = path.cache_words().0;
         let idx = c
             .paths
             .find(&pkw, c.paths.hash(&pkw))
@@ -1026,7 +1035,7 @@ where
     /// Removes the path entry (or path alias) for `key`; the entry's aliases become misses.
     /// True if it was present.
     pub fn remove(&mut self, key: &PathKey) -> bool {
-        let kw = key.to_words();
+        let kw = key.cache_words().0;
         let c = self.cache;
         let removed =
             c.paths.remove_key(&kw) || (c.aliases.len() != 0 && c.aliases.remove_key(&kw));
@@ -1150,13 +1159,13 @@ where
         if c.aliases.capacity() == 0 {
             return Err(CacheError::Capacity);
         }
-        let tkw = target.to_words();
+        let tkw = target.cache_words().0;
         let idx = c
             .paths
             .find(&tkw, c.paths.hash(&tkw))
             .ok_or(CacheError::NoSuchPath)?;
         let inc = c.paths.load(idx)[INC];
-        let kw = alias.to_words();
+        let kw = alias.cache_words().0;
         if kw == tkw {
             return Err(CacheError::NoSuchPath);
         }
@@ -1201,7 +1210,7 @@ where
                 continue;
             }
             let c = self.cache;
-            let kw = k.to_words();
+            let kw = k.cache_words().0;
             let room = c
                 .aliases
                 .has_room(&kw, c.aliases.hash(&kw), &|x| c.alias_dead(x, now));

@@ -1308,35 +1308,26 @@ impl<S: Storage> Resolver<S> {
         let Some(mut w) = cache.writer() else {
             return;
         };
-        // Up to four keys (DLID, DGID; with and without the reversible bit) for one route: one
-        // record and aliases where the cache has alias storage (`insert_route`), else one entry
-        // per key. The first key is the path entry, found in one read; the aliases cost two
-        // more. So the reversible DLID key goes first: it is what LID and GID requests, and
-        // the PathRecord requests of librdmacm and ib_acme, look up.
-        let mut keys = [crate::cache::PathKey::new(0, crate::cache::Dest::Lid(0)); 4];
-        let mut n = 0;
-        for rev in [true, false] {
-            let mut records = [[0u8; 64]; 2];
-            {
-                let mut k = PathRecord::new_unchecked(&mut records[0][..]);
-                k.set_dlid(dlid);
-                k.set_reversible_numpath(rev, 0);
-                let mut k = PathRecord::new_unchecked(&mut records[1][..]);
-                k.set_dgid(dgid);
-                k.set_reversible_numpath(rev, 0);
+        // Two keys for one route, by DLID and by DGID, each a path entry of its own: a hit is
+        // one slot read whichever way the route is asked for (an alias would cost two more),
+        // and the reversible bit is not part of a cache key, so each entry also answers the
+        // request without it.
+        for (valid, lid, gid) in [(dlid != 0, dlid, None), (!dgid.is_zero(), 0, Some(dgid))] {
+            if !valid {
+                continue;
             }
-            for (r, valid) in records.iter().zip([dlid != 0, !dgid.is_zero()]) {
-                if !valid {
-                    continue;
-                }
-                let (k, _) = request::normalise(&view, r);
-                if let Some(key) = request::cache_key(cache_ep, &k) {
-                    keys[n] = key;
-                    n += 1;
-                }
+            let mut r = [0u8; 64];
+            let mut k = PathRecord::new_unchecked(&mut r[..]);
+            match gid {
+                Some(g) => k.set_dgid(g),
+                None => k.set_dlid(lid),
+            }
+            k.set_reversible_numpath(true, 0);
+            let (k, _) = request::normalise(&view, &r);
+            if let Some(key) = request::cache_key(cache_ep, &k) {
+                w.insert(&key, path, now, NEVER);
             }
         }
-        w.insert_route(&keys[..n], path, now, NEVER);
     }
 
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
