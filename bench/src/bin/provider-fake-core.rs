@@ -10,6 +10,10 @@
 //! `--out DIR` (created up front) gets one `.hgrm` and one percentile plot (`.svg`, acmrs
 //! alone: the stock provider cannot run on a fake core) per measurement and size. Each size
 //! prints one progress line on stderr (on the parent's clock when `provider` runs this).
+//!
+//! Memory: each size runs with `acmrs_path_capacity` = its number of paths (a full cache at the
+//! design load); the report's second table has the process's RSS after open and after the
+//! fill, and the bytes of RSS per cached path from the first size to each larger one.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -43,6 +47,12 @@ fn wait_answered(n: usize) {
 
 struct Results {
     size: usize,
+    /// Resident memory right after open (the cache storage allocated, not yet written) and
+    /// after the fill, KiB.
+    rss_open_kib: u64,
+    rss_filled_kib: u64,
+    /// Hit samples that were not answered inside `resolve()` (not cache hits after all).
+    not_inline: usize,
     hit: LatencyHistogram,
     miss_call: LatencyHistogram,
     miss_answer: LatencyHistogram,
@@ -52,9 +62,10 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
     let opts = format!(
         "log_level 0\nsa_depth 32\nacmrs_path_capacity {}\nacmrs_request_capacity 65536\n\
          acmrs_pending_capacity 65536\nacmrs_poll_mode {poll_mode}\n",
-        size + size / 4 + 16,
+        size.max(1024),
     );
     let mut h = Host::open_with(lib, &opts, &[]);
+    let rss_open_kib = rss_kib();
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"bench"));
     let ctx = h.addr_ctx(0);
     let resolve = |m: &mut AcmMsg| {
@@ -72,15 +83,19 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
         sent += 1;
     }
     wait_answered(sent);
+    let rss_filled_kib = rss_kib();
     // Hits: random cached destinations, each resolve() timed (it answers inline).
     let mut rng = XorShift::new(42);
     let mut hit = LatencyHistogram::new();
+    let mut not_inline = 0;
     for s in 0..samples {
         let i = rng.below(size as u64);
         let mut m = path_msg(s as u64, 0x1_0000 + i);
+        let before = fake::response_count();
         let t0 = Instant::now();
         resolve(&mut m);
         hit.record(t0.elapsed());
+        not_inline += usize::from(fake::response_count() == before);
     }
     sent += samples;
     wait_answered(sent);
@@ -104,10 +119,25 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
     h.close();
     Results {
         size,
+        rss_open_kib,
+        rss_filled_kib,
+        not_inline,
         hit,
         miss_call,
         miss_answer,
     }
+}
+
+/// This process's resident set (`VmRSS`), KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn main() {
@@ -139,11 +169,32 @@ fn main() {
         "p99.99 ns",
         "max ns",
     ]);
+    let mut memory = Table::new(&[
+        "cached paths",
+        "RSS after open MiB",
+        "RSS filled MiB",
+        "B / cached path above the first size",
+        "hit samples not answered inline",
+    ]);
+    let mut first: Option<(usize, u64)> = None;
     for &size in &sizes {
         progress(format_args!(
             "fake core: {size} cached paths, {samples} samples ({poll_mode})"
         ));
         let r = run_size(lib, size, samples, poll_mode);
+        let (n0, rss0) = *first.get_or_insert((r.size, r.rss_filled_kib));
+        memory.row(vec![
+            r.size.to_string(),
+            format!("{:.1}", r.rss_open_kib as f64 / 1024.0),
+            format!("{:.1}", r.rss_filled_kib as f64 / 1024.0),
+            if r.size > n0 {
+                let grown = r.rss_filled_kib.saturating_sub(rss0) as f64 * 1024.0;
+                format!("{:.0}", grown / (r.size - n0) as f64)
+            } else {
+                "-".to_string()
+            },
+            r.not_inline.to_string(),
+        ]);
         for (what, h) in [
             ("hit resolve()", &r.hit),
             ("miss resolve() call", &r.miss_call),
@@ -176,7 +227,12 @@ fn main() {
         }
     }
     println!(
-        "## acmrs in-process (fake core, instant SA)\n\n{}",
-        table.render()
+        "## acmrs in-process (fake core, instant SA)\n\n{}\n\
+         acmrs_path_capacity = cached paths (at least 1024): the cache full at its design load. \
+         The cache storage is resident from open on (the rest of an open, the request and \
+         pending rings, is the same at every size), so the memory a cached path costs is the \
+         RSS growth from the first size to a larger one, divided by the paths added.\n\n{}",
+        table.render(),
+        memory.render()
     );
 }
