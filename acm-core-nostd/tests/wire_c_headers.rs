@@ -395,8 +395,12 @@ fn our_bytes_equal_c_helpers_bytes() {
         src.emit(&mut r.entry_mut(1).unwrap());
     }
     let mut out = [0u8; client::MSG_LEN];
-    let n = client::build_resolve_response(&AcmMsg::new_unchecked(&req[..]), &c_path(), &mut out)
-        .unwrap();
+    let n = client::build_resolve_response(
+        &AcmMsg::new_unchecked(&req[..]),
+        &c_path().to_bytes(),
+        &mut out,
+    )
+    .unwrap();
     assert_eq!(hex(&out[..n]), hex(&c["acm_resolve_resp"]));
     assert_eq!(hex(&req[88..160]), hex(&c["acm_ep_addr_data"]));
 

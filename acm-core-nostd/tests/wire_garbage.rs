@@ -123,7 +123,8 @@ fn parsers_survive_garbage_and_roundtrip() {
         let path = PathRecordRepr {
             dlid: 6,
             ..PathRecordRepr::ZERO
-        };
+        }
+        .to_bytes();
         match m.check_resolve() {
             Ok(_) => {
                 let n = build_resolve_response(&m, &path, &mut out).unwrap();

@@ -293,12 +293,14 @@ pub fn respond(
     // header, and for a resolve response entry 0 in full and the echoed source entry); the
     // bytes of `out` past that length are left as they were.
     let req = AcmMsg::new_unchecked(request);
-    let repr = path.and_then(|p| PathRecordRepr::parse_bytes(p).ok());
-    let built = match (via, status, repr) {
-        (Via::Resolve, 0, Some(p)) => build_resolve_response(&req, &p, &mut out[..]),
+    let built = match (via, status, path) {
+        (Via::Resolve, 0, Some(p)) => build_resolve_response(&req, p, &mut out[..]),
         (Via::Resolve, 0, None) => build_error_response(&req, Status::from(EINVAL), &mut out[..]),
         (Via::Resolve, s, _) => build_error_response(&req, Status::from(s), &mut out[..]),
-        (Via::Query, s, p) => build_query_response(&req, Status::from(s), p.as_ref(), &mut out[..]),
+        (Via::Query, s, p) => {
+            let repr = p.and_then(|p| PathRecordRepr::parse_bytes(p).ok());
+            build_query_response(&req, Status::from(s), repr.as_ref(), &mut out[..])
+        }
     };
     if let Ok(n) = built {
         return n as u16;

@@ -615,11 +615,13 @@ impl AcmMsgRepr {
 ///
 /// Layout (as acmp writes it and librdmacm / libacm / the kernel need it): the request header
 /// with `status = 0`, `data[0..3] = 0` and the same `tid`; entry 0 = PATH entry with flags
-/// [`RESPONSE_PATH_FLAGS`] (0x2B) carrying `path`; entry 1 = a verbatim copy of the source
-/// entry if the request had `src_out` set; `length = 16 + 72·n`. Returns the length.
+/// [`RESPONSE_PATH_FLAGS`] (0x2B) carrying `path` (the 64 PathRecord bytes as the SA sent
+/// them, copied as they are: a cached record goes out without a parse and re-emit); entry 1 =
+/// a verbatim copy of the source entry if the request had `src_out` set;
+/// `length = 16 + 72·n`. Returns the length.
 pub fn build_resolve_response<R: AsRef<[u8]>>(
     request: &AcmMsg<R>,
-    path: &PathRecordRepr,
+    path: &[u8; PATH_RECORD_LEN],
     out: &mut [u8],
 ) -> Result<usize> {
     let layout = request.check_resolve()?;
@@ -638,7 +640,11 @@ pub fn build_resolve_response<R: AsRef<[u8]>>(
     m.set_src_index(0);
     m.set_dst_index(0);
     m.set_length(len as u16);
-    let entry = EpAddrDataRepr::path(RESPONSE_PATH_FLAGS, path);
+    let entry = EpAddrDataRepr {
+        flags: RESPONSE_PATH_FLAGS,
+        info_type: EpInfoType::Path,
+        info: *path,
+    };
     entry.emit(&mut m.entry_mut(0).ok_or(Error::Truncated)?);
     if let Some(src) = source {
         let dst = m.entry_mut(1).ok_or(Error::Truncated)?;
@@ -853,7 +859,7 @@ mod tests {
         assert_eq!(layout.count, 1);
         assert_eq!(layout.source, Some(1));
         let mut out = [0xeeu8; MSG_LEN];
-        let n = build_resolve_response(&m, &sample_path(), &mut out).unwrap();
+        let n = build_resolve_response(&m, &sample_path().to_bytes(), &mut out).unwrap();
         assert_eq!(n, 16 + 144);
         let r = AcmMsg::new_checked(&out[..n]).unwrap();
         assert_eq!(r.length() as usize, n);
@@ -876,10 +882,13 @@ mod tests {
         b[3] = 0;
         let m = AcmMsg::new_checked(&b[..]).unwrap();
         let mut out = [0u8; MSG_LEN];
-        assert_eq!(build_resolve_response(&m, &sample_path(), &mut out), Ok(88));
+        assert_eq!(
+            build_resolve_response(&m, &sample_path().to_bytes(), &mut out),
+            Ok(88)
+        );
         assert_eq!(out[6..8], 88u16.to_ne_bytes());
         assert_eq!(
-            build_resolve_response(&m, &sample_path(), &mut out[..87]),
+            build_resolve_response(&m, &sample_path().to_bytes(), &mut out[..87]),
             Err(Error::Truncated)
         );
         let mut e = [0u8; 16];
