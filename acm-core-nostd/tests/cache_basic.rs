@@ -522,6 +522,11 @@ fn reversible(k: PathKey) -> PathKey {
     }
 }
 
+/// An empty cache, and `plain` with and without the reversible bit.
+fn cache_and_variants(plain: PathKey) -> (Cache, PathKey, PathKey) {
+    (cache(64, 0), plain, reversible(plain))
+}
+
 const GID7: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0, 7];
 
 /// The reversible bit is not part of a cache key: one entry, inserted under the key with the
@@ -565,10 +570,8 @@ fn reversible_and_plain_requests_share_one_entry() {
 #[test]
 fn a_non_reversible_record_misses_a_reversible_request() {
     for update_with_bit in [false, true] {
-        let c = cache(64, 0);
+        let (c, plain, rev) = cache_and_variants(lid(3, 7));
         let mut w = c.writer().unwrap();
-        let plain = lid(3, 7);
-        let rev = reversible(plain);
         assert_eq!(
             w.insert(&plain, &rec_rev(1, false), 0, u64::MAX),
             Inserted::New
@@ -591,10 +594,8 @@ fn a_non_reversible_record_misses_a_reversible_request() {
 #[test]
 fn a_negative_entry_answers_with_and_without_the_bit() {
     for with_bit in [false, true] {
-        let c = cache(64, 0);
+        let (c, plain, rev) = cache_and_variants(PathKey::new(3, Dest::Gid(GID7)));
         let mut w = c.writer().unwrap();
-        let plain = PathKey::new(3, Dest::Gid(GID7));
-        let rev = reversible(plain);
         let k = if with_bit { rev } else { plain };
         assert_eq!(w.insert_negative(&k, 0x2a, 0, 100), Ok(Inserted::New));
         assert_eq!(c.len(), 1);
@@ -615,10 +616,8 @@ fn a_negative_entry_answers_with_and_without_the_bit() {
 #[test]
 fn remove_with_either_variant_removes_the_entry() {
     for with_bit in [false, true] {
-        let c = cache(64, 0);
+        let (c, plain, rev) = cache_and_variants(lid(3, 7));
         let mut w = c.writer().unwrap();
-        let plain = lid(3, 7);
-        let rev = reversible(plain);
         w.insert(&rev, &rec_rev(1, true), 0, u64::MAX);
         assert!(w.remove(if with_bit { &rev } else { &plain }));
         assert_eq!(c.len(), 0);
