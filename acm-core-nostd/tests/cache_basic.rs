@@ -1,9 +1,10 @@
-//! Behaviour of the path/address cache: hits, expiry, negative entries, refresh hints, aliases,
-//! invalidation, eviction policy, counters and the 1,000,000-entry capacity.
+//! Behaviour of the path/address cache: hits, expiry, negative entries, refresh hints, address
+//! aliases, the reversible bit folded out of keys, invalidation, eviction policy, counters and
+//! the 1,000,000-entry capacity.
 
 use acm_core_nostd::cache::{
-    constraint, AddrKey, AddrSlot, AliasSlot, CacheConfig, CacheError, Constraints, Dest, Inserted,
-    Lookup, PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT,
+    constraint, AddrKey, AddrSlot, CacheConfig, CacheError, Constraints, Dest, Inserted, Lookup,
+    PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT, REVERSIBLE,
 };
 
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -498,90 +499,131 @@ fn documented_bytes_per_entry() {
     );
 }
 
-/// One route, four keys (by DLID and by DGID, with and without the reversible bit): one path
-/// slot and three 64-byte alias slots, one record.
+/// `rec(tag)` with the PathRecord's reversible bit (byte 49, bit 7) set or clear.
+fn rec_rev(tag: u8, reversible: bool) -> [u8; 64] {
+    let mut r = rec(tag);
+    if reversible {
+        r[49] |= REVERSIBLE;
+    } else {
+        r[49] &= !REVERSIBLE;
+    }
+    r
+}
+
+/// `k` asking for a reversible path.
+fn reversible(k: PathKey) -> PathKey {
+    PathKey {
+        constraints: Constraints {
+            mask: k.constraints.mask | constraint::REVERSIBLE_NUMPATH,
+            reversible_numpath: k.constraints.reversible_numpath | REVERSIBLE,
+            ..k.constraints
+        },
+        ..k
+    }
+}
+
+/// An empty cache, and `plain` with and without the reversible bit.
+fn cache_and_variants(plain: PathKey) -> (Cache, PathKey, PathKey) {
+    (cache(64, 0), plain, reversible(plain))
+}
+
+const GID7: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0, 7];
+
+/// The reversible bit is not part of a cache key: one entry, inserted under the key with the
+/// bit, answers the request with the bit and the one without (by LID and by GID alike).
 #[test]
-fn one_route_many_keys_shares_one_record() {
-    let p: Box<[PathSlot]> = (0..64).map(|_| PathSlot::new()).collect();
-    let a: Box<[AddrSlot]> = Box::new([]);
-    let x: Box<[AliasSlot]> = (0..64).map(|_| AliasSlot::new()).collect();
-    let c = PathCache::with_aliases(p, a, x, CacheConfig::default()).unwrap();
-    assert_eq!(std::mem::size_of::<AliasSlot>(), 64);
-    let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0, 7];
-    let rev = Constraints {
-        mask: constraint::REVERSIBLE_NUMPATH,
-        reversible_numpath: 0x80,
-        ..Constraints::ANY
-    };
-    let keys = [
-        PathKey::new(3, Dest::Gid(gid)),
-        PathKey {
-            constraints: rev,
-            ..PathKey::new(3, Dest::Gid(gid))
-        },
-        PathKey::new(3, Dest::Lid(7)),
-        PathKey {
-            constraints: rev,
-            ..PathKey::new(3, Dest::Lid(7))
-        },
-    ];
+fn reversible_and_plain_requests_share_one_entry() {
+    let c = cache(64, 0);
     let mut w = c.writer().unwrap();
-    assert_eq!(w.insert_route(&keys, &rec(1), 0, u64::MAX), Inserted::New);
+    for (i, plain) in [lid(3, 7), PathKey::new(3, Dest::Gid(GID7))]
+        .into_iter()
+        .enumerate()
+    {
+        let rev = reversible(plain);
+        let r = rec_rev(i as u8, true);
+        assert_eq!(w.insert(&rev, &r, 0, u64::MAX), Inserted::New);
+        assert_eq!(c.len(), i + 1, "one entry per destination");
+        assert_eq!(record_of(c.lookup(&rev, 1)), r, "{rev:?}");
+        assert_eq!(record_of(c.lookup(&plain, 1)), r, "{plain:?}");
+    }
+    // Only the bit is folded out: NumbPath stays part of the key.
+    let numpath = |v: u8| PathKey {
+        constraints: Constraints {
+            mask: constraint::REVERSIBLE_NUMPATH,
+            reversible_numpath: v,
+            ..Constraints::ANY
+        },
+        ..lid(3, 8)
+    };
     assert_eq!(
-        (c.len(), c.alias_len()),
-        (1, 3),
-        "one path entry, three aliases"
+        w.insert(&numpath(0x81), &rec_rev(5, true), 1, u64::MAX),
+        Inserted::New
     );
-    for k in &keys {
-        assert_eq!(record_of(c.lookup(k, 1)), rec(1), "{k:?}");
+    assert_eq!(record_of(c.lookup(&numpath(0x01), 2)), rec_rev(5, true));
+    assert_eq!(c.lookup(&lid(3, 8), 2), Lookup::Miss);
+    assert_eq!(c.len(), 3);
+}
+
+/// A record without the reversible bit answers a request without it and is a miss for one
+/// that needs it; the reversible record inserted afterwards, under either key, updates that
+/// same entry, and then both requests hit.
+#[test]
+fn a_non_reversible_record_misses_a_reversible_request() {
+    for update_with_bit in [false, true] {
+        let (c, plain, rev) = cache_and_variants(lid(3, 7));
+        let mut w = c.writer().unwrap();
+        assert_eq!(
+            w.insert(&plain, &rec_rev(1, false), 0, u64::MAX),
+            Inserted::New
+        );
+        assert_eq!(record_of(c.lookup(&plain, 1)), rec_rev(1, false));
+        assert_eq!(c.lookup(&rev, 1), Lookup::Miss);
+        let k = if update_with_bit { rev } else { plain };
+        assert_eq!(
+            w.insert(&k, &rec_rev(2, true), 2, u64::MAX),
+            Inserted::Updated,
+            "{k:?}"
+        );
+        assert_eq!(c.len(), 1);
+        assert_eq!(record_of(c.lookup(&plain, 3)), rec_rev(2, true));
+        assert_eq!(record_of(c.lookup(&rev, 3)), rec_rev(2, true));
     }
-    // One update, through the primary key, is seen through every key.
-    assert_eq!(w.insert(&keys[0], &rec(2), 1, u64::MAX), Inserted::Updated);
-    for k in &keys {
-        assert_eq!(record_of(c.lookup(k, 2)), rec(2));
-    }
-    // An alias's own lifetime bounds its answers.
-    let other = PathKey::new(3, Dest::Lid(8));
-    w.alias_path(&other, &keys[0], 2, 100).unwrap();
-    assert!(matches!(
-        c.lookup(&other, 50),
-        Lookup::Hit {
-            expires_at: 102,
-            ..
+}
+
+/// A negative entry (whichever key variant it was recorded under) answers both variants.
+#[test]
+fn a_negative_entry_answers_with_and_without_the_bit() {
+    for with_bit in [false, true] {
+        let (c, plain, rev) = cache_and_variants(PathKey::new(3, Dest::Gid(GID7)));
+        let mut w = c.writer().unwrap();
+        let k = if with_bit { rev } else { plain };
+        assert_eq!(w.insert_negative(&k, 0x2a, 0, 100), Ok(Inserted::New));
+        assert_eq!(c.len(), 1);
+        for q in [plain, rev] {
+            assert_eq!(
+                c.lookup(&q, 1),
+                Lookup::Negative {
+                    status: 0x2a,
+                    until: 100
+                },
+                "{q:?} after a negative entry under {k:?}"
+            );
         }
-    ));
-    assert_eq!(c.lookup(&other, 102), Lookup::Miss);
-    // Aliases of a missing path are refused; removing an alias leaves the rest.
-    assert_eq!(
-        w.alias_path(&other, &lid(3, 99), 0, 10),
-        Err(acm_core_nostd::cache::CacheError::NoSuchPath)
-    );
-    assert!(w.remove(&keys[3]));
-    assert_eq!(c.lookup(&keys[3], 3), Lookup::Miss);
-    assert_eq!(record_of(c.lookup(&keys[2], 3)), rec(2));
-    // Inserting a full entry under an alias key replaces the alias.
-    assert_eq!(w.insert(&keys[2], &rec(5), 3, u64::MAX), Inserted::New);
-    assert_eq!(record_of(c.lookup(&keys[2], 4)), rec(5));
-    assert_eq!(record_of(c.lookup(&keys[1], 4)), rec(2));
-    // Removing the route's path entry turns its aliases into misses, also after slot reuse;
-    // the sweeper reclaims them.
-    assert!(w.remove(&keys[0]));
-    assert_eq!(c.lookup(&keys[1], 5), Lookup::Miss);
-    for l in 0..40 {
-        w.insert(&lid(4, l), &rec(9), 5, u64::MAX);
     }
-    assert_eq!(c.lookup(&keys[1], 6), Lookup::Miss);
-    let before = c.alias_len();
-    assert!(before >= 1);
-    w.purge_expired(6, 1_000);
-    assert_eq!(c.alias_len(), 0, "dead aliases are reclaimed");
-    // Without alias storage, insert_route stores every key as a path entry.
-    drop(w);
-    let plain = cache(64, 0);
-    let mut w = plain.writer().unwrap();
-    w.insert_route(&keys, &rec(3), 0, u64::MAX);
-    assert_eq!(plain.len(), 4);
-    for k in &keys {
-        assert_eq!(record_of(plain.lookup(k, 1)), rec(3));
+}
+
+/// `remove` with either key variant removes the one entry.
+#[test]
+fn remove_with_either_variant_removes_the_entry() {
+    for with_bit in [false, true] {
+        let (c, plain, rev) = cache_and_variants(lid(3, 7));
+        let mut w = c.writer().unwrap();
+        w.insert(&rev, &rec_rev(1, true), 0, u64::MAX);
+        assert!(w.remove(if with_bit { &rev } else { &plain }));
+        assert_eq!(c.len(), 0);
+        for q in [plain, rev] {
+            assert_eq!(c.lookup(&q, 1), Lookup::Miss);
+            assert!(!w.remove(&q), "nothing left to remove");
+        }
     }
 }

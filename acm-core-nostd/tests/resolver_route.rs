@@ -2,9 +2,7 @@
 //! the reply, the answer; coalescing, the window and backlog, BUSY, deadlines, negative
 //! caching, query() pass-through, close and shutdown.
 
-use acm_core_nostd::cache::{
-    AddrSlot, AliasSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot,
-};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
 use acm_core_nostd::resolver::request::{ENODATA, ENOMEM, ETIMEDOUT};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Resolver, Via,
@@ -12,8 +10,8 @@ use acm_core_nostd::resolver::{
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
 
-/// With path-alias storage, as the plugin's `HostCache`.
-type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>, Box<[AliasSlot]>>;
+/// Heap storage, as the plugin's `HostCache`.
+type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
 const EP: EpId = EpId(3);
 const CEP: u16 = 0x0003;
@@ -45,10 +43,9 @@ struct T {
 }
 
 fn setup(cfg: Config, caps: Capacities) -> T {
-    let cache = PathCache::with_aliases(
+    let cache = PathCache::new(
         PathSlot::boxed(1024),
         AddrSlot::boxed(1024),
-        AliasSlot::boxed(256),
         CacheConfig::default(),
     )
     .unwrap();
@@ -362,10 +359,12 @@ fn name(s: &str) -> [u8; 64] {
 fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     let mut t = setup(route_config(), Capacities::default());
     let mut path = path_to(6);
-    PathRecord::new_unchecked(&mut path[..]).set_dgid(gid(6));
+    let mut p = PathRecord::new_unchecked(&mut path[..]);
+    p.set_dgid(gid(6));
+    p.set_reversible_numpath(true, 0);
     t.r.preload_route(0, &t.cache, EP, CEP, &path);
-    // One record, three aliases (by DLID and by DGID, with and without the reversible bit).
-    assert_eq!((t.cache.len(), t.cache.alias_len()), (1, 3));
+    // Two path entries, by DLID and by DGID; each answers with and without the reversible bit.
+    assert_eq!(t.cache.len(), 2);
     // A learned route too.
     t.request(1, Kind::Resolve, &path_msg(7, 0, 1));
     let s = t.sa_sends();
@@ -549,10 +548,9 @@ fn miss_cost() {
         ..Capacities::default()
     };
     let mut t = setup(route_config(), caps);
-    t.cache = PathCache::with_aliases(
+    t.cache = PathCache::new(
         PathSlot::boxed(1 << 20),
         AddrSlot::boxed(16),
-        AliasSlot::boxed(64),
         CacheConfig::default(),
     )
     .unwrap();

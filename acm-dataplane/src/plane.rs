@@ -17,7 +17,7 @@
 use crate::sa::{Expired, SaChannel, SmAddr, TIMED_OUT};
 use crate::stats::{Clock, Latency, MissClass, MissStamp, Pending};
 use crate::worker::{PollOutcome, Poller, Waker};
-use acm_core_nostd::cache::{AddrSlot, AliasSlot, PathCache, PathSlot};
+use acm_core_nostd::cache::{AddrSlot, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output,
     RecvMeta, Resolver, Stats, MAX_EPS, MSG_LEN,
@@ -32,10 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// The path cache on the host: heap (or huge-page) storage sized from the options, with
-/// path-alias storage so a preloaded route (by DLID and by DGID, with and without the
-/// reversible bit) is one path entry plus three aliases (`CacheWriter::insert_route`).
-pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>, Box<[AliasSlot]>>;
+/// The path cache on the host: heap (or huge-page) storage sized from the options.
+pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
 /// How many queue entries one round takes from each source at most (bursts).
 pub const BURST: usize = 64;
@@ -602,15 +600,13 @@ impl<I: CoreIo> Plane<I> {
                 .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
             return;
         }
-        let before = (self.cache.len(), self.cache.alias_len());
+        let before = self.cache.len();
         for p in &rec.routes {
             self.resolver
                 .preload_route(now, &self.cache, ep, rec.cache_ep, p);
         }
-        // What the preloads took (a route: one path entry + three aliases while the alias
-        // storage lasts).
-        let paths = self.cache.len().saturating_sub(before.0);
-        let aliases = self.cache.alias_len().saturating_sub(before.1);
+        // What the preloads took (a route: two path entries, by DLID and by DGID).
+        let paths = self.cache.len().saturating_sub(before);
         for h in rec.addrs.iter() {
             let _ = self
                 .resolver
@@ -625,9 +621,7 @@ impl<I: CoreIo> Plane<I> {
             let n = rec.routes.len();
             self.io.log(
                 1,
-                &format!(
-                    "{n} preloaded routes inserted: {paths} path entries, {aliases} path aliases"
-                ),
+                &format!("{n} preloaded routes inserted: {paths} path entries"),
             );
         }
     }

@@ -711,7 +711,7 @@ mod plane_tests {
     use super::*;
     use crate::plane::{Control, CoreIo, HostCache, Inbox, Plane, SaReply};
     use crate::worker::{Poller, Worker};
-    use acm_core_nostd::cache::{AddrSlot, AliasSlot, CacheConfig, PathCache, PathSlot};
+    use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
     use acm_core_nostd::resolver::sim::{lid_msg, node_gid, node_lid};
     use acm_core_nostd::resolver::{
         Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Resolver,
@@ -764,10 +764,9 @@ mod plane_tests {
         let waker = Worker::new_waker();
         let inbox = Arc::new(Inbox::new(64, 64, waker.clone()));
         let cache: Arc<HostCache> = Arc::new(
-            PathCache::with_aliases(
+            PathCache::new(
                 PathSlot::boxed(256),
                 AddrSlot::boxed(64),
-                AliasSlot::boxed(64),
                 CacheConfig::default(),
             )
             .unwrap(),

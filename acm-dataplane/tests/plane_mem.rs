@@ -3,7 +3,7 @@
 //! MCMemberRecord SETs, a list of client answers). The same loop the provider runs over
 //! verbs and the ibacm core; here the rounds are driven by hand, so nothing depends on timing.
 
-use acm_core_nostd::cache::{AddrSlot, AliasSlot, CacheConfig, PathCache, PathSlot};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
 use acm_core_nostd::resolver::sim::{lid_msg, name_bytes, name_msg, node_gid, node_lid};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
@@ -204,10 +204,9 @@ fn node_with(me: usize, wire: &Wire, refuse_sa: bool, resolvers: usize) -> Node 
     let waker = Worker::new_waker();
     let inbox = Arc::new(Inbox::new(64, 64, waker.clone()));
     let cache: Arc<HostCache> = Arc::new(
-        PathCache::with_aliases(
+        PathCache::new(
             PathSlot::boxed(256),
             AddrSlot::boxed(64),
-            AliasSlot::boxed(64),
             CacheConfig::default(),
         )
         .unwrap(),

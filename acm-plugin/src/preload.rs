@@ -5,9 +5,9 @@
 
 use crate::core_api::CoreApi;
 use crate::instance::PortInfo;
-use acm_core_nostd::text::dump_pr::{DumpPrLines, Event, LidTable, LocalPaths, LocalPort};
+use acm_core_nostd::text::dump_pr::{LidTable, LocalPaths, LocalPort};
 use acm_core_nostd::text::hosts::HostLines;
-use acm_core_nostd::text::opts::{AddrPreload, ProviderOptions, RoutePreload};
+use acm_core_nostd::text::opts::{AddrPreload, ProviderOptions};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
 use acm_core_nostd::wire::Selector;
@@ -90,21 +90,6 @@ pub fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostAddr> {
         &format!("{} host addresses preloaded from {file}", out.len()),
     );
     out
-}
-
-/// The number of routes (path lines, every section) in `route_data_file` with
-/// `route_preload opensm_full_v1`, else 0; an unreadable file counts 0 (`load_routes` reports
-/// it). Sizes the cache's path-alias storage when the instance is created.
-pub fn count_routes(opts: &ProviderOptions) -> usize {
-    if opts.route_preload != RoutePreload::OpensmFullV1 {
-        return 0;
-    }
-    match std::fs::read(opts.route_data_file.as_str()) {
-        Ok(bytes) => DumpPrLines::new(&bytes)
-            .filter(|e| matches!(e, Ok(Event::Path(_))))
-            .count(),
-        Err(_) => 0,
-    }
 }
 
 /// `route_preload opensm_full_v1`: the local port's section of `route_data_file` (OpenSM's

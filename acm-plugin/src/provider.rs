@@ -14,7 +14,7 @@ use crate::ffi::*;
 use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo, Writer};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
-use acm_core_nostd::cache::{AddrSlot, AliasSlot, CacheConfig, Lookup, PathCache};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, Lookup, PathCache};
 use acm_core_nostd::resolver::request::{classify, respond, Target};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, HeapStorage, Kind, Resolver, Via, MSG_LEN,
@@ -90,32 +90,15 @@ fn random_seed() -> u64 {
     h.finish()
 }
 
-/// Path aliases at least (16 KiB): with `route_preload none` (only preloaded routes use path
-/// aliases today), and headroom for small route files (a small table fills some windows
-/// before it is full; a key whose window is full gets a path entry instead).
-pub(crate) const MIN_PATH_ALIASES: usize = 256;
-
-/// Path-alias entries for `routes` preloaded routes: each is one path entry (by DLID) plus
-/// three aliases (by DLID reversible, by DGID, by DGID reversible). Routes beyond
-/// `acmrs_path_capacity` could not all be cached anyway, so that bounds the count (a full-fabric
-/// `dump_pr` file holds every port's section).
-pub(crate) fn path_aliases_for(opts: &ProviderOptions, routes: usize) -> usize {
-    (3 * routes.min(opts.acmrs_path_capacity as usize)).max(MIN_PATH_ALIASES)
-}
-
 fn new_cache(opts: &ProviderOptions) -> std::io::Result<acm_dataplane::plane::HostCache> {
     // A per-instance seed so remote parties cannot aim at one bucket.
     let config = CacheConfig {
         seed: random_seed(),
         refresh_ahead: refresh_ahead_ms(opts),
     };
-    // A preloaded route costs one path slot of `acmrs_path_capacity`; its other three keys are
-    // 64-byte aliases in storage sized for the route file, at the design load.
-    let aliases = path_aliases_for(opts, preload::count_routes(opts));
-    PathCache::with_aliases(
+    PathCache::new(
         crate::huge::path_slots_for(opts.acmrs_path_capacity as usize),
         AddrSlot::boxed(opts.acmrs_addr_capacity.max(16) as usize),
-        AliasSlot::boxed_for(aliases),
         config,
     )
     .map_err(|e| std::io::Error::other(format!("path cache: {e:?}")))
@@ -208,9 +191,8 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
     api.log(
         0,
         &format!(
-            "started: route cache {} slots, {} path aliases, request queue {}, pending {}",
+            "started: route cache {} slots, request queue {}, pending {}",
             inst.cache.capacity(),
-            inst.cache.alias_capacity(),
             inst.opts.acmrs_request_capacity,
             inst.opts.acmrs_pending_capacity
         ),

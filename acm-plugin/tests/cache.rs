@@ -224,11 +224,11 @@ Switch 0x000000000000100c, base LID 12, \"Sw\", port 0
     h.close();
 }
 
-/// One entry per route: N preloaded routes cost N path entries and 3N path aliases (not 4N
-/// path entries), and each route's four keys — by DLID and by DGID, with and without the
-/// reversible bit — answer inline with the same record, before and after a reregister.
+/// Two entries per route: N preloaded routes cost 2N path entries (by DLID and by DGID), and
+/// each route answers from the cache inside `resolve()` — by LID and by GID, with and without
+/// the reversible bit — with the same record and no SA query, before and after a reregister.
 #[test]
-fn a_preloaded_route_is_one_path_entry_and_three_aliases() {
+fn a_preloaded_route_is_two_path_entries() {
     let _s = serial();
     const N: u16 = 40;
     let mut dump = String::from("Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1\n");
@@ -245,12 +245,9 @@ fn a_preloaded_route_is_one_path_entry_and_three_aliases() {
     let opts = format!("{OPTS}route_preload opensm_full_v1\nroute_data_file $DIR/route.data\n");
     let mut h = Host::open(&opts, &[("route.data", &dump)]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
-    let want = format!(
-        "{N} preloaded routes inserted: {N} path entries, {} path aliases",
-        3 * N
-    );
-    // Without alias storage: "40 preloaded routes inserted: 160 path entries, 0 path aliases".
+    let want = format!("{N} preloaded routes inserted: {} path entries", 2 * N);
     assert!(wait_until(|| log_contains(&want)), "want {want:?}");
+    let me = std::thread::current().id();
     let check = |h: &mut Host| {
         for i in 0..N {
             let (dlid, dgid) = (0x20 + i, gid_of(0x2000 + u64::from(i)));
@@ -269,6 +266,7 @@ fn a_preloaded_route_is_one_path_entry_and_three_aliases() {
                         1,
                         "route {i} by {l}/{g:?} rev {rev}: answered inline"
                     );
+                    assert_eq!(r[0].thread, me, "from the cache, inside resolve()");
                     assert_eq!(r[0].status(), 0);
                     assert_eq!((dlid_of(&r[0].msg), dgid_of(&r[0].msg)), (dlid, dgid));
                     records.push(path_of(&r[0].msg));

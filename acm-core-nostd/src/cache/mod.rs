@@ -5,23 +5,24 @@
 //! ```text
 //!  AddrKey (ep, NAME|IPv4|IPv6, 64 B) ──alias──┐
 //!  AddrKey (ep, other name/IP)  ───────alias───┤   (index, incarnation)
-//!  PathKey (ep, DLID, rev.)  ──path alias (64 B)┤
 //!                                              ▼
 //!  PathKey (ep, LID|GID, Constraints) ──► path entry: 64-byte PathRecord, expiry, status
 //! ```
 //!
-//! * [`PathCache`] holds path entries (keyed by [`PathKey`]), address entries (keyed by
-//!   [`AddrKey`]) and, with [`PathCache::with_aliases`], path aliases (further `PathKey`s of a
-//!   route). An alias points at a path entry, so many keys (a host's name, its IPv4 and IPv6
-//!   addresses; a route's DLID and DGID keys with and without the reversible bit) share one
-//!   record: updating the record once updates what every alias sees. If the path entry is
-//!   removed or its slot reused, the aliases become misses.
-//! * Storage is handed in: `PathCache<P, A, R>` is generic over `P: Deref<Target = [PathSlot]>`,
-//!   `A: Deref<Target = [AddrSlot]>` and `R: Deref<Target = [AliasSlot]>` (default
-//!   `&'static [AliasSlot]`, empty, for [`PathCache::new`]), so a host passes boxes (see
-//!   `PathSlot::boxed`/`boxed_for` with the `std` feature) and firmware passes `&'static` slices of
-//!   `static` arrays (`Slot::new` is `const` and all-zero, so they go to `.bss`). Nothing
-//!   allocates after construction.
+//! * [`PathCache`] holds path entries (keyed by [`PathKey`]) and address entries (keyed by
+//!   [`AddrKey`]). An address entry is an alias: it points at a path entry, so many addresses
+//!   (a host's name, its IPv4 and IPv6 addresses) share one record: updating the record once
+//!   updates what every alias sees. If the path entry is removed or its slot reused, the
+//!   aliases become misses.
+//! * The reversible bit is not part of a path key as the cache stores it
+//!   ([`PathKey::cache_words`]): one entry answers a request with and without the bit, and a
+//!   request that needs a reversible path misses on a record without it (PathRecord byte 49,
+//!   bit 7). A preloaded route is two entries, by DLID and by DGID.
+//! * Storage is handed in: `PathCache<P, A>` is generic over `P: Deref<Target = [PathSlot]>` and
+//!   `A: Deref<Target = [AddrSlot]>`, so a host passes boxes (see `PathSlot::boxed`/`boxed_for`
+//!   with the `std` feature) and firmware passes `&'static` slices of `static` arrays
+//!   (`Slot::new` is `const` and all-zero, so they go to `.bss`). Nothing allocates after
+//!   construction.
 //! * **One writer, many readers.** Lookups take `&self`, never block, never allocate, never do a
 //!   locked read-modify-write on a hit, and never see a torn record (a per-slot seqlock over
 //!   `AtomicU32` words; no `unsafe`, 32-bit atomics only, so it runs on `thumbv7em` and
@@ -56,7 +57,6 @@
 //! |---|---|
 //! | [`PathSlot`]: seq + header, incarnation, generation, expiry + 40 B key (first line), 64 B record (second line) | 128 |
 //! | [`AddrSlot`]: seq + meta + 68 B key + 8 B target, padded | 128 |
-//! | [`AliasSlot`]: seq + header + expiry + 40 B key + target (index, incarnation) | 64 |
 //! | side arrays, per slot: tag byte, refresh-claim byte, CLOCK bit (carved from the tail of the storage) | ~2.1 |
 //! | [`pending`]: per key / per waiter | see [`pending`] |
 //!
@@ -97,24 +97,12 @@ pub use key::{
     MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
 };
 pub use pending::{Begin, PendingTable};
-pub use table::{
-    AliasSlot, Slot, ALIAS_WORDS, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE,
-    MAX_RETRIES,
-};
+pub use table::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
 
 #[cfg(loom)]
 #[doc(hidden)]
 pub use table::loom_model;
-use table::{
-    expiry, set_expiry, Probe, Table, Upsert, A_EXP_HI, A_EXP_LO, A_KEY, A_TGT, A_TGT_INC, EXP_HI,
-    GEN, HDR, INC, KEY, OCCUPIED,
-};
-
-/// An expiry stored at words `lo`, `lo + 1`.
-#[inline]
-fn expiry_at(w: &[u32], lo: usize) -> u64 {
-    (w[lo] as u64) | ((w[lo + 1] as u64) << 32)
-}
+use table::{expiry, set_expiry, Probe, Table, Upsert, EXP_HI, GEN, HDR, INC, KEY, OCCUPIED};
 
 /// Size of a path record in bytes.
 pub const RECORD_LEN: usize = 64;
@@ -146,19 +134,6 @@ impl<const W: usize> Slot<W> {
     /// [`Slot::slots_for`]`(entries)` (host convenience; needs the `std` feature).
     pub fn boxed_for(entries: usize) -> std::boxed::Box<[Self]> {
         Self::boxed(Self::slots_for(entries))
-    }
-}
-
-#[cfg(feature = "std")]
-impl AliasSlot {
-    /// `n` empty alias slots on the heap (host convenience; needs the `std` feature).
-    pub fn boxed(n: usize) -> std::boxed::Box<[Self]> {
-        (0..n).map(|_| Self::new()).collect()
-    }
-
-    /// Storage for `aliases` aliases at the design load ([`AliasSlot::slots_for`]).
-    pub fn boxed_for(aliases: usize) -> std::boxed::Box<[Self]> {
-        Self::boxed(Self::slots_for(aliases))
     }
 }
 
@@ -356,32 +331,28 @@ pub struct CacheStats {
 }
 
 /// The path-record and address cache. See the [module docs](self).
-pub struct PathCache<P, A, R = &'static [AliasSlot]>
+pub struct PathCache<P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
-    paths: Table<P, PathSlot, PATH_WORDS, PATH_KEY_WORDS>,
-    addrs: Table<A, AddrSlot, ADDR_WORDS, ADDR_KEY_WORDS>,
-    aliases: Table<R, AliasSlot, ALIAS_WORDS, PATH_KEY_WORDS>,
+    paths: Table<P, PATH_WORDS, PATH_KEY_WORDS>,
+    addrs: Table<A, ADDR_WORDS, ADDR_KEY_WORDS>,
     ep_gens: [AtomicU32; EP_GENERATIONS],
     config: CacheConfig,
     writer_taken: AtomicBool,
     counters: Counters,
     path_sweep: AtomicU32,
     addr_sweep: AtomicU32,
-    alias_sweep: AtomicU32,
 }
 
 /// The cache's single writer; see [`PathCache::writer`]. Dropping it frees the writer role.
-pub struct CacheWriter<'c, P, A, R = &'static [AliasSlot]>
+pub struct CacheWriter<'c, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
-    cache: &'c PathCache<P, A, R>,
+    cache: &'c PathCache<P, A>,
 }
 
 #[inline]
@@ -400,53 +371,29 @@ where
     A: Deref<Target = [AddrSlot]>,
 {
     /// A cache over `paths` and `addrs` (both reset to empty; `addrs` may be empty if addresses
-    /// are not cached), without path-alias storage (see [`with_aliases`](Self::with_aliases)).
-    /// Fails with [`CacheError::Capacity`] if `paths` provides no entry slot (fewer than 2
-    /// slots) or either is larger than `u32::MAX - 1` slots.
+    /// are not cached). Fails with [`CacheError::Capacity`] if `paths` provides no entry slot
+    /// (fewer than 2 slots) or either is larger than `u32::MAX - 1` slots.
     pub fn new(paths: P, addrs: A, config: CacheConfig) -> Result<Self, CacheError> {
-        PathCache::with_aliases(paths, addrs, &[], config)
-    }
-}
-
-impl<P, A, R> PathCache<P, A, R>
-where
-    P: Deref<Target = [PathSlot]>,
-    A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
-{
-    /// [`new`](PathCache::new) plus storage for path aliases: compact (64-byte) entries that
-    /// make further [`PathKey`]s answer with an existing path entry's record (see
-    /// [`CacheWriter::alias_path`], [`CacheWriter::insert_route`]).
-    pub fn with_aliases(
-        paths: P,
-        addrs: A,
-        aliases: R,
-        config: CacheConfig,
-    ) -> Result<Self, CacheError> {
         let paths = Table::new(paths, config.seed).ok_or(CacheError::Capacity)?;
         if paths.capacity() == 0 {
             return Err(CacheError::Capacity);
         }
         let addrs =
             Table::new(addrs, config.seed ^ 0x000a_dd7e_55e5).ok_or(CacheError::Capacity)?;
-        let aliases =
-            Table::new(aliases, config.seed ^ 0x0a11_a5e5_0000).ok_or(CacheError::Capacity)?;
         Ok(PathCache {
             paths,
             addrs,
-            aliases,
             ep_gens: core::array::from_fn(|_| AtomicU32::new(0)),
             config,
             writer_taken: AtomicBool::new(false),
             counters: Counters::new(),
             path_sweep: AtomicU32::new(0),
             addr_sweep: AtomicU32::new(0),
-            alias_sweep: AtomicU32::new(0),
         })
     }
 
     /// The writer handle, or `None` if one exists already.
-    pub fn writer(&self) -> Option<CacheWriter<'_, P, A, R>> {
+    pub fn writer(&self) -> Option<CacheWriter<'_, P, A>> {
         self.writer_taken
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .ok()
@@ -458,16 +405,6 @@ where
     /// its two groups); size storage with [`Slot::slots_for`] for a target entry count.
     pub fn capacity(&self) -> usize {
         self.paths.capacity()
-    }
-
-    /// Number of path-alias entry slots (storage minus side arrays).
-    pub fn alias_capacity(&self) -> usize {
-        self.aliases.capacity()
-    }
-
-    /// Path aliases currently held.
-    pub fn alias_len(&self) -> usize {
-        self.aliases.len()
     }
 
     /// Number of address entry slots (storage minus side arrays).
@@ -545,7 +482,7 @@ where
     /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or
     /// `None` if all [`READER_CELLS`] are owned. Dropping it frees the cell; its counts stay in
     /// [`stats`](Self::stats).
-    pub fn reader(&self) -> Option<CacheReader<'_, P, A, R>> {
+    pub fn reader(&self) -> Option<CacheReader<'_, P, A>> {
         let mut cur = self.counters.taken.load(Ordering::Relaxed);
         loop {
             let free = (!cur).trailing_zeros() as usize;
@@ -612,34 +549,12 @@ where
                 Lookup::Miss
             }
             Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now),
-            Probe::NotFound if self.aliases.len() != 0 => self.lookup_alias(&kw, now),
             Probe::NotFound => Lookup::Miss,
             Probe::Busy => Lookup::Busy,
         }
     }
 
-    /// A path key that is not a path entry: is it an alias of one? (Out of line: only keys
-    /// stored as aliases, and misses while aliases exist, come here.)
-    #[inline(never)]
-    fn lookup_alias(&self, kw: &[u32; PATH_KEY_WORDS], now: u64) -> Lookup {
-        let mut aw = [0u32; ALIAS_WORDS];
-        match self
-            .aliases
-            .read::<true>(kw, self.aliases.hash(kw), &mut aw)
-        {
-            Probe::Found(..) => {
-                let exp = expiry_at(&aw, A_EXP_LO);
-                if now >= exp {
-                    return Lookup::Miss;
-                }
-                self.follow(aw[A_TGT] as usize, aw[A_TGT_INC], exp, now)
-            }
-            Probe::NotFound => Lookup::Miss,
-            Probe::Busy => Lookup::Busy,
-        }
-    }
-
-    /// Follows a (path or address) alias to its path entry: slot `target`, if it still holds
+    /// Follows an address alias to its path entry: slot `target`, if it still holds
     /// incarnation `inc`; the result expires by `cap` (the alias's own expiry) at the latest.
     #[inline(always)]
     fn follow(&self, target: usize, inc: u32, cap: u64, now: u64) -> Lookup {
@@ -715,20 +630,6 @@ where
         }
     }
 
-    /// True if alias words are dead at `now`: expired, or their target path entry is gone,
-    /// reused (other incarnation) or itself dead.
-    fn alias_dead(&self, w: &[u32; ALIAS_WORDS], now: u64) -> bool {
-        if expiry_at(w, A_EXP_LO) <= now {
-            return true;
-        }
-        let t = w[A_TGT] as usize;
-        if t >= self.paths.capacity() {
-            return true;
-        }
-        let pw = self.paths.load(t);
-        pw[HDR] & OCCUPIED == 0 || pw[INC] != w[A_TGT_INC] || self.dead(&pw, now)
-    }
-
     /// True if the entry words are dead at `now`: expired, negative (they go first when full), or
     /// written under an older endpoint generation.
     fn dead(&self, w: &[u32], now: u64) -> bool {
@@ -753,23 +654,21 @@ fn count(c: &ReadCounters, r: &Lookup) {
 
 /// A reader with its own counter cell; see [`PathCache::reader`]. Lookups through it are the
 /// same as [`PathCache::lookup`] but count without touching a line other readers write.
-pub struct CacheReader<'c, P, A, R = &'static [AliasSlot]>
+pub struct CacheReader<'c, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
-    cache: &'c PathCache<P, A, R>,
+    cache: &'c PathCache<P, A>,
     cell: usize,
     /// `Send` but not `Sync`: the cell has exactly one thread counting into it.
     _not_sync: PhantomData<core::cell::Cell<()>>,
 }
 
-impl<P, A, R> CacheReader<'_, P, A, R>
+impl<P, A> CacheReader<'_, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     /// [`PathCache::lookup`], counted in this reader's cell.
     #[inline]
@@ -787,16 +686,15 @@ where
     }
 
     /// The cache this reader reads.
-    pub fn cache(&self) -> &PathCache<P, A, R> {
+    pub fn cache(&self) -> &PathCache<P, A> {
         self.cache
     }
 }
 
-impl<P, A, R> Drop for CacheReader<'_, P, A, R>
+impl<P, A> Drop for CacheReader<'_, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     fn drop(&mut self) {
         let t = &self.cache.counters.taken;
@@ -812,11 +710,10 @@ where
     }
 }
 
-impl<P, A, R> core::fmt::Debug for CacheReader<'_, P, A, R>
+impl<P, A> core::fmt::Debug for CacheReader<'_, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CacheReader")
@@ -825,11 +722,10 @@ where
     }
 }
 
-impl<P, A, R> core::fmt::Debug for PathCache<P, A, R>
+impl<P, A> core::fmt::Debug for PathCache<P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("PathCache")
@@ -840,36 +736,33 @@ where
     }
 }
 
-impl<P, A, R> Drop for CacheWriter<'_, P, A, R>
+impl<P, A> Drop for CacheWriter<'_, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     fn drop(&mut self) {
         self.cache.writer_taken.store(false, Ordering::Release);
     }
 }
 
-impl<P, A, R> core::fmt::Debug for CacheWriter<'_, P, A, R>
+impl<P, A> core::fmt::Debug for CacheWriter<'_, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CacheWriter").finish_non_exhaustive()
     }
 }
 
-impl<P, A, R> CacheWriter<'_, P, A, R>
+impl<P, A> CacheWriter<'_, P, A>
 where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     /// The cache this writer writes.
-    pub fn cache(&self) -> &PathCache<P, A, R> {
+    pub fn cache(&self) -> &PathCache<P, A> {
         self.cache
     }
 
@@ -892,10 +785,6 @@ where
     fn upsert_path(&mut self, key: &PathKey, mut w: [u32; PATH_WORDS], now: u64) -> Inserted {
         let c = self.cache;
         let kw = key.cache_words().0;
-        if c.aliases.len() != 0 && c.aliases.remove_key(&kw) {
-            // The key becomes a path entry of its own; the alias it was would be shadowed.
-            bump(&c.counters.write.removed);
-        }
         let h = c.paths.hash(&kw);
         let dead = |x: &[u32; PATH_WORDS]| c.dead(x, now);
         // `paths` is never empty (checked in `new`), so upsert always finds a slot.
@@ -1032,13 +921,10 @@ where
         }
     }
 
-    /// Removes the path entry (or path alias) for `key`; the entry's aliases become misses.
-    /// True if it was present.
+    /// Removes the path entry for `key` (with or without the reversible bit: the same entry);
+    /// its address aliases become misses. True if it was present.
     pub fn remove(&mut self, key: &PathKey) -> bool {
-        let kw = key.cache_words().0;
-        let c = self.cache;
-        let removed =
-            c.paths.remove_key(&kw) || (c.aliases.len() != 0 && c.aliases.remove_key(&kw));
+        let removed = self.cache.paths.remove_key(&key.cache_words().0);
         if removed {
             bump(&self.cache.counters.write.removed);
         }
@@ -1071,10 +957,8 @@ where
         // Here negative entries are dead only once past their time.
         let pdead = |w: &[u32; PATH_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
         let adead = |w: &[u32; ADDR_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
-        let xdead = |w: &[u32; ALIAS_WORDS]| c.alias_dead(w, now);
         let n = c.paths.sweep(&c.path_sweep, budget, &pdead)
-            + c.addrs.sweep(&c.addr_sweep, budget, &adead)
-            + c.aliases.sweep(&c.alias_sweep, budget, &xdead);
+            + c.addrs.sweep(&c.addr_sweep, budget, &adead);
         add(&c.counters.write.expired, n);
         n
     }
@@ -1096,21 +980,15 @@ where
                 n += 1;
             }
         });
-        c.aliases.for_each_occupied(|i, w| {
-            if (w[A_KEY] >> 16) as u16 == ep {
-                c.aliases.remove_at(i);
-                n += 1;
-            }
-        });
         add(&c.counters.write.removed, n);
         n
     }
 
     /// Fabric-change invalidation (an SA Report that `gids` left or entered service): removes
-    /// every path entry whose record's DGID is one of `gids` (their aliases and address
-    /// entries become misses with them) and, with `negatives`, every negative entry (a
-    /// destination that was unknown may be known now). O(capacity); batch the GIDs of a burst
-    /// of Reports into one call. Returns how many entries were removed.
+    /// every path entry whose record's DGID is one of `gids` (their address entries become
+    /// misses with them) and, with `negatives`, every negative entry (a destination that was
+    /// unknown may be known now). O(capacity); batch the GIDs of a burst of Reports into one
+    /// call. Returns how many entries were removed.
     pub fn remove_routes_to(&mut self, gids: &[[u8; 16]], negatives: bool) -> usize {
         let c = self.cache;
         let mut n = 0;
@@ -1135,109 +1013,6 @@ where
     pub fn clear(&mut self) {
         self.cache.paths.clear();
         self.cache.addrs.clear();
-        self.cache.aliases.clear();
-    }
-
-    /// Makes `alias` answer with the record of the cached path entry `target` until
-    /// `now + ttl` (never longer than the target lives): a second key for one route at the cost
-    /// of a 64-byte alias slot instead of a 128-byte path slot, and one record to update.
-    /// An update of `target` in place is seen through the alias at once; removing or evicting
-    /// `target` turns the alias into a miss. The alias is invalidated with its target's
-    /// endpoint (`invalidate_ep` of the target's `ep`) and flushed with its own (`flush_ep`).
-    ///
-    /// Fails with [`CacheError::NoSuchPath`] if `target` is not a path entry,
-    /// [`CacheError::Capacity`] if the cache has no alias storage. An existing path entry for
-    /// `alias` itself is removed (the alias replaces it).
-    pub fn alias_path(
-        &mut self,
-        alias: &PathKey,
-        target: &PathKey,
-        now: u64,
-        ttl: u64,
-    ) -> Result<Inserted, CacheError> {
-        let c = self.cache;
-        if c.aliases.capacity() == 0 {
-            return Err(CacheError::Capacity);
-        }
-        let tkw = target.cache_words().0;
-        let idx = c
-            .paths
-            .find(&tkw, c.paths.hash(&tkw))
-            .ok_or(CacheError::NoSuchPath)?;
-        let inc = c.paths.load(idx)[INC];
-        let kw = alias.cache_words().0;
-        if kw == tkw {
-            return Err(CacheError::NoSuchPath);
-        }
-        if c.paths.remove_key(&kw) {
-            bump(&c.counters.write.removed);
-        }
-        let mut w = [0u32; ALIAS_WORDS];
-        w[HDR] = OCCUPIED;
-        let exp = now.saturating_add(ttl);
-        w[A_EXP_LO] = exp as u32;
-        w[A_EXP_HI] = (exp >> 32) as u32;
-        w[A_KEY..A_KEY + PATH_KEY_WORDS].copy_from_slice(&kw);
-        w[A_TGT] = idx as u32;
-        w[A_TGT_INC] = inc;
-        let dead = |x: &[u32; ALIAS_WORDS]| c.alias_dead(x, now);
-        match c.aliases.upsert(&kw, c.aliases.hash(&kw), &mut w, &dead) {
-            None => Err(CacheError::Capacity),
-            Some((_, u)) => Ok(self.count_upsert(u)),
-        }
-    }
-
-    /// Caches one route reachable by several keys: `record` is stored once, under `keys[0]`,
-    /// and `keys[1..]` become aliases of it ([`alias_path`](Self::alias_path)) — for example a
-    /// preloaded route by DLID and by DGID, with and without the reversible bit: one path slot
-    /// and three alias slots instead of four path slots. Without alias storage, or where an
-    /// alias would have to evict a live alias (its window holds no free or dead slot), the
-    /// other keys get path entries of their own: a route never pushes out another route's
-    /// alias. Returns what the insert of `keys[0]` did; `Inserted::New` for an empty `keys`.
-    pub fn insert_route(
-        &mut self,
-        keys: &[PathKey],
-        record: &[u8; RECORD_LEN],
-        now: u64,
-        ttl: u64,
-    ) -> Inserted {
-        let Some((first, rest)) = keys.split_first() else {
-            return Inserted::New;
-        };
-        let r = self.insert(first, record, now, ttl);
-        for k in rest {
-            if k == first {
-                continue;
-            }
-            let c = self.cache;
-            let kw = k.cache_words().0;
-            let room = c
-                .aliases
-                .has_room(&kw, c.aliases.hash(&kw), &|x| c.alias_dead(x, now));
-            if !room || self.alias_path(k, first, now, ttl).is_err() {
-                self.insert(k, record, now, ttl);
-            }
-        }
-        r
-    }
-
-    fn count_upsert(&self, u: Upsert) -> Inserted {
-        let c = &self.cache.counters.write;
-        match u {
-            Upsert::Updated => {
-                bump(&c.updates);
-                Inserted::Updated
-            }
-            Upsert::Evicted { dead } => {
-                bump(&c.inserts);
-                bump(if dead { &c.expired } else { &c.evictions });
-                Inserted::Evicted
-            }
-            Upsert::New => {
-                bump(&c.inserts);
-                Inserted::New
-            }
-        }
     }
 }
 

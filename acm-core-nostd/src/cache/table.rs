@@ -3,10 +3,9 @@
 //! ## Layout
 //!
 //! Storage is a caller-provided slice of slots: [`Slot<W>`] (`W` `AtomicU32` words, 128-byte
-//! aligned) or [`AliasSlot`] (16 words, 64-byte aligned). A path slot is 32 words = 128 bytes =
-//! one adjacent-line pair: sequence counter, header, incarnation, endpoint generation, expiry and
-//! the 10-word key in the first line, the 64-byte record in the second. The slice is split once,
-//! at construction:
+//! aligned). A path slot is 32 words = 128 bytes = one adjacent-line pair: sequence counter,
+//! header, incarnation, endpoint generation, expiry and the 10-word key in the first line, the
+//! 64-byte record in the second. The slice is split once, at construction:
 //!
 //! * the first `E` slots hold **entries in place** (open addressing: no links, no buckets, no
 //!   pointer to follow);
@@ -126,40 +125,20 @@ impl<const W: usize> Slot<W> {
         let e = if e < entries { entries } else { e };
         e + side_slots(e, W)
     }
-}
 
-/// Slot storage the table runs on: `W` words, word 0 the sequence counter, word 1 the header,
-/// the key at `KEY_AT`, the incarnation at [`INC`] if `HAS_INC`.
-pub(crate) trait Words<const W: usize> {
-    /// First key word.
-    const KEY_AT: usize;
-    /// Whether word [`INC`] is an incarnation (kept across resets, bumped per new key).
-    const HAS_INC: bool;
-    fn words(&self) -> &[AtomicU32; W];
-}
-
-impl<const W: usize> Words<W> for Slot<W> {
-    const KEY_AT: usize = KEY;
-    const HAS_INC: bool = true;
-    #[inline(always)]
-    fn words(&self) -> &[AtomicU32; W] {
-        &self.w
-    }
-}
-
-/// Empties a slot. Keeps `seq` and the incarnation monotonic: a reader that raced the reset must
-/// not mistake a later entry in this slot for the one it saw before.
-fn reset<const W: usize, T: Words<W>>(slot: &T) {
-    let w = slot.words();
-    let s = w[SEQ].load(Ordering::Relaxed);
-    w[SEQ].store(s.wrapping_add(1) | 1, Ordering::Relaxed);
-    fence(Ordering::Release);
-    for (i, x) in w.iter().enumerate().skip(1) {
-        if !(T::HAS_INC && i == INC) {
-            x.store(0, Ordering::Relaxed);
+    /// Empties the slot. Keeps `seq` and the incarnation monotonic: a reader that raced the
+    /// reset must not mistake a later entry in this slot for the one it saw before.
+    fn reset(&self) {
+        let s = self.w[SEQ].load(Ordering::Relaxed);
+        self.w[SEQ].store(s.wrapping_add(1) | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (i, w) in self.w.iter().enumerate().skip(1) {
+            if i != INC {
+                w.store(0, Ordering::Relaxed);
+            }
         }
+        self.w[SEQ].store((s.wrapping_add(1) | 1).wrapping_add(1), Ordering::Release);
     }
-    w[SEQ].store((s.wrapping_add(1) | 1).wrapping_add(1), Ordering::Release);
 }
 
 impl<const W: usize> Default for Slot<W> {
@@ -173,74 +152,6 @@ impl<const W: usize> core::fmt::Debug for Slot<W> {
         f.debug_struct("Slot")
             .field("seq", &self.w[SEQ].load(Ordering::Relaxed))
             .finish_non_exhaustive()
-    }
-}
-
-/// Words of an [`AliasSlot`].
-pub const ALIAS_WORDS: usize = 16;
-/// Alias slot word indices: expiry (low, high), key, target slot index, target incarnation.
-pub(crate) const A_EXP_LO: usize = 2;
-pub(crate) const A_EXP_HI: usize = 3;
-pub(crate) const A_KEY: usize = 4;
-pub(crate) const A_TGT: usize = A_KEY + super::key::PATH_KEY_WORDS;
-pub(crate) const A_TGT_INC: usize = A_TGT + 1;
-const _: () = assert!(A_TGT_INC + 1 == ALIAS_WORDS);
-
-/// One slot of path-alias storage (see [`PathCache::with_aliases`](super::PathCache::with_aliases)):
-/// 16 words = 64 bytes = one cache line, 64-byte aligned: sequence counter, header, expiry, the
-/// alias's packed [`PathKey`](super::PathKey) and the (slot index, incarnation) of the path
-/// entry it answers with. All-zero is empty, so `AliasSlot::new()` is `const` and `static`
-/// storage goes to `.bss`.
-#[repr(C, align(64))]
-pub struct AliasSlot {
-    w: [AtomicU32; ALIAS_WORDS],
-}
-
-impl AliasSlot {
-    /// An empty slot (all zero).
-    #[cfg(not(loom))]
-    pub const fn new() -> Self {
-        AliasSlot {
-            w: [const { AtomicU32::new(0) }; ALIAS_WORDS],
-        }
-    }
-
-    /// An empty slot (all zero).
-    #[cfg(loom)]
-    pub fn new() -> Self {
-        AliasSlot {
-            w: core::array::from_fn(|_| AtomicU32::new(0)),
-        }
-    }
-
-    /// How many alias slots hold `aliases` aliases at the design load, side arrays included.
-    pub const fn slots_for(aliases: usize) -> usize {
-        let e = aliases.div_ceil(DESIGN_LOAD_PERCENT).saturating_mul(100);
-        let e = if e < aliases { aliases } else { e };
-        e + side_slots(e, ALIAS_WORDS)
-    }
-}
-
-impl Default for AliasSlot {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl core::fmt::Debug for AliasSlot {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("AliasSlot")
-            .field("seq", &self.w[SEQ].load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-impl Words<ALIAS_WORDS> for AliasSlot {
-    const KEY_AT: usize = A_KEY;
-    const HAS_INC: bool = false;
-    #[inline(always)]
-    fn words(&self) -> &[AtomicU32; ALIAS_WORDS] {
-        &self.w
     }
 }
 
@@ -303,8 +214,8 @@ fn zero_bytes(x: u32) -> u32 {
     !((((x & 0x7f7f_7f7f).wrapping_add(0x7f7f_7f7f)) | x) | 0x7f7f_7f7f)
 }
 
-/// The hash table over slots `T`. `KW` key words start at `T::KEY_AT`; the payload follows.
-pub(crate) struct Table<S, T, const W: usize, const KW: usize> {
+/// The hash table. `KW` key words start at [`KEY`]; the payload follows.
+pub(crate) struct Table<S, const W: usize, const KW: usize> {
     slots: S,
     seed: u64,
     /// Entry slots (the rest of `slots` holds the side arrays).
@@ -317,16 +228,12 @@ pub(crate) struct Table<S, T, const W: usize, const KW: usize> {
     // writer touches them (plain `Relaxed` load + store, no read-modify-write).
     hand: AtomicU32,
     len: AtomicU32,
-    _slot: core::marker::PhantomData<fn() -> T>,
 }
 
-impl<S, T, const W: usize, const KW: usize> Table<S, T, W, KW>
+impl<S, const W: usize, const KW: usize> Table<S, W, KW>
 where
-    S: Deref<Target = [T]>,
-    T: Words<W>,
+    S: Deref<Target = [Slot<W>]>,
 {
-    const KEY: usize = T::KEY_AT;
-
     /// A table over `slots` (reset to empty). `None` if `slots` is longer than `u32::MAX - 1`.
     pub(crate) fn new(slots: S, seed: u64) -> Option<Self> {
         if slots.len() >= u32::MAX as usize {
@@ -342,7 +249,6 @@ where
             seed,
             hand: AtomicU32::new(0),
             len: AtomicU32::new(0),
-            _slot: core::marker::PhantomData,
         };
         t.clear();
         Some(t)
@@ -364,7 +270,7 @@ where
     #[inline(always)]
     fn side(&self, k: usize) -> &AtomicU32 {
         let i = self.cap + k / W;
-        &self.slots[i].words()[k % W]
+        &self.slots[i].w[k % W]
     }
 
     #[inline(always)]
@@ -408,7 +314,7 @@ where
         let mut t = [first; GROUP / 4];
         if off + GROUP / 4 <= W {
             // One slot holds all eight words (always for path slots: 32 words).
-            let w = self.slots[si].words();
+            let w = &self.slots[si].w;
             for (j, o) in t.iter_mut().enumerate().skip(1) {
                 *o = w[off + j].load(Ordering::Acquire);
             }
@@ -438,7 +344,7 @@ where
         key: &[u32; KW],
         out: &mut [u32; W],
     ) -> Probe {
-        let s1 = self.slots[idx].words()[SEQ].load(Ordering::Acquire);
+        let s1 = self.slots[idx].w[SEQ].load(Ordering::Acquire);
         self.try_slot_from::<CHECKED>(idx, s1, key, out)
     }
 
@@ -461,10 +367,10 @@ where
         let mut tries = 0;
         let mut s1 = first_seq;
         loop {
-            let hdr = slot.words()[HDR].load(Ordering::Relaxed);
+            let hdr = slot.w[HDR].load(Ordering::Relaxed);
             let mut diff = 0;
             for (j, k) in key.iter().enumerate() {
-                diff |= slot.words()[Self::KEY + j].load(Ordering::Relaxed) ^ k;
+                diff |= slot.w[KEY + j].load(Ordering::Relaxed) ^ k;
             }
             if hdr & OCCUPIED == 0 || diff != 0 {
                 return Probe::NotFound;
@@ -473,16 +379,16 @@ where
                 out[HDR] = hdr;
                 // Index loops over constant ranges: fully unrolled.
                 #[allow(clippy::needless_range_loop)]
-                for i in HDR + 1..Self::KEY {
-                    out[i] = slot.words()[i].load(Ordering::Relaxed);
+                for i in HDR + 1..KEY {
+                    out[i] = slot.w[i].load(Ordering::Relaxed);
                 }
-                out[Self::KEY..Self::KEY + KW].copy_from_slice(key);
+                out[KEY..KEY + KW].copy_from_slice(key);
                 #[allow(clippy::needless_range_loop)]
-                for i in Self::KEY + KW..W {
-                    out[i] = slot.words()[i].load(Ordering::Relaxed);
+                for i in KEY + KW..W {
+                    out[i] = slot.w[i].load(Ordering::Relaxed);
                 }
                 fence(Ordering::Acquire);
-                let s2 = slot.words()[SEQ].load(Ordering::Relaxed);
+                let s2 = slot.w[SEQ].load(Ordering::Relaxed);
                 if !CHECKED || s1 == s2 {
                     out[SEQ] = s1;
                     return Probe::Found(idx, s1);
@@ -493,7 +399,7 @@ where
                 return Probe::Busy;
             }
             crate::sync::spin_loop();
-            s1 = slot.words()[SEQ].load(Ordering::Acquire);
+            s1 = slot.w[SEQ].load(Ordering::Acquire);
         }
     }
 
@@ -527,7 +433,7 @@ where
         // Both preferred slots (where ~3/4 of the keys live) are requested before either is
         // examined, so the second one's miss overlaps the first's. (Slots are 128-byte aligned:
         // the adjacent-line prefetcher brings a slot's record line with its first line.)
-        let seq2 = self.slots[pl.pref2].words()[SEQ].load(Ordering::Acquire);
+        let seq2 = self.slots[pl.pref2].w[SEQ].load(Ordering::Acquire);
         let first = [self.first_tag_word(pl.g1), self.first_tag_word(pl.g2)];
         let mut busy = false;
         *examined += 1;
@@ -585,14 +491,14 @@ where
         }
         let slot = &self.slots[idx];
         for _ in 0..MAX_RETRIES {
-            let s1 = slot.words()[SEQ].load(Ordering::Acquire);
+            let s1 = slot.w[SEQ].load(Ordering::Acquire);
             if s1 & 1 == 0 {
                 #[allow(clippy::needless_range_loop)]
                 for i in 1..W {
-                    out[i] = slot.words()[i].load(Ordering::Relaxed);
+                    out[i] = slot.w[i].load(Ordering::Relaxed);
                 }
                 fence(Ordering::Acquire);
-                if slot.words()[SEQ].load(Ordering::Relaxed) == s1 {
+                if slot.w[SEQ].load(Ordering::Relaxed) == s1 {
                     out[SEQ] = s1;
                     return Some(Some(s1));
                 }
@@ -649,7 +555,7 @@ where
     /// return its own latest values).
     pub(crate) fn load(&self, idx: usize) -> [u32; W] {
         let mut w = [0u32; W];
-        for (o, a) in w.iter_mut().zip(self.slots[idx].words().iter()) {
+        for (o, a) in w.iter_mut().zip(self.slots[idx].w.iter()) {
             *o = a.load(Ordering::Relaxed);
         }
         w
@@ -657,19 +563,19 @@ where
 
     #[inline]
     fn word(&self, idx: usize, i: usize) -> u32 {
-        self.slots[idx].words()[i].load(Ordering::Relaxed)
+        self.slots[idx].w[i].load(Ordering::Relaxed)
     }
 
     /// Publishes new words (all but `words[SEQ]`) for slot `idx` under the seqlock.
     pub(crate) fn store(&self, idx: usize, words: &[u32; W]) {
         let slot = &self.slots[idx];
-        let s = slot.words()[SEQ].load(Ordering::Relaxed);
-        slot.words()[SEQ].store(s.wrapping_add(1), Ordering::Relaxed);
+        let s = slot.w[SEQ].load(Ordering::Relaxed);
+        slot.w[SEQ].store(s.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        for (a, v) in slot.words().iter().zip(words.iter()).skip(1) {
+        for (a, v) in slot.w.iter().zip(words.iter()).skip(1) {
             a.store(*v, Ordering::Relaxed);
         }
-        slot.words()[SEQ].store(s.wrapping_add(2), Ordering::Release);
+        slot.w[SEQ].store(s.wrapping_add(2), Ordering::Release);
     }
 
     /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take.
@@ -681,7 +587,7 @@ where
             return [core::ptr::null(); 2];
         }
         let pl = self.place(hash);
-        let at = |i: usize| self.slots[i].words().as_ptr() as *const u8;
+        let at = |i: usize| self.slots[i].w.as_ptr() as *const u8;
         [at(pl.pref), at(pl.pref2)]
     }
 
@@ -749,7 +655,7 @@ where
                 && key
                     .iter()
                     .enumerate()
-                    .all(|(j, k)| self.word(i, Self::KEY + j) == *k)
+                    .all(|(j, k)| self.word(i, KEY + j) == *k)
         })
     }
 
@@ -812,31 +718,6 @@ where
         (unreferenced.unwrap_or(cand[start]), false)
     }
 
-    /// True if [`upsert`](Self::upsert) of `key` would evict no live entry: the key is present,
-    /// one of its groups has a free slot, or its window holds a dead one.
-    pub(crate) fn has_room(
-        &self,
-        key: &[u32; KW],
-        hash: u64,
-        dead: &dyn Fn(&[u32; W]) -> bool,
-    ) -> bool {
-        if self.cap == 0 {
-            return false;
-        }
-        if self.find(key, hash).is_some() {
-            return true;
-        }
-        let pl = self.place(hash);
-        let full = |g| self.group_len(g) == self.group_load(g);
-        if !full(pl.g1) || (pl.g2 != pl.g1 && !full(pl.g2)) {
-            return true;
-        }
-        self.window(&pl).any(|i| {
-            let w = self.load(i);
-            w[HDR] & OCCUPIED == 0 || dead(&w)
-        })
-    }
-
     /// Inserts or overwrites the entry for `key` with `words` (whose key part must equal `key`
     /// and whose `INC` is filled in here). Evicts within the key's window when both its groups
     /// are full. Returns (index, outcome).
@@ -851,9 +732,7 @@ where
             return None;
         }
         if let Some(idx) = self.find(key, hash) {
-            if T::HAS_INC {
-                words[INC] = self.word(idx, INC);
-            }
+            words[INC] = self.word(idx, INC);
             self.store(idx, words);
             return Some((idx, Upsert::Updated));
         }
@@ -889,9 +768,7 @@ where
             outcome = Upsert::Evicted { dead: was_dead };
             v
         };
-        if T::HAS_INC {
-            words[INC] = self.word(idx, INC).wrapping_add(1);
-        }
+        words[INC] = self.word(idx, INC).wrapping_add(1);
         self.store(idx, words);
         self.clear_clock(idx);
         self.set_tag(idx, pl.tag);
@@ -903,10 +780,10 @@ where
     /// Removes every entry (O(capacity)).
     pub(crate) fn clear(&self) {
         for s in self.slots[..self.cap].iter() {
-            reset::<W, T>(s);
+            s.reset();
         }
         for s in self.slots[self.cap..].iter() {
-            for w in s.words().iter() {
+            for w in s.w.iter() {
                 w.store(0, Ordering::Relaxed);
             }
         }
@@ -1016,7 +893,7 @@ pub mod loom_model {
 
     /// The model table.
     pub struct Tiny<S: Deref<Target = [Slot<W>]>> {
-        t: Table<S, Slot<W>, W, 1>,
+        t: Table<S, W, 1>,
     }
 
     impl<S: Deref<Target = [Slot<W>]>> Tiny<S> {

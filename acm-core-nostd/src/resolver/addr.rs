@@ -22,7 +22,7 @@ use super::{
     addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, ReqCtx, Resolver,
     Storage, NEVER,
 };
-use crate::cache::{AddrKey, AddrKind, AddrSlot, AliasSlot, Lookup, PathCache, PathKey, PathSlot};
+use crate::cache::{AddrKey, AddrKind, AddrSlot, Lookup, PathCache, PathKey, PathSlot};
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, ACM_MGMT_CLASS, CTRL_RESOLVE};
 use crate::wire::client::{AcmMsg, EpInfoType, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
@@ -47,8 +47,8 @@ pub(crate) fn addr_key(a: &AddrEntry) -> Option<AddrKey> {
 
 /// Aliases entry `a`'s address to the cached path `key` (expiring at `path_expires`), with
 /// TTL = min(address lifetime, route lifetime).
-pub(crate) fn alias<P, A, R>(
-    cache: &PathCache<P, A, R>,
+pub(crate) fn alias<P, A>(
+    cache: &PathCache<P, A>,
     a: &AddrEntry,
     key: &PathKey,
     now: Millis,
@@ -56,7 +56,6 @@ pub(crate) fn alias<P, A, R>(
 ) where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
-    R: Deref<Target = [AliasSlot]>,
 {
     let Some(k) = addr_key(a) else {
         return;
@@ -269,10 +268,10 @@ impl<S: Storage> Resolver<S> {
     /// ACM route mode, or after an SA query). `count_addr_cache`: a request found the address
     /// known but not its route (ibacmp's ADDR_RESOLVED hit).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn route_addr<P, A, R>(
+    pub(crate) fn route_addr<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         i: u32,
         mut waiters: List,
@@ -281,7 +280,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let (key, sa) = self.addr_route_key(slot, i);
         let a = self.st.addrs()[i as usize];
@@ -337,10 +335,10 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// A NAME / IP / IP6 request.
-    pub(crate) fn addr_request<P, A, R>(
+    pub(crate) fn addr_request<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         r: &ReqCtx<'_>,
         key: &AddrKey,
@@ -348,7 +346,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let found = self.find_addr(slot, key.kind as u8, &key.addr);
         if r.kind != Kind::Refresh {
@@ -530,15 +527,10 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// ACM queue deadlines and retries of endpoint `slot`.
-    pub(crate) fn acm_timers<P, A, R>(
-        &mut self,
-        now: Millis,
-        _cache: &PathCache<P, A, R>,
-        slot: usize,
-    ) where
+    pub(crate) fn acm_timers<P, A>(&mut self, now: Millis, _cache: &PathCache<P, A>, slot: usize)
+    where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let ready = self.ep_ready(slot);
         // Both lists are in deadline order: only due heads are looked at.
@@ -654,10 +646,10 @@ impl<S: Storage> Resolver<S> {
     /// Records what a peer's packet says about it: entry `i` becomes ADDR_RESOLVED with the
     /// peer's GID (GRH), LID, QPN and the shared group; waiters move on to the route.
     #[allow(clippy::too_many_arguments)]
-    fn resolved<P, A, R>(
+    fn resolved<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         i: u32,
         sgid: Gid,
@@ -666,7 +658,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let a = self.st.addrs()[i as usize];
         let was_querying = matches!(a.state, AddrState::Queued | AddrState::Querying);
@@ -705,17 +696,16 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// A received class 0x2C MAD.
-    pub(crate) fn acm_receive<P, A, R>(
+    pub(crate) fn acm_receive<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         ep: EpId,
         meta: &RecvMeta,
         mad: &[u8],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let Some(slot) = self.ep_slot(ep) else {
             self.stats.acm_unsolicited += 1;
@@ -757,10 +747,10 @@ impl<S: Storage> Resolver<S> {
         }
     }
 
-    fn peer_request<P, A, R>(
+    fn peer_request<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         meta: &RecvMeta,
         sgid: Gid,
@@ -768,7 +758,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let (st, dt) = (u8::from(r.src_type), u8::from(r.dest_type));
         if !(1..=5).contains(&st) || !(1..=5).contains(&dt) {
@@ -819,10 +808,10 @@ impl<S: Storage> Resolver<S> {
         }
     }
 
-    fn peer_response<P, A, R>(
+    fn peer_response<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         meta: &RecvMeta,
         sgid: Gid,
@@ -830,7 +819,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let mut cur = self.st.endpoints()[slot].inflight.front();
         let mut found = None;

@@ -16,7 +16,7 @@
 use super::mads::{self, TOKEN_INFORM, TOKEN_NOTICE};
 use super::storage::{AddrState, GroupState, Origin};
 use super::{EpId, Millis, Output, Resolver, Storage};
-use crate::cache::{AddrSlot, AliasSlot, PathCache, PathSlot};
+use crate::cache::{AddrSlot, PathCache, PathSlot};
 use crate::wire::inform::{InformInfoRepr, TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE};
 use core::ops::Deref;
 
@@ -135,16 +135,15 @@ impl<S: Storage> Resolver<S> {
 
     /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a
     /// Report is acknowledged and applied; anything else is counted and dropped.
-    pub fn handle_report<P, A, R>(
+    pub fn handle_report<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         ep: EpId,
         mad: &[u8],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let whole = mad.len() >= crate::wire::sa::DATA_OFFSET + crate::wire::inform::NOTICE_LEN;
         let mad = mads::full_mad(mad);
@@ -173,16 +172,15 @@ impl<S: Storage> Resolver<S> {
 
     /// Removes cached paths to `gid` (and, with `negatives`, every negative entry); with
     /// `forget`, the address mappings learned for `gid` too (they are asked again).
-    fn invalidate_gid<P, A, R>(
+    fn invalidate_gid<P, A>(
         &mut self,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         gid: &[u8; 16],
         negatives: bool,
         forget: bool,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         if let Some(mut w) = cache.writer() {
             let n = w.remove_routes_to(core::slice::from_ref(gid), negatives);

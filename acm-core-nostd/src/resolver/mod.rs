@@ -43,7 +43,7 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{AddrSlot, AliasSlot, PathCache, PathSlot};
+use crate::cache::{AddrSlot, PathCache, PathSlot};
 use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
@@ -688,11 +688,10 @@ impl<S: Storage> Resolver<S> {
     /// its groups ([`Output::Detach`], MCMemberRecord DELETE fire-and-forget), forgets its
     /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
     /// the endpoint still held by the caller are forgotten (their replies are ignored).
-    pub fn close_endpoint<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>, ep: EpId)
+    pub fn close_endpoint<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>, ep: EpId)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -740,10 +739,10 @@ impl<S: Storage> Resolver<S> {
     /// for it get a response. With `loopback_prot local` (and a known LID) it also answers
     /// requests for itself with the loopback path, cached and aliased under `cache_ep` so the
     /// caller's hit path finds it (never expires).
-    pub fn add_address<P, A, R>(
+    pub fn add_address<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         ep: EpId,
         cache_ep: u16,
         type_: u8,
@@ -752,7 +751,6 @@ impl<S: Storage> Resolver<S> {
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         if !(1..=3).contains(&type_) {
             return Err(Error::AddressType);
@@ -847,20 +845,19 @@ impl<S: Storage> Resolver<S> {
         Ok(())
     }
 
-    /// A preloaded route (`route_preload`): `path` is cached for its DLID and its DGID (with
-    /// and without the reversible bit, no other constraint), never expires, and is inserted
-    /// again after every [`reregister`](Self::reregister).
-    pub fn preload_route<P, A, R>(
+    /// A preloaded route (`route_preload`): `path` is cached as two path entries, by its DLID
+    /// and by its DGID (no constraint; each answers requests with and without the reversible
+    /// bit), never expires, and is inserted again after every [`reregister`](Self::reregister).
+    pub fn preload_route<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         ep: EpId,
         cache_ep: u16,
         path: &[u8; 64],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -879,16 +876,15 @@ impl<S: Storage> Resolver<S> {
     /// number at the new flush generation. Learned routes and addresses of the endpoint are
     /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
     /// `cache_ep`; the groups are detached and joined again.
-    pub fn reregister<P, A, R>(
+    pub fn reregister<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         ep: EpId,
         cache_ep: u16,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let Some(slot) = self.ep_slot(ep) else {
             return;
@@ -942,10 +938,10 @@ impl<S: Storage> Resolver<S> {
     /// `msg` the client's message. Resolve and Query requests get exactly one
     /// [`Output::Answer`]; Prime and Refresh none.
     #[allow(clippy::too_many_arguments)]
-    pub fn request<P, A, R>(
+    pub fn request<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         ep: EpId,
         cache_ep: u16,
         client: u64,
@@ -954,7 +950,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let r = ReqCtx {
             ep,
@@ -996,17 +991,16 @@ impl<S: Storage> Resolver<S> {
     /// An SA completion for a [`Output::SendSa`] with `token`: the reply MAD (`umad_status`
     /// 0), or the MAD as sent with a non-zero `umad_status` (timeout, send failure). Replies
     /// whose token or TID matches nothing in flight are counted and dropped.
-    pub fn handle_sa<P, A, R>(
+    pub fn handle_sa<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         token: u64,
         umad_status: u32,
         mad: &[u8],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let mad = mads::full_mad(mad);
         let (kind, index, tid) = mads::untoken(token);
@@ -1024,17 +1018,16 @@ impl<S: Storage> Resolver<S> {
     /// from the completion). Requests for one of our addresses are answered (unicast); every
     /// valid request records its sender; responses complete our queries. Anything malformed,
     /// unexpected or from another partition is counted in [`Stats`] and dropped.
-    pub fn handle_acm<P, A, R>(
+    pub fn handle_acm<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         ep: EpId,
         meta: &RecvMeta,
         mad: &[u8],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         self.acm_receive(now, cache, ep, meta, mad);
         self.pump(now, cache);
@@ -1043,11 +1036,10 @@ impl<S: Storage> Resolver<S> {
     /// Runs the timers due at `now` (SA deadlines, BUSY backoffs, ACM retries, queue
     /// deadlines, join retries). Call when [`poll_timeout`](Self::poll_timeout) has passed;
     /// calling it early or often is harmless.
-    pub fn handle_timeout<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
+    pub fn handle_timeout<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         if self.next_timer.is_some_and(|t| t <= now) {
             self.run_timers(now, cache);
@@ -1064,11 +1056,10 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
-    pub fn shutdown<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
+    pub fn shutdown<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         self.done = true;
         for slot in 0..self.st.endpoints().len() {
@@ -1259,17 +1250,16 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Inserts `path` under the loopback key of local address `i` and aliases the address.
-    fn insert_loopback<P, A, R>(
+    fn insert_loopback<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         i: u32,
         cache_ep: u16,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let e = self.st.endpoints()[slot];
         if !self.cfg.loopback_local || e.lid == 0 {
@@ -1289,17 +1279,16 @@ impl<S: Storage> Resolver<S> {
         addr::alias(cache, &a, &key, now, NEVER);
     }
 
-    fn insert_preload<P, A, R>(
+    fn insert_preload<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         cache_ep: u16,
         path: &[u8; 64],
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         use crate::wire::path_record::PathRecord;
         let view = self.view(slot, cache_ep);
@@ -1309,9 +1298,8 @@ impl<S: Storage> Resolver<S> {
             return;
         };
         // Two keys for one route, by DLID and by DGID, each a path entry of its own: a hit is
-        // one slot read whichever way the route is asked for (an alias would cost two more),
-        // and the reversible bit is not part of a cache key, so each entry also answers the
-        // request without it.
+        // one slot read whichever way the route is asked for. The reversible bit is not part
+        // of a cache key, so each entry answers requests with and without it.
         for (valid, lid, gid) in [(dlid != 0, dlid, None), (!dgid.is_zero(), 0, Some(dgid))] {
             if !valid {
                 continue;
@@ -1332,17 +1320,16 @@ impl<S: Storage> Resolver<S> {
 
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
     /// forgets the queries the caller still holds when `forget_held`.
-    fn drop_endpoint_work<P, A, R>(
+    fn drop_endpoint_work<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         status: u8,
         forget_held: bool,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         for j in 0..self.st.jobs().len() as u32 {
             let job = &self.st.jobs()[j as usize];

@@ -14,7 +14,7 @@ use super::{
     addr, addr_rlink, job_link, Counter, EpId, JobSlot, Kind, Millis, ReqCtx, Resolver, Storage,
     NEVER,
 };
-use crate::cache::{AddrSlot, AliasSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
+use crate::cache::{AddrSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
 use crate::wire::client::{AcmMsg, EpInfoType};
 use core::ops::Deref;
 
@@ -288,10 +288,10 @@ impl<S: Storage> Resolver<S> {
 
     /// A PATH / LID / GID request.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn route_request<P, A, R>(
+    pub(crate) fn route_request<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         slot: usize,
         r: &ReqCtx<'_>,
         key: Option<PathKey>,
@@ -300,7 +300,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         if let (Some(k), false) = (key, r.kind == Kind::Refresh) {
             match cache.lookup(&k, now) {
@@ -344,10 +343,10 @@ impl<S: Storage> Resolver<S> {
     /// it as a zombie while the caller holds its MAD). `from_cache` counts RouteCache per
     /// answered Resolve waiter.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn finish_job<P, A, R>(
+    pub(crate) fn finish_job<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         j: u32,
         status: u8,
         record: Option<(&[u8; 64], Millis)>,
@@ -356,7 +355,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let job = self.st.jobs()[j as usize];
         if matches!(job.state, JobState::Free | JobState::Zombie) {
@@ -442,10 +440,10 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// An SA completion of route job `j`.
-    pub(crate) fn route_reply<P, A, R>(
+    pub(crate) fn route_reply<P, A>(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A, R>,
+        cache: &PathCache<P, A>,
         j: u32,
         tid: u32,
         umad_status: u32,
@@ -453,7 +451,6 @@ impl<S: Storage> Resolver<S> {
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         let Some(job) = self.st.jobs().get(j as usize).copied() else {
             self.stats.sa_unknown += 1;
@@ -548,11 +545,10 @@ impl<S: Storage> Resolver<S> {
 
     /// Moves backlog jobs into free window slots (answering those the cache can answer now)
     /// and address queries into free ACM windows; drops removed local addresses' aliases.
-    pub(crate) fn pump<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
+    pub(crate) fn pump<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         while let Some(i) =
             self.removals
@@ -615,11 +611,10 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Runs every due timer.
-    pub(crate) fn run_timers<P, A, R>(&mut self, now: Millis, cache: &PathCache<P, A, R>)
+    pub(crate) fn run_timers<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
     where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
-        R: Deref<Target = [AliasSlot]>,
     {
         // The backlog is in arrival (= deadline) order: only its due head is looked at. The
         // SA lists are short (the window) and not quite in deadline order (a BUSY retry keeps

@@ -36,7 +36,7 @@ use super::{
     AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Millis, Output,
     RecvMeta, Resolver, Stats, Via, MSG_LEN,
 };
-use crate::cache::{AddrSlot, AliasSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use crate::cache::{AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
 
@@ -260,12 +260,8 @@ pub struct SimAnswer {
     pub at: Millis,
 }
 
-/// A node's path cache (with path-alias storage, as the host's).
-pub type SimCache = PathCache<
-    std::boxed::Box<[PathSlot]>,
-    std::boxed::Box<[AddrSlot]>,
-    std::boxed::Box<[AliasSlot]>,
->;
+/// A node's path cache (heap storage, as the host's).
+pub type SimCache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[AddrSlot]>>;
 
 /// One simulated node.
 pub struct Node {
@@ -488,11 +484,9 @@ impl Sim {
         let mut rng = Rng(cfg.seed);
         let mut nodes = Vec::new();
         for i in 0..cfg.nodes {
-            let cache = PathCache::with_aliases(
+            let cache = PathCache::new(
                 PathSlot::boxed(cfg.cache_slots),
                 AddrSlot::boxed(cfg.addr_cache_slots.unwrap_or(cfg.cache_slots)),
-                // Preloaded routes: one record + 3 aliases each (`insert_route`).
-                AliasSlot::boxed(cfg.cache_slots),
                 CacheConfig {
                     seed: rng.next_u64(),
                     refresh_ahead: 5_000,
