@@ -8,6 +8,7 @@
 //! syscall (an `eventfd` write) only when the worker is actually blocked. With `spin` set to a
 //! large value this is the busy-poll mode of a pinned dataplane core: it never blocks.
 
+use crossbeam_utils::CachePadded;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -105,8 +106,10 @@ struct Shared {
     /// could be made (then the worker parks its thread, and only wakes and deadlines end it).
     event: RawFd,
     thread: std::sync::OnceLock<Thread>,
-    /// Milliseconds since `epoch`, refreshed by the worker every round.
-    coarse_ms: AtomicU64,
+    /// Milliseconds since `epoch`, refreshed by the worker every round: stored only when
+    /// it changes, on a line of its own, so the `resolve()` hits that read it on another
+    /// core miss on it at most once a millisecond (not after every poll round).
+    coarse_ms: CachePadded<AtomicU64>,
     epoch: Instant,
 }
 
@@ -206,7 +209,7 @@ impl Worker {
             parked: AtomicBool::new(false),
             event,
             thread: std::sync::OnceLock::new(),
-            coarse_ms: AtomicU64::new(1),
+            coarse_ms: CachePadded::new(AtomicU64::new(1)),
             epoch: epoch - Duration::from_millis(1),
         }))
     }
@@ -229,10 +232,10 @@ impl Worker {
                 let mut fds: Vec<RawFd> = Vec::new();
                 loop {
                     let now = Instant::now();
-                    shared.coarse_ms.store(
-                        now.saturating_duration_since(shared.epoch).as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
+                    let ms = now.saturating_duration_since(shared.epoch).as_millis() as u64;
+                    if shared.coarse_ms.load(Ordering::Relaxed) != ms {
+                        shared.coarse_ms.store(ms, Ordering::Relaxed);
+                    }
                     let Some(out) = poll_guarded(&mut poller, now) else {
                         break;
                     };

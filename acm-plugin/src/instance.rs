@@ -8,6 +8,7 @@
 //!   endpoint's counters.
 
 use crate::core_api::CoreApi;
+use crossbeam_utils::CachePadded;
 use crate::ffi::AcmPort;
 use acm_core_nostd::resolver::request::EpView;
 use acm_core_nostd::resolver::{Counter, EpId, MAX_EPS};
@@ -241,7 +242,9 @@ pub struct Ep {
     /// `ACM_CNTR_*` counters of this endpoint, one array per writing thread ([`Writer`]):
     /// each is bumped with a plain load and store by its one thread (no locked
     /// read-modify-write on the hit path), and read as the sum ([`counter`](Self::counter)).
-    pub counters: [[AtomicU64; MAX_COUNTER]; Writer::COUNT],
+    /// Each array has its own cache line, so the dataplane's counting never takes the line
+    /// the hit path writes.
+    pub counters: [CachePadded<[AtomicU64; MAX_COUNTER]>; Writer::COUNT],
     /// Latency histograms: `hit` written by the core's main thread only, the others by the
     /// dataplane thread only ([`latency_sink`]).
     pub stats: EpStats,
@@ -252,8 +255,9 @@ pub struct Ep {
     /// address requests are not answered from the cache inline.
     pub removal_seq: AtomicU64,
     /// `resolve()` calls so far, for sampling the hit histogram (`acmrs_hit_sample`); written
-    /// by the core's main thread only (plain load and store, no read-modify-write).
-    pub hit_tick: AtomicU32,
+    /// by the core's main thread only (plain load and store, no read-modify-write), on a
+    /// line of its own.
+    pub hit_tick: CachePadded<AtomicU32>,
 }
 
 impl Ep {

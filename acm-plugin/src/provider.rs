@@ -28,6 +28,7 @@ use acm_dataplane::plane::{Control, Inbox, Plane, Ud};
 use acm_dataplane::stats::{Clock, MissClass, MissStamp};
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
+use crossbeam_utils::CachePadded;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -498,7 +499,7 @@ unsafe extern "C" fn open_endpoint(
                 stats: Default::default(),
                 addr_ctxs: Mutex::new(Vec::new()),
                 removal_seq: AtomicU64::new(0),
-                hit_tick: AtomicU32::new(0),
+                hit_tick: CachePadded::new(AtomicU32::new(0)),
             })
         }) else {
             inst.api.log(
