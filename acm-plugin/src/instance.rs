@@ -8,7 +8,6 @@
 //!   endpoint's counters.
 
 use crate::core_api::CoreApi;
-use crossbeam_utils::CachePadded;
 use crate::ffi::AcmPort;
 use acm_core_nostd::resolver::request::EpView;
 use acm_core_nostd::resolver::{Counter, EpId, MAX_EPS};
@@ -18,6 +17,7 @@ use acm_core_nostd::wire::gid::Gid;
 use acm_dataplane::export::{EndpointReport, Report, Source};
 use acm_dataplane::plane::{HostAddr, HostCache, Inbox, LatencySink};
 use acm_dataplane::stats::{Clock, EpStats};
+use crossbeam_utils::CachePadded;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 

@@ -11,7 +11,7 @@
 //!   bytes-per-entry figures that also see memory allocated by C code.
 //! * [`Args`]: the tiny command-line parser the bench binaries share (`--quick`, `--out DIR`).
 //! * [`XorShift`]: a deterministic PRNG for key sets and access orders.
-//! * [`floor_ns`]: the memory floor (a dependent pointer chase as large as a cache), and
+//! * [`floor`]: the memory floor (a dependent pointer chase as large as a cache), and
 //!   [`advise`] (THP or not before first touch).
 //! * [`plot`]: percentile-distribution plots (SVG) of several histograms in one picture.
 //! * [`progress`]: one line per benchmark phase on stderr, with the elapsed time.
@@ -542,11 +542,23 @@ pub fn advise(ptr: *mut u8, bytes: usize, huge: bool) {
     }
 }
 
+/// The memory floor of a buffer (see [`floor`]).
+pub struct Floor {
+    /// ns per dependent load: the median of [`per_load`](Self::per_load).
+    pub ns: f64,
+    /// Per-load time of each timed block of [`FLOOR_BLOCK`] dependent loads (the block's time
+    /// divided by its loads): the floor's distribution, for the hit plots.
+    pub per_load: LatencyHistogram,
+}
+
+/// Dependent loads per timed block of [`floor`] (the timer's ~25 ns is then < 0.2 ns a load).
+pub const FLOOR_BLOCK: usize = 128;
+
 /// The memory floor: ns per dependent load of a random single-cycle pointer chase over a
 /// buffer of `bytes` (one node per 64-byte line), advised huge or not before first touch: the
-/// figure hit latencies are quoted against (`cache` and `provider` benches; `Instant` timer,
-/// amortised over 400k loads; median of 5 runs).
-pub fn floor_ns(bytes: usize, huge: bool, rng: &mut XorShift) -> f64 {
+/// figure hit latencies are quoted against (`cache` and `provider` benches). 4000 blocks of
+/// [`FLOOR_BLOCK`] loads, each timed with `Instant`, after a warm-up pass.
+pub fn floor(bytes: usize, huge: bool, rng: &mut XorShift) -> Floor {
     const NODE: usize = 8; // u64s per 64-byte line
     let nodes = (bytes / 64).max(2);
     let mut buf: Vec<u64> = Vec::with_capacity(nodes * NODE);
@@ -562,19 +574,25 @@ pub fn floor_ns(bytes: usize, huge: bool, rng: &mut XorShift) -> f64 {
         buf[i * NODE] = perm[i] as u64;
     }
     drop(perm);
-    let chase = |steps: usize| {
-        let mut i = 0usize;
+    let mut i = 0usize;
+    // Warm the TLB / caches the way a long run would.
+    for _ in 0..nodes.min(200_000) {
+        i = buf[i * NODE] as usize;
+    }
+    let mut per_load = LatencyHistogram::new();
+    for _ in 0..4000 {
         let t = Instant::now();
-        for _ in 0..steps {
+        for _ in 0..FLOOR_BLOCK {
             i = buf[i * NODE] as usize;
         }
-        std::hint::black_box(i);
-        t.elapsed().as_secs_f64() * 1e9 / steps as f64
-    };
-    chase(nodes.min(200_000)); // warm the TLB / caches the way a long run would
-    let mut runs: Vec<f64> = (0..5).map(|_| chase(400_000)).collect();
-    runs.sort_by(f64::total_cmp);
-    runs[2]
+        let ps = t.elapsed().as_nanos() as u64 * 1000 / FLOOR_BLOCK as u64;
+        per_load.record_ps(ps.max(1), 1);
+    }
+    std::hint::black_box(i);
+    Floor {
+        ns: per_load.summary().p50_ns,
+        per_load,
+    }
 }
 
 /// Moves this process (and so every fabric process it starts afterwards) into a private

@@ -39,8 +39,8 @@ use std::time::Instant;
 
 use acm_bench::plot::{write_percentile_svg, Series};
 use acm_bench::{
-    advise, floor_ns, heap_bytes, parse_counts, progress, Args, BatchTimer, LatencyHistogram,
-    Summary, Table, XorShift,
+    advise, floor, heap_bytes, parse_counts, progress, Args, BatchTimer, LatencyHistogram, Summary,
+    Table, XorShift,
 };
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
 
@@ -301,8 +301,8 @@ fn run_size(n: usize, lookups: usize, out: Option<&Path>, results: &mut Vec<Meas
     let slots = path_slots_for(n);
     let storage = slots * std::mem::size_of::<PathSlot>();
     let floors = [
-        floor_ns(storage, false, &mut rng),
-        floor_ns(storage, true, &mut rng),
+        floor(storage, false, &mut rng).ns,
+        floor(storage, true, &mut rng).ns,
     ];
     eprintln!(
         "  floor over {} MiB: {:.1} ns per dependent load with 4 KiB pages, {:.1} ns with THP",

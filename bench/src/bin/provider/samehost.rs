@@ -15,7 +15,7 @@
 //! print one progress line per phase on stderr, on the parent's clock.
 
 use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{floor_ns, progress, LatencyHistogram, Summary, Table, XorShift};
+use acm_bench::{floor, progress, LatencyHistogram, Summary, Table, XorShift};
 use acm_testkit::core::{self as fake, Record};
 use acm_testkit::host::provider_table;
 use acm_testkit::request::{gid, path_of, PathRequest};
@@ -781,6 +781,17 @@ pub fn child(args: &[String]) -> Result<(), String> {
         "p99.99 ns",
         "max ns",
     ]);
+    // The memory floor of this run: one dependent load over a buffer as large as acmrs's path
+    // storage, in the page mode the plugin gives it (THP from acmrs::huge::THRESHOLD_BYTES).
+    let storage = acmrs::huge::path_slot_count(acmrs_capacity)
+        * core::mem::size_of::<acm_core_nostd::cache::PathSlot>();
+    let huge = storage >= acmrs::huge::THRESHOLD_BYTES;
+    progress(format_args!(
+        "child {entries}: memory floor over {} MiB",
+        storage >> 20
+    ));
+    let fl = floor(storage, huge, &mut XorShift::new(0xf100 ^ a.size as u64));
+    let floor = fl.ns;
     for (what, tag, hs) in [
         ("hit", "hit", &hits),
         ("miss by LID (OpenSM SA)", "miss-lid", &miss_lid),
@@ -805,21 +816,26 @@ pub fn child(args: &[String]) -> Result<(), String> {
             let f = out.join(format!("samehost-{tag}-{entries}.svg"));
             let title =
                 format!("resolve(), {what}, {entries} cached paths (same process, same fabric)");
-            write_percentile_svg(
-                &f,
-                &title,
-                &[
-                    Series {
-                        label: "acmrs",
-                        histogram: &hs[1],
-                    },
-                    Series {
-                        label: "stock libibacmp",
-                        histogram: &hs[0],
-                    },
-                ],
-            )
-            .map_err(|e| format!("{}: {e}", f.display()))?;
+            let mut series = vec![
+                Series {
+                    label: "acmrs",
+                    histogram: &hs[1],
+                },
+                Series {
+                    label: "stock libibacmp",
+                    histogram: &hs[0],
+                },
+            ];
+            // The hit plot has the memory floor too: one dependent load over a buffer as
+            // large as acmrs's path storage (per-load time of blocks of FLOOR_BLOCK loads).
+            if tag == "hit" {
+                series.push(Series {
+                    label: "memory floor (1 dependent load)",
+                    histogram: &fl.per_load,
+                });
+            }
+            write_percentile_svg(&f, &title, &series)
+                .map_err(|e| format!("{}: {e}", f.display()))?;
         }
         let r = |x: f64, y: f64| {
             if y > 0.0 {
@@ -839,16 +855,6 @@ pub fn child(args: &[String]) -> Result<(), String> {
             r(s[0].max_ns, s[1].max_ns),
         ]);
     }
-    // The memory floor of this run: one dependent load over a buffer as large as acmrs's path
-    // storage, in the page mode the plugin gives it (THP from acmrs::huge::THRESHOLD_BYTES).
-    let storage = acmrs::huge::path_slot_count(acmrs_capacity)
-        * core::mem::size_of::<acm_core_nostd::cache::PathSlot>();
-    let huge = storage >= acmrs::huge::THRESHOLD_BYTES;
-    progress(format_args!(
-        "child {entries}: memory floor over {} MiB",
-        storage >> 20
-    ));
-    let floor = floor_ns(storage, huge, &mut XorShift::new(0xf100 ^ a.size as u64));
     let s: Vec<Summary> = hits.iter().map(LatencyHistogram::summary).collect();
     for (k, o) in provs.iter().enumerate() {
         let x = |v: f64| format!("{:.2}", v / floor);
