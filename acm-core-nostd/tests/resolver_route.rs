@@ -278,6 +278,38 @@ fn no_record_is_cached_negatively_and_nodelay_primes() {
 }
 
 #[test]
+fn a_failed_reversible_query_keeps_the_path_that_plain_requests_use() {
+    // One cache entry serves a destination with and without the reversible bit. A plain
+    // request caches a path without the bit; a reversible request then misses on it, and the
+    // SA has no reversible path: that request gets ENODATA, but the plain path stays.
+    let mut t = setup(route_config(), Capacities::default());
+    t.request(1, Kind::Resolve, &path_msg(6, 0, 1));
+    let s = t.sa_sends();
+    t.reply(s[0].0, &s[0].1, 0, Some(path_to(6))); // path_to: no reversible bit
+    assert_eq!(t.answers()[0].1, 0);
+    let mut rev = path_msg(6, 0, 2);
+    PathRecord::new_unchecked(&mut rev[24..88]).set_reversible_numpath(true, 0);
+    t.request(2, Kind::Resolve, &rev);
+    let s = t.sa_sends();
+    assert_eq!(
+        s.len(),
+        1,
+        "a reversible request does not take the plain path"
+    );
+    t.reply(s[0].0, &s[0].1, 0x0300, None); // ERR_NO_RECORDS
+    assert_eq!(t.answers()[0].1, ENODATA);
+    t.request(3, Kind::Resolve, &path_msg(6, 0, 3));
+    let a = t.answers();
+    assert_eq!(
+        (a.len(), a[0].1),
+        (1, 0),
+        "the plain request is still a hit"
+    );
+    assert_eq!(&a[0].2[24..88], &path_to(6)[..]);
+    assert!(t.sa_sends().is_empty());
+}
+
+#[test]
 fn query_is_pass_through_never_coalesced() {
     let mut t = setup(route_config(), Capacities::default());
     let mut q = path_msg(6, 1 << 31, 5);

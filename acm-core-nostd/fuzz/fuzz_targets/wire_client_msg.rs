@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let mut out = [0u8; MSG_LEN];
     if let Ok(layout) = m.check_resolve() {
         assert!(layout.count >= 1 && layout.dest < layout.count.max(1));
-        let n = build_resolve_response(&m, &path, &mut out).unwrap();
+        let n = build_resolve_response(&m, &path.to_bytes(), &mut out).unwrap();
         let resp = AcmMsg::new_unchecked(&out[..n]);
         assert_eq!(resp.length() as usize, n);
         assert_eq!(resp.tid(), m.tid());
@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(resp.entry(0).unwrap().path(), path);
         let _ = build_query_response(&m, Status::Success, Some(&path), &mut out);
     } else {
-        assert!(build_resolve_response(&m, &path, &mut out).is_err());
+        assert!(build_resolve_response(&m, &path.to_bytes(), &mut out).is_err());
     }
     if let Ok(n) = build_error_response(&m, Status::Einval, &mut out) {
         assert_eq!(n, 16);

@@ -180,12 +180,19 @@ impl PathKey {
         if c.mask & constraint::REVERSIBLE_NUMPATH == 0 || c.reversible_numpath & REVERSIBLE == 0 {
             return (self.to_words(), false);
         }
+        (self.without_reversible().to_words(), true)
+    }
+
+    /// The same key without the reversible bit: the one cache entry it shares with `self`,
+    /// looked up without needing a reversible record.
+    #[inline]
+    pub fn without_reversible(&self) -> PathKey {
         let mut k = *self;
         k.constraints.reversible_numpath &= !REVERSIBLE;
         if k.constraints.reversible_numpath == 0 {
             k.constraints.mask &= !constraint::REVERSIBLE_NUMPATH;
         }
-        (k.to_words(), true)
+        k
     }
 }
 

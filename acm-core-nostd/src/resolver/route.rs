@@ -501,10 +501,13 @@ impl<S: Storage> Resolver<S> {
             }
             SaOutcome::Failed(s) => {
                 // "No such path" is an answer from the SA, not a failure to reach it: remember
-                // it for a while, never over a path cached since the query started.
+                // it for a while, never over a path cached since the query started — nor over
+                // a path without the reversible bit that this (reversible) query could not
+                // use: the entry is shared, and requests without the bit are served by it.
                 if let (ENODATA, 0, Some(k), false) = (s, umad_status, key, job.query) {
                     let ttl = self.cfg.negative_ttl;
-                    if ttl > 0 && !matches!(cache.lookup(&k, now), Lookup::Hit { .. }) {
+                    let cached = cache.lookup(&k.without_reversible(), now);
+                    if ttl > 0 && !matches!(cached, Lookup::Hit { .. }) {
                         if let Some(mut w) = cache.writer() {
                             let _ = w.insert_negative(&k, s, now, ttl);
                         }

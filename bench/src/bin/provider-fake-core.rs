@@ -47,8 +47,8 @@ fn wait_answered(n: usize) {
 
 struct Results {
     size: usize,
-    /// Resident memory right after open (the cache storage allocated, not yet written) and
-    /// after the fill, KiB.
+    /// Resident memory right after open (the cache storage allocated and zeroed, so already
+    /// resident) and after the fill, KiB.
     rss_open_kib: u64,
     rss_filled_kib: u64,
     /// Hit samples that were not answered inside `resolve()` (not cache hits after all).
