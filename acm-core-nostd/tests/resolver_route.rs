@@ -1007,6 +1007,59 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
 }
 
 #[test]
+fn queries_the_sa_was_too_busy_for_go_again_only_as_the_shrunk_window_allows() {
+    let mut t = setup(
+        Config {
+            sa_window: 8,
+            sa_deadline: 1000,
+            queue_deadline: 60_000,
+            ..route_config()
+        },
+        Capacities::default(),
+    );
+    for lid in 10..20u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+        t.advance(1); // one start per ms: the backlog's (deadline) order is the start order
+    }
+    let first = t.sa_sends();
+    assert_eq!(first.len(), 8);
+    // The SA answers BUSY to the whole window: it halves three times, to 1.
+    for (tok, mad) in &first {
+        t.reply(*tok, mad, 0x0001, None);
+    }
+    assert_eq!(t.r.stats().sa_busy, 8);
+    assert!(t.answers().is_empty(), "BUSY is retried, not answered");
+    // After the backoff only one of the eight goes out again; the others wait in the backlog,
+    // in their order, ahead of the two that never went out.
+    t.advance(100);
+    let again = t.sa_sends();
+    assert_eq!(again.len(), 1, "the window is 1 now");
+    // Each answer lets the next one go (no growth within the hold), oldest first.
+    let mut lids = vec![];
+    let mut cur = again;
+    for _ in 0..9 {
+        let (tok, mad) = cur[0];
+        lids.push(u16::from_be_bytes([mad[56 + 40], mad[56 + 41]]));
+        t.reply(tok, &mad, 0, Some(path_to(1)));
+        cur = t.sa_sends();
+        assert_eq!(cur.len(), 1, "one for one");
+    }
+    lids.push(u16::from_be_bytes([cur[0].1[56 + 40], cur[0].1[56 + 41]]));
+    assert_eq!(
+        lids,
+        (10..20).collect::<Vec<u16>>(),
+        "each once, in start order"
+    );
+    t.reply(cur[0].0, &cur[0].1, 0, Some(path_to(1)));
+    assert_eq!(t.answers().iter().filter(|a| a.1 == 0).count(), 10);
+    assert!(t.r.is_idle());
+}
+
+#[test]
 fn with_the_sa_gone_every_request_is_answered_within_the_queue_deadline_of_its_arrival() {
     let mut t = setup(
         Config {

@@ -107,12 +107,38 @@ impl<S: Storage> Resolver<S> {
     /// Room in the SA window: `sa_cap` (the configured window, shrunk by BUSY) per port,
     /// never more than the storage's in-flight capacity, never less than 1.
     fn window_free(&self) -> bool {
-        let per_port = self.sa_cap as usize;
         (self.window as usize)
-            < per_port
+            < (self.sa_cap as usize)
                 .saturating_mul(self.ports.max(1) as usize)
                 .min(self.st.sa_inflight())
                 .max(1)
+    }
+
+    /// A BUSY job whose backoff ended: it gives its window slot back and waits in the backlog,
+    /// in deadline (= start) order, for the window, which BUSY has shrunk meanwhile, to let it
+    /// go again (`pump`, right after the timers). Re-sent at once instead, every query that was
+    /// out when the SA said BUSY would go again whatever the window: a storm's resolvers would
+    /// keep their whole first window in the SA's face.
+    fn requeue_job(&mut self, now: Millis, j: u32) {
+        self.unlist_job(j);
+        self.window -= 1;
+        let born = self.st.jobs()[j as usize].born;
+        let at = born.saturating_add(self.cfg.queue_deadline);
+        {
+            let jb = &mut self.st.jobs()[j as usize];
+            jb.state = JobState::Backlog;
+            jb.timer = at;
+        }
+        let mut before = self.backlog.front();
+        while let Some(b) = before {
+            if self.st.jobs()[b as usize].born > born {
+                break;
+            }
+            before = List::next_of(self.st.jobs(), b, job_link);
+        }
+        self.backlog
+            .insert_before(self.st.jobs(), j, before, list_id::BACKLOG, job_link);
+        self.arm(at.max(now));
     }
 
     /// Whether fewer than two SA round trips (the smoothed estimate; none before a first reply)
@@ -662,7 +688,7 @@ impl<S: Storage> Resolver<S> {
                 self.stats.timeouts += 1;
                 self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
             } else {
-                self.send_job(now, j);
+                self.requeue_job(now, j);
             }
         }
         for slot in 0..self.st.endpoints().len() {

@@ -80,6 +80,36 @@ impl List {
         self.len += 1;
     }
 
+    /// Links slot `i` in just before slot `at` of this list, or at the back for `None`
+    /// (a slot already on a list is left alone).
+    pub(crate) fn insert_before<T>(
+        &mut self,
+        s: &mut [T],
+        i: u32,
+        at: Option<u32>,
+        id: u8,
+        f: fn(&mut T) -> &mut Link,
+    ) {
+        let Some(a) = at else {
+            return self.push_back(s, i, id, f);
+        };
+        if f(&mut s[i as usize]).on != 0 {
+            return;
+        }
+        let prev = f(&mut s[a as usize]).prev;
+        *f(&mut s[i as usize]) = Link {
+            prev,
+            next: a + 1,
+            on: id,
+        };
+        f(&mut s[a as usize]).prev = i + 1;
+        match prev.checked_sub(1) {
+            Some(p) => f(&mut s[p as usize]).next = i + 1,
+            None => self.head = i + 1,
+        }
+        self.len += 1;
+    }
+
     /// Unlinks slot `i` if it is on this list (`id`); true if it was.
     pub(crate) fn remove<T>(
         &mut self,
