@@ -953,9 +953,9 @@ fn gid_in_service_drops_negative_entries() {
     );
 }
 
-#[test]
-fn busy_halves_the_sa_window_and_answers_grow_it_back() {
-    let mut t = setup(
+/// A window of 8 queries, tries of 1 s, jobs answered within 60 s: the BUSY tests' resolver.
+fn busy_setup() -> T {
+    setup(
         Config {
             sa_window: 8,
             sa_deadline: 1000,
@@ -963,7 +963,12 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
             ..route_config()
         },
         Capacities::default(),
-    );
+    )
+}
+
+#[test]
+fn busy_halves_the_sa_window_and_answers_grow_it_back() {
+    let mut t = busy_setup();
     for lid in 10..30u16 {
         t.request(
             u64::from(lid),
@@ -1008,15 +1013,7 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
 
 #[test]
 fn queries_the_sa_was_too_busy_for_go_again_only_as_the_shrunk_window_allows() {
-    let mut t = setup(
-        Config {
-            sa_window: 8,
-            sa_deadline: 1000,
-            queue_deadline: 60_000,
-            ..route_config()
-        },
-        Capacities::default(),
-    );
+    let mut t = busy_setup();
     for lid in 10..20u16 {
         t.request(
             u64::from(lid),
