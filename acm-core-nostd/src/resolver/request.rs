@@ -257,21 +257,6 @@ pub fn cache_key(cache_ep: u16, normalised: &[u8; 64]) -> Option<PathKey> {
     })
 }
 
-/// The same request asked the other way: the key by DGID of a path asked for by DLID, or by
-/// DLID of one asked for by DGID, read from the SA's answer `record` (same endpoint, same
-/// constraints). `None` if the answer does not name the destination that way (a zero DGID, a
-/// LID that is not unicast). Caching the answer under both keys makes a request by GID after
-/// one by LID (or the reverse) a hit instead of a second SA query for the same destination.
-pub fn other_form(key: &PathKey, record: &[u8; 64]) -> Option<PathKey> {
-    let p = PathRecord::new_unchecked(&record[..]);
-    let dest = match key.dest {
-        Dest::Lid(_) if !p.dgid().is_zero() => Dest::Gid(p.dgid().0),
-        Dest::Gid(_) if (1..0xc000).contains(&p.dlid()) => Dest::Lid(p.dlid()),
-        _ => return None,
-    };
-    Some(PathKey { dest, ..*key })
-}
-
 /// The loopback path of an endpoint (`loopback_prot local`): SGID = DGID = GID0, SLID = DLID =
 /// port LID, reversible, the endpoint's P_Key, the port's MTU and rate without selector bits.
 pub fn loopback_path(port_gid: Gid, lid: u16, pkey: u16, mtu: u8, rate: u8) -> [u8; 64] {

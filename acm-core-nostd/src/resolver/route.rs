@@ -520,11 +520,6 @@ impl<S: Storage> Resolver<S> {
                 if let (Some(k), false) = (key, job.query) {
                     if let Some(mut w) = cache.writer() {
                         w.insert(&k, &rec, now, ttl);
-                        // The answer names the destination both ways: cached under the other
-                        // form too, one SA query serves requests by LID and by GID.
-                        if let Some(other) = request::other_form(&k, &rec) {
-                            w.insert(&other, &rec, now, ttl);
-                        }
                     }
                 }
                 let exp = now.saturating_add(ttl);
