@@ -542,6 +542,14 @@ pub fn advise(ptr: *mut u8, bytes: usize, huge: bool) {
     }
 }
 
+/// This process's resident set size in bytes (`/proc/self/statm`, field 2; 0 if unreadable).
+pub fn rss_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
 /// The memory floor of a buffer (see [`floor`]).
 pub struct Floor {
     /// ns per dependent load: the median of [`per_load`](Self::per_load).

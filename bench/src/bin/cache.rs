@@ -39,8 +39,8 @@ use std::time::Instant;
 
 use acm_bench::plot::{write_percentile_svg, Series};
 use acm_bench::{
-    advise, floor, heap_bytes, parse_counts, progress, Args, BatchTimer, LatencyHistogram, Summary,
-    Table, XorShift,
+    advise, floor, heap_bytes, parse_counts, progress, rss_bytes, Args, BatchTimer,
+    LatencyHistogram, Summary, Table, XorShift,
 };
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
 
@@ -146,14 +146,6 @@ fn boxed_slots_advised(n: usize, huge: bool) -> Box<[PathSlot]> {
     );
     v.extend((0..n).map(|_| PathSlot::new()));
     v.into_boxed_slice()
-}
-
-/// Resident set size in bytes (`/proc/self/statm`, field 2).
-fn rss_bytes() -> usize {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
-        .map_or(0, |pages| pages * 4096)
 }
 
 /// The keys of entry `i`, computed on the fly (a bijective mix of `i` and a per-size salt gives

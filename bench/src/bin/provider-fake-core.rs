@@ -18,7 +18,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{progress, Args, LatencyHistogram, Table, XorShift};
+use acm_bench::{progress, rss_bytes, Args, LatencyHistogram, Table, XorShift};
 use acm_testkit::core::{self as fake, AutoSa, Record};
 use acm_testkit::host::{self, Host, Lib};
 use acm_testkit::request::PathRequest;
@@ -48,9 +48,9 @@ fn wait_answered(n: usize) {
 struct Results {
     size: usize,
     /// Resident memory right after open (the cache storage allocated and zeroed, so already
-    /// resident) and after the fill, KiB.
-    rss_open_kib: u64,
-    rss_filled_kib: u64,
+    /// resident) and after the fill, bytes.
+    rss_open: usize,
+    rss_filled: usize,
     /// Hit samples that were not answered inside `resolve()` (not cache hits after all).
     not_inline: usize,
     hit: LatencyHistogram,
@@ -65,7 +65,7 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
         size.max(1024),
     );
     let mut h = Host::open_with(lib, &opts, &[]);
-    let rss_open_kib = rss_kib();
+    let rss_open = rss_bytes();
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"bench"));
     let ctx = h.addr_ctx(0);
     let resolve = |m: &mut AcmMsg| {
@@ -83,7 +83,7 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
         sent += 1;
     }
     wait_answered(sent);
-    let rss_filled_kib = rss_kib();
+    let rss_filled = rss_bytes();
     // Hits: random cached destinations, each resolve() timed (it answers inline).
     let mut rng = XorShift::new(42);
     let mut hit = LatencyHistogram::new();
@@ -119,25 +119,13 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
     h.close();
     Results {
         size,
-        rss_open_kib,
-        rss_filled_kib,
+        rss_open,
+        rss_filled,
         not_inline,
         hit,
         miss_call,
         miss_answer,
     }
-}
-
-/// This process's resident set (`VmRSS`), KiB.
-fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn main() {
@@ -176,19 +164,19 @@ fn main() {
         "B / cached path above the first size",
         "hit samples not answered inline",
     ]);
-    let mut first: Option<(usize, u64)> = None;
+    let mut first: Option<(usize, usize)> = None;
     for &size in &sizes {
         progress(format_args!(
             "fake core: {size} cached paths, {samples} samples ({poll_mode})"
         ));
         let r = run_size(lib, size, samples, poll_mode);
-        let (n0, rss0) = *first.get_or_insert((r.size, r.rss_filled_kib));
+        let (n0, rss0) = *first.get_or_insert((r.size, r.rss_filled));
         memory.row(vec![
             r.size.to_string(),
-            format!("{:.1}", r.rss_open_kib as f64 / 1024.0),
-            format!("{:.1}", r.rss_filled_kib as f64 / 1024.0),
+            format!("{:.1}", r.rss_open as f64 / (1 << 20) as f64),
+            format!("{:.1}", r.rss_filled as f64 / (1 << 20) as f64),
             if r.size > n0 {
-                let grown = r.rss_filled_kib.saturating_sub(rss0) as f64 * 1024.0;
+                let grown = r.rss_filled.saturating_sub(rss0) as f64;
                 format!("{:.0}", grown / (r.size - n0) as f64)
             } else {
                 "-".to_string()
