@@ -776,9 +776,15 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
     // The key next, and its slots' DRAM miss started, so that it overlaps everything else
     // this request does before the lookup ("the miss starts first").
     let target = classify(&ep.view(), msg);
-    if let Target::Route { key: Some(k), .. } = &target {
-        prefetch(inst.cache.prefetch_hint(k));
-    }
+    // Hashed once: for the prefetch now and the lookup below.
+    let hashed = match &target {
+        Target::Route { key: Some(k), .. } => {
+            let h = inst.cache.hashed(k);
+            prefetch(inst.cache.prefetch_hint(&h));
+            Some(h)
+        }
+        _ => None,
+    };
     ep.count(Writer::Core, Counter::Resolve);
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
@@ -812,8 +818,8 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
             }
             return reply(s, None);
         }
-        Target::Route { key, nodelay, .. } => (
-            key.map_or(Lookup::Miss, |k| inst.cache.lookup(&k, now)),
+        Target::Route { nodelay, .. } => (
+            hashed.map_or(Lookup::Miss, |h| inst.cache.lookup_hashed(&h, now)),
             nodelay,
         ),
         // A local address removed since the dataplane last caught up may still be aliased.

@@ -330,6 +330,15 @@ pub struct CacheStats {
     pub addr_entries: u64,
 }
 
+/// A path key as a [`PathCache`] stores it (without the reversible bit) and its hash under
+/// that cache's seed ([`PathCache::hashed`]); valid only for the cache that made it.
+#[derive(Clone, Copy, Debug)]
+pub struct HashedKey {
+    kw: [u32; PATH_KEY_WORDS],
+    wants_reversible: bool,
+    hash: u64,
+}
+
 /// The path-record and address cache. See the [module docs](self).
 pub struct PathCache<P, A>
 where
@@ -464,19 +473,37 @@ where
     /// [`CacheReader`] per thread for exact counts and no shared counter line).
     #[inline]
     pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
+        self.lookup_hashed(&self.hashed(key), now)
+    }
+
+    /// `key` in the form this cache's path table stores it, hashed with its seed: computed
+    /// once per request, it serves both [`prefetch_hint`](Self::prefetch_hint) and
+    /// [`lookup_hashed`](Self::lookup_hashed).
+    #[inline]
+    pub fn hashed(&self, key: &PathKey) -> HashedKey {
+        let (kw, wants_reversible) = key.cache_words();
+        HashedKey {
+            kw,
+            wants_reversible,
+            hash: self.paths.hash(&kw),
+        }
+    }
+
+    /// [`lookup`](Self::lookup) of a key [`hashed`](Self::hashed) by this cache.
+    #[inline]
+    pub fn lookup_hashed(&self, key: &HashedKey, now: u64) -> Lookup {
         let r = self.lookup_impl::<true>(key, now);
         count(&self.counters.shared, &r);
         r
     }
 
-    /// The memory a [`lookup`](Self::lookup) of `key` reads first (its two preferred slots),
-    /// for a prefetch instruction of the caller's: hashing the key and issuing the prefetch
-    /// at the top of a request lets the DRAM miss overlap the request's other work. Only
-    /// addresses (never dereferenced here); null for an empty cache.
+    /// The memory a lookup of `key` reads first (its two preferred slots), for a prefetch
+    /// instruction of the caller's: hashing the key and issuing the prefetch at the top of a
+    /// request lets the DRAM miss overlap the request's other work. Only addresses (never
+    /// dereferenced here); null for an empty cache.
     #[inline]
-    pub fn prefetch_hint(&self, key: &PathKey) -> [*const u8; 2] {
-        let kw = key.cache_words().0;
-        self.paths.home_addrs(self.paths.hash(&kw))
+    pub fn prefetch_hint(&self, key: &HashedKey) -> [*const u8; 2] {
+        self.paths.home_addrs(key.hash)
     }
 
     /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or
@@ -512,7 +539,7 @@ where
     /// use it otherwise.
     #[doc(hidden)]
     pub fn torn_lookup_for_tests(&self, key: &PathKey, now: u64) -> Lookup {
-        self.lookup_impl::<false>(key, now)
+        self.lookup_impl::<false>(&self.hashed(key), now)
     }
 
     /// Test hook: (group 1, group 2, tag byte) of `key` in the path table.
@@ -534,15 +561,13 @@ where
     }
 
     #[inline(always)]
-    fn lookup_impl<const CHECKED: bool>(&self, key: &PathKey, now: u64) -> Lookup {
-        let (kw, wants_reversible) = key.cache_words();
-        let h = self.paths.hash(&kw);
+    fn lookup_impl<const CHECKED: bool>(&self, key: &HashedKey, now: u64) -> Lookup {
         let mut w = [0u32; PATH_WORDS];
-        match self.paths.read::<CHECKED>(&kw, h, &mut w) {
+        match self.paths.read::<CHECKED>(&key.kw, key.hash, &mut w) {
             // A path without the reversible bit does not answer a request that needs one
             // (PathRecord byte 49 = byte 1 of record word 12).
             Probe::Found(..)
-                if wants_reversible
+                if key.wants_reversible
                     && w[HDR] & 0xff == 0
                     && (w[PATH_REC + 12] >> 8) as u8 & REVERSIBLE == 0 =>
             {
@@ -673,7 +698,7 @@ where
     /// [`PathCache::lookup`], counted in this reader's cell.
     #[inline]
     pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
-        let r = self.cache.lookup_impl::<true>(key, now);
+        let r = self.cache.lookup_impl::<true>(&self.cache.hashed(key), now);
         count(&self.cache.counters.readers[self.cell], &r);
         r
     }
