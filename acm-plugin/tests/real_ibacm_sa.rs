@@ -53,6 +53,19 @@ fn path(f: &Fabric, on: &str, dlid: u16, verify: bool) -> Output {
     f.node(on).unwrap().acme(&args).unwrap()
 }
 
+/// `ib_acme -f l` on `on` to `dlid` succeeds and is answered from `on`'s cache (its route
+/// cache counter grows by one).
+fn assert_cache_hit(f: &Fabric, on: &str, dlid: u16) {
+    let c0 = ep_counters(f, on);
+    assert!(path(f, on, dlid, false).success());
+    let c1 = ep_counters(f, on);
+    assert_eq!(
+        c1[ROUTE_CACHE],
+        c0[ROUTE_CACHE] + 1,
+        "a cache hit: {c0:?} {c1:?}"
+    );
+}
+
 /// `ib_acme -f l` on `on` to `dlid`, retried for up to `within` until the SA verified a path
 /// with that DLID.
 fn verified_until(f: &Fabric, on: &str, dlid: u16, within: Duration) -> Output {
@@ -200,14 +213,7 @@ fn an_unlinked_node_is_dropped_from_the_cache_and_reachable_again_when_relinked(
     for on in ["Hca2", "Hca3"] {
         verified_until(&f, on, l4, w);
     }
-    let c0 = ep_counters(&f, "Hca3");
-    assert!(path(&f, "Hca3", l4, false).success());
-    let c1 = ep_counters(&f, "Hca3");
-    assert_eq!(
-        c1[ROUTE_CACHE],
-        c0[ROUTE_CACHE] + 1,
-        "a cache hit: {c0:?} {c1:?}"
-    );
+    assert_cache_hit(&f, "Hca3", l4);
 
     // Hca4 leaves the fabric. OpenSM sweeps (the switch's trap 128) and reports trap 65.
     f.port_down("Hca4").unwrap();
@@ -286,14 +292,7 @@ fn a_new_sm_drops_what_the_old_one_taught_and_reports_to_us_again() {
     let w = Duration::from_secs(20);
     let l4 = f.port_info("Hca4").unwrap().lid;
     verified_until(&f, "Hca3", l4, w);
-    let c0 = ep_counters(&f, "Hca3");
-    assert!(path(&f, "Hca3", l4, false).success());
-    let c1 = ep_counters(&f, "Hca3");
-    assert_eq!(
-        c1[ROUTE_CACHE],
-        c0[ROUTE_CACHE] + 1,
-        "cached: {c0:?} {c1:?}"
-    );
+    assert_cache_hit(&f, "Hca3", l4);
 
     // The SM moves to Hca2 (same LIDs): a new SM with none of the old one's subscriptions.
     let sm_before = f.port_info("Hca3").unwrap().sm_lid;
