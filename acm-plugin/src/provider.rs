@@ -702,7 +702,6 @@ fn answer_with(
     out: &mut AcmMsg,
 ) {
     respond(msg, via, status, path, out.as_bytes_mut());
-    ctx.ep.count_status(Writer::Core, status);
     // The span ends here; it is recorded once the client has its answer.
     let end = hit_start.map(|_| ctx.inst.clock.now());
     let f = match via {
@@ -714,6 +713,9 @@ fn answer_with(
     // Only now: a panic before this point (building the answer) leaves the request
     // unanswered, and the caller's guard answers it EINVAL; after it, never a second answer.
     *answered = true;
+    // Counted after the hand-off, off the client's critical path (nothing reads the counters
+    // inside this call).
+    ctx.ep.count_status(Writer::Core, status);
     if let (Some(t0), Some(t1)) = (hit_start, end) {
         let n = u64::from(ctx.inst.opts.acmrs_hit_sample);
         ctx.ep.stats.hit.record_n(ctx.inst.clock.ns(t0, t1), n);
@@ -764,6 +766,14 @@ fn prefetch(hint: [*const u8; 2]) {
 }
 
 fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
+    let r = resolve_answer(ctx, msg, id, answered);
+    // Counted once the request is answered or handed over, off the client's critical path.
+    ctx.ep.count(Writer::Core, Counter::Resolve);
+    r
+}
+
+#[inline(always)]
+fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
     let ep = &ctx.ep;
     let inst = &ctx.inst;
     // Latency start (docs/stats.md): one TSC read, for one request in `acmrs_hit_sample` (a
@@ -785,7 +795,6 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
         }
         _ => None,
     };
-    ep.count(Writer::Core, Counter::Resolve);
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
         answer_inline_timed(
@@ -836,8 +845,9 @@ fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_in
             needs_refresh,
             ..
         } => {
-            ep.count_global(Writer::Core, inst.api, Counter::RouteCache);
             let r = reply(0, Some(&record));
+            // After the hand-off: the core's counter is a locked add.
+            ep.count_global(Writer::Core, inst.api, Counter::RouteCache);
             if needs_refresh {
                 // Near expiry: the dataplane re-resolves in the background (a full queue only
                 // loses the refresh; the entry then expires and is resolved as a miss).
