@@ -14,13 +14,15 @@ use crate::ffi::*;
 use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo, Writer};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, Lookup, PathCache};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, HashedKey, Lookup, PathCache};
 use acm_core_nostd::resolver::request::{classify, respond, Target};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, HeapStorage, Kind, Resolver, Via, MSG_LEN,
 };
 use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
-use acm_core_nostd::wire::client::Status;
+use acm_core_nostd::wire::client::{
+    build_resolve_frame, set_response_path, AcmMsg as ClientMsg, Status,
+};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
 use acm_dataplane::export::{ExportConfig, Exporter};
@@ -702,6 +704,21 @@ fn answer_with(
     out: &mut AcmMsg,
 ) {
     respond(msg, via, status, path, out.as_bytes_mut());
+    deliver(ctx, via, id, status, hit_start, answered, out)
+}
+
+/// Hands the answer built in `out` to the core; with `hit_start`, records the hit's latency
+/// up to the hand-off.
+#[inline(always)]
+fn deliver(
+    ctx: &AddrCtx,
+    via: Via,
+    id: u64,
+    status: u8,
+    hit_start: Option<u64>,
+    answered: &mut bool,
+    out: &mut AcmMsg,
+) {
     // The span ends here; it is recorded once the client has its answer.
     let end = hit_start.map(|_| ctx.inst.clock.now());
     let f = match via {
@@ -720,6 +737,52 @@ fn answer_with(
         let n = u64::from(ctx.inst.opts.acmrs_hit_sample);
         ctx.ep.stats.hit.record_n(ctx.inst.clock.ns(t0, t1), n);
     }
+}
+
+/// The cache hit path of a route request whose slots' load was just started (`key`'s
+/// prefetch): the answer's frame is built in this thread's buffer while the load is in
+/// flight, then the lookup; a hit gets its path written into the frame and is answered.
+/// `Err` with the lookup result for everything else (a miss, a negative entry, a closed
+/// endpoint), which the caller answers.
+#[inline(always)]
+fn answer_hit(
+    ctx: &AddrCtx,
+    msg: &[u8],
+    id: u64,
+    key: &HashedKey,
+    hit_start: Option<u64>,
+    answered: &mut bool,
+) -> Result<c_int, Lookup> {
+    let (ep, inst) = (&ctx.ep, &ctx.inst);
+    let hit = OUT.with(|cell| {
+        let Ok(mut out) = cell.try_borrow_mut() else {
+            return Err(Lookup::Miss);
+        };
+        let frame = build_resolve_frame(&ClientMsg::new_unchecked(msg), out.as_bytes_mut());
+        if frame.is_err() || ep.closed.load(Ordering::Acquire) {
+            return Err(Lookup::Miss);
+        }
+        match inst.cache.lookup_hashed(key, inst.now_ms()) {
+            Lookup::Hit {
+                record,
+                needs_refresh,
+                ..
+            } => {
+                set_response_path(out.as_bytes_mut(), &record);
+                deliver(ctx, Via::Resolve, id, 0, hit_start, answered, &mut out);
+                Ok(needs_refresh)
+            }
+            other => Err(other),
+        }
+    })?;
+    // After the hand-off: the core's counter is a locked add.
+    ep.count_global(Writer::Core, inst.api, Counter::RouteCache);
+    if hit {
+        // Near expiry: the dataplane re-resolves in the background (a full queue only loses
+        // the refresh; the entry then expires and is resolved as a miss).
+        let _ = hand_over(ctx, 0, Kind::Refresh, msg);
+    }
+    Ok(0)
 }
 
 /// Hands a request to the dataplane; false (counted, logged) if the queue is full.
@@ -786,12 +849,15 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     // The key next, and its slots' DRAM miss started, so that it overlaps everything else
     // this request does before the lookup ("the miss starts first").
     let target = classify(&ep.view(), msg);
-    // Hashed once: for the prefetch now and the lookup below.
-    let hashed = match &target {
+    // Hashed once, for the prefetch and the lookup; a hit is answered from here.
+    let hit = match &target {
         Target::Route { key: Some(k), .. } => {
             let h = inst.cache.hashed(k);
             prefetch(inst.cache.prefetch_hint(&h));
-            Some(h)
+            match answer_hit(ctx, msg, id, &h, t0, answered) {
+                Ok(r) => return r,
+                Err(other) => Some(other),
+            }
         }
         _ => None,
     };
@@ -827,10 +893,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             }
             return reply(s, None);
         }
-        Target::Route { nodelay, .. } => (
-            hashed.map_or(Lookup::Miss, |h| inst.cache.lookup_hashed(&h, now)),
-            nodelay,
-        ),
+        Target::Route { nodelay, .. } => (hit.unwrap_or(Lookup::Miss), nodelay),
         // A local address removed since the dataplane last caught up may still be aliased.
         Target::Address { nodelay, .. }
             if ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied() =>
@@ -845,12 +908,10 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             needs_refresh,
             ..
         } => {
+            // An address hit (a route hit was answered above).
             let r = reply(0, Some(&record));
-            // After the hand-off: the core's counter is a locked add.
             ep.count_global(Writer::Core, inst.api, Counter::RouteCache);
             if needs_refresh {
-                // Near expiry: the dataplane re-resolves in the background (a full queue only
-                // loses the refresh; the entry then expires and is resolved as a miss).
                 let _ = hand_over(ctx, 0, Kind::Refresh, msg);
             }
             return r;

@@ -619,11 +619,23 @@ impl AcmMsgRepr {
 /// them, copied as they are: a cached record goes out without a parse and re-emit); entry 1 =
 /// a verbatim copy of the source entry if the request had `src_out` set;
 /// `length = 16 + 72·n`. Returns the length.
+///
+/// It is [`build_resolve_frame`] and then [`set_response_path`]: a caller that learns `path`
+/// later (a cache lookup whose memory load is in flight) builds the frame first.
 pub fn build_resolve_response<R: AsRef<[u8]>>(
     request: &AcmMsg<R>,
     path: &[u8; PATH_RECORD_LEN],
     out: &mut [u8],
 ) -> Result<usize> {
+    let len = build_resolve_frame(request, out)?;
+    set_response_path(out, path);
+    Ok(len)
+}
+
+/// Everything of [`build_resolve_response`] except the 64 path bytes of entry 0 (header,
+/// entry 0's flags, type and reserved word, the echoed source entry); the path bytes are
+/// left as they were until [`set_response_path`] writes them. Returns the length.
+pub fn build_resolve_frame<R: AsRef<[u8]>>(request: &AcmMsg<R>, out: &mut [u8]) -> Result<usize> {
     let layout = request.check_resolve()?;
     let source = match layout.source {
         Some(i) => Some(request.entry(i).ok_or(Error::Truncated)?),
@@ -640,18 +652,26 @@ pub fn build_resolve_response<R: AsRef<[u8]>>(
     m.set_src_index(0);
     m.set_dst_index(0);
     m.set_length(len as u16);
-    let entry = EpAddrDataRepr {
-        flags: RESPONSE_PATH_FLAGS,
-        info_type: EpInfoType::Path,
-        info: *path,
-    };
-    entry.emit(&mut m.entry_mut(0).ok_or(Error::Truncated)?);
+    let mut e = m.entry_mut(0).ok_or(Error::Truncated)?;
+    e.set_flags(RESPONSE_PATH_FLAGS);
+    e.set_info_type(EpInfoType::Path);
+    e.set_reserved(0);
     if let Some(src) = source {
         let dst = m.entry_mut(1).ok_or(Error::Truncated)?;
         dst.into_inner()
             .copy_from_slice(&src.into_inner()[..EP_LEN]);
     }
     Ok(len)
+}
+
+/// Writes `path` into entry 0 of a frame [`build_resolve_frame`] built in `out` (a no-op on a
+/// buffer too short to hold entry 0, which the frame builder has already refused).
+#[inline]
+pub fn set_response_path(out: &mut [u8], path: &[u8; PATH_RECORD_LEN]) {
+    let at = HDR_LEN + efield::INFO.start;
+    if let Some(d) = out.get_mut(at..at + PATH_RECORD_LEN) {
+        d.copy_from_slice(path);
+    }
 }
 
 /// Builds an error response: the request header with `status`, `data[0..3] = 0`, the same
