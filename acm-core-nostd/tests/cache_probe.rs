@@ -145,7 +145,7 @@ fn the_prefetch_hint_is_the_keys_preferred_slots() {
     for i in 0..1000 {
         let k = key(i);
         let (g1, g2, _) = c.window_for_tests(&k);
-        let hint = c.prefetch_hint(&c.hashed(&k));
+        let hint = c.prefetch_hint(&c.hashed(&k.packed()));
         for (h, g) in hint.iter().zip([g1, g2]) {
             let off = *h as usize - base;
             assert!(off < len * size && off % size == 0, "{off}");

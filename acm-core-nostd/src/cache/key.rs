@@ -152,11 +152,11 @@ impl PathKey {
         let mut w = [0u32; PATH_KEY_WORDS];
         match self.dest {
             Dest::Lid(lid) => {
-                w[0] = ((self.ep as u32) << 16) | 1;
+                w[0] = ((self.ep as u32) << 16) | DEST_LID;
                 w[1] = lid as u32;
             }
             Dest::Gid(gid) => {
-                w[0] = ((self.ep as u32) << 16) | 2;
+                w[0] = ((self.ep as u32) << 16) | DEST_GID;
                 for (i, c) in gid.chunks_exact(4).enumerate() {
                     w[1 + i] = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
                 }
@@ -168,19 +168,17 @@ impl PathKey {
 }
 
 impl PathKey {
-    /// The key as the path cache stores it, and whether the request needs a reversible path.
-    /// The reversible bit is not part of a cache key: a reversible path also answers a request
-    /// that does not ask for one, so one entry serves a destination with and without the bit
-    /// (a preloaded route is two entries, by DLID and by DGID, not four). A lookup that wants
-    /// a reversible path and finds a record without the bit is a miss. The pending table keeps
-    /// the full key ([`to_words`](Self::to_words)), so such requests are queried apart.
+    /// The key packed ([`to_words`](Self::to_words)).
+    #[inline]
+    pub fn packed(&self) -> PackedPathKey {
+        PackedPathKey(self.to_words())
+    }
+
+    /// The key as the path cache stores it, and whether the request needs a reversible path
+    /// (see [`PackedPathKey::cache_words`]).
     #[inline]
     pub fn cache_words(&self) -> ([u32; PATH_KEY_WORDS], bool) {
-        let c = &self.constraints;
-        if c.mask & constraint::REVERSIBLE_NUMPATH == 0 || c.reversible_numpath & REVERSIBLE == 0 {
-            return (self.to_words(), false);
-        }
-        (self.without_reversible().to_words(), true)
+        self.packed().cache_words()
     }
 
     /// The same key without the reversible bit: the one cache entry it shares with `self`,
@@ -193,6 +191,80 @@ impl PathKey {
             k.constraints.mask &= !constraint::REVERSIBLE_NUMPATH;
         }
         k
+    }
+}
+
+/// A [`PathKey`] packed into the words the caches compare and hash
+/// ([`PathKey::to_words`]): what request classification derives straight from a PathRecord,
+/// so a cache hit never builds the unpacked key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PackedPathKey(pub(crate) [u32; PATH_KEY_WORDS]);
+
+/// Word 0 of a packed key: `ep << 16 | DEST_LID` or `DEST_GID`.
+pub(crate) const DEST_LID: u32 = 1;
+pub(crate) const DEST_GID: u32 = 2;
+/// Where the reversible bit and the constraint mask sit in word 9 of a packed key.
+const W9_REVERSIBLE: u32 = (REVERSIBLE as u32) << 8;
+const W9_MASK_SHIFT: u32 = 16;
+
+impl PackedPathKey {
+    /// The packed words.
+    pub fn words(&self) -> &[u32; PATH_KEY_WORDS] {
+        &self.0
+    }
+
+    /// The key unpacked: `k.packed().key() == k` for every key whose unspecified constraint
+    /// fields are 0 (as [`cache_key`](crate::resolver::request::cache_key) makes them).
+    pub fn key(&self) -> PathKey {
+        let w = &self.0;
+        let ep = (w[0] >> 16) as u16;
+        let dest = if w[0] & 0xffff == DEST_LID {
+            Dest::Lid(w[1] as u16)
+        } else {
+            let mut g = [0u8; 16];
+            for (c, x) in g.chunks_exact_mut(4).zip(&w[1..5]) {
+                c.copy_from_slice(&x.to_be_bytes());
+            }
+            Dest::Gid(g)
+        };
+        let constraints = Constraints {
+            mask: (w[9] >> W9_MASK_SHIFT) as u16,
+            service_id: u64::from(w[5]) | (u64::from(w[6]) << 32),
+            pkey: w[7] as u16,
+            qos_class: (w[7] >> 16) as u16,
+            tclass: w[8] as u8,
+            sl: (w[8] >> 8) as u8,
+            mtu: (w[8] >> 16) as u8,
+            rate: (w[8] >> 24) as u8,
+            packet_life: w[9] as u8,
+            reversible_numpath: (w[9] >> 8) as u8,
+        };
+        PathKey {
+            ep,
+            dest,
+            constraints,
+        }
+    }
+
+    /// The key as the path cache stores it, and whether the request needs a reversible path.
+    /// The reversible bit is not part of a cache key: a reversible path also answers a request
+    /// that does not ask for one, so one entry serves a destination with and without the bit
+    /// (a preloaded route is two entries, by DLID and by DGID, not four). A lookup that wants
+    /// a reversible path and finds a record without the bit is a miss. The pending table keeps
+    /// the full key, so such requests are queried apart. (The words of
+    /// [`PathKey::without_reversible`].)
+    #[inline]
+    pub fn cache_words(&self) -> ([u32; PATH_KEY_WORDS], bool) {
+        let mut w = self.0;
+        let rev_set = u32::from(constraint::REVERSIBLE_NUMPATH) << W9_MASK_SHIFT;
+        if w[9] & rev_set == 0 || w[9] & W9_REVERSIBLE == 0 {
+            return (w, false);
+        }
+        w[9] &= !W9_REVERSIBLE;
+        if w[9] & (0xff << 8) == 0 {
+            w[9] &= !rev_set;
+        }
+        (w, true)
     }
 }
 
@@ -350,6 +422,56 @@ mod tests {
         ];
         for (i, v) in variants.iter().enumerate() {
             assert_ne!(v.to_words(), all.to_words(), "field {i}");
+        }
+    }
+
+    #[test]
+    fn packed_keys_unpack_and_fold_the_reversible_bit_as_the_unpacked_do() {
+        let mut gid = [0u8; 16];
+        gid[0] = 0xfe;
+        gid[15] = 9;
+        let mut x = 0x1234_5678_9abc_def1u64;
+        for i in 0..2000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let b = x.to_le_bytes();
+            let mask = (x >> 40) as u16 & 0x1ff;
+            let on = |bit: u16, v: u8| if mask & bit != 0 { v } else { 0 };
+            // Canonical: an unspecified field is 0, as cache_key makes it.
+            let c = Constraints {
+                mask,
+                service_id: if mask & constraint::SERVICE_ID != 0 {
+                    x
+                } else {
+                    0
+                },
+                pkey: u16::from(on(constraint::PKEY, b[0])) << 8,
+                qos_class: u16::from(on(constraint::QOS_CLASS, b[1])),
+                tclass: on(constraint::TCLASS, b[2]),
+                sl: on(constraint::SL, b[3] & 0xf),
+                mtu: on(constraint::MTU, b[4]),
+                rate: on(constraint::RATE, b[5]),
+                packet_life: on(constraint::PACKET_LIFE, b[6]),
+                reversible_numpath: on(constraint::REVERSIBLE_NUMPATH, b[7] & 0x81),
+            };
+            let dest = if i % 2 == 0 {
+                Dest::Lid(b[1] as u16 | 1)
+            } else {
+                Dest::Gid(gid)
+            };
+            let k = PathKey {
+                ep: i as u16,
+                dest,
+                constraints: c,
+            };
+            assert_eq!(k.packed().key(), k, "{k:?}");
+            let (w, wants) = k.packed().cache_words();
+            let rev =
+                mask & constraint::REVERSIBLE_NUMPATH != 0 && c.reversible_numpath & 0x80 != 0;
+            assert_eq!(wants, rev, "{k:?}");
+            let stored = if rev { k.without_reversible() } else { k };
+            assert_eq!(w, stored.to_words(), "{k:?}");
         }
     }
 

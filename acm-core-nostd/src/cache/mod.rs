@@ -83,7 +83,7 @@
 //! ```
 
 pub mod hash;
-mod key;
+pub(crate) mod key;
 pub mod pending;
 mod table;
 
@@ -93,8 +93,8 @@ use core::ops::Deref;
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
-    constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PathKey, ADDR_KEY_WORDS,
-    MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
+    constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PackedPathKey, PathKey,
+    ADDR_KEY_WORDS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
 };
 pub use pending::{Begin, PendingTable};
 pub use table::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
@@ -473,14 +473,14 @@ where
     /// [`CacheReader`] per thread for exact counts and no shared counter line).
     #[inline]
     pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
-        self.lookup_hashed(&self.hashed(key), now)
+        self.lookup_hashed(&self.hashed(&key.packed()), now)
     }
 
     /// `key` in the form this cache's path table stores it, hashed with its seed: computed
     /// once per request, it serves both [`prefetch_hint`](Self::prefetch_hint) and
     /// [`lookup_hashed`](Self::lookup_hashed).
     #[inline]
-    pub fn hashed(&self, key: &PathKey) -> HashedKey {
+    pub fn hashed(&self, key: &PackedPathKey) -> HashedKey {
         let (kw, wants_reversible) = key.cache_words();
         HashedKey {
             kw,
@@ -539,7 +539,7 @@ where
     /// use it otherwise.
     #[doc(hidden)]
     pub fn torn_lookup_for_tests(&self, key: &PathKey, now: u64) -> Lookup {
-        self.lookup_impl::<false>(&self.hashed(key), now)
+        self.lookup_impl::<false>(&self.hashed(&key.packed()), now)
     }
 
     /// Test hook: (group 1, group 2, tag byte) of `key` in the path table.
@@ -698,7 +698,9 @@ where
     /// [`PathCache::lookup`], counted in this reader's cell.
     #[inline]
     pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
-        let r = self.cache.lookup_impl::<true>(&self.cache.hashed(key), now);
+        let r = self
+            .cache
+            .lookup_impl::<true>(&self.cache.hashed(&key.packed()), now);
         count(&self.cache.counters.readers[self.cell], &r);
         r
     }

@@ -978,7 +978,7 @@ impl<S: Storage> Resolver<S> {
                     self.answer_now(&r, s, None);
                 }
                 request::Target::Route { key, sa, nodelay } => {
-                    self.route_request(now, cache, slot, &r, key, &sa, nodelay)
+                    self.route_request(now, cache, slot, &r, key.map(|k| k.key()), &sa, nodelay)
                 }
                 request::Target::Address { key, nodelay } => {
                     self.addr_request(now, cache, slot, &r, &key, nodelay)

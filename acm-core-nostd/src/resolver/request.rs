@@ -12,7 +12,8 @@
 //!   and cache on: destination (DLID, else DGID) plus every constraint the client set.
 //! * [`respond`] builds the answer with `wire::client`, and never panics on any input.
 
-use crate::cache::{constraint, AddrKey, AddrKind, Constraints, Dest, PathKey};
+use crate::cache::key::{DEST_GID, DEST_LID};
+use crate::cache::{constraint, AddrKey, AddrKind, PackedPathKey, PathKey, PATH_KEY_WORDS};
 use crate::wire::client::{
     build_error_response, build_query_response, build_resolve_response, AcmMsg, EpInfoType, Status,
     FLAGS_NODELAY, HDR_LEN, OP_ACK,
@@ -51,8 +52,8 @@ pub enum Target {
     /// A route: look `key` up in the path cache (`None`: the request sets something a cache
     /// key cannot hold, so it always goes to the SA), else send `sa` to the SA.
     Route {
-        /// Cache key, if the request is cacheable.
-        key: Option<PathKey>,
+        /// Cache key, packed, if the request is cacheable.
+        key: Option<PackedPathKey>,
         /// The PathRecord to query the SA with.
         sa: [u8; 64],
         /// `ACM_FLAGS_NODELAY`: answer from the cache only (a miss answers ENODATA and primes).
@@ -144,44 +145,147 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
     }
 }
 
-/// The route target in one pass over one copy of the record: [`normalise`] in place, the key
-/// read from it ([`cache_key`]), then the SA fields put back — the same key and SA record as
-/// `normalise` + `cache_key`, without their two extra 64-byte copies.
+/// The route target in one pass: the record read once as 8 words, normalised, keyed and
+/// turned into the SA record in registers ([`Words`]).
 #[inline]
 fn route(ep: &EpView, record: &[u8; 64], nodelay: bool) -> Target {
-    let mut sa = *record;
-    normalise_in_place(ep, &mut sa);
-    let key = cache_key(ep.cache_ep, &sa);
-    query_fields_in_place(ep, &mut sa);
-    Target::Route { key, sa, nodelay }
+    let n = Words::of(record).normalised(ep);
+    Target::Route {
+        key: n.key(ep.cache_ep),
+        sa: n.with_query_fields(ep).bytes(),
+        nodelay,
+    }
 }
 
-#[inline]
-fn normalise_in_place(ep: &EpView, k: &mut [u8; 64]) {
-    let mut p = PathRecord::new_unchecked(&mut k[..]);
-    if ep.lid != 0 && p.slid() == ep.lid {
-        p.set_slid(0);
-    }
-    if p.sgid() == ep.port_gid {
-        p.set_sgid(Gid::ZERO);
-    }
-    if p.pkey() & 0x7fff == ep.pkey & 0x7fff {
-        p.set_pkey(0);
-    }
-    let reversible = p.reversible();
-    p.set_reversible_numpath(reversible, 0);
-    p.set_preference(0);
-    p.clear_reserved();
-}
+/// A PathRecord as 8 big-endian 64-bit words (bytes `8i..8i + 8` are word `i`), so that
+/// normalising and keying it are a few register operations, not dozens of byte accesses
+/// (and no narrow store is read back wide). Layout in `wire::path_record`:
+///
+/// ```text
+/// 0 ServiceID   1-2 DGID   3-4 SGID   5 DLID:16 SLID:16 flow/hop:32
+/// 6 TClass:8 Reversible/NumbPath:8 P_Key:16 QoS/SL:16 MTU:8 Rate:8
+/// 7 PacketLife:8 Preference:8 reserved:48
+/// ```
+#[derive(Clone, Copy)]
+struct Words([u64; 8]);
 
-#[inline]
-fn query_fields_in_place(ep: &EpView, q: &mut [u8; 64]) {
-    let mut p = PathRecord::new_unchecked(&mut q[..]);
-    if p.sgid().is_zero() && p.slid() == 0 {
-        p.set_sgid(ep.port_gid);
+impl Words {
+    #[inline(always)]
+    fn of(r: &[u8; 64]) -> Self {
+        let mut w = [0u64; 8];
+        for (o, c) in w.iter_mut().zip(r.chunks_exact(8)) {
+            *o = u64::from_be_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+        }
+        Words(w)
     }
-    if p.pkey() == 0 {
-        p.set_pkey(ep.pkey);
+
+    #[inline(always)]
+    fn bytes(&self) -> [u8; 64] {
+        let mut r = [0u8; 64];
+        for (c, w) in r.chunks_exact_mut(8).zip(self.0) {
+            c.copy_from_slice(&w.to_be_bytes());
+        }
+        r
+    }
+
+    #[inline(always)]
+    fn gid_pair(g: Gid) -> (u64, u64) {
+        let b = g.0;
+        (
+            u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            u64::from_be_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
+        )
+    }
+
+    /// Clears what names this endpoint itself (SLID = port LID, SGID = GID0, P_Key = the
+    /// endpoint's partition, membership bit aside) and NumbPath, Preference and reserved.
+    #[inline(always)]
+    fn normalised(mut self, ep: &EpView) -> Self {
+        let w = &mut self.0;
+        let slid = (w[5] >> 32) as u16;
+        if ep.lid != 0 && slid == ep.lid {
+            w[5] &= !(0xffff << 32);
+        }
+        if (w[3], w[4]) == Self::gid_pair(ep.port_gid) {
+            (w[3], w[4]) = (0, 0);
+        }
+        let pkey = (w[6] >> 32) as u16;
+        if pkey & 0x7fff == ep.pkey & 0x7fff {
+            w[6] &= !(0xffff << 32);
+        }
+        // NumbPath (bits 6..0 of byte 49); Preference and reserved (bytes 57..63).
+        w[6] &= !(0x7f << 48);
+        w[7] &= 0xff << 56;
+        self
+    }
+
+    /// The SA query record of a normalised record: the endpoint's SGID when no source is
+    /// given, its P_Key when none is.
+    #[inline(always)]
+    fn with_query_fields(mut self, ep: &EpView) -> Self {
+        let w = &mut self.0;
+        if w[3] | w[4] == 0 && (w[5] >> 32) as u16 == 0 {
+            (w[3], w[4]) = Self::gid_pair(ep.port_gid);
+        }
+        if (w[6] >> 32) as u16 == 0 {
+            w[6] |= u64::from(ep.pkey) << 32;
+        }
+        self
+    }
+
+    /// The packed cache key of a normalised record ([`cache_key`]).
+    #[inline(always)]
+    fn key(&self, cache_ep: u16) -> Option<PackedPathKey> {
+        let w = &self.0;
+        let (dlid, slid, flow_hop) = ((w[5] >> 48) as u16, (w[5] >> 32) as u16, w[5] as u32);
+        let no_dgid = w[1] | w[2] == 0;
+        // A foreign source, flow label or hop limit: not cacheable (Preference is 0 here).
+        if slid != 0 || w[3] | w[4] != 0 || flow_hop != 0 {
+            return None;
+        }
+        let mut k = [0u32; PATH_KEY_WORDS];
+        let ep = u32::from(cache_ep) << 16;
+        match (dlid, no_dgid) {
+            (0, false) => {
+                k[0] = ep | DEST_GID;
+                k[1..5].copy_from_slice(&[
+                    (w[1] >> 32) as u32,
+                    w[1] as u32,
+                    (w[2] >> 32) as u32,
+                    w[2] as u32,
+                ]);
+            }
+            (l, true) if l != 0 => {
+                k[0] = ep | DEST_LID;
+                k[1] = u32::from(l);
+            }
+            _ => return None,
+        }
+        let sid = w[0];
+        let (tclass, rev_numpath) = ((w[6] >> 56) as u8, (w[6] >> 48) as u8);
+        let (pkey, qos_sl) = ((w[6] >> 32) as u16, (w[6] >> 16) as u16);
+        let (qos_class, sl) = (qos_sl >> 4, (qos_sl & 0xf) as u8);
+        let (mtu, rate, packet_life) = ((w[6] >> 8) as u8, w[6] as u8, (w[7] >> 56) as u8);
+        // A field is a constraint exactly when the client set it (non-zero).
+        let bit = |set: bool, b: u16| if set { b } else { 0 };
+        let mask = bit(sid != 0, constraint::SERVICE_ID)
+            | bit(pkey != 0, constraint::PKEY)
+            | bit(qos_class != 0, constraint::QOS_CLASS)
+            | bit(tclass != 0, constraint::TCLASS)
+            | bit(sl != 0, constraint::SL)
+            | bit(mtu != 0, constraint::MTU)
+            | bit(rate != 0, constraint::RATE)
+            | bit(packet_life != 0, constraint::PACKET_LIFE)
+            | bit(rev_numpath != 0, constraint::REVERSIBLE_NUMPATH);
+        k[5] = sid as u32;
+        k[6] = (sid >> 32) as u32;
+        k[7] = u32::from(pkey) | (u32::from(qos_class) << 16);
+        k[8] = u32::from(tclass)
+            | (u32::from(sl) << 8)
+            | (u32::from(mtu) << 16)
+            | (u32::from(rate) << 24);
+        k[9] = u32::from(packet_life) | (u32::from(rev_numpath) << 8) | (u32::from(mask) << 16);
+        Some(PackedPathKey(k))
     }
 }
 
@@ -202,11 +306,8 @@ pub fn gid_record(gid: Gid, tclass: u8) -> [u8; 64] {
 /// client set stays, so requests with other constraints never share a cached path. The SA
 /// record puts the endpoint's SGID (when no source is given) and P_Key back.
 pub fn normalise(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
-    let mut k = *record;
-    normalise_in_place(ep, &mut k);
-    let mut q = k;
-    query_fields_in_place(ep, &mut q);
-    (k, q)
+    let n = Words::of(record).normalised(ep);
+    (n.bytes(), n.with_query_fields(ep).bytes())
 }
 
 /// The cache key of a normalised record: destination (DLID, else DGID) plus every constraint
@@ -215,46 +316,12 @@ pub fn normalise(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
 /// the SA.
 #[inline]
 pub fn cache_key(cache_ep: u16, normalised: &[u8; 64]) -> Option<PathKey> {
-    let p = PathRecord::new_unchecked(&normalised[..]);
-    let dest = match (p.dlid(), p.dgid()) {
-        (0, g) if g.is_zero() => return None,
-        (0, g) => Dest::Gid(g.0),
-        (l, g) if g.is_zero() => Dest::Lid(l),
-        _ => return None,
-    };
-    if p.slid() != 0 || !p.sgid().is_zero() || p.flowlabel_hoplimit() != 0 || p.preference() != 0 {
+    let w = Words::of(normalised);
+    // Preference is cleared by normalisation; a record that still has one is not a key.
+    if (w.0[7] >> 48) as u8 != 0 {
         return None;
     }
-    let mut c = Constraints::ANY;
-    c.service_id = p.service_id();
-    c.pkey = p.pkey();
-    c.qos_class = p.qos_class();
-    c.sl = p.sl();
-    c.tclass = p.tclass();
-    c.mtu = p.mtu_byte();
-    c.rate = p.rate_byte();
-    c.packet_life = p.packet_life_byte();
-    c.reversible_numpath = p.reversible_numpath();
-    for (set, bit) in [
-        (c.service_id != 0, constraint::SERVICE_ID),
-        (c.pkey != 0, constraint::PKEY),
-        (c.qos_class != 0, constraint::QOS_CLASS),
-        (c.tclass != 0, constraint::TCLASS),
-        (c.sl != 0, constraint::SL),
-        (c.mtu != 0, constraint::MTU),
-        (c.rate != 0, constraint::RATE),
-        (c.packet_life != 0, constraint::PACKET_LIFE),
-        (c.reversible_numpath != 0, constraint::REVERSIBLE_NUMPATH),
-    ] {
-        if set {
-            c.mask |= bit;
-        }
-    }
-    Some(PathKey {
-        ep: cache_ep,
-        dest,
-        constraints: c,
-    })
+    w.key(cache_ep).map(|k| k.key())
 }
 
 /// The loopback path of an endpoint (`loopback_prot local`): SGID = DGID = GID0, SLID = DLID =
@@ -327,6 +394,7 @@ pub fn respond(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::Dest;
     use crate::wire::client::{EP_FLAG_DEST, EP_FLAG_SOURCE, EP_LEN};
 
     fn view() -> EpView {
@@ -371,13 +439,160 @@ mod tests {
         a
     }
 
+    /// The normalisation and key rules field by field, with the record accessors: the
+    /// specification the word-level [`Words`] code must match.
+    fn reference(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64], Option<PathKey>) {
+        use crate::cache::{constraint, Constraints};
+        let mut k = *record;
+        let mut p = PathRecord::new_unchecked(&mut k[..]);
+        if ep.lid != 0 && p.slid() == ep.lid {
+            p.set_slid(0);
+        }
+        if p.sgid() == ep.port_gid {
+            p.set_sgid(Gid::ZERO);
+        }
+        if p.pkey() & 0x7fff == ep.pkey & 0x7fff {
+            p.set_pkey(0);
+        }
+        let reversible = p.reversible();
+        p.set_reversible_numpath(reversible, 0);
+        p.set_preference(0);
+        p.clear_reserved();
+        let mut q = k;
+        let mut p = PathRecord::new_unchecked(&mut q[..]);
+        if p.sgid().is_zero() && p.slid() == 0 {
+            p.set_sgid(ep.port_gid);
+        }
+        if p.pkey() == 0 {
+            p.set_pkey(ep.pkey);
+        }
+        let p = PathRecord::new_unchecked(&k[..]);
+        let dest = match (p.dlid(), p.dgid()) {
+            (0, g) if g.is_zero() => None,
+            (0, g) => Some(Dest::Gid(g.0)),
+            (l, g) if g.is_zero() => Some(Dest::Lid(l)),
+            _ => None,
+        };
+        let foreign = p.slid() != 0 || !p.sgid().is_zero() || p.flowlabel_hoplimit() != 0;
+        let key = dest.filter(|_| !foreign).map(|dest| {
+            let mut c = Constraints {
+                mask: 0,
+                service_id: p.service_id(),
+                pkey: p.pkey(),
+                qos_class: p.qos_class(),
+                tclass: p.tclass(),
+                sl: p.sl(),
+                mtu: p.mtu_byte(),
+                rate: p.rate_byte(),
+                packet_life: p.packet_life_byte(),
+                reversible_numpath: p.reversible_numpath(),
+            };
+            for (set, bit) in [
+                (c.service_id != 0, constraint::SERVICE_ID),
+                (c.pkey != 0, constraint::PKEY),
+                (c.qos_class != 0, constraint::QOS_CLASS),
+                (c.tclass != 0, constraint::TCLASS),
+                (c.sl != 0, constraint::SL),
+                (c.mtu != 0, constraint::MTU),
+                (c.rate != 0, constraint::RATE),
+                (c.packet_life != 0, constraint::PACKET_LIFE),
+                (c.reversible_numpath != 0, constraint::REVERSIBLE_NUMPATH),
+            ] {
+                if set {
+                    c.mask |= bit;
+                }
+            }
+            PathKey {
+                ep: ep.cache_ep,
+                dest,
+                constraints: c,
+            }
+        });
+        (k, q, key)
+    }
+
+    #[test]
+    fn records_are_normalised_and_keyed_as_the_field_rules_say() {
+        let v = view();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..20_000 {
+            let mut r = [0u8; 64];
+            for c in r.chunks_exact_mut(8) {
+                c.copy_from_slice(&next().to_le_bytes());
+            }
+            // Mostly-zero records with some fields set, so that every branch is taken: each
+            // field is kept, zeroed or set to this endpoint's own value.
+            let sel = next();
+            let mut p = PathRecord::new_unchecked(&mut r[..]);
+            let pick = |n: u32| (sel >> (2 * n)) & 3;
+            if pick(0) != 0 {
+                p.set_service_id(0);
+            }
+            match pick(1) {
+                0 => p.set_dgid(Gid::ZERO),
+                1 => p.set_dgid(v.port_gid),
+                _ => {}
+            }
+            match pick(2) {
+                0 | 1 => p.set_sgid(Gid::ZERO),
+                2 => p.set_sgid(v.port_gid),
+                _ => {}
+            }
+            match pick(3) {
+                0 | 1 => p.set_dlid(0),
+                _ => {}
+            }
+            match pick(4) {
+                0 | 1 => p.set_slid(0),
+                2 => p.set_slid(v.lid),
+                _ => {}
+            }
+            let flow_hop = pick(5) == 3;
+            match pick(6) {
+                0 => p.set_pkey(0),
+                1 => p.set_pkey(v.pkey & 0x7fff),
+                2 => p.set_pkey(v.pkey),
+                _ => {}
+            }
+            if pick(7) != 3 {
+                p.set_qosclass_sl(0, 0);
+            }
+            for (n, at) in [(8, 48), (9, 49), (10, 54), (11, 55), (12, 56), (13, 57)] {
+                if pick(n) != 3 {
+                    r[at] = 0;
+                }
+            }
+            if !flow_hop {
+                r[44..48].fill(0);
+            }
+            let (k, q, key) = reference(&v, &r);
+            assert_eq!(normalise(&v, &r), (k, q), "record {i}: {r:?}");
+            assert_eq!(cache_key(v.cache_ep, &k), key, "record {i}: {r:?}");
+            let Target::Route {
+                key: packed, sa, ..
+            } = route(&v, &r, false)
+            else {
+                panic!()
+            };
+            assert_eq!(packed.map(|p| p.key()), key, "record {i}");
+            assert_eq!(packed, key.map(|k| k.packed()), "record {i}");
+            assert_eq!(sa, q, "record {i}");
+        }
+    }
+
     #[test]
     fn path_by_lid_is_keyed_and_queried() {
         let m = msg(&[(0, 0x10, lid_path(6))], [0; 3]);
         let Target::Route { key, sa, nodelay } = classify(&view(), &m[..88]) else {
             panic!()
         };
-        let key = key.unwrap();
+        let key = key.unwrap().key();
         assert_eq!(key.ep, 0x0102);
         assert_eq!(key.dest, Dest::Lid(6));
         assert_eq!(key.constraints.mask, 0);
@@ -400,7 +615,7 @@ mod tests {
         let Target::Route { key, nodelay, .. } = classify(&view(), &m[..88]) else {
             panic!()
         };
-        assert_eq!(key.unwrap().constraints.mask, 0);
+        assert_eq!(key.unwrap().key().constraints.mask, 0);
         assert!(nodelay);
         PathRecord::new_unchecked(&mut r[..]).set_slid(9);
         let m = msg(&[(0, 0x10, r)], [0; 3]);
@@ -486,7 +701,7 @@ mod tests {
         let Target::Route { key, .. } = classify(&v, &m) else {
             panic!()
         };
-        assert_eq!(key.unwrap().dest, Dest::Lid(6));
+        assert_eq!(key.unwrap().key().dest, Dest::Lid(6));
         let m = msg(&[(EP_FLAG_DEST, 4, gid_record(v.port_gid, 0))], [0; 3]);
         assert!(matches!(classify(&v, &m), Target::Route { .. }));
     }

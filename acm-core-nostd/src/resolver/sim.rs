@@ -699,7 +699,10 @@ impl Sim {
                 key: Some(k),
                 nodelay,
                 ..
-            } => (node.cache.lookup(&k, now), nodelay),
+            } => (
+                node.cache.lookup_hashed(&node.cache.hashed(&k), now),
+                nodelay,
+            ),
             Target::Route { nodelay, .. } => (Lookup::Miss, nodelay),
             Target::Address { key, nodelay } => (node.cache.lookup_addr(&key, now), nodelay),
             Target::Fail(_) => (Lookup::Miss, false),
