@@ -131,8 +131,9 @@ fn same_window_and_same_tag_costs_at_most_the_window() {
     assert!(n <= MAX_PROBE && n >= c.len().min(MAX_PROBE) - 1, "{n}");
 }
 
-/// `prefetch_hint` names the slots a lookup reads first: one slot of each of the key's two
-/// groups, inside the storage, on slot boundaries.
+/// `prefetch_hint` names what a lookup reads: one slot of each of the key's two groups, inside
+/// the storage, on slot boundaries, then the groups' tag lines in the side arrays past the
+/// entry slots, in tag order (one 32-byte run of tags per group).
 #[test]
 fn the_prefetch_hint_is_the_keys_preferred_slots() {
     let p: Box<[PathSlot]> = (0..PathSlot::slots_for(10_000))
@@ -146,10 +147,14 @@ fn the_prefetch_hint_is_the_keys_preferred_slots() {
         let k = key(i);
         let (g1, g2, _) = c.window_for_tests(&k);
         let hint = c.prefetch_hint(&c.hashed(&k.packed()));
-        for (h, g) in hint.iter().zip([g1, g2]) {
+        for (h, g) in hint[..2].iter().zip([g1, g2]) {
             let off = *h as usize - base;
             assert!(off < len * size && off % size == 0, "{off}");
             assert_eq!(off / size / GROUP, g, "key {i}: hint in its group");
+        }
+        let side = base + c.capacity() * size;
+        for (h, g) in hint[2..].iter().zip([g1, g2]) {
+            assert_eq!(*h as usize, side + g * GROUP, "key {i}: group {g}'s tags");
         }
     }
     // An inserted key found at once sits in one of them (most keys do, ~3 in 4).

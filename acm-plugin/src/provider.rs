@@ -815,7 +815,7 @@ fn hand_over_stamped(
 /// Starts loading the cache lines at `hint` (from `PathCache::prefetch_hint`) without waiting
 /// for them.
 #[inline(always)]
-fn prefetch(hint: [*const u8; 2]) {
+fn prefetch(hint: [*const u8; 4]) {
     #[cfg(target_arch = "x86_64")]
     for p in hint {
         // SAFETY: a prefetch is only a hint: it never faults, reads nothing into the program

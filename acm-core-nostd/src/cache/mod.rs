@@ -497,12 +497,13 @@ where
         r
     }
 
-    /// The memory a lookup of `key` reads first (its two preferred slots), for a prefetch
-    /// instruction of the caller's: hashing the key and issuing the prefetch at the top of a
-    /// request lets the DRAM miss overlap the request's other work. Only addresses (never
-    /// dereferenced here); null for an empty cache.
+    /// The memory a lookup of `key` may read, for prefetch instructions of the caller's: its
+    /// first preferred slot (read first, and alone when the key is there), its second
+    /// preferred slot and the tag lines of its two groups (read only if not). Hashing the key
+    /// and prefetching these at the top of a request lets the DRAM miss overlap the request's
+    /// other work. Only addresses (never dereferenced here); null for an empty cache.
     #[inline]
-    pub fn prefetch_hint(&self, key: &HashedKey) -> [*const u8; 2] {
+    pub fn prefetch_hint(&self, key: &HashedKey) -> [*const u8; 4] {
         self.paths.home_addrs(key.hash)
     }
 

@@ -23,10 +23,12 @@
 //! slot. At the design load ([`DESIGN_LOAD_PERCENT`]) about 3 keys in 4 sit in a preferred slot
 //! and a full window before the table is full practically never happens. So:
 //!
-//! * a lookup reads both preferred slots (computed addresses; both requested, together with the
-//!   first word of each group's tag line, before either is examined), and only if neither holds
-//!   the key, the 2 × 32 tag bytes of its groups and the slots whose tag matches: at most
-//!   [`MAX_PROBE`] (64) slots, however adversarial the keys;
+//! * a lookup reads the first preferred slot (a computed address), then the second, and only
+//!   if neither holds the key, the 2 × 32 tag bytes of its groups and the slots whose tag
+//!   matches: at most [`MAX_PROBE`] (64) slots, however adversarial the keys. The caller can
+//!   prefetch the second slot and the two tag lines with the first
+//!   ([`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)): they are on their way
+//!   when needed, and a hit in the first slot waits for that slot alone;
 //! * an insert never fails and never displaces anything outside the key's window.
 //!
 //! ## The seqlock
@@ -430,11 +432,11 @@ where
             return Probe::NotFound;
         }
         let pl = self.place(hash);
-        // Both preferred slots (where ~3/4 of the keys live) are requested before either is
-        // examined, so the second one's miss overlaps the first's. (Slots are 128-byte aligned:
-        // the adjacent-line prefetcher brings a slot's record line with its first line.)
-        let seq2 = self.slots[pl.pref2].w[SEQ].load(Ordering::Acquire);
-        let first = [self.first_tag_word(pl.g1), self.first_tag_word(pl.g2)];
+        // The first preferred slot (where ~4 keys in 7 live) is read alone: a hit there waits
+        // for one slot, not for the slowest of several loads. The second preferred slot and
+        // the tag lines are what `home_addrs` names for a prefetch, so a key that lives there
+        // finds them on their way. (Slots are 128-byte aligned: the adjacent-line prefetcher
+        // brings a slot's record line with its first line.)
         let mut busy = false;
         *examined += 1;
         match self.try_slot::<CHECKED>(pl.pref, key, out) {
@@ -442,8 +444,10 @@ where
             Probe::Busy => busy = true,
             found => return found,
         }
+        let first = [self.first_tag_word(pl.g1), self.first_tag_word(pl.g2)];
         if pl.pref2 != pl.pref {
             *examined += 1;
+            let seq2 = self.slots[pl.pref2].w[SEQ].load(Ordering::Acquire);
             match self.try_slot_from::<CHECKED>(pl.pref2, seq2, key, out) {
                 Probe::NotFound => {}
                 Probe::Busy => busy = true,
@@ -582,13 +586,14 @@ where
     #[inline]
     /// The addresses a read of `hash` loads first: its two preferred slots (see
     /// [`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)).
-    pub(crate) fn home_addrs(&self, hash: u64) -> [*const u8; 2] {
+    pub(crate) fn home_addrs(&self, hash: u64) -> [*const u8; 4] {
         if self.cap == 0 {
-            return [core::ptr::null(); 2];
+            return [core::ptr::null(); 4];
         }
         let pl = self.place(hash);
         let at = |i: usize| self.slots[i].w.as_ptr() as *const u8;
-        [at(pl.pref), at(pl.pref2)]
+        let tags = |g: usize| self.side(g * (GROUP / 4)) as *const AtomicU32 as *const u8;
+        [at(pl.pref), at(pl.pref2), tags(pl.g1), tags(pl.g2)]
     }
 
     pub(crate) fn hash(&self, key: &[u32; KW]) -> u64 {
