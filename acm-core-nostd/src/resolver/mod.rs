@@ -977,7 +977,12 @@ impl<S: Storage> Resolver<S> {
                     }
                     self.answer_now(&r, s, None);
                 }
-                request::Target::Route { key, sa, nodelay } => {
+                request::Target::Route {
+                    key,
+                    record,
+                    nodelay,
+                } => {
+                    let sa = record.query_record(&view);
                     self.route_request(now, cache, slot, &r, key.map(|k| k.key()), &sa, nodelay)
                 }
                 request::Target::Address { key, nodelay } => {

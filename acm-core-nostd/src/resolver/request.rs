@@ -54,8 +54,9 @@ pub enum Target {
     Route {
         /// Cache key, packed, if the request is cacheable.
         key: Option<PackedPathKey>,
-        /// The PathRecord to query the SA with.
-        sa: [u8; 64],
+        /// The normalised record, which gives the PathRecord to query the SA with
+        /// ([`RouteRecord::query_record`]; a cache hit never builds it).
+        record: RouteRecord,
         /// `ACM_FLAGS_NODELAY`: answer from the cache only (a miss answers ENODATA and primes).
         nodelay: bool,
     },
@@ -145,15 +146,33 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
     }
 }
 
-/// The route target in one pass: the record read once as 8 words, normalised, keyed and
-/// turned into the SA record in registers ([`Words`]).
+/// The route target in one pass: the record read once as 8 words, normalised and keyed in
+/// registers ([`Words`]).
 #[inline]
 fn route(ep: &EpView, record: &[u8; 64], nodelay: bool) -> Target {
     let n = Words::of(record).normalised(ep);
     Target::Route {
         key: n.key(ep.cache_ep),
-        sa: n.with_query_fields(ep).bytes(),
+        record: RouteRecord(n),
         nodelay,
+    }
+}
+
+/// A route request's normalised PathRecord ([`normalise`]'s first half), kept as words.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RouteRecord(Words);
+
+impl RouteRecord {
+    /// The PathRecord to query the SA with ([`normalise`]'s second half): the endpoint's
+    /// SGID and P_Key put back where the client gave none.
+    pub fn query_record(&self, ep: &EpView) -> [u8; 64] {
+        self.0.with_query_fields(ep).bytes()
+    }
+}
+
+impl core::fmt::Debug for RouteRecord {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "RouteRecord({:02x?})", self.0.bytes())
     }
 }
 
@@ -166,7 +185,7 @@ fn route(ep: &EpView, record: &[u8; 64], nodelay: bool) -> Target {
 /// 6 TClass:8 Reversible/NumbPath:8 P_Key:16 QoS/SL:16 MTU:8 Rate:8
 /// 7 PacketLife:8 Preference:8 reserved:48
 /// ```
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Words([u64; 8]);
 
 impl Words {
@@ -575,23 +594,31 @@ mod tests {
             assert_eq!(normalise(&v, &r), (k, q), "record {i}: {r:?}");
             assert_eq!(cache_key(v.cache_ep, &k), key, "record {i}: {r:?}");
             let Target::Route {
-                key: packed, sa, ..
+                key: packed,
+                record,
+                ..
             } = route(&v, &r, false)
             else {
                 panic!()
             };
             assert_eq!(packed.map(|p| p.key()), key, "record {i}");
             assert_eq!(packed, key.map(|k| k.packed()), "record {i}");
-            assert_eq!(sa, q, "record {i}");
+            assert_eq!(record.query_record(&v), q, "record {i}");
         }
     }
 
     #[test]
     fn path_by_lid_is_keyed_and_queried() {
         let m = msg(&[(0, 0x10, lid_path(6))], [0; 3]);
-        let Target::Route { key, sa, nodelay } = classify(&view(), &m[..88]) else {
+        let Target::Route {
+            key,
+            record,
+            nodelay,
+        } = classify(&view(), &m[..88])
+        else {
             panic!()
         };
+        let sa = record.query_record(&view());
         let key = key.unwrap().key();
         assert_eq!(key.ep, 0x0102);
         assert_eq!(key.dest, Dest::Lid(6));
