@@ -550,6 +550,19 @@ pub fn rss_bytes() -> usize {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// This process's anonymous memory backed by transparent huge pages (`AnonHugePages` of
+/// `/proc/self/smaps_rollup`), bytes; 0 if unknown.
+pub fn anon_huge_bytes() -> usize {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<usize>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// The memory floor of a buffer (see [`floor`]).
 pub struct Floor {
     /// ns per dependent load: the median of [`per_load`](Self::per_load).

@@ -781,6 +781,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
         "p99.99 ns",
         "max ns",
     ]);
+    // Before the floor's buffer exists: the providers' memory (acmrs's path storage) only.
+    let thp = acm_bench::anon_huge_bytes();
     // The memory floor of this run: one dependent load over a buffer as large as acmrs's path
     // storage, in the page mode the plugin gives it (THP from acmrs::huge::THRESHOLD_BYTES).
     let storage = acmrs::huge::path_slot_count(acmrs_capacity)
@@ -870,11 +872,13 @@ pub fn child(args: &[String]) -> Result<(), String> {
         ]);
     }
     println!(
-        "memory floor: {floor:.1} ns per dependent load over {:.1} MiB ({}; acmrs's path storage, {} slots of {} B)\n",
+        "memory floor: {floor:.1} ns per dependent load over {:.1} MiB ({}; acmrs's path storage, {} slots of {} B); \
+         this process's THP-backed memory after the hits: {:.1} MiB\n",
         storage as f64 / (1 << 20) as f64,
         if huge { "THP" } else { "4 KiB pages" },
         acmrs::huge::path_slot_count(acmrs_capacity),
-        core::mem::size_of::<acm_core_nostd::cache::PathSlot>()
+        core::mem::size_of::<acm_core_nostd::cache::PathSlot>(),
+        thp as f64 / (1 << 20) as f64
     );
     println!("{}", table.render());
     Ok(())
