@@ -146,7 +146,7 @@ fn the_prefetch_hint_is_the_keys_preferred_slots() {
     for i in 0..1000 {
         let k = key(i);
         let (g1, g2, _) = c.window_for_tests(&k);
-        let hint = c.prefetch_hint(&c.hashed(&k.packed()));
+        let hint = c.prefetch_hint(c.place(&k.packed().dest()));
         for (h, g) in hint[..2].iter().zip([g1, g2]) {
             let off = *h as usize - base;
             assert!(off < len * size && off % size == 0, "{off}");
@@ -167,4 +167,62 @@ fn the_prefetch_hint_is_the_keys_preferred_slots() {
         }
     }
     assert!(at_home > 500, "{at_home}");
+}
+
+/// A path is placed by its endpoint and destination alone: the constraint variants of one
+/// destination share their window, preferred slots and tag (so a request's slots can be
+/// prefetched before its key is derived), and stay distinct entries. Many variants fill only
+/// that window: lookups stay bounded and keys of other windows are not evicted.
+#[test]
+fn constraint_variants_of_a_destination_share_its_place_and_stay_apart() {
+    use acm_core_nostd::cache::{constraint, Constraints};
+    let c = cache(10_000);
+    let variant = |sid: u64| PathKey {
+        constraints: Constraints {
+            mask: constraint::SERVICE_ID,
+            service_id: sid,
+            ..Constraints::ANY
+        },
+        ..key(0)
+    };
+    let home = c.window_for_tests(&key(0));
+    for sid in 1..100 {
+        assert_eq!(c.window_for_tests(&variant(sid)), home, "variant {sid}");
+        assert_eq!(
+            c.place(&variant(sid).packed().dest()),
+            c.place(&key(0).packed().dest())
+        );
+    }
+    let others: Vec<PathKey> = (1..2000)
+        .map(key)
+        .filter(|k| {
+            let (a, b, _) = c.window_for_tests(k);
+            ![home.0, home.1].contains(&a) && ![home.0, home.1].contains(&b)
+        })
+        .collect();
+    let mut w = c.writer().unwrap();
+    for k in &others {
+        w.insert(k, &[2; 64], 0, 1000);
+    }
+    // A few variants: all held, each answers with its own record.
+    for sid in 1..10u64 {
+        w.insert(&variant(sid), &[sid as u8; 64], 0, 1000);
+    }
+    for sid in 1..10u64 {
+        match c.lookup(&variant(sid), 1) {
+            Lookup::Hit { record, .. } => assert_eq!(record, [sid as u8; 64]),
+            other => panic!("variant {sid}: {other:?}"),
+        }
+    }
+    // Far more variants than the window holds: bounded probes, other windows untouched.
+    for sid in 10..300u64 {
+        w.insert(&variant(sid), &[1; 64], 0, 1000);
+        assert!(c.probe_len_for_tests(&variant(sid)) <= MAX_PROBE);
+    }
+    for k in &others {
+        assert!(
+            matches!(c.lookup(k, 1), Lookup::Hit { .. }),
+            "{k:?} evicted"
+        );
+    }
 }

@@ -15,7 +15,7 @@ use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo, Write
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, HashedKey, Lookup, PathCache};
-use acm_core_nostd::resolver::request::{classify, respond, Target};
+use acm_core_nostd::resolver::request::{classify, respond, route_dest, Target};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, HeapStorage, Kind, Resolver, Via, MSG_LEN,
 };
@@ -846,14 +846,25 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     ep.hit_tick.store(tick, Ordering::Relaxed);
     let sample = inst.opts.acmrs_hit_sample;
     let t0 = (tick & (sample - 1) == 0).then(|| inst.clock.now());
-    // The key next, and its slots' DRAM miss started, so that it overlaps everything else
-    // this request does before the lookup ("the miss starts first").
-    let target = classify(&ep.view(), msg);
-    // Hashed once, for the prefetch and the lookup; a hit is answered from here.
+    // The miss starts first: a path is placed in the cache by its destination, so a PATH
+    // request's slots are requested before the request is checked and keyed, and their DRAM
+    // miss overlaps all of that.
+    let view = ep.view();
+    let early = route_dest(&view, msg).map(|d| inst.cache.place(&d));
+    if let Some(p) = early {
+        prefetch(inst.cache.prefetch_hint(p));
+    }
+    let target = classify(&view, msg);
+    // A route hit is answered from here.
     let hit = match &target {
         Target::Route { key: Some(k), .. } => {
-            let h = inst.cache.hashed(k);
-            prefetch(inst.cache.prefetch_hint(&h));
+            let place = early.unwrap_or_else(|| {
+                // A LID or GID entry: its destination is known only now.
+                let p = inst.cache.place(&k.dest());
+                prefetch(inst.cache.prefetch_hint(p));
+                p
+            });
+            let h = inst.cache.hashed_at(k, place);
             match answer_hit(ctx, msg, id, &h, t0, answered) {
                 Ok(r) => return r,
                 Err(other) => Some(other),

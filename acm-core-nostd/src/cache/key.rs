@@ -200,6 +200,15 @@ impl PathKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PackedPathKey(pub(crate) [u32; PATH_KEY_WORDS]);
 
+/// The endpoint and destination of a path key: the first [`DEST_WORDS`] words of its packed
+/// form, which alone place it in the path cache
+/// ([`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PathDest(pub(crate) [u32; DEST_WORDS]);
+
+/// Words of a [`PathDest`]: endpoint and destination type, then the LID or the 4 GID words.
+pub const DEST_WORDS: usize = 5;
+
 /// Word 0 of a packed key: `ep << 16 | DEST_LID` or `DEST_GID`.
 pub(crate) const DEST_LID: u32 = 1;
 pub(crate) const DEST_GID: u32 = 2;
@@ -211,6 +220,13 @@ impl PackedPathKey {
     /// The packed words.
     pub fn words(&self) -> &[u32; PATH_KEY_WORDS] {
         &self.0
+    }
+
+    /// The endpoint and destination words.
+    pub fn dest(&self) -> PathDest {
+        let mut d = [0u32; DEST_WORDS];
+        d.copy_from_slice(&self.0[..DEST_WORDS]);
+        PathDest(d)
     }
 
     /// The key unpacked: `k.packed().key() == k` for every key whose unspecified constraint

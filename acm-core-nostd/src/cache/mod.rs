@@ -93,8 +93,8 @@ use core::ops::Deref;
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
-    constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PackedPathKey, PathKey,
-    ADDR_KEY_WORDS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
+    constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PackedPathKey, PathDest, PathKey,
+    ADDR_KEY_WORDS, DEST_WORDS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
 };
 pub use pending::{Begin, PendingTable};
 pub use table::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
@@ -339,6 +339,11 @@ pub struct HashedKey {
     hash: u64,
 }
 
+/// Where a destination's paths live in a [`PathCache`] ([`PathCache::place`]); valid only for
+/// the cache that made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place(u64);
+
 /// The path-record and address cache. See the [module docs](self).
 pub struct PathCache<P, A>
 where
@@ -383,12 +388,14 @@ where
     /// are not cached). Fails with [`CacheError::Capacity`] if `paths` provides no entry slot
     /// (fewer than 2 slots) or either is larger than `u32::MAX - 1` slots.
     pub fn new(paths: P, addrs: A, config: CacheConfig) -> Result<Self, CacheError> {
-        let paths = Table::new(paths, config.seed).ok_or(CacheError::Capacity)?;
+        // A path is placed by its endpoint and destination alone (`PathDest`), so that its
+        // slots can be loaded before the rest of its key is known.
+        let paths = Table::new(paths, config.seed, DEST_WORDS).ok_or(CacheError::Capacity)?;
         if paths.capacity() == 0 {
             return Err(CacheError::Capacity);
         }
-        let addrs =
-            Table::new(addrs, config.seed ^ 0x000a_dd7e_55e5).ok_or(CacheError::Capacity)?;
+        let addrs = Table::new(addrs, config.seed ^ 0x000a_dd7e_55e5, ADDR_KEY_WORDS)
+            .ok_or(CacheError::Capacity)?;
         Ok(PathCache {
             paths,
             addrs,
@@ -476,17 +483,37 @@ where
         self.lookup_hashed(&self.hashed(&key.packed()), now)
     }
 
-    /// `key` in the form this cache's path table stores it, hashed with its seed: computed
-    /// once per request, it serves both [`prefetch_hint`](Self::prefetch_hint) and
-    /// [`lookup_hashed`](Self::lookup_hashed).
+    /// `key` in the form this cache's path table stores it, with its place (the hash of its
+    /// destination under this cache's seed): what [`lookup_hashed`](Self::lookup_hashed)
+    /// takes.
     #[inline]
     pub fn hashed(&self, key: &PackedPathKey) -> HashedKey {
+        self.hashed_at(key, self.place(&key.dest()))
+    }
+
+    /// [`hashed`](Self::hashed) for a key whose destination was [`place`](Self::place)d
+    /// already (for its prefetch): `place` must be `self.place(&key.dest())`.
+    #[inline]
+    pub fn hashed_at(&self, key: &PackedPathKey, place: Place) -> HashedKey {
+        debug_assert_eq!(place, self.place(&key.dest()));
         let (kw, wants_reversible) = key.cache_words();
         HashedKey {
             kw,
             wants_reversible,
-            hash: self.paths.hash(&kw),
+            hash: place.0,
         }
+    }
+
+    /// Where the paths to `dest` live: the hash of the endpoint and destination words under
+    /// this cache's seed (a path is placed by them alone), for
+    /// [`prefetch_hint`](Self::prefetch_hint) and [`hashed_at`](Self::hashed_at).
+    #[inline]
+    pub fn place(&self, dest: &PathDest) -> Place {
+        let mut kw = [0u32; PATH_KEY_WORDS];
+        for (k, d) in kw.iter_mut().zip(dest.0) {
+            *k = d;
+        }
+        Place(self.paths.hash(&kw))
     }
 
     /// [`lookup`](Self::lookup) of a key [`hashed`](Self::hashed) by this cache.
@@ -497,14 +524,16 @@ where
         r
     }
 
-    /// The memory a lookup of `key` may read, for prefetch instructions of the caller's: its
-    /// first preferred slot (read first, and alone when the key is there), its second
-    /// preferred slot and the tag lines of its two groups (read only if not). Hashing the key
-    /// and prefetching these at the top of a request lets the DRAM miss overlap the request's
-    /// other work. Only addresses (never dereferenced here); null for an empty cache.
+    /// The memory a lookup of a key [`place`](Self::place)d at `place` may read, for prefetch
+    /// instructions of the caller's: its first preferred slot (read first, and alone when the
+    /// key is there), its second preferred slot and the tag lines of its two groups (read only
+    /// if not). A path is placed by its endpoint and destination alone, so this is known from
+    /// a request's destination before its key is derived: prefetching these at the top of a
+    /// request lets the DRAM miss overlap the request's other work. Only addresses (never
+    /// dereferenced here); null for an empty cache.
     #[inline]
-    pub fn prefetch_hint(&self, key: &HashedKey) -> [*const u8; 4] {
-        self.paths.home_addrs(key.hash)
+    pub fn prefetch_hint(&self, place: Place) -> [*const u8; 4] {
+        self.paths.home_addrs(place.0)
     }
 
     /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or

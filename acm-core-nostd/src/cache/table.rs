@@ -220,6 +220,8 @@ fn zero_bytes(x: u32) -> u32 {
 pub(crate) struct Table<S, const W: usize, const KW: usize> {
     slots: S,
     seed: u64,
+    /// Leading key words that choose a key's place ([`new`](Self::new)).
+    placed: usize,
     /// Entry slots (the rest of `slots` holds the side arrays).
     cap: usize,
     groups: usize,
@@ -236,8 +238,10 @@ impl<S, const W: usize, const KW: usize> Table<S, W, KW>
 where
     S: Deref<Target = [Slot<W>]>,
 {
-    /// A table over `slots` (reset to empty). `None` if `slots` is longer than `u32::MAX - 1`.
-    pub(crate) fn new(slots: S, seed: u64) -> Option<Self> {
+    /// A table over `slots` (reset to empty) whose keys are placed by their first `placed`
+    /// words: keys that agree there share their two groups, preferred slots and tag (the key
+    /// compare still tells them apart). `None` if `slots` is longer than `u32::MAX - 1`.
+    pub(crate) fn new(slots: S, seed: u64, placed: usize) -> Option<Self> {
         if slots.len() >= u32::MAX as usize {
             return None;
         }
@@ -249,6 +253,7 @@ where
             clock_base: 2 * cap.div_ceil(4),
             slots,
             seed,
+            placed,
             hand: AtomicU32::new(0),
             len: AtomicU32::new(0),
         };
@@ -583,10 +588,9 @@ where
         slot.w[SEQ].store(s.wrapping_add(2), Ordering::Release);
     }
 
-    /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take.
+    /// The addresses a read of `hash` may load: its two preferred slots and its groups' tag
+    /// lines (see [`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)).
     #[inline]
-    /// The addresses a read of `hash` loads first: its two preferred slots (see
-    /// [`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)).
     pub(crate) fn home_addrs(&self, hash: u64) -> [*const u8; 4] {
         if self.cap == 0 {
             return [core::ptr::null(); 4];
@@ -597,8 +601,18 @@ where
         [at(pl.pref), at(pl.pref2), tags(pl.g1), tags(pl.g2)]
     }
 
+    /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take. Only
+    /// the first `placed` words count (see [`new`](Self::new)).
+    #[inline]
     pub(crate) fn hash(&self, key: &[u32; KW]) -> u64 {
-        super::hash::hash_key(self.seed, key)
+        // Word by word (no copy of a run-time length: it would stall the hash's loads).
+        let mut p = *key;
+        for (i, w) in p.iter_mut().enumerate() {
+            if i >= self.placed {
+                *w = 0;
+            }
+        }
+        super::hash::hash_key(self.seed, &p)
     }
 
     fn tag_of(&self, idx: usize) -> u8 {
@@ -906,7 +920,7 @@ pub mod loom_model {
         /// A table over `slots` (all but the side-array slots hold entries).
         pub fn new(slots: S) -> Self {
             Tiny {
-                t: Table::new(slots, 7).expect("small"),
+                t: Table::new(slots, 7, 1).expect("small"),
             }
         }
 

@@ -13,7 +13,9 @@
 //! * [`respond`] builds the answer with `wire::client`, and never panics on any input.
 
 use crate::cache::key::{DEST_GID, DEST_LID};
-use crate::cache::{constraint, AddrKey, AddrKind, PackedPathKey, PathKey, PATH_KEY_WORDS};
+use crate::cache::{
+    constraint, AddrKey, AddrKind, PackedPathKey, PathDest, PathKey, DEST_WORDS, PATH_KEY_WORDS,
+};
 use crate::wire::client::{
     build_error_response, build_query_response, build_resolve_response, AcmMsg, EpInfoType, Status,
     FLAGS_NODELAY, HDR_LEN, OP_ACK,
@@ -146,6 +148,21 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
     }
 }
 
+/// The destination of a PATH request (entry 0 a PATH entry), read before anything else of the
+/// request is checked: a path is placed in the cache by its destination, so the caller can
+/// start loading the slots of the request's key at once
+/// ([`PathCache::prefetch_hint`](crate::cache::PathCache::prefetch_hint)). `None` for other
+/// requests; a request that then fails [`classify`] only wasted that load.
+#[inline]
+pub fn route_dest(ep: &EpView, msg: &[u8]) -> Option<PathDest> {
+    let m = AcmMsg::new_unchecked(msg);
+    let e = m.entry(0)?;
+    if e.info_type() != EpInfoType::Path {
+        return None;
+    }
+    Words::of(<&[u8; 64]>::try_from(e.info()).ok()?).dest(ep.cache_ep)
+}
+
 /// The route target in one pass: the record read once as 8 words, normalised and keyed in
 /// registers ([`Words`]).
 #[inline]
@@ -252,34 +269,36 @@ impl Words {
         self
     }
 
+    /// The endpoint and destination words of a key (DLID, else DGID; `None` for neither or
+    /// both). Normalisation leaves both alone, so this is the same for the client's record.
+    #[inline(always)]
+    fn dest(&self, cache_ep: u16) -> Option<PathDest> {
+        let w = &self.0;
+        let ep = u32::from(cache_ep) << 16;
+        match ((w[5] >> 48) as u16, w[1] | w[2] == 0) {
+            (0, false) => Some(PathDest([
+                ep | DEST_GID,
+                (w[1] >> 32) as u32,
+                w[1] as u32,
+                (w[2] >> 32) as u32,
+                w[2] as u32,
+            ])),
+            (l, true) if l != 0 => Some(PathDest([ep | DEST_LID, u32::from(l), 0, 0, 0])),
+            _ => None,
+        }
+    }
+
     /// The packed cache key of a normalised record ([`cache_key`]).
     #[inline(always)]
     fn key(&self, cache_ep: u16) -> Option<PackedPathKey> {
         let w = &self.0;
-        let (dlid, slid, flow_hop) = ((w[5] >> 48) as u16, (w[5] >> 32) as u16, w[5] as u32);
-        let no_dgid = w[1] | w[2] == 0;
+        let (slid, flow_hop) = ((w[5] >> 32) as u16, w[5] as u32);
         // A foreign source, flow label or hop limit: not cacheable (Preference is 0 here).
         if slid != 0 || w[3] | w[4] != 0 || flow_hop != 0 {
             return None;
         }
         let mut k = [0u32; PATH_KEY_WORDS];
-        let ep = u32::from(cache_ep) << 16;
-        match (dlid, no_dgid) {
-            (0, false) => {
-                k[0] = ep | DEST_GID;
-                k[1..5].copy_from_slice(&[
-                    (w[1] >> 32) as u32,
-                    w[1] as u32,
-                    (w[2] >> 32) as u32,
-                    w[2] as u32,
-                ]);
-            }
-            (l, true) if l != 0 => {
-                k[0] = ep | DEST_LID;
-                k[1] = u32::from(l);
-            }
-            _ => return None,
-        }
+        k[..DEST_WORDS].copy_from_slice(&self.dest(cache_ep)?.0);
         let sid = w[0];
         let (tclass, rev_numpath) = ((w[6] >> 56) as u8, (w[6] >> 48) as u8);
         let (pkey, qos_sl) = ((w[6] >> 32) as u16, (w[6] >> 16) as u16);
