@@ -616,6 +616,47 @@ pub fn floor(bytes: usize, huge: bool, rng: &mut XorShift) -> Floor {
     }
 }
 
+/// The memory floor of acmrs's path storage for `acmrs_path_capacity` = `capacity`: a buffer
+/// as large as the slots the plugin allocates, in the page mode it gives them (THP from
+/// `acmrs::huge::THRESHOLD_BYTES`). What the provider benches quote hits against.
+pub struct StorageFloor {
+    /// The floor.
+    pub floor: Floor,
+    /// Bytes of path storage (slots × slot size).
+    pub bytes: usize,
+    /// Path slots.
+    pub slots: usize,
+    /// Whether the storage (and the floor's buffer) is advised as huge pages.
+    pub huge: bool,
+}
+
+/// [`floor`] over acmrs's path storage for `capacity` paths (see [`StorageFloor`]).
+pub fn storage_floor(capacity: usize, rng: &mut XorShift) -> StorageFloor {
+    let slots = acmrs::huge::path_slot_count(capacity);
+    let bytes = slots * core::mem::size_of::<acm_core_nostd::cache::PathSlot>();
+    let huge = bytes >= acmrs::huge::THRESHOLD_BYTES;
+    StorageFloor {
+        floor: floor(bytes, huge, rng),
+        bytes,
+        slots,
+        huge,
+    }
+}
+
+impl StorageFloor {
+    /// `memory floor: … ns per dependent load over … MiB (THP; acmrs's path storage, …)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "memory floor: {:.1} ns per dependent load over {:.1} MiB ({}; acmrs's path storage, {} slots of {} B)",
+            self.floor.ns,
+            self.bytes as f64 / (1 << 20) as f64,
+            if self.huge { "THP" } else { "4 KiB pages" },
+            self.slots,
+            core::mem::size_of::<acm_core_nostd::cache::PathSlot>()
+        )
+    }
+}
+
 /// Moves this process (and so every fabric process it starts afterwards) into a private
 /// network namespace with `lo` up and `net.unix.max_dgram_qlen = qlen`.
 ///

@@ -171,12 +171,21 @@ fn main() {
         "B / cached path above the first size",
         "hit samples not answered inline",
     ]);
+    let mut floors = Vec::new();
     let mut first: Option<(usize, usize)> = None;
     for &size in &sizes {
         progress(format_args!(
             "fake core: {size} cached paths, {samples} samples ({poll_mode})"
         ));
         let r = run_size(lib, size, samples, poll_mode);
+        // The memory floor of this size (the plugin closed, its storage freed): one dependent
+        // load over a buffer as large as the path storage of this capacity.
+        let sf = acm_bench::storage_floor(size.max(1024), &mut XorShift::new(0xf100 ^ size as u64));
+        floors.push(format!("{size} cached paths: {}", sf.describe()));
+        let hs = r.hit.summary();
+        let x = |v: f64| format!("{:.2}", v / sf.floor.ns);
+        let mut floor_row = vec!["hit ×floor".to_string(), r.size.to_string(), String::new()];
+        floor_row.extend([hs.p50_ns, hs.p99_ns, hs.p999_ns, hs.p9999_ns, hs.max_ns].map(x));
         let (n0, rss0) = *first.get_or_insert((r.size, r.rss_filled));
         memory.row(vec![
             r.size.to_string(),
@@ -199,6 +208,10 @@ fn main() {
             let mut row = vec![what.to_string(), r.size.to_string(), s.count.to_string()];
             row.extend(Table::latency_cells(&s));
             table.row(row);
+            let is_hit = std::ptr::eq(h, &r.hit);
+            if is_hit {
+                table.row(floor_row.clone());
+            }
             if let Some(out) = &args.out {
                 let f = out.join(format!(
                     "provider-acmrs-{}-{}.hgrm",
@@ -211,10 +224,16 @@ fn main() {
                     "acmrs alone (fake core, instant SA): {what}, {} cached paths",
                     r.size
                 );
-                let series = [Series {
+                let mut series = vec![Series {
                     label: "acmrs",
                     histogram: h,
                 }];
+                if is_hit {
+                    series.push(Series {
+                        label: "memory floor (1 dependent load)",
+                        histogram: &sf.floor.per_load,
+                    });
+                }
                 if let Err(e) = write_percentile_svg(&svg, &title, &series) {
                     eprintln!("warning: cannot write {}: {e}", svg.display());
                 }
@@ -224,12 +243,14 @@ fn main() {
     println!(
         "## acmrs in-process (fake core, instant SA)\n\n{}\n\
          hit: resolve() called → its answer handed to the core (acm_resolve_response), as the \
-         same-host bench times it; miss: the call's duration, and the call → the answer.\n\n\
+         same-host bench times it; miss: the call's duration, and the call → the answer. \
+         `hit ×floor`: the hit's percentiles over the memory floor measured after it.\n\n{}\n\n\
          acmrs_path_capacity = cached paths (at least 1024): the cache full at its design load. \
          The cache storage is resident from open on (the rest of an open, the request and \
          pending rings, is the same at every size), so the memory a cached path costs is the \
          RSS growth from the first size to a larger one, divided by the paths added.\n\n{}",
         table.render(),
+        floors.join("\n"),
         memory.render()
     );
 }

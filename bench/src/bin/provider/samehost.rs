@@ -15,7 +15,7 @@
 //! print one progress line per phase on stderr, on the parent's clock.
 
 use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{floor, progress, LatencyHistogram, Summary, Table, XorShift};
+use acm_bench::{progress, LatencyHistogram, Summary, Table, XorShift};
 use acm_testkit::core::{self as fake, Record};
 use acm_testkit::host::provider_table;
 use acm_testkit::request::{gid, path_of, PathRequest};
@@ -784,16 +784,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
     // Before the floor's buffer exists: the providers' memory (acmrs's path storage) only.
     let thp = acm_bench::anon_huge_bytes();
     // The memory floor of this run: one dependent load over a buffer as large as acmrs's path
-    // storage, in the page mode the plugin gives it (THP from acmrs::huge::THRESHOLD_BYTES).
-    let storage = acmrs::huge::path_slot_count(acmrs_capacity)
-        * core::mem::size_of::<acm_core_nostd::cache::PathSlot>();
-    let huge = storage >= acmrs::huge::THRESHOLD_BYTES;
-    progress(format_args!(
-        "child {entries}: memory floor over {} MiB",
-        storage >> 20
-    ));
-    let fl = floor(storage, huge, &mut XorShift::new(0xf100 ^ a.size as u64));
-    let floor = fl.ns;
+    // storage, in the page mode the plugin gives it.
+    progress(format_args!("child {entries}: memory floor"));
+    let sf = acm_bench::storage_floor(acmrs_capacity, &mut XorShift::new(0xf100 ^ a.size as u64));
+    let (fl, floor) = (&sf.floor, sf.floor.ns);
     for (what, tag, hs) in [
         ("hit", "hit", &hits),
         ("miss by LID (OpenSM SA)", "miss-lid", &miss_lid),
@@ -872,12 +866,8 @@ pub fn child(args: &[String]) -> Result<(), String> {
         ]);
     }
     println!(
-        "memory floor: {floor:.1} ns per dependent load over {:.1} MiB ({}; acmrs's path storage, {} slots of {} B); \
-         this process's THP-backed memory after the hits: {:.1} MiB\n",
-        storage as f64 / (1 << 20) as f64,
-        if huge { "THP" } else { "4 KiB pages" },
-        acmrs::huge::path_slot_count(acmrs_capacity),
-        core::mem::size_of::<acm_core_nostd::cache::PathSlot>(),
+        "{}; this process's THP-backed memory after the hits: {:.1} MiB\n",
+        sf.describe(),
         thp as f64 / (1 << 20) as f64
     );
     println!("{}", table.render());
