@@ -754,7 +754,7 @@ fn answer_hit(
     answered: &mut bool,
 ) -> Result<c_int, Lookup> {
     let (ep, inst) = (&ctx.ep, &ctx.inst);
-    let hit = OUT.with(|cell| {
+    let needs_refresh = OUT.with(|cell| {
         let Ok(mut out) = cell.try_borrow_mut() else {
             return Err(Lookup::Miss);
         };
@@ -775,14 +775,20 @@ fn answer_hit(
             other => Err(other),
         }
     })?;
-    // After the hand-off: the core's counter is a locked add.
-    ep.count_global(Writer::Core, inst.api, Counter::RouteCache);
-    if hit {
-        // Near expiry: the dataplane re-resolves in the background (a full queue only loses
-        // the refresh; the entry then expires and is resolved as a miss).
+    hit_answered(ctx, msg, needs_refresh);
+    Ok(0)
+}
+
+/// What follows a cache hit once its answer is with the core: ROUTE_CACHE counted (the core's
+/// counter is a locked add, kept off the client's critical path) and, for an entry near
+/// expiry, a background refresh by the dataplane (a full queue only loses the refresh; the
+/// entry then expires and is resolved as a miss).
+fn hit_answered(ctx: &AddrCtx, msg: &[u8], needs_refresh: bool) {
+    ctx.ep
+        .count_global(Writer::Core, ctx.inst.api, Counter::RouteCache);
+    if needs_refresh {
         let _ = hand_over(ctx, 0, Kind::Refresh, msg);
     }
-    Ok(0)
 }
 
 /// Hands a request to the dataplane; false (counted, logged) if the queue is full.
@@ -921,10 +927,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         } => {
             // An address hit (a route hit was answered above).
             let r = reply(0, Some(&record));
-            ep.count_global(Writer::Core, inst.api, Counter::RouteCache);
-            if needs_refresh {
-                let _ = hand_over(ctx, 0, Kind::Refresh, msg);
-            }
+            hit_answered(ctx, msg, needs_refresh);
             return r;
         }
         Lookup::Negative { status, .. } => return reply(status, None),

@@ -287,6 +287,15 @@ impl Table {
             .collect()
     }
 
+    /// [`latency_cells`](Self::latency_cells) as multiples of `floor_ns` (2 decimals): the
+    /// `hit ×floor` rows.
+    pub fn floor_cells(s: &Summary, floor_ns: f64) -> Vec<String> {
+        [s.p50_ns, s.p99_ns, s.p999_ns, s.p9999_ns, s.max_ns]
+            .iter()
+            .map(|v| format!("{:.2}", v / floor_ns))
+            .collect()
+    }
+
     /// Renders the table as GitHub-flavoured Markdown (readable as plain text too).
     pub fn render(&self) -> String {
         let cols = self

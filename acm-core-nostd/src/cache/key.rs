@@ -217,11 +217,6 @@ const W9_REVERSIBLE: u32 = (REVERSIBLE as u32) << 8;
 const W9_MASK_SHIFT: u32 = 16;
 
 impl PackedPathKey {
-    /// The packed words.
-    pub fn words(&self) -> &[u32; PATH_KEY_WORDS] {
-        &self.0
-    }
-
     /// The endpoint and destination words.
     pub fn dest(&self) -> PathDest {
         let mut d = [0u32; DEST_WORDS];

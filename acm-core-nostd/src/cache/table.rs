@@ -333,8 +333,9 @@ where
         t
     }
 
-    /// The first tag word of group `g`: loaded early, it brings the group's tag line in while
-    /// the preferred slots are read (the tag array is not cache-resident at a million slots).
+    /// The first tag word of group `g`, loaded once the first preferred slot did not hold the
+    /// key (the caller's prefetch of `home_addrs` has brought the tag line on its way: the tag
+    /// array is not cache-resident at a million slots).
     #[inline(always)]
     fn first_tag_word(&self, g: usize) -> u32 {
         self.side(g * (GROUP / 4)).load(Ordering::Acquire)

@@ -315,6 +315,8 @@ impl Words {
             | bit(rate != 0, constraint::RATE)
             | bit(packet_life != 0, constraint::PACKET_LIFE)
             | bit(rev_numpath != 0, constraint::REVERSIBLE_NUMPATH);
+        // `Constraints::to_words`'s layout, packed here without building `Constraints` (through
+        // it, `classify` measured 4–15 ns slower); the oracle test below holds the two equal.
         k[5] = sid as u32;
         k[6] = (sid >> 32) as u32;
         k[7] = u32::from(pkey) | (u32::from(qos_class) << 16);

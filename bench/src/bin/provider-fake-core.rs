@@ -182,10 +182,8 @@ fn main() {
         // load over a buffer as large as the path storage of this capacity.
         let sf = acm_bench::storage_floor(size.max(1024), &mut XorShift::new(0xf100 ^ size as u64));
         floors.push(format!("{size} cached paths: {}", sf.describe()));
-        let hs = r.hit.summary();
-        let x = |v: f64| format!("{:.2}", v / sf.floor.ns);
         let mut floor_row = vec!["hit ×floor".to_string(), r.size.to_string(), String::new()];
-        floor_row.extend([hs.p50_ns, hs.p99_ns, hs.p999_ns, hs.p9999_ns, hs.max_ns].map(x));
+        floor_row.extend(Table::floor_cells(&r.hit.summary(), sf.floor.ns));
         let (n0, rss0) = *first.get_or_insert((r.size, r.rss_filled));
         memory.row(vec![
             r.size.to_string(),

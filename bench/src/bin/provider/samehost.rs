@@ -854,17 +854,9 @@ pub fn child(args: &[String]) -> Result<(), String> {
     }
     let s: Vec<Summary> = hits.iter().map(LatencyHistogram::summary).collect();
     for (k, o) in provs.iter().enumerate() {
-        let x = |v: f64| format!("{:.2}", v / floor);
-        table.row(vec![
-            "hit ×floor".into(),
-            o.name.to_string(),
-            String::new(),
-            x(s[k].p50_ns),
-            x(s[k].p99_ns),
-            x(s[k].p999_ns),
-            x(s[k].p9999_ns),
-            x(s[k].max_ns),
-        ]);
+        let mut row = vec!["hit ×floor".into(), o.name.to_string(), String::new()];
+        row.extend(Table::floor_cells(&s[k], floor));
+        table.row(row);
     }
     println!(
         "{}; this process's THP-backed memory after the hits: {:.1} MiB\n",
