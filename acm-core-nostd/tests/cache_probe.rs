@@ -131,9 +131,9 @@ fn same_window_and_same_tag_costs_at_most_the_window() {
     assert!(n <= MAX_PROBE && n >= c.len().min(MAX_PROBE) - 1, "{n}");
 }
 
-/// `prefetch_hint` names what a lookup reads: one slot of each of the key's two groups, inside
-/// the storage, on slot boundaries, then the groups' tag lines in the side arrays past the
-/// entry slots, in tag order (one 32-byte run of tags per group).
+/// `prefetch_hint` names what a lookup reads: both lines of one slot of each of the key's two
+/// groups, inside the storage, on slot boundaries, then the groups' tag lines in the side
+/// arrays past the entry slots, in tag order (one 32-byte run of tags per group).
 #[test]
 fn the_prefetch_hint_is_the_keys_preferred_slots() {
     let p: Box<[PathSlot]> = (0..PathSlot::slots_for(10_000))
@@ -143,17 +143,19 @@ fn the_prefetch_hint_is_the_keys_preferred_slots() {
     let a: Box<[AddrSlot]> = Box::new([]);
     let c = PathCache::new(p, a, CacheConfig::default()).unwrap();
     let size = core::mem::size_of::<PathSlot>();
+    assert_eq!(size, 128);
     for i in 0..1000 {
         let k = key(i);
         let (g1, g2, _) = c.window_for_tests(&k);
         let hint = c.prefetch_hint(c.place(&k.packed().dest()));
-        for (h, g) in hint[..2].iter().zip([g1, g2]) {
-            let off = *h as usize - base;
+        for (lines, g) in hint[..4].chunks(2).zip([g1, g2]) {
+            let off = lines[0] as usize - base;
             assert!(off < len * size && off % size == 0, "{off}");
             assert_eq!(off / size / GROUP, g, "key {i}: hint in its group");
+            assert_eq!(lines[1] as usize, lines[0] as usize + 64, "the record line");
         }
         let side = base + c.capacity() * size;
-        for (h, g) in hint[2..].iter().zip([g1, g2]) {
+        for (h, g) in hint[4..].iter().zip([g1, g2]) {
             assert_eq!(*h as usize, side + g * GROUP, "key {i}: group {g}'s tags");
         }
     }
@@ -167,6 +169,64 @@ fn the_prefetch_hint_is_the_keys_preferred_slots() {
         }
     }
     assert!(at_home > 500, "{at_home}");
+}
+
+/// `prefetch_tagged` names, from the tag lines, the slot where a key that did not get a
+/// preferred slot lives (in all but a tag collision ahead of it in its group), and otherwise
+/// stands in the first preferred slot's lines; both lines of a slot, on slot boundaries.
+#[test]
+fn prefetch_tagged_names_the_slot_of_a_key_outside_its_preferred_slots() {
+    let entries = 10_000;
+    let p: Box<[PathSlot]> = (0..PathSlot::slots_for(entries))
+        .map(|_| PathSlot::new())
+        .collect();
+    let a: Box<[AddrSlot]> = Box::new([]);
+    let c = PathCache::new(p, a, CacheConfig::default()).unwrap();
+    let mut w = c.writer().unwrap();
+    for i in 0..entries as u64 {
+        w.insert(&key(i), &[1; 64], 0, 1000);
+    }
+    let (mut outside, mut named) = (0, 0);
+    for i in 0..entries as u64 {
+        let k = key(i);
+        let place = c.place(&k.packed().dest());
+        let hint = c.prefetch_hint(place);
+        let tagged = c.prefetch_tagged(place);
+        for lines in tagged.chunks(2) {
+            assert_eq!(
+                lines[1] as usize,
+                lines[0] as usize + 64,
+                "key {i}: both lines"
+            );
+        }
+        let at = c.slot_addr_for_tests(&k).expect("inserted below capacity");
+        if at == hint[0] || at == hint[2] {
+            continue;
+        }
+        outside += 1;
+        if at == tagged[0] || at == tagged[2] {
+            named += 1;
+        }
+        // A group without another tag match stands in the first preferred slot.
+        for t in [tagged[0], tagged[2]] {
+            assert!(
+                t == hint[0] || t != hint[2],
+                "key {i}: never the second preferred slot"
+            );
+        }
+    }
+    // About 1 key in 4 at the design load; a tag collision ahead of it (1/255 per slot) hides
+    // a few percent of them.
+    assert!(outside > entries / 10, "{outside}");
+    assert!(named * 100 >= outside * 90, "{named} of {outside}");
+    // With nothing stored, no group has a match: the first preferred slot stands in.
+    let p: Box<[PathSlot]> = (0..PathSlot::slots_for(100))
+        .map(|_| PathSlot::new())
+        .collect();
+    let empty = PathCache::new(p, Box::<[AddrSlot]>::default(), CacheConfig::default()).unwrap();
+    let place = empty.place(&key(1).packed().dest());
+    let (hint, tagged) = (empty.prefetch_hint(place), empty.prefetch_tagged(place));
+    assert_eq!(tagged, [hint[0], hint[1], hint[0], hint[1]]);
 }
 
 /// A path is placed by its endpoint and destination alone: the constraint variants of one

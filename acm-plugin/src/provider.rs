@@ -14,7 +14,7 @@ use crate::ffi::*;
 use crate::instance::{lock, Ep, EpRegistry, Instance, LogReason, PortInfo, Writer};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, HashedKey, Lookup, PathCache};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, HashedKey, Lookup, PathCache, Place};
 use acm_core_nostd::resolver::request::{classify, respond, route_dest, Target};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, HeapStorage, Kind, Resolver, Via, MSG_LEN,
@@ -26,7 +26,7 @@ use acm_core_nostd::wire::client::{
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
 use acm_dataplane::export::{ExportConfig, Exporter};
-use acm_dataplane::plane::{Control, Inbox, Plane, Ud};
+use acm_dataplane::plane::{Control, HostCache, Inbox, Plane, Ud};
 use acm_dataplane::stats::{Clock, MissClass, MissStamp};
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
@@ -818,10 +818,18 @@ fn hand_over_stamped(
     ok
 }
 
-/// Starts loading the cache lines at `hint` (from `PathCache::prefetch_hint`) without waiting
-/// for them.
+/// Starts the loads of a path lookup placed at `place` without waiting for them: the lines of
+/// its preferred slots and its groups' tag lines, then (the tags read) the slots whose tag
+/// matches, where a key outside its preferred slots lives.
 #[inline(always)]
-fn prefetch(hint: [*const u8; 4]) {
+fn start_lookup(cache: &HostCache, place: Place) {
+    prefetch(cache.prefetch_hint(place));
+    prefetch(cache.prefetch_tagged(place));
+}
+
+/// Starts loading the cache lines at `hint` without waiting for them.
+#[inline(always)]
+fn prefetch<const N: usize>(hint: [*const u8; N]) {
     #[cfg(target_arch = "x86_64")]
     for p in hint {
         // SAFETY: a prefetch is only a hint: it never faults, reads nothing into the program
@@ -858,7 +866,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     let view = ep.view();
     let early = route_dest(&view, msg).map(|d| inst.cache.place(&d));
     if let Some(p) = early {
-        prefetch(inst.cache.prefetch_hint(p));
+        start_lookup(&inst.cache, p);
     }
     let target = classify(&view, msg);
     // A route hit is answered from here.
@@ -867,7 +875,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             let place = early.unwrap_or_else(|| {
                 // A LID or GID entry: its destination is known only now.
                 let p = inst.cache.place(&k.dest());
-                prefetch(inst.cache.prefetch_hint(p));
+                start_lookup(&inst.cache, p);
                 p
             });
             let h = inst.cache.hashed_at(k, place);

@@ -525,15 +525,29 @@ where
     }
 
     /// The memory a lookup of a key [`place`](Self::place)d at `place` may read, for prefetch
-    /// instructions of the caller's: its first preferred slot (read first, and alone when the
-    /// key is there), its second preferred slot and the tag lines of its two groups (read only
-    /// if not). A path is placed by its endpoint and destination alone, so this is known from
-    /// a request's destination before its key is derived: prefetching these at the top of a
-    /// request lets the DRAM miss overlap the request's other work. Only addresses (never
-    /// dereferenced here); null for an empty cache.
+    /// instructions of the caller's: both lines of its first preferred slot (read first, and
+    /// alone when the key is there), both lines of its second preferred slot, and the tag
+    /// lines of its two groups (read only if not). A path is placed by its endpoint and
+    /// destination alone, so this is known from a request's destination before its key is
+    /// derived: prefetching these at the top of a request lets the DRAM miss overlap the
+    /// request's other work. Only addresses (never dereferenced here); null for an empty
+    /// cache.
     #[inline]
-    pub fn prefetch_hint(&self, place: Place) -> [*const u8; 4] {
+    pub fn prefetch_hint(&self, place: Place) -> [*const u8; 6] {
         self.paths.home_addrs(place.0)
+    }
+
+    /// The slots a lookup of a key [`place`](Self::place)d at `place` reads when neither
+    /// preferred slot holds it: both lines of the first other slot of each of its two groups
+    /// whose tag matches (the first preferred slot's lines where a group has none), for the
+    /// caller's prefetch. Unlike [`prefetch_hint`](Self::prefetch_hint) this **loads** (the
+    /// groups' tag lines): call it right after prefetching that hint. The tags arrive with
+    /// the preferred slots, and prefetching these then overlaps the load of a key that lives
+    /// outside its preferred slots (about 1 in 4 at the design load) with theirs, rather than
+    /// starting it once they proved not to hold it. Null for an empty cache.
+    #[inline]
+    pub fn prefetch_tagged(&self, place: Place) -> [*const u8; 4] {
+        self.paths.tagged_addrs(place.0)
     }
 
     /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or
@@ -576,6 +590,15 @@ where
     #[doc(hidden)]
     pub fn window_for_tests(&self, key: &PathKey) -> (usize, usize, u8) {
         self.paths.window_of(self.paths.hash(&key.cache_words().0))
+    }
+
+    /// Test hook: the address of the path slot that holds `key`, if any.
+    #[doc(hidden)]
+    pub fn slot_addr_for_tests(&self, key: &PathKey) -> Option<*const u8> {
+        let kw = key.cache_words().0;
+        self.paths
+            .find(&kw, self.paths.hash(&kw))
+            .map(|i| self.paths.slot_lines_for_tests(i)[0])
     }
 
     /// Test hook: how many slots a lookup of `key` examines right now (at most [`MAX_PROBE`]).
