@@ -172,8 +172,8 @@ fn the_prefetch_hint_is_the_keys_preferred_slots() {
 }
 
 /// `prefetch_tagged` names, from the tag lines, the slot where a key that did not get a
-/// preferred slot lives (in all but a tag collision ahead of it in its group), and otherwise
-/// stands in the first preferred slot's lines; both lines of a slot, on slot boundaries.
+/// preferred slot lives (in all but a tag collision ahead of it in its group), one slot of
+/// each of the key's groups, both lines; with no tag match, the first preferred slot's lines.
 #[test]
 fn prefetch_tagged_names_the_slot_of_a_key_outside_its_preferred_slots() {
     let entries = 10_000;
@@ -181,6 +181,7 @@ fn prefetch_tagged_names_the_slot_of_a_key_outside_its_preferred_slots() {
         .map(|_| PathSlot::new())
         .collect();
     let a: Box<[AddrSlot]> = Box::new([]);
+    let base = p.as_ptr() as usize;
     let c = PathCache::new(p, a, CacheConfig::default()).unwrap();
     let mut w = c.writer().unwrap();
     for i in 0..entries as u64 {
@@ -192,11 +193,17 @@ fn prefetch_tagged_names_the_slot_of_a_key_outside_its_preferred_slots() {
         let place = c.place(&k.packed().dest());
         let hint = c.prefetch_hint(place);
         let tagged = c.prefetch_tagged(place);
-        for lines in tagged.chunks(2) {
+        let (g1, g2, _) = c.window_for_tests(&k);
+        for (lines, g) in tagged.chunks(2).zip([g1, g2]) {
             assert_eq!(
                 lines[1] as usize,
                 lines[0] as usize + 64,
                 "key {i}: both lines"
+            );
+            let slot = (lines[0] as usize - base) / 128;
+            assert!(
+                slot / GROUP == g || lines[0] == hint[0],
+                "key {i}: in its group"
             );
         }
         let at = c.slot_addr_for_tests(&k).expect("inserted below capacity");
@@ -206,13 +213,6 @@ fn prefetch_tagged_names_the_slot_of_a_key_outside_its_preferred_slots() {
         outside += 1;
         if at == tagged[0] || at == tagged[2] {
             named += 1;
-        }
-        // A group without another tag match stands in the first preferred slot.
-        for t in [tagged[0], tagged[2]] {
-            assert!(
-                t == hint[0] || t != hint[2],
-                "key {i}: never the second preferred slot"
-            );
         }
     }
     // About 1 key in 4 at the design load; a tag collision ahead of it (1/255 per slot) hides

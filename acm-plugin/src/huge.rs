@@ -21,11 +21,18 @@ fn aligned_span(addr: usize, bytes: usize) -> Option<(usize, usize)> {
     (end > start).then(|| (start, end - start))
 }
 
-/// `n` empty path slots; if they take at least [`THRESHOLD_BYTES`], advised as huge pages.
-/// Returns whether the advice was given and accepted as the second value.
+/// Whether `n` path slots take at least [`THRESHOLD_BYTES`]: storage advised as huge pages,
+/// and too large to stay in the CPU's caches, so a lookup's slots are DRAM misses (the hit path
+/// then also prefetches the tag-matching slots: see `provider::start_lookup`).
+pub fn is_large(n: usize) -> bool {
+    n.saturating_mul(core::mem::size_of::<PathSlot>()) >= THRESHOLD_BYTES
+}
+
+/// `n` empty path slots; if [`is_large`], advised as huge pages. Returns whether the advice was
+/// given and accepted as the second value.
 pub fn path_slots_advised(n: usize) -> (Box<[PathSlot]>, bool) {
     let bytes = n.saturating_mul(core::mem::size_of::<PathSlot>());
-    if bytes < THRESHOLD_BYTES {
+    if !is_large(n) {
         return (PathSlot::boxed(n), false);
     }
     let mut v: Vec<PathSlot> = Vec::with_capacity(n);

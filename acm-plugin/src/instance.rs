@@ -29,6 +29,9 @@ pub struct Instance {
     pub opts: ProviderOptions,
     /// The path cache: lock-free reads here, the dataplane is its only writer.
     pub cache: Arc<HostCache>,
+    /// The path storage is [`huge::is_large`](crate::huge::is_large): a hit's slots are DRAM
+    /// misses, and the hit path also prefetches the tag-matching slots (docs/cache.md).
+    pub large_cache: bool,
     /// The queues into the dataplane loop.
     pub inbox: Arc<Inbox>,
     /// The address preload (`addr_preload acm_hosts`), handed to every endpoint.

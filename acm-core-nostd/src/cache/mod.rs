@@ -156,13 +156,14 @@ impl Default for CacheConfig {
     }
 }
 
-/// What a lookup found.
+/// What a lookup found. `R` is the record a hit carries: the 64 bytes themselves, or `()`
+/// from [`PathCache::lookup_into`], which wrote them where the caller asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lookup {
+pub enum Lookup<R = [u8; RECORD_LEN]> {
     /// A valid path record.
     Hit {
         /// The 64-byte SA PathRecord as stored (parse it with `wire::path_record`).
-        record: [u8; RECORD_LEN],
+        record: R,
         /// When the entry expires (ticks).
         expires_at: u64,
         /// The entry is within `refresh_ahead` of expiry and this caller is the one asked to
@@ -180,6 +181,27 @@ pub enum Lookup {
     Miss,
     /// The writer was rewriting the entry on every attempt; treat as a miss for now.
     Busy,
+}
+
+impl Lookup<()> {
+    /// This result with `record` as a hit's record (anything else is kept as it is).
+    #[inline(always)]
+    pub fn with_record(self, record: [u8; RECORD_LEN]) -> Lookup {
+        match self {
+            Lookup::Hit {
+                expires_at,
+                needs_refresh,
+                ..
+            } => Lookup::Hit {
+                record,
+                expires_at,
+                needs_refresh,
+            },
+            Lookup::Negative { status, until } => Lookup::Negative { status, until },
+            Lookup::Miss => Lookup::Miss,
+            Lookup::Busy => Lookup::Busy,
+        }
+    }
 }
 
 /// Errors from cache construction and writer operations.
@@ -519,7 +541,21 @@ where
     /// [`lookup`](Self::lookup) of a key [`hashed`](Self::hashed) by this cache.
     #[inline]
     pub fn lookup_hashed(&self, key: &HashedKey, now: u64) -> Lookup {
-        let r = self.lookup_impl::<true>(key, now);
+        let mut record = [0; RECORD_LEN];
+        self.lookup_into(key, now, &mut record).with_record(record)
+    }
+
+    /// [`lookup_hashed`](Self::lookup_hashed) that writes a hit's record into `record` (an
+    /// answer's path, say) straight from the slot, rather than returning it: no intermediate
+    /// copy on the hit path. On anything but a hit, `record` may hold any bytes.
+    #[inline]
+    pub fn lookup_into(
+        &self,
+        key: &HashedKey,
+        now: u64,
+        record: &mut [u8; RECORD_LEN],
+    ) -> Lookup<()> {
+        let r = self.lookup_impl::<true>(key, now, record);
         count(&self.counters.shared, &r);
         r
     }
@@ -583,7 +619,9 @@ where
     /// use it otherwise.
     #[doc(hidden)]
     pub fn torn_lookup_for_tests(&self, key: &PathKey, now: u64) -> Lookup {
-        self.lookup_impl::<false>(&self.hashed(&key.packed()), now)
+        let mut record = [0; RECORD_LEN];
+        self.lookup_impl::<false>(&self.hashed(&key.packed()), now, &mut record)
+            .with_record(record)
     }
 
     /// Test hook: (group 1, group 2, tag byte) of `key` in the path table.
@@ -614,7 +652,12 @@ where
     }
 
     #[inline(always)]
-    fn lookup_impl<const CHECKED: bool>(&self, key: &HashedKey, now: u64) -> Lookup {
+    fn lookup_impl<const CHECKED: bool>(
+        &self,
+        key: &HashedKey,
+        now: u64,
+        record: &mut [u8; RECORD_LEN],
+    ) -> Lookup<()> {
         let mut w = [0u32; PATH_WORDS];
         match self.paths.read::<CHECKED>(&key.kw, key.hash, &mut w) {
             // A path without the reversible bit does not answer a request that needs one
@@ -626,7 +669,7 @@ where
             {
                 Lookup::Miss
             }
-            Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now),
+            Probe::Found(idx, seq) => self.classify(idx, seq, &w, u64::MAX, now, record),
             Probe::NotFound => Lookup::Miss,
             Probe::Busy => Lookup::Busy,
         }
@@ -635,21 +678,36 @@ where
     /// Follows an address alias to its path entry: slot `target`, if it still holds
     /// incarnation `inc`; the result expires by `cap` (the alias's own expiry) at the latest.
     #[inline(always)]
-    fn follow(&self, target: usize, inc: u32, cap: u64, now: u64) -> Lookup {
+    fn follow(
+        &self,
+        target: usize,
+        inc: u32,
+        cap: u64,
+        now: u64,
+        record: &mut [u8; RECORD_LEN],
+    ) -> Lookup<()> {
         let mut w = [0u32; PATH_WORDS];
         match self.paths.read_at(target, &mut w) {
             Some(Some(seq)) if w[HDR] & OCCUPIED != 0 && w[INC] == inc => {
-                self.classify(target, seq, &w, cap, now)
+                self.classify(target, seq, &w, cap, now, record)
             }
             Some(None) => Lookup::Busy,
             _ => Lookup::Miss,
         }
     }
 
-    /// Turns a consistent snapshot of path slot `idx` into a lookup result. `cap` bounds the
-    /// expiry (an alias's own lifetime).
+    /// Turns a consistent snapshot of path slot `idx` into a lookup result, a hit's record
+    /// written into `record`. `cap` bounds the expiry (an alias's own lifetime).
     #[inline(always)]
-    fn classify(&self, idx: usize, seq: u32, w: &[u32; PATH_WORDS], cap: u64, now: u64) -> Lookup {
+    fn classify(
+        &self,
+        idx: usize,
+        seq: u32,
+        w: &[u32; PATH_WORDS],
+        cap: u64,
+        now: u64,
+        record: &mut [u8; RECORD_LEN],
+    ) -> Lookup<()> {
         if w[GEN] != self.gen(ep_of(w)) {
             return Lookup::Miss;
         }
@@ -664,12 +722,11 @@ where
         self.paths.touch(idx);
         let needs_refresh = now.saturating_add(self.config.refresh_ahead) >= exp
             && self.paths.claim_refresh(idx, seq);
-        let mut record = [0u8; RECORD_LEN];
         for i in 0..RECORD_WORDS {
             record[4 * i..4 * i + 4].copy_from_slice(&w[PATH_REC + i].to_le_bytes());
         }
         Lookup::Hit {
-            record,
+            record: (),
             expires_at: exp,
             needs_refresh,
         }
@@ -684,6 +741,17 @@ where
     }
 
     fn lookup_addr_inner(&self, key: &AddrKey, now: u64) -> Lookup {
+        let mut record = [0; RECORD_LEN];
+        self.lookup_addr_into(key, now, &mut record)
+            .with_record(record)
+    }
+
+    fn lookup_addr_into(
+        &self,
+        key: &AddrKey,
+        now: u64,
+        record: &mut [u8; RECORD_LEN],
+    ) -> Lookup<()> {
         let kw = key.to_words();
         let h = self.addrs.hash(&kw);
         let mut aw = [0u32; ADDR_WORDS];
@@ -701,7 +769,7 @@ where
                     return Lookup::Negative { status, until: exp };
                 }
                 self.addrs.touch(aidx);
-                self.follow(aw[ADDR_TGT] as usize, aw[ADDR_TGT + 1], exp, now)
+                self.follow(aw[ADDR_TGT] as usize, aw[ADDR_TGT + 1], exp, now, record)
             }
             Probe::NotFound => Lookup::Miss,
             Probe::Busy => Lookup::Busy,
@@ -716,7 +784,7 @@ where
 }
 
 #[inline(always)]
-fn count(c: &ReadCounters, r: &Lookup) {
+fn count<R>(c: &ReadCounters, r: &Lookup<R>) {
     match r {
         Lookup::Hit { needs_refresh, .. } => {
             bump(&c.hits);
@@ -751,11 +819,12 @@ where
     /// [`PathCache::lookup`], counted in this reader's cell.
     #[inline]
     pub fn lookup(&self, key: &PathKey, now: u64) -> Lookup {
+        let mut record = [0; RECORD_LEN];
         let r = self
             .cache
-            .lookup_impl::<true>(&self.cache.hashed(&key.packed()), now);
+            .lookup_impl::<true>(&self.cache.hashed(&key.packed()), now, &mut record);
         count(&self.cache.counters.readers[self.cell], &r);
-        r
+        r.with_record(record)
     }
 
     /// [`PathCache::lookup_addr`], counted in this reader's cell.

@@ -213,10 +213,15 @@ struct Place {
     tag: u8,
 }
 
-/// Bit `7` of every byte of the result is set exactly where `x` has a zero byte.
+/// Bit `i` of the result is set exactly where byte `i` of `x` (numeric order, byte 0 the least
+/// significant) is zero: the bytes' high bits of the classic SWAR zero test, gathered by one
+/// multiply (each byte's bit lands on its own bit of the top byte; the other products fall
+/// below it or off the top, on distinct bits, so nothing carries into it). No branch.
 #[inline(always)]
-fn zero_bytes(x: u32) -> u32 {
-    !((((x & 0x7f7f_7f7f).wrapping_add(0x7f7f_7f7f)) | x) | 0x7f7f_7f7f)
+fn zero_byte_mask(x: u64) -> u32 {
+    const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+    let high = !((((x & LOW7).wrapping_add(LOW7)) | x) | LOW7);
+    ((high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
 
 /// The hash table. `KW` key words start at [`KEY`]; the payload follows.
@@ -344,6 +349,24 @@ where
         self.side(g * (GROUP / 4)).load(Ordering::Acquire)
     }
 
+    /// The slots of group `g` whose tag is `tag`, as a bit mask (bit `i` = slot
+    /// `g * GROUP + i`; only slots below `cap`), from its tag words (`first` = the first one,
+    /// loaded already). Branch-free: callers run it while other loads are in flight, where a
+    /// mispredicted branch would throw away the work done in their shadow.
+    #[inline(always)]
+    fn group_matches(&self, g: usize, first: u32, tag: u8) -> u32 {
+        let pat = u64::from_ne_bytes([tag; 8]);
+        let tags = self.group_tags(g, first);
+        let mut m = 0u32;
+        for (i, pair) in tags.chunks(2).enumerate() {
+            // A missing high word (the loom model's one-word groups) is 0: never a tag (≥ 1).
+            let w = u64::from(pair[0]) | pair.get(1).map_or(0, |&h| u64::from(h) << 32);
+            m |= zero_byte_mask(w ^ pat) << (8 * i);
+        }
+        let len = self.group_len(g);
+        m & if len >= 32 { u32::MAX } else { (1 << len) - 1 }
+    }
+
     // ---------------------------------------------------------------- readers
 
     /// Copies slot `idx` consistently into `out` (`out[SEQ]` = the sequence value) and reports
@@ -463,26 +486,21 @@ where
                 found => return found,
             }
         }
-        // Not in a preferred slot (about 1 key in 4): the tags of both groups (1 byte per slot,
-        // a 1.1 MB array per million slots, so mostly cache-resident) name the candidates.
-        let pat = u32::from_ne_bytes([pl.tag; 4]);
+        // Not in a preferred slot (about 1 key in 4): the tags of both groups (1 byte per slot)
+        // name the candidates.
         for (g, first) in [(pl.g1, first[0]), (pl.g2, first[1])] {
-            let tags = self.group_tags(g, first);
-            for (j, &t) in tags.iter().enumerate() {
-                let mut m = zero_bytes(t ^ pat);
-                while m != 0 {
-                    let b = (m.trailing_zeros() / 8) as usize;
-                    m &= m - 1;
-                    let idx = g * GROUP + 4 * j + b;
-                    if idx == pl.pref || idx == pl.pref2 || idx >= self.cap {
-                        continue;
-                    }
-                    *examined += 1;
-                    match self.try_slot::<CHECKED>(idx, key, out) {
-                        Probe::NotFound => {}
-                        Probe::Busy => busy = true,
-                        found => return found,
-                    }
+            let mut m = self.group_matches(g, first, pl.tag);
+            while m != 0 {
+                let idx = g * GROUP + m.trailing_zeros() as usize;
+                m &= m - 1;
+                if idx == pl.pref || idx == pl.pref2 {
+                    continue;
+                }
+                *examined += 1;
+                match self.try_slot::<CHECKED>(idx, key, out) {
+                    Probe::NotFound => {}
+                    Probe::Busy => busy = true,
+                    found => return found,
                 }
             }
             if pl.g2 == pl.g1 {
@@ -620,45 +638,31 @@ where
         [p, p.wrapping_add(last)]
     }
 
-    /// The lines of the first slot of each of `hash`'s groups, other than its preferred
-    /// slots, whose tag matches: where a key that did not get a preferred slot lives (about 1
-    /// in 4 at the design load), or a tag collision (about 1 lookup in 4: 64 slots × 1/255).
-    /// Where a group has none, the first preferred slot's lines stand in (a prefetch of a line
-    /// already on its way costs nothing, and needs no branch). It **loads** the two groups'
-    /// tag words, so call it after prefetching [`home_addrs`](Self::home_addrs): the tags
-    /// arrive with the preferred slots, and a prefetch of these then starts the overflow
-    /// slot's load a few ns later instead of after the preferred slots proved not to hold the
-    /// key.
+    /// The lines of the first slot of each of `hash`'s groups whose tag matches: where a key
+    /// that did not get a preferred slot lives (about 1 in 4 at the design load; a tag
+    /// collision ahead of it, 1/255 per slot, names another), else mostly its own preferred
+    /// slot again. Where a group has none, the first preferred slot's lines stand in (a
+    /// prefetch of a line already on its way costs nothing). It **loads** the two groups' tag
+    /// words, so call it after prefetching [`home_addrs`](Self::home_addrs): the tags arrive
+    /// with the preferred slots, and a prefetch of these then starts the overflow slot's load
+    /// a few ns later instead of after the preferred slots proved not to hold the key. No
+    /// branch on the tags ([`group_matches`](Self::group_matches)).
     #[inline]
     pub(crate) fn tagged_addrs(&self, hash: u64) -> [*const u8; 4] {
         if self.cap == 0 {
             return [core::ptr::null(); 4];
         }
         let pl = self.place(hash);
-        let pat = u32::from_ne_bytes([pl.tag; 4]);
-        let mut found = [pl.pref; 2];
-        for (o, g) in found.iter_mut().zip([pl.g1, pl.g2]) {
-            'group: for (j, &t) in self
-                .group_tags(g, self.first_tag_word(g))
-                .iter()
-                .enumerate()
-            {
-                let mut m = zero_bytes(t ^ pat);
-                while m != 0 {
-                    let idx = g * GROUP + 4 * j + (m.trailing_zeros() / 8) as usize;
-                    m &= m - 1;
-                    if idx != pl.pref && idx != pl.pref2 && idx < self.cap {
-                        *o = idx;
-                        break 'group;
-                    }
-                }
+        let pick = |g: usize| {
+            let m = self.group_matches(g, self.first_tag_word(g), pl.tag);
+            if m != 0 {
+                g * GROUP + m.trailing_zeros() as usize
+            } else {
+                pl.pref
             }
-            if pl.g2 == pl.g1 {
-                break;
-            }
-        }
-        let [a, b] = self.slot_lines(found[0]);
-        let [c, d] = self.slot_lines(found[1]);
+        };
+        let [a, b] = self.slot_lines(pick(pl.g1));
+        let [c, d] = self.slot_lines(pick(pl.g2));
         [a, b, c, d]
     }
 
@@ -952,11 +956,29 @@ mod tests {
     }
 
     #[test]
-    fn zero_bytes_is_exact() {
-        assert_eq!(zero_bytes(0x0000_0000), 0x8080_8080);
-        assert_eq!(zero_bytes(0x0100_ff00), 0x0080_0080);
-        assert_eq!(zero_bytes(0x0101_0101), 0);
-        assert_eq!(zero_bytes(0x8000_0001), 0x0080_8000);
+    fn zero_byte_mask_is_exact() {
+        assert_eq!(zero_byte_mask(0), 0xff);
+        assert_eq!(zero_byte_mask(0x0101_0101_0101_0101), 0);
+        assert_eq!(zero_byte_mask(0x0100_ff00_8000_0001), 0b0101_0110);
+        // Against the byte-by-byte definition, over every single and double zero byte and
+        // random words.
+        let naive =
+            |x: u64| (0..8).fold(0u32, |m, i| m | (u32::from((x >> (8 * i)) as u8 == 0) << i));
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..8 {
+            for j in 0..8 {
+                let v = 0x1111_1111_1111_1111u64 & !(0xff << (8 * i)) & !(0xff << (8 * j));
+                assert_eq!(zero_byte_mask(v), naive(v), "{v:#x}");
+            }
+        }
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Bias towards zero bytes: clear the bytes whose low bit is set in a second word.
+            let v = x & !((x.rotate_left(29) & 0x0101_0101_0101_0101) * 0xff);
+            assert_eq!(zero_byte_mask(v), naive(v), "{v:#x}");
+        }
     }
 }
 

@@ -668,10 +668,18 @@ pub fn build_resolve_frame<R: AsRef<[u8]>>(request: &AcmMsg<R>, out: &mut [u8]) 
 /// buffer too short to hold entry 0, which the frame builder has already refused).
 #[inline]
 pub fn set_response_path(out: &mut [u8], path: &[u8; PATH_RECORD_LEN]) {
-    let at = HDR_LEN + efield::INFO.start;
-    if let Some(d) = out.get_mut(at..at + PATH_RECORD_LEN) {
-        d.copy_from_slice(path);
+    if let Some(d) = response_path_mut(out) {
+        *d = *path;
     }
+}
+
+/// The 64 bytes of entry 0's path in a frame [`build_resolve_frame`] built in `out`, for a
+/// caller that writes the path there itself (the cache's `lookup_into`); `None` on a buffer
+/// too short to hold entry 0.
+#[inline]
+pub fn response_path_mut(out: &mut [u8]) -> Option<&mut [u8; PATH_RECORD_LEN]> {
+    let at = HDR_LEN + efield::INFO.start;
+    out.get_mut(at..at + PATH_RECORD_LEN)?.try_into().ok()
 }
 
 /// Builds an error response: the request header with `status`, `data[0..3] = 0`, the same
