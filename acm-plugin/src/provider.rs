@@ -964,10 +964,10 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     reply(u8::from(Status::Enomem), None)
 }
 
-/// How many bytes of a request `client_call` copies: `hdr.length`, plus the entry at
+/// How many bytes of a request `client_call` reads: `hdr.length`, plus the entry at
 /// `src_index` when `src_out` is set (the core writes the source it selected into the slot
 /// after the last entry without growing `length`), at least the 16-byte header and at most the
-/// 592-byte `acm_msg`. A bad length is the classifier's EINVAL, as with a full copy.
+/// 592-byte `acm_msg`. A bad length is the classifier's EINVAL, as with the whole buffer.
 fn request_span(hdr: &[u8; HDR_LEN]) -> usize {
     let length = usize::from(u16::from_ne_bytes([hdr[6], hdr[7]]));
     let source = if hdr[3] != 0 {
@@ -981,7 +981,7 @@ fn request_span(hdr: &[u8; HDR_LEN]) -> usize {
 const HDR_LEN: usize = acm_core_nostd::wire::client::HDR_LEN;
 const EP_LEN: usize = acm_core_nostd::wire::client::EP_LEN;
 
-/// The body of `resolve()` / `query()`: null checks, a copy of the request bytes, `catch_unwind`,
+/// The body of `resolve()` / `query()`: null checks, a view of the request's bytes, `catch_unwind`,
 /// and an EINVAL answer (through `via`) if the implementation panicked before answering.
 ///
 /// # Safety
@@ -1002,14 +1002,11 @@ unsafe fn client_call(
     // 16-byte header is readable (byte arrays, no alignment needed).
     let hdr = unsafe { (msg as *const [u8; HDR_LEN]).read() };
     let n = request_span(&hdr);
-    let mut buf = core::mem::MaybeUninit::<[u8; MSG_BYTES]>::uninit();
-    // SAFETY: `n <= MSG_BYTES` bytes of the core's 592-byte buffer into our 592-byte one (no
-    // overlap: `buf` is on our stack); afterwards exactly the first `n` bytes of `buf` are
-    // initialised, and only those are viewed.
-    let copy: &[u8] = unsafe {
-        core::ptr::copy_nonoverlapping(msg as *const u8, buf.as_mut_ptr() as *mut u8, n);
-        core::slice::from_raw_parts(buf.as_ptr() as *const u8, n)
-    };
+    // SAFETY: `n <= MSG_BYTES` bytes of the core's 592-byte buffer, valid for this call and
+    // written by no one while it runs (the core's thread is in this call, and we answer into
+    // our own buffers, never into `msg`). Nothing keeps this view past the call: a request
+    // handed to the dataplane is copied into its queue (`Inbox::request`).
+    let copy: &[u8] = unsafe { core::slice::from_raw_parts(msg as *const u8, n) };
     // SAFETY: our AddrCtx, alive until remove_address / close_endpoint.
     let ctx = unsafe { &*(addr_context as *const AddrCtx) };
     let mut answered = false;
