@@ -579,7 +579,17 @@ pub struct Floor {
     /// Per-load time of each timed block of [`FLOOR_BLOCK`] dependent loads (the block's time
     /// divided by its loads): the floor's distribution, for the hit plots.
     pub per_load: LatencyHistogram,
+    /// [`FLOOR_SINGLES`] dependent loads of the same chase, each timed alone (ordered TSC reads
+    /// around it, the span including the timer's own cost, [`timer_ns`](Self::timer_ns)): the
+    /// spread of one DRAM access, which a hit that makes one inherits (a block's average
+    /// hides it).
+    pub single: LatencyHistogram,
+    /// The median span of two back-to-back reads of the same clock (nothing timed).
+    pub timer_ns: f64,
 }
+
+/// Single loads [`floor`] times one by one (after the blocks).
+pub const FLOOR_SINGLES: usize = 100_000;
 
 /// Dependent loads per timed block of [`floor`] (the timer's ~25 ns is then < 0.2 ns a load).
 pub const FLOOR_BLOCK: usize = 128;
@@ -618,10 +628,25 @@ pub fn floor(bytes: usize, huge: bool, rng: &mut XorShift) -> Floor {
         let ps = t.elapsed().as_nanos() as u64 * 1000 / FLOOR_BLOCK as u64;
         per_load.record_ps(ps.max(1), 1);
     }
+    let clock = acm_dataplane::stats::Clock::calibrated();
+    let mut single = LatencyHistogram::new();
+    let mut timer = LatencyHistogram::new();
+    for _ in 0..FLOOR_SINGLES {
+        let t0 = clock.now();
+        i = buf[i * NODE] as usize;
+        // The load's value feeds nothing the end read waits for but the load itself: the
+        // clock's ordered read waits for it (acm_dataplane::stats).
+        let t1 = clock.now();
+        single.record(Duration::from_nanos(clock.ns(t0, t1)));
+        let (a, b) = (clock.now(), clock.now());
+        timer.record(Duration::from_nanos(clock.ns(a, b)));
+    }
     std::hint::black_box(i);
     Floor {
         ns: per_load.summary().p50_ns,
         per_load,
+        single,
+        timer_ns: timer.summary().p50_ns,
     }
 }
 
@@ -643,7 +668,7 @@ pub struct StorageFloor {
 pub fn storage_floor(capacity: usize, rng: &mut XorShift) -> StorageFloor {
     let slots = acmrs::huge::path_slot_count(capacity);
     let bytes = slots * core::mem::size_of::<acm_core_nostd::cache::PathSlot>();
-    let huge = bytes >= acmrs::huge::THRESHOLD_BYTES;
+    let huge = acmrs::huge::is_large(slots);
     StorageFloor {
         floor: floor(bytes, huge, rng),
         bytes,
@@ -655,13 +680,19 @@ pub fn storage_floor(capacity: usize, rng: &mut XorShift) -> StorageFloor {
 impl StorageFloor {
     /// `memory floor: … ns per dependent load over … MiB (THP; acmrs's path storage, …)`.
     pub fn describe(&self) -> String {
+        let s = self.floor.single.summary();
         format!(
-            "memory floor: {:.1} ns per dependent load over {:.1} MiB ({}; acmrs's path storage, {} slots of {} B)",
+            "memory floor: {:.1} ns per dependent load over {:.1} MiB ({}; acmrs's path storage, {} slots of {} B); \
+             one load timed alone: p50 {:.0}, p99 {:.0}, p99.9 {:.0} ns (span with ~{:.0} ns of timer)",
             self.floor.ns,
             self.bytes as f64 / (1 << 20) as f64,
             if self.huge { "THP" } else { "4 KiB pages" },
             self.slots,
-            core::mem::size_of::<acm_core_nostd::cache::PathSlot>()
+            core::mem::size_of::<acm_core_nostd::cache::PathSlot>(),
+            s.p50_ns,
+            s.p99_ns,
+            s.p999_ns,
+            self.floor.timer_ns,
         )
     }
 }
