@@ -1006,12 +1006,12 @@ unsafe fn client_call(
     // written by no one while it runs (the core's thread is in this call, and we answer into
     // our own buffers, never into `msg`). Nothing keeps this view past the call: a request
     // handed to the dataplane is copied into its queue (`Inbox::request`).
-    let copy: &[u8] = unsafe { core::slice::from_raw_parts(msg as *const u8, n) };
+    let request: &[u8] = unsafe { core::slice::from_raw_parts(msg as *const u8, n) };
     // SAFETY: our AddrCtx, alive until remove_address / close_endpoint.
     let ctx = unsafe { &*(addr_context as *const AddrCtx) };
     let mut answered = false;
     let answered_ref = &mut answered;
-    match catch_unwind(AssertUnwindSafe(|| imp(ctx, copy, id, answered_ref))) {
+    match catch_unwind(AssertUnwindSafe(|| imp(ctx, request, id, answered_ref))) {
         Ok(r) => r,
         Err(_) => {
             core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
@@ -1020,7 +1020,7 @@ unsafe fn client_call(
                     answer_inline(
                         ctx,
                         via,
-                        copy,
+                        request,
                         id,
                         u8::from(Status::Einval),
                         None,
