@@ -352,19 +352,19 @@ pub struct CacheStats {
     pub addr_entries: u64,
 }
 
-/// A path key as a [`PathCache`] stores it (without the reversible bit) and its hash under
+/// A path key as a [`PathCache`] stores it (without the reversible bit) and its place under
 /// that cache's seed ([`PathCache::hashed`]); valid only for the cache that made it.
 #[derive(Clone, Copy, Debug)]
 pub struct HashedKey {
     kw: [u32; PATH_KEY_WORDS],
     wants_reversible: bool,
-    hash: u64,
+    place: table::Place,
 }
 
 /// Where a destination's paths live in a [`PathCache`] ([`PathCache::place`]); valid only for
 /// the cache that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Place(u64);
+pub struct Place(table::Place);
 
 /// The path-record and address cache. See the [module docs](self).
 pub struct PathCache<P, A>
@@ -522,12 +522,13 @@ where
         HashedKey {
             kw,
             wants_reversible,
-            hash: place.0,
+            place: place.0,
         }
     }
 
-    /// Where the paths to `dest` live: the hash of the endpoint and destination words under
-    /// this cache's seed (a path is placed by them alone), for
+    /// Where the paths to `dest` live: the groups, preferred slots and tag the hash of the
+    /// endpoint and destination words under this cache's seed gives (a path is placed by them
+    /// alone), derived once for
     /// [`prefetch_hint`](Self::prefetch_hint) and [`hashed_at`](Self::hashed_at).
     #[inline]
     pub fn place(&self, dest: &PathDest) -> Place {
@@ -535,7 +536,7 @@ where
         for (k, d) in kw.iter_mut().zip(dest.0) {
             *k = d;
         }
-        Place(self.paths.hash(&kw))
+        Place(self.paths.place(self.paths.hash(&kw)))
     }
 
     /// [`lookup`](Self::lookup) of a key [`hashed`](Self::hashed) by this cache.
@@ -570,7 +571,7 @@ where
     /// cache.
     #[inline]
     pub fn prefetch_hint(&self, place: Place) -> [*const u8; 6] {
-        self.paths.home_addrs(place.0)
+        self.paths.home_addrs(&place.0)
     }
 
     /// The slots a lookup of a key [`place`](Self::place)d at `place` reads when neither
@@ -583,7 +584,7 @@ where
     /// starting it once they proved not to hold it. Null for an empty cache.
     #[inline]
     pub fn prefetch_tagged(&self, place: Place) -> [*const u8; 4] {
-        self.paths.tagged_addrs(place.0)
+        self.paths.tagged_addrs(&place.0)
     }
 
     /// A reader handle with its own counter cell (for one thread; it is `Send`, not `Sync`), or
@@ -645,9 +646,12 @@ where
         let kw = key.cache_words().0;
         let mut w = [0u32; PATH_WORDS];
         let mut n = 0;
-        let _ = self
-            .paths
-            .read_counted::<true>(&kw, self.paths.hash(&kw), &mut w, &mut n);
+        let _ = self.paths.read_counted::<true>(
+            &kw,
+            self.paths.place(self.paths.hash(&kw)),
+            &mut w,
+            &mut n,
+        );
         n
     }
 
@@ -659,7 +663,7 @@ where
         record: &mut [u8; RECORD_LEN],
     ) -> Lookup<()> {
         let mut w = [0u32; PATH_WORDS];
-        match self.paths.read::<CHECKED>(&key.kw, key.hash, &mut w) {
+        match self.paths.read::<CHECKED>(&key.kw, key.place, &mut w) {
             // A path without the reversible bit does not answer a request that needs one
             // (PathRecord byte 49 = byte 1 of record word 12).
             Probe::Found(..)
@@ -755,7 +759,7 @@ where
         let kw = key.to_words();
         let h = self.addrs.hash(&kw);
         let mut aw = [0u32; ADDR_WORDS];
-        match self.addrs.read::<true>(&kw, h, &mut aw) {
+        match self.addrs.read::<true>(&kw, self.addrs.place(h), &mut aw) {
             Probe::Found(aidx, _) => {
                 if aw[GEN] != self.gen(key.ep) {
                     return Lookup::Miss;

@@ -203,9 +203,10 @@ pub(crate) fn set_expiry(w: &mut [u32], t: u64) {
     w[EXP_HI] = (t >> 32) as u32;
 }
 
-/// Where a key may live: two groups, a preferred slot in each, a tag.
-#[derive(Clone, Copy, Debug)]
-struct Place {
+/// Where a key may live: two groups, a preferred slot in each, a tag ([`Table::place`] of its
+/// hash). A path lookup derives it once and passes it to the prefetch hints and the read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
     g1: usize,
     g2: usize,
     pref: usize,
@@ -300,7 +301,7 @@ where
     }
 
     #[inline(always)]
-    fn place(&self, h: u64) -> Place {
+    pub(crate) fn place(&self, h: u64) -> Place {
         let g1 = reduce(h, self.groups);
         let g2 = reduce(h.rotate_left(32), self.groups);
         let m = super::hash::mix(h);
@@ -341,12 +342,17 @@ where
         t
     }
 
-    /// The first tag word of group `g`, loaded once the first preferred slot did not hold the
-    /// key (the caller's prefetch of `home_addrs` has brought the tag line on its way: the tag
-    /// array is not cache-resident at a million slots).
+    /// The first tag word of group `g` (its tag line is what `home_addrs` names for a
+    /// prefetch: the tag array is not cache-resident at a million slots).
+    #[inline(always)]
+    fn first_tag(&self, g: usize) -> &AtomicU32 {
+        self.side(g * (GROUP / 4))
+    }
+
+    /// [`first_tag`](Self::first_tag), loaded.
     #[inline(always)]
     fn first_tag_word(&self, g: usize) -> u32 {
-        self.side(g * (GROUP / 4)).load(Ordering::Acquire)
+        self.first_tag(g).load(Ordering::Acquire)
     }
 
     /// The slots of group `g` whose tag is `tag`, as a bit mask (bit `i` = slot
@@ -438,17 +444,18 @@ where
         }
     }
 
-    /// Finds `key` and copies the entry's words into `out`. `CHECKED = false` skips the
-    /// sequence validation: a deliberately broken reader for tests, see
+    /// Finds `key`, placed at `pl` (the [`place`](Self::place) of its hash), and copies the
+    /// entry's words into `out`. `CHECKED = false` skips the sequence validation: a
+    /// deliberately broken reader for tests, see
     /// [`PathCache::torn_lookup_for_tests`](super::PathCache::torn_lookup_for_tests).
     #[inline(always)]
     pub(crate) fn read<const CHECKED: bool>(
         &self,
         key: &[u32; KW],
-        hash: u64,
+        pl: Place,
         out: &mut [u32; W],
     ) -> Probe {
-        self.read_counted::<CHECKED>(key, hash, out, &mut 0)
+        self.read_counted::<CHECKED>(key, pl, out, &mut 0)
     }
 
     /// [`read`](Self::read), adding the number of slots examined to `*examined` (the count is
@@ -457,14 +464,13 @@ where
     pub(crate) fn read_counted<const CHECKED: bool>(
         &self,
         key: &[u32; KW],
-        hash: u64,
+        pl: Place,
         out: &mut [u32; W],
         examined: &mut usize,
     ) -> Probe {
         if self.cap == 0 {
             return Probe::NotFound;
         }
-        let pl = self.place(hash);
         // The first preferred slot (where ~4 keys in 7 live) is read alone: a hit there waits
         // for one slot, not for the slowest of several loads. The second preferred slot, the
         // tag lines and the tag-matching slots are what `home_addrs` and `tagged_addrs` name
@@ -609,15 +615,15 @@ where
         slot.w[SEQ].store(s.wrapping_add(2), Ordering::Release);
     }
 
-    /// The cache lines a read of `hash` may load: both lines of each preferred slot, then its
-    /// groups' tag lines (see [`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)).
+    /// The cache lines a read of a key placed at `pl` may load: both lines of each preferred
+    /// slot, then its groups' tag lines (see
+    /// [`PathCache::prefetch_hint`](super::PathCache::prefetch_hint)).
     #[inline]
-    pub(crate) fn home_addrs(&self, hash: u64) -> [*const u8; 6] {
+    pub(crate) fn home_addrs(&self, pl: &Place) -> [*const u8; 6] {
         if self.cap == 0 {
             return [core::ptr::null(); 6];
         }
-        let pl = self.place(hash);
-        let tags = |g: usize| self.side(g * (GROUP / 4)) as *const AtomicU32 as *const u8;
+        let tags = |g: usize| self.first_tag(g) as *const AtomicU32 as *const u8;
         let [a, b] = self.slot_lines(pl.pref);
         let [c, d] = self.slot_lines(pl.pref2);
         [a, b, c, d, tags(pl.g1), tags(pl.g2)]
@@ -638,7 +644,8 @@ where
         [p, p.wrapping_add(last)]
     }
 
-    /// The lines of the first slot of each of `hash`'s groups whose tag matches: where a key
+    /// The lines of the first slot of each of the groups of a key placed at `pl` whose tag
+    /// matches: where a key
     /// that did not get a preferred slot lives (about 1 in 4 at the design load; a tag
     /// collision ahead of it, 1/255 per slot, names another), else mostly its own preferred
     /// slot again. Where a group has none, the first preferred slot's lines stand in (a
@@ -648,11 +655,10 @@ where
     /// a few ns later instead of after the preferred slots proved not to hold the key. No
     /// branch on the tags ([`group_matches`](Self::group_matches)).
     #[inline]
-    pub(crate) fn tagged_addrs(&self, hash: u64) -> [*const u8; 4] {
+    pub(crate) fn tagged_addrs(&self, pl: &Place) -> [*const u8; 4] {
         if self.cap == 0 {
             return [core::ptr::null(); 4];
         }
-        let pl = self.place(hash);
         let pick = |g: usize| {
             let m = self.group_matches(g, self.first_tag_word(g), pl.tag);
             if m != 0 {
@@ -1032,7 +1038,10 @@ pub mod loom_model {
         pub fn read(&self, key: u32) -> Option<[u32; 2]> {
             let k = [key];
             let mut out = [0u32; W];
-            match self.t.read::<true>(&k, self.t.hash(&k), &mut out) {
+            match self
+                .t
+                .read::<true>(&k, self.t.place(self.t.hash(&k)), &mut out)
+            {
                 Probe::Found(..) => {
                     assert_eq!(out[KEY], key);
                     let mut p = [0u32; 2];
