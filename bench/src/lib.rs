@@ -634,8 +634,7 @@ pub fn floor(bytes: usize, huge: bool, rng: &mut XorShift) -> Floor {
     for _ in 0..FLOOR_SINGLES {
         let t0 = clock.now();
         i = buf[i * NODE] as usize;
-        // The load's value feeds nothing the end read waits for but the load itself: the
-        // clock's ordered read waits for it (acm_dataplane::stats).
+        // The end read is ordered (acm_dataplane::stats): it waits for the load.
         let t1 = clock.now();
         single.record(Duration::from_nanos(clock.ns(t0, t1)));
         let (a, b) = (clock.now(), clock.now());
