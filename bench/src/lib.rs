@@ -591,6 +591,18 @@ pub struct Floor {
 /// Single loads [`floor`] times one by one (after the blocks).
 pub const FLOOR_SINGLES: usize = 100_000;
 
+/// `u64`s per 64-byte line in [`line_buffer`]s.
+const NODE: usize = 8;
+
+/// A zeroed buffer of `lines` 64-byte lines ([`NODE`] `u64`s each), advised huge or not
+/// before its first touch; every page is written (no shared zero page).
+fn line_buffer(lines: usize, huge: bool) -> Vec<u64> {
+    let mut buf: Vec<u64> = Vec::with_capacity(lines * NODE);
+    advise(buf.as_mut_ptr() as *mut u8, lines * 64, huge);
+    buf.resize(lines * NODE, 0);
+    buf
+}
+
 /// Dependent loads per timed block of [`floor`] (the timer's ~25 ns is then < 0.2 ns a load).
 pub const FLOOR_BLOCK: usize = 128;
 
@@ -599,11 +611,8 @@ pub const FLOOR_BLOCK: usize = 128;
 /// figure hit latencies are quoted against (`cache` and `provider` benches). 4000 blocks of
 /// [`FLOOR_BLOCK`] loads, each timed with `Instant`, after a warm-up pass.
 pub fn floor(bytes: usize, huge: bool, rng: &mut XorShift) -> Floor {
-    const NODE: usize = 8; // u64s per 64-byte line
     let nodes = (bytes / 64).max(2);
-    let mut buf: Vec<u64> = Vec::with_capacity(nodes * NODE);
-    advise(buf.as_mut_ptr() as *mut u8, nodes * 64, huge);
-    buf.resize(nodes * NODE, 0);
+    let mut buf = line_buffer(nodes, huge);
     // Sattolo: one cycle through every node.
     let mut perm: Vec<u32> = (0..nodes as u32).collect();
     for i in (1..nodes).rev() {
@@ -663,16 +672,54 @@ pub struct StorageFloor {
     pub huge: bool,
 }
 
-/// [`floor`] over acmrs's path storage for `capacity` paths (see [`StorageFloor`]).
-pub fn storage_floor(capacity: usize, rng: &mut XorShift) -> StorageFloor {
+/// Slots, bytes and page mode (huge or not) of acmrs's path storage for
+/// `acmrs_path_capacity` = `capacity`, as the plugin allocates it.
+fn storage_shape(capacity: usize) -> (usize, usize, bool) {
     let slots = acmrs::huge::path_slot_count(capacity);
     let bytes = slots * core::mem::size_of::<acm_core_nostd::cache::PathSlot>();
-    let huge = acmrs::huge::is_large(slots);
+    (slots, bytes, acmrs::huge::is_large(slots))
+}
+
+/// [`floor`] over acmrs's path storage for `capacity` paths (see [`StorageFloor`]).
+pub fn storage_floor(capacity: usize, rng: &mut XorShift) -> StorageFloor {
+    let (slots, bytes, huge) = storage_shape(capacity);
     StorageFloor {
         floor: floor(bytes, huge, rng),
         bytes,
         slots,
         huge,
+    }
+}
+
+/// A buffer as large as acmrs's path storage, in the page mode the plugin gives it, whose
+/// random lines are read one at a time: the least memory traffic a cache hit whose entry lives
+/// in such a table makes (one line; an acmrs hit reads its slot's two and, in a large table,
+/// two tag lines). The same-host bench times one read between the providers' hits, with their
+/// timer, so it sees the same caches, TLB and VM phase as they do: no provider that reads its
+/// entry from this memory can answer faster, and stock's time over it is the largest
+/// stock/provider ratio the run allows.
+pub struct LineProbe {
+    buf: Vec<u64>,
+    lines: usize,
+}
+
+impl LineProbe {
+    /// A probe over as much memory as acmrs's path storage for `capacity` paths.
+    pub fn for_storage(capacity: usize) -> LineProbe {
+        let (_, bytes, huge) = storage_shape(capacity);
+        let lines = (bytes / 64).max(1);
+        LineProbe {
+            buf: line_buffer(lines, huge),
+            lines,
+        }
+    }
+
+    /// Reads the first word of line `i` (modulo the lines). Pass `i` through
+    /// [`std::hint::black_box`] after the start of a timed span, so the load cannot be
+    /// hoisted before it, and consume the result before its end.
+    #[inline(always)]
+    pub fn read(&self, i: u64) -> u64 {
+        self.buf[(i % self.lines as u64) as usize * NODE]
     }
 }
 

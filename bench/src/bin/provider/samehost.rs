@@ -639,20 +639,29 @@ pub fn child(args: &[String]) -> Result<(), String> {
         last = now;
     }
     let sa_after_ready = last[0] - sa_at_ready;
+    // A tenth as many untimed hits first (same requests and checks): the first thousands of
+    // hits of a run are slower for both (caches, TLB, branch history still cold).
+    let warm = a.hit_samples / 10;
     progress(format_args!(
-        "child {entries}: ready (stock {} ms, acmrs {} ms); {} hits per provider",
+        "child {entries}: ready (stock {} ms, acmrs {} ms); {} hits per provider after {warm} \
+         untimed",
         ready_ms[0], ready_ms[1], a.hit_samples
     ));
     // 5. Hits: random preloaded destinations, by LID and by GID alternately, the two
-    // providers interleaved (alternating who goes first).
+    // providers interleaved (alternating who goes first), then one line of the probe's memory
+    // read alone with the same timer (the bound: see `LineProbe`).
     let mut hits = [LatencyHistogram::new(), LatencyHistogram::new()];
+    let mut line_alone = LatencyHistogram::new();
+    let probe = acm_bench::LineProbe::for_storage(acmrs_capacity);
     let mut inline_hits = [0usize; 2];
     let mut rng = XorShift::new(0x5eed ^ a.size as u64);
+    let mut line_rng = XorShift::new(0x11e5 ^ a.size as u64);
     let sa_before = sa_sent();
     let t_hits = Instant::now();
     // The first hit call during which an SA MAD left (the failure message names it).
     let mut first_sa = None;
-    for s in 0..a.hit_samples {
+    for s in 0..warm + a.hit_samples {
+        let timed = s >= warm;
         let dlid = FAKE_BASE_LID + rng.below(u64::from(dlids)) as u16;
         let by_gid = s % 2 == 1;
         let dgid = by_gid.then(|| gid(prefix, fake_guid(dlid)));
@@ -677,10 +686,22 @@ pub fn child(args: &[String]) -> Result<(), String> {
                     provs[k].name, ans.status
                 ));
             }
-            hits[k].record(Duration::from_nanos(ans.ns));
-            inline_hits[k] += usize::from(ans.inline);
+            if timed {
+                hits[k].record(Duration::from_nanos(ans.ns));
+                inline_hits[k] += usize::from(ans.inline);
+            }
+        }
+        if timed {
+            let line = line_rng.next_u64();
+            let t0 = fake::now_ns();
+            // The line is known only inside the span, and the value is consumed before its end
+            // (whose clock read waits for the load).
+            std::hint::black_box(probe.read(std::hint::black_box(line)));
+            line_alone.record(Duration::from_nanos(fake::now_ns().saturating_sub(t0)));
         }
     }
+    // Freed before the THP reading below (which is of the providers' memory).
+    drop(probe);
     let sa_during_hits = sa_sent() - sa_before;
     if sa_during_hits != 0 {
         return Err(format!(
@@ -830,6 +851,10 @@ pub fn child(args: &[String]) -> Result<(), String> {
                     label: "memory floor (1 dependent load)",
                     histogram: &fl.per_load,
                 });
+                series.push(Series {
+                    label: "one line alone (between the hits)",
+                    histogram: &line_alone,
+                });
             }
             write_percentile_svg(&f, &title, &series)
                 .map_err(|e| format!("{}: {e}", f.display()))?;
@@ -851,6 +876,33 @@ pub fn child(args: &[String]) -> Result<(), String> {
             r(s[0].p9999_ns, s[1].p9999_ns),
             r(s[0].max_ns, s[1].max_ns),
         ]);
+        if tag == "hit" {
+            // The bound: one line of acmrs-sized memory read alone between the hits, and
+            // stock's time over it (no provider that reads its entry from such memory gets a
+            // larger ratio in this run).
+            let l = line_alone.summary();
+            let mut row = vec![
+                what.to_string(),
+                "one line alone".into(),
+                l.count.to_string(),
+            ];
+            row.extend(Table::latency_cells(&l));
+            table.row(row);
+            table.row(vec![
+                what.to_string(),
+                "ratio stock/line alone".into(),
+                String::new(),
+                r(s[0].p50_ns, l.p50_ns),
+                r(s[0].p99_ns, l.p99_ns),
+                r(s[0].p999_ns, l.p999_ns),
+                r(s[0].p9999_ns, l.p9999_ns),
+                r(s[0].max_ns, l.max_ns),
+            ]);
+            if let Some(out) = &a.out {
+                let f = out.join(format!("samehost-line-alone-hit-{entries}.hgrm"));
+                line_alone.write_hgrm(&f).map_err(|e| e.to_string())?;
+            }
+        }
     }
     let s: Vec<Summary> = hits.iter().map(LatencyHistogram::summary).collect();
     for (k, o) in provs.iter().enumerate() {
