@@ -303,7 +303,11 @@ where
     #[inline(always)]
     pub(crate) fn place(&self, h: u64) -> Place {
         let g1 = reduce(h, self.groups);
-        let g2 = reduce(h.rotate_left(32), self.groups);
+        // Another group than g1 whenever there are two: a window of a single group would be
+        // half as wide, and a key whose groups both fell on a short last group (a capacity
+        // not a multiple of GROUP) would have only its few slots and evict at any load.
+        let g2 = reduce(h.rotate_left(32), self.groups.saturating_sub(1));
+        let g2 = g2 + usize::from(self.groups > 1 && g2 >= g1);
         let m = super::hash::mix(h);
         let at = |g: usize, bits: u64| {
             let len = self.group_len(g);
