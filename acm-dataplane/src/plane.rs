@@ -600,13 +600,29 @@ impl<I: CoreIo> Plane<I> {
                 .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
             return;
         }
-        let before = self.cache.len();
+        let (before, evictions) = (self.cache.len(), self.cache.stats().evictions);
         for p in &rec.routes {
             self.resolver
                 .preload_route(now, &self.cache, ep, rec.cache_ep, p);
         }
         // What the preloads took (a route: two path entries, by DLID and by DGID).
         let paths = self.cache.len().saturating_sub(before);
+        // A live entry evicted to make room (the cache is full): a preloaded route, or an
+        // entry preloaded before, that is now asked of the SA, or lost where the SA does not
+        // know it.
+        let evicted = self.cache.stats().evictions - evictions;
+        if evicted != 0 {
+            self.io.log(
+                0,
+                &format!(
+                    "ERROR - route preload: {evicted} live path entries evicted to make room: \
+                     {} routes (2 path entries each) into a route cache of {} slots; raise \
+                     acmrs_path_capacity",
+                    rec.routes.len(),
+                    self.cache.capacity()
+                ),
+            );
+        }
         for h in rec.addrs.iter() {
             let _ = self
                 .resolver

@@ -170,6 +170,53 @@ fn acmrs_addr_capacity_bounds_the_hosts_preload() {
     h.close();
 }
 
+/// A route preload larger than `acmrs_path_capacity` evicts live entries to make room: an
+/// error that names the sizes and the option, not a silent loss.
+#[test]
+fn a_route_preload_beyond_acmrs_path_capacity_is_an_error() {
+    let _s = serial();
+    const N: u16 = 100;
+    let mut dump = String::from("Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1\n");
+    for i in 0..N {
+        dump += &format!("0x{:04x} : 1 : 4 : 6\n", 0x20 + i);
+    }
+    for i in 0..N {
+        dump += &format!(
+            "\nChannel Adapter 0x{:016x}, base LID {}, \"N{i}\", port 1\n",
+            0x2000 + u64::from(i),
+            0x20 + i
+        );
+    }
+    // 20 paths: a table of 100 entry slots (sized for the design load), for 200 path entries.
+    let opts = format!(
+        "{OPTS}route_preload opensm_full_v1\nroute_data_file $DIR/route.data\n\
+         acmrs_path_capacity 20\n"
+    );
+    let mut h = Host::open(&opts, &[("route.data", &dump)]);
+    h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    assert!(
+        wait_until(|| log_contains("ERROR - route preload: ")),
+        "no error for an overflowing preload"
+    );
+    assert!(log_contains(
+        "routes (2 path entries each) into a route cache of 100 slots; raise acmrs_path_capacity"
+    ));
+    // 200 path entries into 100 slots: at least 100 of them were pushed out.
+    let evicted: u64 = logged("route preload: ")
+        .iter()
+        .find_map(|l| {
+            l.split("route preload: ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap();
+    assert!((100..200).contains(&evicted), "{evicted}");
+    h.close();
+}
+
 #[test]
 fn full_queue_and_pending_table_answer_enomem() {
     let _s = serial();

@@ -247,6 +247,7 @@ fn a_preloaded_route_is_two_path_entries() {
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let want = format!("{N} preloaded routes inserted: {} path entries", 2 * N);
     assert!(wait_until(|| log_contains(&want)), "want {want:?}");
+    assert!(!log_contains("route preload:"), "nothing evicted");
     let me = std::thread::current().id();
     let check = |h: &mut Host| {
         for i in 0..N {

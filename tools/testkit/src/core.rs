@@ -596,6 +596,15 @@ pub fn log_count(s: &str) -> usize {
     lock(&LOG).iter().filter(|l| l.contains(s)).count()
 }
 
+/// The logged lines that contain `s`.
+pub fn logged(s: &str) -> Vec<String> {
+    lock(&LOG)
+        .iter()
+        .filter(|l| l.contains(s))
+        .cloned()
+        .collect()
+}
+
 /// Waits (polling every 200 µs) until `f` holds, at most `timeout`.
 pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
