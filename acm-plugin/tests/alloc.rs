@@ -4,6 +4,8 @@
 //! forwarding to glibc's `__libc_*` allocator. The dataplane thread runs concurrently and
 //! may allocate; only the calling (core) thread's count around the hit loop is checked.
 
+mod common;
+
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
@@ -122,21 +124,6 @@ const ROUTES: u16 = 4000;
 const BASE: u16 = 0x100;
 const HITS: usize = 100_000;
 
-fn dump() -> String {
-    let mut s = String::from("Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1\n");
-    for l in BASE..BASE + ROUTES {
-        s += &format!("0x{l:04x} : 0 : 4 : 3\n");
-    }
-    s += "\n";
-    for l in BASE..BASE + ROUTES {
-        s += &format!(
-            "Channel Adapter 0x{:016x}, base LID {l}, \"n{l}\", port 1\n",
-            0x1_0000u64 + u64::from(l)
-        );
-    }
-    s
-}
-
 #[test]
 fn a_cache_hit_allocates_nothing() {
     let _s = serial();
@@ -145,7 +132,7 @@ fn a_cache_hit_allocates_nothing() {
     std::hint::black_box(Box::new(1u64));
     assert!(allocs() > a, "the interposed malloc is not in use");
 
-    let d = dump();
+    let d = common::route_dump(ROUTES, BASE, 0x1_0000 + u64::from(BASE));
     let mut h = Host::open(OPTS, &[("route.data", &d)]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     assert!(wait_until(|| log_contains("preloaded routes inserted")));

@@ -2,6 +2,8 @@
 //! `sa_depth` MADs held by the core, the rest in a FIFO backlog with deadlines), the request queue and pending table (ENOMEM beyond them), the address table,
 //! held MADs of closed endpoints, 100k destinations, and no leak over open/close cycles.
 
+mod common;
+
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
@@ -176,17 +178,7 @@ fn acmrs_addr_capacity_bounds_the_hosts_preload() {
 fn a_route_preload_beyond_acmrs_path_capacity_is_an_error() {
     let _s = serial();
     const N: u16 = 100;
-    let mut dump = String::from("Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1\n");
-    for i in 0..N {
-        dump += &format!("0x{:04x} : 1 : 4 : 6\n", 0x20 + i);
-    }
-    for i in 0..N {
-        dump += &format!(
-            "\nChannel Adapter 0x{:016x}, base LID {}, \"N{i}\", port 1\n",
-            0x2000 + u64::from(i),
-            0x20 + i
-        );
-    }
+    let dump = common::route_dump(N, 0x20, 0x2000);
     // 20 paths: a table of 100 entry slots (sized for the design load), for 200 path entries.
     let opts = format!(
         "{OPTS}route_preload opensm_full_v1\nroute_data_file $DIR/route.data\n\

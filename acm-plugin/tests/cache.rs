@@ -231,17 +231,7 @@ Switch 0x000000000000100c, base LID 12, \"Sw\", port 0
 fn a_preloaded_route_is_two_path_entries() {
     let _s = serial();
     const N: u16 = 40;
-    let mut dump = String::from("Channel Adapter 0x0002c90300a1b2c3, base LID 7, \"Me\", port 1\n");
-    for i in 0..N {
-        dump += &format!("0x{:04x} : 1 : 4 : 6\n", 0x20 + i);
-    }
-    for i in 0..N {
-        dump += &format!(
-            "\nChannel Adapter 0x{:016x}, base LID {}, \"N{i}\", port 1\n",
-            0x2000 + u64::from(i),
-            0x20 + i
-        );
-    }
+    let dump = common::route_dump(N, 0x20, 0x2000);
     let opts = format!("{OPTS}route_preload opensm_full_v1\nroute_data_file $DIR/route.data\n");
     let mut h = Host::open(&opts, &[("route.data", &dump)]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
