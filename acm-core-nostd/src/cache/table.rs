@@ -300,14 +300,27 @@ where
         (self.cap - start).min(GROUP)
     }
 
+    /// The second group of a key whose hash gave its first group twice: the next one (the
+    /// first after the last), or `g` itself in a one-group table. A window of a single group
+    /// would be half as wide, and a key whose groups both fell on a short last group (a
+    /// capacity not a multiple of GROUP) would have only its few slots and evict at any load.
+    /// Out of line: the rare path stays out of the lookup's code.
+    #[cold]
+    #[inline(never)]
+    fn other_group(&self, g: usize) -> usize {
+        if g + 1 < self.groups {
+            g + 1
+        } else {
+            0
+        }
+    }
+
     #[inline(always)]
     pub(crate) fn place(&self, h: u64) -> Place {
         let g1 = reduce(h, self.groups);
-        // Another group than g1 whenever there are two: a window of a single group would be
-        // half as wide, and a key whose groups both fell on a short last group (a capacity
-        // not a multiple of GROUP) would have only its few slots and evict at any load.
-        let g2 = reduce(h.rotate_left(32), self.groups.saturating_sub(1));
-        let g2 = g2 + usize::from(self.groups > 1 && g2 >= g1);
+        // Another group than g1 whenever there are two (`other_group`: one key in `groups`).
+        let g2 = reduce(h.rotate_left(32), self.groups);
+        let g2 = if g2 != g1 { g2 } else { self.other_group(g1) };
         let m = super::hash::mix(h);
         let at = |g: usize, bits: u64| {
             let len = self.group_len(g);
