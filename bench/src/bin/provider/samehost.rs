@@ -859,23 +859,27 @@ pub fn child(args: &[String]) -> Result<(), String> {
             write_percentile_svg(&f, &title, &series)
                 .map_err(|e| format!("{}: {e}", f.display()))?;
         }
-        let r = |x: f64, y: f64| {
-            if y > 0.0 {
-                format!("{:.2}x", x / y)
-            } else {
-                "n/a".into()
-            }
+        // `label` = num/den at each percentile of the table.
+        let ratio_row = |label: &str, num: &Summary, den: &Summary| {
+            let r = |x: f64, y: f64| {
+                if y > 0.0 {
+                    format!("{:.2}x", x / y)
+                } else {
+                    "n/a".into()
+                }
+            };
+            vec![
+                what.to_string(),
+                label.to_string(),
+                String::new(),
+                r(num.p50_ns, den.p50_ns),
+                r(num.p99_ns, den.p99_ns),
+                r(num.p999_ns, den.p999_ns),
+                r(num.p9999_ns, den.p9999_ns),
+                r(num.max_ns, den.max_ns),
+            ]
         };
-        table.row(vec![
-            what.to_string(),
-            "ratio stock/acmrs".into(),
-            String::new(),
-            r(s[0].p50_ns, s[1].p50_ns),
-            r(s[0].p99_ns, s[1].p99_ns),
-            r(s[0].p999_ns, s[1].p999_ns),
-            r(s[0].p9999_ns, s[1].p9999_ns),
-            r(s[0].max_ns, s[1].max_ns),
-        ]);
+        table.row(ratio_row("ratio stock/acmrs", &s[0], &s[1]));
         if tag == "hit" {
             // The bound: one line of acmrs-sized memory read alone between the hits, and
             // stock's time over it (no provider that reads its entry from such memory gets a
@@ -888,16 +892,7 @@ pub fn child(args: &[String]) -> Result<(), String> {
             ];
             row.extend(Table::latency_cells(&l));
             table.row(row);
-            table.row(vec![
-                what.to_string(),
-                "ratio stock/line alone".into(),
-                String::new(),
-                r(s[0].p50_ns, l.p50_ns),
-                r(s[0].p99_ns, l.p99_ns),
-                r(s[0].p999_ns, l.p999_ns),
-                r(s[0].p9999_ns, l.p9999_ns),
-                r(s[0].max_ns, l.max_ns),
-            ]);
+            table.row(ratio_row("ratio stock/line alone", &s[0], &l));
             if let Some(out) = &a.out {
                 let f = out.join(format!("samehost-line-alone-hit-{entries}.hgrm"));
                 line_alone.write_hgrm(&f).map_err(|e| e.to_string())?;
