@@ -636,7 +636,7 @@ where
     pub fn slot_addr_for_tests(&self, key: &PathKey) -> Option<*const u8> {
         let kw = key.cache_words().0;
         self.paths
-            .find(&kw, self.paths.hash(&kw))
+            .find(&kw, &self.paths.place(self.paths.hash(&kw)))
             .map(|i| self.paths.slot_lines_for_tests(i)[0])
     }
 
@@ -1012,7 +1012,7 @@ where
         let pkw = path.cache_words().0;
         let idx = c
             .paths
-            .find(&pkw, c.paths.hash(&pkw))
+            .find(&pkw, &c.paths.place(c.paths.hash(&pkw)))
             .ok_or(CacheError::NoSuchPath)?;
         let inc = c.paths.load(idx)[INC];
         self.upsert_addr(addr, 0, idx as u32, inc, now, ttl)

@@ -751,13 +751,12 @@ where
         a.chain(b)
     }
 
-    /// Writer lookup: the index of `key`'s entry, if present.
-    pub(crate) fn find(&self, key: &[u32; KW], hash: u64) -> Option<usize> {
+    /// Writer lookup: the index of the entry of `key`, placed at `pl`, if present.
+    pub(crate) fn find(&self, key: &[u32; KW], pl: &Place) -> Option<usize> {
         if self.cap == 0 {
             return None;
         }
-        let pl = self.place(hash);
-        self.window(&pl).find(|&i| {
+        self.window(pl).find(|&i| {
             self.tag_of(i) == pl.tag
                 && self.word(i, HDR) & OCCUPIED != 0
                 && key
@@ -769,7 +768,7 @@ where
 
     /// Writer: removes `key`'s entry if present. True if it was.
     pub(crate) fn remove_key(&self, key: &[u32; KW]) -> bool {
-        match self.find(key, self.hash(key)) {
+        match self.find(key, &self.place(self.hash(key))) {
             Some(idx) => {
                 self.remove_at(idx);
                 true
@@ -839,12 +838,12 @@ where
         if self.cap == 0 {
             return None;
         }
-        if let Some(idx) = self.find(key, hash) {
+        let pl = self.place(hash);
+        if let Some(idx) = self.find(key, &pl) {
             words[INC] = self.word(idx, INC);
             self.store(idx, words);
             return Some((idx, Upsert::Updated));
         }
-        let pl = self.place(hash);
         let free1 = self.group_len(pl.g1) - self.group_load(pl.g1);
         let free2 = if pl.g2 != pl.g1 {
             self.group_len(pl.g2) - self.group_load(pl.g2)
