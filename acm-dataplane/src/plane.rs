@@ -152,6 +152,11 @@ pub enum Control {
         cfg: EpConfig,
         /// Its UD QP (`None`: no verbs, SA-only endpoint).
         ud: Option<Box<dyn Ud>>,
+        /// Whether `ud` is on the port's SA P_Key (`verbs::sa_pkey_index`). The SA MADs of
+        /// every endpoint of the port go out on such a QP ([`Plane`]'s SA carrier): the SM's
+        /// port drops MADs of a partition it is not in, so an endpoint of another partition
+        /// cannot reach the SA on its own QP. With none on the port, the core's transport.
+        sa_pkey: bool,
         /// `route_preload`: paths that never expire.
         routes: Vec<[u8; 64]>,
         /// `addr_preload`: the hosts file, shared by every endpoint.
@@ -307,6 +312,8 @@ struct EpRecord {
     cache_ep: u16,
     cfg: EpConfig,
     ud: Option<Box<dyn Ud>>,
+    /// See [`Control::Open`]'s `sa_pkey`.
+    sa_pkey: bool,
     locals: Vec<(u8, [u8; 64])>,
     routes: Vec<[u8; 64]>,
     addrs: Arc<Vec<HostAddr>>,
@@ -507,6 +514,7 @@ impl<I: CoreIo> Plane<I> {
                 cache_ep,
                 cfg,
                 ud,
+                sa_pkey,
                 routes,
                 addrs,
             } => {
@@ -514,6 +522,7 @@ impl<I: CoreIo> Plane<I> {
                     cache_ep,
                     cfg,
                     ud,
+                    sa_pkey,
                     locals: Vec::new(),
                     routes,
                     addrs,
@@ -644,26 +653,42 @@ impl<I: CoreIo> Plane<I> {
 
     /// The SM address endpoint `ep`'s SA MADs go to over its UD QP, `None` when they go
     /// through the core (transport `core`, no QP, no SM known).
-    fn ud_sa_route(&self, ep: EpId) -> Option<SmAddr> {
+    fn ud_sa_route(&self, ep: EpId) -> Option<(usize, SmAddr)> {
         if !self.sa_ud {
             return None;
         }
-        let rec = self.eps.get(usize::from(ep.0))?.as_ref()?;
-        rec.ud.as_ref()?;
-        rec.sm
+        let i = self.sa_carrier(ep)?;
+        Some((i, self.eps[i].as_ref()?.sm?))
     }
 
-    /// Sends an SA MAD on `ep`'s UD QP to `sm` (tracked for re-sends unless it is a response).
-    /// False when it cannot be tracked (table full); a failed post is retried like a loss.
+    /// The endpoint whose UD QP carries `ep`'s SA MADs: `ep` itself if its QP is on the
+    /// port's SA P_Key, else an open endpoint of the same port (same GID 0) whose QP is.
+    /// Replies come back on that QP and are matched to `ep`'s query by the SA channel.
+    fn sa_carrier(&self, ep: EpId) -> Option<usize> {
+        let own = self.eps.get(usize::from(ep.0))?.as_ref()?;
+        if own.sa_pkey && own.ud.is_some() {
+            return Some(usize::from(ep.0));
+        }
+        let gid = own.cfg.port_gid;
+        self.eps.iter().position(|r| {
+            r.as_ref()
+                .is_some_and(|r| r.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
+        })
+    }
+
+    /// Sends `ep`'s SA MAD on the UD QP of endpoint `via` (its SA carrier) to `sm` (tracked
+    /// for re-sends unless it is a response). False when it cannot be tracked (table full); a
+    /// failed post is retried like a loss.
     fn send_sa_ud(
         &mut self,
         now: Millis,
         ep: EpId,
+        via: usize,
         sm: SmAddr,
         token: u64,
         mad: &[u8; 256],
     ) -> bool {
-        let Some(rec) = self.eps[usize::from(ep.0)].as_mut() else {
+        let Some(rec) = self.eps[via].as_mut() else {
             return false;
         };
         let per_try = self
@@ -733,10 +758,10 @@ impl<I: CoreIo> Plane<I> {
             for e in due.drain(..) {
                 match e {
                     Expired::Resend { ep, mad } => {
-                        let sm = self.ud_sa_route(ep);
-                        let rec = self.eps[usize::from(ep.0)].as_mut();
-                        if let (Some(sm), Some(ud)) = (sm, rec.and_then(|r| r.ud.as_mut())) {
-                            let _ = ud.send(&sm.dest(), &mad);
+                        if let Some((via, sm)) = self.ud_sa_route(ep) {
+                            if let Some(ud) = self.eps[via].as_mut().and_then(|r| r.ud.as_mut()) {
+                                let _ = ud.send(&sm.dest(), &mad);
+                            }
                         }
                     }
                     Expired::Failed { token, mad } => {
@@ -815,7 +840,7 @@ impl<I: CoreIo> Plane<I> {
                 Output::SendSa { ep, token, mad } => {
                     let at = self.stats.as_ref().map(|s| s.clock.now());
                     let sent = match self.ud_sa_route(ep) {
-                        Some(sm) => self.send_sa_ud(now, ep, sm, token, &mad),
+                        Some((via, sm)) => self.send_sa_ud(now, ep, via, sm, token, &mad),
                         None => self.io.send_sa(ep, token, &mad),
                     };
                     if !sent {

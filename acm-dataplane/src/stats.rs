@@ -819,6 +819,7 @@ mod plane_tests {
                 qpn: 0,
             },
             ud: None,
+            sa_pkey: false,
             routes: Vec::new(),
             addrs: Arc::new(Vec::new()),
         });

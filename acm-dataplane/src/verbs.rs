@@ -235,6 +235,37 @@ pub unsafe fn pkey_index(ctx: *mut ibv_context, port_num: u8, pkey: u16) -> Opti
     partial
 }
 
+/// The P_Key index the port's SA traffic uses, chosen as the ibacm core chooses its own
+/// (`sa_pkey_index`): the default partition's full-member key 0xFFFF, else its limited key
+/// 0x7FFF, else index 0. The SM's port is a member of the default partition only, so an SA
+/// MAD sent with any other P_Key is dropped at the SM's port (IBA 10.9.3).
+///
+/// # Safety
+/// `ctx` is an open verbs context (from `ibv_open_device`, e.g. `acm_device.verbs`).
+pub unsafe fn sa_pkey_index(ctx: *mut ibv_context, port_num: u8) -> u16 {
+    for key in [0xffffu16, 0x7fff] {
+        if ctx.is_null() {
+            break;
+        }
+        let mut found = None;
+        for i in 0..=u16::MAX {
+            let mut raw: u16 = 0;
+            // SAFETY: ctx is open (caller's contract); `raw` is a writable __be16.
+            if unsafe { ibv_query_pkey(ctx, port_num, i32::from(i), &mut raw) } != 0 {
+                break;
+            }
+            if u16::from_be(raw) == key {
+                found = Some(i);
+                break;
+            }
+        }
+        if let Some(i) = found {
+            return i;
+        }
+    }
+    0
+}
+
 /// What an address handle was made from (everything in `ibv_ah_attr` that varies).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct AhKey {

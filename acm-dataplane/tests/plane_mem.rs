@@ -193,6 +193,7 @@ fn open_msg(me: usize, wire: &Wire) -> Control {
             wire: wire.clone(),
             attached: false,
         })),
+        sa_pkey: true,
         routes: Vec::new(),
         addrs: Arc::new(Vec::new()),
     }

@@ -410,10 +410,11 @@ unsafe extern "C" fn close_port(port_context: *mut c_void) {
     })
 }
 
-/// The endpoint's UD QP for the ACM protocol, on the core's verbs context. `None` (logged)
-/// when the host has no verbs device behind the port (the endpoint then serves PATH/LID/GID
-/// requests through the SA only) or when the options need no ACM traffic.
-fn open_ud(inst: &Instance, port: &PortInfo, pkey: u16) -> Option<(Box<dyn Ud>, u32)> {
+/// The endpoint's UD QP for the ACM protocol, on the core's verbs context, its QPN, and
+/// whether it is on the port's SA P_Key (`verbs::sa_pkey_index`: only such a QP can reach the
+/// SA). `None` (logged) when the host has no verbs device behind the port (the endpoint then
+/// serves PATH/LID/GID requests through the SA only) or when the options need no ACM traffic.
+fn open_ud(inst: &Instance, port: &PortInfo, pkey: u16) -> Option<(Box<dyn Ud>, u32, bool)> {
     use acm_core_nostd::text::opts::{AddrProt, RouteProt};
     // The QP carries the ACM protocol, the `ud` SA transport, or both.
     if inst.opts.addr_prot == AddrProt::None
@@ -448,6 +449,8 @@ fn open_ud(inst: &Instance, port: &PortInfo, pkey: u16) -> Option<(Box<dyn Ud>, 
         );
         return None;
     };
+    // SAFETY: as above.
+    let sa_pkey = unsafe { acm_dataplane::verbs::sa_pkey_index(ctx, port.port_num) } == pkey_index;
     let cfg = acm_dataplane::verbs::UdConfig {
         port_num: port.port_num,
         pkey_index,
@@ -464,7 +467,7 @@ fn open_ud(inst: &Instance, port: &PortInfo, pkey: u16) -> Option<(Box<dyn Ud>, 
     match unsafe { acm_dataplane::verbs::UdEndpoint::open(ctx, &cfg) } {
         Ok(ud) => {
             let qpn = ud.qpn();
-            Some((Box::new(ud), qpn))
+            Some((Box::new(ud), qpn, sa_pkey))
         }
         Err(e) => {
             inst.api.log(
@@ -521,9 +524,9 @@ unsafe extern "C" fn open_endpoint(
         } else {
             Vec::new()
         };
-        let (ud, qpn) = match open_ud(inst, &port.info, pkey) {
-            Some((u, q)) => (Some(u), q),
-            None => (None, 0),
+        let (ud, qpn, sa_pkey) = match open_ud(inst, &port.info, pkey) {
+            Some((u, q, s)) => (Some(u), q, s),
+            None => (None, 0, false),
         };
         let cfg = EpConfig {
             port_gid: port.info.gid0,
@@ -539,6 +542,7 @@ unsafe extern "C" fn open_endpoint(
             cache_ep: ep.cache_ep(),
             cfg,
             ud,
+            sa_pkey,
             routes,
             addrs: inst.hosts.clone(),
         });

@@ -1,6 +1,7 @@
 //! Bringing a simulated fabric up (ibsim → OpenSM → N real `ibacm` daemons), driving it, and
 //! tearing it down.
 
+use crate::partition::{self, Partition, PartitionAddrs};
 use crate::ports::{PortLease, PortPool};
 use crate::process::{self, Output, Proc};
 use crate::topology::Topology;
@@ -188,18 +189,36 @@ pub struct NodeAddrs {
     /// ([`FabricBuilder::extra_names`]; empty by default). In `ibacm_addr.cfg` only, not in
     /// `ibacm_hosts.data`.
     pub extra_names: Vec<String>,
+    /// The node's addresses in each partition it belongs to besides the default one
+    /// ([`FabricBuilder::partition`]), in the builder's order.
+    pub partitions: Vec<PartitionAddrs>,
 }
 
 impl NodeAddrs {
-    fn for_index(node: &str, k: usize, extra_names: usize) -> NodeAddrs {
+    fn for_index(node: &str, k: usize, extra_names: usize, parts: &[Partition]) -> NodeAddrs {
         let k32 = k as u32;
         let name = node.to_lowercase();
         NodeAddrs {
             extra_names: (1..=extra_names).map(|i| format!("{name}-{i}")).collect(),
+            partitions: parts
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| {
+                    p.membership(node)
+                        .map(|m| PartitionAddrs::new(&name, k, i, p, m))
+                })
+                .collect(),
             name,
             ipv4: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 40, 0, 0)) + k32),
             ipv6: Ipv6Addr::new(0xfd00, 0xacf, 0, 0, 0, 0, (k >> 16) as u16, k as u16),
         }
+    }
+
+    /// The node's addresses in partition `pkey` (either membership form), if it is a member.
+    pub fn in_partition(&self, pkey: u16) -> Option<&PartitionAddrs> {
+        self.partitions
+            .iter()
+            .find(|p| p.pkey & 0x7fff == pkey & 0x7fff)
     }
 }
 
@@ -255,6 +274,7 @@ pub struct FabricBuilder {
     simverbs: Option<PathBuf>,
     start_daemons: bool,
     opensm_args: Vec<String>,
+    partitions: Vec<Partition>,
 }
 
 /// A running fabric. Dropping it stops every process it started (by process group: daemons
@@ -278,6 +298,12 @@ pub struct Fabric {
     sm: Option<Proc>,
     sm_starts: u32,
     sm_args: Vec<String>,
+    /// OpenSM's `partitions.conf` (`-P`) when the builder named partitions.
+    partitions_conf: Option<PathBuf>,
+    /// The partitions besides the default one, as OpenSM was last told.
+    partitions: Vec<Partition>,
+    /// Each HCA's port GUID (read before OpenSM starts when partitions need them).
+    guids: Vec<(String, u64)>,
     nodes: Vec<Node>,
 }
 
@@ -352,6 +378,7 @@ impl FabricBuilder {
             simverbs: None,
             start_daemons: true,
             opensm_args: Vec::new(),
+            partitions: Vec::new(),
         }
     }
 
@@ -483,6 +510,15 @@ impl FabricBuilder {
         self
     }
 
+    /// A partition besides the default one ([`Partition`]): OpenSM gets a `partitions.conf`
+    /// (`-P`) naming its members' port GUIDs, and each member's `ibacm_addr.cfg` lists its
+    /// addresses in the partition ([`NodeAddrs::partitions`]) with its P_Key, so the core
+    /// opens one endpoint per partition. A member need not run a daemon; it must be an HCA.
+    pub fn partition(mut self, p: Partition) -> Self {
+        self.partitions.push(p);
+        self
+    }
+
     /// Extra OpenSM arguments for every start, e.g. `["-P", "/path/partitions.conf"]`.
     pub fn opensm_args<I, S>(mut self, args: I) -> Self
     where
@@ -552,6 +588,20 @@ impl FabricBuilder {
                 return Err(Error::new(format!(
                     "option addr_preload {v}{} contradicts HostsFile::Absent (no hosts file)",
                     n.as_ref().map(|n| format!(" on {n}")).unwrap_or_default()
+                )));
+            }
+        }
+        for (i, p) in self.partitions.iter().enumerate() {
+            if self.partitions[..i]
+                .iter()
+                .any(|o| o.pkey & 0x7fff == p.pkey & 0x7fff)
+            {
+                return Err(Error::new(format!("partition {:#06x} given twice", p.pkey)));
+            }
+            if let Some((n, _)) = p.members.iter().find(|(n, _)| !hcas.contains(n)) {
+                return Err(Error::new(format!(
+                    "partition {:#06x}: member {n:?} is not an HCA of topology {}",
+                    p.pkey, self.topology.label
                 )));
             }
         }
@@ -637,6 +687,9 @@ impl FabricBuilder {
             sm: None,
             sm_starts: 0,
             sm_args: self.opensm_args.clone(),
+            partitions_conf: None,
+            partitions: self.partitions.clone(),
+            guids: Vec::new(),
             nodes: Vec::new(),
         };
         match fabric.bring_up(&self, &provider_libs, &port_pool, &hcas) {
@@ -710,7 +763,16 @@ impl Fabric {
             Ok(abstract_socket_exists(&ctl))
         })?;
 
-        // 2. OpenSM, master.
+        // 2. OpenSM, master (with the partitions, which need every member's port GUID).
+        if !cfg.partitions.is_empty() {
+            for h in hcas {
+                let g = self.read_port_guid(h)?;
+                self.guids.push((h.clone(), g));
+            }
+            let conf = self.scratch.join("partitions.conf");
+            self.partitions_conf = Some(conf);
+            self.write_partitions_conf()?;
+        }
         self.start_sm_with_timeout(cfg.ready_timeout, false)?;
 
         // 3. Per-node identity, then files.
@@ -726,7 +788,7 @@ impl Fabric {
                 name: node.clone(),
                 lid,
                 gid,
-                addrs: NodeAddrs::for_index(node, k, cfg.extra_names),
+                addrs: NodeAddrs::for_index(node, k, cfg.extra_names, &cfg.partitions),
                 server_port: lease.port(),
                 dir,
                 run_dir,
@@ -827,6 +889,59 @@ impl Fabric {
         Ok(out)
     }
 
+    /// HCA `host`'s port 1 GUID (`ibstat -p`; works before an SM runs).
+    fn read_port_guid(&self, host: &str) -> Result<u64> {
+        let out = self.run_tool(host, "ibstat", &["-p"])?;
+        out.stdout
+            .lines()
+            .find_map(|l| u64::from_str_radix(l.trim().trim_start_matches("0x"), 16).ok())
+            .ok_or_else(|| Error::new(format!("no port GUID of {host} in `ibstat -p`:\n{out}")))
+    }
+
+    fn write_partitions_conf(&self) -> Result<()> {
+        let Some(path) = &self.partitions_conf else {
+            return Ok(());
+        };
+        let conf = partition::partitions_conf(&self.partitions, |n| {
+            self.guids.iter().find(|(h, _)| h == n).map(|(_, g)| *g)
+        })?;
+        write(path, &conf)
+    }
+
+    /// The partitions besides the default one, as OpenSM was last told.
+    pub fn partitions(&self) -> &[Partition] {
+        &self.partitions
+    }
+
+    /// Changes the partitions while everything runs: rewrites `partitions.conf` and makes
+    /// OpenSM re-read it (SIGHUP: a heavy sweep, which reprograms every port's P_Key table;
+    /// the daemons see `IBV_EVENT_PKEY_CHANGE`). The nodes' address files and
+    /// [`NodeAddrs::partitions`] keep what they had (the core re-reads the address file at
+    /// each port-up, so an address of a partition the port no longer holds is simply not
+    /// served). Only for a fabric started with at least one partition.
+    pub fn set_partitions(&mut self, parts: Vec<Partition>) -> Result<()> {
+        if self.partitions_conf.is_none() {
+            return Err(Error::new(
+                "set_partitions: the fabric was started without partitions (no -P file)",
+            ));
+        }
+        self.partitions = parts;
+        self.write_partitions_conf()?;
+        self.signal_sm(libc::SIGHUP)
+    }
+
+    /// The P_Key table of HCA `host`'s port 1 as the SM programmed it (`smpquery pkeys`),
+    /// non-zero entries in table order.
+    pub fn pkey_table(&self, host: &str) -> Result<Vec<u16>> {
+        self.check_hca(host)?;
+        let lid = self.node(host).map(|n| n.lid).ok();
+        let out = match lid {
+            Some(lid) => self.run_tool(&self.sm_node, "smpquery", &["pkeys", &lid.to_string()])?,
+            None => self.run_tool(host, "smpquery", &["-D", "pkeys", "0"])?,
+        };
+        Ok(parse_pkeys(&out.stdout))
+    }
+
     fn wait_lid(&self, node: &str, _tools: &Path, timeout: Duration) -> Result<(u16, Ipv6Addr)> {
         let mut last = String::new();
         let deadline = Instant::now() + timeout;
@@ -868,6 +983,11 @@ impl Fabric {
             .arg("-f")
             .arg(&log)
             .args(["-s", "5"])
+            .args(
+                self.partitions_conf
+                    .iter()
+                    .flat_map(|p| [std::ffi::OsStr::new("-P"), p.as_os_str()]),
+            )
             .args(&self.sm_args)
             .args(if fresh { &["-r"][..] } else { &[] })
             .env("LD_PRELOAD", UMAD2SIM)
@@ -1201,11 +1321,17 @@ impl Fabric {
     pub fn hosts_data(&self) -> String {
         let mut s = String::from("# generated by acm-fabric\n");
         for n in &self.nodes {
-            for a in [
+            let own = [
                 n.addrs.name.clone(),
                 n.addrs.ipv4.to_string(),
                 n.addrs.ipv6.to_string(),
-            ] {
+            ];
+            let parts = n
+                .addrs
+                .partitions
+                .iter()
+                .flat_map(|p| [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()]);
+            for a in own.into_iter().chain(parts) {
                 s.push_str(&format!("{a} {}\n", n.gid));
             }
         }
@@ -1315,6 +1441,11 @@ impl Node {
         );
         for n in &self.addrs.extra_names {
             s.push_str(&format!("{n} ibsim0 1 default\n"));
+        }
+        for p in &self.addrs.partitions {
+            for a in [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()] {
+                s.push_str(&format!("{a} ibsim0 1 0x{:04x}\n", p.pkey));
+            }
         }
         s
     }
@@ -1694,6 +1825,17 @@ impl Drop for Node {
     }
 }
 
+/// The non-zero P_Keys of `smpquery pkeys` output (`   0: 0xffff 0x8001 ...` rows).
+pub fn parse_pkeys(s: &str) -> Vec<u16> {
+    s.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(i, _)| i.trim().parse::<u32>().is_ok())
+        .flat_map(|(_, v)| v.split_whitespace())
+        .filter_map(|w| u16::from_str_radix(w.trim_start_matches("0x"), 16).ok())
+        .filter(|k| *k & 0x7fff != 0)
+        .collect()
+}
+
 /// Parses `ibaddr` output: `GID fe80::10:7 LID start 0x5 end 0x5`.
 pub fn parse_ibaddr(s: &str) -> Option<(u16, Ipv6Addr)> {
     let line = s.lines().find(|l| l.trim_start().starts_with("GID "))?;
@@ -1931,8 +2073,8 @@ mod tests {
 
     #[test]
     fn node_addresses_are_distinct() {
-        let a = NodeAddrs::for_index("Hca3", 3, 0);
-        let b = NodeAddrs::for_index("Hca4", 4, 2);
+        let a = NodeAddrs::for_index("Hca3", 3, 0, &[]);
+        let b = NodeAddrs::for_index("Hca4", 4, 2, &[]);
         assert_eq!(a.name, "hca3");
         assert_eq!(a.ipv4, Ipv4Addr::new(10, 40, 0, 3));
         assert_eq!(a.ipv6, "fd00:acf::3".parse::<Ipv6Addr>().unwrap());

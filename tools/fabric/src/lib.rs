@@ -54,6 +54,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 pub mod checks;
 pub mod fabric;
+pub mod partition;
 pub mod ports;
 pub mod process;
 pub mod script;
@@ -65,6 +66,7 @@ pub use fabric::{
     find_artifact, Fabric, FabricBuilder, HostsFile, Node, NodeAddrs, PortInfo, Provider,
     DEFAULT_PROVIDER_DIR, STOCK_PROVIDER,
 };
+pub use partition::{Membership, Partition, PartitionAddrs};
 pub use ports::{PortLease, PortPool};
 pub use process::{emergency_teardown, live_process_groups, pid_exists, Output};
 pub use spec::{OptSpec, ProviderChoice};

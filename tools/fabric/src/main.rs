@@ -3,7 +3,9 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
-use acm_fabric::{script, Fabric, FabricBuilder, HostsFile, OptSpec, ProviderChoice, Topology};
+use acm_fabric::{
+    script, Fabric, FabricBuilder, HostsFile, OptSpec, Partition, ProviderChoice, Topology,
+};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -43,6 +45,10 @@ FABRIC OPTIONS:
   --hosts-file MODE    written (default: ibacm_hosts.data written, not preloaded) | preload
                        (written + addr_preload acm_hosts) | none (no hosts file, addr_preload
                        none: names/IPs of other nodes only over the ACM address protocol)
+  --partition SPEC     a partition besides the default (repeatable): PKEY:NODE[=full|limited],..
+                       e.g. 0x8001:Hca2,Hca3 or 0x8002:Hca2,Hca3=limited,Hca4=limited; OpenSM
+                       gets a partitions.conf, each member's address file its addresses
+                       there (hca3-8001, 10.41.0.3, fd00:acf:8001::3; scripts: {Hca3.name@8001})
   --subnet-timeout N   PortInfo SubnetTimeOut code 0..31 the daemons see (default: simverbs's,
                        OpenSM's 18 in place of ibsim's placeholder 31; 8 = 1 ms)
   --keep               keep the scratch directory (logs) after teardown
@@ -127,6 +133,7 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut hosts_file = HostsFile::Written;
     let mut sm_node = None;
     let mut subnet_timeout = None;
+    let mut partitions = Vec::new();
     let mut opts = Vec::new();
     let mut keep = false;
     let mut prefix = "acmfab-cli".to_string();
@@ -159,6 +166,9 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
             }
             "--provider-name" => provider_name = Some(val("--provider-name")?),
             "--sm-node" => sm_node = Some(val("--sm-node")?),
+            "--partition" => {
+                partitions.push(Partition::parse(&val("--partition")?).map_err(|e| e.to_string())?)
+            }
             "--opt" => opts.push(OptSpec::parse(&val("--opt")?).map_err(|e| e.to_string())?),
             "--subnet-timeout" => {
                 let v = val("--subnet-timeout")?;
@@ -231,6 +241,9 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     }
     if let Some(code) = subnet_timeout {
         builder = builder.subnet_timeout(code);
+    }
+    for p in partitions {
+        builder = builder.partition(p);
     }
     for o in &opts {
         builder = match &o.node {

@@ -14,7 +14,8 @@
 //!
 //! Arguments are split on whitespace; `'...'` and `"..."` quote (no escapes). Placeholders
 //! `{NODE.lid}`, `{NODE.gid}`, `{NODE.name}`, `{NODE.ipv4}`, `{NODE.ipv6}` are replaced by
-//! that daemon node's values when the step runs (so a LID read after a change is current).
+//! that daemon node's values when the step runs (so a LID read after a change is current);
+//! `{NODE.name@8001}` (also `ipv4@`, `ipv6@`) is the node's address in partition 0x8001.
 
 use crate::{Error, Fabric, Output, Result};
 use std::io::Write;
@@ -154,7 +155,8 @@ pub fn parse_script(text: &str, daemons: &[String], hcas: &[String]) -> Result<V
     Ok(steps)
 }
 
-/// Replaces `{NODE.lid|gid|name|ipv4|ipv6}` with the fabric's current values.
+/// Replaces `{NODE.lid|gid|name|ipv4|ipv6}` with the fabric's current values; `name`, `ipv4`
+/// and `ipv6` take a partition as `{NODE.name@8001}` (the node's address in that partition).
 pub fn expand(arg: &str, fabric: &Fabric) -> Result<String> {
     let mut out = String::new();
     let mut rest = arg;
@@ -169,12 +171,28 @@ pub fn expand(arg: &str, fabric: &Fabric) -> Result<String> {
             .split_once('.')
             .ok_or_else(|| Error::new(format!("placeholder {{{key}}} is not {{NODE.field}}")))?;
         let n = fabric.node(node)?;
-        out.push_str(&match field {
-            "lid" => n.lid.to_string(),
-            "gid" => n.gid.to_string(),
-            "name" => n.addrs.name.clone(),
-            "ipv4" => n.addrs.ipv4.to_string(),
-            "ipv6" => n.addrs.ipv6.to_string(),
+        let (field, part) = match field.split_once('@') {
+            Some((f, p)) => {
+                let pkey = u16::from_str_radix(p.trim_start_matches("0x"), 16)
+                    .map_err(|_| Error::new(format!("placeholder {{{key}}}: {p:?} is no P_Key")))?;
+                let a = n.addrs.in_partition(pkey).ok_or_else(|| {
+                    Error::new(format!(
+                        "placeholder {{{key}}}: {node} is not in partition {p}"
+                    ))
+                })?;
+                (f, Some(a))
+            }
+            None => (field, None),
+        };
+        out.push_str(&match (field, part) {
+            ("lid", None) => n.lid.to_string(),
+            ("gid", None) => n.gid.to_string(),
+            ("name", None) => n.addrs.name.clone(),
+            ("ipv4", None) => n.addrs.ipv4.to_string(),
+            ("ipv6", None) => n.addrs.ipv6.to_string(),
+            ("name", Some(a)) => a.name.clone(),
+            ("ipv4", Some(a)) => a.ipv4.to_string(),
+            ("ipv6", Some(a)) => a.ipv6.to_string(),
             _ => {
                 return Err(Error::new(format!(
                     "placeholder {{{key}}}: field must be lid, gid, name, ipv4 or ipv6"
