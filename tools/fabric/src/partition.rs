@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn conf_lists_guids_with_memberships() {
         let p = Partition::parse("0x8002:Hca2,Hca3=limited").unwrap();
-        let conf = partitions_conf(&[p.clone()], |n| match n {
+        let conf = partitions_conf(std::slice::from_ref(&p), |n| match n {
             "Hca2" => Some(0x20),
             "Hca3" => Some(0x30),
             _ => None,
