@@ -507,3 +507,47 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
         .iter()
         .any(|o| matches!(o, Output::SendSa { mad, .. } if mad[17] == 0x35)));
 }
+
+#[test]
+fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answered() {
+    let mut t = heap(Config::default());
+    t.open_join_and_add_hca4();
+    // A second endpoint of the port, in partition 0x8001, serving hca4-8001.
+    let tenant = EpId(1);
+    let cfg = EpConfig {
+        pkey: 0x8001,
+        qpn: 0x56,
+        ..ep_config()
+    };
+    t.r.open_endpoint(1, tenant, cfg).unwrap();
+    t.r.add_address(1, &t.cache, tenant, 1, 1, &name("hca4-8001"))
+        .unwrap();
+    t.drain();
+    // hca3 asks the default partition's group for hca4-8001: it arrives on endpoint 0,
+    // which must not answer for an address of the 0x8001 endpoint.
+    let mut req = fixture("acmp_resolve_req.bin");
+    req[24..33].copy_from_slice(b"hca4-8001");
+    t.r.handle_acm(2, &t.cache, EP, &meta_from(3, HCA3_GID), &req);
+    assert!(!t
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Output::SendAcm { .. })));
+    assert_eq!(t.r.stats().acm_other_partition, 1);
+    // A name nobody here serves is ordinary multicast traffic: not counted.
+    let mut other = fixture("acmp_resolve_req.bin");
+    other[24..28].copy_from_slice(b"hca9");
+    t.r.handle_acm(3, &t.cache, EP, &meta_from(3, HCA3_GID), &other);
+    assert_eq!(t.r.stats().acm_other_partition, 1);
+    // Its own name is still answered on endpoint 0.
+    t.r.handle_acm(
+        4,
+        &t.cache,
+        EP,
+        &meta_from(3, HCA3_GID),
+        &fixture("acmp_resolve_req.bin"),
+    );
+    assert!(t
+        .drain()
+        .iter()
+        .any(|o| matches!(o, Output::SendAcm { .. })));
+}

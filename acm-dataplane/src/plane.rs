@@ -998,6 +998,11 @@ impl<I: CoreIo> Plane<I> {
                 s.acm_no_group,
                 l.acm_no_group,
             ),
+            (
+                "ACM request for an address of another partition's endpoint dropped",
+                s.acm_other_partition,
+                l.acm_other_partition,
+            ),
             ("answer with no free slot lost", s.lost, l.lost),
             (
                 "SA MAD neither a reply nor a valid Report dropped, or subscription refused",

@@ -632,6 +632,19 @@ impl<S: Storage> Resolver<S> {
         }
     }
 
+    /// Whether `addr` is a local address of an open endpoint other than `slot` (another
+    /// partition): a request for it that arrives on `slot` crossed partitions.
+    fn local_elsewhere(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> bool {
+        let n = self.st.endpoints().len().min(super::MAX_EPS);
+        (0..n).any(|o| {
+            o != slot
+                && self.st.endpoints()[o].open
+                && self
+                    .find_addr(o, type_, addr)
+                    .is_some_and(|i| self.st.addrs()[i as usize].state == AddrState::Local)
+        })
+    }
+
     /// The best group shared with a peer: the highest-index GID of its list that we joined.
     fn best_group(&mut self, slot: usize, gids: &[Gid]) -> Option<u8> {
         let e = self.st.endpoints()[slot];
@@ -790,6 +803,9 @@ impl<S: Storage> Resolver<S> {
             self.resolved(now, cache, slot, i, sgid, meta, g);
         }
         if !target {
+            if self.local_elsewhere(slot, dt, &r.dest) {
+                self.stats.acm_other_partition += 1;
+            }
             return;
         }
         // Respond at once (ibacmp in SA route mode first runs its own SA query towards the

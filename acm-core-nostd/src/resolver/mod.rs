@@ -329,6 +329,9 @@ pub struct Stats {
     pub timeouts: u64,
     /// Peer requests dropped because we share no multicast group with the requester.
     pub acm_no_group: u64,
+    /// Peer requests for an address of another of our endpoints (another partition of the
+    /// port): never answered on this one.
+    pub acm_other_partition: u64,
     /// SA BUSY answers (each halves the SA window, which grows back by one per answer).
     pub sa_busy: u64,
     /// SA Reports received (each acknowledged).

@@ -69,3 +69,24 @@ pub fn global_counters(f: &Fabric, on: &str) -> BTreeMap<String, u64> {
     assert_eq!(map.len(), 7, "ib_acme -P col:\n{out}");
     map
 }
+
+/// Panics with the reason unless the test runs as root: the real-daemon tests need mount
+/// namespaces (a private `/run` per daemon). A test that cannot run fails; it never passes by
+/// skipping.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert!(
+        uid == 0,
+        "this test needs root (uid {uid}): each daemon runs in its own mount namespace \
+         (unshare -m, /run bind-mounted); run it as root, as scripts/test.sh and CI do"
+    );
+}
+
+/// The P_Key line of a successful `ib_acme -v` output (`  pkey: 0x8001`), as a number.
+pub fn path_pkey(out: &Output) -> Option<u16> {
+    out.stdout.lines().find_map(|l| {
+        let v = l.trim().strip_prefix("pkey: ")?;
+        u16::from_str_radix(v.trim_start_matches("0x"), 16).ok()
+    })
+}

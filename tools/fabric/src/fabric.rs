@@ -913,21 +913,57 @@ impl Fabric {
         &self.partitions
     }
 
-    /// Changes the partitions while everything runs: rewrites `partitions.conf` and makes
-    /// OpenSM re-read it (SIGHUP: a heavy sweep, which reprograms every port's P_Key table;
-    /// the daemons see `IBV_EVENT_PKEY_CHANGE`). The nodes' address files and
-    /// [`NodeAddrs::partitions`] keep what they had (the core re-reads the address file at
-    /// each port-up, so an address of a partition the port no longer holds is simply not
-    /// served). Only for a fabric started with at least one partition.
+    /// Changes the partitions while everything runs: rewrites each daemon node's address
+    /// file for its new memberships ([`NodeAddrs::partitions`] follows), then
+    /// `partitions.conf`, and makes OpenSM re-read it (SIGHUP: a heavy sweep, which
+    /// reprograms the P_Key tables). simverbs sees a table change within its monitor period
+    /// and raises `IBV_EVENT_PKEY_CHANGE`; the core closes the port's endpoints and opens
+    /// them again from the new table and address file. Only for a fabric started with at
+    /// least one partition; see [`Fabric::wait_pkeys`] for waiting on the result.
     pub fn set_partitions(&mut self, parts: Vec<Partition>) -> Result<()> {
         if self.partitions_conf.is_none() {
             return Err(Error::new(
                 "set_partitions: the fabric was started without partitions (no -P file)",
             ));
         }
+        let hcas = self.topology.hcas();
+        for p in &parts {
+            if let Some((n, _)) = p.members.iter().find(|(n, _)| !hcas.contains(n)) {
+                return Err(Error::new(format!(
+                    "partition {:#06x}: member {n:?} is not an HCA of the topology",
+                    p.pkey
+                )));
+            }
+        }
+        for node in &mut self.nodes {
+            let k = hcas.iter().position(|h| *h == node.name).unwrap_or(0) + 1;
+            let extra = node.addrs.extra_names.len();
+            node.addrs = NodeAddrs::for_index(&node.name, k, extra, &parts);
+            write(&node.dir.join("ibacm_addr.cfg"), &node.addr_cfg())?;
+        }
         self.partitions = parts;
         self.write_partitions_conf()?;
         self.signal_sm(libc::SIGHUP)
+    }
+
+    /// Waits (up to `within`) until HCA `host`'s P_Key table holds exactly `want` besides
+    /// the default partition's key (order ignored, membership bits compared).
+    pub fn wait_pkeys(&self, host: &str, want: &[u16], within: Duration) -> Result<()> {
+        let mut want: Vec<u16> = want.to_vec();
+        want.sort_unstable();
+        let mut last = Vec::new();
+        let r = wait_for(within, &format!("{host}'s P_Key table"), || {
+            let mut t: Vec<u16> = self
+                .pkey_table(host)?
+                .into_iter()
+                .filter(|k| k & 0x7fff != 0x7fff)
+                .collect();
+            t.sort_unstable();
+            let ok = t == want;
+            last = t;
+            Ok(ok)
+        });
+        r.map_err(|e| Error::new(format!("{e}: table {last:04x?}, want {want:04x?}")))
     }
 
     /// The P_Key table of HCA `host`'s port 1 as the SM programmed it (`smpquery pkeys`),

@@ -170,9 +170,23 @@ impl PartitionAddrs {
     }
 }
 
+/// The MGID of partition `pkey`'s base ACM group with the options' default `min_rate` 10
+/// (rate enum 3) and `min_mtu` 2048 (MTU enum 4): `ff15:4001:<pkey|8000>:0003:0400::`.
+pub fn acm_base_mgid(pkey: u16) -> String {
+    format!("ff15:4001:{:04x}:0003:0400::", pkey | 0x8000)
+}
+
 /// OpenSM's `partitions.conf` for `parts`, given each node's port GUID: the default partition
 /// with every port a full member (OpenSM's own default), then one line per partition with its
 /// members' GUIDs and memberships. Errors: a member without a GUID (not an HCA of the fabric).
+///
+/// A partition with limited members also gets its base ACM group defined in the file
+/// ([`acm_base_mgid`], scope 5, Q_Key 0x80010000), so OpenSM creates it with the partition's
+/// full P_Key. Without it the first join creates the group with the joiner's P_Key: a limited
+/// member's makes it a limited group, and OpenSM then refuses every other limited member's
+/// join ("Both limited P_Keys", ERR 1B31), so which limited member can resolve anything
+/// depends on who joined first (seen with stock ibacmp and acmrs alike). A site with limited
+/// members defines the group the same way.
 pub fn partitions_conf(
     parts: &[Partition],
     guid_of: impl Fn(&str) -> Option<u64>,
@@ -190,8 +204,16 @@ pub fn partitions_conf(
             })?;
             members.push(format!("{g:#018x}={}", m.word()));
         }
+        let group = if p.members.iter().any(|(_, m)| *m == Membership::Limited) {
+            format!(
+                "\n    mgid={},scope=5,Q_Key=0x80010000,rate=3,mtu=4\n    ",
+                acm_base_mgid(p.pkey)
+            )
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "Part{}=0x{:04x}, ipoib : {} ;\n",
+            "Part{}=0x{:04x}, ipoib : {group}{} ;\n",
             i + 1,
             p.pkey & 0x7fff,
             members.join(", ")
@@ -243,9 +265,20 @@ mod tests {
         })
         .unwrap();
         assert!(conf.contains("Default=0x7fff, ipoib, defmember=full : ALL ;"));
-        assert!(conf.contains(
-            "Part1=0x0002, ipoib : 0x0000000000000020=full, 0x0000000000000030=limited ;"
-        ));
+        assert!(
+            conf.contains(
+                "Part1=0x0002, ipoib : \n    mgid=ff15:4001:8002:0003:0400::,scope=5,\
+                 Q_Key=0x80010000,rate=3,mtu=4\n    \
+                 0x0000000000000020=full, 0x0000000000000030=limited ;"
+            ),
+            "{conf}"
+        );
+        let full = Partition::parse("0x8001:Hca2").unwrap();
+        let conf = partitions_conf(&[full], |_| Some(0x20)).unwrap();
+        assert!(
+            conf.contains("Part1=0x0001, ipoib : 0x0000000000000020=full ;"),
+            "{conf}"
+        );
         assert!(partitions_conf(&[p], |_| None).is_err());
     }
 
