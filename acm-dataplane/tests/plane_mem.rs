@@ -202,6 +202,20 @@ fn open_msg(me: usize, wire: &Wire) -> Control {
 /// A node whose plane can build `resolvers` resolvers (the first at start, the rest after
 /// caught panics).
 fn node_with(me: usize, wire: &Wire, refuse_sa: bool, resolvers: usize) -> Node {
+    let n = bare_node(me, core_sa_config(), refuse_sa, resolvers, false);
+    n.inbox.control(open_msg(me, wire));
+    n.inbox.control(Control::AddAddress {
+        ep: EpId(0),
+        cache_ep: 0,
+        type_: 1,
+        addr: name_bytes(&format!("node{me}")),
+    });
+    n
+}
+
+/// A node with no endpoint yet, its resolvers built from `cfg`; `ud_sa`: the plane sends SA
+/// MADs from the endpoints' UD QPs.
+fn bare_node(me: usize, cfg: Config, refuse_sa: bool, resolvers: usize, ud_sa: bool) -> Node {
     let waker = Worker::new_waker();
     let inbox = Arc::new(Inbox::new(64, 64, waker.clone()));
     let cache: Arc<HostCache> = Arc::new(
@@ -233,17 +247,13 @@ fn node_with(me: usize, wire: &Wire, refuse_sa: bool, resolvers: usize) -> Node 
         let n = left.load(std::sync::atomic::Ordering::Relaxed);
         left.store(n.saturating_sub(1), std::sync::atomic::Ordering::Relaxed);
         (n > 0)
-            .then(|| Resolver::new(core_sa_config(), HeapStorage::new(caps), 7).ok())
+            .then(|| Resolver::new(cfg, HeapStorage::new(caps), 7).ok())
             .flatten()
     });
-    let plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch()).unwrap();
-    inbox.control(open_msg(me, wire));
-    inbox.control(Control::AddAddress {
-        ep: EpId(0),
-        cache_ep: 0,
-        type_: 1,
-        addr: name_bytes(&format!("node{me}")),
-    });
+    let mut plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch()).unwrap();
+    if ud_sa {
+        plane = plane.with_ud_sa(16);
+    }
     Node { plane, inbox, log }
 }
 
@@ -548,4 +558,144 @@ fn garbage_from_the_wire_is_dropped_counted_and_logged() {
         answers(&nodes[0]).is_empty(),
         "nothing answered for garbage"
     );
+}
+
+/// What the partition test's QPs sent to the SM, and what comes back to each.
+#[derive(Default)]
+struct SmLog {
+    /// (endpoint label, MAD) of every SA MAD posted, in order.
+    sent: Vec<(u8, [u8; 256])>,
+    /// Replies waiting to be received, per endpoint label.
+    replies: Vec<(u8, [u8; 256])>,
+    /// Endpoint labels attached to a group.
+    attached: Vec<u8>,
+}
+
+/// A UD QP that reaches an SM at LID 1 when it holds the SA P_Key: the SA answers every
+/// MCMemberRecord SET (MLID 0xC001) and acknowledges anything else, back to the sending QP.
+struct SmUd {
+    label: u8,
+    log: Arc<Mutex<SmLog>>,
+}
+
+impl Ud for SmUd {
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+        let AcmDest::Unicast(av) = to else {
+            return Ok(());
+        };
+        if av.remote_qpn != 1 {
+            return Ok(());
+        }
+        let mut l = self.log.lock().unwrap();
+        l.sent.push((self.label, *mad));
+        let mut reply = *mad;
+        reply[3] = 0x81;
+        if u16::from_be_bytes([mad[16], mad[17]]) == 0x0038 {
+            reply[92..94].copy_from_slice(&0xc001u16.to_be_bytes());
+        }
+        l.replies.push((self.label, reply));
+        Ok(())
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
+        let mine: Vec<[u8; 256]> = {
+            let mut l = self.log.lock().unwrap();
+            let (mine, rest) = l.replies.drain(..).partition(|(to, _)| *to == self.label);
+            l.replies = rest;
+            mine.into_iter().map(|(_, m)| m).collect()
+        };
+        let meta = RecvMeta {
+            slid: 1,
+            src_qp: 1,
+            sl: 0,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: None,
+        };
+        for m in &mine {
+            f(&meta, m);
+        }
+        mine.len()
+    }
+
+    fn attach(&mut self, _group: &McGroup) -> Result<(), String> {
+        self.log.lock().unwrap().attached.push(self.label);
+        Ok(())
+    }
+
+    fn detach(&mut self, _group: &McGroup) {}
+
+    fn arm(&mut self) -> Option<RawFd> {
+        None
+    }
+
+    fn ack_events(&mut self) {}
+
+    fn sm_addr(&mut self) -> Option<acm_dataplane::sa::SmAddr> {
+        Some(acm_dataplane::sa::SmAddr { lid: 1, sl: 0 })
+    }
+}
+
+#[test]
+fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp() {
+    // The `ud` SA transport (the resolver's defaults subscribe Reports too).
+    let n = bare_node(0, Config::default(), false, 1, true);
+    let sm = Arc::new(Mutex::new(SmLog::default()));
+    let open = |label: u8, gid_of: usize, pkey: u16, sa_pkey: bool| Control::Open {
+        ep: EpId(label),
+        cache_ep: u16::from(label),
+        cfg: EpConfig {
+            port_gid: node_gid(gid_of),
+            lid: node_lid(gid_of),
+            pkey,
+            mtu: 4,
+            rate: 7,
+            subnet_timeout_ms: 1,
+            qpn: 200 + u32::from(label),
+        },
+        ud: Some(Box::new(SmUd {
+            label,
+            log: sm.clone(),
+        })),
+        sa_pkey,
+        routes: Vec::new(),
+        addrs: Arc::new(Vec::new()),
+    };
+    // Port A: endpoint 0 on the default partition (the SA P_Key), endpoint 1 on 0x8001.
+    // Port B (another GID): endpoint 2 on 0x8002 alone, no SA-keyed QP on its port.
+    n.inbox.control(open(0, 0, 0xffff, true));
+    n.inbox.control(open(1, 0, 0x8001, false));
+    n.inbox.control(open(2, 1, 0x8002, false));
+    let mut nodes = [n];
+    let attached = |_: &[Node]| {
+        let a = sm.lock().unwrap().attached.clone();
+        [0u8, 1, 2].iter().all(|l| a.contains(l))
+    };
+    assert!(run(&mut nodes, attached), "every endpoint joined");
+    let l = sm.lock().unwrap();
+    // No SA MAD left on a QP of a partition the SM's port is not in.
+    assert!(
+        l.sent.iter().all(|(label, _)| *label == 0),
+        "SA MADs sent by QPs {:?}",
+        l.sent.iter().map(|(x, _)| *x).collect::<Vec<_>>()
+    );
+    // Endpoint 1's join (its partition's MGID) went out on endpoint 0's QP.
+    let mgid_pkey = |m: &[u8; 256]| u16::from_be_bytes([m[60], m[61]]);
+    let joins: Vec<u16> = l
+        .sent
+        .iter()
+        .filter(|(_, m)| u16::from_be_bytes([m[16], m[17]]) == 0x0038)
+        .map(|(_, m)| mgid_pkey(m))
+        .collect();
+    assert!(
+        joins.contains(&0xffff) && joins.contains(&0x8001),
+        "{joins:04x?}"
+    );
+    assert!(
+        !joins.contains(&0x8002),
+        "port B's join is not port A's business"
+    );
+    // Port B has no SA-keyed QP: its join went through the core's SA service.
+    assert!(nodes[0].log.lock().unwrap().sa_sent >= 1);
 }
