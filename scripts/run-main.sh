@@ -57,4 +57,11 @@ echo "=== names, IPv4, IPv6 with no hosts file (scripts/main-mixed.script), all 
 echo "=== names, IPv4, IPv6 across providers ($MIXED), no hosts file (scripts/main-mixed.script)"
 "$BIN/acm-fabric" script --provider "$MIXED" --nodes Hca2,Hca3,Hca4 --hosts-file none \
   --name-prefix main-mixed-names --retry 10 scripts/main-mixed.script
+# Partitions (OpenSM partitions.conf): each daemon gets one endpoint per P_Key with its own
+# addresses there; short ACM timeouts so the refused steps fail in well under a second.
+echo "=== partitions 0x8001 (Hca2, Hca3) and 0x8003 (Hca3, Hca4), $MIXED, no hosts file (scripts/main-partitions.script)"
+"$BIN/acm-fabric" script --provider "$MIXED" --nodes Hca2,Hca3,Hca4 --hosts-file none \
+  --partition 0x8001:Hca2,Hca3 --partition 0x8003:Hca3,Hca4 \
+  --opt timeout=300 --opt retries=1 --subnet-timeout 8 \
+  --name-prefix main-partitions --retry 10 scripts/main-partitions.script
 echo "=== done: every fabric process was stopped and its scratch directory removed"

@@ -10,6 +10,8 @@
 //! port-down Hca3                   # ibsim unlinks Hca3's port 1 (see Fabric::port_down)
 //! port-up Hca3                     # relink and wait until the SM made it ACTIVE again
 //! sleep 0.5                        # seconds
+//! refused Hca4: -f n -s hca4 -d hca3-8001    # must FAIL: run once, passes if ib_acme
+//!                                  # exits non-zero with no path (a non-member, say)
 //! ```
 //!
 //! Arguments are split on whitespace; `'...'` and `"..."` quote (no escapes). Placeholders
@@ -30,6 +32,8 @@ pub enum Step {
         node: String,
         /// ib_acme arguments, placeholders not yet expanded.
         args: Vec<String>,
+        /// `refused`: the step passes when ib_acme fails (run once, never retried).
+        refused: bool,
     },
     /// [`Fabric::port_down`] on an HCA.
     PortDown(String),
@@ -42,7 +46,16 @@ pub enum Step {
 impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Step::Acme { node, args } => write!(f, "[{node}] ib_acme {}", args.join(" ")),
+            Step::Acme {
+                node,
+                args,
+                refused,
+            } => write!(
+                f,
+                "{}[{node}] ib_acme {}",
+                if *refused { "refused " } else { "" },
+                args.join(" ")
+            ),
             Step::PortDown(n) => write!(f, "port-down {n}"),
             Step::PortUp(n) => write!(f, "port-up {n}"),
             Step::Sleep(d) => write!(f, "sleep {}", d.as_secs_f64()),
@@ -96,8 +109,15 @@ pub fn parse_step(
     if t.is_empty() || t.starts_with('#') {
         return Ok(None);
     }
-    let words = split_words(t)?;
+    let mut words = split_words(t)?;
+    let refused = words.first().is_some_and(|w| w == "refused");
+    if refused {
+        words.remove(0);
+    }
     let (first, rest) = words.split_first().ok_or("empty line")?;
+    if refused && matches!(first.as_str(), "port-down" | "port-up" | "sleep") {
+        return Err(format!("refused applies to ib_acme steps, not {first}"));
+    }
     let hca = |w: Option<&String>| -> std::result::Result<String, String> {
         let n = w.ok_or(format!("{first} needs an HCA name"))?;
         if rest.len() != 1 {
@@ -137,6 +157,7 @@ pub fn parse_step(
             Ok(Some(Step::Acme {
                 node: node.to_string(),
                 args: rest.to_vec(),
+                refused,
             }))
         }
     }
@@ -217,22 +238,31 @@ pub fn run_script(
     let mut failed = 0;
     let io = |e: std::io::Error| Error::new(format!("cannot write output: {e}"));
     for (i, step) in steps.iter().enumerate() {
-        let res: Result<Option<Output>> = match step {
-            Step::Acme { node, args } => {
+        // The ib_acme output, and whether the step wants it to fail.
+        let res: Result<Option<(Output, bool)>> = match step {
+            Step::Acme {
+                node,
+                args,
+                refused,
+            } => {
                 let args = args
                     .iter()
                     .map(|a| expand(a, fabric))
                     .collect::<Result<Vec<_>>>();
                 match args {
                     Ok(args) => {
-                        writeln!(out, "$ [{node}] ib_acme {}", args.join(" ")).map_err(io)?;
+                        let tag = if *refused { " (must be refused)" } else { "" };
+                        writeln!(out, "$ [{node}] ib_acme {}{tag}", args.join(" ")).map_err(io)?;
                         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
                         let n = fabric.node(node)?;
                         let t0 = Instant::now();
                         loop {
                             let o = n.acme(&argv)?;
+                            if *refused {
+                                break Ok(Some((o, true)));
+                            }
                             if o.success() || t0.elapsed() >= retry {
-                                break Ok(Some(o));
+                                break Ok(Some((o, false)));
                             }
                             std::thread::sleep(Duration::from_millis(200));
                         }
@@ -262,12 +292,20 @@ pub fn run_script(
         };
         let ok = match res {
             Ok(None) => true,
-            Ok(Some(o)) => {
+            Ok(Some((o, refused))) => {
                 write!(out, "{}", o.stdout).map_err(io)?;
                 if !o.stderr.is_empty() {
                     write!(out, "{}", o.stderr).map_err(io)?;
                 }
-                o.success()
+                if refused {
+                    let ok = !o.success() && !o.stdout.contains("Path information");
+                    if ok {
+                        writeln!(out, "(refused, as it must be)").map_err(io)?;
+                    }
+                    ok
+                } else {
+                    o.success()
+                }
             }
             Err(e) => {
                 writeln!(out, "error: {e}").map_err(io)?;
@@ -306,7 +344,7 @@ mod tests {
         let d = names(&["Hca3", "Hca4"]);
         let h = names(&["Hca1", "Hca2", "Hca3", "Hca4"]);
         let s = parse_script(
-            "# comment\n\nHca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v\nHca4 -e\nport-down Hca2\nport-up Hca2\nsleep 0.25\n",
+            "# comment\n\nHca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v\nHca4 -e\nport-down Hca2\nport-up Hca2\nsleep 0.25\nrefused Hca4: -f n -s a -d b\n",
             &d,
             &h,
         )
@@ -316,15 +354,22 @@ mod tests {
             vec![
                 Step::Acme {
                     node: "Hca3".into(),
-                    args: names(&["-f", "l", "-s", "{Hca3.lid}", "-d", "{Hca4.lid}", "-v"])
+                    args: names(&["-f", "l", "-s", "{Hca3.lid}", "-d", "{Hca4.lid}", "-v"]),
+                    refused: false,
                 },
                 Step::Acme {
                     node: "Hca4".into(),
-                    args: names(&["-e"])
+                    args: names(&["-e"]),
+                    refused: false,
                 },
                 Step::PortDown("Hca2".into()),
                 Step::PortUp("Hca2".into()),
                 Step::Sleep(Duration::from_millis(250)),
+                Step::Acme {
+                    node: "Hca4".into(),
+                    args: names(&["-f", "n", "-s", "a", "-d", "b"]),
+                    refused: true,
+                },
             ]
         );
         for (bad, why) in [
@@ -336,6 +381,8 @@ mod tests {
             ("sleep x", "seconds"),
             ("sleep 1e9", "0..=600"),
             ("Hca3 -s 'x", "unterminated"),
+            ("refused sleep 1", "ib_acme steps"),
+            ("refused", "empty line"),
         ] {
             let e = parse_script(bad, &d, &h).unwrap_err().to_string();
             assert!(e.contains(why), "{bad:?}: {e}");
