@@ -275,6 +275,7 @@ pub struct FabricBuilder {
     start_daemons: bool,
     opensm_args: Vec<String>,
     partitions: Vec<Partition>,
+    qos_policy: Option<String>,
 }
 
 /// A running fabric. Dropping it stops every process it started (by process group: daemons
@@ -379,6 +380,7 @@ impl FabricBuilder {
             start_daemons: true,
             opensm_args: Vec::new(),
             partitions: Vec::new(),
+            qos_policy: None,
         }
     }
 
@@ -516,6 +518,14 @@ impl FabricBuilder {
     /// opens one endpoint per partition. A member need not run a daemon; it must be an HCA.
     pub fn partition(mut self, p: Partition) -> Self {
         self.partitions.push(p);
+        self
+    }
+
+    /// Runs OpenSM with QoS on (`--qos`) and this `qos-policy.conf` text (`--qos_policy_file`),
+    /// e.g. a `qos-ulps` section mapping ServiceID ranges to SLs: PathRecord queries carrying
+    /// a ServiceID then get that SL from the SA.
+    pub fn qos_policy(mut self, text: &str) -> Self {
+        self.qos_policy = Some(text.to_string());
         self
     }
 
@@ -772,6 +782,13 @@ impl Fabric {
             let conf = self.scratch.join("partitions.conf");
             self.partitions_conf = Some(conf);
             self.write_partitions_conf()?;
+        }
+        if let Some(policy) = &cfg.qos_policy {
+            let file = self.scratch.join("qos-policy.conf");
+            write(&file, policy)?;
+            self.sm_args.push("--qos".into());
+            self.sm_args.push("--qos_policy_file".into());
+            self.sm_args.push(file.display().to_string());
         }
         self.start_sm_with_timeout(cfg.ready_timeout, false)?;
 
@@ -1802,6 +1819,17 @@ impl Node {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// A client connection to the daemon's socket (one request in flight at a time), for
+    /// requests `ib_acme` cannot make (a PATH with a ServiceID, a QoS class, ...).
+    pub fn client(&self) -> Result<crate::client::Conn> {
+        crate::client::Conn::open(self.server_port).map_err(|e| {
+            Error::new(format!(
+                "{}: connect to 127.0.0.1:{}: {e}",
+                self.name, self.server_port
+            ))
+        })
     }
 
     /// Runs any program in this node's `/run` namespace (no preloads), in the node directory.

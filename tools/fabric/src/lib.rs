@@ -53,6 +53,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 pub mod checks;
+pub mod client;
 pub mod fabric;
 pub mod partition;
 pub mod ports;

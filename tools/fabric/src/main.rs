@@ -49,6 +49,8 @@ FABRIC OPTIONS:
                        e.g. 0x8001:Hca2,Hca3 or 0x8002:Hca2,Hca3=limited,Hca4=limited; OpenSM
                        gets a partitions.conf, each member's address file its addresses
                        there (hca3-8001, 10.41.0.3, fd00:acf:8001::3; scripts: {Hca3.name@8001})
+  --qos-policy FILE    OpenSM runs with --qos and this qos-policy.conf (e.g. a qos-ulps section
+                       mapping ServiceID ranges to SLs)
   --subnet-timeout N   PortInfo SubnetTimeOut code 0..31 the daemons see (default: simverbs's,
                        OpenSM's 18 in place of ibsim's placeholder 31; 8 = 1 ms)
   --keep               keep the scratch directory (logs) after teardown
@@ -134,6 +136,7 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut sm_node = None;
     let mut subnet_timeout = None;
     let mut partitions = Vec::new();
+    let mut qos_policy = None;
     let mut opts = Vec::new();
     let mut keep = false;
     let mut prefix = "acmfab-cli".to_string();
@@ -244,6 +247,9 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     }
     for p in partitions {
         builder = builder.partition(p);
+    }
+    if let Some(q) = &qos_policy {
+        builder = builder.qos_policy(q);
     }
     for o in &opts {
         builder = match &o.node {
