@@ -136,7 +136,7 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
     let mut sm_node = None;
     let mut subnet_timeout = None;
     let mut partitions = Vec::new();
-    let mut qos_policy = None;
+    let mut qos_policy: Option<String> = None;
     let mut opts = Vec::new();
     let mut keep = false;
     let mut prefix = "acmfab-cli".to_string();
