@@ -169,6 +169,12 @@ fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
             }
             "--provider-name" => provider_name = Some(val("--provider-name")?),
             "--sm-node" => sm_node = Some(val("--sm-node")?),
+            "--qos-policy" => {
+                let f = val("--qos-policy")?;
+                qos_policy = Some(
+                    std::fs::read_to_string(&f).map_err(|e| format!("--qos-policy {f}: {e}"))?,
+                );
+            }
             "--partition" => {
                 partitions.push(Partition::parse(&val("--partition")?).map_err(|e| e.to_string())?)
             }
