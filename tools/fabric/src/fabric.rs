@@ -1611,6 +1611,8 @@ impl Node {
             .env("SIM_HOST", &self.name)
             .env("IBSIM_SOCKNAME", &self.fabric)
             .env("SIMVERBS_SHM_DIR", shm)
+            // The kernel's RDMA netlink local service, simulated: Node::kernel is its other end.
+            .env("SIMVERBS_NETLINK_DIR", &self.dir)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(file(&self.dir.join("ibacm.out"))?)
             .stderr(file_append(&self.dir.join("ibacm.out"))?);
@@ -1819,6 +1821,12 @@ impl Node {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// The kernel's end of the daemon's RDMA netlink local-service socket (simulated by
+    /// simverbs): requests as kernel consumers send them, answers as the kernel reads them.
+    pub fn kernel(&self) -> Result<crate::kernel::KernelLs> {
+        crate::kernel::KernelLs::bind(&self.dir)
     }
 
     /// A client connection to the daemon's socket (one request in flight at a time), for

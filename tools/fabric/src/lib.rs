@@ -55,6 +55,7 @@
 pub mod checks;
 pub mod client;
 pub mod fabric;
+pub mod kernel;
 pub mod partition;
 pub mod ports;
 pub mod process;

@@ -14,6 +14,8 @@
 //!   fabric, LID and QPN; multicast membership files) and the loss/delay knobs.
 //! * [`gsi`]: the GSI bridge, UD sends to remote QPN 1 and their answers through ibsim.
 //! * [`capture`]: `SIMVERBS_PCAP`, every sent datagram as an InfiniBand frame in a pcap file.
+//! * [`netlink`]: `SIMVERBS_NETLINK_DIR`, the kernel's RDMA netlink local-service socket, its
+//!   other end driven by a test tool.
 //!
 //! Every exported function runs its body inside `guard`, so no panic crosses the C ABI.
 //! See `docs/simverbs.md` for the design, the control protocol and the gotchas.
@@ -39,6 +41,7 @@ pub mod gsi;
 #[cfg(test)]
 mod layout;
 pub mod mem;
+pub mod netlink;
 pub mod qp;
 pub mod transport;
 pub mod umad;
