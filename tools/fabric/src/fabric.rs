@@ -276,6 +276,8 @@ pub struct FabricBuilder {
     opensm_args: Vec<String>,
     partitions: Vec<Partition>,
     qos_policy: Option<String>,
+    subnet_prefix: Option<u64>,
+    extra_providers: Vec<(String, Provider)>,
 }
 
 /// A running fabric. Dropping it stops every process it started (by process group: daemons
@@ -348,8 +350,19 @@ struct Launch {
     simverbs: PathBuf,
     shm: PathBuf,
     env: Vec<(String, String)>,
-    provider: String,
+    /// The providers whose endpoint rows (`ib_acme -e`) mean the daemon serves: the node's
+    /// default and its extra ones (a per-prefix `provider` line may pick one of those).
+    providers: Vec<String>,
     ready_timeout: Duration,
+}
+
+impl Launch {
+    /// Whether `ib_acme -e` output lists an endpoint of one of the node's providers.
+    fn serves(&self, e_output: &str) -> bool {
+        self.providers
+            .iter()
+            .any(|p| e_output.contains(&format!(",{p},")))
+    }
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -381,6 +394,8 @@ impl FabricBuilder {
             opensm_args: Vec::new(),
             partitions: Vec::new(),
             qos_policy: None,
+            subnet_prefix: None,
+            extra_providers: Vec::new(),
         }
     }
 
@@ -521,6 +536,21 @@ impl FabricBuilder {
         self
     }
 
+    /// OpenSM's `subnet_prefix` (an options file, `-F`): every port's GID prefix, so GIDs,
+    /// paths and the core's per-prefix provider choice (`provider NAME 0x<prefix>`) see it.
+    pub fn subnet_prefix(mut self, prefix: u64) -> Self {
+        self.subnet_prefix = Some(prefix);
+        self
+    }
+
+    /// One more provider library in `node`'s provider directory, besides the one its opts
+    /// file names as `default`; a `provider NAME 0x<prefix>` option line (`node_option(node,
+    /// "provider", "acmrs 0xfec0000000000001")`) then picks it for ports of that subnet.
+    pub fn node_extra_provider(mut self, node: &str, provider: Provider) -> Self {
+        self.extra_providers.push((node.to_string(), provider));
+        self
+    }
+
     /// Runs OpenSM with QoS on (`--qos`) and this `qos-policy.conf` text (`--qos_policy_file`),
     /// e.g. a `qos-ulps` section mapping ServiceID ranges to SLs: PathRecord queries carrying
     /// a ServiceID then get that SL from the SA.
@@ -574,7 +604,7 @@ impl FabricBuilder {
         if uniq.len() != self.nodes.len() {
             return Err(Error::new("a node is listed twice"));
         }
-        for (n, p) in &self.node_providers {
+        for (n, p) in self.node_providers.iter().chain(&self.extra_providers) {
             if !self.nodes.contains(n) {
                 return Err(Error::new(format!(
                     "provider {} given for {n:?}, which runs no daemon (daemon nodes: {})",
@@ -658,11 +688,18 @@ impl FabricBuilder {
             let libs = self
                 .nodes
                 .iter()
-                .map(|n| self.provider_of(n).library_to_copy())
+                .map(|n| {
+                    let mut v: Vec<PathBuf> =
+                        self.provider_of(n).library_to_copy()?.into_iter().collect();
+                    for (_, p) in self.extra_providers.iter().filter(|(m, _)| m == n) {
+                        v.extend(p.library_to_copy()?);
+                    }
+                    Ok(v)
+                })
                 .collect::<Result<Vec<_>>>()?;
             (sv, libs)
         } else {
-            (PathBuf::new(), vec![None; self.nodes.len()])
+            (PathBuf::new(), vec![Vec::new(); self.nodes.len()])
         };
         let port_pool = match &self.port_pool {
             Some(p) => p.clone(),
@@ -739,7 +776,7 @@ impl Fabric {
     fn bring_up(
         &mut self,
         cfg: &FabricBuilder,
-        provider_libs: &[Option<PathBuf>],
+        provider_libs: &[Vec<PathBuf>],
         port_pool: &PortPool,
         hcas: &[String],
     ) -> Result<()> {
@@ -783,6 +820,12 @@ impl Fabric {
             self.partitions_conf = Some(conf);
             self.write_partitions_conf()?;
         }
+        if let Some(prefix) = cfg.subnet_prefix {
+            let file = self.scratch.join("opensm.conf");
+            write(&file, &format!("subnet_prefix {prefix:#018x}\n"))?;
+            self.sm_args.push("-F".into());
+            self.sm_args.push(file.display().to_string());
+        }
         if let Some(policy) = &cfg.qos_policy {
             let file = self.scratch.join("qos-policy.conf");
             write(&file, policy)?;
@@ -821,7 +864,7 @@ impl Fabric {
             });
         }
         let hosts = self.hosts_data();
-        for (i, provider_lib) in provider_libs.iter().enumerate() {
+        for (i, libs) in provider_libs.iter().enumerate() {
             let node = &self.nodes[i];
             // The hosts-file mode first, then options for every node, then this node's own
             // (a later line of the same name replaces an earlier one).
@@ -849,7 +892,7 @@ impl Fabric {
             write(&node.dir.join("ibacm_opts.cfg"), &opts)?;
             let prov_dir = node.dir.join("prov");
             mkdir(&prov_dir)?;
-            if let Some(lib) = provider_lib {
+            for lib in libs {
                 let file_name = lib
                     .file_name()
                     .ok_or_else(|| Error::new("provider path has no file name"))?;
@@ -873,7 +916,14 @@ impl Fabric {
                 simverbs: self.simverbs.clone(),
                 shm: self.scratch.clone(),
                 env: cfg.daemon_env_with_knobs(),
-                provider: node.provider.name().to_string(),
+                providers: std::iter::once(node.provider.name().to_string())
+                    .chain(
+                        cfg.extra_providers
+                            .iter()
+                            .filter(|(n, _)| *n == node.name)
+                            .map(|(_, p)| p.name().to_string()),
+                    )
+                    .collect(),
                 ready_timeout: cfg.ready_timeout,
             });
             node.start_daemon()?;
@@ -1713,11 +1763,10 @@ impl Node {
         let (Some(launch), Some(_)) = (&self.launch, &self.daemon) else {
             return Ok(());
         };
-        let row = format!(",{},", launch.provider);
         let deadline = Instant::now() + timeout;
         loop {
             let out = self.acme(&["-e"])?;
-            if out.stdout.contains(&row) == present {
+            if launch.serves(&out.stdout) == present {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -1739,7 +1788,7 @@ impl Node {
         let Some(launch) = self.launch.clone() else {
             return Err(Error::new(format!("{}: no daemon", self.name)));
         };
-        let (provider, timeout) = (launch.provider.as_str(), launch.ready_timeout);
+        let (provider, timeout) = (launch.providers.join(" or "), launch.ready_timeout);
         let port_file = self.run_dir.join("ibacm-tcp.port");
         let name = self.name.clone();
         let deadline = Instant::now() + timeout;
@@ -1764,7 +1813,7 @@ impl Node {
                 .is_some_and(|p| listens_on(p.pid(), self.server_port));
             if port_file.exists() && listening {
                 let out = self.acme(&["-e"])?;
-                if out.success() && out.stdout.contains(provider) {
+                if out.success() && launch.serves(&out.stdout) {
                     return Ok(());
                 }
                 if Instant::now() >= deadline {
