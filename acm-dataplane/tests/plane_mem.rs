@@ -571,8 +571,10 @@ struct SmLog {
     attached: Vec<u8>,
 }
 
-/// A UD QP that reaches an SM at LID 1 when it holds the SA P_Key: the SA answers every
-/// MCMemberRecord SET (MLID 0xC001) and acknowledges anything else, back to the sending QP.
+/// A UD QP that reaches an SM at LID 1: the SA answers every MCMemberRecord SET (MLID 0xC001)
+/// and PathRecord GET (from the port whose GID is the record's SGID, to the node whose LID or
+/// GID it names, with the record's P_Key) and acknowledges anything else, back to the sending
+/// QP.
 struct SmUd {
     label: u8,
     log: Arc<Mutex<SmLog>>,
@@ -590,8 +592,27 @@ impl Ud for SmUd {
         l.sent.push((self.label, *mad));
         let mut reply = *mad;
         reply[3] = 0x81;
-        if u16::from_be_bytes([mad[16], mad[17]]) == 0x0038 {
-            reply[92..94].copy_from_slice(&0xc001u16.to_be_bytes());
+        match u16::from_be_bytes([mad[16], mad[17]]) {
+            0x0038 => reply[92..94].copy_from_slice(&0xc001u16.to_be_bytes()),
+            0x0035 => {
+                let q = PathRecord::new_unchecked(&mad[56..120]);
+                let from = (0..8).find(|&j| node_gid(j) == q.sgid());
+                let to = (0..8).find(|&j| node_lid(j) == q.dlid() || node_gid(j) == q.dgid());
+                let pkey = if q.pkey() == 0 { 0xffff } else { q.pkey() };
+                match (from, to) {
+                    (Some(from), Some(to)) => {
+                        let mut p = PathRecord::new_unchecked(&mut reply[56..120]);
+                        p.set_dgid(node_gid(to));
+                        p.set_sgid(node_gid(from));
+                        p.set_dlid(node_lid(to));
+                        p.set_slid(node_lid(from));
+                        p.set_reversible_numpath(true, 0);
+                        p.set_pkey(pkey);
+                    }
+                    _ => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
+                }
+            }
+            _ => {}
         }
         l.replies.push((self.label, reply));
         Ok(())
@@ -698,4 +719,81 @@ fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp
     );
     // Port B has no SA-keyed QP: its join went through the core's SA service.
     assert!(nodes[0].log.lock().unwrap().sa_sent >= 1);
+}
+
+#[test]
+fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it() {
+    // A dual-port HCA: port A (GID and LID of sim node 0) and port B (node 1), each with a
+    // default-partition endpoint on the SA P_Key, and port B with a 0x8001 endpoint too. (A
+    // real daemon cannot be given a second port here: ibsim attaches each client to its
+    // node's first port and umad2sim builds one device with that port; docs/shapes.md.)
+    let n = bare_node(0, Config::default(), false, 1, true);
+    let sm = Arc::new(Mutex::new(SmLog::default()));
+    let open = |label: u8, port: usize, pkey: u16, sa_pkey: bool| Control::Open {
+        ep: EpId(label),
+        cache_ep: u16::from(label),
+        cfg: EpConfig {
+            port_gid: node_gid(port),
+            lid: node_lid(port),
+            pkey,
+            mtu: 4,
+            rate: 7,
+            subnet_timeout_ms: 1,
+            qpn: 300 + u32::from(label),
+        },
+        ud: Some(Box::new(SmUd {
+            label,
+            log: sm.clone(),
+        })),
+        sa_pkey,
+        routes: Vec::new(),
+        addrs: Arc::new(Vec::new()),
+    };
+    n.inbox.control(open(0, 0, 0xffff, true));
+    n.inbox.control(open(1, 1, 0xffff, true));
+    n.inbox.control(open(2, 1, 0x8001, false));
+    let mut nodes = [n];
+    assert!(run(&mut nodes, |_| sm.lock().unwrap().attached.len() >= 3));
+    // The same destination (LID 6) asked on each endpoint.
+    for (ep, client) in [(0u8, 1u64), (1, 2), (2, 3)] {
+        assert!(nodes[0].inbox.request(
+            EpId(ep),
+            u16::from(ep),
+            client,
+            Kind::Resolve,
+            &lid_msg(node_lid(5), false, 0x60 + client)
+        ));
+    }
+    assert!(run(&mut nodes, |n| answers(&n[0]).len() == 3));
+    for a in answers(&nodes[0]) {
+        let p = PathRecord::new_unchecked(&a.msg[24..88]);
+        let port = if a.ep == EpId(0) { 0 } else { 1 };
+        assert_eq!(a.status, 0, "endpoint {:?}", a.ep);
+        assert_eq!(
+            (p.slid(), p.sgid(), p.dlid()),
+            (node_lid(port), node_gid(port), node_lid(5)),
+            "endpoint {:?} answers from its own port",
+            a.ep
+        );
+        let pkey = if a.ep == EpId(2) { 0x8001 } else { 0xffff };
+        assert_eq!(p.pkey(), pkey, "endpoint {:?}: its partition", a.ep);
+    }
+    // Each port's SA MADs left on that port's SA-keyed QP: port A's from QP 0, port B's
+    // (both endpoints') from QP 1, never from the 0x8001 QP.
+    let l = sm.lock().unwrap();
+    for (label, m) in &l.sent {
+        let sgid_port = if u16::from_be_bytes([m[16], m[17]]) == 0x0035 {
+            (0..2).find(|&j| PathRecord::new_unchecked(&m[56..120]).sgid() == node_gid(j))
+        } else {
+            None
+        };
+        assert_ne!(*label, 2, "an SA MAD on the 0x8001 QP");
+        if let Some(port) = sgid_port {
+            assert_eq!(
+                usize::from(*label),
+                port,
+                "a PathRecord query left on the other port"
+            );
+        }
+    }
 }

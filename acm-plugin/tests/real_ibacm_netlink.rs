@@ -114,6 +114,19 @@ fn kernel_local_service_requests_are_answered_with_the_sas_sl_and_partition() {
         LsAnswer::Error,
         "acmrs: no path to a non-member in 0x8001"
     );
+    // A P_Key the source port does not hold (Hca2 has no 0x8003): an error, never a path
+    // from another partition.
+    for on in ["Hca2", "Hca3"] {
+        let q = LsQuery {
+            pkey: Some(0x8003),
+            ..query(&f, on, "Hca4")
+        };
+        assert_eq!(
+            kernel_resolve(&f, on, &q, false),
+            LsAnswer::Error,
+            "{on}: P_Key 0x8003 is not the port's"
+        );
+    }
     // Stock answers the kernel too, but drops the ServiceID (acmp_record_path_addr): the
     // SA's default SL.
     let q = LsQuery {
