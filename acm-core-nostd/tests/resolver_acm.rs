@@ -41,6 +41,7 @@ fn ep_config() -> EpConfig {
         rate: 3,
         subnet_timeout_ms: 0,
         qpn: 0x55,
+        sa_pkey: true,
     }
 }
 
@@ -517,6 +518,7 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
     let cfg = EpConfig {
         pkey: 0x8001,
         qpn: 0x56,
+        sa_pkey: false,
         ..ep_config()
     };
     t.r.open_endpoint(1, tenant, cfg).unwrap();

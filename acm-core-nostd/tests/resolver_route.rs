@@ -32,6 +32,7 @@ fn ep_config() -> EpConfig {
         rate: 3,
         subnet_timeout_ms: 0,
         qpn: 0x48,
+        sa_pkey: true,
     }
 }
 

@@ -152,11 +152,6 @@ pub enum Control {
         cfg: EpConfig,
         /// Its UD QP (`None`: no verbs, SA-only endpoint).
         ud: Option<Box<dyn Ud>>,
-        /// Whether `ud` is on the port's SA P_Key (`verbs::sa_pkey_index`). The SA MADs of
-        /// every endpoint of the port go out on such a QP ([`Plane`]'s SA carrier): the SM's
-        /// port drops MADs of a partition it is not in, so an endpoint of another partition
-        /// cannot reach the SA on its own QP. With none on the port, the core's transport.
-        sa_pkey: bool,
         /// `route_preload`: paths that never expire.
         routes: Vec<[u8; 64]>,
         /// `addr_preload`: the hosts file, shared by every endpoint.
@@ -312,8 +307,6 @@ struct EpRecord {
     cache_ep: u16,
     cfg: EpConfig,
     ud: Option<Box<dyn Ud>>,
-    /// See [`Control::Open`]'s `sa_pkey`.
-    sa_pkey: bool,
     locals: Vec<(u8, [u8; 64])>,
     routes: Vec<[u8; 64]>,
     addrs: Arc<Vec<HostAddr>>,
@@ -514,7 +507,6 @@ impl<I: CoreIo> Plane<I> {
                 cache_ep,
                 cfg,
                 ud,
-                sa_pkey,
                 routes,
                 addrs,
             } => {
@@ -522,7 +514,6 @@ impl<I: CoreIo> Plane<I> {
                     cache_ep,
                     cfg,
                     ud,
-                    sa_pkey,
                     locals: Vec::new(),
                     routes,
                     addrs,
@@ -662,17 +653,20 @@ impl<I: CoreIo> Plane<I> {
     }
 
     /// The endpoint whose UD QP carries `ep`'s SA MADs: `ep` itself if its QP is on the
-    /// port's SA P_Key, else an open endpoint of the same port (same GID 0) whose QP is.
+    /// port's SA P_Key (`EpConfig::sa_pkey`), else an open endpoint of the same port (same
+    /// GID 0) whose QP is. The SM's port drops MADs of a partition it is not in, so an
+    /// endpoint of another partition cannot reach the SA on its own QP; with no carrier on
+    /// the port, its MADs go through the core's service.
     /// Replies come back on that QP and are matched to `ep`'s query by the SA channel.
     fn sa_carrier(&self, ep: EpId) -> Option<usize> {
         let own = self.eps.get(usize::from(ep.0))?.as_ref()?;
-        if own.sa_pkey && own.ud.is_some() {
+        if own.cfg.sa_pkey && own.ud.is_some() {
             return Some(usize::from(ep.0));
         }
         let gid = own.cfg.port_gid;
         self.eps.iter().position(|r| {
             r.as_ref()
-                .is_some_and(|r| r.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
+                .is_some_and(|r| r.cfg.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
         })
     }
 

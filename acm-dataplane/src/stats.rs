@@ -817,9 +817,9 @@ mod plane_tests {
                 rate: 7,
                 subnet_timeout_ms: 1,
                 qpn: 0,
+                sa_pkey: false,
             },
             ud: None,
-            sa_pkey: false,
             routes: Vec::new(),
             addrs: Arc::new(Vec::new()),
         });

@@ -154,6 +154,12 @@ impl CoreIo for FakeCore {
     }
 }
 
+/// The resolver's defaults (the `ud` SA transport: Report subscriptions).
+fn ud_sa_config() -> Config {
+    let (o, _) = acm_core_nostd::text::opts::ProviderOptions::load(b"", |e| panic!("{e:?}"));
+    Config::from_options(&o)
+}
+
 /// The resolver's defaults with the SA behind the core's service, as these loops have it (no
 /// `with_ud_sa`): no Report subscriptions.
 fn core_sa_config() -> Config {
@@ -187,13 +193,13 @@ fn open_msg(me: usize, wire: &Wire) -> Control {
             rate: 7,
             subnet_timeout_ms: 1,
             qpn: 100 + me as u32,
+            sa_pkey: true,
         },
         ud: Some(Box::new(MemUd {
             me,
             wire: wire.clone(),
             attached: false,
         })),
-        sa_pkey: true,
         routes: Vec::new(),
         addrs: Arc::new(Vec::new()),
     }
@@ -660,8 +666,8 @@ impl Ud for SmUd {
 
 #[test]
 fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp() {
-    // The `ud` SA transport (the resolver's defaults subscribe Reports too).
-    let n = bare_node(0, Config::default(), false, 1, true);
+    // The `ud` SA transport (Reports subscribed).
+    let n = bare_node(0, ud_sa_config(), false, 1, true);
     let sm = Arc::new(Mutex::new(SmLog::default()));
     let open = |label: u8, gid_of: usize, pkey: u16, sa_pkey: bool| Control::Open {
         ep: EpId(label),
@@ -674,12 +680,12 @@ fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp
             rate: 7,
             subnet_timeout_ms: 1,
             qpn: 200 + u32::from(label),
+            sa_pkey,
         },
         ud: Some(Box::new(SmUd {
             label,
             log: sm.clone(),
         })),
-        sa_pkey,
         routes: Vec::new(),
         addrs: Arc::new(Vec::new()),
     };
@@ -717,6 +723,14 @@ fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp
         !joins.contains(&0x8002),
         "port B's join is not port A's business"
     );
+    // Report subscriptions (InformInfo SETs for traps 64 and 65): once per port, from the
+    // endpoint the SA reaches, not once per endpoint.
+    let informs = l
+        .sent
+        .iter()
+        .filter(|(_, m)| u16::from_be_bytes([m[16], m[17]]) == 0x0003 && m[3] == 0x02)
+        .count();
+    assert_eq!(informs, 2, "one subscription per trap");
     // Port B has no SA-keyed QP: its join went through the core's SA service.
     assert!(nodes[0].log.lock().unwrap().sa_sent >= 1);
 }
@@ -727,7 +741,7 @@ fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it()
     // default-partition endpoint on the SA P_Key, and port B with a 0x8001 endpoint too. (A
     // real daemon cannot be given a second port here: ibsim attaches each client to its
     // node's first port and umad2sim builds one device with that port; docs/shapes.md.)
-    let n = bare_node(0, Config::default(), false, 1, true);
+    let n = bare_node(0, ud_sa_config(), false, 1, true);
     let sm = Arc::new(Mutex::new(SmLog::default()));
     let open = |label: u8, port: usize, pkey: u16, sa_pkey: bool| Control::Open {
         ep: EpId(label),
@@ -740,12 +754,12 @@ fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it()
             rate: 7,
             subnet_timeout_ms: 1,
             qpn: 300 + u32::from(label),
+            sa_pkey,
         },
         ud: Some(Box::new(SmUd {
             label,
             log: sm.clone(),
         })),
-        sa_pkey,
         routes: Vec::new(),
         addrs: Arc::new(Vec::new()),
     };

@@ -536,13 +536,13 @@ unsafe extern "C" fn open_endpoint(
             rate: port.info.rate,
             subnet_timeout_ms: port.info.subnet_timeout_ms,
             qpn,
+            sa_pkey,
         };
         inst.inbox.control(Control::Open {
             ep: ep.id,
             cache_ep: ep.cache_ep(),
             cfg,
             ud,
-            sa_pkey,
             routes,
             addrs: inst.hosts.clone(),
         });

@@ -36,7 +36,9 @@ impl<S: Storage> Resolver<S> {
     /// Starts both subscriptions of `slot` if the configuration and the endpoint allow.
     pub(crate) fn subscribe_all(&mut self, now: Millis, slot: usize) {
         let e = self.st.endpoints()[slot];
-        if !self.cfg.sa_reports || !e.open || e.qpn == 0 {
+        // One subscription per port: from the endpoint whose QP the SA reaches (OpenSM keeps
+        // one record per subscriber address anyway, and an unsubscribe would end it for all).
+        if !self.cfg.sa_reports || !e.open || e.qpn == 0 || !e.sa_pkey {
             return;
         }
         for i in 0..TRAPS.len() {

@@ -84,6 +84,11 @@ pub struct EpConfig {
     /// no UD QP: it joins no group and speaks no ACM protocol (names and IPs resolve from the
     /// hosts preload and local addresses only, as with `addr_prot none`; routes via the SA).
     pub qpn: u32,
+    /// The UD QP is on the port's SA P_Key (the default partition's key, as the core picks
+    /// its own): the port's SA MADs leave on it and its Reports arrive on it, so only such an
+    /// endpoint subscribes to Reports (`Config::sa_reports`). The SM's port is in the default
+    /// partition only: a MAD of another partition never reaches it.
+    pub sa_pkey: bool,
 }
 
 /// How a client is answered.
@@ -664,6 +669,7 @@ impl<S: Storage> Resolver<S> {
             e.rate = cfg.rate;
             e.subnet_timeout = cfg.subnet_timeout_ms;
             e.qpn = cfg.qpn;
+            e.sa_pkey = cfg.sa_pkey;
             e.cache_ep = u16::from(ep.0);
             if want_groups {
                 e.groups[0].rate = min.0;

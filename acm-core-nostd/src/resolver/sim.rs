@@ -514,6 +514,7 @@ impl Sim {
                     },
                     subnet_timeout_ms: 0,
                     qpn: 0x100 + i as u32,
+                    sa_pkey: true,
                 },
                 open: false,
                 alive: true,

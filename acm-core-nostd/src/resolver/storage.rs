@@ -527,6 +527,8 @@ pub struct EpSlot {
     pub(crate) pkey: u16,
     pub(crate) cache_ep: u16,
     pub(crate) qpn: u32,
+    /// [`super::EpConfig::sa_pkey`].
+    pub(crate) sa_pkey: bool,
     pub(crate) acm_inflight: u32,
     pub(crate) subnet_timeout: Millis,
     pub(crate) counts: [u32; 7],
@@ -558,6 +560,7 @@ impl EpSlot {
         pkey: 0,
         cache_ep: 0,
         qpn: 0,
+        sa_pkey: false,
         acm_inflight: 0,
         subnet_timeout: 0,
         counts: [0; 7],

@@ -19,9 +19,9 @@ fn io(e: std::io::Error) -> String {
     e.to_string()
 }
 
-/// How long one answer may take before the run fails (a read on a [`Conn`], a [`Burst`]'s wait
-/// for the next answer). Stock retries an unanswered query after `timeout` + subnet timeout;
-/// nothing the benches send should be unanswered.
+/// How long one answer may take before the run fails (a read on a [`Conn`], the benches'
+/// wait for the next answer of a burst). Stock retries an unanswered query after `timeout` +
+/// subnet timeout; nothing the tests and benches send should be unanswered.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One TCP connection to a daemon (one request in flight at a time).

@@ -45,6 +45,7 @@ fn run() -> u32 {
         rate: 3,
         subnet_timeout_ms: 0,
         qpn: 0x48,
+        sa_pkey: true,
     };
     let _ = r.open_endpoint(0, ep, cfg);
     let _ = r.add_address(0, &cache, ep, 0, 1, &black_box([0x61; 64]));
