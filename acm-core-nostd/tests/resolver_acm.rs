@@ -101,6 +101,16 @@ impl<S: Storage> T<S> {
         );
         mad
     }
+    /// Whether the stock request for hca4 from hca3 (acmp_resolve_req.bin), received on
+    /// endpoint 0 at `now`, is answered.
+    fn answers_stock_request(&mut self, now: u64) -> bool {
+        let req = fixture("acmp_resolve_req.bin");
+        self.r
+            .handle_acm(now, &self.cache, EP, &meta_from(3, HCA3_GID), &req);
+        self.drain()
+            .iter()
+            .any(|o| matches!(o, Output::SendAcm { .. }))
+    }
     /// [`T::open_and_join`], then our local name `hca4` (the destination of
     /// acmp_resolve_req.bin), outputs drained.
     fn open_join_and_add_hca4(&mut self) {
@@ -465,17 +475,7 @@ fn array_storage_resolver() {
         now: 0,
     };
     t.open_join_and_add_hca4();
-    t.r.handle_acm(
-        1,
-        &t.cache,
-        EP,
-        &meta_from(3, HCA3_GID),
-        &fixture("acmp_resolve_req.bin"),
-    );
-    assert!(t
-        .drain()
-        .iter()
-        .any(|o| matches!(o, Output::SendAcm { .. })));
+    assert!(t.answers_stock_request(1));
 }
 
 /// An endpoint without a UD QP (QPN 0) joins nothing and speaks no ACM protocol: names not in
@@ -541,15 +541,5 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
     t.r.handle_acm(3, &t.cache, EP, &meta_from(3, HCA3_GID), &other);
     assert_eq!(t.r.stats().acm_other_partition, 1);
     // Its own name is still answered on endpoint 0.
-    t.r.handle_acm(
-        4,
-        &t.cache,
-        EP,
-        &meta_from(3, HCA3_GID),
-        &fixture("acmp_resolve_req.bin"),
-    );
-    assert!(t
-        .drain()
-        .iter()
-        .any(|o| matches!(o, Output::SendAcm { .. })));
+    assert!(t.answers_stock_request(4));
 }

@@ -664,17 +664,15 @@ impl Ud for SmUd {
     }
 }
 
-#[test]
-fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp() {
-    // The `ud` SA transport (Reports subscribed).
-    let n = bare_node(0, ud_sa_config(), false, 1, true);
-    let sm = Arc::new(Mutex::new(SmLog::default()));
-    let open = |label: u8, gid_of: usize, pkey: u16, sa_pkey: bool| Control::Open {
+/// Endpoint `label` of port `port` (the GID and LID of sim node `port`) on `pkey`, its UD QP
+/// an [`SmUd`] logging to `sm`; `sa_pkey`: the QP is on the port's SA P_Key.
+fn sm_open(sm: &Arc<Mutex<SmLog>>, label: u8, port: usize, pkey: u16, sa_pkey: bool) -> Control {
+    Control::Open {
         ep: EpId(label),
         cache_ep: u16::from(label),
         cfg: EpConfig {
-            port_gid: node_gid(gid_of),
-            lid: node_lid(gid_of),
+            port_gid: node_gid(port),
+            lid: node_lid(port),
             pkey,
             mtu: 4,
             rate: 7,
@@ -688,12 +686,19 @@ fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp
         })),
         routes: Vec::new(),
         addrs: Arc::new(Vec::new()),
-    };
+    }
+}
+
+#[test]
+fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp() {
+    // The `ud` SA transport (Reports subscribed).
+    let n = bare_node(0, ud_sa_config(), false, 1, true);
+    let sm = Arc::new(Mutex::new(SmLog::default()));
     // Port A: endpoint 0 on the default partition (the SA P_Key), endpoint 1 on 0x8001.
     // Port B (another GID): endpoint 2 on 0x8002 alone, no SA-keyed QP on its port.
-    n.inbox.control(open(0, 0, 0xffff, true));
-    n.inbox.control(open(1, 0, 0x8001, false));
-    n.inbox.control(open(2, 1, 0x8002, false));
+    n.inbox.control(sm_open(&sm, 0, 0, 0xffff, true));
+    n.inbox.control(sm_open(&sm, 1, 0, 0x8001, false));
+    n.inbox.control(sm_open(&sm, 2, 1, 0x8002, false));
     let mut nodes = [n];
     let attached = |_: &[Node]| {
         let a = sm.lock().unwrap().attached.clone();
@@ -743,29 +748,9 @@ fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it()
     // node's first port and umad2sim builds one device with that port; docs/shapes.md.)
     let n = bare_node(0, ud_sa_config(), false, 1, true);
     let sm = Arc::new(Mutex::new(SmLog::default()));
-    let open = |label: u8, port: usize, pkey: u16, sa_pkey: bool| Control::Open {
-        ep: EpId(label),
-        cache_ep: u16::from(label),
-        cfg: EpConfig {
-            port_gid: node_gid(port),
-            lid: node_lid(port),
-            pkey,
-            mtu: 4,
-            rate: 7,
-            subnet_timeout_ms: 1,
-            qpn: 300 + u32::from(label),
-            sa_pkey,
-        },
-        ud: Some(Box::new(SmUd {
-            label,
-            log: sm.clone(),
-        })),
-        routes: Vec::new(),
-        addrs: Arc::new(Vec::new()),
-    };
-    n.inbox.control(open(0, 0, 0xffff, true));
-    n.inbox.control(open(1, 1, 0xffff, true));
-    n.inbox.control(open(2, 1, 0x8001, false));
+    n.inbox.control(sm_open(&sm, 0, 0, 0xffff, true));
+    n.inbox.control(sm_open(&sm, 1, 1, 0xffff, true));
+    n.inbox.control(sm_open(&sm, 2, 1, 0x8001, false));
     let mut nodes = [n];
     assert!(run(&mut nodes, |_| sm.lock().unwrap().attached.len() >= 3));
     // The same destination (LID 6) asked on each endpoint.

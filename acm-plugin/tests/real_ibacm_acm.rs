@@ -11,8 +11,10 @@
 //! Needs root (private /run per daemon) and `libsimverbs.so` + `libacmrs.so` in the target
 //! directory (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
 
+mod common;
+
 use acm_fabric::checks::{self, check_path, global_counters};
-use acm_fabric::{Fabric, FabricBuilder, HostsFile, Output, Provider, Topology};
+use acm_fabric::{Fabric, FabricBuilder, Output};
 use std::time::Duration;
 
 const ADDR_QUERY: &str = "Addr Query Count";
@@ -29,16 +31,9 @@ fn mixed(
     names: usize,
     custom: impl FnOnce(FabricBuilder) -> FabricBuilder,
 ) -> Fabric {
-    let b = Fabric::builder(
-        Topology::example("net.2sw2path4hca").unwrap(),
-        ["Hca2", "Hca3", "Hca4"],
-    )
-    .provider(Provider::Acmrs)
-    .node_provider("Hca2", Provider::Stock)
-    .hosts_file(HostsFile::Absent)
-    .extra_names(names)
-    .name_prefix(prefix)
-    .option("timeout", "500");
+    let b = common::mixed_fabric(prefix)
+        .extra_names(names)
+        .option("timeout", "500");
     let f = custom(b)
         .start()
         .unwrap_or_else(|e| panic!("bring-up failed: {e}"));

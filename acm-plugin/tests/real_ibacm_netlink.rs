@@ -10,19 +10,15 @@
 //!
 //! Needs root and `libsimverbs.so` + `libacmrs.so` in the target directory.
 
-use acm_core_nostd::wire::gid::Gid;
+mod common;
+
 use acm_fabric::checks::require_root;
 use acm_fabric::kernel::{LsAnswer, LsQuery, SA_LOCAL_SVC_TIMEOUT};
-use acm_fabric::{Fabric, HostsFile, Partition, Provider, Topology};
+use acm_fabric::{Fabric, Partition};
+use common::{mixed_fabric, node_gid as gid, policy_sl, QOS_POLICY};
 use std::time::{Duration, Instant};
-
-const POLICY: &str = "qos-ulps\n    default : 0\n    any, service-id 0x0000000000010000-0x000000000001FFFF : 3\n    any, service-id 0x0000000001060CBC : 5\nend-qos-ulps\n";
 /// `IB_PATH_PRIMARY | IB_PATH_GMP | IB_PATH_BIDIRECTIONAL` (a reversible path).
 const GMP_FLAGS: u32 = 0x2 | 0x1 | 0x8 | 0x20;
-
-fn gid(f: &Fabric, n: &str) -> Gid {
-    Gid(f.node(n).unwrap().gid.octets())
-}
 
 /// The kernel's request from `on` to `to`, retried (up to 20 s) while the daemon's endpoints
 /// are still joining and it answers an error; each try must be answered within the kernel's
@@ -58,18 +54,11 @@ fn query(f: &Fabric, on: &str, to: &str) -> LsQuery {
 #[test]
 fn kernel_local_service_requests_are_answered_with_the_sas_sl_and_partition() {
     require_root();
-    let f = Fabric::builder(
-        Topology::example("net.2sw2path4hca").unwrap(),
-        ["Hca2", "Hca3", "Hca4"],
-    )
-    .provider(Provider::Acmrs)
-    .node_provider("Hca2", Provider::Stock)
-    .hosts_file(HostsFile::Absent)
-    .name_prefix("netlink")
-    .qos_policy(POLICY)
-    .partition(Partition::parse("0x8001:Hca3,Hca4").unwrap())
-    .start()
-    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let f = mixed_fabric("netlink")
+        .qos_policy(QOS_POLICY)
+        .partition(Partition::parse("0x8001:Hca3,Hca4").unwrap())
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     for n in ["Hca2", "Hca3", "Hca4"] {
         let log = f.node(n).unwrap().log();
         assert!(
@@ -78,7 +67,8 @@ fn kernel_local_service_requests_are_answered_with_the_sas_sl_and_partition() {
         );
     }
     // acmrs: the SL the SA assigns to each ServiceID, in the default partition.
-    for (sid, sl) in [(0x10005u64, 3u8), (0x1060cbc, 5), (0x20000, 0)] {
+    for sid in [0x10005u64, 0x1060cbc, 0x20000] {
+        let sl = policy_sl(sid);
         let q = LsQuery {
             service_id: Some(sid),
             pkey: Some(0xffff),

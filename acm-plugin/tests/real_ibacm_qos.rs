@@ -5,19 +5,15 @@
 //!
 //! Needs root and `libsimverbs.so` + `libacmrs.so` in the target directory.
 
+mod common;
+
 use acm_core_nostd::wire::client::{Status, FLAGS_QUERY_SA};
-use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecordRepr;
 use acm_fabric::checks::require_root;
 use acm_fabric::client::path_request;
-use acm_fabric::{Fabric, HostsFile, Provider, Topology};
+use acm_fabric::Fabric;
+use common::{mixed_fabric, node_gid as gid, policy_sl, QOS_POLICY};
 use std::time::{Duration, Instant};
-
-const POLICY: &str = "qos-ulps\n    default : 0\n    any, service-id 0x0000000000010000-0x000000000001FFFF : 3\n    any, service-id 0x0000000001060CBC : 5\nend-qos-ulps\n";
-
-fn gid(f: &Fabric, n: &str) -> Gid {
-    Gid(f.node(n).unwrap().gid.octets())
-}
 
 /// A PATH request on `on` for `to` with `sid` (entry flags `flags`), retried while the
 /// daemon answers an error (its endpoints still joining): the last status and path.
@@ -37,15 +33,6 @@ fn ask(f: &Fabric, on: &str, to: &str, sid: u64, flags: u32, tid: u64) -> (Statu
     }
 }
 
-/// The SL the policy gives `sid`.
-fn policy_sl(sid: u64) -> u8 {
-    match sid {
-        0x10000..=0x1ffff => 3,
-        0x1060cbc => 5,
-        _ => 0,
-    }
-}
-
 fn route_cache_hits(f: &Fabric, on: &str) -> u64 {
     acm_fabric::checks::global_counters(f, on)["Route Cache Count"]
 }
@@ -53,17 +40,10 @@ fn route_cache_hits(f: &Fabric, on: &str) -> u64 {
 #[test]
 fn each_service_id_gets_the_sl_the_sa_assigns() {
     require_root();
-    let f = Fabric::builder(
-        Topology::example("net.2sw2path4hca").unwrap(),
-        ["Hca2", "Hca3", "Hca4"],
-    )
-    .provider(Provider::Acmrs)
-    .node_provider("Hca2", Provider::Stock)
-    .hosts_file(HostsFile::Absent)
-    .name_prefix("qos-sid")
-    .qos_policy(POLICY)
-    .start()
-    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let f = mixed_fabric("qos-sid")
+        .qos_policy(QOS_POLICY)
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     // acmrs: a cold destination per ServiceID gets the SA's SL for it, answered well within
     // the kernel's local-service timeout (sa_local_svc_timeout_ms, 2 s: past it the kernel
     // asks the SA itself and the load doubles).

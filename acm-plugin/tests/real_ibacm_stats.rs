@@ -10,7 +10,9 @@
 //! and `acmrs-stat` in the target directory (`cargo build -p simverbs -p acm-plugin -p
 //! acmrs-stat`). Skipped with a message when not root.
 
-use acm_fabric::{find_artifact, Fabric, HostsFile, Output, Provider, Topology};
+mod common;
+
+use acm_fabric::{find_artifact, Fabric, Output};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -180,21 +182,14 @@ fn latency_stats_in_the_textfile_and_acmrs_stat() {
         return;
     }
     let stat = stat_binary();
-    let f = Fabric::builder(
-        Topology::example("net.2sw2path4hca").unwrap(),
-        ["Hca2", "Hca3", "Hca4"],
-    )
-    .provider(Provider::Acmrs)
-    .node_provider("Hca2", Provider::Stock)
-    .hosts_file(HostsFile::Absent)
-    .name_prefix("acm-stats")
-    .option("timeout", "500")
-    .option("acmrs_prom_file", "/run/acmrs.prom")
-    .option("acmrs_prom_interval_s", "1")
-    // Every hit timed (the default times one in 16, weighted 16): the counts below are exact.
-    .option("acmrs_hit_sample", "1")
-    .start()
-    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let f = common::mixed_fabric("acm-stats")
+        .option("timeout", "500")
+        .option("acmrs_prom_file", "/run/acmrs.prom")
+        .option("acmrs_prom_interval_s", "1")
+        // Every hit timed (the default times one in 16, weighted 16): the counts below are exact.
+        .option("acmrs_hit_sample", "1")
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     let (n3, n4) = (f.node("Hca3").unwrap(), f.node("Hca4").unwrap());
     let prom = n3.run_dir.join("acmrs.prom");
     let gid = n3.gid.to_string();

@@ -30,3 +30,42 @@ pub fn route_dump(n: u16, first_lid: u16, first_guid: u64) -> String {
     }
     dump
 }
+
+/// The mixed fabric the real-daemon tests start from: `net.2sw2path4hca`, Hca2 running the
+/// stock libibacmp, Hca3 and Hca4 acmrs, no hosts file (names and IPs over the ACM protocol),
+/// scratch and fabric names labelled `prefix`.
+pub fn mixed_fabric(prefix: &str) -> acm_fabric::FabricBuilder {
+    use acm_fabric::{Fabric, HostsFile, Provider, Topology};
+    Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca2", "Hca3", "Hca4"],
+    )
+    .provider(Provider::Acmrs)
+    .node_provider("Hca2", Provider::Stock)
+    .hosts_file(HostsFile::Absent)
+    .name_prefix(prefix)
+}
+
+/// Daemon node `n`'s port GID.
+pub fn node_gid(f: &acm_fabric::Fabric, n: &str) -> acm_core_nostd::wire::gid::Gid {
+    acm_core_nostd::wire::gid::Gid(f.node(n).unwrap().gid.octets())
+}
+
+/// An OpenSM QoS policy (`qos_policy`) giving ServiceIDs 0x10000-0x1FFFF SL 3, 0x1060CBC SL 5
+/// and everything else SL 0 ([`policy_sl`]).
+pub const QOS_POLICY: &str = "\
+qos-ulps
+    default : 0
+    any, service-id 0x0000000000010000-0x000000000001FFFF : 3
+    any, service-id 0x0000000001060CBC : 5
+end-qos-ulps
+";
+
+/// The SL [`QOS_POLICY`] gives `sid`.
+pub fn policy_sl(sid: u64) -> u8 {
+    match sid {
+        0x10000..=0x1ffff => 3,
+        0x1060cbc => 5,
+        _ => 0,
+    }
+}
