@@ -192,6 +192,29 @@ fn wait_endpoints(f: &Fabric, node: &str, mut want: Vec<u16>) {
     }
 }
 
+/// The counters of the endpoint owning source name `src` on `node` (`ib_acme -f n -P s -s
+/// SRC`), in the core's order: Error, Resolve, No Data, Addr Query, Addr Cache, Route Query,
+/// Route Cache.
+fn ep_counters(f: &Fabric, node: &str, src: &str) -> Vec<u64> {
+    let out = f
+        .node(node)
+        .unwrap()
+        .acme(&["-f", "n", "-P", "s", "-s", src])
+        .unwrap();
+    let row = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("127.0.0.1,"))
+        .unwrap_or_else(|| panic!("{node} -P s -s {src}:\n{out}"));
+    let v: Vec<u64> = row
+        .split(',')
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert_eq!(v.len(), 7, "{row}");
+    v
+}
+
 fn count(log: &str, what: &str) -> usize {
     log.lines().filter(|l| l.contains(what)).count()
 }
@@ -226,6 +249,29 @@ fn two_partitions_of_full_members_resolve_every_direction_and_refuse_non_members
     wait_log(&f, "Hca3", "joined multicast group 0", 3);
     wait_log(&f, "Hca4", "joined multicast group 0", 2);
     let all = [Form::Name, Form::Ipv4, Form::Ipv6];
+    // Counters are the endpoint's: a resolution on Hca3's 0x8001 endpoint counts there only.
+    let tenant = f
+        .node("Hca3")
+        .unwrap()
+        .addrs
+        .in_partition(0x8001)
+        .unwrap()
+        .name
+        .clone();
+    let (t0, d0) = (
+        ep_counters(&f, "Hca3", &tenant),
+        ep_counters(&f, "Hca3", "hca3"),
+    );
+    resolves(&f, "Hca3", "Hca2", 0x8001, Form::Name);
+    let (t1, d1) = (
+        ep_counters(&f, "Hca3", &tenant),
+        ep_counters(&f, "Hca3", "hca3"),
+    );
+    assert!(
+        t1[1] > t0[1] && t1[5] > t0[5],
+        "0x8001 endpoint: {t0:?} -> {t1:?}"
+    );
+    assert_eq!(d1, d0, "the default endpoint counted nothing");
     every_direction(&f, 0x8001, &all);
     every_direction(&f, 0x8003, &all);
     every_direction(&f, DEFAULT, &[Form::Name]);
