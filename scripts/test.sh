@@ -60,15 +60,20 @@ set -e
 if ((loom_rc != 0 && rc == 0)); then rc=$loom_rc; fi
 
 fuzz_rc=0
-if [[ -x acm-core-nostd/fuzz/run.sh ]]; then
-  step "fuzz (${FUZZ_SECONDS}s per target)"
-  bash acm-core-nostd/fuzz/run.sh "$FUZZ_SECONDS" || fuzz_rc=$?
-fi
+step "fuzz (${FUZZ_SECONDS}s per target)"
+bash acm-core-nostd/fuzz/run.sh "$FUZZ_SECONDS" || fuzz_rc=$?
 
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$LOG_DIR/test.log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$LOG_DIR/test.log" | awk '{s+=$1} END {print s+0}')
 if ((fuzz_rc != 0)); then
   echo "fuzzing found a failure (exit $fuzz_rc)"
+  failed=$((failed + 1))
+fi
+# A test that cannot run fails with its reason; nothing may report skipping instead.
+skipped=$(grep -Ec '^SKIPPED|: skipped$' "$LOG_DIR/test.log" || true)
+if ((skipped > 0)); then
+  echo "something reported skipping ($skipped line(s)); a test that cannot run must fail:"
+  grep -E '^SKIPPED|: skipped$' "$LOG_DIR/test.log" | head -20
   failed=$((failed + 1))
 fi
 if ((rc != 0 && failed == 0)); then

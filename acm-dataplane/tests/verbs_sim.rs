@@ -338,14 +338,13 @@ fn teardown_leaves_no_verbs_objects() {
 /// Same life cycle under valgrind: no definitely-lost blocks (cheap enough: one agent, ~10 s).
 #[test]
 fn teardown_under_valgrind_loses_nothing() {
-    if std::process::Command::new("valgrind")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("valgrind not installed: skipped");
-        return;
-    }
+    assert!(
+        std::process::Command::new("valgrind")
+            .arg("--version")
+            .output()
+            .is_ok(),
+        "valgrind not found: apt-get install valgrind (scripts/install-deps.sh installs it)"
+    );
     let f = Fabric::start("valgrind");
     let log = f.dir.join("valgrind.log");
     let mut a = f.agent_valgrind("Hca3", &log);

@@ -2,15 +2,11 @@
 //! simverbs), driven with the real `ib_acme` through `acm_fabric`.
 //!
 //! Needs root (private /run per daemon) and the artifacts `libsimverbs.so` and `libacmrs.so`
-//! (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
+//! (`cargo build -p simverbs -p acm-plugin`). Fails with the reason when not root.
 
+use acm_fabric::checks::require_root;
 use acm_fabric::{Fabric, Output, Provider, Topology};
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn ok(o: &Output) -> bool {
     o.success() && o.stdout.contains("SA verification: success")
@@ -31,10 +27,7 @@ fn counters(o: &Output) -> Vec<u64> {
 
 #[test]
 fn real_ibacm_resolves_through_acmrs() {
-    if !is_root() {
-        eprintln!("SKIPPED: real_ibacm_resolves_through_acmrs needs root (mount namespaces)");
-        return;
-    }
+    require_root();
     let mut fabric = Fabric::builder(
         Topology::example("net.2sw2path4hca").unwrap(),
         ["Hca3", "Hca4"],
@@ -188,10 +181,7 @@ fn real_ibacm_resolves_through_acmrs() {
 
 #[test]
 fn real_ibacm_refreshes_hot_routes_ahead_of_expiry() {
-    if !is_root() {
-        eprintln!("SKIPPED: real_ibacm_refreshes_hot_routes_ahead_of_expiry needs root");
-        return;
-    }
+    require_root();
     // Routes live 3 s; hits in the last 1.5 s start a background SA re-query.
     let fabric = Fabric::builder(
         Topology::example("net.2sw2path4hca").unwrap(),

@@ -9,20 +9,15 @@
 //! the requester's `Addr Query Count`.
 //!
 //! Needs root (private /run per daemon) and `libsimverbs.so` + `libacmrs.so` in the target
-//! directory (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
+//! directory (`cargo build -p simverbs -p acm-plugin`). Fails with the reason when not root.
 
 mod common;
 
-use acm_fabric::checks::{self, check_path, global_counters};
+use acm_fabric::checks::{self, check_path, global_counters, require_root};
 use acm_fabric::{Fabric, FabricBuilder, Output};
 use std::time::Duration;
 
 const ADDR_QUERY: &str = "Addr Query Count";
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// A fabric of Hca2 (stock), Hca3 and Hca4 (acmrs), no hosts file, `names` extra names per
 /// node, with whatever else `custom` sets.
@@ -144,30 +139,21 @@ fn every_direction(f: &Fabric) {
 
 #[test]
 fn names_and_ips_resolve_between_acmrs_and_stock_route_prot_sa() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (mount namespaces)");
-        return;
-    }
+    require_root();
     let f = mixed("acm-mixed-sa", 2, |b| b);
     every_direction(&f);
 }
 
 #[test]
 fn names_and_ips_resolve_between_acmrs_and_stock_route_prot_acm() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (mount namespaces)");
-        return;
-    }
+    require_root();
     let f = mixed("acm-mixed-acm", 2, |b| b.option("route_prot", "acm"));
     every_direction(&f);
 }
 
 #[test]
 fn retries_carry_address_resolution_through_loss() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (mount namespaces)");
-        return;
-    }
+    require_root();
     // A fifth of the datagrams are lost (each daemon's simulated verbs drop them on send), so
     // a resolution's first query and its response both arrive only 64 % of the time. Each
     // name below must still resolve in ONE ib_acme call, so the provider has to retry by
@@ -193,10 +179,7 @@ fn retries_carry_address_resolution_through_loss() {
 
 #[test]
 fn rejoin_after_port_bounce_and_client_reregister() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (mount namespaces)");
-        return;
-    }
+    require_root();
     let f = mixed("acm-mixed-rejoin", 3, |b| b);
     resolve_verified(&f, "Hca3", Dest::Name, "Hca2");
     // The SM tells every port to reregister: acmrs flushes what it learned and rejoins its

@@ -4,17 +4,13 @@
 //! (LID_CHANGE: close + reopen). Nothing learned before a close may be served after it.
 //!
 //! Needs root (private /run per daemon) and the artifacts `libsimverbs.so` and `libacmrs.so`
-//! (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
+//! (`cargo build -p simverbs -p acm-plugin`). Fails with the reason when not root.
 
+use acm_fabric::checks::require_root;
 use acm_fabric::{Fabric, Output, Provider, Topology};
 use std::time::{Duration, Instant};
 
 const VERIFIED: &str = "SA verification: success";
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn ok(o: &Output) -> bool {
     o.success() && o.stdout.contains(VERIFIED)
@@ -67,10 +63,7 @@ fn wait_endpoint(f: &Fabric, node: &str) {
 
 #[test]
 fn real_ibacm_acmrs_port_down_up_and_lid_change() {
-    if !is_root() {
-        eprintln!("SKIPPED: real_ibacm_acmrs_port_down_up_and_lid_change needs root");
-        return;
-    }
+    require_root();
     let mut f = Fabric::builder(
         Topology::example("net.2sw2path4hca").unwrap(),
         ["Hca3", "Hca4"],

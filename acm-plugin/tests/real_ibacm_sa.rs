@@ -11,16 +11,11 @@
 //!   provider on another node, which subscribes to nothing, keeps answering its stale path.
 //!
 //! Needs root (private /run per daemon) and the artifacts `libsimverbs.so` and `libacmrs.so`
-//! (`cargo build -p simverbs -p acm-plugin`). Skipped with a message when not root.
+//! (`cargo build -p simverbs -p acm-plugin`). Fails with the reason when not root.
 
-use acm_fabric::checks::SA_VERIFIED;
+use acm_fabric::checks::{require_root, SA_VERIFIED};
 use acm_fabric::{Fabric, Output, Provider, Topology};
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// The 7 per-endpoint counters of endpoint 1 (`ib_acme -P 1`): [error, resolve, no data,
 /// addr query, addr cache, route query, route cache].
@@ -86,10 +81,7 @@ fn verified_until(f: &Fabric, on: &str, dlid: u16, within: Duration) -> Output {
 
 #[test]
 fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the_bound() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    require_root();
     // 56 HCAs and 6 switches, so 50 distinct destinations the SA knows. Hca1 runs OpenSM.
     let f = Fabric::builder(Topology::parse("fattree:4,2,14").unwrap(), ["Hca2"])
         .provider(Provider::Acmrs)
@@ -189,10 +181,7 @@ fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the
 
 #[test]
 fn an_unlinked_node_is_dropped_from_the_cache_and_reachable_again_when_relinked() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    require_root();
     // Hca2 stock, Hca3 acmrs; Hca4 runs no daemon, it is the destination that comes and goes.
     let f = Fabric::builder(
         Topology::example("net.2sw2path4hca").unwrap(),
@@ -277,10 +266,7 @@ fn an_unlinked_node_is_dropped_from_the_cache_and_reachable_again_when_relinked(
 
 #[test]
 fn a_new_sm_drops_what_the_old_one_taught_and_reports_to_us_again() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root");
-        return;
-    }
+    require_root();
     // OpenSM starts on Hca1; acmrs runs on Hca3; Hca4 is a destination.
     let mut f = Fabric::builder(Topology::example("net.2sw2path4hca").unwrap(), ["Hca3"])
         .provider(Provider::Acmrs)

@@ -8,20 +8,16 @@
 //! Needs root (private /run per daemon), `promtool` (Debian `prometheus`) and
 //! `python3-prometheus-client` (scripts/install-deps.sh), and `libsimverbs.so`, `libacmrs.so`
 //! and `acmrs-stat` in the target directory (`cargo build -p simverbs -p acm-plugin -p
-//! acmrs-stat`). Skipped with a message when not root.
+//! acmrs-stat`). Fails with the reason when not root.
 
 mod common;
 
+use acm_fabric::checks::require_root;
 use acm_fabric::{find_artifact, Fabric, Output};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// Runs `program args` with `text` on its stdin; its status, stdout and stderr (`missing`: the
 /// panic message when it cannot be started).
@@ -177,10 +173,7 @@ fn stat_binary() -> PathBuf {
 
 #[test]
 fn latency_stats_in_the_textfile_and_acmrs_stat() {
-    if !is_root() {
-        eprintln!("SKIPPED: needs root (mount namespaces)");
-        return;
-    }
+    require_root();
     let stat = stat_binary();
     let f = common::mixed_fabric("acm-stats")
         .option("timeout", "500")
