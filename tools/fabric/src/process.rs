@@ -100,6 +100,22 @@ impl Proc {
         grace: Duration,
     ) -> Result<Proc> {
         cmd.process_group(0).stdin(stdin);
+        // A child inherits the signal mask: the CLI blocks SIGINT/SIGTERM/SIGHUP for its
+        // signal thread, and ibsim and OpenSM would then never see our SIGTERM (every teardown
+        // ending in SIGKILL) nor OpenSM a SIGHUP. Every child starts with none blocked.
+        // SAFETY: the closure runs in the forked child before exec and only calls
+        // sigemptyset and sigprocmask, which are async-signal-safe; it touches no memory of
+        // the parent but its own stack.
+        unsafe {
+            cmd.pre_exec(|| {
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         // Hold the registry lock across spawn + insert, so an emergency teardown on another
         // thread either sees this child or runs before it exists.
         let mut r = registry();

@@ -147,6 +147,19 @@ fn cli_up_sigterm_while_serving_and_during_bring_up() {
         running.len() >= 4,
         "ibsim, OpenSM, 2 daemons: {running:?}\n{seen}"
     );
+    // None of them inherited the CLI's blocked signals (its signal thread blocks SIGINT,
+    // SIGTERM, SIGHUP): a SIGTERM stops ibsim and OpenSM, a SIGHUP makes OpenSM re-read.
+    for pid in &running {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let blocked = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|v| u64::from_str_radix(v.trim(), 16).unwrap_or(u64::MAX));
+        assert!(
+            matches!(blocked, Some(0) | None),
+            "pid {pid} starts with signals blocked:\n{status}"
+        );
+    }
     sigterm(child.id());
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
