@@ -496,6 +496,16 @@ mod tests {
     }
 
     #[test]
+    fn a_crafted_report_with_huge_counts_saturates_instead_of_overflowing() {
+        let mut s = Snapshot::default();
+        s.counts[0] = u64::MAX;
+        s.counts[1] = 7;
+        s.counts[2] = u64::MAX;
+        assert_eq!(s.count(), u64::MAX);
+        assert_eq!(s.count_le(u64::MAX), u64::MAX);
+    }
+
+    #[test]
     fn encode_decode_round_trip() {
         let r = report();
         assert_eq!(decode(&encode(&r)).unwrap(), r);

@@ -128,9 +128,9 @@ impl Default for Snapshot {
 }
 
 impl Snapshot {
-    /// Number of values.
+    /// Number of values (saturating: a snapshot decoded from a report can hold any counts).
     pub fn count(&self) -> u64 {
-        self.counts.iter().sum()
+        self.counts.iter().fold(0u64, |a, c| a.saturating_add(*c))
     }
 
     /// `(highest value of the bucket, count)` of every non-empty bucket, ascending. The
@@ -151,8 +151,7 @@ impl Snapshot {
             .iter()
             .enumerate()
             .take_while(|(i, _)| bucket_high(*i) <= ns)
-            .map(|(_, c)| c)
-            .sum()
+            .fold(0u64, |a, (_, c)| a.saturating_add(*c))
     }
 
     /// An [`hdrhistogram::Histogram`] of the same values (ns, 3 significant digits), for
