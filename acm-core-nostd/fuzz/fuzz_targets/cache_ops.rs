@@ -1,20 +1,17 @@
 #![no_main]
 //! Cache operations against a model: the input is a sequence of ops (insert, negative insert,
 //! lookup, alias, address lookup, remove, remove address, invalidate endpoint, purge, flush,
-//! advance time, pending begin / complete / cancel / cancel_ep) applied to a small
-//! `PathCache` (8 path slots, 4 address slots) and `PendingTable` (4 keys, 6 waiters), and to a
-//! plain `std` model of what must be true:
+//! advance time) applied to a small `PathCache` (8 path slots, 4 address slots) and to a plain
+//! `std` model of what must be true:
 //!
 //! * a lookup never returns a record, status or expiry other than the model's for that key,
 //!   never `Busy` (single thread), and only misses a live key after it was evicted — at most one
 //!   live entry disappears per evicting insert;
 //! * an alias answers with the current record of its path while the path entry lived
 //!   continuously since the alias was made, and otherwise misses or answers that record;
-//! * lengths never exceed capacity;
-//! * every accepted pending request is drained exactly once, in order per key.
-use std::collections::{HashMap, VecDeque};
+//! * lengths never exceed capacity.
+use std::collections::HashMap;
 
-use acm_core_nostd::cache::pending::{Begin, PendingSlot, PendingTable, WaiterSlot};
 use acm_core_nostd::cache::{
     AddrKey, AddrSlot, CacheConfig, CacheError, Dest, Inserted, Lookup, PathCache, PathKey,
     PathSlot,
@@ -239,16 +236,6 @@ impl Harness {
     }
 }
 
-type PTable<'a> = PendingTable<PathKey, &'a mut [PendingSlot<PathKey>], &'a mut [WaiterSlot]>;
-
-fn drain_check(got: Vec<u32>, want: Option<VecDeque<u32>>) {
-    assert_eq!(
-        got,
-        want.map(Vec::from).unwrap_or_default(),
-        "pending drain order"
-    );
-}
-
 fuzz_target!(|data: &[u8]| {
     let p: Box<[PathSlot]> = (0..PATHS).map(|_| PathSlot::new()).collect();
     let a: Box<[AddrSlot]> = (0..ADDRS).map(|_| AddrSlot::new()).collect();
@@ -262,11 +249,6 @@ fuzz_target!(|data: &[u8]| {
     )
     .unwrap();
     let mut w = cache.writer().unwrap();
-    let mut keys = [PendingSlot::<PathKey>::new(); 4];
-    let mut waiters = [WaiterSlot::new(); 6];
-    let mut pending: PTable<'_> = PendingTable::new(&mut keys[..], &mut waiters[..], 9).unwrap();
-    let mut pmodel: HashMap<PathKey, VecDeque<u32>> = HashMap::new();
-    let mut next_token = 0u32;
 
     let mut h = Harness {
         paths: HashMap::new(),
@@ -279,12 +261,12 @@ fuzz_target!(|data: &[u8]| {
         let arg = input.byte().unwrap_or(0);
         let arg2 = input.byte().unwrap_or(0);
         h.forget_dead(now);
-        match op % 15 {
+        match op % 13 {
             // insert / negative insert
             0 | 1 | 2 => {
                 let k = path_key(arg);
                 let ttl = 1 + (arg2 as u64 % 64);
-                let status = if op % 15 == 2 { 1 + arg2 % 9 } else { 0 };
+                let status = if op % 13 == 2 { 1 + arg2 % 9 } else { 0 };
                 let r = if status == 0 {
                     w.insert(&k, &rec(arg2), now, ttl)
                 } else {
@@ -422,72 +404,8 @@ fuzz_target!(|data: &[u8]| {
                 // Purging removes only dead entries: every live one still answers.
                 h.sync_paths(&cache, now, 0, &path_key(0xff));
             }
-            12 => now += (arg % 32) as u64,
-            // pending table
-            13 => {
-                let k = path_key(arg & 0x37);
-                let tok = next_token;
-                next_token += 1;
-                let waiting: usize = pmodel.values().map(VecDeque::len).sum();
-                let want = if waiting == 6 {
-                    Begin::Full
-                } else if pmodel.contains_key(&k) {
-                    Begin::Coalesced
-                } else if pmodel.len() == 4 {
-                    Begin::Full
-                } else {
-                    Begin::Started
-                };
-                assert_eq!(pending.begin(k, tok), want);
-                if want != Begin::Full {
-                    pmodel.entry(k).or_default().push_back(tok);
-                }
-            }
-            _ => {
-                let k = path_key(arg & 0x37);
-                let mut got = Vec::new();
-                match arg2 % 3 {
-                    0 => {
-                        pending.complete(&k, |t| got.push(t));
-                        drain_check(got, pmodel.remove(&k));
-                    }
-                    1 => {
-                        let tok = pmodel
-                            .get(&k)
-                            .and_then(|q| q.get(arg2 as usize % 4).copied());
-                        let tok = tok.unwrap_or(u32::MAX);
-                        let was = pmodel.get(&k).is_some_and(|q| q.contains(&tok));
-                        assert_eq!(pending.cancel(&k, tok), was);
-                        if let Some(q) = pmodel.get_mut(&k) {
-                            q.retain(|&t| t != tok);
-                            if q.is_empty() {
-                                pmodel.remove(&k);
-                            }
-                        }
-                    }
-                    _ => {
-                        let mut all = Vec::new();
-                        pending.cancel_ep(k.ep, |key, t| all.push((*key, t)));
-                        let eps: Vec<PathKey> =
-                            pmodel.keys().filter(|m| m.ep == k.ep).copied().collect();
-                        for mk in eps {
-                            let g: Vec<u32> = all
-                                .iter()
-                                .filter(|(x, _)| *x == mk)
-                                .map(|(_, t)| *t)
-                                .collect();
-                            drain_check(g, pmodel.remove(&mk));
-                        }
-                        assert!(all.iter().all(|(x, _)| x.ep == k.ep));
-                    }
-                }
-            }
+            _ => now += (arg % 32) as u64,
         }
-        assert_eq!(pending.len(), pmodel.len());
-        assert_eq!(
-            pending.waiting(),
-            pmodel.values().map(VecDeque::len).sum::<usize>()
-        );
         assert!(cache.len() <= PATHS);
         assert!(cache.stats().addr_entries as usize <= ADDRS);
     }

@@ -3,8 +3,6 @@
 //! Keys are packed into fixed arrays of 32-bit words and compared word for word, so two keys
 //! share an entry only if *every* field is equal: there is no fingerprint that could collide.
 
-use super::hash::hash_key;
-
 /// Number of 32-bit words a packed [`PathKey`] occupies.
 pub const PATH_KEY_WORDS: usize = 10;
 /// Number of 32-bit words a packed [`AddrKey`] occupies.
@@ -261,8 +259,8 @@ impl PackedPathKey {
     /// The reversible bit is not part of a cache key: a reversible path also answers a request
     /// that does not ask for one, so one entry serves a destination with and without the bit
     /// (a preloaded route is two entries, by DLID and by DGID, not four). A lookup that wants
-    /// a reversible path and finds a record without the bit is a miss. The pending table keeps
-    /// the full key, so such requests are queried apart. (The words of
+    /// a reversible path and finds a record without the bit is a miss. The resolver's route
+    /// jobs keep the full key, so such requests are queried apart. (The words of
     /// [`PathKey::without_reversible`].)
     #[inline]
     pub fn cache_words(&self) -> ([u32; PATH_KEY_WORDS], bool) {
@@ -348,36 +346,6 @@ impl AddrKey {
             w[1 + i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
         w
-    }
-}
-
-/// A key usable in the [`pending`](super::pending) table and the caches.
-pub trait CacheKey: Copy + Eq {
-    /// The endpoint the key belongs to.
-    fn ep(&self) -> u16;
-    /// Keyed hash of the packed key.
-    fn hash_with(&self, seed: u64) -> u64;
-}
-
-impl CacheKey for PathKey {
-    #[inline]
-    fn ep(&self) -> u16 {
-        self.ep
-    }
-    #[inline]
-    fn hash_with(&self, seed: u64) -> u64 {
-        hash_key(seed, &self.to_words())
-    }
-}
-
-impl CacheKey for AddrKey {
-    #[inline]
-    fn ep(&self) -> u16 {
-        self.ep
-    }
-    #[inline]
-    fn hash_with(&self, seed: u64) -> u64 {
-        hash_key(seed, &self.to_words())
     }
 }
 

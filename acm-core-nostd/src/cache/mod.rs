@@ -1,4 +1,4 @@
-//! Path-record and address caches over caller-provided storage, plus a pending-request table.
+//! Path-record and address caches over caller-provided storage.
 //!
 //! # Shape
 //!
@@ -58,7 +58,6 @@
 //! | [`PathSlot`]: seq + header, incarnation, generation, expiry + 40 B key (first line), 64 B record (second line) | 128 |
 //! | [`AddrSlot`]: seq + meta + 68 B key + 8 B target, padded | 128 |
 //! | side arrays, per slot: tag byte, refresh-claim byte, CLOCK bit (carved from the tail of the storage) | ~2.1 |
-//! | [`pending`]: per key / per waiter | see [`pending`] |
 //!
 //! 1,000,000 path entries at the design load: [`Slot::slots_for`]`(1_000_000)` is about 1.17
 //! million slots, 150 MB (measured RSS: ~150 B per cached path).
@@ -84,7 +83,6 @@
 
 pub mod hash;
 pub(crate) mod key;
-pub mod pending;
 mod table;
 
 use core::marker::PhantomData;
@@ -93,10 +91,9 @@ use core::ops::Deref;
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
-    constraint, AddrKey, AddrKind, CacheKey, Constraints, Dest, PackedPathKey, PathDest, PathKey,
+    constraint, AddrKey, AddrKind, Constraints, Dest, PackedPathKey, PathDest, PathKey,
     ADDR_KEY_WORDS, DEST_WORDS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
 };
-pub use pending::{Begin, PendingTable};
 pub use table::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
 
 #[cfg(loom)]
