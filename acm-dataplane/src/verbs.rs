@@ -47,14 +47,14 @@ use rdma_sys::{
 
 /// Bytes of the GRH area in front of every received datagram (`sizeof(struct ibv_grh)`).
 pub const GRH_LEN: usize = 40;
-/// Bytes of an ACM MAD (`ACM_SEND_SIZE`).
-pub const MAD_LEN: usize = 256;
+/// Bytes of an ACM MAD (`ACM_SEND_SIZE`): one MAD.
+pub use acm_core_nostd::wire::mad::MAD_LEN;
 /// Bytes of one receive buffer (`ACM_RECV_SIZE`).
 pub const RECV_LEN: usize = GRH_LEN + MAD_LEN;
 /// Destination QPN of a multicast send.
 pub const MCAST_QPN: u32 = 0x00FF_FFFF;
 /// `ACM_QKEY`, the Q_Key of the ACM QP and groups.
-pub const ACM_QKEY: u32 = 0x8001_0000;
+pub use acm_core_nostd::wire::mcmember::ACM_QKEY;
 /// Unicast address handles cached per endpoint.
 pub const AH_CACHE_SLOTS: usize = 32;
 /// Multicast groups attached at once per endpoint (ibacmp uses at most 2).

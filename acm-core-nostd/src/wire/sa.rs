@@ -13,8 +13,8 @@ use super::mad::{
 };
 use super::{be16, be64, enum_with_unknown, put_be16, put_be64, view, Error, Result};
 
-/// Length of an SA MAD.
-pub const MAD_LEN: usize = super::mad::MAD_LEN;
+/// Length of an SA MAD: one MAD.
+pub use super::mad::MAD_LEN;
 /// Offset of the attribute data.
 pub const DATA_OFFSET: usize = 56;
 /// Length of the attribute data (`UMAD_LEN_SA_DATA`).

@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::Duration;
 
 const VERIFIED: &str = "SA verification: success";
-const ACM_QKEY: u64 = 0x8001_0000;
+const ACM_QKEY: u64 = acm_core_nostd::wire::mcmember::ACM_QKEY as u64;
 
 /// A scratch directory removed on drop (also when the test panics).
 struct Scratch(PathBuf);
