@@ -330,6 +330,11 @@ pub struct Plane<I: CoreIo> {
     /// When drops were last logged (ms): at most one set of lines per second, so a remote
     /// node sending garbage cannot flood the core's log; every drop is counted anyway.
     last_drop_log: Millis,
+    /// Class 3 MADs dropped because they did not come from the SM (its LID, QP 1) or a reply
+    /// arrived on a QP that did not send the query (a forgery, or a confused peer).
+    sa_forged: u64,
+    /// [`Plane::sa_forged`] as last logged.
+    sa_forged_logged: u64,
     /// A request taken from the queue and not yet known to the resolver or answered: if the
     /// resolver panics with it, `recover` answers it.
     in_hand: Option<Request>,
@@ -409,6 +414,8 @@ impl<I: CoreIo> Plane<I> {
             last_stats: Stats::default(),
             last_health: vec![UdHealth::default(); MAX_EPS],
             last_drop_log: 0,
+            sa_forged: 0,
+            sa_forged_logged: 0,
             in_hand: None,
             held: None,
             rx: Vec::with_capacity(RX_BURST),
@@ -707,8 +714,19 @@ impl<I: CoreIo> Plane<I> {
     }
 
     /// A class 3 MAD received on `ep`'s QP: a reply completes its request, anything else is
-    /// offered to the resolver as a Report.
-    fn sa_receive(&mut self, now: Millis, ep: EpId, mad: &[u8; 256]) {
+    /// offered to the resolver as a Report. Only the SM speaks class 3 to us: a MAD from
+    /// another LID or QP is dropped (counted, logged), and so is a reply that arrives on a QP
+    /// other than the one that carries the asking endpoint's SA MADs.
+    fn sa_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8; 256]) {
+        let sm = self
+            .eps
+            .get(usize::from(ep.0))
+            .and_then(|r| r.as_ref())
+            .and_then(|r| r.sm);
+        if !sm.is_some_and(|sm| sm.lid == meta.slid) || meta.src_qp != 1 {
+            self.sa_forged += 1;
+            return;
+        }
         if mad[3] & acm_core_nostd::wire::mad::METHOD_RESP == 0 {
             let before = self.resolver.stats();
             self.resolver.handle_report(now, &self.cache, ep, mad);
@@ -728,7 +746,13 @@ impl<I: CoreIo> Plane<I> {
             }
             return;
         }
-        let Some(token) = self.sa.reply(mad) else {
+        if let Some(owner) = self.sa.owner(mad) {
+            if self.sa_carrier(owner) != Some(usize::from(ep.0)) {
+                self.sa_forged += 1;
+                return;
+            }
+        }
+        let Some((token, mad)) = self.sa.reply(mad) else {
             // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
             self.resolver.handle_sa(now, &self.cache, 0, 0, mad);
             return;
@@ -738,7 +762,7 @@ impl<I: CoreIo> Plane<I> {
                 (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
             }
         }
-        self.resolver.handle_sa(now, &self.cache, token, 0, mad);
+        self.resolver.handle_sa(now, &self.cache, token, 0, &mad);
     }
 
     /// Re-sends or fails the `ud` transport's SA requests whose try ran out, and re-reads the
@@ -952,6 +976,19 @@ impl<I: CoreIo> Plane<I> {
             self.last_health[i] = h;
             self.last_drop_log = now.max(1);
         }
+        if self.sa_forged != self.sa_forged_logged {
+            self.io.log(
+                0,
+                &format!(
+                    "ERROR - SA MAD not from the SM (its LID, QP 1) or not on the asking QP \
+                     dropped: {} (total {})",
+                    self.sa_forged - self.sa_forged_logged,
+                    self.sa_forged
+                ),
+            );
+            self.sa_forged_logged = self.sa_forged;
+            self.last_drop_log = now.max(1);
+        }
         let s = self.resolver.stats();
         if s == self.last_stats {
             return;
@@ -1125,7 +1162,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             for (m, b) in &rx {
                 did = true;
                 if b[1] == 0x03 {
-                    self.sa_receive(now, EpId(i as u8), b);
+                    self.sa_receive(now, EpId(i as u8), m, b);
                 } else {
                     self.resolver
                         .handle_acm(now, &self.cache, EpId(i as u8), m, &b[..]);

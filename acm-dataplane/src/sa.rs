@@ -1,19 +1,25 @@
 //! The dataplane's own SA channel: the `ud` transport of `acmrs_sa_transport`.
 //!
-//! SA MADs go from the endpoint's UD QP to the SM's QP1 (SM LID and SL from the port, the GSI
-//! Q_Key 0x80010000, which the ACM QP has anyway), and the SA answers the sending QP: replies
-//! and Reports come back on the QP the ACM protocol already polls. No umad agent, no syscall
-//! per query, and no `sa_depth` credit: how many queries are out is the resolver's SA window
-//! (`acmrs_sa_window`, halved on BUSY).
+//! SA MADs go from the port's SA-keyed UD QP to the SM's QP1 (SM LID and SL from the port, the
+//! GSI Q_Key 0x80010000, which the ACM QP has anyway), and the SA answers the sending QP:
+//! replies and Reports come back on the QP the ACM protocol already polls. No umad agent, no
+//! syscall per query, and no `sa_depth` credit: how many queries are out is the resolver's SA
+//! window (`acmrs_sa_window`, halved on BUSY).
 //!
 //! What the kernel MAD layer (or the core's SA service) does for a umad agent, this table does
 //! for the QP: it owns each request until it is answered, re-sends the same MAD (same TID)
 //! after `timeout` + the port's subnet timeout, `retries + 1` tries in all, then reports the
 //! query failed (ETIMEDOUT) to the resolver — exactly one completion per request, as the
-//! resolver's `SendSa` contract wants. A request's TID on the wire is the resolver's token, so
-//! a reply names its request without a lookup table of TIDs; one whose TID matches nothing
-//! outstanding (a duplicate, a reply after the last try gave up) is dropped and counted.
-//! Responses we send (a ReportResponse) need no answer and are not tracked.
+//! resolver's `SendSa` contract wants. Responses we send (a ReportResponse) need no answer and
+//! are not tracked.
+//!
+//! **TIDs are unpredictable.** Any host of the fabric can send a MAD to our QP; a forged reply
+//! is taken only if it names an outstanding request's TID. Each request therefore gets a wire
+//! TID of its own, 64 keyed-hash bits (SipHash with the process's random keys over a counter),
+//! unique among those outstanding; the resolver's token stays in the table. A reply whose TID
+//! matches nothing outstanding (a duplicate, a reply after the last try gave up, a guess) is
+//! dropped and counted. The loop also takes a reply only from the SM (its LID, QP 1) and only
+//! on the QP that carries the asking endpoint's SA traffic (`Plane`).
 //!
 //! The table is preallocated ([`SaChannel::new`]) and never grows; when it is full the send
 //! fails at once (the resolver answers the query as failed), which cannot happen while it is
@@ -23,6 +29,8 @@ use acm_core_nostd::resolver::{AcmDest, EpId, Millis, UnicastAv};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::METHOD_RESP;
 use acm_core_nostd::wire::mcmember::ACM_QKEY;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
 
 /// The umad status a query that ran out of tries completes with (ETIMEDOUT).
 pub const TIMED_OUT: u32 = 110;
@@ -57,6 +65,10 @@ impl SmAddr {
 #[derive(Clone, Copy)]
 struct Entry {
     token: u64,
+    /// The TID on the wire (see the module docs).
+    tid: u64,
+    /// The TID the resolver wrote into the MAD, put back into the reply it is handed.
+    own_tid: [u8; 8],
     ep: EpId,
     deadline: Millis,
     per_try: Millis,
@@ -95,6 +107,10 @@ pub struct SaChannel {
     pub resends: u64,
     /// Requests that ran out of tries.
     pub timeouts: u64,
+    /// Keys of the TID hash (the process's random SipHash keys).
+    keys: RandomState,
+    /// Requests numbered so far (the hashed counter).
+    counter: u64,
 }
 
 impl SaChannel {
@@ -107,6 +123,21 @@ impl SaChannel {
             unknown: 0,
             resends: 0,
             timeouts: 0,
+            keys: RandomState::new(),
+            counter: 0,
+        }
+    }
+
+    /// A wire TID no outstanding request has, and not 0.
+    fn fresh_tid(&mut self) -> u64 {
+        loop {
+            let mut h = self.keys.build_hasher();
+            h.write_u64(self.counter);
+            self.counter = self.counter.wrapping_add(1);
+            let t = h.finish();
+            if t != 0 && !self.entries.iter().any(|e| e.tid == t) {
+                return t;
+            }
         }
     }
 
@@ -125,9 +156,10 @@ impl SaChannel {
         self.entries.is_empty()
     }
 
-    /// Prepares `mad` for the wire and takes ownership of it: a request gets `token` as its TID
-    /// and is tracked with `tries` tries of `per_try` ms each; a response (R bit) is sent as
-    /// it is and not tracked. Returns the bytes to send, or `None` when the table is full.
+    /// Prepares `mad` for the wire and takes ownership of it: a request gets a fresh
+    /// unpredictable TID and is tracked, with the resolver's `token`, for `tries` tries of
+    /// `per_try` ms each; a response (R bit) is sent as it is and not tracked. Returns the
+    /// bytes to send, or `None` when the table is full.
     pub fn start(
         &mut self,
         now: Millis,
@@ -144,10 +176,15 @@ impl SaChannel {
         if self.entries.len() >= self.capacity {
             return None;
         }
-        wire[8..16].copy_from_slice(&token.to_be_bytes());
+        let tid = self.fresh_tid();
+        let mut own_tid = [0u8; 8];
+        own_tid.copy_from_slice(&mad[8..16]);
+        wire[8..16].copy_from_slice(&tid.to_be_bytes());
         let deadline = now.saturating_add(per_try);
         self.entries.push(Entry {
             token,
+            tid,
+            own_tid,
             ep,
             deadline,
             per_try,
@@ -158,12 +195,24 @@ impl SaChannel {
         Some(wire)
     }
 
-    /// A reply MAD (R bit set) arrived: the token of the request it answers, which is no
-    /// longer outstanding; `None` (counted) if it answers nothing outstanding.
-    pub fn reply(&mut self, mad: &[u8; 256]) -> Option<u64> {
+    /// The endpoint whose outstanding request a reply with this MAD's TID would answer.
+    pub fn owner(&self, mad: &[u8; 256]) -> Option<EpId> {
         let tid = u64::from_be_bytes(mad[8..16].try_into().ok()?);
-        match self.entries.iter().position(|e| e.token == tid) {
-            Some(i) => Some(self.entries.swap_remove(i).token),
+        self.entries.iter().find(|e| e.tid == tid).map(|e| e.ep)
+    }
+
+    /// A reply MAD (R bit set) arrived: the token of the request it answers, which is no
+    /// longer outstanding, and the reply with the TID the resolver gave its request (what it
+    /// checks); `None` (counted) if it answers nothing outstanding.
+    pub fn reply(&mut self, mad: &[u8; 256]) -> Option<(u64, [u8; 256])> {
+        let tid = u64::from_be_bytes(mad[8..16].try_into().ok()?);
+        match self.entries.iter().position(|e| e.tid == tid) {
+            Some(i) => {
+                let e = self.entries.swap_remove(i);
+                let mut m = *mad;
+                m[8..16].copy_from_slice(&e.own_tid);
+                Some((e.token, m))
+            }
             None => {
                 self.unknown += 1;
                 None
@@ -238,18 +287,53 @@ mod tests {
     }
 
     #[test]
-    fn a_request_carries_its_token_as_tid_and_its_reply_completes_it() {
+    fn a_request_gets_a_tid_of_its_own_and_its_reply_completes_it() {
         let mut c = SaChannel::new(4);
         let wire = c
             .start(0, EpId(1), 0x0400_0007_dead_beef, &get(1), 100, 3)
             .unwrap();
-        assert_eq!(&wire[8..16], &0x0400_0007_dead_beefu64.to_be_bytes());
+        assert_ne!(&wire[8..16], &0x0400_0007_dead_beefu64.to_be_bytes());
+        assert_eq!(&wire[16..], &get(1)[16..]);
         let mut reply = wire;
         reply[3] = 0x81;
-        assert_eq!(c.reply(&reply), Some(0x0400_0007_dead_beef));
+        assert_eq!(c.owner(&reply), Some(EpId(1)));
+        // A reply naming the resolver's token (what the TID used to be) answers nothing.
+        let mut guess = reply;
+        guess[8..16].copy_from_slice(&0x0400_0007_dead_beefu64.to_be_bytes());
+        assert_eq!(c.reply(&guess), None);
+        let (token, back) = c.reply(&reply).unwrap();
+        assert_eq!(token, 0x0400_0007_dead_beef);
+        assert_eq!(back[15], 1, "the resolver's TID is back");
+        assert_eq!(&back[16..], &reply[16..]);
         assert!(c.is_empty());
         assert_eq!(c.reply(&reply), None, "a duplicate answers nothing");
-        assert_eq!(c.unknown, 1);
+        assert_eq!(c.unknown, 2);
+    }
+
+    #[test]
+    fn tids_cannot_be_predicted_from_earlier_ones() {
+        // Sequential tokens, as the resolver hands them out: the wire TIDs of 64 requests are
+        // distinct, and knowing them tells nothing of the next one (no constant step, no
+        // small differences: a counter from a random start fails both).
+        let mut c = SaChannel::new(128);
+        let tids: Vec<u64> = (0..64u64)
+            .map(|t| {
+                let w = c.start(0, EpId(0), 0x100 + t, &get(1), 100, 3).unwrap();
+                u64::from_be_bytes(w[8..16].try_into().unwrap())
+            })
+            .collect();
+        let mut uniq = tids.clone();
+        uniq.sort_unstable();
+        uniq.dedup();
+        assert_eq!(uniq.len(), tids.len());
+        let steps: Vec<u64> = tids.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+        assert!(steps.windows(2).any(|s| s[0] != s[1]), "a constant step");
+        let small = steps.iter().filter(|d| **d < 1 << 32).count();
+        assert!(small < 4, "{small} of 63 steps below 2^32");
+        // Another channel (another process start) numbers differently.
+        let mut d = SaChannel::new(4);
+        let w = d.start(0, EpId(0), 0x100, &get(1), 100, 3).unwrap();
+        assert_ne!(u64::from_be_bytes(w[8..16].try_into().unwrap()), tids[0]);
     }
 
     #[test]

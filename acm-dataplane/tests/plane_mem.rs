@@ -549,13 +549,11 @@ fn garbage_from_the_wire_is_dropped_counted_and_logged() {
             .iter()
             .any(|l| l.contains(what))
     };
+    // The class 3 ones come from LID 9, QP 77, not from an SM: dropped before anything
+    // parses them.
     let all = |n: &[Node]| {
         logged(n, "malformed ACM MAD dropped: 1 (total 1)")
-            && logged(n, "unknown SA reply ignored: 1 (total 1)")
-            && logged(
-                n,
-                "nor a valid Report dropped, or subscription refused: 1 (total 1)",
-            )
+            && logged(n, "SA MAD not from the SM (its LID, QP 1) or not on the asking QP dropped: 2 (total 2)")
     };
     run(&mut nodes, all);
     let logs = nodes[0].log.lock().unwrap().logs.clone();
@@ -571,8 +569,14 @@ fn garbage_from_the_wire_is_dropped_counted_and_logged() {
 struct SmLog {
     /// (endpoint label, MAD) of every SA MAD posted, in order.
     sent: Vec<(u8, [u8; 256])>,
-    /// Replies waiting to be received, per endpoint label.
-    replies: Vec<(u8, [u8; 256])>,
+    /// Replies waiting to be received: (endpoint label, source LID, source QP, MAD).
+    replies: Vec<(u8, u16, u32, [u8; 256])>,
+    /// A rogue host answers every PathRecord GET first (with DLID 0x99): from its own LID 9
+    /// and QP 77 to the asking QP, and from the SM's LID and QP 1 to QP `label 1`; the SM's
+    /// own reply is held back until both forgeries were received.
+    forge: bool,
+    /// The SM's replies held back while forgeries are in flight.
+    held: Vec<(u8, u16, u32, [u8; 256])>,
     /// Endpoint labels attached to a group.
     attached: Vec<u8>,
 }
@@ -620,27 +624,39 @@ impl Ud for SmUd {
             }
             _ => {}
         }
-        l.replies.push((self.label, reply));
+        if l.forge && u16::from_be_bytes([mad[16], mad[17]]) == 0x0035 {
+            let mut f = reply;
+            PathRecord::new_unchecked(&mut f[56..120]).set_dlid(0x99);
+            l.replies.push((self.label, 9, 77, f));
+            l.replies.push((1, 1, 1, f));
+            l.held.push((self.label, 1, 1, reply));
+            return Ok(());
+        }
+        l.replies.push((self.label, 1, 1, reply));
         Ok(())
     }
 
     fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
-        let mine: Vec<[u8; 256]> = {
+        let mine: Vec<(u8, u16, u32, [u8; 256])> = {
             let mut l = self.log.lock().unwrap();
-            let (mine, rest) = l.replies.drain(..).partition(|(to, _)| *to == self.label);
+            let (mine, rest) = l.replies.drain(..).partition(|r| r.0 == self.label);
             l.replies = rest;
-            mine.into_iter().map(|(_, m)| m).collect()
+            if l.replies.is_empty() {
+                let held = std::mem::take(&mut l.held);
+                l.replies = held;
+            }
+            mine
         };
-        let meta = RecvMeta {
-            slid: 1,
-            src_qp: 1,
-            sl: 0,
-            dlid_path_bits: 0,
-            pkey_index: 0,
-            ep_pkey_index: 0,
-            grh_sgid: None,
-        };
-        for m in &mine {
+        for (_, slid, src_qp, m) in &mine {
+            let meta = RecvMeta {
+                slid: *slid,
+                src_qp: *src_qp,
+                sl: 0,
+                dlid_path_bits: 0,
+                pkey_index: 0,
+                ep_pkey_index: 0,
+                grh_sgid: None,
+            };
             f(&meta, m);
         }
         mine.len()
@@ -795,4 +811,53 @@ fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it()
             );
         }
     }
+}
+
+#[test]
+fn forged_sa_replies_from_another_host_or_on_another_qp_are_dropped_and_logged() {
+    // A rogue host knows the TID of our PathRecord query (it cannot guess it: sa.rs's test)
+    // and answers first with a bad path: from its own LID and QP to the asking QP, and with
+    // the SM's LID and QP 1 but to a QP that did not ask. Only the SM's reply on the asking
+    // QP is taken.
+    let n = bare_node(0, ud_sa_config(), false, 1, true);
+    let sm = Arc::new(Mutex::new(SmLog::default()));
+    n.inbox.control(sm_open(&sm, 0, 0, 0xffff, true));
+    n.inbox.control(sm_open(&sm, 1, 0, 0x8001, false));
+    let mut nodes = [n];
+    assert!(run(&mut nodes, |_| sm.lock().unwrap().attached.len() >= 2));
+    sm.lock().unwrap().forge = true;
+    assert!(nodes[0].inbox.request(
+        EpId(0),
+        0,
+        1,
+        Kind::Resolve,
+        &lid_msg(node_lid(5), false, 0x61)
+    ));
+    assert!(
+        run(&mut nodes, |n| !answers(&n[0]).is_empty()),
+        "{:?}",
+        nodes[0].log.lock().unwrap().logs
+    );
+    let a = answers(&nodes[0]);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].status, 0);
+    assert_eq!(
+        PathRecord::new_unchecked(&a[0].msg[24..88]).dlid(),
+        node_lid(5),
+        "the SM's path, not the forger's"
+    );
+    // Counted and logged (at most once a second: run rounds until the line is out).
+    let logged = |n: &[Node]| {
+        n[0].log
+            .lock()
+            .unwrap()
+            .logs
+            .iter()
+            .any(|l| l.contains("SA MAD not from the SM") && l.contains("(total 2)"))
+    };
+    let t0 = Instant::now();
+    while !logged(&nodes) && t0.elapsed() < Duration::from_secs(5) {
+        run(&mut nodes, |_| false);
+    }
+    assert!(logged(&nodes), "{:?}", nodes[0].log.lock().unwrap().logs);
 }
