@@ -22,6 +22,8 @@ PKGS=(
   # builds acmrs(7) from docs/acmrs.7.md, man-db + groff-base check it renders without
   # warnings, dpkg-dev gives cargo-deb dpkg-shlibdeps
   pandoc man-db groff-base dpkg-dev
+  # the resolver as Cortex-M4F firmware under QEMU's mps2-an386 (scripts/firmware-qemu.sh)
+  qemu-system-arm
 )
 
 missing=()

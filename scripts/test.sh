@@ -42,6 +42,10 @@ for t in thumbv7em-none-eabihf riscv32imac-unknown-none-elf; do
   echo "built for $t"
 done
 
+firmware_rc=0
+step "the resolver as firmware under QEMU (mps2-an386), checked against the host"
+bash scripts/firmware-qemu.sh || firmware_rc=$?
+
 step "tests"
 set +e
 cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG_DIR/test.log"
@@ -68,6 +72,12 @@ failed=$(grep -Eo '[0-9]+ failed;' "$LOG_DIR/test.log" | awk '{s+=$1} END {print
 if ((fuzz_rc != 0)); then
   echo "fuzzing found a failure (exit $fuzz_rc)"
   failed=$((failed + 1))
+fi
+if ((firmware_rc != 0)); then
+  echo "the firmware run failed (exit $firmware_rc)"
+  failed=$((failed + 1))
+else
+  passed=$((passed + 1))
 fi
 # A test that cannot run fails with its reason; nothing may report skipping instead.
 skipped=$(grep -Ec '^SKIPPED|: skipped$' "$LOG_DIR/test.log" || true)

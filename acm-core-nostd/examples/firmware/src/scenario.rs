@@ -1,0 +1,856 @@
+//! The recorded sequence: real MADs (OpenSM's replies, the stock libibacmp request) and client
+//! requests fed to the real [`Resolver`] in virtual time, every output written as a canonical
+//! byte record. The same code runs on the firmware and on the host; their transcripts must be
+//! equal byte for byte.
+//!
+//! Transcript lines (each through [`Sink::line`], without the newline):
+//!
+//! ```text
+//! scenario acm-firmware 1
+//! step <name> t=<now>                 an input is about to be fed
+//! out <n> <variant> <hex record>       one output, n = 0, 1, ...
+//! check <name> ok|FAILED               a check against the recorded bytes
+//! end outputs=<n> checks=<c> failed=<f> digest=<16 hex digits>
+//! ```
+//!
+//! A record is a variant tag and the bytes the output carries (see [`encode`]); the digest is
+//! FNV-1a 64 over all records in order. `caller-answer` records are the answers the caller's
+//! inline hit path builds (the provider answers cache hits without the resolver, as
+//! `resolver::sim` does); every other record is an [`Output`] of the resolver.
+#![forbid(unsafe_code)]
+
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use acm_core_nostd::resolver::request::{classify, respond, EpView, Target, ENODATA, ETIMEDOUT};
+use acm_core_nostd::resolver::{
+    AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, Output, RecvMeta,
+    Resolver, Storage, Via, MSG_LEN,
+};
+use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::mad::MAD_LEN;
+use acm_core_nostd::wire::path_record::PathRecord;
+use core::fmt::Write;
+
+/// MCMemberRecord SET joining the ACM base group, as ibacm sends it (built by this crate,
+/// accepted by OpenSM): `tests/fixtures/regen.sh`.
+const MCM_SET_REQ: &[u8; MAD_LEN] =
+    include_bytes!("../../../tests/fixtures/opensm_mcm_set_req.bin");
+/// OpenSM 3.3.23's reply to it (MLID 0xc001).
+const MCM_SET_RESP: &[u8; MAD_LEN] =
+    include_bytes!("../../../tests/fixtures/opensm_mcm_set_resp.bin");
+/// The class 0x2C request the real ibacm daemon with the stock provider (libibacmp) on Hca3
+/// multicast to resolve the name "hca4": `tests/fixtures/regen_acm.sh`.
+const ACMP_RESOLVE_REQ: &[u8; MAD_LEN] =
+    include_bytes!("../../../tests/fixtures/acmp_resolve_req.bin");
+/// The response acmp accepted ("SA verification: success").
+const ACMRS_RESOLVE_RESP: &[u8; MAD_LEN] =
+    include_bytes!("../../../tests/fixtures/acmrs_resolve_resp.bin");
+/// OpenSM's reply to a PathRecord GET from Hca2 (LID 4) to LID 6 (Hca4's port 10).
+const PR_LID_RESP: &[u8; MAD_LEN] =
+    include_bytes!("../../../tests/fixtures/opensm_pr_get_lid_resp.bin");
+/// PathRecord GET → LID 0x99 (no such port) and OpenSM's ERR_NO_RECORDS reply.
+const PR_NOREC_REQ: &[u8; MAD_LEN] =
+    include_bytes!("../../../tests/fixtures/opensm_pr_get_norec_req.bin");
+const PR_NOREC_RESP: &[u8; MAD_LEN] =
+    include_bytes!("../../../tests/fixtures/opensm_pr_get_norec_resp.bin");
+
+/// Transcript format version (the first line).
+pub const VERSION: u32 = 1;
+
+/// 8 request slots (1 kept for immediate answers), 4 route jobs, 8 addresses, 1 endpoint, 1
+/// preloaded route.
+pub type Tables = ArrayStorage<8, 1, 4, 8, 1, 1>;
+
+/// Path cache entries (a power of two; also the address aliases).
+pub const CACHE_SLOTS: usize = 16;
+
+/// The path cache's slots: statics, no allocator (atomics inside: shared with lock-free
+/// readers, so no `mut` is needed).
+static PATHS: [PathSlot; CACHE_SLOTS] = [const { PathSlot::new() }; CACHE_SLOTS];
+static ADDRS: [AddrSlot; CACHE_SLOTS] = [const { AddrSlot::new() }; CACHE_SLOTS];
+
+/// The endpoint: Hca2's port of the OpenSM fixtures (fe80::10:4, LID 4), cache endpoint 0.
+const EP: EpId = EpId(0);
+const CEP: u16 = 0;
+/// The requester of `acmp_resolve_req.bin` (Hca3).
+const HCA3_GID: Gid = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
+
+fn ep_config() -> EpConfig {
+    EpConfig {
+        port_gid: Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0004),
+        lid: 4,
+        pkey: 0xffff,
+        mtu: 4,
+        rate: 3,
+        subnet_timeout_ms: 0,
+        qpn: 0x55,
+        sa_pkey: true,
+    }
+}
+
+/// Where transcript lines go (semihosting on the firmware, stdout on the host).
+pub trait Sink {
+    /// One line, without its newline.
+    fn line(&mut self, s: &str);
+}
+
+/// What [`Meter`] measures: the work between two points of the sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// Nothing (`begin` then `end`): the meter's own cost, subtracted from the others.
+    Empty,
+    /// `handle_sa` with OpenSM's MCMemberRecord reply, outputs drained (the Attach).
+    JoinReply,
+    /// `handle_acm` with the stock request for our name, outputs drained (the response).
+    AcmAnswer,
+    /// Miss, first half: `request` (PATH by LID, not cached), outputs drained (the SA query).
+    MissRequest,
+    /// Miss, second half: `handle_sa` with OpenSM's PathRecord reply (cached), outputs drained
+    /// (the client's answer).
+    MissReply,
+    /// Hit on the caller's inline path, part 1: classify the request (its cache key).
+    HitClassify,
+    /// Hit on the caller's inline path, part 2: hash the key and look it up.
+    HitLookup,
+    /// Hit on the caller's inline path, part 3: build the answer message.
+    HitRespond,
+    /// Hit through the resolver (`request` answered from the cache), outputs drained.
+    HitResolver,
+}
+
+/// Measures the work of a part of the sequence (the firmware reads a timer; the host does
+/// nothing, so the transcripts stay the same).
+pub trait Meter {
+    /// Start of a measured part.
+    fn begin(&mut self);
+    /// End of the part started by the last `begin`.
+    fn end(&mut self, what: Measure);
+}
+
+/// What a run produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Summary {
+    /// Records written (resolver outputs and caller answers).
+    pub outputs: u32,
+    /// Checks made.
+    pub checks: u32,
+    /// Checks failed.
+    pub failed: u32,
+    /// FNV-1a 64 of every record, in order.
+    pub digest: u64,
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// Longest record: an answer (tag, ep, client, via, status, len, message).
+const RECORD_MAX: usize = 14 + MSG_LEN;
+// Longer than a SendAcm too (tag, ep, unicast address vector, MAD).
+const _: () = assert!(RECORD_MAX >= 38 + MAD_LEN);
+/// Longest line: "out nnnnn caller-answer " and the record in hex.
+const LINE_MAX: usize = 48 + 2 * RECORD_MAX;
+
+/// A fixed-size line buffer (`core::fmt::Write`).
+struct Line {
+    buf: [u8; LINE_MAX],
+    len: usize,
+}
+
+impl Line {
+    fn new() -> Self {
+        Line {
+            buf: [0; LINE_MAX],
+            len: 0,
+        }
+    }
+    fn as_str(&self) -> &str {
+        // Only `write_str` fills the buffer, with whole `&str`s: always UTF-8.
+        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("<line>")
+    }
+}
+
+impl Write for Line {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let end = self.len + s.len();
+        if end > self.buf.len() {
+            return Err(core::fmt::Error);
+        }
+        self.buf[self.len..end].copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// A canonical record being built.
+struct Record {
+    buf: [u8; RECORD_MAX],
+    len: usize,
+}
+
+impl Record {
+    fn new(tag: u8) -> Self {
+        let mut r = Record {
+            buf: [0; RECORD_MAX],
+            len: 0,
+        };
+        r.put(&[tag]);
+        r
+    }
+    fn put(&mut self, b: &[u8]) {
+        self.buf[self.len..self.len + b.len()].copy_from_slice(b);
+        self.len += b.len();
+    }
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Record tags.
+mod tag {
+    pub const SEND_SA: u8 = 0x01;
+    pub const SEND_ACM: u8 = 0x02;
+    pub const ANSWER: u8 = 0x03;
+    pub const ATTACH: u8 = 0x04;
+    pub const DETACH: u8 = 0x05;
+    pub const COUNT: u8 = 0x06;
+    pub const CALLER_ANSWER: u8 = 0x10;
+}
+
+fn put_group(r: &mut Record, g: &McGroup) {
+    r.put(&[g.index]);
+    r.put(&g.mgid.0);
+    r.put(&g.mlid.to_be_bytes());
+    r.put(&[g.sl]);
+    r.put(&g.flow_label.to_be_bytes());
+    r.put(&[g.hop_limit, g.tclass, g.rate, g.mtu]);
+    r.put(&g.pkey.to_be_bytes());
+    r.put(&g.qkey.to_be_bytes());
+}
+
+fn put_answer(r: &mut Record, a: &Answer) {
+    r.put(&[a.ep.0]);
+    r.put(&a.client.to_be_bytes());
+    r.put(&[match a.via {
+        Via::Resolve => 0,
+        Via::Query => 1,
+    }]);
+    r.put(&[a.status]);
+    r.put(&a.len.to_be_bytes());
+    r.put(&a.msg[..usize::from(a.len).min(MSG_LEN)]);
+}
+
+/// The canonical record of an output: its tag, then every field it carries, integers
+/// big-endian, MADs and messages as their bytes (an answer's message: its `len` bytes).
+///
+/// | variant | record |
+/// |---|---|
+/// | SendSa | 01, ep, token (8), MAD (256) |
+/// | SendAcm | 02, ep, 00 group index, or 01 dlid (2) sl src_path_bits static_rate dgid (16) flow_label (4) hop_limit tclass remote_qpn (4) remote_qkey (4); MAD (256) |
+/// | Answer | 03, ep, client (8), via (0 resolve, 1 query), status, len (2), message (len) |
+/// | Attach / Detach | 04 / 05, ep, index, mgid (16), mlid (2), sl, flow_label (4), hop_limit, tclass, rate, mtu, pkey (2), qkey (4) |
+/// | Count | 06, ep, counter |
+/// | caller answer | 10, then as Answer |
+fn encode(o: &Output) -> (&'static str, Record) {
+    match o {
+        Output::SendSa { ep, token, mad } => {
+            let mut r = Record::new(tag::SEND_SA);
+            r.put(&[ep.0]);
+            r.put(&token.to_be_bytes());
+            r.put(mad);
+            ("SendSa", r)
+        }
+        Output::SendAcm { ep, to, mad } => {
+            let mut r = Record::new(tag::SEND_ACM);
+            r.put(&[ep.0]);
+            match to {
+                AcmDest::Group(i) => r.put(&[0, *i]),
+                AcmDest::Unicast(av) => {
+                    r.put(&[1]);
+                    r.put(&av.dlid.to_be_bytes());
+                    r.put(&[av.sl, av.src_path_bits, av.static_rate]);
+                    r.put(&av.dgid.0);
+                    r.put(&av.flow_label.to_be_bytes());
+                    r.put(&[av.hop_limit, av.tclass]);
+                    r.put(&av.remote_qpn.to_be_bytes());
+                    r.put(&av.remote_qkey.to_be_bytes());
+                }
+            }
+            r.put(mad);
+            ("SendAcm", r)
+        }
+        Output::Answer(a) => {
+            let mut r = Record::new(tag::ANSWER);
+            put_answer(&mut r, a);
+            ("Answer", r)
+        }
+        Output::Attach { ep, group } => {
+            let mut r = Record::new(tag::ATTACH);
+            r.put(&[ep.0]);
+            put_group(&mut r, group);
+            ("Attach", r)
+        }
+        Output::Detach { ep, group } => {
+            let mut r = Record::new(tag::DETACH);
+            r.put(&[ep.0]);
+            put_group(&mut r, group);
+            ("Detach", r)
+        }
+        Output::Count { ep, counter } => {
+            let mut r = Record::new(tag::COUNT);
+            r.put(&[ep.0, *counter as u8]);
+            ("Count", r)
+        }
+    }
+}
+
+/// Outputs drained after one input (at most [`Outs::CAP`]; more is a failed check).
+struct Outs {
+    items: [Option<Output>; Outs::CAP],
+    len: usize,
+    overflow: bool,
+}
+
+impl Outs {
+    const CAP: usize = 8;
+    fn iter(&self) -> impl Iterator<Item = &Output> {
+        self.items[..self.len].iter().flatten()
+    }
+}
+
+/// Drains every output of the resolver into `o` (the draining rule: after every input). One
+/// buffer for the whole run: an `Outs` per step would each take its own stack slot.
+fn drain<S: Storage>(r: &mut Resolver<S>, o: &mut Outs) {
+    o.len = 0;
+    o.overflow = false;
+    while let Some(x) = r.poll_output() {
+        if o.len < Outs::CAP {
+            o.items[o.len] = Some(x);
+            o.len += 1;
+        } else {
+            o.overflow = true;
+        }
+    }
+}
+
+/// A client `acm_msg` with one entry (`flags`, `info_type`, `info`), as the ibacm core hands
+/// it to a provider's `resolve()`: the header and entry fields are host-endian (Cortex-M and
+/// x86-64 are both little-endian), 16 + 72 bytes.
+fn client_msg(flags: u32, info_type: u16, info: &[u8; 64], tid: u64) -> [u8; 88] {
+    let mut b = [0u8; 88];
+    b[0] = 1; // ACM_VERSION
+    b[1] = 1; // ACM_OP_RESOLVE
+    b[6..8].copy_from_slice(&88u16.to_ne_bytes());
+    b[8..16].copy_from_slice(&tid.to_ne_bytes());
+    b[16..20].copy_from_slice(&flags.to_ne_bytes());
+    b[20..22].copy_from_slice(&info_type.to_ne_bytes());
+    b[24..88].copy_from_slice(info);
+    b
+}
+
+/// RESOLVE of a PATH by DLID (`ib_acme -f l`-like, as `resolver::sim::lid_msg`).
+fn lid_msg(lid: u16, tid: u64) -> [u8; 88] {
+    let mut r = [0u8; 64];
+    PathRecord::new_unchecked(&mut r[..]).set_dlid(lid);
+    client_msg(0, 0x0010, &r, tid)
+}
+
+/// RESOLVE of a name (destination entry only, as `resolver::sim::name_msg`).
+fn name_msg(name: &str, tid: u64) -> [u8; 88] {
+    let mut a = [0u8; 64];
+    let n = name.len().min(64);
+    a[..n].copy_from_slice(&name.as_bytes()[..n]);
+    client_msg(2, 0x0001, &a, tid) // ACM_EP_FLAG_DEST, ACM_EP_INFO_NAME
+}
+
+/// A recorded reply with the TID of the query it answers (OpenSM echoes the whole TID; ours
+/// differ from the capture's only there).
+fn with_tid(reply: &[u8; MAD_LEN], query: &[u8; MAD_LEN]) -> [u8; MAD_LEN] {
+    let mut m = *reply;
+    m[8..16].copy_from_slice(&query[8..16]);
+    m
+}
+
+/// `query` asks the SA for the path `reply` (recorded from OpenSM) describes: a PathRecord
+/// GET (class 3, version 2) for the reply's DLID, from our port's GID, in P_Key 0xffff.
+/// (The recorded queries were built by `madtool capture` with other component-mask bits,
+/// SLID|DLID|SL|..., so they are not byte-compared: the resolver asks SGID|DLID|PKEY.)
+fn asks_for(query: &[u8; MAD_LEN], reply: &[u8; MAD_LEN]) -> bool {
+    let q = PathRecord::new_unchecked(&query[56..120]);
+    let a = PathRecord::new_unchecked(&reply[56..120]);
+    query[..4] == [1, 3, 2, 1]
+        && query[16..18] == reply[16..18]
+        && q.dlid() == a.dlid()
+        && q.sgid() == ep_config().port_gid
+        && q.pkey() == 0xffff
+}
+
+/// `a == b` but for the TID (bytes 8..16).
+fn same_but_tid(a: &[u8; MAD_LEN], b: &[u8; MAD_LEN]) -> bool {
+    a[..8] == b[..8] && a[16..] == b[16..]
+}
+
+fn hex(line: &mut Line, b: &[u8]) {
+    const H: &[u8; 16] = b"0123456789abcdef";
+    for x in b {
+        let pair = [H[usize::from(x >> 4)], H[usize::from(x & 15)]];
+        let _ = line.write_str(core::str::from_utf8(&pair).unwrap_or("??"));
+    }
+}
+
+/// The running state of a transcript.
+struct Run<'k, K: Sink> {
+    sink: &'k mut K,
+    outputs: u32,
+    checks: u32,
+    failed: u32,
+    digest: u64,
+}
+
+impl<K: Sink> Run<'_, K> {
+    fn step(&mut self, name: &str, now: Millis) {
+        let mut l = Line::new();
+        let _ = write!(l, "step {name} t={now}");
+        self.sink.line(l.as_str());
+    }
+
+    fn record(&mut self, name: &str, r: &Record) {
+        for b in r.bytes() {
+            self.digest = (self.digest ^ u64::from(*b)).wrapping_mul(FNV_PRIME);
+        }
+        let mut l = Line::new();
+        let _ = write!(l, "out {} {name} ", self.outputs);
+        hex(&mut l, r.bytes());
+        self.sink.line(l.as_str());
+        self.outputs += 1;
+    }
+
+    /// Writes every drained output.
+    fn emit(&mut self, outs: &Outs) {
+        for o in outs.iter() {
+            let (name, r) = encode(o);
+            self.record(name, &r);
+        }
+        if outs.overflow {
+            self.check("outputs fit the drain buffer", false);
+        }
+    }
+
+    fn check(&mut self, name: &str, ok: bool) {
+        self.checks += 1;
+        if !ok {
+            self.failed += 1;
+        }
+        let mut l = Line::new();
+        let _ = write!(l, "check {name} {}", if ok { "ok" } else { "FAILED" });
+        self.sink.line(l.as_str());
+    }
+}
+
+fn first_sa(outs: &Outs) -> Option<(u64, [u8; MAD_LEN])> {
+    outs.iter().find_map(|o| match o {
+        Output::SendSa { token, mad, .. } => Some((*token, *mad)),
+        _ => None,
+    })
+}
+
+fn first_answer(outs: &Outs) -> Option<Answer> {
+    outs.iter().find_map(|o| match o {
+        Output::Answer(a) => Some(*a),
+        _ => None,
+    })
+}
+
+/// The caller's inline hit path (as the provider's and `resolver::sim`'s): classify the
+/// request, look its key up in the cache, and on a hit (or a remembered "no record") build
+/// the answer without the resolver. `None`: a miss, for the resolver. Its three parts are
+/// measured one after the other.
+fn caller_hit<P, A>(
+    cache: &PathCache<P, A>,
+    now: Millis,
+    client: u64,
+    msg: &[u8],
+    meter: &mut impl Meter,
+) -> Option<Answer>
+where
+    P: core::ops::Deref<Target = [PathSlot]>,
+    A: core::ops::Deref<Target = [AddrSlot]>,
+{
+    let cfg = ep_config();
+    let view = EpView {
+        cache_ep: CEP,
+        port_gid: cfg.port_gid,
+        lid: cfg.lid,
+        pkey: cfg.pkey,
+    };
+    meter.begin();
+    let target = classify(&view, msg);
+    meter.end(Measure::HitClassify);
+    meter.begin();
+    let lookup = match target {
+        Target::Route { key: Some(k), .. } => cache.lookup_hashed(&cache.hashed(&k), now),
+        Target::Address { key, .. } => cache.lookup_addr(&key, now),
+        _ => Lookup::Miss,
+    };
+    meter.end(Measure::HitLookup);
+    let (status, path) = match lookup {
+        Lookup::Hit { record, .. } => (0, Some(record)),
+        Lookup::Negative { status, .. } => (status, None),
+        Lookup::Miss | Lookup::Busy => return None,
+    };
+    meter.begin();
+    let mut out = [0u8; MSG_LEN];
+    let len = respond(msg, Via::Resolve, status, path.as_ref(), &mut out);
+    let a = Answer {
+        ep: EP,
+        client,
+        via: Via::Resolve,
+        status,
+        len,
+        msg: out,
+    };
+    meter.end(Measure::HitRespond);
+    Some(a)
+}
+
+/// Measures nothing (for the parts not measured).
+struct Unmetered;
+
+impl Meter for Unmetered {
+    fn begin(&mut self) {}
+    fn end(&mut self, _: Measure) {}
+}
+
+/// Runs the sequence over `storage`, writing the transcript to `sink`; `meter` brackets the
+/// measured parts. Call once per process: the path cache's slots are statics.
+pub fn run<S: Storage>(storage: S, sink: &mut impl Sink, meter: &mut impl Meter) -> Summary {
+    let mut t = Run {
+        sink,
+        outputs: 0,
+        checks: 0,
+        failed: 0,
+        digest: FNV_OFFSET,
+    };
+    {
+        let mut l = Line::new();
+        let _ = write!(l, "scenario acm-firmware {VERSION}");
+        t.sink.line(l.as_str());
+    }
+    meter.begin();
+    meter.end(Measure::Empty);
+    sequence(&mut t, storage, meter);
+    let s = Summary {
+        outputs: t.outputs,
+        checks: t.checks,
+        failed: t.failed,
+        digest: t.digest,
+    };
+    let mut l = Line::new();
+    let _ = write!(
+        l,
+        "end outputs={} checks={} failed={} digest={:016x}",
+        s.outputs, s.checks, s.failed, s.digest
+    );
+    t.sink.line(l.as_str());
+    s
+}
+
+fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut impl Meter) {
+    let cache = match PathCache::new(&PATHS[..], &ADDRS[..], CacheConfig::default()) {
+        Ok(c) => c,
+        Err(_) => return t.check("path cache", false),
+    };
+    // The provider's defaults (ibacm_opts.cfg as shipped), without the SA Report
+    // subscription: no InformInfo reply was recorded from OpenSM.
+    let cfg = Config {
+        sa_reports: false,
+        ..Config::default()
+    };
+    let mut r = match Resolver::new(cfg, storage, 1) {
+        Ok(r) => r,
+        Err(_) => return t.check("resolver storage", false),
+    };
+    let mut now: Millis = 0;
+    let mut outs = Outs {
+        items: [None; Outs::CAP],
+        len: 0,
+        overflow: false,
+    };
+
+    // 1. The endpoint opens and joins the ACM base group: the MCMemberRecord SET is the one
+    //    ibacm sends, and OpenSM's reply attaches the group.
+    t.step("open-endpoint", now);
+    let ok = r.open_endpoint(now, EP, ep_config()).is_ok();
+    t.check("endpoint opened", ok);
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+    let Some((join_token, join)) = first_sa(&outs) else {
+        return t.check("join sent", false);
+    };
+    t.check(
+        "join = recorded MCMemberRecord SET (TID aside)",
+        same_but_tid(&join, MCM_SET_REQ),
+    );
+
+    now += 1;
+    t.step("join-reply", now);
+    let reply = with_tid(MCM_SET_RESP, &join);
+    meter.begin();
+    r.handle_sa(now, &cache, join_token, 0, &reply);
+    drain(&mut r, &mut outs);
+    meter.end(Measure::JoinReply);
+    t.emit(&outs);
+    let attached = outs
+        .iter()
+        .any(|o| matches!(o, Output::Attach { group, .. } if group.mlid == 0xc001));
+    t.check("OpenSM's reply attaches MLID 0xc001", attached);
+
+    // 2. Our name, and the stock libibacmp request for it from Hca3: answered (unicast) with
+    //    exactly the response acmp accepted.
+    now += 1;
+    t.step("add-address-hca4", now);
+    let mut hca4 = [0u8; 64];
+    hca4[..4].copy_from_slice(b"hca4");
+    let ok = r.add_address(now, &cache, EP, CEP, 1, &hca4).is_ok();
+    t.check("address added", ok);
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+
+    now += 1;
+    t.step("acm-request-from-hca3", now);
+    let meta = RecvMeta {
+        slid: 3,
+        src_qp: 0x77,
+        sl: 0,
+        dlid_path_bits: 0,
+        pkey_index: 0,
+        ep_pkey_index: 0,
+        grh_sgid: Some(HCA3_GID),
+    };
+    meter.begin();
+    r.handle_acm(now, &cache, EP, &meta, ACMP_RESOLVE_REQ);
+    drain(&mut r, &mut outs);
+    meter.end(Measure::AcmAnswer);
+    t.emit(&outs);
+    let resp = outs.iter().find_map(|o| match o {
+        Output::SendAcm {
+            to: AcmDest::Unicast(av),
+            mad,
+            ..
+        } => Some((*av, *mad)),
+        _ => None,
+    });
+    t.check(
+        "response = the one acmp accepted, unicast to Hca3's LID/QP",
+        resp.is_some_and(|(av, mad)| {
+            mad == *ACMRS_RESOLVE_RESP && (av.dlid, av.dgid, av.remote_qpn) == (3, HCA3_GID, 0x77)
+        }),
+    );
+
+    // 3. A PATH by LID 6: a miss; the SA PathRecord GET is the recorded one, OpenSM's real
+    //    reply is cached and answers the client.
+    now += 1;
+    t.step("path-lid6-miss", now);
+    let req = lid_msg(6, 0x1001);
+    meter.begin();
+    r.request(now, &cache, EP, CEP, 1, Kind::Resolve, &req);
+    drain(&mut r, &mut outs);
+    meter.end(Measure::MissRequest);
+    t.emit(&outs);
+    let Some((pr_token, pr)) = first_sa(&outs) else {
+        return t.check("PathRecord query sent", false);
+    };
+    t.check(
+        "PathRecord GET for the path of OpenSM's recorded reply (LID 4 -> 6)",
+        asks_for(&pr, PR_LID_RESP) && {
+            let a = PathRecord::new_unchecked(&PR_LID_RESP[56..120]);
+            (a.slid(), a.sgid()) == (4, ep_config().port_gid)
+        },
+    );
+
+    now += 1;
+    t.step("path-lid6-reply", now);
+    let reply = with_tid(PR_LID_RESP, &pr);
+    meter.begin();
+    r.handle_sa(now, &cache, pr_token, 0, &reply);
+    drain(&mut r, &mut outs);
+    meter.end(Measure::MissReply);
+    t.emit(&outs);
+    let miss = first_answer(&outs);
+    t.check(
+        "client 1 answered with OpenSM's PathRecord",
+        miss.is_some_and(|a| {
+            a.client == 1 && a.status == 0 && a.len == 88 && a.msg[24..88] == PR_LID_RESP[56..120]
+        }),
+    );
+
+    // 4. The same request again: a hit. The provider answers hits on its inline path
+    //    (classify, look up, respond) without the resolver; then once more through the
+    //    resolver, which answers a repeat from the cache too.
+    now += 1;
+    t.step("path-lid6-hit-caller", now);
+    let req = lid_msg(6, 0x1002);
+    let hit = caller_hit(&cache, now, 2, &req, meter);
+    match hit {
+        Some(a) => {
+            let mut rec = Record::new(tag::CALLER_ANSWER);
+            put_answer(&mut rec, &a);
+            t.record("caller-answer", &rec);
+        }
+        None => t.check("cache hit on the caller's path", false),
+    }
+    let same = |a: &Answer, b: &Answer| {
+        a.status == b.status
+            && a.len == b.len
+            && a.msg[..8] == b.msg[..8]
+            && a.msg[16..usize::from(a.len)] == b.msg[16..usize::from(b.len)]
+    };
+    t.check(
+        "hit answer = miss answer (TID aside)",
+        matches!((hit, miss), (Some(h), Some(m)) if same(&h, &m)),
+    );
+
+    now += 1;
+    t.step("path-lid6-hit-resolver", now);
+    let req = lid_msg(6, 0x1003);
+    meter.begin();
+    r.request(now, &cache, EP, CEP, 3, Kind::Resolve, &req);
+    drain(&mut r, &mut outs);
+    meter.end(Measure::HitResolver);
+    t.emit(&outs);
+    let hit = first_answer(&outs);
+    t.check(
+        "resolver answers the repeat from the cache, no SA query",
+        first_sa(&outs).is_none() && matches!((hit, miss), (Some(h), Some(m)) if same(&h, &m)),
+    );
+
+    // 5. A PATH to LID 0x99: OpenSM's real ERR_NO_RECORDS; ENODATA, remembered.
+    now += 1;
+    t.step("path-lid99-miss", now);
+    let req = lid_msg(0x99, 0x1004);
+    r.request(now, &cache, EP, CEP, 4, Kind::Resolve, &req);
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+    let Some((nr_token, nr)) = first_sa(&outs) else {
+        return t.check("PathRecord query sent", false);
+    };
+    t.check(
+        "PathRecord GET for LID 0x99, as the recorded no-record query",
+        asks_for(&nr, PR_NOREC_RESP) && PR_NOREC_REQ[56 + 40..56 + 42] == nr[56 + 40..56 + 42],
+    );
+    now += 1;
+    t.step("path-lid99-norecord", now);
+    r.handle_sa(now, &cache, nr_token, 0, &with_tid(PR_NOREC_RESP, &nr));
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+    t.check(
+        "client 4 answered ENODATA",
+        first_answer(&outs).is_some_and(|a| a.client == 4 && a.status == ENODATA),
+    );
+    now += 1;
+    t.step("path-lid99-negative-caller", now);
+    let neg = caller_hit(&cache, now, 5, &lid_msg(0x99, 0x1005), &mut Unmetered);
+    if let Some(a) = neg {
+        let mut rec = Record::new(tag::CALLER_ANSWER);
+        put_answer(&mut rec, &a);
+        t.record("caller-answer", &rec);
+    }
+    t.check(
+        "the no-record answer is remembered (ENODATA from the cache)",
+        neg.is_some_and(|a| a.status == ENODATA),
+    );
+
+    // 6. A name nobody answers: multicast ACM queries on their timers, then ETIMEDOUT.
+    now += 1;
+    t.step("name-hca9", now);
+    let start = now;
+    r.request(
+        now,
+        &cache,
+        EP,
+        CEP,
+        6,
+        Kind::Resolve,
+        &name_msg("hca9", 0x1006),
+    );
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+    let mut sends = outs
+        .iter()
+        .filter(|o| matches!(o, Output::SendAcm { .. }))
+        .count();
+    let mut timed_out = None;
+    for _ in 0..16 {
+        let Some(next) = r.poll_timeout() else { break };
+        now = next.max(now);
+        t.step("timeout", now);
+        r.handle_timeout(now, &cache);
+        drain(&mut r, &mut outs);
+        t.emit(&outs);
+        sends += outs
+            .iter()
+            .filter(|o| matches!(o, Output::SendAcm { .. }))
+            .count();
+        if let Some(a) = first_answer(&outs) {
+            timed_out = Some((a.client, a.status, now - start));
+            break;
+        }
+    }
+    t.check(
+        "3 ACM tries, ETIMEDOUT after 3 x 2000 ms",
+        sends == 3 && timed_out == Some((6, ETIMEDOUT, 6000)),
+    );
+
+    // 7. A PATH to LID 5 whose SA query is never answered: ETIMEDOUT at the SA deadline;
+    //    then the caller's MAD layer gives the MAD back with a timeout status.
+    now += 1;
+    t.step("path-lid5-miss", now);
+    let start = now;
+    r.request(now, &cache, EP, CEP, 7, Kind::Resolve, &lid_msg(5, 0x1007));
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+    let lost = first_sa(&outs);
+    let mut timed_out = None;
+    for _ in 0..16 {
+        let Some(next) = r.poll_timeout() else { break };
+        now = next.max(now);
+        t.step("timeout", now);
+        r.handle_timeout(now, &cache);
+        drain(&mut r, &mut outs);
+        t.emit(&outs);
+        if let Some(a) = first_answer(&outs) {
+            timed_out = Some((a.client, a.status, now - start));
+            break;
+        }
+    }
+    t.check(
+        "SA query unanswered: ETIMEDOUT at the SA deadline",
+        timed_out == Some((7, ETIMEDOUT, cfg.sa_deadline)),
+    );
+    if let Some((token, mad)) = lost {
+        now += 1;
+        t.step("path-lid5-umad-timeout", now);
+        r.handle_sa(now, &cache, token, 110, &mad); // ETIMEDOUT from the MAD layer
+        drain(&mut r, &mut outs);
+        t.emit(&outs);
+    }
+    t.check("nothing pending", r.is_idle());
+
+    // 8. Close: the group is detached and left (MCMemberRecord DELETE).
+    now += 1;
+    t.step("close-endpoint", now);
+    r.close_endpoint(now, &cache, EP);
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+    t.check(
+        "detached and left",
+        outs.iter().any(|o| matches!(o, Output::Detach { .. }))
+            && first_sa(&outs).is_some_and(|(_, m)| m[3] == 0x15),
+    );
+    r.shutdown(now, &cache);
+    drain(&mut r, &mut outs);
+    t.emit(&outs);
+    let st = r.stats();
+    t.check(
+        "no drops, no malformed input",
+        st.acm_malformed == 0 && st.sa_unknown == 0 && st.lost == 0 && st.full == 0,
+    );
+}
