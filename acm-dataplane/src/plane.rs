@@ -78,6 +78,8 @@ pub struct UdHealth {
     pub send_errors: u64,
     /// Times the QP was recycled after entering the error state.
     pub qp_resets: u64,
+    /// Times its receive queue starved (re-posts refused) and the QP was reset to refill it.
+    pub rq_starved: u64,
 }
 
 /// What the ibacm core does for the loop.
@@ -962,6 +964,11 @@ impl<I: CoreIo> Plane<I> {
                 ("receive completion in error", h.recv_errors, l.recv_errors),
                 ("ACM send failed", h.send_errors, l.send_errors),
                 ("UD QP recycled after an error", h.qp_resets, l.qp_resets),
+                (
+                    "receive queue starved (re-posts refused): QP reset to refill it",
+                    h.rq_starved,
+                    l.rq_starved,
+                ),
             ] {
                 if now_v > before {
                     self.io.log(
@@ -1315,6 +1322,7 @@ impl Ud for crate::verbs::UdEndpoint {
             recv_errors: s.recv_errors,
             send_errors: s.send_errors + s.no_buffer,
             qp_resets: s.qp_resets,
+            rq_starved: s.rq_starved,
         }
     }
 }

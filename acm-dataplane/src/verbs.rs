@@ -61,6 +61,8 @@ pub const AH_CACHE_SLOTS: usize = 32;
 pub const MAX_GROUPS: usize = 4;
 /// Work completions per `ibv_poll_cq` call.
 pub const POLL_BURST: usize = 32;
+/// Polls between two resets of a QP whose receive queue stays starved (see `refill`).
+pub const STARVE_BACKOFF_POLLS: u32 = 1024;
 /// Largest `recv_depth` / `send_depth` accepted.
 pub const MAX_DEPTH: u32 = 1 << 15;
 /// Completion events consumed before they are acknowledged in one `ibv_ack_cq_events`.
@@ -104,8 +106,12 @@ pub struct UdStats {
     pub ah_evicted: u64,
     /// Sends refused because every cached unicast AH was still in use by a send in flight.
     pub ah_busy: u64,
-    /// Times the QP was reset after an error completion.
+    /// Times the QP was reset after an error completion, or to refill a starved receive
+    /// queue.
     pub qp_resets: u64,
+    /// Times the posted receives fell below half the depth with re-posts failing, so the QP
+    /// was reset to refill them (each also counts in `qp_resets`).
+    pub rq_starved: u64,
     /// Receive buffers currently posted.
     pub recv_posted: u32,
     /// Send buffers currently in flight.
@@ -377,6 +383,9 @@ pub struct UdEndpoint {
     unacked: u32,
     /// An error completion was seen: the QP is being drained and reset.
     broken: bool,
+    /// Polls left before a starved receive queue may trigger another reset (while the
+    /// driver keeps refusing receives, the QP is not reset on every poll).
+    starve_backoff: u32,
     stats: UdStats,
     // Per-burst scratch, allocated at open.
     wcs: Vec<ibv_wc>,
@@ -438,6 +447,7 @@ impl UdEndpoint {
             recv_is_posted: vec![false; nrecv],
             unacked: 0,
             broken: false,
+            starve_backoff: 0,
             stats: UdStats::default(),
             // SAFETY: ibv_wc is plain old data (integers and a union of integers).
             wcs: (0..POLL_BURST)
@@ -1122,10 +1132,28 @@ impl UdEndpoint {
                 break;
             }
         }
+        self.refill();
         if self.broken {
             self.recover();
         }
         total
+    }
+
+    /// A receive queue must not drain away: buffers a failed re-post left out are posted
+    /// again on every poll, and if fewer than half the depth are posted even so (the driver
+    /// keeps refusing them), the QP is reset and re-posted (`rq_starved`, `qp_resets`), at
+    /// most once per [`STARVE_BACKOFF_POLLS`] polls.
+    fn refill(&mut self) {
+        self.starve_backoff = self.starve_backoff.saturating_sub(1);
+        if self.broken || self.stats.recv_posted >= self.cfg.recv_depth {
+            return;
+        }
+        let _ = self.post_all_receives();
+        if self.stats.recv_posted < self.cfg.recv_depth.div_ceil(2) && self.starve_backoff == 0 {
+            self.stats.rq_starved += 1;
+            self.starve_backoff = STARVE_BACKOFF_POLLS;
+            self.broken = true;
+        }
     }
 
     /// After an error completion: QP to ERR (flushes every posted WR into the CQ); once every

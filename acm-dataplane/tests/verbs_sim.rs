@@ -236,6 +236,50 @@ fn receive_buffers_are_reposted() {
 }
 
 #[test]
+fn a_starved_receive_queue_is_reset_and_refilled() {
+    let f = Fabric::start("starve");
+    let mut a = f.agent("Hca2");
+    let mut b = f.agent("Hca4");
+    a.open(16, 8);
+    let eb = b.open(8, 2);
+    // From now on the driver refuses every receive B posts (a driver out of resources).
+    assert!(f
+        .ctl("Hca4", "set fail_post_recv 1000000")
+        .starts_with("ok"));
+    // 8 MADs take B's 8 posted buffers; none can be posted again.
+    assert_eq!(
+        a.cmd(&format!("send {} {} {} 100 8", eb.lid, eb.qpn, eb.gid)),
+        "ok sent=8"
+    );
+    assert_eq!(a.cmd("poll"), "ok completions=8");
+    assert_eq!(b.recv(8, 3000).len(), 8);
+    // B sees its queue starved: it resets the QP to refill it, counted, and keeps trying
+    // (the reset's own re-post is refused too).
+    let t = Instant::now();
+    loop {
+        b.cmd("poll");
+        let s = b.stats();
+        if s["rq_starved"] >= 1 && s["qp_resets"] >= 1 {
+            assert!(s["recv_posted"] < 4, "{s:?}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no reset: {s:?}");
+    }
+    // The driver recovers: the next poll posts every buffer again and traffic flows.
+    assert!(f.ctl("Hca4", "set fail_post_recv 0").starts_with("ok"));
+    b.cmd("poll");
+    assert_eq!(b.stats()["recv_posted"], 8);
+    assert_eq!(
+        a.cmd(&format!("send {} {} {} 200 8", eb.lid, eb.qpn, eb.gid)),
+        "ok sent=8"
+    );
+    let tags: Vec<String> = b.recv(8, 3000).iter().map(|m| m["tag"].clone()).collect();
+    assert_eq!(tags.len(), 8, "B hears again: {tags:?}");
+    assert_eq!(a.quit(Duration::from_secs(5)), Some(0));
+    assert_eq!(b.quit(Duration::from_secs(5)), Some(0));
+}
+
+#[test]
 fn oversized_datagram_resets_the_qp_and_traffic_resumes() {
     let f = Fabric::start("reset");
     let mut a = f.agent("Hca2");

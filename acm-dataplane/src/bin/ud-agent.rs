@@ -387,10 +387,10 @@ impl Agent {
                 let s = ep.stats();
                 writeln!(
                     out,
-                    "ok sends={} send_errors={} no_buffer={} recvs={} recv_errors={} recv_short={} ah_created={} ah_evicted={} ah_busy={} qp_resets={} recv_posted={} send_inflight={} events={}",
+                    "ok sends={} send_errors={} no_buffer={} recvs={} recv_errors={} recv_short={} ah_created={} ah_evicted={} ah_busy={} qp_resets={} rq_starved={} recv_posted={} send_inflight={} events={}",
                     s.sends, s.send_errors, s.no_buffer, s.recvs, s.recv_errors, s.recv_short,
-                    s.ah_created, s.ah_evicted, s.ah_busy, s.qp_resets, s.recv_posted,
-                    s.send_inflight, self.events
+                    s.ah_created, s.ah_evicted, s.ah_busy, s.qp_resets, s.rq_starved,
+                    s.recv_posted, s.send_inflight, self.events
                 )?;
             }
             Some("close") => match self.ep.take() {

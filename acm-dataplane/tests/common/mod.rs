@@ -132,6 +132,13 @@ impl Fabric {
         Agent::spawn(c, host)
     }
 
+    /// A command to the simverbs control socket of the agent running as `host` (e.g.
+    /// `set fail_post_recv 100`); its `ok ...` reply.
+    pub fn ctl(&self, host: &str, command: &str) -> String {
+        acm_fabric::fabric::simverbs_ctl(&self.name, host, command)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Starts simverbs' C agent on `host`.
     pub fn svagent(&self, host: &str) -> Agent {
         Agent::spawn(self.command(&svagent(), host), host)

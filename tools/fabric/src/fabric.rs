@@ -1900,38 +1900,7 @@ impl Node {
     /// (`@simverbs/<fabric>/<node>/ctl`) and returns its reply (`ok ...`), e.g.
     /// `node.simverbs_ctl("event client_reregister 1")`.
     pub fn simverbs_ctl(&self, command: &str) -> Result<String> {
-        use std::os::linux::net::SocketAddrExt;
-        use std::os::unix::net::{SocketAddr, UnixDatagram};
-        let me = format!(
-            "acm-fabric/{}/{}/{}",
-            self.fabric,
-            std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        let io = |e: std::io::Error| Error::new(format!("simverbs control of {}: {e}", self.name));
-        let sock =
-            UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(me.as_bytes()).map_err(io)?)
-                .map_err(io)?;
-        sock.set_read_timeout(Some(Duration::from_secs(3)))
-            .map_err(io)?;
-        let to = format!("simverbs/{}/{}/ctl", self.fabric, self.name);
-        let to_addr = SocketAddr::from_abstract_name(to.as_bytes()).map_err(io)?;
-        sock.send_to_addr(command.as_bytes(), &to_addr)
-            .map_err(|e| {
-                Error::new(format!(
-                    "cannot reach @{to} (is the daemon running with simverbs?): {e}"
-                ))
-            })?;
-        let mut buf = [0u8; 512];
-        let n = sock
-            .recv(&mut buf)
-            .map_err(|e| Error::new(format!("no reply from @{to} to {command:?}: {e}")))?;
-        let reply = String::from_utf8_lossy(&buf[..n]).trim().to_string();
-        if reply.starts_with("ok") {
-            Ok(reply)
-        } else {
-            Err(Error::new(format!("@{to} refused {command:?}: {reply}")))
-        }
+        simverbs_ctl(&self.fabric, &self.name, command)
     }
 
     /// Queues an async event on the node's simulated device, e.g. `client_reregister`.
@@ -1943,6 +1912,43 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.stop_daemon();
+    }
+}
+
+/// Sends `command` to the simverbs control socket of the process that is HCA `node` on
+/// fabric `fabric` (`@simverbs/<fabric>/<node>/ctl`) and returns its `ok ...` reply; an
+/// error names what refused or did not answer. Any process running with simverbs (a daemon,
+/// a test agent) serves one.
+pub fn simverbs_ctl(fabric: &str, node: &str, command: &str) -> Result<String> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let me = format!(
+        "acm-fabric/{fabric}/{}/{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    let io = |e: std::io::Error| Error::new(format!("simverbs control of {node}: {e}"));
+    let sock = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(me.as_bytes()).map_err(io)?)
+        .map_err(io)?;
+    sock.set_read_timeout(Some(Duration::from_secs(3)))
+        .map_err(io)?;
+    let to = format!("simverbs/{fabric}/{node}/ctl");
+    let to_addr = SocketAddr::from_abstract_name(to.as_bytes()).map_err(io)?;
+    sock.send_to_addr(command.as_bytes(), &to_addr)
+        .map_err(|e| {
+            Error::new(format!(
+                "cannot reach @{to} (is a process running there with simverbs?): {e}"
+            ))
+        })?;
+    let mut buf = [0u8; 512];
+    let n = sock
+        .recv(&mut buf)
+        .map_err(|e| Error::new(format!("no reply from @{to} to {command:?}: {e}")))?;
+    let reply = String::from_utf8_lossy(&buf[..n]).trim().to_string();
+    if reply.starts_with("ok") {
+        Ok(reply)
+    } else {
+        Err(Error::new(format!("@{to} refused {command:?}: {reply}")))
     }
 }
 

@@ -1086,6 +1086,22 @@ unsafe extern "C" fn sim_post_send(
     })
 }
 
+/// Receive work requests still to refuse (the `fail_post_recv` knob).
+static FAIL_POST_RECV: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes the process's next `n` receive work requests fail with ENOMEM (0: none).
+pub fn fail_next_post_recvs(n: u64) {
+    FAIL_POST_RECV.store(n, std::sync::atomic::Ordering::Release);
+}
+
+/// Whether this receive work request is one the knob refuses (and counts it).
+fn refuse_post_recv() -> bool {
+    use std::sync::atomic::Ordering;
+    FAIL_POST_RECV
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .is_ok()
+}
+
 /// `ops.post_recv`.
 unsafe extern "C" fn sim_post_recv(
     qp: *mut ibv_qp,
@@ -1094,6 +1110,9 @@ unsafe extern "C" fn sim_post_recv(
 ) -> c_int {
     guard(libc::EIO, || {
         let post = |q: &SimQp, w: &ibv_recv_wr| -> Result<(), c_int> {
+            if refuse_post_recv() {
+                return Err(libc::ENOMEM);
+            }
             let inner = &q.inner;
             let state = inner.attrs.lock().map(|a| a.state).unwrap_or(IBV_QPS_RESET);
             if state == IBV_QPS_RESET {

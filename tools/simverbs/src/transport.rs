@@ -35,6 +35,7 @@ fn knob_cell() -> &'static Mutex<Knobs> {
             ("SIMVERBS_DUP", "dup"),
             ("SIMVERBS_REORDER", "reorder"),
             ("SIMVERBS_DELAY_MS", "delay_ms"),
+            ("SIMVERBS_FAIL_POST_RECV", "fail_post_recv"),
         ] {
             if let Ok(v) = std::env::var(env) {
                 if let Err(e) = apply(&mut k, name, &v) {
@@ -69,12 +70,19 @@ fn apply(k: &mut Knobs, name: &str, value: &str) -> Result<(), String> {
                 .filter(|d| *d <= 60_000)
                 .ok_or_else(|| format!("'{value}' is not a delay in 0..60000 ms"))?
         }
+        "fail_post_recv" => crate::qp::fail_next_post_recvs(
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("'{value}' is not a count of receives"))?,
+        ),
         _ => return Err(format!("unknown knob '{name}'")),
     }
     Ok(())
 }
 
-/// Sets one knob by name (`loss`, `dup`, `reorder`, `delay_ms`).
+/// Sets one knob by name (`loss`, `dup`, `reorder`, `delay_ms`; `fail_post_recv N`: the
+/// process's next N receive work requests are refused with ENOMEM, as a driver out of
+/// resources would).
 pub fn set_knob(name: &str, value: &str) -> Result<(), String> {
     let mut k = knob_cell()
         .lock()
