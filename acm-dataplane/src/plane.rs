@@ -725,7 +725,7 @@ impl<I: CoreIo> Plane<I> {
             .get(usize::from(ep.0))
             .and_then(|r| r.as_ref())
             .and_then(|r| r.sm);
-        if !sm.is_some_and(|sm| sm.lid == meta.slid) || meta.src_qp != 1 {
+        if sm.is_none_or(|sm| sm.lid != meta.slid) || meta.src_qp != 1 {
             self.sa_forged += 1;
             return;
         }
