@@ -101,11 +101,24 @@ pub struct EndpointReport {
     pub hists: [Snapshot; 4],
 }
 
+/// The dataplane loop's health ([`crate::plane::Inbox::health`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DataplaneHealth {
+    /// Resolvers replaced after a caught panic.
+    pub restarts: u64,
+    /// Times the loop gave up (its recovery panicked too): it answers ENODATA from then on.
+    pub gave_up: u64,
+    /// The loop's thread runs and resolves (it has neither exited nor given up).
+    pub up: bool,
+}
+
 /// Everything the exporter shows.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Report {
     /// The latency clock (`tsc` with its ticks per ns, or `instant`).
     pub clock: String,
+    /// The dataplane loop's health.
+    pub dataplane: DataplaneHealth,
     /// Open endpoints.
     pub endpoints: Vec<EndpointReport>,
 }
@@ -131,6 +144,31 @@ fn secs(ns: u64) -> String {
 /// The Prometheus text exposition of `r` (`# HELP`/`# TYPE`, labels `port`, `pkey`, `gid`).
 pub fn render_prometheus(r: &Report) -> String {
     let mut s = String::new();
+    let d = r.dataplane;
+    for (name, kind, help, v) in [
+        (
+            "acmrs_dataplane_up",
+            "gauge",
+            "1 while the dataplane thread runs and resolves; 0 once it exited or gave up (every miss is then answered ENODATA).",
+            u64::from(d.up),
+        ),
+        (
+            "acmrs_dataplane_restarts_total",
+            "counter",
+            "Resolvers replaced after a caught panic of the dataplane loop.",
+            d.restarts,
+        ),
+        (
+            "acmrs_dataplane_gave_up_total",
+            "counter",
+            "Times the dataplane loop gave up (its recovery from a panic panicked too).",
+            d.gave_up,
+        ),
+    ] {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} {kind}");
+        let _ = writeln!(s, "{name} {v}");
+    }
     let labels = |e: &EndpointReport| {
         format!(
             "port=\"{}\",pkey=\"0x{:04x}\",gid=\"{}\"",
@@ -171,11 +209,20 @@ pub fn render_prometheus(r: &Report) -> String {
 /// First line of the socket format.
 pub const MAGIC: &str = "acmrs-stat 1";
 
-/// The socket's text form of `r`: `acmrs-stat 1`, `clock ...`, then per endpoint
+/// The socket's text form of `r`: `acmrs-stat 1`, `clock ...`, `dataplane <restarts>
+/// <gave_up> <up 0|1>`, then per endpoint
 /// `ep <port> <pkey> <gid>`, `counters <7 numbers>`, one `hist <name> <sum_ns> <i>:<count>...`
 /// per histogram (non-empty buckets only), and `end`.
 pub fn encode(r: &Report) -> String {
     let mut s = format!("{MAGIC}\nclock {}\n", r.clock);
+    let d = r.dataplane;
+    let _ = writeln!(
+        s,
+        "dataplane {} {} {}",
+        d.restarts,
+        d.gave_up,
+        u8::from(d.up)
+    );
     for e in &r.endpoints {
         let _ = writeln!(s, "ep {} 0x{:04x} {}", e.port, e.pkey, e.gid);
         s.push_str("counters");
@@ -211,6 +258,18 @@ pub fn decode(text: &str) -> Result<Report, String> {
         let mut w = line.split_ascii_whitespace();
         match w.next() {
             Some("clock") => r.clock = w.collect::<Vec<_>>().join(" "),
+            Some("dataplane") => {
+                let mut n = || w.next().and_then(|v| v.parse::<u64>().ok()).ok_or_else(bad);
+                r.dataplane = DataplaneHealth {
+                    restarts: n()?,
+                    gave_up: n()?,
+                    up: match n()? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err(bad()),
+                    },
+                };
+            }
             Some("ep") => {
                 let port = w.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
                 let pkey = w
@@ -491,6 +550,11 @@ mod tests {
         e.hists[3].sum_ns = 1234;
         Report {
             clock: "tsc 2.3 ticks/ns".into(),
+            dataplane: DataplaneHealth {
+                restarts: 2,
+                gave_up: 1,
+                up: false,
+            },
             endpoints: vec![e.clone(), EndpointReport { port: 2, ..e }],
         }
     }
@@ -513,6 +577,7 @@ mod tests {
         let t = encode(&r);
         assert!(decode(&t[..t.len() - 4]).unwrap_err().contains("truncated"));
         assert!(decode(&t.replace("hist sa_rtt", "hist bogus")).is_err());
+        assert!(decode(&t.replace("dataplane 2 1 0", "dataplane 2 1 7")).is_err());
     }
 
     #[test]
@@ -530,6 +595,9 @@ mod tests {
             format!("acmrs_resolve_hit_seconds_count{{{l}}} 5"),
             format!("acmrs_resolve_hit_seconds_sum{{{l}}} 0.0020311"),
             format!("acmrs_sa_rtt_seconds_count{{{l}}} 7"),
+            "acmrs_dataplane_up 0".to_string(),
+            "acmrs_dataplane_restarts_total 2".to_string(),
+            "acmrs_dataplane_gave_up_total 1".to_string(),
         ] {
             assert!(t.contains(&want), "{want} not in\n{t}");
         }

@@ -200,6 +200,10 @@ pub struct Inbox {
     tickets: AtomicU64,
     /// Set when the loop can no longer resolve anything (it still answers, with errors).
     stopped: AtomicBool,
+    /// Times the loop gave up (its recovery from a panic panicked too).
+    gave_up: AtomicU64,
+    /// Times the loop replaced a resolver after a caught panic.
+    restarts: AtomicU64,
     /// Control messages the loop has applied (their outputs carried out).
     control_applied: AtomicU64,
     /// Requests refused because the queue was full.
@@ -220,6 +224,8 @@ impl Inbox {
             control_pushed: AtomicU64::new(0),
             tickets: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
+            gave_up: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
             control_applied: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
             reply_drops: AtomicU64::new(0),
@@ -237,10 +243,21 @@ impl Inbox {
         seq
     }
 
-    /// Whether the loop has given up resolving (after a failure it could not recover from):
-    /// it still answers every request, with an error.
+    /// Whether the loop has given up resolving (after a failure it could not recover from)
+    /// or its thread is gone: a request handed over now would not be answered, so
+    /// [`Inbox::request`] refuses it and the caller answers it at once.
     pub fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
+        self.stopped.load(Ordering::Acquire) || self.waker.exited()
+    }
+
+    /// The loop's health: (resolvers replaced after a caught panic, times it gave up, whether
+    /// its thread has exited).
+    pub fn health(&self) -> (u64, u64, bool) {
+        (
+            self.restarts.load(Ordering::Relaxed),
+            self.gave_up.load(Ordering::Relaxed),
+            self.waker.exited(),
+        )
     }
 
     /// How many control messages the loop has applied so far.
@@ -248,7 +265,8 @@ impl Inbox {
         self.control_applied.load(Ordering::Acquire)
     }
 
-    /// Hands a request to the loop; false (counted) if the queue is full.
+    /// Hands a request to the loop; false if the queue is full (counted) or the loop is
+    /// stopped ([`Inbox::is_stopped`]).
     pub fn request(&self, ep: EpId, cache_ep: u16, client: u64, kind: Kind, msg: &[u8]) -> bool {
         self.request_stamped(ep, cache_ep, client, kind, msg, None)
     }
@@ -264,6 +282,9 @@ impl Inbox {
         msg: &[u8],
         stamp: Option<MissStamp>,
     ) -> bool {
+        if self.is_stopped() {
+            return false;
+        }
         let mut copy = [0u8; MSG_LEN];
         let n = msg.len().min(MSG_LEN);
         copy[..n].copy_from_slice(&msg[..n]);
@@ -1204,6 +1225,36 @@ impl<I: CoreIo> Poller for Plane<I> {
         self.done
     }
 
+    /// After a panic of [`Plane::recover`] itself: nothing of the loop's state is trusted.
+    /// From now on it runs without a resolver (every request that still reaches it is
+    /// answered ENODATA, and the inbox refuses new ones so the core's thread answers them at
+    /// once); what the old resolver held is answered if that still works. Each step is
+    /// guarded: a panic in one does not stop the next.
+    fn give_up(&mut self) {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        self.dead = true;
+        self.inbox.stopped.store(true, Ordering::Release);
+        self.inbox.gave_up.fetch_add(1, Ordering::Relaxed);
+        let now = self.ms(Instant::now());
+        let cache = self.cache.clone();
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            self.resolver.shutdown(now, &cache);
+            self.drain_outputs(now);
+        }));
+        if let Some(r) = self.in_hand.take() {
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata))
+            }));
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            self.io.log(
+                0,
+                "ERROR - acmrs dataplane recovery failed: every request is answered ENODATA \
+                 from now on (restart ibacm)",
+            )
+        }));
+    }
+
     /// After a caught panic: the resolver's state cannot be trusted, so it is answered out
     /// (every request it holds gets ENODATA once, as at shutdown, if that still works; the
     /// request that was in hand when it panicked too, unless that one was answered) and
@@ -1252,6 +1303,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             return;
         };
         self.resolver = fresh;
+        self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
         if let Some(mut w) = self.cache.writer() {
             w.clear();
         }

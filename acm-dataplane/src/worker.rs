@@ -33,10 +33,16 @@ pub trait Poller: Send + 'static {
     /// Called on the worker thread after [`Poller::poll`] panicked (the panic was caught; the
     /// worker keeps running). `message` is the panic's text. The poller must bring its state
     /// back to a consistent one (e.g. answer everything it holds). The default does nothing.
-    /// If this panics too, the worker thread exits.
+    /// If this panics too, the worker calls [`Poller::give_up`].
     fn recover(&mut self, message: &str) {
         let _ = message;
     }
+    /// Called on the worker thread when [`Poller::recover`] panicked: the poller's state
+    /// cannot be trusted any more. It must stop taking work (answer whatever reaches it with
+    /// an error from now on) and keep polling in that mode; the worker keeps calling
+    /// [`Poller::poll`]. If this panics too, the worker thread exits, and [`Waker::exited`]
+    /// says so. The default does nothing.
+    fn give_up(&mut self) {}
     /// Called before the worker blocks: arm whatever event sources the poller has (e.g.
     /// `ibv_req_notify_cq`) and append their file descriptors to `fds`. The worker then polls
     /// once more (an event that raced with the arming is not lost) before blocking in
@@ -61,13 +67,17 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
 }
 
 /// One poll round with panics caught: a panic becomes [`Poller::recover`] and a round that did
-/// work. `None` when `recover` panicked as well (the worker gives up).
+/// work; a panic of `recover` becomes [`Poller::give_up`]. `None` when `give_up` panicked as
+/// well: the worker exits.
 fn poll_guarded<P: Poller>(poller: &mut P, now: Instant) -> Option<PollOutcome> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poller.poll(now))) {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    match catch_unwind(AssertUnwindSafe(|| poller.poll(now))) {
         Ok(out) => Some(out),
         Err(payload) => {
             let msg = panic_message(&*payload);
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poller.recover(msg))).ok()?;
+            if catch_unwind(AssertUnwindSafe(|| poller.recover(msg))).is_err() {
+                catch_unwind(AssertUnwindSafe(|| poller.give_up())).ok()?;
+            }
             Some(PollOutcome {
                 did_work: true,
                 next_deadline: None,
@@ -102,6 +112,8 @@ impl Default for WorkerConfig {
 
 struct Shared {
     parked: AtomicBool,
+    /// The worker thread has exited (its poller finished, or gave up and failed at that too).
+    exited: AtomicBool,
     /// The `eventfd` a blocked worker waits on (with the poller's descriptors); -1 if none
     /// could be made (then the worker parks its thread, and only wakes and deadlines end it).
     event: RawFd,
@@ -125,9 +137,16 @@ impl Waker {
         }
     }
 
-    /// The coarse clock in milliseconds (no syscall; at most `max_park` stale).
+    /// The coarse clock in milliseconds (no syscall; at most `max_park` stale). Once the
+    /// worker thread has exited it reads `u64::MAX`: nothing the cache holds is fresh then
+    /// (no one advances the clock any more, so no entry could ever be seen expiring).
     pub fn coarse_ms(&self) -> u64 {
         self.0.coarse_ms.load(Ordering::Relaxed)
+    }
+
+    /// Whether the worker thread has exited: nothing handed to it will be answered.
+    pub fn exited(&self) -> bool {
+        self.0.exited.load(Ordering::Acquire)
     }
 
     /// The instant the coarse clock counts from.
@@ -207,6 +226,7 @@ impl Worker {
         let event = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         Waker(Arc::new(Shared {
             parked: AtomicBool::new(false),
+            exited: AtomicBool::new(false),
             event,
             thread: std::sync::OnceLock::new(),
             coarse_ms: CachePadded::new(AtomicU64::new(1)),
@@ -225,6 +245,16 @@ impl Worker {
             .name(config.name.clone())
             .spawn(move || {
                 let _ = shared.thread.set(thread::current());
+                // However the loop ends (finished, gave up, or a panic of the loop itself):
+                // the clock reads "everything expired" and producers learn the thread is gone.
+                struct Exit(Arc<Shared>);
+                impl Drop for Exit {
+                    fn drop(&mut self) {
+                        self.0.coarse_ms.store(u64::MAX, Ordering::Relaxed);
+                        self.0.exited.store(true, Ordering::Release);
+                    }
+                }
+                let _exit = Exit(shared.clone());
                 if let Some(cpu) = config.cpu {
                     let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
                 }

@@ -88,6 +88,21 @@ struct CoreLog {
     sa_sent: usize,
     counts: Vec<Counter>,
     logs: Vec<String>,
+    /// Faults: the next SA send panics; so do the next `panic_logs` log calls and the next
+    /// `panic_answers` answers (each panic takes one).
+    panic_sa: bool,
+    panic_logs: u32,
+    panic_answers: u32,
+}
+
+/// Takes one armed fault of `pick`'s counter; the caller panics (after the lock is released,
+/// so the log is not poisoned) if there was one.
+fn fault(log: &Mutex<CoreLog>, pick: fn(&mut CoreLog) -> &mut u32) -> bool {
+    let mut l = log.lock().unwrap();
+    let c = pick(&mut l);
+    let armed = *c > 0;
+    *c = c.saturating_sub(1);
+    armed
 }
 
 /// Node `me`'s fake core: answers SA MADs into the plane's inbox at once.
@@ -103,6 +118,10 @@ impl CoreIo for FakeCore {
     fn send_sa(&mut self, _ep: EpId, token: u64, mad: &[u8; 256]) -> bool {
         if self.refuse_sa {
             return false;
+        }
+        let armed = std::mem::take(&mut self.log.lock().unwrap().panic_sa);
+        if armed {
+            panic!("injected: SA send");
         }
         self.log.lock().unwrap().sa_sent += 1;
         let mut reply = *mad;
@@ -138,6 +157,9 @@ impl CoreIo for FakeCore {
     }
 
     fn answer(&mut self, a: &Answer) {
+        if fault(&self.log, |l| &mut l.panic_answers) {
+            panic!("injected: answer");
+        }
         self.log.lock().unwrap().answers.push(*a);
     }
 
@@ -146,6 +168,9 @@ impl CoreIo for FakeCore {
     }
 
     fn log(&mut self, _level: u8, text: &str) {
+        if fault(&self.log, |l| &mut l.panic_logs) {
+            panic!("injected: log");
+        }
         self.log.lock().unwrap().logs.push(text.to_string());
     }
 
@@ -410,19 +435,20 @@ fn without_a_resolver_every_request_is_still_answered_once() {
     nodes[0].plane.poll(Instant::now());
     nodes[0].plane.recover("injected");
     assert!(nodes[0].inbox.is_stopped());
-    assert!(nodes[0]
+    // A stopped loop takes no more requests: the provider answers them at once (ENODATA).
+    assert!(!nodes[0]
         .inbox
         .request(EpId(0), 0, 2, Kind::Resolve, &lid_msg(9, false, 2)));
-    assert!(nodes[0]
+    assert!(!nodes[0]
         .inbox
         .request(EpId(0), 0, 3, Kind::Query, &lid_msg(9, false, 3)));
-    assert!(run(&mut nodes, |n| answers(&n[0]).len() == 3));
-    let mut got: Vec<(u64, u8)> = answers(&nodes[0])
+    assert!(run(&mut nodes, |n| !answers(&n[0]).is_empty()));
+    run(&mut nodes, |_| false);
+    let got: Vec<(u64, u8)> = answers(&nodes[0])
         .iter()
         .map(|a| (a.client, a.status))
         .collect();
-    got.sort();
-    assert_eq!(got, vec![(1, 3), (2, 3), (3, 3)]);
+    assert_eq!(got, vec![(1, 3)], "the one it held, once");
     nodes[0].inbox.control(Control::Shutdown);
     nodes[0].plane.poll(Instant::now());
     assert!(nodes[0].plane.finished());
@@ -860,4 +886,91 @@ fn forged_sa_replies_from_another_host_or_on_another_qp_are_dropped_and_logged()
         run(&mut nodes, |_| false);
     }
     assert!(logged(&nodes), "{:?}", nodes[0].log.lock().unwrap().logs);
+}
+
+/// A node whose plane runs on a real worker thread (as in the provider).
+fn on_worker(n: Node) -> (Worker, Arc<Inbox>, Arc<Mutex<CoreLog>>) {
+    let Node { plane, inbox, log } = n;
+    let worker = Worker::spawn(
+        acm_dataplane::worker::WorkerConfig::default(),
+        inbox.waker.clone(),
+        plane,
+    )
+    .unwrap();
+    (worker, inbox, log)
+}
+
+fn wait(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_recovery_that_panics_gives_up_and_every_request_is_still_answered_once() {
+    let wire: Wire = Arc::default();
+    let (worker, inbox, log) = on_worker(node(0, &wire, false));
+    wait("the endpoint's join", || {
+        log.lock()
+            .unwrap()
+            .logs
+            .iter()
+            .any(|l| l.contains("joined"))
+    });
+    // The SA send of a miss panics inside the loop, and so does the log line that opens the
+    // recovery: the worker makes the plane give up (its own log line panics as well).
+    {
+        let mut l = log.lock().unwrap();
+        l.panic_sa = true;
+        l.panic_logs = 2;
+    }
+    assert!(inbox.request(EpId(0), 0, 1, Kind::Resolve, &lid_msg(9, false, 0x71)));
+    wait("request 1 answered", || {
+        log.lock().unwrap().answers.iter().any(|a| a.client == 1)
+    });
+    assert!(inbox.is_stopped(), "the loop has stopped");
+    assert!(!inbox.waker.exited(), "its thread still runs");
+    // Now the inbox refuses requests (the provider answers them at once, ENODATA).
+    assert!(!inbox.request(EpId(0), 0, 2, Kind::Resolve, &lid_msg(9, false, 0x72)));
+    let (restarts, gave_up, exited) = inbox.health();
+    assert_eq!((restarts, gave_up, exited), (0, 1, false));
+    // Exactly one answer for request 1, an error.
+    std::thread::sleep(Duration::from_millis(50));
+    let a: Vec<Answer> = log.lock().unwrap().answers.clone();
+    let ones: Vec<&Answer> = a.iter().filter(|a| a.client == 1).collect();
+    assert_eq!(ones.len(), 1, "{a:?}");
+    assert_ne!(ones[0].status, 0);
+    inbox.control(Control::Shutdown);
+    worker.join().unwrap();
+    assert!(inbox.waker.exited());
+}
+
+#[test]
+fn a_worker_whose_poller_cannot_even_give_up_exits_and_says_so() {
+    struct Hopeless;
+    impl acm_dataplane::worker::Poller for Hopeless {
+        fn poll(&mut self, _: Instant) -> acm_dataplane::worker::PollOutcome {
+            panic!("poll")
+        }
+        fn finished(&self) -> bool {
+            false
+        }
+        fn recover(&mut self, _: &str) {
+            panic!("recover")
+        }
+        fn give_up(&mut self) {
+            panic!("give up")
+        }
+    }
+    let waker = Worker::new_waker();
+    let worker = Worker::spawn(Default::default(), waker.clone(), Hopeless).unwrap();
+    wait("the worker's exit", || waker.exited());
+    // Nothing the cache holds is fresh any more: the clock reads the end of time.
+    assert_eq!(waker.coarse_ms(), u64::MAX);
+    worker.join().unwrap();
 }

@@ -154,11 +154,14 @@ pub enum LogReason {
     QueueFull = 1,
     /// The SA reply queue was full (SA thread).
     ReplyDrop = 2,
+    /// The dataplane has stopped (it gave up, or its thread is gone): requests answered at
+    /// once with ENODATA.
+    Stopped = 3,
 }
 
 impl LogReason {
     /// Number of reasons.
-    pub const COUNT: usize = 3;
+    pub const COUNT: usize = 4;
 }
 
 /// At most [`LogLimit::LINES`] lines per reason per second; the lines beyond that are counted
@@ -383,7 +386,17 @@ impl Source for StatsSource {
                 ],
             })
             .collect();
-        Report { clock, endpoints }
+        let (restarts, gave_up, _) = inst.inbox.health();
+        let dataplane = acm_dataplane::export::DataplaneHealth {
+            restarts,
+            gave_up,
+            up: !inst.inbox.is_stopped(),
+        };
+        Report {
+            clock,
+            dataplane,
+            endpoints,
+        }
     }
 
     fn log(&self, level: u8, text: &str) {

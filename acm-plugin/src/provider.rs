@@ -797,8 +797,10 @@ fn hit_answered(ctx: &AddrCtx, msg: &[u8], needs_refresh: bool) {
     }
 }
 
-/// Hands a request to the dataplane; false (counted, logged) if the queue is full.
-fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &[u8]) -> bool {
+/// Hands a request to the dataplane; the status to answer it with at once (counted, logged)
+/// if it cannot take it: ENOMEM when its queue is full, ENODATA when it has stopped (it gave
+/// up after a failure it could not recover from, or its thread is gone).
+fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &[u8]) -> Result<(), Status> {
     hand_over_stamped(ctx, id, kind, msg, None)
 }
 
@@ -809,19 +811,29 @@ fn hand_over_stamped(
     kind: Kind,
     msg: &[u8],
     stamp: Option<MissStamp>,
-) -> bool {
+) -> Result<(), Status> {
     let (ep, cache_ep, bytes) = (ctx.ep.id, ctx.ep.cache_ep(), msg);
-    let ok = ctx
-        .inst
-        .inbox
-        .request_stamped(ep, cache_ep, id, kind, bytes, stamp);
-    if !ok && matches!(kind, Kind::Resolve | Kind::Query) {
+    let inbox = &ctx.inst.inbox;
+    if inbox.request_stamped(ep, cache_ep, id, kind, bytes, stamp) {
+        return Ok(());
+    }
+    let answered = matches!(kind, Kind::Resolve | Kind::Query);
+    if inbox.is_stopped() {
+        if answered {
+            ctx.inst.log_limited(
+                LogReason::Stopped,
+                "ERROR - the acmrs dataplane has stopped, answering ENODATA",
+            );
+        }
+        return Err(Status::Enodata);
+    }
+    if answered {
         ctx.inst.log_limited(
             LogReason::QueueFull,
             "ERROR - request queue full, answering ENOMEM",
         );
     }
-    ok
+    Err(Status::Enomem)
 }
 
 /// Starts the loads of a path lookup placed at `place` without waiting for them: the lines of
@@ -961,11 +973,13 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         at: t0.unwrap_or_else(|| inst.clock.now()),
         class,
     };
-    if hand_over_stamped(ctx, id, Kind::Resolve, msg, Some(stamp)) {
-        *answered = true;
-        return 0;
+    match hand_over_stamped(ctx, id, Kind::Resolve, msg, Some(stamp)) {
+        Ok(()) => {
+            *answered = true;
+            0
+        }
+        Err(status) => reply(u8::from(status), None),
     }
-    reply(u8::from(Status::Enomem), None)
 }
 
 /// How many bytes of a request `client_call` reads: `hdr.length`, plus the entry at
@@ -1051,11 +1065,13 @@ fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int 
         return reply(u8::from(Status::Enodata));
     }
     // The dataplane validates it (EINVAL) and sends it to the SA.
-    if hand_over(ctx, id, Kind::Query, msg) {
-        *answered = true;
-        return 0;
+    match hand_over(ctx, id, Kind::Query, msg) {
+        Ok(()) => {
+            *answered = true;
+            0
+        }
+        Err(status) => reply(u8::from(status)),
     }
-    reply(u8::from(Status::Enomem))
 }
 
 unsafe extern "C" fn query(addr_context: *mut c_void, msg: *mut AcmMsg, id: u64) -> c_int {

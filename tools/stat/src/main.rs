@@ -97,6 +97,19 @@ fn render(socket: &Path, r: &Report) -> String {
         r.clock,
         r.endpoints.len()
     );
+    let d = r.dataplane;
+    if !d.up || d.restarts > 0 || d.gave_up > 0 {
+        out.push_str(&format!(
+            "dataplane: {} ({} resolver restart(s) after a panic, gave up {} time(s))\n",
+            if d.up {
+                "up"
+            } else {
+                "DOWN: every miss is answered ENODATA"
+            },
+            d.restarts,
+            d.gave_up
+        ));
+    }
     for e in &r.endpoints {
         out.push_str(&format!(
             "\nendpoint port {} pkey 0x{:04x} gid {}\n  counters:",
@@ -213,6 +226,7 @@ mod tests {
         e.hists[0] = h.snapshot();
         Report {
             clock: "instant".into(),
+            dataplane: Default::default(),
             endpoints: vec![e],
         }
     }
