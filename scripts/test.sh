@@ -46,6 +46,13 @@ firmware_rc=0
 step "the resolver as firmware under QEMU (mps2-an386), checked against the host"
 bash scripts/firmware-qemu.sh || firmware_rc=$?
 
+step "libacmrs.so as users install it (release: fat LTO, one codegen unit)"
+# The real-daemon tests load this build, the one the .deb ships (acm_fabric reads
+# ACM_FABRIC_ACMRS); the in-process tests keep the debug build with its assertions.
+cargo build --release -p acm-plugin --quiet
+export ACM_FABRIC_ACMRS="${CARGO_TARGET_DIR:-$ROOT/target}/release/libacmrs.so"
+echo "real-daemon tests load $ACM_FABRIC_ACMRS"
+
 step "tests"
 set +e
 cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG_DIR/test.log"
