@@ -10,13 +10,16 @@
 //! send <dlid> <dqpn> <dgid-hex32> <tag> [count] [flow_label]   unicast MADs tagged tag,
 //!       tag+1, ... (the flow label makes distinct AVs for the AH cache)
 //! msend <index> <tag> [count]                multicast MADs on attached group <index>
+//! raw <dlid> <dqpn> <dgid-hex32> <mad-hex512> [count]   these exact 256 bytes, unicast (a
+//!       test's rogue host: forged SA Reports and replies, ACM answers, replays)
+//! mraw <index> <mad-hex512>                  these exact bytes on attached group <index>
 //!       -> ok sent=<n> | err sent=<n> <nobuf|unknown-group|ah-busy|recovering|verbs> <text>
 //! poll                                       one UdEndpoint::poll (MADs kept for recv)
 //!       -> ok completions=<n>
 //! recv <n> <timeout_ms>                      collect n MADs: arm, poll(2) on event_fd,
 //!       ack_event, poll ... -> ok n=<k> then k lines
 //!       mad tag=<t> intact=<0|1> slid=.. src_qp=.. sl=.. path_bits=.. pkey_index=..
-//!           ep_pkey_index=.. sgid=<hex32|none>
+//!           ep_pkey_index=.. sgid=<hex32|none> bytes=<hex512>
 //! stats                                      -> ok sends=.. (every UdStats field) events=..
 //! close                                      UdEndpoint::close
 //!       -> ok fds=<before>,<after> threads=<before>,<after> | err <text>
@@ -49,6 +52,17 @@ fn unhex16(s: &str) -> Option<[u8; 16]> {
         *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(g)
+}
+
+fn unhex_mad(s: &str) -> Option<[u8; MAD_LEN]> {
+    if s.len() != 2 * MAD_LEN {
+        return None;
+    }
+    let mut m = [0u8; MAD_LEN];
+    for (i, b) in m.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(m)
 }
 
 fn num(s: Option<&str>) -> Option<u64> {
@@ -222,7 +236,7 @@ impl Agent {
             let (tag, ok) = intact(&b);
             writeln!(
                 out,
-                "mad tag={tag} intact={} slid={} src_qp={} sl={} path_bits={} pkey_index={} ep_pkey_index={} sgid={}",
+                "mad tag={tag} intact={} slid={} src_qp={} sl={} path_bits={} pkey_index={} ep_pkey_index={} sgid={} bytes={}",
                 u8::from(ok),
                 m.slid,
                 m.src_qp,
@@ -230,7 +244,8 @@ impl Agent {
                 m.dlid_path_bits,
                 m.pkey_index,
                 m.ep_pkey_index,
-                m.grh_sgid.map(|g| hex(&g.0)).unwrap_or_else(|| "none".into())
+                m.grh_sgid.map(|g| hex(&g.0)).unwrap_or_else(|| "none".into()),
+                hex(&b)
             )?;
         }
         Ok(())
@@ -243,11 +258,31 @@ impl Agent {
         count: u64,
         out: &mut impl Write,
     ) -> std::io::Result<()> {
-        let Some(ep) = self.ep.as_mut() else {
+        self.send_each(to, count, false, |i| mad(tag + i), out)
+    }
+
+    /// Sends `count` MADs to `to`, the `i`-th being `make(i)`; with `wait`, polls for send
+    /// completions when every send buffer is in flight (else that is an error).
+    fn send_each(
+        &mut self,
+        to: AcmDest,
+        count: u64,
+        wait: bool,
+        make: impl Fn(u64) -> [u8; MAD_LEN],
+        out: &mut impl Write,
+    ) -> std::io::Result<()> {
+        if self.ep.is_none() {
             return writeln!(out, "err not open");
-        };
+        }
         for i in 0..count {
-            if let Err(e) = ep.send(&to, &mad(tag + i)) {
+            let m = make(i);
+            let mut r = self.ep.as_mut().map_or(Ok(()), |ep| ep.send(&to, &m));
+            if wait && matches!(r, Err(SendError::NoBuffer)) {
+                // Take the send completions (received MADs are kept for `recv`).
+                self.poll();
+                r = self.ep.as_mut().map_or(Ok(()), |ep| ep.send(&to, &m));
+            }
+            if let Err(e) = r {
                 return writeln!(out, "err sent={i} {}", send_error(&e));
             }
         }
@@ -361,6 +396,38 @@ impl Agent {
                     remote_qkey: ACM_QKEY,
                 };
                 self.sends(AcmDest::Unicast(av), tag, count, out)?;
+            }
+            Some("raw") => {
+                let (Some(dlid), Some(dqpn), Some(dgid), Some(bytes)) = (
+                    num(arg(1)),
+                    num(arg(2)),
+                    arg(3).and_then(unhex16),
+                    arg(4).and_then(unhex_mad),
+                ) else {
+                    writeln!(out, "err usage")?;
+                    return Ok(true);
+                };
+                let count = num(arg(5)).unwrap_or(1);
+                let av = UnicastAv {
+                    dlid: dlid as u16,
+                    sl: 0,
+                    src_path_bits: 0,
+                    static_rate: 0,
+                    dgid: Gid(dgid),
+                    flow_label: 0,
+                    hop_limit: 1,
+                    tclass: 0,
+                    remote_qpn: dqpn as u32,
+                    remote_qkey: ACM_QKEY,
+                };
+                self.send_each(AcmDest::Unicast(av), count, true, |_| bytes, out)?;
+            }
+            Some("mraw") => {
+                let (Some(i), Some(bytes)) = (num(arg(1)), arg(2).and_then(unhex_mad)) else {
+                    writeln!(out, "err usage")?;
+                    return Ok(true);
+                };
+                self.send_each(AcmDest::Group(i as u8), 1, true, |_| bytes, out)?;
             }
             Some("msend") => {
                 let (Some(i), Some(tag)) = (num(arg(1)), num(arg(2))) else {

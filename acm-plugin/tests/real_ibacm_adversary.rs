@@ -1,0 +1,289 @@
+//! A rogue host on the fabric, against the real ibacm daemon loading acmrs: one more process
+//! on the simulated fabric (`ud-agent`, a UD QP of its own on Hca4, no daemon) that learns
+//! acmrs's QP from the ACM protocol, as any host can, and then sends it forged SA traffic.
+//! acmrs takes class-3 MADs only from the SM (its LID, QP 1): a forged trap 65 Report for a
+//! live GID flushes nothing, and the forgery is counted and logged.
+//!
+//! Needs root and, in the target directory, `libsimverbs.so`, `libacmrs.so` and `ud-agent`
+//! (`cargo build -p simverbs -p acm-plugin -p acm-dataplane`); fails with the reason
+//! otherwise.
+
+use acm_fabric::checks::{self, global_counters, require_root};
+use acm_fabric::testing::{preload, profile_dir};
+use acm_fabric::{Fabric, HostsFile, Provider, Topology};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The stock libibacmp's name request (hca3 asking for hca4), recorded on the wire.
+const STOCK_REQUEST: &[u8] = include_bytes!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../acm-core-nostd/tests/fixtures/acmp_resolve_req.bin"
+));
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `ud-agent` on an HCA of the fabric: one line in, one reply line out (plus one line per MAD
+/// for `recv`).
+struct Rogue {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Rogue {
+    fn start(f: &Fabric, host: &str) -> Rogue {
+        let bin = profile_dir().join("ud-agent");
+        assert!(
+            bin.is_file(),
+            "{} missing: cargo build -p acm-dataplane (same target dir)",
+            bin.display()
+        );
+        let mut child = Command::new(&bin)
+            .env("IBSIM_SOCKNAME", f.name())
+            .env("SIM_HOST", host)
+            .env("LD_PRELOAD", preload())
+            .env("SIMVERBS_SHM_DIR", f.scratch())
+            .current_dir(f.scratch())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Rogue {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+
+    fn cmd(&mut self, line: &str) -> String {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        self.line()
+    }
+
+    /// `recv n ms`: the MAD lines, each as `key=value` words.
+    fn recv(&mut self, n: usize, ms: u64) -> Vec<std::collections::HashMap<String, String>> {
+        let head = self.cmd(&format!("recv {n} {ms}"));
+        let k: usize = head
+            .strip_prefix("ok n=")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("recv: {head}"));
+        (0..k)
+            .map(|_| {
+                self.line()
+                    .split_whitespace()
+                    .filter_map(|w| w.split_once('='))
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl Rogue {
+    /// The UD QP of `node`'s daemon: the rogue asks the ACM group for the node's name (as
+    /// any host may) and reads the answer's source QP.
+    fn qpn_of(&mut self, f: &Fabric, node: &acm_fabric::Node) -> String {
+        let mut ask = [0u8; 256];
+        ask.copy_from_slice(STOCK_REQUEST);
+        ask[24..88].fill(0);
+        ask[24..24 + node.addrs.name.len()].copy_from_slice(node.addrs.name.as_bytes());
+        ask[88..152].fill(0);
+        ask[88..93].copy_from_slice(b"rogue");
+        // A fresh TID each time (a node answers a TID it saw once only once).
+        ask[8..16].copy_from_slice(&u64::from(node.lid).to_be_bytes());
+        let sent = self.cmd(&format!("mraw 0 {}", hex(&ask)));
+        assert!(sent.starts_with("ok"), "{sent}");
+        let lid = node.lid.to_string();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(10) {
+            if let Some(m) = self.recv(1, 1000).into_iter().find(|m| m["slid"] == lid) {
+                return m["src_qp"].clone();
+            }
+        }
+        panic!(
+            "{} never answered the rogue\n{}",
+            node.name,
+            f.logs_report()
+        )
+    }
+}
+
+impl Drop for Rogue {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.stdin.flush();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(3) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The MLID of the multicast group `mgid` (`saquery -g` as HCA `host`).
+fn mlid_of(f: &Fabric, host: &str, mgid: &str) -> u16 {
+    let out = f.run_tool(host, "saquery", &["-g"]).unwrap();
+    let mut seen = false;
+    for l in out.stdout.lines() {
+        let l = l.trim();
+        if let Some(v) = l.strip_prefix("MGID") {
+            seen = v.trim_start_matches('.').trim() == mgid;
+        } else if let Some(v) = l.strip_prefix("Mlid").filter(|_| seen) {
+            let v = v.trim_start_matches('.').trim();
+            return u16::from_str_radix(v.trim_start_matches("0x"), 16).unwrap();
+        }
+    }
+    panic!("no group {mgid} in saquery -g:\n{out}")
+}
+
+/// A trap `trap` Report (an SA Notice) about `gid`, as the SM sends it.
+fn report(trap: u16, gid: &[u8; 16]) -> [u8; 256] {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 3, 2, 0x06]); // SA class, version 2, Report
+    m[8..16].copy_from_slice(&0x1234_5678u64.to_be_bytes());
+    m[16..18].copy_from_slice(&[0x00, 0x02]); // Notice
+    let n = &mut m[56..136];
+    n[0] = 0x80 | 4; // generic, type 4
+    n[1..4].copy_from_slice(&[0, 0, 4]); // producer: the SM
+    n[4..6].copy_from_slice(&trap.to_be_bytes());
+    n[6..8].copy_from_slice(&1u16.to_be_bytes()); // issuer LID 1 (the SM's, claimed)
+    n[16..32].copy_from_slice(gid);
+    m
+}
+
+#[test]
+fn a_rogue_hosts_forged_sa_report_flushes_nothing() {
+    require_root();
+    // Hca2 stock, Hca3 acmrs; OpenSM on Hca1; the rogue on Hca4.
+    let f = Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca2", "Hca3"],
+    )
+    .provider(Provider::Acmrs)
+    .node_provider("Hca2", Provider::Stock)
+    .hosts_file(HostsFile::Absent)
+    .name_prefix("adversary")
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
+    // acmrs learns a path to Hca2 and serves it from its cache.
+    let lid = |n: &acm_fabric::Node| n.lid.to_string();
+    let args = ["-f", "l", "-s", &lid(hca3), "-d", &lid(hca2)];
+    checks::resolve_verified(
+        &f,
+        "Hca3",
+        "l",
+        &lid(hca3),
+        &lid(hca2),
+        "Hca2",
+        Duration::from_secs(20),
+    );
+
+    // The rogue joins the ACM base group (locally: no SA involved) and asks it for hca3's
+    // name: acmrs answers from its UD QP, which is also the QP its SA traffic uses.
+    let mut rogue = Rogue::start(&f, "Hca4");
+    let opened = rogue.cmd("open 64 16");
+    assert!(opened.starts_with("ok "), "{opened}");
+    let mgid = "ff15:4001:ffff:3:400::";
+    let mlid = mlid_of(&f, "Hca4", mgid);
+    let mgid_hex = hex(&"ff154001ffff00030400000000000000"
+        .as_bytes()
+        .chunks(2)
+        .map(|c| u8::from_str_radix(std::str::from_utf8(c).unwrap(), 16).unwrap())
+        .collect::<Vec<u8>>());
+    assert_eq!(rogue.cmd(&format!("attach 0 {mgid_hex} {mlid}")), "ok");
+    let qpn = &rogue.qpn_of(&f, hca3);
+
+    // The forged Report: "Hca2's GID is out of service" (trap 65), sent to that QP from the
+    // rogue's own LID and QP. A flush would make the next request a route query.
+    let before = global_counters(&f, "Hca3");
+    let forged = report(65, &hca2.gid.octets());
+    let sent = rogue.cmd(&format!(
+        "raw {} {qpn} {} {} 5",
+        hca3.lid,
+        "0".repeat(32),
+        hex(&forged)
+    ));
+    assert_eq!(sent, "ok sent=5");
+    // Either acmrs drops it (and says so) or takes it as a Report (and logs that).
+    let t0 = Instant::now();
+    let taken = "SA Report: trap 65";
+    let dropped = "SA MAD not from the SM";
+    while !(hca3.log().contains(dropped) || hca3.log().contains(taken)) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "neither taken nor dropped\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = hca3.log();
+    assert!(!log.contains(taken), "the forged Report was taken:\n{log}");
+    assert!(log.contains(dropped), "{log}");
+    let out = hca3.acme(&args).unwrap();
+    assert!(out.success(), "{out}");
+    let after = global_counters(&f, "Hca3");
+    assert_eq!(
+        after["Route Query Count"], before["Route Query Count"],
+        "the cached path survived the forgery (no new SA query)"
+    );
+    assert_eq!(
+        after["Route Cache Count"],
+        before["Route Cache Count"] + 1,
+        "answered from the cache"
+    );
+
+    // The stock provider, sent the same: it takes no Reports at all (its SA traffic goes
+    // through the core's umad agent), logs the MAD as unexpected and keeps its path.
+    checks::resolve_verified(
+        &f,
+        "Hca2",
+        "l",
+        &lid(hca2),
+        &lid(hca3),
+        "Hca3",
+        Duration::from_secs(20),
+    );
+    let stock_qpn = rogue.qpn_of(&f, hca2);
+    let before = global_counters(&f, "Hca2");
+    let forged = report(65, &hca3.gid.octets());
+    let sent = rogue.cmd(&format!(
+        "raw {} {stock_qpn} {} {} 1",
+        hca2.lid,
+        "0".repeat(32),
+        hex(&forged)
+    ));
+    assert_eq!(sent, "ok sent=1");
+    let t0 = Instant::now();
+    while !hca2.log().contains("unexpected SA MAD") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "stock did not log the MAD\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = hca2
+        .acme(&["-f", "l", "-s", &lid(hca2), "-d", &lid(hca3)])
+        .unwrap();
+    assert!(out.success(), "{out}");
+    let after = global_counters(&f, "Hca2");
+    assert_eq!(after["Route Query Count"], before["Route Query Count"]);
+}
