@@ -59,13 +59,13 @@ cargo test --workspace --no-fail-fast 2>&1 | tee "$LOG_DIR/test.log"
 rc=${PIPESTATUS[0]}
 set -e
 
-step "loom model of the cache seqlock (acm-core-nostd/tests/cache_loom.rs)"
+step "loom models: the cache seqlock, the worker's park handshake (acm-core-nostd/tests/*_loom.rs)"
 # Own target dir: --cfg loom changes every crate's fingerprint. Preemption bound 1 takes ~45 s on
 # 2 cores; LOOM_MAX_PREEMPTIONS=2 explores more (~9 min; run it by hand, see docs/cache.md).
 set +e
 LOOM_MAX_PREEMPTIONS=${LOOM_MAX_PREEMPTIONS:-1} RUSTFLAGS="--cfg loom" \
   CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
-  cargo test -p acm-core-nostd --test cache_loom --release 2>&1 | tee -a "$LOG_DIR/test.log"
+  cargo test -p acm-core-nostd --test cache_loom --test park_loom --release 2>&1 | tee -a "$LOG_DIR/test.log"
 loom_rc=${PIPESTATUS[0]}
 set -e
 if ((loom_rc != 0 && rc == 0)); then rc=$loom_rc; fi

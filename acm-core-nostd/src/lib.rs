@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod park;
 pub mod resolver;
 mod sync;
 pub mod text;

@@ -8,6 +8,7 @@
 //! syscall (an `eventfd` write) only when the worker is actually blocked. With `spin` set to a
 //! large value this is the busy-poll mode of a pinned dataplane core: it never blocks.
 
+use acm_core_nostd::park::ParkFlag;
 use crossbeam_utils::CachePadded;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -111,7 +112,9 @@ impl Default for WorkerConfig {
 }
 
 struct Shared {
-    parked: AtomicBool,
+    /// The park handshake with the producers (`acm_core_nostd::park`: a SeqCst fence on each
+    /// side, so a push that races the park is never missed).
+    parked: ParkFlag,
     /// The worker thread has exited (its poller finished, or gave up and failed at that too).
     exited: AtomicBool,
     /// The `eventfd` a blocked worker waits on (with the poller's descriptors); -1 if none
@@ -132,7 +135,7 @@ pub struct Waker(Arc<Shared>);
 impl Waker {
     /// Makes sure the worker runs a poll round soon.
     pub fn wake(&self) {
-        if self.0.parked.load(Ordering::Acquire) {
+        if self.0.parked.must_wake() {
             self.0.kick();
         }
     }
@@ -225,7 +228,7 @@ impl Worker {
         // SAFETY: plain syscall with constant flags; the result is checked.
         let event = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         Waker(Arc::new(Shared {
-            parked: AtomicBool::new(false),
+            parked: ParkFlag::new(),
             exited: AtomicBool::new(false),
             event,
             thread: std::sync::OnceLock::new(),
@@ -286,16 +289,16 @@ impl Worker {
                     }
                     fds.clear();
                     poller.prepare_block(&mut fds);
-                    shared.parked.store(true, Ordering::SeqCst);
+                    shared.parked.announce();
                     // Producers push, then check `parked`: re-poll once after announcing the park
                     // (and arming the poller's event sources) so a push or completion that raced
                     // with the announcement is not missed.
                     let Some(again) = poll_guarded(&mut poller, Instant::now()) else {
-                        shared.parked.store(false, Ordering::SeqCst);
+                        shared.parked.clear();
                         break;
                     };
                     if again.did_work || poller.finished() {
-                        shared.parked.store(false, Ordering::SeqCst);
+                        shared.parked.clear();
                         last_work = Instant::now();
                         if poller.finished() {
                             break;
@@ -305,7 +308,7 @@ impl Worker {
                     if !park_for.is_zero() {
                         shared.block(park_for, &fds);
                     }
-                    shared.parked.store(false, Ordering::SeqCst);
+                    shared.parked.clear();
                     poller.unblocked();
                 }
             })?;
