@@ -271,6 +271,14 @@ pub fn decode(text: &str) -> Result<Report, String> {
                 };
             }
             Some("ep") => {
+                // No more endpoints than a provider can have: each costs four histograms.
+                if r.endpoints.len() >= acm_core_nostd::resolver::MAX_EPS {
+                    return Err(format!(
+                        "line {}: more than {} endpoints",
+                        n + 2,
+                        acm_core_nostd::resolver::MAX_EPS
+                    ));
+                }
                 let port = w.next().and_then(|v| v.parse().ok()).ok_or_else(bad)?;
                 let pkey = w
                     .next()

@@ -19,8 +19,6 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
-mod decode;
-mod pcap;
 mod umad;
 
 use std::io::Read;
@@ -35,6 +33,7 @@ use acm_core_nostd::wire::path_record::{
 };
 use acm_core_nostd::wire::rate::{Mtu, Rate};
 use acm_core_nostd::wire::sa::{SaPacket, SaRepr};
+use acm_madtool::{decode, pcap};
 
 const USAGE: &str = "usage:
   madtool decode <file|->

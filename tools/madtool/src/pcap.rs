@@ -479,17 +479,43 @@ pub fn brief(n: usize, r: &Record) -> String {
     s
 }
 
-/// Reads every file, merges their records by time (if more than one), and prints them.
+/// Reads every file, merges their records by time (if more than one), and prints them
+/// (`madtool pcap`): [`render`] of the files' contents, each read just before it is parsed.
 pub fn run(files: &[String], brief_mode: bool) -> Result<String, String> {
-    let mut all: Vec<(u32, u32, usize, usize, Record)> = Vec::new();
+    let mut all = Vec::new();
     for (fi, f) in files.iter().enumerate() {
         let b = std::fs::read(f).map_err(|e| format!("reading {f}: {e}"))?;
-        let recs = parse_pcap(&b).map_err(|e| format!("{f}: {e}"))?;
-        for (ri, r) in recs.into_iter().enumerate() {
-            all.push((r.sec, r.nsec, fi, ri, r));
-        }
+        add_file(&mut all, fi, f, &b)?;
     }
-    if files.len() > 1 {
+    Ok(print(all, files.len() > 1, brief_mode))
+}
+
+/// What [`run`] prints for files already in memory: `files` are (name for messages,
+/// contents) pairs. The output grows linearly with the input (every record is one copy of
+/// its captured bytes, bounded by the file, and a few lines of text).
+pub fn render(files: &[(&str, &[u8])], brief_mode: bool) -> Result<String, String> {
+    let mut all = Vec::new();
+    for (fi, (name, b)) in files.iter().enumerate() {
+        add_file(&mut all, fi, name, b)?;
+    }
+    Ok(print(all, files.len() > 1, brief_mode))
+}
+
+/// A record with its merge key: (seconds, nanoseconds, file index, record index).
+type Keyed = (u32, u32, usize, usize, Record);
+
+/// Parses file number `fi` (called `name` in errors) and appends its records to `all`.
+fn add_file(all: &mut Vec<Keyed>, fi: usize, name: &str, b: &[u8]) -> Result<(), String> {
+    let recs = parse_pcap(b).map_err(|e| format!("{name}: {e}"))?;
+    for (ri, r) in recs.into_iter().enumerate() {
+        all.push((r.sec, r.nsec, fi, ri, r));
+    }
+    Ok(())
+}
+
+/// Prints the records, sorted by time first if they come from several files (`merge`).
+fn print(mut all: Vec<Keyed>, merge: bool, brief_mode: bool) -> String {
+    if merge {
         all.sort_by_key(|(s, ns, fi, ri, _)| (*s, *ns, *fi, *ri));
     }
     let mut out = String::new();
@@ -503,7 +529,7 @@ pub fn run(files: &[String], brief_mode: bool) -> Result<String, String> {
             describe(i + 1, r, &mut out);
         }
     }
-    Ok(out)
+    out
 }
 
 #[cfg(test)]
@@ -656,5 +682,49 @@ mod tests {
             .unwrap_err()
             .contains("announced"));
         assert_eq!(parse_pcap(&p[..24]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn a_huge_record_length_is_an_error_not_an_allocation() {
+        // incl_len 0xffffffff (and every other length past the end of the file) is refused
+        // before anything is copied: a record's bytes are always a slice of the file.
+        for le in [true, false] {
+            let mut p = pcap(LINKTYPE_USER0, &[vec![0; 40]], le, false);
+            let w = if le {
+                u32::MAX.to_le_bytes()
+            } else {
+                u32::MAX.to_be_bytes()
+            };
+            p[24 + 8..24 + 12].copy_from_slice(&w);
+            let e = parse_pcap(&p).unwrap_err();
+            assert!(e.contains("4294967295 bytes announced, 40 left"), "{e}");
+            let name = "big.pcap";
+            assert!(render(&[(name, &p[..])], true)
+                .unwrap_err()
+                .starts_with("big.pcap: record 1"));
+        }
+    }
+
+    #[test]
+    fn render_is_run_without_the_files() {
+        let a = pcap(LINKTYPE_USER0, &[acm_frame(false)], true, false);
+        let b = pcap(LINKTYPE_INFINIBAND, &[acm_frame(true)], false, true);
+        let dir = std::env::temp_dir().join(format!("madtool-render-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (fa, fb) = (dir.join("a.pcap"), dir.join("b.pcap"));
+        std::fs::write(&fa, &a).unwrap();
+        std::fs::write(&fb, &b).unwrap();
+        let names = [fa.display().to_string(), fb.display().to_string()];
+        for brief_mode in [false, true] {
+            assert_eq!(
+                run(&names, brief_mode).unwrap(),
+                render(&[(&names[0], &a[..]), (&names[1], &b[..])], brief_mode).unwrap()
+            );
+            assert_eq!(
+                run(&names[..1], brief_mode).unwrap(),
+                render(&[(&names[0], &a[..])], brief_mode).unwrap()
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
