@@ -8,9 +8,11 @@
 //! (`cargo build -p simverbs -p acm-plugin -p acm-dataplane`); fails with the reason
 //! otherwise.
 
+mod common;
+
 use acm_fabric::checks::{self, global_counters, require_root};
 use acm_fabric::testing::{preload, profile_dir};
-use acm_fabric::{Fabric, HostsFile, Provider, Topology};
+use acm_fabric::{Fabric, HostsFile};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -172,16 +174,10 @@ fn report(trap: u16, gid: &[u8; 16]) -> [u8; 256] {
 fn a_rogue_hosts_forged_sa_report_flushes_nothing() {
     require_root();
     // Hca2 stock, Hca3 acmrs; OpenSM on Hca1; the rogue on Hca4.
-    let f = Fabric::builder(
-        Topology::example("net.2sw2path4hca").unwrap(),
-        ["Hca2", "Hca3"],
-    )
-    .provider(Provider::Acmrs)
-    .node_provider("Hca2", Provider::Stock)
-    .hosts_file(HostsFile::Absent)
-    .name_prefix("adversary")
-    .start()
-    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let f = common::stock_and_acmrs("adversary")
+        .hosts_file(HostsFile::Absent)
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
     // acmrs learns a path to Hca2 and serves it from its cache.
     let lid = |n: &acm_fabric::Node| n.lid.to_string();

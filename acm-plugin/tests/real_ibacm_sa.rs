@@ -13,6 +13,8 @@
 //! Needs root (private /run per daemon) and the artifacts `libsimverbs.so` and `libacmrs.so`
 //! (`cargo build -p simverbs -p acm-plugin`). Fails with the reason when not root.
 
+mod common;
+
 use acm_fabric::checks::{require_root, SA_VERIFIED};
 use acm_fabric::{Fabric, Output, Provider, Topology};
 use std::time::{Duration, Instant};
@@ -183,20 +185,14 @@ fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the
 fn an_unlinked_node_is_dropped_from_the_cache_and_reachable_again_when_relinked() {
     require_root();
     // Hca2 stock, Hca3 acmrs; Hca4 runs no daemon, it is the destination that comes and goes.
-    let f = Fabric::builder(
-        Topology::example("net.2sw2path4hca").unwrap(),
-        ["Hca2", "Hca3"],
-    )
-    .provider(Provider::Acmrs)
-    .node_provider("Hca2", Provider::Stock)
-    .name_prefix("acmrs-trap")
-    // A path never expires and "no path" is remembered for 10 minutes: only the SA's
-    // Reports can change what the cache says within this test.
-    .option("route_timeout", "-1")
-    .option("acmrs_negative_ttl_ms", "600000")
-    .option("log_level", "1")
-    .start()
-    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let f = common::stock_and_acmrs("acmrs-trap")
+        // A path never expires and "no path" is remembered for 10 minutes: only the SA's
+        // Reports can change what the cache says within this test.
+        .option("route_timeout", "-1")
+        .option("acmrs_negative_ttl_ms", "600000")
+        .option("log_level", "1")
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     let w = Duration::from_secs(20);
     let l4 = f.port_info("Hca4").unwrap().lid;
     for on in ["Hca2", "Hca3"] {

@@ -54,6 +54,22 @@ fn unhex16(s: &str) -> Option<[u8; 16]> {
     Some(g)
 }
 
+/// A unicast destination: LID, QPN, GID (zero: no GRH wanted), flow label; the ACM Q_Key.
+fn unicast(dlid: u64, dqpn: u64, dgid: [u8; 16], flow_label: u32) -> AcmDest {
+    AcmDest::Unicast(UnicastAv {
+        dlid: dlid as u16,
+        sl: 0,
+        src_path_bits: 0,
+        static_rate: 0,
+        dgid: Gid(dgid),
+        flow_label,
+        hop_limit: 1,
+        tclass: 0,
+        remote_qpn: dqpn as u32,
+        remote_qkey: ACM_QKEY,
+    })
+}
+
 fn unhex_mad(s: &str) -> Option<[u8; MAD_LEN]> {
     if s.len() != 2 * MAD_LEN {
         return None;
@@ -383,19 +399,8 @@ impl Agent {
                 let count = num(arg(5)).unwrap_or(1);
                 // A distinct flow label makes a distinct AV (and address handle).
                 let flow_label = num(arg(6)).unwrap_or(0) as u32;
-                let av = UnicastAv {
-                    dlid: dlid as u16,
-                    sl: 0,
-                    src_path_bits: 0,
-                    static_rate: 0,
-                    dgid: Gid(dgid),
-                    flow_label,
-                    hop_limit: 1,
-                    tclass: 0,
-                    remote_qpn: dqpn as u32,
-                    remote_qkey: ACM_QKEY,
-                };
-                self.sends(AcmDest::Unicast(av), tag, count, out)?;
+                let to = unicast(dlid, dqpn, dgid, flow_label);
+                self.sends(to, tag, count, out)?;
             }
             Some("raw") => {
                 let (Some(dlid), Some(dqpn), Some(dgid), Some(bytes)) = (
@@ -408,19 +413,8 @@ impl Agent {
                     return Ok(true);
                 };
                 let count = num(arg(5)).unwrap_or(1);
-                let av = UnicastAv {
-                    dlid: dlid as u16,
-                    sl: 0,
-                    src_path_bits: 0,
-                    static_rate: 0,
-                    dgid: Gid(dgid),
-                    flow_label: 0,
-                    hop_limit: 1,
-                    tclass: 0,
-                    remote_qpn: dqpn as u32,
-                    remote_qkey: ACM_QKEY,
-                };
-                self.send_each(AcmDest::Unicast(av), count, true, |_| bytes, out)?;
+                let to = unicast(dlid, dqpn, dgid, 0);
+                self.send_each(to, count, true, |_| bytes, out)?;
             }
             Some("mraw") => {
                 let (Some(i), Some(bytes)) = (num(arg(1)), arg(2).and_then(unhex_mad)) else {

@@ -46,6 +46,19 @@ pub fn mixed_fabric(prefix: &str) -> acm_fabric::FabricBuilder {
     .name_prefix(prefix)
 }
 
+/// Hca2 running the stock libibacmp and Hca3 acmrs on `net.2sw2path4hca`, OpenSM on Hca1, Hca4
+/// free (a destination that comes and goes, or a rogue host), labelled `prefix`.
+pub fn stock_and_acmrs(prefix: &str) -> acm_fabric::FabricBuilder {
+    use acm_fabric::{Fabric, Provider, Topology};
+    Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca2", "Hca3"],
+    )
+    .provider(Provider::Acmrs)
+    .node_provider("Hca2", Provider::Stock)
+    .name_prefix(prefix)
+}
+
 /// Daemon node `n`'s port GID.
 pub fn node_gid(f: &acm_fabric::Fabric, n: &str) -> acm_core_nostd::wire::gid::Gid {
     acm_core_nostd::wire::gid::Gid(f.node(n).unwrap().gid.octets())
