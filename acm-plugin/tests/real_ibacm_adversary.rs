@@ -283,3 +283,89 @@ fn a_rogue_hosts_forged_sa_report_flushes_nothing() {
     let after = global_counters(&f, "Hca2");
     assert_eq!(after["Route Query Count"], before["Route Query Count"]);
 }
+
+/// The bytes of a `recv` line's MAD.
+fn bytes_of(m: &std::collections::HashMap<String, String>) -> [u8; 256] {
+    let h = &m["bytes"];
+    let mut b = [0u8; 256];
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap();
+    }
+    b
+}
+
+#[test]
+fn a_late_forged_acm_answer_and_its_replays_change_nothing() {
+    require_root();
+    let f = common::stock_and_acmrs("adversary-acm")
+        .hosts_file(HostsFile::Absent)
+        .extra_names(1)
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
+    let mut rogue = Rogue::start(&f, "Hca4");
+    assert!(rogue.cmd("open 64 16").starts_with("ok "));
+    let mlid = mlid_of(&f, "Hca4", "ff15:4001:ffff:3:400::");
+    assert_eq!(
+        rogue.cmd(&format!("attach 0 ff154001ffff00030400000000000000 {mlid}")),
+        "ok"
+    );
+    // acmrs asks the group for Hca2's extra name; the stock node answers; the rogue sees the
+    // query go by.
+    let name = hca2.addrs.extra_names[0].clone();
+    checks::resolve_verified(
+        &f,
+        "Hca3",
+        "n",
+        &hca3.addrs.name,
+        &name,
+        "Hca2",
+        Duration::from_secs(20),
+    );
+    let t0 = Instant::now();
+    let query = loop {
+        let seen = rogue.recv(1, 1000);
+        if let Some(m) = seen.iter().find(|m| {
+            let b = bytes_of(m);
+            m["slid"] == hca3.lid.to_string() && b[1] == 0x2c && b[3] == 0x01
+        }) {
+            break m.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no query seen");
+    };
+    let acmrs_qpn = query["src_qp"].clone();
+    // The rogue's answer, after the owner's: "that name is me" (its GID in the GRH), then
+    // the same again three times (a replay).
+    let mut forged = bytes_of(&query);
+    forged[3] = 0x81; // GetResp
+    forged[4..6].fill(0); // status
+    let before = hca3.log();
+    let sent = rogue.cmd(&format!(
+        "raw {} {acmrs_qpn} {} {} 4",
+        hca3.lid,
+        "0".repeat(32),
+        hex(&forged)
+    ));
+    assert_eq!(sent, "ok sent=4");
+    let t0 = Instant::now();
+    while !hca3.log()[before.len().min(hca3.log().len())..]
+        .contains("ACM response with no pending TID dropped")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the late answers were not counted\n{}",
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The name still resolves to Hca2, SA-verified.
+    checks::resolve_verified(
+        &f,
+        "Hca3",
+        "n",
+        &hca3.addrs.name,
+        &name,
+        "Hca2",
+        Duration::from_secs(5),
+    );
+}
