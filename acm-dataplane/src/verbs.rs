@@ -249,27 +249,10 @@ pub unsafe fn pkey_index(ctx: *mut ibv_context, port_num: u8, pkey: u16) -> Opti
 /// # Safety
 /// `ctx` is an open verbs context (from `ibv_open_device`, e.g. `acm_device.verbs`).
 pub unsafe fn sa_pkey_index(ctx: *mut ibv_context, port_num: u8) -> u16 {
-    for key in [0xffffu16, 0x7fff] {
-        if ctx.is_null() {
-            break;
-        }
-        let mut found = None;
-        for i in 0..=u16::MAX {
-            let mut raw: u16 = 0;
-            // SAFETY: ctx is open (caller's contract); `raw` is a writable __be16.
-            if unsafe { ibv_query_pkey(ctx, port_num, i32::from(i), &mut raw) } != 0 {
-                break;
-            }
-            if u16::from_be(raw) == key {
-                found = Some(i);
-                break;
-            }
-        }
-        if let Some(i) = found {
-            return i;
-        }
-    }
-    0
+    // `pkey_index` of the full-member key finds 0xFFFF, else the same partition's other
+    // membership, 0x7FFF: exactly the core's order.
+    // SAFETY: the caller's contract is pkey_index's.
+    unsafe { pkey_index(ctx, port_num, 0xffff) }.unwrap_or(0)
 }
 
 /// What an address handle was made from (everything in `ibv_ah_attr` that varies).
