@@ -731,22 +731,33 @@ fn sm_open(sm: &Arc<Mutex<SmLog>>, label: u8, port: usize, pkey: u16, sa_pkey: b
     }
 }
 
+/// A node on the `ud` SA transport (Reports subscribed) with the endpoints `eps` (label,
+/// port, P_Key, on the SA P_Key), each an [`SmUd`], run until every one has joined.
+fn sm_node(eps: &[(u8, usize, u16, bool)]) -> ([Node; 1], Arc<Mutex<SmLog>>) {
+    let n = bare_node(0, ud_sa_config(), false, 1, true);
+    let sm = Arc::new(Mutex::new(SmLog::default()));
+    for &(label, port, pkey, sa_pkey) in eps {
+        n.inbox.control(sm_open(&sm, label, port, pkey, sa_pkey));
+    }
+    let mut nodes = [n];
+    let joined = |_: &[Node]| {
+        let a = sm.lock().unwrap().attached.clone();
+        eps.iter().all(|e| a.contains(&e.0))
+    };
+    assert!(run(&mut nodes, joined), "every endpoint joined");
+    (nodes, sm)
+}
+
 #[test]
 fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp() {
     // The `ud` SA transport (Reports subscribed).
-    let n = bare_node(0, ud_sa_config(), false, 1, true);
-    let sm = Arc::new(Mutex::new(SmLog::default()));
     // Port A: endpoint 0 on the default partition (the SA P_Key), endpoint 1 on 0x8001.
     // Port B (another GID): endpoint 2 on 0x8002 alone, no SA-keyed QP on its port.
-    n.inbox.control(sm_open(&sm, 0, 0, 0xffff, true));
-    n.inbox.control(sm_open(&sm, 1, 0, 0x8001, false));
-    n.inbox.control(sm_open(&sm, 2, 1, 0x8002, false));
-    let mut nodes = [n];
-    let attached = |_: &[Node]| {
-        let a = sm.lock().unwrap().attached.clone();
-        [0u8, 1, 2].iter().all(|l| a.contains(l))
-    };
-    assert!(run(&mut nodes, attached), "every endpoint joined");
+    let (nodes, sm) = sm_node(&[
+        (0, 0, 0xffff, true),
+        (1, 0, 0x8001, false),
+        (2, 1, 0x8002, false),
+    ]);
     let l = sm.lock().unwrap();
     // No SA MAD left on a QP of a partition the SM's port is not in.
     assert!(
@@ -788,13 +799,11 @@ fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it()
     // default-partition endpoint on the SA P_Key, and port B with a 0x8001 endpoint too. (A
     // real daemon cannot be given a second port here: ibsim attaches each client to its
     // node's first port and umad2sim builds one device with that port; docs/shapes.md.)
-    let n = bare_node(0, ud_sa_config(), false, 1, true);
-    let sm = Arc::new(Mutex::new(SmLog::default()));
-    n.inbox.control(sm_open(&sm, 0, 0, 0xffff, true));
-    n.inbox.control(sm_open(&sm, 1, 1, 0xffff, true));
-    n.inbox.control(sm_open(&sm, 2, 1, 0x8001, false));
-    let mut nodes = [n];
-    assert!(run(&mut nodes, |_| sm.lock().unwrap().attached.len() >= 3));
+    let (mut nodes, sm) = sm_node(&[
+        (0, 0, 0xffff, true),
+        (1, 1, 0xffff, true),
+        (2, 1, 0x8001, false),
+    ]);
     // The same destination (LID 6) asked on each endpoint.
     for (ep, client) in [(0u8, 1u64), (1, 2), (2, 3)] {
         assert!(nodes[0].inbox.request(
@@ -845,12 +854,7 @@ fn forged_sa_replies_from_another_host_or_on_another_qp_are_dropped_and_logged()
     // and answers first with a bad path: from its own LID and QP to the asking QP, and with
     // the SM's LID and QP 1 but to a QP that did not ask. Only the SM's reply on the asking
     // QP is taken.
-    let n = bare_node(0, ud_sa_config(), false, 1, true);
-    let sm = Arc::new(Mutex::new(SmLog::default()));
-    n.inbox.control(sm_open(&sm, 0, 0, 0xffff, true));
-    n.inbox.control(sm_open(&sm, 1, 0, 0x8001, false));
-    let mut nodes = [n];
-    assert!(run(&mut nodes, |_| sm.lock().unwrap().attached.len() >= 2));
+    let (mut nodes, sm) = sm_node(&[(0, 0, 0xffff, true), (1, 0, 0x8001, false)]);
     sm.lock().unwrap().forge = true;
     assert!(nodes[0].inbox.request(
         EpId(0),

@@ -95,6 +95,27 @@ impl Rogue {
 }
 
 impl Rogue {
+    /// Opens the rogue's UD QP and attaches it to the ACM base group of the default partition
+    /// (locally: no SA involved), so it sees every ACM query there.
+    fn open_on_acm_group(&mut self, f: &Fabric, host: &str) {
+        let opened = self.cmd("open 64 16");
+        assert!(opened.starts_with("ok "), "{opened}");
+        let mlid = mlid_of(f, host, "ff15:4001:ffff:3:400::");
+        let attached = self.cmd(&format!("attach 0 ff154001ffff00030400000000000000 {mlid}"));
+        assert_eq!(attached, "ok");
+    }
+
+    /// Sends `mad` `count` times to QP `qpn` of `node`, from the rogue's own LID and QP.
+    fn send_to(&mut self, node: &acm_fabric::Node, qpn: &str, mad: &[u8; 256], count: u32) {
+        let sent = self.cmd(&format!(
+            "raw {} {qpn} {} {} {count}",
+            node.lid,
+            "0".repeat(32),
+            hex(mad)
+        ));
+        assert_eq!(sent, format!("ok sent={count}"));
+    }
+
     /// The UD QP of `node`'s daemon: the rogue asks the ACM group for the node's name (as
     /// any host may) and reads the answer's source QP.
     fn qpn_of(&mut self, f: &Fabric, node: &acm_fabric::Node) -> String {
@@ -136,6 +157,20 @@ impl Drop for Rogue {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits (up to 20 s) until `node`'s daemon log satisfies `done`.
+fn wait_log(f: &Fabric, node: &acm_fabric::Node, what: &str, done: impl Fn(&str) -> bool) {
+    let t0 = Instant::now();
+    while !done(&node.log()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{}: {what}\n{}",
+            node.name,
+            f.logs_report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -195,41 +230,19 @@ fn a_rogue_hosts_forged_sa_report_flushes_nothing() {
     // The rogue joins the ACM base group (locally: no SA involved) and asks it for hca3's
     // name: acmrs answers from its UD QP, which is also the QP its SA traffic uses.
     let mut rogue = Rogue::start(&f, "Hca4");
-    let opened = rogue.cmd("open 64 16");
-    assert!(opened.starts_with("ok "), "{opened}");
-    let mgid = "ff15:4001:ffff:3:400::";
-    let mlid = mlid_of(&f, "Hca4", mgid);
-    let mgid_hex = hex(&"ff154001ffff00030400000000000000"
-        .as_bytes()
-        .chunks(2)
-        .map(|c| u8::from_str_radix(std::str::from_utf8(c).unwrap(), 16).unwrap())
-        .collect::<Vec<u8>>());
-    assert_eq!(rogue.cmd(&format!("attach 0 {mgid_hex} {mlid}")), "ok");
-    let qpn = &rogue.qpn_of(&f, hca3);
+    rogue.open_on_acm_group(&f, "Hca4");
+    let qpn = rogue.qpn_of(&f, hca3);
 
     // The forged Report: "Hca2's GID is out of service" (trap 65), sent to that QP from the
     // rogue's own LID and QP. A flush would make the next request a route query.
     let before = global_counters(&f, "Hca3");
-    let forged = report(65, &hca2.gid.octets());
-    let sent = rogue.cmd(&format!(
-        "raw {} {qpn} {} {} 5",
-        hca3.lid,
-        "0".repeat(32),
-        hex(&forged)
-    ));
-    assert_eq!(sent, "ok sent=5");
+    rogue.send_to(hca3, &qpn, &report(65, &hca2.gid.octets()), 5);
     // Either acmrs drops it (and says so) or takes it as a Report (and logs that).
-    let t0 = Instant::now();
     let taken = "SA Report: trap 65";
     let dropped = "SA MAD not from the SM";
-    while !(hca3.log().contains(dropped) || hca3.log().contains(taken)) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "neither taken nor dropped\n{}",
-            f.logs_report()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_log(&f, hca3, "neither taken nor dropped", |l| {
+        l.contains(dropped) || l.contains(taken)
+    });
     let log = hca3.log();
     assert!(!log.contains(taken), "the forged Report was taken:\n{log}");
     assert!(log.contains(dropped), "{log}");
@@ -259,23 +272,10 @@ fn a_rogue_hosts_forged_sa_report_flushes_nothing() {
     );
     let stock_qpn = rogue.qpn_of(&f, hca2);
     let before = global_counters(&f, "Hca2");
-    let forged = report(65, &hca3.gid.octets());
-    let sent = rogue.cmd(&format!(
-        "raw {} {stock_qpn} {} {} 1",
-        hca2.lid,
-        "0".repeat(32),
-        hex(&forged)
-    ));
-    assert_eq!(sent, "ok sent=1");
-    let t0 = Instant::now();
-    while !hca2.log().contains("unexpected SA MAD") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "stock did not log the MAD\n{}",
-            f.logs_report()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    rogue.send_to(hca2, &stock_qpn, &report(65, &hca3.gid.octets()), 1);
+    wait_log(&f, hca2, "stock did not log the MAD", |l| {
+        l.contains("unexpected SA MAD")
+    });
     let out = hca2
         .acme(&["-f", "l", "-s", &lid(hca2), "-d", &lid(hca3)])
         .unwrap();
@@ -304,12 +304,7 @@ fn a_late_forged_acm_answer_and_its_replays_change_nothing() {
         .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
     let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
     let mut rogue = Rogue::start(&f, "Hca4");
-    assert!(rogue.cmd("open 64 16").starts_with("ok "));
-    let mlid = mlid_of(&f, "Hca4", "ff15:4001:ffff:3:400::");
-    assert_eq!(
-        rogue.cmd(&format!("attach 0 ff154001ffff00030400000000000000 {mlid}")),
-        "ok"
-    );
+    rogue.open_on_acm_group(&f, "Hca4");
     // acmrs asks the group for Hca2's extra name; the stock node answers; the rogue sees the
     // query go by.
     let name = hca2.addrs.extra_names[0].clone();
@@ -339,25 +334,12 @@ fn a_late_forged_acm_answer_and_its_replays_change_nothing() {
     let mut forged = bytes_of(&query);
     forged[3] = 0x81; // GetResp
     forged[4..6].fill(0); // status
-    let before = hca3.log();
-    let sent = rogue.cmd(&format!(
-        "raw {} {acmrs_qpn} {} {} 4",
-        hca3.lid,
-        "0".repeat(32),
-        hex(&forged)
-    ));
-    assert_eq!(sent, "ok sent=4");
-    let t0 = Instant::now();
-    while !hca3.log()[before.len().min(hca3.log().len())..]
-        .contains("ACM response with no pending TID dropped")
-    {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the late answers were not counted\n{}",
-            f.logs_report()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let before = hca3.log().len();
+    rogue.send_to(hca3, &acmrs_qpn, &forged, 4);
+    wait_log(&f, hca3, "the late answers were not counted", |l| {
+        l.get(before..)
+            .is_some_and(|new| new.contains("ACM response with no pending TID dropped"))
+    });
     // The name still resolves to Hca2, SA-verified.
     checks::resolve_verified(
         &f,
