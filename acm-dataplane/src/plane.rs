@@ -848,6 +848,24 @@ impl<I: CoreIo> Plane<I> {
         }
     }
 
+    /// Shuts the resolver down, answering every request it holds (ENODATA, as at shutdown),
+    /// its outputs carried out; a panic on the way is caught. Whether it all went through.
+    fn answer_held(&mut self, now: Millis) -> bool {
+        let cache = self.cache.clone();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.resolver.shutdown(now, &cache);
+            self.drain_outputs(now);
+        }))
+        .is_ok()
+    }
+
+    /// The loop goes on without a resolver: what reaches it is answered ENODATA
+    /// (`poll_dead`), and the inbox refuses new requests so the core's thread answers them.
+    fn stop_resolving(&mut self) {
+        self.dead = true;
+        self.inbox.stopped.store(true, Ordering::Release);
+    }
+
     /// Answers a request the resolver never saw (shutdown, no resolver) with `status`.
     fn answer_now(&mut self, r: &Request, status: u8) {
         let via = match r.kind {
@@ -1232,15 +1250,10 @@ impl<I: CoreIo> Poller for Plane<I> {
     /// guarded: a panic in one does not stop the next.
     fn give_up(&mut self) {
         use std::panic::{catch_unwind, AssertUnwindSafe};
-        self.dead = true;
-        self.inbox.stopped.store(true, Ordering::Release);
+        self.stop_resolving();
         self.inbox.gave_up.fetch_add(1, Ordering::Relaxed);
         let now = self.ms(Instant::now());
-        let cache = self.cache.clone();
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            self.resolver.shutdown(now, &cache);
-            self.drain_outputs(now);
-        }));
+        self.answer_held(now);
         if let Some(r) = self.in_hand.take() {
             let _ = catch_unwind(AssertUnwindSafe(|| {
                 self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata))
@@ -1266,12 +1279,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             &format!("ERROR - acmrs dataplane panicked ({message}); restarting the resolver"),
         );
         let now = self.ms(Instant::now());
-        let cache = self.cache.clone();
-        let old = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.resolver.shutdown(now, &cache);
-            self.drain_outputs(now);
-        }));
-        if old.is_err() {
+        if !self.answer_held(now) {
             self.io.log(
                 0,
                 "ERROR - the resolver could not answer its requests after the panic",
@@ -1298,8 +1306,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                 0,
                 "ERROR - no new resolver: every request is answered ENODATA from now on",
             );
-            self.dead = true;
-            self.inbox.stopped.store(true, Ordering::Release);
+            self.stop_resolving();
             return;
         };
         self.resolver = fresh;
