@@ -631,20 +631,7 @@ impl FabricBuilder {
                 )));
             }
         }
-        for (i, p) in self.partitions.iter().enumerate() {
-            if self.partitions[..i]
-                .iter()
-                .any(|o| o.pkey & 0x7fff == p.pkey & 0x7fff)
-            {
-                return Err(Error::new(format!("partition {:#06x} given twice", p.pkey)));
-            }
-            if let Some((n, _)) = p.members.iter().find(|(n, _)| !hcas.contains(n)) {
-                return Err(Error::new(format!(
-                    "partition {:#06x}: member {n:?} is not an HCA of topology {}",
-                    p.pkey, self.topology.label
-                )));
-            }
-        }
+        partition::check(&self.partitions, &self.topology)?;
         // ibsim serves at most 10 clients: OpenSM, the daemons and one transient probe.
         if self.nodes.len() > 8 {
             return Err(Error::new(format!(
@@ -993,15 +980,8 @@ impl Fabric {
                 "set_partitions: the fabric was started without partitions (no -P file)",
             ));
         }
+        partition::check(&parts, &self.topology)?;
         let hcas = self.topology.hcas();
-        for p in &parts {
-            if let Some((n, _)) = p.members.iter().find(|(n, _)| !hcas.contains(n)) {
-                return Err(Error::new(format!(
-                    "partition {:#06x}: member {n:?} is not an HCA of the topology",
-                    p.pkey
-                )));
-            }
-        }
         for node in &mut self.nodes {
             let k = hcas.iter().position(|h| *h == node.name).unwrap_or(0) + 1;
             let extra = node.addrs.extra_names.len();

@@ -141,6 +141,27 @@ impl Partition {
     }
 }
 
+/// Refuses a partition given twice (either membership form) and a member that is not an HCA
+/// of `topology`.
+pub fn check(parts: &[Partition], topology: &crate::Topology) -> Result<()> {
+    let hcas = topology.hcas();
+    for (i, p) in parts.iter().enumerate() {
+        if parts[..i]
+            .iter()
+            .any(|o| o.pkey & 0x7fff == p.pkey & 0x7fff)
+        {
+            return Err(Error::new(format!("partition {:#06x} given twice", p.pkey)));
+        }
+        if let Some((n, _)) = p.members.iter().find(|(n, _)| !hcas.contains(n)) {
+            return Err(Error::new(format!(
+                "partition {:#06x}: member {n:?} is not an HCA of topology {}",
+                p.pkey, topology.label
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A node's addresses in one partition (in its `ibacm_addr.cfg` with the partition's P_Key).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionAddrs {
