@@ -351,3 +351,381 @@ fn a_late_forged_acm_answer_and_its_replays_change_nothing() {
         Duration::from_secs(5),
     );
 }
+
+/// The SA PathRecord Gets `node`'s daemon sent (to QP 1 of the SM, from its LID) among the
+/// datagrams simverbs captured into `pcap` from record `skip` on: (wire TID, source QP, the
+/// DLID the query asks for), in order.
+fn path_gets(pcap: &std::path::Path, node: &acm_fabric::Node, skip: usize) -> Vec<(u64, u32, u16)> {
+    use acm_madtool::pcap::{ib_frame, parse_ib, parse_pcap};
+    let Ok(bytes) = std::fs::read(pcap) else {
+        return Vec::new();
+    };
+    let records = parse_pcap(&bytes).unwrap_or_default();
+    records
+        .iter()
+        .skip(skip)
+        .filter_map(|r| parse_ib(ib_frame(r).ok()?).ok())
+        .filter(|p| p.slid == node.lid && p.dest_qp == 1 && p.payload.len() >= 120)
+        .filter(|p| p.payload[1] == 3 && p.payload[3] == 0x01 && p.payload[16..18] == [0, 0x35])
+        .map(|p| {
+            let tid = u64::from_be_bytes(p.payload[8..16].try_into().unwrap());
+            let dlid = u16::from_be_bytes([p.payload[56 + 40], p.payload[56 + 41]]);
+            (tid, p.src_qp.unwrap_or(0), dlid)
+        })
+        .collect()
+}
+
+/// A PathRecord GetResp with `tid` carrying `pr`, as an SA would send it.
+fn path_reply(tid: u64, pr: &acm_core_nostd::wire::path_record::PathRecordRepr) -> [u8; 256] {
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 3, 2, 0x81]); // SA class, version 2, GetResp
+    m[8..16].copy_from_slice(&tid.to_be_bytes());
+    m[16..18].copy_from_slice(&[0x00, 0x35]); // PathRecord
+    m[44..46].copy_from_slice(&8u16.to_be_bytes()); // AttributeOffset: 64 bytes
+    m[56..120].copy_from_slice(&pr.to_bytes());
+    m
+}
+
+/// The strongest forgery of a path: a rogue that knows the exact wire TID of acmrs's
+/// outstanding PathRecord query (here from simverbs' capture of the victim's own sends: an
+/// oracle no real fabric hands out, standing in for a switch mirror port) answers it first,
+/// with a wrong DLID, SL and MTU. acmrs takes SA replies only from the SM's LID and QP 1, so
+/// it drops the forgery (counted, logged) and serves the SA's path once the SA answers.
+#[test]
+fn a_forged_path_record_with_the_right_tid_is_dropped_and_the_sas_path_served() {
+    use acm_core_nostd::wire::gid::Gid;
+    use acm_core_nostd::wire::path_record::PathRecordRepr;
+    require_root();
+    let pcap = std::env::temp_dir().join(format!("acmrs-adversary-pr-{}.pcap", std::process::id()));
+    let _ = std::fs::remove_file(&pcap);
+    struct Rm(std::path::PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _rm = Rm(pcap.clone());
+    let f = common::stock_and_acmrs("adversary-pr")
+        .hosts_file(HostsFile::Absent)
+        .daemon_env("SIMVERBS_PCAP", &pcap.to_string_lossy())
+        // One try of 10 s: the query stays outstanding while the SA is frozen.
+        .node_option("Hca3", "acmrs_sa_timeout_ms", "10000")
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
+    let mut rogue = Rogue::start(&f, "Hca4");
+    let opened = rogue.cmd("open 64 16");
+    assert!(opened.starts_with("ok "), "{opened}");
+
+    // The SA freezes; a client of acmrs asks for a path it has not cached.
+    let skip = acm_madtool::pcap::parse_pcap(&std::fs::read(&pcap).unwrap_or_default())
+        .map_or(0, |r| r.len());
+    f.pause_sm().unwrap();
+    let args = [
+        "-f",
+        "l",
+        "-s",
+        &hca3.lid.to_string(),
+        "-d",
+        &hca2.lid.to_string(),
+        "-v",
+    ];
+    std::thread::scope(|s| {
+        let asking = s.spawn(|| hca3.acme(&args).unwrap());
+        let t0 = Instant::now();
+        let (tid, qpn) = loop {
+            if let Some(&(tid, qpn, _)) = path_gets(&pcap, hca3, skip)
+                .iter()
+                .rev()
+                .find(|g| g.2 == hca2.lid)
+            {
+                break (tid, qpn);
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "acmrs sent no PathRecord query for LID {}\n{}",
+                hca2.lid,
+                f.logs_report()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The forgery: the right TID, to the QP that asked, a path to nowhere.
+        let forged = PathRecordRepr {
+            dgid: Gid(hca2.gid.octets()),
+            sgid: Gid(hca3.gid.octets()),
+            dlid: 0x77,
+            slid: hca3.lid,
+            reversible: true,
+            num_path: 1,
+            pkey: 0xffff,
+            sl: 9,
+            mtu: 1,
+            rate: 2,
+            packet_life: 1,
+            ..PathRecordRepr::ZERO
+        };
+        let before = hca3.log().len();
+        rogue.send_to(hca3, &qpn.to_string(), &path_reply(tid, &forged), 3);
+        wait_log(&f, hca3, "the forged PathRecord was not dropped", |l| {
+            l.get(before..)
+                .is_some_and(|new| new.contains("SA MAD not from the SM"))
+        });
+        f.resume_sm().unwrap();
+        let out = asking.join().unwrap();
+        checks::check_path(
+            &f,
+            "Hca3",
+            "Hca2",
+            "the path acmrs served after the forgery",
+            &out,
+        );
+        assert!(!out.stdout.contains("dlid: 119\n"), "{out}");
+    });
+    // And from the cache: still the SA's path.
+    let out = hca3.acme(&args).unwrap();
+    checks::check_path(
+        &f,
+        "Hca3",
+        "Hca2",
+        "the cached path after the forgery",
+        &out,
+    );
+}
+
+/// `count` copies of an ACM query from the rogue for `node`'s name, each from a distinct
+/// IPv4 requester (the counter at bytes 88..92) with a distinct TID: copy i asks as 0.0.0.i.
+fn query_flood_mad(node: &acm_fabric::Node) -> [u8; 256] {
+    let mut q = [0u8; 256];
+    q.copy_from_slice(STOCK_REQUEST);
+    q[24..88].fill(0);
+    q[24..24 + node.addrs.name.len()].copy_from_slice(node.addrs.name.as_bytes());
+    q[18..20].copy_from_slice(&[2, 4]); // source: an IPv4 address (the counter)
+    q[88..152].fill(0);
+    q
+}
+
+/// The running totals of `what` in a daemon log's rate-limited drop lines
+/// (`ERROR - <what>: <n> (total <t>)`): (lines, the last total).
+fn drop_lines(log: &str, what: &str) -> (usize, u64) {
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(what)).collect();
+    let last = lines
+        .last()
+        .and_then(|l| l.rsplit_once("(total ")?.1.strip_suffix(')')?.parse().ok())
+        .unwrap_or(0);
+    (lines.len(), last)
+}
+
+/// A rogue floods acmrs's QP at full speed: first with valid ACM queries for acmrs's name,
+/// each from a requester it has never heard of, then with malformed ACM MADs. acmrs keeps
+/// serving its clients during and after each flood (cold name and LID requests, SA-verified),
+/// counts the malformed MADs and logs them at most about once a second with running totals.
+/// The stock provider is flooded the same way and what it does is printed (docs/hardening.md).
+#[test]
+fn a_flood_of_queries_and_malformed_mads_leaves_clients_served_and_the_log_bounded() {
+    require_root();
+    const FLOOD: u32 = 20_000;
+    let f = common::stock_and_acmrs("adversary-flood")
+        .hosts_file(HostsFile::Absent)
+        .extra_names(2)
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
+    let mut rogue = Rogue::start(&f, "Hca4");
+    rogue.open_on_acm_group(&f, "Hca4");
+    let lid = |n: &acm_fabric::Node| n.lid.to_string();
+    for (victim, other, vname, oname) in
+        [(hca3, hca2, "Hca3", "Hca2"), (hca2, hca3, "Hca2", "Hca3")]
+    {
+        let qpn = rogue.qpn_of(&f, victim);
+        let log0 = victim.log().len();
+        let t0 = Instant::now();
+        // Valid queries, each from a new requester, while a client asks for a cold name.
+        let flood = |rogue: &mut Rogue, mad: &[u8; 256]| {
+            writeln!(
+                rogue.stdin,
+                "raw {} {qpn} {} {} {FLOOD} 12,88",
+                victim.lid,
+                "0".repeat(32),
+                hex(mad)
+            )
+            .unwrap();
+            rogue.stdin.flush().unwrap();
+        };
+        flood(&mut rogue, &query_flood_mad(victim));
+        let during = checks::resolve_verified(
+            &f,
+            vname,
+            "n",
+            &victim.addrs.name,
+            &other.addrs.extra_names[0],
+            oname,
+            Duration::from_secs(30),
+        );
+        let sent = rogue.line();
+        assert_eq!(sent, format!("ok sent={FLOOD}"));
+        let queries_s = t0.elapsed();
+        // Malformed: the same queries with class version 9.
+        let mut bad = query_flood_mad(victim);
+        bad[2] = 9;
+        let t1 = Instant::now();
+        flood(&mut rogue, &bad);
+        let out = victim
+            .acme(&["-f", "l", "-s", &lid(victim), "-d", &lid(other), "-v"])
+            .unwrap();
+        checks::check_path(
+            &f,
+            vname,
+            oname,
+            "a LID request during the malformed flood",
+            &out,
+        );
+        let sent = rogue.line();
+        assert_eq!(sent, format!("ok sent={FLOOD}"));
+        let malformed_s = t1.elapsed();
+        // After both: a second cold name still resolves.
+        checks::resolve_verified(
+            &f,
+            vname,
+            "n",
+            &victim.addrs.name,
+            &other.addrs.extra_names[1],
+            oname,
+            Duration::from_secs(30),
+        );
+        let log = victim.log();
+        let new = &log[log0..];
+        eprintln!(
+            "{vname} ({}): {FLOOD} queries in {queries_s:?}, {FLOOD} malformed in \
+             {malformed_s:?}; log grew {} lines, {} bytes; a name resolved during the flood:\n{}",
+            victim.provider().name(),
+            new.lines().count(),
+            new.len(),
+            during
+                .stdout
+                .lines()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        for l in new.lines().filter(|l| l.contains("(total ")) {
+            eprintln!("  {l}");
+        }
+        if vname == "Hca3" {
+            wait_log(&f, victim, "the malformed MADs were not counted", |l| {
+                drop_lines(&l[log0..], "malformed ACM MAD dropped").1 > 0
+            });
+            let log = victim.log();
+            let (lines, total) = drop_lines(&log[log0..], "malformed ACM MAD dropped");
+            let secs = (t1.elapsed().as_secs() + 2) as usize;
+            assert!(
+                lines <= secs,
+                "{lines} drop lines in about {secs} s: the log is not rate-limited\n{log}"
+            );
+            assert!(
+                (1..=u64::from(FLOOD)).contains(&total),
+                "malformed total {total} of {FLOOD} sent"
+            );
+            assert!(
+                log[log0..].lines().count() < 200,
+                "the flood grew acmrs's log by {} lines:\n{}",
+                log[log0..].lines().count(),
+                log[log0..].lines().take(40).collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+/// What the ACM protocol cannot protect, shown: a rogue that answers a name query before
+/// the owner does (the owner's daemon is frozen) wins, for acmrs as for stock, because the
+/// first answer to an outstanding query is taken. What acmrs still guarantees: the host it
+/// resolves to is the one that sent the answer (its GRH and LID, not anything the answer
+/// claims), and the path it serves is the SA's path to that host, SA-verified. The owner's
+/// late answer changes nothing (counted as an unknown TID).
+#[test]
+fn an_early_forged_acm_answer_wins_but_the_path_is_the_sas_path_to_the_answerer() {
+    require_root();
+    let f = common::stock_and_acmrs("adversary-early")
+        .hosts_file(HostsFile::Absent)
+        .extra_names(1)
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
+    let mut rogue = Rogue::start(&f, "Hca4");
+    let opened = rogue.cmd("open 64 16");
+    let field = |k: &str| {
+        opened
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("{k} in {opened}"))
+            .to_string()
+    };
+    let (rogue_lid, rogue_gid) = (field("lid="), field("gid="));
+    let mlid = mlid_of(&f, "Hca4", "ff15:4001:ffff:3:400::");
+    let attached = rogue.cmd(&format!("attach 0 ff154001ffff00030400000000000000 {mlid}"));
+    assert_eq!(attached, "ok");
+    // ib_acme prints GIDs as IPv6 text.
+    let gid_text = {
+        let mut g = [0u8; 16];
+        for (i, b) in g.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&rogue_gid[2 * i..2 * i + 2], 16).unwrap();
+        }
+        std::net::Ipv6Addr::from(g).to_string()
+    };
+    for (asker, owner, aname) in [(hca3, hca2, "Hca3"), (hca2, hca3, "Hca2")] {
+        let name = owner.addrs.extra_names.first().cloned().unwrap_or_default();
+        let name = if name.is_empty() {
+            owner.addrs.name.clone()
+        } else {
+            name
+        };
+        let owner_pid = owner.pid().expect("owner daemon running");
+        // SAFETY: kill has no memory preconditions; the PID is the fabric's own daemon.
+        assert_eq!(unsafe { libc::kill(owner_pid, libc::SIGSTOP) }, 0);
+        struct Cont(i32);
+        impl Drop for Cont {
+            fn drop(&mut self) {
+                // SAFETY: as above.
+                unsafe { libc::kill(self.0, libc::SIGCONT) };
+            }
+        }
+        let cont = Cont(owner_pid);
+        let out = std::thread::scope(|s| {
+            let args = ["-f", "n", "-s", &asker.addrs.name, "-d", &name, "-v"];
+            let asking = s.spawn(move || asker.acme(&args).unwrap());
+            let t0 = Instant::now();
+            let query = loop {
+                let seen = rogue.recv(1, 1000);
+                if let Some(m) = seen.iter().find(|m| {
+                    let b = bytes_of(m);
+                    m["slid"] == asker.lid.to_string()
+                        && b[1] == 0x2c
+                        && b[3] == 0x01
+                        && b[24..24 + name.len()] == *name.as_bytes()
+                }) {
+                    break m.clone();
+                }
+                assert!(t0.elapsed() < Duration::from_secs(10), "no query seen");
+            };
+            let mut answer = bytes_of(&query);
+            answer[3] = 0x81;
+            answer[4..6].fill(0);
+            rogue.send_to(asker, &query["src_qp"], &answer, 1);
+            asking.join().unwrap()
+        });
+        drop(cont);
+        eprintln!(
+            "{aname} ({}) asked for {name} (owner frozen), the rogue answered first:\n{out}",
+            asker.provider().name()
+        );
+        assert!(out.success(), "{out}\n{}", f.logs_report());
+        if aname == "Hca3" {
+            // acmrs: the rogue's host, by the answer's own source, with the SA's path to it.
+            assert!(out.stdout.contains(checks::SA_VERIFIED), "{out}");
+            assert!(out.stdout.contains(&format!("dgid: {gid_text}\n")), "{out}");
+            assert!(
+                out.stdout.contains(&format!("dlid: {rogue_lid}\n")),
+                "{out}"
+            );
+        }
+    }
+}

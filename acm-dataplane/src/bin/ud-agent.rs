@@ -10,8 +10,10 @@
 //! send <dlid> <dqpn> <dgid-hex32> <tag> [count] [flow_label]   unicast MADs tagged tag,
 //!       tag+1, ... (the flow label makes distinct AVs for the AH cache)
 //! msend <index> <tag> [count]                multicast MADs on attached group <index>
-//! raw <dlid> <dqpn> <dgid-hex32> <mad-hex512> [count]   these exact 256 bytes, unicast (a
-//!       test's rogue host: forged SA Reports and replies, ACM answers, replays)
+//! raw <dlid> <dqpn> <dgid-hex32> <mad-hex512> [count] [off,off,...]   these 256 bytes,
+//!       unicast (a test's rogue host: forged SA Reports and replies, ACM answers, replays,
+//!       floods); with offsets, copy i carries i as a big-endian u32 at each offset (distinct
+//!       TIDs, source names, ...)
 //! mraw <index> <mad-hex512>                  these exact bytes on attached group <index>
 //!       -> ok sent=<n> | err sent=<n> <nobuf|unknown-group|ah-busy|recovering|verbs> <text>
 //! poll                                       one UdEndpoint::poll (MADs kept for recv)
@@ -413,8 +415,27 @@ impl Agent {
                     return Ok(true);
                 };
                 let count = num(arg(5)).unwrap_or(1);
+                let Some(vary) = arg(6).map_or(Some(Vec::new()), |a| {
+                    a.split(',')
+                        .map(|o| o.parse::<usize>().ok().filter(|&o| o + 4 <= MAD_LEN))
+                        .collect::<Option<Vec<usize>>>()
+                }) else {
+                    writeln!(
+                        out,
+                        "err usage: offsets are byte offsets below {}",
+                        MAD_LEN - 3
+                    )?;
+                    return Ok(true);
+                };
                 let to = unicast(dlid, dqpn, dgid, 0);
-                self.send_each(to, count, true, |_| bytes, out)?;
+                let copy = |i: u64| {
+                    let mut m = bytes;
+                    for &o in &vary {
+                        m[o..o + 4].copy_from_slice(&(i as u32).to_be_bytes());
+                    }
+                    m
+                };
+                self.send_each(to, count, true, copy, out)?;
             }
             Some("mraw") => {
                 let (Some(i), Some(bytes)) = (num(arg(1)), arg(2).and_then(unhex_mad)) else {
