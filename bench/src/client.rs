@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 pub use acm_fabric::client::{Answer, Conn, ANSWER_TIMEOUT};
 
-use crate::LatencyHistogram;
+use acm_report::LatencyHistogram;
 
 /// What [`Burst::next`] saw.
 #[derive(Debug)]

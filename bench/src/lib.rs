@@ -1,227 +1,35 @@
-//! Shared helpers for the acmrs benchmarks (`src/bin/*.rs`).
+//! Shared helpers for the acmrs benchmarks (`src/bin/*.rs`). What they print and draw
+//! (tables, latency histograms and `.hgrm` files, percentile plots, progress lines) and how
+//! their command lines read (clap, `--quick`, `--out DIR`) come from `acm-report`, which the
+//! tools share; what is here is the benches' own.
 //!
-//! * [`LatencyHistogram`]: an HDR histogram of per-operation latencies recorded in picoseconds
-//!   (so batch-averaged nanosecond-scale operations keep their precision), with
-//!   [`LatencyHistogram::summary`] for the usual percentiles and
-//!   [`LatencyHistogram::write_hgrm`] for the standard `.hgrm` percentile-distribution text
-//!   format (values in microseconds, as HdrHistogram's plotter expects).
 //! * [`BatchTimer`]: times operations in batches to amortise the timer's own cost.
-//! * [`Table`]: a plain aligned text table for results.
 //! * [`heap_bytes`]: bytes currently allocated from the C heap (glibc `mallinfo2`), for
 //!   bytes-per-entry figures that also see memory allocated by C code.
-//! * [`Args`]: the tiny command-line parser the bench binaries share (`--quick`, `--out DIR`).
+//! * [`SizeOpts`] and [`PollMode`]: the `--sizes` and `--poll-mode` options of the sized
+//!   benches (`cache`, `provider`, `provider-fake-core`).
 //! * [`XorShift`]: a deterministic PRNG for key sets and access orders.
 //! * [`floor`]: the memory floor (a dependent pointer chase as large as a cache), and
 //!   [`advise`] (THP or not before first touch).
-//! * [`plot`]: percentile-distribution plots (SVG) of several histograms in one picture.
-//! * [`progress`]: one line per benchmark phase on stderr, with the elapsed time.
 //! * [`private_net`]: a private network namespace with a larger Unix datagram queue, for the
 //!   benches that drive a simulated fabric with bursts.
 //! * [`client`]: the ACM client of the daemon benches (`miss`, `addr`): connections, answers,
 //!   counters, bursts.
 //! * [`now_utc`]: the wall-clock time for a report's header.
-//! * [`fabric_bench_main`]: the `main` of those daemon benches (command line, namespace, report).
+//! * [`FabricBenchOpts`] and [`fabric_bench_main`]: the options and the `main` of those daemon
+//!   benches (namespace, report, exit codes).
 
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use std::fmt::Write as _;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
+use acm_report::cli::{counts, name_value, List, RunOpts};
+use acm_report::LatencyHistogram;
 
 pub mod client;
-pub mod plot;
-
-/// The environment variable that carries [`progress`]'s start time (Unix time in µs) to child
-/// processes, so a measuring child's lines continue the parent's clock.
-pub const PROGRESS_EPOCH_ENV: &str = "ACM_BENCH_PROGRESS_EPOCH_US";
-
-fn unix_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// When [`progress`] started counting, as `(Instant, Unix µs)`: the first call in the process,
-/// or the parent's start from [`PROGRESS_EPOCH_ENV`].
-fn progress_start() -> (Instant, u64) {
-    static START: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
-    *START.get_or_init(|| {
-        let (now, now_us) = (Instant::now(), unix_us());
-        let parent = std::env::var(PROGRESS_EPOCH_ENV)
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .filter(|&us| us <= now_us);
-        match parent {
-            Some(us) => (
-                now.checked_sub(Duration::from_micros(now_us - us))
-                    .unwrap_or(now),
-                us,
-            ),
-            None => (now, now_us),
-        }
-    })
-}
-
-/// Prints one progress line on stderr, `[  12.3 s] text`, timed from the first call in the
-/// process (or from the parent's, see [`progress_env`]). Benchmarks call it at the start of
-/// each phase, so a long run shows where it is.
-pub fn progress(text: impl std::fmt::Display) {
-    let t = progress_start().0.elapsed();
-    eprintln!("[{:7.1} s] {text}", t.as_secs_f64());
-}
-
-/// `(name, value)` of the environment variable to give a child process so that its
-/// [`progress`] lines use this process's clock.
-pub fn progress_env() -> (&'static str, String) {
-    (PROGRESS_EPOCH_ENV, progress_start().1.to_string())
-}
-
-/// Percentiles of one latency distribution, in nanoseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Summary {
-    /// Number of recorded operations.
-    pub count: u64,
-    /// Mean.
-    pub mean_ns: f64,
-    /// Median.
-    pub p50_ns: f64,
-    /// 99th percentile.
-    pub p99_ns: f64,
-    /// 99.9th percentile.
-    pub p999_ns: f64,
-    /// 99.99th percentile.
-    pub p9999_ns: f64,
-    /// Largest recorded value.
-    pub max_ns: f64,
-}
-
-/// An HDR histogram of latencies, recorded in picoseconds, 3 significant digits, 1 ps .. 1 h.
-#[derive(Clone, Debug)]
-pub struct LatencyHistogram {
-    h: Histogram<u64>,
-}
-
-impl Default for LatencyHistogram {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-const PS_PER_NS: f64 = 1000.0;
-
-impl LatencyHistogram {
-    /// An empty histogram.
-    pub fn new() -> Self {
-        let h = Histogram::new_with_bounds(1, 3_600_000_000_000_000, 3)
-            .expect("static histogram bounds are valid");
-        LatencyHistogram { h }
-    }
-
-    /// Records one operation that took `d`.
-    pub fn record(&mut self, d: Duration) {
-        self.record_ps(
-            d.as_nanos().saturating_mul(1000).min(u64::MAX as u128) as u64,
-            1,
-        );
-    }
-
-    /// Records `count` operations of `ps` picoseconds each (values beyond 1 h are clamped).
-    pub fn record_ps(&mut self, ps: u64, count: u64) {
-        let v = ps.clamp(1, self.h.high());
-        // In range by construction, so this cannot fail.
-        let _ = self.h.record_n(v, count);
-    }
-
-    /// Adds every value of `other`.
-    pub fn merge(&mut self, other: &LatencyHistogram) {
-        let _ = self.h.add(&other.h);
-    }
-
-    /// The underlying histogram (values in picoseconds).
-    pub fn raw(&self) -> &Histogram<u64> {
-        &self.h
-    }
-
-    /// The usual percentiles.
-    pub fn summary(&self) -> Summary {
-        let q = |p: f64| self.h.value_at_quantile(p) as f64 / PS_PER_NS;
-        Summary {
-            count: self.h.len(),
-            mean_ns: self.h.mean() / PS_PER_NS,
-            p50_ns: q(0.5),
-            p99_ns: q(0.99),
-            p999_ns: q(0.999),
-            p9999_ns: q(0.9999),
-            max_ns: self.h.max() as f64 / PS_PER_NS,
-        }
-    }
-
-    /// The `.hgrm` text (HdrHistogram's `outputPercentileDistribution` format), values in
-    /// microseconds.
-    pub fn hgrm(&self) -> String {
-        let scale = 1_000_000.0; // ps per µs
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "{:>12} {:>14} {:>10} {:>14}\n",
-            "Value", "Percentile", "TotalCount", "1/(1-Percentile)"
-        );
-        let mut total = 0u64;
-        for v in self.h.iter_quantiles(5) {
-            total += v.count_since_last_iteration();
-            let q = v.quantile_iterated_to();
-            let inv = if q < 1.0 {
-                format!("{:14.2}", 1.0 / (1.0 - q))
-            } else {
-                String::new()
-            };
-            let _ = writeln!(
-                s,
-                "{:12.6} {:2.12} {:10} {}",
-                v.value_iterated_to() as f64 / scale,
-                q,
-                total,
-                inv
-            );
-        }
-        let _ = writeln!(
-            s,
-            "#[Mean    = {:12.6}, StdDeviation   = {:12.6}]",
-            self.h.mean() / scale,
-            self.h.stdev() / scale
-        );
-        let _ = writeln!(
-            s,
-            "#[Max     = {:12.6}, Total count    = {:12}]",
-            self.h.max() as f64 / scale,
-            self.h.len()
-        );
-        let buckets = self.h.buckets();
-        let _ = writeln!(
-            s,
-            "#[Buckets = {:12}, SubBuckets     = {:12}]",
-            buckets,
-            self.h.distinct_values()
-        );
-        s
-    }
-
-    /// Writes [`hgrm`](Self::hgrm) to `path` (atomically: via a `.tmp` file and rename).
-    pub fn write_hgrm(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension("hgrm.tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(self.hgrm().as_bytes())?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)
-    }
-}
 
 /// Times operations in batches of `batch`, recording the per-operation average of each batch.
 ///
@@ -257,86 +65,6 @@ impl BatchTimer {
         (h, start.elapsed())
     }
 }
-
-/// A result table printed with aligned columns.
-#[derive(Clone, Debug, Default)]
-pub struct Table {
-    header: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    /// A table with these column titles.
-    pub fn new(header: &[&str]) -> Self {
-        Table {
-            header: header.iter().map(|s| s.to_string()).collect(),
-            rows: Vec::new(),
-        }
-    }
-
-    /// Appends a row (missing cells print empty).
-    pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
-    }
-
-    /// The standard latency cells: p50, p99, p99.9, p99.99, max (ns, 1 decimal).
-    pub fn latency_cells(s: &Summary) -> Vec<String> {
-        [s.p50_ns, s.p99_ns, s.p999_ns, s.p9999_ns, s.max_ns]
-            .iter()
-            .map(|v| format!("{v:.1}"))
-            .collect()
-    }
-
-    /// [`latency_cells`](Self::latency_cells) as multiples of `floor_ns` (2 decimals): the
-    /// `hit ×floor` rows.
-    pub fn floor_cells(s: &Summary, floor_ns: f64) -> Vec<String> {
-        [s.p50_ns, s.p99_ns, s.p999_ns, s.p9999_ns, s.max_ns]
-            .iter()
-            .map(|v| format!("{:.2}", v / floor_ns))
-            .collect()
-    }
-
-    /// Renders the table as GitHub-flavoured Markdown (readable as plain text too).
-    pub fn render(&self) -> String {
-        let cols = self
-            .header
-            .len()
-            .max(self.rows.iter().map(Vec::len).max().unwrap_or(0));
-        let cell = |r: &Vec<String>, i: usize| r.get(i).cloned().unwrap_or_default();
-        let mut w = vec![3usize; cols];
-        for r in std::iter::once(&self.header).chain(&self.rows) {
-            for (i, wi) in w.iter_mut().enumerate() {
-                *wi = (*wi).max(cell(r, i).chars().count());
-            }
-        }
-        let line = |r: &Vec<String>| {
-            let mut s = String::from("|");
-            for (i, wi) in w.iter().enumerate() {
-                let c = cell(r, i);
-                if i == 0 {
-                    let _ = write!(s, " {c:<wi$} |");
-                } else {
-                    let _ = write!(s, " {c:>wi$} |");
-                }
-            }
-            s
-        };
-        let mut out = line(&self.header);
-        out.push('\n');
-        out.push('|');
-        for (i, wi) in w.iter().enumerate() {
-            out.push_str(&"-".repeat(wi + 1));
-            out.push_str(if i == 0 { "-|" } else { ":|" });
-        }
-        out.push('\n');
-        for r in &self.rows {
-            out.push_str(&line(r));
-            out.push('\n');
-        }
-        out
-    }
-}
-
 /// Bytes currently allocated from the C heap, including `mmap`ed large blocks (glibc
 /// `mallinfo2`: `uordblks + hblkhd`). Rust's global allocator is the system `malloc`, so this
 /// sees Rust and C allocations alike.
@@ -375,123 +103,23 @@ impl XorShift {
     }
 }
 
-/// Command-line options shared by the bench binaries.
-#[derive(Clone, Debug, Default)]
-pub struct Args {
-    /// `--quick`: a short CI smoke run.
-    pub quick: bool,
-    /// `--out DIR`: where `.hgrm` files go (created if missing).
-    pub out: Option<PathBuf>,
-    /// Anything else, as `(flag, value)` for `--flag value` / `--flag=value`, or `(flag, "")`.
-    pub rest: Vec<(String, String)>,
+/// `--sizes`: the cache sizes of the sized benches (`cache`, `provider`, `provider-fake-core`).
+#[derive(clap::Args, Clone, Debug, Default, PartialEq)]
+pub struct SizeOpts {
+    /// Cache sizes (entries, cached paths), comma-separated [default: 1000,100000,1000000;
+    /// with --quick 1000,100000]
+    #[arg(long, value_name = "N,N,..", value_parser = counts)]
+    pub sizes: Option<List<usize>>,
 }
 
-impl Args {
-    /// Parses `std::env::args()`; flags in `with_value` take the next argument as their value.
-    /// Returns an error text for `--help` or a malformed command line.
-    pub fn parse(usage: &str, with_value: &[&str]) -> Result<Args, String> {
-        Self::parse_from(std::env::args().skip(1), usage, with_value)
-    }
-
-    /// [`parse`](Self::parse) over explicit arguments.
-    pub fn parse_from(
-        args: impl IntoIterator<Item = String>,
-        usage: &str,
-        with_value: &[&str],
-    ) -> Result<Args, String> {
-        let mut a = Args::default();
-        let mut it = args.into_iter();
-        while let Some(arg) = it.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) => (f.to_string(), Some(v.to_string())),
-                None => (arg.clone(), None),
-            };
-            let mut value = |f: &str| match inline.clone() {
-                Some(v) => Ok(v),
-                None => it
-                    .next()
-                    .ok_or_else(|| format!("{f} needs a value\n{usage}")),
-            };
-            match flag.as_str() {
-                "--help" | "-h" => return Err(usage.to_string()),
-                "--quick" => a.quick = true,
-                "--out" => a.out = Some(PathBuf::from(value("--out")?)),
-                f if with_value.contains(&f) => {
-                    let v = value(f)?;
-                    a.rest.push((f.to_string(), v));
-                }
-                f => return Err(format!("unknown argument {f}\n{usage}")),
-            }
-        }
-        Ok(a)
-    }
-
-    /// Whether `flag` was given (a value flag, or a switch [`fabric_bench_main`] took out).
-    pub fn has(&self, flag: &str) -> bool {
-        self.rest.iter().any(|(f, _)| f == flag)
-    }
-
-    /// The value of `--flag`, if given.
-    pub fn value(&self, flag: &str) -> Option<&str> {
-        self.rest
-            .iter()
-            .rev()
-            .find(|(f, _)| f == flag)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every `--opt name=value`, in order, as `(name, value)` (each trimmed); `usage` ends the
-    /// error for one without `=`.
-    pub fn opts(&self, usage: &str) -> Result<Vec<(String, String)>, String> {
-        let mut opts = Vec::new();
-        for (f, v) in &self.rest {
-            if f == "--opt" {
-                let (k, v) = v
-                    .split_once('=')
-                    .ok_or_else(|| format!("--opt {v}: name=value\n{usage}"))?;
-                opts.push((k.trim().to_string(), v.trim().to_string()));
-            }
-        }
-        Ok(opts)
-    }
-
-    /// `--sizes a,b,c` (see [`parse_counts`]), else the benches' default sizes: 1 000 and
-    /// 100 000 entries, plus 1 000 000 without `--quick`.
-    pub fn sizes(&self) -> Result<Vec<usize>, String> {
-        match self.value("--sizes") {
-            Some(s) => parse_counts(s),
-            None if self.quick => Ok(vec![1_000, 100_000]),
-            None => Ok(vec![1_000, 100_000, 1_000_000]),
-        }
-    }
-
-    /// A parsed command line, or its message printed and exit 2 (`--help`, a bad line).
-    pub fn or_exit(parsed: Result<Args, String>) -> Args {
-        parsed.unwrap_or_else(|e| {
-            eprintln!("{e}");
-            std::process::exit(2)
-        })
-    }
-
-    /// The `--out` directory created (exit 1 if it cannot be) and [`sizes`](Self::sizes)
-    /// (exit 2 with `usage` if they do not parse): the start of every sized bench.
-    pub fn out_and_sizes_or_exit(&self, usage: &str) -> Vec<usize> {
-        if let Err(e) = self.create_out() {
-            eprintln!("{e}");
-            std::process::exit(1);
-        }
-        self.sizes().unwrap_or_else(|e| {
-            eprintln!("--sizes: {e}\n{usage}");
-            std::process::exit(2)
-        })
-    }
-
-    /// Creates the `--out` directory, if one was given.
-    pub fn create_out(&self) -> Result<(), String> {
-        match &self.out {
-            Some(dir) => std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display())),
-            None => Ok(()),
+impl SizeOpts {
+    /// The sizes given, else the benches' default: 1 000 and 100 000 entries, plus 1 000 000
+    /// without `--quick`.
+    pub fn get(&self, quick: bool) -> Vec<usize> {
+        match &self.sizes {
+            Some(l) => l.0.clone(),
+            None if quick => vec![1_000, 100_000],
+            None => vec![1_000, 100_000, 1_000_000],
         }
     }
 }
@@ -507,18 +135,6 @@ pub fn sibling(file: &str, build: &str) -> Result<PathBuf, String> {
         Err(format!("{} missing: {build}", p.display()))
     }
 }
-
-/// A comma-separated list of counts (`_` allowed as a digit separator), each above 0.
-pub fn parse_counts(s: &str) -> Result<Vec<usize>, String> {
-    s.split(',')
-        .map(|x| match x.trim().replace('_', "").parse::<usize>() {
-            Ok(0) => Err(format!("{x:?} must be above 0")),
-            Ok(n) => Ok(n),
-            Err(e) => Err(format!("bad number {x:?}: {e}")),
-        })
-        .collect()
-}
-
 /// Advises `[ptr, ptr + bytes)` (rounded inwards to 2 MiB) `MADV_HUGEPAGE` or
 /// `MADV_NOHUGEPAGE` before it is first touched.
 pub fn advise(ptr: *mut u8, bytes: usize, huge: bool) {
@@ -797,38 +413,56 @@ pub fn now_utc() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
 }
+/// `--poll-mode`: `acmrs_poll_mode` of the acmrs dataplane in the provider benches.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+pub struct PollMode {
+    /// acmrs_poll_mode of the acmrs dataplane
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "adaptive",
+        value_parser = ["busy", "adaptive", "event"]
+    )]
+    pub poll_mode: String,
+}
 
-/// The `main` of a bench that drives simulated fabrics (`miss`, `addr`).
+/// The options every bench that drives simulated fabrics (`miss`, `addr`) has, besides its own.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq)]
+pub struct FabricBenchOpts {
+    /// `--quick`, `--out DIR`.
+    #[command(flatten)]
+    pub run: RunOpts,
+    /// An extra ibacm_opts.cfg line on every node (repeatable)
+    #[arg(long = "opt", value_name = "NAME=VALUE", value_parser = name_value)]
+    pub opts: Vec<(String, String)>,
+    /// ibacm's log_level on every node
+    #[arg(long, value_name = "0..3", default_value = "0")]
+    pub log_level: String,
+    /// Run in the host's network namespace (default: a private one with a larger Unix datagram
+    /// queue, see docs/bench.md)
+    #[arg(long)]
+    pub host_net: bool,
+}
+
+/// The `main` of a bench that drives simulated fabrics (`miss`, `addr`), once its command line
+/// is parsed (bad command lines exit 2, [`acm_report::cli::parse`]).
 ///
-/// Takes `--host-net` and every flag in `switches` (flags without a value) out of the command
-/// line, each seen one kept in [`Args::rest`] as `(flag, "")` (see [`Args::has`]), and parses
-/// the rest ([`Args::parse_from`], `with_value`); `--help` or a bad command line prints the
-/// message and exits 2. Without `--host-net` it then moves into [`private_net`]`(qlen)` (exit
-/// 1 if that fails), runs `run` and prints its report; an error prints `<bin>: <error>` and
-/// exits 1. The fabrics `run` starts are torn down (by PID, in `Fabric`'s Drop) when it
-/// returns, error or not.
+/// Without `host_net` it moves into [`private_net`]`(qlen)` (exit 1 if that fails), then runs
+/// `run` and prints its report; an error prints `<bin>: <error>` and exits 1. The fabrics `run`
+/// starts are torn down (by PID, in `Fabric`'s Drop) when it returns, error or not.
 pub fn fabric_bench_main(
     bin: &str,
-    usage: &str,
-    with_value: &[&str],
-    switches: &[&str],
+    host_net: bool,
     qlen: u32,
-    run: impl FnOnce(&Args) -> Result<String, String>,
+    run: impl FnOnce() -> Result<String, String>,
 ) {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    let is_switch = |a: &String| a == "--host-net" || switches.contains(&a.as_str());
-    let seen: Vec<String> = raw.iter().filter(|a| is_switch(a)).cloned().collect();
-    let rest = raw.into_iter().filter(|a| !is_switch(a));
-    let mut args = Args::or_exit(Args::parse_from(rest, usage, with_value));
-    args.rest
-        .extend(seen.into_iter().map(|f| (f, String::new())));
-    if !args.has("--host-net") {
+    if !host_net {
         if let Err(e) = private_net(qlen) {
             eprintln!("{bin}: private network namespace: {e} (--host-net runs without one)");
             std::process::exit(1);
         }
     }
-    match run(&args) {
+    match run() {
         Ok(report) => println!("{report}"),
         Err(e) => {
             eprintln!("{bin}: {e}");
@@ -842,75 +476,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentiles_and_hgrm() {
-        let mut h = LatencyHistogram::new();
-        for ns in 1..=1000u64 {
-            h.record_ps(ns * 1000, 1);
-        }
-        let s = h.summary();
-        assert_eq!(s.count, 1000);
-        assert!((s.p50_ns - 500.0).abs() < 1.0, "{s:?}");
-        assert!((s.p99_ns - 990.0).abs() < 1.0, "{s:?}");
-        assert!((s.max_ns - 1000.0).abs() < 1.0, "{s:?}");
-        let text = h.hgrm();
-        assert!(text.contains("Percentile"));
-        assert!(text.contains("Total count    =         1000"));
-        let last = text
-            .lines()
-            .rfind(|l| !l.starts_with('#') && !l.trim().is_empty())
-            .unwrap();
-        assert!(last.contains("1.000000000000"), "{last}");
-    }
-
-    #[test]
     fn batch_timer_counts_every_op() {
         let (h, _) = BatchTimer { batch: 64 }.run(1000, |i| i * 2);
         assert_eq!(h.summary().count, 1000);
     }
 
-    #[test]
-    fn table_renders_aligned() {
-        let mut t = Table::new(&["a", "bb"]);
-        t.row(vec!["x".into(), "1".into()]);
-        let r = t.render();
-        assert_eq!(r.lines().count(), 3);
-        assert!(r
-            .lines()
-            .all(|l| l.len() == r.lines().next().unwrap().len()));
+    #[derive(clap::Parser)]
+    struct Sized {
+        #[command(flatten)]
+        run: RunOpts,
+        #[command(flatten)]
+        sizes: SizeOpts,
     }
 
     #[test]
-    fn args_parse() {
-        let a = Args::parse_from(
-            ["--quick", "--out", "/tmp/x", "--sizes=1,2"].map(String::from),
-            "u",
-            &["--sizes"],
-        )
-        .unwrap();
-        assert!(a.quick);
-        assert_eq!(a.out.as_deref(), Some(Path::new("/tmp/x")));
-        assert_eq!(a.value("--sizes"), Some("1,2"));
-        assert!(a.has("--sizes") && !a.has("--host-net"));
-        let o = Args::parse_from(
-            ["--opt", "a=1", "--opt= b = x=y "].map(String::from),
-            "u",
-            &["--opt"],
-        )
-        .unwrap();
-        assert_eq!(
-            o.opts("u").unwrap(),
-            [("a".into(), "1".into()), ("b".into(), "x=y".into())]
-        );
-        assert!(Args::parse_from(["--opt=a".to_string()], "u", &["--opt"])
-            .unwrap()
-            .opts("u")
-            .is_err());
-        assert!(Args::parse_from(["--bogus".to_string()], "u", &[]).is_err());
-        assert!(Args::parse_from(["--out".to_string()], "u", &[]).is_err());
+    fn sizes_default_by_quick() {
         let sizes = |v: &[&str]| {
-            Args::parse_from(v.iter().map(|s| s.to_string()), "u", &["--sizes"])
-                .unwrap()
-                .sizes()
+            let a: Sized =
+                acm_report::cli::try_parse_from(std::iter::once("b").chain(v.iter().copied()))
+                    .map_err(|e| e.to_string())?;
+            Ok::<_, String>(a.sizes.get(a.run.quick))
         };
         assert_eq!(sizes(&[]), Ok(vec![1_000, 100_000, 1_000_000]));
         assert_eq!(sizes(&["--quick"]), Ok(vec![1_000, 100_000]));

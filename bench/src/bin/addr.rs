@@ -29,7 +29,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use acm_bench::client::{Answer, Burst, Conn, Next, ANSWER_TIMEOUT};
-use acm_bench::{now_utc, Args, LatencyHistogram, Summary, Table};
+use acm_bench::{now_utc, FabricBenchOpts};
 #[cfg(test)]
 use acm_core_nostd::wire::client::HDR_LEN;
 use acm_core_nostd::wire::client::{
@@ -37,16 +37,49 @@ use acm_core_nostd::wire::client::{
     EP_FLAG_DEST, EP_FLAG_SOURCE, MAX_ADDRESS, MAX_COUNTER, MAX_ENTRIES,
 };
 use acm_fabric::{Fabric, HostsFile, Provider, Topology};
+use acm_report::cli::{num, List};
+use acm_report::{write_atomic, LatencyHistogram, Summary, Table};
+use clap::Parser;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: addr [--quick] [--no-mixed] [--rounds R] [--singles N] \
-     [--bursts 1,10,100] [--burst-reps 20,4,2] [--hit-passes P] [--log-level 0..3] \
-     [--only LABEL,..] [--opt name=value].. [--host-net] [--out DIR]\n\
-     configurations (labels): stock, acmrs (both ends one provider), stock-req.acmrs-peers, \
-     acmrs-req.stock-peers (mixed; --no-mixed leaves them out)";
+/// Name resolution through the real ibacm daemon: misses (ACM multicast query, the peer's
+/// answer, SA PathRecord) one at a time and in bursts, then hits, stock libibacmp against
+/// libacmrs in one run (root; docs/bench.md). Configurations (labels): stock, acmrs (both ends
+/// one provider), stock-req.acmrs-peers, acmrs-req.stock-peers (mixed; --no-mixed leaves them
+/// out).
+#[derive(Parser)]
+#[command(name = "addr", version)]
+struct Cli {
+    #[command(flatten)]
+    common: FabricBenchOpts,
+    /// Leave out the mixed configurations
+    #[arg(long)]
+    no_mixed: bool,
+    /// Keep the mixed configurations (the default; --no-mixed wins)
+    #[arg(long)]
+    mixed: bool,
+    /// Rounds (the phases alternate between the fabrics) [default: 4; with --quick 2]
+    #[arg(long, value_name = "R", value_parser = num::<usize>)]
+    rounds: Option<usize>,
+    /// Single misses per round [default: 150; with --quick 40]
+    #[arg(long, value_name = "N", value_parser = num::<usize>)]
+    singles: Option<usize>,
+    /// Burst sizes, each at least 1 [default: 1,10,100]
+    #[arg(long, value_name = "N,N,..")]
+    bursts: Option<List<usize>>,
+    /// Repetitions of each burst size per round, as many as --bursts [default: 20,4,2; with
+    /// --quick 5,2,1]
+    #[arg(long, value_name = "N,N,..")]
+    burst_reps: Option<List<usize>>,
+    /// Hit passes (every name asked again) per round [default: 3; with --quick 2]
+    #[arg(long, value_name = "P", value_parser = num::<usize>)]
+    hit_passes: Option<usize>,
+    /// Only these configurations (labels, comma-separated)
+    #[arg(long, value_name = "LABEL,..")]
+    only: Option<String>,
+}
 
 const REQUESTER: &str = "Hca3";
 const PEERS: [&str; 2] = ["Hca2", "Hca4"];
@@ -421,6 +454,7 @@ impl Bench {
 
 // ---- the run -------------------------------------------------------------------------------
 
+#[derive(Debug)]
 struct Plan {
     /// `--opt` lines for every node's `ibacm_opts.cfg`.
     opts: Vec<(String, String)>,
@@ -432,18 +466,35 @@ struct Plan {
 }
 
 impl Plan {
+    /// The plan of a command line: its values, else the defaults (`--quick`'s or the full run's).
+    fn of(args: &Cli) -> Result<Plan, String> {
+        let quick = args.common.run.quick;
+        let or = |v: Option<usize>, quick_default, full_default| {
+            v.unwrap_or(if quick { quick_default } else { full_default })
+        };
+        let sizes = args
+            .bursts
+            .as_ref()
+            .map_or_else(|| vec![1, 10, 100], |l| l.0.clone());
+        let reps = args.burst_reps.as_ref().map_or_else(
+            || if quick { vec![5, 2, 1] } else { vec![20, 4, 2] },
+            |l| l.0.clone(),
+        );
+        if sizes.len() != reps.len() || sizes.contains(&0) {
+            return Err("--bursts and --burst-reps: same length, sizes ≥ 1".into());
+        }
+        Ok(Plan {
+            opts: args.common.opts.clone(),
+            log_level: args.common.log_level.clone(),
+            rounds: or(args.rounds, 2, 4),
+            singles: or(args.singles, 40, 150),
+            bursts: sizes.into_iter().zip(reps).collect(),
+            hit_passes: or(args.hit_passes, 2, 3),
+        })
+    }
+
     fn names_per_fabric(&self) -> usize {
         self.rounds * (self.singles + self.bursts.iter().map(|(b, r)| b * r).sum::<usize>())
-    }
-}
-
-fn list(v: Option<&str>, default: &[usize]) -> Result<Vec<usize>, String> {
-    match v {
-        None => Ok(default.to_vec()),
-        Some(s) => s
-            .split(',')
-            .map(|x| x.trim().parse().map_err(|e| format!("{s:?}: {e}")))
-            .collect(),
     }
 }
 
@@ -469,42 +520,9 @@ fn median(v: &[Duration]) -> Duration {
     v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
-fn run(args: &Args, mixed: bool) -> Result<String, String> {
-    let plan = Plan {
-        opts: args.opts(USAGE)?,
-        log_level: args.value("--log-level").unwrap_or("0").to_string(),
-        rounds: args
-            .value("--rounds")
-            .map(str::parse)
-            .transpose()
-            .map_err(|e| format!("--rounds: {e}"))?
-            .unwrap_or(if args.quick { 2 } else { 4 }),
-        singles: args
-            .value("--singles")
-            .map(str::parse)
-            .transpose()
-            .map_err(|e| format!("--singles: {e}"))?
-            .unwrap_or(if args.quick { 40 } else { 150 }),
-        bursts: {
-            let sizes = list(args.value("--bursts"), &[1, 10, 100])?;
-            let reps = list(
-                args.value("--burst-reps"),
-                if args.quick { &[5, 2, 1] } else { &[20, 4, 2] },
-            )?;
-            if sizes.len() != reps.len() || sizes.contains(&0) {
-                return Err(format!(
-                    "--bursts and --burst-reps: same length, sizes ≥ 1\n{USAGE}"
-                ));
-            }
-            sizes.into_iter().zip(reps).collect()
-        },
-        hit_passes: args
-            .value("--hit-passes")
-            .map(str::parse)
-            .transpose()
-            .map_err(|e| format!("--hit-passes: {e}"))?
-            .unwrap_or(if args.quick { 2 } else { 3 }),
-    };
+fn run(args: &Cli) -> Result<String, String> {
+    let mixed = !args.no_mixed;
+    let plan = Plan::of(args)?;
     let names = plan.names_per_fabric().div_ceil(PEERS.len()) + 8;
     let conns = plan.bursts.iter().map(|(b, _)| *b).max().unwrap_or(1);
     let mut configs = vec![Config::same(Provider::Stock), Config::same(Provider::Acmrs)];
@@ -512,11 +530,14 @@ fn run(args: &Args, mixed: bool) -> Result<String, String> {
         configs.push(Config::mixed(Provider::Stock, Provider::Acmrs));
         configs.push(Config::mixed(Provider::Acmrs, Provider::Stock));
     }
-    if let Some(only) = args.value("--only") {
+    if let Some(only) = &args.only {
         let want: Vec<&str> = only.split(',').map(str::trim).collect();
         configs.retain(|c| want.contains(&c.label.as_str()));
         if configs.is_empty() {
-            return Err(format!("--only {only}: no such configuration\n{USAGE}"));
+            return Err(format!(
+                "--only {only}: no such configuration (stock, acmrs, stock-req.acmrs-peers, \
+                 acmrs-req.stock-peers)"
+            ));
         }
     }
     let t_run = Instant::now();
@@ -580,7 +601,7 @@ fn run(args: &Args, mixed: bool) -> Result<String, String> {
     let load1 = loadavg();
     // Tear the fabrics down (by PID, in Fabric's Drop) before printing.
     let results: Vec<(Config, Results)> = benches.into_iter().map(|b| (b.cfg, b.res)).collect();
-    if let Some(out) = &args.out {
+    if let Some(out) = &args.common.run.out {
         std::fs::create_dir_all(out).map_err(io)?;
         for (c, r) in &results {
             let w = |what: &str, h: &LatencyHistogram| {
@@ -595,8 +616,8 @@ fn run(args: &Args, mixed: bool) -> Result<String, String> {
         }
     }
     let report = render(&plan, &results, mixed, &started, elapsed, load0, load1);
-    if let Some(out) = &args.out {
-        write_atomic(&out.join("addr.md"), &report)?;
+    if let Some(out) = &args.common.run.out {
+        write_atomic(&out.join("addr.md"), &report).map_err(io)?;
     }
     Ok(report)
 }
@@ -801,12 +822,6 @@ fn render(
     md
 }
 
-fn write_atomic(path: &Path, text: &str) -> Result<(), String> {
-    let tmp = path.with_extension("md.tmp");
-    std::fs::write(&tmp, text).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
-}
-
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -815,24 +830,8 @@ fn loadavg() -> String {
 }
 
 fn main() {
-    // `--mixed` (the default) is accepted and changes nothing.
-    acm_bench::fabric_bench_main(
-        "addr",
-        USAGE,
-        &[
-            "--rounds",
-            "--singles",
-            "--bursts",
-            "--burst-reps",
-            "--hit-passes",
-            "--log-level",
-            "--only",
-            "--opt",
-        ],
-        &["--no-mixed", "--mixed"],
-        DGRAM_QLEN,
-        |args| run(args, !args.has("--no-mixed")),
-    );
+    let args: Cli = acm_report::cli::parse(2);
+    acm_bench::fabric_bench_main("addr", args.common.host_net, DGRAM_QLEN, || run(&args));
 }
 
 #[cfg(test)]
@@ -893,7 +892,39 @@ mod tests {
             hit_passes: 2,
         };
         assert_eq!(p.names_per_fabric(), 2 * (40 + 5 + 20 + 100));
-        assert_eq!(list(Some("1, 10,100"), &[]).unwrap(), [1, 10, 100]);
-        assert!(list(Some("1,x"), &[]).is_err());
+    }
+
+    fn plan(args: &[&str]) -> Result<Plan, String> {
+        let cli: Cli =
+            acm_report::cli::try_parse_from(std::iter::once("addr").chain(args.iter().copied()))
+                .map_err(|e| acm_report::cli::message(&e))?;
+        Plan::of(&cli)
+    }
+
+    #[test]
+    fn command_line_defaults_and_lists() {
+        let p = plan(&["--quick"]).unwrap();
+        assert_eq!(p.bursts, [(1, 5), (10, 2), (100, 1)]);
+        assert_eq!((p.rounds, p.singles, p.hit_passes), (2, 40, 2));
+        assert_eq!(p.log_level, "0");
+        let p = plan(&[
+            "--bursts",
+            "1, 10,100",
+            "--burst-reps=3,2,1",
+            "--opt",
+            "timeout=5",
+        ])
+        .unwrap();
+        assert_eq!(p.bursts, [(1, 3), (10, 2), (100, 1)]);
+        assert_eq!((p.rounds, p.singles, p.hit_passes), (4, 150, 3));
+        assert_eq!(p.opts, [("timeout".to_string(), "5".to_string())]);
+        assert!(plan(&["--bursts", "1,x"]).is_err());
+        assert!(plan(&["--bursts", "1,0", "--burst-reps", "1,1"]).is_err());
+        assert!(plan(&["--bursts", "1,2"])
+            .unwrap_err()
+            .contains("same length"));
+        let cli: Cli =
+            acm_report::cli::try_parse_from(["addr", "--no-mixed", "--host-net"]).unwrap();
+        assert!(cli.no_mixed && cli.common.host_net);
     }
 }

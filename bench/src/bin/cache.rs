@@ -37,18 +37,27 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
-use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{
-    advise, floor, heap_bytes, parse_counts, progress, rss_bytes, Args, BatchTimer,
-    LatencyHistogram, Summary, Table, XorShift,
-};
+use acm_bench::{advise, floor, heap_bytes, rss_bytes, BatchTimer, SizeOpts, XorShift};
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
+use acm_report::cli::{count, RunOpts};
+use acm_report::plot::{write_percentile_svg, Series};
+use acm_report::{progress, LatencyHistogram, Summary, Table};
+use clap::Parser;
 
-const USAGE: &str = "usage: cache [--quick] [--out DIR] [--sizes N,N,..] [--lookups N]
-  --quick        CI smoke run (1k and 100k entries, 200k lookups each; < 20 s)
-  --out DIR      write one .hgrm file per measurement and .svg percentile plots into DIR
-  --sizes LIST   entry counts (default 1000,100000,1000000)
-  --lookups N    timed lookups per measurement (default 2000000)";
+/// Cache lookups: the acmrs PathCache against glibc tsearch (ibacmp's structure) and the std
+/// maps, idle and under a concurrent writer, with the memory floor of each size
+/// (docs/cache.md). --quick: the CI's smoke run (< 20 s).
+#[derive(Parser)]
+#[command(name = "cache", version)]
+struct Cli {
+    #[command(flatten)]
+    run: RunOpts,
+    #[command(flatten)]
+    sizes: SizeOpts,
+    /// Timed lookups per measurement [default: 2000000; with --quick 200000]
+    #[arg(long, value_name = "N", value_parser = count)]
+    lookups: Option<usize>,
+}
 
 const BATCH: usize = 64;
 
@@ -534,23 +543,12 @@ fn name_tag(name: &str) -> String {
 }
 
 fn main() {
-    let args = Args::or_exit(Args::parse(USAGE, &["--sizes", "--lookups"]));
-    let lookups = match args.value("--lookups") {
-        Some(s) => parse_counts(s).and_then(|v| v.first().copied().ok_or_else(|| "empty".into())),
-        None if args.quick => Ok(200_000),
-        None => Ok(2_000_000),
-    };
-    let (sizes, lookups) = match (args.sizes(), lookups) {
-        (Ok(s), Ok(l)) => (s, l),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!("{e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = args.create_out() {
-        eprintln!("{e}");
-        std::process::exit(1);
-    }
+    let args: Cli = acm_report::cli::parse(2);
+    let sizes = args.sizes.get(args.run.quick);
+    let lookups = args
+        .lookups
+        .unwrap_or(if args.run.quick { 200_000 } else { 2_000_000 });
+    args.run.create_out_or_exit();
     if cfg!(debug_assertions) {
         eprintln!("note: debug build; run with --release for meaningful numbers");
     }
@@ -560,7 +558,7 @@ fn main() {
         progress(format_args!(
             "measuring {n} entries, {lookups} random lookups per structure ..."
         ));
-        run_size(n, lookups, args.out.as_deref(), &mut results);
+        run_size(n, lookups, args.run.out.as_deref(), &mut results);
     }
     let mut t = Table::new(&[
         "structure",

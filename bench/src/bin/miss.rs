@@ -36,23 +36,68 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use acm_bench::client::{Burst, Conn, Next, ANSWER_TIMEOUT};
-use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{now_utc, progress, Args, LatencyHistogram, Table, XorShift};
+use acm_bench::{now_utc, FabricBenchOpts, XorShift};
 #[cfg(test)]
 use acm_core_nostd::wire::client::AcmMsg;
 use acm_core_nostd::wire::client::{Status, MAX_COUNTER};
 use acm_fabric::{Fabric, Provider, Topology};
+use acm_report::cli::num;
+use acm_report::plot::{write_percentile_svg, Series};
+use acm_report::{progress, write_atomic, LatencyHistogram, Table};
 use acm_testkit::request::PathRequest;
+use clap::Parser;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: miss [--quick] [--topology fattree:L,S,H] [--bursts 1,10,100,all] \
-     [--reps R] [--opt name=value].. [--log-level 0..3] [--settle MS] [--seed N] [--host-net] \
-     [--out DIR]\n\
-     defaults: fattree:16,4,16, bursts 1,10,100,all (all = every LID but the daemon's own: 275), \
-     10 reps; --quick: fattree:4,2,8, bursts 1,10,all (37), 2 reps";
+/// PATH-resolution miss bursts through the real ibacm daemon, stock libibacmp against
+/// libacmrs, side by side on one simulated fat-tree (root; docs/bench.md).
+#[derive(Parser)]
+#[command(name = "miss", version)]
+struct Cli {
+    #[command(flatten)]
+    common: FabricBenchOpts,
+    /// The simulated fabric [default: fattree:16,4,16; with --quick fattree:4,2,8]
+    #[arg(long, value_name = "fattree:L,S,H")]
+    topology: Option<String>,
+    /// Burst sizes; all = every LID but the daemon's own (275 on the default fabric)
+    /// [default: 1,10,100,all; with --quick 1,10,all]
+    #[arg(long, value_name = "N,..,all", value_parser = bursts)]
+    bursts: Option<Bursts>,
+    /// Repetitions of each burst size [default: 10; with --quick 2]
+    #[arg(long, value_name = "R", value_parser = num::<usize>)]
+    reps: Option<usize>,
+    /// Milliseconds the restarted daemons are left alone before a burst
+    #[arg(long, value_name = "MS", default_value = "300", value_parser = num::<u64>)]
+    settle: u64,
+    /// Seed of the destination picks
+    #[arg(long, value_name = "N", default_value = "0x6d697373", value_parser = seed)]
+    seed: u64,
+}
+
+/// Burst sizes; 0 = every LID but the daemon's own (`all`).
+#[derive(Clone, Debug, PartialEq)]
+struct Bursts(Vec<usize>);
+
+/// `--bursts`: sizes above 0 or `all`, comma-separated.
+fn bursts(s: &str) -> Result<Bursts, String> {
+    s.split(',')
+        .map(|x| match x.trim() {
+            "all" => Ok(0),
+            x => acm_report::cli::count(x),
+        })
+        .collect::<Result<_, _>>()
+        .map(Bursts)
+}
+
+/// `--seed`: decimal or `0x` hex.
+fn seed(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).map_err(|e| format!("{s:?}: {e}")),
+        None => num(s),
+    }
+}
 
 /// `Route Query Count` in the PERF_QUERY counters (`ACM_CNTR_ROUTE_QUERY`).
 const ROUTE_QUERY: usize = 5;
@@ -264,6 +309,7 @@ impl Daemon {
 
 // ---- the run -------------------------------------------------------------------------------
 
+#[derive(Debug)]
 struct Plan {
     topology: String,
     /// Burst sizes; 0 = every LID but the daemon's own.
@@ -275,42 +321,31 @@ struct Plan {
     seed: u64,
 }
 
-fn parse_plan(args: &Args) -> Result<Plan, String> {
-    let num = |flag: &str, default: u64| -> Result<u64, String> {
-        args.value(flag)
-            .map(|v| v.parse::<u64>().map_err(|e| format!("{flag} {v}: {e}")))
-            .transpose()
-            .map(|v| v.unwrap_or(default))
-    };
-    let opts = args.opts(USAGE)?;
-    let bursts = match args.value("--bursts") {
-        Some(s) => s
-            .split(',')
-            .map(|x| match x.trim() {
-                "all" => Ok(0),
-                x => match x.parse::<usize>() {
-                    Ok(0) | Err(_) => Err(format!("--bursts: bad size {x:?}\n{USAGE}")),
-                    Ok(n) => Ok(n),
-                },
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        None if args.quick => vec![1, 10, 0],
-        None => vec![1, 10, 100, 0],
-    };
-    let default_topo = if args.quick {
-        "fattree:4,2,8"
-    } else {
-        "fattree:16,4,16"
-    };
-    Ok(Plan {
-        topology: args.value("--topology").unwrap_or(default_topo).to_string(),
-        bursts,
-        reps: num("--reps", if args.quick { 2 } else { 10 })?.max(1) as usize,
-        opts,
-        log_level: args.value("--log-level").unwrap_or("0").to_string(),
-        settle: Duration::from_millis(num("--settle", 300)?),
-        seed: num("--seed", 0x6d69_7373)?,
-    })
+impl Plan {
+    /// The plan of a command line: its values, else the defaults (`--quick`'s or the full run's).
+    fn of(args: &Cli) -> Plan {
+        let quick = args.common.run.quick;
+        Plan {
+            topology: args.topology.clone().unwrap_or_else(|| {
+                if quick {
+                    "fattree:4,2,8"
+                } else {
+                    "fattree:16,4,16"
+                }
+                .to_string()
+            }),
+            bursts: match &args.bursts {
+                Some(b) => b.0.clone(),
+                None if quick => vec![1, 10, 0],
+                None => vec![1, 10, 100, 0],
+            },
+            reps: args.reps.unwrap_or(if quick { 2 } else { 10 }).max(1),
+            opts: args.common.opts.clone(),
+            log_level: args.common.log_level.clone(),
+            settle: Duration::from_millis(args.settle),
+            seed: args.seed,
+        }
+    }
 }
 
 fn loadavg() -> String {
@@ -386,9 +421,9 @@ fn pick(dests: &[u16], size: usize, rng: &mut XorShift) -> Vec<u16> {
     v
 }
 
-fn run(args: &Args) -> Result<String, String> {
-    let plan = parse_plan(args)?;
-    args.create_out()?;
+fn run(args: &Cli) -> Result<String, String> {
+    let plan = Plan::of(args);
+    args.common.run.create_out()?;
     let topo = Topology::parse(&plan.topology).map_err(|e| e.to_string())?;
     let hcas = topo.hcas();
     if hcas.len() < 3 {
@@ -529,7 +564,7 @@ fn run(args: &Args) -> Result<String, String> {
     drop(fabric);
     let results: Vec<(&'static str, PerSize)> =
         daemons.into_iter().map(|d| (d.label, d.res)).collect();
-    if let Some(out) = &args.out {
+    if let Some(out) = &args.common.run.out {
         for (label, res) in &results {
             for (size, (m, h)) in res {
                 for (what, a) in [("miss", m), ("hit", h)] {
@@ -583,9 +618,9 @@ fn run(args: &Args) -> Result<String, String> {
             max_lid,
         },
     );
-    if let Some(out) = &args.out {
+    if let Some(out) = &args.common.run.out {
         let p = out.join("miss.md");
-        std::fs::write(&p, &report).map_err(|e| format!("{}: {e}", p.display()))?;
+        write_atomic(&p, &report).map_err(|e| format!("{}: {e}", p.display()))?;
     }
     Ok(report)
 }
@@ -737,22 +772,8 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
 }
 
 fn main() {
-    acm_bench::fabric_bench_main(
-        "miss",
-        USAGE,
-        &[
-            "--topology",
-            "--bursts",
-            "--reps",
-            "--opt",
-            "--log-level",
-            "--settle",
-            "--seed",
-        ],
-        &[],
-        DGRAM_QLEN,
-        run,
-    );
+    let args: Cli = acm_report::cli::parse(2);
+    acm_bench::fabric_bench_main("miss", args.common.host_net, DGRAM_QLEN, || run(&args));
 }
 
 #[cfg(test)]
@@ -785,15 +806,28 @@ mod tests {
 
     #[test]
     fn plan_parses_all_and_opts() {
-        let a = Args::parse_from(
-            ["--bursts", "1,all", "--opt", "sa_depth=32"].map(String::from),
-            USAGE,
-            &["--bursts", "--opt"],
-        )
-        .unwrap();
-        let p = parse_plan(&a).unwrap();
+        let plan = |v: &[&str]| {
+            acm_report::cli::try_parse_from::<Cli, _, _>(
+                std::iter::once("miss").chain(v.iter().copied()),
+            )
+            .map(|c| Plan::of(&c))
+            .map_err(|e| acm_report::cli::message(&e))
+        };
+        let p = plan(&["--bursts", "1,all", "--opt", "sa_depth=32"]).unwrap();
         assert_eq!(p.bursts, [1, 0]);
         assert_eq!(p.opts, [("sa_depth".to_string(), "32".to_string())]);
         assert_eq!(p.reps, 10);
+        assert_eq!(p.topology, "fattree:16,4,16");
+        assert_eq!(
+            (p.settle, p.seed),
+            (Duration::from_millis(300), 0x6d69_7373)
+        );
+        let p = plan(&["--quick", "--seed", "7", "--reps", "0"]).unwrap();
+        assert_eq!((p.bursts, p.reps, p.seed), (vec![1, 10, 0], 1, 7));
+        assert_eq!(p.topology, "fattree:4,2,8");
+        assert!(plan(&["--bursts", "1,0"])
+            .unwrap_err()
+            .contains("must be above 0"));
+        assert!(plan(&["--bursts", "x"]).is_err());
     }
 }

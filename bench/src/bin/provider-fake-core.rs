@@ -17,16 +17,30 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{progress, rss_bytes, Args, LatencyHistogram, Table, XorShift};
+use acm_bench::{rss_bytes, PollMode, SizeOpts, XorShift};
+use acm_report::cli::RunOpts;
+use acm_report::plot::{write_percentile_svg, Series};
+use acm_report::{progress, LatencyHistogram, Table};
 use acm_testkit::core::{self as fake, AutoSa, Record};
 use acm_testkit::host::{self, Host, Lib};
 use acm_testkit::request::PathRequest;
 use acmrs::ffi::{AcmMsg, ACM_ADDRESS_NAME};
+use clap::Parser;
 use std::time::{Duration, Instant};
 
-const USAGE: &str = "usage: provider-fake-core [--quick] [--sizes 1000,100000,1000000] \
-     [--poll-mode busy|adaptive|event] [--out DIR]";
+/// acmrs alone, in-process: this program plays the ibacm core with an instant SA and measures
+/// resolve() on hits and misses with up to 1M cached paths (libacmrs.so next to this
+/// executable; docs/bench.md).
+#[derive(Parser)]
+#[command(name = "provider-fake-core", version)]
+struct Cli {
+    #[command(flatten)]
+    run: RunOpts,
+    #[command(flatten)]
+    sizes: SizeOpts,
+    #[command(flatten)]
+    poll: PollMode,
+}
 
 /// A PATH request by DGID (GUID `guid` on the fake fabric), as `ib_acme -f g` sends it.
 fn path_msg(tid: u64, guid: u64) -> AcmMsg {
@@ -136,10 +150,11 @@ fn run_size(lib: &Lib, size: usize, samples: usize, poll_mode: &str) -> Results 
 }
 
 fn main() {
-    let args = Args::or_exit(Args::parse(USAGE, &["--sizes", "--poll-mode"]));
-    let sizes = args.out_and_sizes_or_exit(USAGE);
-    let samples = if args.quick { 100_000 } else { 1_000_000 };
-    let poll_mode = args.value("--poll-mode").unwrap_or("adaptive");
+    let args: Cli = acm_report::cli::parse(2);
+    args.run.create_out_or_exit();
+    let sizes = args.sizes.get(args.run.quick);
+    let samples = if args.run.quick { 100_000 } else { 1_000_000 };
+    let poll_mode = args.poll.poll_mode.as_str();
     let so = acm_bench::sibling("libacmrs.so", "cargo build --release -p acm-plugin")
         .unwrap_or_else(|e| {
             eprintln!("{e}");
@@ -210,7 +225,7 @@ fn main() {
             if is_hit {
                 table.row(floor_row.clone());
             }
-            if let Some(out) = &args.out {
+            if let Some(out) = &args.run.out {
                 let f = out.join(format!(
                     "provider-acmrs-{}-{}.hgrm",
                     what.replace([' ', '(', ')'], ""),

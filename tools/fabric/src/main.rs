@@ -6,56 +6,149 @@
 use acm_fabric::{
     script, Fabric, FabricBuilder, HostsFile, OptSpec, Partition, ProviderChoice, Topology,
 };
+use acm_report::cli::num;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-const USAGE: &str = "\
-usage:
-  acm-fabric up  [FABRIC OPTIONS] [--keep]
-        bring the fabric up, print how to reach it, wait for Ctrl-C, tear down
-  acm-fabric run [FABRIC OPTIONS] --on NODE [--until TEXT] [--timeout SECS] -- IB_ACME_ARGS...
-        bring up, run `ib_acme IB_ACME_ARGS` against NODE's daemon (repeating until the
-        output contains TEXT, if given), print it, tear down; exit status is ib_acme's
-  acm-fabric script [FABRIC OPTIONS] [--retry SECS] [--cmd STEP]... [FILE|-]
-        bring up once, run every STEP (from --cmd, then from FILE or stdin `-`), printing each
-        command and its output, tear down; exit status 1 if any step failed, 2 for a bad script.
-        STEP: `NODE[:] IB_ACME_ARGS...` | `port-down HCA` | `port-up HCA` | `sleep SECS`;
-        `#` comments; placeholders {NODE.lid} {NODE.gid} {NODE.name} {NODE.ipv4} {NODE.ipv6};
-        --retry SECS repeats a failing ib_acme step for up to SECS (default 0: once)
-        e.g. acm-fabric script --nodes Hca3,Hca4 --retry 10 --cmd 'Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v'
-  acm-fabric topology SPEC      print the ibsim net file of SPEC
-  acm-fabric examples           list the shipped topologies
+/// Bring a simulated InfiniBand fabric with real ibacm daemons up (ibsim, OpenSM, ibacm with
+/// the stock or the acmrs provider per node), use it, tear it down (docs/fabric.md).
+///
+/// Exit codes: 0 done; 1 a failure (bring-up, a failed script step); 2 a bad command line or a
+/// bad script (nothing started); `run` exits with ib_acme's status.
+#[derive(Parser)]
+#[command(name = "acm-fabric", version, arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
 
-FABRIC OPTIONS:
-  --topology SPEC      shipped example (net.2sw2path4hca, default), fattree:LEAVES,SPINES,HCAS,
-                       or a path to an ibsim net file
-  --nodes A,B,...      HCAs that run an ibacm daemon (default: Hca2,Hca3,Hca4)
-  --provider P         stock (Debian libibacmp.so, default) | acmrs | PATH.so[@NAME] |
-                       installed:NAME (already in ibacm's default provider directory, e.g.
-                       from the acmrs .deb: no copy, no provider_lib_path line), for
-                       every node; NODE=P for one node; repeatable, or comma-separated:
-                       --provider stock --provider Hca3=acmrs
-                       --provider Hca2=stock,Hca3=acmrs,Hca4=acmrs
-  --provider-name N    the provider name of a PATH.so given without @NAME
-  --sm-node HCA        HCA that OpenSM runs as (default: first HCA without a daemon)
-  --opt NAME=VALUE     extra ibacm_opts.cfg line on every node (repeatable);
-  --opt NODE:NAME=VALUE  on one node (wins over the line for every node)
-  --hosts-file MODE    written (default: ibacm_hosts.data written, not preloaded) | preload
-                       (written + addr_preload acm_hosts) | none (no hosts file, addr_preload
-                       none: names/IPs of other nodes only over the ACM address protocol)
-  --partition SPEC     a partition besides the default (repeatable): PKEY:NODE[=full|limited],..
-                       e.g. 0x8001:Hca2,Hca3 or 0x8002:Hca2,Hca3=limited,Hca4=limited; OpenSM
-                       gets a partitions.conf, each member's address file its addresses
-                       there (hca3-8001, 10.41.0.3, fd00:acf:8001::3; scripts: {Hca3.name@8001})
-  --qos-policy FILE    OpenSM runs with --qos and this qos-policy.conf (e.g. a qos-ulps section
-                       mapping ServiceID ranges to SLs)
-  --subnet-timeout N   PortInfo SubnetTimeOut code 0..31 the daemons see (default: simverbs's,
-                       OpenSM's 18 in place of ibsim's placeholder 31; 8 = 1 ms)
-  --keep               keep the scratch directory (logs) after teardown
-  --name-prefix P      label of the fabric name and scratch dir (default acmfab-cli)
-";
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Bring the fabric up, print how to reach it, wait for Ctrl-C (or SIGTERM), tear down
+    Up {
+        #[command(flatten)]
+        fabric: FabricArgs,
+    },
+    /// Bring up, run `ib_acme IB_ACME_ARGS` against NODE's daemon (repeating until the output
+    /// contains TEXT, if given), print it, tear down; the exit status is ib_acme's
+    Run {
+        #[command(flatten)]
+        fabric: FabricArgs,
+        /// The daemon node ib_acme talks to
+        #[arg(long, value_name = "NODE")]
+        on: String,
+        /// Repeat ib_acme until its output contains TEXT (up to --timeout)
+        #[arg(long, value_name = "TEXT")]
+        until: Option<String>,
+        /// How long --until repeats
+        #[arg(long, value_name = "SECS", default_value = "15", value_parser = num::<u64>)]
+        timeout: u64,
+        /// ib_acme's arguments, after --
+        #[arg(last = true, required = true, value_name = "IB_ACME_ARGS")]
+        acme: Vec<String>,
+    },
+    /// Bring up once, run every STEP (from --cmd, then from FILE or stdin `-`), printing each
+    /// command and its output, tear down; exit 1 if any step failed, 2 for a bad script
+    ///
+    /// STEP: `NODE[:] IB_ACME_ARGS...` | `port-down HCA` | `port-up HCA` | `sleep SECS` |
+    /// `refused NODE[:] IB_ACME_ARGS...`; `#` comments; placeholders {NODE.lid} {NODE.gid}
+    /// {NODE.name} {NODE.ipv4} {NODE.ipv6} {NODE.name@PKEY}. E.g. acm-fabric script --nodes
+    /// Hca3,Hca4 --retry 10 --cmd 'Hca3: -f l -s {Hca3.lid} -d {Hca4.lid} -v'
+    Script {
+        #[command(flatten)]
+        fabric: FabricArgs,
+        /// Repeat a failing ib_acme step for up to SECS (0..3600; default: once)
+        #[arg(long, value_name = "SECS", default_value = "0", value_parser = retry_secs)]
+        retry: Duration,
+        /// A step, run before FILE's (repeatable)
+        #[arg(long = "cmd", value_name = "STEP")]
+        cmds: Vec<String>,
+        /// A script file, or - for stdin
+        #[arg(value_name = "FILE|-")]
+        file: Option<String>,
+    },
+    /// Print the ibsim net file of SPEC
+    Topology {
+        /// A shipped example, fattree:LEAVES,SPINES,HCAS, or a net file
+        #[arg(value_name = "SPEC")]
+        spec: String,
+    },
+    /// List the shipped topologies
+    Examples,
+}
+
+/// The fabric options of `up`, `run` and `script`.
+#[derive(Args, Debug)]
+struct FabricArgs {
+    /// A shipped example, fattree:LEAVES,SPINES,HCAS, or the path of an ibsim net file
+    #[arg(long, value_name = "SPEC", default_value = "net.2sw2path4hca")]
+    topology: String,
+    /// HCAs that run an ibacm daemon, comma-separated
+    #[arg(long, value_name = "A,B,...", default_value = "Hca2,Hca3,Hca4")]
+    nodes: String,
+    /// stock (Debian libibacmp.so, the default) | acmrs | PATH.so[@NAME] | installed:NAME
+    /// (already in ibacm's default provider directory, e.g. from the acmrs .deb) for every
+    /// node; NODE=P for one node; repeatable or comma-separated (--provider stock --provider
+    /// Hca3=acmrs, --provider Hca2=stock,Hca3=acmrs,Hca4=acmrs)
+    #[arg(long = "provider", value_name = "P")]
+    providers: Vec<String>,
+    /// The provider name of a PATH.so given without @NAME
+    #[arg(long, value_name = "N")]
+    provider_name: Option<String>,
+    /// The HCA OpenSM runs as [default: the first HCA without a daemon]
+    #[arg(long, value_name = "HCA")]
+    sm_node: Option<String>,
+    /// An extra ibacm_opts.cfg line on every node, or with NODE: on one node (which wins over
+    /// the line for every node); repeatable
+    #[arg(long = "opt", value_name = "[NODE:]NAME=VALUE", value_parser = OptSpec::parse)]
+    opts: Vec<OptSpec>,
+    /// written: ibacm_hosts.data written, not preloaded | preload: written and addr_preload
+    /// acm_hosts | none: no hosts file, addr_preload none (other nodes' names and IPs only over
+    /// the ACM address protocol)
+    #[arg(long, value_name = "MODE", default_value = "written", value_parser = HostsFile::parse)]
+    hosts_file: HostsFile,
+    /// A partition besides the default, PKEY:NODE[=full|limited],.. (repeatable), e.g.
+    /// 0x8001:Hca2,Hca3 or 0x8002:Hca2,Hca3=limited,Hca4=limited: OpenSM gets a
+    /// partitions.conf, each member's address file its addresses there (hca3-8001, 10.41.0.3,
+    /// fd00:acf:8001::3; in scripts {Hca3.name@8001})
+    #[arg(long = "partition", value_name = "SPEC", value_parser = Partition::parse)]
+    partitions: Vec<Partition>,
+    /// OpenSM runs with --qos and this qos-policy.conf (e.g. a qos-ulps section mapping
+    /// ServiceID ranges to SLs)
+    #[arg(long, value_name = "FILE")]
+    qos_policy: Option<PathBuf>,
+    /// The PortInfo SubnetTimeOut code 0..31 the daemons see [default: simverbs's, OpenSM's 18
+    /// in place of ibsim's placeholder 31; 8 = 1 ms]
+    #[arg(long, value_name = "N", value_parser = subnet_timeout, allow_negative_numbers = true)]
+    subnet_timeout: Option<u8>,
+    /// Keep the scratch directory (logs) after teardown
+    #[arg(long)]
+    keep: bool,
+    /// Label of the fabric name and the scratch directory
+    #[arg(long, value_name = "P", default_value = "acmfab-cli")]
+    name_prefix: String,
+}
+
+/// `--subnet-timeout`: a SubnetTimeOut code.
+fn subnet_timeout(v: &str) -> Result<u8, String> {
+    v.parse::<u8>()
+        .ok()
+        .filter(|c| *c <= 31)
+        .ok_or_else(|| format!("wants a code in 0..31, got {v:?}"))
+}
+
+/// `--retry`: seconds, fractions allowed, 0..3600.
+fn retry_secs(v: &str) -> Result<Duration, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| (0.0..=3600.0).contains(s))
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("wants seconds (0..3600), got {v:?}"))
+}
 
 /// Set while `up` waits for a signal: a signal then means a graceful teardown.
 static WAITING: AtomicBool = AtomicBool::new(false);
@@ -66,8 +159,8 @@ fn main() -> ExitCode {
         eprintln!("acm-fabric: {e}");
         return ExitCode::from(2);
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match real_main(&args, &rx) {
+    let cli: Cli = acm_report::cli::parse(2);
+    match real_main(cli.cmd, &rx) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("acm-fabric: {e}");
@@ -111,199 +204,94 @@ fn install_signal_thread(tx: mpsc::Sender<i32>) -> Result<(), String> {
     Ok(())
 }
 
-struct Opts {
+/// What the fabric options make: the builder, and what a script is checked against.
+struct Setup {
     builder: FabricBuilder,
-    on: Option<String>,
-    until: Option<String>,
-    timeout: Duration,
-    rest: Vec<String>,
     keep: bool,
-    /// `script`: `--cmd` steps, `--retry`, the positional FILE (`-` = stdin).
-    cmds: Vec<String>,
-    retry: Duration,
-    file: Option<String>,
     /// Daemon nodes and every HCA of the topology (to check a script before bring-up).
     nodes: Vec<String>,
     hcas: Vec<String>,
 }
 
-fn parse_fabric_opts(args: &[String]) -> Result<Opts, String> {
-    let mut topology = "net.2sw2path4hca".to_string();
-    let mut nodes = vec!["Hca2".to_string(), "Hca3".into(), "Hca4".into()];
-    let mut providers: Vec<String> = Vec::new();
-    let mut provider_name: Option<String> = None;
-    let mut hosts_file = HostsFile::Written;
-    let mut sm_node = None;
-    let mut subnet_timeout = None;
-    let mut partitions = Vec::new();
-    let mut qos_policy: Option<String> = None;
-    let mut opts = Vec::new();
-    let mut keep = false;
-    let mut prefix = "acmfab-cli".to_string();
-    let mut on = None;
-    let mut until = None;
-    let mut timeout = Duration::from_secs(15);
-    let mut rest = Vec::new();
-    let mut cmds = Vec::new();
-    let mut retry = Duration::ZERO;
-    let mut file = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
-        };
-        match a.as_str() {
-            "--topology" => topology = val("--topology")?,
-            "--nodes" => {
-                nodes = val("--nodes")?
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect()
+impl FabricArgs {
+    /// The fabric builder of these options; what start() would refuse is refused here already,
+    /// so a script fails before anything starts.
+    fn setup(&self) -> Result<Setup, String> {
+        let topology = Topology::parse(&self.topology).map_err(|e| e.to_string())?;
+        let hcas = topology.hcas();
+        let nodes: Vec<String> = self
+            .nodes
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        let providers = ProviderChoice::parse(&self.providers, self.provider_name.as_deref())
+            .map_err(|e| e.to_string())?;
+        for (n, _) in &providers.per_node {
+            if !nodes.contains(n) {
+                return Err(format!(
+                    "--provider {n}=...: {n} is not a daemon node (--nodes {})",
+                    nodes.join(",")
+                ));
             }
-            "--provider" => providers.push(val("--provider")?),
-            "--hosts-file" => {
-                hosts_file = HostsFile::parse(&val("--hosts-file")?).map_err(|e| e.to_string())?
-            }
-            "--provider-name" => provider_name = Some(val("--provider-name")?),
-            "--sm-node" => sm_node = Some(val("--sm-node")?),
-            "--qos-policy" => {
-                let f = val("--qos-policy")?;
-                qos_policy = Some(
-                    std::fs::read_to_string(&f).map_err(|e| format!("--qos-policy {f}: {e}"))?,
-                );
-            }
-            "--partition" => {
-                partitions.push(Partition::parse(&val("--partition")?).map_err(|e| e.to_string())?)
-            }
-            "--opt" => opts.push(OptSpec::parse(&val("--opt")?).map_err(|e| e.to_string())?),
-            "--subnet-timeout" => {
-                let v = val("--subnet-timeout")?;
-                subnet_timeout =
-                    Some(v.parse::<u8>().ok().filter(|c| *c <= 31).ok_or_else(|| {
-                        format!("--subnet-timeout wants a code in 0..31, got {v:?}")
-                    })?);
-            }
-            "--keep" => keep = true,
-            "--name-prefix" => prefix = val("--name-prefix")?,
-            "--on" => on = Some(val("--on")?),
-            "--until" => until = Some(val("--until")?),
-            "--timeout" => {
-                let v = val("--timeout")?;
-                let secs: u64 = v
-                    .parse()
-                    .map_err(|_| format!("--timeout wants seconds, got {v:?}"))?;
-                timeout = Duration::from_secs(secs);
-            }
-            "--cmd" => cmds.push(val("--cmd")?),
-            "--retry" => {
-                let v = val("--retry")?;
-                let secs: f64 = v
-                    .parse()
-                    .ok()
-                    .filter(|s| (0.0..=3600.0).contains(s))
-                    .ok_or_else(|| format!("--retry wants seconds (0..3600), got {v:?}"))?;
-                retry = Duration::from_secs_f64(secs);
-            }
-            "--" => {
-                rest = it.cloned().collect();
-                break;
-            }
-            other if (other == "-" || !other.starts_with('-')) && file.is_none() => {
-                file = Some(other.to_string())
-            }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
-    }
-    let topology = Topology::parse(&topology).map_err(|e| e.to_string())?;
-    let hcas = topology.hcas();
-    let node_names = nodes.clone();
-    let providers =
-        ProviderChoice::parse(&providers, provider_name.as_deref()).map_err(|e| e.to_string())?;
-    // Checked here too (start() checks again) so a script fails before anything starts.
-    for (n, _) in &providers.per_node {
-        if !node_names.contains(n) {
-            return Err(format!(
-                "--provider {n}=...: {n} is not a daemon node (--nodes {})",
-                node_names.join(",")
-            ));
+        for o in &self.opts {
+            if let Some(n) = o.node.as_ref().filter(|n| !nodes.contains(n)) {
+                return Err(format!(
+                    "--opt {n}:{}=...: {n} is not a daemon node (--nodes {})",
+                    o.name,
+                    nodes.join(",")
+                ));
+            }
         }
-    }
-    for o in &opts {
-        if let Some(n) = o.node.as_ref().filter(|n| !node_names.contains(n)) {
-            return Err(format!(
-                "--opt {n}:{}=...: {n} is not a daemon node (--nodes {})",
-                o.name,
-                node_names.join(",")
-            ));
+        let mut builder = Fabric::builder(topology, nodes.clone())
+            .providers(&providers)
+            .hosts_file(self.hosts_file)
+            .keep_scratch(self.keep)
+            .name_prefix(&self.name_prefix);
+        if let Some(s) = &self.sm_node {
+            builder = builder.sm_node(s);
         }
+        if let Some(code) = self.subnet_timeout {
+            builder = builder.subnet_timeout(code);
+        }
+        for p in &self.partitions {
+            builder = builder.partition(p.clone());
+        }
+        if let Some(f) = &self.qos_policy {
+            let q = std::fs::read_to_string(f)
+                .map_err(|e| format!("--qos-policy {}: {e}", f.display()))?;
+            builder = builder.qos_policy(&q);
+        }
+        for o in &self.opts {
+            builder = match &o.node {
+                None => builder.option(&o.name, &o.value),
+                Some(n) => builder.node_option(n, &o.name, &o.value),
+            };
+        }
+        Ok(Setup {
+            builder,
+            keep: self.keep,
+            nodes,
+            hcas,
+        })
     }
-    let mut builder = Fabric::builder(topology, nodes)
-        .providers(&providers)
-        .hosts_file(hosts_file)
-        .keep_scratch(keep)
-        .name_prefix(&prefix);
-    if let Some(s) = sm_node {
-        builder = builder.sm_node(&s);
-    }
-    if let Some(code) = subnet_timeout {
-        builder = builder.subnet_timeout(code);
-    }
-    for p in partitions {
-        builder = builder.partition(p);
-    }
-    if let Some(q) = &qos_policy {
-        builder = builder.qos_policy(q);
-    }
-    for o in &opts {
-        builder = match &o.node {
-            None => builder.option(&o.name, &o.value),
-            Some(n) => builder.node_option(n, &o.name, &o.value),
-        };
-    }
-    Ok(Opts {
-        builder,
-        on,
-        until,
-        timeout,
-        rest,
-        keep,
-        cmds,
-        retry,
-        file,
-        nodes: node_names,
-        hcas,
-    })
 }
 
-fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode, String> {
-    let Some(cmd) = args.first() else {
-        eprint!("{USAGE}");
-        return Ok(ExitCode::from(2));
-    };
-    match cmd.as_str() {
-        "help" | "--help" | "-h" => {
-            print!("{USAGE}");
-            Ok(ExitCode::SUCCESS)
-        }
-        "examples" => {
+fn real_main(cmd: Cmd, signals: &mpsc::Receiver<i32>) -> Result<ExitCode, String> {
+    match cmd {
+        Cmd::Examples => {
             for n in Topology::example_names() {
                 println!("{n}");
             }
             Ok(ExitCode::SUCCESS)
         }
-        "topology" => {
-            let spec = args
-                .get(1)
-                .ok_or_else(|| format!("topology needs a SPEC\n{USAGE}"))?;
-            print!("{}", Topology::parse(spec).map_err(|e| e.to_string())?.net);
+        Cmd::Topology { spec } => {
+            print!("{}", Topology::parse(&spec).map_err(|e| e.to_string())?.net);
             Ok(ExitCode::SUCCESS)
         }
-        "up" => {
-            let o = parse_fabric_opts(&args[1..])?;
-            only_script_takes(&o)?;
+        Cmd::Up { fabric } => {
+            let o = fabric.setup()?;
             let fabric = o.builder.start().map_err(|e| e.to_string())?;
             print_summary(&fabric);
             if o.keep {
@@ -318,27 +306,29 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
             drop(fabric);
             Ok(ExitCode::SUCCESS)
         }
-        "run" => {
-            let o = parse_fabric_opts(&args[1..])?;
-            only_script_takes(&o)?;
-            let on =
-                o.on.ok_or_else(|| format!("run needs --on NODE\n{USAGE}"))?;
-            if o.rest.is_empty() {
-                return Err(format!("run needs ib_acme arguments after --\n{USAGE}"));
-            }
+        Cmd::Run {
+            fabric,
+            on,
+            until,
+            timeout,
+            acme,
+        } => {
+            let o = fabric.setup()?;
             let fabric = o.builder.start().map_err(|e| e.to_string())?;
             print_summary(&fabric);
             let node = fabric.node(&on).map_err(|e| e.to_string())?;
-            let argv: Vec<&str> = o.rest.iter().map(String::as_str).collect();
-            let out = match &o.until {
-                Some(text) => node.acme_until(&argv, o.timeout, |out| out.stdout.contains(text)),
+            let argv: Vec<&str> = acme.iter().map(String::as_str).collect();
+            let out = match &until {
+                Some(text) => node.acme_until(&argv, Duration::from_secs(timeout), |out| {
+                    out.stdout.contains(text)
+                }),
                 None => node.acme(&argv),
             }
             .map_err(|e| e.to_string())?;
-            println!("$ ib_acme {}", o.rest.join(" "));
+            println!("$ ib_acme {}", acme.join(" "));
             print!("{}", out.stdout);
             eprint!("{}", out.stderr);
-            let ok = out.success() && o.until.as_ref().is_none_or(|t| out.stdout.contains(t));
+            let ok = out.success() && until.as_ref().is_none_or(|t| out.stdout.contains(t));
             if !ok {
                 eprintln!("{}", fabric.logs_report());
             }
@@ -348,15 +338,15 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
                 _ => ExitCode::from(1),
             })
         }
-        "script" => {
-            let o = parse_fabric_opts(&args[1..])?;
-            if o.on.is_some() || o.until.is_some() || !o.rest.is_empty() {
-                return Err(format!(
-                    "script takes its commands from --cmd and FILE, not --on/--until/--\n{USAGE}"
-                ));
-            }
-            let mut text = o.cmds.join("\n");
-            match o.file.as_deref() {
+        Cmd::Script {
+            fabric,
+            retry,
+            cmds,
+            file,
+        } => {
+            let o = fabric.setup()?;
+            let mut text = cmds.join("\n");
+            match file.as_deref() {
                 Some("-") => {
                     let mut s = String::new();
                     std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
@@ -373,7 +363,10 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
             // Check the whole script before starting anything; `--cmd` lines come first.
             let steps = match script::parse_script(&text, &o.nodes, &o.hcas) {
                 Ok(s) if s.is_empty() => {
-                    eprintln!("acm-fabric: script has no steps\n{USAGE}");
+                    eprintln!(
+                        "acm-fabric: script has no steps (--cmd STEP or FILE|-; \
+                         acm-fabric script --help)"
+                    );
                     return Ok(ExitCode::from(2));
                 }
                 Ok(s) => s,
@@ -385,7 +378,7 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
             let mut fabric = o.builder.start().map_err(|e| e.to_string())?;
             print_summary(&fabric);
             let mut stdout = std::io::stdout().lock();
-            let failed = script::run_script(&mut fabric, &steps, o.retry, &mut stdout)
+            let failed = script::run_script(&mut fabric, &steps, retry, &mut stdout)
                 .map_err(|e| e.to_string())?;
             println!("{} step(s), {failed} failed", steps.len());
             if failed > 0 {
@@ -398,19 +391,7 @@ fn real_main(args: &[String], signals: &mpsc::Receiver<i32>) -> Result<ExitCode,
                 ExitCode::from(1)
             })
         }
-        other => Err(format!("unknown command {other:?}\n{USAGE}")),
     }
-}
-
-/// `--cmd`, `--retry` and a positional FILE belong to `script`.
-fn only_script_takes(o: &Opts) -> Result<(), String> {
-    if let Some(f) = &o.file {
-        return Err(format!("unknown argument {f:?}\n{USAGE}"));
-    }
-    if !o.cmds.is_empty() || !o.retry.is_zero() {
-        return Err(format!("--cmd and --retry are for `script`\n{USAGE}"));
-    }
-    Ok(())
 }
 
 fn print_summary(f: &Fabric) {
@@ -464,86 +445,156 @@ fn print_summary(f: &Fabric) {
 mod tests {
     use super::*;
 
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
+    /// `acm-fabric <cmd> <a…>` as the binary parses it.
+    fn cli(a: &[&str]) -> Result<Cmd, String> {
+        acm_report::cli::try_parse_from::<Cli, _, _>(["acm-fabric"].iter().chain(a).copied())
+            .map(|c| c.cmd)
+            .map_err(|e| acm_report::cli::message(&e))
+    }
+
+    /// The setup of `acm-fabric up <a…>`.
+    fn setup(a: &[&str]) -> Result<Setup, String> {
+        match cli(&[&["up"], a].concat())? {
+            Cmd::Up { fabric } => fabric.setup(),
+            _ => unreachable!("up parses as Up"),
+        }
     }
 
     #[test]
     fn subnet_timeout_flag_is_validated() {
-        let ok = parse_fabric_opts(&args(&["--subnet-timeout", "8"])).expect("8 is valid");
+        let ok = setup(&["--subnet-timeout", "8"]).expect("8 is valid");
         assert!(
             format!("{:?}", ok.builder).contains("subnet_timeout: Some(8)"),
             "{:?}",
             ok.builder
         );
-        let unset = parse_fabric_opts(&args(&[])).expect("defaults");
+        let unset = setup(&[]).expect("defaults");
         assert!(format!("{:?}", unset.builder).contains("subnet_timeout: None"));
         for bad in ["32", "-1", "x", ""] {
-            let e = parse_fabric_opts(&args(&["--subnet-timeout", bad]))
+            let e = setup(&["--subnet-timeout", bad])
                 .err()
                 .unwrap_or_else(|| panic!("{bad:?} accepted"));
-            assert!(e.contains("0..31"), "{e}");
+            assert!(
+                e.contains("0..31") || e.contains("a value is required"),
+                "{e}"
+            );
         }
-        let e = parse_fabric_opts(&args(&["--subnet-timeout"]))
+        let e = setup(&["--subnet-timeout"])
             .err()
             .expect("missing value accepted");
-        assert!(e.contains("--subnet-timeout needs a value"), "{e}");
+        assert!(
+            e.contains("a value is required for '--subnet-timeout <N>'"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn subcommands_take_their_own_options() {
+        match cli(&["run", "--on", "Hca3", "--until", "x", "--", "-f", "l", "-v"]).unwrap() {
+            Cmd::Run {
+                on,
+                until,
+                timeout,
+                acme,
+                ..
+            } => {
+                assert_eq!(
+                    (on.as_str(), until.as_deref(), timeout),
+                    ("Hca3", Some("x"), 15)
+                );
+                assert_eq!(acme, ["-f", "l", "-v"]);
+            }
+            _ => panic!("not run"),
+        }
+        assert!(cli(&["run", "--", "-e"])
+            .unwrap_err()
+            .contains("needs --on <NODE>"));
+        assert!(cli(&["run", "--on", "Hca3"])
+            .unwrap_err()
+            .contains("IB_ACME_ARGS"));
+        match cli(&[
+            "script", "--retry", "2.5", "--cmd", "Hca3 -e", "--cmd", "sleep 1", "-",
+        ])
+        .unwrap()
+        {
+            Cmd::Script {
+                retry, cmds, file, ..
+            } => {
+                assert_eq!(retry, Duration::from_millis(2500));
+                assert_eq!(cmds, ["Hca3 -e", "sleep 1"]);
+                assert_eq!(file.as_deref(), Some("-"));
+            }
+            _ => panic!("not script"),
+        }
+        assert!(cli(&["script", "--retry", "4000"])
+            .unwrap_err()
+            .contains("0..3600"));
+        // --cmd and a FILE belong to `script`.
+        assert!(cli(&["up", "--cmd", "Hca3 -e"])
+            .unwrap_err()
+            .contains("unexpected option '--cmd'"));
+        assert!(cli(&["up", "file"])
+            .unwrap_err()
+            .contains("unexpected argument 'file'"));
+        assert!(cli(&["frobnicate"])
+            .unwrap_err()
+            .contains("unknown command 'frobnicate'"));
+        // The last of a repeated single-value option wins, as before clap.
+        let o = setup(&["--nodes", "Hca2", "--nodes", "Hca3,Hca4"]).unwrap();
+        assert_eq!(o.nodes, ["Hca3", "Hca4"]);
     }
 
     #[test]
     fn per_node_providers_and_options() {
         use acm_fabric::Provider;
         // The old form: one provider for every node.
-        let o = parse_fabric_opts(&args(&["--provider", "acmrs"])).unwrap();
+        let o = setup(&["--provider", "acmrs"]).unwrap();
         for n in ["Hca2", "Hca3", "Hca4"] {
             assert_eq!(o.builder.provider_of(n), &Provider::Acmrs);
         }
-        let o = parse_fabric_opts(&args(&[])).unwrap();
+        let o = setup(&[]).unwrap();
         assert_eq!(o.builder.provider_of("Hca3"), &Provider::Stock);
         // A default and one node.
-        let o =
-            parse_fabric_opts(&args(&["--provider", "stock", "--provider", "Hca3=acmrs"])).unwrap();
+        let o = setup(&["--provider", "stock", "--provider", "Hca3=acmrs"]).unwrap();
         assert_eq!(o.builder.provider_of("Hca2"), &Provider::Stock);
         assert_eq!(o.builder.provider_of("Hca3"), &Provider::Acmrs);
         assert_eq!(o.builder.provider_of("Hca4"), &Provider::Stock);
         // A list, no default (stock).
-        let o = parse_fabric_opts(&args(&["--provider", "Hca3=acmrs,Hca4=acmrs"])).unwrap();
+        let o = setup(&["--provider", "Hca3=acmrs,Hca4=acmrs"]).unwrap();
         assert_eq!(o.builder.provider_of("Hca2"), &Provider::Stock);
         assert_eq!(o.builder.provider_of("Hca4"), &Provider::Acmrs);
         // A path with --provider-name (the old form) and per node with @NAME.
-        let o = parse_fabric_opts(&args(&[
+        let o = setup(&[
             "--provider",
             "/x/libp.so",
             "--provider-name",
             "p",
             "--provider",
             "Hca4=/y/libq.so@q",
-        ]))
+        ])
         .unwrap();
         assert_eq!(o.builder.provider_of("Hca2").name(), "p");
         assert_eq!(o.builder.provider_of("Hca4").name(), "q");
         // Nodes that run no daemon are refused before anything starts.
-        let e = parse_fabric_opts(&args(&["--nodes", "Hca3,Hca4", "--provider", "Hca2=acmrs"]))
+        let e = setup(&["--nodes", "Hca3,Hca4", "--provider", "Hca2=acmrs"])
             .err()
             .unwrap();
         assert!(e.contains("Hca2 is not a daemon node"), "{e}");
-        let e = parse_fabric_opts(&args(&["--nodes", "Hca3", "--opt", "Hca4:timeout=5"]))
+        let e = setup(&["--nodes", "Hca3", "--opt", "Hca4:timeout=5"])
             .err()
             .unwrap();
         assert!(e.contains("Hca4 is not a daemon node"), "{e}");
-        let e = parse_fabric_opts(&args(&["--provider", "stock,acmrs"]))
-            .err()
-            .unwrap();
+        let e = setup(&["--provider", "stock,acmrs"]).err().unwrap();
         assert!(e.contains("two default providers"), "{e}");
         // Per-node and global options reach the builder.
-        let o = parse_fabric_opts(&args(&[
+        let o = setup(&[
             "--opt",
             "timeout=300",
             "--opt",
             "Hca3:retries=1",
             "--hosts-file",
             "none",
-        ]))
+        ])
         .unwrap();
         let dbg = format!("{:?}", o.builder);
         assert!(
@@ -552,9 +603,7 @@ mod tests {
                 && dbg.contains("hosts_file: Absent"),
             "{dbg}"
         );
-        let e = parse_fabric_opts(&args(&["--hosts-file", "maybe"]))
-            .err()
-            .unwrap();
+        let e = setup(&["--hosts-file", "maybe"]).err().unwrap();
         assert!(e.contains("written, preload or none"), "{e}");
     }
 }

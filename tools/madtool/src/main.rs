@@ -22,6 +22,7 @@
 mod umad;
 
 use std::io::Read;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use acm_core_nostd::wire::acm_mad::{AcmMad, AcmResolveRepr, CTRL_RESOLVE};
@@ -34,29 +35,84 @@ use acm_core_nostd::wire::path_record::{
 use acm_core_nostd::wire::rate::{Mtu, Rate};
 use acm_core_nostd::wire::sa::{SaPacket, SaRepr};
 use acm_madtool::{decode, pcap};
+use clap::{ArgGroup, Parser, Subcommand};
 
-const USAGE: &str = "usage:
-  madtool decode <file|->
-  madtool decode --hex <hex digits>
-  madtool decode --client <file|->
-  madtool decode --client --hex <hex digits>
-  madtool capture --out <dir> [--dlid N] [--dguid GUID] [--missing-dlid N]
-  madtool acm-respond <request.bin> <response.bin>
-  madtool pcap [--brief] <file.pcap>...";
+/// Decode InfiniBand MADs (SA PathRecord / MCMemberRecord, ibacm class 0x2C) and ibacm client
+/// messages; capture real SA replies through libibumad; decode pcap captures.
+#[derive(Parser)]
+#[command(name = "madtool", version, arg_required_else_help = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Decode a binary MAD (256 bytes for SA / ACM) or, with --client, an ibacm client message
+    #[command(group(ArgGroup::new("input").required(true).args(["file", "hex"])))]
+    Decode {
+        /// The bytes: a file, or - for stdin
+        #[arg(value_name = "file|-")]
+        file: Option<String>,
+        /// The bytes as hex digits instead of a file
+        #[arg(long, value_name = "hex digits")]
+        hex: Option<String>,
+        /// An ibacm client message (acm_msg: RESOLVE in native order, PERF_QUERY big-endian)
+        #[arg(long)]
+        client: bool,
+    },
+    /// Send PathRecord GETs and an ACM MCMemberRecord SET to the SA; save requests and replies
+    /// as DIR/opensm_*.bin
+    Capture {
+        /// Where the .bin files go (created if missing)
+        #[arg(long, value_name = "dir")]
+        out: String,
+        /// Destination LID of the PathRecord GET by LID (defaults fit ibsim's
+        /// net.2sw2path4hca with OpenSM: Hca4)
+        #[arg(long, value_name = "N", default_value = "6", value_parser = parse_num)]
+        dlid: u64,
+        /// Destination port GUID of the PathRecord GET by GID (Hca3)
+        #[arg(long, value_name = "GUID", default_value = "0x100007", value_parser = parse_num)]
+        dguid: u64,
+        /// A LID nobody has: the SA answers ERR_NO_RECORDS
+        #[arg(long, value_name = "N", default_value = "0x99", value_parser = parse_num)]
+        missing_dlid: u64,
+    },
+    /// Answer an ibacm class 0x2C resolve request as acmp does (GET_RESP, same TID, one GID:
+    /// the requester's last MGID)
+    AcmRespond {
+        /// The request MAD
+        #[arg(value_name = "request.bin")]
+        request: PathBuf,
+        /// Where the response MAD goes
+        #[arg(value_name = "response.bin")]
+        response: PathBuf,
+    },
+    /// Print the IB headers (LRH/GRH/BTH/DETH) and the decoded MAD of every packet of pcap
+    /// files (ERF 197 type 21, USER0 147, INFINIBAND 247; e.g. from SIMVERBS_PCAP), merged by
+    /// time
+    Pcap {
+        /// One key=value line per packet
+        #[arg(long)]
+        brief: bool,
+        /// The capture files
+        #[arg(value_name = "file.pcap")]
+        files: Vec<String>,
+    },
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("decode") => cmd_decode(&args[1..]),
-        Some("capture") => cmd_capture(&args[1..]),
-        Some("acm-respond") => cmd_acm_respond(&args[1..]),
-        Some("pcap") => cmd_pcap(&args[1..]),
-        Some("-h") | Some("--help") | Some("help") => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        Some(other) => Err(format!("unknown command '{other}'\n{USAGE}")),
-        None => Err(USAGE.to_string()),
+    let cli: Cli = acm_report::cli::parse(1);
+    let result = match cli.cmd {
+        Cmd::Decode { file, hex, client } => cmd_decode(file.as_deref(), hex.as_deref(), client),
+        Cmd::Capture {
+            out,
+            dlid,
+            dguid,
+            missing_dlid,
+        } => cmd_capture(&out, dlid, dguid, missing_dlid),
+        Cmd::AcmRespond { request, response } => cmd_acm_respond(&request, &response),
+        Cmd::Pcap { brief, files } => cmd_pcap(&files, brief),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,21 +123,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn cmd_decode(args: &[String]) -> Result<(), String> {
-    let mut client = false;
-    let mut hex: Option<&str> = None;
-    let mut file: Option<&str> = None;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--client" => client = true,
-            "--hex" => hex = Some(it.next().ok_or("--hex needs an argument")?),
-            f if file.is_none() && hex.is_none() => file = Some(f),
-            other => return Err(format!("unexpected argument '{other}'\n{USAGE}")),
-        }
-    }
+fn cmd_decode(file: Option<&str>, hex: Option<&str>, client: bool) -> Result<(), String> {
     let bytes = match (hex, file) {
-        (Some(h), None) => decode::parse_hex(h)?,
+        (Some(h), _) => decode::parse_hex(h)?,
         (None, Some("-")) => {
             let mut v = Vec::new();
             std::io::stdin()
@@ -90,11 +134,7 @@ fn cmd_decode(args: &[String]) -> Result<(), String> {
             v
         }
         (None, Some(f)) => std::fs::read(f).map_err(|e| format!("reading {f}: {e}"))?,
-        _ => {
-            return Err(format!(
-                "decode needs exactly one of <file|-> or --hex\n{USAGE}"
-            ))
-        }
+        (None, None) => unreachable!("clap requires <file|-> or --hex"),
     };
     let text = if client {
         decode::decode_client(&bytes)?
@@ -105,23 +145,16 @@ fn cmd_decode(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn cmd_pcap(args: &[String]) -> Result<(), String> {
-    let mut brief = false;
-    let mut files = Vec::new();
-    for a in args {
-        match a.as_str() {
-            "--brief" => brief = true,
-            f if f.starts_with("--") => return Err(format!("unexpected option '{f}'\n{USAGE}")),
-            f => files.push(f.to_string()),
-        }
-    }
+fn cmd_pcap(files: &[String], brief: bool) -> Result<(), String> {
+    // Checked here, not by clap, to keep madtool's own message for it.
     if files.is_empty() {
-        return Err(format!("pcap needs at least one file\n{USAGE}"));
+        return Err("pcap needs at least one file (madtool pcap --help)".into());
     }
-    print!("{}", pcap::run(&files, brief)?);
+    print!("{}", pcap::run(files, brief)?);
     Ok(())
 }
 
+/// A number, decimal or `0x` hex.
 fn parse_num(s: &str) -> Result<u64, String> {
     let r = match s.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16),
@@ -130,25 +163,8 @@ fn parse_num(s: &str) -> Result<u64, String> {
     r.map_err(|_| format!("'{s}' is not a number"))
 }
 
-fn cmd_capture(args: &[String]) -> Result<(), String> {
-    let mut out: Option<String> = None;
-    // Defaults fit ibsim's net.2sw2path4hca with OpenSM: Hca4 = LID 6, Hca3 GUID 0x100007.
-    let mut dlid = 6u64;
-    let mut dguid = 0x10_0007u64;
-    let mut missing = 0x99u64;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || it.next().ok_or(format!("{a} needs an argument"));
-        match a.as_str() {
-            "--out" => out = Some(val()?.clone()),
-            "--dlid" => dlid = parse_num(val()?)?,
-            "--dguid" => dguid = parse_num(val()?)?,
-            "--missing-dlid" => missing = parse_num(val()?)?,
-            other => return Err(format!("unexpected argument '{other}'\n{USAGE}")),
-        }
-    }
-    let out = out.ok_or(format!("capture needs --out <dir>\n{USAGE}"))?;
-    std::fs::create_dir_all(&out).map_err(|e| format!("creating {out}: {e}"))?;
+fn cmd_capture(out: &str, dlid: u64, dguid: u64, missing: u64) -> Result<(), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("creating {out}: {e}"))?;
     let agent = umad::SaAgent::open()?;
     let me = agent.info().clone();
     eprintln!(
@@ -225,13 +241,9 @@ fn path_get(tid: u64, record: &PathRecordRepr, mask: u64) -> [u8; 256] {
 
 /// Builds acmp's answer to a resolve request: GET_RESP, same TID, `gid_cnt = 1` with the
 /// requester's last (most preferred) MGID, addresses zero.
-fn cmd_acm_respond(args: &[String]) -> Result<(), String> {
-    let [req, out] = args else {
-        return Err(format!(
-            "acm-respond needs <request.bin> <response.bin>\n{USAGE}"
-        ));
-    };
-    let bytes = std::fs::read(req).map_err(|e| format!("reading {req}: {e}"))?;
+fn cmd_acm_respond(request: &std::path::Path, out: &std::path::Path) -> Result<(), String> {
+    let req = request.display();
+    let bytes = std::fs::read(request).map_err(|e| format!("reading {req}: {e}"))?;
     let r = AcmResolveRepr::parse(
         &AcmMad::new_checked(&bytes[..])
             .map_err(|_| format!("{req}: {} bytes; an ACM MAD is 256", bytes.len()))?,
@@ -251,5 +263,5 @@ fn cmd_acm_respond(args: &[String]) -> Result<(), String> {
     AcmResolveRepr::response(r.tid, mgid)
         .emit(&mut AcmMad::new_unchecked(&mut mad[..]))
         .map_err(|e| format!("encoding the response: {e}"))?;
-    std::fs::write(out, mad).map_err(|e| format!("writing {out}: {e}"))
+    std::fs::write(out, mad).map_err(|e| format!("writing {}: {e}", out.display()))
 }

@@ -5,51 +5,35 @@
 //! Exit codes: 0 = shown, 1 = bad command line or a file could not be written, 2 = no acmrs
 //! provider serving at the socket (or something else answering there).
 
-use acm_bench::{LatencyHistogram, Table};
 use acm_dataplane::export::{decode, Report, COUNTERS, HISTS};
 use acm_dataplane::stats::Snapshot;
+use acm_report::{fmt_ns, LatencyHistogram, Table};
+use clap::Parser;
 use std::io::Read as _;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-const USAGE: &str = "usage: acmrs-stat [--socket PATH] [--hgrm DIR] [--raw]
-  --socket PATH  the provider's stats socket (option acmrs_stat_socket; default /run/acmrs.sock)
-  --hgrm DIR     also write <DIR>/acmrs-port<P>-pkey<K>-<hit|route_miss|addr_miss|sa_rtt>.hgrm
-                 (HdrHistogram percentile distribution, values in microseconds)
-  --raw          print the report as the provider sent it";
-
 /// The default of `acmrs_stat_socket`.
 const DEFAULT_SOCKET: &str = "/run/acmrs.sock";
 
+/// The live per-endpoint counters and latency percentiles of a running ibacm daemon with the
+/// acmrs provider, from its stats socket (docs/stats.md). Exit codes: 0 shown, 1 bad command
+/// line or a file not written, 2 no acmrs provider serving at the socket.
+#[derive(Parser)]
+#[command(name = "acmrs-stat", version)]
 struct Args {
+    /// The provider's stats socket (option acmrs_stat_socket)
+    #[arg(short, long, value_name = "PATH", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// Also write DIR/acmrs-portP-pkeyKKKK-WHAT.hgrm per endpoint, WHAT = hit, route_miss,
+    /// addr_miss, sa_rtt (HdrHistogram percentile distribution, values in microseconds)
+    #[arg(long, value_name = "DIR")]
     hgrm: Option<PathBuf>,
+    /// Print the report as the provider sent it
+    #[arg(long)]
     raw: bool,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        socket: PathBuf::from(DEFAULT_SOCKET),
-        hgrm: None,
-        raw: false,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = |f: &str| {
-            it.next()
-                .ok_or_else(|| format!("{f} needs a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--socket" | "-s" => a.socket = PathBuf::from(value("--socket")?),
-            "--hgrm" => a.hgrm = Some(PathBuf::from(value("--hgrm")?)),
-            "--raw" => a.raw = true,
-            "--help" | "-h" => return Err(USAGE.to_string()),
-            f => return Err(format!("unknown argument {f}\n{USAGE}")),
-        }
-    }
-    Ok(a)
 }
 
 /// Connects and reads one report (the provider writes it and closes).
@@ -68,26 +52,13 @@ fn fetch(socket: &Path) -> Result<String, String> {
     Ok(text)
 }
 
-/// The bench's histogram (ps) of a snapshot (ns): one value per bucket, its highest.
+/// The report crate's histogram (ps) of a snapshot (ns): one value per bucket, its highest.
 fn latency_histogram(s: &Snapshot) -> LatencyHistogram {
     let mut h = LatencyHistogram::new();
     for (ns, count) in s.values() {
         h.record_ps(ns.saturating_mul(1000), count);
     }
     h
-}
-
-/// `312 ns`, `12.3 µs`, `1.24 ms`, `2.50 s`.
-fn human(ns: f64) -> String {
-    if ns < 1e3 {
-        format!("{ns:.0} ns")
-    } else if ns < 1e6 {
-        format!("{:.1} µs", ns / 1e3)
-    } else if ns < 1e9 {
-        format!("{:.2} ms", ns / 1e6)
-    } else {
-        format!("{:.2} s", ns / 1e9)
-    }
 }
 
 fn render(socket: &Path, r: &Report) -> String {
@@ -131,7 +102,7 @@ fn render(socket: &Path, r: &Report) -> String {
                 for v in [
                     s.mean_ns, s.p50_ns, s.p99_ns, s.p999_ns, s.p9999_ns, s.max_ns,
                 ] {
-                    row.push(human(v));
+                    row.push(fmt_ns(v));
                 }
             }
             t.row(row);
@@ -160,13 +131,7 @@ fn write_hgrms(dir: &Path, r: &Report) -> Result<Vec<PathBuf>, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(1);
-        }
-    };
+    let args: Args = acm_report::cli::parse(1);
     let text = match fetch(&args.socket) {
         Ok(t) => t,
         Err(e) => {

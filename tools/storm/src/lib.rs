@@ -364,7 +364,7 @@ pub fn secs(ms: Option<Millis>) -> String {
 
 /// The result table of some reports (Markdown, readable as text).
 pub fn table(reports: &[Report]) -> String {
-    let mut t = acm_bench::Table::new(&[
+    let mut t = acm_report::Table::new(&[
         "configuration",
         "N",
         "k",

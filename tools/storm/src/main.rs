@@ -4,120 +4,150 @@
 use std::path::PathBuf;
 
 use acm_core_nostd::resolver::sim::SaService;
+use acm_report::cli::{counts, num, List, RunOpts};
+use acm_report::plot::{COLORS, SIZE};
+use acm_report::{progress, write_atomic};
 use acmrs_storm::{peak_rss, run, secs, table, Dest, Params, Peers, Profile, Report};
+use clap::{Parser, ValueEnum};
 use plotters::prelude::*;
 
-const USAGE: &str = "acmrs-storm [--quick] [--nodes N[,N…]] [--peers K] [--random] [--gid]
-    [--concurrency C] [--client-retry-ms MS] [--sa-rate R] [--sa-queue Q] [--latency-ms MS]
-    [--loss PER_MILLE] [--umad-timeout-ms MS] [--umad-retries N] [--core-sa-depth D]
-    [--profile acmrs|ibacmp|both] [--seed S] [--horizon-s S] [--out DIR] [--svg PATH] [--md PATH]
+/// A job start-up storm against one SA, in virtual time, over the real resolver: N nodes each
+/// resolve k peers, acmrs's defaults against an ibacmp-like configuration (docs/storm.md).
+///
+/// Defaults: N = 1000,10000, k = 1000 ring neighbours by LID, 64 outstanding requests per node,
+/// client retry 1000 ms, SA 30000 PathRecords/s with a 10000-query queue, 1 ms one-way, no
+/// loss, umad timeout 2000 ms × 2 retries (the core's), core sa_depth unlimited, both
+/// profiles, seed 1, horizon 3600 s, plot to storm.svg (DIR/storm.svg and DIR/storm.md with
+/// --out). --quick: N = 200, k = 50. Numbers may use _ separators (30_000).
+#[derive(Parser)]
+#[command(name = "acmrs-storm", version)]
+struct Cli {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Node counts, one run each [default: 1000,10000; with --quick 200]
+    #[arg(long, value_name = "N[,N…]", value_parser = counts)]
+    nodes: Option<List<usize>>,
+    /// Peers each node resolves [default: 1000; with --quick 50]
+    #[arg(long, value_name = "K", value_parser = num::<usize>)]
+    peers: Option<usize>,
+    /// Peers picked at random (seeded) instead of the ring neighbours
+    #[arg(long)]
+    random: bool,
+    /// Resolve peers by GID instead of LID
+    #[arg(long)]
+    gid: bool,
+    /// Outstanding requests per node
+    #[arg(long, value_name = "C", value_parser = num::<usize>)]
+    concurrency: Option<usize>,
+    /// A failed request is issued again after MS
+    #[arg(long, value_name = "MS", value_parser = num::<u64>)]
+    client_retry_ms: Option<u64>,
+    /// The SA's service rate, PathRecords per second
+    #[arg(long, value_name = "R", value_parser = num::<u64>)]
+    sa_rate: Option<u64>,
+    /// The SA's queue; a query that finds it full is answered BUSY
+    #[arg(long, value_name = "Q", value_parser = num::<usize>)]
+    sa_queue: Option<usize>,
+    /// One-way latency to the SA
+    #[arg(long, value_name = "MS", value_parser = num::<u64>)]
+    latency_ms: Option<u64>,
+    /// MADs lost, per mille
+    #[arg(long, value_name = "PER_MILLE", value_parser = num::<u32>)]
+    loss: Option<u32>,
+    /// The kernel MAD layer's timeout per try
+    #[arg(long, value_name = "MS", value_parser = num::<u64>)]
+    umad_timeout_ms: Option<u64>,
+    /// The kernel MAD layer's retries
+    #[arg(long, value_name = "N", value_parser = num::<u32>)]
+    umad_retries: Option<u32>,
+    /// The ibacm core's SA credits per port (its sa_depth; at least 1) [default: unlimited]
+    #[arg(long, value_name = "D", value_parser = num::<u32>)]
+    core_sa_depth: Option<u32>,
+    /// Which resolver configurations run
+    #[arg(long, value_enum, default_value = "both")]
+    profile: ProfileArg,
+    /// Seed of the random peers and the SA's losses
+    #[arg(long, value_name = "S", value_parser = num::<u64>)]
+    seed: Option<u64>,
+    /// Virtual time after which a run stops
+    #[arg(long, value_name = "S", value_parser = num::<u64>)]
+    horizon_s: Option<u64>,
+    /// The completion plot [default: storm.svg, DIR/storm.svg with --out]
+    #[arg(long, value_name = "PATH")]
+    svg: Option<PathBuf>,
+    /// The result table (Markdown) [default: none, DIR/storm.md with --out]
+    #[arg(long, value_name = "PATH")]
+    md: Option<PathBuf>,
+}
 
-Defaults: N = 1000,10000, K = 1000 ring neighbours by LID, C = 64 outstanding requests per
-node, client retry 1000 ms, SA 30000 PathRecords/s with a 10000-query queue, 1 ms one-way,
-no loss, umad timeout 2000 ms × 2 retries (the core's), core sa_depth unlimited, both
-profiles, seed 1, horizon 3600 s, plot to storm.svg (DIR/storm.svg and DIR/storm.md with --out). --quick: N = 200, K = 50.";
+/// `--profile`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ProfileArg {
+    /// acmrs as shipped
+    Acmrs,
+    /// the same resolver set up as ibacmp behaves
+    Ibacmp,
+    /// both, one after the other
+    Both,
+}
 
-fn num<T: std::str::FromStr>(a: &acm_bench::Args, f: &str, d: T) -> Result<T, String> {
-    match a.value(f) {
-        Some(v) => v
-            .replace('_', "")
-            .parse()
-            .map_err(|_| format!("{f}: bad value {v}\n{USAGE}")),
-        None => Ok(d),
+impl ProfileArg {
+    fn profiles(self) -> Vec<Profile> {
+        match self {
+            ProfileArg::Acmrs => vec![Profile::Acmrs],
+            ProfileArg::Ibacmp => vec![Profile::IbacmpLike],
+            ProfileArg::Both => vec![Profile::Acmrs, Profile::IbacmpLike],
+        }
     }
 }
 
 fn main() {
-    if let Err(e) = real_main() {
+    let a: Cli = acm_report::cli::parse(2);
+    if let Err(e) = real_main(&a) {
         eprintln!("{e}");
         std::process::exit(2);
     }
 }
 
-fn real_main() -> Result<(), String> {
-    let flags = [
-        "--nodes",
-        "--peers",
-        "--concurrency",
-        "--client-retry-ms",
-        "--sa-rate",
-        "--sa-queue",
-        "--latency-ms",
-        "--loss",
-        "--umad-timeout-ms",
-        "--umad-retries",
-        "--core-sa-depth",
-        "--profile",
-        "--seed",
-        "--horizon-s",
-        "--svg",
-        "--md",
-        "--random",
-        "--gid",
-    ];
-    // --random and --gid take no value: rewrite them to "--x=1" before parsing.
-    let argv: Vec<String> = std::env::args()
-        .skip(1)
-        .map(|a| match a.as_str() {
-            "--random" | "--gid" => format!("{a}=1"),
-            _ => a,
-        })
-        .collect();
-    let a = acm_bench::Args::parse_from(argv, USAGE, &flags)?;
-    let nodes = match a.value("--nodes") {
-        Some(s) => acm_bench::parse_counts(s)?,
-        None if a.quick => vec![200],
+fn real_main(a: &Cli) -> Result<(), String> {
+    let quick = a.run.quick;
+    let nodes = match &a.nodes {
+        Some(l) => l.0.clone(),
+        None if quick => vec![200],
         None => vec![1000, 10_000],
     };
-    let peers = num(&a, "--peers", if a.quick { 50 } else { 1000 })?;
-    let mut sa = SaService::DEFAULT;
-    sa.rate = num(&a, "--sa-rate", sa.rate)?;
-    sa.queue_cap = num(&a, "--sa-queue", sa.queue_cap)?;
-    sa.latency = num(&a, "--latency-ms", sa.latency)?;
-    sa.loss = num(&a, "--loss", sa.loss)?;
-    sa.umad_timeout = num(&a, "--umad-timeout-ms", sa.umad_timeout)?;
-    sa.umad_retries = num(&a, "--umad-retries", sa.umad_retries)?;
-    sa.core_sa_depth = match a.value("--core-sa-depth") {
-        Some(_) => Some(num(&a, "--core-sa-depth", 1u32)?.max(1)),
-        None => None,
+    let peers = a.peers.unwrap_or(if quick { 50 } else { 1000 });
+    let d = SaService::DEFAULT;
+    let sa = SaService {
+        rate: a.sa_rate.unwrap_or(d.rate),
+        queue_cap: a.sa_queue.unwrap_or(d.queue_cap),
+        latency: a.latency_ms.unwrap_or(d.latency),
+        loss: a.loss.unwrap_or(d.loss),
+        umad_timeout: a.umad_timeout_ms.unwrap_or(d.umad_timeout),
+        umad_retries: a.umad_retries.unwrap_or(d.umad_retries),
+        core_sa_depth: a.core_sa_depth.map(|d| d.max(1)),
     };
-    let profiles = match a.value("--profile").unwrap_or("both") {
-        "acmrs" => vec![Profile::Acmrs],
-        "ibacmp" => vec![Profile::IbacmpLike],
-        "both" => vec![Profile::Acmrs, Profile::IbacmpLike],
-        p => return Err(format!("--profile: {p}?\n{USAGE}")),
-    };
+    let profiles = a.profile.profiles();
     // --out DIR (as every bench): the completion curve and the table go there.
-    a.create_out()?;
-    let in_out = |name: &str| a.out.as_ref().map(|d| d.join(name));
-    let svg = match a.value("--svg") {
-        Some(p) => PathBuf::from(p),
-        None => in_out("storm.svg").unwrap_or_else(|| PathBuf::from("storm.svg")),
-    };
-    let md = a
-        .value("--md")
-        .map(PathBuf::from)
-        .or_else(|| in_out("storm.md"));
+    a.run.create_out()?;
+    let svg = a
+        .svg
+        .clone()
+        .or_else(|| a.run.out_file("storm.svg"))
+        .unwrap_or_else(|| PathBuf::from("storm.svg"));
+    let md = a.md.clone().or_else(|| a.run.out_file("storm.md"));
     let mut reports = Vec::new();
     for &n in &nodes {
         for &prof in &profiles {
             let mut p = Params::new(n, peers.min(n.saturating_sub(1)), prof);
-            p.pick = if a.value("--random").is_some() {
-                Peers::Random
-            } else {
-                Peers::Ring
-            };
-            p.dest = if a.value("--gid").is_some() {
-                Dest::Gid
-            } else {
-                Dest::Lid
-            };
-            p.concurrency = num(&a, "--concurrency", p.concurrency)?;
-            p.client_retry = num(&a, "--client-retry-ms", p.client_retry)?;
-            p.seed = num(&a, "--seed", p.seed)?;
-            p.horizon = num(&a, "--horizon-s", p.horizon / 1000)?.saturating_mul(1000);
+            p.pick = if a.random { Peers::Random } else { Peers::Ring };
+            p.dest = if a.gid { Dest::Gid } else { Dest::Lid };
+            p.concurrency = a.concurrency.unwrap_or(p.concurrency);
+            p.client_retry = a.client_retry_ms.unwrap_or(p.client_retry);
+            p.seed = a.seed.unwrap_or(p.seed);
+            p.horizon = a.horizon_s.unwrap_or(p.horizon / 1000).saturating_mul(1000);
             p.sa = sa;
-            acm_bench::progress(format!("storm: N={n} k={} {}", p.peers, prof.name()));
+            progress(format!("storm: N={n} k={} {}", p.peers, prof.name()));
             let r = run(p);
             for v in r.violations.iter().take(5) {
                 eprintln!("violation: {v}");
@@ -148,16 +178,8 @@ fn real_main() -> Result<(), String> {
             .map_or("unlimited".to_string(), |d| d.to_string()),
         reports.first().map_or(0, |r| r.params.concurrency),
         reports.first().map_or(0, |r| r.params.client_retry),
-        if a.value("--random").is_some() {
-            "random"
-        } else {
-            "ring"
-        },
-        if a.value("--gid").is_some() {
-            "GID"
-        } else {
-            "LID"
-        },
+        if a.random { "random" } else { "ring" },
+        if a.gid { "GID" } else { "LID" },
     );
     println!();
     for r in &reports {
@@ -194,7 +216,7 @@ fn real_main() -> Result<(), String> {
         println!("peak RSS {:.1} MiB", rss as f64 / (1 << 20) as f64);
     }
     if let Some(md) = md {
-        std::fs::write(&md, &t).map_err(|e| format!("{}: {e}", md.display()))?;
+        write_atomic(&md, &t).map_err(|e| format!("{}: {e}", md.display()))?;
         println!("table: {}", md.display());
     }
     plot(&svg, &reports).map_err(|e| format!("{}: {e}", svg.display()))?;
@@ -204,7 +226,6 @@ fn real_main() -> Result<(), String> {
 
 /// Fraction of (node, peer) pairs resolved against virtual time, one curve per run.
 fn plot(path: &std::path::Path, reports: &[Report]) -> Result<(), Box<dyn std::error::Error>> {
-    let colors = acm_bench::plot::COLORS;
     let tmax = reports
         .iter()
         .filter_map(|r| r.pair_done.last().copied())
@@ -212,7 +233,7 @@ fn plot(path: &std::path::Path, reports: &[Report]) -> Result<(), Box<dyn std::e
         .unwrap_or(1)
         .max(1) as f64
         / 1000.0;
-    let root = SVGBackend::new(path, acm_bench::plot::SIZE).into_drawing_area();
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -239,7 +260,7 @@ fn plot(path: &std::path::Path, reports: &[Report]) -> Result<(), Box<dyn std::e
                 .filter(|(i, _)| i % step == 0 || *i + 1 == v.len())
                 .map(|(i, &t)| (t as f64 / 1000.0, (i + 1) as f64 / total)),
         );
-        let color = colors[c % colors.len()];
+        let color = COLORS[c % COLORS.len()];
         let label = format!(
             "{} N={} k={} (all done {} s)",
             r.params.profile.name(),

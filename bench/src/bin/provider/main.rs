@@ -25,17 +25,56 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{progress, Args, LatencyHistogram, Table};
+use acm_bench::{PollMode, SizeOpts};
+use acm_report::cli::{num, RunOpts};
+use acm_report::plot::{write_percentile_svg, Series};
+use acm_report::{progress, LatencyHistogram, Table};
 use acm_testkit::request::PathRequest;
+use clap::{Parser, Subcommand};
 use std::time::{Duration, Instant};
 
 mod samehost;
 
-const USAGE: &str = "usage: provider [--quick] [--sizes 1000,100000] [--hit-samples N] \
-     [--topology fattree:L,S,H] [--poll-mode busy|adaptive|event] [--out DIR]   (default: same host, same fabric, same run)\n\
-       provider --fake-core [--quick] [--sizes ...] [--poll-mode busy|adaptive|event] [--out DIR]\n\
-       provider --daemon [--daemon-samples N] [--out DIR]";
+/// Provider resolve() latency on cache hits and misses, acmrs against the stock libibacmp.
+/// Default: both providers in one process on one simulated fabric (same host, same run; sizes
+/// above what the stock provider can hold run acmrs alone, as --fake-core). --fake-core: acmrs
+/// alone in-process (fake ibacm core, instant SA, up to 1M paths). --daemon: cache-hit round
+/// trips through the real ibacm daemon. See docs/bench.md.
+#[derive(Parser)]
+#[command(name = "provider", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(flatten)]
+    run: RunOpts,
+    #[command(flatten)]
+    sizes: SizeOpts,
+    #[command(flatten)]
+    poll: PollMode,
+    /// acmrs alone, in-process (the provider-fake-core binary next to this one)
+    #[arg(long)]
+    fake_core: bool,
+    /// Cache-hit round trips over TCP through the real ibacm daemon, stock then acmrs
+    #[arg(long)]
+    daemon: bool,
+    /// Same-host mode: timed hits per provider and size [default: 200000; with --quick 20000]
+    #[arg(long, value_name = "N", value_parser = num::<usize>)]
+    hit_samples: Option<usize>,
+    /// Same-host mode: the simulated fabric [default: fattree:16,4,16; with --quick
+    /// fattree:4,2,8]
+    #[arg(long, value_name = "fattree:L,S,H")]
+    topology: Option<String>,
+    /// --daemon: hits per provider
+    #[arg(long, value_name = "N", default_value = "20000", value_parser = num::<usize>)]
+    daemon_samples: usize,
+    #[command(subcommand)]
+    child: Option<Child>,
+}
+
+#[derive(Subcommand)]
+enum Child {
+    /// The same-host mode's measuring child (started by this program under the simulated verbs)
+    #[command(hide = true)]
+    SamehostChild(samehost::ChildArgs),
+}
 
 // ---- through the real daemon ---------------------------------------------------------------
 
@@ -102,33 +141,18 @@ fn daemon_rtt(provider: acm_fabric::Provider, samples: usize) -> Result<LatencyH
 }
 
 fn main() {
-    let raw: Vec<String> = std::env::args().skip(1).collect();
-    if raw.first().map(String::as_str) == Some("--samehost-child") {
-        if let Err(e) = samehost::child(&raw[1..]) {
+    let args: Cli = acm_report::cli::parse(2);
+    if let Some(Child::SamehostChild(c)) = args.child {
+        if let Err(e) = samehost::child(&c) {
             eprintln!("provider (measuring child): {e}");
             std::process::exit(1);
         }
         // The providers' threads are never joined (the core never unloads a provider).
         std::process::exit(0);
     }
-    let flag = |f: &str| raw.iter().any(|a| a == f);
-    let (daemon, fake_core) = (flag("--daemon"), flag("--fake-core"));
-    let rest = raw
-        .iter()
-        .filter(|a| *a != "--daemon" && *a != "--fake-core")
-        .cloned();
-    let args = Args::or_exit(Args::parse_from(
-        rest,
-        USAGE,
-        &[
-            "--sizes",
-            "--daemon-samples",
-            "--poll-mode",
-            "--topology",
-            "--hit-samples",
-        ],
-    ));
-    let sizes = args.out_and_sizes_or_exit(USAGE);
+    let (daemon, fake_core) = (args.daemon, args.fake_core);
+    args.run.create_out_or_exit();
+    let sizes = args.sizes.get(args.run.quick);
     if !fake_core && !daemon {
         // Sizes beyond what the stock provider can preload get the acmrs-only fake-core run.
         let (same, alone): (Vec<usize>, Vec<usize>) = sizes
@@ -136,25 +160,19 @@ fn main() {
             .partition(|&&n| n <= samehost::STOCK_MAX_ENTRIES * 11 / 10);
         let cfg = samehost::Config {
             sizes: same,
-            hit_samples: match args.value("--hit-samples").map(str::parse) {
-                Some(Ok(n)) => n,
-                Some(Err(e)) => {
-                    eprintln!("--hit-samples: {e}");
-                    std::process::exit(2);
-                }
-                None if args.quick => 20_000,
-                None => 200_000,
-            },
-            topology: args
-                .value("--topology")
-                .unwrap_or(if args.quick {
+            hit_samples: args
+                .hit_samples
+                .unwrap_or(if args.run.quick { 20_000 } else { 200_000 }),
+            topology: args.topology.clone().unwrap_or_else(|| {
+                if args.run.quick {
                     "fattree:4,2,8"
                 } else {
                     "fattree:16,4,16"
-                })
-                .to_string(),
-            out: args.out.clone(),
-            poll_mode: args.value("--poll-mode").unwrap_or("adaptive").to_string(),
+                }
+                .to_string()
+            }),
+            out: args.run.out.clone(),
+            poll_mode: args.poll.poll_mode.clone(),
         };
         if let Err(e) = samehost::run(&cfg) {
             eprintln!("provider: {e}");
@@ -177,9 +195,7 @@ fn main() {
         fake_core_run(&args, &sizes);
     }
     if daemon {
-        let n: usize = args
-            .value("--daemon-samples")
-            .map_or(20_000, |v| v.parse().expect("--daemon-samples"));
+        let n = args.daemon_samples;
         let mut t = Table::new(&[
             "provider",
             "count",
@@ -203,7 +219,7 @@ fn main() {
                     let mut row = vec![name.clone(), s.count.to_string()];
                     row.extend(Table::latency_cells(&s));
                     t.row(row);
-                    if let Some(out) = &args.out {
+                    if let Some(out) = &args.run.out {
                         h.write_hgrm(&out.join(format!("provider-daemon-{name}-hit.hgrm")))
                             .unwrap();
                     }
@@ -212,7 +228,7 @@ fn main() {
                 Err(e) => eprintln!("{name}: {e}"),
             }
         }
-        if let Some(out) = &args.out {
+        if let Some(out) = &args.run.out {
             // acmrs first (blue), stock second (red), as in every plot of the benches.
             let series: Vec<Series<'_>> = measured
                 .iter()
@@ -252,7 +268,7 @@ fn main() {
 /// The in-process mode (acmrs alone, fake core, instant SA, up to 1M paths) is its own
 /// binary, `provider-fake-core`, next to this one: it must export the fake core's helpers,
 /// which this binary's measuring child must not (see build.rs).
-fn fake_core_run(args: &Args, sizes: &[usize]) {
+fn fake_core_run(args: &Cli, sizes: &[usize]) {
     let bin = acm_bench::sibling(
         "provider-fake-core",
         "cargo build --release -p acm-bench (builds every bench binary)",
@@ -264,17 +280,15 @@ fn fake_core_run(args: &Args, sizes: &[usize]) {
     let mut cmd = std::process::Command::new(&bin);
     let list: Vec<String> = sizes.iter().map(usize::to_string).collect();
     cmd.args(["--sizes", &list.join(",")]);
-    if args.quick {
+    if args.run.quick {
         cmd.arg("--quick");
     }
-    if let Some(p) = args.value("--poll-mode") {
-        cmd.args(["--poll-mode", p]);
-    }
-    if let Some(out) = &args.out {
+    cmd.args(["--poll-mode", &args.poll.poll_mode]);
+    if let Some(out) = &args.run.out {
         cmd.arg("--out").arg(out);
     }
     // The child's progress lines continue this process's clock.
-    let (k, v) = acm_bench::progress_env();
+    let (k, v) = acm_report::progress_env();
     cmd.env(k, v);
     match cmd.status() {
         Ok(s) if s.success() => {}

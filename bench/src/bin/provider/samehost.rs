@@ -14,8 +14,9 @@
 //! percentile plot (`.svg`, acmrs against stock) per measurement and size. Parent and child
 //! print one progress line per phase on stderr, on the parent's clock.
 
-use acm_bench::plot::{write_percentile_svg, Series};
-use acm_bench::{progress, LatencyHistogram, Summary, Table, XorShift};
+use acm_bench::XorShift;
+use acm_report::plot::{write_percentile_svg, Series};
+use acm_report::{progress, LatencyHistogram, Summary, Table};
 use acm_testkit::core::{self as fake, Record};
 use acm_testkit::host::provider_table;
 use acm_testkit::request::{gid, path_of, PathRequest};
@@ -126,7 +127,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         let dir = fabric.scratch().join(format!("bench-{size}"));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("--samehost-child")
+        cmd.arg("samehost-child")
             .args(["--size", &size.to_string()])
             .args(["--hit-samples", &cfg.hit_samples.to_string()])
             .args(["--max-lid", &max_lid.to_string()])
@@ -145,7 +146,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .env("SIM_HOST", &host)
             .env("SIMVERBS_SHM_DIR", &dir);
         // The child's progress lines continue this process's clock.
-        let (k, v) = acm_bench::progress_env();
+        let (k, v) = acm_report::progress_env();
         cmd.env(k, v);
         let child = cmd.spawn().map_err(|e| format!("spawn child: {e}"))?;
         let mut guard = ChildGuard(child);
@@ -417,34 +418,27 @@ fn write_dump(path: &Path, local_guid: u64, local_lid: u16, dlids: u32) -> std::
     std::fs::write(path, s)
 }
 
-struct ChildArgs {
+/// The measuring child's command line (`provider samehost-child …`, as [`run`] starts it).
+#[derive(clap::Args, Debug)]
+pub struct ChildArgs {
+    /// Cached paths per provider.
+    #[arg(long)]
     size: usize,
+    /// Timed hits per provider.
+    #[arg(long)]
     hit_samples: usize,
+    /// The fabric's largest LID (the misses' destinations are 1..=max-lid).
+    #[arg(long)]
     max_lid: u16,
+    /// `libacmrs.so`.
+    #[arg(long)]
     acmrs: PathBuf,
+    /// Where `.hgrm` and `.svg` files go.
+    #[arg(long)]
     out: Option<PathBuf>,
+    /// `acmrs_poll_mode`.
+    #[arg(long)]
     poll_mode: String,
-}
-
-fn parse_child(args: &[String]) -> Result<ChildArgs, String> {
-    let get = |f: &str| -> Result<&str, String> {
-        args.iter()
-            .position(|a| a == f)
-            .and_then(|i| args.get(i + 1))
-            .map(String::as_str)
-            .ok_or_else(|| format!("child: {f} missing"))
-    };
-    let num = |f: &str| -> Result<usize, String> {
-        get(f)?.parse().map_err(|e| format!("child: {f}: {e}"))
-    };
-    Ok(ChildArgs {
-        size: num("--size")?,
-        hit_samples: num("--hit-samples")?,
-        max_lid: num("--max-lid")? as u16,
-        acmrs: PathBuf::from(get("--acmrs")?),
-        out: get("--out").ok().map(PathBuf::from),
-        poll_mode: get("--poll-mode")?.to_string(),
-    })
 }
 
 fn leak<T>(v: T) -> &'static T {
@@ -452,8 +446,7 @@ fn leak<T>(v: T) -> &'static T {
 }
 
 /// Entry of the measuring child (runs under the preload, cwd = its scratch directory).
-pub fn child(args: &[String]) -> Result<(), String> {
-    let a = parse_child(args)?;
+pub fn child(a: &ChildArgs) -> Result<(), String> {
     // The last answer (with its path) and the count are enough; hundreds of thousands of
     // answers are not kept.
     fake::record(Record::Last);

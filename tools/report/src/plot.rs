@@ -3,9 +3,10 @@
 //! The picture HdrHistogram's plotter draws from `.hgrm` files: latency against percentile,
 //! the percentile axis scaled by `log10(1 / (1 - p))` so that every "nine" gets the same width
 //! (ticks at 0 %, 90 %, 99 %, 99.9 %, 99.99 %, …), several series (acmrs against stock) in one
-//! picture. The latency axis is linear, or logarithmic when the series span more than two
-//! decades (a cache hit next to its scheduler-noise tail), and its unit (ns, µs, ms) follows
-//! the largest value.
+//! picture. The latency axis is linear, in the unit of its largest value (ns, µs, ms, s: named
+//! in the axis title), or logarithmic when the series span more than two decades (a cache hit
+//! next to its scheduler-noise tail); a logarithmic axis runs through several units, so each of
+//! its ticks carries its own (`10 ns`, `100 ns`, `1 µs`, … `1 ms`).
 //!
 //! Only plotters' SVG backend is used, without a font feature: plotters estimates text extents
 //! itself and the SVG carries plain `<text>` elements, so nothing reads a font file or links
@@ -16,7 +17,7 @@ use std::path::Path;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::prelude::*;
 
-use crate::LatencyHistogram;
+use crate::{fmt_ns, fmt_num, unit_of, LatencyHistogram};
 
 /// One curve of a plot.
 #[derive(Clone, Copy, Debug)]
@@ -87,37 +88,6 @@ fn points(h: &LatencyHistogram, x_max: f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// A latency with its unit, 3 significant digits (`271 ns`, `1.62 µs`, `134 µs`).
-fn fmt_ns(ns: f64) -> String {
-    let (v, unit) = if ns >= 1e6 {
-        (ns / 1e6, "ms")
-    } else if ns >= 1e3 {
-        (ns / 1e3, "µs")
-    } else {
-        (ns, "ns")
-    };
-    format!("{} {unit}", fmt_num(v))
-}
-
-/// A tick or legend number: 3 significant digits, no trailing zeros.
-fn fmt_num(v: f64) -> String {
-    let a = v.abs();
-    let s = if a >= 100.0 || a == 0.0 {
-        format!("{v:.0}")
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
-    };
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
-}
-
 /// A linear `f64` axis whose ticks are exactly the given points (plotters' `WithKeyPoints`
 /// over `f64` offers no label formatter hook).
 #[derive(Clone, Debug)]
@@ -153,12 +123,23 @@ impl Ranged for TickAxis {
     }
 }
 
-/// The latency axis: its unit, whether it is logarithmic, its range and ticks (in plotted
-/// coordinates: the value in `unit`, or its `log10`).
+/// How the latency axis maps nanoseconds to plotted values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Scale {
+    /// Linear, in `unit` (`ns_per_unit` nanoseconds each), named in the axis title.
+    Linear {
+        unit: &'static str,
+        ns_per_unit: f64,
+    },
+    /// `log10` of nanoseconds; each tick names its own unit.
+    Log,
+}
+
+/// The latency axis: its scale, range and ticks (in plotted coordinates: the value in the
+/// linear axis's unit, or `log10` of nanoseconds).
+#[derive(Debug)]
 struct YAxis {
-    unit: &'static str,
-    scale: f64,
-    log: bool,
+    scale: Scale,
     range: std::ops::Range<f64>,
     ticks: Vec<f64>,
 }
@@ -168,14 +149,7 @@ impl YAxis {
     /// of data (room for the legend, which sits in the upper left).
     fn new(min_ns: f64, max_ns: f64, headroom: f64) -> YAxis {
         let keep = 1.0 - headroom.clamp(0.0, 0.6);
-        let (unit, scale) = if max_ns >= 1e6 {
-            ("ms", 1e6)
-        } else if max_ns >= 1e3 {
-            ("µs", 1e3)
-        } else {
-            ("ns", 1.0)
-        };
-        let (lo, hi) = (min_ns.max(1e-3) / scale, max_ns.max(1e-3) / scale);
+        let (lo, hi) = (min_ns.max(1e-3), max_ns.max(1e-3));
         if hi / lo > 100.0 {
             let (a, b) = (lo.log10().floor(), hi.log10().ceil());
             let top = a + (b - a) / keep;
@@ -196,14 +170,13 @@ impl YAxis {
                 e += 1.0;
             }
             YAxis {
-                unit,
-                scale,
-                log: true,
+                scale: Scale::Log,
                 range: a..top,
                 ticks,
             }
         } else {
-            let top = hi * 1.05 / keep;
+            let (unit, ns_per_unit) = unit_of(hi);
+            let top = hi / ns_per_unit * 1.05 / keep;
             let raw_step = top / 7.0;
             let mag = 10f64.powf(raw_step.log10().floor());
             let step = [1.0, 2.0, 2.5, 5.0, 10.0]
@@ -216,9 +189,7 @@ impl YAxis {
                 .take_while(|t| *t <= top + 1e-9)
                 .collect();
             YAxis {
-                unit,
-                scale,
-                log: false,
+                scale: Scale::Linear { unit, ns_per_unit },
                 range: 0.0..top,
                 ticks,
             }
@@ -226,16 +197,26 @@ impl YAxis {
     }
 
     fn to_plot(&self, ns: f64) -> f64 {
-        let v = ns / self.scale;
-        if self.log {
-            v.max(1e-9).log10()
-        } else {
-            v
+        match self.scale {
+            Scale::Linear { ns_per_unit, .. } => ns / ns_per_unit,
+            Scale::Log => ns.max(1e-9).log10(),
         }
     }
 
+    /// A tick's label: a number in the axis's unit, or on a log axis a latency with its unit.
     fn label(&self, y: f64) -> String {
-        fmt_num(if self.log { 10f64.powf(y) } else { y })
+        match self.scale {
+            Scale::Linear { .. } => fmt_num(y),
+            Scale::Log => fmt_ns(10f64.powf(y)),
+        }
+    }
+
+    /// The axis title.
+    fn desc(&self) -> String {
+        match self.scale {
+            Scale::Linear { unit, .. } => format!("latency ({unit})"),
+            Scale::Log => "latency (log scale)".to_string(),
+        }
     }
 
     fn coord(&self) -> TickAxis {
@@ -295,11 +276,7 @@ pub fn percentile_svg(title: &str, series: &[Series<'_>]) -> Result<String, Stri
             .y_label_area_size(72)
             .build_cartesian_2d(x_coord, y.coord())
             .map_err(|e| err(&e))?;
-        let y_desc = format!(
-            "latency ({}{})",
-            y.unit,
-            if y.log { ", log scale" } else { "" }
-        );
+        let y_desc = y.desc();
         chart
             .configure_mesh()
             .label_style(("sans-serif", 15))
@@ -356,16 +333,14 @@ pub fn percentile_svg(title: &str, series: &[Series<'_>]) -> Result<String, Stri
     Ok(svg)
 }
 
-/// [`percentile_svg`] written to `path` (atomically: via a `.tmp` file and rename).
+/// [`percentile_svg`] written to `path` ([`write_atomic`](crate::write_atomic)).
 pub fn write_percentile_svg(
     path: &Path,
     title: &str,
     series: &[Series<'_>],
 ) -> std::io::Result<()> {
     let svg = percentile_svg(title, series).map_err(std::io::Error::other)?;
-    let tmp = path.with_extension("svg.tmp");
-    std::fs::write(&tmp, svg)?;
-    std::fs::rename(&tmp, path)
+    crate::write_atomic(path, svg)
 }
 
 #[cfg(test)]
@@ -396,9 +371,6 @@ mod tests {
         assert_eq!(axis_nines(275), 3);
         assert_eq!(axis_nines(10_000), 4);
         assert_eq!(axis_nines(200_000), 6);
-        assert_eq!(fmt_ns(271.0), "271 ns");
-        assert_eq!(fmt_ns(1620.0), "1.62 µs");
-        assert_eq!(fmt_ns(134_000.0), "134 µs");
     }
 
     #[test]
@@ -432,8 +404,12 @@ mod tests {
         }
         assert!(has("percentile"));
         assert!(has("hit latency <1000 cached paths> & more"), "{t:?}");
-        // The tails (30/90 µs against 0.2–1.2 µs) span more than two decades: log scale.
-        assert!(has("latency (µs, log scale)"), "{t:?}");
+        // The tails (30/90 µs against 0.2–1.2 µs) span more than two decades: log scale, each
+        // tick with its unit.
+        assert!(has("latency (log scale)"), "{t:?}");
+        for tick in ["100 ns", "1 µs", "10 µs", "100 µs"] {
+            assert!(t.iter().any(|s| s == tick), "no tick {tick:?} in {t:?}");
+        }
         // One polyline per series, in the series' colours.
         let lines: Vec<_> = doc
             .descendants()
@@ -468,5 +444,84 @@ mod tests {
         assert!(t.iter().any(|s| s.starts_with("acmrs: p50 1")), "{t:?}");
         assert!(t.iter().any(|s| s == "99.9%"), "{t:?}");
         assert!(t.iter().any(|s| s == "latency (µs)"), "{t:?}");
+    }
+
+    /// The texts of `doc` that are a latency tick label: a number and a unit, nothing else.
+    fn latency_ticks(doc: &roxmltree::Document<'_>) -> Vec<String> {
+        texts(doc)
+            .into_iter()
+            .filter(|s| {
+                s.split_once(' ').is_some_and(|(v, unit)| {
+                    v.parse::<f64>().is_ok() && ["ns", "µs", "ms", "s"].contains(&unit)
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn log_axis_ticks_name_their_unit_and_differ() {
+        // The provider-hit picture: a memory floor of ~10 ns next to a hit of ~250 ns and a
+        // scheduler tail of ~2 ms. In ms every tick below 1 µs printed as `0`.
+        let y = YAxis::new(12.0, 2.3e6, 0.2);
+        let labels: Vec<String> = y.ticks.iter().map(|&t| y.label(t)).collect();
+        assert_eq!(
+            labels[..6],
+            ["10 ns", "100 ns", "1 µs", "10 µs", "100 µs", "1 ms"],
+            "{labels:?}"
+        );
+        let mut distinct = labels.clone();
+        distinct.dedup();
+        assert_eq!(distinct, labels);
+        assert_eq!(y.desc(), "latency (log scale)");
+        // Up to three decades: 1-2-5 ticks, still one unit each.
+        let y = YAxis::new(150.0, 40_000.0, 0.2);
+        let labels: Vec<String> = y.ticks.iter().map(|&t| y.label(t)).collect();
+        assert_eq!(
+            labels[..7],
+            ["100 ns", "200 ns", "500 ns", "1 µs", "2 µs", "5 µs", "10 µs"],
+            "{labels:?}"
+        );
+        // A linear axis: the unit of the largest value, in the title; plain numbers.
+        let y = YAxis::new(100_000.0, 130_000.0, 0.1);
+        assert_eq!(y.desc(), "latency (µs)");
+        let labels: Vec<String> = y.ticks.iter().map(|&t| y.label(t)).collect();
+        assert_eq!(labels[..3], ["0", "25", "50"], "{labels:?}");
+        let y = YAxis::new(1_000.0, 9_000.0, 0.1);
+        assert_eq!(y.desc(), "latency (µs)");
+        let labels: Vec<String> = y.ticks.iter().map(|&t| y.label(t)).collect();
+        assert_eq!(labels[..3], ["0", "2", "4"], "{labels:?}");
+    }
+
+    #[test]
+    fn hit_plot_labels_every_latency_tick_distinctly() {
+        let floor = synthetic(9, 14, 20_000, 60);
+        let hit = synthetic(200, 700, 20_000, 2_100_000);
+        let svg = percentile_svg(
+            "resolve(), hit",
+            &[
+                Series {
+                    label: "acmrs",
+                    histogram: &hit,
+                },
+                Series {
+                    label: "memory floor",
+                    histogram: &floor,
+                },
+            ],
+        )
+        .unwrap();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let ticks = latency_ticks(&doc);
+        for want in ["10 ns", "100 ns", "1 µs", "1 ms"] {
+            assert!(
+                ticks.iter().any(|s| s == want),
+                "no tick {want:?} in {ticks:?}"
+            );
+        }
+        let mut distinct = ticks.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ticks.len(), "{ticks:?}");
+        assert!(texts(&doc).iter().any(|s| s == "latency (log scale)"));
     }
 }
