@@ -7,12 +7,22 @@
 //! core's SA thread) push into bounded lock-free queues and call [`Waker::wake`], which makes a
 //! syscall (an `eventfd` write) only when the worker is actually blocked. With `spin` set to a
 //! large value this is the busy-poll mode of a pinned dataplane core: it never blocks.
+//!
+//! # Virtual time
+//!
+//! Every instant the worker reads (the `now` of its poll rounds, hence the poller's timers and
+//! the deadlines it returns, the coarse clock the cache hits read, park lengths) is the real
+//! one plus a per-worker offset that only grows: [`Waker::advance_clock`] moves it ahead and
+//! returns once the worker has run a round that observed it, so a test can let routes expire
+//! or enter their refresh window without sleeping (`advance_all_clocks` does it for every
+//! worker of the process; the debug `libacmrs.so` exports it to its tests). The offset is 0
+//! unless a test moves it; the worker reads it once per round from a line of its own.
 
 use acm_core_nostd::park::ParkFlag;
 use crossbeam_utils::CachePadded;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -126,6 +136,15 @@ struct Shared {
     /// core miss on it at most once a millisecond (not after every poll round).
     coarse_ms: CachePadded<AtomicU64>,
     epoch: Instant,
+    /// Virtual time (see the module docs): milliseconds added to every instant the worker
+    /// reads. Only grows (`fetch_add`); `SeqCst` with `spawned`, so an advance that finds no
+    /// thread spawned yet is seen by its first round.
+    skew_ms: AtomicU64,
+    /// The `skew_ms` of the last round the worker ran, stored (`Release`) after that round's
+    /// coarse clock: a reader that sees it sees that clock too.
+    seen_skew_ms: AtomicU64,
+    /// [`Worker::spawn`] was called with this waker (and the thread could be created).
+    spawned: AtomicBool,
 }
 
 /// Wakes the worker; cheap when the worker is spinning.
@@ -161,9 +180,86 @@ impl Waker {
     pub fn to_coarse_ms(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.0.epoch).as_millis() as u64
     }
+
+    /// Virtual time: moves this worker's clock `d` (whole milliseconds) ahead of real time for
+    /// good, wakes the worker and waits until it has run a round that observed the move: from
+    /// then on its coarse clock (what cache hits compare expiries against), the `now` it polls
+    /// with and its timers (SA retries and deadlines, refresh, expiry) include it, and every
+    /// request handed over after this returns is taken in at the new time. `true` then, or at
+    /// once when the thread has exited; `false` if it did not observe it within `within`.
+    pub fn advance_clock(&self, d: Duration, within: Duration) -> bool {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let target = self
+            .0
+            .skew_ms
+            .fetch_add(ms, Ordering::SeqCst)
+            .saturating_add(ms);
+        self.0.wait_observed(target, within)
+    }
+
+    /// How far virtual time is ahead of real time for this worker.
+    pub fn clock_skew(&self) -> Duration {
+        Duration::from_millis(self.0.skew_ms.load(Ordering::SeqCst))
+    }
+}
+
+/// Every waker of the process, weakly, for [`advance_all_clocks`] (pruned as wakers go).
+static WAKERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// Virtual time for a whole process: [`Waker::advance_clock`] on every live worker (all are
+/// moved first, then each is waited for). `true` once every running worker observed the move;
+/// `false` if one did not within `within`. What the debug `libacmrs.so` exports to its tests
+/// (`acmrs_test_advance_clock`); the provider never calls it.
+pub fn advance_all_clocks(d: Duration, within: Duration) -> bool {
+    let live: Vec<Arc<Shared>> = WAKERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let targets: Vec<u64> = live
+        .iter()
+        .map(|s| s.skew_ms.fetch_add(ms, Ordering::SeqCst).saturating_add(ms))
+        .collect();
+    let t0 = Instant::now();
+    live.iter()
+        .zip(targets)
+        .all(|(s, target)| s.wait_observed(target, within.saturating_sub(t0.elapsed())))
 }
 
 impl Shared {
+    /// The worker's clock: real time plus the virtual-time offset `skew_ms` (read by the caller,
+    /// so one round uses one offset).
+    fn now(&self, skew_ms: u64) -> Instant {
+        let now = Instant::now();
+        if skew_ms == 0 {
+            return now;
+        }
+        now.checked_add(Duration::from_millis(skew_ms))
+            .unwrap_or(now)
+    }
+
+    /// Kicks the worker until it has run a round with a virtual-time offset of at least
+    /// `target` (or its thread has exited; a worker not spawned yet will use it in its first
+    /// round). `false` after `within`.
+    fn wait_observed(&self, target: u64, within: Duration) -> bool {
+        let t0 = Instant::now();
+        loop {
+            if self.seen_skew_ms.load(Ordering::Acquire) >= target
+                || self.exited.load(Ordering::Acquire)
+                || !self.spawned.load(Ordering::SeqCst)
+            {
+                return true;
+            }
+            if t0.elapsed() >= within {
+                return false;
+            }
+            self.kick();
+            thread::sleep(Duration::from_micros(100));
+        }
+    }
+
     fn kick(&self) {
         if self.event >= 0 {
             let one: u64 = 1;
@@ -227,14 +323,22 @@ impl Worker {
         let epoch = Instant::now();
         // SAFETY: plain syscall with constant flags; the result is checked.
         let event = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        Waker(Arc::new(Shared {
+        let shared = Arc::new(Shared {
             parked: ParkFlag::new(),
             exited: AtomicBool::new(false),
             event,
             thread: std::sync::OnceLock::new(),
             coarse_ms: CachePadded::new(AtomicU64::new(1)),
             epoch: epoch - Duration::from_millis(1),
-        }))
+            skew_ms: AtomicU64::new(0),
+            seen_skew_ms: AtomicU64::new(0),
+            spawned: AtomicBool::new(false),
+        });
+        let mut all = WAKERS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&shared));
+        drop(all);
+        Waker(shared)
     }
 
     /// Starts the worker thread running `poller`.
@@ -244,6 +348,7 @@ impl Worker {
         mut poller: P,
     ) -> std::io::Result<Worker> {
         let shared = waker.0.clone();
+        waker.0.spawned.store(true, Ordering::SeqCst);
         let handle = thread::Builder::new()
             .name(config.name.clone())
             .spawn(move || {
@@ -261,13 +366,18 @@ impl Worker {
                 if let Some(cpu) = config.cpu {
                     let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
                 }
-                let mut last_work = Instant::now();
+                let mut skew = shared.skew_ms.load(Ordering::SeqCst);
+                let mut last_work = shared.now(skew);
                 let mut fds: Vec<RawFd> = Vec::new();
                 loop {
-                    let now = Instant::now();
+                    skew = shared.skew_ms.load(Ordering::SeqCst);
+                    let now = shared.now(skew);
                     let ms = now.saturating_duration_since(shared.epoch).as_millis() as u64;
                     if shared.coarse_ms.load(Ordering::Relaxed) != ms {
                         shared.coarse_ms.store(ms, Ordering::Relaxed);
+                    }
+                    if shared.seen_skew_ms.load(Ordering::Relaxed) != skew {
+                        shared.seen_skew_ms.store(skew, Ordering::Release);
                     }
                     let Some(out) = poll_guarded(&mut poller, now) else {
                         break;
@@ -293,13 +403,13 @@ impl Worker {
                     // Producers push, then check `parked`: re-poll once after announcing the park
                     // (and arming the poller's event sources) so a push or completion that raced
                     // with the announcement is not missed.
-                    let Some(again) = poll_guarded(&mut poller, Instant::now()) else {
+                    let Some(again) = poll_guarded(&mut poller, shared.now(skew)) else {
                         shared.parked.clear();
                         break;
                     };
                     if again.did_work || poller.finished() {
                         shared.parked.clear();
-                        last_work = Instant::now();
+                        last_work = shared.now(skew);
                         if poller.finished() {
                             break;
                         }
@@ -311,7 +421,8 @@ impl Worker {
                     shared.parked.clear();
                     poller.unblocked();
                 }
-            })?;
+            });
+        let handle = handle.inspect_err(|_| waker.0.spawned.store(false, Ordering::SeqCst))?;
         Ok(Worker {
             handle: Some(handle),
             waker,
@@ -421,6 +532,81 @@ mod tests {
             *recovered.lock().unwrap(),
             vec!["injected panic in round 2".to_string()]
         );
+    }
+
+    /// Polls with a timer one hour after its first round; counts its rounds and those that saw
+    /// the timer due.
+    struct HourTimer {
+        due: Option<Instant>,
+        rounds: Arc<AtomicUsize>,
+        fired: Arc<AtomicUsize>,
+        stop: Arc<AtomicBool>,
+        done: bool,
+    }
+
+    impl Poller for HourTimer {
+        fn poll(&mut self, now: Instant) -> PollOutcome {
+            let due = *self.due.get_or_insert(now + Duration::from_secs(3600));
+            self.rounds.fetch_add(1, Ordering::AcqRel);
+            if now >= due {
+                self.fired.fetch_add(1, Ordering::AcqRel);
+            }
+            self.done = self.stop.load(Ordering::Acquire);
+            PollOutcome {
+                did_work: false,
+                next_deadline: Some(due),
+            }
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+    }
+
+    #[test]
+    fn advancing_the_clock_moves_the_coarse_clock_and_the_pollers_timers() {
+        let fired = Arc::new(AtomicUsize::new(0));
+        let rounds = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let waker = Worker::new_waker();
+        let cfg = WorkerConfig {
+            // Only a wake-up or the timer can end a park: nothing happens by real time.
+            max_park: Duration::from_secs(3600),
+            ..WorkerConfig::default()
+        };
+        let timer = HourTimer {
+            due: None,
+            rounds: rounds.clone(),
+            fired: fired.clone(),
+            stop: stop.clone(),
+            done: false,
+        };
+        let w = Worker::spawn(cfg, waker.clone(), timer).unwrap();
+        let t0 = Instant::now();
+        while rounds.load(Ordering::Acquire) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the worker never polled"
+            );
+            thread::yield_now();
+        }
+        assert!(waker.coarse_ms() < 3_600_000);
+        assert_eq!(fired.load(Ordering::Acquire), 0, "not due in real time");
+        // An hour of virtual time: once advance_clock returns, the coarse clock shows it
+        // (a barrier, not a sleep) and the worker polls past the timer's deadline.
+        assert!(waker.advance_clock(Duration::from_secs(3600), Duration::from_secs(10)));
+        assert_eq!(waker.clock_skew(), Duration::from_secs(3600));
+        assert!(waker.coarse_ms() >= 3_600_000, "{}", waker.coarse_ms());
+        let t0 = Instant::now();
+        while fired.load(Ordering::Acquire) == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "timer never fired");
+            thread::yield_now();
+        }
+        // (advance_all_clocks, which moves every worker of the process, is exercised by the
+        // plugin's tests: here it would move the workers of the tests running beside this one.)
+        stop.store(true, Ordering::Release);
+        w.join().unwrap();
+        // A worker that has exited does not hold an advance up.
+        assert!(waker.advance_clock(Duration::from_secs(1), Duration::ZERO));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! acmrs: an ibacm provider library (`libacmrs.so`, provider name `acmrs`).
 //!
 //! The real, unmodified ibacm daemon `dlopen`s this library and calls `provider_query`, the only
-//! exported symbol. See `docs/plugin.md` for the design and `acm_prov.h` (rdma-core) for the ABI.
+//! exported symbol of the release build (debug builds also export `acmrs_test_advance_clock`,
+//! the in-process tests' virtual clock). See `docs/plugin.md` for the design and `acm_prov.h`
+//! (rdma-core) for the ABI.
 //!
 //! A thin shell: every decision is the sans-IO resolver's (`acm-core-nostd::resolver`), every
 //! piece of IO but the core's own helpers is the dataplane's (`acm-dataplane`).
@@ -57,6 +59,30 @@ pub unsafe extern "C" fn provider_query(
             unsafe { *version = ffi::ACM_PROV_VERSION };
         }
         0
+    })
+    .unwrap_or(-1)
+}
+
+/// Test hook, **debug builds only** (the release library, the one users install, exports
+/// `provider_query` alone; `tests/lifecycle.rs` checks both): virtual time. Moves the clock of
+/// every dataplane worker in the process `ms` milliseconds ahead of real time
+/// ([`acm_dataplane::worker::advance_all_clocks`]) and returns once each running worker has
+/// observed it: its coarse clock (what cache hits compare expiries and refresh windows
+/// against), the `now` of its poll rounds and so its timers (SA retries and deadlines, route
+/// refresh and expiry). 0, or -1 if a worker did not observe it within 10 s.
+#[cfg(debug_assertions)]
+#[no_mangle]
+pub extern "C" fn acmrs_test_advance_clock(ms: u64) -> c_int {
+    use std::time::Duration;
+    std::panic::catch_unwind(|| {
+        if acm_dataplane::worker::advance_all_clocks(
+            Duration::from_millis(ms),
+            Duration::from_secs(10),
+        ) {
+            0
+        } else {
+            -1
+        }
     })
     .unwrap_or(-1)
 }

@@ -1,6 +1,12 @@
 //! What is cached and served from the cache: hits per request constraints, NODELAY priming,
 //! route lifetime and refresh-ahead, the route preload, the hosts preload (names and IPs,
 //! their lifetime, loopback, removal), and the counters `ib_acme -P` shows.
+//!
+//! Lifetimes are tested in virtual time: [`advance_clock`] moves the dataplane's clock (the
+//! coarse clock cache hits read, and its timers) ahead and returns once the worker observed it.
+//! Lifetimes are an hour or more and the clock is moved by whole minutes, so the real time a
+//! loaded machine adds between two steps (virtual time is real time plus the advances) never
+//! moves a step across a boundary.
 
 mod common;
 
@@ -83,11 +89,18 @@ fn nodelay_answers_enodata_and_primes_the_cache() {
     h.close();
 }
 
+/// One minute of virtual time.
+const MIN: Duration = Duration::from_secs(60);
+
 /// `acmrs_route_ttl_ms`: a route is served while fresh and queried again once expired.
 #[test]
 fn routes_expire_after_their_lifetime() {
     let _s = serial();
-    let mut h = Host::open(&format!("{OPTS}acmrs_route_ttl_ms 1500\n"), &[]);
+    // Routes live an hour (no refresh: acmrs_refresh_ahead_pct 0).
+    let mut h = Host::open(
+        &format!("{OPTS}acmrs_route_ttl_ms 3600000\nacmrs_refresh_ahead_pct 0\n"),
+        &[],
+    );
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let t = h.tid();
     h.resolve(ep, &path_request(t, 50, None, 0), 1);
@@ -95,11 +108,17 @@ fn routes_expire_after_their_lifetime() {
     let t2 = h.tid();
     h.resolve(ep, &path_request(t2, 50, None, 0), 1);
     assert_eq!(find(t2).len(), 1, "hit while fresh");
-    std::thread::sleep(Duration::from_millis(2000));
+    // 59 minutes on: still fresh.
+    advance_clock(59 * MIN);
+    let t2b = h.tid();
+    h.resolve(ep, &path_request(t2b, 50, None, 0), 1);
+    assert_eq!(find(t2b).len(), 1, "hit a minute before expiry");
+    // 61 minutes on: expired.
+    advance_clock(2 * MIN);
     let t3 = h.tid();
     h.resolve(ep, &path_request(t3, 50, None, 0), 1);
     assert!(find(t3).is_empty(), "expired route is not served");
-    sa_one(SaAction::Answer, 3);
+    sa_one(SaAction::Answer, 4);
     assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
     h.close();
 }
@@ -107,22 +126,26 @@ fn routes_expire_after_their_lifetime() {
 #[test]
 fn refresh_ahead_requeries_once_and_updates_in_place() {
     let _s = serial();
-    // Routes live 4 s; the last 25% (1 s) of that is the refresh window.
-    let opts = format!("{OPTS}acmrs_route_ttl_ms 4000\nacmrs_refresh_ahead_pct 25\n");
+    // Routes live 60 min; the last 25% (15 min) of that is the refresh window.
+    let opts = format!("{OPTS}acmrs_route_ttl_ms 3600000\nacmrs_refresh_ahead_pct 25\n");
     let mut h = Host::open(&opts, &[]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let t = h.tid();
     h.resolve(ep, &path_request(t, 50, None, 0), 1);
     sa_one(SaAction::Answer, 1);
-    let cached_at = Instant::now();
     let old = path_of(&find(t)[0].msg);
     let t1 = h.tid();
     h.resolve(ep, &path_request(t1, 50, None, 0), 1);
     assert_eq!(find(t1).len(), 1, "fresh hit inline");
+    // 44 minutes on: a minute before the window, still no refresh.
+    advance_clock(44 * MIN);
+    let t2 = h.tid();
+    h.resolve(ep, &path_request(t2, 50, None, 0), 1);
+    assert_eq!(find(t2).len(), 1, "fresh hit inline");
     h.barrier();
     assert_eq!(sa_pending(), 0, "no refresh outside the window");
-    // Inside the window (3..4 s after caching; the coarse clock may lag 100 ms).
-    std::thread::sleep(Duration::from_millis(3300).saturating_sub(cached_at.elapsed()));
+    // 50 minutes on: inside the window (45..60 min after caching).
+    advance_clock(6 * MIN);
     for _ in 0..6 {
         let tn = h.tid();
         h.resolve(ep, &path_request(tn, 50, None, 0), 1);
@@ -135,10 +158,6 @@ fn refresh_ahead_requeries_once_and_updates_in_place() {
         assert_eq!(r[0].status(), 0);
         assert_eq!(path_of(&r[0].msg), old);
     }
-    assert!(
-        cached_at.elapsed() < Duration::from_millis(4000),
-        "machine too slow for the window"
-    );
     h.barrier();
     assert_eq!(
         sa_pending(),
@@ -155,8 +174,8 @@ fn refresh_ahead_requeries_once_and_updates_in_place() {
             .first()
             .is_some_and(|r| path_of(&r.msg)[56] == 0x95)
     }));
-    // Past the original expiry, before the new entry's window (4 s + 3 s after the refresh).
-    std::thread::sleep(Duration::from_millis(4300).saturating_sub(cached_at.elapsed()));
+    // 65 minutes on: past the original expiry (60), before the new entry's window (50 + 45).
+    advance_clock(15 * MIN);
     let t9 = h.tid();
     h.resolve(ep, &path_request(t9, 50, None, 0), 1);
     let r = find(t9);
@@ -570,7 +589,8 @@ fn preloads_and_loopback_work_after_an_endpoint_reopen() {
 #[test]
 fn no_record_answers_are_remembered_for_their_lifetime() {
     let _s = serial();
-    let mut h = Host::open(&format!("{OPTS}acmrs_negative_ttl_ms 500\n"), &[]);
+    // Remembered for an hour.
+    let mut h = Host::open(&format!("{OPTS}acmrs_negative_ttl_ms 3600000\n"), &[]);
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let t = h.tid();
     h.resolve(ep, &path_request(t, 0xc000, None, 0), 1);
@@ -580,14 +600,22 @@ fn no_record_answers_are_remembered_for_their_lifetime() {
     h.resolve(ep, &path_request(t2, 0xc000, None, 0), 1);
     assert_eq!(find(t2).len(), 1, "remembered: answered inline");
     assert_eq!(find(t2)[0].status(), ACM_STATUS_ENODATA);
-    std::thread::sleep(Duration::from_millis(1200));
+    advance_clock(59 * MIN);
+    let t2b = h.tid();
+    h.resolve(ep, &path_request(t2b, 0xc000, None, 0), 1);
+    assert_eq!(
+        find(t2b).len(),
+        1,
+        "a minute before its end: still remembered"
+    );
+    advance_clock(2 * MIN);
     let t3 = h.tid();
     h.resolve(ep, &path_request(t3, 0xc000, None, 0), 1);
     assert!(
         find(t3).is_empty(),
         "forgotten after its lifetime: asked again"
     );
-    sa_one(SaAction::Answer, 3);
+    sa_one(SaAction::Answer, 4);
     assert_eq!(find(t3)[0].status(), ACM_STATUS_ENODATA);
     assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
     h.close();

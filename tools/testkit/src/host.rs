@@ -129,6 +129,40 @@ pub fn lib() -> &'static Lib {
     load(&test_so_path()).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The debug provider's virtual clock (`acmrs_test_advance_clock`, exported by debug builds of
+/// `libacmrs.so` only): moves the clock of its dataplane worker `d` ahead of real time and
+/// returns once the worker observed it (its coarse clock, its poll rounds' `now` and timers).
+/// Routes expire, enter their refresh window, SA retries and deadlines fire as if `d` had
+/// passed, without sleeping. Panics if the loaded library has no such hook (a release build)
+/// or the worker did not observe the move.
+pub fn advance_clock(d: Duration) {
+    type Advance = unsafe extern "C" fn(u64) -> c_int;
+    static HOOK: OnceLock<Option<Advance>> = OnceLock::new();
+    let hook = HOOK.get_or_init(|| {
+        let c = CString::new(lib_of().path.to_string_lossy().as_bytes()).ok()?;
+        // SAFETY: looks up the library `load` already opened (RTLD_NOLOAD: no second load);
+        // the handle stays open for the process, like the first one.
+        let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            return None;
+        }
+        // SAFETY: symbol lookup in a live handle with a NUL-terminated name.
+        let sym = unsafe { libc::dlsym(h, c"acmrs_test_advance_clock".as_ptr()) };
+        // SAFETY: the hook has this signature (acm-plugin/src/lib.rs).
+        (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Advance>(sym) })
+    });
+    let hook = hook.unwrap_or_else(|| {
+        panic!(
+            "{} exports no acmrs_test_advance_clock (a release build?)",
+            lib_of().path.display()
+        )
+    });
+    let ms = u64::try_from(d.as_millis()).expect("advance in range");
+    // SAFETY: plain call of the library's hook with a value.
+    let rc = unsafe { hook(ms) };
+    assert_eq!(rc, 0, "the dataplane did not observe the clock advance");
+}
+
 /// Serialises tests: the provider instance is process-wide.
 pub fn serial() -> MutexGuard<'static, ()> {
     static S: Mutex<()> = Mutex::new(());
