@@ -3,8 +3,9 @@
 //! the 1,000,000-entry capacity.
 
 use acm_core_nostd::cache::{
-    constraint, AddrKey, AddrSlot, CacheConfig, CacheError, Constraints, Dest, Inserted, Lookup,
-    PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT, REVERSIBLE,
+    constraint, ep_generation, ep_number, ep_slot, AddrKey, AddrSlot, CacheConfig, CacheError,
+    Constraints, Dest, Inserted, Lookup, PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT,
+    EP_GENERATIONS, EP_GEN_BITS, EP_MAX, REVERSIBLE,
 };
 
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -31,7 +32,7 @@ fn rec(tag: u8) -> [u8; 64] {
     r
 }
 
-fn lid(ep: u16, l: u16) -> PathKey {
+fn lid(ep: u32, l: u16) -> PathKey {
     PathKey::new(ep, Dest::Lid(l))
 }
 
@@ -307,6 +308,99 @@ fn invalidate_ep_is_o1_and_scoped() {
     assert_eq!(c.lookup(&lid(2, 0), 3), Lookup::Miss);
 }
 
+/// Generation bumps the tests below apply: 256 (where an 8-bit generation came back to its
+/// start) and its neighbours, and `2^k - 1`, `2^k` for every `k` below the generation's width,
+/// up to the last bump before the number repeats.
+fn bumps() -> Vec<u32> {
+    let mut b = vec![1, 255, 256, 257, 511, 512, 65_535, 65_536];
+    for k in 1..EP_GEN_BITS {
+        b.extend([(1 << k) - 1, 1 << k, (1 << k) + 1]);
+    }
+    b.push((1 << EP_GEN_BITS) - 1);
+    b
+}
+
+/// The provider's hit path keys an endpoint's entries by `ep_number(gen, id)` and bumps `gen`
+/// on CLIENT_REREGISTER (and on slot reuse), so that no hit sees a route learned before it even
+/// while the writer has not applied the flush yet. So an entry inserted under generation `g`
+/// must not be found under the number of any later generation the writer has not caught up
+/// with: neither after 256 bumps (an 8-bit generation wrapped there and the stale route hit
+/// again) nor after `2^k - 1` / `2^k` bumps for any `k` within the generation's 22 bits.
+#[test]
+fn an_entry_is_never_found_under_a_later_generation_of_its_endpoint() {
+    const { assert!(EP_GEN_BITS >= 22) };
+    let c = cache(64, 16);
+    let mut w = c.writer().unwrap();
+    let mut gid = [0u8; 16];
+    gid[0] = 0xfe;
+    gid[15] = 7;
+    for (g, id) in [
+        (0u32, 0u8),
+        (1, 1),
+        (0xff, 3),
+        (0x100, 4),
+        (0x1234_5678, 9),
+        (u32::MAX, 255),
+    ] {
+        let ep = ep_number(g, id);
+        assert_eq!((ep_slot(ep), ep_generation(ep)), (id, g & (EP_MAX >> 8)));
+        let (by_lid, by_gid) = (lid(ep, 5), PathKey::new(ep, Dest::Gid(gid)));
+        let name = AddrKey::name(ep, "peer").unwrap();
+        w.insert(&by_lid, &rec(id), 0, 100_000);
+        w.insert(&by_gid, &rec(id ^ 1), 0, 100_000);
+        w.alias(&name, &by_lid, 0, 100_000).unwrap();
+        for b in bumps() {
+            let later = ep_number(g.wrapping_add(b), id);
+            let what = format!("generation {g:#x} + {b} on slot {id}: {later:#x}");
+            assert_eq!(c.lookup(&lid(later, 5), 1), Lookup::Miss, "{what}");
+            assert_eq!(
+                c.lookup(&PathKey::new(later, Dest::Gid(gid)), 1),
+                Lookup::Miss,
+                "{what}"
+            );
+            let later_name = AddrKey::name(later, "peer").unwrap();
+            assert_eq!(c.lookup_addr(&later_name, 1), Lookup::Miss, "{what}");
+            assert_ne!(later, ep, "{what}");
+            // The slot id stays the number modulo EP_GENERATIONS: the writer's invalidation
+            // of the slot still reaches every generation of it.
+            assert_eq!(later as usize % EP_GENERATIONS, usize::from(id), "{what}");
+        }
+        // Only a full turn of the generation's bits comes back to the number.
+        assert_eq!(ep_number(g.wrapping_add(1 << EP_GEN_BITS), id), ep);
+        // Under its own number the entry is there until the writer invalidates the slot, by
+        // the number of any generation of it.
+        assert_eq!(record_of(c.lookup(&by_lid, 1)), rec(id));
+        assert_eq!(record_of(c.lookup(&by_gid, 1)), rec(id ^ 1));
+        assert_eq!(record_of(c.lookup_addr(&name, 1)), rec(id));
+        w.invalidate_ep(ep_number(g.wrapping_add(256), id));
+        assert_eq!(c.lookup(&by_lid, 1), Lookup::Miss);
+        assert_eq!(c.lookup(&by_gid, 1), Lookup::Miss);
+        assert_eq!(c.lookup_addr(&name, 1), Lookup::Miss);
+    }
+}
+
+/// Cache endpoint numbers use all their 30 bits: keys of numbers that differ in any bit are
+/// different entries, and `flush_ep` removes exactly one number's entries.
+#[test]
+fn wide_endpoint_numbers_are_separate_keys() {
+    let c = cache(PathSlot::slots_for(64), AddrSlot::slots_for(64));
+    let mut w = c.writer().unwrap();
+    let eps: Vec<u32> = (0..30).map(|bit| 1u32 << bit).chain([0, EP_MAX]).collect();
+    for (i, &ep) in eps.iter().enumerate() {
+        w.insert(&lid(ep, 9), &rec(i as u8), 0, 100_000);
+        w.alias(&AddrKey::ipv4(ep, [10, 0, 0, 9]), &lid(ep, 9), 0, 100_000)
+            .unwrap();
+    }
+    for (i, &ep) in eps.iter().enumerate() {
+        assert_eq!(record_of(c.lookup(&lid(ep, 9), 1)), rec(i as u8), "{ep:#x}");
+        let a = AddrKey::ipv4(ep, [10, 0, 0, 9]);
+        assert_eq!(record_of(c.lookup_addr(&a, 1)), rec(i as u8), "{ep:#x}");
+    }
+    assert_eq!(w.flush_ep(1 << 29), 2);
+    assert_eq!(c.lookup(&lid(1 << 29, 9), 1), Lookup::Miss);
+    assert_eq!(record_of(c.lookup(&lid(0, 9), 1)), rec(30));
+}
+
 #[test]
 fn full_cache_evicts_dead_entries_first_and_never_grows() {
     let c = cache(64, 0);
@@ -434,7 +528,7 @@ fn one_million_entries() {
         let mut gid = [0u8; 16];
         gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
         gid[12..].copy_from_slice(&i.to_be_bytes());
-        PathKey::new((i % 4) as u16, Dest::Gid(gid))
+        PathKey::new(i % 4, Dest::Gid(gid))
     };
     let mut r = [0u8; 64];
     for i in 0..N {

@@ -2,7 +2,9 @@
 //! the reply, the answer; coalescing, the window and backlog, BUSY, deadlines, negative
 //! caching, query() pass-through, close and shutdown.
 
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
+use acm_core_nostd::cache::{
+    ep_number, AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot,
+};
 use acm_core_nostd::resolver::request::{ENODATA, ENOMEM, ETIMEDOUT};
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Resolver, Via,
@@ -14,7 +16,7 @@ use acm_core_nostd::wire::path_record::PathRecord;
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
 const EP: EpId = EpId(3);
-const CEP: u16 = 0x0003;
+const CEP: u32 = ep_number(0, EP.0);
 
 fn port_gid() -> Gid {
     let mut g = [0u8; 16];
@@ -427,7 +429,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
         }
     }
     // Reregister: a new generation; the preload is there under it, the learned route is not.
-    let new_cep = 0x0100 | CEP;
+    let new_cep = ep_number(1, EP.0);
     t.r.reregister(10, &t.cache, EP, new_cep);
     t.drain();
     for k in lid_keys(new_cep) {

@@ -17,7 +17,7 @@
 use crate::sa::{Expired, SaChannel, SmAddr, TIMED_OUT};
 use crate::stats::{Clock, Latency, MissClass, MissStamp, Pending};
 use crate::worker::{PollOutcome, Poller, Waker};
-use acm_core_nostd::cache::{AddrSlot, PathCache, PathSlot};
+use acm_core_nostd::cache::{ep_generation, ep_number, AddrSlot, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output,
     RecvMeta, Resolver, Stats, MAX_EPS, MSG_LEN,
@@ -104,8 +104,9 @@ pub type LatencySink = Box<dyn FnMut(EpId, Latency, u64) + Send>;
 pub struct Request {
     /// Endpoint it arrived on.
     pub ep: EpId,
-    /// The endpoint's cache number at the time of the call (flush generation | slot).
-    pub cache_ep: u16,
+    /// The endpoint's cache number at the time of the call
+    /// ([`ep_number`]: flush generation, slot).
+    pub cache_ep: u32,
     /// The core's client index.
     pub client: u64,
     /// Call kind.
@@ -149,7 +150,7 @@ pub enum Control {
         /// Its id.
         ep: EpId,
         /// Its cache number now.
-        cache_ep: u16,
+        cache_ep: u32,
         /// What the resolver needs.
         cfg: EpConfig,
         /// Its UD QP (`None`: no verbs, SA-only endpoint).
@@ -166,7 +167,7 @@ pub enum Control {
         /// Endpoint.
         ep: EpId,
         /// Its cache number.
-        cache_ep: u16,
+        cache_ep: u32,
         /// ACM address type.
         type_: u8,
         /// Zero-padded address.
@@ -267,7 +268,7 @@ impl Inbox {
 
     /// Hands a request to the loop; false if the queue is full (counted) or the loop is
     /// stopped ([`Inbox::is_stopped`]).
-    pub fn request(&self, ep: EpId, cache_ep: u16, client: u64, kind: Kind, msg: &[u8]) -> bool {
+    pub fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
         self.request_stamped(ep, cache_ep, client, kind, msg, None)
     }
 
@@ -276,7 +277,7 @@ impl Inbox {
     pub fn request_stamped(
         &self,
         ep: EpId,
-        cache_ep: u16,
+        cache_ep: u32,
         client: u64,
         kind: Kind,
         msg: &[u8],
@@ -327,7 +328,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What the loop remembers of an open endpoint (to re-create the resolver after a panic).
 struct EpRecord {
-    cache_ep: u16,
+    cache_ep: u32,
     cfg: EpConfig,
     ud: Option<Box<dyn Ud>>,
     locals: Vec<(u8, [u8; 64])>,
@@ -596,7 +597,7 @@ impl<I: CoreIo> Plane<I> {
                 };
                 // The main thread bumped the endpoint's flush generation when the event came:
                 // from here on its requests carry the new cache number.
-                rec.cache_ep = (rec.cache_ep.wrapping_add(0x100) & 0xff00) | u16::from(ep.0);
+                rec.cache_ep = ep_number(ep_generation(rec.cache_ep).wrapping_add(1), ep.0);
                 let cache_ep = rec.cache_ep;
                 // Preloaded routes survive it: the resolver re-inserts them under the new
                 // cache number, and rejoins the endpoint's groups.

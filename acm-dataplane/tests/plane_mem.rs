@@ -711,7 +711,7 @@ impl Ud for SmUd {
 fn sm_open(sm: &Arc<Mutex<SmLog>>, label: u8, port: usize, pkey: u16, sa_pkey: bool) -> Control {
     Control::Open {
         ep: EpId(label),
-        cache_ep: u16::from(label),
+        cache_ep: u32::from(label),
         cfg: EpConfig {
             port_gid: node_gid(port),
             lid: node_lid(port),
@@ -808,7 +808,7 @@ fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it()
     for (ep, client) in [(0u8, 1u64), (1, 2), (2, 3)] {
         assert!(nodes[0].inbox.request(
             EpId(ep),
-            u16::from(ep),
+            u32::from(ep),
             client,
             Kind::Resolve,
             &lid_msg(node_lid(5), false, 0x60 + client)

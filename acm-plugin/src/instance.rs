@@ -9,6 +9,7 @@
 
 use crate::core_api::CoreApi;
 use crate::ffi::AcmPort;
+use acm_core_nostd::cache::ep_number;
 use acm_core_nostd::resolver::request::EpView;
 use acm_core_nostd::resolver::{Counter, EpId, MAX_EPS};
 use acm_core_nostd::text::opts::ProviderOptions;
@@ -18,7 +19,7 @@ use acm_dataplane::export::{EndpointReport, Report, Source};
 use acm_dataplane::plane::{HostAddr, HostCache, Inbox, LatencySink};
 use acm_dataplane::stats::{Clock, EpStats};
 use crossbeam_utils::CachePadded;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One provider instance.
@@ -80,7 +81,7 @@ pub struct EpRegistry {
     /// the last one of the endpoint closed there, so a reopened endpoint never shares a
     /// cache number with its predecessor (whose entries the dataplane invalidates only when
     /// it gets to the close).
-    next_gen: Mutex<Vec<u8>>,
+    next_gen: Mutex<Vec<u32>>,
     /// Bumped at every change, so readers can keep a copy and refresh it only when needed.
     version: AtomicU64,
 }
@@ -98,7 +99,7 @@ impl Default for EpRegistry {
 impl EpRegistry {
     /// Registers an endpoint built by `make` (given its id and the flush generation it starts
     /// at) in a free slot; `None` when all are taken.
-    pub fn insert(&self, make: impl FnOnce(EpId, u8) -> Arc<Ep>) -> Option<Arc<Ep>> {
+    pub fn insert(&self, make: impl FnOnce(EpId, u32) -> Arc<Ep>) -> Option<Arc<Ep>> {
         let mut s = lock(&self.slots);
         let i = s.iter().position(Option::is_none)?;
         let gen = lock(&self.next_gen)[i];
@@ -238,8 +239,10 @@ pub struct Ep {
     /// P_Key as the core gave it.
     pub pkey: u16,
     /// The cache flush generation: bumped by `handle_event(CLIENT_REREGISTER)` on the main
-    /// thread, so from that moment no hit sees a route learned before it.
-    pub gen: AtomicU8,
+    /// thread, so from that moment no hit sees a route learned before it. 32 bits, of which
+    /// the cache endpoint number keeps 22 ([`ep_number`]): it comes back to an earlier number
+    /// only after 4,194,304 bumps, not after 256 as an 8-bit one did.
+    pub gen: AtomicU32,
     /// The core's `acm_endpoint*`; 0 once closed. Held while the dataplane sends an SA MAD on
     /// it, so `close_endpoint` cannot return while that is in progress.
     pub endpoint: Mutex<usize>,
@@ -267,9 +270,43 @@ pub struct Ep {
 }
 
 impl Ep {
-    /// This endpoint's number in the cache at the current flush generation.
-    pub fn cache_ep(&self) -> u16 {
-        (u16::from(self.gen.load(Ordering::Acquire)) << 8) | u16::from(self.id.0)
+    /// An open endpoint in slot `id`, starting at flush generation `gen` (what
+    /// [`EpRegistry::insert`] hands its `make`), for the core's `acm_endpoint*` `endpoint`.
+    pub fn new(
+        id: EpId,
+        serial: u64,
+        port: Arc<PortInfo>,
+        pkey: u16,
+        gen: u32,
+        endpoint: usize,
+    ) -> Ep {
+        Ep {
+            id,
+            serial,
+            port,
+            pkey,
+            gen: AtomicU32::new(gen),
+            endpoint: Mutex::new(endpoint),
+            closed: AtomicBool::new(false),
+            counters: Default::default(),
+            stats: Default::default(),
+            addr_ctxs: Mutex::new(Vec::new()),
+            removal_seq: AtomicU64::new(0),
+            hit_tick: CachePadded::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// This endpoint's number in the cache at the current flush generation
+    /// ([`ep_number`]: the generation's low 22 bits above the slot id).
+    #[inline]
+    pub fn cache_ep(&self) -> u32 {
+        ep_number(self.gen.load(Ordering::Acquire), self.id.0)
+    }
+
+    /// A new flush generation (CLIENT_REREGISTER): from now on no hit on this endpoint sees an
+    /// entry cached under an earlier one, whether or not the dataplane has flushed them yet.
+    pub fn bump_gen(&self) {
+        self.gen.fetch_add(1, Ordering::AcqRel);
     }
 
     /// What request classification needs to know of the endpoint.
@@ -402,6 +439,84 @@ impl Source for StatsSource {
     fn log(&self, level: u8, text: &str) {
         if self.0.log_enabled(level) {
             self.0.api.log(i32::from(level), text);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn port() -> Arc<PortInfo> {
+        Arc::new(PortInfo {
+            id: 1,
+            port: std::ptr::null(),
+            port_num: 1,
+            gid0: Gid([0; 16]),
+            lid: 1,
+            mtu: 5,
+            rate: 7,
+            subnet_timeout_ms: 1000,
+        })
+    }
+
+    fn open(reg: &EpRegistry, port: &Arc<PortInfo>) -> Arc<Ep> {
+        reg.insert(|id, gen| Arc::new(Ep::new(id, 0, port.clone(), 0xffff, gen, 1)))
+            .expect("a free slot")
+    }
+
+    /// Rounds of bumps: past 256 (where the old 8-bit generation came back to its start) and
+    /// past 65,536.
+    const BUMPS: u32 = 70_000;
+
+    /// CLIENT_REREGISTER bumps the endpoint's generation (`Ep::bump_gen`) so that the hit
+    /// path stops finding routes cached before it at once, before the dataplane flushes them.
+    /// So the endpoint's cache number must never come back to an earlier one while the
+    /// dataplane may not have caught up: not after 256 bumps, nor after any number of them
+    /// up to here, and its low byte stays the slot id.
+    #[test]
+    fn cache_numbers_do_not_repeat_over_many_reregisters() {
+        let (reg, port) = (EpRegistry::default(), port());
+        let _first = open(&reg, &port);
+        let ep = open(&reg, &port);
+        let start = ep.cache_ep();
+        assert_eq!(start % 256, u32::from(ep.id.0));
+        let mut seen = HashSet::from([start]);
+        for n in 1..=BUMPS {
+            ep.bump_gen();
+            let c = ep.cache_ep();
+            assert_ne!(c, start, "the start number again after {n} bumps");
+            assert!(seen.insert(c), "{c:#x} again after {n} bumps");
+            assert_eq!(c % 256, u32::from(ep.id.0));
+            assert_eq!(ep.view().cache_ep, c);
+        }
+    }
+
+    /// An endpoint opened in a freed slot starts one generation past the last one of the
+    /// endpoint closed there (whose entries the dataplane flushes only when it gets to the
+    /// close): its cache number must be fresh however often the slot was reused, 256 times
+    /// and more, also when a reregister bumped a predecessor in between.
+    #[test]
+    fn a_reused_slot_gets_a_fresh_cache_number_every_time() {
+        let (reg, port) = (EpRegistry::default(), port());
+        let mut seen = HashSet::new();
+        let mut slot = None;
+        for n in 0..BUMPS {
+            let ep = open(&reg, &port);
+            assert_eq!(
+                *slot.get_or_insert(ep.id),
+                ep.id,
+                "the same slot, reuse {n}"
+            );
+            let c = ep.cache_ep();
+            assert!(seen.insert(c), "{c:#x} again after {n} reuses of the slot");
+            if n % 1000 == 7 {
+                ep.bump_gen();
+                let c = ep.cache_ep();
+                assert!(seen.insert(c), "{c:#x} again after {n} reuses and a bump");
+            }
+            reg.remove(ep.id);
         }
     }
 }

@@ -30,9 +30,8 @@ use acm_dataplane::plane::{Control, HostCache, Inbox, Plane, Ud};
 use acm_dataplane::stats::{Clock, MissClass, MissStamp};
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
-use crossbeam_utils::CachePadded;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -495,20 +494,14 @@ unsafe extern "C" fn open_endpoint(
         // SAFETY: the core's live acm_endpoint.
         let pkey = unsafe { (*endpoint).pkey };
         let Some(ep) = inst.eps.insert(|id, gen| {
-            Arc::new(Ep {
+            Arc::new(Ep::new(
                 id,
-                serial: next_serial(),
-                port: port.info.clone(),
+                next_serial(),
+                port.info.clone(),
                 pkey,
-                gen: AtomicU8::new(gen),
-                endpoint: Mutex::new(endpoint as usize),
-                closed: AtomicBool::new(false),
-                counters: Default::default(),
-                stats: Default::default(),
-                addr_ctxs: Mutex::new(Vec::new()),
-                removal_seq: AtomicU64::new(0),
-                hit_tick: CachePadded::new(AtomicU32::new(0)),
-            })
+                gen,
+                endpoint as usize,
+            ))
         }) else {
             inst.api.log(
                 0,
@@ -1090,7 +1083,7 @@ unsafe extern "C" fn handle_event(port_context: *mut c_void, event: c_int) -> c_
             let eps = port.inst.eps.of_port(port.info.id);
             for ep in &eps {
                 // From now on no hit on this endpoint sees a route learned before the change.
-                ep.gen.fetch_add(1, Ordering::AcqRel);
+                ep.bump_gen();
                 port.inst.inbox.control(Control::Reregister(ep.id));
             }
             port.inst.api.log(

@@ -13,13 +13,28 @@
 use std::collections::HashMap;
 
 use acm_core_nostd::cache::{
-    AddrKey, AddrSlot, CacheConfig, CacheError, Dest, Inserted, Lookup, PathCache, PathKey,
-    PathSlot,
+    ep_number, ep_slot, AddrKey, AddrSlot, CacheConfig, CacheError, Dest, Inserted, Lookup,
+    PathCache, PathKey, PathSlot, EP_MAX,
 };
 use libfuzzer_sys::fuzz_target;
 
 const PATHS: usize = 8;
 const ADDRS: usize = 4;
+
+/// Cache endpoint numbers: slots 0, 1, 2 at generation 0, and wide generations that share
+/// slot 1 or 2 (256 is where an 8-bit generation came back to the number of generation 0).
+const EPS: [u32; 6] = [
+    0,
+    1,
+    2,
+    ep_number(1, 1),
+    ep_number(256, 1),
+    ep_number(EP_MAX >> 8, 2),
+];
+
+fn ep(b: u8) -> u32 {
+    EPS[usize::from(b) % EPS.len()]
+}
 
 struct Input<'a>(&'a [u8]);
 impl Input<'_> {
@@ -59,7 +74,7 @@ fn rec(tag: u8) -> [u8; 64] {
 }
 
 fn path_key(b: u8) -> PathKey {
-    let ep = (b >> 4) as u16 % 3;
+    let ep = ep(b >> 4);
     let l = (b & 0x0f) as u16;
     if l < 12 {
         PathKey::new(ep, Dest::Lid(l + 1))
@@ -73,7 +88,7 @@ fn path_key(b: u8) -> PathKey {
 }
 
 fn addr_key(b: u8) -> AddrKey {
-    let ep = (b >> 4) as u16 % 3;
+    let ep = ep(b >> 4);
     match b & 7 {
         0..=3 => AddrKey::ipv4(ep, [10, 0, 0, b & 7]),
         4 | 5 => AddrKey::name(ep, if b & 1 == 0 { "node-a" } else { "node-b" }).unwrap(),
@@ -386,18 +401,26 @@ fuzz_target!(|data: &[u8]| {
                 assert_eq!(cache.lookup_addr(&ak, now), Lookup::Miss);
             }
             10 => {
-                let ep = arg as u16 % 3;
+                let ep = ep(arg);
+                // Invalidation is per slot id (every generation of it); a flush is exact.
+                let hit = |k_ep: u32| {
+                    if arg2 & 1 == 0 {
+                        ep_slot(k_ep) == ep_slot(ep)
+                    } else {
+                        k_ep == ep
+                    }
+                };
                 if arg2 & 1 == 0 {
                     w.invalidate_ep(ep);
                 } else {
                     w.flush_ep(ep);
                 }
-                let gone: Vec<PathKey> = h.paths.keys().filter(|k| k.ep == ep).copied().collect();
+                let gone: Vec<PathKey> = h.paths.keys().filter(|k| hit(k.ep)).copied().collect();
                 for k in gone {
                     h.path_gone(&k);
                     assert_eq!(cache.lookup(&k, now), Lookup::Miss);
                 }
-                h.addrs.retain(|k, _| k.ep != ep);
+                h.addrs.retain(|k, _| !hit(k.ep));
             }
             11 => {
                 w.purge_expired(now, 1 + arg as usize % 16);

@@ -10,6 +10,43 @@ pub const ADDR_KEY_WORDS: usize = 17;
 /// Longest address an [`AddrKey`] holds (`ACM_MAX_ADDRESS`).
 pub const MAX_ADDRESS: usize = 64;
 
+/// Bits of a cache endpoint number ([`PathKey::ep`], [`AddrKey::ep`]): word 0 of a packed key
+/// is `ep << 2 | type`, so the number has 30 bits; higher bits are dropped when packing.
+pub const EP_BITS: u32 = 30;
+/// The largest cache endpoint number.
+pub const EP_MAX: u32 = (1 << EP_BITS) - 1;
+/// Bits of the endpoint slot id, the low byte of a cache endpoint number (`ep %`
+/// [`EP_GENERATIONS`](super::EP_GENERATIONS)).
+pub const EP_SLOT_BITS: u32 = 8;
+/// Bits of the flush generation above the slot id in a cache endpoint number (22): a
+/// generation bumped `1 << EP_GEN_BITS` times (4,194,304) comes back to the same number.
+pub const EP_GEN_BITS: u32 = EP_BITS - EP_SLOT_BITS;
+
+/// The cache endpoint number of endpoint slot `id` at flush generation `gen`:
+/// `gen << 8 | id`, with `gen` taken modulo `1 << `[`EP_GEN_BITS`]. The one definition the
+/// provider's hit path, its dataplane and the tests use: bumping `gen` gives a number no
+/// entry written under an earlier generation (fewer than 4,194,304 bumps ago) has, so those
+/// entries stop matching at once, before the writer gets to
+/// [`invalidate_ep`](super::CacheWriter::invalidate_ep). `ep_number(gen, id) %
+/// EP_GENERATIONS == id`, so the writer's per-slot generation counters stay per slot.
+#[inline(always)]
+pub const fn ep_number(gen: u32, id: u8) -> u32 {
+    ((gen << EP_SLOT_BITS) | id as u32) & EP_MAX
+}
+
+/// The endpoint slot id of a cache endpoint number ([`ep_number`]'s `id`).
+#[inline]
+pub const fn ep_slot(ep: u32) -> u8 {
+    ep as u8
+}
+
+/// The flush generation of a cache endpoint number ([`ep_number`]'s `gen`, modulo
+/// `1 << `[`EP_GEN_BITS`]).
+#[inline]
+pub const fn ep_generation(ep: u32) -> u32 {
+    (ep & EP_MAX) >> EP_SLOT_BITS
+}
+
 /// The destination half of a [`PathKey`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Dest {
@@ -125,9 +162,11 @@ impl Constraints {
 /// Key of a path-record entry: endpoint, destination and request constraints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PathKey {
-    /// The endpoint (local port / partition) the path was learned through; see
+    /// The endpoint (local port / partition) the path was learned through, as a cache
+    /// endpoint number ([`ep_number`]: flush generation and slot id; at most [`EP_MAX`], higher
+    /// bits are dropped when packing); see
     /// [`CacheWriter::invalidate_ep`](super::CacheWriter::invalidate_ep).
-    pub ep: u16,
+    pub ep: u32,
     /// Destination LID or GID.
     pub dest: Dest,
     /// Request constraints; see [`Constraints`].
@@ -136,7 +175,7 @@ pub struct PathKey {
 
 impl PathKey {
     /// A key for `dest` on endpoint `ep` with no constraints.
-    pub const fn new(ep: u16, dest: Dest) -> Self {
+    pub const fn new(ep: u32, dest: Dest) -> Self {
         PathKey {
             ep,
             dest,
@@ -150,11 +189,11 @@ impl PathKey {
         let mut w = [0u32; PATH_KEY_WORDS];
         match self.dest {
             Dest::Lid(lid) => {
-                w[0] = ((self.ep as u32) << 16) | DEST_LID;
+                w[0] = ep_word(self.ep, DEST_LID);
                 w[1] = lid as u32;
             }
             Dest::Gid(gid) => {
-                w[0] = ((self.ep as u32) << 16) | DEST_GID;
+                w[0] = ep_word(self.ep, DEST_GID);
                 for (i, c) in gid.chunks_exact(4).enumerate() {
                     w[1 + i] = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
                 }
@@ -207,9 +246,27 @@ pub struct PathDest(pub(crate) [u32; DEST_WORDS]);
 /// Words of a [`PathDest`]: endpoint and destination type, then the LID or the 4 GID words.
 pub const DEST_WORDS: usize = 5;
 
-/// Word 0 of a packed key: `ep << 16 | DEST_LID` or `DEST_GID`.
+/// Word 0 of a packed key: `ep << 2 | DEST_LID` or `DEST_GID` ([`ep_word`]).
 pub(crate) const DEST_LID: u32 = 1;
 pub(crate) const DEST_GID: u32 = 2;
+/// Bits of the type (destination type, address kind) in word 0 of a packed key, below the
+/// endpoint number.
+pub(crate) const TYPE_BITS: u32 = 2;
+const TYPE_MASK: u32 = (1 << TYPE_BITS) - 1;
+const _: () = assert!(EP_BITS + TYPE_BITS == 32);
+const _: () = assert!(DEST_GID <= TYPE_MASK && AddrKind::Ipv6 as u32 <= TYPE_MASK);
+
+/// Word 0 of a packed key: the endpoint number (its low [`EP_BITS`]) above the 2-bit `type_`.
+#[inline(always)]
+pub(crate) const fn ep_word(ep: u32, type_: u32) -> u32 {
+    (ep << TYPE_BITS) | type_
+}
+
+/// The endpoint number of word 0 of a packed key.
+#[inline(always)]
+pub(crate) const fn ep_of_word(w0: u32) -> u32 {
+    w0 >> TYPE_BITS
+}
 /// Where the reversible bit and the constraint mask sit in word 9 of a packed key.
 const W9_REVERSIBLE: u32 = (REVERSIBLE as u32) << 8;
 const W9_MASK_SHIFT: u32 = 16;
@@ -226,8 +283,8 @@ impl PackedPathKey {
     /// fields are 0 (as [`cache_key`](crate::resolver::request::cache_key) makes them).
     pub fn key(&self) -> PathKey {
         let w = &self.0;
-        let ep = (w[0] >> 16) as u16;
-        let dest = if w[0] & 0xffff == DEST_LID {
+        let ep = ep_of_word(w[0]);
+        let dest = if w[0] & TYPE_MASK == DEST_LID {
             Dest::Lid(w[1] as u16)
         } else {
             let mut g = [0u8; 16];
@@ -294,8 +351,9 @@ pub enum AddrKind {
 /// Bytes beyond the address are zero, as in ibacm's 64-byte `memcmp` keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AddrKey {
-    /// The endpoint the address was resolved on.
-    pub ep: u16,
+    /// The endpoint the address was resolved on (a cache endpoint number, as
+    /// [`PathKey::ep`]).
+    pub ep: u32,
     /// Address type.
     pub kind: AddrKind,
     /// Address bytes, zero padded.
@@ -304,19 +362,19 @@ pub struct AddrKey {
 
 impl AddrKey {
     /// A key from raw bytes; `None` if `bytes` is longer than 64.
-    pub fn new(ep: u16, kind: AddrKind, bytes: &[u8]) -> Option<Self> {
+    pub fn new(ep: u32, kind: AddrKind, bytes: &[u8]) -> Option<Self> {
         let mut addr = [0u8; MAX_ADDRESS];
         addr.get_mut(..bytes.len())?.copy_from_slice(bytes);
         Some(AddrKey { ep, kind, addr })
     }
 
     /// A host-name key; `None` if the name is longer than 64 bytes.
-    pub fn name(ep: u16, name: &str) -> Option<Self> {
+    pub fn name(ep: u32, name: &str) -> Option<Self> {
         Self::new(ep, AddrKind::Name, name.as_bytes())
     }
 
     /// An IPv4 key (network-order bytes).
-    pub fn ipv4(ep: u16, ip: [u8; 4]) -> Self {
+    pub fn ipv4(ep: u32, ip: [u8; 4]) -> Self {
         let mut addr = [0u8; MAX_ADDRESS];
         addr[..4].copy_from_slice(&ip);
         AddrKey {
@@ -327,7 +385,7 @@ impl AddrKey {
     }
 
     /// An IPv6 key (network-order bytes).
-    pub fn ipv6(ep: u16, ip: [u8; 16]) -> Self {
+    pub fn ipv6(ep: u32, ip: [u8; 16]) -> Self {
         let mut addr = [0u8; MAX_ADDRESS];
         addr[..16].copy_from_slice(&ip);
         AddrKey {
@@ -341,7 +399,7 @@ impl AddrKey {
     #[inline]
     pub fn to_words(&self) -> [u32; ADDR_KEY_WORDS] {
         let mut w = [0u32; ADDR_KEY_WORDS];
-        w[0] = ((self.ep as u32) << 16) | self.kind as u32;
+        w[0] = ep_word(self.ep, self.kind as u32);
         for (i, c) in self.addr.chunks_exact(4).enumerate() {
             w[1 + i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
@@ -440,7 +498,7 @@ mod tests {
                 Dest::Gid(gid)
             };
             let k = PathKey {
-                ep: i as u16,
+                ep: ep_number(i.wrapping_mul(0x9e37_79b9), i as u8),
                 dest,
                 constraints: c,
             };

@@ -91,8 +91,9 @@ use core::ops::Deref;
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
-    constraint, AddrKey, AddrKind, Constraints, Dest, PackedPathKey, PathDest, PathKey,
-    ADDR_KEY_WORDS, DEST_WORDS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
+    constraint, ep_generation, ep_number, ep_slot, AddrKey, AddrKind, Constraints, Dest,
+    PackedPathKey, PathDest, PathKey, ADDR_KEY_WORDS, DEST_WORDS, EP_BITS, EP_GEN_BITS, EP_MAX,
+    EP_SLOT_BITS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
 };
 pub use table::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
 
@@ -116,9 +117,10 @@ pub type PathSlot = Slot<PATH_WORDS>;
 /// Storage for one address entry.
 pub type AddrSlot = Slot<ADDR_WORDS>;
 
-/// Endpoint generations are kept in a fixed array indexed by `ep % EP_GENERATIONS`; endpoints
-/// that share an index are invalidated together (harmless: extra misses).
-pub const EP_GENERATIONS: usize = 256;
+/// Endpoint generations are kept in a fixed array indexed by `ep % EP_GENERATIONS`, the slot id
+/// of a cache endpoint number ([`ep_slot`]); endpoints that share an index are invalidated
+/// together (harmless: extra misses).
+pub const EP_GENERATIONS: usize = 1 << EP_SLOT_BITS;
 
 #[cfg(feature = "std")]
 impl<const W: usize> Slot<W> {
@@ -389,13 +391,13 @@ where
 }
 
 #[inline]
-fn ep_index(ep: u16) -> usize {
+fn ep_index(ep: u32) -> usize {
     ep as usize % EP_GENERATIONS
 }
 
 #[inline]
-fn ep_of(w: &[u32]) -> u16 {
-    (w[KEY] >> 16) as u16
+fn ep_of(w: &[u32]) -> u32 {
+    key::ep_of_word(w[KEY])
 }
 
 impl<P, A> PathCache<P, A>
@@ -489,7 +491,7 @@ where
     }
 
     #[inline]
-    fn gen(&self, ep: u16) -> u32 {
+    fn gen(&self, ep: u32) -> u32 {
         self.ep_gens[ep_index(ep)].load(Ordering::Acquire)
     }
 
@@ -919,7 +921,7 @@ where
     fn path_words(
         &self,
         kw: &[u32; PATH_KEY_WORDS],
-        ep: u16,
+        ep: u32,
         status: u8,
         now: u64,
         ttl: u64,
@@ -1094,7 +1096,7 @@ where
     /// so its path and address entries become misses at once and are the first to be reclaimed.
     /// Call on port/LID/P_Key changes and when the endpoint closes. Endpoints whose numbers are
     /// equal modulo [`EP_GENERATIONS`] are invalidated together.
-    pub fn invalidate_ep(&mut self, ep: u16) {
+    pub fn invalidate_ep(&mut self, ep: u32) {
         let g = &self.cache.ep_gens[ep_index(ep)];
         g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
     }
@@ -1115,8 +1117,10 @@ where
 
     /// Removes every path and address entry whose endpoint is `ep` (O(capacity); prefer
     /// [`invalidate_ep`](Self::invalidate_ep) on hot paths). Returns how many were removed.
-    pub fn flush_ep(&mut self, ep: u16) -> usize {
+    pub fn flush_ep(&mut self, ep: u32) -> usize {
         let c = self.cache;
+        // As packed: a key keeps the low `EP_BITS` of its endpoint number.
+        let ep = ep & EP_MAX;
         let mut n = 0;
         c.paths.for_each_occupied(|i, w| {
             if ep_of(w) == ep {

@@ -43,7 +43,7 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{AddrSlot, PathCache, PathSlot};
+use crate::cache::{ep_number, AddrSlot, PathCache, PathSlot};
 use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
@@ -670,7 +670,7 @@ impl<S: Storage> Resolver<S> {
             e.subnet_timeout = cfg.subnet_timeout_ms;
             e.qpn = cfg.qpn;
             e.sa_pkey = cfg.sa_pkey;
-            e.cache_ep = u16::from(ep.0);
+            e.cache_ep = ep_number(0, ep.0);
             if want_groups {
                 e.groups[0].rate = min.0;
                 e.groups[0].mtu = min.1;
@@ -736,7 +736,7 @@ impl<S: Storage> Resolver<S> {
             e.acm_inflight = 0;
         }
         if let Some(mut w) = cache.writer() {
-            w.invalidate_ep(u16::from(ep.0));
+            w.invalidate_ep(u32::from(ep.0));
         }
         self.ep_map[usize::from(ep.0)] = 0;
         self.ports = self.count_ports();
@@ -753,7 +753,7 @@ impl<S: Storage> Resolver<S> {
         now: Millis,
         cache: &PathCache<P, A>,
         ep: EpId,
-        cache_ep: u16,
+        cache_ep: u32,
         type_: u8,
         addr: &[u8; 64],
     ) -> Result<(), Error>
@@ -862,7 +862,7 @@ impl<S: Storage> Resolver<S> {
         now: Millis,
         cache: &PathCache<P, A>,
         ep: EpId,
-        cache_ep: u16,
+        cache_ep: u32,
         path: &[u8; 64],
     ) where
         P: Deref<Target = [PathSlot]>,
@@ -890,7 +890,7 @@ impl<S: Storage> Resolver<S> {
         now: Millis,
         cache: &PathCache<P, A>,
         ep: EpId,
-        cache_ep: u16,
+        cache_ep: u32,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
@@ -899,7 +899,7 @@ impl<S: Storage> Resolver<S> {
             return;
         };
         if let Some(mut w) = cache.writer() {
-            w.invalidate_ep(u16::from(ep.0));
+            w.invalidate_ep(u32::from(ep.0));
         }
         self.st.endpoints()[slot].cache_ep = cache_ep;
         for i in 0..self.st.preloads().len() {
@@ -952,7 +952,7 @@ impl<S: Storage> Resolver<S> {
         now: Millis,
         cache: &PathCache<P, A>,
         ep: EpId,
-        cache_ep: u16,
+        cache_ep: u32,
         client: u64,
         kind: Kind,
         msg: &[u8],
@@ -1107,7 +1107,7 @@ impl<S: Storage> Resolver<S> {
 /// The arguments of one client request.
 pub(crate) struct ReqCtx<'m> {
     pub(crate) ep: EpId,
-    pub(crate) cache_ep: u16,
+    pub(crate) cache_ep: u32,
     pub(crate) client: u64,
     pub(crate) kind: Kind,
     pub(crate) msg: &'m [u8],
@@ -1119,7 +1119,7 @@ impl<S: Storage> Resolver<S> {
         self.st.endpoints().get(s).filter(|e| e.open).map(|_| s)
     }
 
-    pub(crate) fn view(&mut self, slot: usize, cache_ep: u16) -> request::EpView {
+    pub(crate) fn view(&mut self, slot: usize, cache_ep: u32) -> request::EpView {
         let e = &self.st.endpoints()[slot];
         request::EpView {
             cache_ep,
@@ -1270,7 +1270,7 @@ impl<S: Storage> Resolver<S> {
         cache: &PathCache<P, A>,
         slot: usize,
         i: u32,
-        cache_ep: u16,
+        cache_ep: u32,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
@@ -1298,7 +1298,7 @@ impl<S: Storage> Resolver<S> {
         now: Millis,
         cache: &PathCache<P, A>,
         slot: usize,
-        cache_ep: u16,
+        cache_ep: u32,
         path: &[u8; 64],
     ) where
         P: Deref<Target = [PathSlot]>,

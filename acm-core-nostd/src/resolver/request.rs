@@ -12,7 +12,7 @@
 //!   and cache on: destination (DLID, else DGID) plus every constraint the client set.
 //! * [`respond`] builds the answer with `wire::client`, and never panics on any input.
 
-use crate::cache::key::{DEST_GID, DEST_LID};
+use crate::cache::key::{ep_word, DEST_GID, DEST_LID};
 use crate::cache::{
     constraint, AddrKey, AddrKind, PackedPathKey, PathDest, PathKey, DEST_WORDS, PATH_KEY_WORDS,
 };
@@ -38,8 +38,9 @@ pub const ETIMEDOUT: u8 = 6;
 /// What classification needs to know about the endpoint a request arrived on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpView {
-    /// The caller's cache endpoint number (flush generation << 8 | endpoint slot).
-    pub cache_ep: u16,
+    /// The caller's cache endpoint number
+    /// ([`ep_number`](crate::cache::ep_number): flush generation << 8 | endpoint slot).
+    pub cache_ep: u32,
     /// Port GID index 0.
     pub port_gid: Gid,
     /// Port base LID (0 if unknown).
@@ -272,9 +273,9 @@ impl Words {
     /// The endpoint and destination words of a key (DLID, else DGID; `None` for neither or
     /// both). Normalisation leaves both alone, so this is the same for the client's record.
     #[inline(always)]
-    fn dest(&self, cache_ep: u16) -> Option<PathDest> {
+    fn dest(&self, cache_ep: u32) -> Option<PathDest> {
         let w = &self.0;
-        let ep = u32::from(cache_ep) << 16;
+        let ep = ep_word(cache_ep, 0);
         match ((w[5] >> 48) as u16, w[1] | w[2] == 0) {
             (0, false) => Some(PathDest([
                 ep | DEST_GID,
@@ -290,7 +291,7 @@ impl Words {
 
     /// The packed cache key of a normalised record ([`cache_key`]).
     #[inline(always)]
-    fn key(&self, cache_ep: u16) -> Option<PackedPathKey> {
+    fn key(&self, cache_ep: u32) -> Option<PackedPathKey> {
         let w = &self.0;
         let (slid, flow_hop) = ((w[5] >> 32) as u16, w[5] as u32);
         // A foreign source, flow label or hop limit: not cacheable (Preference is 0 here).
@@ -355,7 +356,7 @@ pub fn normalise(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
 /// DGID, a foreign SLID/SGID, flow label, hop limit, preference): such requests always go to
 /// the SA.
 #[inline]
-pub fn cache_key(cache_ep: u16, normalised: &[u8; 64]) -> Option<PathKey> {
+pub fn cache_key(cache_ep: u32, normalised: &[u8; 64]) -> Option<PathKey> {
     let w = Words::of(normalised);
     // Preference is cleared by normalisation; a record that still has one is not a key.
     if (w.0[7] >> 48) as u8 != 0 {
@@ -443,7 +444,8 @@ mod tests {
         g[1] = 0x80;
         g[15] = 4;
         EpView {
-            cache_ep: 0x0102,
+            // A wide generation: all 30 bits of the endpoint number survive packing.
+            cache_ep: crate::cache::ep_number(0x2a_5a5a, 2),
             port_gid: Gid(g),
             lid: 4,
             pkey: 0xffff,
@@ -641,7 +643,8 @@ mod tests {
         };
         let sa = record.query_record(&view());
         let key = key.unwrap().key();
-        assert_eq!(key.ep, 0x0102);
+        assert_eq!(key.ep, view().cache_ep);
+        assert_eq!(key.ep, (0x2a_5a5a << 8) | 2);
         assert_eq!(key.dest, Dest::Lid(6));
         assert_eq!(key.constraints.mask, 0);
         assert!(!nodelay);
@@ -728,7 +731,7 @@ mod tests {
         let Target::Address { key, nodelay } = classify(&v, &m) else {
             panic!()
         };
-        assert_eq!(key, AddrKey::name(0x0102, "hca4").unwrap());
+        assert_eq!(key, AddrKey::name(v.cache_ep, "hca4").unwrap());
         assert!(!nodelay);
         let mut ip = [0u8; 64];
         ip[..4].copy_from_slice(&[10, 0, 0, 6]);

@@ -37,7 +37,7 @@ impl StoredKey {
         }
     }
 
-    pub(crate) fn key(&self, cache_ep: u16) -> Option<PathKey> {
+    pub(crate) fn key(&self, cache_ep: u32) -> Option<PathKey> {
         let dest = match self.kind {
             1 => Dest::Lid(self.lid),
             2 => Dest::Gid(self.gid),
@@ -52,17 +52,18 @@ impl StoredKey {
 }
 
 impl<S: Storage> Resolver<S> {
-    fn job_hash(&self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> u64 {
-        bucket_hash(self.seed, (slot as u32) << 16 | u32::from(cache_ep), sa)
+    fn job_hash(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> u64 {
+        // The slot in the top byte, over the generation bits a cache number rarely reaches.
+        bucket_hash(self.seed, (slot as u32).rotate_right(8) ^ cache_ep, sa)
     }
 
-    fn job_bucket(&mut self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> usize {
+    fn job_bucket(&mut self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> usize {
         let h = self.job_hash(slot, cache_ep, sa);
         (h % self.st.job_buckets().len() as u64) as usize
     }
 
     /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
-    pub(crate) fn find_job(&mut self, slot: usize, cache_ep: u16, sa: &[u8; 64]) -> Option<u32> {
+    pub(crate) fn find_job(&mut self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> Option<u32> {
         let b = self.job_bucket(slot, cache_ep, sa);
         let mut cur = self.st.job_buckets()[b];
         while let Some(j) = cur.checked_sub(1) {
@@ -171,7 +172,7 @@ impl<S: Storage> Resolver<S> {
         &mut self,
         now: Millis,
         slot: usize,
-        cache_ep: u16,
+        cache_ep: u32,
         key: Option<PathKey>,
         sa: &[u8; 64],
         query: bool,
@@ -246,7 +247,7 @@ impl<S: Storage> Resolver<S> {
         &mut self,
         now: Millis,
         slot: usize,
-        cache_ep: u16,
+        cache_ep: u32,
         key: Option<PathKey>,
         sa: &[u8; 64],
         waiter: Option<u32>,

@@ -277,8 +277,8 @@ pub struct Node {
     pub alive: bool,
     /// The MGID its QP is attached to.
     pub attached: Option<Gid>,
-    /// Flush generation (the high byte of its cache endpoint number).
-    pub generation: u8,
+    /// Flush generation (the bits above the slot id of its cache endpoint number).
+    pub generation: u32,
     /// Counters from [`Output::Count`].
     pub counters: [u64; 7],
     /// Its name.
@@ -290,8 +290,8 @@ pub const EP: EpId = EpId(1);
 
 impl Node {
     /// The node's cache endpoint number.
-    pub fn cache_ep(&self) -> u16 {
-        u16::from(self.generation) << 8 | u16::from(EP.0)
+    pub fn cache_ep(&self) -> u32 {
+        crate::cache::ep_number(self.generation, EP.0)
     }
     /// The node's resolver stats.
     pub fn stats(&self) -> Stats {

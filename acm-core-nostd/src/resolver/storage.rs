@@ -262,7 +262,7 @@ pub struct JobSlot {
     /// The caller holds a MAD of this job (sent, not handed back yet).
     pub(crate) held: bool,
     pub(crate) ep: u8,
-    pub(crate) cache_ep: u16,
+    pub(crate) cache_ep: u32,
     pub(crate) busy_tries: u32,
     pub(crate) tid: u32,
     pub(crate) hnext: u32,
@@ -344,7 +344,7 @@ pub struct AddrEntry {
     pub(crate) resp_group: u8,
     pub(crate) src_type: u8,
     pub(crate) path_bits: u8,
-    pub(crate) cache_ep: u16,
+    pub(crate) cache_ep: u32,
     pub(crate) lid: u16,
     pub(crate) qpn: u32,
     pub(crate) tries: u32,
@@ -525,7 +525,7 @@ pub struct EpSlot {
     pub(crate) rate: u8,
     pub(crate) lid: u16,
     pub(crate) pkey: u16,
-    pub(crate) cache_ep: u16,
+    pub(crate) cache_ep: u32,
     pub(crate) qpn: u32,
     /// [`super::EpConfig::sa_pkey`].
     pub(crate) sa_pkey: bool,

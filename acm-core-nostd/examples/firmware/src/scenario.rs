@@ -19,7 +19,7 @@
 //! `resolver::sim` does); every other record is an [`Output`] of the resolver.
 #![forbid(unsafe_code)]
 
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
 use acm_core_nostd::resolver::request::{classify, respond, EpView, Target, ENODATA, ETIMEDOUT};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, Output, RecvMeta,
@@ -68,9 +68,10 @@ pub const CACHE_SLOTS: usize = 16;
 static PATHS: [PathSlot; CACHE_SLOTS] = [const { PathSlot::new() }; CACHE_SLOTS];
 static ADDRS: [AddrSlot; CACHE_SLOTS] = [const { AddrSlot::new() }; CACHE_SLOTS];
 
-/// The endpoint: Hca2's port of the OpenSM fixtures (fe80::10:4, LID 4), cache endpoint 0.
+/// The endpoint: Hca2's port of the OpenSM fixtures (fe80::10:4, LID 4), cache endpoint 0
+/// (generation 0 of slot 0).
 const EP: EpId = EpId(0);
-const CEP: u16 = 0;
+const CEP: u32 = ep_number(0, EP.0);
 /// The requester of `acmp_resolve_req.bin` (Hca3).
 const HCA3_GID: Gid = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
 
