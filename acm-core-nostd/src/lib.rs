@@ -7,11 +7,12 @@
 //!   headers, SA PathRecord and MCMemberRecord, the ACM class 0x2C resolve MAD, and the ibacm
 //!   client protocol (`acm_msg`), plus rate/MTU tables that know HDR and NDR.
 //! * [`cache`]: fixed-capacity path-record and address caches over caller-provided storage, with
-//!   one writer and lock-free readers, expiry, negative entries and eviction; a pending-request
-//!   table that coalesces concurrent misses.
+//!   one writer and lock-free readers, expiry, negative entries and eviction.
 //! * [`resolver`]: every decision the provider makes (route and address resolution, the ACM
 //!   multicast protocol, joins, coalescing, retries, deadlines) as a sans-IO, allocation-free
 //!   state machine over caller-provided storage.
+//! * [`sa_channel`]: the SA client of a UD QP of our own (unpredictable TIDs, tries and
+//!   timeouts, one completion per request, and only the SM's MADs taken).
 //! * [`text`]: line-by-line parsers for `ibacm_opts.cfg`, `ibacm_hosts.data` and OpenSM's
 //!   `dump_pr` full path-record dump.
 //!
@@ -24,6 +25,7 @@
 pub mod cache;
 pub mod park;
 pub mod resolver;
+pub mod sa_channel;
 mod sync;
 pub mod text;
 pub mod wire;

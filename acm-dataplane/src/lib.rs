@@ -4,8 +4,6 @@
 //! * [`plane`]: the loop that owns the sans-IO resolver (`acm-core-nostd::resolver`), the
 //!   endpoints' UD queue pairs and every cache write; its IO sits behind two small traits so
 //!   the same loop runs over verbs and the core's SA service, or over in-memory fakes.
-//! * [`sa`]: the `ud` SA transport's table of outstanding SA requests (re-sends, timeouts,
-//!   replies matched by TID), for SA MADs sent from the endpoint's UD QP to the SM's QP1.
 //! * [`worker`]: the thread the loop runs on: pinned busy-poll, or adaptive spin-then-block on
 //!   the completion channels and a wake-up eventfd; keeps a coarse clock readers can use
 //!   without a syscall.
@@ -18,7 +16,6 @@
 
 pub mod export;
 pub mod plane;
-pub mod sa;
 pub mod stats;
 pub mod verbs;
 pub mod worker;

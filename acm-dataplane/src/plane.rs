@@ -14,16 +14,18 @@
 //!
 //! So the same loop runs over the core's SA service and verbs, and over in-memory fakes.
 
-use crate::sa::{Expired, SaChannel, SmAddr, TIMED_OUT};
 use crate::stats::{Clock, Latency, MissClass, MissStamp, Pending};
 use crate::worker::{PollOutcome, Poller, Waker};
 use acm_core_nostd::cache::{ep_generation, ep_number, AddrSlot, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
-    AcmDest, Answer, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output,
-    RecvMeta, Resolver, Stats, MAX_EPS, MSG_LEN,
+    AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
+    Resolver, Stats, MAX_EPS, MSG_LEN,
 };
+use acm_core_nostd::sa_channel::{Expired, Received, SaChannel, SaEntry, SmAddr, TIMED_OUT};
+use acm_core_nostd::wire::client::AcmMsg;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::inform::NoticeRepr;
+use acm_core_nostd::wire::mad::{self, Header, MgmtClass};
 use acm_core_nostd::wire::sa::DATA_OFFSET as SA_DATA;
 use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
@@ -347,6 +349,9 @@ pub struct Plane<I: CoreIo> {
     io: I,
     eps: Vec<Option<EpRecord>>,
     epoch: Instant,
+    /// The time of the last round (the worker's clock, virtual offset included): what a
+    /// recovery, which runs between rounds, goes by.
+    last_now: Millis,
     controls_applied: u64,
     last_stats: Stats,
     /// Running totals of the QPs' drops, per endpoint, as last logged.
@@ -375,7 +380,7 @@ pub struct Plane<I: CoreIo> {
     /// SA MADs go out on the endpoints' UD QPs (`acmrs_sa_transport ud`).
     sa_ud: bool,
     /// The `ud` transport's outstanding SA requests.
-    sa: SaChannel,
+    sa: SaChannel<Vec<SaEntry>>,
     /// [`SaChannel::expire`]'s work of one round (kept between rounds).
     sa_due: Vec<Expired>,
     /// When the endpoints' SM addresses are read again.
@@ -434,6 +439,7 @@ impl<I: CoreIo> Plane<I> {
             io,
             eps: (0..MAX_EPS).map(|_| None).collect(),
             epoch,
+            last_now: 0,
             controls_applied: 0,
             last_stats: Stats::default(),
             last_health: vec![UdHealth::default(); MAX_EPS],
@@ -447,7 +453,7 @@ impl<I: CoreIo> Plane<I> {
             done: false,
             stats: None,
             sa_ud: false,
-            sa: SaChannel::new(0),
+            sa: SaChannel::new(Vec::new(), sa_tid_key()),
             sa_due: Vec::with_capacity(16),
             next_sm_check: 0,
         })
@@ -471,13 +477,8 @@ impl<I: CoreIo> Plane<I> {
     /// still use the core's service.
     pub fn with_ud_sa(mut self, capacity: usize) -> Self {
         self.sa_ud = true;
-        self.sa = SaChannel::new(capacity);
+        self.sa = SaChannel::new(vec![SaEntry::EMPTY; capacity], sa_tid_key());
         self
-    }
-
-    /// The resolver's configuration helper, for callers building one.
-    pub fn config_of(opts: &acm_core_nostd::text::opts::ProviderOptions) -> Config {
-        Config::from_options(opts)
     }
 
     fn ms(&self, t: Instant) -> Millis {
@@ -619,7 +620,7 @@ impl<I: CoreIo> Plane<I> {
                 if let Some(mut w) = self.cache.writer() {
                     w.clear();
                 }
-                self.sa = SaChannel::new(0);
+                self.sa.clear();
                 self.done = true;
             }
         }
@@ -679,26 +680,8 @@ impl<I: CoreIo> Plane<I> {
         if !self.sa_ud {
             return None;
         }
-        let i = self.sa_carrier(ep)?;
+        let i = carrier_of(&self.eps, ep)?;
         Some((i, self.eps[i].as_ref()?.sm?))
-    }
-
-    /// The endpoint whose UD QP carries `ep`'s SA MADs: `ep` itself if its QP is on the
-    /// port's SA P_Key (`EpConfig::sa_pkey`), else an open endpoint of the same port (same
-    /// GID 0) whose QP is. The SM's port drops MADs of a partition it is not in, so an
-    /// endpoint of another partition cannot reach the SA on its own QP; with no carrier on
-    /// the port, its MADs go through the core's service.
-    /// Replies come back on that QP and are matched to `ep`'s query by the SA channel.
-    fn sa_carrier(&self, ep: EpId) -> Option<usize> {
-        let own = self.eps.get(usize::from(ep.0))?.as_ref()?;
-        if own.cfg.sa_pkey && own.ud.is_some() {
-            return Some(usize::from(ep.0));
-        }
-        let gid = own.cfg.port_gid;
-        self.eps.iter().position(|r| {
-            r.as_ref()
-                .is_some_and(|r| r.cfg.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
-        })
     }
 
     /// Sends `ep`'s SA MAD on the UD QP of endpoint `via` (its SA carrier) to `sm` (tracked
@@ -747,39 +730,24 @@ impl<I: CoreIo> Plane<I> {
             .get(usize::from(ep.0))
             .and_then(|r| r.as_ref())
             .and_then(|r| r.sm);
-        if sm.is_none_or(|sm| sm.lid != meta.slid) || meta.src_qp != 1 {
-            self.sa_forged += 1;
-            return;
-        }
-        if mad[3] & acm_core_nostd::wire::mad::METHOD_RESP == 0 {
-            let before = self.resolver.stats();
-            self.resolver.handle_report(now, &self.cache, ep, mad);
-            let after = self.resolver.stats();
-            if after.reports > before.reports && self.io.log_enabled(1) {
-                // The resolver took it as a Report, so its Notice parses.
-                let notice = NoticeRepr::parse_bytes(&mad[SA_DATA..]).ok();
-                let trap = notice.map_or(0, |n| n.trap);
-                let gid = notice.and_then(|n| n.subject_gid()).map_or(Gid::ZERO, Gid);
-                self.io.log(
-                    1,
-                    &format!(
-                        "SA Report: trap {trap} for {gid}: {} cache entries invalidated",
-                        after.report_invalidated - before.report_invalidated
-                    ),
-                );
-            }
-            return;
-        }
-        if let Some(owner) = self.sa.owner(mad) {
-            if self.sa_carrier(owner) != Some(usize::from(ep.0)) {
+        let eps = &self.eps;
+        let on = usize::from(ep.0);
+        let carries = |owner: EpId| carrier_of(eps, owner) == Some(on);
+        let (token, mad) = match self.sa.receive(meta, sm, carries, mad) {
+            Received::Reply { token, mad } => (token, mad),
+            Received::Forged => {
                 self.sa_forged += 1;
                 return;
             }
-        }
-        let Some((token, mad)) = self.sa.reply(mad) else {
             // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
-            self.resolver.handle_sa(now, &self.cache, 0, 0, mad);
-            return;
+            Received::Unknown => {
+                self.resolver.handle_sa(now, &self.cache, 0, 0, mad);
+                return;
+            }
+            Received::Report => {
+                self.report(now, ep, mad);
+                return;
+            }
         };
         if let Some(s) = self.stats.as_mut() {
             if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
@@ -787,6 +755,26 @@ impl<I: CoreIo> Plane<I> {
             }
         }
         self.resolver.handle_sa(now, &self.cache, token, 0, &mad);
+    }
+
+    /// A Report from the SM (trap 64/65): the resolver's, logged when it took it.
+    fn report(&mut self, now: Millis, ep: EpId, mad: &[u8; 256]) {
+        let before = self.resolver.stats();
+        self.resolver.handle_report(now, &self.cache, ep, mad);
+        let after = self.resolver.stats();
+        if after.reports > before.reports && self.io.log_enabled(1) {
+            // The resolver took it as a Report, so its Notice parses.
+            let notice = NoticeRepr::parse_bytes(&mad[SA_DATA..]).ok();
+            let trap = notice.map_or(0, |n| n.trap);
+            let gid = notice.and_then(|n| n.subject_gid()).map_or(Gid::ZERO, Gid);
+            self.io.log(
+                1,
+                &format!(
+                    "SA Report: trap {trap} for {gid}: {} cache entries invalidated",
+                    after.report_invalidated - before.report_invalidated
+                ),
+            );
+        }
     }
 
     /// Re-sends or fails the `ud` transport's SA requests whose try ran out, and re-reads the
@@ -921,11 +909,11 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Answer(a) => {
-                    if self
-                        .in_hand
-                        .as_ref()
-                        .is_some_and(|r| r.client == a.client && r.msg[8..16] == a.msg[8..16])
-                    {
+                    if self.in_hand.as_ref().is_some_and(|r| {
+                        r.client == a.client
+                            && AcmMsg::new_unchecked(&r.msg[..]).tid()
+                                == AcmMsg::new_unchecked(&a.msg[..]).tid()
+                    }) {
                         self.in_hand = None;
                     }
                     // A stamped request's latency runs up to the hand-off to the core; the
@@ -1134,6 +1122,7 @@ impl<I: CoreIo> Plane<I> {
 impl<I: CoreIo> Poller for Plane<I> {
     fn poll(&mut self, t: Instant) -> PollOutcome {
         let now = self.ms(t);
+        self.last_now = now;
         if self.dead {
             return self.poll_dead(now);
         }
@@ -1205,7 +1194,8 @@ impl<I: CoreIo> Poller for Plane<I> {
             ud.poll(&mut |m, b| rx.push((*m, *b)));
             for (m, b) in &rx {
                 did = true;
-                if b[1] == 0x03 {
+                let class = Header::new_unchecked(&b[..mad::HEADER_LEN]).mgmt_class();
+                if class == MgmtClass::SubnAdm {
                     self.sa_receive(now, EpId(i as u8), m, b);
                 } else {
                     self.resolver
@@ -1250,7 +1240,7 @@ impl<I: CoreIo> Poller for Plane<I> {
         use std::panic::{catch_unwind, AssertUnwindSafe};
         self.stop_resolving();
         self.inbox.gave_up.fetch_add(1, Ordering::Relaxed);
-        let now = self.ms(Instant::now());
+        let now = self.last_now;
         self.answer_held(now);
         if let Some(r) = self.in_hand.take() {
             let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -1276,7 +1266,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             0,
             &format!("ERROR - acmrs dataplane panicked ({message}); restarting the resolver"),
         );
-        let now = self.ms(Instant::now());
+        let now = self.last_now;
         if !self.answer_held(now) {
             self.io.log(
                 0,
@@ -1293,8 +1283,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             s.sa.clear();
         }
         // The old resolver's tokens mean nothing to the new one.
-        let cap = self.sa.capacity();
-        self.sa = SaChannel::new(cap);
+        self.sa.clear();
         let fresh =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.make_resolver)()))
                 .ok()
@@ -1382,4 +1371,30 @@ impl Ud for crate::verbs::UdEndpoint {
             rq_starved: s.rq_starved,
         }
     }
+}
+
+/// The endpoint whose UD QP carries `ep`'s SA MADs: `ep` itself if its QP is on the port's SA
+/// P_Key (`EpConfig::sa_pkey`), else an open endpoint of the same port (same GID 0) whose QP
+/// is. The SM's port drops MADs of a partition it is not in, so an endpoint of another
+/// partition cannot reach the SA on its own QP; with no carrier on the port, its MADs go
+/// through the core's service. Replies come back on that QP and are matched to `ep`'s query
+/// by the SA channel.
+fn carrier_of(eps: &[Option<EpRecord>], ep: EpId) -> Option<usize> {
+    let own = eps.get(usize::from(ep.0))?.as_ref()?;
+    if own.cfg.sa_pkey && own.ud.is_some() {
+        return Some(usize::from(ep.0));
+    }
+    let gid = own.cfg.port_gid;
+    eps.iter().position(|r| {
+        r.as_ref()
+            .is_some_and(|r| r.cfg.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
+    })
+}
+
+/// A random key for the SA channel's wire TIDs: two draws of std's randomly keyed hasher
+/// (seeded from the OS's random source once per process).
+fn sa_tid_key() -> [u64; 2] {
+    use std::hash::BuildHasher;
+    let s = std::collections::hash_map::RandomState::new();
+    [s.hash_one(0x5a_u64), s.hash_one(0xa5_u64)]
 }
