@@ -19,7 +19,7 @@ use super::mads;
 use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
 use super::storage::{bucket_hash, list_id, AddrState, EpSlot, GroupState, List, Origin, SaTry};
 use super::{
-    addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, ReqCtx, Resolver,
+    addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, Request, Resolver,
     Storage, NEVER,
 };
 use crate::cache::{AddrKey, AddrKind, AddrSlot, Lookup, PathCache, PathKey, PathSlot};
@@ -334,63 +334,51 @@ impl<S: Storage> Resolver<S> {
         }
     }
 
-    /// A NAME / IP / IP6 request.
-    pub(crate) fn addr_request<P, A>(
+    /// Renews the route of a resolved address that a near-expiry hit or a
+    /// [`Kind::Refresh`] asked for (a route query, re-aliased under the request's cache
+    /// endpoint number); an address not resolved here is left alone.
+    pub(crate) fn addr_refresh<P, A>(
         &mut self,
         now: Millis,
         cache: &PathCache<P, A>,
         slot: usize,
-        r: &ReqCtx<'_>,
+        r: &Request<'_>,
         key: &AddrKey,
-        nodelay: bool,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        if let Some(i) = self.find_addr(slot, key.kind as u8, &key.addr) {
+            if self.st.addrs()[i as usize].state == AddrState::Resolved {
+                self.st.addrs()[i as usize].cache_ep = r.cache_ep;
+                self.route_addr(now, cache, slot, i, List::EMPTY, None, true);
+            }
+        }
+    }
+
+    /// A NAME / IP / IP6 request past the front ([`front::decide`](super::front::decide)):
+    /// resolved from the address table (our own address: loopback; a resolved one: its
+    /// route; one being queried: wait for it) or queried over the ACM protocol, as a waiter
+    /// if `wait` (a Resolve the query answers), else only to prime the cache.
+    pub(crate) fn addr_query<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        r: &Request<'_>,
+        key: &AddrKey,
+        wait: bool,
     ) where
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
     {
         let found = self.find_addr(slot, key.kind as u8, &key.addr);
-        if r.kind != Kind::Refresh {
-            match cache.lookup_addr(key, now) {
-                Lookup::Hit {
-                    record,
-                    needs_refresh,
-                    ..
-                } => {
-                    if r.kind == Kind::Resolve {
-                        self.count(r.ep, Counter::RouteCache);
-                        self.answer_now(r, 0, Some(&record));
-                    }
-                    if let (true, Some(i)) = (needs_refresh, found) {
-                        if self.st.addrs()[i as usize].state == AddrState::Resolved {
-                            self.route_addr(now, cache, slot, i, List::EMPTY, None, true);
-                        }
-                    }
-                    return;
-                }
-                Lookup::Negative { status, .. } => {
-                    self.answer_now(r, status, None);
-                    return;
-                }
-                _ => {}
-            }
-        } else {
-            if let Some(i) = found {
-                if self.st.addrs()[i as usize].state == AddrState::Resolved {
-                    self.st.addrs()[i as usize].cache_ep = r.cache_ep;
-                    self.route_addr(now, cache, slot, i, List::EMPTY, None, true);
-                }
-            }
-            return;
-        }
         let mut waiters = List::EMPTY;
-        match (r.kind, nodelay) {
-            (Kind::Resolve, false) => {
-                let Some(w) = self.waiter(r) else {
-                    return;
-                };
-                waiters.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
-            }
-            (Kind::Resolve, true) => self.answer_now(r, ENODATA, None),
-            _ => {}
+        if wait {
+            let Some(w) = self.waiter(r) else {
+                return;
+            };
+            waiters.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
         }
         let state = found.map(|i| self.st.addrs()[i as usize].state);
         match (found, state) {

@@ -28,6 +28,7 @@
 //! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full tables).
 
 mod addr;
+pub mod front;
 mod inform;
 mod mads;
 mod output;
@@ -43,7 +44,7 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{ep_number, AddrSlot, PathCache, PathSlot};
+use crate::cache::{ep_number, AddrSlot, Lookup, PathCache, PathSlot};
 use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
@@ -945,7 +946,8 @@ impl<S: Storage> Resolver<S> {
     /// [`Kind::Prime`] / [`Kind::Refresh`] the caller already answered). `cache_ep` is the
     /// caller's cache endpoint number for `ep` (the key of every cache entry of this request);
     /// `msg` the client's message. Resolve and Query requests get exactly one
-    /// [`Output::Answer`]; Prime and Refresh none.
+    /// [`Output::Answer`]; Prime and Refresh none. A caller whose front has classified the
+    /// request already hands it over with [`request_classified`](Self::request_classified).
     #[allow(clippy::too_many_arguments)]
     pub fn request<P, A>(
         &mut self,
@@ -960,46 +962,118 @@ impl<S: Storage> Resolver<S> {
         P: Deref<Target = [PathSlot]>,
         A: Deref<Target = [AddrSlot]>,
     {
-        let r = ReqCtx {
+        let r = Request {
             ep,
             cache_ep,
             client,
             kind,
             msg,
         };
-        let slot = match self.ep_slot(ep) {
+        let target = match self.ep_slot(ep) {
+            Some(slot) if kind != Kind::Query => {
+                Some(request::classify(&self.view(slot, cache_ep), msg))
+            }
+            _ => None,
+        };
+        self.take_request(now, cache, &r, target.as_ref());
+    }
+
+    /// [`request`](Self::request) for a RESOLVE, Prime or Refresh request the caller's front
+    /// has classified already ([`request::classify`] with the endpoint's view at `cache_ep`):
+    /// it is not parsed again.
+    pub fn request_classified<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        r: &Request<'_>,
+        target: &request::Target,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        self.take_request(now, cache, r, Some(target));
+    }
+
+    fn take_request<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        r: &Request<'_>,
+        target: Option<&request::Target>,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        let slot = match self.ep_slot(r.ep) {
             Some(s) if !self.done => s,
             _ => {
-                self.answer_now(&r, ENODATA, None);
+                self.answer_now(r, ENODATA, None);
                 return;
             }
         };
-        self.st.endpoints()[slot].cache_ep = cache_ep;
-        if kind == Kind::Query {
-            self.query_request(now, slot, &r);
-        } else {
-            let view = self.view(slot, cache_ep);
-            match request::classify(&view, msg) {
-                request::Target::Fail(s) => {
-                    if s == EINVAL {
-                        self.stats.malformed += 1;
-                    }
-                    self.answer_now(&r, s, None);
-                }
-                request::Target::Route {
-                    key,
-                    record,
-                    nodelay,
-                } => {
-                    let sa = record.query_record(&view);
-                    self.route_request(now, cache, slot, &r, key.map(|k| k.key()), &sa, nodelay)
-                }
-                request::Target::Address { key, nodelay } => {
-                    self.addr_request(now, cache, slot, &r, &key, nodelay)
-                }
-            }
+        self.st.endpoints()[slot].cache_ep = r.cache_ep;
+        match target {
+            Some(t) if r.kind != Kind::Query => self.resolve_request(now, cache, slot, r, t),
+            _ => self.query_request(now, slot, r),
         }
         self.pump(now, cache);
+    }
+
+    /// A RESOLVE (or Prime, Refresh) request meets the cache again here: its entry may have
+    /// arrived since the caller's front looked. [`front::decide`] says what follows, as it
+    /// does on the caller's hit path.
+    fn resolve_request<P, A>(
+        &mut self,
+        now: Millis,
+        cache: &PathCache<P, A>,
+        slot: usize,
+        r: &Request<'_>,
+        target: &request::Target,
+    ) where
+        P: Deref<Target = [PathSlot]>,
+        A: Deref<Target = [AddrSlot]>,
+    {
+        use front::Front;
+        use request::Target;
+        // A refresh renews the route whatever the cache holds now.
+        let lookup = match r.kind {
+            Kind::Refresh => Lookup::Miss,
+            _ => front::look(cache, target, now, false),
+        };
+        let (refresh, wait) = match (r.kind, front::decide(target, true, &lookup)) {
+            (_, Front::Answer(status)) => {
+                if matches!(target, Target::Fail(EINVAL)) {
+                    self.stats.malformed += 1;
+                }
+                self.answer_now(r, status, None);
+                return;
+            }
+            (_, Front::Hit { refresh }) => {
+                if let (Kind::Resolve, Lookup::Hit { record, .. }) = (r.kind, &lookup) {
+                    self.count(r.ep, Counter::RouteCache);
+                    self.answer_now(r, 0, Some(record));
+                }
+                if !refresh {
+                    return;
+                }
+                (true, false)
+            }
+            (Kind::Refresh, _) => (true, false),
+            (_, Front::Prime) => {
+                self.answer_now(r, ENODATA, None);
+                (false, false)
+            }
+            (kind, Front::HandOver) => (false, kind == Kind::Resolve),
+        };
+        match target {
+            Target::Route { key, record, .. } => {
+                let sa = record.query_record(&self.view(slot, r.cache_ep));
+                self.route_query(now, slot, r, key.map(|k| k.key()), &sa, wait);
+            }
+            Target::Address { key, .. } if refresh => self.addr_refresh(now, cache, slot, r, key),
+            Target::Address { key, .. } => self.addr_query(now, cache, slot, r, key, wait),
+            Target::Fail(_) => {}
+        }
     }
 
     /// An SA completion for a [`Output::SendSa`] with `token`: the reply MAD (`umad_status`
@@ -1104,13 +1178,20 @@ impl<S: Storage> Resolver<S> {
     }
 }
 
-/// The arguments of one client request.
-pub(crate) struct ReqCtx<'m> {
-    pub(crate) ep: EpId,
-    pub(crate) cache_ep: u32,
-    pub(crate) client: u64,
-    pub(crate) kind: Kind,
-    pub(crate) msg: &'m [u8],
+/// One client request as the resolver takes it ([`Resolver::request_classified`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'m> {
+    /// The endpoint it arrived on.
+    pub ep: EpId,
+    /// The caller's cache endpoint number for `ep` ([`ep_number`]): the key of every cache
+    /// entry of this request.
+    pub cache_ep: u32,
+    /// The caller's handle for the answer ([`Answer::client`]).
+    pub client: u64,
+    /// What kind of request it is.
+    pub kind: Kind,
+    /// The client's message.
+    pub msg: &'m [u8],
 }
 
 impl<S: Storage> Resolver<S> {
@@ -1191,7 +1272,7 @@ impl<S: Storage> Resolver<S> {
 
     /// A request slot: a waiter needs more than the answer reserve free, an immediate answer
     /// any free slot.
-    pub(crate) fn alloc_req(&mut self, r: &ReqCtx<'_>, waiter: bool) -> Option<u32> {
+    pub(crate) fn alloc_req(&mut self, r: &Request<'_>, waiter: bool) -> Option<u32> {
         if waiter && (self.free_reqs.len as usize) <= self.st.answer_reserve() {
             return None;
         }
@@ -1213,7 +1294,7 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
-    pub(crate) fn waiter(&mut self, r: &ReqCtx<'_>) -> Option<u32> {
+    pub(crate) fn waiter(&mut self, r: &Request<'_>) -> Option<u32> {
         let w = self.alloc_req(r, true);
         if w.is_none() {
             self.stats.full += 1;
@@ -1223,7 +1304,7 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Answers `r` at once (Resolve and Query only).
-    pub(crate) fn answer_now(&mut self, r: &ReqCtx<'_>, status: u8, path: Option<&[u8; 64]>) {
+    pub(crate) fn answer_now(&mut self, r: &Request<'_>, status: u8, path: Option<&[u8; 64]>) {
         if !matches!(r.kind, Kind::Resolve | Kind::Query) {
             return;
         }

@@ -11,8 +11,7 @@ use super::mads::{self, SaOutcome};
 use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
 use super::storage::{bucket_hash, list_id, AddrState, GroupState, JobState, List, StoredKey};
 use super::{
-    addr, addr_rlink, job_link, Counter, EpId, JobSlot, Kind, Millis, ReqCtx, Resolver, Storage,
-    NEVER,
+    addr, addr_rlink, job_link, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER,
 };
 use crate::cache::{AddrSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
 use crate::wire::client::{AcmMsg, EpInfoType};
@@ -283,7 +282,7 @@ impl<S: Storage> Resolver<S> {
 
     /// `query()`: a pass-through SA PathRecord GET of the client's record, never coalesced,
     /// never cached.
-    pub(crate) fn query_request(&mut self, now: Millis, slot: usize, r: &ReqCtx<'_>) {
+    pub(crate) fn query_request(&mut self, now: Millis, slot: usize, r: &Request<'_>) {
         let valid = AcmMsg::new_checked(r.msg).ok().and_then(|m| {
             let e = m.entry(0)?;
             (m.length() == 88 && e.info_type() == EpInfoType::Path).then(|| {
@@ -313,54 +312,24 @@ impl<S: Storage> Resolver<S> {
         }
     }
 
-    /// A PATH / LID / GID request.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn route_request<P, A>(
+    /// A PATH / LID / GID request past the front ([`front::decide`](super::front::decide)):
+    /// joined to the route job of its key (a new one queries the SA with `sa`), as a waiter
+    /// if `wait` (a Resolve that the job answers), else only to start or renew the route.
+    pub(crate) fn route_query(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
-        r: &ReqCtx<'_>,
+        r: &Request<'_>,
         key: Option<PathKey>,
         sa: &[u8; 64],
-        nodelay: bool,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
-        if let (Some(k), false) = (key, r.kind == Kind::Refresh) {
-            match cache.lookup(&k, now) {
-                Lookup::Hit {
-                    record,
-                    needs_refresh,
-                    ..
-                } => {
-                    if r.kind == Kind::Resolve {
-                        self.count(r.ep, Counter::RouteCache);
-                        self.answer_now(r, 0, Some(&record));
-                    }
-                    if needs_refresh {
-                        self.join_route(now, slot, r.cache_ep, key, sa, None, None);
-                    }
-                    return;
-                }
-                Lookup::Negative { status, .. } => {
-                    self.answer_now(r, status, None);
-                    return;
-                }
-                Lookup::Miss | Lookup::Busy => {}
-            }
-        }
-        let waiter = match (r.kind, nodelay) {
-            (Kind::Resolve, false) => match self.waiter(r) {
+        wait: bool,
+    ) {
+        let waiter = match wait {
+            true => match self.waiter(r) {
                 Some(w) => Some(w),
                 None => return,
             },
-            (Kind::Resolve, true) => {
-                self.answer_now(r, ENODATA, None);
-                None
-            }
-            _ => None,
+            false => None,
         };
         self.join_route(now, slot, r.cache_ep, key, sa, waiter, None);
     }

@@ -31,10 +31,11 @@ use std::string::String;
 use std::vec::Vec;
 use std::{format, vec};
 
-use super::request::{self, EpView, Target};
+use super::front::{self, Front};
+use super::request::{self, EpView};
 use super::{
     AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Millis, Output,
-    RecvMeta, Resolver, Stats, Via, MSG_LEN,
+    RecvMeta, Request, Resolver, Stats, Via, MSG_LEN,
 };
 use crate::cache::{AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
 use crate::wire::gid::Gid;
@@ -695,40 +696,35 @@ impl Sim {
             lid: node.ep_cfg.lid,
             pkey: node.ep_cfg.pkey,
         };
-        let (lookup, nodelay) = match request::classify(&view, &m) {
-            Target::Route {
-                key: Some(k),
-                nodelay,
-                ..
-            } => (
-                node.cache.lookup_hashed(&node.cache.hashed(&k), now),
-                nodelay,
-            ),
-            Target::Route { nodelay, .. } => (Lookup::Miss, nodelay),
-            Target::Address { key, nodelay } => (node.cache.lookup_addr(&key, now), nodelay),
-            Target::Fail(_) => (Lookup::Miss, false),
-        };
-        let (pass, answer) = match lookup {
-            Lookup::Hit {
-                record,
-                needs_refresh,
-                ..
-            } => (
-                needs_refresh.then_some((0, Kind::Refresh)),
-                Some((0, Some(record))),
-            ),
-            Lookup::Negative { status, .. } => (None, Some((status, None))),
-            Lookup::Miss | Lookup::Busy if nodelay => {
-                (Some((0, Kind::Prime)), Some((request::ENODATA, None)))
+        // The provider's hit path: classify, look up, and the one front decision.
+        let target = request::classify(&view, &m);
+        let lookup = front::look(&node.cache, &target, now, false);
+        let (pass, answer) = match front::decide(&target, true, &lookup) {
+            Front::Hit { refresh } => {
+                let record = match lookup {
+                    Lookup::Hit { record, .. } => Some(record),
+                    _ => None,
+                };
+                (refresh.then_some((0, Kind::Refresh)), Some((0, record)))
             }
-            _ => (Some((client, Kind::Resolve)), None),
+            Front::Answer(status) => (None, Some((status, None))),
+            Front::Prime => (Some((0, Kind::Prime)), Some((request::ENODATA, None))),
+            Front::HandOver => (Some((client, Kind::Resolve)), None),
         };
         if let Some((status, path)) = answer {
             self.record_answer(i, client, tid, Via::Resolve, status, path, true);
         }
-        if let Some((c, k)) = pass {
+        if let Some((client, kind)) = pass {
             let node = &mut self.nodes[i];
-            node.resolver.request(now, &node.cache, EP, cep, c, k, &m);
+            let r = Request {
+                ep: EP,
+                cache_ep: cep,
+                client,
+                kind,
+                msg: &m,
+            };
+            node.resolver
+                .request_classified(now, &node.cache, &r, &target);
         }
         self.touch(i);
         self.pump();
