@@ -25,6 +25,10 @@
 //!
 //! `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` are inline in
 //! verbs.h: they are called here through `context->ops`, checked for NULL (no `unwrap`).
+//!
+//! The loop uses an endpoint through [`crate::plane::Ud`] (its impl is at the end of this
+//! file). [`port_attr`] is the one reader of `struct ibv_port_attr` (the plugin's port
+//! attributes at `open_port`, [`UdEndpoint::sm_addr`]).
 #![allow(unsafe_code)]
 
 use std::fmt;
@@ -32,7 +36,9 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
 
+use crate::plane::{Ud, UdHealth};
 use acm_core_nostd::resolver::{AcmDest, McGroup, RecvMeta, UnicastAv};
+use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::gid::Gid;
 use rdma_sys::{
     ibv_access_flags, ibv_ack_cq_events, ibv_ah, ibv_ah_attr, ibv_alloc_pd, ibv_attach_mcast,
@@ -44,6 +50,12 @@ use rdma_sys::{
     ibv_reg_mr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_status,
     ibv_wr_opcode,
 };
+
+/// The verbs context type [`UdEndpoint::open`], [`pkey_index`] and [`port_attr`] take (the
+/// core's `acm_device.verbs`).
+pub use rdma_sys::ibv_context as IbvContext;
+/// `struct ibv_port_attr`, as [`port_attr`] returns it.
+pub use rdma_sys::ibv_port_attr as IbvPortAttr;
 
 /// Bytes of the GRH area in front of every received datagram (`sizeof(struct ibv_grh)`).
 pub const GRH_LEN: usize = 40;
@@ -253,6 +265,31 @@ pub unsafe fn sa_pkey_index(ctx: *mut ibv_context, port_num: u8) -> u16 {
     // membership, 0x7FFF: exactly the core's order.
     // SAFETY: the caller's contract is pkey_index's.
     unsafe { pkey_index(ctx, port_num, 0xffff) }.unwrap_or(0)
+}
+
+/// What port `port_num` says of itself now (`ibv_query_port`, the exported entry point: the
+/// fields of `struct _compat_ibv_port_attr` filled, the rest zero); `None` if the query fails.
+/// Every reader of port attributes goes through it: the plugin at `open_port` (LID, active
+/// MTU, width and speed, SubnetTimeOut) and [`UdEndpoint::sm_addr`] (SM LID and SL).
+///
+/// # Safety
+/// `ctx` is null or an open verbs context (from `ibv_open_device`, e.g. `acm_device.verbs`).
+pub unsafe fn port_attr(ctx: *mut ibv_context, port_num: u8) -> Option<IbvPortAttr> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: ibv_port_attr is plain old data (integers).
+    let mut attr: IbvPortAttr = unsafe { std::mem::zeroed() };
+    // SAFETY: ctx is open (the caller's contract); the exported ibv_query_port fills at most a
+    // `struct _compat_ibv_port_attr`, which is the prefix of the `ibv_port_attr` we pass.
+    let rc = unsafe {
+        rdma_sys::ibv_query_port(
+            ctx,
+            port_num,
+            &mut attr as *mut IbvPortAttr as *mut rdma_sys::_compat_ibv_port_attr,
+        )
+    };
+    (rc == 0).then_some(attr)
 }
 
 /// What an address handle was made from (everything in `ibv_ah_attr` that varies).
@@ -715,18 +752,9 @@ impl UdEndpoint {
     pub fn sm_addr(&self) -> Option<(u16, u8)> {
         // SAFETY: the PD is alive while the endpoint is; its context is the core's open one.
         let ctx = unsafe { (*self.pd).context };
-        // SAFETY: ibv_port_attr is plain old data (integers).
-        let mut attr: rdma_sys::ibv_port_attr = unsafe { std::mem::zeroed() };
-        // SAFETY: the exported ibv_query_port fills at most a `struct _compat_ibv_port_attr`,
-        // which is the prefix of the `ibv_port_attr` we pass.
-        let rc = unsafe {
-            rdma_sys::ibv_query_port(
-                ctx,
-                self.cfg.port_num,
-                &mut attr as *mut rdma_sys::ibv_port_attr as *mut rdma_sys::_compat_ibv_port_attr,
-            )
-        };
-        (rc == 0 && attr.sm_lid != 0).then_some((attr.sm_lid, attr.sm_sl))
+        // SAFETY: an open context (above).
+        let attr = unsafe { port_attr(ctx, self.cfg.port_num) }?;
+        (attr.sm_lid != 0).then_some((attr.sm_lid, attr.sm_sl))
     }
 
     /// The configuration the endpoint was opened with.
@@ -1308,6 +1336,49 @@ impl UdEndpoint {
 impl Drop for UdEndpoint {
     fn drop(&mut self) {
         let _ = self.teardown();
+    }
+}
+
+/// The loop's view of the endpoint (`plane::Ud`): what it sends, polls, attaches and waits on.
+impl Ud for UdEndpoint {
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+        UdEndpoint::send(self, to, mad).map_err(|e| e.to_string())
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
+        UdEndpoint::poll(self, |m, b| f(m, b))
+    }
+
+    fn attach(&mut self, group: &McGroup) -> Result<(), String> {
+        UdEndpoint::attach(self, group).map_err(|e| e.to_string())
+    }
+
+    fn detach(&mut self, group: &McGroup) {
+        UdEndpoint::detach(self, group)
+    }
+
+    fn arm(&mut self) -> Option<RawFd> {
+        UdEndpoint::arm(self).ok()?;
+        Some(self.event_fd())
+    }
+
+    fn ack_events(&mut self) {
+        while self.ack_event() {}
+    }
+
+    fn sm_addr(&mut self) -> Option<SmAddr> {
+        UdEndpoint::sm_addr(self).map(|(lid, sl)| SmAddr { lid, sl })
+    }
+
+    fn health(&self) -> UdHealth {
+        let s = self.stats();
+        UdHealth {
+            short: s.recv_short,
+            recv_errors: s.recv_errors,
+            send_errors: s.send_errors + s.no_buffer,
+            qp_resets: s.qp_resets,
+            rq_starved: s.rq_starved,
+        }
     }
 }
 

@@ -29,8 +29,6 @@ pub type OptsFileFn = unsafe extern "C" fn() -> *const c_char;
 pub type CounterFn = unsafe extern "C" fn(c_int);
 /// `acm_get_gid`.
 pub type GetGidFn = unsafe extern "C" fn(*const AcmPort, c_int, *mut [u8; 16]) -> c_int;
-/// `ibv_query_port` (exported, non-inline form).
-pub type QueryPortFn = unsafe extern "C" fn(*mut c_void, u8, *mut c_void) -> c_int;
 
 /// Function pointers into the host.
 #[derive(Clone, Copy)]
@@ -53,9 +51,6 @@ pub struct CoreApi {
     pub increment_counter: CounterFn,
     /// `acm_get_gid`.
     pub get_gid: GetGidFn,
-    /// `ibv_query_port` (optional: from libibverbs, which the core links). Gives the port LID
-    /// for loopback paths; without it, loopback goes through the SA.
-    pub ibv_query_port: Option<QueryPortFn>,
 }
 
 static API: OnceLock<CoreApi> = OnceLock::new();
@@ -92,13 +87,12 @@ impl CoreApi {
         let opts = lookup!(missing, c"acm_get_opts_file");
         let inc = lookup!(missing, c"acm_increment_counter");
         let gid = lookup!(missing, c"acm_get_gid");
-        let qp = sym(c"ibv_query_port");
         if !missing.is_empty() {
             return Err(missing);
         }
         // SAFETY: every pointer is a non-null symbol of the host with the C signature declared
-        // in acm_prov.h (and verbs.h for ibv_query_port); function pointers and data pointers
-        // have the same size on the platforms ibacm supports.
+        // in acm_prov.h; function pointers and data pointers have the same size on the
+        // platforms ibacm supports.
         let api = unsafe {
             CoreApi {
                 write: core::mem::transmute::<*mut c_void, WriteFn>(write),
@@ -110,11 +104,6 @@ impl CoreApi {
                 get_opts_file: core::mem::transmute::<*mut c_void, OptsFileFn>(opts),
                 increment_counter: core::mem::transmute::<*mut c_void, CounterFn>(inc),
                 get_gid: core::mem::transmute::<*mut c_void, GetGidFn>(gid),
-                ibv_query_port: if qp.is_null() {
-                    None
-                } else {
-                    Some(core::mem::transmute::<*mut c_void, QueryPortFn>(qp))
-                },
             }
         };
         Ok(API.get_or_init(|| api))

@@ -4,6 +4,7 @@
 //! Every layout here is checked against the installed C headers by `tests/layout.rs`, which
 //! compiles a C program with `offsetof`/`sizeof` and compares it with [`layout_table`].
 
+use acm_dataplane::verbs::IbvPortAttr;
 use core::ffi::{c_char, c_int, c_void};
 use core::mem::{offset_of, size_of};
 
@@ -336,6 +337,17 @@ unsafe impl Sync for AcmProvider {}
 
 /// One row of the layout table: (C expression, value computed on the Rust side).
 pub type LayoutRow = (&'static str, usize);
+
+/// `offsetof(struct ibv_port_attr, lid)` in rdma-sys's binding, through which the plugin reads
+/// port attributes (`acm_dataplane::verbs::port_attr`); `tests/layout.rs` compares these with
+/// the installed header (the in-process tests' fake `ibv_query_port` writes at them too).
+pub const PORT_ATTR_LID: usize = offset_of!(IbvPortAttr, lid);
+/// `offsetof(struct ibv_port_attr, active_mtu)` (see [`PORT_ATTR_LID`]).
+pub const PORT_ATTR_ACTIVE_MTU: usize = offset_of!(IbvPortAttr, active_mtu);
+/// `offsetof(struct ibv_port_attr, active_width)` (see [`PORT_ATTR_LID`]).
+pub const PORT_ATTR_ACTIVE_WIDTH: usize = offset_of!(IbvPortAttr, active_width);
+/// `offsetof(struct ibv_port_attr, active_speed)` (see [`PORT_ATTR_LID`]).
+pub const PORT_ATTR_ACTIVE_SPEED: usize = offset_of!(IbvPortAttr, active_speed);
 
 /// Sizes and offsets of every mirrored struct, named by the C expression that must equal them.
 pub fn layout_table() -> Vec<LayoutRow> {

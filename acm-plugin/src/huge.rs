@@ -23,7 +23,7 @@ fn aligned_span(addr: usize, bytes: usize) -> Option<(usize, usize)> {
 
 /// Whether `n` path slots take at least [`THRESHOLD_BYTES`]: storage advised as huge pages,
 /// and too large to stay in the CPU's caches, so a lookup's slots are DRAM misses (the hit path
-/// then also prefetches the tag-matching slots: see `provider::start_lookup`).
+/// then also prefetches the tag-matching slots: see `hit::start_lookup`).
 pub fn is_large(n: usize) -> bool {
     n.saturating_mul(core::mem::size_of::<PathSlot>()) >= THRESHOLD_BYTES
 }

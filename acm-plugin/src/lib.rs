@@ -10,8 +10,12 @@
 //!
 //! * [`ffi`]: `#[repr(C)]` mirrors of the ABI structs (layout-checked against the headers).
 //! * [`core_api`]: the core's helpers, looked up in the host executable at run time.
-//! * [`provider`]: the callbacks and the instance's life cycle; cache hits are answered
-//!   inline, everything else goes to the dataplane loop.
+//! * [`callbacks`]: the provider table and its twelve `extern "C"` callbacks, each body run
+//!   inside a panic guard.
+//! * `hit`: the bodies of `resolve()`/`query()`: cache hits are answered inline, everything
+//!   else goes to the dataplane loop.
+//! * [`lifecycle`]: the other callbacks' bodies: the instance, its ports, endpoints and
+//!   addresses (sizing, port attributes, the endpoints' UD QPs).
 //! * [`instance`]: the instance and endpoint objects the core's threads share.
 //! * [`io`]: the dataplane's IO towards the core (SA MADs, answers, counters, logs).
 //! * [`preload`]: the option, hosts and route files.
@@ -19,13 +23,15 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod callbacks;
 pub mod core_api;
 pub mod ffi;
+mod hit;
 pub mod huge;
 pub mod instance;
 pub mod io;
+pub mod lifecycle;
 pub mod preload;
-pub mod provider;
 
 use core::ffi::c_int;
 
@@ -52,7 +58,7 @@ pub unsafe extern "C" fn provider_query(
         }
         if !info.is_null() {
             // SAFETY: valid out-pointer per the contract above.
-            unsafe { *info = &provider::PROVIDER };
+            unsafe { *info = &callbacks::PROVIDER };
         }
         if !version.is_null() {
             // SAFETY: as above.

@@ -43,7 +43,7 @@ fn mirrors_match_installed_headers() {
         .map(|l| l.parse().unwrap())
         .collect();
     let mut expected: Vec<(&str, usize)> = rows.clone();
-    use acmrs::provider::*;
+    use acmrs::ffi::*;
     expected.push(("offsetof(struct ibv_port_attr, lid)", PORT_ATTR_LID));
     expected.push((
         "offsetof(struct ibv_port_attr, active_mtu)",

@@ -1,0 +1,126 @@
+//! Drop logging: what the resolver (its `Stats`) and the endpoints' QPs (`UdHealth`) dropped
+//! or repaired, and the class-3 MADs not from the SM, logged with the reason, how many and the
+//! running total, at most once a second (a remote node sending garbage cannot flood the
+//! core's log; every drop is counted anyway).
+
+use super::{CoreIo, Plane};
+use acm_core_nostd::resolver::Millis;
+
+impl<I: CoreIo> Plane<I> {
+    /// Logs what the resolver and the QPs dropped since the last lines (reason, how many,
+    /// running total), at most once a second.
+    pub(super) fn log_drops(&mut self, now: Millis) {
+        if self.last_drop_log != 0 && now < self.last_drop_log.saturating_add(1000) {
+            return;
+        }
+        for i in 0..self.eps.len() {
+            let Some(h) = self.eps[i]
+                .as_ref()
+                .and_then(|e| e.ud.as_ref())
+                .map(|u| u.health())
+            else {
+                continue;
+            };
+            let l = self.last_health[i];
+            if h == l {
+                continue;
+            }
+            for (name, now_v, before) in [
+                ("datagram shorter than a MAD dropped", h.short, l.short),
+                ("receive completion in error", h.recv_errors, l.recv_errors),
+                ("ACM send failed", h.send_errors, l.send_errors),
+                ("UD QP recycled after an error", h.qp_resets, l.qp_resets),
+                (
+                    "receive queue starved (re-posts refused): QP reset to refill it",
+                    h.rq_starved,
+                    l.rq_starved,
+                ),
+            ] {
+                if now_v > before {
+                    self.io.log(
+                        0,
+                        &format!(
+                            "ERROR - endpoint {i}: {name}: {} (total {now_v})",
+                            now_v - before
+                        ),
+                    );
+                }
+            }
+            self.last_health[i] = h;
+            self.last_drop_log = now.max(1);
+        }
+        if self.sa_forged != self.sa_forged_logged {
+            self.io.log(
+                0,
+                &format!(
+                    "ERROR - SA MAD not from the SM (its LID, QP 1) or not on the asking QP \
+                     dropped: {} (total {})",
+                    self.sa_forged - self.sa_forged_logged,
+                    self.sa_forged
+                ),
+            );
+            self.sa_forged_logged = self.sa_forged;
+            self.last_drop_log = now.max(1);
+        }
+        let s = self.resolver.stats();
+        if s == self.last_stats {
+            return;
+        }
+        self.last_drop_log = now.max(1);
+        let l = self.last_stats;
+        for (name, now, before) in [
+            (
+                "malformed ACM MAD dropped",
+                s.acm_malformed,
+                l.acm_malformed,
+            ),
+            (
+                "ACM response with no pending TID dropped",
+                s.acm_unknown_tid,
+                l.acm_unknown_tid,
+            ),
+            (
+                "unsolicited ACM response dropped",
+                s.acm_unsolicited,
+                l.acm_unsolicited,
+            ),
+            (
+                "ACM MAD from a foreign P_Key or without GRH dropped",
+                s.acm_wrong_key,
+                l.acm_wrong_key,
+            ),
+            ("unknown SA reply ignored", s.sa_unknown, l.sa_unknown),
+            ("request refused, table full (ENOMEM)", s.full, l.full),
+            (
+                "malformed client request rejected (EINVAL)",
+                s.malformed,
+                l.malformed,
+            ),
+            ("query timed out (ETIMEDOUT)", s.timeouts, l.timeouts),
+            (
+                "ACM request with no group in common dropped",
+                s.acm_no_group,
+                l.acm_no_group,
+            ),
+            (
+                "ACM request for an address of another partition's endpoint dropped",
+                s.acm_other_partition,
+                l.acm_other_partition,
+            ),
+            ("answer with no free slot lost", s.lost, l.lost),
+            (
+                "SA MAD neither a reply nor a valid Report dropped, or subscription refused",
+                s.report_malformed,
+                l.report_malformed,
+            ),
+        ] {
+            if now > before {
+                self.io.log(
+                    0,
+                    &format!("ERROR - {name}: {} (total {now})", now - before),
+                );
+            }
+        }
+        self.last_stats = s;
+    }
+}

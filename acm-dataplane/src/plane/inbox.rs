@@ -1,0 +1,239 @@
+//! The queues into the loop, shared with the core's threads, and what travels in them: client
+//! requests ([`Request`], main thread), SA completions of the core's transport ([`SaReply`],
+//! SA thread) and the rare control messages ([`Control`], main thread), the last two kinds of
+//! the main thread in one ticket order.
+
+use super::Ud;
+use crate::stats::MissStamp;
+use crate::worker::Waker;
+use acm_core_nostd::resolver::{EpConfig, EpId, Kind, MSG_LEN};
+use acm_core_nostd::wire::gid::Gid;
+use crossbeam_queue::ArrayQueue;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+/// A client request handed from the core's main thread.
+pub struct Request {
+    /// Endpoint it arrived on.
+    pub ep: EpId,
+    /// The endpoint's cache number at the time of the call
+    /// ([`ep_number`](acm_core_nostd::cache::ep_number): flush generation, slot).
+    pub cache_ep: u32,
+    /// The core's client index.
+    pub client: u64,
+    /// Call kind.
+    pub kind: Kind,
+    /// Its place in the main thread's order of requests and control messages: the loop
+    /// applies every control message with a smaller ticket first, and none with a larger one.
+    pub ticket: u64,
+    /// Valid length of `msg`.
+    pub len: u16,
+    /// A copy of the client message (the core's buffer dies when the call returns).
+    pub msg: [u8; MSG_LEN],
+    /// When a missed `resolve()` started, for its latency (`None`: not timed).
+    pub stamp: Option<MissStamp>,
+}
+
+/// An SA completion copied out of the core's MAD on the SA thread.
+pub struct SaReply {
+    /// The token of the query.
+    pub token: u64,
+    /// `ib_user_mad.status` (nonzero = timeout / send failure).
+    pub umad_status: u32,
+    /// The MAD.
+    pub mad: [u8; 256],
+}
+
+/// One address-preload entry (`addr_preload acm_hosts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostAddr {
+    /// ACM address type (`ACM_ADDRESS_NAME` / `IP` / `IP6`).
+    pub type_: u8,
+    /// The address, zero-padded to 64 bytes.
+    pub addr: [u8; 64],
+    /// The port GID it maps to.
+    pub gid: Gid,
+}
+
+/// Rare messages from the core's main thread, applied in order before later requests.
+pub enum Control {
+    /// An endpoint opened.
+    Open {
+        /// Its id.
+        ep: EpId,
+        /// Its cache number now.
+        cache_ep: u32,
+        /// What the resolver needs.
+        cfg: EpConfig,
+        /// Its UD QP (`None`: no verbs, SA-only endpoint).
+        ud: Option<Box<dyn Ud>>,
+        /// `route_preload`: paths that never expire.
+        routes: Vec<[u8; 64]>,
+        /// `addr_preload`: the hosts file, shared by every endpoint.
+        addrs: Arc<Vec<HostAddr>>,
+    },
+    /// An endpoint closed: answer its requests, drop its state.
+    Close(EpId),
+    /// A local address was added.
+    AddAddress {
+        /// Endpoint.
+        ep: EpId,
+        /// Its cache number.
+        cache_ep: u32,
+        /// ACM address type.
+        type_: u8,
+        /// Zero-padded address.
+        addr: [u8; 64],
+    },
+    /// A local address was removed.
+    RemoveAddress {
+        /// Endpoint.
+        ep: EpId,
+        /// ACM address type.
+        type_: u8,
+        /// Zero-padded address.
+        addr: [u8; 64],
+    },
+    /// CLIENT_REREGISTER on the endpoint's port.
+    Reregister(EpId),
+    /// Answer everything and stop.
+    Shutdown,
+}
+
+/// The queues into the loop (shared with the core's threads).
+pub struct Inbox {
+    /// Client requests (main thread → loop).
+    pub requests: ArrayQueue<Request>,
+    /// SA replies (SA thread → loop).
+    pub replies: ArrayQueue<SaReply>,
+    pub(super) control: Mutex<VecDeque<(u64, u64, Control)>>,
+    control_pushed: AtomicU64,
+    /// One counter for requests and control messages, in the order the main thread (their
+    /// only producer) queued them.
+    tickets: AtomicU64,
+    /// Set when the loop can no longer resolve anything (it still answers, with errors).
+    pub(super) stopped: AtomicBool,
+    /// Times the loop gave up (its recovery from a panic panicked too).
+    pub(super) gave_up: AtomicU64,
+    /// Times the loop replaced a resolver after a caught panic.
+    pub(super) restarts: AtomicU64,
+    /// Control messages the loop has applied (their outputs carried out).
+    pub(super) control_applied: AtomicU64,
+    /// Requests refused because the queue was full.
+    pub overflows: AtomicU64,
+    /// SA replies dropped because the reply queue was full.
+    pub reply_drops: AtomicU64,
+    /// Wakes the loop.
+    pub waker: Waker,
+}
+
+impl Inbox {
+    /// Queues of these capacities.
+    pub fn new(requests: usize, replies: usize, waker: Waker) -> Self {
+        Inbox {
+            requests: ArrayQueue::new(requests.max(1)),
+            replies: ArrayQueue::new(replies.max(1)),
+            control: Mutex::new(VecDeque::new()),
+            control_pushed: AtomicU64::new(0),
+            tickets: AtomicU64::new(0),
+            stopped: AtomicBool::new(false),
+            gave_up: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            control_applied: AtomicU64::new(0),
+            overflows: AtomicU64::new(0),
+            reply_drops: AtomicU64::new(0),
+            waker,
+        }
+    }
+
+    /// Queues a control message and wakes the loop (main thread). Returns its sequence
+    /// number: it has been applied once [`Inbox::controls_applied`] reaches it.
+    pub fn control(&self, c: Control) -> u64 {
+        let ticket = self.tickets.fetch_add(1, Ordering::AcqRel);
+        let seq = self.control_pushed.fetch_add(1, Ordering::AcqRel) + 1;
+        lock(&self.control).push_back((ticket, seq, c));
+        self.waker.wake();
+        seq
+    }
+
+    /// Whether the loop has given up resolving (after a failure it could not recover from)
+    /// or its thread is gone: a request handed over now would not be answered, so
+    /// [`Inbox::request`] refuses it and the caller answers it at once.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire) || self.waker.exited()
+    }
+
+    /// The loop's health: (resolvers replaced after a caught panic, times it gave up, whether
+    /// its thread has exited).
+    pub fn health(&self) -> (u64, u64, bool) {
+        (
+            self.restarts.load(Ordering::Relaxed),
+            self.gave_up.load(Ordering::Relaxed),
+            self.waker.exited(),
+        )
+    }
+
+    /// How many control messages the loop has applied so far.
+    pub fn controls_applied(&self) -> u64 {
+        self.control_applied.load(Ordering::Acquire)
+    }
+
+    /// Hands a request to the loop; false if the queue is full (counted) or the loop is
+    /// stopped ([`Inbox::is_stopped`]).
+    pub fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
+        self.request_stamped(ep, cache_ep, client, kind, msg, None)
+    }
+
+    /// [`Inbox::request`] with the start of a missed `resolve()`, whose answer's latency the
+    /// loop then records.
+    pub fn request_stamped(
+        &self,
+        ep: EpId,
+        cache_ep: u32,
+        client: u64,
+        kind: Kind,
+        msg: &[u8],
+        stamp: Option<MissStamp>,
+    ) -> bool {
+        if self.is_stopped() {
+            return false;
+        }
+        let mut copy = [0u8; MSG_LEN];
+        let n = msg.len().min(MSG_LEN);
+        copy[..n].copy_from_slice(&msg[..n]);
+        let r = Request {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            ticket: self.tickets.fetch_add(1, Ordering::AcqRel),
+            len: n as u16,
+            msg: copy,
+            stamp,
+        };
+        match self.requests.push(r) {
+            Ok(()) => {
+                self.waker.wake();
+                true
+            }
+            Err(_) => {
+                self.overflows.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Hands an SA completion to the loop (SA thread); false if the queue was full.
+    pub fn reply(&self, r: SaReply) -> bool {
+        let ok = self.replies.push(r).is_ok();
+        if !ok {
+            self.reply_drops.fetch_add(1, Ordering::Relaxed);
+        }
+        self.waker.wake();
+        ok
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,710 @@
+//! The dataplane loop: the one owner of the resolver, the endpoints' UD queue pairs and every
+//! cache write.
+//!
+//! Each round ([`Poller::poll`]) drains, in bursts, the control messages and client requests
+//! of the ibacm main thread and the SA replies of the core's SA thread (bounded lock-free
+//! queues in an [`Inbox`]), the completion queues of the endpoints' UD QPs, and the
+//! resolver's timers; it feeds them to the sans-IO [`Resolver`] and carries out the resolver's
+//! outputs through two small traits:
+//!
+//! * [`CoreIo`]: what the ibacm core does for us (SA MADs, client answers, counters, logs);
+//!   the plugin implements it over the core's helpers, tests over an in-memory fake;
+//! * [`Ud`]: one endpoint's UD QP (verbs in production: [`crate::verbs::UdEndpoint`]; an
+//!   in-memory network in tests).
+//!
+//! So the same loop runs over the core's SA service and verbs, and over in-memory fakes.
+//!
+//! The files of the loop:
+//!
+//! * `plane/mod.rs` (here): the two traits, [`Plane`] and its round ([`Poller::poll`]): the
+//!   order of the inputs, control messages applied, the resolver's outputs carried out
+//!   (`drain_outputs`), the latency bookkeeping;
+//! * `plane/inbox.rs`: the queues into the loop ([`Inbox`]) and what travels in them
+//!   ([`Request`], [`SaReply`], [`Control`], [`HostAddr`]);
+//! * `plane/sa.rs`: the `ud` SA transport ([`Plane::with_ud_sa`]): the core's
+//!   `acm_core_nostd::sa_channel` over the endpoints' UD QPs, the SA carrier of an endpoint,
+//!   class-3 MADs received, Reports, re-sends and the SM LID check;
+//! * `plane/recovery.rs`: after a panic: the resolver answered out and replaced
+//!   ([`Poller::recover`]), or the loop run on without one ([`Poller::give_up`]);
+//! * `plane/drops.rs`: what the resolver and the QPs dropped, logged at most once a second.
+
+use crate::stats::{Clock, Latency, MissClass, Pending};
+use crate::worker::{PollOutcome, Poller};
+use acm_core_nostd::cache::{ep_generation, ep_number, AddrSlot, PathCache, PathSlot};
+use acm_core_nostd::resolver::{
+    AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
+    Resolver, Stats, MAX_EPS, MSG_LEN,
+};
+use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr};
+use acm_core_nostd::wire::client::AcmMsg;
+use acm_core_nostd::wire::mad::{self, Header, MgmtClass};
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+mod drops;
+mod inbox;
+mod recovery;
+mod sa;
+
+pub use inbox::{Control, HostAddr, Inbox, Request, SaReply};
+pub use sa::SM_CHECK_MS;
+
+use inbox::lock;
+use sa::sa_tid_key;
+
+/// The path cache on the host: heap (or huge-page) storage sized from the options.
+pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+/// How many queue entries one round takes from each source at most (bursts).
+pub const BURST: usize = 64;
+
+/// Received MADs taken from one endpoint's CQ per round at most (its poll budget is
+/// `recv_depth + send_depth` completions; the buffer grows past this only if that is larger).
+const RX_BURST: usize = 1024;
+
+/// One endpoint's UD queue pair, as the loop uses it.
+pub trait Ud: Send {
+    /// Posts one MAD; `Err` with a reason when it cannot (no buffer, no group, verbs error).
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String>;
+    /// Hands every received MAD to `f`; returns the number of completions seen.
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize;
+    /// Attaches to a group (and makes its address handle).
+    fn attach(&mut self, group: &McGroup) -> Result<(), String>;
+    /// Detaches from a group.
+    fn detach(&mut self, group: &McGroup);
+    /// Arms completion events; the descriptor to wait on, if the QP has one.
+    fn arm(&mut self) -> Option<RawFd>;
+    /// Consumes pending completion events (non-blocking).
+    fn ack_events(&mut self);
+    /// What the QP dropped or repaired so far (logged by the loop as it changes).
+    fn health(&self) -> UdHealth {
+        UdHealth::default()
+    }
+    /// Where the port's SA is now (`None`: unknown; the endpoint's SA MADs then go through
+    /// the core's service).
+    fn sm_addr(&mut self) -> Option<SmAddr> {
+        None
+    }
+}
+
+/// Running totals of what a UD QP dropped or repaired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdHealth {
+    /// Datagrams shorter than a MAD (dropped).
+    pub short: u64,
+    /// Receive completions in error.
+    pub recv_errors: u64,
+    /// Sends that failed (no buffer, no address handle, verbs error).
+    pub send_errors: u64,
+    /// Times the QP was recycled after entering the error state.
+    pub qp_resets: u64,
+    /// Times its receive queue starved (re-posts refused) and the QP was reset to refill it.
+    pub rq_starved: u64,
+}
+
+/// What the ibacm core does for the loop.
+pub trait CoreIo: Send + 'static {
+    /// Sends an SA MAD for endpoint `ep`; false if it could not be sent (the query then fails
+    /// at once).
+    fn send_sa(&mut self, ep: EpId, token: u64, mad: &[u8; 256]) -> bool;
+    /// Answers a client.
+    fn answer(&mut self, answer: &Answer);
+    /// Counts an event of endpoint `ep`.
+    fn count(&mut self, ep: EpId, counter: Counter);
+    /// Logs a line at `level` (0 = errors).
+    fn log(&mut self, level: u8, text: &str);
+    /// Whether `level` is logged (to skip formatting).
+    fn log_enabled(&self, level: u8) -> bool;
+}
+
+/// Where the loop's latencies go (endpoint, histogram, ns); see [`Plane::with_stats`].
+pub type LatencySink = Box<dyn FnMut(EpId, Latency, u64) + Send>;
+
+/// What the loop remembers of an open endpoint (to re-create the resolver after a panic).
+struct EpRecord {
+    cache_ep: u32,
+    cfg: EpConfig,
+    ud: Option<Box<dyn Ud>>,
+    locals: Vec<(u8, [u8; 64])>,
+    routes: Vec<[u8; 64]>,
+    addrs: Arc<Vec<HostAddr>>,
+    /// Where the port's SA is, as last read from the port (`ud` SA transport).
+    sm: Option<SmAddr>,
+}
+
+/// The loop (see the module docs).
+pub struct Plane<I: CoreIo> {
+    resolver: Resolver<HeapStorage>,
+    make_resolver: Box<dyn Fn() -> Option<Resolver<HeapStorage>> + Send>,
+    cache: Arc<HostCache>,
+    inbox: Arc<Inbox>,
+    io: I,
+    eps: Vec<Option<EpRecord>>,
+    epoch: Instant,
+    /// The time of the last round (the worker's clock, virtual offset included): what a
+    /// recovery, which runs between rounds, goes by.
+    last_now: Millis,
+    controls_applied: u64,
+    last_stats: Stats,
+    /// Running totals of the QPs' drops, per endpoint, as last logged.
+    last_health: Vec<UdHealth>,
+    /// When drops were last logged (ms): at most one set of lines per second, so a remote
+    /// node sending garbage cannot flood the core's log; every drop is counted anyway.
+    last_drop_log: Millis,
+    /// Class 3 MADs dropped because they did not come from the SM (its LID, QP 1) or a reply
+    /// arrived on a QP that did not send the query (a forgery, or a confused peer).
+    sa_forged: u64,
+    /// [`Plane::sa_forged`] as last logged.
+    sa_forged_logged: u64,
+    /// A request taken from the queue and not yet known to the resolver or answered: if the
+    /// resolver panics with it, `recover` answers it.
+    in_hand: Option<Request>,
+    /// A request taken from the queue that must wait for a control message queued before it.
+    held: Option<Request>,
+    /// Received MADs of one endpoint's burst (allocated once): each is given to the resolver
+    /// and its outputs carried out before the next (the resolver's rule).
+    rx: Vec<(RecvMeta, [u8; 256])>,
+    /// No resolver any more (it could not be rebuilt after a panic): answer everything with
+    /// ENODATA until the shutdown.
+    dead: bool,
+    done: bool,
+    stats: Option<LoopStats>,
+    /// SA MADs go out on the endpoints' UD QPs (`acmrs_sa_transport ud`).
+    sa_ud: bool,
+    /// The `ud` transport's outstanding SA requests.
+    sa: SaChannel<Vec<SaEntry>>,
+    /// [`SaChannel::expire`]'s work of one round (kept between rounds).
+    sa_due: Vec<Expired>,
+    /// When the endpoints' SM addresses are read again.
+    next_sm_check: Millis,
+}
+
+/// The loop's latency bookkeeping ([`Plane::with_stats`]).
+struct LoopStats {
+    clock: Clock,
+    sink: LatencySink,
+    /// Requests given to the resolver, by (client, tid): start, endpoint, route|address.
+    misses: Pending<(EpId, MissClass)>,
+    /// SA queries sent, by token: send time, endpoint.
+    sa: Pending<EpId>,
+}
+
+impl LoopStats {
+    /// Remembers `key` (dropping entries older than 10 min when full: answers that never came).
+    fn remember<V: Copy>(clock: &Clock, p: &mut Pending<V>, key: u128, at: u64, v: V) {
+        if !p.insert(key, at, v) {
+            let stale = (600e9 * clock.ticks_per_ns()) as u64;
+            p.expire(clock.now().saturating_sub(stale));
+            let _ = p.insert(key, at, v);
+        }
+    }
+}
+
+/// The (client, tid) key of a client message.
+fn client_key(client: u64, msg: &[u8]) -> u128 {
+    let tid = msg
+        .get(8..16)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_ne_bytes);
+    (u128::from(client) << 64) | u128::from(tid)
+}
+
+impl<I: CoreIo> Plane<I> {
+    /// A loop over `cache` and `inbox`, with a resolver from `make_resolver` (called again to
+    /// start afresh after a caught panic). `None` from it is an error.
+    pub fn new(
+        make_resolver: Box<dyn Fn() -> Option<Resolver<HeapStorage>> + Send>,
+        cache: Arc<HostCache>,
+        inbox: Arc<Inbox>,
+        io: I,
+        epoch: Instant,
+    ) -> Option<Self> {
+        let resolver = make_resolver()?;
+        Some(Plane {
+            resolver,
+            make_resolver,
+            cache,
+            inbox,
+            io,
+            eps: (0..MAX_EPS).map(|_| None).collect(),
+            epoch,
+            last_now: 0,
+            controls_applied: 0,
+            last_stats: Stats::default(),
+            last_health: vec![UdHealth::default(); MAX_EPS],
+            last_drop_log: 0,
+            sa_forged: 0,
+            sa_forged_logged: 0,
+            in_hand: None,
+            held: None,
+            rx: Vec::with_capacity(RX_BURST),
+            dead: false,
+            done: false,
+            stats: None,
+            sa_ud: false,
+            sa: SaChannel::new(Vec::new(), sa_tid_key()),
+            sa_due: Vec::with_capacity(16),
+            next_sm_check: 0,
+        })
+    }
+
+    /// Records latencies into `sink`: of every stamped request from its stamp (`clock`) to
+    /// its answer, and of every SA query from its send to its reply. The bookkeeping tables
+    /// hold `capacity` entries each (the resolver's request capacity), allocated here.
+    pub fn with_stats(mut self, clock: Clock, capacity: usize, sink: LatencySink) -> Self {
+        self.stats = Some(LoopStats {
+            clock,
+            sink,
+            misses: Pending::new(capacity),
+            sa: Pending::new(capacity),
+        });
+        self
+    }
+
+    fn ms(&self, t: Instant) -> Millis {
+        t.saturating_duration_since(self.epoch).as_millis() as Millis
+    }
+
+    /// The ticket of the next control message, if any.
+    fn next_control(&self) -> Option<u64> {
+        lock(&self.inbox.control).front().map(|(t, _, _)| *t)
+    }
+
+    /// Applies the next control message (false if there is none).
+    fn apply_control(&mut self, now: Millis) -> bool {
+        let c = lock(&self.inbox.control).pop_front();
+        let Some((_, seq, c)) = c else {
+            return false;
+        };
+        self.controls_applied = seq;
+        if self.dead {
+            // Nothing to resolve with: only the shutdown and the endpoints' QPs matter.
+            match c {
+                Control::Shutdown => self.done = true,
+                Control::Close(ep) => self.eps[usize::from(ep.0)] = None,
+                _ => {}
+            }
+        } else {
+            self.apply(c, now);
+            self.drain_outputs(now);
+        }
+        self.inbox.control_applied.store(seq, Ordering::Release);
+        true
+    }
+
+    /// The next request or control message in the main thread's order (a request is held
+    /// back while a control message queued before it waits): `Some(Some(request))`,
+    /// `Some(None)` when a control message was applied, `None` when both queues are empty.
+    fn next_input(&mut self, now: Millis) -> Option<Option<Request>> {
+        let r = self.held.take().or_else(|| self.inbox.requests.pop());
+        match (r, self.next_control()) {
+            (Some(r), Some(t)) if t < r.ticket => {
+                self.held = Some(r);
+                self.apply_control(now);
+                Some(None)
+            }
+            (Some(r), _) => Some(Some(r)),
+            (None, Some(_)) => {
+                self.apply_control(now);
+                Some(None)
+            }
+            (None, None) => None,
+        }
+    }
+
+    fn apply(&mut self, c: Control, now: Millis) {
+        match c {
+            Control::Open {
+                ep,
+                cache_ep,
+                cfg,
+                ud,
+                routes,
+                addrs,
+            } => {
+                let mut rec = EpRecord {
+                    cache_ep,
+                    cfg,
+                    ud,
+                    locals: Vec::new(),
+                    routes,
+                    addrs,
+                    sm: None,
+                };
+                if self.sa_ud {
+                    rec.sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
+                }
+                self.open_in_resolver(ep, &rec, now);
+                self.eps[usize::from(ep.0)] = Some(rec);
+            }
+            Control::Close(ep) => {
+                self.resolver.close_endpoint(now, &self.cache, ep);
+                self.drain_outputs(now);
+                // The resolver forgot the endpoint's queries: their replies match nothing.
+                self.sa.drop_endpoint(ep, |_, _| {});
+                // Dropping the UD QP detaches and frees its verbs objects.
+                self.eps[usize::from(ep.0)] = None;
+            }
+            Control::AddAddress {
+                ep,
+                cache_ep,
+                type_,
+                addr,
+            } => {
+                if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
+                    rec.cache_ep = cache_ep;
+                    rec.locals.push((type_, addr));
+                }
+                if let Err(e) =
+                    self.resolver
+                        .add_address(now, &self.cache, ep, cache_ep, type_, &addr)
+                {
+                    self.io
+                        .log(0, &format!("ERROR - add_address refused: {e:?}"));
+                }
+            }
+            Control::RemoveAddress { ep, type_, addr } => {
+                if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
+                    rec.locals.retain(|l| *l != (type_, addr));
+                }
+                self.resolver.remove_address(ep, type_, &addr);
+                // The resolver drops the address's cache alias at its next timer run: now,
+                // before any later request looks it up.
+                self.resolver.handle_timeout(now, &self.cache);
+            }
+            Control::Reregister(ep) => {
+                let Some(rec) = self.eps[usize::from(ep.0)].as_mut() else {
+                    return;
+                };
+                // The main thread bumped the endpoint's flush generation when the event came:
+                // from here on its requests carry the new cache number.
+                rec.cache_ep = ep_number(ep_generation(rec.cache_ep).wrapping_add(1), ep.0);
+                let cache_ep = rec.cache_ep;
+                // Preloaded routes survive it: the resolver re-inserts them under the new
+                // cache number, and rejoins the endpoint's groups.
+                self.resolver.reregister(now, &self.cache, ep, cache_ep);
+                if self.io.log_enabled(1) {
+                    self.io.log(1, "client reregister: learned routes flushed");
+                }
+            }
+            Control::Shutdown => {
+                self.resolver.shutdown(now, &self.cache);
+                self.drain_outputs(now);
+                // Requests still queued get their one answer too.
+                while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
+                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                }
+                for e in self.eps.iter_mut() {
+                    *e = None;
+                }
+                if let Some(mut w) = self.cache.writer() {
+                    w.clear();
+                }
+                self.sa.clear();
+                self.done = true;
+            }
+        }
+    }
+
+    fn open_in_resolver(&mut self, ep: EpId, rec: &EpRecord, now: Millis) {
+        if let Err(e) = self.resolver.open_endpoint(now, ep, rec.cfg) {
+            self.io
+                .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
+            return;
+        }
+        let (before, evictions) = (self.cache.len(), self.cache.stats().evictions);
+        for p in &rec.routes {
+            self.resolver
+                .preload_route(now, &self.cache, ep, rec.cache_ep, p);
+        }
+        // What the preloads took (a route: two path entries, by DLID and by DGID).
+        let paths = self.cache.len().saturating_sub(before);
+        // A live entry evicted to make room (the cache is full): a preloaded route, or an
+        // entry preloaded before, that is now asked of the SA, or lost where the SA does not
+        // know it.
+        let evicted = self.cache.stats().evictions - evictions;
+        if evicted != 0 {
+            self.io.log(
+                0,
+                &format!(
+                    "ERROR - route preload: {evicted} live path entries evicted to make room: \
+                     {} routes (2 path entries each) into a route cache of {} slots; raise \
+                     acmrs_path_capacity",
+                    rec.routes.len(),
+                    self.cache.capacity()
+                ),
+            );
+        }
+        for h in rec.addrs.iter() {
+            let _ = self
+                .resolver
+                .preload_address(now, ep, h.type_, &h.addr, h.gid);
+        }
+        for (t, a) in &rec.locals {
+            let _ = self
+                .resolver
+                .add_address(now, &self.cache, ep, rec.cache_ep, *t, a);
+        }
+        if !rec.routes.is_empty() && self.io.log_enabled(1) {
+            let n = rec.routes.len();
+            self.io.log(
+                1,
+                &format!("{n} preloaded routes inserted: {paths} path entries"),
+            );
+        }
+    }
+
+    /// Answers a request the resolver never saw (shutdown, no resolver) with `status`.
+    fn answer_now(&mut self, r: &Request, status: u8) {
+        let via = match r.kind {
+            Kind::Resolve => acm_core_nostd::resolver::Via::Resolve,
+            Kind::Query => acm_core_nostd::resolver::Via::Query,
+            Kind::Prime | Kind::Refresh => return,
+        };
+        let mut msg = [0u8; MSG_LEN];
+        let len = acm_core_nostd::resolver::request::respond(
+            &r.msg[..usize::from(r.len)],
+            via,
+            status,
+            None,
+            &mut msg,
+        );
+        self.io.answer(&Answer {
+            ep: r.ep,
+            client: r.client,
+            via,
+            status,
+            len,
+            msg,
+        });
+    }
+
+    /// Carries out every output the resolver has (a send that fails is reported back to the
+    /// resolver, which may produce more outputs: loop until none are left).
+    fn drain_outputs(&mut self, now: Millis) {
+        while let Some(o) = self.resolver.poll_output() {
+            match o {
+                Output::SendSa { ep, token, mad } => {
+                    let at = self.stats.as_ref().map(|s| s.clock.now());
+                    let sent = match self.ud_sa_route(ep) {
+                        Some((via, sm)) => self.send_sa_ud(now, ep, via, sm, token, &mad),
+                        None => self.io.send_sa(ep, token, &mad),
+                    };
+                    if !sent {
+                        self.resolver.handle_sa(now, &self.cache, token, 1, &[]);
+                    } else if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
+                        LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
+                    }
+                }
+                Output::SendAcm { ep, to, mad } => {
+                    // A failed send is counted by the QP (`UdHealth::send_errors`) and logged
+                    // by `log_drops` at most once a second: a flood of queries that uses up
+                    // the send buffers must not turn into a line per answer.
+                    if let Some(ud) = self.eps[usize::from(ep.0)]
+                        .as_mut()
+                        .and_then(|e| e.ud.as_mut())
+                    {
+                        let _ = ud.send(&to, &mad);
+                    }
+                }
+                Output::Answer(a) => {
+                    if self.in_hand.as_ref().is_some_and(|r| {
+                        r.client == a.client
+                            && AcmMsg::new_unchecked(&r.msg[..]).tid()
+                                == AcmMsg::new_unchecked(&a.msg[..]).tid()
+                    }) {
+                        self.in_hand = None;
+                    }
+                    // A stamped request's latency runs up to the hand-off to the core; the
+                    // bookkeeping waits until the client has its answer.
+                    let end = self.stats.as_ref().map(|s| s.clock.now());
+                    self.io.answer(&a);
+                    if let (Some(s), Some(end)) = (self.stats.as_mut(), end) {
+                        if let Some((at, (ep, class))) =
+                            s.misses.remove(client_key(a.client, &a.msg))
+                        {
+                            (s.sink)(ep, class.latency(), s.clock.ns(at, end));
+                        }
+                    }
+                }
+                Output::Attach { ep, group } => {
+                    let r = match self.eps[usize::from(ep.0)]
+                        .as_mut()
+                        .and_then(|e| e.ud.as_mut())
+                    {
+                        Some(ud) => ud.attach(&group),
+                        None => Err("endpoint has no UD QP".into()),
+                    };
+                    match r {
+                        Ok(()) => {
+                            if self.io.log_enabled(1) {
+                                self.io.log(
+                                    1,
+                                    &format!(
+                                        "joined multicast group {} mlid 0x{:x}",
+                                        group.index, group.mlid
+                                    ),
+                                );
+                            }
+                        }
+                        Err(e) => self
+                            .io
+                            .log(0, &format!("ERROR - multicast attach failed: {e}")),
+                    }
+                }
+                Output::Detach { ep, group } => {
+                    if let Some(ud) = self.eps[usize::from(ep.0)]
+                        .as_mut()
+                        .and_then(|e| e.ud.as_mut())
+                    {
+                        ud.detach(&group);
+                    }
+                }
+                Output::Count { ep, counter } => self.io.count(ep, counter),
+            }
+        }
+    }
+}
+
+impl<I: CoreIo> Poller for Plane<I> {
+    fn poll(&mut self, t: Instant) -> PollOutcome {
+        let now = self.ms(t);
+        self.last_now = now;
+        if self.dead {
+            return self.poll_dead(now);
+        }
+        let mut did = false;
+        for _ in 0..BURST {
+            let Some(r) = self.inbox.replies.pop() else {
+                break;
+            };
+            did = true;
+            if let Some(s) = self.stats.as_mut() {
+                if let Some((at, ep)) = s.sa.remove(u128::from(r.token)) {
+                    (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
+                }
+            }
+            self.resolver
+                .handle_sa(now, &self.cache, r.token, r.umad_status, &r.mad);
+            self.drain_outputs(now);
+        }
+        // Requests and control messages in the order the main thread queued them: a request
+        // never sees an endpoint, address or generation the main thread changed after it, nor
+        // misses one changed before it.
+        for _ in 0..BURST {
+            let Some(input) = self.next_input(now) else {
+                break;
+            };
+            did = true;
+            if self.done {
+                if let Some(r) = input {
+                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                }
+                return PollOutcome::default();
+            }
+            let Some(r) = input else {
+                continue;
+            };
+            if let (Some(s), Some(st), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
+                let key = client_key(r.client, &r.msg);
+                LoopStats::remember(&s.clock, &mut s.misses, key, st.at, (r.ep, st.class));
+            }
+            // In hand until the resolver has it: a panic inside `request` must not lose it.
+            let r = self.in_hand.insert(r);
+            let (ep, cache_ep, client, kind, len) = (r.ep, r.cache_ep, r.client, r.kind, r.len);
+            let msg = r.msg;
+            self.resolver.request(
+                now,
+                &self.cache,
+                ep,
+                cache_ep,
+                client,
+                kind,
+                &msg[..usize::from(len)],
+            );
+            self.in_hand = None;
+            self.drain_outputs(now);
+        }
+        if self.done {
+            return PollOutcome::default();
+        }
+        for i in 0..self.eps.len() {
+            let Some(ud) = self.eps[i].as_mut().and_then(|e| e.ud.as_mut()) else {
+                continue;
+            };
+            // The burst is copied out of the QP (its receive buffers are re-posted at once),
+            // then each MAD is given to the resolver and its outputs carried out before the
+            // next: a response the resolver owes a peer must go out before that peer's next
+            // request can replace it.
+            let mut rx = std::mem::take(&mut self.rx);
+            rx.clear();
+            ud.poll(&mut |m, b| rx.push((*m, *b)));
+            for (m, b) in &rx {
+                did = true;
+                let class = Header::new_unchecked(&b[..mad::HEADER_LEN]).mgmt_class();
+                if class == MgmtClass::SubnAdm {
+                    self.sa_receive(now, EpId(i as u8), m, b);
+                } else {
+                    self.resolver
+                        .handle_acm(now, &self.cache, EpId(i as u8), m, &b[..]);
+                }
+                self.drain_outputs(now);
+            }
+            self.rx = rx;
+        }
+        if self.resolver.poll_timeout().is_some_and(|at| at <= now) {
+            did = true;
+            self.resolver.handle_timeout(now, &self.cache);
+            self.drain_outputs(now);
+        }
+        self.sa_timers(now);
+        self.log_drops(now);
+        let sm_check = self.sa_ud.then_some(self.next_sm_check);
+        let next = [
+            self.resolver.poll_timeout(),
+            self.sa.next_deadline(),
+            sm_check,
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        PollOutcome {
+            did_work: did,
+            next_deadline: next.map(|at| self.epoch + std::time::Duration::from_millis(at)),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done
+    }
+
+    /// After a panic of `recover` itself: the loop runs on without a resolver (the inherent
+    /// `Plane::give_up`, in plane/recovery.rs).
+    fn give_up(&mut self) {
+        Plane::give_up(self)
+    }
+
+    /// After a caught panic: what the resolver held is answered and a fresh one takes over
+    /// (the inherent `Plane::recover`, in plane/recovery.rs).
+    fn recover(&mut self, message: &str) {
+        Plane::recover(self, message)
+    }
+
+    fn prepare_block(&mut self, fds: &mut Vec<RawFd>) {
+        for e in self.eps.iter_mut().flatten() {
+            if let Some(fd) = e.ud.as_mut().and_then(|u| u.arm()) {
+                fds.push(fd);
+            }
+        }
+    }
+
+    fn unblocked(&mut self) {
+        for e in self.eps.iter_mut().flatten() {
+            if let Some(ud) = e.ud.as_mut() {
+                ud.ack_events();
+            }
+        }
+    }
+}

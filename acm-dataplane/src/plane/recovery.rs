@@ -1,0 +1,142 @@
+//! Recovery after a panic of a round (the worker catches it): the resolver's state cannot be
+//! trusted, so what it held is answered and a fresh one takes over with the same endpoints
+//! (`recover`); if that panics too, the loop runs on without a resolver (`give_up`,
+//! `poll_dead`), answering everything ENODATA, and the inbox refuses new requests.
+
+use super::{CoreIo, Plane, BURST};
+use crate::worker::PollOutcome;
+use acm_core_nostd::resolver::{EpId, Millis, MAX_EPS};
+use std::sync::atomic::Ordering;
+
+impl<I: CoreIo> Plane<I> {
+    /// After a panic of [`Plane::recover`] itself: nothing of the loop's state is trusted.
+    /// From now on it runs without a resolver (every request that still reaches it is
+    /// answered ENODATA, and the inbox refuses new ones so the core's thread answers them at
+    /// once); what the old resolver held is answered if that still works. Each step is
+    /// guarded: a panic in one does not stop the next.
+    pub(super) fn give_up(&mut self) {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        self.stop_resolving();
+        self.inbox.gave_up.fetch_add(1, Ordering::Relaxed);
+        let now = self.last_now;
+        self.answer_held(now);
+        if let Some(r) = self.in_hand.take() {
+            let _ = catch_unwind(AssertUnwindSafe(|| {
+                self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata))
+            }));
+        }
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            self.io.log(
+                0,
+                "ERROR - acmrs dataplane recovery failed: every request is answered ENODATA \
+                 from now on (restart ibacm)",
+            )
+        }));
+    }
+
+    /// After a caught panic: the resolver's state cannot be trusted, so it is answered out
+    /// (every request it holds gets ENODATA once, as at shutdown, if that still works; the
+    /// request that was in hand when it panicked too, unless that one was answered) and
+    /// replaced by a fresh one with the same endpoints, addresses and preloads. If no fresh
+    /// one can be had, the loop goes on without one, answering everything ENODATA.
+    pub(super) fn recover(&mut self, message: &str) {
+        self.io.log(
+            0,
+            &format!("ERROR - acmrs dataplane panicked ({message}); restarting the resolver"),
+        );
+        let now = self.last_now;
+        if !self.answer_held(now) {
+            self.io.log(
+                0,
+                "ERROR - the resolver could not answer its requests after the panic",
+            );
+        }
+        if let Some(r) = self.in_hand.take() {
+            // Not answered by the shutdown above (drain_outputs clears it when its answer goes).
+            self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+        }
+        if let Some(s) = self.stats.as_mut() {
+            // What the old resolver held and did not answer will never be answered.
+            s.misses.clear();
+            s.sa.clear();
+        }
+        // The old resolver's tokens mean nothing to the new one.
+        self.sa.clear();
+        let fresh =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.make_resolver)()))
+                .ok()
+                .flatten();
+        let Some(fresh) = fresh else {
+            self.io.log(
+                0,
+                "ERROR - no new resolver: every request is answered ENODATA from now on",
+            );
+            self.stop_resolving();
+            return;
+        };
+        self.resolver = fresh;
+        self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
+        if let Some(mut w) = self.cache.writer() {
+            w.clear();
+        }
+        let eps = std::mem::replace(&mut self.eps, (0..MAX_EPS).map(|_| None).collect());
+        for (i, rec) in eps.into_iter().enumerate() {
+            if let Some(rec) = rec {
+                self.open_in_resolver(EpId(i as u8), &rec, now);
+                self.eps[i] = Some(rec);
+            }
+        }
+        self.drain_outputs(now);
+    }
+
+    /// A round without a resolver: control messages (the shutdown, closes) and every request
+    /// answered ENODATA, SA replies and received MADs dropped.
+    pub(super) fn poll_dead(&mut self, now: Millis) -> PollOutcome {
+        let mut did = false;
+        for _ in 0..BURST {
+            let Some(input) = self.next_input(now) else {
+                break;
+            };
+            did = true;
+            if let Some(r) = input {
+                self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+            }
+            if self.done {
+                while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
+                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                }
+                return PollOutcome::default();
+            }
+        }
+        while self.inbox.replies.pop().is_some() {
+            did = true;
+        }
+        for e in self.eps.iter_mut().flatten() {
+            if let Some(ud) = e.ud.as_mut() {
+                did |= ud.poll(&mut |_, _| {}) > 0;
+            }
+        }
+        PollOutcome {
+            did_work: did,
+            next_deadline: None,
+        }
+    }
+
+    /// Shuts the resolver down, answering every request it holds (ENODATA, as at shutdown),
+    /// its outputs carried out; a panic on the way is caught. Whether it all went through.
+    fn answer_held(&mut self, now: Millis) -> bool {
+        let cache = self.cache.clone();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.resolver.shutdown(now, &cache);
+            self.drain_outputs(now);
+        }))
+        .is_ok()
+    }
+
+    /// The loop goes on without a resolver: what reaches it is answered ENODATA
+    /// (`poll_dead`), and the inbox refuses new requests so the core's thread answers them.
+    fn stop_resolving(&mut self) {
+        self.dead = true;
+        self.inbox.stopped.store(true, Ordering::Release);
+    }
+}

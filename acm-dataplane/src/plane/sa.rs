@@ -1,0 +1,216 @@
+//! The `ud` SA transport (`acmrs_sa_transport ud`, [`Plane::with_ud_sa`]): SA MADs leave on
+//! the UD QP of the endpoint's SA carrier (`carrier_of`) for the SM's QP1; the protocol
+//! logic (TIDs, tries, timeouts, what a class-3 MAD is) is the core's sans-IO
+//! `acm_core_nostd::sa_channel`, the loop only moves its bytes. Replies and Reports come back
+//! on the carrier's CQ (`sa_receive`, `report`); `sa_timers` re-sends, fails and re-reads the
+//! ports' SM LIDs.
+
+use super::{CoreIo, EpRecord, Plane};
+use crate::stats::Latency;
+use acm_core_nostd::resolver::{EpId, Millis, RecvMeta};
+use acm_core_nostd::sa_channel::{Expired, Received, SaChannel, SaEntry, SmAddr, TIMED_OUT};
+use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::inform::NoticeRepr;
+use acm_core_nostd::wire::sa::DATA_OFFSET as SA_DATA;
+/// How often the loop re-reads each port's SM LID (the core forwards no SM_CHANGE event).
+pub const SM_CHECK_MS: Millis = 1000;
+
+impl<I: CoreIo> Plane<I> {
+    /// The SM address endpoint `ep`'s SA MADs go to over its UD QP, `None` when they go
+    /// through the core (transport `core`, no QP, no SM known).
+    pub(super) fn ud_sa_route(&self, ep: EpId) -> Option<(usize, SmAddr)> {
+        if !self.sa_ud {
+            return None;
+        }
+        let i = carrier_of(&self.eps, ep)?;
+        Some((i, self.eps[i].as_ref()?.sm?))
+    }
+
+    /// Sends `ep`'s SA MAD on the UD QP of endpoint `via` (its SA carrier) to `sm` (tracked
+    /// for re-sends unless it is a response). False when it cannot be tracked (table full); a
+    /// failed post is retried like a loss.
+    pub(super) fn send_sa_ud(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        via: usize,
+        sm: SmAddr,
+        token: u64,
+        mad: &[u8; 256],
+    ) -> bool {
+        let Some(rec) = self.eps[via].as_mut() else {
+            return false;
+        };
+        let per_try = self
+            .resolver
+            .config()
+            .acm_timeout
+            .saturating_add(rec.cfg.subnet_timeout_ms);
+        let tries = self.resolver.config().sa_tries.max(1);
+        let Some(wire) = self.sa.start(now, ep, token, mad, per_try, tries) else {
+            self.io
+                .log(0, "ERROR - SA request table full: query failed");
+            return false;
+        };
+        if let Some(ud) = rec.ud.as_mut() {
+            if let Err(e) = ud.send(&sm.dest(), &wire) {
+                if self.io.log_enabled(1) {
+                    self.io.log(1, &format!("SA send failed (retried): {e}"));
+                }
+            }
+        }
+        true
+    }
+
+    /// A class 3 MAD received on `ep`'s QP: a reply completes its request, anything else is
+    /// offered to the resolver as a Report. Only the SM speaks class 3 to us: a MAD from
+    /// another LID or QP is dropped (counted, logged), and so is a reply that arrives on a QP
+    /// other than the one that carries the asking endpoint's SA MADs.
+    pub(super) fn sa_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8; 256]) {
+        let sm = self
+            .eps
+            .get(usize::from(ep.0))
+            .and_then(|r| r.as_ref())
+            .and_then(|r| r.sm);
+        let eps = &self.eps;
+        let on = usize::from(ep.0);
+        let carries = |owner: EpId| carrier_of(eps, owner) == Some(on);
+        let (token, mad) = match self.sa.receive(meta, sm, carries, mad) {
+            Received::Reply { token, mad } => (token, mad),
+            Received::Forged => {
+                self.sa_forged += 1;
+                return;
+            }
+            // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
+            Received::Unknown => {
+                self.resolver.handle_sa(now, &self.cache, 0, 0, mad);
+                return;
+            }
+            Received::Report => {
+                self.report(now, ep, mad);
+                return;
+            }
+        };
+        if let Some(s) = self.stats.as_mut() {
+            if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
+                (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
+            }
+        }
+        self.resolver.handle_sa(now, &self.cache, token, 0, &mad);
+    }
+
+    /// A Report from the SM (trap 64/65): the resolver's, logged when it took it.
+    fn report(&mut self, now: Millis, ep: EpId, mad: &[u8; 256]) {
+        let before = self.resolver.stats();
+        self.resolver.handle_report(now, &self.cache, ep, mad);
+        let after = self.resolver.stats();
+        if after.reports > before.reports && self.io.log_enabled(1) {
+            // The resolver took it as a Report, so its Notice parses.
+            let notice = NoticeRepr::parse_bytes(&mad[SA_DATA..]).ok();
+            let trap = notice.map_or(0, |n| n.trap);
+            let gid = notice.and_then(|n| n.subject_gid()).map_or(Gid::ZERO, Gid);
+            self.io.log(
+                1,
+                &format!(
+                    "SA Report: trap {trap} for {gid}: {} cache entries invalidated",
+                    after.report_invalidated - before.report_invalidated
+                ),
+            );
+        }
+    }
+
+    /// Re-sends or fails the `ud` transport's SA requests whose try ran out, and re-reads the
+    /// ports' SM addresses when due (a new SM LID drops what was learned from the old fabric
+    /// state and subscribes again, as a client reregister does).
+    pub(super) fn sa_timers(&mut self, now: Millis) {
+        if self.sa.next_deadline().is_some_and(|t| t <= now) {
+            // The loop's own buffer (as `rx`): no allocation per expiry round.
+            let mut due = std::mem::take(&mut self.sa_due);
+            self.sa.expire(now, |e| due.push(e));
+            for e in due.drain(..) {
+                match e {
+                    Expired::Resend { ep, mad } => {
+                        if let Some((via, sm)) = self.ud_sa_route(ep) {
+                            if let Some(ud) = self.eps[via].as_mut().and_then(|r| r.ud.as_mut()) {
+                                let _ = ud.send(&sm.dest(), &mad);
+                            }
+                        }
+                    }
+                    Expired::Failed { token, mad } => {
+                        self.resolver
+                            .handle_sa(now, &self.cache, token, TIMED_OUT, &mad);
+                        self.drain_outputs(now);
+                    }
+                }
+            }
+            self.sa_due = due;
+        }
+        if !self.sa_ud || now < self.next_sm_check {
+            return;
+        }
+        self.next_sm_check = now.saturating_add(SM_CHECK_MS);
+        for i in 0..self.eps.len() {
+            let Some(rec) = self.eps[i].as_mut() else {
+                continue;
+            };
+            let Some(ud) = rec.ud.as_mut() else {
+                continue;
+            };
+            let Some(sm) = ud.sm_addr() else {
+                continue;
+            };
+            if rec.sm == Some(sm) {
+                continue;
+            }
+            let old = rec.sm.replace(sm);
+            let cache_ep = rec.cache_ep;
+            if let Some(old) = old {
+                self.io.log(
+                    0,
+                    &format!(
+                        "SM LID changed {} -> {}: learned paths dropped, subscriptions renewed",
+                        old.lid, sm.lid
+                    ),
+                );
+                self.resolver
+                    .reregister(now, &self.cache, EpId(i as u8), cache_ep);
+                self.drain_outputs(now);
+            }
+        }
+    }
+
+    /// Sends SA MADs from each endpoint's UD QP to its port's SM (the `ud` transport) with
+    /// room for `capacity` outstanding requests; endpoints without a QP or without a known SM
+    /// still use the core's service.
+    pub fn with_ud_sa(mut self, capacity: usize) -> Self {
+        self.sa_ud = true;
+        self.sa = SaChannel::new(vec![SaEntry::EMPTY; capacity], sa_tid_key());
+        self
+    }
+}
+
+/// The endpoint whose UD QP carries `ep`'s SA MADs: `ep` itself if its QP is on the port's SA
+/// P_Key (`EpConfig::sa_pkey`), else an open endpoint of the same port (same GID 0) whose QP
+/// is. The SM's port drops MADs of a partition it is not in, so an endpoint of another
+/// partition cannot reach the SA on its own QP; with no carrier on the port, its MADs go
+/// through the core's service. Replies come back on that QP and are matched to `ep`'s query
+/// by the SA channel.
+fn carrier_of(eps: &[Option<EpRecord>], ep: EpId) -> Option<usize> {
+    let own = eps.get(usize::from(ep.0))?.as_ref()?;
+    if own.cfg.sa_pkey && own.ud.is_some() {
+        return Some(usize::from(ep.0));
+    }
+    let gid = own.cfg.port_gid;
+    eps.iter().position(|r| {
+        r.as_ref()
+            .is_some_and(|r| r.cfg.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
+    })
+}
+
+/// A random key for the SA channel's wire TIDs: two draws of std's randomly keyed hasher
+/// (seeded from the OS's random source once per process).
+pub(super) fn sa_tid_key() -> [u64; 2] {
+    use std::hash::BuildHasher;
+    let s = std::collections::hash_map::RandomState::new();
+    [s.hash_one(0x5a_u64), s.hash_one(0xa5_u64)]
+}

@@ -1,0 +1,381 @@
+//! The bodies of `resolve()` and `query()` on the core's main thread: the **inline hit path**
+//! and the hand-over of everything else to the dataplane.
+//!
+//! `resolve()` ([`resolve_impl`] → [`resolve_answer`]): the prefetch of a PATH request's cache
+//! slots ([`start_lookup`]), `resolver::request::classify`, the answer's frame built in this
+//! thread's buffer (`OUT`) while the load is in flight and one lock-free cache read
+//! ([`answer_hit`]), the answer handed to the core ([`deliver`]) and what follows a hit
+//! ([`hit_answered`]). A negative entry or an immediate failure is answered here too
+//! ([`answer_inline`]); a miss is one push into the dataplane's [`Inbox`]
+//! ([`hand_over_stamped`]). `query()` ([`query_impl`]) is always handed over.
+//!
+//! No lock, no allocation, no syscall of ours on a hit. Everything else (misses, the ACM
+//! protocol, the SA, timers, every cache write) is the dataplane loop's.
+//!
+//! [`Inbox`]: acm_dataplane::plane::Inbox
+
+use crate::ffi::AcmMsg;
+use crate::instance::{LogReason, Writer};
+use crate::lifecycle::AddrCtx;
+use acm_core_nostd::cache::{HashedKey, Lookup, Place};
+use acm_core_nostd::resolver::request::{classify, respond, route_dest, Target};
+use acm_core_nostd::resolver::{Counter, Kind, Via};
+use acm_core_nostd::wire::client::{
+    build_resolve_frame, response_path_mut, AcmMsg as ClientMsg, Status,
+};
+use acm_dataplane::plane::HostCache;
+use acm_dataplane::stats::{MissClass, MissStamp};
+use core::ffi::c_int;
+use std::sync::atomic::Ordering;
+
+/// Answers on the core's thread (hit path and immediate failures).
+pub(crate) fn answer_inline(
+    ctx: &AddrCtx,
+    via: Via,
+    msg: &[u8],
+    id: u64,
+    status: u8,
+    path: Option<&[u8; 64]>,
+    answered: &mut bool,
+) {
+    answer_inline_timed(ctx, via, msg, id, status, path, None, answered)
+}
+
+/// [`answer_inline`]; with `hit_start`, the hit's latency up to the hand-off to the core is
+/// recorded (the core's main thread is the hit histogram's only writer).
+#[allow(clippy::too_many_arguments)]
+fn answer_inline_timed(
+    ctx: &AddrCtx,
+    via: Via,
+    msg: &[u8],
+    id: u64,
+    status: u8,
+    path: Option<&[u8; 64]>,
+    hit_start: Option<u64>,
+    answered: &mut bool,
+) {
+    // The answer is built in this thread's buffer: `respond` writes every byte of the length
+    // it sets (header and 1–2 entries), so no 592-byte zeroing per answer; the bytes past it
+    // are an earlier answer's (the core sends `hdr.length` bytes).
+    OUT.with(|cell| {
+        let mut fresh;
+        let mut held = cell.try_borrow_mut();
+        let out: &mut AcmMsg = match held.as_deref_mut() {
+            Ok(o) => o,
+            // Re-entered (a panic answer while the buffer is borrowed): a zeroed one.
+            Err(_) => {
+                fresh = AcmMsg::zeroed();
+                &mut fresh
+            }
+        };
+        answer_with(ctx, via, msg, id, status, path, hit_start, answered, out)
+    })
+}
+
+thread_local! {
+    /// The answer buffer of the thread that answers inline (the core's main thread).
+    static OUT: core::cell::RefCell<AcmMsg> = const { core::cell::RefCell::new(AcmMsg::zeroed()) };
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn answer_with(
+    ctx: &AddrCtx,
+    via: Via,
+    msg: &[u8],
+    id: u64,
+    status: u8,
+    path: Option<&[u8; 64]>,
+    hit_start: Option<u64>,
+    answered: &mut bool,
+    out: &mut AcmMsg,
+) {
+    respond(msg, via, status, path, out.as_bytes_mut());
+    deliver(ctx, via, id, status, hit_start, answered, out)
+}
+
+/// Hands the answer built in `out` to the core; with `hit_start`, records the hit's latency
+/// up to the hand-off.
+#[inline(always)]
+fn deliver(
+    ctx: &AddrCtx,
+    via: Via,
+    id: u64,
+    status: u8,
+    hit_start: Option<u64>,
+    answered: &mut bool,
+    out: &mut AcmMsg,
+) {
+    // The span ends here; it is recorded once the client has its answer.
+    let end = hit_start.map(|_| ctx.inst.clock.now());
+    let f = match via {
+        Via::Resolve => ctx.inst.api.resolve_response,
+        Via::Query => ctx.inst.api.query_response,
+    };
+    // SAFETY: `out` is a full, initialised acm_msg of ours; the core copies it before returning.
+    let _ = unsafe { f(id, out) };
+    // Only now: a panic before this point (building the answer) leaves the request
+    // unanswered, and the caller's guard answers it EINVAL; after it, never a second answer.
+    *answered = true;
+    // Counted after the hand-off, off the client's critical path (nothing reads the counters
+    // inside this call).
+    ctx.ep.count_status(Writer::Core, status);
+    if let (Some(t0), Some(t1)) = (hit_start, end) {
+        let n = u64::from(ctx.inst.opts.acmrs_hit_sample);
+        ctx.ep.stats.hit.record_n(ctx.inst.clock.ns(t0, t1), n);
+    }
+}
+
+/// The cache hit path of a route request whose slots' load was just started (`key`'s
+/// prefetch): the answer's frame is built in this thread's buffer while the load is in
+/// flight, then the lookup; a hit gets its path written into the frame and is answered.
+/// `Err` with the lookup result for everything else (a miss, a negative entry, a closed
+/// endpoint), which the caller answers.
+#[inline(always)]
+fn answer_hit(
+    ctx: &AddrCtx,
+    msg: &[u8],
+    id: u64,
+    key: &HashedKey,
+    hit_start: Option<u64>,
+    answered: &mut bool,
+) -> Result<c_int, Lookup> {
+    let (ep, inst) = (&ctx.ep, &ctx.inst);
+    let needs_refresh = OUT.with(|cell| {
+        let Ok(mut out) = cell.try_borrow_mut() else {
+            return Err(Lookup::Miss);
+        };
+        let frame = build_resolve_frame(&ClientMsg::new_unchecked(msg), out.as_bytes_mut());
+        if frame.is_err() || ep.closed.load(Ordering::Acquire) {
+            return Err(Lookup::Miss);
+        }
+        let Some(path) = response_path_mut(out.as_bytes_mut()) else {
+            return Err(Lookup::Miss);
+        };
+        // The slot's record goes straight into the answer's path.
+        match inst.cache.lookup_into(key, inst.now_ms(), path) {
+            Lookup::Hit { needs_refresh, .. } => {
+                deliver(ctx, Via::Resolve, id, 0, hit_start, answered, &mut out);
+                Ok(needs_refresh)
+            }
+            other => Err(other.with_record([0; 64])),
+        }
+    })?;
+    hit_answered(ctx, msg, needs_refresh);
+    Ok(0)
+}
+
+/// What follows a cache hit once its answer is with the core: ROUTE_CACHE counted (the core's
+/// counter is a locked add, kept off the client's critical path) and, for an entry near
+/// expiry, a background refresh by the dataplane (a full queue only loses the refresh; the
+/// entry then expires and is resolved as a miss).
+fn hit_answered(ctx: &AddrCtx, msg: &[u8], needs_refresh: bool) {
+    ctx.ep
+        .count_global(Writer::Core, ctx.inst.api, Counter::RouteCache);
+    if needs_refresh {
+        let _ = hand_over(ctx, 0, Kind::Refresh, msg);
+    }
+}
+
+/// Hands a request to the dataplane; the status to answer it with at once (counted, logged)
+/// if it cannot take it: ENOMEM when its queue is full, ENODATA when it has stopped (it gave
+/// up after a failure it could not recover from, or its thread is gone).
+fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &[u8]) -> Result<(), Status> {
+    hand_over_stamped(ctx, id, kind, msg, None)
+}
+
+/// [`hand_over`] with the start of a missed `resolve()` (the dataplane records its latency).
+fn hand_over_stamped(
+    ctx: &AddrCtx,
+    id: u64,
+    kind: Kind,
+    msg: &[u8],
+    stamp: Option<MissStamp>,
+) -> Result<(), Status> {
+    let (ep, cache_ep, bytes) = (ctx.ep.id, ctx.ep.cache_ep(), msg);
+    let inbox = &ctx.inst.inbox;
+    if inbox.request_stamped(ep, cache_ep, id, kind, bytes, stamp) {
+        return Ok(());
+    }
+    let answered = matches!(kind, Kind::Resolve | Kind::Query);
+    if inbox.is_stopped() {
+        if answered {
+            ctx.inst.log_limited(
+                LogReason::Stopped,
+                "ERROR - the acmrs dataplane has stopped, answering ENODATA",
+            );
+        }
+        return Err(Status::Enodata);
+    }
+    if answered {
+        ctx.inst.log_limited(
+            LogReason::QueueFull,
+            "ERROR - request queue full, answering ENOMEM",
+        );
+    }
+    Err(Status::Enomem)
+}
+
+/// Starts the loads of a path lookup placed at `place` without waiting for them: the lines of
+/// its preferred slots and its groups' tag lines, then, in a `large` cache, (the tags read)
+/// the slots whose tag matches, where a key outside its preferred slots lives. Reading the
+/// tags costs ~25 ns of work: hidden behind a DRAM miss, but on a cache-resident table (where
+/// the second slot read is no DRAM trip either) pure cost (1k paths: p50 +25–30 ns).
+#[inline(always)]
+fn start_lookup(cache: &HostCache, large: bool, place: Place) {
+    prefetch(cache.prefetch_hint(place));
+    if large {
+        prefetch(cache.prefetch_tagged(place));
+    }
+}
+
+/// Starts loading the cache lines at `hint` without waiting for them.
+#[inline(always)]
+fn prefetch<const N: usize>(hint: [*const u8; N]) {
+    #[cfg(target_arch = "x86_64")]
+    for p in hint {
+        // SAFETY: a prefetch is only a hint: it never faults, reads nothing into the program
+        // and writes nothing, whatever the address (these are slots of our live cache).
+        unsafe {
+            core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = hint;
+}
+
+pub(crate) fn resolve_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
+    let r = resolve_answer(ctx, msg, id, answered);
+    // Counted once the request is answered or handed over, off the client's critical path.
+    ctx.ep.count(Writer::Core, Counter::Resolve);
+    r
+}
+
+#[inline(always)]
+fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
+    let ep = &ctx.ep;
+    let inst = &ctx.inst;
+    // Latency start (docs/stats.md): one TSC read, for one request in `acmrs_hit_sample` (a
+    // hit is timed only then; a miss not sampled here starts its clock at the hand-over, a
+    // few hundred ns later, against a miss of ~100 µs).
+    let tick = ep.hit_tick.load(Ordering::Relaxed).wrapping_add(1);
+    ep.hit_tick.store(tick, Ordering::Relaxed);
+    let sample = inst.opts.acmrs_hit_sample;
+    let t0 = (tick & (sample - 1) == 0).then(|| inst.clock.now());
+    // The miss starts first: a path is placed in the cache by its destination, so a PATH
+    // request's slots are requested before the request is checked and keyed, and their DRAM
+    // miss overlaps all of that.
+    let view = ep.view();
+    let early = route_dest(&view, msg).map(|d| inst.cache.place(&d));
+    if let Some(p) = early {
+        start_lookup(&inst.cache, inst.large_cache, p);
+    }
+    let target = classify(&view, msg);
+    // A route hit is answered from here.
+    let hit = match &target {
+        Target::Route { key: Some(k), .. } => {
+            let place = early.unwrap_or_else(|| {
+                // A LID or GID entry: its destination is known only now.
+                let p = inst.cache.place(&k.dest());
+                start_lookup(&inst.cache, inst.large_cache, p);
+                p
+            });
+            let h = inst.cache.hashed_at(k, place);
+            match answer_hit(ctx, msg, id, &h, t0, answered) {
+                Ok(r) => return r,
+                Err(other) => Some(other),
+            }
+        }
+        _ => None,
+    };
+    let mut reply = |status: u8, path: Option<&[u8; 64]>| {
+        // A path is answered only on a hit: its latency is recorded.
+        answer_inline_timed(
+            ctx,
+            Via::Resolve,
+            msg,
+            id,
+            status,
+            path,
+            path.and(t0),
+            answered,
+        );
+        0
+    };
+    if ep.closed.load(Ordering::Acquire) {
+        return reply(u8::from(Status::Enodata), None);
+    }
+    let now = inst.now_ms();
+    let class = match target {
+        Target::Address { .. } => MissClass::Address,
+        _ => MissClass::Route,
+    };
+    let (lookup, nodelay) = match target {
+        Target::Fail(s) => {
+            if s == u8::from(Status::Einval) {
+                inst.log_limited(
+                    LogReason::Malformed,
+                    "ERROR - malformed resolve request rejected (EINVAL)",
+                );
+            }
+            return reply(s, None);
+        }
+        Target::Route { nodelay, .. } => (hit.unwrap_or(Lookup::Miss), nodelay),
+        // A local address removed since the dataplane last caught up may still be aliased.
+        Target::Address { nodelay, .. }
+            if ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied() =>
+        {
+            (Lookup::Miss, nodelay)
+        }
+        Target::Address { key, nodelay } => (inst.cache.lookup_addr(&key, now), nodelay),
+    };
+    match lookup {
+        Lookup::Hit {
+            record,
+            needs_refresh,
+            ..
+        } => {
+            // An address hit (a route hit was answered above).
+            let r = reply(0, Some(&record));
+            hit_answered(ctx, msg, needs_refresh);
+            return r;
+        }
+        Lookup::Negative { status, .. } => return reply(status, None),
+        Lookup::Miss | Lookup::Busy => {}
+    }
+    if nodelay {
+        let r = reply(u8::from(Status::Enodata), None);
+        // Prime the cache; a full queue only loses the priming.
+        let _ = hand_over(ctx, id, Kind::Prime, msg);
+        return r;
+    }
+    let stamp = MissStamp {
+        at: t0.unwrap_or_else(|| inst.clock.now()),
+        class,
+    };
+    match hand_over_stamped(ctx, id, Kind::Resolve, msg, Some(stamp)) {
+        Ok(()) => {
+            *answered = true;
+            0
+        }
+        Err(status) => reply(u8::from(status), None),
+    }
+}
+
+pub(crate) fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
+    let mut reply = |status: u8| {
+        answer_inline(ctx, Via::Query, msg, id, status, None, answered);
+        0
+    };
+    if ctx.ep.closed.load(Ordering::Acquire) {
+        return reply(u8::from(Status::Enodata));
+    }
+    // The dataplane validates it (EINVAL) and sends it to the SA.
+    match hand_over(ctx, id, Kind::Query, msg) {
+        Ok(()) => {
+            *answered = true;
+            0
+        }
+        Err(status) => reply(u8::from(status)),
+    }
+}
