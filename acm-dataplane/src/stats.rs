@@ -716,7 +716,7 @@ mod tests {
 #[cfg(test)]
 mod plane_tests {
     use super::*;
-    use crate::plane::{Control, CoreIo, HostCache, Inbox, Plane, SaReply};
+    use crate::plane::{Control, CoreIo, HandOver, HostCache, Inbox, Plane, SaReply};
     use crate::worker::{Poller, Worker};
     use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
     use acm_core_nostd::resolver::sim::{lid_msg, node_gid, node_lid};
@@ -830,9 +830,25 @@ mod plane_tests {
         };
         // Two clients, the same tid; a third request not stamped (not timed).
         let m = lid_msg(2, false, 42);
-        assert!(inbox.request_stamped(EpId(0), 0, 5, Kind::Resolve, &m, stamp(MissClass::Route)));
+        assert!(inbox.hand_over(HandOver {
+            ep: EpId(0),
+            cache_ep: 0,
+            client: 5,
+            kind: Kind::Resolve,
+            msg: &m,
+            stamp: stamp(MissClass::Route),
+            target: None,
+        }));
         std::thread::sleep(std::time::Duration::from_millis(2));
-        assert!(inbox.request_stamped(EpId(0), 0, 6, Kind::Resolve, &m, stamp(MissClass::Route)));
+        assert!(inbox.hand_over(HandOver {
+            ep: EpId(0),
+            cache_ep: 0,
+            client: 6,
+            kind: Kind::Resolve,
+            msg: &m,
+            stamp: stamp(MissClass::Route),
+            target: None,
+        }));
         assert!(inbox.request(EpId(0), 0, 7, Kind::Resolve, &lid_msg(3, false, 43)));
         for _ in 0..100 {
             plane.poll(Instant::now());

@@ -7,7 +7,7 @@
 //! ([`answer_hit`]), the answer handed to the core ([`deliver`]) and what follows a hit
 //! ([`hit_answered`]). A negative entry or an immediate failure is answered here too
 //! ([`answer_inline`]); a miss is one push into the dataplane's [`Inbox`]
-//! ([`hand_over_stamped`]). `query()` ([`query_impl`]) is always handed over.
+//! ([`hand_over`]). `query()` ([`query_impl`]) is always handed over.
 //!
 //! No lock, no allocation, no syscall of ours on a hit. Everything else (misses, the ACM
 //! protocol, the SA, timers, every cache write) is the dataplane loop's.
@@ -18,12 +18,13 @@ use crate::ffi::AcmMsg;
 use crate::instance::{LogReason, Writer};
 use crate::lifecycle::AddrCtx;
 use acm_core_nostd::cache::{HashedKey, Lookup, Place};
+use acm_core_nostd::resolver::front::{self, Front};
 use acm_core_nostd::resolver::request::{classify, respond, route_dest, Target};
 use acm_core_nostd::resolver::{Counter, Kind, Via};
 use acm_core_nostd::wire::client::{
     build_resolve_frame, response_path_mut, AcmMsg as ClientMsg, Status,
 };
-use acm_dataplane::plane::HostCache;
+use acm_dataplane::plane::{HandOver, HostCache};
 use acm_dataplane::stats::{MissClass, MissStamp};
 use core::ffi::c_int;
 use std::sync::atomic::Ordering;
@@ -128,20 +129,22 @@ fn deliver(
 
 /// The cache hit path of a route request whose slots' load was just started (`key`'s
 /// prefetch): the answer's frame is built in this thread's buffer while the load is in
-/// flight, then the lookup; a hit gets its path written into the frame and is answered.
+/// flight, then the lookup; what the cache held goes to the front decision
+/// ([`front::decide`]), and a hit gets its path written into the frame and is answered.
 /// `Err` with the lookup result for everything else (a miss, a negative entry, a closed
-/// endpoint), which the caller answers.
+/// endpoint), which the caller decides on.
 #[inline(always)]
 fn answer_hit(
     ctx: &AddrCtx,
     msg: &[u8],
     id: u64,
     key: &HashedKey,
+    front: FrontSays<'_>,
     hit_start: Option<u64>,
     answered: &mut bool,
 ) -> Result<c_int, Lookup> {
     let (ep, inst) = (&ctx.ep, &ctx.inst);
-    let needs_refresh = OUT.with(|cell| {
+    let refresh = OUT.with(|cell| {
         let Ok(mut out) = cell.try_borrow_mut() else {
             return Err(Lookup::Miss);
         };
@@ -153,48 +156,63 @@ fn answer_hit(
             return Err(Lookup::Miss);
         };
         // The slot's record goes straight into the answer's path.
-        match inst.cache.lookup_into(key, inst.now_ms(), path) {
-            Lookup::Hit { needs_refresh, .. } => {
+        let found = inst.cache.lookup_into(key, inst.now_ms(), path);
+        match front::decide(front.target, true, &found) {
+            Front::Hit { refresh } => {
                 deliver(ctx, Via::Resolve, id, 0, hit_start, answered, &mut out);
-                Ok(needs_refresh)
+                Ok(refresh)
             }
-            other => Err(other.with_record([0; 64])),
+            _ => Err(found.with_record([0; 64])),
         }
     })?;
-    hit_answered(ctx, msg, needs_refresh);
+    hit_answered(ctx, msg, refresh, front);
     Ok(0)
+}
+
+/// What the front knows of a RESOLVE request: its classification, made with the endpoint's
+/// view at `cache_ep` (both travel with a hand-over, so the dataplane does not redo them).
+#[derive(Clone, Copy)]
+struct FrontSays<'t> {
+    target: &'t Target,
+    cache_ep: u32,
 }
 
 /// What follows a cache hit once its answer is with the core: ROUTE_CACHE counted (the core's
 /// counter is a locked add, kept off the client's critical path) and, for an entry near
 /// expiry, a background refresh by the dataplane (a full queue only loses the refresh; the
 /// entry then expires and is resolved as a miss).
-fn hit_answered(ctx: &AddrCtx, msg: &[u8], needs_refresh: bool) {
+fn hit_answered(ctx: &AddrCtx, msg: &[u8], refresh: bool, front: FrontSays<'_>) {
     ctx.ep
         .count_global(Writer::Core, ctx.inst.api, Counter::RouteCache);
-    if needs_refresh {
-        let _ = hand_over(ctx, 0, Kind::Refresh, msg);
+    if refresh {
+        let _ = hand_over(ctx, 0, Kind::Refresh, msg, Some(front), None);
     }
 }
 
-/// Hands a request to the dataplane; the status to answer it with at once (counted, logged)
-/// if it cannot take it: ENOMEM when its queue is full, ENODATA when it has stopped (it gave
-/// up after a failure it could not recover from, or its thread is gone).
-fn hand_over(ctx: &AddrCtx, id: u64, kind: Kind, msg: &[u8]) -> Result<(), Status> {
-    hand_over_stamped(ctx, id, kind, msg, None)
-}
-
-/// [`hand_over`] with the start of a missed `resolve()` (the dataplane records its latency).
-fn hand_over_stamped(
+/// Hands a request to the dataplane, with what the front knows of it (a RESOLVE request's
+/// classification; the start of a missed `resolve()`, whose latency the dataplane then
+/// records); the status to answer it with at once (counted, logged) if it cannot take it:
+/// ENOMEM when its queue is full, ENODATA when it has stopped (it gave up after a failure it
+/// could not recover from, or its thread is gone).
+fn hand_over(
     ctx: &AddrCtx,
     id: u64,
     kind: Kind,
     msg: &[u8],
+    front: Option<FrontSays<'_>>,
     stamp: Option<MissStamp>,
 ) -> Result<(), Status> {
-    let (ep, cache_ep, bytes) = (ctx.ep.id, ctx.ep.cache_ep(), msg);
     let inbox = &ctx.inst.inbox;
-    if inbox.request_stamped(ep, cache_ep, id, kind, bytes, stamp) {
+    let handed = inbox.hand_over(HandOver {
+        ep: ctx.ep.id,
+        cache_ep: front.map_or_else(|| ctx.ep.cache_ep(), |f| f.cache_ep),
+        client: id,
+        kind,
+        msg,
+        stamp,
+        target: front.map(|f| *f.target),
+    });
+    if handed {
         return Ok(());
     }
     let answered = matches!(kind, Kind::Resolve | Kind::Query);
@@ -271,8 +289,12 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         start_lookup(&inst.cache, inst.large_cache, p);
     }
     let target = classify(&view, msg);
+    let front = FrontSays {
+        target: &target,
+        cache_ep: view.cache_ep,
+    };
     // A route hit is answered from here.
-    let hit = match &target {
+    let found = match &target {
         Target::Route { key: Some(k), .. } => {
             let place = early.unwrap_or_else(|| {
                 // A LID or GID entry: its destination is known only now.
@@ -281,12 +303,16 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                 p
             });
             let h = inst.cache.hashed_at(k, place);
-            match answer_hit(ctx, msg, id, &h, t0, answered) {
+            match answer_hit(ctx, msg, id, &h, front, t0, answered) {
                 Ok(r) => return r,
-                Err(other) => Some(other),
+                Err(other) => other,
             }
         }
-        _ => None,
+        // A local address removed since the dataplane last caught up may still be aliased.
+        _ => {
+            let stale = ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied();
+            front::look(&inst.cache, &target, inst.now_ms(), stale)
+        }
     };
     let mut reply = |status: u8, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
@@ -302,63 +328,48 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         );
         0
     };
-    if ep.closed.load(Ordering::Acquire) {
-        return reply(u8::from(Status::Enodata), None);
-    }
-    let now = inst.now_ms();
-    let class = match target {
-        Target::Address { .. } => MissClass::Address,
-        _ => MissClass::Route,
-    };
-    let (lookup, nodelay) = match target {
-        Target::Fail(s) => {
-            if s == u8::from(Status::Einval) {
+    let open = !ep.closed.load(Ordering::Acquire);
+    match front::decide(&target, open, &found) {
+        Front::Hit { refresh } => {
+            // An address hit (a route hit was answered above).
+            let Lookup::Hit { record, .. } = found else {
+                return reply(u8::from(Status::Enodata), None);
+            };
+            let r = reply(0, Some(&record));
+            hit_answered(ctx, msg, refresh, front);
+            r
+        }
+        Front::Answer(status) => {
+            if matches!(target, Target::Fail(s) if s == u8::from(Status::Einval)) {
                 inst.log_limited(
                     LogReason::Malformed,
                     "ERROR - malformed resolve request rejected (EINVAL)",
                 );
             }
-            return reply(s, None);
+            reply(status, None)
         }
-        Target::Route { nodelay, .. } => (hit.unwrap_or(Lookup::Miss), nodelay),
-        // A local address removed since the dataplane last caught up may still be aliased.
-        Target::Address { nodelay, .. }
-            if ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied() =>
-        {
-            (Lookup::Miss, nodelay)
+        Front::Prime => {
+            let r = reply(u8::from(Status::Enodata), None);
+            // Prime the cache; a full queue only loses the priming.
+            let _ = hand_over(ctx, id, Kind::Prime, msg, Some(front), None);
+            r
         }
-        Target::Address { key, nodelay } => (inst.cache.lookup_addr(&key, now), nodelay),
-    };
-    match lookup {
-        Lookup::Hit {
-            record,
-            needs_refresh,
-            ..
-        } => {
-            // An address hit (a route hit was answered above).
-            let r = reply(0, Some(&record));
-            hit_answered(ctx, msg, needs_refresh);
-            return r;
+        Front::HandOver => {
+            let stamp = MissStamp {
+                at: t0.unwrap_or_else(|| inst.clock.now()),
+                class: match target {
+                    Target::Address { .. } => MissClass::Address,
+                    _ => MissClass::Route,
+                },
+            };
+            match hand_over(ctx, id, Kind::Resolve, msg, Some(front), Some(stamp)) {
+                Ok(()) => {
+                    *answered = true;
+                    0
+                }
+                Err(status) => reply(u8::from(status), None),
+            }
         }
-        Lookup::Negative { status, .. } => return reply(status, None),
-        Lookup::Miss | Lookup::Busy => {}
-    }
-    if nodelay {
-        let r = reply(u8::from(Status::Enodata), None);
-        // Prime the cache; a full queue only loses the priming.
-        let _ = hand_over(ctx, id, Kind::Prime, msg);
-        return r;
-    }
-    let stamp = MissStamp {
-        at: t0.unwrap_or_else(|| inst.clock.now()),
-        class,
-    };
-    match hand_over_stamped(ctx, id, Kind::Resolve, msg, Some(stamp)) {
-        Ok(()) => {
-            *answered = true;
-            0
-        }
-        Err(status) => reply(u8::from(status), None),
     }
 }
 
@@ -371,7 +382,7 @@ pub(crate) fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool
         return reply(u8::from(Status::Enodata));
     }
     // The dataplane validates it (EINVAL) and sends it to the SA.
-    match hand_over(ctx, id, Kind::Query, msg) {
+    match hand_over(ctx, id, Kind::Query, msg, None, None) {
         Ok(()) => {
             *answered = true;
             0

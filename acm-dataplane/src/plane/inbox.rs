@@ -6,6 +6,7 @@
 use super::Ud;
 use crate::stats::MissStamp;
 use crate::worker::Waker;
+use acm_core_nostd::resolver::request::Target;
 use acm_core_nostd::resolver::{EpConfig, EpId, Kind, MSG_LEN};
 use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
@@ -32,6 +33,29 @@ pub struct Request {
     pub msg: [u8; MSG_LEN],
     /// When a missed `resolve()` started, for its latency (`None`: not timed).
     pub stamp: Option<MissStamp>,
+    /// How the caller's front classified it (`request::classify`, with the endpoint's view at
+    /// `cache_ep`), so the loop does not parse it again; `None` for a query, or a caller
+    /// without a front.
+    pub target: Option<Target>,
+}
+
+/// What a caller hands the loop with [`Inbox::hand_over`]: a client request and what its
+/// front already knows of it.
+pub struct HandOver<'m> {
+    /// Endpoint it arrived on.
+    pub ep: EpId,
+    /// The endpoint's cache number at the time of the call.
+    pub cache_ep: u32,
+    /// The core's client index.
+    pub client: u64,
+    /// Call kind.
+    pub kind: Kind,
+    /// The client message.
+    pub msg: &'m [u8],
+    /// When a missed `resolve()` started, for its latency (`None`: not timed).
+    pub stamp: Option<MissStamp>,
+    /// The front's classification, if it made one.
+    pub target: Option<Target>,
 }
 
 /// An SA completion copied out of the core's MAD on the SA thread.
@@ -181,20 +205,30 @@ impl Inbox {
     /// Hands a request to the loop; false if the queue is full (counted) or the loop is
     /// stopped ([`Inbox::is_stopped`]).
     pub fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
-        self.request_stamped(ep, cache_ep, client, kind, msg, None)
+        self.hand_over(HandOver {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+            stamp: None,
+            target: None,
+        })
     }
 
-    /// [`Inbox::request`] with the start of a missed `resolve()`, whose answer's latency the
-    /// loop then records.
-    pub fn request_stamped(
-        &self,
-        ep: EpId,
-        cache_ep: u32,
-        client: u64,
-        kind: Kind,
-        msg: &[u8],
-        stamp: Option<MissStamp>,
-    ) -> bool {
+    /// [`Inbox::request`] with what the caller's front knows: the start of a missed
+    /// `resolve()`, whose answer's latency the loop then records, and the request's
+    /// classification, which the loop then does not redo.
+    pub fn hand_over(&self, h: HandOver<'_>) -> bool {
+        let HandOver {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+            stamp,
+            target,
+        } = h;
         if self.is_stopped() {
             return false;
         }
@@ -210,6 +244,7 @@ impl Inbox {
             len: n as u16,
             msg: copy,
             stamp,
+            target,
         };
         match self.requests.push(r) {
             Ok(()) => {

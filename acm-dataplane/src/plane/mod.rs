@@ -48,7 +48,7 @@ mod inbox;
 mod recovery;
 mod sa;
 
-pub use inbox::{Control, HostAddr, Inbox, Request, SaReply};
+pub use inbox::{Control, HandOver, HostAddr, Inbox, Request, SaReply};
 pub use sa::SM_CHECK_MS;
 
 use inbox::lock;
@@ -614,16 +614,24 @@ impl<I: CoreIo> Poller for Plane<I> {
             // In hand until the resolver has it: a panic inside `request` must not lose it.
             let r = self.in_hand.insert(r);
             let (ep, cache_ep, client, kind, len) = (r.ep, r.cache_ep, r.client, r.kind, r.len);
-            let msg = r.msg;
-            self.resolver.request(
-                now,
-                &self.cache,
-                ep,
-                cache_ep,
-                client,
-                kind,
-                &msg[..usize::from(len)],
-            );
+            let (msg, target) = (r.msg, r.target);
+            let msg = &msg[..usize::from(len)];
+            match target {
+                // Classified by the caller's front: not parsed again.
+                Some(t) => {
+                    let req = acm_core_nostd::resolver::Request {
+                        ep,
+                        cache_ep,
+                        client,
+                        kind,
+                        msg,
+                    };
+                    self.resolver.request_classified(now, &self.cache, &req, &t);
+                }
+                None => self
+                    .resolver
+                    .request(now, &self.cache, ep, cache_ep, client, kind, msg),
+            }
             self.in_hand = None;
             self.drain_outputs(now);
         }
