@@ -59,7 +59,11 @@ fn insert_lookup_update_remove() {
     let k = lid(1, 5);
     assert_eq!(c.lookup(&k, 0), Lookup::Miss);
     let mut w = c.writer().unwrap();
-    assert!(c.writer().is_none(), "only one writer at a time");
+    assert_eq!(
+        c.writer().err(),
+        Some(CacheError::WriterTaken),
+        "only one writer at a time"
+    );
     assert_eq!(w.insert(&k, &rec(1), 0, 10_000), Inserted::New);
     assert_eq!(record_of(c.lookup(&k, 1)), rec(1));
     assert_eq!(w.insert(&k, &rec(2), 0, 10_000), Inserted::Updated);
@@ -70,7 +74,7 @@ fn insert_lookup_update_remove() {
     assert_eq!(c.lookup(&k, 1), Lookup::Miss);
     assert_eq!(c.len(), 0);
     drop(w);
-    assert!(c.writer().is_some(), "writer role is released on drop");
+    assert!(c.writer().is_ok(), "writer role is released on drop");
 }
 
 #[test]
@@ -564,7 +568,8 @@ fn cache_is_shareable_and_writer_is_sendable() {
     fn send<T: Send>() {}
     sync_send::<Cache>();
     sync_send::<PathCache<&'static [PathSlot], &'static [AddrSlot]>>();
-    send::<acm_core_nostd::cache::CacheWriter<'static, Box<[PathSlot]>, Box<[AddrSlot]>>>();
+    send::<acm_core_nostd::cache::CacheWriter<&'static Cache>>();
+    send::<acm_core_nostd::cache::CacheWriter<std::sync::Arc<Cache>>>();
     // The writer can live on another thread than the one that made the cache.
     let c = std::sync::Arc::new(cache(8, 0));
     let c2 = std::sync::Arc::clone(&c);

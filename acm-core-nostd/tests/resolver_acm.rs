@@ -3,7 +3,9 @@
 //! the response acmp accepted, our request has acmp's layout, and malformed MADs are counted
 //! and dropped. Also: join retries, leaves at close, names waiting for the join.
 
-use acm_core_nostd::cache::{AddrKey, AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use acm_core_nostd::cache::{
+    AddrKey, AddrSlot, CacheConfig, CacheWriter, Lookup, PathCache, PathSlot,
+};
 use acm_core_nostd::resolver::request::{ENODATA, ETIMEDOUT};
 use acm_core_nostd::resolver::{
     AcmDest, ArrayStorage, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, RecvMeta,
@@ -13,6 +15,7 @@ use acm_core_nostd::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, CTRL_RE
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::Method;
 use acm_core_nostd::wire::mcmember::ACM_QKEY;
+use std::sync::Arc;
 
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
@@ -46,18 +49,23 @@ fn ep_config() -> EpConfig {
 }
 
 struct T<S: Storage> {
-    r: Resolver<S>,
-    cache: Cache,
+    r: Resolver<S, Arc<Cache>>,
+    cache: Arc<Cache>,
     now: u64,
 }
 
-fn new_cache() -> Cache {
-    PathCache::new(
-        PathSlot::boxed(256),
-        AddrSlot::boxed(256),
-        CacheConfig::default(),
-    )
-    .unwrap()
+/// A cache and its writer (for the resolver to own).
+fn new_cache() -> (Arc<Cache>, CacheWriter<Arc<Cache>>) {
+    let cache = Arc::new(
+        PathCache::new(
+            PathSlot::boxed(256),
+            AddrSlot::boxed(256),
+            CacheConfig::default(),
+        )
+        .unwrap(),
+    );
+    let writer = CacheWriter::take(Arc::clone(&cache)).unwrap();
+    (cache, writer)
 }
 
 fn heap(cfg: Config) -> T<HeapStorage> {
@@ -68,9 +76,10 @@ fn heap(cfg: Config) -> T<HeapStorage> {
         endpoints: 4,
         ..Capacities::default()
     };
+    let (cache, writer) = new_cache();
     T {
-        r: Resolver::new(cfg, HeapStorage::new(caps), 1).unwrap(),
-        cache: new_cache(),
+        r: Resolver::new(cfg, HeapStorage::new(caps), writer, 1).unwrap(),
+        cache,
         now: 0,
     }
 }
@@ -92,7 +101,7 @@ impl<S: Storage> T<S> {
             .expect("a join");
         let mut reply = fixture("opensm_mcm_set_resp.bin");
         reply[8..16].copy_from_slice(&mad[8..16]);
-        self.r.handle_sa(self.now, &self.cache, token, 0, &reply);
+        self.r.handle_sa(self.now, token, 0, &reply);
         let out = self.drain();
         assert!(
             out.iter()
@@ -105,8 +114,7 @@ impl<S: Storage> T<S> {
     /// endpoint 0 at `now`, is answered.
     fn answers_stock_request(&mut self, now: u64) -> bool {
         let req = fixture("acmp_resolve_req.bin");
-        self.r
-            .handle_acm(now, &self.cache, EP, &meta_from(3, HCA3_GID), &req);
+        self.r.handle_acm(now, EP, &meta_from(3, HCA3_GID), &req);
         self.drain()
             .iter()
             .any(|o| matches!(o, Output::SendAcm { .. }))
@@ -115,9 +123,7 @@ impl<S: Storage> T<S> {
     /// acmp_resolve_req.bin), outputs drained.
     fn open_join_and_add_hca4(&mut self) {
         self.open_and_join();
-        self.r
-            .add_address(0, &self.cache, EP, 0, 1, &name("hca4"))
-            .unwrap();
+        self.r.add_address(0, EP, 0, 1, &name("hca4")).unwrap();
         self.drain();
     }
 }
@@ -157,7 +163,7 @@ fn stock_acmp_request_gets_the_response_acmp_accepted() {
     t.open_join_and_add_hca4();
     let req = fixture("acmp_resolve_req.bin");
     let requester = HCA3_GID;
-    t.r.handle_acm(1, &t.cache, EP, &meta_from(3, requester), &req);
+    t.r.handle_acm(1, EP, &meta_from(3, requester), &req);
     let out = t.drain();
     let (to, mad) = out
         .iter()
@@ -176,7 +182,7 @@ fn stock_acmp_request_gets_the_response_acmp_accepted() {
     );
     assert_eq!((av.sl, av.static_rate, av.src_path_bits), (0, 3, 0));
     // The requester was recorded (hca3 → its GID): resolving it needs no multicast.
-    t.r.request(2, &t.cache, EP, 0, 9, Kind::Resolve, &name_request("hca3"));
+    t.r.request(2, EP, 0, 9, Kind::Resolve, &name_request("hca3"));
     let out = t.drain();
     assert!(
         out.iter().any(|o| matches!(o, Output::SendSa { .. })),
@@ -187,7 +193,7 @@ fn stock_acmp_request_gets_the_response_acmp_accepted() {
     let mut other = req.clone();
     other[24..28].copy_from_slice(b"hca9");
     other[88..92].copy_from_slice(b"hca7");
-    t.r.handle_acm(3, &t.cache, EP, &meta_from(7, requester), &other);
+    t.r.handle_acm(3, EP, &meta_from(7, requester), &other);
     assert!(!t
         .drain()
         .iter()
@@ -207,7 +213,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
         });
         t.open_and_join();
         let m = acm_core_nostd::resolver::sim::name_msg("hca4", Some("hca3"), false, 0x99);
-        t.r.request(0, &t.cache, EP, 0, 5, Kind::Resolve, &m);
+        t.r.request(0, EP, 0, 5, Kind::Resolve, &m);
         let out = t.drain();
         let (to, mad) = out
             .iter()
@@ -230,7 +236,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
         let mut resp = fixture("acmrs_resolve_resp.bin");
         resp[8..16].copy_from_slice(&mad[8..16]);
         let peer = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0006);
-        t.r.handle_acm(1, &t.cache, EP, &meta_from(6, peer), &resp);
+        t.r.handle_acm(1, EP, &meta_from(6, peer), &resp);
         let out = t.drain();
         let answer = out.iter().find_map(|o| match o {
             Output::Answer(a) => Some(*a),
@@ -265,7 +271,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
             let mut reply = q;
             reply[3] = 0x81;
             reply[56 + 40..56 + 42].copy_from_slice(&6u16.to_be_bytes());
-            t.r.handle_sa(2, &t.cache, token, 0, &reply);
+            t.r.handle_sa(2, token, 0, &reply);
             let a = t
                 .drain()
                 .into_iter()
@@ -280,7 +286,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
         let key = AddrKey::name(0, "hca4").unwrap();
         assert!(matches!(t.cache.lookup_addr(&key, 3), Lookup::Hit { .. }));
         // A duplicate of the response: its TID is no longer pending.
-        t.r.handle_acm(4, &t.cache, EP, &meta_from(6, peer), &resp);
+        t.r.handle_acm(4, EP, &meta_from(6, peer), &resp);
         assert_eq!(t.r.stats().acm_unknown_tid, 1);
     }
 }
@@ -293,7 +299,7 @@ fn bad_mads_are_counted_and_dropped() {
     let peer = HCA3_GID;
     let m = meta_from(3, peer);
     let feed = |t: &mut T<HeapStorage>, mad: &[u8], meta: &RecvMeta| {
-        t.r.handle_acm(1, &t.cache, EP, meta, mad);
+        t.r.handle_acm(1, EP, meta, mad);
         let out = t.drain();
         assert!(
             !out.iter().any(|o| matches!(o, Output::SendAcm { .. })),
@@ -339,8 +345,8 @@ fn bad_mads_are_counted_and_dropped() {
     feed(&mut t, &b, &m);
     assert_eq!(t.r.stats().acm_unknown_tid, 1);
     // SA replies nobody asked for.
-    t.r.handle_sa(1, &t.cache, 0x0100_0005_0000_0001, 0, &[0u8; 256]);
-    t.r.handle_sa(1, &t.cache, 0xff00_0000_0000_0000, 0, &[]);
+    t.r.handle_sa(1, 0x0100_0005_0000_0001, 0, &[0u8; 256]);
+    t.r.handle_sa(1, 0xff00_0000_0000_0000, 0, &[]);
     assert_eq!(t.r.stats().sa_unknown, 2);
     // Random bytes never panic.
     let mut x = 0x1234_5678_9abc_def0u64;
@@ -352,8 +358,8 @@ fn bad_mads_are_counted_and_dropped() {
             x ^= x << 17;
             b[(x % 256) as usize] = (x >> 8) as u8;
         }
-        t.r.handle_acm(1, &t.cache, EP, &m, &b);
-        t.r.handle_sa(1, &t.cache, x, (x >> 60) as u32, &b);
+        t.r.handle_acm(1, EP, &m, &b);
+        t.r.handle_sa(1, x, (x >> 60) as u32, &b);
         t.drain();
     }
 }
@@ -376,27 +382,27 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     };
     let (tok, mad) = token(&t.drain()).unwrap();
     // A name asked before the join: waits.
-    t.r.request(0, &t.cache, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    t.r.request(0, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
     assert!(t.drain().is_empty());
-    t.r.handle_sa(10, &t.cache, tok, 110, &mad); // umad timeout
+    t.r.handle_sa(10, tok, 110, &mad); // umad timeout
     assert!(token(&t.drain()).is_none());
     let mut at = 10;
     for wait in [1000u64, 2000, 4000] {
         assert_eq!(t.r.poll_timeout(), Some(at + wait));
-        t.r.handle_timeout(at + wait, &t.cache);
+        t.r.handle_timeout(at + wait);
         at += wait;
         let (tok, mad) = token(&t.drain()).expect("join again");
         let mut reply = mad;
         reply[3] = 0x81;
         reply[4] = 0x02; // SA error
-        t.r.handle_sa(at, &t.cache, tok, 0, &reply);
+        t.r.handle_sa(at, tok, 0, &reply);
         t.drain();
     }
-    t.r.handle_timeout(at + 8000, &t.cache);
+    t.r.handle_timeout(at + 8000);
     let (tok, mad) = token(&t.drain()).unwrap();
     let mut reply = fixture("opensm_mcm_set_resp.bin");
     reply[8..16].copy_from_slice(&mad[8..16]);
-    t.r.handle_sa(at + 8000, &t.cache, tok, 0, &reply);
+    t.r.handle_sa(at + 8000, tok, 0, &reply);
     let out = t.drain();
     assert!(out.iter().any(|o| matches!(o, Output::Attach { .. })));
     assert!(
@@ -414,7 +420,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     let mut sends = 1;
     while a.is_none() {
         let next = t.r.poll_timeout().expect("a timer");
-        t.r.handle_timeout(next, &t.cache);
+        t.r.handle_timeout(next);
         for o in t.drain() {
             match o {
                 Output::Answer(x) => a = Some((x.status, next - (at + 8000))),
@@ -432,8 +438,8 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     });
     t.r.open_endpoint(0, EP, ep_config()).unwrap();
     t.drain();
-    t.r.request(0, &t.cache, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
-    t.r.handle_timeout(5000, &t.cache);
+    t.r.request(0, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    t.r.handle_timeout(5000);
     let a = t.drain().into_iter().find_map(|o| match o {
         Output::Answer(a) => Some(a.status),
         _ => None,
@@ -445,7 +451,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
 fn close_detaches_and_leaves() {
     let mut t = heap(Config::default());
     t.open_and_join();
-    t.r.close_endpoint(5, &t.cache, EP);
+    t.r.close_endpoint(5, EP);
     let out = t.drain();
     assert!(matches!(out[0], Output::Detach { group, .. } if group.mlid == 0xc001));
     let Output::SendSa { mad, .. } = out[1] else {
@@ -469,9 +475,10 @@ fn close_detaches_and_leaves() {
 #[test]
 fn array_storage_resolver() {
     let storage: Box<ArrayStorage<32, 2, 4, 8, 2, 2>> = Box::new(ArrayStorage::new());
+    let (cache, writer) = new_cache();
     let mut t = T {
-        r: Resolver::new(Config::default(), *storage, 3).unwrap(),
-        cache: new_cache(),
+        r: Resolver::new(Config::default(), *storage, writer, 3).unwrap(),
+        cache,
         now: 0,
     };
     t.open_join_and_add_hca4();
@@ -493,7 +500,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
     };
     t.r.open_endpoint(0, EP, cfg).unwrap();
     assert!(t.drain().is_empty(), "no MCMemberRecord SET");
-    t.r.request(0, &t.cache, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    t.r.request(0, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
     let out = t.drain();
     let status = out.iter().find_map(|o| match o {
         Output::Answer(a) => Some(a.status),
@@ -502,7 +509,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
     assert_eq!(status, Some(ENODATA));
     assert!(!out.iter().any(|o| matches!(o, Output::SendAcm { .. })));
     let path = acm_core_nostd::resolver::sim::lid_msg(6, false, 2);
-    t.r.request(0, &t.cache, EP, 0, 2, Kind::Resolve, &path);
+    t.r.request(0, EP, 0, 2, Kind::Resolve, &path);
     assert!(t
         .drain()
         .iter()
@@ -522,14 +529,14 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
         ..ep_config()
     };
     t.r.open_endpoint(1, tenant, cfg).unwrap();
-    t.r.add_address(1, &t.cache, tenant, 1, 1, &name("hca4-8001"))
+    t.r.add_address(1, tenant, 1, 1, &name("hca4-8001"))
         .unwrap();
     t.drain();
     // hca3 asks the default partition's group for hca4-8001: it arrives on endpoint 0,
     // which must not answer for an address of the 0x8001 endpoint.
     let mut req = fixture("acmp_resolve_req.bin");
     req[24..33].copy_from_slice(b"hca4-8001");
-    t.r.handle_acm(2, &t.cache, EP, &meta_from(3, HCA3_GID), &req);
+    t.r.handle_acm(2, EP, &meta_from(3, HCA3_GID), &req);
     assert!(!t
         .drain()
         .iter()
@@ -538,7 +545,7 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
     // A name nobody here serves is ordinary multicast traffic: not counted.
     let mut other = fixture("acmp_resolve_req.bin");
     other[24..28].copy_from_slice(b"hca9");
-    t.r.handle_acm(3, &t.cache, EP, &meta_from(3, HCA3_GID), &other);
+    t.r.handle_acm(3, EP, &meta_from(3, HCA3_GID), &other);
     assert_eq!(t.r.stats().acm_other_partition, 1);
     // Its own name is still answered on endpoint 0.
     assert!(t.answers_stock_request(4));

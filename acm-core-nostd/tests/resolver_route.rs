@@ -3,7 +3,8 @@
 //! caching, query() pass-through, close and shutdown.
 
 use acm_core_nostd::cache::{
-    ep_number, AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot,
+    ep_number, AddrSlot, CacheConfig, CacheError, CacheWriter, Dest, Lookup, PathCache, PathKey,
+    PathSlot,
 };
 use acm_core_nostd::resolver::request::{ENODATA, ENOMEM, ETIMEDOUT};
 use acm_core_nostd::resolver::{
@@ -11,6 +12,7 @@ use acm_core_nostd::resolver::{
 };
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
+use std::sync::Arc;
 
 /// Heap storage, as the plugin's `HostCache`.
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -39,20 +41,29 @@ fn ep_config() -> EpConfig {
 }
 
 struct T {
-    r: Resolver<HeapStorage>,
-    cache: Cache,
+    /// Owns the cache's writer.
+    r: Resolver<HeapStorage, Arc<Cache>>,
+    /// The readers' handle.
+    cache: Arc<Cache>,
     now: u64,
     out: Vec<Output>,
 }
 
 fn setup(cfg: Config, caps: Capacities) -> T {
+    setup_sized(cfg, caps, 1024, 1024)
+}
+
+/// [`setup`] over a cache of `paths` path slots and `addrs` address slots.
+fn setup_sized(cfg: Config, caps: Capacities, paths: usize, addrs: usize) -> T {
     let cache = PathCache::new(
-        PathSlot::boxed(1024),
-        AddrSlot::boxed(1024),
+        PathSlot::boxed(paths),
+        AddrSlot::boxed(addrs),
         CacheConfig::default(),
     )
     .unwrap();
-    let mut r = Resolver::new(cfg, HeapStorage::new(caps), 7).unwrap();
+    let cache = Arc::new(cache);
+    let writer = CacheWriter::take(Arc::clone(&cache)).unwrap();
+    let mut r = Resolver::new(cfg, HeapStorage::new(caps), writer, 7).unwrap();
     r.open_endpoint(0, EP, ep_config()).unwrap();
     let mut t = T {
         r,
@@ -79,8 +90,7 @@ impl T {
         }
     }
     fn request(&mut self, client: u64, kind: Kind, msg: &[u8]) {
-        self.r
-            .request(self.now, &self.cache, EP, CEP, client, kind, msg);
+        self.r.request(self.now, EP, CEP, client, kind, msg);
         self.drain();
     }
     /// The PathRecord queries sent (other SA MADs, the Report subscriptions, are dropped).
@@ -121,12 +131,12 @@ impl T {
         if let Some(p) = path {
             m[56..120].copy_from_slice(&p);
         }
-        self.r.handle_sa(self.now, &self.cache, token, 0, &m);
+        self.r.handle_sa(self.now, token, 0, &m);
         self.drain();
     }
     fn advance(&mut self, ms: u64) {
         self.now += ms;
-        self.r.handle_timeout(self.now, &self.cache);
+        self.r.handle_timeout(self.now);
         self.drain();
     }
 }
@@ -214,7 +224,7 @@ fn coalescing_window_backlog_and_deadlines() {
     // The caller still holds the MADs: the slots stay taken until they come back.
     let more = t.sa_sends();
     assert!(more.is_empty(), "zombies keep the window: {}", more.len());
-    t.r.handle_sa(t.now, &t.cache, sends[1].0, 110, &sends[1].1);
+    t.r.handle_sa(t.now, sends[1].0, 110, &sends[1].1);
     t.drain();
     assert_eq!(t.sa_sends().len(), 1);
     // Backlog waiters have a deadline too.
@@ -359,7 +369,7 @@ fn full_tables_answer_enomem_close_and_shutdown_answer_everything() {
         5,
         "4 waiters max (6 slots - 2 reserve), 2 taken already"
     );
-    t.r.close_endpoint(t.now, &t.cache, EP);
+    t.r.close_endpoint(t.now, EP);
     t.drain();
     let a = t.answers();
     assert_eq!(a.len(), 4);
@@ -369,7 +379,7 @@ fn full_tables_answer_enomem_close_and_shutdown_answer_everything() {
     assert_eq!(t.answers()[0].1, ENODATA);
     t.r.open_endpoint(t.now, EP, ep_config()).unwrap();
     t.request(100, Kind::Resolve, &path_msg(20, 0, 100));
-    t.r.shutdown(t.now, &t.cache);
+    t.r.shutdown(t.now);
     t.drain();
     assert_eq!(t.answers()[0].1, ENODATA);
     assert!(t.r.is_idle());
@@ -397,7 +407,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     let mut p = PathRecord::new_unchecked(&mut path[..]);
     p.set_dgid(gid(6));
     p.set_reversible_numpath(true, 0);
-    t.r.preload_route(0, &t.cache, EP, CEP, &path);
+    t.r.preload_route(0, EP, CEP, &path);
     // Two path entries, by DLID and by DGID; each answers with and without the reversible bit.
     assert_eq!(t.cache.len(), 2);
     // A learned route too.
@@ -430,7 +440,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     }
     // Reregister: a new generation; the preload is there under it, the learned route is not.
     let new_cep = ep_number(1, EP.0);
-    t.r.reregister(10, &t.cache, EP, new_cep);
+    t.r.reregister(10, EP, new_cep);
     t.drain();
     for k in lid_keys(new_cep) {
         match t.cache.lookup(&k, 11) {
@@ -453,15 +463,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
         t.cache.lookup(&PathKey::new(new_cep, Dest::Lid(7)), 11),
         Lookup::Miss
     );
-    t.r.request(
-        11,
-        &t.cache,
-        EP,
-        new_cep,
-        2,
-        Kind::Resolve,
-        &path_msg(6, 0, 2),
-    );
+    t.r.request(11, EP, new_cep, 2, Kind::Resolve, &path_msg(6, 0, 2));
     t.drain();
     assert!(t.sa_sends().is_empty(), "answered from the preload");
     assert_eq!(t.answers()[0].1, 0);
@@ -508,8 +510,7 @@ fn hosts_preload_resolves_routes_aliases_and_renews() {
 #[test]
 fn local_addresses_loopback_and_removal() {
     let mut t = setup(route_config(), Capacities::default());
-    t.r.add_address(0, &t.cache, EP, CEP, 1, &name("me"))
-        .unwrap();
+    t.r.add_address(0, EP, CEP, 1, &name("me")).unwrap();
     t.drain();
     let key = acm_core_nostd::cache::AddrKey::name(CEP, "me").unwrap();
     let Lookup::Hit {
@@ -529,7 +530,7 @@ fn local_addresses_loopback_and_removal() {
         (true, 0xffff, 4, 3)
     );
     t.r.remove_address(EP, 1, &name("me"));
-    t.r.handle_timeout(2, &t.cache);
+    t.r.handle_timeout(2);
     assert_eq!(t.cache.lookup_addr(&key, 2), Lookup::Miss);
     t.request(1, Kind::Resolve, &name_msg("me", 1));
     assert_eq!(
@@ -538,7 +539,7 @@ fn local_addresses_loopback_and_removal() {
         "addr_prot none: unknown names answer ENODATA"
     );
     assert_eq!(
-        t.r.add_address(0, &t.cache, EP, CEP, 4, &name("x")),
+        t.r.add_address(0, EP, CEP, 4, &name("x")),
         Err(acm_core_nostd::resolver::Error::AddressType)
     );
 }
@@ -582,13 +583,7 @@ fn miss_cost() {
         pending: 1024,
         ..Capacities::default()
     };
-    let mut t = setup(route_config(), caps);
-    t.cache = PathCache::new(
-        PathSlot::boxed(1 << 20),
-        AddrSlot::boxed(16),
-        CacheConfig::default(),
-    )
-    .unwrap();
+    let mut t = setup_sized(route_config(), caps, 1 << 20, 16);
     let n = 200_000u64;
     let msgs: Vec<Vec<u8>> = (0..n)
         .map(|i| path_msg(1 + (i % 60_000) as u16, 0, i))
@@ -600,14 +595,14 @@ fn miss_cost() {
             eprintln!("60 000 misses: {:?} per miss", start.elapsed() / 60_000);
             start = std::time::Instant::now();
         }
-        t.r.request(i as u64, &t.cache, EP, CEP, i as u64, Kind::Resolve, m);
+        t.r.request(i as u64, EP, CEP, i as u64, Kind::Resolve, m);
         while let Some(o) = t.r.poll_output() {
             match o {
                 Output::SendSa { token, mut mad, .. } => {
                     mad[3] = 0x81;
                     let lid = u16::from_be_bytes([mad[96], mad[97]]);
                     mad[56..120].copy_from_slice(&path_to(lid));
-                    t.r.handle_sa(i as u64, &t.cache, token, 0, &mad);
+                    t.r.handle_sa(i as u64, token, 0, &mad);
                 }
                 Output::Answer(_) => answers += 1,
                 _ => {}
@@ -654,7 +649,7 @@ fn random_bytes_get_exactly_one_answer_each() {
         t.request(i, kind, &m);
         asked += 1;
         for (token, mad) in t.sa_sends() {
-            t.r.handle_sa(t.now, &t.cache, token, 110, &mad);
+            t.r.handle_sa(t.now, token, 110, &mad);
             t.drain();
         }
         clients.extend(t.answers().iter().map(|a| a.0));
@@ -746,7 +741,7 @@ fn report_setup() -> T {
     // `setup` drains the subscriptions the endpoint sends when it opens; open a second time
     // to see them. The first SETs were out (no reply yet): closing cancels them.
     let mut t = setup(route_config(), Capacities::default());
-    t.r.close_endpoint(0, &t.cache, EP);
+    t.r.close_endpoint(0, EP);
     t.drain();
     let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(gone, vec![(64, false), (65, false)]);
@@ -765,11 +760,11 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
     for (tok, _, _, mad) in &subs {
         let mut m = *mad;
         m[3] = 0x81;
-        t.r.handle_sa(1, &t.cache, *tok, 0, &m);
+        t.r.handle_sa(1, *tok, 0, &m);
     }
     t.drain();
     assert!(t.informs().is_empty());
-    t.r.reregister(5, &t.cache, EP, 0x0100 | CEP);
+    t.r.reregister(5, EP, 0x0100 | CEP);
     t.drain();
     let again: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(
@@ -777,7 +772,7 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
         vec![(64, true), (65, true)],
         "the new SM knows none of them"
     );
-    t.r.close_endpoint(6, &t.cache, EP);
+    t.r.close_endpoint(6, EP);
     t.drain();
     let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(gone, vec![(64, false), (65, false)]);
@@ -789,7 +784,7 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
         },
         Capacities::default(),
     );
-    c.r.reregister(1, &c.cache, EP, 0x0100 | CEP);
+    c.r.reregister(1, EP, 0x0100 | CEP);
     c.drain();
     assert!(c.informs().is_empty());
 }
@@ -802,7 +797,7 @@ fn a_refused_subscription_is_retried_with_backoff() {
     let mut m = mad;
     m[3] = 0x81;
     m[4..6].copy_from_slice(&0x0100u16.to_be_bytes()); // SA: ERR_NO_RESOURCES
-    t.r.handle_sa(0, &t.cache, tok, 0, &m);
+    t.r.handle_sa(0, tok, 0, &m);
     t.drain();
     assert!(t.informs().is_empty());
     assert_eq!(t.r.stats().report_malformed, 1, "a refusal is counted");
@@ -824,7 +819,7 @@ fn gid_out_of_service_removes_its_paths_and_is_acknowledged() {
     let k7 = PathKey::new(CEP, Dest::Lid(7));
     assert!(matches!(t.cache.lookup(&k6, 1), Lookup::Hit { .. }));
     let rep = report(65, gid_of(6), 0x1234_5678_9abc);
-    t.r.handle_report(2, &t.cache, EP, &rep);
+    t.r.handle_report(2, EP, &rep);
     t.drain();
     let acks = t.acks();
     assert_eq!(acks.len(), 1, "every Report is acknowledged");
@@ -848,7 +843,7 @@ fn a_report_for_an_unknown_gid_is_acknowledged_and_changes_nothing() {
     t.out.clear();
     t.learn(6, 1);
     t.out.clear();
-    t.r.handle_report(2, &t.cache, EP, &report(65, gid_of(99), 7));
+    t.r.handle_report(2, EP, &report(65, gid_of(99), 7));
     t.drain();
     assert_eq!(t.acks().len(), 1);
     assert!(t.out.is_empty(), "no other output");
@@ -879,13 +874,13 @@ fn malformed_reports_are_dropped_and_counted() {
     .into_iter()
     .enumerate()
     {
-        t.r.handle_report(1, &t.cache, EP, m);
+        t.r.handle_report(1, EP, m);
         t.drain();
         assert!(t.out.is_empty(), "case {i}: nothing sent");
         assert_eq!(t.r.stats().report_malformed, i as u64 + 1);
     }
     // A Report on an endpoint that is not open: counted, not acknowledged from nowhere.
-    t.r.handle_report(1, &t.cache, EpId(9), &good);
+    t.r.handle_report(1, EpId(9), &good);
     t.drain();
     assert!(t.out.is_empty());
     assert_eq!(t.r.stats().report_malformed, 5);
@@ -901,7 +896,7 @@ fn gid_in_service_drops_negative_entries() {
     assert_eq!(t.answers()[0].1, ENODATA);
     let k8 = PathKey::new(CEP, Dest::Lid(8));
     assert!(matches!(t.cache.lookup(&k8, 1), Lookup::Negative { .. }));
-    t.r.handle_report(2, &t.cache, EP, &report(64, gid_of(8), 9));
+    t.r.handle_report(2, EP, &report(64, gid_of(8), 9));
     t.drain();
     assert_eq!(t.acks().len(), 1);
     assert_eq!(
@@ -1042,7 +1037,7 @@ fn with_the_sa_gone_every_request_is_answered_within_the_queue_deadline_of_its_a
         t.advance(500);
         if t.now % 1000 == 0 {
             for (tok, mad) in out.drain(..) {
-                t.r.handle_sa(t.now, &t.cache, tok, 110, &mad);
+                t.r.handle_sa(t.now, tok, 110, &mad);
             }
             t.drain();
             out = t.sa_sends();
@@ -1090,4 +1085,66 @@ fn a_query_that_cannot_return_before_its_deadline_is_not_sent() {
     let a = t.answers();
     assert_eq!(a.len(), 2);
     assert_eq!((a[1].0, a[1].1), (12, ETIMEDOUT));
+}
+
+/// The single writer is a type: while a resolver lives it owns the cache's writer, so no
+/// second one can be had (neither borrowed nor owned), and every write the resolver makes
+/// lands: each SA reply is a cache entry (records and "no such path" alike), each preload two,
+/// none skipped. Once the resolver gives the writer back and it is dropped, the role is free.
+#[test]
+fn the_resolver_holds_the_one_writer_and_every_write_lands() {
+    let mut t = setup(route_config(), Capacities::default());
+    assert_eq!(t.cache.writer().err(), Some(CacheError::WriterTaken));
+    assert_eq!(
+        CacheWriter::take(Arc::clone(&t.cache)).err(),
+        Some(CacheError::WriterTaken)
+    );
+    // More requests than the SA window: some wait in the backlog, replies let them go.
+    let n = 60u16;
+    for lid in 1..=n {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    let mut replies = 0;
+    loop {
+        let sends = t.sa_sends();
+        if sends.is_empty() {
+            break;
+        }
+        for (token, mad) in sends {
+            let lid = u16::from_be_bytes([mad[96], mad[97]]);
+            // Every third destination is unknown to the SA: a negative entry.
+            let path = (lid % 3 != 0).then(|| path_to(lid));
+            t.reply(token, &mad, if path.is_some() { 0 } else { 0x0300 }, path);
+            replies += 1;
+        }
+    }
+    assert_eq!(replies, n);
+    assert_eq!(t.answers().len(), usize::from(n));
+    for lid in 1..=n {
+        let found = t.cache.lookup(&PathKey::new(CEP, Dest::Lid(lid)), t.now);
+        if lid % 3 == 0 {
+            assert!(matches!(found, Lookup::Negative { .. }), "{lid}: {found:?}");
+        } else {
+            assert!(matches!(found, Lookup::Hit { .. }), "{lid}: {found:?}");
+        }
+    }
+    let mut preload = [0u8; 64];
+    let mut p = PathRecord::new_unchecked(&mut preload[..]);
+    p.set_dlid(200);
+    p.set_dgid(Gid([
+        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 200,
+    ]));
+    p.set_slid(4);
+    p.set_sgid(port_gid());
+    t.r.preload_route(t.now, EP, CEP, &preload);
+    assert_eq!(t.cache.len(), usize::from(n) + 2);
+    assert_eq!(t.cache.stats().inserts, u64::from(n) + 2);
+    let w = t.r.into_writer();
+    assert_eq!(t.cache.writer().err(), Some(CacheError::WriterTaken));
+    drop(w);
+    assert!(t.cache.writer().is_ok());
 }

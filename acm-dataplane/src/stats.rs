@@ -716,9 +716,9 @@ mod tests {
 #[cfg(test)]
 mod plane_tests {
     use super::*;
-    use crate::plane::{Control, CoreIo, HandOver, HostCache, Inbox, Plane, SaReply};
+    use crate::plane::{Control, CoreIo, HandOver, HostCache, HostWriter, Inbox, Plane, SaReply};
     use crate::worker::{Poller, Worker};
-    use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
+    use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
     use acm_core_nostd::resolver::sim::{lid_msg, node_gid, node_lid};
     use acm_core_nostd::resolver::{
         Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Resolver,
@@ -794,15 +794,17 @@ mod plane_tests {
             endpoints: 4,
             preloads: 4,
         };
-        let make =
-            Box::new(move || Resolver::new(Config::default(), HeapStorage::new(caps), 7).ok());
+        let make = Box::new(move |w: HostWriter| {
+            Resolver::new(Config::default(), HeapStorage::new(caps), w, 7).ok()
+        });
         let recorded = Arc::new(Mutex::new(Vec::new()));
         let sink = {
             let r = recorded.clone();
             Box::new(move |ep: EpId, what: Latency, ns: u64| r.lock().unwrap().push((ep, what, ns)))
         };
         let clock = Clock::calibrated();
-        let mut plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch())
+        let writer = CacheWriter::take(cache).unwrap();
+        let mut plane = Plane::new(make, writer, inbox.clone(), core, waker.epoch())
             .unwrap()
             .with_stats(clock, 64, sink);
         inbox.control(Control::Open {

@@ -3,14 +3,14 @@
 //! MCMemberRecord SETs, a list of client answers). The same loop the provider runs over
 //! verbs and the ibacm core; here the rounds are driven by hand, so nothing depends on timing.
 
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::resolver::sim::{lid_msg, name_bytes, name_msg, node_gid, node_lid};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     RecvMeta, Resolver,
 };
 use acm_core_nostd::wire::path_record::PathRecord;
-use acm_dataplane::plane::{Control, CoreIo, HostCache, Inbox, Plane, SaReply, Ud};
+use acm_dataplane::plane::{Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, Ud};
 use acm_dataplane::worker::{Poller, Worker};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -274,14 +274,15 @@ fn bare_node(me: usize, cfg: Config, refuse_sa: bool, resolvers: usize, ud_sa: b
         preloads: 4,
     };
     let left = std::sync::atomic::AtomicUsize::new(resolvers);
-    let make = Box::new(move || {
+    let make = Box::new(move |w: HostWriter| {
         let n = left.load(std::sync::atomic::Ordering::Relaxed);
         left.store(n.saturating_sub(1), std::sync::atomic::Ordering::Relaxed);
         (n > 0)
-            .then(|| Resolver::new(cfg, HeapStorage::new(caps), 7).ok())
+            .then(|| Resolver::new(cfg, HeapStorage::new(caps), w, 7).ok())
             .flatten()
     });
-    let mut plane = Plane::new(make, cache, inbox.clone(), core, waker.epoch()).unwrap();
+    let writer = CacheWriter::take(cache).unwrap();
+    let mut plane = Plane::new(make, writer, inbox.clone(), core, waker.epoch()).unwrap();
     if ud_sa {
         plane = plane.with_ud_sa(16);
     }

@@ -20,13 +20,13 @@ use crate::ffi::*;
 use crate::instance::{lock, Ep, EpRegistry, Instance, PortInfo};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache};
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache};
 use acm_core_nostd::resolver::{Capacities, Config, EpConfig, HeapStorage, Resolver};
 use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
 use acm_dataplane::export::{ExportConfig, Exporter};
-use acm_dataplane::plane::{Control, Inbox, Plane, Ud};
+use acm_dataplane::plane::{Control, HostWriter, Inbox, Plane, Ud};
 use acm_dataplane::stats::Clock;
 use acm_dataplane::verbs::IbvContext;
 use acm_dataplane::worker::{Worker, WorkerConfig};
@@ -152,10 +152,16 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
     let config = Config::from_options(&inst.opts);
     let caps = capacities(&inst.opts);
     let tracked = caps.requests;
-    let make = Box::new(move || Resolver::new(config, HeapStorage::new(caps), random_seed()).ok());
+    // The cache's one writer, taken once here and owned by the dataplane's resolver from now
+    // on (handed from one resolver to the next after a caught panic).
+    let writer = CacheWriter::take(cache)
+        .map_err(|e| std::io::Error::other(format!("path cache writer: {e}")))?;
+    let make = Box::new(move |w: HostWriter| {
+        Resolver::new(config, HeapStorage::new(caps), w, random_seed()).ok()
+    });
     let plane = Plane::new(
         make,
-        cache,
+        writer,
         inbox,
         PluginIo::new(inst.clone()),
         waker.epoch(),

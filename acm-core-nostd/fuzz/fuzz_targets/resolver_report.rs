@@ -172,7 +172,7 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
     let now = s.now;
     let n = &mut s.nodes[0];
     let stats = n.resolver.stats();
-    n.resolver.handle_report(now, &n.cache, ep, mad);
+    n.resolver.handle_report(now, ep, mad);
     let mut acks = Vec::new();
     while let Some(o) = n.resolver.poll_output() {
         match o {

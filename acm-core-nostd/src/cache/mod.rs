@@ -26,9 +26,11 @@
 //! * **One writer, many readers.** Lookups take `&self`, never block, never allocate, never do a
 //!   locked read-modify-write on a hit, and never see a torn record (a per-slot seqlock over
 //!   `AtomicU32` words; no `unsafe`, 32-bit atomics only, so it runs on `thumbv7em` and
-//!   `riscv32imac`). Mutation goes through the single [`CacheWriter`] obtained from
-//!   [`PathCache::writer`]. A lookup that keeps colliding with the writer gives up with
-//!   [`Lookup::Busy`] after a bounded number of retries.
+//!   `riscv32imac`). Mutation goes through the single [`CacheWriter`], a type: taken once with
+//!   [`CacheWriter::take`] over a handle to the cache (`Arc`, `&'static`, a borrow: any
+//!   [`CacheRef`]) or [`PathCache::writer`] (a borrow), an `Err` while another exists, then
+//!   owned by whoever writes (the resolver, for its whole life). A lookup that keeps colliding
+//!   with the writer gives up with [`Lookup::Busy`] after a bounded number of retries.
 //! * **Time** is a caller-supplied `u64` tick count (the host uses milliseconds of a monotonic
 //!   clock). Entries carry an absolute expiry; negative entries carry a status and their own
 //!   lifetime. A hit within [`CacheConfig::refresh_ahead`] ticks of expiry reports
@@ -70,7 +72,7 @@
 //! static ADDRS: [AddrSlot; 64] = [const { AddrSlot::new() }; 64];
 //! let cache = PathCache::new(&PATHS[..], &ADDRS[..], CacheConfig::default()).unwrap();
 //! let key = PathKey::new(0, Dest::Lid(7));
-//! let mut w = cache.writer().expect("one writer");
+//! let mut w = cache.writer().expect("one writer"); // a second one: Err(WriterTaken)
 //! w.insert(&key, &[0xab; 64], 1_000, 60_000);
 //! w.alias(&AddrKey::name(0, "node7").unwrap(), &key, 1_000, 60_000).unwrap();
 //! assert!(matches!(cache.lookup(&key, 2_000), Lookup::Hit { .. }));
@@ -212,6 +214,8 @@ pub enum CacheError {
     NoSuchPath,
     /// A negative entry needs a non-zero status.
     ZeroStatus,
+    /// The cache has a writer already ([`CacheWriter::take`], [`PathCache::writer`]).
+    WriterTaken,
 }
 
 impl core::fmt::Display for CacheError {
@@ -220,6 +224,7 @@ impl core::fmt::Display for CacheError {
             CacheError::Capacity => "cache storage is empty or larger than u32::MAX - 1 slots",
             CacheError::NoSuchPath => "alias target path is not cached",
             CacheError::ZeroStatus => "negative cache entries need a non-zero status",
+            CacheError::WriterTaken => "the cache has a writer already",
         })
     }
 }
@@ -381,13 +386,38 @@ where
     addr_sweep: AtomicU32,
 }
 
-/// The cache's single writer; see [`PathCache::writer`]. Dropping it frees the writer role.
-pub struct CacheWriter<'c, P, A>
+/// A handle to a [`PathCache`] that a [`CacheWriter`] can own: `&PathCache` (what
+/// [`PathCache::writer`] uses), `&'static PathCache` (firmware), `Arc<PathCache>` (a host
+/// thread that owns its writer), `Box<PathCache>`: anything that dereferences to one.
+pub trait CacheRef {
+    /// The cache's path storage.
+    type Paths: Deref<Target = [PathSlot]>;
+    /// The cache's address storage.
+    type Addrs: Deref<Target = [AddrSlot]>;
+    /// The cache behind the handle.
+    fn cache(&self) -> &PathCache<Self::Paths, Self::Addrs>;
+}
+
+impl<C, P, A> CacheRef for C
 where
+    C: Deref<Target = PathCache<P, A>>,
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
 {
-    cache: &'c PathCache<P, A>,
+    type Paths = P;
+    type Addrs = A;
+    #[inline(always)]
+    fn cache(&self) -> &PathCache<P, A> {
+        self
+    }
+}
+
+/// The cache's single writer, over a handle `C` to the cache ([`CacheRef`]); see
+/// [`CacheWriter::take`] and [`PathCache::writer`]. There is at most one at a time per cache:
+/// whoever holds it is the writer, by type (the resolver owns one for its whole life). Dropping
+/// it frees the writer role.
+pub struct CacheWriter<C: CacheRef> {
+    cache: C,
 }
 
 #[inline]
@@ -429,12 +459,11 @@ where
         })
     }
 
-    /// The writer handle, or `None` if one exists already.
-    pub fn writer(&self) -> Option<CacheWriter<'_, P, A>> {
-        self.writer_taken
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| CacheWriter { cache: self })
+    /// The writer role, borrowing the cache; [`CacheError::WriterTaken`] while another
+    /// [`CacheWriter`] exists (a resolver holds one for its whole life). To own the writer
+    /// with the cache behind an `Arc` or a `&'static`, use [`CacheWriter::take`].
+    pub fn writer(&self) -> Result<CacheWriter<&Self>, CacheError> {
+        CacheWriter::take(self)
     }
 
     /// Number of path entry slots: the storage handed in minus its side arrays (~1.6%). Inserts
@@ -888,34 +917,40 @@ where
     }
 }
 
-impl<P, A> Drop for CacheWriter<'_, P, A>
-where
-    P: Deref<Target = [PathSlot]>,
-    A: Deref<Target = [AddrSlot]>,
-{
+impl<C: CacheRef> Drop for CacheWriter<C> {
     fn drop(&mut self) {
-        self.cache.writer_taken.store(false, Ordering::Release);
+        self.cache
+            .cache()
+            .writer_taken
+            .store(false, Ordering::Release);
     }
 }
 
-impl<P, A> core::fmt::Debug for CacheWriter<'_, P, A>
-where
-    P: Deref<Target = [PathSlot]>,
-    A: Deref<Target = [AddrSlot]>,
-{
+impl<C: CacheRef> core::fmt::Debug for CacheWriter<C> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("CacheWriter").finish_non_exhaustive()
     }
 }
 
-impl<P, A> CacheWriter<'_, P, A>
-where
-    P: Deref<Target = [PathSlot]>,
-    A: Deref<Target = [AddrSlot]>,
-{
-    /// The cache this writer writes.
-    pub fn cache(&self) -> &PathCache<P, A> {
-        self.cache
+type PathCacheOf<C> = PathCache<<C as CacheRef>::Paths, <C as CacheRef>::Addrs>;
+
+impl<C: CacheRef> CacheWriter<C> {
+    /// Takes the writer role of the cache behind `cache`, and keeps the handle for as long as
+    /// the writer lives; [`CacheError::WriterTaken`] while another writer exists. Take it once,
+    /// when the writing thread is set up, and keep it (or give it to the resolver).
+    pub fn take(cache: C) -> Result<Self, CacheError> {
+        cache
+            .cache()
+            .writer_taken
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .map_err(|_| CacheError::WriterTaken)?;
+        Ok(CacheWriter { cache })
+    }
+
+    /// The cache this writer writes (for lookups: every reader's lookups work on it as well).
+    #[inline(always)]
+    pub fn cache(&self) -> &PathCacheOf<C> {
+        self.cache.cache()
     }
 
     fn path_words(
@@ -928,14 +963,14 @@ where
     ) -> [u32; PATH_WORDS] {
         let mut w = [0u32; PATH_WORDS];
         w[HDR] = OCCUPIED | status as u32;
-        w[GEN] = self.cache.gen(ep);
+        w[GEN] = self.cache().gen(ep);
         set_expiry(&mut w, now.saturating_add(ttl));
         w[KEY..KEY + PATH_KEY_WORDS].copy_from_slice(kw);
         w
     }
 
     fn upsert_path(&mut self, key: &PathKey, mut w: [u32; PATH_WORDS], now: u64) -> Inserted {
-        let c = self.cache;
+        let c = self.cache();
         let kw = key.cache_words().0;
         let h = c.paths.hash(&kw);
         let dead = |x: &[u32; PATH_WORDS]| c.dead(x, now);
@@ -1007,7 +1042,7 @@ where
         now: u64,
         ttl: u64,
     ) -> Result<Inserted, CacheError> {
-        let c = self.cache;
+        let c = self.cache();
         let pkw = path.cache_words().0;
         let idx = c
             .paths
@@ -1040,7 +1075,7 @@ where
         now: u64,
         ttl: u64,
     ) -> Result<Inserted, CacheError> {
-        let c = self.cache;
+        let c = self.cache();
         let kw = addr.to_words();
         let mut w = [0u32; ADDR_WORDS];
         w[HDR] = OCCUPIED | status as u32;
@@ -1076,18 +1111,18 @@ where
     /// Removes the path entry for `key` (with or without the reversible bit: the same entry);
     /// its address aliases become misses. True if it was present.
     pub fn remove(&mut self, key: &PathKey) -> bool {
-        let removed = self.cache.paths.remove_key(&key.cache_words().0);
+        let removed = self.cache().paths.remove_key(&key.cache_words().0);
         if removed {
-            bump(&self.cache.counters.write.removed);
+            bump(&self.cache().counters.write.removed);
         }
         removed
     }
 
     /// Removes the address entry for `addr` (the path entry stays). True if it was present.
     pub fn remove_addr(&mut self, addr: &AddrKey) -> bool {
-        let removed = self.cache.addrs.remove_key(&addr.to_words());
+        let removed = self.cache().addrs.remove_key(&addr.to_words());
         if removed {
-            bump(&self.cache.counters.write.removed);
+            bump(&self.cache().counters.write.removed);
         }
         removed
     }
@@ -1097,7 +1132,7 @@ where
     /// Call on port/LID/P_Key changes and when the endpoint closes. Endpoints whose numbers are
     /// equal modulo [`EP_GENERATIONS`] are invalidated together.
     pub fn invalidate_ep(&mut self, ep: u32) {
-        let g = &self.cache.ep_gens[ep_index(ep)];
+        let g = &self.cache().ep_gens[ep_index(ep)];
         g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
     }
 
@@ -1105,7 +1140,7 @@ where
     /// `budget` slots of each table, continuing where the previous call stopped. Returns how many
     /// were removed. Call it from the writer's timer with a small budget to keep latency flat.
     pub fn purge_expired(&mut self, now: u64, budget: usize) -> usize {
-        let c = self.cache;
+        let c = self.cache();
         // Here negative entries are dead only once past their time.
         let pdead = |w: &[u32; PATH_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
         let adead = |w: &[u32; ADDR_WORDS]| w[GEN] != c.gen(ep_of(w)) || expiry(w) <= now;
@@ -1118,7 +1153,7 @@ where
     /// Removes every path and address entry whose endpoint is `ep` (O(capacity); prefer
     /// [`invalidate_ep`](Self::invalidate_ep) on hot paths). Returns how many were removed.
     pub fn flush_ep(&mut self, ep: u32) -> usize {
-        let c = self.cache;
+        let c = self.cache();
         // As packed: a key keeps the low `EP_BITS` of its endpoint number.
         let ep = ep & EP_MAX;
         let mut n = 0;
@@ -1144,7 +1179,7 @@ where
     /// unknown may be known now). O(capacity); batch the GIDs of a burst of Reports into one
     /// call. Returns how many entries were removed.
     pub fn remove_routes_to(&mut self, gids: &[[u8; 16]], negatives: bool) -> usize {
-        let c = self.cache;
+        let c = self.cache();
         let mut n = 0;
         c.paths.for_each_occupied(|i, w| {
             let negative = w[HDR] & 0xff != 0;
@@ -1165,8 +1200,8 @@ where
 
     /// Removes everything (O(capacity)).
     pub fn clear(&mut self) {
-        self.cache.paths.clear();
-        self.cache.addrs.clear();
+        self.cache().paths.clear();
+        self.cache().addrs.clear();
     }
 }
 

@@ -22,13 +22,12 @@ use super::{
     addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, Request, Resolver,
     Storage, NEVER,
 };
-use crate::cache::{AddrKey, AddrKind, AddrSlot, Lookup, PathCache, PathKey, PathSlot};
+use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, Lookup, PathKey};
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, ACM_MGMT_CLASS, CTRL_RESOLVE};
 use crate::wire::client::{AcmMsg, EpInfoType, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
 use crate::wire::mad::Method;
 use crate::wire::path_record::PathRecord;
-use core::ops::Deref;
 
 /// The cache address key of an entry (NAME/IP/IP6 only).
 pub(crate) fn addr_key(a: &AddrEntry) -> Option<AddrKey> {
@@ -47,16 +46,13 @@ pub(crate) fn addr_key(a: &AddrEntry) -> Option<AddrKey> {
 
 /// Aliases entry `a`'s address to the cached path `key` (expiring at `path_expires`), with
 /// TTL = min(address lifetime, route lifetime).
-pub(crate) fn alias<P, A>(
-    cache: &PathCache<P, A>,
+pub(crate) fn alias<C: CacheRef>(
+    w: &mut CacheWriter<C>,
     a: &AddrEntry,
     key: &PathKey,
     now: Millis,
     path_expires: Millis,
-) where
-    P: Deref<Target = [PathSlot]>,
-    A: Deref<Target = [AddrSlot]>,
-{
+) {
     let Some(k) = addr_key(a) else {
         return;
     };
@@ -64,15 +60,14 @@ pub(crate) fn alias<P, A>(
     if until <= now {
         return;
     }
-    if let Some(mut w) = cache.writer() {
-        let _ = w.alias(&k, key, now, until - now);
-    }
+    // NoSuchPath: the path was evicted meanwhile, so there is nothing to alias it to.
+    let _ = w.alias(&k, key, now, until - now);
 }
 
 /// How many probes an insert into a full address table makes for an idle learned entry.
 const EVICT_PROBES: u32 = 64;
 
-impl<S: Storage> Resolver<S> {
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
     fn addr_bucket(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> usize {
         let h = bucket_hash(
             self.seed ^ 0xadd7,
@@ -267,30 +262,25 @@ impl<S: Storage> Resolver<S> {
     /// Routes the resolved address `i` and answers `waiters` (from the cache, from the group in
     /// ACM route mode, or after an SA query). `count_addr_cache`: a request found the address
     /// known but not its route (ibacmp's ADDR_RESOLVED hit).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn route_addr<P, A>(
+    pub(crate) fn route_addr(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
         i: u32,
         mut waiters: List,
         count_addr_cache: Option<EpId>,
         force: bool,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let (key, sa) = self.addr_route_key(slot, i);
         let a = self.st.addrs()[i as usize];
         if let (Some(k), false) = (key, force) {
-            match cache.lookup(&k, now) {
+            match self.cache().lookup(&k, now) {
                 Lookup::Hit {
                     record,
                     expires_at,
                     needs_refresh,
                 } => {
-                    alias(cache, &a, &k, now, expires_at);
+                    alias(&mut self.w, &a, &k, now, expires_at);
                     if needs_refresh {
                         self.join_route(now, slot, a.cache_ep, key, &sa, None, Some(i));
                     }
@@ -313,11 +303,10 @@ impl<S: Storage> Resolver<S> {
         }
         if let (Some(k), true) = (key, self.cfg.route_acm && a.lid != 0) {
             if let Some(path) = self.acm_path(slot, &a) {
-                if let Some(mut w) = cache.writer() {
-                    w.insert(&k, &path, now, self.cfg.route_ttl.unwrap_or(NEVER));
-                }
+                self.w
+                    .insert(&k, &path, now, self.cfg.route_ttl.unwrap_or(NEVER));
                 let exp = self.cfg.route_ttl.map_or(NEVER, |t| now.saturating_add(t));
-                alias(cache, &a, &k, now, exp);
+                alias(&mut self.w, &a, &k, now, exp);
                 self.answer_list(&mut waiters, 0, Some(&path));
                 return;
             }
@@ -337,21 +326,17 @@ impl<S: Storage> Resolver<S> {
     /// Renews the route of a resolved address that a near-expiry hit or a
     /// [`Kind::Refresh`] asked for (a route query, re-aliased under the request's cache
     /// endpoint number); an address not resolved here is left alone.
-    pub(crate) fn addr_refresh<P, A>(
+    pub(crate) fn addr_refresh(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
         r: &Request<'_>,
         key: &AddrKey,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         if let Some(i) = self.find_addr(slot, key.kind as u8, &key.addr) {
             if self.st.addrs()[i as usize].state == AddrState::Resolved {
                 self.st.addrs()[i as usize].cache_ep = r.cache_ep;
-                self.route_addr(now, cache, slot, i, List::EMPTY, None, true);
+                self.route_addr(now, slot, i, List::EMPTY, None, true);
             }
         }
     }
@@ -360,18 +345,14 @@ impl<S: Storage> Resolver<S> {
     /// resolved from the address table (our own address: loopback; a resolved one: its
     /// route; one being queried: wait for it) or queried over the ACM protocol, as a waiter
     /// if `wait` (a Resolve the query answers), else only to prime the cache.
-    pub(crate) fn addr_query<P, A>(
+    pub(crate) fn addr_query(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
         r: &Request<'_>,
         key: &AddrKey,
         wait: bool,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let found = self.find_addr(slot, key.kind as u8, &key.addr);
         let mut waiters = List::EMPTY;
         if wait {
@@ -387,7 +368,7 @@ impl<S: Storage> Resolver<S> {
                 if self.cfg.loopback_local && e.lid != 0 {
                     let path =
                         request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
-                    self.insert_loopback(now, cache, slot, i, r.cache_ep);
+                    self.insert_loopback(now, slot, i, r.cache_ep);
                     if !waiters.is_empty() {
                         self.count(r.ep, Counter::RouteCache);
                     }
@@ -395,7 +376,7 @@ impl<S: Storage> Resolver<S> {
                 } else {
                     // loopback_prot none: our own address is routed like any other, to GID0.
                     self.st.addrs()[i as usize].cache_ep = r.cache_ep;
-                    self.route_addr(now, cache, slot, i, waiters, Some(r.ep), false);
+                    self.route_addr(now, slot, i, waiters, Some(r.ep), false);
                 }
             }
             (Some(i), Some(AddrState::Resolved)) => {
@@ -417,7 +398,7 @@ impl<S: Storage> Resolver<S> {
                     }
                 }
                 let count = (r.kind == Kind::Resolve && !renewed).then_some(r.ep);
-                self.route_addr(now, cache, slot, i, waiters, count, false);
+                self.route_addr(now, slot, i, waiters, count, false);
             }
             (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
                 self.add_waiters(i, &mut waiters);
@@ -515,11 +496,7 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// ACM queue deadlines and retries of endpoint `slot`.
-    pub(crate) fn acm_timers<P, A>(&mut self, now: Millis, _cache: &PathCache<P, A>, slot: usize)
-    where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub(crate) fn acm_timers(&mut self, now: Millis, slot: usize) {
         let ready = self.ep_ready(slot);
         // Both lists are in deadline order: only due heads are looked at.
         while let Some(i) = self.st.endpoints()[slot].queue.front() {
@@ -646,20 +623,15 @@ impl<S: Storage> Resolver<S> {
 
     /// Records what a peer's packet says about it: entry `i` becomes ADDR_RESOLVED with the
     /// peer's GID (GRH), LID, QPN and the shared group; waiters move on to the route.
-    #[allow(clippy::too_many_arguments)]
-    fn resolved<P, A>(
+    fn resolved(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
         i: u32,
         sgid: Gid,
         meta: &RecvMeta,
         group: u8,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let a = self.st.addrs()[i as usize];
         let was_querying = matches!(a.state, AddrState::Queued | AddrState::Querying);
         if was_querying {
@@ -667,8 +639,8 @@ impl<S: Storage> Resolver<S> {
             self.acm_active -= 1;
         } else if a.gid != sgid.0 {
             // The peer's GID changed: the old alias points at the old route.
-            if let (Some(k), Some(mut w)) = (addr_key(&a), cache.writer()) {
-                w.remove_addr(&k);
+            if let Some(k) = addr_key(&a) {
+                self.w.remove_addr(&k);
             }
         }
         let expires = self.addr_expiry(now);
@@ -692,22 +664,12 @@ impl<S: Storage> Resolver<S> {
         }
         if was_querying {
             // Someone asked: route it now (also with no waiter left, to prime the cache).
-            self.route_addr(now, cache, slot, i, waiters, None, false);
+            self.route_addr(now, slot, i, waiters, None, false);
         }
     }
 
     /// A received class 0x2C MAD.
-    pub(crate) fn acm_receive<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        ep: EpId,
-        meta: &RecvMeta,
-        mad: &[u8],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub(crate) fn acm_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8]) {
         let Some(slot) = self.ep_slot(ep) else {
             self.stats.acm_unsolicited += 1;
             return;
@@ -742,24 +704,20 @@ impl<S: Storage> Resolver<S> {
             return;
         }
         match r.method {
-            Method::Get => self.peer_request(now, cache, slot, meta, sgid, &r),
-            Method::GetResp => self.peer_response(now, cache, slot, meta, sgid, &r),
+            Method::Get => self.peer_request(now, slot, meta, sgid, &r),
+            Method::GetResp => self.peer_response(now, slot, meta, sgid, &r),
             _ => self.stats.acm_malformed += 1,
         }
     }
 
-    fn peer_request<P, A>(
+    fn peer_request(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
         meta: &RecvMeta,
         sgid: Gid,
         r: &AcmResolveRepr,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let (st, dt) = (u8::from(r.src_type), u8::from(r.dest_type));
         if !(1..=5).contains(&st) || !(1..=5).contains(&dt) {
             self.stats.acm_malformed += 1;
@@ -788,7 +746,7 @@ impl<S: Storage> Resolver<S> {
             }
         };
         if let Some(i) = rec {
-            self.resolved(now, cache, slot, i, sgid, meta, g);
+            self.resolved(now, slot, i, sgid, meta, g);
         }
         if !target {
             if self.local_elsewhere(slot, dt, &r.dest) {
@@ -812,18 +770,14 @@ impl<S: Storage> Resolver<S> {
         }
     }
 
-    fn peer_response<P, A>(
+    fn peer_response(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
         meta: &RecvMeta,
         sgid: Gid,
         r: &AcmResolveRepr,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let mut cur = self.st.endpoints()[slot].inflight.front();
         let mut found = None;
         while let Some(i) = cur {
@@ -845,7 +799,7 @@ impl<S: Storage> Resolver<S> {
             self.stats.acm_unsolicited += 1;
             return;
         };
-        self.resolved(now, cache, slot, i, sgid, meta, g);
+        self.resolved(now, slot, i, sgid, meta, g);
     }
 }
 

@@ -16,14 +16,13 @@
 use super::mads::{self, TOKEN_INFORM, TOKEN_NOTICE};
 use super::storage::{AddrState, GroupState, Origin};
 use super::{EpId, Millis, Output, Resolver, Storage};
-use crate::cache::{AddrSlot, PathCache, PathSlot};
+use crate::cache::CacheRef;
 use crate::wire::inform::{InformInfoRepr, TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE};
-use core::ops::Deref;
 
 /// The traps every endpoint subscribes to, in `EpSlot::informs` order.
 pub(crate) const TRAPS: [u16; 2] = [TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE];
 
-impl<S: Storage> Resolver<S> {
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// (Re)starts subscription `i` of endpoint `slot`.
     pub(crate) fn start_subscribe(&mut self, now: Millis, slot: usize, i: usize) {
         let tid = self.next_tid();
@@ -137,16 +136,7 @@ impl<S: Storage> Resolver<S> {
 
     /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a
     /// Report is acknowledged and applied; anything else is counted and dropped.
-    pub fn handle_report<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        ep: EpId,
-        mad: &[u8],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub fn handle_report(&mut self, now: Millis, ep: EpId, mad: &[u8]) {
         let whole = mad.len() >= crate::wire::sa::DATA_OFFSET + crate::wire::inform::NOTICE_LEN;
         let mad = mads::full_mad(mad);
         let report = whole.then(|| mads::parse_report(&mad)).flatten();
@@ -164,30 +154,21 @@ impl<S: Storage> Resolver<S> {
         self.mark_dirty(slot);
         if let Some(gid) = notice.subject_gid() {
             match notice.trap {
-                TRAP_GID_OUT_OF_SERVICE => self.invalidate_gid(cache, &gid, false, true),
-                TRAP_GID_IN_SERVICE => self.invalidate_gid(cache, &gid, true, false),
+                TRAP_GID_OUT_OF_SERVICE => self.invalidate_gid(&gid, false, true),
+                TRAP_GID_IN_SERVICE => self.invalidate_gid(&gid, true, false),
                 _ => {}
             }
         }
-        self.pump(now, cache);
+        self.pump(now);
     }
 
     /// Removes cached paths to `gid` (and, with `negatives`, every negative entry); with
     /// `forget`, the address mappings learned for `gid` too (they are asked again).
-    fn invalidate_gid<P, A>(
-        &mut self,
-        cache: &PathCache<P, A>,
-        gid: &[u8; 16],
-        negatives: bool,
-        forget: bool,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
-        if let Some(mut w) = cache.writer() {
-            let n = w.remove_routes_to(core::slice::from_ref(gid), negatives);
-            self.stats.report_invalidated += n as u64;
-        }
+    fn invalidate_gid(&mut self, gid: &[u8; 16], negatives: bool, forget: bool) {
+        let n = self
+            .w
+            .remove_routes_to(core::slice::from_ref(gid), negatives);
+        self.stats.report_invalidated += n as u64;
         if !forget {
             return;
         }
@@ -200,9 +181,7 @@ impl<S: Storage> Resolver<S> {
                 && !a.send_resp
             {
                 if let Some(k) = super::addr::addr_key(&a) {
-                    if let Some(mut w) = cache.writer() {
-                        w.remove_addr(&k);
-                    }
+                    self.w.remove_addr(&k);
                 }
                 self.free_addr(i);
                 self.stats.report_invalidated += 1;

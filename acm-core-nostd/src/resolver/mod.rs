@@ -18,8 +18,13 @@
 //!
 //! Storage (request slots, pending keys, in-flight queries, address entries, endpoints) comes
 //! from the caller as slices in a [`Storage`], like [`crate::cache::PathCache`]. The path cache
-//! itself is shared with lock-free readers (the provider's inline hit path), so it is passed to
-//! every input that may write it; the resolver is its only writer.
+//! is shared with lock-free readers (the provider's inline hit path), who read it through their
+//! own handle; its one writer, a [`CacheWriter`] over a handle `C` to the cache (an `Arc` on a
+//! host, a `&'static` or a borrow in firmware), is taken once by the resolver's owner and given
+//! to [`Resolver::new`]: the resolver owns it for its whole life, so no input takes a cache
+//! argument, no write can be skipped for want of the writer, and no one else can write
+//! meanwhile ([`PathCache::writer`] is an `Err` while a resolver lives). Its own lookups read
+//! through it ([`Resolver::cache`]).
 //!
 //! Time is one monotonic clock in milliseconds ([`Millis`]), the same ticks the cache uses.
 //!
@@ -44,12 +49,11 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{ep_number, AddrSlot, Lookup, PathCache, PathSlot};
+use crate::cache::{ep_number, CacheRef, CacheWriter, Lookup, PathCache};
 use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
 use crate::wire::rate::{Mtu, Rate};
-use core::ops::Deref;
 use request::{EINVAL, ENODATA, ENOMEM};
 use storage::{list_id, AddrState, GroupState, JobState, Link, List, ReqState};
 
@@ -484,7 +488,10 @@ pub(crate) fn splitmix64(x: &mut u64) -> u64 {
 /// flags and counters), so nothing is ever dropped while outputs wait; the one exception is an
 /// immediate answer (hit, error, ENOMEM) arriving when every request slot is taken, which is
 /// impossible under this rule as long as `answer_reserve ≥ 1` ([`Stats::lost`] counts it).
-pub struct Resolver<S: Storage> {
+pub struct Resolver<S: Storage, C: CacheRef> {
+    /// The path cache's one writer, owned for the resolver's whole life: every cache write
+    /// the resolver makes goes through it, and its own lookups read through it.
+    w: CacheWriter<C>,
     st: S,
     cfg: Config,
     seed: u64,
@@ -530,11 +537,18 @@ pub struct Resolver<S: Storage> {
     evict_hand: u32,
 }
 
-impl<S: Storage> Resolver<S> {
-    /// A resolver over `storage` (every slot is reset). `seed` picks the hash seed and the
-    /// first TID (use a random one on hosts). Fails with [`Error::Storage`] if a table is empty
-    /// or there are fewer request slots than `answer_reserve + 1`.
-    pub fn new(config: Config, mut storage: S, seed: u64) -> Result<Self, Error> {
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
+    /// A resolver over `storage` (every slot is reset) that writes the path cache through
+    /// `writer`, the cache's one writer ([`CacheWriter::take`], taken once by the resolver's
+    /// owner), for as long as it lives. `seed` picks the hash seed and the first TID (use a
+    /// random one on hosts). Fails with [`Error::Storage`] if a table is empty or there are
+    /// fewer request slots than `answer_reserve + 1`.
+    pub fn new(
+        config: Config,
+        mut storage: S,
+        writer: CacheWriter<C>,
+        seed: u64,
+    ) -> Result<Self, Error> {
         let reserve = storage.answer_reserve();
         let bad = storage.requests().len() <= reserve
             || storage.requests().len() >= u32::MAX as usize
@@ -551,6 +565,7 @@ impl<S: Storage> Resolver<S> {
         }
         let mut s = seed;
         let mut r = Resolver {
+            w: writer,
             cfg: config,
             seed: splitmix64(&mut s),
             tid: splitmix64(&mut s) as u32,
@@ -606,6 +621,24 @@ impl<S: Storage> Resolver<S> {
     /// The settings in use.
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The path cache the resolver writes (read it here; readers on other threads read it
+    /// through their own handle).
+    #[inline]
+    pub fn cache(&self) -> &PathCache<C::Paths, C::Addrs> {
+        self.w.cache()
+    }
+
+    /// Empties the path cache, every endpoint's entries (the dataplane does it at shutdown and
+    /// when a fresh resolver takes over after a panic).
+    pub fn clear_cache(&mut self) {
+        self.w.clear();
+    }
+
+    /// Gives the cache's writer back, ending the resolver (e.g. to hand it to a fresh one).
+    pub fn into_writer(self) -> CacheWriter<C> {
+        self.w
     }
 
     /// Opens endpoint `ep` (call from the core's `open_endpoint`). With `addr_prot acm` or
@@ -698,15 +731,11 @@ impl<S: Storage> Resolver<S> {
     /// its groups ([`Output::Detach`], MCMemberRecord DELETE fire-and-forget), forgets its
     /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
     /// the endpoint still held by the caller are forgotten (their replies are ignored).
-    pub fn close_endpoint<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>, ep: EpId)
-    where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub fn close_endpoint(&mut self, now: Millis, ep: EpId) {
         let Some(slot) = self.ep_slot(ep) else {
             return;
         };
-        self.drop_endpoint_work(now, cache, slot, ENODATA, true);
+        self.drop_endpoint_work(now, slot, ENODATA, true);
         self.unsubscribe_all(slot);
         for i in 0..self.st.addrs().len() as u32 {
             let a = self.st.addrs()[i as usize];
@@ -736,32 +765,25 @@ impl<S: Storage> Resolver<S> {
             e.locals = List::EMPTY;
             e.acm_inflight = 0;
         }
-        if let Some(mut w) = cache.writer() {
-            w.invalidate_ep(u32::from(ep.0));
-        }
+        self.w.invalidate_ep(u32::from(ep.0));
         self.ep_map[usize::from(ep.0)] = 0;
         self.ports = self.count_ports();
         self.mark_dirty(slot);
-        self.pump(now, cache);
+        self.pump(now);
     }
 
     /// Adds a local address of `ep` (the core's `add_address`; `type_` 1..=3). Peers asking
     /// for it get a response. With `loopback_prot local` (and a known LID) it also answers
     /// requests for itself with the loopback path, cached and aliased under `cache_ep` so the
     /// caller's hit path finds it (never expires).
-    pub fn add_address<P, A>(
+    pub fn add_address(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         ep: EpId,
         cache_ep: u32,
         type_: u8,
         addr: &[u8; 64],
-    ) -> Result<(), Error>
-    where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) -> Result<(), Error> {
         if !(1..=3).contains(&type_) {
             return Err(Error::AddressType);
         }
@@ -792,8 +814,8 @@ impl<S: Storage> Resolver<S> {
         let mut locals = self.st.endpoints()[slot].locals;
         locals.push_back(self.st.addrs(), i, list_id::LOCALS, addr_qlink);
         self.st.endpoints()[slot].locals = locals;
-        self.insert_loopback(now, cache, slot, i, cache_ep);
-        self.pump(now, cache);
+        self.insert_loopback(now, slot, i, cache_ep);
+        self.pump(now);
         Ok(())
     }
 
@@ -858,17 +880,7 @@ impl<S: Storage> Resolver<S> {
     /// A preloaded route (`route_preload`): `path` is cached as two path entries, by its DLID
     /// and by its DGID (no constraint; each answers requests with and without the reversible
     /// bit), never expires, and is inserted again after every [`reregister`](Self::reregister).
-    pub fn preload_route<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        ep: EpId,
-        cache_ep: u32,
-        path: &[u8; 64],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub fn preload_route(&mut self, now: Millis, ep: EpId, cache_ep: u32, path: &[u8; 64]) {
         let Some(slot) = self.ep_slot(ep) else {
             return;
         };
@@ -879,34 +891,23 @@ impl<S: Storage> Resolver<S> {
                 path: *path,
             };
         }
-        self.insert_preload(now, cache, slot, cache_ep, path);
+        self.insert_preload(now, slot, cache_ep, path);
     }
 
     /// CLIENT_REREGISTER (or an SM change) on `ep`'s port; `cache_ep` is the endpoint's cache
     /// number at the new flush generation. Learned routes and addresses of the endpoint are
     /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
     /// `cache_ep`; the groups are detached and joined again.
-    pub fn reregister<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        ep: EpId,
-        cache_ep: u32,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: u32) {
         let Some(slot) = self.ep_slot(ep) else {
             return;
         };
-        if let Some(mut w) = cache.writer() {
-            w.invalidate_ep(u32::from(ep.0));
-        }
+        self.w.invalidate_ep(u32::from(ep.0));
         self.st.endpoints()[slot].cache_ep = cache_ep;
         for i in 0..self.st.preloads().len() {
             let p = self.st.preloads()[i];
             if p.used && usize::from(p.ep) == slot {
-                self.insert_preload(now, cache, slot, cache_ep, &p.path);
+                self.insert_preload(now, slot, cache_ep, &p.path);
             }
         }
         for i in 0..self.st.addrs().len() as u32 {
@@ -915,7 +916,7 @@ impl<S: Storage> Resolver<S> {
                 continue;
             }
             match a.state {
-                AddrState::Local => self.insert_loopback(now, cache, slot, i, cache_ep),
+                AddrState::Local => self.insert_loopback(now, slot, i, cache_ep),
                 AddrState::Resolved
                     if a.origin == storage::Origin::Learned && a.job == 0 && !a.send_resp =>
                 {
@@ -939,7 +940,7 @@ impl<S: Storage> Resolver<S> {
         // A new SM (or the same one after a reregister) holds no subscription of ours.
         self.subscribe_all(now, slot);
         self.mark_dirty(slot);
-        self.pump(now, cache);
+        self.pump(now);
     }
 
     /// A client request (`resolve()` → [`Kind::Resolve`], `query()` → [`Kind::Query`], or a
@@ -948,20 +949,15 @@ impl<S: Storage> Resolver<S> {
     /// `msg` the client's message. Resolve and Query requests get exactly one
     /// [`Output::Answer`]; Prime and Refresh none. A caller whose front has classified the
     /// request already hands it over with [`request_classified`](Self::request_classified).
-    #[allow(clippy::too_many_arguments)]
-    pub fn request<P, A>(
+    pub fn request(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         ep: EpId,
         cache_ep: u32,
         client: u64,
         kind: Kind,
         msg: &[u8],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let r = Request {
             ep,
             cache_ep,
@@ -975,35 +971,17 @@ impl<S: Storage> Resolver<S> {
             }
             _ => None,
         };
-        self.take_request(now, cache, &r, target.as_ref());
+        self.take_request(now, &r, target.as_ref());
     }
 
     /// [`request`](Self::request) for a RESOLVE, Prime or Refresh request the caller's front
     /// has classified already ([`request::classify`] with the endpoint's view at `cache_ep`):
     /// it is not parsed again.
-    pub fn request_classified<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        r: &Request<'_>,
-        target: &request::Target,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
-        self.take_request(now, cache, r, Some(target));
+    pub fn request_classified(&mut self, now: Millis, r: &Request<'_>, target: &request::Target) {
+        self.take_request(now, r, Some(target));
     }
 
-    fn take_request<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        r: &Request<'_>,
-        target: Option<&request::Target>,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    fn take_request(&mut self, now: Millis, r: &Request<'_>, target: Option<&request::Target>) {
         let slot = match self.ep_slot(r.ep) {
             Some(s) if !self.done => s,
             _ => {
@@ -1013,32 +991,28 @@ impl<S: Storage> Resolver<S> {
         };
         self.st.endpoints()[slot].cache_ep = r.cache_ep;
         match target {
-            Some(t) if r.kind != Kind::Query => self.resolve_request(now, cache, slot, r, t),
+            Some(t) if r.kind != Kind::Query => self.resolve_request(now, slot, r, t),
             _ => self.query_request(now, slot, r),
         }
-        self.pump(now, cache);
+        self.pump(now);
     }
 
     /// A RESOLVE (or Prime, Refresh) request meets the cache again here: its entry may have
     /// arrived since the caller's front looked. [`front::decide`] says what follows, as it
     /// does on the caller's hit path.
-    fn resolve_request<P, A>(
+    fn resolve_request(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         slot: usize,
         r: &Request<'_>,
         target: &request::Target,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         use front::Front;
         use request::Target;
         // A refresh renews the route whatever the cache holds now.
         let lookup = match r.kind {
             Kind::Refresh => Lookup::Miss,
-            _ => front::look(cache, target, now, false),
+            _ => front::look(self.w.cache(), target, now, false),
         };
         let (refresh, wait) = match (r.kind, front::decide(target, true, &lookup)) {
             (_, Front::Answer(status)) => {
@@ -1070,8 +1044,8 @@ impl<S: Storage> Resolver<S> {
                 let sa = record.query_record(&self.view(slot, r.cache_ep));
                 self.route_query(now, slot, r, key.map(|k| k.key()), &sa, wait);
             }
-            Target::Address { key, .. } if refresh => self.addr_refresh(now, cache, slot, r, key),
-            Target::Address { key, .. } => self.addr_query(now, cache, slot, r, key, wait),
+            Target::Address { key, .. } if refresh => self.addr_refresh(now, slot, r, key),
+            Target::Address { key, .. } => self.addr_query(now, slot, r, key, wait),
             Target::Fail(_) => {}
         }
     }
@@ -1079,59 +1053,35 @@ impl<S: Storage> Resolver<S> {
     /// An SA completion for a [`Output::SendSa`] with `token`: the reply MAD (`umad_status`
     /// 0), or the MAD as sent with a non-zero `umad_status` (timeout, send failure). Replies
     /// whose token or TID matches nothing in flight are counted and dropped.
-    pub fn handle_sa<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        token: u64,
-        umad_status: u32,
-        mad: &[u8],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub fn handle_sa(&mut self, now: Millis, token: u64, umad_status: u32, mad: &[u8]) {
         let mad = mads::full_mad(mad);
         let (kind, index, tid) = mads::untoken(token);
         match kind {
-            mads::TOKEN_ROUTE => self.route_reply(now, cache, index, tid, umad_status, &mad),
+            mads::TOKEN_ROUTE => self.route_reply(now, index, tid, umad_status, &mad),
             mads::TOKEN_JOIN => self.join_reply(now, index, tid, umad_status, &mad),
             mads::TOKEN_INFORM => self.inform_reply(now, index, tid, umad_status, &mad),
             mads::TOKEN_LEAVE | mads::TOKEN_NOTICE => {}
             _ => self.stats.sa_unknown += 1,
         }
-        self.pump(now, cache);
+        self.pump(now);
     }
 
     /// A class 0x2C MAD received on `ep`'s UD QP (`mad` = the 256 bytes after the GRH, `meta`
     /// from the completion). Requests for one of our addresses are answered (unicast); every
     /// valid request records its sender; responses complete our queries. Anything malformed,
     /// unexpected or from another partition is counted in [`Stats`] and dropped.
-    pub fn handle_acm<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        ep: EpId,
-        meta: &RecvMeta,
-        mad: &[u8],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
-        self.acm_receive(now, cache, ep, meta, mad);
-        self.pump(now, cache);
+    pub fn handle_acm(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8]) {
+        self.acm_receive(now, ep, meta, mad);
+        self.pump(now);
     }
 
     /// Runs the timers due at `now` (SA deadlines, BUSY backoffs, ACM retries, queue
     /// deadlines, join retries). Call when [`poll_timeout`](Self::poll_timeout) has passed;
     /// calling it early or often is harmless.
-    pub fn handle_timeout<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
-    where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub fn handle_timeout(&mut self, now: Millis) {
         if self.next_timer.is_some_and(|t| t <= now) {
-            self.run_timers(now, cache);
-            self.pump(now, cache);
+            self.run_timers(now);
+            self.pump(now);
             self.next_timer = self.scan_timers();
         }
     }
@@ -1144,15 +1094,11 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
-    pub fn shutdown<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
-    where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub fn shutdown(&mut self, now: Millis) {
         self.done = true;
         for slot in 0..self.st.endpoints().len() {
             if self.st.endpoints()[slot].open {
-                self.drop_endpoint_work(now, cache, slot, ENODATA, true);
+                self.drop_endpoint_work(now, slot, ENODATA, true);
             }
         }
         for i in 0..self.st.addrs().len() as u32 {
@@ -1194,7 +1140,7 @@ pub struct Request<'m> {
     pub msg: &'m [u8],
 }
 
-impl<S: Storage> Resolver<S> {
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
     pub(crate) fn ep_slot(&mut self, ep: EpId) -> Option<usize> {
         let s = usize::from(self.ep_map[usize::from(ep.0)]).checked_sub(1)?;
         self.st.endpoints().get(s).filter(|e| e.open).map(|_| s)
@@ -1345,17 +1291,7 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Inserts `path` under the loopback key of local address `i` and aliases the address.
-    fn insert_loopback<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        slot: usize,
-        i: u32,
-        cache_ep: u32,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    fn insert_loopback(&mut self, now: Millis, slot: usize, i: u32, cache_ep: u32) {
         let e = self.st.endpoints()[slot];
         if !self.cfg.loopback_local || e.lid == 0 {
             return;
@@ -1367,31 +1303,16 @@ impl<S: Storage> Resolver<S> {
             return;
         };
         self.st.addrs()[i as usize].cache_ep = cache_ep;
-        if let Some(mut w) = cache.writer() {
-            w.insert(&key, &path, now, NEVER);
-        }
+        self.w.insert(&key, &path, now, NEVER);
         let a = self.st.addrs()[i as usize];
-        addr::alias(cache, &a, &key, now, NEVER);
+        addr::alias(&mut self.w, &a, &key, now, NEVER);
     }
 
-    fn insert_preload<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        slot: usize,
-        cache_ep: u32,
-        path: &[u8; 64],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    fn insert_preload(&mut self, now: Millis, slot: usize, cache_ep: u32, path: &[u8; 64]) {
         use crate::wire::path_record::PathRecord;
         let view = self.view(slot, cache_ep);
         let p = PathRecord::new_unchecked(&path[..]);
         let (dlid, dgid) = (p.dlid(), p.dgid());
-        let Some(mut w) = cache.writer() else {
-            return;
-        };
         // Two keys for one route, by DLID and by DGID, each a path entry of its own: a hit is
         // one slot read whichever way the route is asked for. The reversible bit is not part
         // of a cache key, so each entry answers requests with and without it.
@@ -1408,30 +1329,20 @@ impl<S: Storage> Resolver<S> {
             k.set_reversible_numpath(true, 0);
             let (k, _) = request::normalise(&view, &r);
             if let Some(key) = request::cache_key(cache_ep, &k) {
-                w.insert(&key, path, now, NEVER);
+                self.w.insert(&key, path, now, NEVER);
             }
         }
     }
 
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
     /// forgets the queries the caller still holds when `forget_held`.
-    fn drop_endpoint_work<P, A>(
-        &mut self,
-        now: Millis,
-        cache: &PathCache<P, A>,
-        slot: usize,
-        status: u8,
-        forget_held: bool,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    fn drop_endpoint_work(&mut self, now: Millis, slot: usize, status: u8, forget_held: bool) {
         for j in 0..self.st.jobs().len() as u32 {
             let job = &self.st.jobs()[j as usize];
             if job.state == JobState::Free || usize::from(job.ep) != slot {
                 continue;
             }
-            self.finish_job(now, cache, j, status, None, None, false);
+            self.finish_job(now, j, status, None, None, false);
             if forget_held {
                 self.free_zombie(j);
             }
@@ -1448,7 +1359,7 @@ impl<S: Storage> Resolver<S> {
 }
 
 #[cfg(feature = "std")]
-impl<S: Storage> Resolver<S> {
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Checks the resolver's internal bookkeeping against its tables (counts, list
     /// memberships, the SA window); for tests and simulations. O(table size).
     #[doc(hidden)]
@@ -1624,14 +1535,23 @@ mod tests {
         };
         let mut st = HeapStorage::new(caps);
         assert!(st.requests().len() > 4, "HeapStorage keeps one waiter slot");
+        use crate::cache::{AddrSlot, CacheConfig, PathSlot};
+        let cache = PathCache::new(
+            PathSlot::boxed(8),
+            AddrSlot::boxed(8),
+            CacheConfig::default(),
+        )
+        .unwrap();
         let tiny: ArrayStorage<2, 2, 1, 1, 1, 1> = ArrayStorage::new();
+        let w = cache.writer().unwrap();
         assert_eq!(
-            Resolver::new(Config::default(), tiny, 0).err(),
+            Resolver::new(Config::default(), tiny, w, 0).err(),
             Some(Error::Storage)
         );
         let none: ArrayStorage<4, 1, 0, 1, 1, 1> = ArrayStorage::new();
+        let w = cache.writer().unwrap();
         assert_eq!(
-            Resolver::new(Config::default(), none, 0).err(),
+            Resolver::new(Config::default(), none, w, 0).err(),
             Some(Error::Storage)
         );
     }

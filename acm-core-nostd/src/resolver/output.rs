@@ -9,6 +9,7 @@ use super::{
     addr_slink, job_link, req_link, AcmDest, Answer, Counter, EpId, Output, Resolver, Storage,
     UnicastAv, Via, MSG_LEN,
 };
+use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
 use crate::wire::mad::Method;
 use crate::wire::mcmember::{McMemberRepr, ACM_QKEY};
@@ -23,7 +24,7 @@ const COUNTERS: [Counter; 7] = [
     Counter::RouteCache,
 ];
 
-impl<S: Storage> Resolver<S> {
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The next thing for the caller to do, `None` when there is nothing. Call it until `None`
     /// after every input (see the draining rule on [`Resolver`]).
     #[must_use]

@@ -13,9 +13,8 @@ use super::storage::{bucket_hash, list_id, AddrState, GroupState, JobState, List
 use super::{
     addr, addr_rlink, job_link, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER,
 };
-use crate::cache::{AddrSlot, Dest, Lookup, PathCache, PathKey, PathSlot};
+use crate::cache::{CacheRef, Dest, Lookup, PathKey};
 use crate::wire::client::{AcmMsg, EpInfoType};
-use core::ops::Deref;
 
 impl StoredKey {
     pub(crate) fn from_key(k: Option<PathKey>) -> StoredKey {
@@ -50,7 +49,7 @@ impl StoredKey {
     }
 }
 
-impl<S: Storage> Resolver<S> {
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
     fn job_hash(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> u64 {
         // The slot in the top byte, over the generation bits a cache number rarely reaches.
         bucket_hash(self.seed, (slot as u32).rotate_right(8) ^ cache_ep, sa)
@@ -338,20 +337,15 @@ impl<S: Storage> Resolver<S> {
     /// failed `query()` gets back), aliases its addresses on success, frees the job (or keeps
     /// it as a zombie while the caller holds its MAD). `from_cache` counts RouteCache per
     /// answered Resolve waiter.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn finish_job<P, A>(
+    pub(crate) fn finish_job(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         j: u32,
         status: u8,
         record: Option<(&[u8; 64], Millis)>,
         query_record: Option<&[u8; 64]>,
         from_cache: bool,
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let job = self.st.jobs()[j as usize];
         if matches!(job.state, JobState::Free | JobState::Zombie) {
             return;
@@ -371,7 +365,7 @@ impl<S: Storage> Resolver<S> {
             if let (Some(exp), Some(k)) = (path_expires, key) {
                 let e = self.st.addrs()[a as usize];
                 if e.state == AddrState::Resolved {
-                    addr::alias(cache, &e, &k, now, exp);
+                    addr::alias(&mut self.w, &e, &k, now, exp);
                 }
             }
         }
@@ -436,18 +430,14 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// An SA completion of route job `j`.
-    pub(crate) fn route_reply<P, A>(
+    pub(crate) fn route_reply(
         &mut self,
         now: Millis,
-        cache: &PathCache<P, A>,
         j: u32,
         tid: u32,
         umad_status: u32,
         mad: &[u8; 256],
-    ) where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    ) {
         let Some(job) = self.st.jobs().get(j as usize).copied() else {
             self.stats.sa_unknown += 1;
             return;
@@ -488,12 +478,10 @@ impl<S: Storage> Resolver<S> {
             SaOutcome::Record(rec) => {
                 let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
                 if let (Some(k), false) = (key, job.query) {
-                    if let Some(mut w) = cache.writer() {
-                        w.insert(&k, &rec, now, ttl);
-                    }
+                    self.w.insert(&k, &rec, now, ttl);
                 }
                 let exp = now.saturating_add(ttl);
-                self.finish_job(now, cache, j, 0, Some((&rec, exp)), None, false);
+                self.finish_job(now, j, 0, Some((&rec, exp)), None, false);
             }
             SaOutcome::Failed(s) => {
                 // "No such path" is an answer from the SA, not a failure to reach it: remember
@@ -502,17 +490,16 @@ impl<S: Storage> Resolver<S> {
                 // use: the entry is shared, and requests without the bit are served by it.
                 if let (ENODATA, 0, Some(k), false) = (s, umad_status, key, job.query) {
                     let ttl = self.cfg.negative_ttl;
-                    let cached = cache.lookup(&k.without_reversible(), now);
+                    let cached = self.cache().lookup(&k.without_reversible(), now);
                     if ttl > 0 && !matches!(cached, Lookup::Hit { .. }) {
-                        if let Some(mut w) = cache.writer() {
-                            let _ = w.insert_negative(&k, s, now, ttl);
-                        }
+                        // Err only for status 0, and `s` is ENODATA.
+                        let _ = self.w.insert_negative(&k, s, now, ttl);
                     }
                 }
                 let mut sa_record = [0u8; 64];
                 sa_record.copy_from_slice(&mad[56..120]);
                 let qr = (umad_status == 0).then_some(&sa_record);
-                self.finish_job(now, cache, j, s, None, qr, false);
+                self.finish_job(now, j, s, None, qr, false);
             }
             SaOutcome::Busy => {
                 // The SA is overloaded: halve what we keep in flight (the jobs already out
@@ -523,7 +510,7 @@ impl<S: Storage> Resolver<S> {
                 self.sa_hold = now.saturating_add(self.cfg.sa_deadline);
                 if job.busy_tries >= self.cfg.sa_busy_retries {
                     self.stats.timeouts += 1;
-                    self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                    self.finish_job(now, j, ETIMEDOUT, None, None, false);
                     return;
                 }
                 let wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
@@ -544,20 +531,14 @@ impl<S: Storage> Resolver<S> {
 
     /// Moves backlog jobs into free window slots (answering those the cache can answer now)
     /// and address queries into free ACM windows; drops removed local addresses' aliases.
-    pub(crate) fn pump<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
-    where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub(crate) fn pump(&mut self, now: Millis) {
         while let Some(i) =
             self.removals
                 .pop_front(self.st.addrs(), list_id::REMOVALS, super::addr_qlink)
         {
             let a = self.st.addrs()[i as usize];
             if let Some(k) = addr::addr_key(&a) {
-                if let Some(mut w) = cache.writer() {
-                    w.remove_addr(&k);
-                }
+                self.w.remove_addr(&k);
             }
             self.free_addr(i);
         }
@@ -568,7 +549,7 @@ impl<S: Storage> Resolver<S> {
             let job = self.st.jobs()[j as usize];
             if let Some(k) = job.key.key(job.cache_ep) {
                 // Filled meanwhile (another job, a preload): answer from the cache.
-                match cache.lookup(&k, now) {
+                match self.cache().lookup(&k, now) {
                     Lookup::Hit {
                         record,
                         expires_at,
@@ -576,14 +557,14 @@ impl<S: Storage> Resolver<S> {
                     } => {
                         let (slot, cep, sa) = (usize::from(job.ep), job.cache_ep, job.sa);
                         let rec = Some((&record, expires_at));
-                        self.finish_job(now, cache, j, 0, rec, None, true);
+                        self.finish_job(now, j, 0, rec, None, true);
                         if needs_refresh {
                             self.join_route(now, slot, cep, Some(k), &sa, None, None);
                         }
                         continue;
                     }
                     Lookup::Negative { status, .. } => {
-                        self.finish_job(now, cache, j, status, None, None, false);
+                        self.finish_job(now, j, status, None, None, false);
                         continue;
                     }
                     _ => {}
@@ -594,7 +575,7 @@ impl<S: Storage> Resolver<S> {
                 // work on it (a storm's backlog would otherwise feed the SA queries whose
                 // clients have already been told ETIMEDOUT).
                 self.stats.timeouts += 1;
-                self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                self.finish_job(now, j, ETIMEDOUT, None, None, false);
                 continue;
             }
             self.backlog
@@ -610,11 +591,7 @@ impl<S: Storage> Resolver<S> {
     }
 
     /// Runs every due timer.
-    pub(crate) fn run_timers<P, A>(&mut self, now: Millis, cache: &PathCache<P, A>)
-    where
-        P: Deref<Target = [PathSlot]>,
-        A: Deref<Target = [AddrSlot]>,
-    {
+    pub(crate) fn run_timers(&mut self, now: Millis) {
         // The backlog is in arrival (= deadline) order: only its due head is looked at. The
         // SA lists are short (the window) and not quite in deadline order (a BUSY retry keeps
         // its start's deadline), so they are walked whole.
@@ -623,7 +600,7 @@ impl<S: Storage> Resolver<S> {
                 break;
             }
             self.stats.timeouts += 1;
-            self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+            self.finish_job(now, j, ETIMEDOUT, None, None, false);
             self.unlist_job(j);
         }
         for id in [list_id::SA_SEND, list_id::SENT] {
@@ -636,7 +613,7 @@ impl<S: Storage> Resolver<S> {
                 cur = List::next_of(self.st.jobs(), j, job_link);
                 if self.st.jobs()[j as usize].timer <= now {
                     self.stats.timeouts += 1;
-                    self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                    self.finish_job(now, j, ETIMEDOUT, None, None, false);
                     // A zombie (the caller holds its MAD) is on no list any more.
                     self.unlist_job(j);
                 }
@@ -651,7 +628,7 @@ impl<S: Storage> Resolver<S> {
             }
             if job.born.saturating_add(self.cfg.queue_deadline) <= now {
                 self.stats.timeouts += 1;
-                self.finish_job(now, cache, j, ETIMEDOUT, None, None, false);
+                self.finish_job(now, j, ETIMEDOUT, None, None, false);
             } else {
                 self.requeue_job(now, j);
             }
@@ -669,7 +646,7 @@ impl<S: Storage> Resolver<S> {
                 }
             }
             self.inform_timers(now, slot);
-            self.acm_timers(now, cache, slot);
+            self.acm_timers(now, slot);
         }
     }
 

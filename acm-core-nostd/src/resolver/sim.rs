@@ -37,9 +37,10 @@ use super::{
     AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Millis, Output,
     RecvMeta, Request, Resolver, Stats, Via, MSG_LEN,
 };
-use crate::cache::{AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use crate::cache::{AddrSlot, CacheConfig, CacheWriter, Lookup, PathCache, PathSlot};
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
+use std::sync::Arc;
 
 /// splitmix64: a tiny deterministic PRNG.
 #[derive(Clone, Debug)]
@@ -266,10 +267,10 @@ pub type SimCache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[Addr
 
 /// One simulated node.
 pub struct Node {
-    /// Its resolver.
-    pub resolver: Resolver<HeapStorage>,
-    /// Its path cache.
-    pub cache: SimCache,
+    /// Its resolver, the owner of its cache's writer.
+    pub resolver: Resolver<HeapStorage, Arc<SimCache>>,
+    /// Its path cache, as the hit path reads it.
+    pub cache: Arc<SimCache>,
     /// Its endpoint configuration.
     pub ep_cfg: EpConfig,
     /// The endpoint is open.
@@ -494,8 +495,16 @@ impl Sim {
                 },
             )
             .unwrap_or_else(|_| unreachable!("non-empty cache"));
-            let resolver = Resolver::new(cfg.resolver, HeapStorage::new(cfg.caps), rng.next_u64())
-                .unwrap_or_else(|_| unreachable!("valid storage"));
+            let cache = Arc::new(cache);
+            let writer = CacheWriter::take(Arc::clone(&cache))
+                .unwrap_or_else(|_| unreachable!("a new cache has no writer"));
+            let resolver = Resolver::new(
+                cfg.resolver,
+                HeapStorage::new(cfg.caps),
+                writer,
+                rng.next_u64(),
+            )
+            .unwrap_or_else(|_| unreachable!("valid storage"));
             nodes.push(Node {
                 resolver,
                 cache,
@@ -576,9 +585,7 @@ impl Sim {
             node.open = true;
             let cep = node.cache_ep();
             let name = name_bytes(&node.name);
-            let _ = node
-                .resolver
-                .add_address(now, &node.cache, EP, cep, 1, &name);
+            let _ = node.resolver.add_address(now, EP, cep, 1, &name);
         }
         self.touch(i);
         self.pump();
@@ -589,7 +596,7 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[i];
         if node.open {
-            node.resolver.close_endpoint(now, &node.cache, EP);
+            node.resolver.close_endpoint(now, EP);
             node.open = false;
         }
         self.touch(i);
@@ -628,8 +635,7 @@ impl Sim {
             };
             let node = &mut self.nodes[i];
             let cep = node.cache_ep();
-            node.resolver
-                .preload_route(now, &node.cache, EP, cep, &path);
+            node.resolver.preload_route(now, EP, cep, &path);
         }
         self.touch(i);
         self.pump();
@@ -649,9 +655,7 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[i];
         let (name, cep) = (name_bytes(&node.name), node.cache_ep());
-        let _ = node
-            .resolver
-            .add_address(now, &node.cache, EP, cep, 1, &name);
+        let _ = node.resolver.add_address(now, EP, cep, 1, &name);
         self.touch(i);
         self.pump();
     }
@@ -662,7 +666,7 @@ impl Sim {
         let node = &mut self.nodes[i];
         node.generation = node.generation.wrapping_add(1);
         let cep = node.cache_ep();
-        node.resolver.reregister(now, &node.cache, EP, cep);
+        node.resolver.reregister(now, EP, cep);
         self.touch(i);
         self.pump();
     }
@@ -684,8 +688,7 @@ impl Sim {
         let node = &mut self.nodes[i];
         let cep = node.cache_ep();
         if kind == Kind::Query || !node.open {
-            node.resolver
-                .request(now, &node.cache, EP, cep, client, kind, &m);
+            node.resolver.request(now, EP, cep, client, kind, &m);
             self.touch(i);
             self.pump();
             return client;
@@ -698,7 +701,7 @@ impl Sim {
         };
         // The provider's hit path: classify, look up, and the one front decision.
         let target = request::classify(&view, &m);
-        let lookup = front::look(&node.cache, &target, now, false);
+        let lookup = front::look(&*node.cache, &target, now, false);
         let (pass, answer) = match front::decide(&target, true, &lookup) {
             Front::Hit { refresh } => {
                 let record = match lookup {
@@ -723,8 +726,7 @@ impl Sim {
                 kind,
                 msg: &m,
             };
-            node.resolver
-                .request_classified(now, &node.cache, &r, &target);
+            node.resolver.request_classified(now, &r, &target);
         }
         self.touch(i);
         self.pump();
@@ -857,7 +859,7 @@ impl Sim {
         if !self.scale {
             for n in &mut self.nodes {
                 if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
-                    n.resolver.handle_timeout(now, &n.cache);
+                    n.resolver.handle_timeout(now);
                 }
             }
             return;
@@ -872,7 +874,7 @@ impl Sim {
             }
             let n = &mut self.nodes[i];
             if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
-                n.resolver.handle_timeout(now, &n.cache);
+                n.resolver.handle_timeout(now);
             }
             self.touch(i);
             self.pump();
@@ -1078,7 +1080,7 @@ impl Sim {
         }
         let now = self.now;
         let n = &mut self.nodes[to];
-        n.resolver.handle_sa(now, &n.cache, token, umad_status, mad);
+        n.resolver.handle_sa(now, token, umad_status, mad);
         self.touch(to);
     }
 
@@ -1306,7 +1308,7 @@ impl Sim {
                 let n = &mut self.nodes[to];
                 if n.alive {
                     self.delivered += 1;
-                    n.resolver.handle_acm(now, &n.cache, EP, &meta, &mad);
+                    n.resolver.handle_acm(now, EP, &meta, &mad);
                 }
                 self.touch(to);
             }
@@ -1317,8 +1319,7 @@ impl Sim {
                 mad,
             } => {
                 let n = &mut self.nodes[to];
-                n.resolver
-                    .handle_sa(now, &n.cache, token, umad_status, &mad);
+                n.resolver.handle_sa(now, token, umad_status, &mad);
                 self.touch(to);
             }
             Event::SaArrive { from, token, mad } => self.sa_arrive(from, token, mad),

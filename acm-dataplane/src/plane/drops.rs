@@ -62,7 +62,7 @@ impl<I: CoreIo> Plane<I> {
             self.sa_forged_logged = self.sa_forged;
             self.last_drop_log = now.max(1);
         }
-        let s = self.resolver.stats();
+        let s = self.r().stats();
         if s == self.last_stats {
             return;
         }

@@ -30,7 +30,7 @@
 
 use crate::stats::{Clock, Latency, MissClass, Pending};
 use crate::worker::{PollOutcome, Poller};
-use acm_core_nostd::cache::{ep_generation, ep_number, AddrSlot, PathCache, PathSlot};
+use acm_core_nostd::cache::{ep_generation, ep_number, AddrSlot, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
     Resolver, Stats, MAX_EPS, MSG_LEN,
@@ -56,6 +56,18 @@ use sa::sa_tid_key;
 
 /// The path cache on the host: heap (or huge-page) storage sized from the options.
 pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+/// The host cache's one writer, owning its handle: taken once when the loop is set up
+/// (`CacheWriter::take`), then owned by the loop's resolver.
+pub type HostWriter = CacheWriter<Arc<HostCache>>;
+
+/// The loop's resolver: heap storage, the cache written through its [`HostWriter`].
+pub type HostResolver = Resolver<HeapStorage, Arc<HostCache>>;
+
+/// Makes the loop's resolver around the cache's writer (again after a caught panic, with the
+/// writer the old one gave back); `None` is an error (the writer is then dropped, and the loop
+/// runs on without a resolver).
+pub type MakeResolver = Box<dyn Fn(HostWriter) -> Option<HostResolver> + Send>;
 
 /// How many queue entries one round takes from each source at most (bursts).
 pub const BURST: usize = 64;
@@ -136,9 +148,10 @@ struct EpRecord {
 
 /// The loop (see the module docs).
 pub struct Plane<I: CoreIo> {
-    resolver: Resolver<HeapStorage>,
-    make_resolver: Box<dyn Fn() -> Option<Resolver<HeapStorage>> + Send>,
-    cache: Arc<HostCache>,
+    /// The resolver, owner of the cache's one writer (every cache write of the loop goes
+    /// through it). `None` only after a failed recovery, when [`Plane::dead`] is set.
+    resolver: Option<HostResolver>,
+    make_resolver: MakeResolver,
     inbox: Arc<Inbox>,
     io: I,
     eps: Vec<Option<EpRecord>>,
@@ -212,20 +225,21 @@ fn client_key(client: u64, msg: &[u8]) -> u128 {
 }
 
 impl<I: CoreIo> Plane<I> {
-    /// A loop over `cache` and `inbox`, with a resolver from `make_resolver` (called again to
-    /// start afresh after a caught panic). `None` from it is an error.
+    /// A loop over the cache `writer` writes (its one writer, taken by the caller) and
+    /// `inbox`, with a resolver from `make_resolver`, which owns the writer from then on
+    /// (called again to start afresh after a caught panic, with the writer the old resolver
+    /// gave back). `None` from it is an error.
     pub fn new(
-        make_resolver: Box<dyn Fn() -> Option<Resolver<HeapStorage>> + Send>,
-        cache: Arc<HostCache>,
+        make_resolver: MakeResolver,
+        writer: HostWriter,
         inbox: Arc<Inbox>,
         io: I,
         epoch: Instant,
     ) -> Option<Self> {
-        let resolver = make_resolver()?;
+        let resolver = make_resolver(writer)?;
         Some(Plane {
-            resolver,
+            resolver: Some(resolver),
             make_resolver,
-            cache,
             inbox,
             io,
             eps: (0..MAX_EPS).map(|_| None).collect(),
@@ -261,6 +275,12 @@ impl<I: CoreIo> Plane<I> {
             sa: Pending::new(capacity),
         });
         self
+    }
+
+    /// The resolver: there is one whenever the loop is not [`dead`](Plane::dead) (only a
+    /// failed recovery leaves it without one, and then nothing calls this).
+    fn r(&mut self) -> &mut HostResolver {
+        self.resolver.as_mut().expect("a live loop has a resolver")
     }
 
     fn ms(&self, t: Instant) -> Millis {
@@ -340,7 +360,7 @@ impl<I: CoreIo> Plane<I> {
                 self.eps[usize::from(ep.0)] = Some(rec);
             }
             Control::Close(ep) => {
-                self.resolver.close_endpoint(now, &self.cache, ep);
+                self.r().close_endpoint(now, ep);
                 self.drain_outputs(now);
                 // The resolver forgot the endpoint's queries: their replies match nothing.
                 self.sa.drop_endpoint(ep, |_, _| {});
@@ -357,10 +377,7 @@ impl<I: CoreIo> Plane<I> {
                     rec.cache_ep = cache_ep;
                     rec.locals.push((type_, addr));
                 }
-                if let Err(e) =
-                    self.resolver
-                        .add_address(now, &self.cache, ep, cache_ep, type_, &addr)
-                {
+                if let Err(e) = self.r().add_address(now, ep, cache_ep, type_, &addr) {
                     self.io
                         .log(0, &format!("ERROR - add_address refused: {e:?}"));
                 }
@@ -369,10 +386,10 @@ impl<I: CoreIo> Plane<I> {
                 if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
                     rec.locals.retain(|l| *l != (type_, addr));
                 }
-                self.resolver.remove_address(ep, type_, &addr);
+                self.r().remove_address(ep, type_, &addr);
                 // The resolver drops the address's cache alias at its next timer run: now,
                 // before any later request looks it up.
-                self.resolver.handle_timeout(now, &self.cache);
+                self.r().handle_timeout(now);
             }
             Control::Reregister(ep) => {
                 let Some(rec) = self.eps[usize::from(ep.0)].as_mut() else {
@@ -384,13 +401,13 @@ impl<I: CoreIo> Plane<I> {
                 let cache_ep = rec.cache_ep;
                 // Preloaded routes survive it: the resolver re-inserts them under the new
                 // cache number, and rejoins the endpoint's groups.
-                self.resolver.reregister(now, &self.cache, ep, cache_ep);
+                self.r().reregister(now, ep, cache_ep);
                 if self.io.log_enabled(1) {
                     self.io.log(1, "client reregister: learned routes flushed");
                 }
             }
             Control::Shutdown => {
-                self.resolver.shutdown(now, &self.cache);
+                self.r().shutdown(now);
                 self.drain_outputs(now);
                 // Requests still queued get their one answer too.
                 while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
@@ -399,9 +416,7 @@ impl<I: CoreIo> Plane<I> {
                 for e in self.eps.iter_mut() {
                     *e = None;
                 }
-                if let Some(mut w) = self.cache.writer() {
-                    w.clear();
-                }
+                self.r().clear_cache();
                 self.sa.clear();
                 self.done = true;
             }
@@ -409,23 +424,23 @@ impl<I: CoreIo> Plane<I> {
     }
 
     fn open_in_resolver(&mut self, ep: EpId, rec: &EpRecord, now: Millis) {
-        if let Err(e) = self.resolver.open_endpoint(now, ep, rec.cfg) {
+        if let Err(e) = self.r().open_endpoint(now, ep, rec.cfg) {
             self.io
                 .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
             return;
         }
-        let (before, evictions) = (self.cache.len(), self.cache.stats().evictions);
+        let (before, evictions) = (self.r().cache().len(), self.r().cache().stats().evictions);
         for p in &rec.routes {
-            self.resolver
-                .preload_route(now, &self.cache, ep, rec.cache_ep, p);
+            self.r().preload_route(now, ep, rec.cache_ep, p);
         }
         // What the preloads took (a route: two path entries, by DLID and by DGID).
-        let paths = self.cache.len().saturating_sub(before);
+        let paths = self.r().cache().len().saturating_sub(before);
         // A live entry evicted to make room (the cache is full): a preloaded route, or an
         // entry preloaded before, that is now asked of the SA, or lost where the SA does not
         // know it.
-        let evicted = self.cache.stats().evictions - evictions;
+        let evicted = self.r().cache().stats().evictions - evictions;
         if evicted != 0 {
+            let capacity = self.r().cache().capacity();
             self.io.log(
                 0,
                 &format!(
@@ -433,19 +448,15 @@ impl<I: CoreIo> Plane<I> {
                      {} routes (2 path entries each) into a route cache of {} slots; raise \
                      acmrs_path_capacity",
                     rec.routes.len(),
-                    self.cache.capacity()
+                    capacity
                 ),
             );
         }
         for h in rec.addrs.iter() {
-            let _ = self
-                .resolver
-                .preload_address(now, ep, h.type_, &h.addr, h.gid);
+            let _ = self.r().preload_address(now, ep, h.type_, &h.addr, h.gid);
         }
         for (t, a) in &rec.locals {
-            let _ = self
-                .resolver
-                .add_address(now, &self.cache, ep, rec.cache_ep, *t, a);
+            let _ = self.r().add_address(now, ep, rec.cache_ep, *t, a);
         }
         if !rec.routes.is_empty() && self.io.log_enabled(1) {
             let n = rec.routes.len();
@@ -484,7 +495,7 @@ impl<I: CoreIo> Plane<I> {
     /// Carries out every output the resolver has (a send that fails is reported back to the
     /// resolver, which may produce more outputs: loop until none are left).
     fn drain_outputs(&mut self, now: Millis) {
-        while let Some(o) = self.resolver.poll_output() {
+        while let Some(o) = self.r().poll_output() {
             match o {
                 Output::SendSa { ep, token, mad } => {
                     let at = self.stats.as_ref().map(|s| s.clock.now());
@@ -493,7 +504,7 @@ impl<I: CoreIo> Plane<I> {
                         None => self.io.send_sa(ep, token, &mad),
                     };
                     if !sent {
-                        self.resolver.handle_sa(now, &self.cache, token, 1, &[]);
+                        self.r().handle_sa(now, token, 1, &[]);
                     } else if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
                         LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
                     }
@@ -586,8 +597,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                     (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
                 }
             }
-            self.resolver
-                .handle_sa(now, &self.cache, r.token, r.umad_status, &r.mad);
+            self.r().handle_sa(now, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
         }
         // Requests and control messages in the order the main thread queued them: a request
@@ -626,11 +636,9 @@ impl<I: CoreIo> Poller for Plane<I> {
                         kind,
                         msg,
                     };
-                    self.resolver.request_classified(now, &self.cache, &req, &t);
+                    self.r().request_classified(now, &req, &t);
                 }
-                None => self
-                    .resolver
-                    .request(now, &self.cache, ep, cache_ep, client, kind, msg),
+                None => self.r().request(now, ep, cache_ep, client, kind, msg),
             }
             self.in_hand = None;
             self.drain_outputs(now);
@@ -655,29 +663,24 @@ impl<I: CoreIo> Poller for Plane<I> {
                 if class == MgmtClass::SubnAdm {
                     self.sa_receive(now, EpId(i as u8), m, b);
                 } else {
-                    self.resolver
-                        .handle_acm(now, &self.cache, EpId(i as u8), m, &b[..]);
+                    self.r().handle_acm(now, EpId(i as u8), m, &b[..]);
                 }
                 self.drain_outputs(now);
             }
             self.rx = rx;
         }
-        if self.resolver.poll_timeout().is_some_and(|at| at <= now) {
+        if self.r().poll_timeout().is_some_and(|at| at <= now) {
             did = true;
-            self.resolver.handle_timeout(now, &self.cache);
+            self.r().handle_timeout(now);
             self.drain_outputs(now);
         }
         self.sa_timers(now);
         self.log_drops(now);
         let sm_check = self.sa_ud.then_some(self.next_sm_check);
-        let next = [
-            self.resolver.poll_timeout(),
-            self.sa.next_deadline(),
-            sm_check,
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        let next = [self.r().poll_timeout(), self.sa.next_deadline(), sm_check]
+            .into_iter()
+            .flatten()
+            .min();
         PollOutcome {
             did_work: did,
             next_deadline: next.map(|at| self.epoch + std::time::Duration::from_millis(at)),

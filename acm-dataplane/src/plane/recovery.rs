@@ -62,10 +62,14 @@ impl<I: CoreIo> Plane<I> {
         }
         // The old resolver's tokens mean nothing to the new one.
         self.sa.clear();
-        let fresh =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.make_resolver)()))
+        // The old resolver gives the cache's writer back for the fresh one: one owner at a
+        // time, never a second writer.
+        let writer = self.resolver.take().map(|r| r.into_writer());
+        let fresh = writer.and_then(|w| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.make_resolver)(w)))
                 .ok()
-                .flatten();
+                .flatten()
+        });
         let Some(fresh) = fresh else {
             self.io.log(
                 0,
@@ -74,11 +78,9 @@ impl<I: CoreIo> Plane<I> {
             self.stop_resolving();
             return;
         };
-        self.resolver = fresh;
+        self.resolver = Some(fresh);
         self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
-        if let Some(mut w) = self.cache.writer() {
-            w.clear();
-        }
+        self.r().clear_cache();
         let eps = std::mem::replace(&mut self.eps, (0..MAX_EPS).map(|_| None).collect());
         for (i, rec) in eps.into_iter().enumerate() {
             if let Some(rec) = rec {
@@ -125,9 +127,11 @@ impl<I: CoreIo> Plane<I> {
     /// Shuts the resolver down, answering every request it holds (ENODATA, as at shutdown),
     /// its outputs carried out; a panic on the way is caught. Whether it all went through.
     fn answer_held(&mut self, now: Millis) -> bool {
-        let cache = self.cache.clone();
+        if self.resolver.is_none() {
+            return false;
+        }
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.resolver.shutdown(now, &cache);
+            self.r().shutdown(now);
             self.drain_outputs(now);
         }))
         .is_ok()

@@ -38,15 +38,12 @@ impl<I: CoreIo> Plane<I> {
         token: u64,
         mad: &[u8; 256],
     ) -> bool {
+        let cfg = *self.r().config();
         let Some(rec) = self.eps[via].as_mut() else {
             return false;
         };
-        let per_try = self
-            .resolver
-            .config()
-            .acm_timeout
-            .saturating_add(rec.cfg.subnet_timeout_ms);
-        let tries = self.resolver.config().sa_tries.max(1);
+        let per_try = cfg.acm_timeout.saturating_add(rec.cfg.subnet_timeout_ms);
+        let tries = cfg.sa_tries.max(1);
         let Some(wire) = self.sa.start(now, ep, token, mad, per_try, tries) else {
             self.io
                 .log(0, "ERROR - SA request table full: query failed");
@@ -83,7 +80,7 @@ impl<I: CoreIo> Plane<I> {
             }
             // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
             Received::Unknown => {
-                self.resolver.handle_sa(now, &self.cache, 0, 0, mad);
+                self.r().handle_sa(now, 0, 0, mad);
                 return;
             }
             Received::Report => {
@@ -96,14 +93,14 @@ impl<I: CoreIo> Plane<I> {
                 (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
             }
         }
-        self.resolver.handle_sa(now, &self.cache, token, 0, &mad);
+        self.r().handle_sa(now, token, 0, &mad);
     }
 
     /// A Report from the SM (trap 64/65): the resolver's, logged when it took it.
     fn report(&mut self, now: Millis, ep: EpId, mad: &[u8; 256]) {
-        let before = self.resolver.stats();
-        self.resolver.handle_report(now, &self.cache, ep, mad);
-        let after = self.resolver.stats();
+        let before = self.r().stats();
+        self.r().handle_report(now, ep, mad);
+        let after = self.r().stats();
         if after.reports > before.reports && self.io.log_enabled(1) {
             // The resolver took it as a Report, so its Notice parses.
             let notice = NoticeRepr::parse_bytes(&mad[SA_DATA..]).ok();
@@ -137,8 +134,7 @@ impl<I: CoreIo> Plane<I> {
                         }
                     }
                     Expired::Failed { token, mad } => {
-                        self.resolver
-                            .handle_sa(now, &self.cache, token, TIMED_OUT, &mad);
+                        self.r().handle_sa(now, token, TIMED_OUT, &mad);
                         self.drain_outputs(now);
                     }
                 }
@@ -172,8 +168,7 @@ impl<I: CoreIo> Plane<I> {
                         old.lid, sm.lid
                     ),
                 );
-                self.resolver
-                    .reregister(now, &self.cache, EpId(i as u8), cache_ep);
+                self.r().reregister(now, EpId(i as u8), cache_ep);
                 self.drain_outputs(now);
             }
         }

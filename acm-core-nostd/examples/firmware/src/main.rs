@@ -179,7 +179,9 @@ mod firmware {
         hprintln!(
             "measure stack-peak={} resolver={} tables={} cache-slots={} (bytes)",
             stack_peak(),
-            core::mem::size_of::<acm_core_nostd::resolver::Resolver<&'static mut Tables>>(),
+            core::mem::size_of::<
+                acm_core_nostd::resolver::Resolver<&'static mut Tables, &'static scenario::FwCache>,
+            >(),
             core::mem::size_of::<Tables>(),
             core::mem::size_of::<[acm_core_nostd::cache::PathSlot; scenario::CACHE_SLOTS]>()
                 + core::mem::size_of::<[acm_core_nostd::cache::AddrSlot; scenario::CACHE_SLOTS]>()

@@ -19,7 +19,9 @@
 //! `resolver::sim` does); every other record is an [`Output`] of the resolver.
 #![forbid(unsafe_code)]
 
-use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, Lookup, PathCache, PathSlot};
+use acm_core_nostd::cache::{
+    ep_number, AddrSlot, CacheConfig, CacheRef, Lookup, PathCache, PathSlot,
+};
 use acm_core_nostd::resolver::request::{classify, respond, EpView, Target, ENODATA, ETIMEDOUT};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, Output, RecvMeta,
@@ -59,6 +61,9 @@ pub const VERSION: u32 = 1;
 /// 8 request slots (1 kept for immediate answers), 4 route jobs, 8 addresses, 1 endpoint, 1
 /// preloaded route.
 pub type Tables = ArrayStorage<8, 1, 4, 8, 1, 1>;
+
+/// The firmware's path cache: over the static slots below.
+pub type FwCache = PathCache<&'static [PathSlot], &'static [AddrSlot]>;
 
 /// Path cache entries (a power of two; also the address aliases).
 pub const CACHE_SLOTS: usize = 16;
@@ -319,7 +324,7 @@ impl Outs {
 
 /// Drains every output of the resolver into `o` (the draining rule: after every input). One
 /// buffer for the whole run: an `Outs` per step would each take its own stack slot.
-fn drain<S: Storage>(r: &mut Resolver<S>, o: &mut Outs) {
+fn drain<S: Storage, C: CacheRef>(r: &mut Resolver<S, C>, o: &mut Outs) {
     o.len = 0;
     o.overflow = false;
     while let Some(x) = r.poll_output() {
@@ -555,9 +560,13 @@ pub fn run<S: Storage>(storage: S, sink: &mut impl Sink, meter: &mut impl Meter)
 }
 
 fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut impl Meter) {
-    let cache = match PathCache::new(&PATHS[..], &ADDRS[..], CacheConfig::default()) {
+    let cache: FwCache = match PathCache::new(&PATHS[..], &ADDRS[..], CacheConfig::default()) {
         Ok(c) => c,
         Err(_) => return t.check("path cache", false),
+    };
+    // The cache's one writer, taken once: the resolver owns it from here on.
+    let Ok(writer) = cache.writer() else {
+        return t.check("path cache writer", false);
     };
     // The provider's defaults (ibacm_opts.cfg as shipped), without the SA Report
     // subscription: no InformInfo reply was recorded from OpenSM.
@@ -565,7 +574,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         sa_reports: false,
         ..Config::default()
     };
-    let mut r = match Resolver::new(cfg, storage, 1) {
+    let mut r = match Resolver::new(cfg, storage, writer, 1) {
         Ok(r) => r,
         Err(_) => return t.check("resolver storage", false),
     };
@@ -595,7 +604,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("join-reply", now);
     let reply = with_tid(MCM_SET_RESP, &join);
     meter.begin();
-    r.handle_sa(now, &cache, join_token, 0, &reply);
+    r.handle_sa(now, join_token, 0, &reply);
     drain(&mut r, &mut outs);
     meter.end(Measure::JoinReply);
     t.emit(&outs);
@@ -610,7 +619,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("add-address-hca4", now);
     let mut hca4 = [0u8; 64];
     hca4[..4].copy_from_slice(b"hca4");
-    let ok = r.add_address(now, &cache, EP, CEP, 1, &hca4).is_ok();
+    let ok = r.add_address(now, EP, CEP, 1, &hca4).is_ok();
     t.check("address added", ok);
     drain(&mut r, &mut outs);
     t.emit(&outs);
@@ -627,7 +636,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         grh_sgid: Some(HCA3_GID),
     };
     meter.begin();
-    r.handle_acm(now, &cache, EP, &meta, ACMP_RESOLVE_REQ);
+    r.handle_acm(now, EP, &meta, ACMP_RESOLVE_REQ);
     drain(&mut r, &mut outs);
     meter.end(Measure::AcmAnswer);
     t.emit(&outs);
@@ -652,7 +661,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("path-lid6-miss", now);
     let req = lid_msg(6, 0x1001);
     meter.begin();
-    r.request(now, &cache, EP, CEP, 1, Kind::Resolve, &req);
+    r.request(now, EP, CEP, 1, Kind::Resolve, &req);
     drain(&mut r, &mut outs);
     meter.end(Measure::MissRequest);
     t.emit(&outs);
@@ -671,7 +680,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("path-lid6-reply", now);
     let reply = with_tid(PR_LID_RESP, &pr);
     meter.begin();
-    r.handle_sa(now, &cache, pr_token, 0, &reply);
+    r.handle_sa(now, pr_token, 0, &reply);
     drain(&mut r, &mut outs);
     meter.end(Measure::MissReply);
     t.emit(&outs);
@@ -713,7 +722,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("path-lid6-hit-resolver", now);
     let req = lid_msg(6, 0x1003);
     meter.begin();
-    r.request(now, &cache, EP, CEP, 3, Kind::Resolve, &req);
+    r.request(now, EP, CEP, 3, Kind::Resolve, &req);
     drain(&mut r, &mut outs);
     meter.end(Measure::HitResolver);
     t.emit(&outs);
@@ -727,7 +736,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     now += 1;
     t.step("path-lid99-miss", now);
     let req = lid_msg(0x99, 0x1004);
-    r.request(now, &cache, EP, CEP, 4, Kind::Resolve, &req);
+    r.request(now, EP, CEP, 4, Kind::Resolve, &req);
     drain(&mut r, &mut outs);
     t.emit(&outs);
     let Some((nr_token, nr)) = first_sa(&outs) else {
@@ -739,7 +748,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     );
     now += 1;
     t.step("path-lid99-norecord", now);
-    r.handle_sa(now, &cache, nr_token, 0, &with_tid(PR_NOREC_RESP, &nr));
+    r.handle_sa(now, nr_token, 0, &with_tid(PR_NOREC_RESP, &nr));
     drain(&mut r, &mut outs);
     t.emit(&outs);
     t.check(
@@ -763,15 +772,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     now += 1;
     t.step("name-hca9", now);
     let start = now;
-    r.request(
-        now,
-        &cache,
-        EP,
-        CEP,
-        6,
-        Kind::Resolve,
-        &name_msg("hca9", 0x1006),
-    );
+    r.request(now, EP, CEP, 6, Kind::Resolve, &name_msg("hca9", 0x1006));
     drain(&mut r, &mut outs);
     t.emit(&outs);
     let mut sends = outs
@@ -783,7 +784,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         let Some(next) = r.poll_timeout() else { break };
         now = next.max(now);
         t.step("timeout", now);
-        r.handle_timeout(now, &cache);
+        r.handle_timeout(now);
         drain(&mut r, &mut outs);
         t.emit(&outs);
         sends += outs
@@ -805,7 +806,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     now += 1;
     t.step("path-lid5-miss", now);
     let start = now;
-    r.request(now, &cache, EP, CEP, 7, Kind::Resolve, &lid_msg(5, 0x1007));
+    r.request(now, EP, CEP, 7, Kind::Resolve, &lid_msg(5, 0x1007));
     drain(&mut r, &mut outs);
     t.emit(&outs);
     let lost = first_sa(&outs);
@@ -814,7 +815,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         let Some(next) = r.poll_timeout() else { break };
         now = next.max(now);
         t.step("timeout", now);
-        r.handle_timeout(now, &cache);
+        r.handle_timeout(now);
         drain(&mut r, &mut outs);
         t.emit(&outs);
         if let Some(a) = first_answer(&outs) {
@@ -829,7 +830,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     if let Some((token, mad)) = lost {
         now += 1;
         t.step("path-lid5-umad-timeout", now);
-        r.handle_sa(now, &cache, token, 110, &mad); // ETIMEDOUT from the MAD layer
+        r.handle_sa(now, token, 110, &mad); // ETIMEDOUT from the MAD layer
         drain(&mut r, &mut outs);
         t.emit(&outs);
     }
@@ -838,7 +839,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     // 8. Close: the group is detached and left (MCMemberRecord DELETE).
     now += 1;
     t.step("close-endpoint", now);
-    r.close_endpoint(now, &cache, EP);
+    r.close_endpoint(now, EP);
     drain(&mut r, &mut outs);
     t.emit(&outs);
     t.check(
@@ -846,7 +847,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         outs.iter().any(|o| matches!(o, Output::Detach { .. }))
             && first_sa(&outs).is_some_and(|(_, m)| m[3] == 0x15),
     );
-    r.shutdown(now, &cache);
+    r.shutdown(now);
     drain(&mut r, &mut outs);
     t.emit(&outs);
     let st = r.stats();

@@ -33,7 +33,11 @@ fn run() -> u32 {
     // SAFETY: `run` is called once, from the reset handler, before anything else runs: this
     // is the only reference to TABLES ever made (what `cortex_m::singleton!` does).
     let storage: &'static mut Tables = unsafe { &mut *core::ptr::addr_of_mut!(TABLES) };
-    let Ok(mut r) = Resolver::new(black_box(Config::default()), storage, black_box(1)) else {
+    let Ok(writer) = cache.writer() else {
+        return 0;
+    };
+    let Ok(mut r) = Resolver::new(black_box(Config::default()), storage, writer, black_box(1))
+    else {
         return 0;
     };
     let ep = EpId(0);
@@ -48,7 +52,7 @@ fn run() -> u32 {
         sa_pkey: true,
     };
     let _ = r.open_endpoint(0, ep, cfg);
-    let _ = r.add_address(0, &cache, ep, 0, 1, &black_box([0x61; 64]));
+    let _ = r.add_address(0, ep, 0, 1, &black_box([0x61; 64]));
     let mut outputs = 0u32;
     for now in 0..black_box(1000u64) {
         let msg: [u8; 160] = black_box([1u8; 160]);
@@ -58,9 +62,9 @@ fn run() -> u32 {
             2 => Kind::Prime,
             _ => Kind::Refresh,
         };
-        r.request(now, &cache, ep, 0, now, kind, &msg);
+        r.request(now, ep, 0, now, kind, &msg);
         let mad: [u8; 256] = black_box([0x2c; 256]);
-        r.handle_sa(now, &cache, black_box(now << 32), 0, &mad);
+        r.handle_sa(now, black_box(now << 32), 0, &mad);
         let meta = RecvMeta {
             slid: black_box(6),
             src_qp: 1,
@@ -70,8 +74,8 @@ fn run() -> u32 {
             ep_pkey_index: 0,
             grh_sgid: Some(Gid(black_box([0xfe; 16]))),
         };
-        r.handle_acm(now, &cache, ep, &meta, &mad);
-        r.handle_timeout(now, &cache);
+        r.handle_acm(now, ep, &meta, &mad);
+        r.handle_timeout(now);
         while let Some(o) = r.poll_output() {
             if let Output::Answer(a) = &o {
                 outputs = outputs.wrapping_add(u32::from(a.len));
@@ -79,9 +83,9 @@ fn run() -> u32 {
             black_box(&o);
         }
         if black_box(now) == 999 {
-            r.reregister(now, &cache, ep, 0x100);
-            r.close_endpoint(now, &cache, ep);
-            r.shutdown(now, &cache);
+            r.reregister(now, ep, 0x100);
+            r.close_endpoint(now, ep);
+            r.shutdown(now);
         }
     }
     black_box(r.stats());
