@@ -72,7 +72,7 @@ if ((loom_rc != 0 && rc == 0)); then rc=$loom_rc; fi
 
 fuzz_rc=0
 step "fuzz (${FUZZ_SECONDS}s per target)"
-bash acm-core-nostd/fuzz/run.sh "$FUZZ_SECONDS" || fuzz_rc=$?
+bash fuzz/run.sh "$FUZZ_SECONDS" || fuzz_rc=$?
 
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$LOG_DIR/test.log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$LOG_DIR/test.log" | awk '{s+=$1} END {print s+0}')

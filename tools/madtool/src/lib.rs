@@ -1,5 +1,5 @@
 //! The decoders behind `madtool` (the binary in `src/main.rs`), as a library so that other
-//! code can run them on arbitrary bytes — the fuzz targets in `acm-core-nostd/fuzz`
+//! code can run them on arbitrary bytes — the fuzz targets in `fuzz`
 //! (`madtool_decode`, `madtool_pcap`) do.
 //!
 //! * [`decode`]: a MAD (SA PathRecord / MCMemberRecord, ibacm class 0x2C, any other class by

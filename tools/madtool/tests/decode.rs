@@ -48,7 +48,7 @@ fn err(args: &[&str], stdin: Option<&[u8]>) -> String {
 
 /// `madtool decode <flags> <seed>` on a file of the committed fuzz seed corpus.
 fn decode_corpus(flags: &[&str], seed: &str) -> String {
-    let path = root().join("acm-core-nostd/fuzz/corpus").join(seed);
+    let path = root().join("fuzz/corpus").join(seed);
     let path = path.to_str().expect("UTF-8 path");
     let args: Vec<&str> = ["decode"]
         .into_iter()
@@ -181,7 +181,7 @@ fn bad_input_fails_with_a_clear_message() {
     assert!(err(&["decode", "--hex", "01zz"], None).contains("not a hex digit"));
     assert!(err(&["decode", "--hex", "010"], None).contains("odd number"));
     let mut acm =
-        std::fs::read(root().join("acm-core-nostd/fuzz/corpus/wire_acm_mad/resolve_req.bin"))
+        std::fs::read(root().join("fuzz/corpus/wire_acm_mad/resolve_req.bin"))
             .unwrap();
     acm[20] = 9; // gid_cnt
     assert!(err(&["decode", "-"], Some(&acm)).contains("more than the 6 GIDs"));

@@ -27,7 +27,7 @@ fi
 if [[ $# -gt 0 ]]; then
     targets=("$@")
 else
-    mapfile -t targets < <(sed -n 's/^name = "\(.*\)"$/\1/p' "$here/Cargo.toml" | grep -v '^acm-core-nostd-fuzz$')
+    mapfile -t targets < <(sed -n 's/^name = "\(.*\)"$/\1/p' "$here/Cargo.toml" | grep -v '^acmrs-fuzz$')
 fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
