@@ -4,14 +4,14 @@
 //! and dropped. Also: join retries, leaves at close, names waiting for the join.
 
 use acm_core_nostd::cache::{
-    AddrKey, AddrSlot, CacheConfig, CacheWriter, Lookup, PathCache, PathSlot,
+    AddrKey, AddrKind, AddrSlot, CacheConfig, CacheWriter, Lookup, PathCache, PathSlot,
 };
-use acm_core_nostd::resolver::request::{ENODATA, ETIMEDOUT};
 use acm_core_nostd::resolver::{
     AcmDest, ArrayStorage, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, RecvMeta,
     Resolver, Storage,
 };
 use acm_core_nostd::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, CTRL_RESOLVE};
+use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::Method;
 use acm_core_nostd::wire::mcmember::ACM_QKEY;
@@ -123,7 +123,9 @@ impl<S: Storage> T<S> {
     /// acmp_resolve_req.bin), outputs drained.
     fn open_join_and_add_hca4(&mut self) {
         self.open_and_join();
-        self.r.add_address(0, EP, 0, 1, &name("hca4")).unwrap();
+        self.r
+            .add_address(0, EP, 0, AddrKind::Name, &name("hca4"))
+            .unwrap();
         self.drain();
     }
 }
@@ -244,7 +246,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
         });
         if route_acm {
             let a = answer.expect("acm mode answers from the group");
-            assert_eq!(a.status, 0);
+            assert_eq!(a.status, Status::Success);
             assert_eq!(
                 u16::from_be_bytes([a.msg[24 + 40], a.msg[24 + 41]]),
                 6,
@@ -280,7 +282,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
                     _ => None,
                 })
                 .unwrap();
-            assert_eq!(a.status, 0);
+            assert_eq!(a.status, Status::Success);
         }
         // Aliased for the caller's hit path.
         let key = AddrKey::name(0, "hca4").unwrap();
@@ -429,7 +431,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
             }
         }
     }
-    assert_eq!(a, Some((ETIMEDOUT, 6000)));
+    assert_eq!(a, Some((Status::Etimedout, 6000)));
     assert_eq!(sends, 3);
     // A name asked while never joined: ENODATA at the queue deadline.
     let mut t = heap(Config {
@@ -444,7 +446,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
         Output::Answer(a) => Some(a.status),
         _ => None,
     });
-    assert_eq!(a, Some(ENODATA));
+    assert_eq!(a, Some(Status::Enodata));
 }
 
 #[test]
@@ -506,7 +508,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
         Output::Answer(a) => Some(a.status),
         _ => None,
     });
-    assert_eq!(status, Some(ENODATA));
+    assert_eq!(status, Some(Status::Enodata));
     assert!(!out.iter().any(|o| matches!(o, Output::SendAcm { .. })));
     let path = acm_core_nostd::resolver::sim::lid_msg(6, false, 2);
     t.r.request(0, EP, 0, 2, Kind::Resolve, &path);
@@ -529,7 +531,7 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
         ..ep_config()
     };
     t.r.open_endpoint(1, tenant, cfg).unwrap();
-    t.r.add_address(1, tenant, 1, 1, &name("hca4-8001"))
+    t.r.add_address(1, tenant, 1, AddrKind::Name, &name("hca4-8001"))
         .unwrap();
     t.drain();
     // hca3 asks the default partition's group for hca4-8001: it arrives on endpoint 0,

@@ -6,11 +6,11 @@
 //! resolver_sim exactly_once` replays exactly that one (`RESOLVER_SCHEDULES=<n>` sets how many
 //! are run, default 10 000).
 
-use acm_core_nostd::resolver::request::{ENODATA, ETIMEDOUT};
 use acm_core_nostd::resolver::sim::{
     lid_msg, name_msg, node_gid, query_msg, Faults, Rng, Sim, SimConfig,
 };
 use acm_core_nostd::resolver::{Capacities, Config, Counter, Kind};
+use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 
 fn sim(nodes: usize, f: impl FnOnce(&mut SimConfig)) -> Sim {
@@ -37,7 +37,7 @@ fn name_resolves_across_two_nodes_in_sa_mode() {
     let c = resolve_name(&mut s, 0, "node1");
     s.run_for(100);
     let a = s.answer_of(c).expect("answered");
-    assert_eq!(a.status, 0);
+    assert_eq!(a.status, Status::Success);
     let p = a.path.unwrap();
     let p = PathRecord::new_unchecked(&p[..]);
     assert_eq!((p.dlid(), p.slid(), p.dgid()), (2, 1, node_gid(1)));
@@ -50,7 +50,7 @@ fn name_resolves_across_two_nodes_in_sa_mode() {
     // Aliased: the next request is a hit on the caller's path.
     let c = resolve_name(&mut s, 0, "node1");
     let a = s.answer_of(c).unwrap();
-    assert!(a.inline && a.status == 0);
+    assert!(a.inline && a.status == Status::Success);
     assert!(s.violations.is_empty(), "{:?}", s.violations);
     // node1 recorded node0 from its request (no source entry: our port GID as source).
     assert_eq!(s.nodes[1].stats().acm_malformed, 0);
@@ -62,7 +62,7 @@ fn name_resolves_in_acm_route_mode_without_sa_path_queries() {
     let c = resolve_name(&mut s, 2, "node0");
     s.run_for(100);
     let a = s.answer_of(c).expect("answered");
-    assert_eq!(a.status, 0);
+    assert_eq!(a.status, Status::Success);
     let path = a.path.unwrap();
     let p = PathRecord::new_unchecked(&path[..]);
     assert_eq!(
@@ -128,7 +128,7 @@ fn queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
     for c in &clients {
         assert_eq!(
             s.answer_of(*c).map(|a| a.status),
-            Some(ETIMEDOUT),
+            Some(Status::Etimedout),
             "client {c}"
         );
     }
@@ -148,7 +148,7 @@ fn coalescing_100_requests_one_multicast_one_sa_query() {
     assert_eq!(s.acm_requests[0], 1);
     assert_eq!(s.sa_queries, 1);
     for c in clients {
-        assert_eq!(s.answer_of(c).unwrap().status, 0);
+        assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     }
     assert_eq!(s.counter(0, Counter::AddrQuery), 1);
     assert!(s.violations.is_empty());
@@ -163,7 +163,7 @@ fn retries_under_loss_same_tid_then_success() {
     s.faults.loss = 0;
     s.run_for(200);
     let a = s.answer_of(c).expect("answered after one retry");
-    assert_eq!(a.status, 0);
+    assert_eq!(a.status, Status::Success);
     assert_eq!(s.acm_requests[0], 2, "first lost, retry answered");
     assert_eq!(
         s.counter(0, Counter::AddrQuery),
@@ -180,12 +180,12 @@ fn dead_peer_times_out_after_all_tries() {
     s.run_for(300 * 3 - 1);
     assert!(s.answer_of(c).is_none());
     s.run_for(2);
-    assert_eq!(s.answer_of(c).unwrap().status, ETIMEDOUT);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Etimedout);
     assert_eq!(s.acm_requests[0], 3, "retries = 2: three tries");
     // Unknown name: same.
     let c = resolve_name(&mut s, 0, "nobody");
     s.run_for(1000);
-    assert_eq!(s.answer_of(c).unwrap().status, ETIMEDOUT);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Etimedout);
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn window_bounds_multicast_queries_in_flight() {
     assert_eq!(s.acm_requests[0], 8, "then the next two");
     s.run_for(10_000);
     assert_eq!(s.answers.len(), 5);
-    assert!(s.answers.iter().all(|a| a.status == ETIMEDOUT));
+    assert!(s.answers.iter().all(|a| a.status == Status::Etimedout));
 }
 
 #[test]
@@ -214,14 +214,14 @@ fn peer_answering_and_bystander_recording() {
         name_msg("node1", Some("node0"), false, tid)
     });
     s.run_for(100);
-    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     // Only the target answered.
     assert_eq!((s.acm_responses[1], s.acm_responses[2]), (1, 0));
     // node2 saw the request and recorded node0: resolving node0 from node2 needs no multicast.
     let before = s.acm_requests[2];
     let c = resolve_name(&mut s, 2, "node0");
     s.run_for(100);
-    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     assert_eq!(s.acm_requests[2], before);
     assert_eq!(s.counter(2, Counter::AddrCache), 1);
     assert!(s.violations.is_empty(), "{:?}", s.violations);
@@ -232,20 +232,28 @@ fn loopback_and_path_requests_and_query() {
     let mut s = sim(2, |_| {});
     let c = resolve_name(&mut s, 0, "node0");
     let a = s.answer_of(c).unwrap();
-    assert_eq!(a.status, 0);
+    assert_eq!(a.status, Status::Success);
     assert!(a.inline, "loopback aliased at add_address");
     let c = s.request(0, Kind::Resolve, |tid| lid_msg(2, false, tid));
     s.run_for(50);
-    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     let c = s.request(0, Kind::Resolve, |tid| lid_msg(99, false, tid));
     s.run_for(50);
-    assert_eq!(s.answer_of(c).unwrap().status, ENODATA, "SA: no record");
+    assert_eq!(
+        s.answer_of(c).unwrap().status,
+        Status::Enodata,
+        "SA: no record"
+    );
     let c = s.request(0, Kind::Resolve, |tid| lid_msg(99, false, tid));
-    assert_eq!(s.answer_of(c).unwrap().status, ENODATA, "negative cache");
+    assert_eq!(
+        s.answer_of(c).unwrap().status,
+        Status::Enodata,
+        "negative cache"
+    );
     assert!(s.answer_of(c).unwrap().inline);
     let c = s.request(0, Kind::Query, |tid| query_msg(2, tid));
     s.run_for(50);
-    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
 }
 
 #[test]
@@ -253,7 +261,7 @@ fn reregister_detaches_rejoins_and_resolves_again() {
     let mut s = sim(2, |_| {});
     let c = resolve_name(&mut s, 0, "node1");
     s.run_for(100);
-    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     s.reregister(0);
     s.run_for(100);
     assert!(s.nodes[0].attached.is_some(), "rejoined");
@@ -264,7 +272,7 @@ fn reregister_detaches_rejoins_and_resolves_again() {
         "old routes are gone"
     );
     s.run_for(100);
-    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     assert_eq!(s.acm_requests[0], q + 1, "learned address was flushed");
     // Loopback survives (re-inserted under the new generation).
     let c = resolve_name(&mut s, 0, "node0");
@@ -278,13 +286,13 @@ fn close_answers_waiters_and_reopen_works() {
     let c = resolve_name(&mut s, 0, "node1");
     s.run_for(10);
     s.close(0);
-    assert_eq!(s.answer_of(c).unwrap().status, ENODATA);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Enodata);
     s.open(0);
     s.nodes[1].alive = true;
     s.run_for(10);
     let c = resolve_name(&mut s, 0, "node1");
     s.run_for(100);
-    assert_eq!(s.answer_of(c).unwrap().status, 0);
+    assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     assert!(s.violations.is_empty(), "{:?}", s.violations);
 }
 
@@ -419,7 +427,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         cov.malformed_mads += n.stats().acm_malformed + n.stats().acm_unknown_tid;
     }
     for a in &s.answers {
-        cov.answers[usize::from(a.status.min(15))] += 1;
+        cov.answers[usize::from(u8::from(a.status).min(15))] += 1;
         cov.inline += u64::from(a.inline);
     }
     cov.acm_requests += s.acm_requests.iter().sum::<u64>();
@@ -464,8 +472,15 @@ fn exactly_once_over_random_schedules() {
     }
     if n >= 1000 {
         // Not vacuous: successes, timeouts, ENOMEM, EINVAL, ENODATA, hits, multicast, SA.
-        for status in [0, 1, 2, 3, 6] {
-            assert!(cov.answers[status] > n / 100, "status {status}: {cov:?}");
+        for status in [
+            Status::Success,
+            Status::Enomem,
+            Status::Einval,
+            Status::Enodata,
+            Status::Etimedout,
+        ] {
+            let i = usize::from(u8::from(status));
+            assert!(cov.answers[i] > n / 100, "status {status:?}: {cov:?}");
         }
         assert!(
             cov.inline > n && cov.acm_responses > n && cov.sa_queries > n,

@@ -1,6 +1,7 @@
 //! The `ibacm_hosts.data` format as rdma-core's sample file documents it: names, IPv4 and IPv6
 //! addresses, several addresses per GID.
 
+use acm_core_nostd::cache::AddrKind;
 use acm_core_nostd::text::addr::Address;
 use acm_core_nostd::text::hosts::HostLines;
 
@@ -30,11 +31,11 @@ fn sample_entries() {
         other => panic!("{other:?}"),
     }
     assert_eq!(entries[1].address, Address::Ipv4([192, 168, 1, 3]));
-    assert_eq!(entries[1].address.acm_type(), 2);
+    assert_eq!(entries[1].address.kind(), AddrKind::Ipv4);
     match entries[2].address {
         Address::Ipv6(a) => assert_eq!(a[..2], [0xfe, 0x80]),
         other => panic!("{other:?}"),
     }
     assert_eq!(entries[3].gid[15], 0xc4);
-    assert_eq!(entries[3].address.acm_type(), 1);
+    assert_eq!(entries[3].address.kind(), AddrKind::Name);
 }

@@ -860,7 +860,11 @@ mod plane_tests {
         }
         let a = answers.lock().unwrap().clone();
         assert_eq!(a.len(), 3, "{a:?}");
-        assert!(a.iter().all(|a| a.status == 0), "{a:?}");
+        assert!(
+            a.iter()
+                .all(|a| a.status == acm_core_nostd::wire::client::Status::Success),
+            "{a:?}"
+        );
         let r = recorded.lock().unwrap().clone();
         let of = |l: Latency| {
             r.iter()

@@ -3,12 +3,13 @@
 //! MCMemberRecord SETs, a list of client answers). The same loop the provider runs over
 //! verbs and the ibacm core; here the rounds are driven by hand, so nothing depends on timing.
 
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::resolver::sim::{lid_msg, name_bytes, name_msg, node_gid, node_lid};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     RecvMeta, Resolver,
 };
+use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 use acm_dataplane::plane::{Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, Ud};
 use acm_dataplane::worker::{Poller, Worker};
@@ -238,7 +239,7 @@ fn node_with(me: usize, wire: &Wire, refuse_sa: bool, resolvers: usize) -> Node 
     n.inbox.control(Control::AddAddress {
         ep: EpId(0),
         cache_ep: 0,
-        type_: 1,
+        kind: AddrKind::Name,
         addr: name_bytes(&format!("node{me}")),
     });
     n
@@ -324,7 +325,7 @@ fn a_name_resolves_across_two_planes_over_the_in_memory_network() {
     assert!(run(&mut nodes, |n| !answers(&n[0]).is_empty()));
     let a = answers(&nodes[0]);
     assert_eq!(a.len(), 1);
-    assert_eq!((a[0].client, a[0].status), (5, 0));
+    assert_eq!((a[0].client, a[0].status), (5, Status::Success));
     assert_eq!(
         u64::from_ne_bytes(a[0].msg[8..16].try_into().unwrap()),
         0x77
@@ -362,14 +363,14 @@ fn requests_and_control_messages_keep_the_main_threads_order() {
     nodes[0].inbox.control(Control::AddAddress {
         ep: EpId(0),
         cache_ep: 0,
-        type_: 1,
+        kind: AddrKind::Name,
         addr: name_bytes("node0"),
     });
     // And an address added before a request is in effect for it.
     nodes[0].inbox.control(Control::AddAddress {
         ep: EpId(0),
         cache_ep: 0,
-        type_: 1,
+        kind: AddrKind::Name,
         addr: name_bytes("alias0"),
     });
     let alias = name_msg("alias0", Some("node0"), false, 0x52);
@@ -379,10 +380,14 @@ fn requests_and_control_messages_keep_the_main_threads_order() {
     let a = answers(&nodes[0]);
     assert_eq!(a.len(), 2, "one answer each");
     let by = |c: u64| a.iter().find(|a| a.client == c).unwrap();
-    assert_eq!(by(7).status, 3, "the closed endpoint's request: ENODATA");
+    assert_eq!(
+        by(7).status,
+        Status::Enodata,
+        "the closed endpoint's request: ENODATA"
+    );
     assert_eq!(
         (by(8).status, dlid_of(by(8))),
-        (0, node_lid(0)),
+        (Status::Success, node_lid(0)),
         "loopback of the new address"
     );
 }
@@ -394,7 +399,7 @@ fn a_burst_of_requests_from_one_peer_gets_every_response() {
     nodes[0].inbox.control(Control::AddAddress {
         ep: EpId(0),
         cache_ep: 0,
-        type_: 1,
+        kind: AddrKind::Name,
         addr: name_bytes("alias0"),
     });
     // Let both join their group first.
@@ -423,7 +428,7 @@ fn a_burst_of_requests_from_one_peer_gets_every_response() {
             .collect::<Vec<_>>()
     );
     for a in answers(&nodes[1]) {
-        assert_eq!((a.status, dlid_of(&a)), (0, node_lid(0)));
+        assert_eq!((a.status, dlid_of(&a)), (Status::Success, node_lid(0)));
     }
 }
 
@@ -448,11 +453,11 @@ fn without_a_resolver_every_request_is_still_answered_once() {
         .request(EpId(0), 0, 3, Kind::Query, &lid_msg(9, false, 3)));
     assert!(run(&mut nodes, |n| !answers(&n[0]).is_empty()));
     run(&mut nodes, |_| false);
-    let got: Vec<(u64, u8)> = answers(&nodes[0])
+    let got: Vec<(u64, Status)> = answers(&nodes[0])
         .iter()
         .map(|a| (a.client, a.status))
         .collect();
-    assert_eq!(got, vec![(1, 3)], "the one it held, once");
+    assert_eq!(got, vec![(1, Status::Enodata)], "the one it held, once");
     nodes[0].inbox.control(Control::Shutdown);
     nodes[0].plane.poll(Instant::now());
     assert!(nodes[0].plane.finished());
@@ -472,7 +477,7 @@ fn a_refused_sa_send_answers_the_waiters_once() {
     let a = answers(&nodes[0]);
     assert_eq!(a.len(), 2, "one answer each");
     assert!(
-        a.iter().all(|a| a.status != 0),
+        a.iter().all(|a| a.status != Status::Success),
         "{:?}",
         a.iter().map(|a| a.status).collect::<Vec<_>>()
     );
@@ -538,7 +543,7 @@ fn a_panic_in_the_loop_restarts_the_resolver_and_answers_what_it_held() {
         .any(|a| a.client == 2)));
     let a = answers(&nodes[0]);
     let a2 = a.iter().find(|a| a.client == 2).unwrap();
-    assert_eq!((a2.status, dlid_of(a2)), (0, node_lid(0)));
+    assert_eq!((a2.status, dlid_of(a2)), (Status::Success, node_lid(0)));
 }
 
 #[test]
@@ -822,7 +827,7 @@ fn two_ports_of_one_hca_answer_from_their_own_port_and_reach_the_sa_through_it()
     for a in answers(&nodes[0]) {
         let p = PathRecord::new_unchecked(&a.msg[24..88]);
         let port = if a.ep == EpId(0) { 0 } else { 1 };
-        assert_eq!(a.status, 0, "endpoint {:?}", a.ep);
+        assert_eq!(a.status, Status::Success, "endpoint {:?}", a.ep);
         assert_eq!(
             (p.slid(), p.sgid(), p.dlid()),
             (node_lid(port), node_gid(port), node_lid(5)),
@@ -874,7 +879,7 @@ fn forged_sa_replies_from_another_host_or_on_another_qp_are_dropped_and_logged()
     );
     let a = answers(&nodes[0]);
     assert_eq!(a.len(), 1);
-    assert_eq!(a[0].status, 0);
+    assert_eq!(a[0].status, Status::Success);
     assert_eq!(
         PathRecord::new_unchecked(&a[0].msg[24..88]).dlid(),
         node_lid(5),
@@ -952,7 +957,7 @@ fn a_recovery_that_panics_gives_up_and_every_request_is_still_answered_once() {
     let a: Vec<Answer> = log.lock().unwrap().answers.clone();
     let ones: Vec<&Answer> = a.iter().filter(|a| a.client == 1).collect();
     assert_eq!(ones.len(), 1, "{a:?}");
-    assert_ne!(ones[0].status, 0);
+    assert_ne!(ones[0].status, Status::Success);
     inbox.control(Control::Shutdown);
     worker.join().unwrap();
     assert!(inbox.waker.exited());

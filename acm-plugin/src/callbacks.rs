@@ -72,15 +72,7 @@ unsafe fn client_call(
             core_api::log(0, &format!("ERROR - internal error (panic) in {what}"));
             if !answered {
                 let _ = catch_unwind(AssertUnwindSafe(|| {
-                    answer_inline(
-                        ctx,
-                        via,
-                        request,
-                        id,
-                        u8::from(Status::Einval),
-                        None,
-                        &mut true,
-                    )
+                    answer_inline(ctx, via, request, id, Status::Einval, None, &mut true)
                 }));
             }
             0

@@ -14,7 +14,7 @@ pub const ACM_PROV_VERSION: u32 = 1;
 // The `<infiniband/acm.h>` names, for code written against the C ABI (the tests, the bench).
 // Each value is defined once, in `acm-core-nostd` (the one codec); these are its C spellings.
 use acm_core_nostd::cache::AddrKind;
-use acm_core_nostd::resolver::{request as rq, Counter};
+use acm_core_nostd::resolver::Counter;
 use acm_core_nostd::wire::client as wc;
 
 /// `ACM_ADDRESS_NAME`, `_IP`, `_IP6` (the `ACM_EP_INFO_*` values 1..3).
@@ -37,16 +37,8 @@ pub const ACM_OP_ACK: u8 = wc::OP_ACK;
 /// `ACM_OP_MASK`.
 pub const ACM_OP_MASK: u8 = wc::OP_MASK;
 
-/// `ACM_STATUS_SUCCESS`.
-pub const ACM_STATUS_SUCCESS: u8 = 0;
-/// Out of resources (queue or pending table full).
-pub const ACM_STATUS_ENOMEM: u8 = rq::ENOMEM;
-/// Malformed request.
-pub const ACM_STATUS_EINVAL: u8 = rq::EINVAL;
-/// No data (unknown destination, no record, endpoint gone).
-pub const ACM_STATUS_ENODATA: u8 = rq::ENODATA;
-/// The SA did not answer.
-pub const ACM_STATUS_ETIMEDOUT: u8 = rq::ETIMEDOUT;
+// `ACM_STATUS_*`: `acm_core_nostd::wire::client::Status` (the one status vocabulary; an
+// answer's byte is `u8::from(status)`, a received byte `Status::from(hdr.status)`).
 
 /// `ACM_FLAGS_QUERY_SA`.
 pub const ACM_FLAGS_QUERY_SA: u32 = wc::FLAGS_QUERY_SA;

@@ -35,7 +35,7 @@ pub(crate) fn answer_inline(
     via: Via,
     msg: &[u8],
     id: u64,
-    status: u8,
+    status: Status,
     path: Option<&[u8; 64]>,
     answered: &mut bool,
 ) {
@@ -50,7 +50,7 @@ fn answer_inline_timed(
     via: Via,
     msg: &[u8],
     id: u64,
-    status: u8,
+    status: Status,
     path: Option<&[u8; 64]>,
     hit_start: Option<u64>,
     answered: &mut bool,
@@ -85,7 +85,7 @@ fn answer_with(
     via: Via,
     msg: &[u8],
     id: u64,
-    status: u8,
+    status: Status,
     path: Option<&[u8; 64]>,
     hit_start: Option<u64>,
     answered: &mut bool,
@@ -102,7 +102,7 @@ fn deliver(
     ctx: &AddrCtx,
     via: Via,
     id: u64,
-    status: u8,
+    status: Status,
     hit_start: Option<u64>,
     answered: &mut bool,
     out: &mut AcmMsg,
@@ -159,7 +159,15 @@ fn answer_hit(
         let found = inst.cache.lookup_into(key, inst.now_ms(), path);
         match front::decide(front.target, true, &found) {
             Front::Hit { refresh } => {
-                deliver(ctx, Via::Resolve, id, 0, hit_start, answered, &mut out);
+                deliver(
+                    ctx,
+                    Via::Resolve,
+                    id,
+                    Status::Success,
+                    hit_start,
+                    answered,
+                    &mut out,
+                );
                 Ok(refresh)
             }
             _ => Err(found.with_record([0; 64])),
@@ -314,7 +322,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             front::look(&inst.cache, &target, inst.now_ms(), stale)
         }
     };
-    let mut reply = |status: u8, path: Option<&[u8; 64]>| {
+    let mut reply = |status: Status, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
         answer_inline_timed(
             ctx,
@@ -333,14 +341,14 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         Front::Hit { refresh } => {
             // An address hit (a route hit was answered above).
             let Lookup::Hit { record, .. } = found else {
-                return reply(u8::from(Status::Enodata), None);
+                return reply(Status::Enodata, None);
             };
-            let r = reply(0, Some(&record));
+            let r = reply(Status::Success, Some(&record));
             hit_answered(ctx, msg, refresh, front);
             r
         }
         Front::Answer(status) => {
-            if matches!(target, Target::Fail(s) if s == u8::from(Status::Einval)) {
+            if matches!(target, Target::Fail(Status::Einval)) {
                 inst.log_limited(
                     LogReason::Malformed,
                     "ERROR - malformed resolve request rejected (EINVAL)",
@@ -349,7 +357,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             reply(status, None)
         }
         Front::Prime => {
-            let r = reply(u8::from(Status::Enodata), None);
+            let r = reply(Status::Enodata, None);
             // Prime the cache; a full queue only loses the priming.
             let _ = hand_over(ctx, id, Kind::Prime, msg, Some(front), None);
             r
@@ -367,19 +375,19 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                     *answered = true;
                     0
                 }
-                Err(status) => reply(u8::from(status), None),
+                Err(status) => reply(status, None),
             }
         }
     }
 }
 
 pub(crate) fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_int {
-    let mut reply = |status: u8| {
+    let mut reply = |status: Status| {
         answer_inline(ctx, Via::Query, msg, id, status, None, answered);
         0
     };
     if ctx.ep.closed.load(Ordering::Acquire) {
-        return reply(u8::from(Status::Enodata));
+        return reply(Status::Enodata);
     }
     // The dataplane validates it (EINVAL) and sends it to the SA.
     match hand_over(ctx, id, Kind::Query, msg, None, None) {
@@ -387,6 +395,6 @@ pub(crate) fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool
             *answered = true;
             0
         }
-        Err(status) => reply(u8::from(status)),
+        Err(status) => reply(status),
     }
 }

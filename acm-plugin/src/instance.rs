@@ -13,7 +13,7 @@ use acm_core_nostd::cache::ep_number;
 use acm_core_nostd::resolver::request::EpView;
 use acm_core_nostd::resolver::{Counter, EpId, MAX_EPS};
 use acm_core_nostd::text::opts::ProviderOptions;
-use acm_core_nostd::wire::client::MAX_COUNTER;
+use acm_core_nostd::wire::client::{Status, MAX_COUNTER};
 use acm_core_nostd::wire::gid::Gid;
 use acm_dataplane::export::{EndpointReport, Report, Source};
 use acm_dataplane::plane::{HostAddr, HostCache, Inbox, LatencySink};
@@ -351,12 +351,10 @@ impl Ep {
 
     /// Counts the status of an answer (ERROR / NODATA), as ibacmp does per endpoint.
     #[inline]
-    pub fn count_status(&self, w: Writer, status: u8) {
+    pub fn count_status(&self, w: Writer, status: Status) {
         match status {
-            0 => {}
-            s if s == u8::from(acm_core_nostd::wire::client::Status::Enodata) => {
-                self.count(w, Counter::NoData)
-            }
+            Status::Success => {}
+            Status::Enodata => self.count(w, Counter::NoData),
             _ => self.count(w, Counter::Error),
         }
     }

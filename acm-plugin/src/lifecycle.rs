@@ -20,9 +20,10 @@ use crate::ffi::*;
 use crate::instance::{lock, Ep, EpRegistry, Instance, PortInfo};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache};
+use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache};
 use acm_core_nostd::resolver::{Capacities, Config, EpConfig, HeapStorage, Resolver};
 use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
+use acm_core_nostd::wire::acm_mad::AddressType;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
 use acm_dataplane::export::{ExportConfig, Exporter};
@@ -76,7 +77,7 @@ struct EpCtx {
 pub(crate) struct AddrCtx {
     pub(crate) inst: Arc<Instance>,
     pub(crate) ep: Arc<Ep>,
-    type_: u8,
+    kind: AddrKind,
     addr: [u8; 64],
 }
 
@@ -598,7 +599,11 @@ pub(crate) unsafe fn add_address(
     let epc = unsafe { &*(ep_context as *const EpCtx) };
     // SAFETY: the core's acm_address, valid for this call only: copy what we need now.
     let (type_, bytes) = unsafe { ((*addr).type_, (*addr).info.bytes) };
-    let Some(type_) = u8::try_from(type_).ok().filter(|t| (1..=3).contains(t)) else {
+    // The core's `ACM_ADDRESS_*` becomes a kind here, once: a name or an IP address.
+    let kind = u8::try_from(type_)
+        .ok()
+        .and_then(|t| AddrKind::try_from(AddressType::from(t)).ok());
+    let Some(kind) = kind else {
         epc.inst
             .api
             .log(0, &format!("ERROR - add_address: bad address type {type_}"));
@@ -608,13 +613,13 @@ pub(crate) unsafe fn add_address(
     epc.inst.inbox.control(Control::AddAddress {
         ep: ep.id,
         cache_ep: ep.cache_ep(),
-        type_,
+        kind,
         addr: bytes,
     });
     let raw = Box::into_raw(Box::new(AddrCtx {
         inst: epc.inst.clone(),
         ep: ep.clone(),
-        type_,
+        kind,
         addr: bytes,
     }));
     lock(&ep.addr_ctxs).push(raw as usize);
@@ -646,7 +651,7 @@ pub(crate) unsafe fn remove_address(addr_context: *mut c_void) {
     let ctx = unsafe { Box::from_raw(addr_context as *mut AddrCtx) };
     let seq = ctx.inst.inbox.control(Control::RemoveAddress {
         ep: ep.id,
-        type_: ctx.type_,
+        kind: ctx.kind,
         addr: ctx.addr,
     });
     ep.removal_seq.store(seq, Ordering::Release);

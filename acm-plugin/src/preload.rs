@@ -65,7 +65,7 @@ pub fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostAddr> {
             // file holds); the rest is counted and reported below.
             Ok(_) if out.len() >= cap => dropped += 1,
             Ok(h) => out.push(HostAddr {
-                type_: h.address.acm_type(),
+                kind: h.address.kind(),
                 addr: h.address.to_acm_bytes(),
                 gid: Gid(h.gid),
             }),
@@ -83,8 +83,8 @@ pub fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostAddr> {
             ),
         );
     }
-    out.sort_by_key(|e| (e.type_, e.addr));
-    out.dedup_by(|a, b| (a.type_, a.addr) == (b.type_, b.addr));
+    out.sort_by_key(|e| (e.kind, e.addr));
+    out.dedup_by(|a, b| (a.kind, a.addr) == (b.kind, b.addr));
     api.log(
         1,
         &format!("{} host addresses preloaded from {file}", out.len()),

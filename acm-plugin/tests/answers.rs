@@ -6,6 +6,7 @@
 
 mod common;
 
+use acm_core_nostd::wire::client::Status;
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
@@ -32,7 +33,7 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     assert!(wait_responses(1, W));
     let r = &find(t1)[0];
     assert_eq!(r.id, 3);
-    assert_eq!(r.status(), 0);
+    assert_eq!(r.status(), Status::Success);
     assert_eq!(r.msg.hdr.length, 88);
     assert_eq!(r.msg.resolve_data[0].flags, 0x2b);
     assert_eq!(r.msg.resolve_data[0].type_, ACM_EP_INFO_PATH);
@@ -47,7 +48,7 @@ fn path_by_dlid_and_dgid_miss_then_hit() {
     h.resolve(ep, &path_request(t2, 5, None, 0), 4);
     let r2 = find(t2);
     assert_eq!(r2.len(), 1, "a hit is answered inside resolve()");
-    assert_eq!((r2[0].status(), dlid_of(&r2[0].msg)), (0, 5));
+    assert_eq!((r2[0].status(), dlid_of(&r2[0].msg)), (Status::Success, 5));
     assert_eq!(r2[0].thread, std::thread::current().id());
     assert_eq!(SENDS.load(Ordering::SeqCst), sends);
     // By DGID.
@@ -82,23 +83,23 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     let t_nr = h.tid();
     h.resolve(ep, &path_request(t_nr, 0xbfff + 1, None, 0), 1);
     sa_one(SaAction::Answer, 1);
-    assert_eq!(find(t_nr)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t_nr)[0].status(), Status::Enodata);
     assert!(find(t_nr)[0].from_dataplane());
     // Remembered (acmrs_negative_ttl_ms, default 5 s): answered inline, the SA is not asked.
     let t_nr2 = h.tid();
     h.resolve(ep, &path_request(t_nr2, 0xbfff + 1, None, 0), 1);
-    assert_eq!(find(t_nr2)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t_nr2)[0].status(), Status::Enodata);
     assert_eq!(sa_pending(), 0);
     // Timeout → ETIMEDOUT.
     let t_to = h.tid();
     h.resolve(ep, &path_request(t_to, 11, None, 0), 1);
     sa_one(SaAction::Timeout, 3);
-    assert_eq!(find(t_to)[0].status(), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(find(t_to)[0].status(), Status::Etimedout);
     // Invalid field → EINVAL.
     let t_iv = h.tid();
     h.resolve(ep, &path_request(t_iv, 12, None, 0), 1);
     sa_one(SaAction::InvalidField, 4);
-    assert_eq!(find(t_iv)[0].status(), ACM_STATUS_EINVAL);
+    assert_eq!(find(t_iv)[0].status(), Status::Einval);
     // BUSY twice, then success: retried with a new TID, one answer.
     let t_b = h.tid();
     h.resolve(ep, &path_request(t_b, 13, None, 0), 1);
@@ -107,7 +108,7 @@ fn sa_failures_are_answered_once_with_the_right_status() {
         sa_complete_next(SaAction::Busy);
     }
     sa_one(SaAction::Answer, 5);
-    assert_eq!(find(t_b)[0].status(), 0);
+    assert_eq!(find(t_b)[0].status(), Status::Success);
     assert_eq!(dlid_of(&find(t_b)[0].msg), 13);
     // BUSY forever → ETIMEDOUT after acmrs_sa_retries (3).
     let t_bb = h.tid();
@@ -117,13 +118,13 @@ fn sa_failures_are_answered_once_with_the_right_status() {
         sa_complete_next(SaAction::Busy);
     }
     assert!(wait_responses(6, W));
-    assert_eq!(find(t_bb)[0].status(), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(find(t_bb)[0].status(), Status::Etimedout);
     // Never answered → ETIMEDOUT at the deadline (the core's budget: 100 ms × 1 + 1 s).
     let t_never = h.tid();
     h.resolve(ep, &path_request(t_never, 15, None, 0), 1);
     assert!(wait_until(|| sa_pending() == 1));
     assert!(wait_responses(7, W));
-    assert_eq!(find(t_never)[0].status(), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(find(t_never)[0].status(), Status::Etimedout);
     // Its late reply is ignored (and freed by the handler).
     assert!(sa_complete_next(SaAction::Answer));
     // Send failure → answered at once.
@@ -132,7 +133,7 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     h.resolve(ep, &path_request(t_sf, 16, None, 0), 1);
     assert!(wait_responses(8, W));
     SEND_FAIL.store(false, Ordering::SeqCst);
-    assert_ne!(find(t_sf)[0].status(), 0);
+    assert_ne!(find(t_sf)[0].status(), Status::Success);
     // Nothing else comes: every request the dataplane holds was taken in.
     h.barrier();
     check_exactly_once(&[t_nr, t_nr2, t_to, t_iv, t_b, t_bb, t_never, t_sf]).unwrap();
@@ -250,7 +251,7 @@ fn malformed_requests_get_einval() {
     // All rejected inline, inside resolve().
     check_exactly_once(&tids).unwrap();
     for r in responses() {
-        assert_eq!(r.status(), ACM_STATUS_EINVAL, "tid {:#x}", r.msg.hdr.tid);
+        assert_eq!(r.status(), Status::Einval, "tid {:#x}", r.msg.hdr.tid);
         assert_eq!(r.msg.hdr.length, 16);
         assert_eq!(r.thread, std::thread::current().id());
     }
@@ -264,7 +265,7 @@ fn malformed_requests_get_einval() {
     let r = &find(q.hdr.tid)[0];
     assert!(r.query);
     assert!(r.from_dataplane());
-    assert_eq!(r.status(), ACM_STATUS_EINVAL);
+    assert_eq!(r.status(), Status::Einval);
     assert_eq!(sa_pending(), 0, "nothing sent for it");
     assert_eq!(h.perf(ep)[cntr::ERROR], bad.len() as u64 + 1);
     assert!(wait_until(|| log_contains(
@@ -289,7 +290,7 @@ fn query_sa_passthrough() {
     assert!(r.from_dataplane());
     assert_eq!(r.id, 9);
     assert_eq!(r.msg.hdr.opcode, ACM_OP_RESOLVE | ACM_OP_ACK);
-    assert_eq!(r.status(), 0);
+    assert_eq!(r.status(), Status::Success);
     assert_eq!(r.msg.hdr.length, 88);
     assert_eq!(dlid_of(&r.msg), 8);
     assert_eq!(
@@ -301,7 +302,7 @@ fn query_sa_passthrough() {
     h.query(ep, &path_request(t2, 8, None, ACM_FLAGS_QUERY_SA), 9);
     sa_one(SaAction::Timeout, 2);
     let r2 = &find(t2)[0];
-    assert_eq!(r2.status(), ACM_STATUS_ETIMEDOUT);
+    assert_eq!(r2.status(), Status::Etimedout);
     assert_eq!(
         dlid_of(&r2.msg),
         8,
@@ -318,7 +319,7 @@ fn query_sa_passthrough() {
     h.query(ep, &path_request(t3, 0xc001, None, ACM_FLAGS_QUERY_SA), 9);
     sa_one(SaAction::Answer, 3);
     let r3 = &find(t3)[0];
-    assert_eq!(r3.status(), ACM_STATUS_ENODATA);
+    assert_eq!(r3.status(), Status::Enodata);
     assert_eq!(r3.msg.hdr.opcode, ACM_OP_RESOLVE | ACM_OP_ACK);
     assert_eq!(
         path_of(&r3.msg),
@@ -331,7 +332,7 @@ fn query_sa_passthrough() {
     bad.hdr.length = 16;
     h.query(ep, &bad, 9);
     assert!(wait_responses(4, W));
-    assert_eq!(find(t4)[0].status(), ACM_STATUS_EINVAL);
+    assert_eq!(find(t4)[0].status(), Status::Einval);
     let perf = h.perf(ep);
     assert_eq!((perf[cntr::ERROR], perf[cntr::NODATA]), (3, 0));
     h.close();
@@ -350,7 +351,7 @@ fn a_rejected_query_is_answered_with_ack() {
         h.query(ep, &q, 2);
         assert!(wait_until(|| find(q.hdr.tid).len() == 1));
         let r = &find(q.hdr.tid)[0];
-        assert_eq!((r.query, r.status()), (true, ACM_STATUS_EINVAL));
+        assert_eq!((r.query, r.status()), (true, Status::Einval));
         assert_eq!(
             r.msg.hdr.opcode,
             ACM_OP_RESOLVE | ACM_OP_ACK,
@@ -442,10 +443,10 @@ fn acmrs_sa_timeout_ms_bounds_the_clients_wait() {
     advance_clock(12 * min);
     let answered = wait_responses(1, W);
     let held = sa_pending();
-    let status = find(1).first().map(|r| r.msg.hdr.status);
+    let status = find(1).first().map(|r| r.status());
     h.close();
     assert!(answered, "not answered once the deadline had passed");
-    assert_eq!(status, Some(ACM_STATUS_ETIMEDOUT));
+    assert_eq!(status, Some(Status::Etimedout));
     assert_eq!(held, 1, "the MAD is still the core's");
 }
 

@@ -4,6 +4,7 @@
 
 mod common;
 
+use acm_core_nostd::wire::client::Status;
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
@@ -58,9 +59,7 @@ fn backlog_beyond_sa_depth_and_close_with_a_full_backlog() {
     h.close_ep(ep);
     assert!(wait_responses(2000, W));
     check_exactly_once(&tids).unwrap();
-    assert!(responses()
-        .iter()
-        .all(|r| r.msg.hdr.status == ACM_STATUS_ENODATA));
+    assert!(responses().iter().all(|r| r.status() == Status::Enodata));
     assert_eq!(DEAD_ENDPOINT_USE.load(Ordering::SeqCst), 0);
     sa_drain_timeouts();
     h.close();
@@ -92,9 +91,7 @@ fn outstanding_mads_stay_bounded_when_the_sa_never_answers() {
         max = max.max(sa_pending());
         response_count() == 40
     }));
-    assert!(responses()
-        .iter()
-        .all(|r| r.msg.hdr.status == ACM_STATUS_ETIMEDOUT));
+    assert!(responses().iter().all(|r| r.status() == Status::Etimedout));
     check_exactly_once(&tids).unwrap();
     // No slot was freed for the backlog while the core held the MADs: nothing else was sent.
     assert_eq!(sa_pending(), 1);
@@ -139,7 +136,7 @@ fn closing_an_endpoint_frees_the_slots_of_its_held_mads() {
     h.barrier();
     let tids: Vec<u64> = (1..=8).chain([100]).collect();
     check_exactly_once(&tids).unwrap();
-    assert_eq!(find(100)[0].status(), 0);
+    assert_eq!(find(100)[0].status(), Status::Success);
     h.close();
 }
 
@@ -163,12 +160,8 @@ fn acmrs_addr_capacity_bounds_the_hosts_preload() {
     h.resolve(0, &req(1, b"node1"), 4);
     h.resolve(0, &req(3, b"node3"), 4);
     sa_one(SaAction::Answer, 2);
-    assert_eq!(find(1)[0].status(), 0, "within the capacity");
-    assert_eq!(
-        find(3)[0].status(),
-        ACM_STATUS_ENODATA,
-        "beyond the capacity"
-    );
+    assert_eq!(find(1)[0].status(), Status::Success, "within the capacity");
+    assert_eq!(find(3)[0].status(), Status::Enodata, "beyond the capacity");
     h.close();
 }
 
@@ -225,7 +218,7 @@ fn full_queue_and_pending_table_answer_enomem() {
     let enomem = || {
         responses()
             .iter()
-            .filter(|r| r.msg.hdr.status == ACM_STATUS_ENOMEM)
+            .filter(|r| r.status() == Status::Enomem)
             .count()
     };
     assert!(

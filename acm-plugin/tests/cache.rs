@@ -10,6 +10,7 @@
 
 mod common;
 
+use acm_core_nostd::wire::client::Status;
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
@@ -62,7 +63,7 @@ fn nodelay_answers_enodata_and_primes_the_cache() {
     let sends = SENDS.load(Ordering::SeqCst);
     let t = h.tid();
     h.resolve(ep, &path_request(t, 30, None, ACM_FLAGS_NODELAY), 1);
-    assert_eq!(find(t)[0].status(), ACM_STATUS_ENODATA, "answered inline");
+    assert_eq!(find(t)[0].status(), Status::Enodata, "answered inline");
     assert!(wait_until(|| sa_pending() == 1), "lookup started anyway");
     sa_complete_next(SaAction::Answer);
     // The cache fills from that one SA answer (the test answers no other MAD): a NODELAY
@@ -75,7 +76,7 @@ fn nodelay_answers_enodata_and_primes_the_cache() {
         h.resolve(ep, &path_request(t2, 30, None, ACM_FLAGS_NODELAY), 1);
         let r = find(t2);
         assert_eq!(r.len(), 1, "NODELAY is always answered inline");
-        if r[0].status() == 0 {
+        if r[0].status() == Status::Success {
             break r[0].clone();
         }
         assert!(t0.elapsed() < W, "cache never primed");
@@ -155,7 +156,7 @@ fn refresh_ahead_requeries_once_and_updates_in_place() {
             1,
             "answered inline from the cache during the refresh"
         );
-        assert_eq!(r[0].status(), 0);
+        assert_eq!(r[0].status(), Status::Success);
         assert_eq!(path_of(&r[0].msg), old);
     }
     h.barrier();
@@ -277,7 +278,7 @@ fn a_preloaded_route_is_two_path_entries() {
                         "route {i} by {l}/{g:?} rev {rev}: answered inline"
                     );
                     assert_eq!(r[0].thread, me, "from the cache, inside resolve()");
-                    assert_eq!(r[0].status(), 0);
+                    assert_eq!(r[0].status(), Status::Success);
                     assert_eq!((dlid_of(&r[0].msg), dgid_of(&r[0].msg)), (dlid, dgid));
                     records.push(path_of(&r[0].msg));
                 }
@@ -324,7 +325,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     );
     sa_one(SaAction::Answer, 1);
     let r = &find(t)[0];
-    assert_eq!(r.status(), 0);
+    assert_eq!(r.status(), Status::Success);
     assert_eq!(dlid_of(&r.msg), 9);
     assert_eq!(r.msg.hdr.length, 16 + 2 * 72, "source echoed");
     assert_eq!(r.msg.resolve_data[1].flags, ACM_EP_FLAG_SOURCE);
@@ -347,7 +348,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         h.resolve(ep, &req(t1), 4);
         assert!(wait_until(|| find(t1).len() == 1));
         let r = &find(t1)[0];
-        assert_eq!((r.status(), dlid_of(&r.msg)), (0, 9));
+        assert_eq!((r.status(), dlid_of(&r.msg)), (Status::Success, 9));
         assert!(r.from_dataplane());
         assert_eq!(r.msg.hdr.length, 16 + 2 * 72, "source echoed");
         assert_eq!(&r.msg.resolve_data[1].info.bytes[..5], b"node7");
@@ -355,7 +356,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         h.resolve(ep, &req(t2), 4);
         let r = find(t2);
         assert_eq!(r.len(), 1, "aliased: a hit inside resolve()");
-        assert_eq!((r[0].status(), dlid_of(&r[0].msg)), (0, 9));
+        assert_eq!((r[0].status(), dlid_of(&r[0].msg)), (Status::Success, 9));
         assert_eq!(r[0].thread, me);
     }
     assert_eq!(SENDS.load(Ordering::SeqCst), sends, "no SA query for them");
@@ -371,7 +372,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
             4,
         );
         let r = &find(tl)[0];
-        assert_eq!(r.status(), 0);
+        assert_eq!(r.status(), Status::Success);
         assert_eq!(dlid_of(&r.msg), 7);
         assert_eq!(dgid_of(&r.msg), gid_of(OWN_GUID));
     }
@@ -389,7 +390,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         4,
     );
     assert!(wait_until(|| find(tu).len() == 1));
-    assert_eq!(find(tu)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(tu)[0].status(), Status::Enodata);
     let perf = h.perf(ep);
     // ibacmp's meaning: ADDR_CACHE only when the address is known and its route is not.
     // node9 by name, IPv4 and IPv6 is one GID, so one route: only the first use missed.
@@ -413,7 +414,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
     assert!(wait_until(|| find(tr).len() == 1));
     assert_eq!(
         find(tr)[0].status(),
-        ACM_STATUS_ENODATA,
+        Status::Enodata,
         "a removed address is not served"
     );
     h.close();
@@ -454,7 +455,7 @@ fn expired_host_mappings_are_renewed_and_counted_like_ibacmp() {
     h.resolve(ep, &req(t2), 4);
     assert!(wait_responses(2, W));
     let r = &find(t2)[0];
-    assert_eq!(r.status(), 0);
+    assert_eq!(r.status(), Status::Success);
     assert_eq!(dlid_of(&r.msg), 9);
     // Answered by the dataplane thread, not inline: an expired mapping is not a hit. (Its
     // answer may well be there before `resolve()` returns to us: the dataplane may be
@@ -564,7 +565,10 @@ fn preloads_and_loopback_work_after_an_endpoint_reopen() {
         1,
     );
     assert_eq!(find(tl).len(), 1, "loopback answered inline");
-    assert_eq!((find(tl)[0].status(), dlid_of(&find(tl)[0].msg)), (0, 7));
+    assert_eq!(
+        (find(tl)[0].status(), dlid_of(&find(tl)[0].msg)),
+        (Status::Success, 7)
+    );
     // Hosts name (its GID's route is not preloaded): one SA query, then a hit.
     let req = |t| {
         dest_request(
@@ -577,7 +581,10 @@ fn preloads_and_loopback_work_after_an_endpoint_reopen() {
     let tn = h.tid();
     h.resolve(ep, &req(tn), 1);
     sa_one(SaAction::Answer, 3);
-    assert_eq!((find(tn)[0].status(), dlid_of(&find(tn)[0].msg)), (0, 9));
+    assert_eq!(
+        (find(tn)[0].status(), dlid_of(&find(tn)[0].msg)),
+        (Status::Success, 9)
+    );
     let tn2 = h.tid();
     h.resolve(ep, &req(tn2), 1);
     assert_eq!(find(tn2).len(), 1, "a hit inside resolve()");
@@ -595,11 +602,11 @@ fn no_record_answers_are_remembered_for_their_lifetime() {
     let t = h.tid();
     h.resolve(ep, &path_request(t, 0xc000, None, 0), 1);
     sa_one(SaAction::Answer, 1);
-    assert_eq!(find(t)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t)[0].status(), Status::Enodata);
     let t2 = h.tid();
     h.resolve(ep, &path_request(t2, 0xc000, None, 0), 1);
     assert_eq!(find(t2).len(), 1, "remembered: answered inline");
-    assert_eq!(find(t2)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t2)[0].status(), Status::Enodata);
     advance_clock(59 * MIN);
     let t2b = h.tid();
     h.resolve(ep, &path_request(t2b, 0xc000, None, 0), 1);
@@ -616,7 +623,7 @@ fn no_record_answers_are_remembered_for_their_lifetime() {
         "forgotten after its lifetime: asked again"
     );
     sa_one(SaAction::Answer, 4);
-    assert_eq!(find(t3)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t3)[0].status(), Status::Enodata);
     assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
     h.close();
 }
@@ -641,7 +648,7 @@ fn nodelay_by_name_primes_the_route_and_the_alias() {
     let t = h.tid();
     h.resolve(ep, &req(t), 1);
     assert_eq!(find(t).len(), 1, "NODELAY is answered inline");
-    assert_eq!(find(t)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t)[0].status(), Status::Enodata);
     assert!(
         wait_until(|| sa_pending() == 1),
         "the route lookup started anyway"
@@ -655,7 +662,7 @@ fn nodelay_by_name_primes_the_route_and_the_alias() {
             h.resolve(ep, &req(t2), 1);
             let r = find(t2);
             assert_eq!(r.len(), 1, "NODELAY is answered inline");
-            r[0].status() == 0 && dlid_of(&r[0].msg) == 9
+            r[0].status() == Status::Success && dlid_of(&r[0].msg) == 9
         }),
         "never primed"
     );

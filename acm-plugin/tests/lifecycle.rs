@@ -2,6 +2,7 @@
 //! waiting, port change (close everything, reopen with a new LID), endpoint reopen,
 //! CLIENT_REREGISTER, shutdown with requests in flight.
 
+use acm_core_nostd::wire::client::Status;
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
@@ -115,7 +116,7 @@ fn options_are_validated() {
     let t = h.tid();
     h.resolve(ep, &path_request(t, 50, None, 0), 1);
     sa_one(SaAction::Answer, 1);
-    assert_eq!(find(t)[0].status(), 0);
+    assert_eq!(find(t)[0].status(), Status::Success);
     h.close();
 }
 
@@ -160,7 +161,7 @@ fn close_with_a_request_waiting_answers_it_once() {
     assert!(wait_until(|| sa_pending() == 1));
     h.close_ep(ep);
     assert!(wait_responses(2, W));
-    assert_eq!(find(t_wait)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t_wait)[0].status(), Status::Enodata);
     // The late SA answer is freed and ignored.
     assert!(sa_complete_next(SaAction::Answer));
     h.barrier();
@@ -231,10 +232,10 @@ fn shutdown_answers_requests_in_flight() {
     // close_device joins the dataplane thread: everything is answered when it returns.
     h.close();
     assert_eq!(find(t_sd).len(), 1);
-    assert_eq!(find(t_sd)[0].status(), ACM_STATUS_ENODATA);
+    assert_eq!(find(t_sd)[0].status(), Status::Enodata);
     assert_eq!(find(q_sd).len(), 1);
     assert!(find(q_sd)[0].query);
-    assert_ne!(find(q_sd)[0].status(), 0);
+    assert_ne!(find(q_sd)[0].status(), Status::Success);
     assert!(log_contains("stopped"));
     // The core hands the MADs back afterwards: freed, no answer.
     sa_drain_timeouts();

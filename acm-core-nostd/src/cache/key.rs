@@ -3,6 +3,9 @@
 //! Keys are packed into fixed arrays of 32-bit words and compared word for word, so two keys
 //! share an entry only if *every* field is equal: there is no fingerprint that could collide.
 
+use crate::wire::acm_mad::AddressType;
+use crate::wire::client::EpInfoType;
+
 /// Number of 32-bit words a packed [`PathKey`] occupies.
 pub const PATH_KEY_WORDS: usize = 10;
 /// Number of 32-bit words a packed [`AddrKey`] occupies.
@@ -334,8 +337,16 @@ impl PackedPathKey {
     }
 }
 
-/// The kind of an [`AddrKey`], with ibacm's `ACM_ADDRESS_*` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The kind of an address a client or the core names a destination or a local address by:
+/// the kind of an [`AddrKey`], of the resolver's `add_address` / `remove_address` /
+/// `preload_address` inputs and of a hosts-file entry, with ibacm's `ACM_ADDRESS_*` values.
+///
+/// Of the three address-type enums of the crate, this one is the address a client asks for.
+/// [`AddressType`] is `ACM_ADDRESS_*` as a class 0x2C MAD carries it (also GID and LID, which
+/// peers may name themselves by, and the wire's invalid/unknown values): the resolver's
+/// address table holds it. [`EpInfoType`] is `ACM_EP_INFO_*` of a client message entry (also
+/// PATH). The conversions below are the only mappings between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
 pub enum AddrKind {
     /// A host name (`ACM_ADDRESS_NAME`).
@@ -344,6 +355,42 @@ pub enum AddrKind {
     Ipv4 = 2,
     /// An IPv6 address (`ACM_ADDRESS_IP6`).
     Ipv6 = 3,
+}
+
+impl From<AddrKind> for AddressType {
+    fn from(k: AddrKind) -> Self {
+        match k {
+            AddrKind::Name => AddressType::Name,
+            AddrKind::Ipv4 => AddressType::Ip,
+            AddrKind::Ipv6 => AddressType::Ip6,
+        }
+    }
+}
+
+impl TryFrom<AddressType> for AddrKind {
+    /// The type, which names no address a client asks for (GID, LID, invalid, unknown).
+    type Error = AddressType;
+    fn try_from(t: AddressType) -> Result<Self, AddressType> {
+        match t {
+            AddressType::Name => Ok(AddrKind::Name),
+            AddressType::Ip => Ok(AddrKind::Ipv4),
+            AddressType::Ip6 => Ok(AddrKind::Ipv6),
+            other => Err(other),
+        }
+    }
+}
+
+impl TryFrom<EpInfoType> for AddrKind {
+    /// The type, which is no address (PATH, GID, LID, unknown).
+    type Error = EpInfoType;
+    fn try_from(t: EpInfoType) -> Result<Self, EpInfoType> {
+        match t {
+            EpInfoType::Name => Ok(AddrKind::Name),
+            EpInfoType::AddressIp => Ok(AddrKind::Ipv4),
+            EpInfoType::AddressIp6 => Ok(AddrKind::Ipv6),
+            other => Err(other),
+        }
+    }
 }
 
 /// Key of an address entry: endpoint, address type and up to 64 address bytes.
@@ -521,6 +568,32 @@ mod tests {
         let g = PathKey::new(1, Dest::Gid(gid));
         assert_ne!(l.to_words(), g.to_words());
         assert_ne!(PathKey::new(2, Dest::Lid(0x0102)).to_words(), l.to_words());
+    }
+
+    #[test]
+    fn addr_kinds_convert_only_between_the_address_types() {
+        for (k, t, e) in [
+            (AddrKind::Name, AddressType::Name, EpInfoType::Name),
+            (AddrKind::Ipv4, AddressType::Ip, EpInfoType::AddressIp),
+            (AddrKind::Ipv6, AddressType::Ip6, EpInfoType::AddressIp6),
+        ] {
+            assert_eq!(AddressType::from(k), t);
+            assert_eq!(u8::from(t), k as u8);
+            assert_eq!(AddrKind::try_from(t), Ok(k));
+            assert_eq!(AddrKind::try_from(e), Ok(k));
+        }
+        for b in [0u8, 4, 5, 6, 0xff] {
+            let t = AddressType::from(b);
+            assert_eq!(AddrKind::try_from(t), Err(t));
+        }
+        for t in [
+            EpInfoType::Gid,
+            EpInfoType::Lid,
+            EpInfoType::Path,
+            EpInfoType::from(9),
+        ] {
+            assert_eq!(AddrKind::try_from(t), Err(t));
+        }
     }
 
     #[test]

@@ -16,27 +16,22 @@
 //! `Resolved`/`Learned` and may be evicted when the table is full and they are idle.
 
 use super::mads;
-use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
+use super::request;
 use super::storage::{bucket_hash, list_id, AddrState, EpSlot, GroupState, List, Origin, SaTry};
 use super::{
     addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, Request, Resolver,
     Storage, NEVER,
 };
 use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, Lookup, PathKey};
-use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, ACM_MGMT_CLASS, CTRL_RESOLVE};
-use crate::wire::client::{AcmMsg, EpInfoType, EP_FLAG_SOURCE};
+use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ACM_MGMT_CLASS, CTRL_RESOLVE};
+use crate::wire::client::{AcmMsg, Status, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
 use crate::wire::mad::Method;
 use crate::wire::path_record::PathRecord;
 
 /// The cache address key of an entry (NAME/IP/IP6 only).
 pub(crate) fn addr_key(a: &AddrEntry) -> Option<AddrKey> {
-    let kind = match a.type_ {
-        1 => AddrKind::Name,
-        2 => AddrKind::Ipv4,
-        3 => AddrKind::Ipv6,
-        _ => return None,
-    };
+    let kind = AddrKind::try_from(a.type_).ok()?;
     Some(AddrKey {
         ep: a.cache_ep,
         kind,
@@ -68,17 +63,22 @@ pub(crate) fn alias<C: CacheRef>(
 const EVICT_PROBES: u32 = 64;
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    fn addr_bucket(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> usize {
+    fn addr_bucket(&mut self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> usize {
         let h = bucket_hash(
             self.seed ^ 0xadd7,
-            (slot as u32) << 8 | u32::from(type_),
+            (slot as u32) << 8 | u32::from(u8::from(type_)),
             addr,
         );
         (h % self.st.addr_buckets().len() as u64) as usize
     }
 
     /// The entry for (endpoint slot, type, address).
-    pub(crate) fn find_addr(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> Option<u32> {
+    pub(crate) fn find_addr(
+        &mut self,
+        slot: usize,
+        type_: AddressType,
+        addr: &[u8; 64],
+    ) -> Option<u32> {
         let b = self.addr_bucket(slot, type_, addr);
         let mut cur = self.st.addr_buckets()[b];
         while let Some(i) = cur.checked_sub(1) {
@@ -97,7 +97,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
     /// entry if the table is full. `None` if nothing can be evicted.
-    pub(crate) fn alloc_addr(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> Option<u32> {
+    pub(crate) fn alloc_addr(
+        &mut self,
+        slot: usize,
+        type_: AddressType,
+        addr: &[u8; 64],
+    ) -> Option<u32> {
         if self.free_addrs.is_empty() {
             let n = self.st.addrs().len() as u32;
             for _ in 0..EVICT_PROBES.min(n) {
@@ -167,7 +172,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if a.state == AddrState::Free {
             return;
         }
-        self.fail_addr_waiters(i, ENODATA);
+        self.fail_addr_waiters(i, Status::Enodata);
         if matches!(a.state, AddrState::Queued | AddrState::Querying) {
             self.acm_active -= 1;
         }
@@ -201,14 +206,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Answers the waiters of entry `i` with `status`.
-    pub(crate) fn fail_addr_waiters(&mut self, i: u32, status: u8) {
+    pub(crate) fn fail_addr_waiters(&mut self, i: u32, status: Status) {
         let mut l = self.st.addrs()[i as usize].waiters;
         self.answer_list(&mut l, status, None);
         self.st.addrs()[i as usize].waiters = List::EMPTY;
     }
 
     /// An address query failed: its waiters get `status`, the entry goes (ibacmp: INIT).
-    pub(crate) fn fail_addr(&mut self, i: u32, status: u8) {
+    pub(crate) fn fail_addr(&mut self, i: u32, status: Status) {
         self.fail_addr_waiters(i, status);
         self.free_addr(i);
     }
@@ -290,12 +295,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     {
                         let ep = EpId(self.st.requests()[w as usize].ep);
                         self.count(ep, Counter::RouteCache);
-                        self.answer(w, 0, Some(&record));
+                        self.answer(w, Status::Success, Some(&record));
                     }
                     return;
                 }
                 Lookup::Negative { status, .. } => {
-                    self.answer_list(&mut waiters, status, None);
+                    self.answer_list(&mut waiters, Status::from(status), None);
                     return;
                 }
                 _ => {}
@@ -307,7 +312,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     .insert(&k, &path, now, self.cfg.route_ttl.unwrap_or(NEVER));
                 let exp = self.cfg.route_ttl.map_or(NEVER, |t| now.saturating_add(t));
                 alias(&mut self.w, &a, &k, now, exp);
-                self.answer_list(&mut waiters, 0, Some(&path));
+                self.answer_list(&mut waiters, Status::Success, Some(&path));
                 return;
             }
         }
@@ -333,7 +338,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         r: &Request<'_>,
         key: &AddrKey,
     ) {
-        if let Some(i) = self.find_addr(slot, key.kind as u8, &key.addr) {
+        if let Some(i) = self.find_addr(slot, key.kind.into(), &key.addr) {
             if self.st.addrs()[i as usize].state == AddrState::Resolved {
                 self.st.addrs()[i as usize].cache_ep = r.cache_ep;
                 self.route_addr(now, slot, i, List::EMPTY, None, true);
@@ -353,7 +358,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         key: &AddrKey,
         wait: bool,
     ) {
-        let found = self.find_addr(slot, key.kind as u8, &key.addr);
+        let found = self.find_addr(slot, key.kind.into(), &key.addr);
         let mut waiters = List::EMPTY;
         if wait {
             let Some(w) = self.waiter(r) else {
@@ -372,7 +377,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     if !waiters.is_empty() {
                         self.count(r.ep, Counter::RouteCache);
                     }
-                    self.answer_list(&mut waiters, 0, Some(&path));
+                    self.answer_list(&mut waiters, Status::Success, Some(&path));
                 } else {
                     // loopback_prot none: our own address is routed like any other, to GID0.
                     self.st.addrs()[i as usize].cache_ep = r.cache_ep;
@@ -403,22 +408,22 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
                 self.add_waiters(i, &mut waiters);
             }
-            (Some(_), _) => self.answer_list(&mut waiters, ENODATA, None),
+            (Some(_), _) => self.answer_list(&mut waiters, Status::Enodata, None),
             (None, _) => {
                 if !(self.cfg.addr_acm && self.st.endpoints()[slot].acm) {
-                    self.answer_list(&mut waiters, ENODATA, None);
+                    self.answer_list(&mut waiters, Status::Enodata, None);
                     return;
                 }
-                let Some(i) = self.alloc_addr(slot, key.kind as u8, &key.addr) else {
+                let Some(i) = self.alloc_addr(slot, key.kind.into(), &key.addr) else {
                     self.stats.full += 1;
-                    self.answer_list(&mut waiters, ENOMEM, None);
+                    self.answer_list(&mut waiters, Status::Enomem, None);
                     return;
                 };
                 {
                     let a = &mut self.st.addrs()[i as usize];
                     a.cache_ep = r.cache_ep;
                     if let Some((t, src)) = source_entry(r.msg) {
-                        a.src_type = t;
+                        a.src_type = t.into();
                         a.src = src;
                     }
                 }
@@ -504,7 +509,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 break;
             }
             // Waiting for the group join: ibacmp's "endpoint not ready" ENODATA.
-            let status = if ready { ETIMEDOUT } else { ENODATA };
+            let status = if ready {
+                Status::Etimedout
+            } else {
+                Status::Enodata
+            };
             self.stats.timeouts += u64::from(ready);
             self.fail_addr(i, status);
         }
@@ -530,7 +539,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.arm(at);
             } else {
                 self.stats.timeouts += 1;
-                self.fail_addr(i, ETIMEDOUT);
+                self.fail_addr(i, Status::Etimedout);
             }
         }
     }
@@ -599,7 +608,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Whether `addr` is a local address of an open endpoint other than `slot` (another
     /// partition): a request for it that arrives on `slot` crossed partitions.
-    fn local_elsewhere(&mut self, slot: usize, type_: u8, addr: &[u8; 64]) -> bool {
+    fn local_elsewhere(&mut self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> bool {
         let n = self.st.endpoints().len().min(super::MAX_EPS);
         (0..n).any(|o| {
             o != slot
@@ -718,8 +727,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         sgid: Gid,
         r: &AcmResolveRepr,
     ) {
-        let (st, dt) = (u8::from(r.src_type), u8::from(r.dest_type));
-        if !(1..=5).contains(&st) || !(1..=5).contains(&dt) {
+        let (st, dt) = (r.src_type, r.dest_type);
+        if !st.is_address() || !dt.is_address() {
             self.stats.acm_malformed += 1;
             return;
         }
@@ -803,23 +812,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 }
 
-/// The request's source entry (type 1..=3 and its 64 bytes), if it names one: the entry at
-/// `src_index` (where the core put the source the client gave, or the one it selected with
-/// `src_out` set), else any entry flagged `ACM_EP_FLAG_SOURCE`.
-fn source_entry(msg: &[u8]) -> Option<(u8, [u8; 64])> {
+/// The request's source entry (a name or IP address and its 64 bytes), if it names one: the
+/// entry at `src_index` (where the core put the source the client gave, or the one it
+/// selected with `src_out` set), else any entry flagged `ACM_EP_FLAG_SOURCE`.
+fn source_entry(msg: &[u8]) -> Option<(AddrKind, [u8; 64])> {
     let m = AcmMsg::new_checked(msg).ok()?;
     let layout = m.check_resolve().ok()?;
-    let pick = |i: usize| -> Option<(u8, [u8; 64])> {
+    let pick = |i: usize| -> Option<(AddrKind, [u8; 64])> {
         let e = m.entry(i)?;
         if e.flags() & EP_FLAG_SOURCE == 0 && layout.source != Some(i) {
             return None;
         }
-        let t = match e.info_type() {
-            EpInfoType::Name => 1,
-            EpInfoType::AddressIp => 2,
-            EpInfoType::AddressIp6 => 3,
-            _ => return None,
-        };
+        let t = AddrKind::try_from(e.info_type()).ok()?;
         let mut a = [0u8; 64];
         a.copy_from_slice(e.info());
         (a != [0; 64]).then_some((t, a))
@@ -846,12 +850,12 @@ mod tests {
             (2, AddrKind::Ipv4),
             (3, AddrKind::Ipv6),
         ] {
-            a.type_ = t;
+            a.type_ = AddressType::from(t);
             let k = addr_key(&a).unwrap();
             assert_eq!((k.ep, k.kind, &k.addr[..3]), (0x0203, kind, &b"abc"[..]));
         }
         for t in [0, 4, 5, 6] {
-            a.type_ = t;
+            a.type_ = AddressType::from(t);
             assert!(addr_key(&a).is_none());
         }
     }
@@ -861,16 +865,16 @@ mod tests {
     fn source_entry_is_the_requests_echoed_source() {
         let m = super::super::sim::name_msg("dst", Some("src"), false, 1);
         let (t, a) = source_entry(&m).unwrap();
-        assert_eq!((t, &a[..3]), (1, &b"src"[..]));
+        assert_eq!((t, &a[..3]), (AddrKind::Name, &b"src"[..]));
         assert!(source_entry(&super::super::sim::name_msg("dst", None, false, 1)).is_none());
         assert!(source_entry(&m[..20]).is_none());
         // A source the client gave: flagged SOURCE, src_out 0 (the core selected nothing).
         let mut m = m;
         m[3] = 0;
         let (t, a) = source_entry(&m).unwrap();
-        assert_eq!((t, &a[..3]), (1, &b"src"[..]));
+        assert_eq!((t, &a[..3]), (AddrKind::Name, &b"src"[..]));
         m[4] = 0; // src_index wrong: found by its flag
-        assert_eq!(source_entry(&m).map(|s| s.0), Some(1));
+        assert_eq!(source_entry(&m).map(|s| s.0), Some(AddrKind::Name));
         m[88..92].copy_from_slice(&0u32.to_ne_bytes()); // no SOURCE flag any more
         assert!(source_entry(&m).is_none());
     }

@@ -19,9 +19,10 @@
 
 use core::ops::Deref;
 
-use super::request::{Target, ENODATA};
+use super::request::Target;
 use super::Millis;
 use crate::cache::{AddrSlot, Lookup, PathCache, PathSlot};
+use crate::wire::client::Status;
 
 /// What the front does with a RESOLVE request ([`decide`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +35,7 @@ pub enum Front {
         refresh: bool,
     },
     /// Answer it now with this status; nothing to hand over.
-    Answer(u8),
+    Answer(Status),
     /// Answer it now with ENODATA (a NODELAY request that missed), then hand it over as a
     /// [`Kind::Prime`](super::Kind::Prime) so the next one finds the entry.
     Prime,
@@ -52,13 +53,15 @@ pub fn decide<R>(target: &Target, open: bool, lookup: &Lookup<R>) -> Front {
         Target::Route { nodelay, .. } | Target::Address { nodelay, .. } => nodelay,
     };
     if !open {
-        return Front::Answer(ENODATA);
+        return Front::Answer(Status::Enodata);
     }
     match *lookup {
         Lookup::Hit { needs_refresh, .. } => Front::Hit {
             refresh: needs_refresh,
         },
-        Lookup::Negative { status, .. } => Front::Answer(status),
+        // The cache stores a negative entry's status as the byte the resolver wrote
+        // ([`Status`] as `u8`, never 0): read back, it is that status again.
+        Lookup::Negative { status, .. } => Front::Answer(Status::from(status)),
         Lookup::Miss | Lookup::Busy if nodelay => Front::Prime,
         Lookup::Miss | Lookup::Busy => Front::HandOver,
     }
@@ -88,7 +91,6 @@ where
 mod tests {
     use super::*;
     use crate::cache::AddrKey;
-    use crate::resolver::request::EINVAL;
 
     fn addr(nodelay: bool) -> Target {
         Target::Address {
@@ -110,19 +112,22 @@ mod tests {
         };
         let miss = Lookup::<()>::Miss;
         assert_eq!(
-            decide(&Target::Fail(EINVAL), true, &hit(false)),
-            Front::Answer(EINVAL)
+            decide(&Target::Fail(Status::Einval), true, &hit(false)),
+            Front::Answer(Status::Einval)
         );
         assert_eq!(
-            decide(&Target::Fail(EINVAL), false, &miss),
-            Front::Answer(EINVAL)
+            decide(&Target::Fail(Status::Einval), false, &miss),
+            Front::Answer(Status::Einval)
         );
         for nodelay in [false, true] {
             let t = addr(nodelay);
-            assert_eq!(decide(&t, false, &hit(false)), Front::Answer(ENODATA));
+            assert_eq!(
+                decide(&t, false, &hit(false)),
+                Front::Answer(Status::Enodata)
+            );
             assert_eq!(decide(&t, true, &hit(false)), Front::Hit { refresh: false });
             assert_eq!(decide(&t, true, &hit(true)), Front::Hit { refresh: true });
-            assert_eq!(decide(&t, true, &neg), Front::Answer(4));
+            assert_eq!(decide(&t, true, &neg), Front::Answer(Status::Unknown(4)));
             let missed = if nodelay {
                 Front::Prime
             } else {

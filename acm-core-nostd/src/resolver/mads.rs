@@ -10,6 +10,7 @@
 //! stale one (old TID) never matches.
 
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ADDRESS_LEN};
+use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::inform::{InformInfoRepr, NoticeRepr, INFORM_INFO_LEN, NOTICE_LEN};
 use crate::wire::mad::{Header, MadStatus, Method, MAD_LEN};
@@ -17,7 +18,6 @@ use crate::wire::mcmember::{AcmMgid, McMemberMask, McMemberRepr, MCMEMBER_RECORD
 use crate::wire::path_record::{acm_path_comp_mask, PathRecordRepr};
 use crate::wire::sa::{attr, SaPacket, SaRepr, DATA_OFFSET};
 
-use super::request::{EINVAL, ETIMEDOUT};
 use super::McGroup;
 
 /// Token kind of an SA PathRecord query.
@@ -61,30 +61,32 @@ pub(crate) enum SaOutcome {
     /// BUSY: retry later.
     Busy,
     /// Any other failure, as an ACM status.
-    Failed(u8),
+    Failed(Status),
 }
 
 /// Classifies a PathRecord GET reply (`umad_status` nonzero = timeout / send failure).
 pub(crate) fn classify_path_reply(umad_status: u32, mad: &[u8; MAD_LEN]) -> SaOutcome {
     if umad_status != 0 {
-        return SaOutcome::Failed(ETIMEDOUT);
+        return SaOutcome::Failed(Status::Etimedout);
     }
     let p = SaPacket::new_unchecked(&mad[..]);
     let Ok(repr) = SaRepr::parse(&p) else {
-        return SaOutcome::Failed(EINVAL);
+        return SaOutcome::Failed(Status::Einval);
     };
     let status = repr.header.status;
     if status.busy() {
         return SaOutcome::Busy;
     }
     if status.redirect() || status.0 & MadStatus::INVALID_FIELD_MASK != 0 {
-        return SaOutcome::Failed(EINVAL);
+        return SaOutcome::Failed(Status::Einval);
     }
     if status.class_status() != 0 {
-        return SaOutcome::Failed(status.class_status());
+        // The SA's class status byte as the ACM status, as ibacmp passes it through
+        // (ERR_NO_RECORDS 3 is ACM_STATUS_ENODATA 3).
+        return SaOutcome::Failed(Status::from(status.class_status()));
     }
     if repr.header.method != Method::GetResp || repr.header.attr_id != attr::PATH_RECORD {
-        return SaOutcome::Failed(EINVAL);
+        return SaOutcome::Failed(Status::Einval);
     }
     let mut r = [0u8; 64];
     r.copy_from_slice(&p.data()[..64]);
@@ -184,30 +186,17 @@ pub(crate) fn group_of(index: u8, record: &[u8; MCMEMBER_RECORD_LEN]) -> McGroup
     }
 }
 
-/// An ACM address type from a wire byte (1..=5), else `None`.
-pub(crate) fn address_type(t: u8) -> Option<AddressType> {
-    match t {
-        1 => Some(AddressType::Name),
-        2 => Some(AddressType::Ip),
-        3 => Some(AddressType::Ip6),
-        4 => Some(AddressType::Gid),
-        5 => Some(AddressType::Lid),
-        _ => None,
-    }
-}
-
 /// The multicast resolve request, as libibacmp's `acmp_send_resolve` builds it.
 pub(crate) fn acm_request(
     tid: u64,
-    dest_type: u8,
+    dest_type: AddressType,
     dest: &[u8; ADDRESS_LEN],
-    src_type: u8,
+    src_type: AddressType,
     src: &[u8; ADDRESS_LEN],
     mgids: &[Gid],
 ) -> [u8; MAD_LEN] {
     let mut mad = [0u8; MAD_LEN];
-    let to = |t| address_type(t).unwrap_or(AddressType::Invalid);
-    if let Ok(r) = AcmResolveRepr::request(tid, to(dest_type), *dest, to(src_type), *src, mgids) {
+    if let Ok(r) = AcmResolveRepr::request(tid, dest_type, *dest, src_type, *src, mgids) {
         let _ = r.emit(&mut AcmMad::new_unchecked(&mut mad[..]));
     }
     mad
@@ -288,19 +277,31 @@ mod tests {
             u64::from_be_bytes(mad[48..56].try_into().unwrap()),
             M::DLID.0
         );
-        assert_eq!(classify_path_reply(110, &mad), SaOutcome::Failed(ETIMEDOUT));
+        assert_eq!(
+            classify_path_reply(110, &mad),
+            SaOutcome::Failed(Status::Etimedout)
+        );
         mad[3] = 0x81;
         assert_eq!(classify_path_reply(0, &mad), SaOutcome::Record(rec));
         mad[3] = 1;
         mad[5] = 1;
         assert_eq!(classify_path_reply(0, &mad), SaOutcome::Busy);
         mad[5] = 0x1c;
-        assert_eq!(classify_path_reply(0, &mad), SaOutcome::Failed(EINVAL));
+        assert_eq!(
+            classify_path_reply(0, &mad),
+            SaOutcome::Failed(Status::Einval)
+        );
         mad[4] = 3;
         mad[5] = 0;
-        assert_eq!(classify_path_reply(0, &mad), SaOutcome::Failed(3));
+        assert_eq!(
+            classify_path_reply(0, &mad),
+            SaOutcome::Failed(Status::Enodata)
+        );
         mad[4] = 0;
-        assert_eq!(classify_path_reply(0, &mad), SaOutcome::Failed(EINVAL));
+        assert_eq!(
+            classify_path_reply(0, &mad),
+            SaOutcome::Failed(Status::Einval)
+        );
     }
 
     #[test]

@@ -49,12 +49,13 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{ep_number, CacheRef, CacheWriter, Lookup, PathCache};
+use crate::cache::{ep_number, AddrKind, CacheRef, CacheWriter, Lookup, PathCache};
 use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
+use crate::wire::acm_mad::AddressType;
+use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
 use crate::wire::rate::{Mtu, Rate};
-use request::{EINVAL, ENODATA, ENOMEM};
 use storage::{list_id, AddrState, GroupState, JobState, Link, List, ReqState};
 
 /// Milliseconds on the caller's monotonic clock.
@@ -230,7 +231,7 @@ pub struct Answer {
     /// Which core helper sends it.
     pub via: Via,
     /// The ACM status in the answer (also in `msg`).
-    pub status: u8,
+    pub status: Status,
     /// Valid length of `msg`.
     pub len: u16,
     /// The response message (built with `wire::client`).
@@ -298,8 +299,6 @@ pub enum Error {
     /// A table is full: no endpoint slot (`open_endpoint`), no address entry (`add_address`,
     /// `preload_address`).
     Capacity,
-    /// An address type the ACM protocol does not carry.
-    AddressType,
 }
 
 impl core::fmt::Display for Error {
@@ -308,7 +307,6 @@ impl core::fmt::Display for Error {
             Error::Storage => "resolver storage is empty or inconsistent",
             Error::Endpoint => "endpoint not open (or already open)",
             Error::Capacity => "resolver table full",
-            Error::AddressType => "address type not carried by the ACM protocol",
         })
     }
 }
@@ -735,7 +733,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let Some(slot) = self.ep_slot(ep) else {
             return;
         };
-        self.drop_endpoint_work(now, slot, ENODATA, true);
+        self.drop_endpoint_work(now, slot, Status::Enodata, true);
         self.unsubscribe_all(slot);
         for i in 0..self.st.addrs().len() as u32 {
             let a = self.st.addrs()[i as usize];
@@ -772,21 +770,19 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.pump(now);
     }
 
-    /// Adds a local address of `ep` (the core's `add_address`; `type_` 1..=3). Peers asking
-    /// for it get a response. With `loopback_prot local` (and a known LID) it also answers
-    /// requests for itself with the loopback path, cached and aliased under `cache_ep` so the
-    /// caller's hit path finds it (never expires).
+    /// Adds a local address of `ep` (the core's `add_address`). Peers asking for it get a
+    /// response. With `loopback_prot local` (and a known LID) it also answers requests for
+    /// itself with the loopback path, cached and aliased under `cache_ep` so the caller's hit
+    /// path finds it (never expires).
     pub fn add_address(
         &mut self,
         now: Millis,
         ep: EpId,
         cache_ep: u32,
-        type_: u8,
+        kind: AddrKind,
         addr: &[u8; 64],
     ) -> Result<(), Error> {
-        if !(1..=3).contains(&type_) {
-            return Err(Error::AddressType);
-        }
+        let type_ = AddressType::from(kind);
         let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
         let i = match self.find_addr(slot, type_, addr) {
             Some(i) => {
@@ -795,7 +791,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     return Ok(());
                 }
                 // Someone may be waiting for what is now our own address.
-                self.fail_addr_waiters(i, ENODATA);
+                self.fail_addr_waiters(i, Status::Enodata);
                 self.free_addr(i);
                 self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?
             }
@@ -822,11 +818,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Removes a local address (the core's `remove_address`). Its loopback alias is dropped
     /// from the cache at the next input that passes the cache ([`poll_timeout`](Self::poll_timeout)
     /// asks for an immediate [`handle_timeout`](Self::handle_timeout)).
-    pub fn remove_address(&mut self, ep: EpId, type_: u8, addr: &[u8; 64]) {
+    pub fn remove_address(&mut self, ep: EpId, kind: AddrKind, addr: &[u8; 64]) {
         let Some(slot) = self.ep_slot(ep) else {
             return;
         };
-        let Some(i) = self.find_addr(slot, type_, addr) else {
+        let Some(i) = self.find_addr(slot, kind.into(), addr) else {
             return;
         };
         if self.st.addrs()[i as usize].state != AddrState::Local {
@@ -840,20 +836,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.arm(0);
     }
 
-    /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `type_` (1..=3) is `gid`.
+    /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `kind` is `gid`.
     /// The entry is ADDR_RESOLVED: the first request for it queries the route. It expires after
     /// `addr_ttl` and is renewed on use (counted `AddrQuery`).
     pub fn preload_address(
         &mut self,
         now: Millis,
         ep: EpId,
-        type_: u8,
+        kind: AddrKind,
         addr: &[u8; 64],
         gid: Gid,
     ) -> Result<(), Error> {
-        if !(1..=3).contains(&type_) {
-            return Err(Error::AddressType);
-        }
+        let type_ = AddressType::from(kind);
         let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
         let i = match self.find_addr(slot, type_, addr) {
             Some(i) => {
@@ -985,7 +979,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let slot = match self.ep_slot(r.ep) {
             Some(s) if !self.done => s,
             _ => {
-                self.answer_now(r, ENODATA, None);
+                self.answer_now(r, Status::Enodata, None);
                 return;
             }
         };
@@ -1016,7 +1010,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         let (refresh, wait) = match (r.kind, front::decide(target, true, &lookup)) {
             (_, Front::Answer(status)) => {
-                if matches!(target, Target::Fail(EINVAL)) {
+                if matches!(target, Target::Fail(Status::Einval)) {
                     self.stats.malformed += 1;
                 }
                 self.answer_now(r, status, None);
@@ -1025,7 +1019,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             (_, Front::Hit { refresh }) => {
                 if let (Kind::Resolve, Lookup::Hit { record, .. }) = (r.kind, &lookup) {
                     self.count(r.ep, Counter::RouteCache);
-                    self.answer_now(r, 0, Some(record));
+                    self.answer_now(r, Status::Success, Some(record));
                 }
                 if !refresh {
                     return;
@@ -1034,7 +1028,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             (Kind::Refresh, _) => (true, false),
             (_, Front::Prime) => {
-                self.answer_now(r, ENODATA, None);
+                self.answer_now(r, Status::Enodata, None);
                 (false, false)
             }
             (kind, Front::HandOver) => (false, kind == Kind::Resolve),
@@ -1098,12 +1092,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.done = true;
         for slot in 0..self.st.endpoints().len() {
             if self.st.endpoints()[slot].open {
-                self.drop_endpoint_work(now, slot, ENODATA, true);
+                self.drop_endpoint_work(now, slot, Status::Enodata, true);
             }
         }
         for i in 0..self.st.addrs().len() as u32 {
             if self.st.addrs()[i as usize].state != AddrState::Free {
-                self.fail_addr_waiters(i, ENODATA);
+                self.fail_addr_waiters(i, Status::Enodata);
             }
         }
         self.next_timer = None;
@@ -1244,13 +1238,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let w = self.alloc_req(r, true);
         if w.is_none() {
             self.stats.full += 1;
-            self.answer_now(r, ENOMEM, None);
+            self.answer_now(r, Status::Enomem, None);
         }
         w
     }
 
     /// Answers `r` at once (Resolve and Query only).
-    pub(crate) fn answer_now(&mut self, r: &Request<'_>, status: u8, path: Option<&[u8; 64]>) {
+    pub(crate) fn answer_now(&mut self, r: &Request<'_>, status: Status, path: Option<&[u8; 64]>) {
         if !matches!(r.kind, Kind::Resolve | Kind::Query) {
             return;
         }
@@ -1261,7 +1255,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
-    pub(crate) fn answer(&mut self, i: u32, status: u8, path: Option<&[u8; 64]>) {
+    pub(crate) fn answer(&mut self, i: u32, status: Status, path: Option<&[u8; 64]>) {
         let r = &mut self.st.requests()[i as usize];
         if r.state != ReqState::Waiting {
             return;
@@ -1277,14 +1271,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.answers
             .push_back(self.st.requests(), i, list_id::ANSWERS, req_link);
         match (query, status) {
-            (_, 0) => {}
-            (false, ENODATA) => self.count(ep, Counter::NoData),
+            (_, Status::Success) => {}
+            (false, Status::Enodata) => self.count(ep, Counter::NoData),
             _ => self.count(ep, Counter::Error),
         }
     }
 
     /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
-    pub(crate) fn answer_list(&mut self, list: &mut List, status: u8, path: Option<&[u8; 64]>) {
+    pub(crate) fn answer_list(&mut self, list: &mut List, status: Status, path: Option<&[u8; 64]>) {
         while let Some(w) = list.pop_front(self.st.requests(), list_id::WAITERS, req_link) {
             self.answer(w, status, path);
         }
@@ -1336,7 +1330,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
     /// forgets the queries the caller still holds when `forget_held`.
-    fn drop_endpoint_work(&mut self, now: Millis, slot: usize, status: u8, forget_held: bool) {
+    fn drop_endpoint_work(&mut self, now: Millis, slot: usize, status: Status, forget_held: bool) {
         for j in 0..self.st.jobs().len() as u32 {
             let job = &self.st.jobs()[j as usize];
             if job.state == JobState::Free || usize::from(job.ep) != slot {

@@ -10,6 +10,7 @@ use super::{
     UnicastAv, Via, MSG_LEN,
 };
 use crate::cache::CacheRef;
+use crate::wire::acm_mad::AddressType;
 use crate::wire::gid::Gid;
 use crate::wire::mad::Method;
 use crate::wire::mcmember::{McMemberRepr, ACM_QKEY};
@@ -209,8 +210,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The source of our request for `a`: the client's source entry, else one of the
     /// endpoint's local addresses, else our port GID (type GID).
-    fn source_of(&mut self, slot: usize, a: &super::AddrEntry) -> (u8, [u8; 64]) {
-        if a.src_type != 0 {
+    fn source_of(&mut self, slot: usize, a: &super::AddrEntry) -> (AddressType, [u8; 64]) {
+        if a.src_type != AddressType::Invalid {
             return (a.src_type, a.src);
         }
         if let Some(l) = self.st.endpoints()[slot].locals.front() {
@@ -219,7 +220,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         let mut g = [0u8; 64];
         g[..16].copy_from_slice(&self.st.endpoints()[slot].port_gid);
-        (4, g)
+        (AddressType::Gid, g)
     }
 }
 

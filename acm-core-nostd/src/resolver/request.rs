@@ -26,15 +26,6 @@ use crate::wire::Selector;
 
 use super::{Via, MSG_LEN};
 
-/// `ACM_STATUS_EINVAL`.
-pub const EINVAL: u8 = 2;
-/// `ACM_STATUS_ENODATA`.
-pub const ENODATA: u8 = 3;
-/// `ACM_STATUS_ENOMEM`.
-pub const ENOMEM: u8 = 1;
-/// `ACM_STATUS_ETIMEDOUT`.
-pub const ETIMEDOUT: u8 = 6;
-
 /// What classification needs to know about the endpoint a request arrived on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpView {
@@ -71,7 +62,7 @@ pub enum Target {
         nodelay: bool,
     },
     /// Answer at once with this status (EINVAL for malformed requests).
-    Fail(u8),
+    Fail(Status),
 }
 
 /// Classifies a RESOLVE request (`msg` = the client's message, up to 592 bytes).
@@ -82,43 +73,36 @@ pub enum Target {
 /// unknown destination type.
 pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
     let Ok(m) = AcmMsg::new_checked(msg) else {
-        return Target::Fail(EINVAL);
+        return Target::Fail(Status::Einval);
     };
     let Ok(layout) = m.check_resolve() else {
-        return Target::Fail(EINVAL);
+        return Target::Fail(Status::Einval);
     };
     let Some(dest) = m.entry(layout.dest) else {
-        return Target::Fail(EINVAL);
+        return Target::Fail(Status::Einval);
     };
     let nodelay = dest.flags() & FLAGS_NODELAY != 0;
     let Ok(info) = <&[u8; 64]>::try_from(dest.info()) else {
-        return Target::Fail(EINVAL);
+        return Target::Fail(Status::Einval);
     };
     if layout.is_path {
         // The core does not preprocess `hdr.data` of PATH requests: an echoed source must be a
         // real address entry inside the message, or the client would get a bogus second path.
         if let Some(s) = layout.source {
             let ok = s < layout.count
-                && m.entry(s).is_some_and(|e| {
-                    matches!(
-                        e.info_type(),
-                        EpInfoType::Name | EpInfoType::AddressIp | EpInfoType::AddressIp6
-                    )
-                });
+                && m.entry(s)
+                    .is_some_and(|e| AddrKind::try_from(e.info_type()).is_ok());
             if !ok {
-                return Target::Fail(EINVAL);
+                return Target::Fail(Status::Einval);
             }
         }
         let p = PathRecord::new_unchecked(&info[..]);
         if p.dlid() == 0 && p.dgid().is_zero() {
-            return Target::Fail(EINVAL);
+            return Target::Fail(Status::Einval);
         }
         return route(ep, info, nodelay);
     }
     let kind = match dest.info_type() {
-        EpInfoType::Name => AddrKind::Name,
-        EpInfoType::AddressIp => AddrKind::Ipv4,
-        EpInfoType::AddressIp6 => AddrKind::Ipv6,
         EpInfoType::Gid => {
             let mut g = [0u8; 16];
             g.copy_from_slice(&info[..16]);
@@ -129,7 +113,7 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
         EpInfoType::Lid => {
             let lid = u16::from_be_bytes([info[0], info[1]]);
             if lid == 0 {
-                return Target::Fail(EINVAL);
+                return Target::Fail(Status::Einval);
             }
             let mut r = [0u8; 64];
             let mut p = PathRecord::new_unchecked(&mut r[..]);
@@ -137,7 +121,10 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
             p.set_reversible_numpath(true, 0);
             return route(ep, &r, nodelay);
         }
-        _ => return Target::Fail(EINVAL),
+        t => match AddrKind::try_from(t) {
+            Ok(kind) => kind,
+            Err(_) => return Target::Fail(Status::Einval),
+        },
     };
     Target::Address {
         key: AddrKey {
@@ -393,7 +380,7 @@ pub fn loopback_path(port_gid: Gid, lid: u16, pkey: u16, mtu: u8, rate: u8) -> [
 pub fn respond(
     request: &[u8],
     via: Via,
-    status: u8,
+    status: Status,
     path: Option<&[u8; 64]>,
     out: &mut [u8; MSG_LEN],
 ) -> u16 {
@@ -402,12 +389,14 @@ pub fn respond(
     // bytes of `out` past that length are left as they were.
     let req = AcmMsg::new_unchecked(request);
     let built = match (via, status, path) {
-        (Via::Resolve, 0, Some(p)) => build_resolve_response(&req, p, &mut out[..]),
-        (Via::Resolve, 0, None) => build_error_response(&req, Status::from(EINVAL), &mut out[..]),
-        (Via::Resolve, s, _) => build_error_response(&req, Status::from(s), &mut out[..]),
+        (Via::Resolve, Status::Success, Some(p)) => build_resolve_response(&req, p, &mut out[..]),
+        (Via::Resolve, Status::Success, None) => {
+            build_error_response(&req, Status::Einval, &mut out[..])
+        }
+        (Via::Resolve, s, _) => build_error_response(&req, s, &mut out[..]),
         (Via::Query, s, p) => {
             let repr = p.and_then(|p| PathRecordRepr::parse_bytes(p).ok());
-            build_query_response(&req, Status::from(s), repr.as_ref(), &mut out[..])
+            build_query_response(&req, s, repr.as_ref(), &mut out[..])
         }
     };
     if let Ok(n) = built {
@@ -417,14 +406,13 @@ pub fn respond(
     out.fill(0);
     let n = request.len().min(HDR_LEN);
     out[..n].copy_from_slice(&request[..n]);
-    let status = if status == 0 { EINVAL } else { status };
+    let status = match status {
+        Status::Success => Status::Einval,
+        s => s,
+    };
     let mut hdr = [0u8; HDR_LEN];
     hdr.copy_from_slice(&out[..HDR_LEN]);
-    let fallback = build_error_response(
-        &AcmMsg::new_unchecked(&hdr[..]),
-        Status::from(status),
-        &mut out[..],
-    );
+    let fallback = build_error_response(&AcmMsg::new_unchecked(&hdr[..]), status, &mut out[..]);
     if via == Via::Query {
         // Every query() answer carries ACM_OP_ACK, the rejected ones too (as ibacmp's).
         out[1] |= OP_ACK;
@@ -684,34 +672,34 @@ mod tests {
         for len in [87usize, 16, 100] {
             let mut m = ok;
             m[6..8].copy_from_slice(&(len as u16).to_ne_bytes());
-            assert_eq!(classify(&v, &m), Target::Fail(EINVAL), "len {len}");
+            assert_eq!(classify(&v, &m), Target::Fail(Status::Einval), "len {len}");
         }
         // Wrong opcode, wrong version.
         let mut m = ok;
         m[1] = 2;
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         let mut m = ok;
         m[0] = 2;
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         // No DLID/DGID.
         let m = msg(&[(0, 0x10, [0; 64])], [0; 3]);
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         // G6: src_out pointing at the PATH entry itself, at an unknown type, past the end.
         let m = msg(&[(0, 0x10, lid_path(6))], [1, 0, 0]);
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         let m = msg(&[(0, 0x10, lid_path(6)), (1, 0x99, name("x"))], [1, 1, 0]);
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         let m = msg(&[(0, 0x10, lid_path(6))], [1, 1, 0]);
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         let m = msg(&[(0, 0x10, lid_path(6)), (1, 1, name("a"))], [1, 1, 0]);
         assert!(matches!(classify(&v, &m), Target::Route { .. }));
         // dst_index out of range, LID 0, dest type 0x99.
         let m = msg(&[(EP_FLAG_DEST, 1, name("b"))], [0, 0, 1]);
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         let m = msg(&[(EP_FLAG_DEST, 5, [0; 64])], [0; 3]);
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         let m = msg(&[(EP_FLAG_DEST, 0x99, name("b"))], [0; 3]);
-        assert_eq!(classify(&v, &m), Target::Fail(EINVAL));
+        assert_eq!(classify(&v, &m), Target::Fail(Status::Einval));
         // Short buffers never panic.
         for n in 0..20 {
             let _ = classify(&v, &ok[..n]);
@@ -769,22 +757,28 @@ mod tests {
         );
         let path = loopback_path(v.port_gid, 4, 0xffff, 4, 3);
         let mut out = [0u8; MSG_LEN];
-        let n = respond(&m[..160], Via::Resolve, 0, Some(&path), &mut out);
+        let n = respond(
+            &m[..160],
+            Via::Resolve,
+            Status::Success,
+            Some(&path),
+            &mut out,
+        );
         assert_eq!(n, 160);
         assert_eq!(&out[8..16], &m[8..16], "tid");
         assert_eq!(&out[24..88], &path[..]);
         assert_eq!(u32::from_ne_bytes(out[16..20].try_into().unwrap()), 0x2b);
         assert_eq!(&out[88 + 8..88 + 72], &name("hca3")[..]);
-        let n = respond(&m[..160], Via::Resolve, ENODATA, None, &mut out);
-        assert_eq!((n, out[2]), (16, ENODATA));
+        let n = respond(&m[..160], Via::Resolve, Status::Enodata, None, &mut out);
+        assert_eq!((n, out[2]), (16, 3));
         let q = msg(&[(0, 0x10, lid_path(6))], [0; 3]);
-        let n = respond(&q[..88], Via::Query, 0, Some(&path), &mut out);
+        let n = respond(&q[..88], Via::Query, Status::Success, Some(&path), &mut out);
         assert_eq!((n, out[1], out[2]), (88, 1 | OP_ACK, 0));
         assert_eq!(&out[24..88], &path[..]);
         // Garbage in, a 16-byte answer out, never a panic.
         for n in 0..40 {
             for via in [Via::Resolve, Via::Query] {
-                let len = respond(&q[..n], via, 0, Some(&path), &mut out);
+                let len = respond(&q[..n], via, Status::Success, Some(&path), &mut out);
                 assert!(len as usize >= HDR_LEN);
             }
         }
@@ -792,8 +786,8 @@ mod tests {
         for len in [160u16, 16] {
             let mut bad = q;
             bad[6..8].copy_from_slice(&len.to_ne_bytes());
-            let n = respond(&bad[..], Via::Query, EINVAL, None, &mut out);
-            assert_eq!((n, out[1], out[2]), (16, 1 | OP_ACK, EINVAL));
+            let n = respond(&bad[..], Via::Query, Status::Einval, None, &mut out);
+            assert_eq!((n, out[1], out[2]), (16, 1 | OP_ACK, 2));
             assert_eq!(&out[8..16], &bad[8..16], "tid");
         }
     }

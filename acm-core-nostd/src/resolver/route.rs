@@ -8,13 +8,12 @@
 //! deadline (`queue_deadline` from arrival).
 
 use super::mads::{self, SaOutcome};
-use super::request::{self, ENODATA, ENOMEM, ETIMEDOUT};
 use super::storage::{bucket_hash, list_id, AddrState, GroupState, JobState, List, StoredKey};
 use super::{
     addr, addr_rlink, job_link, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER,
 };
 use crate::cache::{CacheRef, Dest, Lookup, PathKey};
-use crate::wire::client::{AcmMsg, EpInfoType};
+use crate::wire::client::{AcmMsg, EpInfoType, Status};
 
 impl StoredKey {
     pub(crate) fn from_key(k: Option<PathKey>) -> StoredKey {
@@ -258,7 +257,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 None => {
                     self.stats.full += 1;
                     if let Some(w) = waiter {
-                        self.answer(w, ENOMEM, None);
+                        self.answer(w, Status::Enomem, None);
                     }
                     return;
                 }
@@ -292,7 +291,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         });
         let Some(sa) = valid else {
             self.stats.malformed += 1;
-            self.answer_now(r, request::EINVAL, None);
+            self.answer_now(r, Status::Einval, None);
             return;
         };
         let Some(w) = self.waiter(r) else {
@@ -306,7 +305,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             None => {
                 self.stats.full += 1;
-                self.answer(w, ENOMEM, None);
+                self.answer(w, Status::Enomem, None);
             }
         }
     }
@@ -341,7 +340,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         &mut self,
         now: Millis,
         j: u32,
-        status: u8,
+        status: Status,
         record: Option<(&[u8; 64], Millis)>,
         query_record: Option<&[u8; 64]>,
         from_cache: bool,
@@ -356,7 +355,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         // The path's expiry as inserted (not looked up: a lookup here would take the one
         // refresh claim of the entry away from the provider's hit path).
         let path_expires = match (status, record, key, job.query) {
-            (0, Some((_, exp)), Some(_), false) => Some(exp),
+            (Status::Success, Some((_, exp)), Some(_), false) => Some(exp),
             _ => None,
         };
         let record = record.map(|(r, _)| r);
@@ -372,7 +371,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let mut waiters = job.waiters;
         while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
         {
-            let path = if status == 0 {
+            let path = if status == Status::Success {
                 record
             } else if job.query {
                 query_record
@@ -481,19 +480,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     self.w.insert(&k, &rec, now, ttl);
                 }
                 let exp = now.saturating_add(ttl);
-                self.finish_job(now, j, 0, Some((&rec, exp)), None, false);
+                self.finish_job(now, j, Status::Success, Some((&rec, exp)), None, false);
             }
             SaOutcome::Failed(s) => {
                 // "No such path" is an answer from the SA, not a failure to reach it: remember
                 // it for a while, never over a path cached since the query started — nor over
                 // a path without the reversible bit that this (reversible) query could not
                 // use: the entry is shared, and requests without the bit are served by it.
-                if let (ENODATA, 0, Some(k), false) = (s, umad_status, key, job.query) {
+                if let (Status::Enodata, 0, Some(k), false) = (s, umad_status, key, job.query) {
                     let ttl = self.cfg.negative_ttl;
                     let cached = self.cache().lookup(&k.without_reversible(), now);
                     if ttl > 0 && !matches!(cached, Lookup::Hit { .. }) {
-                        // Err only for status 0, and `s` is ENODATA.
-                        let _ = self.w.insert_negative(&k, s, now, ttl);
+                        // The cache stores the status as its byte (never 0: `s` is ENODATA,
+                        // so no Err).
+                        let _ = self.w.insert_negative(&k, u8::from(s), now, ttl);
                     }
                 }
                 let mut sa_record = [0u8; 64];
@@ -510,7 +510,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.sa_hold = now.saturating_add(self.cfg.sa_deadline);
                 if job.busy_tries >= self.cfg.sa_busy_retries {
                     self.stats.timeouts += 1;
-                    self.finish_job(now, j, ETIMEDOUT, None, None, false);
+                    self.finish_job(now, j, Status::Etimedout, None, None, false);
                     return;
                 }
                 let wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
@@ -557,14 +557,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     } => {
                         let (slot, cep, sa) = (usize::from(job.ep), job.cache_ep, job.sa);
                         let rec = Some((&record, expires_at));
-                        self.finish_job(now, j, 0, rec, None, true);
+                        self.finish_job(now, j, Status::Success, rec, None, true);
                         if needs_refresh {
                             self.join_route(now, slot, cep, Some(k), &sa, None, None);
                         }
                         continue;
                     }
                     Lookup::Negative { status, .. } => {
-                        self.finish_job(now, j, status, None, None, false);
+                        self.finish_job(now, j, Status::from(status), None, None, false);
                         continue;
                     }
                     _ => {}
@@ -575,7 +575,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 // work on it (a storm's backlog would otherwise feed the SA queries whose
                 // clients have already been told ETIMEDOUT).
                 self.stats.timeouts += 1;
-                self.finish_job(now, j, ETIMEDOUT, None, None, false);
+                self.finish_job(now, j, Status::Etimedout, None, None, false);
                 continue;
             }
             self.backlog
@@ -600,7 +600,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 break;
             }
             self.stats.timeouts += 1;
-            self.finish_job(now, j, ETIMEDOUT, None, None, false);
+            self.finish_job(now, j, Status::Etimedout, None, None, false);
             self.unlist_job(j);
         }
         for id in [list_id::SA_SEND, list_id::SENT] {
@@ -613,7 +613,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 cur = List::next_of(self.st.jobs(), j, job_link);
                 if self.st.jobs()[j as usize].timer <= now {
                     self.stats.timeouts += 1;
-                    self.finish_job(now, j, ETIMEDOUT, None, None, false);
+                    self.finish_job(now, j, Status::Etimedout, None, None, false);
                     // A zombie (the caller holds its MAD) is on no list any more.
                     self.unlist_job(j);
                 }
@@ -628,7 +628,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             if job.born.saturating_add(self.cfg.queue_deadline) <= now {
                 self.stats.timeouts += 1;
-                self.finish_job(now, j, ETIMEDOUT, None, None, false);
+                self.finish_job(now, j, Status::Etimedout, None, None, false);
             } else {
                 self.requeue_job(now, j);
             }

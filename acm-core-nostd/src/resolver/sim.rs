@@ -37,7 +37,8 @@ use super::{
     AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Millis, Output,
     RecvMeta, Request, Resolver, Stats, Via, MSG_LEN,
 };
-use crate::cache::{AddrSlot, CacheConfig, CacheWriter, Lookup, PathCache, PathSlot};
+use crate::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, Lookup, PathCache, PathSlot};
+use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
 use std::sync::Arc;
@@ -253,7 +254,7 @@ pub struct SimAnswer {
     /// The client id of the request.
     pub client: u64,
     /// The ACM status.
-    pub status: u8,
+    pub status: Status,
     /// The path (successful resolve answers).
     pub path: Option<[u8; 64]>,
     /// Answered by the caller's hit path (not the resolver).
@@ -585,7 +586,9 @@ impl Sim {
             node.open = true;
             let cep = node.cache_ep();
             let name = name_bytes(&node.name);
-            let _ = node.resolver.add_address(now, EP, cep, 1, &name);
+            let _ = node
+                .resolver
+                .add_address(now, EP, cep, AddrKind::Name, &name);
         }
         self.touch(i);
         self.pump();
@@ -613,7 +616,7 @@ impl Sim {
         for (n, g) in names {
             let _ = node
                 .resolver
-                .preload_address(now, EP, 1, &name_bytes(&n), g);
+                .preload_address(now, EP, AddrKind::Name, &name_bytes(&n), g);
         }
         self.touch(i);
         self.pump();
@@ -645,7 +648,7 @@ impl Sim {
     pub fn remove_name(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let name = name_bytes(&node.name);
-        node.resolver.remove_address(EP, 1, &name);
+        node.resolver.remove_address(EP, AddrKind::Name, &name);
         self.touch(i);
         self.pump();
     }
@@ -655,7 +658,9 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[i];
         let (name, cep) = (name_bytes(&node.name), node.cache_ep());
-        let _ = node.resolver.add_address(now, EP, cep, 1, &name);
+        let _ = node
+            .resolver
+            .add_address(now, EP, cep, AddrKind::Name, &name);
         self.touch(i);
         self.pump();
     }
@@ -708,10 +713,13 @@ impl Sim {
                     Lookup::Hit { record, .. } => Some(record),
                     _ => None,
                 };
-                (refresh.then_some((0, Kind::Refresh)), Some((0, record)))
+                (
+                    refresh.then_some((0, Kind::Refresh)),
+                    Some((Status::Success, record)),
+                )
             }
             Front::Answer(status) => (None, Some((status, None))),
-            Front::Prime => (Some((0, Kind::Prime)), Some((request::ENODATA, None))),
+            Front::Prime => (Some((0, Kind::Prime)), Some((Status::Enodata, None))),
             Front::HandOver => (Some((client, Kind::Resolve)), None),
         };
         if let Some((status, path)) = answer {
@@ -740,7 +748,7 @@ impl Sim {
         client: u64,
         tid: u64,
         via: Via,
-        status: u8,
+        status: Status,
         path: Option<[u8; 64]>,
         inline: bool,
     ) {
@@ -947,11 +955,12 @@ impl Sim {
         match o {
             Output::Answer(a) => {
                 let tid = u64::from_ne_bytes(a.msg[8..16].try_into().unwrap_or([0; 8]));
-                let path = (a.status == 0 && a.via == Via::Resolve && a.len >= 88).then(|| {
-                    let mut p = [0u8; 64];
-                    p.copy_from_slice(&a.msg[24..88]);
-                    p
-                });
+                let path = (a.status == Status::Success && a.via == Via::Resolve && a.len >= 88)
+                    .then(|| {
+                        let mut p = [0u8; 64];
+                        p.copy_from_slice(&a.msg[24..88]);
+                        p
+                    });
                 if a.len as usize > MSG_LEN || usize::from(a.len) < 16 {
                     self.violations.push(format!("answer length {}", a.len));
                 }

@@ -1,7 +1,8 @@
 //! The resolver's tables, in caller-provided storage.
 //!
 //! Every table is a slice of fixed-size slots whose empty state is all zero bytes (links are
-//! `index + 1`, 0 = none; every enum's first variant is 0), so [`ArrayStorage`] can sit in
+//! `index + 1`, 0 = none; every enum's first variant is 0, `Status::Success` and
+//! `AddressType::Invalid` among them), so [`ArrayStorage`] can sit in
 //! `.bss` on firmware. Slots are threaded on intrusive doubly linked lists ([`List`]): waiter
 //! FIFOs, the answer FIFO, the SA backlog, send queues, free lists. No list ever needs memory of
 //! its own, which is why no output the resolver owes can be lost to a full queue.
@@ -9,6 +10,8 @@
 use super::{Millis, MSG_LEN};
 use crate::cache::hash::hash_words;
 use crate::cache::Constraints;
+use crate::wire::acm_mad::AddressType;
+use crate::wire::client::Status;
 
 /// The hash that picks a bucket of a hashed table (address entries, route jobs): one head word
 /// (the endpoint slot and a small field) and a 64-byte key block read as 16 little-endian words.
@@ -191,7 +194,7 @@ pub struct RequestSlot {
     pub(crate) state: ReqState,
     pub(crate) query: bool,
     pub(crate) ep: u8,
-    pub(crate) status: u8,
+    pub(crate) status: Status,
     pub(crate) has_path: bool,
     pub(crate) len: u16,
     pub(crate) client: u64,
@@ -206,7 +209,7 @@ impl RequestSlot {
         state: ReqState::Free,
         query: false,
         ep: 0,
-        status: 0,
+        status: Status::Success,
         has_path: false,
         len: 0,
         client: 0,
@@ -334,7 +337,8 @@ pub struct AddrEntry {
     pub(crate) state: AddrState,
     pub(crate) origin: Origin,
     pub(crate) ep: u8,
-    pub(crate) type_: u8,
+    /// The address's type: `ACM_ADDRESS_*` 1..=5 (a peer may name itself by GID or LID).
+    pub(crate) type_: AddressType,
     /// Our pending ACM request wants (re)sending.
     pub(crate) send_query: bool,
     /// A response to this peer's request wants sending.
@@ -342,7 +346,9 @@ pub struct AddrEntry {
     /// Index + 1 of our group shared with the peer (0 = unknown).
     pub(crate) group: u8,
     pub(crate) resp_group: u8,
-    pub(crate) src_type: u8,
+    /// The type of `src`, the client's source address for our request (`Invalid`, as on the
+    /// wire: none; not an `Option`, whose `None` would not be zero bytes).
+    pub(crate) src_type: AddressType,
     pub(crate) path_bits: u8,
     pub(crate) cache_ep: u32,
     pub(crate) lid: u16,
@@ -372,12 +378,12 @@ impl AddrEntry {
         state: AddrState::Free,
         origin: Origin::Learned,
         ep: 0,
-        type_: 0,
+        type_: AddressType::Invalid,
         send_query: false,
         send_resp: false,
         group: 0,
         resp_group: 0,
-        src_type: 0,
+        src_type: AddressType::Invalid,
         path_bits: 0,
         cache_ep: 0,
         lid: 0,

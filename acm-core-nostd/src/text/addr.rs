@@ -10,6 +10,7 @@
 //! the ACM address (`ACM_MAX_ADDRESS`).
 
 use super::ErrorKind;
+use crate::cache::AddrKind;
 use core::net::{Ipv4Addr, Ipv6Addr};
 
 /// Size of an ACM address field (`ACM_MAX_ADDRESS`).
@@ -102,12 +103,12 @@ impl Address {
         HostName::new(text).map(Address::Name)
     }
 
-    /// The ACM address type code (`ACM_ADDRESS_NAME` 1, `_IP` 2, `_IP6` 3).
-    pub const fn acm_type(&self) -> u8 {
+    /// The address's kind (`ACM_ADDRESS_NAME`, `_IP`, `_IP6`).
+    pub const fn kind(&self) -> AddrKind {
         match self {
-            Address::Name(_) => 1,
-            Address::Ipv4(_) => 2,
-            Address::Ipv6(_) => 3,
+            Address::Name(_) => AddrKind::Name,
+            Address::Ipv4(_) => AddrKind::Ipv4,
+            Address::Ipv6(_) => AddrKind::Ipv6,
         }
     }
 
@@ -195,7 +196,7 @@ mod tests {
         );
         assert!(matches!(Address::parse(b"fe80::1"), Ok(Address::Ipv6(_))));
         let a = Address::parse(b"luna3").unwrap();
-        assert_eq!(a.acm_type(), 1);
+        assert_eq!(a.kind(), AddrKind::Name);
         let bytes = a.to_acm_bytes();
         assert_eq!(&bytes[..6], b"luna3\0");
         assert!(bytes[5..].iter().all(|&b| b == 0));

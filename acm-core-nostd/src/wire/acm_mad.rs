@@ -50,6 +50,14 @@ enum_with_unknown! {
     }
 }
 
+impl AddressType {
+    /// Whether the type names an address (NAME, IP, IP6, GID or LID): not `Invalid`, not a
+    /// value this crate has no name for.
+    pub fn is_address(self) -> bool {
+        !matches!(self, AddressType::Invalid | AddressType::Unknown(_))
+    }
+}
+
 mod field {
     use crate::wire::Field;
     // The header is the first 16 bytes of a MAD common header; `control` sits where a MAD

@@ -6,6 +6,7 @@
 use super::Ud;
 use crate::stats::MissStamp;
 use crate::worker::Waker;
+use acm_core_nostd::cache::AddrKind;
 use acm_core_nostd::resolver::request::Target;
 use acm_core_nostd::resolver::{EpConfig, EpId, Kind, MSG_LEN};
 use acm_core_nostd::wire::gid::Gid;
@@ -71,8 +72,8 @@ pub struct SaReply {
 /// One address-preload entry (`addr_preload acm_hosts`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostAddr {
-    /// ACM address type (`ACM_ADDRESS_NAME` / `IP` / `IP6`).
-    pub type_: u8,
+    /// Its kind (`ACM_ADDRESS_NAME` / `IP` / `IP6`).
+    pub kind: AddrKind,
     /// The address, zero-padded to 64 bytes.
     pub addr: [u8; 64],
     /// The port GID it maps to.
@@ -104,8 +105,8 @@ pub enum Control {
         ep: EpId,
         /// Its cache number.
         cache_ep: u32,
-        /// ACM address type.
-        type_: u8,
+        /// Its kind.
+        kind: AddrKind,
         /// Zero-padded address.
         addr: [u8; 64],
     },
@@ -113,8 +114,8 @@ pub enum Control {
     RemoveAddress {
         /// Endpoint.
         ep: EpId,
-        /// ACM address type.
-        type_: u8,
+        /// Its kind.
+        kind: AddrKind,
         /// Zero-padded address.
         addr: [u8; 64],
     },

@@ -30,13 +30,15 @@
 
 use crate::stats::{Clock, Latency, MissClass, Pending};
 use crate::worker::{PollOutcome, Poller};
-use acm_core_nostd::cache::{ep_generation, ep_number, AddrSlot, CacheWriter, PathCache, PathSlot};
+use acm_core_nostd::cache::{
+    ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
+};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
     Resolver, Stats, MAX_EPS, MSG_LEN,
 };
 use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr};
-use acm_core_nostd::wire::client::AcmMsg;
+use acm_core_nostd::wire::client::{AcmMsg, Status};
 use acm_core_nostd::wire::mad::{self, Header, MgmtClass};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -139,7 +141,7 @@ struct EpRecord {
     cache_ep: u32,
     cfg: EpConfig,
     ud: Option<Box<dyn Ud>>,
-    locals: Vec<(u8, [u8; 64])>,
+    locals: Vec<(AddrKind, [u8; 64])>,
     routes: Vec<[u8; 64]>,
     addrs: Arc<Vec<HostAddr>>,
     /// Where the port's SA is, as last read from the port (`ud` SA transport).
@@ -370,23 +372,23 @@ impl<I: CoreIo> Plane<I> {
             Control::AddAddress {
                 ep,
                 cache_ep,
-                type_,
+                kind,
                 addr,
             } => {
                 if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
                     rec.cache_ep = cache_ep;
-                    rec.locals.push((type_, addr));
+                    rec.locals.push((kind, addr));
                 }
-                if let Err(e) = self.r().add_address(now, ep, cache_ep, type_, &addr) {
+                if let Err(e) = self.r().add_address(now, ep, cache_ep, kind, &addr) {
                     self.io
                         .log(0, &format!("ERROR - add_address refused: {e:?}"));
                 }
             }
-            Control::RemoveAddress { ep, type_, addr } => {
+            Control::RemoveAddress { ep, kind, addr } => {
                 if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
-                    rec.locals.retain(|l| *l != (type_, addr));
+                    rec.locals.retain(|l| *l != (kind, addr));
                 }
-                self.r().remove_address(ep, type_, &addr);
+                self.r().remove_address(ep, kind, &addr);
                 // The resolver drops the address's cache alias at its next timer run: now,
                 // before any later request looks it up.
                 self.r().handle_timeout(now);
@@ -411,7 +413,7 @@ impl<I: CoreIo> Plane<I> {
                 self.drain_outputs(now);
                 // Requests still queued get their one answer too.
                 while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
-                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                    self.answer_now(&r, Status::Enodata);
                 }
                 for e in self.eps.iter_mut() {
                     *e = None;
@@ -453,7 +455,7 @@ impl<I: CoreIo> Plane<I> {
             );
         }
         for h in rec.addrs.iter() {
-            let _ = self.r().preload_address(now, ep, h.type_, &h.addr, h.gid);
+            let _ = self.r().preload_address(now, ep, h.kind, &h.addr, h.gid);
         }
         for (t, a) in &rec.locals {
             let _ = self.r().add_address(now, ep, rec.cache_ep, *t, a);
@@ -468,7 +470,7 @@ impl<I: CoreIo> Plane<I> {
     }
 
     /// Answers a request the resolver never saw (shutdown, no resolver) with `status`.
-    fn answer_now(&mut self, r: &Request, status: u8) {
+    fn answer_now(&mut self, r: &Request, status: Status) {
         let via = match r.kind {
             Kind::Resolve => acm_core_nostd::resolver::Via::Resolve,
             Kind::Query => acm_core_nostd::resolver::Via::Query,
@@ -610,7 +612,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             did = true;
             if self.done {
                 if let Some(r) = input {
-                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                    self.answer_now(&r, Status::Enodata);
                 }
                 return PollOutcome::default();
             }

@@ -6,6 +6,7 @@
 use super::{CoreIo, Plane, BURST};
 use crate::worker::PollOutcome;
 use acm_core_nostd::resolver::{EpId, Millis, MAX_EPS};
+use acm_core_nostd::wire::client::Status;
 use std::sync::atomic::Ordering;
 
 impl<I: CoreIo> Plane<I> {
@@ -21,9 +22,7 @@ impl<I: CoreIo> Plane<I> {
         let now = self.last_now;
         self.answer_held(now);
         if let Some(r) = self.in_hand.take() {
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata))
-            }));
+            let _ = catch_unwind(AssertUnwindSafe(|| self.answer_now(&r, Status::Enodata)));
         }
         let _ = catch_unwind(AssertUnwindSafe(|| {
             self.io.log(
@@ -53,7 +52,7 @@ impl<I: CoreIo> Plane<I> {
         }
         if let Some(r) = self.in_hand.take() {
             // Not answered by the shutdown above (drain_outputs clears it when its answer goes).
-            self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+            self.answer_now(&r, Status::Enodata);
         }
         if let Some(s) = self.stats.as_mut() {
             // What the old resolver held and did not answer will never be answered.
@@ -101,11 +100,11 @@ impl<I: CoreIo> Plane<I> {
             };
             did = true;
             if let Some(r) = input {
-                self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                self.answer_now(&r, Status::Enodata);
             }
             if self.done {
                 while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
-                    self.answer_now(&r, u8::from(acm_core_nostd::wire::client::Status::Enodata));
+                    self.answer_now(&r, Status::Enodata);
                 }
                 return PollOutcome::default();
             }

@@ -16,6 +16,7 @@ use acm_core_nostd::resolver::sim::{
     gid_msg, lid_msg, node_gid, node_lid, Rng, SaService, SaServiceStats, Sim, SimConfig,
 };
 use acm_core_nostd::resolver::{Capacities, Config, Kind, Millis};
+use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 
 /// Which resolver configuration the nodes run.
@@ -285,7 +286,7 @@ pub fn run(p: Params) -> Report {
                 continue;
             };
             let iu = i as usize;
-            if a.status != 0 {
+            if a.status != Status::Success {
                 failed += 1;
                 retry.push(Reverse((a.at + p.client_retry, i, peer)));
                 continue;

@@ -18,6 +18,7 @@
 //!   device: `ibv_query_port` reports LID [`PORT_LID`], MTU 2048, 4x QDR; `ibv_get_pkey_index`
 //!   / `ibv_query_pkey` fail (no UD QP, SA-only endpoints). Off, they forward to libibverbs.
 
+use acm_core_nostd::wire::client::Status;
 use acmrs::ffi::*;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -56,8 +57,8 @@ pub struct Response {
 
 impl Response {
     /// The answer's status.
-    pub fn status(&self) -> u8 {
-        self.msg.hdr.status
+    pub fn status(&self) -> Status {
+        Status::from(self.msg.hdr.status)
     }
 
     /// True if the provider's dataplane thread sent it.
@@ -325,10 +326,14 @@ pub fn os_thread_name() -> Option<String> {
 pub unsafe extern "C" fn acm_resolve_response(id: u64, msg: *mut AcmMsg) -> c_int {
     // SAFETY: a full acm_msg (see above).
     let status = unsafe { (*msg).hdr.status };
-    if status == ACM_STATUS_ENODATA {
-        GLOBAL_COUNTERS[cntr::NODATA].fetch_add(1, Ordering::SeqCst);
-    } else if status != 0 {
-        GLOBAL_COUNTERS[cntr::ERROR].fetch_add(1, Ordering::SeqCst);
+    match Status::from(status) {
+        Status::Success => {}
+        Status::Enodata => {
+            GLOBAL_COUNTERS[cntr::NODATA].fetch_add(1, Ordering::SeqCst);
+        }
+        _ => {
+            GLOBAL_COUNTERS[cntr::ERROR].fetch_add(1, Ordering::SeqCst);
+        }
     }
     record_response(id, msg, false)
 }

@@ -20,13 +20,14 @@
 #![forbid(unsafe_code)]
 
 use acm_core_nostd::cache::{
-    ep_number, AddrSlot, CacheConfig, CacheRef, Lookup, PathCache, PathSlot,
+    ep_number, AddrKind, AddrSlot, CacheConfig, CacheRef, Lookup, PathCache, PathSlot,
 };
-use acm_core_nostd::resolver::request::{classify, respond, EpView, Target, ENODATA, ETIMEDOUT};
+use acm_core_nostd::resolver::request::{classify, respond, EpView, Target};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, Output, RecvMeta,
     Resolver, Storage, Via, MSG_LEN,
 };
+use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::MAD_LEN;
 use acm_core_nostd::wire::path_record::PathRecord;
@@ -239,7 +240,7 @@ fn put_answer(r: &mut Record, a: &Answer) {
         Via::Resolve => 0,
         Via::Query => 1,
     }]);
-    r.put(&[a.status]);
+    r.put(&[u8::from(a.status)]);
     r.put(&a.len.to_be_bytes());
     r.put(&a.msg[..usize::from(a.len).min(MSG_LEN)]);
 }
@@ -498,8 +499,8 @@ where
     };
     meter.end(Measure::HitLookup);
     let (status, path) = match lookup {
-        Lookup::Hit { record, .. } => (0, Some(record)),
-        Lookup::Negative { status, .. } => (status, None),
+        Lookup::Hit { record, .. } => (Status::Success, Some(record)),
+        Lookup::Negative { status, .. } => (Status::from(status), None),
         Lookup::Miss | Lookup::Busy => return None,
     };
     meter.begin();
@@ -619,7 +620,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("add-address-hca4", now);
     let mut hca4 = [0u8; 64];
     hca4[..4].copy_from_slice(b"hca4");
-    let ok = r.add_address(now, EP, CEP, 1, &hca4).is_ok();
+    let ok = r.add_address(now, EP, CEP, AddrKind::Name, &hca4).is_ok();
     t.check("address added", ok);
     drain(&mut r, &mut outs);
     t.emit(&outs);
@@ -688,7 +689,10 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.check(
         "client 1 answered with OpenSM's PathRecord",
         miss.is_some_and(|a| {
-            a.client == 1 && a.status == 0 && a.len == 88 && a.msg[24..88] == PR_LID_RESP[56..120]
+            a.client == 1
+                && a.status == Status::Success
+                && a.len == 88
+                && a.msg[24..88] == PR_LID_RESP[56..120]
         }),
     );
 
@@ -753,7 +757,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.emit(&outs);
     t.check(
         "client 4 answered ENODATA",
-        first_answer(&outs).is_some_and(|a| a.client == 4 && a.status == ENODATA),
+        first_answer(&outs).is_some_and(|a| a.client == 4 && a.status == Status::Enodata),
     );
     now += 1;
     t.step("path-lid99-negative-caller", now);
@@ -765,7 +769,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     }
     t.check(
         "the no-record answer is remembered (ENODATA from the cache)",
-        neg.is_some_and(|a| a.status == ENODATA),
+        neg.is_some_and(|a| a.status == Status::Enodata),
     );
 
     // 6. A name nobody answers: multicast ACM queries on their timers, then ETIMEDOUT.
@@ -798,7 +802,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     }
     t.check(
         "3 ACM tries, ETIMEDOUT after 3 x 2000 ms",
-        sends == 3 && timed_out == Some((6, ETIMEDOUT, 6000)),
+        sends == 3 && timed_out == Some((6, Status::Etimedout, 6000)),
     );
 
     // 7. A PATH to LID 5 whose SA query is never answered: ETIMEDOUT at the SA deadline;
@@ -825,7 +829,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     }
     t.check(
         "SA query unanswered: ETIMEDOUT at the SA deadline",
-        timed_out == Some((7, ETIMEDOUT, cfg.sa_deadline)),
+        timed_out == Some((7, Status::Etimedout, cfg.sa_deadline)),
     );
     if let Some((token, mad)) = lost {
         now += 1;
