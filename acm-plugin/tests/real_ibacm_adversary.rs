@@ -5,7 +5,7 @@
 //! live GID flushes nothing, and the forgery is counted and logged.
 //!
 //! Needs root and, in the target directory, `libsimverbs.so`, `libacmrs.so` and `ud-agent`
-//! (`cargo build -p simverbs -p acm-plugin -p acm-dataplane`); fails with the reason
+//! (`cargo build -p simverbs -p acm-plugin -p acm-ud-agent`); fails with the reason
 //! otherwise.
 
 mod common;
@@ -40,7 +40,7 @@ impl Rogue {
         let bin = profile_dir().join("ud-agent");
         assert!(
             bin.is_file(),
-            "{} missing: cargo build -p acm-dataplane (same target dir)",
+            "{} missing: cargo build -p acm-ud-agent (same target dir)",
             bin.display()
         );
         let mut child = Command::new(&bin)
@@ -144,6 +144,42 @@ impl Rogue {
     }
 }
 
+impl Rogue {
+    /// The next ACM name query (a Get) `from`'s daemon multicasts for `name`, as the rogue
+    /// sees it go by on the group (within 10 s).
+    fn await_query(
+        &mut self,
+        from: &acm_fabric::Node,
+        name: &str,
+    ) -> std::collections::HashMap<String, String> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(m) = self.recv(1, 1000).into_iter().find(|m| {
+                let b = bytes_of(m);
+                m["slid"] == from.lid.to_string()
+                    && b[1] == 0x2c
+                    && b[3] == 0x01
+                    && b[24..24 + name.len()] == *name.as_bytes()
+            }) {
+                return m;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no query seen");
+        }
+    }
+}
+
+/// Hca2 running stock and Hca3 acmrs (OpenSM on Hca1, no hosts file, `extra` more names per
+/// node), and the rogue on Hca4, labelled `prefix`.
+fn fabric_and_rogue(prefix: &str, extra: usize) -> (Fabric, Rogue) {
+    let f = common::stock_and_acmrs(prefix)
+        .hosts_file(HostsFile::Absent)
+        .extra_names(extra)
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let rogue = Rogue::start(&f, "Hca4");
+    (f, rogue)
+}
+
 impl Drop for Rogue {
     fn drop(&mut self) {
         let _ = writeln!(self.stdin, "quit");
@@ -209,10 +245,7 @@ fn report(trap: u16, gid: &[u8; 16]) -> [u8; 256] {
 fn a_rogue_hosts_forged_sa_report_flushes_nothing() {
     require_root();
     // Hca2 stock, Hca3 acmrs; OpenSM on Hca1; the rogue on Hca4.
-    let f = common::stock_and_acmrs("adversary")
-        .hosts_file(HostsFile::Absent)
-        .start()
-        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (f, mut rogue) = fabric_and_rogue("adversary", 0);
     let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
     // acmrs learns a path to Hca2 and serves it from its cache.
     let lid = |n: &acm_fabric::Node| n.lid.to_string();
@@ -229,7 +262,6 @@ fn a_rogue_hosts_forged_sa_report_flushes_nothing() {
 
     // The rogue joins the ACM base group (locally: no SA involved) and asks it for hca3's
     // name: acmrs answers from its UD QP, which is also the QP its SA traffic uses.
-    let mut rogue = Rogue::start(&f, "Hca4");
     rogue.open_on_acm_group(&f, "Hca4");
     let qpn = rogue.qpn_of(&f, hca3);
 
@@ -297,13 +329,8 @@ fn bytes_of(m: &std::collections::HashMap<String, String>) -> [u8; 256] {
 #[test]
 fn a_late_forged_acm_answer_and_its_replays_change_nothing() {
     require_root();
-    let f = common::stock_and_acmrs("adversary-acm")
-        .hosts_file(HostsFile::Absent)
-        .extra_names(1)
-        .start()
-        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (f, mut rogue) = fabric_and_rogue("adversary-acm", 1);
     let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
-    let mut rogue = Rogue::start(&f, "Hca4");
     rogue.open_on_acm_group(&f, "Hca4");
     // acmrs asks the group for Hca2's extra name; the stock node answers; the rogue sees the
     // query go by.
@@ -317,17 +344,7 @@ fn a_late_forged_acm_answer_and_its_replays_change_nothing() {
         "Hca2",
         Duration::from_secs(20),
     );
-    let t0 = Instant::now();
-    let query = loop {
-        let seen = rogue.recv(1, 1000);
-        if let Some(m) = seen.iter().find(|m| {
-            let b = bytes_of(m);
-            m["slid"] == hca3.lid.to_string() && b[1] == 0x2c && b[3] == 0x01
-        }) {
-            break m.clone();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "no query seen");
-    };
+    let query = rogue.await_query(hca3, &name);
     let acmrs_qpn = query["src_qp"].clone();
     // The rogue's answer, after the owner's: "that name is me" (its GID in the GRH), then
     // the same again three times (a replay).
@@ -524,13 +541,8 @@ fn drop_lines(log: &str, what: &str) -> (usize, u64) {
 fn a_flood_of_queries_and_malformed_mads_leaves_clients_served_and_the_log_bounded() {
     require_root();
     const FLOOD: u32 = 20_000;
-    let f = common::stock_and_acmrs("adversary-flood")
-        .hosts_file(HostsFile::Absent)
-        .extra_names(2)
-        .start()
-        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (f, mut rogue) = fabric_and_rogue("adversary-flood", 2);
     let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
-    let mut rogue = Rogue::start(&f, "Hca4");
     rogue.open_on_acm_group(&f, "Hca4");
     let lid = |n: &acm_fabric::Node| n.lid.to_string();
     for (victim, other, vname, oname) in
@@ -644,13 +656,8 @@ fn a_flood_of_queries_and_malformed_mads_leaves_clients_served_and_the_log_bound
 #[test]
 fn an_early_forged_acm_answer_wins_but_the_path_is_the_sas_path_to_the_answerer() {
     require_root();
-    let f = common::stock_and_acmrs("adversary-early")
-        .hosts_file(HostsFile::Absent)
-        .extra_names(1)
-        .start()
-        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let (f, mut rogue) = fabric_and_rogue("adversary-early", 1);
     let (hca2, hca3) = (f.node("Hca2").unwrap(), f.node("Hca3").unwrap());
-    let mut rogue = Rogue::start(&f, "Hca4");
     let opened = rogue.cmd("open 64 16");
     let field = |k: &str| {
         opened
@@ -692,20 +699,7 @@ fn an_early_forged_acm_answer_wins_but_the_path_is_the_sas_path_to_the_answerer(
         let out = std::thread::scope(|s| {
             let args = ["-f", "n", "-s", &asker.addrs.name, "-d", &name, "-v"];
             let asking = s.spawn(move || asker.acme(&args).unwrap());
-            let t0 = Instant::now();
-            let query = loop {
-                let seen = rogue.recv(1, 1000);
-                if let Some(m) = seen.iter().find(|m| {
-                    let b = bytes_of(m);
-                    m["slid"] == asker.lid.to_string()
-                        && b[1] == 0x2c
-                        && b[3] == 0x01
-                        && b[24..24 + name.len()] == *name.as_bytes()
-                }) {
-                    break m.clone();
-                }
-                assert!(t0.elapsed() < Duration::from_secs(10), "no query seen");
-            };
+            let query = rogue.await_query(asker, &name);
             let mut answer = bytes_of(&query);
             answer[3] = 0x81;
             answer[4..6].fill(0);

@@ -23,7 +23,7 @@ pub fn svagent() -> PathBuf {
     AGENT
         .get_or_init(|| {
             let src =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/simverbs/tests/c/svagent.c");
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../simverbs/tests/c/svagent.c");
             let out = profile_dir().join("dataplane-svagent");
             let tmp = profile_dir().join(format!("dataplane-svagent.{}", std::process::id()));
             let st = Command::new("cc")
