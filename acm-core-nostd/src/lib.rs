@@ -26,6 +26,8 @@ pub mod cache;
 pub mod park;
 pub mod resolver;
 pub mod sa_channel;
+#[cfg(feature = "sim")]
+pub mod sim;
 mod sync;
 pub mod text;
 pub mod wire;

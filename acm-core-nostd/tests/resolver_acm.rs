@@ -203,7 +203,7 @@ fn stock_acmp_request_gets_the_response_acmp_accepted() {
 }
 
 fn name_request(dest: &str) -> Vec<u8> {
-    acm_core_nostd::resolver::sim::name_msg(dest, None, false, 0x77)
+    acm_core_nostd::sim::name_msg(dest, None, false, 0x77)
 }
 
 #[test]
@@ -214,7 +214,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
             ..Config::default()
         });
         t.open_and_join();
-        let m = acm_core_nostd::resolver::sim::name_msg("hca4", Some("hca3"), false, 0x99);
+        let m = acm_core_nostd::sim::name_msg("hca4", Some("hca3"), false, 0x99);
         t.r.request(0, EP, 0, 5, Kind::Resolve, &m);
         let out = t.drain();
         let (to, mad) = out
@@ -510,7 +510,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
     });
     assert_eq!(status, Some(Status::Enodata));
     assert!(!out.iter().any(|o| matches!(o, Output::SendAcm { .. })));
-    let path = acm_core_nostd::resolver::sim::lid_msg(6, false, 2);
+    let path = acm_core_nostd::sim::lid_msg(6, false, 2);
     t.r.request(0, EP, 0, 2, Kind::Resolve, &path);
     assert!(t
         .drain()

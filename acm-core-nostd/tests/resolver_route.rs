@@ -10,7 +10,7 @@ use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Resolver, Via,
 };
 use acm_core_nostd::wire::acm_mad::AddressType;
-use acm_core_nostd::wire::client::Status;
+use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
 use std::sync::Arc;
@@ -143,15 +143,9 @@ impl T {
 }
 
 fn path_msg(lid: u16, flags: u32, tid: u64) -> Vec<u8> {
-    let mut b = vec![0u8; 88];
-    b[0] = 1;
-    b[1] = 1;
-    b[6..8].copy_from_slice(&88u16.to_ne_bytes());
-    b[8..16].copy_from_slice(&tid.to_ne_bytes());
-    b[16..20].copy_from_slice(&flags.to_ne_bytes());
-    b[20..22].copy_from_slice(&0x10u16.to_ne_bytes());
-    PathRecord::new_unchecked(&mut b[24..88]).set_dlid(lid);
-    b
+    ClientRequest::path(tid, flags, &PathQuery::lid(lid))
+        .bytes()
+        .to_vec()
 }
 
 fn path_to(lid: u16) -> [u8; 64] {
@@ -401,11 +395,11 @@ fn gid(n: u8) -> Gid {
 }
 
 fn name_msg(name: &str, tid: u64) -> Vec<u8> {
-    acm_core_nostd::resolver::sim::name_msg(name, None, false, tid)
+    acm_core_nostd::sim::name_msg(name, None, false, tid)
 }
 
 fn name(s: &str) -> [u8; 64] {
-    acm_core_nostd::resolver::sim::name_bytes(s)
+    acm_core_nostd::sim::name_bytes(s)
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The resolver over the simulated fabric (`resolver::sim`): scenario tests, and the
+//! The resolver over the simulated fabric (`acm_core_nostd::sim`): scenario tests, and the
 //! exactly-once property over thousands of random schedules with loss, duplication,
 //! reordering, delay, a dead peer, SA BUSY and silence, closes and reregisters.
 //!
@@ -6,10 +6,8 @@
 //! resolver_sim exactly_once` replays exactly that one (`RESOLVER_SCHEDULES=<n>` sets how many
 //! are run, default 10 000).
 
-use acm_core_nostd::resolver::sim::{
-    lid_msg, name_msg, node_gid, query_msg, Faults, Rng, Sim, SimConfig,
-};
 use acm_core_nostd::resolver::{Capacities, Config, Counter, Kind};
+use acm_core_nostd::sim::{lid_msg, name_msg, node_gid, query_msg, Faults, Rng, Sim, SimConfig};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 

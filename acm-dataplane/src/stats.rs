@@ -719,10 +719,10 @@ mod plane_tests {
     use crate::plane::{Control, CoreIo, HandOver, HostCache, HostWriter, Inbox, Plane, SaReply};
     use crate::worker::{Poller, Worker};
     use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
-    use acm_core_nostd::resolver::sim::{lid_msg, node_gid, node_lid};
     use acm_core_nostd::resolver::{
         Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Resolver,
     };
+    use acm_core_nostd::sim::{lid_msg, node_gid, node_lid};
     use acm_core_nostd::wire::path_record::PathRecord;
     use std::sync::{Arc, Mutex};
 

@@ -4,11 +4,11 @@
 //! verbs and the ibacm core; here the rounds are driven by hand, so nothing depends on timing.
 
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
-use acm_core_nostd::resolver::sim::{lid_msg, name_bytes, name_msg, node_gid, node_lid};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     RecvMeta, Resolver,
 };
+use acm_core_nostd::sim::{lid_msg, name_bytes, name_msg, node_gid, node_lid};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 use acm_dataplane::plane::{Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, Ud};

@@ -27,10 +27,8 @@
 //!   reopen node 0's endpoint (7). After each, the simulation's own checks (every resolver's
 //!   invariants, one answer per request) must have found nothing.
 use acm_core_nostd::cache::{AddrKey, Dest, Lookup, PathKey};
-use acm_core_nostd::resolver::sim::{
-    gid_msg, lid_msg, name_msg, node_gid, node_lid, Sim, SimConfig, EP,
-};
 use acm_core_nostd::resolver::{Capacities, Config, EpId, Kind, Output};
+use acm_core_nostd::sim::{gid_msg, lid_msg, name_msg, node_gid, node_lid, Sim, SimConfig, EP};
 use acm_core_nostd::wire::inform::{NoticeRepr, NOTICE_LEN};
 use acm_core_nostd::wire::mad::{Method, MAD_LEN};
 use acm_core_nostd::wire::sa::{attr, SaPacket, SaRepr, DATA_OFFSET};

@@ -863,10 +863,10 @@ mod tests {
     #[test]
     #[cfg(feature = "sim")]
     fn source_entry_is_the_requests_echoed_source() {
-        let m = super::super::sim::name_msg("dst", Some("src"), false, 1);
+        let m = crate::sim::name_msg("dst", Some("src"), false, 1);
         let (t, a) = source_entry(&m).unwrap();
         assert_eq!((t, &a[..3]), (AddrKind::Name, &b"src"[..]));
-        assert!(source_entry(&super::super::sim::name_msg("dst", None, false, 1)).is_none());
+        assert!(source_entry(&crate::sim::name_msg("dst", None, false, 1)).is_none());
         assert!(source_entry(&m[..20]).is_none());
         // A source the client gave: flagged SOURCE, src_out 0 (the core selected nothing).
         let mut m = m;

@@ -39,8 +39,6 @@ mod mads;
 mod output;
 pub mod request;
 mod route;
-#[cfg(feature = "sim")]
-pub mod sim;
 mod storage;
 
 #[cfg(feature = "std")]

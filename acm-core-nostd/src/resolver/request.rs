@@ -424,7 +424,7 @@ pub fn respond(
 mod tests {
     use super::*;
     use crate::cache::Dest;
-    use crate::wire::client::{EP_FLAG_DEST, EP_FLAG_SOURCE, EP_LEN};
+    use crate::wire::client::{ClientRequest, EpInfoType, EP_FLAG_DEST, EP_FLAG_SOURCE};
 
     fn view() -> EpView {
         let mut g = [0u8; 16];
@@ -440,20 +440,18 @@ mod tests {
         }
     }
 
+    /// A RESOLVE request of `entries` (flags, type, info) through the one builder, with the
+    /// header's `data` bytes as given (also inconsistent ones).
     fn msg(entries: &[(u32, u16, [u8; 64])], hdr_data: [u8; 3]) -> [u8; MSG_LEN] {
-        let mut b = [0u8; MSG_LEN];
-        b[0] = 1;
-        b[1] = 1;
-        b[3..6].copy_from_slice(&hdr_data);
-        let len = (HDR_LEN + EP_LEN * entries.len()) as u16;
-        b[6..8].copy_from_slice(&len.to_ne_bytes());
-        b[8..16].copy_from_slice(&0x1122_3344_5566_7788u64.to_ne_bytes());
-        for (i, (flags, t, info)) in entries.iter().enumerate() {
-            let at = HDR_LEN + EP_LEN * i;
-            b[at..at + 4].copy_from_slice(&flags.to_ne_bytes());
-            b[at + 4..at + 6].copy_from_slice(&t.to_ne_bytes());
-            b[at + 8..at + 72].copy_from_slice(info);
+        let mut r = ClientRequest::resolve(0x1122_3344_5566_7788);
+        for (flags, t, info) in entries {
+            r = r.address(*flags, EpInfoType::from(*t), info);
         }
+        let mut b = *r.buf();
+        let mut m = AcmMsg::new_unchecked(&mut b[..]);
+        m.set_src_out(hdr_data[0]);
+        m.set_src_index(hdr_data[1]);
+        m.set_dst_index(hdr_data[2]);
         b
     }
 

@@ -16,7 +16,8 @@
 //! x86-64 hosts "native" is little-endian, which is what captured RESOLVE messages contain.)
 //! `tid` is opaque (for kernel requests a pointer): copy it, never interpret it.
 
-use super::path_record::{PathRecordRepr, PATH_RECORD_LEN};
+use super::gid::Gid;
+use super::path_record::{PathRecord, PathRecordRepr, PATH_RECORD_LEN};
 use super::{array, be16, be64, enum_with_unknown, put_be16, put_be64, view, Error, Result};
 
 /// `ACM_VERSION`.
@@ -798,11 +799,239 @@ impl PerfResponseRepr {
     }
 }
 
+/// What a PATH request's PathRecord sets: what `ib_acme -f l` / `-f g` and the kernel set
+/// (DLID and SLID or DGID, and the `reversible_numpath` byte); everything else is zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathQuery {
+    /// Destination LID (0 = not set).
+    pub dlid: u16,
+    /// Source LID (0 = not set).
+    pub slid: u16,
+    /// Destination GID (`None` = not set).
+    pub dgid: Option<Gid>,
+    /// The `reversible_numpath` byte (bit 7 reversible, low 7 bits NumbPath).
+    pub reversible_numpath: u8,
+}
+
+impl PathQuery {
+    /// A query for `dlid` only.
+    pub const fn lid(dlid: u16) -> PathQuery {
+        PathQuery {
+            dlid,
+            slid: 0,
+            dgid: None,
+            reversible_numpath: 0,
+        }
+    }
+    /// A query for `dgid` only.
+    pub const fn gid(dgid: Gid) -> PathQuery {
+        PathQuery {
+            dlid: 0,
+            slid: 0,
+            dgid: Some(dgid),
+            reversible_numpath: 0,
+        }
+    }
+}
+
+/// A client RESOLVE request as the ibacm core hands it to a provider's `resolve()` / `query()`:
+/// the one builder of that byte layout (tests, the simulator, the firmware scenario, the
+/// plugin's test kit), allocation-free, through the views of this module.
+///
+/// The header (version, `ACM_OP_RESOLVE`, length, TID) is kept up to date as entries are
+/// appended, in call order; [`ClientRequest::source`] and [`ClientRequest::dest`] also set
+/// `src_out`/`src_index` and `dst_index` to where their entry went, so either order can be
+/// built. At most [`MAX_ENTRIES`] entries: more are ignored.
+///
+/// ```
+/// use acm_core_nostd::wire::client::{AcmMsg, ClientRequest, EpInfoType, PathQuery};
+/// let path = ClientRequest::path(7, 0, &PathQuery::lid(6));
+/// assert_eq!(path.len(), 88);
+/// let name = ClientRequest::resolve(8)
+///     .dest(0, EpInfoType::Name, b"hca4")
+///     .source(EpInfoType::Name, b"hca3");
+/// let m = AcmMsg::new_checked(name.bytes()).unwrap();
+/// let l = m.check_resolve().unwrap();
+/// assert_eq!((l.dest, l.source, l.is_path), (0, Some(1), false));
+/// ```
+#[derive(Clone, Copy)]
+pub struct ClientRequest {
+    buf: [u8; MSG_LEN],
+    entries: usize,
+}
+
+impl core::fmt::Debug for ClientRequest {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ClientRequest")
+            .field("bytes", &self.bytes())
+            .finish()
+    }
+}
+
+impl ClientRequest {
+    /// A RESOLVE request with TID `tid` and no entry yet (16 bytes).
+    pub fn resolve(tid: u64) -> ClientRequest {
+        let mut r = ClientRequest {
+            buf: [0; MSG_LEN],
+            entries: 0,
+        };
+        let mut m = AcmMsg::new_unchecked(&mut r.buf[..]);
+        m.set_version(ACM_VERSION);
+        m.set_opcode_raw(Opcode::Resolve.into());
+        m.set_tid(tid);
+        m.set_length(HDR_LEN as u16);
+        r
+    }
+
+    /// A RESOLVE of one PATH entry (`ACM_EP_INFO_PATH`, 88 bytes) with entry flags `flags`
+    /// ([`FLAGS_NODELAY`], [`FLAGS_QUERY_SA`], [`EP_FLAG_DEST`], or 0 as `ib_acme` sends).
+    pub fn path(tid: u64, flags: u32, q: &PathQuery) -> ClientRequest {
+        ClientRequest::resolve(tid).path_entry(flags, q)
+    }
+
+    /// A `query()` (QUERY_SA) of one PATH entry: [`ClientRequest::path`] with
+    /// [`FLAGS_QUERY_SA`].
+    pub fn query(tid: u64, q: &PathQuery) -> ClientRequest {
+        ClientRequest::path(tid, FLAGS_QUERY_SA, q)
+    }
+
+    /// Appends a PATH entry with `flags` whose PathRecord sets what `q` gives.
+    pub fn path_entry(self, flags: u32, q: &PathQuery) -> ClientRequest {
+        self.entry(flags, EpInfoType::Path, |info| {
+            let mut p = PathRecord::new_unchecked(info);
+            p.set_dlid(q.dlid);
+            p.set_slid(q.slid);
+            if let Some(g) = q.dgid {
+                p.set_dgid(g);
+            }
+            p.set_reversible_numpath(q.reversible_numpath & 0x80 != 0, q.reversible_numpath);
+        })
+    }
+
+    /// Appends the destination entry: `kind` with `addr` (NUL-padded, cut at 64 bytes),
+    /// flags [`EP_FLAG_DEST`]` | flags`; `dst_index` names it.
+    pub fn dest(self, flags: u32, kind: EpInfoType, addr: &[u8]) -> ClientRequest {
+        let at = self.entries;
+        let mut r = self.address(EP_FLAG_DEST | flags, kind, addr);
+        if r.entries > at {
+            AcmMsg::new_unchecked(&mut r.buf[..]).set_dst_index(at as u8);
+        }
+        r
+    }
+
+    /// Appends the source entry: `kind` with `addr`, flags [`EP_FLAG_SOURCE`]; `src_out` is
+    /// set (the source is echoed, as the core sets it after `acm_svr_verify_resolve`) and
+    /// `src_index` names it.
+    pub fn source(self, kind: EpInfoType, addr: &[u8]) -> ClientRequest {
+        let at = self.entries;
+        let mut r = self.address(EP_FLAG_SOURCE, kind, addr);
+        if r.entries > at {
+            let mut m = AcmMsg::new_unchecked(&mut r.buf[..]);
+            m.set_src_out(1);
+            m.set_src_index(at as u8);
+        }
+        r
+    }
+
+    /// Appends an address entry (`kind`, `addr` NUL-padded, cut at 64 bytes) with `flags`.
+    pub fn address(self, flags: u32, kind: EpInfoType, addr: &[u8]) -> ClientRequest {
+        self.entry(flags, kind, |info| {
+            let n = addr.len().min(MAX_ADDRESS);
+            info[..n].copy_from_slice(&addr[..n]);
+        })
+    }
+
+    fn entry(mut self, flags: u32, kind: EpInfoType, fill: impl FnOnce(&mut [u8])) -> Self {
+        if self.entries >= MAX_ENTRIES {
+            return self;
+        }
+        let i = self.entries;
+        self.entries += 1;
+        let mut m = AcmMsg::new_unchecked(&mut self.buf[..]);
+        m.set_length((HDR_LEN + self.entries * EP_LEN) as u16);
+        if let Some(mut e) = m.entry_mut(i) {
+            e.set_flags(flags);
+            e.set_info_type(kind);
+            fill(e.info_mut());
+        }
+        self
+    }
+
+    /// The message (`hdr.length` bytes).
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len()]
+    }
+
+    /// `hdr.length`: 16 + 72 per entry.
+    pub fn len(&self) -> usize {
+        HDR_LEN + self.entries * EP_LEN
+    }
+
+    /// No entry yet.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// The whole buffer (`struct acm_msg`, zero past [`len`](Self::len)).
+    pub fn buf(&self) -> &[u8; MSG_LEN] {
+        &self.buf
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::wire::gid::Gid;
     use crate::wire::Selector;
+
+    #[test]
+    fn client_request_layout() {
+        // PATH by DLID, as `ib_acme -f l` and the kernel send it (flags only NODELAY).
+        let r = ClientRequest::path(0x55, FLAGS_NODELAY, &PathQuery::lid(6));
+        let b = r.bytes();
+        assert_eq!(b.len(), HDR_LEN + EP_LEN);
+        assert_eq!((b[0], b[1], &b[2..6]), (1, 1, &[0u8; 4][..]));
+        assert_eq!(&b[6..8], &88u16.to_ne_bytes());
+        assert_eq!(&b[8..16], &0x55u64.to_ne_bytes());
+        assert_eq!(&b[16..20], &FLAGS_NODELAY.to_ne_bytes());
+        assert_eq!(&b[20..24], &[0x10, 0, 0, 0][..]);
+        let mut p = [0u8; 64];
+        PathRecord::new_unchecked(&mut p[..]).set_dlid(6);
+        assert_eq!(&b[24..88], &p[..]);
+        assert!(r.buf()[88..].iter().all(|&x| x == 0));
+        let q = ClientRequest::query(1, &PathQuery::gid(Gid::from_parts(0xfe80 << 48, 9)));
+        let m = AcmMsg::new_checked(q.bytes()).unwrap();
+        let e = m.entry(0).unwrap();
+        assert_eq!(e.flags(), FLAGS_QUERY_SA);
+        assert_eq!(e.path().dgid, Gid::from_parts(0xfe80 << 48, 9));
+        // Destination then source (the simulator's order), and source then destination (the
+        // core's, after `acm_svr_verify_resolve`).
+        for (src_first, data) in [(false, [1, 1, 0]), (true, [1, 0, 1])] {
+            let r = ClientRequest::resolve(2);
+            let r = if src_first {
+                r.source(EpInfoType::Name, b"a")
+                    .dest(FLAGS_NODELAY, EpInfoType::Name, b"b")
+            } else {
+                r.dest(FLAGS_NODELAY, EpInfoType::Name, b"b")
+                    .source(EpInfoType::Name, b"a")
+            };
+            let m = AcmMsg::new_checked(r.bytes()).unwrap();
+            assert_eq!([m.src_out(), m.src_index(), m.dst_index()], data);
+            let l = m.check_resolve().unwrap();
+            let (d, s) = (
+                m.entry(l.dest).unwrap(),
+                m.entry(usize::from(data[1])).unwrap(),
+            );
+            assert_eq!(d.flags(), EP_FLAG_DEST | FLAGS_NODELAY);
+            assert_eq!((s.flags(), &s.info()[..2]), (EP_FLAG_SOURCE, &b"a\0"[..]));
+        }
+        // Nine entries: the ninth is ignored.
+        let mut r = ClientRequest::resolve(3);
+        for _ in 0..9 {
+            r = r.address(0, EpInfoType::AddressIp, &[10, 0, 0, 1]);
+        }
+        assert_eq!(r.len(), MSG_LEN);
+    }
 
     /// An IPv4 RESOLVE request as librdmacm sends it on x86-64 (native = little-endian):
     /// dest 10.0.0.6 flagged DEST, src 10.0.0.4 flagged SOURCE, tid 0x1122334455667788.

@@ -1,6 +1,6 @@
 //! A job start-up storm in virtual time, over the real resolver (see `docs/storm.md`).
 //!
-//! N nodes (one endpoint each, [`resolver::sim`](acm_core_nostd::resolver::sim) in scale mode)
+//! N nodes (one endpoint each, [`acm_core_nostd::sim`] in scale mode)
 //! each resolve k peers by LID or GID (RESOLVE PATH requests, every one a miss that needs an SA
 //! PathRecord query) against one SA server with a service rate and a bounded queue
 //! ([`SaService`]). A node's client keeps `concurrency` requests outstanding; a request that
@@ -12,10 +12,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use acm_core_nostd::cache::PathSlot;
-use acm_core_nostd::resolver::sim::{
+use acm_core_nostd::resolver::{Capacities, Config, Kind, Millis};
+use acm_core_nostd::sim::{
     gid_msg, lid_msg, node_gid, node_lid, Rng, SaService, SaServiceStats, Sim, SimConfig,
 };
-use acm_core_nostd::resolver::{Capacities, Config, Kind, Millis};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 

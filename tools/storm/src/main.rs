@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use acm_core_nostd::resolver::sim::SaService;
+use acm_core_nostd::sim::SaService;
 use acm_report::cli::{counts, num, List, RunOpts};
 use acm_report::plot::{COLORS, SIZE};
 use acm_report::{progress, write_atomic};

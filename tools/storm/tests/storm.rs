@@ -1,6 +1,6 @@
 //! Invariants of the storm model and its driving (small N; virtual time only, nothing timed).
 
-use acm_core_nostd::resolver::sim::SaService;
+use acm_core_nostd::sim::SaService;
 use acmrs_storm::{run, Dest, Params, Peers, Profile, Report};
 
 fn small(nodes: usize, peers: usize, profile: Profile) -> Params {

@@ -1,15 +1,11 @@
-//! Client requests as ibacm hands them to `resolve()` / `query()`, built with the one codec
-//! (`acm_core_nostd::wire::client` and `wire::path_record`), and accessors for the answers.
+//! Client requests as ibacm hands them to `resolve()` / `query()`, built by the core's one
+//! builder (`acm_core_nostd::wire::client::ClientRequest`) into the plugin's `acm_msg`, and
+//! accessors for the answers.
 
-use acm_core_nostd::wire::client::{
-    AcmMsg as MsgView, EpInfoType, ACM_VERSION, EP_FLAG_DEST, EP_FLAG_SOURCE, EP_LEN, HDR_LEN,
-};
+use acm_core_nostd::wire::client::{ClientRequest, EpInfoType, PathQuery, EP_FLAG_DEST};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
 use acmrs::ffi::AcmMsg;
-
-/// `ACM_OP_RESOLVE`.
-const OP_RESOLVE: u8 = 1;
 
 /// A PATH request (`ACM_EP_INFO_PATH`, one entry, 88 bytes) for a PathRecord that sets only
 /// what `ib_acme -f l` / `-f g` and the kernel set: DLID and SLID or DGID, and the
@@ -46,30 +42,13 @@ impl PathRequest {
 
     /// The message.
     pub fn msg(&self) -> AcmMsg {
-        let mut m = AcmMsg::zeroed();
-        {
-            let mut v = MsgView::new_unchecked(&mut m.as_bytes_mut()[..]);
-            v.set_version(ACM_VERSION);
-            v.set_opcode_raw(OP_RESOLVE);
-            v.set_length((HDR_LEN + EP_LEN) as u16);
-            v.set_tid(self.tid);
-            let Some(mut e) = v.entry_mut(0) else {
-                unreachable!("a full acm_msg holds entry 0");
-            };
-            e.set_info_type(EpInfoType::Path);
-            e.set_flags(self.flags);
-            let mut p = PathRecord::new_unchecked(e.info_mut());
-            p.set_dlid(self.dlid);
-            p.set_slid(self.slid);
-            if let Some(g) = self.dgid {
-                p.set_dgid(Gid(g));
-            }
-            p.set_reversible_numpath(
-                self.reversible_numpath & 0x80 != 0,
-                self.reversible_numpath & 0x7f,
-            );
-        }
-        m
+        let q = PathQuery {
+            dlid: self.dlid,
+            slid: self.slid,
+            dgid: self.dgid.map(Gid),
+            reversible_numpath: self.reversible_numpath,
+        };
+        to_ffi(&ClientRequest::path(self.tid, self.flags, &q))
     }
 }
 
@@ -87,32 +66,17 @@ pub fn path_request(tid: u64, dlid: u16, dgid: Option<[u8; 16]>, flags: u32) -> 
 /// source entry first (`src_out` set, `src_index` 0), the destination second (`dst_index` 1,
 /// with `flags`). Addresses are `(ACM_ADDRESS_* type, bytes)`, zero-padded to 64.
 pub fn dest_request(tid: u64, src: (u16, &[u8]), dst: (u16, &[u8]), flags: u32) -> AcmMsg {
+    to_ffi(
+        &ClientRequest::resolve(tid)
+            .source(EpInfoType::from(src.0), src.1)
+            .dest(flags, EpInfoType::from(dst.0), dst.1),
+    )
+}
+
+/// The plugin's `acm_msg` holding the core builder's bytes.
+fn to_ffi(r: &ClientRequest) -> AcmMsg {
     let mut m = AcmMsg::zeroed();
-    {
-        let mut v = MsgView::new_unchecked(&mut m.as_bytes_mut()[..]);
-        v.set_version(ACM_VERSION);
-        v.set_opcode_raw(OP_RESOLVE);
-        v.set_length((HDR_LEN + 2 * EP_LEN) as u16);
-        v.set_tid(tid);
-        v.set_src_out(1);
-        v.set_src_index(0);
-        v.set_dst_index(1);
-        for (i, (t, a, f)) in [
-            (src.0, src.1, EP_FLAG_SOURCE),
-            (dst.0, dst.1, EP_FLAG_DEST | flags),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let Some(mut e) = v.entry_mut(i) else {
-                unreachable!("a full acm_msg holds 8 entries");
-            };
-            e.set_info_type(EpInfoType::from(t));
-            e.set_flags(f);
-            let n = a.len().min(64);
-            e.info_mut()[..n].copy_from_slice(&a[..n]);
-        }
-    }
+    m.as_bytes_mut().copy_from_slice(r.buf());
     m
 }
 
@@ -156,7 +120,7 @@ pub fn dgid_of(m: &AcmMsg) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use acm_core_nostd::wire::client::FLAGS_NODELAY;
+    use acm_core_nostd::wire::client::{AcmMsg as MsgView, EP_FLAG_SOURCE, FLAGS_NODELAY};
 
     #[test]
     fn path_request_bytes() {

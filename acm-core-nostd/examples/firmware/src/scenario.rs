@@ -16,7 +16,7 @@
 //! A record is a variant tag and the bytes the output carries (see [`encode`]); the digest is
 //! FNV-1a 64 over all records in order. `caller-answer` records are the answers the caller's
 //! inline hit path builds (the provider answers cache hits without the resolver, as
-//! `resolver::sim` does); every other record is an [`Output`] of the resolver.
+//! `acm_core_nostd::sim` does); every other record is an [`Output`] of the resolver.
 #![forbid(unsafe_code)]
 
 use acm_core_nostd::cache::{
@@ -27,7 +27,7 @@ use acm_core_nostd::resolver::{
     AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, Output, RecvMeta,
     Resolver, Storage, Via, MSG_LEN,
 };
-use acm_core_nostd::wire::client::Status;
+use acm_core_nostd::wire::client::{ClientRequest, EpInfoType, PathQuery, Status, EP_LEN, HDR_LEN};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::MAD_LEN;
 use acm_core_nostd::wire::path_record::PathRecord;
@@ -338,34 +338,24 @@ fn drain<S: Storage, C: CacheRef>(r: &mut Resolver<S, C>, o: &mut Outs) {
     }
 }
 
-/// A client `acm_msg` with one entry (`flags`, `info_type`, `info`), as the ibacm core hands
-/// it to a provider's `resolve()`: the header and entry fields are host-endian (Cortex-M and
-/// x86-64 are both little-endian), 16 + 72 bytes.
-fn client_msg(flags: u32, info_type: u16, info: &[u8; 64], tid: u64) -> [u8; 88] {
-    let mut b = [0u8; 88];
-    b[0] = 1; // ACM_VERSION
-    b[1] = 1; // ACM_OP_RESOLVE
-    b[6..8].copy_from_slice(&88u16.to_ne_bytes());
-    b[8..16].copy_from_slice(&tid.to_ne_bytes());
-    b[16..20].copy_from_slice(&flags.to_ne_bytes());
-    b[20..22].copy_from_slice(&info_type.to_ne_bytes());
-    b[24..88].copy_from_slice(info);
+/// A client `acm_msg` with one entry, as the ibacm core hands it to a provider's `resolve()`
+/// (header and entry fields host-endian: Cortex-M and x86-64 are both little-endian), built by
+/// the core's one builder and copied out to its 16 + 72 bytes (the builder's 592-byte buffer
+/// stays in this leaf frame).
+fn one_entry(r: &ClientRequest) -> [u8; HDR_LEN + EP_LEN] {
+    let mut b = [0u8; HDR_LEN + EP_LEN];
+    b.copy_from_slice(&r.buf()[..HDR_LEN + EP_LEN]);
     b
 }
 
-/// RESOLVE of a PATH by DLID (`ib_acme -f l`-like, as `resolver::sim::lid_msg`).
-fn lid_msg(lid: u16, tid: u64) -> [u8; 88] {
-    let mut r = [0u8; 64];
-    PathRecord::new_unchecked(&mut r[..]).set_dlid(lid);
-    client_msg(0, 0x0010, &r, tid)
+/// RESOLVE of a PATH by DLID (`ib_acme -f l`-like, as `acm_core_nostd::sim::lid_msg`).
+fn lid_msg(lid: u16, tid: u64) -> [u8; HDR_LEN + EP_LEN] {
+    one_entry(&ClientRequest::path(tid, 0, &PathQuery::lid(lid)))
 }
 
-/// RESOLVE of a name (destination entry only, as `resolver::sim::name_msg`).
-fn name_msg(name: &str, tid: u64) -> [u8; 88] {
-    let mut a = [0u8; 64];
-    let n = name.len().min(64);
-    a[..n].copy_from_slice(&name.as_bytes()[..n]);
-    client_msg(2, 0x0001, &a, tid) // ACM_EP_FLAG_DEST, ACM_EP_INFO_NAME
+/// RESOLVE of a name (destination entry only, as `acm_core_nostd::sim::name_msg`).
+fn name_msg(name: &str, tid: u64) -> [u8; HDR_LEN + EP_LEN] {
+    one_entry(&ClientRequest::resolve(tid).dest(0, EpInfoType::Name, name.as_bytes()))
 }
 
 /// A recorded reply with the TID of the query it answers (OpenSM echoes the whole TID; ours
@@ -466,7 +456,7 @@ fn first_answer(outs: &Outs) -> Option<Answer> {
     })
 }
 
-/// The caller's inline hit path (as the provider's and `resolver::sim`'s): classify the
+/// The caller's inline hit path (as the provider's and `acm_core_nostd::sim`'s): classify the
 /// request, look its key up in the cache, and on a hit (or a remembered "no record") build
 /// the answer without the resolver. `None`: a miss, for the resolver. Its three parts are
 /// measured one after the other.

@@ -1,0 +1,650 @@
+//! A deterministic in-memory InfiniBand model to drive resolvers in virtual time (feature
+//! `sim`, host only).
+//!
+//! [`Sim`] holds N nodes, each a [`Resolver`] with its own [`PathCache`] and one endpoint,
+//! and models what sits around them:
+//!
+//! * a UD fabric: unicast ACM MADs go to the node with the destination LID, multicast ones to
+//!   every node attached to the same group; each delivery may be lost, duplicated, delayed and
+//!   so reordered ([`Faults`]);
+//! * an SA: PathRecord GET answered from the nodes' LIDs and GIDs ("no record" for unknown
+//!   ones), MCMemberRecord SET answered with an MLID per MGID; replies may be BUSY or never
+//!   come (then the caller reports a umad timeout after [`Faults::sa_timeout`], as ibacm's
+//!   core does);
+//! * the caller's inline hit path (as the provider has it: a cache hit is answered without the
+//!   resolver, a NODELAY miss is answered ENODATA and handed over as [`Kind::Prime`], a hit
+//!   near expiry as [`Kind::Refresh`]).
+//!
+//! Optionally ([`SimConfig::sa_service`]) the SA is one server instead: a service rate, a
+//! bounded FIFO that answers BUSY when full, one-way fabric latency and loss, and in front of
+//! it the kernel MAD layer's per-send timeout and retransmissions (same TID) and the core's
+//! `sa_depth` credits ([`SaService`]); PathRecord GETs then go through that model (the storm
+//! simulator, `tools/storm`). [`SimConfig::scale`] makes every step cost O(nodes touched)
+//! instead of O(nodes), for 10 000-node runs.
+//!
+//! Every client request gets a unique client id and TID; every answer is checked: exactly one
+//! per Resolve/Query request, with its TID ([`Sim::violations`]). Everything is a function of
+//! the seed ([`Rng`], splitmix64), so a failing schedule replays exactly.
+//!
+//! The model is split by concern: this file holds the [`Sim`] and its nodes, the run loop and
+//! the resolvers' outputs; [`net`] the UD fabric (unicast, multicast, loss, duplication,
+//! delay, garbage) and the event queue; [`sa`] the SA (the instant model and the
+//! [`SaService`] server with the MAD layer in front of it); [`requests`] the client requests
+//! (built with the codec's [`ClientRequest`](crate::wire::client::ClientRequest)) and the
+//! caller's hit path.
+//!
+//! [`Kind::Prime`]: crate::resolver::Kind::Prime
+//! [`Kind::Refresh`]: crate::resolver::Kind::Refresh
+
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::string::String;
+use std::sync::Arc;
+use std::vec::Vec;
+use std::{format, vec};
+
+use crate::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use crate::resolver::{
+    Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Millis, Output, Resolver, Stats, Via,
+    MSG_LEN,
+};
+use crate::wire::client::Status;
+use crate::wire::gid::Gid;
+use crate::wire::path_record::PathRecord;
+
+pub mod net;
+pub mod requests;
+pub mod sa;
+
+pub use net::Faults;
+use net::Scheduled;
+pub use requests::{gid_msg, lid_msg, name_bytes, name_msg, query_msg};
+use sa::UmadSend;
+pub use sa::{SaService, SaServiceStats};
+
+/// splitmix64: a tiny deterministic PRNG.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        crate::resolver::splitmix64(&mut self.0)
+    }
+    /// Uniform in `0..n` (0 if `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+    /// True with probability `per_mille / 1000`.
+    pub fn chance(&mut self, per_mille: u32) -> bool {
+        self.below(1000) < u64::from(per_mille)
+    }
+}
+
+/// How a [`Sim`] is built.
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    /// Number of nodes (each with one endpoint, LID `i + 1`, name `node<i>`).
+    pub nodes: usize,
+    /// The seed of everything.
+    pub seed: u64,
+    /// Faults.
+    pub faults: Faults,
+    /// Resolver settings (the same on every node).
+    pub resolver: Config,
+    /// Resolver tables per node.
+    pub caps: Capacities,
+    /// Path cache slots per node.
+    pub cache_slots: usize,
+    /// Every port's active rate and MTU (`enum ibv_rate`, `enum ibv_mtu`).
+    pub port_rate_mtu: (u8, u8),
+    /// Odd nodes run at 40 Gb/s / MTU 4096 instead (a mixed fabric).
+    pub mixed_ports: bool,
+    /// The SA as one server with a rate and a queue (`None`: the instant model of [`Faults`]).
+    pub sa_service: Option<SaService>,
+    /// Steps touch only the nodes that had an input (a timer heap, a dirty list, answered
+    /// requests forgotten); for large node counts. Results are the same as without.
+    pub scale: bool,
+    /// Check every touched resolver's bookkeeping after each step (off: [`Sim::check_all`]).
+    pub checks: bool,
+    /// Address-cache slots per node (`None`: `cache_slots`).
+    pub addr_cache_slots: Option<usize>,
+    /// Count the SA's accepted queries per (node, destination) ([`SaServiceStats::per_dest`]).
+    pub count_per_dest: bool,
+}
+
+impl SimConfig {
+    /// `nodes` nodes, small tables, no faults.
+    pub fn new(nodes: usize, seed: u64) -> SimConfig {
+        SimConfig {
+            nodes,
+            seed,
+            faults: Faults::NONE,
+            resolver: Config::default(),
+            caps: Capacities {
+                requests: 512,
+                answer_reserve: 8,
+                pending: 64,
+                sa_inflight: 64,
+                addrs: 64,
+                endpoints: 2,
+                preloads: 8,
+            },
+            cache_slots: 256,
+            port_rate_mtu: (3, 4),
+            mixed_ports: false,
+            sa_service: None,
+            scale: false,
+            checks: true,
+            addr_cache_slots: None,
+            count_per_dest: false,
+        }
+    }
+}
+
+/// One answer a client got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SimAnswer {
+    /// The node that answered.
+    pub node: usize,
+    /// The client id of the request.
+    pub client: u64,
+    /// The ACM status.
+    pub status: Status,
+    /// The path (successful resolve answers).
+    pub path: Option<[u8; 64]>,
+    /// Answered by the caller's hit path (not the resolver).
+    pub inline: bool,
+    /// When (virtual ms).
+    pub at: Millis,
+}
+
+/// A node's path cache (heap storage, as the host's).
+pub type SimCache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[AddrSlot]>>;
+
+/// One simulated node.
+pub struct Node {
+    /// Its resolver, the owner of its cache's writer.
+    pub resolver: Resolver<HeapStorage, Arc<SimCache>>,
+    /// Its path cache, as the hit path reads it.
+    pub cache: Arc<SimCache>,
+    /// Its endpoint configuration.
+    pub ep_cfg: EpConfig,
+    /// The endpoint is open.
+    pub open: bool,
+    /// The node answers on the fabric (false = a dead peer).
+    pub alive: bool,
+    /// The MGID its QP is attached to.
+    pub attached: Option<Gid>,
+    /// Flush generation (the bits above the slot id of its cache endpoint number).
+    pub generation: u32,
+    /// Counters from [`Output::Count`].
+    pub counters: [u64; 7],
+    /// Its name.
+    pub name: String,
+}
+
+/// The endpoint id every node uses.
+pub const EP: EpId = EpId(1);
+
+impl Node {
+    /// The node's cache endpoint number.
+    pub fn cache_ep(&self) -> u32 {
+        crate::cache::ep_number(self.generation, EP.0)
+    }
+    /// The node's resolver stats.
+    pub fn stats(&self) -> Stats {
+        self.resolver.stats()
+    }
+}
+
+/// The simulation (see the [module docs](self)).
+pub struct Sim {
+    /// Virtual time (ms).
+    pub now: Millis,
+    /// The nodes.
+    pub nodes: Vec<Node>,
+    /// Faults in force (may be changed between steps).
+    pub faults: Faults,
+    /// The PRNG.
+    pub rng: Rng,
+    /// Every answer, in order.
+    pub answers: Vec<SimAnswer>,
+    /// Exactly-once violations found so far.
+    pub violations: Vec<String>,
+    /// SA PathRecord queries the SA model received.
+    pub sa_queries: u64,
+    /// ACM multicast requests sent, per node.
+    pub acm_requests: Vec<u64>,
+    /// Unicast ACM responses sent, per node.
+    pub acm_responses: Vec<u64>,
+    /// Peer requests delivered per (node) — including duplicates.
+    pub delivered: u64,
+    events: BinaryHeap<Scheduled>,
+    seq: u64,
+    next_client: u64,
+    /// client → (node, tid, via, answers so far, expects an answer)
+    requests: BTreeMap<u64, (usize, u64, Via, u32, bool)>,
+    mlids: BTreeMap<[u8; 16], u16>,
+    /// The SA server model, if any.
+    pub sa_service: Option<SaService>,
+    /// What it saw.
+    pub sa_stats: SaServiceStats,
+    scale: bool,
+    checks: bool,
+    count_per_dest: bool,
+    dirty: Vec<usize>,
+    is_dirty: Vec<bool>,
+    timers: BinaryHeap<core::cmp::Reverse<(Millis, usize)>>,
+    armed: Vec<Option<Millis>>,
+    umad: HashMap<(usize, u64), UmadSend>,
+    node_inflight: Vec<u32>,
+    sa_fifo: VecDeque<u64>,
+    sa_free_ns: u64,
+    core_credits: Vec<u32>,
+    core_wait: Vec<VecDeque<(u64, [u8; 256])>>,
+}
+
+/// The GID of node `i`.
+pub fn node_gid(i: usize) -> Gid {
+    Gid::from_parts(
+        0xfe80_0000_0000_0000,
+        0x0002_c903_0000_0000 | (i as u64 + 1),
+    )
+}
+
+/// The LID of node `i`.
+pub fn node_lid(i: usize) -> u16 {
+    i as u16 + 1
+}
+
+impl Sim {
+    /// Builds the nodes, opens their endpoints and adds each node's name as a local address.
+    pub fn new(cfg: SimConfig) -> Sim {
+        let mut rng = Rng(cfg.seed);
+        let mut nodes = Vec::new();
+        for i in 0..cfg.nodes {
+            let cache = PathCache::new(
+                PathSlot::boxed(cfg.cache_slots),
+                AddrSlot::boxed(cfg.addr_cache_slots.unwrap_or(cfg.cache_slots)),
+                CacheConfig {
+                    seed: rng.next_u64(),
+                    refresh_ahead: 5_000,
+                },
+            )
+            .unwrap_or_else(|_| unreachable!("non-empty cache"));
+            let cache = Arc::new(cache);
+            let writer = CacheWriter::take(Arc::clone(&cache))
+                .unwrap_or_else(|_| unreachable!("a new cache has no writer"));
+            let resolver = Resolver::new(
+                cfg.resolver,
+                HeapStorage::new(cfg.caps),
+                writer,
+                rng.next_u64(),
+            )
+            .unwrap_or_else(|_| unreachable!("valid storage"));
+            nodes.push(Node {
+                resolver,
+                cache,
+                ep_cfg: EpConfig {
+                    port_gid: node_gid(i),
+                    lid: node_lid(i),
+                    pkey: 0xffff,
+                    mtu: if cfg.mixed_ports && i % 2 == 1 {
+                        5
+                    } else {
+                        cfg.port_rate_mtu.1
+                    },
+                    rate: if cfg.mixed_ports && i % 2 == 1 {
+                        7
+                    } else {
+                        cfg.port_rate_mtu.0
+                    },
+                    subnet_timeout_ms: 0,
+                    qpn: 0x100 + i as u32,
+                    sa_pkey: true,
+                },
+                open: false,
+                alive: true,
+                attached: None,
+                generation: 0,
+                counters: [0; 7],
+                name: format!("node{i}"),
+            });
+        }
+        let n = nodes.len();
+        let mut sim = Sim {
+            now: 0,
+            nodes,
+            faults: cfg.faults,
+            rng,
+            answers: Vec::new(),
+            violations: Vec::new(),
+            sa_queries: 0,
+            acm_requests: vec![0; n],
+            acm_responses: vec![0; n],
+            delivered: 0,
+            events: BinaryHeap::new(),
+            seq: 0,
+            next_client: 1,
+            requests: BTreeMap::new(),
+            mlids: BTreeMap::new(),
+            sa_service: cfg.sa_service,
+            sa_stats: SaServiceStats::default(),
+            scale: cfg.scale,
+            checks: cfg.checks,
+            count_per_dest: cfg.count_per_dest,
+            dirty: Vec::new(),
+            is_dirty: vec![false; n],
+            timers: BinaryHeap::new(),
+            armed: vec![None; n],
+            umad: HashMap::new(),
+            node_inflight: vec![0; n],
+            sa_fifo: VecDeque::new(),
+            sa_free_ns: 0,
+            core_credits: vec![cfg.sa_service.and_then(|s| s.core_sa_depth).unwrap_or(0); n],
+            core_wait: vec![VecDeque::new(); n],
+        };
+        for i in 0..n {
+            sim.open(i);
+        }
+        sim.pump();
+        sim
+    }
+
+    /// Opens node `i`'s endpoint and adds its name.
+    pub fn open(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        if node.open {
+            return;
+        }
+        node.open = node.resolver.open_endpoint(now, EP, node.ep_cfg).is_ok();
+        if node.open {
+            // Adds the name before anything is drained, then drains.
+            self.add_name(i);
+        } else {
+            self.touch(i);
+            self.pump();
+        }
+    }
+
+    /// Closes node `i`'s endpoint (its waiters are answered ENODATA).
+    pub fn close(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        if node.open {
+            node.resolver.close_endpoint(now, EP);
+            node.open = false;
+        }
+        self.touch(i);
+        self.pump();
+    }
+
+    /// Preloads on node `i` what an `ibacm_hosts.data` listing every node's name would give.
+    pub fn preload_hosts(&mut self, i: usize) {
+        let now = self.now;
+        let names: Vec<(String, Gid)> = (0..self.nodes.len())
+            .map(|j| (self.nodes[j].name.clone(), node_gid(j)))
+            .collect();
+        let node = &mut self.nodes[i];
+        for (n, g) in names {
+            let _ = node
+                .resolver
+                .preload_address(now, EP, AddrKind::Name, &name_bytes(&n), g);
+        }
+        self.touch(i);
+        self.pump();
+    }
+
+    /// Preloads on node `i` the route to every other node (what a `dump_pr` file gives).
+    pub fn preload_routes(&mut self, i: usize) {
+        let now = self.now;
+        for j in 0..self.nodes.len() {
+            if j == i {
+                continue;
+            }
+            let Some(path) = self.path_for(i, &{
+                let mut q = [0u8; 64];
+                PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(j));
+                q
+            }) else {
+                continue;
+            };
+            let node = &mut self.nodes[i];
+            let cep = node.cache_ep();
+            node.resolver.preload_route(now, EP, cep, &path);
+        }
+        self.touch(i);
+        self.pump();
+    }
+
+    /// Removes node `i`'s own name (the core's `remove_address`); `add_name` puts it back.
+    pub fn remove_name(&mut self, i: usize) {
+        let node = &mut self.nodes[i];
+        let name = name_bytes(&node.name);
+        node.resolver.remove_address(EP, AddrKind::Name, &name);
+        self.touch(i);
+        self.pump();
+    }
+
+    /// Adds node `i`'s own name again.
+    pub fn add_name(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        let (name, cep) = (name_bytes(&node.name), node.cache_ep());
+        let _ = node
+            .resolver
+            .add_address(now, EP, cep, AddrKind::Name, &name);
+        self.touch(i);
+        self.pump();
+    }
+
+    /// CLIENT_REREGISTER on node `i`: a new flush generation, then the resolver's reregister.
+    pub fn reregister(&mut self, i: usize) {
+        let now = self.now;
+        let node = &mut self.nodes[i];
+        node.generation = node.generation.wrapping_add(1);
+        let cep = node.cache_ep();
+        node.resolver.reregister(now, EP, cep);
+        self.touch(i);
+        self.pump();
+    }
+
+    /// Node `i` had an input: in scale mode, drain it and re-arm its timer at the next pump.
+    fn touch(&mut self, i: usize) {
+        if self.scale && !self.is_dirty[i] {
+            self.is_dirty[i] = true;
+            self.dirty.push(i);
+        }
+    }
+
+    /// Checks every resolver's bookkeeping now (violations are recorded).
+    pub fn check_all(&mut self) {
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if let Err(e) = n.resolver.check_invariants() {
+                self.violations
+                    .push(format!("node {i} at {}: {e}", self.now));
+            }
+            if n.resolver.stats().lost > 0 {
+                self.violations.push(format!("node {i}: answers lost"));
+            }
+        }
+    }
+
+    fn pump_dirty(&mut self) {
+        while !self.dirty.is_empty() {
+            let d = core::mem::take(&mut self.dirty);
+            for i in d {
+                self.is_dirty[i] = false;
+                while let Some(o) = self.nodes[i].resolver.poll_output() {
+                    self.output(i, o);
+                }
+                let n = &mut self.nodes[i];
+                if self.checks {
+                    if let Err(e) = n.resolver.check_invariants() {
+                        self.violations
+                            .push(format!("node {i} at {}: {e}", self.now));
+                    }
+                }
+                if n.resolver.stats().lost > 0 {
+                    self.violations.push(format!("node {i}: answers lost"));
+                }
+                if let Some(t) = n.resolver.poll_timeout() {
+                    if self.armed[i].is_none_or(|a| a != t) {
+                        self.armed[i] = Some(t);
+                        self.timers.push(core::cmp::Reverse((t, i)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// When the next event or timer is due (with `scale`: from the timer heap, whose entries
+    /// may be stale, i.e. early; [`run_due_timers`](Self::run_due_timers) skips those).
+    fn next_step(&self) -> Option<Millis> {
+        if !self.scale {
+            return self.next_time();
+        }
+        let ev = self.events.peek().map(|e| e.at);
+        let tm = self.timers.peek().map(|r| r.0 .0);
+        match (ev, tm) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs every resolver timer due at `now` (with `scale`: only the nodes the heap names).
+    fn run_due_timers(&mut self, now: Millis) {
+        if !self.scale {
+            for n in &mut self.nodes {
+                if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
+                    n.resolver.handle_timeout(now);
+                }
+            }
+            return;
+        }
+        while let Some(&core::cmp::Reverse((t, i))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if self.armed[i] == Some(t) {
+                self.armed[i] = None;
+            }
+            let n = &mut self.nodes[i];
+            if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
+                n.resolver.handle_timeout(now);
+            }
+            self.touch(i);
+            self.pump();
+        }
+    }
+
+    /// Drains every node's outputs (and what they cause at once) until all are quiet, then
+    /// checks every resolver's bookkeeping (violations are recorded).
+    pub fn pump(&mut self) {
+        if self.scale {
+            self.pump_dirty();
+            return;
+        }
+        self.drain_all();
+        self.check_all();
+    }
+
+    fn drain_all(&mut self) {
+        loop {
+            let mut any = false;
+            for i in 0..self.nodes.len() {
+                while let Some(o) = self.nodes[i].resolver.poll_output() {
+                    any = true;
+                    self.output(i, o);
+                }
+            }
+            if !any {
+                break;
+            }
+        }
+    }
+
+    fn output(&mut self, i: usize, o: Output) {
+        match o {
+            Output::Answer(a) => {
+                let tid = u64::from_ne_bytes(a.msg[8..16].try_into().unwrap_or([0; 8]));
+                let path = (a.status == Status::Success && a.via == Via::Resolve && a.len >= 88)
+                    .then(|| {
+                        let mut p = [0u8; 64];
+                        p.copy_from_slice(&a.msg[24..88]);
+                        p
+                    });
+                if a.len as usize > MSG_LEN || usize::from(a.len) < 16 {
+                    self.violations.push(format!("answer length {}", a.len));
+                }
+                self.record_answer(i, a.client, tid, a.via, a.status, path, false);
+            }
+            Output::Count { counter, .. } => self.nodes[i].counters[counter as usize] += 1,
+            Output::Attach { group, .. } => self.nodes[i].attached = Some(group.mgid),
+            Output::Detach { .. } => self.nodes[i].attached = None,
+            Output::SendSa { token, mad, .. } => self.sa(i, token, mad),
+            Output::SendAcm { to, mad, .. } => self.acm(i, to, mad),
+        }
+    }
+
+    /// When something happens next (an event or a resolver timer).
+    pub fn next_time(&self) -> Option<Millis> {
+        let ev = self.events.peek().map(|e| e.at);
+        if self.scale {
+            let tm = self.timers.peek().map(|r| r.0 .0);
+            return match (ev, tm) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        let timers = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.resolver.poll_timeout())
+            .min();
+        match (ev, timers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs events and timers until `until` (virtual ms); time ends at `until`.
+    pub fn run_until(&mut self, until: Millis) {
+        loop {
+            self.pump();
+            let Some(t) = self.next_step() else {
+                break;
+            };
+            if t > until {
+                break;
+            }
+            self.now = self.now.max(t);
+            while self.events.peek().is_some_and(|e| e.at <= self.now) {
+                let Some(e) = self.events.pop() else {
+                    break;
+                };
+                self.deliver(e.event);
+                self.pump();
+            }
+            self.run_due_timers(self.now);
+        }
+        self.now = self.now.max(until);
+    }
+
+    /// Runs for `ms` more.
+    pub fn run_for(&mut self, ms: Millis) {
+        let until = self.now + ms;
+        self.run_until(until);
+    }
+
+    /// Node `i`'s counter `c`.
+    pub fn counter(&self, i: usize, c: Counter) -> u64 {
+        self.nodes[i].counters[c as usize]
+    }
+}

@@ -1,0 +1,255 @@
+//! The UD fabric of the [`Sim`]: unicast ACM MADs go to the node with the destination LID,
+//! multicast ones to every node attached to the same group; each delivery may be lost,
+//! duplicated, delayed and so reordered, or garbled ([`Faults`]). Also the event queue every
+//! delivery (ACM or SA) goes through.
+
+use std::format;
+use std::vec::Vec;
+
+use super::{node_lid, Sim, EP};
+use crate::resolver::{AcmDest, Millis, RecvMeta};
+
+/// What goes wrong on the fabric and at the SA (probabilities in per mille).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Faults {
+    /// An ACM delivery is lost.
+    pub loss: u32,
+    /// An ACM delivery is duplicated.
+    pub dup: u32,
+    /// Delivery delay range (ms); a range wider than 0 reorders.
+    pub delay_min: Millis,
+    /// See `delay_min`.
+    pub delay_max: Millis,
+    /// An SA query is answered BUSY.
+    pub sa_busy: u32,
+    /// An SA query gets no reply (the caller reports a umad timeout after `sa_timeout`).
+    pub sa_silent: u32,
+    /// When the caller gives up on a silent SA query.
+    pub sa_timeout: Millis,
+    /// SA reply delay range (ms).
+    pub sa_delay_max: Millis,
+    /// An SA reply or ACM delivery has 1–4 random bytes overwritten (TID, status, fields).
+    pub garbage: u32,
+}
+
+impl Faults {
+    /// A perfect fabric with 1 ms deliveries.
+    pub const NONE: Faults = Faults {
+        loss: 0,
+        dup: 0,
+        delay_min: 1,
+        delay_max: 1,
+        sa_busy: 0,
+        sa_silent: 0,
+        sa_timeout: 6000,
+        sa_delay_max: 1,
+        garbage: 0,
+    };
+}
+
+/// Something that happens at a virtual time.
+#[derive(Clone, Debug)]
+pub(super) enum Event {
+    Acm {
+        to: usize,
+        meta: RecvMeta,
+        mad: [u8; 256],
+    },
+    Sa {
+        to: usize,
+        token: u64,
+        umad_status: u32,
+        mad: [u8; 256],
+    },
+    /// A PathRecord GET reaches the SA server ([`SaService`]).
+    SaArrive {
+        from: usize,
+        token: u64,
+        mad: [u8; 256],
+    },
+    /// The SA server's reply reaches the sender's MAD layer.
+    SaReply {
+        to: usize,
+        token: u64,
+        mad: [u8; 256],
+    },
+    /// The MAD layer's timeout of one try of a send.
+    UmadTimeout {
+        from: usize,
+        token: u64,
+        attempt: u32,
+    },
+}
+
+/// An [`Event`] in the queue.
+#[derive(Clone, Debug)]
+pub(super) struct Scheduled {
+    pub(super) at: Millis,
+    pub(super) seq: u64,
+    pub(super) event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> core::cmp::Ordering {
+        // Min-heap on (at, seq).
+        (o.at, o.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+impl Sim {
+    pub(super) fn schedule(&mut self, delay: Millis, event: Event) {
+        self.seq += 1;
+        self.events.push(Scheduled {
+            at: self.now + delay,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    pub(super) fn delay(&mut self) -> Millis {
+        let f = self.faults;
+        f.delay_min + self.rng.below(f.delay_max.saturating_sub(f.delay_min) + 1)
+    }
+
+    pub(super) fn acm(&mut self, from: usize, to: AcmDest, mad: [u8; 256]) {
+        let src = &self.nodes[from];
+        if !src.alive {
+            return;
+        }
+        let meta = RecvMeta {
+            slid: src.ep_cfg.lid,
+            src_qp: src.ep_cfg.qpn,
+            sl: 0,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: Some(src.ep_cfg.port_gid),
+        };
+        let targets: Vec<usize> = match to {
+            AcmDest::Group(_) => {
+                self.acm_requests[from] += 1;
+                let g = src.attached;
+                if g.is_none() {
+                    self.violations
+                        .push(format!("node {from} multicasts while not attached"));
+                }
+                (0..self.nodes.len())
+                    .filter(|&j| j != from && self.nodes[j].attached == g && g.is_some())
+                    .collect()
+            }
+            AcmDest::Unicast(av) => {
+                self.acm_responses[from] += 1;
+                let t: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&j| node_lid(j) == av.dlid)
+                    .collect();
+                for &j in &t {
+                    let n = &self.nodes[j];
+                    if av.dgid != n.ep_cfg.port_gid || av.remote_qpn != n.ep_cfg.qpn {
+                        self.violations.push(format!(
+                            "node {from}: unicast AV {av:?} does not match node {j}"
+                        ));
+                    }
+                }
+                t
+            }
+        };
+        for j in targets {
+            if !self.nodes[j].alive || self.rng.chance(self.faults.loss) {
+                continue;
+            }
+            let copies = if self.rng.chance(self.faults.dup) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let d = self.delay();
+                let mut m = mad;
+                self.mangle(&mut m);
+                self.schedule(
+                    d,
+                    Event::Acm {
+                        to: j,
+                        meta,
+                        mad: m,
+                    },
+                );
+            }
+        }
+    }
+
+    /// With probability `Faults::garbage`, overwrites 1–4 random bytes of `mad`.
+    pub(super) fn mangle(&mut self, mad: &mut [u8; 256]) {
+        if !self.rng.chance(self.faults.garbage) {
+            return;
+        }
+        for _ in 0..1 + self.rng.below(4) {
+            let at = self.rng.below(256) as usize;
+            mad[at] = self.rng.next_u64() as u8;
+        }
+    }
+
+    pub(super) fn deliver(&mut self, e: Event) {
+        let now = self.now;
+        match e {
+            Event::Acm { to, meta, mad } => {
+                let n = &mut self.nodes[to];
+                if n.alive {
+                    self.delivered += 1;
+                    n.resolver.handle_acm(now, EP, &meta, &mad);
+                }
+                self.touch(to);
+            }
+            Event::Sa {
+                to,
+                token,
+                umad_status,
+                mad,
+            } => {
+                let n = &mut self.nodes[to];
+                n.resolver.handle_sa(now, token, umad_status, &mad);
+                self.touch(to);
+            }
+            Event::SaArrive { from, token, mad } => self.sa_arrive(from, token, mad),
+            Event::SaReply { to, token, mad } => match self.umad.remove(&(to, token)) {
+                Some(_) => self.umad_complete(to, token, 0, &mad),
+                None => self.sa_stats.late += 1,
+            },
+            Event::UmadTimeout {
+                from,
+                token,
+                attempt,
+            } => {
+                let Some(svc) = self.sa_service else {
+                    return;
+                };
+                let Some(s) = self.umad.get_mut(&(from, token)) else {
+                    return;
+                };
+                if s.attempt != attempt {
+                    return;
+                }
+                if attempt < svc.umad_retries {
+                    s.attempt += 1;
+                    let mad = s.mad;
+                    self.sa_stats.retransmits += 1;
+                    self.transmit(svc, from, token, attempt + 1, mad);
+                } else if let Some(s) = self.umad.remove(&(from, token)) {
+                    self.sa_stats.umad_timeouts += 1;
+                    self.umad_complete(from, token, 110, &s.mad);
+                }
+            }
+        }
+    }
+}
