@@ -908,6 +908,14 @@ impl ClientRequest {
         })
     }
 
+    /// Appends a PATH entry with `flags` holding the whole record `path` (an SGID, a
+    /// ServiceID, a P_Key: what a kernel consumer's request carries).
+    pub fn path_record(self, flags: u32, path: &PathRecordRepr) -> ClientRequest {
+        self.entry(flags, EpInfoType::Path, |info| {
+            path.emit(&mut PathRecord::new_unchecked(info))
+        })
+    }
+
     /// Appends the destination entry: `kind` with `addr` (NUL-padded, cut at 64 bytes),
     /// flags [`EP_FLAG_DEST`]` | flags`; `dst_index` names it.
     pub fn dest(self, flags: u32, kind: EpInfoType, addr: &[u8]) -> ClientRequest {

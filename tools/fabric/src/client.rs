@@ -138,19 +138,8 @@ impl AsRawFd for Conn {
 /// `path`, e.g. an SGID, a DGID and a ServiceID, as a kernel consumer's request reaches the
 /// provider through the core; `flags` are the entry's (`FLAGS_QUERY_SA` makes it a `query()`).
 pub fn path_request(path: &PathRecordRepr, flags: u32, tid: u64) -> Vec<u8> {
-    use acm_core_nostd::wire::client::{Opcode, ACM_VERSION, EP_LEN};
-    use acm_core_nostd::wire::path_record::PathRecord;
-    let len = HDR_LEN + EP_LEN;
-    let mut b = vec![0u8; len];
-    let mut m = AcmMsg::new_unchecked(&mut b[..]);
-    m.set_version(ACM_VERSION);
-    m.set_opcode_raw(u8::from(Opcode::Resolve));
-    m.set_length(len as u16);
-    m.set_tid(tid);
-    if let Some(mut e) = m.entry_mut(0) {
-        e.set_flags(flags);
-        e.set_info_type(EpInfoType::Path);
-        path.emit(&mut PathRecord::new_unchecked(&mut e.info_mut()[..64]));
-    }
-    b
+    acm_core_nostd::wire::client::ClientRequest::resolve(tid)
+        .path_record(flags, path)
+        .bytes()
+        .to_vec()
 }
