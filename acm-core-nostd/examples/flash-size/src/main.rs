@@ -11,7 +11,7 @@
 //! (`riscv32imac-unknown-none-elf` likewise.) On a host target it is an ordinary program.
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, PathCache, PathSlot};
+use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
     ArrayStorage, Config, EpConfig, EpId, Kind, Output, RecvMeta, Resolver,
 };
@@ -52,7 +52,7 @@ fn run() -> u32 {
         sa_pkey: true,
     };
     let _ = r.open_endpoint(0, ep, cfg);
-    let _ = r.add_address(0, ep, 0, 1, &black_box([0x61; 64]));
+    let _ = r.add_address(0, ep, 0, AddrKind::Name, &black_box([0x61; 64]));
     let mut outputs = 0u32;
     for now in 0..black_box(1000u64) {
         let msg: [u8; 160] = black_box([1u8; 160]);
