@@ -1334,7 +1334,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             if job.state == JobState::Free || usize::from(job.ep) != slot {
                 continue;
             }
-            self.finish_job(now, j, status, None, None, false);
+            self.finish_job(now, j, route::Completion::failed(status));
             if forget_held {
                 self.free_zombie(j);
             }

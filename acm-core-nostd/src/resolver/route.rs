@@ -48,6 +48,42 @@ impl StoredKey {
     }
 }
 
+/// How a route job ends ([`Resolver::finish_job`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Completion<'r> {
+    /// The SA's record, inserted into the cache to expire at `expires`.
+    Answered {
+        /// The PathRecord.
+        record: &'r [u8; 64],
+        /// Its expiry as inserted.
+        expires: Millis,
+    },
+    /// The cache had the record meanwhile (each answered Resolve counts ROUTE_CACHE).
+    FromCache {
+        /// The PathRecord.
+        record: &'r [u8; 64],
+        /// Its expiry in the cache.
+        expires: Millis,
+    },
+    /// Failed with `status`; a `query()` gets `query_record` (the SA's record) back.
+    Failed {
+        /// The answer's status.
+        status: Status,
+        /// What a failed `query()` gets back, if anything.
+        query_record: Option<&'r [u8; 64]>,
+    },
+}
+
+impl Completion<'_> {
+    /// A failure with `status` and nothing for a `query()`.
+    pub(crate) fn failed(status: Status) -> Self {
+        Completion::Failed {
+            status,
+            query_record: None,
+        }
+    }
+}
+
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     fn job_hash(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> u64 {
         // The slot in the top byte, over the generation bits a cache number rarely reaches.
@@ -332,19 +368,21 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.join_route(now, slot, r.cache_ep, key, sa, waiter, None);
     }
 
-    /// Completes job `j`: answers its waiters (`status`, `record`; `query_record` is what a
-    /// failed `query()` gets back), aliases its addresses on success, frees the job (or keeps
-    /// it as a zombie while the caller holds its MAD). `from_cache` counts RouteCache per
-    /// answered Resolve waiter.
-    pub(crate) fn finish_job(
-        &mut self,
-        now: Millis,
-        j: u32,
-        status: Status,
-        record: Option<(&[u8; 64], Millis)>,
-        query_record: Option<&[u8; 64]>,
-        from_cache: bool,
-    ) {
+    /// Completes job `j` as `how` says: answers its waiters, aliases its addresses on success,
+    /// frees the job (or keeps it as a zombie while the caller holds its MAD).
+    pub(crate) fn finish_job(&mut self, now: Millis, j: u32, how: Completion<'_>) {
+        let (status, record, query_record, from_cache) = match how {
+            Completion::Answered { record, expires } => {
+                (Status::Success, Some((record, expires)), None, false)
+            }
+            Completion::FromCache { record, expires } => {
+                (Status::Success, Some((record, expires)), None, true)
+            }
+            Completion::Failed {
+                status,
+                query_record,
+            } => (status, None, query_record, false),
+        };
         let job = self.st.jobs()[j as usize];
         if matches!(job.state, JobState::Free | JobState::Zombie) {
             return;
@@ -480,7 +518,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     self.w.insert(&k, &rec, now, ttl);
                 }
                 let exp = now.saturating_add(ttl);
-                self.finish_job(now, j, Status::Success, Some((&rec, exp)), None, false);
+                self.finish_job(
+                    now,
+                    j,
+                    Completion::Answered {
+                        record: &rec,
+                        expires: exp,
+                    },
+                );
             }
             SaOutcome::Failed(s) => {
                 // "No such path" is an answer from the SA, not a failure to reach it: remember
@@ -499,7 +544,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 let mut sa_record = [0u8; 64];
                 sa_record.copy_from_slice(&mad[56..120]);
                 let qr = (umad_status == 0).then_some(&sa_record);
-                self.finish_job(now, j, s, None, qr, false);
+                self.finish_job(
+                    now,
+                    j,
+                    Completion::Failed {
+                        status: s,
+                        query_record: qr,
+                    },
+                );
             }
             SaOutcome::Busy => {
                 // The SA is overloaded: halve what we keep in flight (the jobs already out
@@ -510,7 +562,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.sa_hold = now.saturating_add(self.cfg.sa_deadline);
                 if job.busy_tries >= self.cfg.sa_busy_retries {
                     self.stats.timeouts += 1;
-                    self.finish_job(now, j, Status::Etimedout, None, None, false);
+                    self.finish_job(now, j, Completion::failed(Status::Etimedout));
                     return;
                 }
                 let wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
@@ -556,15 +608,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         needs_refresh,
                     } => {
                         let (slot, cep, sa) = (usize::from(job.ep), job.cache_ep, job.sa);
-                        let rec = Some((&record, expires_at));
-                        self.finish_job(now, j, Status::Success, rec, None, true);
+                        let how = Completion::FromCache {
+                            record: &record,
+                            expires: expires_at,
+                        };
+                        self.finish_job(now, j, how);
                         if needs_refresh {
                             self.join_route(now, slot, cep, Some(k), &sa, None, None);
                         }
                         continue;
                     }
                     Lookup::Negative { status, .. } => {
-                        self.finish_job(now, j, Status::from(status), None, None, false);
+                        self.finish_job(now, j, Completion::failed(Status::from(status)));
                         continue;
                     }
                     _ => {}
@@ -575,7 +630,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 // work on it (a storm's backlog would otherwise feed the SA queries whose
                 // clients have already been told ETIMEDOUT).
                 self.stats.timeouts += 1;
-                self.finish_job(now, j, Status::Etimedout, None, None, false);
+                self.finish_job(now, j, Completion::failed(Status::Etimedout));
                 continue;
             }
             self.backlog
@@ -600,7 +655,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 break;
             }
             self.stats.timeouts += 1;
-            self.finish_job(now, j, Status::Etimedout, None, None, false);
+            self.finish_job(now, j, Completion::failed(Status::Etimedout));
             self.unlist_job(j);
         }
         for id in [list_id::SA_SEND, list_id::SENT] {
@@ -613,7 +668,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 cur = List::next_of(self.st.jobs(), j, job_link);
                 if self.st.jobs()[j as usize].timer <= now {
                     self.stats.timeouts += 1;
-                    self.finish_job(now, j, Status::Etimedout, None, None, false);
+                    self.finish_job(now, j, Completion::failed(Status::Etimedout));
                     // A zombie (the caller holds its MAD) is on no list any more.
                     self.unlist_job(j);
                 }
@@ -628,7 +683,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             if job.born.saturating_add(self.cfg.queue_deadline) <= now {
                 self.stats.timeouts += 1;
-                self.finish_job(now, j, Status::Etimedout, None, None, false);
+                self.finish_job(now, j, Completion::failed(Status::Etimedout));
             } else {
                 self.requeue_job(now, j);
             }
