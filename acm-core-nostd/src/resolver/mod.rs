@@ -6,15 +6,22 @@
 //! **outputs** by polling:
 //!
 //! ```text
-//!  inputs                                   outputs (poll_output)
-//!  open_endpoint / close_endpoint  ──┐   ┌──▶ Output::SendSa    (PathRecord GET, MCMember SET/DELETE)
-//!  add_address / remove_address      │   ├──▶ Output::SendAcm   (class 0x2C over the endpoint's UD QP)
-//!  reregister                        ├─▶ ├──▶ Output::Answer    (a client's response, exactly once)
-//!  request      (client, 592 B msg)  │   ├──▶ Output::Attach / Output::Detach (multicast group)
-//!  handle_sa    (SA reply or error)  │   └──▶ Output::Count     (an ACM_CNTR_* event)
-//!  handle_acm   (received 0x2C MAD)  │
-//!  handle_timeout(now)             ──┘        poll_timeout() → when to call handle_timeout
+//!  inputs                                     outputs (poll_output)
+//!  open_endpoint / close_endpoint    ──┐   ┌──▶ Output::SendSa    (PathRecord GET, MCMember SET/DELETE)
+//!  add_address / remove_address        │   ├──▶ Output::SendAcm   (class 0x2C over the endpoint's UD QP)
+//!  preload_address / preload_route     │   ├──▶ Output::Answer    (a client's response, exactly once)
+//!  reregister                          ├─▶ ├──▶ Output::Attach / Output::Detach (multicast group)
+//!  request / request_classified        │   └──▶ Output::Count     (an ACM_CNTR_* event)
+//!               (client, 592 B msg)    │
+//!  handle_sa     (SA reply or error)   │
+//!  handle_report (SA Report: trap 64/65)│
+//!  handle_acm    (received 0x2C MAD)   │
+//!  handle_timeout(now)                 │      poll_timeout() → when to call handle_timeout
+//!  shutdown                          ──┘
 //! ```
+//!
+//! Those are every input there is; the owner also has `clear_cache`, `into_writer` (the cache's
+//! writer back, ending the resolver), `stats`, `is_idle` and, with `sim`, `check_invariants`.
 //!
 //! Storage (request slots, pending keys, in-flight queries, address entries, endpoints) comes
 //! from the caller as slices in a [`Storage`], like [`crate::cache::PathCache`]. The path cache
