@@ -180,9 +180,7 @@ fn bad_input_fails_with_a_clear_message() {
     assert!(err(&["decode", "-"], Some(&[1u8, 3, 2, 1].repeat(10))).contains("256"));
     assert!(err(&["decode", "--hex", "01zz"], None).contains("not a hex digit"));
     assert!(err(&["decode", "--hex", "010"], None).contains("odd number"));
-    let mut acm =
-        std::fs::read(root().join("fuzz/corpus/wire_acm_mad/resolve_req.bin"))
-            .unwrap();
+    let mut acm = std::fs::read(root().join("fuzz/corpus/wire_acm_mad/resolve_req.bin")).unwrap();
     acm[20] = 9; // gid_cnt
     assert!(err(&["decode", "-"], Some(&acm)).contains("more than the 6 GIDs"));
     let hdr = |len: &str| format!("01010000 0000{len} 0000000000000000");

@@ -22,8 +22,7 @@ pub fn svagent() -> PathBuf {
     static AGENT: OnceLock<PathBuf> = OnceLock::new();
     AGENT
         .get_or_init(|| {
-            let src =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../simverbs/tests/c/svagent.c");
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../simverbs/tests/c/svagent.c");
             let out = profile_dir().join("dataplane-svagent");
             let tmp = profile_dir().join(format!("dataplane-svagent.{}", std::process::id()));
             let st = Command::new("cc")
