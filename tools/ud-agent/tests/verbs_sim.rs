@@ -1,5 +1,5 @@
 //! `verbs::UdEndpoint` on a simulated fabric (ibsim + OpenSM + simverbs): `ud-agent` processes
-//! (src/bin/ud-agent.rs) on net.2sw2path4hca's HCAs, each a real libibverbs program whose
+//! (`tools/ud-agent/src/main.rs`) on net.2sw2path4hca's HCAs, each a real libibverbs program whose
 //! verbs are simverbs'. Needs `cargo build -p simverbs` into the same target dir first.
 
 mod common;
