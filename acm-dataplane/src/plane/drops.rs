@@ -49,17 +49,17 @@ impl<I: CoreIo> Plane<I> {
             self.last_health[i] = h;
             self.last_drop_log = now.max(1);
         }
-        if self.sa_forged != self.sa_forged_logged {
+        let forged = self.sa.forged;
+        if forged != self.sa_forged_logged {
             self.io.log(
                 0,
                 &format!(
                     "ERROR - SA MAD not from the SM (its LID, QP 1) or not on the asking QP \
-                     dropped: {} (total {})",
-                    self.sa_forged - self.sa_forged_logged,
-                    self.sa_forged
+                     dropped: {} (total {forged})",
+                    forged - self.sa_forged_logged,
                 ),
             );
-            self.sa_forged_logged = self.sa_forged;
+            self.sa_forged_logged = forged;
             self.last_drop_log = now.max(1);
         }
         let s = self.r().stats();

@@ -168,10 +168,8 @@ pub struct Plane<I: CoreIo> {
     /// When drops were last logged (ms): at most one set of lines per second, so a remote
     /// node sending garbage cannot flood the core's log; every drop is counted anyway.
     last_drop_log: Millis,
-    /// Class 3 MADs dropped because they did not come from the SM (its LID, QP 1) or a reply
-    /// arrived on a QP that did not send the query (a forgery, or a confused peer).
-    sa_forged: u64,
-    /// [`Plane::sa_forged`] as last logged.
+    /// The SA channel's count of forged class 3 MADs (`SaChannel::forged`: not from the SM's
+    /// LID and QP 1, or a reply on a QP that did not send the query) as last logged.
     sa_forged_logged: u64,
     /// A request taken from the queue and not yet known to the resolver or answered: if the
     /// resolver panics with it, `recover` answers it.
@@ -251,7 +249,6 @@ impl<I: CoreIo> Plane<I> {
             last_stats: Stats::default(),
             last_health: vec![UdHealth::default(); MAX_EPS],
             last_drop_log: 0,
-            sa_forged: 0,
             sa_forged_logged: 0,
             in_hand: None,
             held: None,

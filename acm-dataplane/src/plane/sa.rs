@@ -74,10 +74,8 @@ impl<I: CoreIo> Plane<I> {
         let carries = |owner: EpId| carrier_of(eps, owner) == Some(on);
         let (token, mad) = match self.sa.receive(meta, sm, carries, mad) {
             Received::Reply { token, mad } => (token, mad),
-            Received::Forged => {
-                self.sa_forged += 1;
-                return;
-            }
+            // Counted by the channel (`SaChannel::forged`), logged by `log_drops`.
+            Received::Forged => return,
             // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
             Received::Unknown => {
                 self.r().handle_sa(now, 0, 0, mad);
