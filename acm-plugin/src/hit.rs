@@ -317,10 +317,12 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             }
         }
         // A local address removed since the dataplane last caught up may still be aliased.
-        _ => {
+        Target::Address { .. } => {
             let stale = ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied();
             front::look(&inst.cache, &target, inst.now_ms(), stale)
         }
+        // Nothing a cache key can hold (a malformed request, a route with no key).
+        _ => Lookup::Miss,
     };
     let mut reply = |status: Status, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
