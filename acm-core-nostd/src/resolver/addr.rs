@@ -1,7 +1,7 @@
-//! Address resolution over the ACM multicast protocol (class 0x2C), the address table, and the
-//! endpoint's multicast joins.
+//! The address table: one entry per (endpoint, address type, 64 bytes), and how an address
+//! request is answered from it.
 //!
-//! An address entry is (endpoint, type, 64 bytes). Its states map onto ibacmp's `acmp_dest`:
+//! An entry's states map onto ibacmp's `acmp_dest`:
 //!
 //! ```text
 //!  absent ──request──▶ Queued ──window/joined──▶ Querying ──response / peer's request──▶ Resolved
@@ -11,23 +11,22 @@
 //!                         └──deadline──▶ answered, freed ◀┘ (ETIMEDOUT)                    once cached + aliased)
 //! ```
 //!
-//! Local addresses (`add_address`) are `Local`; hosts-file entries are `Resolved` with origin
-//! `Preload` (renewed on use when expired); entries learned from peers' requests are
-//! `Resolved`/`Learned` and may be evicted when the table is full and they are idle.
+//! Queued and Querying belong to the ACM protocol ([`acm`](super::acm)). Local addresses
+//! (`add_address`) are `Local`; hosts-file entries are `Resolved` with origin `Preload`
+//! (renewed on use when expired); entries learned from peers' requests are
+//! `Resolved`/`Learned` and may be evicted when the table is full and they are idle. A
+//! removed local address is `Removing` until its cache alias is dropped.
 
-use super::mads;
 use super::request;
-use super::storage::{bucket_hash, list_id, AddrState, EpSlot, GroupState, List, Origin, SaTry};
-use super::{
-    addr_qlink, addr_slink, AddrEntry, Counter, EpId, Kind, Millis, RecvMeta, Request, Resolver,
-    Storage, NEVER,
+use super::storage::Table;
+use super::storage::{
+    bucket_hash, list_id, AddrState, List, Origin, Tables, TablesRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
 };
+use super::{AddrEntry, Counter, EpId, Kind, Millis, Request, Resolver, Storage, NEVER};
 use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, Lookup, PathKey};
-use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ACM_MGMT_CLASS, CTRL_RESOLVE};
+use crate::wire::acm_mad::AddressType;
 use crate::wire::client::{AcmMsg, Status, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
-use crate::wire::mad::Method;
-use crate::wire::path_record::PathRecord;
 
 /// The cache address key of an entry (NAME/IP/IP6 only).
 pub(crate) fn addr_key(a: &AddrEntry) -> Option<AddrKey> {
@@ -62,27 +61,56 @@ pub(crate) fn alias<C: CacheRef>(
 /// How many probes an insert into a full address table makes for an idle learned entry.
 const EVICT_PROBES: u32 = 64;
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    fn addr_bucket(&mut self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> usize {
-        let h = bucket_hash(
-            self.seed ^ 0xadd7,
-            (slot as u32) << 8 | u32::from(u8::from(type_)),
-            addr,
-        );
-        (h % self.st.addr_buckets().len() as u64) as usize
+/// The address table's lists and counts.
+pub(crate) struct AddrTable {
+    /// The hash seed of the table.
+    seed: u64,
+    /// Free entries.
+    pub(crate) free: List,
+    /// Entries with an ACM MAD to send (our query, a response to a peer).
+    pub(crate) send: List,
+    /// Removed local addresses whose cache alias is still to be dropped.
+    pub(crate) removals: List,
+    /// Where the next eviction probe looks.
+    evict_hand: u32,
+    /// Entries Queued or Querying.
+    pub(crate) active: u32,
+}
+
+impl AddrTable {
+    /// Every entry of `addrs` free.
+    pub(crate) fn new(addrs: &mut [AddrEntry], seed: u64) -> Self {
+        let mut free = List::EMPTY;
+        for i in 0..addrs.len() as u32 {
+            free.push_back(addrs, i, list_id::FREE, ADDR_Q);
+        }
+        AddrTable {
+            seed: seed ^ 0xadd7,
+            free,
+            send: List::EMPTY,
+            removals: List::EMPTY,
+            evict_hand: 0,
+            active: 0,
+        }
+    }
+
+    fn bucket(&self, buckets: usize, slot: usize, type_: AddressType, addr: &[u8; 64]) -> usize {
+        let head = (slot as u32) << 8 | u32::from(u8::from(type_));
+        (bucket_hash(self.seed, head, addr) % buckets as u64) as usize
     }
 
     /// The entry for (endpoint slot, type, address).
-    pub(crate) fn find_addr(
-        &mut self,
+    pub(crate) fn find(
+        &self,
+        t: TablesRef<'_>,
         slot: usize,
         type_: AddressType,
         addr: &[u8; 64],
     ) -> Option<u32> {
-        let b = self.addr_bucket(slot, type_, addr);
-        let mut cur = self.st.addr_buckets()[b];
+        let b = self.bucket(t.addr_buckets.len(), slot, type_, addr);
+        let mut cur = t.addr_buckets[b];
         while let Some(i) = cur.checked_sub(1) {
-            let a = &self.st.addrs()[i as usize];
+            let a = &t.addrs[i as usize];
             if a.state != AddrState::Free
                 && usize::from(a.ep) == slot
                 && a.type_ == type_
@@ -96,6 +124,148 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
+    /// entry (no waiters, no route job, no response to send) if the table is full.
+    fn alloc(
+        &mut self,
+        t: &mut Tables<'_>,
+        slot: usize,
+        type_: AddressType,
+        addr: &[u8; 64],
+    ) -> Option<u32> {
+        if self.free.is_empty() {
+            let n = t.addrs.len() as u32;
+            for _ in 0..EVICT_PROBES.min(n) {
+                let i = self.evict_hand % n;
+                self.evict_hand = self.evict_hand.wrapping_add(1);
+                let a = &t.addrs[i as usize];
+                let idle = a.state == AddrState::Resolved
+                    && a.origin == Origin::Learned
+                    && a.job == 0
+                    && !a.send_resp
+                    && a.waiters.is_empty();
+                if idle {
+                    self.free_entry(t, i);
+                    break;
+                }
+            }
+        }
+        let i = self.free.pop_front(t.addrs, list_id::FREE, ADDR_Q)?;
+        let b = self.bucket(t.addr_buckets.len(), slot, type_, addr);
+        let a = &mut t.addrs[i as usize];
+        *a = AddrEntry::EMPTY;
+        a.state = AddrState::Resolved;
+        a.ep = slot as u8;
+        a.type_ = type_;
+        a.addr = *addr;
+        a.hnext = t.addr_buckets[b];
+        t.addr_buckets[b] = i + 1;
+        Some(i)
+    }
+
+    /// Takes entry `i` off the list its `qlink` is on.
+    fn unlink_q(&mut self, t: &mut Tables<'_>, i: u32) {
+        let a = &t.addrs[i as usize];
+        let (on, e) = (a.qlink.on, &mut t.endpoints[usize::from(a.ep)]);
+        match on {
+            list_id::ACM_QUEUE => {
+                e.queue.remove(t.addrs, i, on, ADDR_Q);
+            }
+            list_id::ACM_INFLIGHT => {
+                e.inflight.remove(t.addrs, i, on, ADDR_Q);
+                e.acm_inflight = e.acm_inflight.saturating_sub(1);
+            }
+            list_id::LOCALS => {
+                e.locals.remove(t.addrs, i, on, ADDR_Q);
+            }
+            list_id::REMOVALS => {
+                self.removals.remove(t.addrs, i, on, ADDR_Q);
+            }
+            _ => {}
+        }
+    }
+
+    /// Frees entry `i`: off every list, out of its route job's addresses and of the hash
+    /// (its waiters must have been answered).
+    fn free_entry(&mut self, t: &mut Tables<'_>, i: u32) {
+        let a = t.addrs[i as usize];
+        if a.state == AddrState::Free {
+            return;
+        }
+        if matches!(a.state, AddrState::Queued | AddrState::Querying) {
+            self.active -= 1;
+        }
+        self.unlink_q(t, i);
+        self.send.remove(t.addrs, i, list_id::ACM_SEND, ADDR_S);
+        if let Some(j) = a.job.checked_sub(1) {
+            t.jobs[j as usize]
+                .addrs
+                .remove(t.addrs, i, list_id::ROUTE_ADDRS, ADDR_R);
+        }
+        let b = self.bucket(t.addr_buckets.len(), usize::from(a.ep), a.type_, &a.addr);
+        let mut cur = t.addr_buckets[b];
+        let mut prev: Option<u32> = None;
+        while let Some(c) = cur.checked_sub(1) {
+            let next = t.addrs[c as usize].hnext;
+            if c == i {
+                match prev {
+                    Some(p) => t.addrs[p as usize].hnext = next,
+                    None => t.addr_buckets[b] = next,
+                }
+                break;
+            }
+            prev = Some(c);
+            cur = next;
+        }
+        t.addrs[i as usize] = AddrEntry::EMPTY;
+        self.free.push_back(t.addrs, i, list_id::FREE, ADDR_Q);
+    }
+}
+
+#[cfg(feature = "std")]
+impl AddrTable {
+    /// Every entry is on the list its state says, only queries have waiters, and the count of
+    /// queries matches; returns how many requests wait on entries.
+    pub(crate) fn check(&self, addrs: &[AddrEntry]) -> Result<u32, std::string::String> {
+        use std::format;
+        let (mut active, mut waiters) = (0u32, 0u32);
+        for a in addrs {
+            let want = match a.state {
+                AddrState::Free => list_id::FREE,
+                AddrState::Queued => list_id::ACM_QUEUE,
+                AddrState::Querying => list_id::ACM_INFLIGHT,
+                AddrState::Local => list_id::LOCALS,
+                AddrState::Removing => list_id::REMOVALS,
+                AddrState::Resolved => 0,
+            };
+            if a.qlink.on != want {
+                return Err(format!("address in {:?} on list {}", a.state, a.qlink.on));
+            }
+            if matches!(a.state, AddrState::Queued | AddrState::Querying) {
+                active += 1;
+            } else if !a.waiters.is_empty() {
+                return Err(format!("address in {:?} with waiters", a.state));
+            }
+            waiters += a.waiters.len;
+        }
+        if active != self.active {
+            return Err(format!("acm_active {active}/{}", self.active));
+        }
+        Ok(waiters)
+    }
+}
+
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
+    /// The entry for (endpoint slot, type, address).
+    pub(crate) fn find_addr(
+        &self,
+        slot: usize,
+        type_: AddressType,
+        addr: &[u8; 64],
+    ) -> Option<u32> {
+        self.addrs.find(self.st.tables_ref(), slot, type_, addr)
+    }
+
+    /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
     /// entry if the table is full. `None` if nothing can be evicted.
     pub(crate) fn alloc_addr(
         &mut self,
@@ -103,156 +273,50 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         type_: AddressType,
         addr: &[u8; 64],
     ) -> Option<u32> {
-        if self.free_addrs.is_empty() {
-            let n = self.st.addrs().len() as u32;
-            for _ in 0..EVICT_PROBES.min(n) {
-                let i = self.evict_hand % n;
-                self.evict_hand = self.evict_hand.wrapping_add(1);
-                let a = &self.st.addrs()[i as usize];
-                let idle = a.state == AddrState::Resolved
-                    && a.origin == Origin::Learned
-                    && a.job == 0
-                    && !a.send_resp
-                    && a.waiters.is_empty();
-                if idle {
-                    self.free_addr(i);
-                    break;
-                }
-            }
-        }
-        let i = self
-            .free_addrs
-            .pop_front(self.st.addrs(), list_id::FREE, addr_qlink)?;
-        let b = self.addr_bucket(slot, type_, addr);
-        let head = self.st.addr_buckets()[b];
-        let a = &mut self.st.addrs()[i as usize];
-        *a = AddrEntry::EMPTY;
-        a.state = AddrState::Resolved;
-        a.ep = slot as u8;
-        a.type_ = type_;
-        a.addr = *addr;
-        a.hnext = head;
-        self.st.addr_buckets()[b] = i + 1;
-        Some(i)
+        self.addrs.alloc(&mut self.st.tables(), slot, type_, addr)
     }
 
     /// Takes entry `i` off the list its `qlink` is on.
     pub(crate) fn unlink_q(&mut self, i: u32) {
-        let a = self.st.addrs()[i as usize];
-        let slot = usize::from(a.ep);
-        match a.qlink.on {
-            list_id::ACM_QUEUE => {
-                let mut l = self.st.endpoints()[slot].queue;
-                l.remove(self.st.addrs(), i, list_id::ACM_QUEUE, addr_qlink);
-                self.st.endpoints()[slot].queue = l;
-            }
-            list_id::ACM_INFLIGHT => {
-                let mut l = self.st.endpoints()[slot].inflight;
-                l.remove(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
-                let e = &mut self.st.endpoints()[slot];
-                e.inflight = l;
-                e.acm_inflight = e.acm_inflight.saturating_sub(1);
-            }
-            list_id::LOCALS => {
-                let mut l = self.st.endpoints()[slot].locals;
-                l.remove(self.st.addrs(), i, list_id::LOCALS, addr_qlink);
-                self.st.endpoints()[slot].locals = l;
-            }
-            list_id::REMOVALS => {
-                self.removals
-                    .remove(self.st.addrs(), i, list_id::REMOVALS, addr_qlink);
-            }
-            _ => {}
-        }
+        self.addrs.unlink_q(&mut self.st.tables(), i);
     }
 
     /// Frees entry `i` (its waiters, if any, are answered ENODATA first).
     pub(crate) fn free_addr(&mut self, i: u32) {
-        let a = self.st.addrs()[i as usize];
-        if a.state == AddrState::Free {
-            return;
-        }
         self.fail_addr_waiters(i, Status::Enodata);
-        if matches!(a.state, AddrState::Queued | AddrState::Querying) {
-            self.acm_active -= 1;
-        }
-        self.unlink_q(i);
-        self.acm_send
-            .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
-        if let Some(j) = a.job.checked_sub(1) {
-            let mut l = self.st.jobs()[j as usize].addrs;
-            l.remove(self.st.addrs(), i, list_id::ROUTE_ADDRS, super::addr_rlink);
-            self.st.jobs()[j as usize].addrs = l;
-        }
-        // Unhash.
-        let b = self.addr_bucket(usize::from(a.ep), a.type_, &a.addr);
-        let mut cur = self.st.addr_buckets()[b];
-        let mut prev: Option<u32> = None;
-        while let Some(c) = cur.checked_sub(1) {
-            let next = self.st.addrs()[c as usize].hnext;
-            if c == i {
-                match prev {
-                    Some(p) => self.st.addrs()[p as usize].hnext = next,
-                    None => self.st.addr_buckets()[b] = next,
-                }
-                break;
+        self.addrs.free_entry(&mut self.st.tables(), i);
+    }
+
+    /// Drops the cache aliases of removed local addresses and frees their entries.
+    pub(crate) fn drop_removed(&mut self) {
+        while let Some(i) =
+            self.addrs
+                .removals
+                .pop_front(self.st.addrs(), list_id::REMOVALS, ADDR_Q)
+        {
+            let a = self.st.addrs()[i as usize];
+            if let Some(k) = addr_key(&a) {
+                self.w.remove_addr(&k);
             }
-            prev = Some(c);
-            cur = next;
+            self.free_addr(i);
         }
-        self.st.addrs()[i as usize] = AddrEntry::EMPTY;
-        self.free_addrs
-            .push_back(self.st.addrs(), i, list_id::FREE, addr_qlink);
+    }
+
+    /// When an address mapping made at `now` expires.
+    pub(crate) fn addr_expiry(&self, now: Millis) -> Millis {
+        self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t))
     }
 
     /// Answers the waiters of entry `i` with `status`.
     pub(crate) fn fail_addr_waiters(&mut self, i: u32, status: Status) {
-        let mut l = self.st.addrs()[i as usize].waiters;
+        let mut l = core::mem::replace(&mut self.st.addrs()[i as usize].waiters, List::EMPTY);
         self.answer_list(&mut l, status, None);
-        self.st.addrs()[i as usize].waiters = List::EMPTY;
     }
 
     /// An address query failed: its waiters get `status`, the entry goes (ibacmp: INIT).
     pub(crate) fn fail_addr(&mut self, i: u32, status: Status) {
         self.fail_addr_waiters(i, status);
         self.free_addr(i);
-    }
-
-    fn group_record(&mut self, slot: usize, group: u8) -> Option<[u8; 56]> {
-        let g = usize::from(group).checked_sub(1)?;
-        let gs = self.st.endpoints()[slot].groups.get(g).copied()?;
-        (gs.t.state == GroupState::Joined).then_some(gs.record)
-    }
-
-    pub(crate) fn ep_ready(&mut self, slot: usize) -> bool {
-        let e = &self.st.endpoints()[slot];
-        e.open && (!e.acm || e.groups[0].t.state == GroupState::Joined)
-    }
-
-    /// The path ACM route mode builds from the group (libibacmp's `acmp_record_acm_route`): the
-    /// group's path with DGID = the peer's GID, DLID = its LID, SLID = ours, reversible, and
-    /// SL, MTU, rate, packet lifetime, traffic class, flow label, hop limit and P_Key from the
-    /// MCMemberRecord.
-    fn acm_path(&mut self, slot: usize, a: &AddrEntry) -> Option<[u8; 64]> {
-        let rec = self.group_record(slot, a.group)?;
-        let e = self.st.endpoints()[slot];
-        let g = crate::wire::mcmember::McMemberRepr::parse_bytes(&rec).ok()?;
-        let mut r = [0u8; 64];
-        let mut p = PathRecord::new_unchecked(&mut r[..]);
-        p.set_dgid(Gid(a.gid));
-        p.set_sgid(Gid(e.port_gid));
-        p.set_dlid(a.lid);
-        p.set_slid(e.lid);
-        p.set_flow(false, g.flow_label, g.hop_limit);
-        p.set_tclass(g.tclass);
-        p.set_reversible_numpath(true, 1);
-        p.set_pkey(g.pkey);
-        p.set_qosclass_sl(0, g.sl);
-        // MTU, rate and packet lifetime bytes verbatim, selector bits included.
-        r[54] = rec[38];
-        r[55] = rec[42];
-        r[56] = rec[43];
-        Some(r)
     }
 
     /// The key and SA record of entry `i`'s route: ibacmp's `{sgid, dgid, pkey, tclass}`.
@@ -290,9 +354,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         self.join_route(now, slot, a.cache_ep, key, &sa, None, Some(i));
                     }
                     let mut l = waiters;
-                    while let Some(w) =
-                        l.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
-                    {
+                    while let Some(w) = l.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
                         let ep = EpId(self.st.requests()[w as usize].ep);
                         self.count(ep, Counter::RouteCache);
                         self.answer(w, Status::Success, Some(&record));
@@ -320,10 +382,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.count(ep, Counter::AddrCache);
         }
         let cache_ep = a.cache_ep;
-        let first = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link);
+        let first = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ);
         self.join_route(now, slot, cache_ep, key, &sa, first, Some(i));
-        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
-        {
+        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
             self.join_route(now, slot, cache_ep, key, &sa, Some(w), None);
         }
     }
@@ -364,7 +425,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             let Some(w) = self.waiter(r) else {
                 return;
             };
-            waiters.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
+            waiters.push_back(self.st.requests(), w, list_id::WAITERS, REQ);
         }
         let state = found.map(|i| self.st.addrs()[i as usize].state);
         match (found, state) {
@@ -433,382 +494,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    fn add_waiters(&mut self, i: u32, waiters: &mut List) {
-        let mut l = self.st.addrs()[i as usize].waiters;
-        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
-        {
-            l.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
-        }
-        self.st.addrs()[i as usize].waiters = l;
-    }
-
-    /// Puts entry `i` (Resolved, no job) on its endpoint's ACM queue (QUERY_ADDR).
-    fn requeue(&mut self, now: Millis, slot: usize, i: u32) {
-        let at = now.saturating_add(self.cfg.queue_deadline);
-        {
-            let a = &mut self.st.addrs()[i as usize];
-            a.state = AddrState::Queued;
-            a.timer = at;
-            a.tries = 0;
-        }
-        self.acm_active += 1;
-        let mut q = self.st.endpoints()[slot].queue;
-        q.push_back(self.st.addrs(), i, list_id::ACM_QUEUE, addr_qlink);
-        self.st.endpoints()[slot].queue = q;
-        self.arm(at);
-    }
-
-    /// Sends queued address queries of endpoint `slot` while its ACM window has room.
-    pub(crate) fn pump_acm(&mut self, now: Millis, slot: usize) {
-        if !self.ep_ready(slot) {
-            return;
-        }
-        let try_ms = self.acm_try(slot);
-        while self.st.endpoints()[slot].acm_inflight < self.cfg.acm_window {
-            let mut q = self.st.endpoints()[slot].queue;
-            let Some(i) = q.pop_front(self.st.addrs(), list_id::ACM_QUEUE, addr_qlink) else {
-                break;
-            };
-            self.st.endpoints()[slot].queue = q;
-            let tid = u64::from(self.next_tid());
-            let at = now.saturating_add(try_ms);
-            {
-                let a = &mut self.st.addrs()[i as usize];
-                a.state = AddrState::Querying;
-                a.tid = tid;
-                a.tries = 0;
-                a.timer = at;
-                a.send_query = true;
-            }
-            let mut l = self.st.endpoints()[slot].inflight;
-            l.push_back(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
-            let e = &mut self.st.endpoints()[slot];
-            e.inflight = l;
-            e.acm_inflight += 1;
-            let id = EpId(e.id);
-            self.acm_send
-                .push_back(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
-            self.count(id, Counter::AddrQuery);
-            self.arm(at);
-        }
-    }
-
-    fn acm_try(&mut self, slot: usize) -> Millis {
-        self.cfg
-            .acm_timeout
-            .saturating_add(self.st.endpoints()[slot].subnet_timeout)
-            .max(1)
-    }
-
-    /// ACM queue deadlines and retries of endpoint `slot`.
-    pub(crate) fn acm_timers(&mut self, now: Millis, slot: usize) {
-        let ready = self.ep_ready(slot);
-        // Both lists are in deadline order: only due heads are looked at.
-        while let Some(i) = self.st.endpoints()[slot].queue.front() {
-            if self.st.addrs()[i as usize].timer > now {
-                break;
-            }
-            // Waiting for the group join: ibacmp's "endpoint not ready" ENODATA.
-            let status = if ready {
-                Status::Etimedout
-            } else {
-                Status::Enodata
-            };
-            self.stats.timeouts += u64::from(ready);
-            self.fail_addr(i, status);
-        }
-        let try_ms = self.acm_try(slot);
-        while let Some(i) = self.st.endpoints()[slot].inflight.front() {
-            let a = self.st.addrs()[i as usize];
-            if a.timer > now {
-                break;
-            }
-            if a.tries < self.cfg.acm_retries {
-                // Same TID, as ibacmp re-posts the same message; to the back of the list.
-                let at = now.saturating_add(try_ms);
-                let mut l = self.st.endpoints()[slot].inflight;
-                l.remove(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
-                l.push_back(self.st.addrs(), i, list_id::ACM_INFLIGHT, addr_qlink);
-                self.st.endpoints()[slot].inflight = l;
-                let a = &mut self.st.addrs()[i as usize];
-                a.tries += 1;
-                a.timer = at;
-                a.send_query = true;
-                self.acm_send
-                    .push_back(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
-                self.arm(at);
-            } else {
-                self.stats.timeouts += 1;
-                self.fail_addr(i, Status::Etimedout);
-            }
-        }
-    }
-
-    /// Starts (or restarts) the join of group `g` of endpoint `slot`.
-    pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
-        let tid = self.next_tid();
-        let at = now.saturating_add(self.sa_deadline_of(slot));
-        self.st.endpoints()[slot].groups[g].t.send(tid, at);
-        self.mark_dirty(slot);
-        self.arm(at);
-    }
-
-    /// A join failed or got no answer: retry after 1 s, 2 s, … at most 30 s (ibacmp never
-    /// retries, so a lost join there leaves the endpoint unusable until the next reregister).
-    pub(crate) fn join_failed(&mut self, now: Millis, slot: usize, g: usize) {
-        let at = self.st.endpoints()[slot].groups[g].t.failed(now);
-        self.arm(at);
-    }
-
-    /// The (endpoint slot, index) of the SET (a join, a subscription: `of` picks its
-    /// [`SaTry`]) that a reply for token index `index` (slot × 2 + index) with `tid` answers;
-    /// `None`, counted as an unknown SA reply, if none waits for it.
-    pub(crate) fn set_awaiting(
-        &mut self,
-        index: u32,
-        tid: u32,
-        of: fn(&EpSlot, usize) -> SaTry,
-    ) -> Option<(usize, usize)> {
-        let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
-        let ok = self
-            .st
-            .endpoints()
-            .get(slot)
-            .is_some_and(|e| e.open && of(e, i).awaits(tid));
-        if !ok {
-            self.stats.sa_unknown += 1;
-        }
-        ok.then_some((slot, i))
-    }
-
-    /// An SA completion of a join.
-    pub(crate) fn join_reply(
-        &mut self,
-        now: Millis,
-        index: u32,
-        tid: u32,
-        umad_status: u32,
-        mad: &[u8; 256],
-    ) {
-        let Some((slot, g)) = self.set_awaiting(index, tid, |e, g| e.groups[g].t) else {
-            return;
-        };
-        let e = self.st.endpoints()[slot];
-        let mgid = mads::group_mgid(e.pkey, e.groups[g].rate, e.groups[g].mtu);
-        match mads::join_reply(umad_status, mad, mgid) {
-            Some(rec) => {
-                let gs = &mut self.st.endpoints()[slot].groups[g];
-                gs.t.accepted();
-                gs.record = rec;
-                self.mark_dirty(slot);
-            }
-            None => self.join_failed(now, slot, g),
-        }
-    }
-
-    /// Whether `addr` is a local address of an open endpoint other than `slot` (another
-    /// partition): a request for it that arrives on `slot` crossed partitions.
-    fn local_elsewhere(&mut self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> bool {
-        let n = self.st.endpoints().len().min(super::MAX_EPS);
-        (0..n).any(|o| {
-            o != slot
-                && self.st.endpoints()[o].open
-                && self
-                    .find_addr(o, type_, addr)
-                    .is_some_and(|i| self.st.addrs()[i as usize].state == AddrState::Local)
-        })
-    }
-
-    /// The best group shared with a peer: the highest-index GID of its list that we joined.
-    fn best_group(&mut self, slot: usize, gids: &[Gid]) -> Option<u8> {
-        let e = self.st.endpoints()[slot];
-        gids.iter().rev().find_map(|m| {
-            (0..2u8).find(|&g| {
-                let gs = &e.groups[usize::from(g)];
-                gs.t.state == GroupState::Joined && gs.record[..16] == m.0
-            })
-        })
-    }
-
-    /// Records what a peer's packet says about it: entry `i` becomes ADDR_RESOLVED with the
-    /// peer's GID (GRH), LID, QPN and the shared group; waiters move on to the route.
-    fn resolved(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        i: u32,
-        sgid: Gid,
-        meta: &RecvMeta,
-        group: u8,
-    ) {
-        let a = self.st.addrs()[i as usize];
-        let was_querying = matches!(a.state, AddrState::Queued | AddrState::Querying);
-        if was_querying {
-            self.unlink_q(i);
-            self.acm_active -= 1;
-        } else if a.gid != sgid.0 {
-            // The peer's GID changed: the old alias points at the old route.
-            if let Some(k) = addr_key(&a) {
-                self.w.remove_addr(&k);
-            }
-        }
-        let expires = self.addr_expiry(now);
-        let waiters = {
-            let a = &mut self.st.addrs()[i as usize];
-            // A hosts-file entry keeps its origin (it survives reregisters); what the peer
-            // says about itself is newer than the file, so the mapping is updated.
-            a.state = AddrState::Resolved;
-            a.gid = sgid.0;
-            a.lid = meta.slid;
-            a.qpn = meta.src_qp;
-            a.path_bits = meta.dlid_path_bits;
-            a.group = group + 1;
-            a.expires = expires;
-            a.send_query = false;
-            core::mem::replace(&mut a.waiters, List::EMPTY)
-        };
-        if !self.st.addrs()[i as usize].send_resp {
-            self.acm_send
-                .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
-        }
-        if was_querying {
-            // Someone asked: route it now (also with no waiter left, to prime the cache).
-            self.route_addr(now, slot, i, waiters, None, false);
-        }
-    }
-
-    /// A received class 0x2C MAD.
-    pub(crate) fn acm_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8]) {
-        let Some(slot) = self.ep_slot(ep) else {
-            self.stats.acm_unsolicited += 1;
-            return;
-        };
-        let Ok(m) = AcmMad::new_checked(mad) else {
-            self.stats.acm_malformed += 1;
-            return;
-        };
-        if mad.len() != crate::wire::acm_mad::ACM_MAD_LEN
-            || m.base_version() != 1
-            || m.mgmt_class() != ACM_MGMT_CLASS
-            || m.class_version() != 1
-            || m.control() != CTRL_RESOLVE
-        {
-            self.stats.acm_malformed += 1;
-            return;
-        }
-        let sgid = match meta.grh_sgid {
-            Some(g) if meta.pkey_index == meta.ep_pkey_index && !g.is_zero() => g,
-            _ => {
-                self.stats.acm_wrong_key += 1;
-                return;
-            }
-        };
-        let Ok(r) = AcmResolveRepr::parse(&m) else {
-            self.stats.acm_malformed += 1;
-            return;
-        };
-        // Our own multicast, looped back by the HCA: nothing to learn or answer.
-        let e = self.st.endpoints()[slot];
-        if sgid.0 == e.port_gid && meta.src_qp == e.qpn {
-            return;
-        }
-        match r.method {
-            Method::Get => self.peer_request(now, slot, meta, sgid, &r),
-            Method::GetResp => self.peer_response(now, slot, meta, sgid, &r),
-            _ => self.stats.acm_malformed += 1,
-        }
-    }
-
-    fn peer_request(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        meta: &RecvMeta,
-        sgid: Gid,
-        r: &AcmResolveRepr,
-    ) {
-        let (st, dt) = (r.src_type, r.dest_type);
-        if !st.is_address() || !dt.is_address() {
-            self.stats.acm_malformed += 1;
-            return;
-        }
-        let Some(g) = self.best_group(slot, r.gids()) else {
-            self.stats.acm_no_group += 1;
-            return;
-        };
-        let target = self
-            .find_addr(slot, dt, &r.dest)
-            .is_some_and(|i| self.st.addrs()[i as usize].state == AddrState::Local);
-        // Every receiver records the requester, as ibacmp does.
-        let rec = match self.find_addr(slot, st, &r.src) {
-            Some(i) => match self.st.addrs()[i as usize].state {
-                AddrState::Local | AddrState::Removing | AddrState::Free => None,
-                _ => Some(i),
-            },
-            None => {
-                let i = self.alloc_addr(slot, st, &r.src);
-                if let Some(i) = i {
-                    let cache_ep = self.st.endpoints()[slot].cache_ep;
-                    self.st.addrs()[i as usize].cache_ep = cache_ep;
-                }
-                i
-            }
-        };
-        if let Some(i) = rec {
-            self.resolved(now, slot, i, sgid, meta, g);
-        }
-        if !target {
-            if self.local_elsewhere(slot, dt, &r.dest) {
-                self.stats.acm_other_partition += 1;
-            }
-            return;
-        }
-        // Respond at once (ibacmp in SA route mode first runs its own SA query towards the
-        // requester and answers only if that succeeds; the requester never sees that path,
-        // so waiting only delays it, and a failed query there turns into a requester timeout).
-        match rec {
-            Some(i) => {
-                let a = &mut self.st.addrs()[i as usize];
-                a.send_resp = true;
-                a.resp_tid = r.tid;
-                a.resp_group = g + 1;
-                self.acm_send
-                    .push_back(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
-            }
-            None => self.stats.full += 1,
-        }
-    }
-
-    fn peer_response(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        meta: &RecvMeta,
-        sgid: Gid,
-        r: &AcmResolveRepr,
-    ) {
-        let mut cur = self.st.endpoints()[slot].inflight.front();
-        let mut found = None;
-        while let Some(i) = cur {
-            if self.st.addrs()[i as usize].tid == r.tid {
-                found = Some(i);
-                break;
-            }
-            cur = List::next_of(self.st.addrs(), i, addr_qlink);
-        }
-        let Some(i) = found else {
-            self.stats.acm_unknown_tid += 1;
-            return;
-        };
-        if r.status != 0 || r.gid_cnt == 0 {
-            self.stats.acm_malformed += 1;
-            return;
-        }
-        let Some(g) = self.best_group(slot, &r.gids()[..1]) else {
-            self.stats.acm_unsolicited += 1;
-            return;
-        };
-        self.resolved(now, slot, i, sgid, meta, g);
+    pub(crate) fn add_waiters(&mut self, i: u32, waiters: &mut List) {
+        let t = self.st.tables();
+        t.addrs[i as usize]
+            .waiters
+            .append(waiters, t.requests, list_id::WAITERS, REQ);
     }
 }
 

@@ -14,7 +14,9 @@
 //! * Closing the endpoint unsubscribes (SET with Subscribe 0, fire and forget).
 
 use super::mads::{self, TOKEN_INFORM, TOKEN_NOTICE};
+use super::storage::Table;
 use super::storage::{AddrState, GroupState, Origin};
+use super::timers::Timer;
 use super::{EpId, Millis, Output, Resolver, Storage};
 use crate::cache::CacheRef;
 use crate::wire::inform::{InformInfoRepr, TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE};
@@ -29,7 +31,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let at = now.saturating_add(self.sa_deadline_of(slot));
         self.st.endpoints()[slot].informs[i].t.send(tid, at);
         self.mark_dirty(slot);
-        self.arm(at);
+        self.timers.arm(Timer::Inform, at);
     }
 
     /// Starts both subscriptions of `slot` if the configuration and the endpoint allow.
@@ -81,7 +83,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Subscription `i` of `slot` failed or timed out: retry later.
     pub(crate) fn inform_failed(&mut self, now: Millis, slot: usize, i: usize) {
         let at = self.st.endpoints()[slot].informs[i].t.failed(now);
-        self.arm(at);
+        self.timers.arm(Timer::Inform, at);
     }
 
     /// Subscription timers of `slot` (from `run_timers`).

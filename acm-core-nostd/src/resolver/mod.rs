@@ -39,14 +39,20 @@
 //! to exactly one [`Output::Answer`] carrying its `client` and the request's `tid`, on every
 //! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full tables).
 
+mod acm;
 mod addr;
+mod answers;
+mod endpoints;
 pub mod front;
+mod groups;
 mod inform;
 mod mads;
 mod output;
 pub mod request;
 mod route;
+mod sa_window;
 mod storage;
+mod timers;
 
 #[cfg(feature = "std")]
 pub use storage::HeapStorage;
@@ -61,7 +67,8 @@ use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
 use crate::wire::rate::{Mtu, Rate};
-use storage::{list_id, AddrState, GroupState, JobState, Link, List, ReqState};
+use storage::{list_id, AddrState, GroupState, JobState, List, Table, ADDR_Q};
+use timers::Timer;
 
 /// Milliseconds on the caller's monotonic clock.
 pub type Millis = u64;
@@ -458,22 +465,6 @@ impl Default for Config {
 /// Route lifetime meaning "never expires".
 const NEVER: Millis = u64::MAX;
 
-fn req_link(r: &mut RequestSlot) -> &mut Link {
-    &mut r.link
-}
-fn job_link(j: &mut JobSlot) -> &mut Link {
-    &mut j.qlink
-}
-fn addr_qlink(a: &mut AddrEntry) -> &mut Link {
-    &mut a.qlink
-}
-fn addr_slink(a: &mut AddrEntry) -> &mut Link {
-    &mut a.slink
-}
-fn addr_rlink(a: &mut AddrEntry) -> &mut Link {
-    &mut a.rlink
-}
-
 /// A tiny deterministic PRNG step (splitmix64), for the TID start.
 pub(crate) fn splitmix64(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -497,47 +488,19 @@ pub struct Resolver<S: Storage, C: CacheRef> {
     w: CacheWriter<C>,
     st: S,
     cfg: Config,
-    seed: u64,
     tid: u32,
-    /// `EpId` → endpoint slot + 1.
-    ep_map: [u8; MAX_EPS],
-    /// Endpoint slots with per-endpoint outputs pending.
-    dirty: [u64; MAX_EPS / 64],
-    free_reqs: List,
-    answers: List,
-    free_jobs: List,
-    sa_send: List,
-    /// Jobs whose MAD the caller holds, in send (= deadline) order.
-    sent: List,
-    /// Jobs waiting out a BUSY backoff.
-    busy: List,
-    backlog: List,
-    free_addrs: List,
-    acm_send: List,
-    removals: List,
-    /// Jobs holding an SA window slot (Send, Sent, Busy, Zombie).
-    window: u32,
-    /// The SA window now: `sa_window`, halved per BUSY, +1 per answer.
-    sa_cap: u32,
-    /// Answers since `sa_cap` last grew.
-    sa_acks: u32,
-    /// `sa_cap` does not grow before this (`sa_deadline` after the last BUSY).
-    sa_hold: Millis,
-    /// Smoothed SA round trip (send → reply, queueing in the SA included; 0 = none yet).
-    sa_rtt: Millis,
-    /// Distinct ports among the open endpoints (the window is per port).
-    ports: u32,
-    /// Jobs not free.
-    jobs_active: u32,
-    /// Address entries Queued or Querying.
-    acm_active: u32,
-    /// Requests waiting (not answered).
-    waiting: u32,
-    /// A lower bound of the earliest timer.
-    next_timer: Option<Millis>,
+    /// Client requests: free slots, the answer FIFO ([`answers`]).
+    answers: answers::Answers,
+    /// Route jobs and the SA window ([`route`], [`sa_window`]).
+    routes: route::Routes,
+    /// The address table and its ACM send and removal lists ([`addr`], [`acm`]).
+    addrs: addr::AddrTable,
+    /// Which slot serves which endpoint, and which have outputs pending ([`endpoints`]).
+    eps: endpoints::Endpoints,
+    /// Every timer, one entry per kind ([`timers`]).
+    timers: timers::TimerTable,
     stats: Stats,
     done: bool,
-    evict_hand: u32,
 }
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
@@ -567,57 +530,29 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             return Err(Error::Storage);
         }
         let mut s = seed;
-        let mut r = Resolver {
+        let seed = splitmix64(&mut s);
+        let tid = splitmix64(&mut s) as u32;
+        let t = storage.tables();
+        t.requests.fill(RequestSlot::EMPTY);
+        t.jobs.fill(JobSlot::EMPTY);
+        t.job_buckets.fill(0);
+        t.addrs.fill(AddrEntry::EMPTY);
+        t.addr_buckets.fill(0);
+        t.endpoints.fill(EpSlot::EMPTY);
+        t.preloads.fill(PreloadSlot::EMPTY);
+        let r = Resolver {
             w: writer,
             cfg: config,
-            seed: splitmix64(&mut s),
-            tid: splitmix64(&mut s) as u32,
-            st: storage,
-            ep_map: [0; MAX_EPS],
-            dirty: [0; MAX_EPS / 64],
-            free_reqs: List::EMPTY,
-            answers: List::EMPTY,
-            free_jobs: List::EMPTY,
-            sa_send: List::EMPTY,
-            sent: List::EMPTY,
-            busy: List::EMPTY,
-            backlog: List::EMPTY,
-            free_addrs: List::EMPTY,
-            acm_send: List::EMPTY,
-            removals: List::EMPTY,
-            window: 0,
-            sa_cap: config.sa_window.max(1),
-            sa_acks: 0,
-            sa_hold: 0,
-            sa_rtt: 0,
-            ports: 0,
-            jobs_active: 0,
-            acm_active: 0,
-            waiting: 0,
-            next_timer: None,
+            tid,
+            answers: answers::Answers::new(t.requests, reserve),
+            routes: route::Routes::new(t.jobs, seed, config.sa_window),
+            addrs: addr::AddrTable::new(t.addrs, seed),
+            eps: endpoints::Endpoints::new(),
+            timers: timers::TimerTable::new(),
             stats: Stats::default(),
             done: false,
-            evict_hand: 0,
+            st: storage,
         };
-        r.st.requests().fill(RequestSlot::EMPTY);
-        r.st.jobs().fill(JobSlot::EMPTY);
-        r.st.job_buckets().fill(0);
-        r.st.addrs().fill(AddrEntry::EMPTY);
-        r.st.addr_buckets().fill(0);
-        r.st.endpoints().fill(EpSlot::EMPTY);
-        r.st.preloads().fill(PreloadSlot::EMPTY);
-        for i in 0..r.st.requests().len() as u32 {
-            r.free_reqs
-                .push_back(r.st.requests(), i, list_id::FREE, req_link);
-        }
-        for i in 0..r.st.jobs().len() as u32 {
-            r.free_jobs
-                .push_back(r.st.jobs(), i, list_id::FREE, job_link);
-        }
-        for i in 0..r.st.addrs().len() as u32 {
-            r.free_addrs
-                .push_back(r.st.addrs(), i, list_id::FREE, addr_qlink);
-        }
         Ok(r)
     }
 
@@ -661,10 +596,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let n = self.st.endpoints().len().min(MAX_EPS);
         let old = (0..n).find(|&i| {
             let e = &self.st.endpoints()[i];
-            !e.open && e.id == ep.0 && self.is_dirty(i)
+            !e.open && e.id == ep.0 && self.eps.is_dirty(i)
         });
         let slot =
-            old.or_else(|| (0..n).find(|&i| !self.st.endpoints()[i].open && !self.is_dirty(i)));
+            old.or_else(|| (0..n).find(|&i| !self.st.endpoints()[i].open && !self.eps.is_dirty(i)));
         let Some(slot) = slot else {
             return Err(Error::Capacity);
         };
@@ -717,7 +652,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 e.groups[1].mtu = cfg.mtu;
             }
         }
-        self.ep_map[usize::from(ep.0)] = slot as u8 + 1;
+        self.eps.map(ep, Some(slot));
         if want_groups {
             self.start_join(now, slot, 0);
         }
@@ -725,7 +660,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.start_join(now, slot, 1);
         }
         self.subscribe_all(now, slot);
-        self.ports = self.count_ports();
+        self.eps.recount_ports(self.st.tables_ref().endpoints);
         self.mark_dirty(slot);
         Ok(())
     }
@@ -769,8 +704,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             e.acm_inflight = 0;
         }
         self.w.invalidate_ep(u32::from(ep.0));
-        self.ep_map[usize::from(ep.0)] = 0;
-        self.ports = self.count_ports();
+        self.eps.map(ep, None);
+        self.eps.recount_ports(self.st.tables_ref().endpoints);
         self.mark_dirty(slot);
         self.pump(now);
     }
@@ -812,9 +747,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             a.expires = NEVER;
             a.cache_ep = cache_ep;
         }
-        let mut locals = self.st.endpoints()[slot].locals;
-        locals.push_back(self.st.addrs(), i, list_id::LOCALS, addr_qlink);
-        self.st.endpoints()[slot].locals = locals;
+        let t = self.st.tables();
+        t.endpoints[slot]
+            .locals
+            .push_back(t.addrs, i, list_id::LOCALS, ADDR_Q);
         self.insert_loopback(now, slot, i, cache_ep);
         self.pump(now);
         Ok(())
@@ -835,10 +771,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         self.unlink_q(i);
         self.st.addrs()[i as usize].state = AddrState::Removing;
-        self.removals
-            .push_back(self.st.addrs(), i, list_id::REMOVALS, addr_qlink);
+        self.addrs
+            .removals
+            .push_back(self.st.addrs(), i, list_id::REMOVALS, ADDR_Q);
         // No cache here: ask for a `handle_timeout` call, which drops the alias.
-        self.arm(0);
+        self.timers.arm(Timer::Removal, 0);
     }
 
     /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `kind` is `gid`.
@@ -1078,10 +1015,44 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// deadlines, join retries). Call when [`poll_timeout`](Self::poll_timeout) has passed;
     /// calling it early or often is harmless.
     pub fn handle_timeout(&mut self, now: Millis) {
-        if self.next_timer.is_some_and(|t| t <= now) {
-            self.run_timers(now);
-            self.pump(now);
-            self.next_timer = self.scan_timers();
+        let due = Timer::ALL.map(|t| self.timers.due(t, now));
+        if !due.contains(&true) {
+            return;
+        }
+        let fired = |t: Timer| due[t as usize];
+        for t in [Timer::Backlog, Timer::SaReply, Timer::SaBusy] {
+            if fired(t) {
+                self.route_timers(now, t);
+            }
+        }
+        // The endpoints' timers, one endpoint after the other.
+        let (join, inform) = (fired(Timer::Join), fired(Timer::Inform));
+        let (queue, retry) = (fired(Timer::AcmQueue), fired(Timer::AcmRetry));
+        if join || inform || queue || retry {
+            for slot in 0..self.st.tables_ref().endpoints.len() {
+                if !self.st.tables_ref().endpoints[slot].open {
+                    continue;
+                }
+                if join {
+                    self.join_timers(now, slot);
+                }
+                if inform {
+                    self.inform_timers(now, slot);
+                }
+                if queue {
+                    self.acm_queue_timers(now, slot);
+                }
+                if retry {
+                    self.acm_retry_timers(now, slot);
+                }
+            }
+        }
+        // `pump` drops the removals' aliases (the `Removal` timer's work).
+        self.pump(now);
+        for t in Timer::ALL {
+            if fired(t) {
+                self.rearm(t);
+            }
         }
     }
 
@@ -1089,7 +1060,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// It may be earlier than necessary, never later.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
-        self.next_timer
+        self.timers.next()
     }
 
     /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
@@ -1105,7 +1076,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.fail_addr_waiters(i, Status::Enodata);
             }
         }
-        self.next_timer = None;
+        self.timers.clear();
     }
 
     /// Drop and refusal counters.
@@ -1116,10 +1087,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// True if nothing is pending: no request waiting or unpolled, no SA query or ACM query
     /// in flight or queued.
     pub fn is_idle(&self) -> bool {
-        self.jobs_active == 0
-            && self.acm_active == 0
-            && self.waiting == 0
-            && self.answers.is_empty()
+        self.routes.active == 0
+            && self.addrs.active == 0
+            && self.answers.waiting == 0
+            && self.answers.fifo.is_empty()
     }
 }
 
@@ -1140,152 +1111,12 @@ pub struct Request<'m> {
 }
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    pub(crate) fn ep_slot(&mut self, ep: EpId) -> Option<usize> {
-        let s = usize::from(self.ep_map[usize::from(ep.0)]).checked_sub(1)?;
-        self.st.endpoints().get(s).filter(|e| e.open).map(|_| s)
-    }
-
-    pub(crate) fn view(&mut self, slot: usize, cache_ep: u32) -> request::EpView {
-        let e = &self.st.endpoints()[slot];
-        request::EpView {
-            cache_ep,
-            port_gid: Gid(e.port_gid),
-            lid: e.lid,
-            pkey: e.pkey,
-        }
-    }
-
-    /// How long an SA MAD of endpoint `slot` may take: the configured deadline plus, when
-    /// the transport's tries each wait the port's subnet timeout, that many subnet timeouts.
-    pub(crate) fn sa_deadline_of(&mut self, slot: usize) -> Millis {
-        let st = self
-            .st
-            .endpoints()
-            .get(slot)
-            .map_or(0, |e| e.subnet_timeout);
-        self.cfg
-            .sa_deadline
-            .saturating_add(st.saturating_mul(u64::from(self.cfg.sa_tries)))
-    }
-
-    /// Distinct port GIDs among the open endpoints (at least 1).
-    fn count_ports(&mut self) -> u32 {
-        let eps = self.st.endpoints();
-        let mut n = 0u32;
-        for (i, e) in eps.iter().enumerate() {
-            if e.open && !eps[..i].iter().any(|o| o.open && o.port_gid == e.port_gid) {
-                n += 1;
-            }
-        }
-        n.max(1)
-    }
-
     pub(crate) fn next_tid(&mut self) -> u32 {
         loop {
             self.tid = self.tid.wrapping_add(1);
             if self.tid != 0 {
                 return self.tid;
             }
-        }
-    }
-
-    pub(crate) fn arm(&mut self, at: Millis) {
-        self.next_timer = Some(self.next_timer.map_or(at, |t| t.min(at)));
-    }
-
-    pub(crate) fn is_dirty(&self, slot: usize) -> bool {
-        self.dirty[slot / 64] & (1 << (slot % 64)) != 0
-    }
-
-    pub(crate) fn mark_dirty(&mut self, slot: usize) {
-        self.dirty[slot / 64] |= 1 << (slot % 64);
-    }
-
-    /// Bumps `counter` of endpoint `ep` (emitted as [`Output::Count`]).
-    pub(crate) fn count(&mut self, ep: EpId, counter: Counter) {
-        let Some(s) = usize::from(self.ep_map[usize::from(ep.0)]).checked_sub(1) else {
-            return;
-        };
-        let c = &mut self.st.endpoints()[s].counts[counter as usize];
-        *c = c.saturating_add(1);
-        self.mark_dirty(s);
-    }
-
-    pub(crate) fn addr_expiry(&self, now: Millis) -> Millis {
-        self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t))
-    }
-
-    /// A request slot: a waiter needs more than the answer reserve free, an immediate answer
-    /// any free slot.
-    pub(crate) fn alloc_req(&mut self, r: &Request<'_>, waiter: bool) -> Option<u32> {
-        if waiter && (self.free_reqs.len as usize) <= self.st.answer_reserve() {
-            return None;
-        }
-        let i = self
-            .free_reqs
-            .pop_front(self.st.requests(), list_id::FREE, req_link)?;
-        let slot = &mut self.st.requests()[i as usize];
-        let n = r.msg.len().min(MSG_LEN);
-        slot.msg = [0; MSG_LEN];
-        slot.msg[..n].copy_from_slice(&r.msg[..n]);
-        slot.len = n as u16;
-        slot.client = r.client;
-        slot.ep = r.ep.0;
-        slot.query = r.kind == Kind::Query;
-        slot.state = ReqState::Waiting;
-        slot.has_path = false;
-        self.waiting += 1;
-        Some(i)
-    }
-
-    /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
-    pub(crate) fn waiter(&mut self, r: &Request<'_>) -> Option<u32> {
-        let w = self.alloc_req(r, true);
-        if w.is_none() {
-            self.stats.full += 1;
-            self.answer_now(r, Status::Enomem, None);
-        }
-        w
-    }
-
-    /// Answers `r` at once (Resolve and Query only).
-    pub(crate) fn answer_now(&mut self, r: &Request<'_>, status: Status, path: Option<&[u8; 64]>) {
-        if !matches!(r.kind, Kind::Resolve | Kind::Query) {
-            return;
-        }
-        match self.alloc_req(r, false) {
-            Some(i) => self.answer(i, status, path),
-            None => self.stats.lost += 1,
-        }
-    }
-
-    /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
-    pub(crate) fn answer(&mut self, i: u32, status: Status, path: Option<&[u8; 64]>) {
-        let r = &mut self.st.requests()[i as usize];
-        if r.state != ReqState::Waiting {
-            return;
-        }
-        r.state = ReqState::Answer;
-        r.status = status;
-        r.has_path = path.is_some();
-        if let Some(p) = path {
-            r.path = *p;
-        }
-        let (ep, query) = (EpId(r.ep), r.query);
-        self.waiting -= 1;
-        self.answers
-            .push_back(self.st.requests(), i, list_id::ANSWERS, req_link);
-        match (query, status) {
-            (_, Status::Success) => {}
-            (false, Status::Enodata) => self.count(ep, Counter::NoData),
-            _ => self.count(ep, Counter::Error),
-        }
-    }
-
-    /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
-    pub(crate) fn answer_list(&mut self, list: &mut List, status: Status, path: Option<&[u8; 64]>) {
-        while let Some(w) = list.pop_front(self.st.requests(), list_id::WAITERS, req_link) {
-            self.answer(w, status, path);
         }
     }
 
@@ -1333,6 +1164,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
+    /// After every input: drops removed addresses' cache aliases, lets backlog jobs into the
+    /// SA window and queued address queries into the ACM windows.
+    pub(crate) fn pump(&mut self, now: Millis) {
+        self.drop_removed();
+        self.pump_backlog(now);
+        self.pump_acm_all(now);
+    }
+
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
     /// forgets the queries the caller still holds when `forget_held`.
     fn drop_endpoint_work(&mut self, now: Millis, slot: usize, status: Status, forget_held: bool) {
@@ -1360,104 +1199,21 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 #[cfg(feature = "std")]
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Checks the resolver's internal bookkeeping against its tables (counts, list
-    /// memberships, the SA window); for tests and simulations. O(table size).
+    /// memberships, the SA window), each part its own, and that every waiting request is on
+    /// exactly one waiter list; for tests and simulations. O(table size).
     #[doc(hidden)]
-    pub fn check_invariants(&mut self) -> Result<(), std::string::String> {
+    pub fn check_invariants(&self) -> Result<(), std::string::String> {
         use std::format;
-        let mut waiting = 0u32;
-        let mut answers = 0u32;
-        let mut free = 0u32;
-        for r in self.st.requests().iter() {
-            match r.state {
-                ReqState::Waiting => waiting += 1,
-                ReqState::Answer => answers += 1,
-                ReqState::Free => free += 1,
-            }
-            let want = match r.state {
-                ReqState::Waiting => list_id::WAITERS,
-                ReqState::Answer => list_id::ANSWERS,
-                ReqState::Free => list_id::FREE,
-            };
-            if r.link.on != want {
-                return Err(format!("request in {:?} on list {}", r.state, r.link.on));
-            }
-        }
-        if waiting != self.waiting || answers != self.answers.len || free != self.free_reqs.len {
-            return Err(format!(
-                "requests: waiting {waiting}/{} answers {answers}/{} free {free}/{}",
-                self.waiting, self.answers.len, self.free_reqs.len
-            ));
-        }
-        let (mut active, mut window, mut waiters) = (0u32, 0u32, 0u32);
-        for j in self.st.jobs().iter() {
-            let want = match j.state {
-                JobState::Free => list_id::FREE,
-                JobState::Backlog => list_id::BACKLOG,
-                JobState::Send => list_id::SA_SEND,
-                JobState::Sent => list_id::SENT,
-                JobState::Busy => list_id::BUSY,
-                JobState::Zombie => 0,
-            };
-            if j.qlink.on != want {
-                return Err(format!("job in {:?} on list {}", j.state, j.qlink.on));
-            }
-            if j.state != JobState::Free {
-                active += 1;
-            }
-            if matches!(
-                j.state,
-                JobState::Send | JobState::Sent | JobState::Busy | JobState::Zombie
-            ) {
-                window += 1;
-            }
-            // Held only while Sent or Zombie; a Zombie always is (a Sent job whose reply was
-            // dropped for a wrong TID waits for its deadline with the MAD back).
-            let held_ok = if j.held {
-                matches!(j.state, JobState::Sent | JobState::Zombie)
-            } else {
-                j.state != JobState::Zombie
-            };
-            if !held_ok {
-                return Err(format!("job in {:?} held {}", j.state, j.held));
-            }
-            waiters += j.waiters.len;
-        }
-        if active != self.jobs_active || window != self.window {
-            return Err(format!(
-                "jobs: active {active}/{} window {window}/{}",
-                self.jobs_active, self.window
-            ));
-        }
-        let mut acm = 0u32;
-        for a in self.st.addrs().iter() {
-            let want = match a.state {
-                AddrState::Free => list_id::FREE,
-                AddrState::Queued => list_id::ACM_QUEUE,
-                AddrState::Querying => list_id::ACM_INFLIGHT,
-                AddrState::Local => list_id::LOCALS,
-                AddrState::Removing => list_id::REMOVALS,
-                AddrState::Resolved => 0,
-            };
-            if a.qlink.on != want {
-                return Err(format!("address in {:?} on list {}", a.state, a.qlink.on));
-            }
-            if matches!(a.state, AddrState::Queued | AddrState::Querying) {
-                acm += 1;
-            } else if !a.waiters.is_empty() {
-                return Err(format!("address in {:?} with waiters", a.state));
-            }
-            waiters += a.waiters.len;
-        }
-        if acm != self.acm_active {
-            return Err(format!("acm_active {acm}/{}", self.acm_active));
-        }
-        if waiters != self.waiting {
+        let t = self.st.tables_ref();
+        self.answers.check(t.requests)?;
+        let waiters = self.routes.check(t.jobs)? + self.addrs.check(t.addrs)?;
+        if waiters != self.answers.waiting {
             return Err(format!(
                 "waiters on lists {waiters}, waiting {}",
-                self.waiting
+                self.answers.waiting
             ));
         }
-        for e in self.st.endpoints().iter() {
+        for e in t.endpoints.iter() {
             if e.open && e.acm_inflight != e.inflight.len {
                 return Err(format!(
                     "acm_inflight {} list {}",

@@ -4,11 +4,8 @@
 //! before attach, then counters), SA queries, ACM MADs, client answers.
 
 use super::mads::{self, TOKEN_JOIN, TOKEN_LEAVE, TOKEN_ROUTE};
-use super::storage::{list_id, AddrState, GroupState, JobState, ReqState};
-use super::{
-    addr_slink, job_link, req_link, AcmDest, Answer, Counter, EpId, Output, Resolver, Storage,
-    UnicastAv, Via, MSG_LEN,
-};
+use super::storage::{list_id, AddrState, GroupState, JobState, Table, ADDR_S, JOB};
+use super::{AcmDest, Counter, EpId, Output, Resolver, Storage, UnicastAv};
 use crate::cache::CacheRef;
 use crate::wire::acm_mad::AddressType;
 use crate::wire::gid::Gid;
@@ -30,25 +27,24 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// after every input (see the draining rule on [`Resolver`]).
     #[must_use]
     pub fn poll_output(&mut self) -> Option<Output> {
-        for w in 0..self.dirty.len() {
-            while self.dirty[w] != 0 {
-                let slot = w * 64 + self.dirty[w].trailing_zeros() as usize;
-                if let Some(o) = self.ep_output(slot) {
-                    return Some(o);
-                }
-                self.dirty[w] &= !(1 << (slot % 64));
+        while let Some(slot) = self.eps.first_dirty() {
+            if let Some(o) = self.ep_output(slot) {
+                return Some(o);
             }
+            self.eps.clean(slot);
         }
         if let Some(j) = self
-            .sa_send
-            .pop_front(self.st.jobs(), list_id::SA_SEND, job_link)
+            .routes
+            .send
+            .pop_front(self.st.jobs(), list_id::SA_SEND, JOB)
         {
             let job = &mut self.st.jobs()[j as usize];
             job.state = JobState::Sent;
             job.held = true;
             let (slot, tid, sa) = (usize::from(job.ep), job.tid, job.sa);
-            self.sent
-                .push_back(self.st.jobs(), j, list_id::SENT, job_link);
+            self.routes
+                .sent
+                .push_back(self.st.jobs(), j, list_id::SENT, JOB);
             let ep = EpId(self.st.endpoints()[slot].id);
             return Some(Output::SendSa {
                 ep,
@@ -56,32 +52,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 mad: mads::path_get(tid, &sa),
             });
         }
-        while let Some(i) = self.acm_send.front() {
+        while let Some(i) = self.addrs.send.front() {
             if let Some(o) = self.acm_output(i) {
                 return Some(o);
             }
         }
-        let i = self
-            .answers
-            .pop_front(self.st.requests(), list_id::ANSWERS, req_link)?;
-        let r = &mut self.st.requests()[i as usize];
-        let via = if r.query { Via::Query } else { Via::Resolve };
-        let mut msg = [0u8; MSG_LEN];
-        let path = r.has_path.then_some(&r.path);
-        let len =
-            super::request::respond(&r.msg[..usize::from(r.len)], via, r.status, path, &mut msg);
-        let answer = Answer {
-            ep: EpId(r.ep),
-            client: r.client,
-            via,
-            status: r.status,
-            len,
-            msg,
-        };
-        r.state = ReqState::Free;
-        self.free_reqs
-            .push_back(self.st.requests(), i, list_id::FREE, req_link);
-        Some(Output::Answer(answer))
+        self.answers.pop(self.st.tables().requests)
     }
 
     fn ep_output(&mut self, slot: usize) -> Option<Output> {
@@ -154,8 +130,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if a.send_query {
             self.st.addrs()[i as usize].send_query = false;
             if !a.send_resp {
-                self.acm_send
-                    .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+                self.addrs
+                    .send
+                    .remove(self.st.addrs(), i, list_id::ACM_SEND, ADDR_S);
             }
             // Multicast only while attached to group 0 (after a reregister the try is lost;
             // the retry timer runs on).
@@ -178,8 +155,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             return None;
         }
-        self.acm_send
-            .remove(self.st.addrs(), i, list_id::ACM_SEND, addr_slink);
+        self.addrs
+            .send
+            .remove(self.st.addrs(), i, list_id::ACM_SEND, ADDR_S);
         if !a.send_resp {
             return None;
         }

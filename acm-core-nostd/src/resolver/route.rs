@@ -1,5 +1,6 @@
-//! Route resolution: SA PathRecord jobs, coalescing, the SA window and backlog, BUSY backoff,
-//! deadlines, negative caching, refresh-ahead, and the timers of the whole resolver.
+//! Route resolution: SA PathRecord jobs, coalescing, the backlog, BUSY backoff, deadlines,
+//! negative caching, refresh-ahead. How many jobs may be out at once is the
+//! [`sa_window`](super::sa_window)'s business.
 //!
 //! A route job is one coalescing key — (endpoint, cache endpoint number, SA query record) —
 //! with a FIFO of waiting requests and a list of address entries whose route it is. At most
@@ -8,10 +9,13 @@
 //! deadline (`queue_deadline` from arrival).
 
 use super::mads::{self, SaOutcome};
-use super::storage::{bucket_hash, list_id, AddrState, GroupState, JobState, List, StoredKey};
-use super::{
-    addr, addr_rlink, job_link, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER,
+use super::sa_window::SaWindow;
+use super::storage::Table;
+use super::storage::{
+    bucket_hash, list_id, AddrState, JobState, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
 };
+use super::timers::Timer;
+use super::{addr, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
 use crate::cache::{CacheRef, Dest, Lookup, PathKey};
 use crate::wire::client::{AcmMsg, EpInfoType, Status};
 
@@ -84,23 +88,63 @@ impl Completion<'_> {
     }
 }
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    fn job_hash(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> u64 {
-        // The slot in the top byte, over the generation bits a cache number rarely reaches.
-        bucket_hash(self.seed, (slot as u32).rotate_right(8) ^ cache_ep, sa)
+/// The route jobs' lists and counts, and the SA window.
+pub(crate) struct Routes {
+    /// The hash seed of the coalescing table.
+    seed: u64,
+    /// Free job slots.
+    pub(crate) free: List,
+    /// Jobs waiting for a window slot, in start (= deadline) order.
+    pub(crate) backlog: List,
+    /// Jobs decided to send, until polled.
+    pub(crate) send: List,
+    /// Jobs whose MAD the caller holds, in send order.
+    pub(crate) sent: List,
+    /// Jobs waiting out a BUSY backoff.
+    pub(crate) busy: List,
+    /// Jobs not free.
+    pub(crate) active: u32,
+    /// The SA window.
+    pub(crate) sa: SaWindow,
+}
+
+impl Routes {
+    /// Every slot of `jobs` free.
+    pub(crate) fn new(jobs: &mut [JobSlot], seed: u64, sa_window: u32) -> Self {
+        let mut free = List::EMPTY;
+        for i in 0..jobs.len() as u32 {
+            free.push_back(jobs, i, list_id::FREE, JOB);
+        }
+        Routes {
+            seed,
+            free,
+            backlog: List::EMPTY,
+            send: List::EMPTY,
+            sent: List::EMPTY,
+            busy: List::EMPTY,
+            active: 0,
+            sa: SaWindow::new(sa_window),
+        }
     }
 
-    fn job_bucket(&mut self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> usize {
-        let h = self.job_hash(slot, cache_ep, sa);
-        (h % self.st.job_buckets().len() as u64) as usize
+    fn bucket(&self, buckets: usize, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> usize {
+        // The slot in the top byte, over the generation bits a cache number rarely reaches.
+        let h = bucket_hash(self.seed, (slot as u32).rotate_right(8) ^ cache_ep, sa);
+        (h % buckets as u64) as usize
     }
 
     /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
-    pub(crate) fn find_job(&mut self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> Option<u32> {
-        let b = self.job_bucket(slot, cache_ep, sa);
-        let mut cur = self.st.job_buckets()[b];
+    pub(crate) fn find(
+        &self,
+        t: TablesRef<'_>,
+        slot: usize,
+        cache_ep: u32,
+        sa: &[u8; 64],
+    ) -> Option<u32> {
+        let b = self.bucket(t.job_buckets.len(), slot, cache_ep, sa);
+        let mut cur = t.job_buckets[b];
         while let Some(j) = cur.checked_sub(1) {
-            let job = &self.st.jobs()[j as usize];
+            let job = &t.jobs[j as usize];
             if !job.query
                 && job.state != JobState::Free
                 && job.state != JobState::Zombie
@@ -115,22 +159,31 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         None
     }
 
-    fn unhash_job(&mut self, j: u32) {
-        let job = self.st.jobs()[j as usize];
+    /// Puts job `j` (not a `query()`) in the coalescing table.
+    fn hash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
+        let job = &jobs[j as usize];
+        let b = self.bucket(buckets.len(), usize::from(job.ep), job.cache_ep, &job.sa);
+        jobs[j as usize].hnext = buckets[b];
+        buckets[b] = j + 1;
+    }
+
+    /// Takes job `j` out of the coalescing table.
+    fn unhash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
+        let job = jobs[j as usize];
         if job.query {
             return;
         }
-        let b = self.job_bucket(usize::from(job.ep), job.cache_ep, &job.sa);
-        let mut cur = self.st.job_buckets()[b];
+        let b = self.bucket(buckets.len(), usize::from(job.ep), job.cache_ep, &job.sa);
+        let mut cur = buckets[b];
         let mut prev: Option<u32> = None;
         while let Some(c) = cur.checked_sub(1) {
-            let next = self.st.jobs()[c as usize].hnext;
+            let next = jobs[c as usize].hnext;
             if c == j {
                 match prev {
-                    Some(p) => self.st.jobs()[p as usize].hnext = next,
-                    None => self.st.job_buckets()[b] = next,
+                    Some(p) => jobs[p as usize].hnext = next,
+                    None => buckets[b] = next,
                 }
-                self.st.jobs()[j as usize].hnext = 0;
+                jobs[j as usize].hnext = 0;
                 return;
             }
             prev = Some(c);
@@ -138,14 +191,111 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// Room in the SA window: `sa_cap` (the configured window, shrunk by BUSY) per port,
-    /// never more than the storage's in-flight capacity, never less than 1.
+    /// Takes job `j` off whichever list its link is on.
+    pub(crate) fn unlist(&mut self, jobs: &mut [JobSlot], j: u32) {
+        let on = jobs[j as usize].qlink.on;
+        let list = match on {
+            list_id::BACKLOG => &mut self.backlog,
+            list_id::SA_SEND => &mut self.send,
+            list_id::SENT => &mut self.sent,
+            list_id::BUSY => &mut self.busy,
+            _ => return,
+        };
+        list.remove(jobs, j, on, JOB);
+    }
+
+    fn free_job(&mut self, jobs: &mut [JobSlot], j: u32) {
+        jobs[j as usize] = JobSlot::EMPTY;
+        self.free.push_back(jobs, j, list_id::FREE, JOB);
+        self.active -= 1;
+    }
+
+    /// The earliest deadline of timer kind `t` among the jobs (`Backlog`: the backlog is in
+    /// deadline order, its head; `SaReply`: the send and sent lists, which a BUSY retry
+    /// keeping its start's deadline leaves not quite in order; `SaBusy`: the BUSY list).
+    pub(crate) fn earliest(&self, jobs: &[JobSlot], t: Timer) -> Option<Millis> {
+        let timer = |j: u32| jobs[j as usize].timer;
+        match t {
+            Timer::Backlog => self.backlog.front().map(timer),
+            Timer::SaReply => self
+                .send
+                .iter(jobs, JOB)
+                .chain(self.sent.iter(jobs, JOB))
+                .map(timer)
+                .min(),
+            Timer::SaBusy => self.busy.iter(jobs, JOB).map(timer).min(),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl Routes {
+    /// Every job is on the list its state says, the counts and the window match; returns how
+    /// many requests wait on jobs.
+    pub(crate) fn check(&self, jobs: &[JobSlot]) -> Result<u32, std::string::String> {
+        use std::format;
+        let (mut active, mut window, mut waiters) = (0u32, 0u32, 0u32);
+        for j in jobs {
+            let want = match j.state {
+                JobState::Free => list_id::FREE,
+                JobState::Backlog => list_id::BACKLOG,
+                JobState::Send => list_id::SA_SEND,
+                JobState::Sent => list_id::SENT,
+                JobState::Busy => list_id::BUSY,
+                JobState::Zombie => 0,
+            };
+            if j.qlink.on != want {
+                return Err(format!("job in {:?} on list {}", j.state, j.qlink.on));
+            }
+            if j.state != JobState::Free {
+                active += 1;
+            }
+            if matches!(
+                j.state,
+                JobState::Send | JobState::Sent | JobState::Busy | JobState::Zombie
+            ) {
+                window += 1;
+            }
+            // Held only while Sent or Zombie; a Zombie always is (a Sent job whose reply was
+            // dropped for a wrong TID waits for its deadline with the MAD back).
+            let held_ok = if j.held {
+                matches!(j.state, JobState::Sent | JobState::Zombie)
+            } else {
+                j.state != JobState::Zombie
+            };
+            if !held_ok {
+                return Err(format!("job in {:?} held {}", j.state, j.held));
+            }
+            waiters += j.waiters.len;
+        }
+        if active != self.active || window != self.sa.held {
+            return Err(format!(
+                "jobs: active {active}/{} window {window}/{}",
+                self.active, self.sa.held
+            ));
+        }
+        Ok(waiters)
+    }
+}
+
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
+    /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
+    pub(crate) fn find_job(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> Option<u32> {
+        self.routes.find(self.st.tables_ref(), slot, cache_ep, sa)
+    }
+
+    /// Room in the SA window for one more job.
     fn window_free(&self) -> bool {
-        (self.window as usize)
-            < (self.sa_cap as usize)
-                .saturating_mul(self.ports.max(1) as usize)
-                .min(self.st.sa_inflight())
-                .max(1)
+        self.routes
+            .sa
+            .has_room(self.eps.ports, self.st.sa_inflight())
+    }
+
+    /// Whether `job`'s answer could not come back before its deadline.
+    fn too_late(&self, now: Millis, job: &JobSlot) -> bool {
+        let deadline = job.born.saturating_add(self.cfg.queue_deadline);
+        self.routes.sa.too_late(now, deadline)
     }
 
     /// A BUSY job whose backoff ended: it gives its window slot back and waits in the backlog,
@@ -154,8 +304,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// out when the SA said BUSY would go again whatever the window: a storm's resolvers would
     /// keep their whole first window in the SA's face.
     fn requeue_job(&mut self, now: Millis, j: u32) {
-        self.unlist_job(j);
-        self.window -= 1;
+        self.routes.unlist(self.st.jobs(), j);
+        self.routes.sa.held -= 1;
         let born = self.st.jobs()[j as usize].born;
         let at = born.saturating_add(self.cfg.queue_deadline);
         {
@@ -163,41 +313,17 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             jb.state = JobState::Backlog;
             jb.timer = at;
         }
-        let mut before = self.backlog.front();
+        let mut before = self.routes.backlog.front();
         while let Some(b) = before {
             if self.st.jobs()[b as usize].born > born {
                 break;
             }
-            before = List::next_of(self.st.jobs(), b, job_link);
+            before = List::next_of(self.st.jobs(), b, JOB);
         }
-        self.backlog
-            .insert_before(self.st.jobs(), j, before, list_id::BACKLOG, job_link);
-        self.arm(at.max(now));
-    }
-
-    /// Whether fewer than two SA round trips (the smoothed estimate; none before a first reply)
-    /// are left before `job`'s deadline.
-    fn too_late(&self, now: Millis, job: &JobSlot) -> bool {
-        let left = job
-            .born
-            .saturating_add(self.cfg.queue_deadline)
-            .saturating_sub(now);
-        self.sa_rtt > 0 && left < self.sa_rtt.saturating_mul(2)
-    }
-
-    /// An SA answer (record or failure) arrived: after a window's worth of answers the window
-    /// grows by one (additive increase; BUSY halves it).
-    fn sa_answered(&mut self, now: Millis) {
-        // After a BUSY the window does not grow for a while: every resolver on the fabric
-        // probing upward at once is what filled the SA's queue.
-        if self.sa_cap >= self.cfg.sa_window || now < self.sa_hold {
-            return;
-        }
-        self.sa_acks += 1;
-        if self.sa_acks >= self.sa_cap {
-            self.sa_acks = 0;
-            self.sa_cap += 1;
-        }
+        self.routes
+            .backlog
+            .insert_before(self.st.jobs(), j, before, list_id::BACKLOG, JOB);
+        self.timers.arm(Timer::Backlog, at.max(now));
     }
 
     /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
@@ -211,8 +337,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         query: bool,
     ) -> Option<u32> {
         let j = self
-            .free_jobs
-            .pop_front(self.st.jobs(), list_id::FREE, job_link)?;
+            .routes
+            .free
+            .pop_front(self.st.jobs(), list_id::FREE, JOB)?;
         {
             let job = &mut self.st.jobs()[j as usize];
             *job = JobSlot::EMPTY;
@@ -224,30 +351,29 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             job.sa = *sa;
         }
         if !query {
-            let b = self.job_bucket(slot, cache_ep, sa);
-            let head = self.st.job_buckets()[b];
-            self.st.jobs()[j as usize].hnext = head;
-            self.st.job_buckets()[b] = j + 1;
+            let t = self.st.tables();
+            self.routes.hash(t.jobs, t.job_buckets, j);
         }
-        self.jobs_active += 1;
+        self.routes.active += 1;
         if self.window_free() {
-            self.window += 1;
+            self.routes.sa.held += 1;
             self.send_job(now, j);
         } else {
             let at = now.saturating_add(self.cfg.queue_deadline);
             let job = &mut self.st.jobs()[j as usize];
             job.state = JobState::Backlog;
             job.timer = at;
-            self.backlog
-                .push_back(self.st.jobs(), j, list_id::BACKLOG, job_link);
-            self.arm(at);
+            self.routes
+                .backlog
+                .push_back(self.st.jobs(), j, list_id::BACKLOG, JOB);
+            self.timers.arm(Timer::Backlog, at);
         }
         Some(j)
     }
 
     /// Puts job `j` (already holding a window slot) on the SA send list with a fresh TID.
     fn send_job(&mut self, now: Millis, j: u32) {
-        self.unlist_job(j);
+        self.routes.unlist(self.st.jobs(), j);
         let tid = self.next_tid();
         let (slot, born) = {
             let job = &self.st.jobs()[j as usize];
@@ -266,11 +392,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             job.sent = now;
             job.ep
         };
-        self.sa_send
-            .push_back(self.st.jobs(), j, list_id::SA_SEND, job_link);
+        self.routes
+            .send
+            .push_back(self.st.jobs(), j, list_id::SA_SEND, JOB);
         let id = EpId(self.st.endpoints()[usize::from(ep)].id);
         self.count(id, Counter::RouteQuery);
-        self.arm(at);
+        self.timers.arm(Timer::SaReply, at);
     }
 
     /// Adds `waiter` (and address entry `addr`) to the job for (slot, cache_ep, sa), starting
@@ -299,17 +426,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 }
             },
         };
+        let t = self.st.tables();
+        let job = &mut t.jobs[j as usize];
         if let Some(w) = waiter {
-            let mut l = self.st.jobs()[j as usize].waiters;
-            l.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
-            self.st.jobs()[j as usize].waiters = l;
+            job.waiters.push_back(t.requests, w, list_id::WAITERS, REQ);
         }
         if let Some(a) = addr {
-            if self.st.addrs()[a as usize].job == 0 {
-                let mut l = self.st.jobs()[j as usize].addrs;
-                l.push_back(self.st.addrs(), a, list_id::ROUTE_ADDRS, addr_rlink);
-                self.st.jobs()[j as usize].addrs = l;
-                self.st.addrs()[a as usize].job = j + 1;
+            if t.addrs[a as usize].job == 0 {
+                job.addrs
+                    .push_back(t.addrs, a, list_id::ROUTE_ADDRS, ADDR_R);
+                t.addrs[a as usize].job = j + 1;
             }
         }
     }
@@ -335,9 +461,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         match self.start_job(now, slot, r.cache_ep, None, &sa, true) {
             Some(j) => {
-                let mut l = self.st.jobs()[j as usize].waiters;
-                l.push_back(self.st.requests(), w, list_id::WAITERS, super::req_link);
-                self.st.jobs()[j as usize].waiters = l;
+                let t = self.st.tables();
+                t.jobs[j as usize]
+                    .waiters
+                    .push_back(t.requests, w, list_id::WAITERS, REQ);
             }
             None => {
                 self.stats.full += 1;
@@ -397,7 +524,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             _ => None,
         };
         let record = record.map(|(r, _)| r);
-        while let Some(a) = addrs.pop_front(self.st.addrs(), list_id::ROUTE_ADDRS, addr_rlink) {
+        while let Some(a) = addrs.pop_front(self.st.addrs(), list_id::ROUTE_ADDRS, ADDR_R) {
             self.st.addrs()[a as usize].job = 0;
             if let (Some(exp), Some(k)) = (path_expires, key) {
                 let e = self.st.addrs()[a as usize];
@@ -407,8 +534,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
         }
         let mut waiters = job.waiters;
-        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, super::req_link)
-        {
+        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
             let path = if status == Status::Success {
                 record
             } else if job.query {
@@ -422,8 +548,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             self.answer(w, status, path);
         }
-        self.unhash_job(j);
-        self.unlist_job(j);
+        let t = self.st.tables();
+        self.routes.unhash(t.jobs, t.job_buckets, j);
+        self.routes.unlist(t.jobs, j);
         let holds_window = matches!(job.state, JobState::Send | JobState::Sent | JobState::Busy);
         if job.held {
             let jb = &mut self.st.jobs()[j as usize];
@@ -432,37 +559,17 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             jb.addrs = List::EMPTY;
         } else {
             if holds_window {
-                self.window -= 1;
+                self.routes.sa.held -= 1;
             }
-            self.free_job(j);
+            self.routes.free_job(self.st.jobs(), j);
         }
-    }
-
-    /// Takes job `j` off whichever list its link is on.
-    fn unlist_job(&mut self, j: u32) {
-        let on = self.st.jobs()[j as usize].qlink.on;
-        let list = match on {
-            list_id::BACKLOG => &mut self.backlog,
-            list_id::SA_SEND => &mut self.sa_send,
-            list_id::SENT => &mut self.sent,
-            list_id::BUSY => &mut self.busy,
-            _ => return,
-        };
-        list.remove(self.st.jobs(), j, on, job_link);
-    }
-
-    fn free_job(&mut self, j: u32) {
-        self.st.jobs()[j as usize] = JobSlot::EMPTY;
-        self.free_jobs
-            .push_back(self.st.jobs(), j, list_id::FREE, job_link);
-        self.jobs_active -= 1;
     }
 
     /// Frees a zombie whose MAD the caller will never hand back (endpoint closed, shutdown).
     pub(crate) fn free_zombie(&mut self, j: u32) {
         if self.st.jobs()[j as usize].state == JobState::Zombie {
-            self.window -= 1;
-            self.free_job(j);
+            self.routes.sa.held -= 1;
+            self.routes.free_job(self.st.jobs(), j);
         }
     }
 
@@ -501,14 +608,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let key = job.key.key(job.cache_ep);
         let outcome = mads::classify_path_reply(umad_status, mad);
         if umad_status == 0 {
-            let sample = now.saturating_sub(job.sent);
-            self.sa_rtt = if self.sa_rtt == 0 {
-                sample.max(1)
-            } else {
-                (self.sa_rtt * 7 + sample) / 8
-            };
+            self.routes.sa.rtt_sample(now.saturating_sub(job.sent));
             if outcome != SaOutcome::Busy {
-                self.sa_answered(now);
+                self.routes.sa.answered(now, &self.cfg);
             }
         }
         match outcome {
@@ -557,9 +659,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 // The SA is overloaded: halve what we keep in flight (the jobs already out
                 // stay out; new ones wait for the window).
                 self.stats.sa_busy += 1;
-                self.sa_cap = (self.sa_cap / 2).max(1);
-                self.sa_acks = 0;
-                self.sa_hold = now.saturating_add(self.cfg.sa_deadline);
+                self.routes.sa.busy(now, &self.cfg);
                 if job.busy_tries >= self.cfg.sa_busy_retries {
                     self.stats.timeouts += 1;
                     self.finish_job(now, j, Completion::failed(Status::Etimedout));
@@ -569,33 +669,23 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 let at = now
                     .saturating_add(wait)
                     .min(job.born.saturating_add(self.cfg.queue_deadline));
-                self.unlist_job(j);
-                let jb = &mut self.st.jobs()[j as usize];
+                let jobs = self.st.jobs();
+                self.routes.unlist(jobs, j);
+                let jb = &mut jobs[j as usize];
                 jb.state = JobState::Busy;
                 jb.busy_tries += 1;
                 jb.timer = at;
-                self.busy
-                    .push_back(self.st.jobs(), j, list_id::BUSY, job_link);
-                self.arm(at);
+                self.routes.busy.push_back(jobs, j, list_id::BUSY, JOB);
+                self.timers.arm(Timer::SaBusy, at);
             }
         }
     }
 
-    /// Moves backlog jobs into free window slots (answering those the cache can answer now)
-    /// and address queries into free ACM windows; drops removed local addresses' aliases.
-    pub(crate) fn pump(&mut self, now: Millis) {
-        while let Some(i) =
-            self.removals
-                .pop_front(self.st.addrs(), list_id::REMOVALS, super::addr_qlink)
-        {
-            let a = self.st.addrs()[i as usize];
-            if let Some(k) = addr::addr_key(&a) {
-                self.w.remove_addr(&k);
-            }
-            self.free_addr(i);
-        }
+    /// Moves backlog jobs into free window slots (answering those the cache can answer now,
+    /// and those that could not be answered before their deadline).
+    pub(crate) fn pump_backlog(&mut self, now: Millis) {
         while self.window_free() {
-            let Some(j) = self.backlog.front() else {
+            let Some(j) = self.routes.backlog.front() else {
                 break;
             };
             let job = self.st.jobs()[j as usize];
@@ -633,115 +723,61 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.finish_job(now, j, Completion::failed(Status::Etimedout));
                 continue;
             }
-            self.backlog
-                .remove(self.st.jobs(), j, list_id::BACKLOG, job_link);
-            self.window += 1;
+            self.routes
+                .backlog
+                .remove(self.st.jobs(), j, list_id::BACKLOG, JOB);
+            self.routes.sa.held += 1;
             self.send_job(now, j);
         }
-        if self.acm_active > 0 {
-            for slot in 0..self.st.endpoints().len() {
-                self.pump_acm(now, slot);
-            }
-        }
     }
 
-    /// Runs every due timer.
-    pub(crate) fn run_timers(&mut self, now: Millis) {
-        // The backlog is in arrival (= deadline) order: only its due head is looked at. The
-        // SA lists are short (the window) and not quite in deadline order (a BUSY retry keeps
-        // its start's deadline), so they are walked whole.
-        while let Some(j) = self.backlog.front() {
-            if self.st.jobs()[j as usize].timer > now {
-                break;
-            }
-            self.stats.timeouts += 1;
-            self.finish_job(now, j, Completion::failed(Status::Etimedout));
-            self.unlist_job(j);
-        }
-        for id in [list_id::SA_SEND, list_id::SENT] {
-            let mut cur = if id == list_id::SA_SEND {
-                self.sa_send.front()
-            } else {
-                self.sent.front()
-            };
-            while let Some(j) = cur {
-                cur = List::next_of(self.st.jobs(), j, job_link);
-                if self.st.jobs()[j as usize].timer <= now {
+    /// Runs the due route timers of kind `t` (`Backlog`, `SaReply` or `SaBusy`).
+    pub(crate) fn route_timers(&mut self, now: Millis, t: Timer) {
+        match t {
+            // The backlog is in arrival (= deadline) order: only its due head is looked at.
+            Timer::Backlog => {
+                while let Some(j) = self.routes.backlog.front() {
+                    if self.st.jobs()[j as usize].timer > now {
+                        break;
+                    }
                     self.stats.timeouts += 1;
                     self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                    // A zombie (the caller holds its MAD) is on no list any more.
-                    self.unlist_job(j);
                 }
             }
-        }
-        let mut cur = self.busy.front();
-        while let Some(j) = cur {
-            cur = List::next_of(self.st.jobs(), j, job_link);
-            let job = self.st.jobs()[j as usize];
-            if job.timer > now {
-                continue;
-            }
-            if job.born.saturating_add(self.cfg.queue_deadline) <= now {
-                self.stats.timeouts += 1;
-                self.finish_job(now, j, Completion::failed(Status::Etimedout));
-            } else {
-                self.requeue_job(now, j);
-            }
-        }
-        for slot in 0..self.st.endpoints().len() {
-            let e = self.st.endpoints()[slot];
-            if !e.open {
-                continue;
-            }
-            for g in 0..2 {
-                match e.groups[g].t.due(now) {
-                    Some(GroupState::Joining) => self.join_failed(now, slot, g),
-                    Some(GroupState::Retry) => self.start_join(now, slot, g),
-                    _ => {}
+            // The SA lists are short (the window): walked whole.
+            Timer::SaReply => {
+                for id in [list_id::SA_SEND, list_id::SENT] {
+                    let mut cur = match id {
+                        list_id::SA_SEND => self.routes.send.front(),
+                        _ => self.routes.sent.front(),
+                    };
+                    while let Some(j) = cur {
+                        cur = List::next_of(self.st.jobs(), j, JOB);
+                        if self.st.jobs()[j as usize].timer <= now {
+                            self.stats.timeouts += 1;
+                            self.finish_job(now, j, Completion::failed(Status::Etimedout));
+                        }
+                    }
                 }
             }
-            self.inform_timers(now, slot);
-            self.acm_timers(now, slot);
-        }
-    }
-
-    /// The earliest armed timer (a full scan; run after timers fired).
-    pub(crate) fn scan_timers(&mut self) -> Option<Millis> {
-        let mut next: Option<Millis> = None;
-        let mut at = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
-        if let Some(head) = self.backlog.front() {
-            at(self.st.jobs()[head as usize].timer);
-        }
-        for first in [self.sa_send.front(), self.sent.front(), self.busy.front()] {
-            let mut cur = first;
-            while let Some(j) = cur {
-                at(self.st.jobs()[j as usize].timer);
-                cur = List::next_of(self.st.jobs(), j, job_link);
-            }
-        }
-        for e in self.st.endpoints().iter() {
-            if !e.open {
-                continue;
-            }
-            // A SET not polled yet (Send) has no timer running.
-            for t in e
-                .groups
-                .iter()
-                .map(|g| g.t)
-                .chain(e.informs.iter().map(|n| n.t))
-            {
-                if let Some(t) = t.armed() {
-                    at(t);
+            Timer::SaBusy => {
+                let mut cur = self.routes.busy.front();
+                while let Some(j) = cur {
+                    cur = List::next_of(self.st.jobs(), j, JOB);
+                    let job = self.st.jobs()[j as usize];
+                    if job.timer > now {
+                        continue;
+                    }
+                    if job.born.saturating_add(self.cfg.queue_deadline) <= now {
+                        self.stats.timeouts += 1;
+                        self.finish_job(now, j, Completion::failed(Status::Etimedout));
+                    } else {
+                        self.requeue_job(now, j);
+                    }
                 }
             }
+            _ => {}
         }
-        for slot in 0..self.st.endpoints().len() {
-            let e = self.st.endpoints()[slot];
-            for head in [e.queue.front(), e.inflight.front()].into_iter().flatten() {
-                at(self.st.addrs()[head as usize].timer);
-            }
-        }
-        next
     }
 }
 

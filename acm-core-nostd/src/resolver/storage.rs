@@ -41,6 +41,46 @@ impl Link {
     };
 }
 
+/// Which [`Link`] of a slot type a list threads through (a slot may sit on one list per link).
+pub(crate) struct LinkOf<T> {
+    get: fn(&T) -> &Link,
+    get_mut: fn(&mut T) -> &mut Link,
+}
+
+impl<T> Clone for LinkOf<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for LinkOf<T> {}
+
+/// A request slot's link (waiter FIFOs, the answer FIFO, the free list).
+pub(crate) const REQ: LinkOf<RequestSlot> = LinkOf {
+    get: |r| &r.link,
+    get_mut: |r| &mut r.link,
+};
+/// A route job's link (the backlog, the SA lists, the free list).
+pub(crate) const JOB: LinkOf<JobSlot> = LinkOf {
+    get: |j| &j.qlink,
+    get_mut: |j| &mut j.qlink,
+};
+/// An address entry's queue link (its endpoint's ACM queue, in-flight or local list, the
+/// removal list, the free list).
+pub(crate) const ADDR_Q: LinkOf<AddrEntry> = LinkOf {
+    get: |a| &a.qlink,
+    get_mut: |a| &mut a.qlink,
+};
+/// An address entry's send link (the ACM send list).
+pub(crate) const ADDR_S: LinkOf<AddrEntry> = LinkOf {
+    get: |a| &a.slink,
+    get_mut: |a| &mut a.slink,
+};
+/// An address entry's route link (the addresses of a route job).
+pub(crate) const ADDR_R: LinkOf<AddrEntry> = LinkOf {
+    get: |a| &a.rlink,
+    get_mut: |a| &mut a.rlink,
+};
+
 /// An intrusive FIFO over one table (head/tail as `index + 1`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct List {
@@ -65,8 +105,8 @@ impl List {
     }
 
     /// Appends slot `i`, tagging it with `id` (a slot already on a list is left alone).
-    pub(crate) fn push_back<T>(&mut self, s: &mut [T], i: u32, id: u8, f: fn(&mut T) -> &mut Link) {
-        let l = f(&mut s[i as usize]);
+    pub(crate) fn push_back<T>(&mut self, s: &mut [T], i: u32, id: u8, f: LinkOf<T>) {
+        let l = (f.get_mut)(&mut s[i as usize]);
         if l.on != 0 {
             return;
         }
@@ -76,7 +116,7 @@ impl List {
             on: id,
         };
         match self.tail.checked_sub(1) {
-            Some(t) => f(&mut s[t as usize]).next = i + 1,
+            Some(t) => (f.get_mut)(&mut s[t as usize]).next = i + 1,
             None => self.head = i + 1,
         }
         self.tail = i + 1;
@@ -91,67 +131,73 @@ impl List {
         i: u32,
         at: Option<u32>,
         id: u8,
-        f: fn(&mut T) -> &mut Link,
+        f: LinkOf<T>,
     ) {
         let Some(a) = at else {
             return self.push_back(s, i, id, f);
         };
-        if f(&mut s[i as usize]).on != 0 {
+        if (f.get)(&s[i as usize]).on != 0 {
             return;
         }
-        let prev = f(&mut s[a as usize]).prev;
-        *f(&mut s[i as usize]) = Link {
+        let prev = (f.get)(&s[a as usize]).prev;
+        *(f.get_mut)(&mut s[i as usize]) = Link {
             prev,
             next: a + 1,
             on: id,
         };
-        f(&mut s[a as usize]).prev = i + 1;
+        (f.get_mut)(&mut s[a as usize]).prev = i + 1;
         match prev.checked_sub(1) {
-            Some(p) => f(&mut s[p as usize]).next = i + 1,
+            Some(p) => (f.get_mut)(&mut s[p as usize]).next = i + 1,
             None => self.head = i + 1,
         }
         self.len += 1;
     }
 
     /// Unlinks slot `i` if it is on this list (`id`); true if it was.
-    pub(crate) fn remove<T>(
-        &mut self,
-        s: &mut [T],
-        i: u32,
-        id: u8,
-        f: fn(&mut T) -> &mut Link,
-    ) -> bool {
-        let l = *f(&mut s[i as usize]);
+    pub(crate) fn remove<T>(&mut self, s: &mut [T], i: u32, id: u8, f: LinkOf<T>) -> bool {
+        let l = *(f.get)(&s[i as usize]);
         if l.on != id || id == 0 {
             return false;
         }
         match l.prev.checked_sub(1) {
-            Some(p) => f(&mut s[p as usize]).next = l.next,
+            Some(p) => (f.get_mut)(&mut s[p as usize]).next = l.next,
             None => self.head = l.next,
         }
         match l.next.checked_sub(1) {
-            Some(n) => f(&mut s[n as usize]).prev = l.prev,
+            Some(n) => (f.get_mut)(&mut s[n as usize]).prev = l.prev,
             None => self.tail = l.prev,
         }
-        *f(&mut s[i as usize]) = Link::NONE;
+        *(f.get_mut)(&mut s[i as usize]) = Link::NONE;
         self.len -= 1;
         true
     }
 
-    pub(crate) fn pop_front<T>(
-        &mut self,
-        s: &mut [T],
-        id: u8,
-        f: fn(&mut T) -> &mut Link,
-    ) -> Option<u32> {
+    pub(crate) fn pop_front<T>(&mut self, s: &mut [T], id: u8, f: LinkOf<T>) -> Option<u32> {
         let i = self.front()?;
         self.remove(s, i, id, f);
         Some(i)
     }
 
+    /// Moves every slot of `other` to the back of this list, in order, leaving `other` empty.
+    pub(crate) fn append<T>(&mut self, other: &mut List, s: &mut [T], id: u8, f: LinkOf<T>) {
+        while let Some(i) = other.pop_front(s, id, f) {
+            self.push_back(s, i, id, f);
+        }
+    }
+
     /// The slot after `i` on its list.
-    pub(crate) fn next_of<T>(s: &mut [T], i: u32, f: fn(&mut T) -> &mut Link) -> Option<u32> {
-        f(&mut s[i as usize]).next.checked_sub(1)
+    pub(crate) fn next_of<T>(s: &[T], i: u32, f: LinkOf<T>) -> Option<u32> {
+        (f.get)(&s[i as usize]).next.checked_sub(1)
+    }
+
+    /// The slots of this list, front to back.
+    pub(crate) fn iter<'s, T>(&self, s: &'s [T], f: LinkOf<T>) -> impl Iterator<Item = u32> + 's {
+        let mut cur = self.front();
+        core::iter::from_fn(move || {
+            let i = cur?;
+            cur = List::next_of(s, i, f);
+            Some(i)
+        })
     }
 }
 
@@ -635,23 +681,51 @@ impl Default for Capacities {
     }
 }
 
-/// The resolver's tables: caller-provided slices. Index spaces are fixed for the life of the
-/// resolver: every accessor must return the same length every time.
-pub trait Storage {
+/// Every table of a [`Storage`] at once, as disjoint mutable borrows (so a list held in one
+/// table's slot can be edited over another table's slots).
+pub struct Tables<'a> {
     /// Request slots.
-    fn requests(&mut self) -> &mut [RequestSlot];
+    pub requests: &'a mut [RequestSlot],
     /// Route jobs.
-    fn jobs(&mut self) -> &mut [JobSlot];
+    pub jobs: &'a mut [JobSlot],
     /// Hash buckets of the route jobs (any non-zero length; `pending` is a good size).
-    fn job_buckets(&mut self) -> &mut [u32];
+    pub job_buckets: &'a mut [u32],
     /// Address entries.
-    fn addrs(&mut self) -> &mut [AddrEntry];
+    pub addrs: &'a mut [AddrEntry],
     /// Hash buckets of the address entries (any non-zero length).
-    fn addr_buckets(&mut self) -> &mut [u32];
+    pub addr_buckets: &'a mut [u32],
     /// Endpoints (at most 256 are used).
-    fn endpoints(&mut self) -> &mut [EpSlot];
+    pub endpoints: &'a mut [EpSlot],
     /// Preloaded routes.
-    fn preloads(&mut self) -> &mut [PreloadSlot];
+    pub preloads: &'a mut [PreloadSlot],
+}
+
+/// Every table of a [`Storage`], read only.
+#[derive(Clone, Copy)]
+pub struct TablesRef<'a> {
+    /// Request slots.
+    pub requests: &'a [RequestSlot],
+    /// Route jobs.
+    pub jobs: &'a [JobSlot],
+    /// Hash buckets of the route jobs.
+    pub job_buckets: &'a [u32],
+    /// Address entries.
+    pub addrs: &'a [AddrEntry],
+    /// Hash buckets of the address entries.
+    pub addr_buckets: &'a [u32],
+    /// Endpoints.
+    pub endpoints: &'a [EpSlot],
+    /// Preloaded routes.
+    pub preloads: &'a [PreloadSlot],
+}
+
+/// The resolver's tables: caller-provided slices. Index spaces are fixed for the life of the
+/// resolver: every call must return tables of the same lengths every time.
+pub trait Storage {
+    /// Every table, for writing.
+    fn tables(&mut self) -> Tables<'_>;
+    /// Every table, for reading.
+    fn tables_ref(&self) -> TablesRef<'_>;
     /// The most SA queries in flight at once.
     fn sa_inflight(&self) -> usize;
     /// Request slots kept for immediate answers.
@@ -659,26 +733,11 @@ pub trait Storage {
 }
 
 impl<S: Storage + ?Sized> Storage for &mut S {
-    fn requests(&mut self) -> &mut [RequestSlot] {
-        (**self).requests()
+    fn tables(&mut self) -> Tables<'_> {
+        (**self).tables()
     }
-    fn jobs(&mut self) -> &mut [JobSlot] {
-        (**self).jobs()
-    }
-    fn job_buckets(&mut self) -> &mut [u32] {
-        (**self).job_buckets()
-    }
-    fn addrs(&mut self) -> &mut [AddrEntry] {
-        (**self).addrs()
-    }
-    fn addr_buckets(&mut self) -> &mut [u32] {
-        (**self).addr_buckets()
-    }
-    fn endpoints(&mut self) -> &mut [EpSlot] {
-        (**self).endpoints()
-    }
-    fn preloads(&mut self) -> &mut [PreloadSlot] {
-        (**self).preloads()
+    fn tables_ref(&self) -> TablesRef<'_> {
+        (**self).tables_ref()
     }
     fn sa_inflight(&self) -> usize {
         (**self).sa_inflight()
@@ -688,29 +747,57 @@ impl<S: Storage + ?Sized> Storage for &mut S {
     }
 }
 
+/// One table of a [`Storage`] at a time, for the resolver's own use.
+pub(crate) trait Table: Storage {
+    fn requests(&mut self) -> &mut [RequestSlot] {
+        self.tables().requests
+    }
+    fn jobs(&mut self) -> &mut [JobSlot] {
+        self.tables().jobs
+    }
+    fn job_buckets(&mut self) -> &mut [u32] {
+        self.tables().job_buckets
+    }
+    fn addrs(&mut self) -> &mut [AddrEntry] {
+        self.tables().addrs
+    }
+    fn addr_buckets(&mut self) -> &mut [u32] {
+        self.tables().addr_buckets
+    }
+    fn endpoints(&mut self) -> &mut [EpSlot] {
+        self.tables().endpoints
+    }
+    fn preloads(&mut self) -> &mut [PreloadSlot] {
+        self.tables().preloads
+    }
+}
+
+impl<S: Storage + ?Sized> Table for S {}
+
 /// The table accessors of a [`Storage`] that keeps each table in a field of the same name.
 macro_rules! table_fields {
     () => {
-        fn requests(&mut self) -> &mut [RequestSlot] {
-            &mut self.requests
+        fn tables(&mut self) -> Tables<'_> {
+            Tables {
+                requests: &mut self.requests,
+                jobs: &mut self.jobs,
+                job_buckets: &mut self.job_buckets,
+                addrs: &mut self.addrs,
+                addr_buckets: &mut self.addr_buckets,
+                endpoints: &mut self.endpoints,
+                preloads: &mut self.preloads,
+            }
         }
-        fn jobs(&mut self) -> &mut [JobSlot] {
-            &mut self.jobs
-        }
-        fn job_buckets(&mut self) -> &mut [u32] {
-            &mut self.job_buckets
-        }
-        fn addrs(&mut self) -> &mut [AddrEntry] {
-            &mut self.addrs
-        }
-        fn addr_buckets(&mut self) -> &mut [u32] {
-            &mut self.addr_buckets
-        }
-        fn endpoints(&mut self) -> &mut [EpSlot] {
-            &mut self.endpoints
-        }
-        fn preloads(&mut self) -> &mut [PreloadSlot] {
-            &mut self.preloads
+        fn tables_ref(&self) -> TablesRef<'_> {
+            TablesRef {
+                requests: &self.requests,
+                jobs: &self.jobs,
+                job_buckets: &self.job_buckets,
+                addrs: &self.addrs,
+                addr_buckets: &self.addr_buckets,
+                endpoints: &self.endpoints,
+                preloads: &self.preloads,
+            }
         }
     };
 }
@@ -847,29 +934,30 @@ mod tests {
     struct N {
         l: Link,
     }
-    fn l(n: &mut N) -> &mut Link {
-        &mut n.l
-    }
+    const L: LinkOf<N> = LinkOf {
+        get: |n| &n.l,
+        get_mut: |n| &mut n.l,
+    };
 
     #[test]
     fn list_push_pop_remove() {
         let mut s = [N { l: Link::NONE }; 5];
         let mut a = List::EMPTY;
         for i in 0..5 {
-            a.push_back(&mut s, i, 1, l);
+            a.push_back(&mut s, i, 1, L);
         }
-        a.push_back(&mut s, 2, 1, l); // already on: ignored
+        a.push_back(&mut s, 2, 1, L); // already on: ignored
         assert_eq!(a.len, 5);
-        assert!(a.remove(&mut s, 2, 1, l));
-        assert!(!a.remove(&mut s, 2, 1, l));
-        assert!(a.remove(&mut s, 0, 1, l));
-        assert!(a.remove(&mut s, 4, 1, l));
-        a.push_back(&mut s, 4, 1, l);
+        assert!(a.remove(&mut s, 2, 1, L));
+        assert!(!a.remove(&mut s, 2, 1, L));
+        assert!(a.remove(&mut s, 0, 1, L));
+        assert!(a.remove(&mut s, 4, 1, L));
+        a.push_back(&mut s, 4, 1, L);
         let mut got = [0u32; 3];
         for g in &mut got {
-            *g = a.pop_front(&mut s, 1, l).unwrap();
+            *g = a.pop_front(&mut s, 1, L).unwrap();
         }
         assert_eq!(got, [1, 3, 4]);
-        assert!(a.is_empty() && a.pop_front(&mut s, 1, l).is_none());
+        assert!(a.is_empty() && a.pop_front(&mut s, 1, L).is_none());
     }
 }

@@ -1,0 +1,188 @@
+//! Answers: the request slots, from a client's request to its polled [`Output::Answer`].
+//!
+//! A slot is free, waiting (on a route job's or an address entry's waiter FIFO), or answered
+//! (on the answer FIFO until [`Resolver::poll_output`] turns it into an [`Answer`]). A waiter
+//! needs more than `answer_reserve` free slots, an immediate answer (hit, error, ENOMEM) any
+//! free slot: so the refusal of a waiter always has a slot of its own. Answering a slot that
+//! is not waiting does nothing: that is the exactly-once rule in one place.
+
+use super::storage::{list_id, List, ReqState, REQ};
+use super::{
+    Answer, Counter, EpId, Kind, Output, Request, RequestSlot, Resolver, Storage, Via, MSG_LEN,
+};
+use crate::cache::CacheRef;
+use crate::wire::client::Status;
+
+/// The request slots' lists and counts.
+pub(crate) struct Answers {
+    /// Free slots.
+    pub(crate) free: List,
+    /// Answered slots, in answer order, until polled.
+    pub(crate) fifo: List,
+    /// Slots waiting for an answer.
+    pub(crate) waiting: u32,
+    /// Slots kept for immediate answers.
+    reserve: usize,
+}
+
+impl Answers {
+    /// Every slot of `reqs` free.
+    pub(crate) fn new(reqs: &mut [RequestSlot], reserve: usize) -> Self {
+        let mut free = List::EMPTY;
+        for i in 0..reqs.len() as u32 {
+            free.push_back(reqs, i, list_id::FREE, REQ);
+        }
+        Answers {
+            free,
+            fifo: List::EMPTY,
+            waiting: 0,
+            reserve,
+        }
+    }
+
+    /// A slot holding a copy of `r`, waiting: for a waiter only while more than the reserve
+    /// is free, for an immediate answer while any is.
+    fn alloc(&mut self, reqs: &mut [RequestSlot], r: &Request<'_>, waiter: bool) -> Option<u32> {
+        if waiter && (self.free.len as usize) <= self.reserve {
+            return None;
+        }
+        let i = self.free.pop_front(reqs, list_id::FREE, REQ)?;
+        let slot = &mut reqs[i as usize];
+        let n = r.msg.len().min(MSG_LEN);
+        slot.msg = [0; MSG_LEN];
+        slot.msg[..n].copy_from_slice(&r.msg[..n]);
+        slot.len = n as u16;
+        slot.client = r.client;
+        slot.ep = r.ep.0;
+        slot.query = r.kind == Kind::Query;
+        slot.state = ReqState::Waiting;
+        slot.has_path = false;
+        self.waiting += 1;
+        Some(i)
+    }
+
+    /// Answers waiting slot `i`; the counter the answer bumps on its endpoint, if any. A slot
+    /// not waiting is left alone (`None`).
+    fn answer(
+        &mut self,
+        reqs: &mut [RequestSlot],
+        i: u32,
+        status: Status,
+        path: Option<&[u8; 64]>,
+    ) -> Option<(EpId, Option<Counter>)> {
+        let r = &mut reqs[i as usize];
+        if r.state != ReqState::Waiting {
+            return None;
+        }
+        r.state = ReqState::Answer;
+        r.status = status;
+        r.has_path = path.is_some();
+        if let Some(p) = path {
+            r.path = *p;
+        }
+        let (ep, query) = (EpId(r.ep), r.query);
+        self.waiting -= 1;
+        self.fifo.push_back(reqs, i, list_id::ANSWERS, REQ);
+        let counter = match (query, status) {
+            (_, Status::Success) => None,
+            (false, Status::Enodata) => Some(Counter::NoData),
+            _ => Some(Counter::Error),
+        };
+        Some((ep, counter))
+    }
+
+    /// The oldest answer, its slot freed.
+    pub(crate) fn pop(&mut self, reqs: &mut [RequestSlot]) -> Option<Output> {
+        let i = self.fifo.pop_front(reqs, list_id::ANSWERS, REQ)?;
+        let r = &mut reqs[i as usize];
+        let via = if r.query { Via::Query } else { Via::Resolve };
+        let mut msg = [0u8; MSG_LEN];
+        let path = r.has_path.then_some(&r.path);
+        let len =
+            super::request::respond(&r.msg[..usize::from(r.len)], via, r.status, path, &mut msg);
+        let answer = Answer {
+            ep: EpId(r.ep),
+            client: r.client,
+            via,
+            status: r.status,
+            len,
+            msg,
+        };
+        r.state = ReqState::Free;
+        self.free.push_back(reqs, i, list_id::FREE, REQ);
+        Some(Output::Answer(answer))
+    }
+}
+
+#[cfg(feature = "std")]
+impl Answers {
+    /// Every slot is on the list its state says, and the counts match.
+    pub(crate) fn check(&self, reqs: &[RequestSlot]) -> Result<(), std::string::String> {
+        use std::format;
+        let (mut waiting, mut answers, mut free) = (0u32, 0u32, 0u32);
+        for r in reqs {
+            let want = match r.state {
+                ReqState::Waiting => {
+                    waiting += 1;
+                    list_id::WAITERS
+                }
+                ReqState::Answer => {
+                    answers += 1;
+                    list_id::ANSWERS
+                }
+                ReqState::Free => {
+                    free += 1;
+                    list_id::FREE
+                }
+            };
+            if r.link.on != want {
+                return Err(format!("request in {:?} on list {}", r.state, r.link.on));
+            }
+        }
+        if waiting != self.waiting || answers != self.fifo.len || free != self.free.len {
+            return Err(format!(
+                "requests: waiting {waiting}/{} answers {answers}/{} free {free}/{}",
+                self.waiting, self.fifo.len, self.free.len
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
+    /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
+    pub(crate) fn waiter(&mut self, r: &Request<'_>) -> Option<u32> {
+        let w = self.answers.alloc(self.st.tables().requests, r, true);
+        if w.is_none() {
+            self.stats.full += 1;
+            self.answer_now(r, Status::Enomem, None);
+        }
+        w
+    }
+
+    /// Answers `r` at once (Resolve and Query only).
+    pub(crate) fn answer_now(&mut self, r: &Request<'_>, status: Status, path: Option<&[u8; 64]>) {
+        if !matches!(r.kind, Kind::Resolve | Kind::Query) {
+            return;
+        }
+        match self.answers.alloc(self.st.tables().requests, r, false) {
+            Some(i) => self.answer(i, status, path),
+            None => self.stats.lost += 1,
+        }
+    }
+
+    /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
+    pub(crate) fn answer(&mut self, i: u32, status: Status, path: Option<&[u8; 64]>) {
+        let t = self.st.tables();
+        if let Some((ep, Some(counter))) = self.answers.answer(t.requests, i, status, path) {
+            self.eps.count(t.endpoints, ep, counter);
+        }
+    }
+
+    /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
+    pub(crate) fn answer_list(&mut self, list: &mut List, status: Status, path: Option<&[u8; 64]>) {
+        while let Some(w) = list.pop_front(self.st.tables().requests, list_id::WAITERS, REQ) {
+            self.answer(w, status, path);
+        }
+    }
+}
