@@ -449,6 +449,45 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     assert_eq!(a, Some(Status::Enodata));
 }
 
+/// Joins the SA never answers: every SET, the retries included, runs out its deadline and is
+/// sent again after the backoff, for as long as it takes. (A retry decided inside
+/// `handle_timeout` once fell out of the timer scan, so a second lost SET was never retried
+/// and the endpoint stayed unjoined until the next reregister.)
+#[test]
+fn lost_joins_are_retried_for_as_long_as_it_takes() {
+    let cfg = Config {
+        sa_reports: false,
+        ..Config::default()
+    };
+    let deadline = cfg.sa_deadline;
+    let mut t = heap(cfg);
+    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    let sets = |out: &[Output]| {
+        out.iter()
+            .filter(|o| matches!(o, Output::SendSa { mad, .. } if mad[3] == 2))
+            .count()
+    };
+    assert_eq!(sets(&t.drain()), 1);
+    let mut sent_at = vec![0u64];
+    while sent_at.len() < 6 {
+        let next =
+            t.r.poll_timeout()
+                .expect("a lost join keeps a timer running");
+        t.r.handle_timeout(next);
+        for _ in 0..sets(&t.drain()) {
+            sent_at.push(next);
+        }
+        assert!(next < 200_000, "joins sent at {sent_at:?}");
+    }
+    // Each SET waits its deadline, then 1 s, 2 s, 4 s, 8 s, 16 s of backoff.
+    let gaps: Vec<u64> = sent_at.windows(2).map(|w| w[1] - w[0]).collect();
+    let want: Vec<u64> = [1000, 2000, 4000, 8000, 16000]
+        .iter()
+        .map(|b| deadline + b)
+        .collect();
+    assert_eq!(gaps, want);
+}
+
 #[test]
 fn close_detaches_and_leaves() {
     let mut t = heap(Config::default());

@@ -320,8 +320,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// The key and SA record of entry `i`'s route: ibacmp's `{sgid, dgid, pkey, tclass}`.
-    fn addr_route_key(&mut self, slot: usize, i: u32) -> (Option<PathKey>, [u8; 64]) {
-        let a = self.st.addrs()[i as usize];
+    fn addr_route_key(&self, slot: usize, i: u32) -> (Option<PathKey>, [u8; 64]) {
+        let a = &self.st.tables_ref().addrs[i as usize];
         let tclass = self.group_record(slot, a.group).map_or(0, |r| r[39]);
         let view = self.view(slot, a.cache_ep);
         let (k, sa) = request::normalise(&view, &request::gid_record(Gid(a.gid), tclass));

@@ -1206,6 +1206,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         use std::format;
         let t = self.st.tables_ref();
         self.answers.check(t.requests)?;
+        if !self.done {
+            self.check_timers()?;
+        }
         let waiters = self.routes.check(t.jobs)? + self.addrs.check(t.addrs)?;
         if waiters != self.answers.waiting {
             return Err(format!(

@@ -188,16 +188,17 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The source of our request for `a`: the client's source entry, else one of the
     /// endpoint's local addresses, else our port GID (type GID).
-    fn source_of(&mut self, slot: usize, a: &super::AddrEntry) -> (AddressType, [u8; 64]) {
+    fn source_of(&self, slot: usize, a: &super::AddrEntry) -> (AddressType, [u8; 64]) {
         if a.src_type != AddressType::Invalid {
             return (a.src_type, a.src);
         }
-        if let Some(l) = self.st.endpoints()[slot].locals.front() {
-            let la = &self.st.addrs()[l as usize];
+        let t = self.st.tables_ref();
+        if let Some(l) = t.endpoints[slot].locals.front() {
+            let la = &t.addrs[l as usize];
             return (la.type_, la.addr);
         }
         let mut g = [0u8; 64];
-        g[..16].copy_from_slice(&self.st.endpoints()[slot].port_gid);
+        g[..16].copy_from_slice(&t.endpoints[slot].port_gid);
         (AddressType::Gid, g)
     }
 }

@@ -513,12 +513,18 @@ impl SaTry {
         self.timer
     }
 
-    /// The running timer, if any (a SET not polled yet has none).
+    /// The timer, if any: the reply deadline of a SET decided (`Send`, set when decided, so
+    /// it runs from before the SET is polled) or out (`Joining`), or the retry time.
     pub(crate) fn armed(&self) -> Option<Millis> {
-        matches!(self.state, GroupState::Joining | GroupState::Retry).then_some(self.timer)
+        matches!(
+            self.state,
+            GroupState::Send | GroupState::Joining | GroupState::Retry
+        )
+        .then_some(self.timer)
     }
 
-    /// What is due at `now`: `Joining` (the reply is late) or `Retry` (send again).
+    /// What is due at `now`: `Joining` (the reply is late) or `Retry` (send again); a `Send`
+    /// not polled yet waits for its poll.
     pub(crate) fn due(&self, now: Millis) -> Option<GroupState> {
         self.armed().filter(|t| *t <= now).map(|_| self.state)
     }

@@ -95,15 +95,36 @@ impl TimerTable {
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Sets timer kind `t` to the earliest deadline its part holds now.
     pub(crate) fn rearm(&mut self, t: Timer) {
+        self.timers.set(t, self.earliest(t));
+    }
+
+    /// The earliest deadline of kind `t` that its part holds.
+    fn earliest(&self, t: Timer) -> Option<Millis> {
         let tr = self.st.tables_ref();
-        let at = match t {
+        match t {
             Timer::Removal => (!self.addrs.removals.is_empty()).then_some(0),
             Timer::Backlog | Timer::SaReply | Timer::SaBusy => self.routes.earliest(tr.jobs, t),
             Timer::Join | Timer::Inform | Timer::AcmQueue | Timer::AcmRetry => {
                 super::endpoints::earliest(tr.endpoints, tr.addrs, t)
             }
-        };
-        self.timers.set(t, at);
+        }
+    }
+
+    /// Every kind's entry is at or before its part's earliest deadline (a deadline that was
+    /// set without arming its kind would never fire).
+    #[cfg(feature = "std")]
+    pub(crate) fn check_timers(&self) -> Result<(), std::string::String> {
+        for t in Timer::ALL {
+            if let Some(at) = self.earliest(t) {
+                if self.timers.at[t as usize] > at {
+                    return Err(std::format!(
+                        "timer {t:?} at {} after its part's deadline {at}",
+                        self.timers.at[t as usize]
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
