@@ -20,7 +20,7 @@
 use super::request;
 use super::storage::Table;
 use super::storage::{
-    bucket_hash, list_id, AddrState, List, Origin, Tables, TablesRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
+    bucket_of, list_id, AddrState, List, Origin, Tables, TablesRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
 };
 use super::{AddrEntry, Counter, EpId, Kind, Millis, Request, Resolver, Storage, NEVER};
 use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, Lookup, PathKey};
@@ -96,7 +96,7 @@ impl AddrTable {
 
     fn bucket(&self, buckets: usize, slot: usize, type_: AddressType, addr: &[u8; 64]) -> usize {
         let head = (slot as u32) << 8 | u32::from(u8::from(type_));
-        (bucket_hash(self.seed, head, addr) % buckets as u64) as usize
+        bucket_of(self.seed, head, addr, buckets)
     }
 
     /// The entry for (endpoint slot, type, address).

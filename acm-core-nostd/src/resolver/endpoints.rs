@@ -5,6 +5,7 @@
 //! is its [`EpSlot`]; its joins are in [`groups`](super::groups), its subscriptions in
 //! [`inform`](super::inform), its outputs in [`output`](super::output).
 
+use super::storage::List;
 use super::timers::Timer;
 use super::{request, AddrEntry, Counter, EpId, EpSlot, Millis, Resolver, Storage, MAX_EPS};
 use crate::cache::CacheRef;
@@ -85,19 +86,20 @@ impl Endpoints {
 /// subscriptions' SETs (a SET not polled yet has no timer running), the heads of their ACM
 /// queues and in-flight lists (both in deadline order).
 pub(crate) fn earliest(eps: &[EpSlot], addrs: &[AddrEntry], t: Timer) -> Option<Millis> {
-    let open = eps.iter().filter(|e| e.open);
-    let timer = |i: u32| addrs[i as usize].timer;
-    match t {
-        Timer::Join => open
-            .flat_map(|e| e.groups.iter().filter_map(|g| g.t.armed()))
-            .min(),
-        Timer::Inform => open
-            .flat_map(|e| e.informs.iter().filter_map(|n| n.t.armed()))
-            .min(),
-        Timer::AcmQueue => open.filter_map(|e| e.queue.front()).map(timer).min(),
-        Timer::AcmRetry => open.filter_map(|e| e.inflight.front()).map(timer).min(),
-        _ => None,
+    const NONE: Millis = Millis::MAX;
+    let mut next = NONE;
+    let head = |l: List| l.front().map_or(NONE, |i| addrs[i as usize].timer);
+    for e in eps.iter().filter(|e| e.open) {
+        let at = match t {
+            Timer::Join => e.groups.iter().map(|g| g.t.armed().unwrap_or(NONE)).min(),
+            Timer::Inform => e.informs.iter().map(|n| n.t.armed().unwrap_or(NONE)).min(),
+            Timer::AcmQueue => Some(head(e.queue)),
+            Timer::AcmRetry => Some(head(e.inflight)),
+            _ => None,
+        };
+        next = next.min(at.unwrap_or(NONE));
     }
+    (next != NONE).then_some(next)
 }
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {

@@ -1014,6 +1014,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Runs the timers due at `now` (SA deadlines, BUSY backoffs, ACM retries, queue
     /// deadlines, join retries). Call when [`poll_timeout`](Self::poll_timeout) has passed;
     /// calling it early or often is harmless.
+    // Never inlined: a caller's loop calls it in several places, and each inlined copy is
+    // kilobytes of flash on a microcontroller (docs/firmware.md).
+    #[inline(never)]
     pub fn handle_timeout(&mut self, now: Millis) {
         let due = Timer::ALL.map(|t| self.timers.due(t, now));
         if !due.contains(&true) {

@@ -26,6 +26,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The next thing for the caller to do, `None` when there is nothing. Call it until `None`
     /// after every input (see the draining rule on [`Resolver`]).
     #[must_use]
+    // Never inlined: a caller's loop calls it in several places, and each inlined copy is
+    // kilobytes of flash on a microcontroller (docs/firmware.md).
+    #[inline(never)]
     pub fn poll_output(&mut self) -> Option<Output> {
         while let Some(slot) = self.eps.first_dirty() {
             if let Some(o) = self.ep_output(slot) {

@@ -12,7 +12,7 @@ use super::mads::{self, SaOutcome};
 use super::sa_window::SaWindow;
 use super::storage::Table;
 use super::storage::{
-    bucket_hash, list_id, AddrState, JobState, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
+    bucket_of, list_id, AddrState, JobState, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
 };
 use super::timers::Timer;
 use super::{addr, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
@@ -129,8 +129,12 @@ impl Routes {
 
     fn bucket(&self, buckets: usize, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> usize {
         // The slot in the top byte, over the generation bits a cache number rarely reaches.
-        let h = bucket_hash(self.seed, (slot as u32).rotate_right(8) ^ cache_ep, sa);
-        (h % buckets as u64) as usize
+        bucket_of(
+            self.seed,
+            (slot as u32).rotate_right(8) ^ cache_ep,
+            sa,
+            buckets,
+        )
     }
 
     /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
@@ -215,17 +219,19 @@ impl Routes {
     /// keeping its start's deadline leaves not quite in order; `SaBusy`: the BUSY list).
     pub(crate) fn earliest(&self, jobs: &[JobSlot], t: Timer) -> Option<Millis> {
         let timer = |j: u32| jobs[j as usize].timer;
-        match t {
-            Timer::Backlog => self.backlog.front().map(timer),
-            Timer::SaReply => self
-                .send
-                .iter(jobs, JOB)
-                .chain(self.sent.iter(jobs, JOB))
-                .map(timer)
-                .min(),
-            Timer::SaBusy => self.busy.iter(jobs, JOB).map(timer).min(),
-            _ => None,
+        let lists: &[List] = match t {
+            Timer::Backlog => return self.backlog.front().map(timer),
+            Timer::SaReply => &[self.send, self.sent],
+            Timer::SaBusy => &[self.busy],
+            _ => return None,
+        };
+        let mut next = None;
+        for l in lists {
+            for j in l.iter(jobs, JOB) {
+                next = Some(next.map_or(timer(j), |n: Millis| n.min(timer(j))));
+            }
         }
+        next
     }
 }
 

@@ -13,15 +13,18 @@ use crate::cache::Constraints;
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
 
-/// The hash that picks a bucket of a hashed table (address entries, route jobs): one head word
-/// (the endpoint slot and a small field) and a 64-byte key block read as 16 little-endian words.
-pub(crate) fn bucket_hash(seed: u64, head: u32, block: &[u8; 64]) -> u64 {
+/// The bucket of a hashed table (address entries, route jobs) of `buckets` buckets: a hash of
+/// one head word (the endpoint slot and a small field) and a 64-byte key block read as 16
+/// little-endian words, mapped onto the buckets by a multiply, not a division (a 64-bit
+/// division is a library call on a 32-bit microcontroller).
+pub(crate) fn bucket_of(seed: u64, head: u32, block: &[u8; 64], buckets: usize) -> usize {
     let mut w = [0u32; 17];
     w[0] = head;
     for (d, c) in w[1..].iter_mut().zip(block.chunks_exact(4)) {
         *d = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     }
-    hash_words(seed, &w)
+    let h = hash_words(seed, &w);
+    ((u64::from((h ^ (h >> 32)) as u32) * buckets as u64) >> 32) as usize
 }
 
 /// A link of an intrusive list: neighbours as `index + 1` (0 = none).

@@ -94,6 +94,8 @@ impl TimerTable {
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Sets timer kind `t` to the earliest deadline its part holds now.
+    // One copy, not one per kind fired (flash).
+    #[inline(never)]
     pub(crate) fn rearm(&mut self, t: Timer) {
         self.timers.set(t, self.earliest(t));
     }
