@@ -5,9 +5,7 @@
 //! is its [`EpSlot`]; its joins are in [`groups`](super::groups), its subscriptions in
 //! [`inform`](super::inform), its outputs in [`output`](super::output).
 
-use super::storage::List;
-use super::timers::Timer;
-use super::{request, AddrEntry, Counter, EpId, EpSlot, Millis, Resolver, Storage, MAX_EPS};
+use super::{request, Counter, EpId, EpSlot, Millis, Resolver, Storage, MAX_EPS};
 use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
 
@@ -82,24 +80,14 @@ impl Endpoints {
     }
 }
 
-/// The earliest deadline of timer kind `t` among the endpoints: their joins' and
-/// subscriptions' SETs (a SET not polled yet has no timer running), the heads of their ACM
-/// queues and in-flight lists (both in deadline order).
-pub(crate) fn earliest(eps: &[EpSlot], addrs: &[AddrEntry], t: Timer) -> Option<Millis> {
-    const NONE: Millis = Millis::MAX;
-    let mut next = NONE;
-    let head = |l: List| l.front().map_or(NONE, |i| addrs[i as usize].timer);
-    for e in eps.iter().filter(|e| e.open) {
-        let at = match t {
-            Timer::Join => e.groups.iter().map(|g| g.t.armed().unwrap_or(NONE)).min(),
-            Timer::Inform => e.informs.iter().map(|n| n.t.armed().unwrap_or(NONE)).min(),
-            Timer::AcmQueue => Some(head(e.queue)),
-            Timer::AcmRetry => Some(head(e.inflight)),
-            _ => None,
-        };
-        next = next.min(at.unwrap_or(NONE));
+/// The earliest of the deadlines `of` each open endpoint (its joins, its subscriptions, the
+/// heads of its ACM lists: see [`timers`](super::timers)).
+pub(crate) fn earliest(eps: &[EpSlot], of: impl Fn(&EpSlot) -> Option<Millis>) -> Option<Millis> {
+    let mut next: Option<Millis> = None;
+    for at in eps.iter().filter(|e| e.open).filter_map(of) {
+        next = Some(next.map_or(at, |n| n.min(at)));
     }
-    (next != NONE).then_some(next)
+    next
 }
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {

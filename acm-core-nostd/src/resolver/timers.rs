@@ -8,6 +8,8 @@
 //! ([`Resolver::rearm`](super::Resolver::rearm)), so only the kinds that are due are walked.
 //! [`Resolver::poll_timeout`](super::Resolver::poll_timeout) is the minimum of the table.
 
+use super::endpoints::earliest;
+use super::storage::{List, SaTry};
 use super::{Millis, Resolver, Storage};
 use crate::cache::CacheRef;
 
@@ -97,18 +99,22 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     // One copy, not one per kind fired (flash).
     #[inline(never)]
     pub(crate) fn rearm(&mut self, t: Timer) {
-        self.timers.set(t, self.earliest(t));
+        self.timers.set(t, self.earliest_of(t));
     }
 
     /// The earliest deadline of kind `t` that its part holds.
-    fn earliest(&self, t: Timer) -> Option<Millis> {
+    fn earliest_of(&self, t: Timer) -> Option<Millis> {
         let tr = self.st.tables_ref();
+        let head = |l: List| l.front().map(|i| tr.addrs[i as usize].timer);
         match t {
             Timer::Removal => (!self.addrs.removals.is_empty()).then_some(0),
             Timer::Backlog | Timer::SaReply | Timer::SaBusy => self.routes.earliest(tr.jobs, t),
-            Timer::Join | Timer::Inform | Timer::AcmQueue | Timer::AcmRetry => {
-                super::endpoints::earliest(tr.endpoints, tr.addrs, t)
-            }
+            // A SET's timer runs from when it is decided (`Send`), before it is polled.
+            Timer::Join => earliest(tr.endpoints, |e| sooner(e.groups.iter().map(|g| g.t))),
+            Timer::Inform => earliest(tr.endpoints, |e| sooner(e.informs.iter().map(|n| n.t))),
+            // Both ACM lists are in deadline order: their heads.
+            Timer::AcmQueue => earliest(tr.endpoints, |e| head(e.queue)),
+            Timer::AcmRetry => earliest(tr.endpoints, |e| head(e.inflight)),
         }
     }
 
@@ -117,7 +123,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     #[cfg(feature = "std")]
     pub(crate) fn check_timers(&self) -> Result<(), std::string::String> {
         for t in Timer::ALL {
-            if let Some(at) = self.earliest(t) {
+            if let Some(at) = self.earliest_of(t) {
                 if self.timers.at[t as usize] > at {
                     return Err(std::format!(
                         "timer {t:?} at {} after its part's deadline {at}",
@@ -128,6 +134,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         Ok(())
     }
+}
+
+/// The earliest running timer of some SETs (joins, subscriptions).
+fn sooner(sets: impl Iterator<Item = SaTry>) -> Option<Millis> {
+    sets.filter_map(|s| s.armed()).min()
 }
 
 #[cfg(test)]

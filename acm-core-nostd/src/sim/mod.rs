@@ -15,11 +15,13 @@
 //!   resolver, a NODELAY miss is answered ENODATA and handed over as [`Kind::Prime`], a hit
 //!   near expiry as [`Kind::Refresh`]).
 //!
-//! Optionally ([`SimConfig::sa_service`]) the SA is one server instead: a service rate, a
-//! bounded FIFO that answers BUSY when full, one-way fabric latency and loss, and in front of
-//! it the kernel MAD layer's per-send timeout and retransmissions (same TID) and the core's
-//! `sa_depth` credits ([`SaService`]); PathRecord GETs then go through that model (the storm
-//! simulator, `tools/storm`). [`SimConfig::scale`] makes every step cost O(nodes touched)
+//! Optionally ([`SimConfig::sa_service`]) the SA is one server instead, OpenSM as measured and
+//! as its code behaves: a service time per Get and per GetTable record, one dispatcher FIFO
+//! that silently drops new Gets once the message dispatched last waited longer than
+//! `max_msg_fifo_timeout` (BUSY only as an option), one-way fabric latency and loss, and in
+//! front of it the kernel MAD layer's per-send timeout and retransmissions (same TID) and the
+//! core's `sa_depth` credits ([`SaService`]); PathRecord GETs (and GetTables) then go through
+//! that model (the storm simulator, `tools/storm`). [`SimConfig::scale`] makes every step cost O(nodes touched)
 //! instead of O(nodes), for 10 000-node runs.
 //!
 //! Every client request gets a unique client id and TID; every answer is checked: exactly one
@@ -103,7 +105,8 @@ pub struct SimConfig {
     pub port_rate_mtu: (u8, u8),
     /// Odd nodes run at 40 Gb/s / MTU 4096 instead (a mixed fabric).
     pub mixed_ports: bool,
-    /// The SA as one server with a rate and a queue (`None`: the instant model of [`Faults`]).
+    /// The SA as one server, OpenSM's FIFO and drop rule (`None`: the instant model of
+    /// [`Faults`]).
     pub sa_service: Option<SaService>,
     /// Steps touch only the nodes that had an input (a timer heap, a dirty list, answered
     /// requests forgotten); for large node counts. Results are the same as without.
@@ -242,8 +245,10 @@ pub struct Sim {
     armed: Vec<Option<Millis>>,
     umad: HashMap<(usize, u64), UmadSend>,
     node_inflight: Vec<u32>,
-    sa_fifo: VecDeque<u64>,
+    sa_fifo: VecDeque<sa::SaEntry>,
     sa_free_ns: u64,
+    /// How long the message the SA dispatched last had waited (ns; the drop rule's input).
+    sa_last_wait_ns: u64,
     core_credits: Vec<u32>,
     core_wait: Vec<VecDeque<(u64, [u8; 256])>>,
 }
@@ -345,6 +350,7 @@ impl Sim {
             node_inflight: vec![0; n],
             sa_fifo: VecDeque::new(),
             sa_free_ns: 0,
+            sa_last_wait_ns: 0,
             core_credits: vec![cfg.sa_service.and_then(|s| s.core_sa_depth).unwrap_or(0); n],
             core_wait: vec![VecDeque::new(); n],
         };

@@ -18,17 +18,32 @@ use crate::wire::path_record::PathRecord;
 /// `core_sa_depth` credits (`acm_send_sa_mad`: a credit, else the FIFO `sa_wait`, released
 /// when a MAD is received on the port), then sent by the kernel MAD layer: it reaches the SA
 /// after `latency` unless lost (`loss`); without a reply within `umad_timeout` it is sent again
-/// with the same TID, `umad_retries` times, then completed with a umad timeout. The SA serves
-/// one query per `1 / rate` in arrival order; a query that finds `queue_cap` queries waiting
-/// or in service is answered BUSY at once (no service time). It serves every query it
-/// accepted, including those whose sender has given up (their replies are dropped by the MAD
-/// layer, counted in [`SaServiceStats::late`]). Joins and other SA MADs keep the instant model.
+/// with the same TID, `umad_retries` times, then completed with a umad timeout.
+///
+/// The SA is OpenSM as measured and as its code behaves (`docs/storm.md`, "The SA, measured";
+/// the figures in `tools/storm/opensm-measured.toml`): one dispatcher FIFO served in arrival
+/// order, `get_ns` per Get and `get_ns + (records - 1) × table_record_ns` per half-world
+/// GetTable. A Get that arrives while the FIFO holds more than one waiting message and the
+/// message dispatched last had waited longer than `fifo_timeout` ms is **dropped without an
+/// answer** (`osm_sa_mad_ctrl.c`, `max_msg_fifo_timeout`; OpenSM never answers BUSY), so the
+/// sender sees a umad timeout and retransmits. [`busy_queue`](Self::busy_queue) turns on BUSY
+/// for SAs that send it: a query that finds that many queries held (waiting or in service) is
+/// answered BUSY at once, costing no service time. The SA serves every query it accepted,
+/// including those whose sender has given up (their replies are dropped by the MAD layer,
+/// counted in [`SaServiceStats::late`]). Joins and other SA MADs keep the instant model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaService {
-    /// PathRecords served per second.
-    pub rate: u64,
-    /// Queries the SA holds (waiting plus in service); one more is answered BUSY.
-    pub queue_cap: usize,
+    /// Service time of one PathRecord Get (ns): OpenSM's CPU time per Get at saturation.
+    pub get_ns: u64,
+    /// Service time per record of a GetTable answer beyond the first (ns).
+    pub table_record_ns: u64,
+    /// OpenSM's `max_msg_fifo_timeout` (ms): a Get is dropped once the last dispatched
+    /// message waited longer than this while more than one message waits; 0 = never drop
+    /// (as OpenSM with 0).
+    pub fifo_timeout: Millis,
+    /// `Some(q)`: an SA that answers BUSY to a query finding `q` queries held (waiting plus
+    /// in service); `None` (OpenSM): never BUSY.
+    pub busy_queue: Option<usize>,
     /// One-way fabric latency (ms), each way.
     pub latency: Millis,
     /// A MAD (query or reply) is lost, per mille.
@@ -43,17 +58,36 @@ pub struct SaService {
 }
 
 impl SaService {
-    /// 30 000 PathRecords/s, 10 000 queued, 1 ms each way, no loss, the core's MAD timeout and
-    /// retries (2000 ms, 2), no core credit limit.
+    /// OpenSM as measured by `opensm-sa` (`tools/storm/opensm-measured.toml`, `[model]`):
+    /// 10 µs per Get (100 000 Gets/s), 0.2 µs per further record of a GetTable, drops past
+    /// `max_msg_fifo_timeout` 10 000 ms (its default, 50 × 200 ms), no BUSY; 1 ms each way,
+    /// no loss, the core's MAD timeout and retries (2000 ms, 2), no core credit limit.
     pub const DEFAULT: SaService = SaService {
-        rate: 30_000,
-        queue_cap: 10_000,
+        get_ns: 10_000,
+        table_record_ns: 200,
+        fifo_timeout: 10_000,
+        busy_queue: None,
         latency: 1,
         loss: 0,
         umad_timeout: 2000,
         umad_retries: 2,
         core_sa_depth: None,
     };
+
+    /// Gets served per second (`1 s / get_ns`).
+    pub fn rate(&self) -> u64 {
+        1_000_000_000 / self.get_ns.max(1)
+    }
+
+    /// `get_ns` for a rate of `per_s` Gets per second.
+    pub fn get_ns_for_rate(per_s: u64) -> u64 {
+        1_000_000_000 / per_s.max(1)
+    }
+
+    /// Service time of a GetTable answered with `records` records (ns).
+    pub fn table_ns(&self, records: u64) -> u64 {
+        self.get_ns + records.saturating_sub(1) * self.table_record_ns
+    }
 }
 
 /// What the [`SaService`] model saw.
@@ -67,10 +101,18 @@ pub struct SaServiceStats {
     pub lost: u64,
     /// Queries the SA accepted and served.
     pub served: u64,
-    /// Queries the SA answered BUSY.
+    /// Queries the SA answered BUSY ([`SaService::busy_queue`]).
     pub busy: u64,
-    /// Most queries the SA held at once.
+    /// Gets the SA dropped unanswered (the `max_msg_fifo_timeout` rule).
+    pub dropped: u64,
+    /// Most queries the SA held at once (waiting plus in service).
     pub peak_queue: usize,
+    /// Longest time an accepted query waited in the FIFO before its service began (µs).
+    pub peak_wait_us: u64,
+    /// GetTables served.
+    pub tables: u64,
+    /// Records the GetTables returned.
+    pub table_records: u64,
     /// Sends completed with a umad timeout (retries exhausted).
     pub umad_timeouts: u64,
     /// Replies that reached a sender whose send had already completed (dropped).
@@ -84,6 +126,14 @@ pub struct SaServiceStats {
     pub per_dest: HashMap<(u32, u32), u32>,
     /// Most sends in the MAD layer (sent, not completed) of one node at once.
     pub peak_node_inflight: u32,
+}
+
+/// A query in the SA's FIFO: when its service starts and ends, and how long it waited (ns).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct SaEntry {
+    start: u64,
+    finish: u64,
+    wait: u64,
 }
 
 /// A send the MAD layer holds.
@@ -109,7 +159,7 @@ impl Sim {
         let mut reply = mad;
         reply[3] = 0x81;
         let attr = u16::from_be_bytes([mad[16], mad[17]]);
-        if let (Some(svc), 0x01, 0x0035) = (self.sa_service, mad[3], attr) {
+        if let (Some(svc), 0x01 | 0x12, 0x0035) = (self.sa_service, mad[3], attr) {
             self.sa_queries += 1;
             self.umad_submit(svc, from, token, mad);
             return;
@@ -236,33 +286,81 @@ impl Sim {
         self.touch(to);
     }
 
-    /// A query reaches the SA server: BUSY if its queue is full, else served in turn.
+    /// A query reaches the SA server: BUSY (if configured) when its queue is full, dropped by
+    /// the `max_msg_fifo_timeout` rule, else served in turn.
     pub(super) fn sa_arrive(&mut self, from: usize, token: u64, mad: [u8; 256]) {
         let Some(svc) = self.sa_service else {
             return;
         };
         let arrival = self.now.saturating_mul(1_000_000);
-        while self.sa_fifo.front().is_some_and(|&f| f <= arrival) {
+        // Done queries leave; the one in service (if any) is the message dispatched last.
+        while let Some(e) = self.sa_fifo.front().copied() {
+            if e.finish > arrival {
+                break;
+            }
+            self.sa_last_wait_ns = e.wait;
             self.sa_fifo.pop_front();
         }
+        let in_service = match self.sa_fifo.front() {
+            Some(e) if e.start <= arrival => {
+                self.sa_last_wait_ns = e.wait;
+                1
+            }
+            _ => 0,
+        };
+        let held = self.sa_fifo.len();
+        let waiting = held - in_service;
         let mut reply = mad;
-        reply[3] = 0x81;
-        let delay = if self.sa_fifo.len() >= svc.queue_cap {
+        reply[3] = mad[3] | 0x80;
+        if svc.busy_queue.is_some_and(|q| held >= q) {
             self.sa_stats.busy += 1;
             reply[4..6].copy_from_slice(&1u16.to_be_bytes());
-            svc.latency
+            return self.sa_reply(svc, from, token, reply, svc.latency);
+        }
+        // osm_sa_mad_ctrl.c: more than one message queued and the last one dispatched waited
+        // longer than max_msg_fifo_timeout (whole ms) -> the request is dropped, no answer.
+        if svc.fifo_timeout > 0
+            && waiting > 1
+            && self.sa_last_wait_ns / 1_000_000 > svc.fifo_timeout
+        {
+            self.sa_stats.dropped += 1;
+            return;
+        }
+        let table = mad[3] == 0x12;
+        let service = if table {
+            let records = self.nodes.len() as u64;
+            self.sa_stats.tables += 1;
+            self.sa_stats.table_records += records;
+            svc.table_ns(records)
         } else {
-            let service = 1_000_000_000 / svc.rate.max(1);
-            let finish = arrival.max(self.sa_free_ns) + service;
-            self.sa_free_ns = finish;
-            self.sa_fifo.push_back(finish);
-            self.sa_stats.peak_queue = self.sa_stats.peak_queue.max(self.sa_fifo.len());
-            self.sa_stats.served += 1;
-            let ms = (finish / 1_000_000) as usize;
-            if self.sa_stats.served_per_ms.len() <= ms {
-                self.sa_stats.served_per_ms.resize(ms + 1, 0);
+            svc.get_ns
+        };
+        let start = arrival.max(self.sa_free_ns);
+        let finish = start + service.max(1);
+        self.sa_free_ns = finish;
+        self.sa_fifo.push_back(SaEntry {
+            start,
+            finish,
+            wait: start - arrival,
+        });
+        self.sa_stats.peak_queue = self.sa_stats.peak_queue.max(self.sa_fifo.len());
+        self.sa_stats.peak_wait_us = self.sa_stats.peak_wait_us.max((start - arrival) / 1000);
+        self.sa_stats.served += 1;
+        let ms = (finish / 1_000_000) as usize;
+        if self.sa_stats.served_per_ms.len() <= ms {
+            self.sa_stats.served_per_ms.resize(ms + 1, 0);
+        }
+        self.sa_stats.served_per_ms[ms] += 1;
+        if table {
+            // The first record of the half-world answer (the sim carries no RMPP, as
+            // umad2sim delivers only an answer's first MAD).
+            let mut q = [0u8; 64];
+            PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(0));
+            if let Some(p) = self.path_for(from, &q) {
+                reply[56..120].copy_from_slice(&p);
+                reply[44..46].copy_from_slice(&8u16.to_be_bytes());
             }
-            self.sa_stats.served_per_ms[ms] += 1;
+        } else {
             if self.count_per_dest {
                 let q = PathRecord::new_unchecked(&mad[56..120]);
                 let to = self
@@ -274,20 +372,18 @@ impl Sim {
                 Some(p) => reply[56..120].copy_from_slice(&p),
                 None => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
             }
-            (finish - arrival).div_ceil(1_000_000) + svc.latency
-        };
+        }
+        let delay = (finish - arrival).div_ceil(1_000_000) + svc.latency;
+        self.sa_reply(svc, from, token, reply, delay)
+    }
+
+    /// The SA's reply on the wire (maybe lost), `delay` ms after the query arrived.
+    fn sa_reply(&mut self, svc: SaService, to: usize, token: u64, mad: [u8; 256], delay: Millis) {
         if self.rng.chance(svc.loss) {
             self.sa_stats.lost += 1;
             return;
         }
-        self.schedule(
-            delay,
-            Event::SaReply {
-                to: from,
-                token,
-                mad: reply,
-            },
-        );
+        self.schedule(delay, Event::SaReply { to, token, mad });
     }
 
     /// The node with LID `dlid` (if not 0), else with GID `dgid`: O(1), as the nodes' LIDs
@@ -323,5 +419,124 @@ impl Sim {
         r[55] = 0x83;
         r[56] = 0x92;
         Some(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::SimConfig;
+
+    /// A PathRecord Get from node 0 to node 1's LID.
+    fn get() -> [u8; 256] {
+        let mut m = [0u8; 256];
+        m[..4].copy_from_slice(&[1, 3, 2, 0x01]);
+        m[16..18].copy_from_slice(&0x0035u16.to_be_bytes());
+        PathRecord::new_unchecked(&mut m[56..120]).set_dlid(node_lid(1));
+        m
+    }
+
+    fn sim(svc: SaService) -> Sim {
+        let mut c = SimConfig::new(4, 7);
+        c.sa_service = Some(svc);
+        Sim::new(c)
+    }
+
+    /// Queries arriving at `at` ms; what the SA did with them: (served, dropped, busy) so far.
+    fn arrive(s: &mut Sim, at: Millis, n: usize) -> (u64, u64, u64) {
+        s.now = at;
+        for k in 0..n {
+            s.sa_arrive(0, 1_000 * at + k as u64, get());
+        }
+        (s.sa_stats.served, s.sa_stats.dropped, s.sa_stats.busy)
+    }
+
+    /// 1 ms per Get, max_msg_fifo_timeout 5 ms: 20 Gets at t = 0 are served at 0, 1, .., 19 ms
+    /// (query k waited k ms). A Get is dropped exactly when more than one message waits and
+    /// the message dispatched last waited more than 5 whole ms.
+    #[test]
+    fn drops_follow_osm_sa_mad_ctrl() {
+        let mut s = sim(SaService {
+            get_ns: 1_000_000,
+            fifo_timeout: 5,
+            ..SaService::DEFAULT
+        });
+        assert_eq!(
+            arrive(&mut s, 0, 20),
+            (20, 0, 0),
+            "nothing dispatched yet waited"
+        );
+        // t = 5: query 5 is in service, it waited 5 ms: not more than 5, accepted (A, which
+        // starts at 20 ms, after the 20).
+        assert_eq!(arrive(&mut s, 5, 1), (21, 0, 0));
+        // t = 6: query 6 waited 6 ms, 14 wait: dropped, silently.
+        assert_eq!(arrive(&mut s, 6, 1), (21, 1, 0));
+        // t = 19: query 19 (waited 19 ms) in service, but only A waits: "more than one" fails,
+        // accepted (B, 21 ms).
+        assert_eq!(arrive(&mut s, 19, 1), (22, 1, 0));
+        // t = 20: A in service (waited 15 ms), B waits alone: accepted (C); the next finds B
+        // and C waiting: dropped.
+        assert_eq!(arrive(&mut s, 20, 1), (23, 1, 0));
+        assert_eq!(arrive(&mut s, 20, 1), (23, 2, 0));
+        // t = 22: A and B done, C (waited 2 ms) in service: accepted again.
+        assert_eq!(arrive(&mut s, 22, 3), (26, 2, 0));
+        assert_eq!(s.sa_stats.peak_wait_us, 19_000, "query 19");
+    }
+
+    #[test]
+    fn no_busy_by_default_and_no_drop_with_a_zero_timeout() {
+        assert_eq!(SaService::DEFAULT.busy_queue, None);
+        assert_eq!(SaService::DEFAULT.fifo_timeout, 10_000);
+        let mut s = sim(SaService {
+            get_ns: 1_000_000,
+            fifo_timeout: 0,
+            ..SaService::DEFAULT
+        });
+        assert_eq!(arrive(&mut s, 0, 5_000), (5_000, 0, 0));
+        assert_eq!(
+            arrive(&mut s, 4_000, 100),
+            (5_100, 0, 0),
+            "0: never dropped"
+        );
+        let mut s = sim(SaService {
+            get_ns: 1_000_000,
+            ..SaService::DEFAULT
+        });
+        assert_eq!(arrive(&mut s, 0, 12_000), (12_000, 0, 0));
+        // 10 001 ms later query 10 001 (waited 10 001 ms) is in service: dropped, not BUSY.
+        assert_eq!(arrive(&mut s, 10_001, 10), (12_000, 10, 0));
+    }
+
+    #[test]
+    fn busy_is_an_option() {
+        let mut s = sim(SaService {
+            get_ns: 1_000_000,
+            busy_queue: Some(3),
+            ..SaService::DEFAULT
+        });
+        assert_eq!(arrive(&mut s, 0, 5), (3, 0, 2));
+        assert_eq!(arrive(&mut s, 1, 1), (4, 0, 2), "one done, room for one");
+    }
+
+    #[test]
+    fn a_get_table_costs_a_get_plus_its_further_records() {
+        let svc = SaService {
+            get_ns: 10_000,
+            table_record_ns: 300,
+            ..SaService::DEFAULT
+        };
+        assert_eq!(svc.table_ns(1), 10_000);
+        assert_eq!(svc.table_ns(4), 10_900);
+        let mut s = sim(svc);
+        let mut m = get();
+        m[3] = 0x12;
+        s.sa_arrive(0, 1, m);
+        assert_eq!((s.sa_stats.tables, s.sa_stats.table_records), (1, 4));
+        assert_eq!(s.sa_free_ns, 10_900);
+        assert_eq!(SaService::get_ns_for_rate(30_000), 33_333);
+        assert_eq!(
+            SaService::DEFAULT.rate(),
+            1_000_000_000 / SaService::DEFAULT.get_ns
+        );
     }
 }
