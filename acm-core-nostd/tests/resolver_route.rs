@@ -924,7 +924,7 @@ fn busy_setup() -> T {
 #[test]
 fn busy_halves_the_sa_window_and_answers_grow_it_back() {
     let mut t = busy_setup();
-    for lid in 10..30u16 {
+    for lid in 10..90u16 {
         t.request(
             u64::from(lid),
             Kind::Resolve,
@@ -933,9 +933,10 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
     }
     let first = t.sa_sends();
     assert_eq!(first.len(), 8, "the window");
-    // One BUSY: the window is 4 now (the BUSY query keeps its slot while it backs off), and
-    // it does not grow again for `sa_deadline` (1 s here): everyone probing upward at once is
-    // what filled the SA's queue.
+    // The SA answers in 100 ms (the round trip's floor here). One BUSY: the window is 4 now
+    // (the BUSY query keeps its slot while it backs off), and it does not grow again for
+    // `sa_deadline` (1 s here): everyone probing upward at once is what filled the SA's queue.
+    t.advance(100);
     t.reply(first[0].0, &first[0].1, 0x0001, None);
     assert_eq!(t.r.stats().sa_busy, 1);
     for (tok, mad) in &first[1..8] {
@@ -943,27 +944,29 @@ fn busy_halves_the_sa_window_and_answers_grow_it_back() {
     }
     // 7 answers: 3 new queries went out (4 in the window with the backing-off one), where 7
     // would have without the BUSY.
-    let second = t.sa_sends();
-    assert_eq!(second.len(), 3);
-    // The backed-off query goes out again after its backoff, with a new TID.
+    let mut out = t.sa_sends();
+    assert_eq!(out.len(), 3);
+    // The backed-off query goes out again after its backoff, with a new TID (its slot was
+    // kept meanwhile).
     t.advance(100);
     let again = t.sa_sends();
     assert_eq!(again.len(), 1);
     assert_ne!(again[0].1[8..16], first[0].1[8..16]);
-    // Within the hold, answers do not grow the window: one new query per answer.
-    for (tok, mad) in &second {
-        t.reply(*tok, mad, 0, Some(path_to(1)));
-    }
-    let third = t.sa_sends();
-    assert_eq!(third.len(), 3, "one for one");
-    // Past it, a window's worth of answers (4) grows it by one.
-    t.advance(950);
-    let mut out = third;
     out.extend(again);
-    for (tok, mad) in out {
-        t.reply(tok, &mad, 0, Some(path_to(1)));
+    // Within the hold, answers do not grow the window: one new query per answer. Past it,
+    // with round trips near their floor, a window's worth of answers (4) grows it by one.
+    loop {
+        t.advance(100);
+        for (tok, mad) in &out {
+            t.reply(*tok, mad, 0, Some(path_to(1)));
+        }
+        out = t.sa_sends();
+        if t.now >= 1100 {
+            assert_eq!(out.len(), 5, "4 + 1 after 4 answers");
+            break;
+        }
+        assert_eq!(out.len(), 4, "one for one at {}", t.now);
     }
-    assert_eq!(t.sa_sends().len(), 5, "4 + 1 after 4 answers");
 }
 
 #[test]
@@ -1060,39 +1063,189 @@ fn with_the_sa_gone_every_request_is_answered_within_the_queue_deadline_of_its_a
     assert!(t.r.is_idle() || out.is_empty());
 }
 
+/// A job's deadline is `queue_deadline` from its start or `sa_deadline` after the SA's last
+/// answer, whichever is later; a backlogged query that could not come back before it (two
+/// round trips) is answered ETIMEDOUT instead of sent. While the SA keeps answering, the
+/// deadline moves with it.
 #[test]
-fn a_query_that_cannot_return_before_its_deadline_is_not_sent() {
-    let mut t = setup(
-        Config {
-            sa_window: 1,
-            queue_deadline: 1000,
-            ..route_config()
-        },
-        Capacities::default(),
-    );
-    for lid in [10u16, 11, 12] {
+fn a_query_that_cannot_return_before_its_deadline_is_not_sent_while_the_sa_answers_it_waits() {
+    for (sa_deadline, sent) in [(350, false), (2000, true)] {
+        let mut t = setup(
+            Config {
+                sa_window: 1,
+                queue_deadline: 1000,
+                sa_deadline,
+                ..route_config()
+            },
+            Capacities::default(),
+        );
+        for lid in [10u16, 11, 12] {
+            t.request(
+                u64::from(lid),
+                Kind::Resolve,
+                &path_msg(lid, 0, u64::from(lid)),
+            );
+        }
+        let first = t.sa_sends();
+        assert_eq!(first.len(), 1);
+        // Answered after 300 ms: the SA's round trip is 300 ms; LID 11 goes out.
+        t.advance(300);
+        t.reply(first[0].0, &first[0].1, 0, Some(path_to(10)));
+        let second = t.sa_sends();
+        assert_eq!(second.len(), 1);
+        assert_eq!(t.answers().len(), 1);
+        // Another 300 ms. LID 12's deadline: 1000 by age, or 600 + sa_deadline by progress.
+        t.advance(300);
+        t.reply(second[0].0, &second[0].1, 0, Some(path_to(11)));
+        let third = t.sa_sends();
+        let a = t.answers();
+        if !sent {
+            // 400 ms left, less than two round trips: answered now, and the SA is not given
+            // work nobody will wait for.
+            assert!(third.is_empty());
+            assert_eq!(a.len(), 2);
+            assert_eq!((a[1].0, a[1].1), (12, Status::Etimedout));
+            continue;
+        }
+        // The SA answers: 2000 ms after its last answer is the deadline, so it goes out, and
+        // its answer comes past the 1000 ms the age bound alone would have given it.
+        assert_eq!((third.len(), a.len()), (1, 1));
+        t.advance(300);
+        t.reply(third[0].0, &third[0].1, 0, Some(path_to(12)));
+        let a = t.answers();
+        assert_eq!((a[0].0, a[0].1, t.now), (12, Status::Success, 900));
+    }
+}
+
+/// A query none of whose tries was answered (the SA dropped it, as an overloaded OpenSM
+/// does, or it was lost) goes again after a backoff, doubled per retry and spread over ½–1½
+/// of it so the nodes of a storm do not all come back at once, within the job's retries; each
+/// loss halves the window, down to one query, then below one (pacing). The retries spent, the
+/// request is answered ETIMEDOUT.
+#[test]
+fn a_lost_query_goes_again_after_a_jittered_backoff_and_losses_shrink_the_window_to_a_pace() {
+    let cfg = Config {
+        sa_window: 2,
+        sa_busy_retries: 3,
+        sa_busy_backoff: 100,
+        sa_deadline: 10_000,
+        queue_deadline: 60_000,
+        sa_tries: 0,
+        ..route_config()
+    };
+    // The gaps between a loss and the query's next send, over many seeds: each within its
+    // doubled base ×½..1½, and not all alike.
+    let mut gaps = vec![vec![]; 3];
+    for seed in 0..40u64 {
+        let cache = Arc::new(
+            PathCache::new(
+                PathSlot::boxed(64),
+                AddrSlot::boxed(64),
+                CacheConfig::default(),
+            )
+            .unwrap(),
+        );
+        let writer = CacheWriter::take(Arc::clone(&cache)).unwrap();
+        let mut r =
+            Resolver::new(cfg, HeapStorage::new(Capacities::default()), writer, seed).unwrap();
+        r.open_endpoint(0, EP, ep_config()).unwrap();
+        let mut t = T {
+            r,
+            cache,
+            now: 0,
+            out: Vec::new(),
+        };
+        t.drain();
+        t.out.clear();
+        t.request(1, Kind::Resolve, &path_msg(6, 0, 1));
+        let mut s = t.sa_sends();
+        for (round, g) in gaps.iter_mut().enumerate() {
+            assert_eq!(s.len(), 1, "seed {seed} round {round}");
+            t.advance(10);
+            t.r.handle_sa(t.now, s[0].0, 110, &s[0].1); // every try lost
+            t.drain();
+            assert!(t.answers().is_empty(), "retried, not answered");
+            let lost = t.now;
+            loop {
+                let next = t.r.poll_timeout().expect("the backoff runs");
+                t.advance(next - t.now);
+                s = t.sa_sends();
+                if !s.is_empty() {
+                    break;
+                }
+            }
+            g.push(t.now - lost);
+        }
+        // The fourth loss: retries spent.
+        t.advance(10);
+        t.r.handle_sa(t.now, s[0].0, 110, &s[0].1);
+        t.drain();
+        let a = t.answers();
+        assert_eq!((a.len(), a[0].1), (1, Status::Etimedout), "seed {seed}");
+        assert_eq!(t.r.stats().sa_lost, 4);
+        assert!(t.r.is_idle());
+    }
+    for (round, g) in gaps.iter().enumerate() {
+        let base = 100u64 << round;
+        assert!(
+            g.iter().all(|&w| w >= base / 2 && w < base + base / 2),
+            "round {round}: {g:?}"
+        );
+        let (lo, hi) = (g.iter().min().unwrap(), g.iter().max().unwrap());
+        assert!(hi - lo > base / 4, "jitter spreads them: {g:?}");
+    }
+
+    // Losses shrink the window: 2 queries at once, then 1, then below one: one query at a
+    // time, each a pace after the last, the backlog moved on by the timer alone. The SA
+    // answers every query 20 ms after it went out, except the first 6, which it drops.
+    let mut t = setup(cfg, Capacities::default());
+    for lid in 10..30u16 {
         t.request(
             u64::from(lid),
             Kind::Resolve,
             &path_msg(lid, 0, u64::from(lid)),
         );
     }
-    let first = t.sa_sends();
-    assert_eq!(first.len(), 1);
-    // Answered after 300 ms: the SA's round trip is 300 ms; LID 11 (700 ms left) goes out.
-    t.advance(300);
-    t.reply(first[0].0, &first[0].1, 0, Some(path_to(10)));
-    let second = t.sa_sends();
-    assert_eq!(second.len(), 1);
-    assert_eq!(t.answers().len(), 1);
-    // Another 300 ms: LID 12 has 400 ms left, less than two round trips: answered now, and
-    // the SA is not given work nobody will wait for.
-    t.advance(300);
-    t.reply(second[0].0, &second[0].1, 0, Some(path_to(11)));
-    assert!(t.sa_sends().is_empty());
-    let a = t.answers();
-    assert_eq!(a.len(), 2);
-    assert_eq!((a[1].0, a[1].1), (12, Status::Etimedout));
+    let mut out: Vec<(u64, [u8; 256], u64)> =
+        t.sa_sends().into_iter().map(|(k, m)| (k, m, 0)).collect();
+    assert_eq!(out.len(), 2);
+    let (mut drops, mut answered, mut last_drop) = (6, 0, 0);
+    let mut sends_after = vec![];
+    while answered < 20 {
+        let due = out.iter().map(|o| o.2 + 20).min();
+        let next = [t.r.poll_timeout(), due].into_iter().flatten().min();
+        let next = next.expect("the backlog is never left without a timer");
+        assert!(t.now < 100_000, "stalled");
+        t.advance(next.saturating_sub(t.now));
+        while let Some(i) = out.iter().position(|o| o.2 + 20 <= t.now) {
+            let (tok, mad, _) = out.remove(i);
+            if drops > 0 {
+                drops -= 1;
+                last_drop = t.now;
+                t.r.handle_sa(t.now, tok, 110, &mad);
+                t.drain();
+            } else {
+                t.reply(tok, &mad, 0, Some(path_to(1)));
+            }
+        }
+        let a = t.answers();
+        assert!(a.iter().all(|x| x.1 == Status::Success), "{a:?}");
+        answered += a.len();
+        for (k, m) in t.sa_sends() {
+            if drops == 0 {
+                sends_after.push(t.now);
+                assert!(out.is_empty(), "one query at a time below a window of one");
+            }
+            out.push((k, m, t.now));
+        }
+    }
+    assert!(last_drop > 0 && t.r.stats().sa_lost == 6);
+    let gaps: Vec<u64> = sends_after.windows(2).map(|w| w[1] - w[0]).collect();
+    // The last drop took the window from one query to below one (once per round trip):
+    // from then on, window 1/8 at a 20 ms round trip is 160 ms between queries (the hold
+    // after the losses keeps it there).
+    assert!(gaps.len() >= 10, "{gaps:?}");
+    assert!(gaps[1..].iter().all(|&g| g >= 160), "paced: {gaps:?}");
 }
 
 /// The single writer is a type: while a resolver lives it owns the cache's writer, so no

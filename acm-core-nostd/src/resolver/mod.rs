@@ -352,8 +352,12 @@ pub struct Stats {
     /// Peer requests for an address of another of our endpoints (another partition of the
     /// port): never answered on this one.
     pub acm_other_partition: u64,
-    /// SA BUSY answers (each halves the SA window, which grows back by one per answer).
+    /// SA BUSY answers (each halves the SA window and holds it; the query goes again after a
+    /// backoff).
     pub sa_busy: u64,
+    /// SA PathRecord queries that got no answer to any try (each halves the SA window; the
+    /// query goes again after a jittered backoff while its retries and deadline allow).
+    pub sa_lost: u64,
     /// SA Reports received (each acknowledged).
     pub reports: u64,
     /// SA MADs on the UD QP that are neither a known reply nor a valid Report, and

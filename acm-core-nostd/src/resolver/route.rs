@@ -15,7 +15,7 @@ use super::storage::{
     bucket_of, list_id, AddrState, JobState, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
 };
 use super::timers::Timer;
-use super::{addr, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
+use super::{addr, Config, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
 use crate::cache::{CacheRef, Dest, Lookup, PathKey};
 use crate::wire::client::{AcmMsg, EpInfoType, Status};
 
@@ -106,6 +106,10 @@ pub(crate) struct Routes {
     pub(crate) active: u32,
     /// The SA window.
     pub(crate) sa: SaWindow,
+    /// When the pace lets the backlog's head go (a window below one query).
+    pub(crate) pace: Option<Millis>,
+    /// The backoff jitter's generator state.
+    rng: u64,
 }
 
 impl Routes {
@@ -124,7 +128,14 @@ impl Routes {
             busy: List::EMPTY,
             active: 0,
             sa: SaWindow::new(sa_window),
+            pace: None,
+            rng: seed ^ 0x5eed_ba0c,
         }
+    }
+
+    /// A pseudo-random number (the backoff jitter).
+    fn random(&mut self) -> u64 {
+        super::splitmix64(&mut self.rng)
     }
 
     fn bucket(&self, buckets: usize, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> usize {
@@ -217,12 +228,17 @@ impl Routes {
     /// The earliest deadline of timer kind `t` among the jobs (`Backlog`: the backlog is in
     /// deadline order, its head; `SaReply`: the send and sent lists, which a BUSY retry
     /// keeping its start's deadline leaves not quite in order; `SaBusy`: the BUSY list).
-    pub(crate) fn earliest(&self, jobs: &[JobSlot], t: Timer) -> Option<Millis> {
+    pub(crate) fn earliest(&self, jobs: &[JobSlot], t: Timer, cfg: &Config) -> Option<Millis> {
         let timer = |j: u32| jobs[j as usize].timer;
         let lists: &[List] = match t {
-            Timer::Backlog => return self.backlog.front().map(timer),
+            // A stored deadline may predate an SA answer that has moved it on.
+            Timer::Backlog => {
+                let head = |j: u32| timer(j).max(self.sa.deadline(jobs[j as usize].born, cfg));
+                return self.backlog.front().map(head);
+            }
             Timer::SaReply => &[self.send, self.sent],
             Timer::SaBusy => &[self.busy],
+            Timer::Pace => return self.pace,
             _ => return None,
         };
         let mut next = None;
@@ -285,23 +301,33 @@ impl Routes {
     }
 }
 
+/// [`Resolver::retry_job`]'s jitter: a lost query's backoff is spread, a BUSY one's is not
+/// (the SA named the moment: it was busy then).
+const RETRY_LOST: bool = true;
+const RETRY_BUSY: bool = false;
+
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
     pub(crate) fn find_job(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> Option<u32> {
         self.routes.find(self.st.tables_ref(), slot, cache_ep, sa)
     }
 
-    /// Room in the SA window for one more job.
-    fn window_free(&self) -> bool {
+    /// Room in the SA window for one more job at `now`.
+    fn window_free(&self, now: Millis) -> bool {
         self.routes
             .sa
-            .has_room(self.eps.ports, self.st.sa_inflight())
+            .has_room(self.eps.ports, self.st.sa_inflight(), now)
+    }
+
+    /// When a job started at `born` is answered ETIMEDOUT if nothing else answers it
+    /// ([`SaWindow::deadline`]: by age, or by the SA's silence, whichever is later).
+    fn deadline(&self, born: Millis) -> Millis {
+        self.routes.sa.deadline(born, &self.cfg)
     }
 
     /// Whether `job`'s answer could not come back before its deadline.
     fn too_late(&self, now: Millis, job: &JobSlot) -> bool {
-        let deadline = job.born.saturating_add(self.cfg.queue_deadline);
-        self.routes.sa.too_late(now, deadline)
+        self.routes.sa.too_late(now, self.deadline(job.born))
     }
 
     /// A BUSY job whose backoff ended: it gives its window slot back and waits in the backlog,
@@ -313,7 +339,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.routes.unlist(self.st.jobs(), j);
         self.routes.sa.held -= 1;
         let born = self.st.jobs()[j as usize].born;
-        let at = born.saturating_add(self.cfg.queue_deadline);
+        let at = self.deadline(born);
         {
             let jb = &mut self.st.jobs()[j as usize];
             jb.state = JobState::Backlog;
@@ -361,11 +387,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.routes.hash(t.jobs, t.job_buckets, j);
         }
         self.routes.active += 1;
-        if self.window_free() {
+        if self.routes.backlog.is_empty() && self.window_free(now) {
             self.routes.sa.held += 1;
             self.send_job(now, j);
         } else {
-            let at = now.saturating_add(self.cfg.queue_deadline);
+            let at = self.deadline(now);
             let job = &mut self.st.jobs()[j as usize];
             job.state = JobState::Backlog;
             job.timer = at;
@@ -385,11 +411,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             let job = &self.st.jobs()[j as usize];
             (usize::from(job.ep), job.born)
         };
-        // Each try has its deadline, and the whole job (backlog, tries, BUSY backoffs) has
-        // `queue_deadline` from its start: nothing waits longer, even with the SA gone.
+        // Each try has its deadline, and the whole job (backlog, tries, backoffs) has its own:
+        // with the SA gone, nothing waits longer than `queue_deadline` from its start.
         let at = now
             .saturating_add(self.sa_deadline_of(slot))
-            .min(born.saturating_add(self.cfg.queue_deadline));
+            .min(self.deadline(born));
         let ep = {
             let job = &mut self.st.jobs()[j as usize];
             job.state = JobState::Send;
@@ -401,6 +427,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.routes
             .send
             .push_back(self.st.jobs(), j, list_id::SA_SEND, JOB);
+        self.routes.sa.sent(now, self.eps.ports);
         let id = EpId(self.st.endpoints()[usize::from(ep)].id);
         self.count(id, Counter::RouteQuery);
         self.timers.arm(Timer::SaReply, at);
@@ -613,10 +640,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         let key = job.key.key(job.cache_ep);
         let outcome = mads::classify_path_reply(umad_status, mad);
+        let sample = now.saturating_sub(job.sent);
         if umad_status == 0 {
-            self.routes.sa.rtt_sample(now.saturating_sub(job.sent));
-            if outcome != SaOutcome::Busy {
-                self.routes.sa.answered(now, &self.cfg);
+            let busy = outcome == SaOutcome::Busy;
+            self.routes.sa.answered(now, sample, busy, &self.cfg);
+        } else {
+            // No answer to any try: the SA dropped it, or is gone.
+            self.stats.sa_lost += 1;
+            self.routes.sa.lost(now, &self.cfg);
+            if self.retry_job(now, j, &job, RETRY_LOST) {
+                return;
             }
         }
         match outcome {
@@ -662,35 +695,47 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 );
             }
             SaOutcome::Busy => {
-                // The SA is overloaded: halve what we keep in flight (the jobs already out
-                // stay out; new ones wait for the window).
+                // The SA is overloaded (the window halved above: the jobs already out stay
+                // out; new ones wait for it).
                 self.stats.sa_busy += 1;
-                self.routes.sa.busy(now, &self.cfg);
-                if job.busy_tries >= self.cfg.sa_busy_retries {
+                if !self.retry_job(now, j, &job, RETRY_BUSY) {
                     self.stats.timeouts += 1;
                     self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                    return;
                 }
-                let wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
-                let at = now
-                    .saturating_add(wait)
-                    .min(job.born.saturating_add(self.cfg.queue_deadline));
-                let jobs = self.st.jobs();
-                self.routes.unlist(jobs, j);
-                let jb = &mut jobs[j as usize];
-                jb.state = JobState::Busy;
-                jb.busy_tries += 1;
-                jb.timer = at;
-                self.routes.busy.push_back(jobs, j, list_id::BUSY, JOB);
-                self.timers.arm(Timer::SaBusy, at);
             }
         }
+    }
+
+    /// Puts job `j` (`job`, as it was when its reply came) in the BUSY list to go again after
+    /// a backoff: `sa_busy_backoff` doubled per retry, with `jitter` (a lost query's backoff
+    /// is spread over ½–1½ of it, so the nodes of a storm do not all come back at once),
+    /// within the job's deadline. False if its retries (`sa_busy_retries`) are spent or the
+    /// deadline has passed: the caller answers it.
+    fn retry_job(&mut self, now: Millis, j: u32, job: &JobSlot, jitter: bool) -> bool {
+        let deadline = self.deadline(job.born);
+        if job.busy_tries >= self.cfg.sa_busy_retries || now >= deadline {
+            return false;
+        }
+        let mut wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
+        if jitter && wait > 1 {
+            wait = wait / 2 + self.routes.random() % wait;
+        }
+        let at = now.saturating_add(wait).min(deadline);
+        let jobs = self.st.jobs();
+        self.routes.unlist(jobs, j);
+        let jb = &mut jobs[j as usize];
+        jb.state = JobState::Busy;
+        jb.busy_tries += 1;
+        jb.timer = at;
+        self.routes.busy.push_back(jobs, j, list_id::BUSY, JOB);
+        self.timers.arm(Timer::SaBusy, at);
+        true
     }
 
     /// Moves backlog jobs into free window slots (answering those the cache can answer now,
     /// and those that could not be answered before their deadline).
     pub(crate) fn pump_backlog(&mut self, now: Millis) {
-        while self.window_free() {
+        while self.window_free(now) {
             let Some(j) = self.routes.backlog.front() else {
                 break;
             };
@@ -735,6 +780,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.routes.sa.held += 1;
             self.send_job(now, j);
         }
+        // A window below one query holds the backlog back until the pace lets the next go.
+        self.routes.pace = match self.routes.backlog.is_empty() {
+            true => None,
+            false => self.routes.sa.paced_until(now),
+        };
+        if let Some(at) = self.routes.pace {
+            self.timers.arm(Timer::Pace, at);
+        }
     }
 
     /// Runs the due route timers of kind `t` (`Backlog`, `SaReply` or `SaBusy`).
@@ -743,7 +796,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             // The backlog is in arrival (= deadline) order: only its due head is looked at.
             Timer::Backlog => {
                 while let Some(j) = self.routes.backlog.front() {
-                    if self.st.jobs()[j as usize].timer > now {
+                    let (timer, born) = {
+                        let job = &self.st.tables_ref().jobs[j as usize];
+                        (job.timer, job.born)
+                    };
+                    if timer > now {
+                        break;
+                    }
+                    let deadline = self.deadline(born);
+                    if deadline > now {
+                        // The SA has answered meanwhile: the job waits on, and so does every
+                        // one behind it (younger, so no earlier deadline).
+                        self.st.jobs()[j as usize].timer = deadline;
                         break;
                     }
                     self.stats.timeouts += 1;
@@ -774,7 +838,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     if job.timer > now {
                         continue;
                     }
-                    if job.born.saturating_add(self.cfg.queue_deadline) <= now {
+                    if self.deadline(job.born) <= now {
                         self.stats.timeouts += 1;
                         self.finish_job(now, j, Completion::failed(Status::Etimedout));
                     } else {

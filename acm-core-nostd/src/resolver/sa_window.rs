@@ -1,79 +1,174 @@
-//! The SA window: how many PathRecord queries the resolver keeps out at once, and how that
-//! follows what the SA says.
+//! The SA window: how many PathRecord queries the resolver keeps out at once, how fast it
+//! sends when even one at a time is too many, and when the SA counts as gone.
 //!
-//! The window is `cap` per port (at most the storage's in-flight capacity, at least 1). A BUSY
-//! answer halves `cap` and holds it for `sa_deadline` (every resolver on the fabric probing
-//! upward at once is what filled the SA's queue); after that, a window's worth of answers
-//! grows it by one, up to the configured `sa_window`. Replies also feed a smoothed round-trip
-//! estimate, which lets a backlogged job that could not be answered before its deadline be
-//! dropped instead of sent.
+//! What a node can see of the SA is its own queries' round trips, its timeouts and any BUSY.
+//! An overloaded SA queues before it drops (OpenSM drops new requests silently once its
+//! dispatcher's queue has waited longer than `max_msg_fifo_timeout`; it never says BUSY), so
+//! the window follows the round trip and shrinks before the loss:
+//!
+//! * **Near the floor, grow.** The floor is the shortest round trip seen. While the smoothed
+//!   round trip stays within half the floor of it, a window's worth of answers grows the
+//!   window by one query (additive increase).
+//! * **Queue building, shrink.** Once the smoothed round trip exceeds twice the floor (plus
+//!   2 ms of clock granularity), the window shrinks to three quarters, at most once per round
+//!   trip. In between it holds.
+//! * **Loss or BUSY, halve and hold.** A query that timed out, or a BUSY answer, halves the
+//!   window (down to one query; below that at most once per round trip), and it does not grow
+//!   again for `sa_deadline` (every resolver on the fabric probing upward at once is what
+//!   filled the SA's queue).
+//! * **Below one, pace.** The window is kept in eighths of a query, down to one eighth: below
+//!   one, one query per port is out at a time, and each goes out `round trip × 8 / window`
+//!   after the previous one.
+//!
+//! **Progress, not age.** A route job is failed for waiting too long only if the SA has
+//! stopped answering: its deadline is `queue_deadline` from its start, or `sa_deadline` after
+//! the last SA answer of any query, whichever is later. With the SA gone, every request is
+//! answered within `queue_deadline` of its arrival; while it answers, however slowly, the
+//! backlog waits for it.
 
 use super::{Config, Millis};
+
+/// A whole query, in the window's unit.
+const ONE: u32 = 8;
 
 /// The window's state.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SaWindow {
     /// Jobs holding a window slot (Send, Sent, Busy, Zombie).
     pub(crate) held: u32,
-    /// The window per port now: `sa_window`, halved per BUSY, +1 per window of answers.
-    pub(crate) cap: u32,
-    /// Answers since `cap` last grew.
+    /// The window per port now, in eighths of a query (at least 1, at most `sa_window` × 8).
+    cap: u32,
+    /// Answers since the window last grew.
     acks: u32,
-    /// `cap` does not grow before this.
+    /// The window does not grow before this (after a loss or BUSY).
     hold: Millis,
+    /// No round-trip cut before this (one per round trip).
+    cut: Millis,
     /// Smoothed round trip (send → reply, queueing in the SA included; 0 = none yet).
     rtt: Millis,
+    /// The shortest round trip seen (0 = none yet).
+    floor: Millis,
+    /// While pacing (window below one query): no query goes out before this.
+    next_send: Millis,
+    /// When the SA last answered anything (`None`: never).
+    heard: Option<Millis>,
 }
 
 impl SaWindow {
     pub(crate) const fn new(sa_window: u32) -> Self {
         SaWindow {
             held: 0,
-            cap: if sa_window == 0 { 1 } else { sa_window },
+            cap: if sa_window == 0 { ONE } else { sa_window * ONE },
             acks: 0,
             hold: 0,
+            cut: 0,
             rtt: 0,
+            floor: 0,
+            next_send: 0,
+            heard: None,
         }
     }
 
-    /// Room for one more query: `cap` per port, never more than `inflight` (the storage's
-    /// capacity), never less than 1.
-    pub(crate) fn has_room(&self, ports: u32, inflight: usize) -> bool {
+    /// The window per port in whole queries (0 while pacing).
+    #[cfg(test)]
+    pub(crate) fn queries(&self) -> u32 {
+        self.cap / ONE
+    }
+
+    /// Room for one more query at `now`: `cap` per port, never more than `inflight` (the
+    /// storage's capacity), never less than 1; while pacing, one per port and not before the
+    /// pace allows.
+    pub(crate) fn has_room(&self, ports: u32, inflight: usize, now: Millis) -> bool {
+        let ports = ports.max(1) as usize;
+        if self.cap < ONE {
+            return (self.held as usize) < ports.min(inflight).max(1) && now >= self.next_send;
+        }
         (self.held as usize)
-            < (self.cap as usize)
-                .saturating_mul(ports.max(1) as usize)
+            < ((self.cap / ONE) as usize)
+                .saturating_mul(ports)
                 .min(inflight)
                 .max(1)
     }
 
-    /// A reply came `sample` ms after its query went out (BUSY included).
-    pub(crate) fn rtt_sample(&mut self, sample: Millis) {
+    /// A query went out at `now`: while pacing, the next one waits its turn.
+    pub(crate) fn sent(&mut self, now: Millis, ports: u32) {
+        if self.cap < ONE {
+            let gap =
+                self.rtt.max(1) * u64::from(ONE) / u64::from(self.cap) / u64::from(ports.max(1));
+            self.next_send = now.saturating_add(gap.max(1));
+        }
+    }
+
+    /// When the pace lets the next query go, if it is holding one back at `now`.
+    pub(crate) fn paced_until(&self, now: Millis) -> Option<Millis> {
+        (self.cap < ONE && self.next_send > now).then_some(self.next_send)
+    }
+
+    /// The SA answered at `now` a query sent `sample` ms before (`busy`: with BUSY).
+    pub(crate) fn answered(&mut self, now: Millis, sample: Millis, busy: bool, cfg: &Config) {
+        self.heard = Some(now);
+        let sample = sample.max(1);
+        self.floor = if self.floor == 0 {
+            sample
+        } else {
+            self.floor.min(sample)
+        };
         self.rtt = if self.rtt == 0 {
-            sample.max(1)
+            sample
         } else {
             (self.rtt * 7 + sample) / 8
         };
-    }
-
-    /// An answer (record or failure, not BUSY): after a window's worth the window grows by
-    /// one (additive increase), unless held after a BUSY.
-    pub(crate) fn answered(&mut self, now: Millis, cfg: &Config) {
-        if self.cap >= cfg.sa_window || now < self.hold {
+        if busy {
+            return self.halve(now, cfg);
+        }
+        if self.rtt > self.floor * 2 + 2 {
+            // A queue is building in the SA: give way before it drops.
+            if now >= self.cut {
+                self.cap = (self.cap * 3 / 4).max(1);
+                self.acks = 0;
+                self.cut = now.saturating_add(self.rtt);
+            }
+            return;
+        }
+        let max = cfg.sa_window.max(1) * ONE;
+        if self.cap >= max || now < self.hold || self.rtt > self.floor + self.floor / 2 + 1 {
             return;
         }
         self.acks += 1;
-        if self.acks >= self.cap {
+        if self.acks >= (self.cap / ONE).max(1) {
             self.acks = 0;
-            self.cap += 1;
+            // A whole query per window of answers; below one, an eighth per answer.
+            self.cap = (self.cap + if self.cap < ONE { 1 } else { ONE }).min(max);
         }
     }
 
-    /// The SA said BUSY: halve the window (the queries already out stay out; new ones wait)
-    /// and hold it for `sa_deadline`.
-    pub(crate) fn busy(&mut self, now: Millis, cfg: &Config) {
-        self.cap = (self.cap / 2).max(1);
+    /// A query got no answer (its tries ran out): halve and hold.
+    pub(crate) fn lost(&mut self, now: Millis, cfg: &Config) {
+        self.halve(now, cfg);
+    }
+
+    fn halve(&mut self, now: Millis, cfg: &Config) {
+        // Down to one query at once per event (a window of BUSY answers halves it as often);
+        // below one only once per round trip: pacing is for an SA that a single query at a
+        // time still overloads.
+        if self.cap > ONE {
+            self.cap = (self.cap / 2).max(ONE);
+        } else if now >= self.cut {
+            self.cap = (self.cap / 2).max(1);
+        }
         self.acks = 0;
         self.hold = now.saturating_add(cfg.sa_deadline);
+        self.cut = now.saturating_add(self.rtt);
+    }
+
+    /// The deadline of a job started at `born`: `queue_deadline` after it, or `sa_deadline`
+    /// after the SA last answered anything, whichever is later.
+    pub(crate) fn deadline(&self, born: Millis, cfg: &Config) -> Millis {
+        let age = born.saturating_add(cfg.queue_deadline);
+        match self.heard {
+            Some(h) => age.max(h.saturating_add(cfg.sa_deadline)),
+            None => age,
+        }
     }
 
     /// Whether fewer than two round trips (the smoothed estimate; none before a first reply)
@@ -87,45 +182,112 @@ impl SaWindow {
 mod tests {
     use super::*;
 
+    fn cfg(sa_window: u32) -> Config {
+        Config {
+            sa_window,
+            ..Config::default()
+        }
+    }
+
     #[test]
-    fn busy_halves_and_holds_answers_grow_it_back_by_one_per_window() {
-        let cfg = Config::default();
+    fn busy_or_loss_halves_and_holds_answers_near_the_floor_grow_it_back() {
+        let cfg = cfg(16);
         let mut w = SaWindow::new(cfg.sa_window);
-        assert_eq!(w.cap, 16);
-        w.busy(100, &cfg);
-        w.busy(100, &cfg);
-        assert_eq!(w.cap, 4);
-        // Held for sa_deadline after the last BUSY.
+        assert_eq!(w.queries(), 16);
+        w.answered(100, 10, true, &cfg);
+        w.lost(100, &cfg);
+        assert_eq!(w.queries(), 4);
+        // Held for sa_deadline after the last halving.
         for _ in 0..100 {
-            w.answered(100 + cfg.sa_deadline - 1, &cfg);
+            w.answered(100 + cfg.sa_deadline - 1, 10, false, &cfg);
         }
-        assert_eq!(w.cap, 4);
+        assert_eq!(w.queries(), 4);
         for _ in 0..4 {
-            w.answered(100 + cfg.sa_deadline, &cfg);
+            w.answered(100 + cfg.sa_deadline, 10, false, &cfg);
         }
-        assert_eq!(w.cap, 5);
-        w.busy(0, &cfg);
-        w.busy(0, &cfg);
-        w.busy(0, &cfg);
-        assert_eq!(w.cap, 1, "never below one");
+        assert_eq!(w.queries(), 5);
+    }
+
+    #[test]
+    fn a_rising_round_trip_shrinks_the_window_before_any_loss() {
+        let cfg = cfg(16);
+        let mut w = SaWindow::new(cfg.sa_window);
+        let mut now = 0;
+        for _ in 0..20 {
+            now += 10;
+            w.answered(now, 5, false, &cfg);
+        }
+        assert_eq!(w.queries(), 16);
+        // The SA's queue grows: 5 ms, then 50 ms round trips. Cut to 3/4 once per round trip.
+        let mut seen = vec![];
+        for _ in 0..40 {
+            now += 10;
+            w.answered(now, 50, false, &cfg);
+            seen.push(w.queries());
+        }
+        assert!(seen.windows(2).all(|p| p[1] <= p[0]), "{seen:?}");
+        assert!(w.queries() < 8, "shrunk without a loss: {seen:?}");
+        // One cut per round trip, not one per answer.
+        assert!(seen.iter().filter(|&&q| q == 12).count() > 1, "{seen:?}");
+    }
+
+    #[test]
+    fn below_one_query_the_window_paces() {
+        let cfg = cfg(4);
+        let mut w = SaWindow::new(cfg.sa_window);
+        w.answered(0, 10, false, &cfg);
+        let mut now = 0;
+        for _ in 0..3 {
+            w.lost(now, &cfg);
+        }
+        assert_eq!(w.queries(), 1, "down to one query at once");
+        w.lost(now + 1, &cfg);
+        assert_eq!(w.queries(), 1, "below one only once per round trip");
+        for _ in 0..6 {
+            now += 10;
+            w.lost(now, &cfg);
+        }
+        assert_eq!(w.cap, 1, "one eighth, not less");
+        assert!(w.has_room(1, 100, now));
+        w.held = 1;
+        assert!(!w.has_room(1, 100, now), "one out at a time");
+        w.held = 0;
+        w.sent(now, 1);
+        // Round trip 10 ms, window 1/8: one query per 80 ms.
+        assert_eq!(w.paced_until(now), Some(now + 80));
+        assert!(!w.has_room(1, 100, now + 79) && w.has_room(1, 100, now + 80));
+        assert_eq!(w.paced_until(now + 80), None);
     }
 
     #[test]
     fn room_is_per_port_bounded_by_the_storage() {
         let mut w = SaWindow::new(2);
         w.held = 3;
-        assert!(w.has_room(2, 100) && !w.has_room(1, 100) && !w.has_room(2, 3));
+        assert!(w.has_room(2, 100, 0) && !w.has_room(1, 100, 0) && !w.has_room(2, 3, 0));
         w.held = 0;
-        assert!(w.has_room(1, 0), "at least one");
+        assert!(w.has_room(1, 0, 0), "at least one");
+    }
+
+    #[test]
+    fn the_deadline_moves_with_the_sas_answers_not_with_age_alone() {
+        let cfg = Config {
+            queue_deadline: 1000,
+            sa_deadline: 300,
+            ..Config::default()
+        };
+        let mut w = SaWindow::new(4);
+        assert_eq!(w.deadline(50, &cfg), 1050, "never heard: the age bound");
+        w.answered(2000, 5, false, &cfg);
+        assert_eq!(w.deadline(50, &cfg), 2300, "the SA answers: wait for it");
+        assert_eq!(w.deadline(1900, &cfg), 2900);
     }
 
     #[test]
     fn too_late_needs_a_round_trip_estimate() {
+        let cfg = cfg(4);
         let mut w = SaWindow::new(4);
         assert!(!w.too_late(0, 1));
-        w.rtt_sample(10);
+        w.answered(0, 10, false, &cfg);
         assert!(w.too_late(0, 19) && !w.too_late(0, 20));
-        w.rtt_sample(90);
-        assert_eq!(w.rtt, 20);
     }
 }

@@ -24,8 +24,10 @@ pub(crate) enum Timer {
     Backlog,
     /// An SA PathRecord query's reply deadline.
     SaReply,
-    /// The end of a BUSY backoff.
+    /// The end of a BUSY (or lost query's) backoff.
     SaBusy,
+    /// The SA window is below one query: when the pace lets the backlog's head go.
+    Pace,
     /// A multicast join's reply deadline or retry time.
     Join,
     /// An SA event subscription's reply deadline or retry time.
@@ -38,11 +40,12 @@ pub(crate) enum Timer {
 
 impl Timer {
     /// Every kind, in firing order.
-    pub(crate) const ALL: [Timer; 8] = [
+    pub(crate) const ALL: [Timer; 9] = [
         Timer::Removal,
         Timer::Backlog,
         Timer::SaReply,
         Timer::SaBusy,
+        Timer::Pace,
         Timer::Join,
         Timer::Inform,
         Timer::AcmQueue,
@@ -108,7 +111,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let head = |l: List| l.front().map(|i| tr.addrs[i as usize].timer);
         match t {
             Timer::Removal => (!self.addrs.removals.is_empty()).then_some(0),
-            Timer::Backlog | Timer::SaReply | Timer::SaBusy => self.routes.earliest(tr.jobs, t),
+            Timer::Backlog | Timer::SaReply | Timer::SaBusy | Timer::Pace => {
+                self.routes.earliest(tr.jobs, t, &self.cfg)
+            }
             // A SET's timer runs from when it is decided (`Send`), before it is polled.
             Timer::Join => earliest(tr.endpoints, |e| sooner(e.groups.iter().map(|g| g.t))),
             Timer::Inform => earliest(tr.endpoints, |e| sooner(e.informs.iter().map(|n| n.t))),

@@ -98,6 +98,11 @@ impl<I: CoreIo> Plane<I> {
             ),
             ("query timed out (ETIMEDOUT)", s.timeouts, l.timeouts),
             (
+                "SA query unanswered after every try (retried after a backoff)",
+                s.sa_lost,
+                l.sa_lost,
+            ),
+            (
                 "ACM request with no group in common dropped",
                 s.acm_no_group,
                 l.acm_no_group,
