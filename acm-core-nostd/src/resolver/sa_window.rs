@@ -6,12 +6,14 @@
 //! dispatcher's queue has waited longer than `max_msg_fifo_timeout`; it never says BUSY), so
 //! the window follows the round trip and shrinks before the loss:
 //!
-//! * **Near the floor, grow.** The floor is the shortest round trip seen. While the smoothed
-//!   round trip stays within half the floor of it, a window's worth of answers grows the
-//!   window by one query (additive increase).
-//! * **Queue building, shrink.** Once the smoothed round trip exceeds twice the floor (plus
-//!   2 ms of clock granularity), the window shrinks to three quarters, at most once per round
-//!   trip. In between it holds.
+//! * **Queue building, shrink.** The target is an eighth of `sa_deadline` (875 ms by
+//!   default: far below the point where the transport re-sends a try, and OpenSM's 10 s
+//!   drop threshold), and never less than twice the floor (the shortest round trip seen) plus
+//!   2 ms of clock granularity. Once the smoothed round trip exceeds it, the window shrinks
+//!   to three quarters, at most once per round trip.
+//! * **Below half the target, grow.** A window's worth of answers grows the window by one
+//!   query (additive increase). In between it holds. A queue in the SA that keeps it busy
+//!   costs no one anything; one that nears the transport's timeouts costs re-sends.
 //! * **Loss or BUSY, halve and hold.** A query that timed out, or a BUSY answer, halves the
 //!   window (down to one query; below that at most once per round trip), and it does not grow
 //!   again for `sa_deadline` (every resolver on the fabric probing upward at once is what
@@ -121,7 +123,8 @@ impl SaWindow {
         if busy {
             return self.halve(now, cfg);
         }
-        if self.rtt > self.floor * 2 + 2 {
+        let target = (cfg.sa_deadline / 8).max(self.floor * 2 + 2);
+        if self.rtt > target {
             // A queue is building in the SA: give way before it drops.
             if now >= self.cut {
                 self.cap = (self.cap * 3 / 4).max(1);
@@ -131,7 +134,7 @@ impl SaWindow {
             return;
         }
         let max = cfg.sa_window.max(1) * ONE;
-        if self.cap >= max || now < self.hold || self.rtt > self.floor + self.floor / 2 + 1 {
+        if self.cap >= max || now < self.hold || self.rtt > target / 2 {
             return;
         }
         self.acks += 1;
@@ -218,11 +221,12 @@ mod tests {
             w.answered(now, 5, false, &cfg);
         }
         assert_eq!(w.queries(), 16);
-        // The SA's queue grows: 5 ms, then 50 ms round trips. Cut to 3/4 once per round trip.
+        // The SA's queue grows: 5 ms, then 2 s round trips (past the target, an eighth of
+        // sa_deadline). Cut to 3/4 once per round trip.
         let mut seen = vec![];
         for _ in 0..40 {
-            now += 10;
-            w.answered(now, 50, false, &cfg);
+            now += 100;
+            w.answered(now, 2000, false, &cfg);
             seen.push(w.queries());
         }
         assert!(seen.windows(2).all(|p| p[1] <= p[0]), "{seen:?}");
