@@ -13,6 +13,8 @@
 //!   state machine over caller-provided storage.
 //! * [`sa_channel`]: the SA client of a UD QP of our own (unpredictable TIDs, tries and
 //!   timeouts, one completion per request, and only the SM's MADs taken).
+//! * [`rmpp`]: the receiver of one RMPP transfer (IBA 13.6; a multi-segment SA GetTable answer):
+//!   reassembly into caller storage, ACKs and windows, timeouts, STOP and ABORT.
 //! * [`text`]: line-by-line parsers for `ibacm_opts.cfg`, `ibacm_hosts.data` and OpenSM's
 //!   `dump_pr` full path-record dump.
 //!
@@ -25,6 +27,7 @@
 pub mod cache;
 pub mod park;
 pub mod resolver;
+pub mod rmpp;
 pub mod sa_channel;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -481,6 +481,72 @@ impl RmppRepr {
     }
 }
 
+/// RMPPFlags: First (the first DATA segment of a transfer, SegmentNumber 1).
+pub const RMPP_FLAG_FIRST: u8 = 2;
+/// RMPPFlags: Last (the last DATA segment of a transfer).
+pub const RMPP_FLAG_LAST: u8 = 4;
+/// RRespTime meaning "no response time given" (`IB_RMPP_NO_RESP_TIME`).
+pub const RMPP_NO_RESP_TIME: u8 = 0x1f;
+
+enum_with_unknown! {
+    /// RMPPStatus (IBA 13.6.2.1; `IB_RMPP_STATUS_*`): 0 in DATA and ACK, the reason in STOP
+    /// (1) and ABORT (118-127).
+    pub enum RmppStatus(u8) {
+        /// Normal.
+        Success = 0,
+        /// STOP: resources exhausted (the receiver cannot take the transfer).
+        ResourcesExhausted = 1,
+        /// ABORT: total time too long (T2L).
+        TotalTimeTooLong = 118,
+        /// ABORT: inconsistent Last and PayloadLength (BAD_LEN).
+        InconsistentLastAndPayloadLength = 119,
+        /// ABORT: inconsistent First and SegmentNumber (BAD_SEG).
+        InconsistentFirstAndSegmentNumber = 120,
+        /// ABORT: bad RMPPType (BADT).
+        BadRmppType = 121,
+        /// ABORT: NewWindowLast too small (W2S).
+        NewWindowLastTooSmall = 122,
+        /// ABORT: SegmentNumber too big (S2B).
+        SegmentNumberTooBig = 123,
+        /// ABORT: illegal status (a DATA or ACK with a non-zero RMPPStatus).
+        IllegalStatus = 124,
+        /// ABORT: unsupported RMPPVersion (UNV).
+        UnsupportedVersion = 125,
+        /// ABORT: too many retries (TMR).
+        TooManyRetries = 126,
+        /// ABORT: unspecified.
+        Unspecified = 127,
+    }
+}
+
+impl RmppRepr {
+    /// An ACK (RMPPFlags Active only): segments up to `seg_num` received in order, the sender
+    /// may send up to `new_window_last`.
+    pub const fn ack(resp_time: u8, seg_num: u32, new_window_last: u32) -> RmppRepr {
+        RmppRepr {
+            version: RMPP_VERSION,
+            rmpp_type: RmppType::Ack,
+            resp_time,
+            flags: RMPP_FLAG_ACTIVE,
+            status: 0,
+            seg_num,
+            paylen_newwin: new_window_last,
+        }
+    }
+    /// A STOP or ABORT (`rmpp_type`) with `status`; SegmentNumber and the length word are 0.
+    pub fn nak(resp_time: u8, rmpp_type: RmppType, status: RmppStatus) -> RmppRepr {
+        RmppRepr {
+            version: RMPP_VERSION,
+            rmpp_type,
+            resp_time,
+            flags: RMPP_FLAG_ACTIVE,
+            status: status.into(),
+            seg_num: 0,
+            paylen_newwin: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,5 +633,19 @@ mod tests {
                 Some(Error::Truncated)
             );
         }
+    }
+
+    #[test]
+    fn rmpp_ack_and_nak_bytes() {
+        let mut out = [0u8; 12];
+        RmppRepr::ack(RMPP_NO_RESP_TIME, 3, 0x0102_0304)
+            .emit(&mut RmppHeader::new_unchecked(&mut out[..]));
+        assert_eq!(out, [1, 2, 0xf9, 0, 0, 0, 0, 3, 1, 2, 3, 4]);
+        RmppRepr::nak(0, RmppType::Stop, RmppStatus::ResourcesExhausted)
+            .emit(&mut RmppHeader::new_unchecked(&mut out[..]));
+        assert_eq!(out, [1, 3, 0x01, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(u8::from(RmppStatus::TotalTimeTooLong), 118);
+        assert_eq!(u8::from(RmppStatus::Unspecified), 127);
+        assert_eq!(RmppStatus::from(2), RmppStatus::Unknown(2));
     }
 }
