@@ -33,6 +33,10 @@ pub struct PollOutcome {
     pub did_work: bool,
     /// The next time the poller must run even without a wake-up (timers).
     pub next_deadline: Option<Instant>,
+    /// When a reply the poller waits for is expected (an SA query out): the worker keeps
+    /// polling until then rather than park, if it is no more than
+    /// [`WorkerConfig::spin_for_reply`] away.
+    pub reply_due: Option<Instant>,
 }
 
 /// The engine the worker runs.
@@ -91,7 +95,7 @@ fn poll_guarded<P: Poller>(poller: &mut P, now: Instant) -> Option<PollOutcome> 
             }
             Some(PollOutcome {
                 did_work: true,
-                next_deadline: None,
+                ..PollOutcome::default()
             })
         }
     }
@@ -106,6 +110,10 @@ pub struct WorkerConfig {
     pub cpu: Option<usize>,
     /// How long to keep polling after the last work before parking.
     pub spin: Duration,
+    /// How far ahead an expected reply ([`PollOutcome::reply_due`]) may be for the worker to
+    /// keep polling for it instead of parking (0: never; the SA's round trip is tens of µs,
+    /// a thread wake-up several µs each way).
+    pub spin_for_reply: Duration,
     /// Longest park; bounds the staleness of the coarse clock.
     pub max_park: Duration,
 }
@@ -116,6 +124,7 @@ impl Default for WorkerConfig {
             name: "acmrs-worker".into(),
             cpu: None,
             spin: Duration::from_micros(50),
+            spin_for_reply: Duration::from_millis(1),
             max_park: Duration::from_millis(100),
         }
     }
@@ -393,6 +402,14 @@ impl Worker {
                         std::hint::spin_loop();
                         continue;
                     }
+                    // A reply is about to arrive: poll for it rather than pay a wake-up.
+                    let due_soon = out.reply_due.is_some_and(|due| {
+                        due > now && due.duration_since(now) <= config.spin_for_reply
+                    });
+                    if due_soon {
+                        std::hint::spin_loop();
+                        continue;
+                    }
                     let mut park_for = config.max_park;
                     if let Some(d) = out.next_deadline {
                         park_for = park_for.min(d.saturating_duration_since(now));
@@ -472,7 +489,7 @@ mod tests {
             }
             PollOutcome {
                 did_work: n > 0,
-                next_deadline: None,
+                ..PollOutcome::default()
             }
         }
         fn finished(&self) -> bool {
@@ -497,7 +514,7 @@ mod tests {
             }
             PollOutcome {
                 did_work: true,
-                next_deadline: None,
+                ..PollOutcome::default()
             }
         }
         fn finished(&self) -> bool {
@@ -555,10 +572,84 @@ mod tests {
             PollOutcome {
                 did_work: false,
                 next_deadline: Some(due),
+                ..PollOutcome::default()
             }
         }
         fn finished(&self) -> bool {
             self.done
+        }
+    }
+
+    /// Says a reply is due `ahead` after its first round; records when the worker first
+    /// prepares to block, and finishes then.
+    struct ReplySoon {
+        due: Option<Instant>,
+        ahead: Duration,
+        seen: Arc<Mutex<(Option<Instant>, Option<Instant>)>>,
+        done: bool,
+    }
+
+    impl Poller for ReplySoon {
+        fn poll(&mut self, now: Instant) -> PollOutcome {
+            let due = *self.due.get_or_insert(now + self.ahead);
+            let mut seen = self.seen.lock().unwrap();
+            seen.0 = Some(due);
+            self.done = seen.1.is_some();
+            PollOutcome {
+                reply_due: Some(due),
+                ..PollOutcome::default()
+            }
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+        fn prepare_block(&mut self, _fds: &mut Vec<RawFd>) {
+            self.seen.lock().unwrap().1.get_or_insert(Instant::now());
+        }
+    }
+
+    /// When the worker first prepared to block, and when the reply was due, for a reply due
+    /// `ahead` and a worker that polls on for replies due within `spin_for_reply`.
+    fn block_vs_due(ahead: Duration, spin_for_reply: Duration) -> (Instant, Instant) {
+        let seen = Arc::new(Mutex::new((None, None)));
+        let cfg = WorkerConfig {
+            spin: Duration::ZERO,
+            spin_for_reply,
+            max_park: Duration::from_millis(5),
+            ..WorkerConfig::default()
+        };
+        let p = ReplySoon {
+            due: None,
+            ahead,
+            seen: seen.clone(),
+            done: false,
+        };
+        Worker::spawn(cfg, Worker::new_waker(), p)
+            .unwrap()
+            .join()
+            .unwrap();
+        let (due, blocked) = *seen.lock().unwrap();
+        (blocked.unwrap(), due.unwrap())
+    }
+
+    #[test]
+    fn the_worker_polls_on_for_a_reply_due_soon_and_parks_for_one_due_later() {
+        let ms = Duration::from_millis;
+        // Due within the bound: no park before it is due.
+        let (blocked, due) = block_vs_due(ms(150), ms(1000));
+        assert!(
+            blocked >= due,
+            "parked {:?} before the reply was due",
+            due - blocked
+        );
+        // Due beyond the bound, or no bound: parks at once (150 ms early; only a stall of the
+        // test thread that long could hide it).
+        for spin_for_reply in [ms(50), Duration::ZERO] {
+            let (blocked, due) = block_vs_due(ms(150), spin_for_reply);
+            assert!(
+                blocked < due,
+                "spun for a reply {spin_for_reply:?} could not cover"
+            );
         }
     }
 

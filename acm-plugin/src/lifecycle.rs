@@ -180,11 +180,13 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
     } else {
         plane
     };
-    let spin = match inst.opts.poll_mode() {
+    // (spin after the last work, spin for an SA reply due within): `adaptive` polls on for
+    // a reply expected within 1 ms rather than pay a wake-up for it (docs/dataplane.md).
+    let (spin, spin_for_reply) = match inst.opts.poll_mode() {
         // Never blocks (run to completion on the core it is given).
-        PollMode::Busy => Duration::MAX,
-        PollMode::Adaptive => Duration::from_micros(50),
-        PollMode::Event => Duration::ZERO,
+        PollMode::Busy => (Duration::MAX, Duration::ZERO),
+        PollMode::Adaptive => (Duration::from_micros(50), Duration::from_millis(1)),
+        PollMode::Event => (Duration::ZERO, Duration::ZERO),
     };
     if let Ok(cpu) = usize::try_from(inst.opts.acmrs_cpu) {
         if !Worker::cpu_available(cpu) {
@@ -200,6 +202,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         name: "acmrs-dataplane".into(),
         cpu: usize::try_from(inst.opts.acmrs_cpu).ok(),
         spin,
+        spin_for_reply,
         max_park: Duration::from_millis(100),
     };
     set_reply_target(&inst);

@@ -26,7 +26,8 @@
 //!   class-3 MADs received, Reports, re-sends and the SM LID check;
 //! * `plane/recovery.rs`: after a panic: the resolver answered out and replaced
 //!   ([`Poller::recover`]), or the loop run on without one ([`Poller::give_up`]);
-//! * `plane/drops.rs`: what the resolver and the QPs dropped, logged at most once a second.
+//! * `plane/drops.rs`: what the resolver and the QPs dropped, logged at most once a second;
+//! * `plane/reply_due.rs`: when an SA reply is due (the worker keeps polling for it).
 
 use crate::stats::{Clock, Latency, MissClass, Pending};
 use crate::worker::{PollOutcome, Poller};
@@ -48,6 +49,7 @@ use std::time::Instant;
 mod drops;
 mod inbox;
 mod recovery;
+mod reply_due;
 mod sa;
 
 pub use inbox::{Control, HandOver, HostAddr, Inbox, Request, SaReply};
@@ -192,6 +194,8 @@ pub struct Plane<I: CoreIo> {
     sa_due: Vec<Expired>,
     /// When the endpoints' SM addresses are read again.
     next_sm_check: Millis,
+    /// The SA queries out and their round trip: when a reply is due.
+    reply_due: reply_due::ReplyDue,
 }
 
 /// The loop's latency bookkeeping ([`Plane::with_stats`]).
@@ -260,6 +264,7 @@ impl<I: CoreIo> Plane<I> {
             sa: SaChannel::new(Vec::new(), sa_tid_key()),
             sa_due: Vec::with_capacity(16),
             next_sm_check: 0,
+            reply_due: reply_due::ReplyDue::new(),
         })
     }
 
@@ -504,7 +509,10 @@ impl<I: CoreIo> Plane<I> {
                     };
                     if !sent {
                         self.r().handle_sa(now, token, 1, &[]);
-                    } else if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
+                        continue;
+                    }
+                    self.reply_due.sent(token, Instant::now());
+                    if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
                         LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
                     }
                 }
@@ -591,6 +599,8 @@ impl<I: CoreIo> Poller for Plane<I> {
                 break;
             };
             did = true;
+            self.reply_due
+                .done(r.token, Instant::now(), r.umad_status == 0);
             if let Some(s) = self.stats.as_mut() {
                 if let Some((at, ep)) = s.sa.remove(u128::from(r.token)) {
                     (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
@@ -683,6 +693,7 @@ impl<I: CoreIo> Poller for Plane<I> {
         PollOutcome {
             did_work: did,
             next_deadline: next.map(|at| self.epoch + std::time::Duration::from_millis(at)),
+            reply_due: self.reply_due.due(),
         }
     }
 

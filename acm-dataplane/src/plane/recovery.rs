@@ -119,7 +119,7 @@ impl<I: CoreIo> Plane<I> {
         }
         PollOutcome {
             did_work: did,
-            next_deadline: None,
+            ..PollOutcome::default()
         }
     }
 

@@ -86,6 +86,7 @@ impl<I: CoreIo> Plane<I> {
                 return;
             }
         };
+        self.reply_due.done(token, std::time::Instant::now(), true);
         if let Some(s) = self.stats.as_mut() {
             if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
                 (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
@@ -132,6 +133,7 @@ impl<I: CoreIo> Plane<I> {
                         }
                     }
                     Expired::Failed { token, mad } => {
+                        self.reply_due.done(token, std::time::Instant::now(), false);
                         self.r().handle_sa(now, token, TIMED_OUT, &mad);
                         self.drain_outputs(now);
                     }
