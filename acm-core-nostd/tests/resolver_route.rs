@@ -56,6 +56,11 @@ fn setup(cfg: Config, caps: Capacities) -> T {
 
 /// [`setup`] over a cache of `paths` path slots and `addrs` address slots.
 fn setup_sized(cfg: Config, caps: Capacities, paths: usize, addrs: usize) -> T {
+    setup_seeded(cfg, caps, paths, addrs, 7)
+}
+
+/// [`setup_sized`] with the resolver's seed (its TIDs and backoff jitter).
+fn setup_seeded(cfg: Config, caps: Capacities, paths: usize, addrs: usize, seed: u64) -> T {
     let cache = PathCache::new(
         PathSlot::boxed(paths),
         AddrSlot::boxed(addrs),
@@ -64,7 +69,7 @@ fn setup_sized(cfg: Config, caps: Capacities, paths: usize, addrs: usize) -> T {
     .unwrap();
     let cache = Arc::new(cache);
     let writer = CacheWriter::take(Arc::clone(&cache)).unwrap();
-    let mut r = Resolver::new(cfg, HeapStorage::new(caps), writer, 7).unwrap();
+    let mut r = Resolver::new(cfg, HeapStorage::new(caps), writer, seed).unwrap();
     r.open_endpoint(0, EP, ep_config()).unwrap();
     let mut t = T {
         r,
@@ -1137,26 +1142,7 @@ fn a_lost_query_goes_again_after_a_jittered_backoff_and_losses_shrink_the_window
     // doubled base ×½..1½, and not all alike.
     let mut gaps = vec![vec![]; 3];
     for seed in 0..40u64 {
-        let cache = Arc::new(
-            PathCache::new(
-                PathSlot::boxed(64),
-                AddrSlot::boxed(64),
-                CacheConfig::default(),
-            )
-            .unwrap(),
-        );
-        let writer = CacheWriter::take(Arc::clone(&cache)).unwrap();
-        let mut r =
-            Resolver::new(cfg, HeapStorage::new(Capacities::default()), writer, seed).unwrap();
-        r.open_endpoint(0, EP, ep_config()).unwrap();
-        let mut t = T {
-            r,
-            cache,
-            now: 0,
-            out: Vec::new(),
-        };
-        t.drain();
-        t.out.clear();
+        let mut t = setup_seeded(cfg, Capacities::default(), 64, 64, seed);
         t.request(1, Kind::Resolve, &path_msg(6, 0, 1));
         let mut s = t.sa_sends();
         for (round, g) in gaps.iter_mut().enumerate() {
