@@ -15,6 +15,7 @@
 //!   timeouts, one completion per request, and only the SM's MADs taken).
 //! * [`rmpp`]: the receiver of one RMPP transfer (IBA 13.6; a multi-segment SA GetTable answer):
 //!   reassembly into caller storage, ACKs and windows, timeouts, STOP and ABORT.
+//! * [`rng`]: a tiny deterministic PRNG (splitmix64) for seeds, jitter and simulations.
 //! * [`text`]: line-by-line parsers for `ibacm_opts.cfg`, `ibacm_hosts.data` and OpenSM's
 //!   `dump_pr` full path-record dump.
 //!
@@ -28,6 +29,7 @@ pub mod cache;
 pub mod park;
 pub mod resolver;
 pub mod rmpp;
+pub mod rng;
 pub mod sa_channel;
 #[cfg(feature = "sim")]
 pub mod sim;

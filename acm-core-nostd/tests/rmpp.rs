@@ -4,6 +4,7 @@
 //! driving it in virtual time over a network that loses, duplicates and reorders, for many
 //! seeded schedules: each ends with the exact bytes or a clean failure, never a hang.
 
+use acm_core_nostd::rng::Rng;
 use std::collections::BinaryHeap;
 
 use acm_core_nostd::rmpp::{
@@ -487,24 +488,6 @@ fn mads_that_are_not_this_transfer_change_nothing() {
 // ---------------------------------------------------------------------------------------------
 // A model sender and a lossy network in virtual time.
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, per_mille: u64) -> bool {
-        self.below(1000) < per_mille
-    }
-}
-
 /// An IBA 13.6 sender, go-back-N: initial window 1; sends up to NewWindowLast; on a timeout
 /// (no ACK that moves it on) goes back to the segment after the last ACKed; gives up with
 /// ABORT "too many retries" after `retries` timeouts in a row; stops on STOP or ABORT. It
@@ -870,7 +853,7 @@ fn garbage_never_panics_or_assembles_wrong_bytes() {
             for _ in 0..mutations {
                 let i = [24, 25, 26, 27, 28, 31, 32, 34, 35, 3, 1, rng.below(56)]
                     [rng.below(12) as usize] as usize;
-                m[i] = rng.next() as u8;
+                m[i] = rng.next_u64() as u8;
             }
             let len = if rng.chance(50) {
                 rng.below(300) as usize

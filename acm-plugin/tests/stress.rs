@@ -4,6 +4,7 @@
 //!
 //! `ACMRS_SCHEDULES=<n>` runs more schedules; `ACMRS_SEED=<s>` replays one schedule.
 
+use acm_core_nostd::rng::Rng;
 use acm_testkit::core::*;
 use acm_testkit::host::*;
 use acm_testkit::request::*;
@@ -21,21 +22,6 @@ acmrs_sa_busy_backoff_ms 1
 acmrs_pending_capacity 64
 acmrs_request_capacity 64
 ";
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// What a request asked for, to check the answer.
 struct Expect {

@@ -469,13 +469,12 @@ impl Default for Config {
 /// Route lifetime meaning "never expires".
 const NEVER: Millis = u64::MAX;
 
-/// A tiny deterministic PRNG step (splitmix64), for the TID start.
+/// One step of the crate's PRNG ([`crate::rng::Rng`]) over `x`.
 pub(crate) fn splitmix64(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    let mut r = crate::rng::Rng(*x);
+    let v = r.next_u64();
+    *x = r.0;
+    v
 }
 
 /// The resolver (see the [module docs](self)).
