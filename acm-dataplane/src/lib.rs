@@ -22,4 +22,5 @@ pub mod export;
 pub mod plane;
 pub mod stats;
 pub mod verbs;
+pub mod watchdog;
 pub mod worker;

@@ -237,6 +237,37 @@ pub fn advance_all_clocks(d: Duration, within: Duration) -> bool {
         .all(|(s, target)| s.wait_observed(target, within.saturating_sub(t0.elapsed())))
 }
 
+/// Milliseconds every worker of the process sleeps at the start of its next round
+/// ([`stall_all`]).
+static STALL_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Makes a worker of the process stop running for `d`, as a thread stuck in the kernel would,
+/// and returns once one has (`true`; `false` if none did within `within`): the stall
+/// watchdog's test, through the debug `libacmrs.so`'s `acmrs_test_stall`. The provider never
+/// calls it.
+pub fn stall_all(d: Duration, within: Duration) -> bool {
+    STALL_MS.store(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1),
+        Ordering::SeqCst,
+    );
+    let live: Vec<Arc<Shared>> = WAKERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect();
+    let t0 = Instant::now();
+    while STALL_MS.load(Ordering::SeqCst) != 0 {
+        if t0.elapsed() >= within {
+            STALL_MS.store(0, Ordering::SeqCst);
+            return false;
+        }
+        live.iter().for_each(|s| s.kick());
+        thread::sleep(Duration::from_micros(100));
+    }
+    true
+}
+
 impl Shared {
     /// The worker's clock: real time plus the virtual-time offset `skew_ms` (read by the caller,
     /// so one round uses one offset).
@@ -379,6 +410,10 @@ impl Worker {
                 let mut last_work = shared.now(skew);
                 let mut fds: Vec<RawFd> = Vec::new();
                 loop {
+                    if STALL_MS.load(Ordering::Relaxed) != 0 {
+                        let ms = STALL_MS.swap(0, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(ms));
+                    }
                     skew = shared.skew_ms.load(Ordering::SeqCst);
                     let now = shared.now(skew);
                     let ms = now.saturating_duration_since(shared.epoch).as_millis() as u64;

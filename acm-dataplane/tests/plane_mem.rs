@@ -963,6 +963,105 @@ fn a_recovery_that_panics_gives_up_and_every_request_is_still_answered_once() {
     assert!(inbox.waker.exited());
 }
 
+/// A plane that stops running while its gate is shut (a loop stuck in a system call or a
+/// driver), and runs on when it opens.
+struct Gated {
+    plane: Plane<FakeCore>,
+    shut: Arc<(Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl acm_dataplane::worker::Poller for Gated {
+    fn poll(&mut self, now: Instant) -> acm_dataplane::worker::PollOutcome {
+        let (m, cv) = &*self.shut;
+        let mut shut = m.lock().unwrap();
+        while *shut {
+            shut = cv.wait(shut).unwrap();
+        }
+        drop(shut);
+        self.plane.poll(now)
+    }
+    fn finished(&self) -> bool {
+        self.plane.finished()
+    }
+}
+
+#[test]
+fn requests_waiting_on_a_stuck_loop_are_answered_by_the_watchdog_exactly_once() {
+    use acm_dataplane::watchdog::Watchdog;
+    let wire: Wire = Arc::default();
+    let Node { plane, inbox, log } = node(0, &wire, false);
+    let shut = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let worker = Worker::spawn(
+        acm_dataplane::worker::WorkerConfig::default(),
+        inbox.waker.clone(),
+        Gated {
+            plane,
+            shut: shut.clone(),
+        },
+    )
+    .unwrap();
+    wait("the endpoint's join", || {
+        log.lock()
+            .unwrap()
+            .logs
+            .iter()
+            .any(|l| l.contains("joined"))
+    });
+    let by_dog: Arc<Mutex<Vec<(u64, Status)>>> = Arc::default();
+    let logs: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (answered, said) = (by_dog.clone(), logs.clone());
+    let dog = Watchdog::spawn(
+        inbox.clone(),
+        Duration::from_millis(200),
+        move |r, s| answered.lock().unwrap().push((r.client, s)),
+        move |_, t| said.lock().unwrap().push(t.to_string()),
+    )
+    .unwrap();
+    // The loop gets stuck: it runs no more rounds (its current one ends first).
+    *shut.0.lock().unwrap() = true;
+    let rounds = inbox.rounds();
+    std::thread::sleep(Duration::from_millis(150));
+    wait("the loop to stop", || {
+        let r = inbox.rounds();
+        std::thread::sleep(Duration::from_millis(120));
+        r == inbox.rounds()
+    });
+    assert!(inbox.rounds() >= rounds);
+    for c in 1..=5u64 {
+        assert!(inbox.request(EpId(0), 0, c, Kind::Resolve, &lid_msg(9, false, c)));
+    }
+    wait("the watchdog's answers", || {
+        by_dog.lock().unwrap().len() == 5
+    });
+    assert!(inbox.is_stalled());
+    // New requests are refused while it is stuck (the provider answers them ETIMEDOUT).
+    assert!(!inbox.request(EpId(0), 0, 6, Kind::Resolve, &lid_msg(9, false, 6)));
+    let mut got = by_dog.lock().unwrap().clone();
+    got.sort();
+    let want: Vec<(u64, Status)> = (1..=5).map(|c| (c, Status::Etimedout)).collect();
+    assert_eq!(got, want);
+    assert!(logs.lock().unwrap()[0].contains("has not run for 200 ms"));
+    // The loop runs again: the inbox opens, the loop answers new requests itself, and none of
+    // the five is ever answered twice.
+    *shut.0.lock().unwrap() = false;
+    shut.1.notify_all();
+    wait("the inbox to open", || !inbox.is_stalled());
+    assert!(logs
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("runs again")));
+    assert!(inbox.request(EpId(0), 0, 7, Kind::Resolve, &lid_msg(9, false, 7)));
+    wait("request 7 answered by the loop", || {
+        log.lock().unwrap().answers.iter().any(|a| a.client == 7)
+    });
+    assert!(log.lock().unwrap().answers.iter().all(|a| a.client > 5));
+    assert_eq!(by_dog.lock().unwrap().len(), 5);
+    dog.stop();
+    inbox.control(Control::Shutdown);
+    worker.join().unwrap();
+}
+
 #[test]
 fn a_worker_whose_poller_cannot_even_give_up_exits_and_says_so() {
     struct Hopeless;

@@ -201,7 +201,8 @@ fn hit_answered(ctx: &AddrCtx, msg: &[u8], refresh: bool, front: FrontSays<'_>) 
 /// classification; the start of a missed `resolve()`, whose latency the dataplane then
 /// records); the status to answer it with at once (counted, logged) if it cannot take it:
 /// ENOMEM when its queue is full, ENODATA when it has stopped (it gave up after a failure it
-/// could not recover from, or its thread is gone).
+/// could not recover from, or its thread is gone), ETIMEDOUT while the watchdog finds it
+/// stuck (`acmrs_stall_ms`).
 fn hand_over(
     ctx: &AddrCtx,
     id: u64,
@@ -224,6 +225,15 @@ fn hand_over(
         return Ok(());
     }
     let answered = matches!(kind, Kind::Resolve | Kind::Query);
+    if inbox.is_stalled() && !inbox.is_stopped() {
+        if answered {
+            ctx.inst.log_limited(
+                LogReason::Stalled,
+                "ERROR - the acmrs dataplane is stuck, answering ETIMEDOUT",
+            );
+        }
+        return Err(Status::Etimedout);
+    }
     if inbox.is_stopped() {
         if answered {
             ctx.inst.log_limited(

@@ -158,11 +158,13 @@ pub enum LogReason {
     /// The dataplane has stopped (it gave up, or its thread is gone): requests answered at
     /// once with ENODATA.
     Stopped = 3,
+    /// The watchdog found the dataplane stuck: requests answered at once with ETIMEDOUT.
+    Stalled = 4,
 }
 
 impl LogReason {
     /// Number of reasons.
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 5;
 }
 
 /// At most [`LogLimit::LINES`] lines per reason per second; the lines beyond that are counted

@@ -2,7 +2,7 @@
 //!
 //! The real, unmodified ibacm daemon `dlopen`s this library and calls `provider_query`, the only
 //! exported symbol of the release build (debug builds also export `acmrs_test_advance_clock`,
-//! the in-process tests' virtual clock). See `docs/plugin.md` for the design and `acm_prov.h`
+//! the in-process tests' virtual clock, and `acmrs_test_stall`, a stuck dataplane). See `docs/plugin.md` for the design and `acm_prov.h`
 //! (rdma-core) for the ABI.
 //!
 //! A thin shell: every decision is the sans-IO resolver's (`acm-core-nostd::resolver`), every
@@ -76,6 +76,25 @@ pub unsafe extern "C" fn provider_query(
 /// observed it: its coarse clock (what cache hits compare expiries and refresh windows
 /// against), the `now` of its poll rounds and so its timers (SA retries and deadlines, route
 /// refresh and expiry). 0, or -1 if a worker did not observe it within 10 s.
+/// Test hook of debug builds: the dataplane worker stops running for `ms` (a thread stuck in
+/// the kernel), for the stall watchdog's tests; returns once it has (0), or -1 if it did not
+/// within 10 s.
+#[cfg(debug_assertions)]
+#[no_mangle]
+pub extern "C" fn acmrs_test_stall(ms: u64) -> c_int {
+    use std::time::Duration;
+    std::panic::catch_unwind(|| {
+        let stalled =
+            acm_dataplane::worker::stall_all(Duration::from_millis(ms), Duration::from_secs(10));
+        if stalled {
+            0
+        } else {
+            -1
+        }
+    })
+    .unwrap_or(-1)
+}
+
 #[cfg(debug_assertions)]
 #[no_mangle]
 pub extern "C" fn acmrs_test_advance_clock(ms: u64) -> c_int {

@@ -21,15 +21,20 @@ use crate::instance::{lock, Ep, EpRegistry, Instance, PortInfo};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache};
-use acm_core_nostd::resolver::{Capacities, Config, EpConfig, HeapStorage, Resolver};
+use acm_core_nostd::resolver::request::respond;
+use acm_core_nostd::resolver::{
+    Answer, Capacities, Config, Counter, EpConfig, HeapStorage, Kind, Resolver, Via, MSG_LEN,
+};
 use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
 use acm_core_nostd::wire::acm_mad::AddressType;
+use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
 use acm_dataplane::export::{ExportConfig, Exporter};
-use acm_dataplane::plane::{Control, HostWriter, Inbox, Plane, Ud};
+use acm_dataplane::plane::{Control, CoreIo, HostWriter, Inbox, Plane, Request, Ud};
 use acm_dataplane::stats::Clock;
 use acm_dataplane::verbs::IbvContext;
+use acm_dataplane::watchdog::Watchdog;
 use acm_dataplane::worker::{Worker, WorkerConfig};
 use core::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +56,8 @@ static GLOBAL: Mutex<Global> = Mutex::new(Global {
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
 /// The instance's stats exporter thread (textfile, stats socket), if any.
 static EXPORTER: Mutex<Option<Exporter>> = Mutex::new(None);
+/// The instance's stall watchdog thread (`acmrs_stall_ms`), if any.
+static WATCHDOG: Mutex<Option<Watchdog>> = Mutex::new(None);
 
 fn next_serial() -> u64 {
     NEXT_SERIAL.fetch_add(1, Ordering::Relaxed)
@@ -208,6 +215,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
     set_reply_target(&inst);
     let worker = Worker::spawn(wc, waker, plane)?;
     start_exporter(&inst);
+    start_watchdog(&inst);
     api.log(
         0,
         &format!(
@@ -237,6 +245,50 @@ fn start_exporter(inst: &Arc<Instance>) {
         Err(e) => inst
             .api
             .log(0, &format!("ERROR - stats exporter not started: {e}")),
+    }
+}
+
+/// Starts the stall watchdog (`acmrs_stall_ms`; `acm_dataplane::watchdog`): requests that
+/// wait on a dataplane thread that runs no round are answered ETIMEDOUT from its thread,
+/// through the same core helpers and counters as the dataplane's answers. A failure to start
+/// it is logged and leaves the provider running without it.
+fn start_watchdog(inst: &Arc<Instance>) {
+    let ms = inst.opts.acmrs_stall_ms;
+    if ms == 0 {
+        return;
+    }
+    let mut io = PluginIo::new(inst.clone());
+    let answer = move |r: Request, status: Status| {
+        let via = match r.kind {
+            Kind::Resolve => Via::Resolve,
+            Kind::Query => Via::Query,
+            // Primes and refreshes were answered when they were made.
+            Kind::Prime | Kind::Refresh => return,
+        };
+        let mut msg = [0u8; MSG_LEN];
+        let len = respond(&r.msg[..usize::from(r.len)], via, status, None, &mut msg);
+        io.count(r.ep, Counter::Error);
+        io.answer(&Answer {
+            ep: r.ep,
+            client: r.client,
+            via,
+            status,
+            len,
+            msg,
+        });
+    };
+    let logger = inst.clone();
+    let log = move |level: u8, text: &str| {
+        if logger.log_enabled(level) {
+            logger.api.log(i32::from(level), text);
+        }
+    };
+    let bound = Duration::from_millis(u64::from(ms));
+    match Watchdog::spawn(inst.inbox.clone(), bound, answer, log) {
+        Ok(d) => *lock(&WATCHDOG) = Some(d),
+        Err(e) => inst
+            .api
+            .log(0, &format!("ERROR - stall watchdog not started: {e}")),
     }
 }
 
@@ -293,6 +345,9 @@ pub(crate) unsafe fn close_device(dev_context: *mut c_void) {
         (g.inst.take(), g.worker.take())
     };
     if let Some(inst) = inst {
+        if let Some(d) = lock(&WATCHDOG).take() {
+            d.stop();
+        }
         inst.inbox.control(Control::Shutdown);
         if let Some(e) = lock(&EXPORTER).take() {
             e.stop();

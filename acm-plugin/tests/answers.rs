@@ -90,9 +90,14 @@ fn sa_failures_are_answered_once_with_the_right_status() {
     h.resolve(ep, &path_request(t_nr2, 0xbfff + 1, None, 0), 1);
     assert_eq!(find(t_nr2)[0].status(), Status::Enodata);
     assert_eq!(sa_pending(), 0);
-    // Timeout → ETIMEDOUT.
+    // Timeout → retried after a backoff (acmrs_sa_retries 3), then ETIMEDOUT.
     let t_to = h.tid();
     h.resolve(ep, &path_request(t_to, 11, None, 0), 1);
+    for _ in 0..3 {
+        assert!(wait_until(|| sa_pending() == 1));
+        sa_complete_next(SaAction::Timeout);
+        assert!(find(t_to).is_empty(), "a lost query goes again");
+    }
     sa_one(SaAction::Timeout, 3);
     assert_eq!(find(t_to)[0].status(), Status::Etimedout);
     // Invalid field → EINVAL.
@@ -297,9 +302,14 @@ fn query_sa_passthrough() {
         r.msg.resolve_data[0].flags & ACM_FLAGS_QUERY_SA,
         ACM_FLAGS_QUERY_SA
     );
-    // Not cached: a second query goes to the SA again, and times out cleanly.
+    // Not cached: a second query goes to the SA again, and times out cleanly (after the
+    // retries of a lost query, acmrs_sa_retries 3).
     let t2 = h.tid();
     h.query(ep, &path_request(t2, 8, None, ACM_FLAGS_QUERY_SA), 9);
+    for _ in 0..3 {
+        assert!(wait_until(|| sa_pending() == 1));
+        sa_complete_next(SaAction::Timeout);
+    }
     sa_one(SaAction::Timeout, 2);
     let r2 = &find(t2)[0];
     assert_eq!(r2.status(), Status::Etimedout);
@@ -308,7 +318,11 @@ fn query_sa_passthrough() {
         8,
         "no SA answer: the request's record stays"
     );
-    assert_eq!(h.perf(ep)[cntr::ROUTE_QUERY], 2);
+    assert_eq!(
+        h.perf(ep)[cntr::ROUTE_QUERY],
+        5,
+        "1 + 4 tries of the second"
+    );
     assert_eq!(
         h.perf(ep)[cntr::ERROR],
         1,
@@ -475,4 +489,54 @@ fn a_stuck_client_does_not_stall_the_sa_thread() {
     );
     assert!(stuck_in_answer);
     assert!(r[0].from_dataplane());
+}
+
+/// A dataplane thread that runs no round (stuck in the kernel or a driver) leaves no client
+/// waiting: once a request has waited `acmrs_stall_ms` the watchdog thread answers it
+/// ETIMEDOUT (counted an error, logged), new requests are answered ETIMEDOUT at once inside
+/// `resolve()`, and when the thread runs again it takes requests again. Each request is
+/// answered exactly once.
+#[test]
+fn requests_to_a_stuck_dataplane_are_answered_etimedout_by_the_watchdog() {
+    let _s = serial();
+    let mut h = Host::open(&format!("{OPTS}acmrs_stall_ms 300\n"), &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    let errors = h.perf(ep)[cntr::ERROR];
+    // Stuck for 2 s from now.
+    stall_dataplane(Duration::from_secs(2));
+    let t0 = Instant::now();
+    let t1 = h.tid();
+    h.resolve(ep, &path_request(t1, 5, None, 0), 1);
+    assert!(
+        wait_until(|| !find(t1).is_empty()),
+        "the stuck request is answered"
+    );
+    let waited = t0.elapsed();
+    let r = &find(t1)[0];
+    assert_eq!(r.status(), Status::Etimedout);
+    assert_eq!(r.thread_name.as_deref(), Some("acmrs-watchdog"));
+    assert!(
+        waited < Duration::from_secs(2),
+        "answered by the watchdog, not after the stall ({waited:?})"
+    );
+    assert!(log_contains("has not run for 300 ms"));
+    // While it is stuck, a new miss is answered inside resolve().
+    let t2 = h.tid();
+    h.resolve(ep, &path_request(t2, 6, None, 0), 2);
+    let r2 = find(t2);
+    assert_eq!(r2.len(), 1, "answered at once");
+    assert_eq!(r2[0].status(), Status::Etimedout);
+    assert_eq!(r2[0].thread, std::thread::current().id());
+    // The thread runs again: the next miss goes to the SA and is answered by the dataplane.
+    assert!(
+        wait_for(Duration::from_secs(20), || log_contains("runs again")),
+        "the watchdog sees the dataplane run again"
+    );
+    let t3 = h.tid();
+    h.resolve(ep, &path_request(t3, 7, None, 0), 3);
+    sa_one(SaAction::Answer, 3);
+    assert_eq!(find(t3)[0].status(), Status::Success);
+    assert_eq!((find(t1).len(), find(t2).len()), (1, 1), "each once");
+    assert_eq!(h.perf(ep)[cntr::ERROR], errors + 2);
+    h.close();
 }

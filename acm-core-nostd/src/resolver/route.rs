@@ -644,8 +644,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if umad_status == 0 {
             let busy = outcome == SaOutcome::Busy;
             self.routes.sa.answered(now, sample, busy, &self.cfg);
-        } else {
-            // No answer to any try: the SA dropped it, or is gone.
+        } else if umad_status == crate::sa_channel::TIMED_OUT {
+            // No answer to any try: the SA dropped it, or is gone. (Any other status is a
+            // send that failed here, answered at once as before.)
             self.stats.sa_lost += 1;
             self.routes.sa.lost(now, &self.cfg);
             if self.retry_job(now, j, &job, RETRY_LOST) {

@@ -268,9 +268,9 @@ pub struct ProviderOptions {
     /// `acmrs_sa_transport` (default `ud`; `ud` | `core`): see [`SaTransport`]. An endpoint
     /// without a UD QP uses the core's service whatever this says.
     pub acmrs_sa_transport: SaTransport,
-    /// `acmrs_sa_window` (default 16; 1..=4096): SA queries in flight per port over the
-    /// `ud` transport (halved on every BUSY, grown by one per answer); with `core`,
-    /// `sa_depth` is the window.
+    /// `acmrs_sa_window` (default 16; 1..=4096): the most SA queries in flight per port over
+    /// the `ud` transport (halved on a BUSY or a lost query, shrunk when the SA's round trip
+    /// grows, regrown by one per window of answers); with `core`, `sa_depth` is the window.
     pub acmrs_sa_window: u32,
     /// `acmrs_prom_file` (default none = off): Prometheus textfile the stats exporter
     /// rewrites atomically every `acmrs_prom_interval_s` (`none` turns it off).
@@ -281,6 +281,10 @@ pub struct ProviderOptions {
     /// in this many is timed for the hit-latency histogram (and counts for this many there),
     /// so timing costs a hit a nanosecond or two on average; 1 = time every hit.
     pub acmrs_hit_sample: u32,
+    /// `acmrs_stall_ms` (default 2000; 0 = off, at most 3600000): requests that wait this long
+    /// while the dataplane thread runs no round (stuck) are answered ETIMEDOUT by a watchdog
+    /// thread, and new ones at once, until it runs again.
+    pub acmrs_stall_ms: u32,
     /// `acmrs_stat_socket` (default `/run/acmrs.sock`; `none` = off): unix socket the stats
     /// exporter serves `acmrs-stat` on (at most 107 bytes, the `sun_path` limit).
     pub acmrs_stat_socket: Option<PathString>,
@@ -329,6 +333,7 @@ impl Default for ProviderOptions {
             acmrs_prom_file: None,
             acmrs_prom_interval_s: 10,
             acmrs_hit_sample: 16,
+            acmrs_stall_ms: 2000,
             acmrs_stat_socket: Some(fixed_path("/run/acmrs.sock")),
         }
     }
@@ -485,6 +490,7 @@ impl ProviderOptions {
             "acmrs_prom_file" => acmrs_prom_file = |v| optional_path(v, PATH_MAX);
             "acmrs_prom_interval_s" => acmrs_prom_interval_s = |v| uint(v, 1, 86400);
             "acmrs_hit_sample" => acmrs_hit_sample = |v| uint(v, 1, 65536).map(u32::next_power_of_two);
+            "acmrs_stall_ms" => acmrs_stall_ms = |v| uint(v, 0, 3_600_000);
             "acmrs_stat_socket" => acmrs_stat_socket = |v| optional_path(v, 107);
         }
         Ok(Applied::Unknown)

@@ -138,6 +138,11 @@ pub struct Inbox {
     tickets: AtomicU64,
     /// Set when the loop can no longer resolve anything (it still answers, with errors).
     pub(super) stopped: AtomicBool,
+    /// Poll rounds the loop has run: its progress, as the watchdog sees it.
+    pub(super) rounds: AtomicU64,
+    /// Set by the watchdog while the loop makes no progress and requests wait: new requests
+    /// are refused (the caller answers them ETIMEDOUT at once) until it moves again.
+    stalled: AtomicBool,
     /// Times the loop gave up (its recovery from a panic panicked too).
     pub(super) gave_up: AtomicU64,
     /// Times the loop replaced a resolver after a caught panic.
@@ -162,6 +167,8 @@ impl Inbox {
             control_pushed: AtomicU64::new(0),
             tickets: AtomicU64::new(0),
             stopped: AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
+            stalled: AtomicBool::new(false),
             gave_up: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
             control_applied: AtomicU64::new(0),
@@ -188,6 +195,23 @@ impl Inbox {
         self.stopped.load(Ordering::Acquire) || self.waker.exited()
     }
 
+    /// Poll rounds the loop has run so far (its progress).
+    pub fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Relaxed)
+    }
+
+    /// Whether the watchdog found the loop stalled ([`crate::watchdog`]): a request handed
+    /// over now would wait for it, so [`Inbox::hand_over`] refuses it and the caller answers
+    /// it at once (ETIMEDOUT).
+    pub fn is_stalled(&self) -> bool {
+        self.stalled.load(Ordering::Acquire)
+    }
+
+    /// The watchdog's verdict (see [`Inbox::is_stalled`]).
+    pub fn set_stalled(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::Release);
+    }
+
     /// The loop's health: (resolvers replaced after a caught panic, times it gave up, whether
     /// its thread has exited).
     pub fn health(&self) -> (u64, u64, bool) {
@@ -203,8 +227,8 @@ impl Inbox {
         self.control_applied.load(Ordering::Acquire)
     }
 
-    /// Hands a request to the loop; false if the queue is full (counted) or the loop is
-    /// stopped ([`Inbox::is_stopped`]).
+    /// Hands a request to the loop; false if the queue is full (counted), or the loop is
+    /// stopped ([`Inbox::is_stopped`]) or stalled ([`Inbox::is_stalled`]).
     pub fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
         self.hand_over(HandOver {
             ep,
@@ -230,7 +254,7 @@ impl Inbox {
             stamp,
             target,
         } = h;
-        if self.is_stopped() {
+        if self.is_stopped() || self.is_stalled() {
             return false;
         }
         let mut copy = [0u8; MSG_LEN];

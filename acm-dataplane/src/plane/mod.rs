@@ -196,6 +196,8 @@ pub struct Plane<I: CoreIo> {
     next_sm_check: Millis,
     /// The SA queries out and their round trip: when a reply is due.
     reply_due: reply_due::ReplyDue,
+    /// Poll rounds run (published to the inbox for the watchdog).
+    rounds: u64,
 }
 
 /// The loop's latency bookkeeping ([`Plane::with_stats`]).
@@ -265,6 +267,7 @@ impl<I: CoreIo> Plane<I> {
             sa_due: Vec::with_capacity(16),
             next_sm_check: 0,
             reply_due: reply_due::ReplyDue::new(),
+            rounds: 0,
         })
     }
 
@@ -590,6 +593,9 @@ impl<I: CoreIo> Poller for Plane<I> {
     fn poll(&mut self, t: Instant) -> PollOutcome {
         let now = self.ms(t);
         self.last_now = now;
+        // The watchdog's view of our progress: a plain store on a line only we write.
+        self.rounds += 1;
+        self.inbox.rounds.store(self.rounds, Ordering::Relaxed);
         if self.dead {
             return self.poll_dead(now);
         }

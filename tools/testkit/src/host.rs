@@ -129,16 +129,13 @@ pub fn lib() -> &'static Lib {
     load(&test_so_path()).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The debug provider's virtual clock (`acmrs_test_advance_clock`, exported by debug builds of
-/// `libacmrs.so` only): moves the clock of its dataplane worker `d` ahead of real time and
-/// returns once the worker observed it (its coarse clock, its poll rounds' `now` and timers).
-/// Routes expire, enter their refresh window, SA retries and deadlines fire as if `d` had
-/// passed, without sleeping. Panics if the loaded library has no such hook (a release build)
-/// or the worker did not observe the move.
-pub fn advance_clock(d: Duration) {
-    type Advance = unsafe extern "C" fn(u64) -> c_int;
-    static HOOK: OnceLock<Option<Advance>> = OnceLock::new();
-    let hook = HOOK.get_or_init(|| {
+/// A test hook of the debug `libacmrs.so` (`fn(u64) -> c_int`); panics if the loaded library
+/// has none (a release build).
+fn debug_hook(
+    name: &'static std::ffi::CStr,
+    cell: &'static OnceLock<Option<unsafe extern "C" fn(u64) -> c_int>>,
+) -> unsafe extern "C" fn(u64) -> c_int {
+    let hook = cell.get_or_init(|| {
         let c = CString::new(lib_of().path.to_string_lossy().as_bytes()).ok()?;
         // SAFETY: looks up the library `load` already opened (RTLD_NOLOAD: no second load);
         // the handle stays open for the process, like the first one.
@@ -147,20 +144,44 @@ pub fn advance_clock(d: Duration) {
             return None;
         }
         // SAFETY: symbol lookup in a live handle with a NUL-terminated name.
-        let sym = unsafe { libc::dlsym(h, c"acmrs_test_advance_clock".as_ptr()) };
-        // SAFETY: the hook has this signature (acm-plugin/src/lib.rs).
-        (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, Advance>(sym) })
+        let sym = unsafe { libc::dlsym(h, name.as_ptr()) };
+        // SAFETY: the hooks have this signature (acm-plugin/src/lib.rs).
+        (!sym.is_null()).then(|| unsafe {
+            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u64) -> c_int>(sym)
+        })
     });
-    let hook = hook.unwrap_or_else(|| {
+    hook.unwrap_or_else(|| {
         panic!(
-            "{} exports no acmrs_test_advance_clock (a release build?)",
+            "{} exports no {name:?} (a release build?)",
             lib_of().path.display()
         )
-    });
+    })
+}
+
+/// The debug provider's virtual clock (`acmrs_test_advance_clock`, exported by debug builds of
+/// `libacmrs.so` only): moves the clock of its dataplane worker `d` ahead of real time and
+/// returns once the worker observed it (its coarse clock, its poll rounds' `now` and timers).
+/// Routes expire, enter their refresh window, SA retries and deadlines fire as if `d` had
+/// passed, without sleeping. Panics if the loaded library has no such hook (a release build)
+/// or the worker did not observe the move.
+pub fn advance_clock(d: Duration) {
+    static HOOK: OnceLock<Option<unsafe extern "C" fn(u64) -> c_int>> = OnceLock::new();
+    let hook = debug_hook(c"acmrs_test_advance_clock", &HOOK);
     let ms = u64::try_from(d.as_millis()).expect("advance in range");
     // SAFETY: plain call of the library's hook with a value.
     let rc = unsafe { hook(ms) };
     assert_eq!(rc, 0, "the dataplane did not observe the clock advance");
+}
+
+/// The debug provider's stuck dataplane (`acmrs_test_stall`): its worker stops running for
+/// `d`, as a thread stuck in the kernel would; returns once it has stopped.
+pub fn stall_dataplane(d: Duration) {
+    static HOOK: OnceLock<Option<unsafe extern "C" fn(u64) -> c_int>> = OnceLock::new();
+    let hook = debug_hook(c"acmrs_test_stall", &HOOK);
+    let ms = u64::try_from(d.as_millis()).expect("stall in range");
+    // SAFETY: plain call of the library's hook with a value.
+    let rc = unsafe { hook(ms) };
+    assert_eq!(rc, 0, "the dataplane did not stop");
 }
 
 /// Serialises tests: the provider instance is process-wide.
