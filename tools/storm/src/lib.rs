@@ -2,8 +2,9 @@
 //!
 //! N nodes (one endpoint each, [`acm_core_nostd::sim`] in scale mode)
 //! each resolve k peers by LID or GID (RESOLVE PATH requests, every one a miss that needs an SA
-//! PathRecord query) against one SA server with a service rate and a bounded queue
-//! ([`SaService`]). A node's client keeps `concurrency` requests outstanding; a request that
+//! PathRecord query) against one SA server, OpenSM as measured (a service time per Get, one
+//! dispatcher FIFO, silent drops past `max_msg_fifo_timeout`, no BUSY unless asked for;
+//! [`SaService`]). A node's client keeps `concurrency` requests outstanding; a request that
 //! fails is issued again after `client_retry` (what an MPI start-up does with a failed
 //! `rdma_resolve_route`). Two resolver configurations: [`Profile::Acmrs`] (`Config::default()`)
 //! and [`Profile::IbacmpLike`] ([`ibacmp_like`]).
@@ -379,7 +380,9 @@ pub fn table(reports: &[Report]) -> String {
         "SA sent (+retx)",
         "served",
         "peak queue",
+        "peak wait (s)",
         "BUSY",
+        "dropped",
         "umad timeouts",
         "late replies",
         "failed",
@@ -401,7 +404,9 @@ pub fn table(reports: &[Report]) -> String {
             format!("{} (+{})", r.sa.sent, r.sa.retransmits),
             r.sa.served.to_string(),
             r.sa.peak_queue.to_string(),
+            format!("{:.3}", r.sa.peak_wait_us as f64 / 1e6),
             r.sa.busy.to_string(),
+            r.sa.dropped.to_string(),
             r.sa.umad_timeouts.to_string(),
             r.sa.late.to_string(),
             r.failed.to_string(),
