@@ -245,7 +245,10 @@ fn losses_and_a_slow_sa_give_retransmits_timeouts_late_replies_and_still_complet
             // client sees a failure.
             assert_eq!(r.failed, 0, "{:?}", r.sa);
         } else {
-            assert!(r.failed > 0, "ibacmp-like fails what its MAD layer gives up");
+            assert!(
+                r.failed > 0,
+                "ibacmp-like fails what its MAD layer gives up"
+            );
         }
         never_faster_than_rate(&r);
     }
