@@ -593,10 +593,10 @@ struct Flight {
 struct Net {
     queue: BinaryHeap<Flight>,
     seq: u64,
-    loss: u64,
-    dup: u64,
+    loss: u32,
+    dup: u32,
     /// Per mille of MADs held back by up to `jitter` ms (and so overtaken).
-    reorder: u64,
+    reorder: u32,
     jitter: u64,
 }
 

@@ -63,28 +63,7 @@ pub use requests::{gid_msg, lid_msg, name_bytes, name_msg, query_msg};
 use sa::UmadSend;
 pub use sa::{SaService, SaServiceStats};
 
-/// splitmix64: a tiny deterministic PRNG.
-#[derive(Clone, Debug)]
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        crate::resolver::splitmix64(&mut self.0)
-    }
-    /// Uniform in `0..n` (0 if `n` is 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
-    /// True with probability `per_mille / 1000`.
-    pub fn chance(&mut self, per_mille: u32) -> bool {
-        self.below(1000) < u64::from(per_mille)
-    }
-}
+pub use crate::rng::Rng;
 
 /// How a [`Sim`] is built.
 #[derive(Clone, Copy, Debug)]

@@ -810,17 +810,6 @@ fn half_world(tid: u32, sgid: &[u8; 16]) -> [u8; MAD_LEN] {
     b
 }
 
-/// A tiny xorshift for the DLIDs.
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 fn kv<'a>(args: &'a [String], k: &str) -> Option<&'a str> {
     args.iter()
         .find_map(|a| a.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
@@ -881,7 +870,7 @@ fn child(args: &[String]) -> Result<(), String> {
         })
     };
     let mut c = Client::open()?;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ u64::from(c.lid));
+    let mut rng = acm_core_nostd::rng::Rng(u64::from(c.lid));
     let gids = learn_gids(&mut c, max_lid)?;
     let lids: Vec<u16> = (1..=max_lid).filter(|&l| l != c.lid).collect();
     let me = c.lid;
