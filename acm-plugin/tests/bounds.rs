@@ -116,7 +116,7 @@ fn outstanding_mads_stay_bounded_when_the_sa_never_answers() {
 #[test]
 fn closing_an_endpoint_frees_the_slots_of_its_held_mads() {
     let _s = serial();
-    let mut h = Host::open("log_level 0\n", &[]);
+    let mut h = Host::open("log_level 0\nacmrs_sa_window_start 4096\n", &[]);
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     for i in 0..8u64 {
         h.resolve(0, &path_request(1 + i, 10 + i as u16, None, 0), 1);
@@ -205,7 +205,8 @@ fn a_route_preload_beyond_acmrs_path_capacity_is_an_error() {
 #[test]
 fn full_queue_and_pending_table_answer_enomem() {
     let _s = serial();
-    let opts = "log_level 0\nacmrs_request_capacity 4\nacmrs_pending_capacity 8\n";
+    let opts = "log_level 0\nacmrs_request_capacity 4\nacmrs_pending_capacity 8\n\
+                acmrs_sa_window_start 4096\n";
     let mut h = Host::open(opts, &[]);
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     // Nobody answers the SA: requests pile up until the tables are full. 40 distinct
@@ -237,7 +238,7 @@ fn full_queue_and_pending_table_answer_enomem() {
 fn hundred_thousand_destinations() {
     let _s = serial();
     let opts =
-        "log_level 0\nsa_depth 32\nacmrs_path_capacity 200000\nacmrs_request_capacity 131072\n\
+        "log_level 0\nsa_depth 32\nacmrs_sa_window_start 4096\nacmrs_path_capacity 200000\nacmrs_request_capacity 131072\n\
                 acmrs_pending_capacity 131072\n";
     let mut h = Host::open(opts, &[]);
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
@@ -288,7 +289,7 @@ fn heap_in_use() -> usize {
 fn open_close_cycles_do_not_leak() {
     let _s = serial();
     let cycle = || {
-        let mut h = Host::open("log_level 0\n", &[]);
+        let mut h = Host::open("log_level 0\nacmrs_sa_window_start 4096\n", &[]);
         h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
         h.add_addr(0, ACM_ADDRESS_IP, &[10, 0, 0, 7]);
         h.add_addr(0, ACM_ADDRESS_IP, &[10, 0, 0, 7]);

@@ -14,6 +14,7 @@ log_level 2
 timeout 100
 retries 0
 route_timeout -1
+acmrs_sa_window_start 4096
 ";
 
 #[test]
@@ -38,7 +39,11 @@ fn provider_table_and_exports() {
     // The library next to this test is built with the same profile: a debug build also exports
     // its virtual clock for the tests (the release build is checked in tests/real_ibacm.rs).
     let want: &[&str] = if cfg!(debug_assertions) {
-        &["acmrs_test_advance_clock", "provider_query"]
+        &[
+            "acmrs_test_advance_clock",
+            "acmrs_test_stall",
+            "provider_query",
+        ]
     } else {
         &["provider_query"]
     };

@@ -87,6 +87,8 @@ fn the_sa_window_is_independent_of_sa_depth_and_a_gone_sa_is_answered_within_the
     // 56 HCAs and 6 switches, so 50 distinct destinations the SA knows. Hca1 runs OpenSM.
     let f = Fabric::builder(Topology::parse("fattree:4,2,14").unwrap(), ["Hca2"])
         .provider(Provider::Acmrs)
+        // The whole window at once (no answers to grow it while the SA is frozen).
+        .option("acmrs_sa_window_start", "16")
         .name_prefix("acmrs-sawin")
         .start()
         .unwrap_or_else(|e| panic!("bring-up failed: {e}"));

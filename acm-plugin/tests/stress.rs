@@ -113,7 +113,10 @@ fn run_schedule(h: &mut Host, seed: u64) -> Result<(), String> {
             SaAction::Timeout
         };
         while sa_complete_next(action) {}
-        if response_count() >= expect.len() && sa_pending() == 0 {
+        // Settled: everything answered, and no SA MAD out (a background refresh or prime
+        // whose query was lost goes again after its backoff, so none may be about to be).
+        let out = ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst);
+        if response_count() >= expect.len() && sa_pending() == 0 && out == base_allocs {
             quiet += 1;
             if quiet > 3 {
                 break;
@@ -123,9 +126,10 @@ fn run_schedule(h: &mut Host, seed: u64) -> Result<(), String> {
         }
         if t0.elapsed() > Duration::from_secs(10) {
             return Err(format!(
-                "seed {seed}: stuck, {} of {} answered",
+                "seed {seed}: stuck, {} of {} answered, {} SA MADs out",
                 response_count(),
-                expect.len()
+                expect.len(),
+                ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst) - base_allocs
             ));
         }
         std::thread::sleep(Duration::from_millis(3));
@@ -153,12 +157,22 @@ fn run_schedule(h: &mut Host, seed: u64) -> Result<(), String> {
             }
         }
     }
-    let outstanding = ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst);
-    if outstanding != base_allocs {
-        return Err(format!(
-            "seed {seed}: {} SA MADs not freed",
-            outstanding - base_allocs
-        ));
+    // Every SA MAD comes back: a background refresh or prime whose query was lost may go
+    // again after its backoff (no client waits on it); the SA answers whatever is still out.
+    let t1 = Instant::now();
+    loop {
+        while sa_complete_next(SaAction::Answer) {}
+        let outstanding = ALLOCS.load(Ordering::SeqCst) - FREES.load(Ordering::SeqCst);
+        if outstanding == base_allocs {
+            break;
+        }
+        if t1.elapsed() > Duration::from_secs(10) {
+            return Err(format!(
+                "seed {seed}: {} SA MADs not freed",
+                outstanding - base_allocs
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(3));
     }
     if DEAD_ENDPOINT_USE.load(Ordering::SeqCst) != 0 {
         return Err(format!(

@@ -397,6 +397,11 @@ pub struct Config {
     pub acm_window: u32,
     /// SA queries in flight per resolver (the rest wait FIFO).
     pub sa_window: u32,
+    /// The SA window a resolver starts with (`acmrs_sa_window_start`, default 1): it grows by
+    /// one query per answer while round trips stay low (slow start), up to `sa_window`, so a
+    /// whole cluster starting at once does not put `sa_window` queries per node into a slow
+    /// SA's queue before any answer says how fast it is.
+    pub sa_window_start: u32,
     /// SA BUSY retries (`acmrs_sa_retries`).
     pub sa_busy_retries: u32,
     /// First BUSY backoff, doubled per retry (`acmrs_sa_busy_backoff_ms`).
@@ -447,6 +452,7 @@ impl Config {
             // Over the core's service only `sa_depth` are sent at once: the rest wait here,
             // with a deadline, not in the core's queue, which has none.
             sa_window: if ud { o.acmrs_sa_window } else { o.sa_depth }.max(1),
+            sa_window_start: o.acmrs_sa_window_start.max(1),
             sa_busy_retries: o.acmrs_sa_retries,
             sa_busy_backoff: u64::from(o.acmrs_sa_busy_backoff_ms),
             sa_deadline,
@@ -548,7 +554,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             cfg: config,
             tid,
             answers: answers::Answers::new(t.requests, reserve),
-            routes: route::Routes::new(t.jobs, seed, config.sa_window),
+            routes: route::Routes::new(t.jobs, seed, &config),
             addrs: addr::AddrTable::new(t.addrs, seed),
             eps: endpoints::Endpoints::new(),
             timers: timers::TimerTable::new(),

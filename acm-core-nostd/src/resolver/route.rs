@@ -114,7 +114,7 @@ pub(crate) struct Routes {
 
 impl Routes {
     /// Every slot of `jobs` free.
-    pub(crate) fn new(jobs: &mut [JobSlot], seed: u64, sa_window: u32) -> Self {
+    pub(crate) fn new(jobs: &mut [JobSlot], seed: u64, cfg: &Config) -> Self {
         let mut free = List::EMPTY;
         for i in 0..jobs.len() as u32 {
             free.push_back(jobs, i, list_id::FREE, JOB);
@@ -127,7 +127,7 @@ impl Routes {
             sent: List::EMPTY,
             busy: List::EMPTY,
             active: 0,
-            sa: SaWindow::new(sa_window),
+            sa: SaWindow::new(cfg.sa_window, cfg.sa_window_start),
             pace: None,
             rng: seed ^ 0x5eed_ba0c,
         }
@@ -824,10 +824,22 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     };
                     while let Some(j) = cur {
                         cur = List::next_of(self.st.jobs(), j, JOB);
-                        if self.st.jobs()[j as usize].timer <= now {
-                            self.stats.timeouts += 1;
-                            self.finish_job(now, j, Completion::failed(Status::Etimedout));
+                        let job = self.st.tables_ref().jobs[j as usize];
+                        if job.timer > now {
+                            continue;
                         }
+                        // The try's own budget, within the job's deadline as it is now: the
+                        // SA's answers since the send may have moved that on.
+                        let limit = job
+                            .sent
+                            .saturating_add(self.sa_deadline_of(usize::from(job.ep)))
+                            .min(self.deadline(job.born));
+                        if limit > now {
+                            self.st.jobs()[j as usize].timer = limit;
+                            continue;
+                        }
+                        self.stats.timeouts += 1;
+                        self.finish_job(now, j, Completion::failed(Status::Etimedout));
                     }
                 }
             }

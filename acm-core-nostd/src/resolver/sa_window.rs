@@ -6,11 +6,15 @@
 //! dispatcher's queue has waited longer than `max_msg_fifo_timeout`; it never says BUSY), so
 //! the window follows the round trip and shrinks before the loss:
 //!
+//! * **Slow start.** A client starts with `sa_window_start` queries (1 by default) and grows
+//!   by one per answer (doubling per round trip) while the round trip stays below half the
+//!   target, up to `sa_window`; the first cut ends it. A cluster that starts at once then
+//!   probes a slow SA instead of queueing a whole window per node in it.
 //! * **Queue building, shrink.** The target is an eighth of `sa_deadline` (875 ms by
 //!   default: far below the point where the transport re-sends a try, and OpenSM's 10 s
 //!   drop threshold), and never less than twice the floor (the shortest round trip seen) plus
 //!   2 ms of clock granularity. Once the smoothed round trip exceeds it, the window shrinks
-//!   to three quarters, at most once per round trip.
+//!   to three quarters, at most once per round trip, but not below one query.
 //! * **Below half the target, grow.** A window's worth of answers grows the window by one
 //!   query (additive increase). In between it holds. A queue in the SA that keeps it busy
 //!   costs no one anything; one that nears the transport's timeouts costs re-sends.
@@ -18,9 +22,9 @@
 //!   window (down to one query; below that at most once per round trip), and it does not grow
 //!   again for `sa_deadline` (every resolver on the fabric probing upward at once is what
 //!   filled the SA's queue).
-//! * **Below one, pace.** The window is kept in eighths of a query, down to one eighth: below
-//!   one, one query per port is out at a time, and each goes out `round trip × 8 / window`
-//!   after the previous one.
+//! * **Below one, pace.** Losses take the window below one query (it is kept in eighths,
+//!   down to one eighth): then one query per port is out at a time, and each goes out
+//!   `round trip × 8 / window` after the previous one.
 //!
 //! **Progress, not age.** A route job is failed for waiting too long only if the SA has
 //! stopped answering: its deadline is `queue_deadline` from its start, or `sa_deadline` after
@@ -42,6 +46,8 @@ pub(crate) struct SaWindow {
     cap: u32,
     /// Answers since the window last grew.
     acks: u32,
+    /// Still in slow start (no cut yet).
+    slow: bool,
     /// The window does not grow before this (after a loss or BUSY).
     hold: Millis,
     /// No round-trip cut before this (one per round trip).
@@ -57,11 +63,15 @@ pub(crate) struct SaWindow {
 }
 
 impl SaWindow {
-    pub(crate) const fn new(sa_window: u32) -> Self {
+    /// A window of at most `sa_window` queries that starts at `start` (both at least 1).
+    pub(crate) fn new(sa_window: u32, start: u32) -> Self {
+        let max = sa_window.max(1);
+        let start = start.clamp(1, max);
         SaWindow {
             held: 0,
-            cap: if sa_window == 0 { ONE } else { sa_window * ONE },
+            cap: start * ONE,
             acks: 0,
+            slow: start < max,
             hold: 0,
             cut: 0,
             rtt: 0,
@@ -127,14 +137,23 @@ impl SaWindow {
         if self.rtt > target {
             // A queue is building in the SA: give way before it drops.
             if now >= self.cut {
-                self.cap = (self.cap * 3 / 4).max(1);
+                // Not below one query: a queue alone is no loss, and a node that sends less
+                // than one query per round trip hears from the SA too seldom to keep its
+                // waiting requests alive (their deadlines move with its answers).
+                self.cap = (self.cap * 3 / 4).max(ONE.min(self.cap));
                 self.acks = 0;
+                self.slow = false;
                 self.cut = now.saturating_add(self.rtt);
             }
             return;
         }
         let max = cfg.sa_window.max(1) * ONE;
         if self.cap >= max || now < self.hold || self.rtt > target / 2 {
+            return;
+        }
+        if self.slow {
+            self.cap = (self.cap + ONE).min(max);
+            self.slow = self.cap < max;
             return;
         }
         self.acks += 1;
@@ -160,6 +179,7 @@ impl SaWindow {
             self.cap = (self.cap / 2).max(1);
         }
         self.acks = 0;
+        self.slow = false;
         self.hold = now.saturating_add(cfg.sa_deadline);
         self.cut = now.saturating_add(self.rtt);
     }
@@ -174,10 +194,13 @@ impl SaWindow {
         }
     }
 
-    /// Whether fewer than two round trips (the smoothed estimate; none before a first reply)
-    /// are left before `deadline`.
+    /// Whether a query sent at `now` could not come back before `deadline`: fewer than two
+    /// round trips (the smoothed estimate; none before a first reply) are left, and the SA
+    /// has answered nothing for a round trip (while it answers, the deadline moves on with
+    /// it, so the query is worth its work).
     pub(crate) fn too_late(&self, now: Millis, deadline: Millis) -> bool {
-        self.rtt > 0 && deadline.saturating_sub(now) < self.rtt.saturating_mul(2)
+        let silent = self.heard.is_none_or(|h| now.saturating_sub(h) > self.rtt);
+        self.rtt > 0 && silent && deadline.saturating_sub(now) < self.rtt.saturating_mul(2)
     }
 }
 
@@ -195,7 +218,7 @@ mod tests {
     #[test]
     fn busy_or_loss_halves_and_holds_answers_near_the_floor_grow_it_back() {
         let cfg = cfg(16);
-        let mut w = SaWindow::new(cfg.sa_window);
+        let mut w = SaWindow::new(cfg.sa_window, cfg.sa_window);
         assert_eq!(w.queries(), 16);
         w.answered(100, 10, true, &cfg);
         w.lost(100, &cfg);
@@ -214,7 +237,7 @@ mod tests {
     #[test]
     fn a_rising_round_trip_shrinks_the_window_before_any_loss() {
         let cfg = cfg(16);
-        let mut w = SaWindow::new(cfg.sa_window);
+        let mut w = SaWindow::new(cfg.sa_window, cfg.sa_window);
         let mut now = 0;
         for _ in 0..20 {
             now += 10;
@@ -238,7 +261,7 @@ mod tests {
     #[test]
     fn below_one_query_the_window_paces() {
         let cfg = cfg(4);
-        let mut w = SaWindow::new(cfg.sa_window);
+        let mut w = SaWindow::new(cfg.sa_window, cfg.sa_window);
         w.answered(0, 10, false, &cfg);
         let mut now = 0;
         for _ in 0..3 {
@@ -264,8 +287,45 @@ mod tests {
     }
 
     #[test]
+    fn slow_start_grows_one_query_per_answer_until_the_window_or_a_cut() {
+        let cfg = cfg(16);
+        let mut w = SaWindow::new(16, 1);
+        assert_eq!(w.queries(), 1);
+        for i in 0..5 {
+            w.answered(i, 5, false, &cfg);
+        }
+        assert_eq!(
+            w.queries(),
+            6,
+            "one per answer, not one per window of answers"
+        );
+        for i in 5..30 {
+            w.answered(i, 5, false, &cfg);
+        }
+        assert_eq!(w.queries(), 16, "up to the window");
+        // A cut ends it: growth is one query per window of answers afterwards.
+        let mut w = SaWindow::new(16, 4);
+        w.answered(0, 5, false, &cfg);
+        w.lost(0, &cfg);
+        assert_eq!(w.queries(), 2);
+        for i in 0..3 {
+            w.answered(cfg.sa_deadline + i, 5, false, &cfg);
+        }
+        assert_eq!(w.queries(), 3, "2 answers grew it by one, not by three");
+        // An SA that answers the first query in 5 ms, then queues: slow start stops once the
+        // smoothed round trip passes half the target (an eighth of sa_deadline), well before
+        // the window.
+        let mut w = SaWindow::new(16, 1);
+        w.answered(0, 5, false, &cfg);
+        for i in 1..40 {
+            w.answered(i * 1000, 600, false, &cfg);
+        }
+        assert!(w.queries() < 12, "{}", w.queries());
+    }
+
+    #[test]
     fn room_is_per_port_bounded_by_the_storage() {
-        let mut w = SaWindow::new(2);
+        let mut w = SaWindow::new(2, 2);
         w.held = 3;
         assert!(w.has_room(2, 100, 0) && !w.has_room(1, 100, 0) && !w.has_room(2, 3, 0));
         w.held = 0;
@@ -279,7 +339,7 @@ mod tests {
             sa_deadline: 300,
             ..Config::default()
         };
-        let mut w = SaWindow::new(4);
+        let mut w = SaWindow::new(4, 4);
         assert_eq!(w.deadline(50, &cfg), 1050, "never heard: the age bound");
         w.answered(2000, 5, false, &cfg);
         assert_eq!(w.deadline(50, &cfg), 2300, "the SA answers: wait for it");
@@ -287,11 +347,14 @@ mod tests {
     }
 
     #[test]
-    fn too_late_needs_a_round_trip_estimate() {
+    fn too_late_needs_a_round_trip_estimate_and_a_silent_sa() {
         let cfg = cfg(4);
-        let mut w = SaWindow::new(4);
+        let mut w = SaWindow::new(4, 4);
         assert!(!w.too_late(0, 1));
         w.answered(0, 10, false, &cfg);
-        assert!(w.too_late(0, 19) && !w.too_late(0, 20));
+        // The SA answered just now: the deadline will move with its next answers.
+        assert!(!w.too_late(5, 20));
+        // Silent for more than a round trip: two round trips are needed.
+        assert!(w.too_late(11, 30) && !w.too_late(11, 31));
     }
 }

@@ -272,6 +272,10 @@ pub struct ProviderOptions {
     /// the `ud` transport (halved on a BUSY or a lost query, shrunk when the SA's round trip
     /// grows, regrown by one per window of answers); with `core`, `sa_depth` is the window.
     pub acmrs_sa_window: u32,
+    /// `acmrs_sa_window_start` (default 1; 1..=4096): the window an SA client starts with;
+    /// it grows by one query per answer while the SA's round trip stays low (slow start), up
+    /// to `acmrs_sa_window`.
+    pub acmrs_sa_window_start: u32,
     /// `acmrs_prom_file` (default none = off): Prometheus textfile the stats exporter
     /// rewrites atomically every `acmrs_prom_interval_s` (`none` turns it off).
     pub acmrs_prom_file: Option<PathString>,
@@ -330,6 +334,7 @@ impl Default for ProviderOptions {
             acmrs_acm_window: 16,
             acmrs_sa_transport: SaTransport::Ud,
             acmrs_sa_window: 16,
+            acmrs_sa_window_start: 1,
             acmrs_prom_file: None,
             acmrs_prom_interval_s: 10,
             acmrs_hit_sample: 16,
@@ -487,6 +492,7 @@ impl ProviderOptions {
             "acmrs_sa_transport" => acmrs_sa_transport =
                 |v| keyword(v, &[("ud", SaTransport::Ud), ("core", SaTransport::Core)]);
             "acmrs_sa_window" => acmrs_sa_window = |v| uint(v, 1, 4096);
+            "acmrs_sa_window_start" => acmrs_sa_window_start = |v| uint(v, 1, 4096);
             "acmrs_prom_file" => acmrs_prom_file = |v| optional_path(v, PATH_MAX);
             "acmrs_prom_interval_s" => acmrs_prom_interval_s = |v| uint(v, 1, 86400);
             "acmrs_hit_sample" => acmrs_hit_sample = |v| uint(v, 1, 65536).map(u32::next_power_of_two);

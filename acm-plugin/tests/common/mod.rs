@@ -10,6 +10,7 @@ timeout 100
 retries 0
 acmrs_sa_retries 3
 acmrs_sa_busy_backoff_ms 5
+acmrs_sa_window_start 4096
 route_timeout -1
 ";
 
