@@ -36,7 +36,8 @@ struct hooks {
 	int (*resolve_response)(uint64_t id, struct acm_msg *msg);
 	int (*query_response)(uint64_t id, struct acm_msg *msg);
 	const char *(*opts)(void);
-	/* 0: acm_send_sa_mad entered; 1: a matched SA reply is handed to the provider */
+	/* 0: acm_send_sa_mad entered; 1: a matched SA reply is handed to the provider;
+	 * 2: the provider's SA reply handler returned; 3: a bare query's reply arrived */
 	void (*stamp)(int what);
 };
 
@@ -402,6 +403,8 @@ static void *recv_thread(void *arg)
 		if (H.stamp)
 			H.stamp(1);
 		found->handler(&found->mad);
+		if (H.stamp)
+			H.stamp(2);
 	}
 	return NULL;
 }
@@ -508,4 +511,89 @@ void acmbench_host_stop(void)
 {
 	atomic_store(&g_stop, 1);
 	pthread_join(g_thread, NULL);
+}
+
+/* ---- bare transports (the miss bench, samehost misses.rs) ---------------------------- */
+
+/* A PathRecord GET as the providers build it (acmp_init_path_query, acmp_resolve_path_sa):
+ * SA class 3 version 2, attribute 0x35, the record from the source GID/LID to dlid (or dgid
+ * if non-null), reversible, 1 path, pkey 0xffff, component mask from acm_path_comp_mask.
+ * out: the 256 MAD bytes. */
+void acmbench_path_mad(uint16_t slid, uint16_t dlid, const uint8_t *dgid, uint64_t tid,
+		       uint8_t out[256])
+{
+	struct ibv_path_record p;
+	__be64 mask;
+	__be64 btid = htobe64(tid);
+	__be16 attr = htobe16(0x35);
+
+	memset(&p, 0, sizeof p);
+	memcpy(p.sgid.raw, g_gids[0].raw, 16);
+	if (dgid) {
+		memcpy(p.dgid.raw, dgid, 16);
+	} else {
+		p.slid = htobe16(slid);
+		p.dlid = htobe16(dlid);
+	}
+	p.reversible_numpath = 0x81;
+	p.pkey = htobe16(0xffff);
+	mask = acm_path_comp_mask(&p);
+	memset(out, 0, 256);
+	out[0] = 1;    /* base version */
+	out[1] = 3;    /* SA */
+	out[2] = 2;    /* class version */
+	out[3] = 1;    /* GET */
+	memcpy(out + 8, &btid, 8);
+	memcpy(out + 16, &attr, 2);
+	memcpy(out + 48, &mask, 8);
+	memcpy(out + 56, &p, sizeof p);
+}
+
+static atomic_int g_bare_done;
+static int g_bare_status;
+static uint16_t g_bare_dlid;
+
+static void bare_handler(struct acm_sa_mad *mad)
+{
+	const uint8_t *rec = (const uint8_t *)&mad->sa_mad + 56;
+	uint16_t dlid;
+
+	memcpy(&dlid, rec + 40, 2);
+	g_bare_status = mad->umad.status ? -1 : be16toh(mad->sa_mad.mad_hdr.status);
+	g_bare_dlid = be16toh(dlid);
+	acm_free_sa_mad(mad);
+	atomic_store(&g_bare_done, 1);
+	if (H.stamp)
+		H.stamp(3); /* wakes the waiter */
+}
+
+/* One PathRecord GET through this core's SA service (umad, the path the providers' misses
+ * take here); stamps 0 (sent) and 1 (reply matched) as for a provider's MAD. Returns 0 once
+ * the send went out; then poll acmbench_bare_sa_done. */
+int acmbench_bare_sa_send(uint16_t slid, uint16_t dlid, const uint8_t *dgid, uint64_t tid)
+{
+	static int dummy_ep;
+	struct acm_sa_mad *mad;
+	int ret;
+
+	mad = acm_alloc_sa_mad((const struct acm_endpoint *)&dummy_ep, NULL, bare_handler);
+	if (!mad)
+		return -1;
+	acmbench_path_mad(slid, dlid, dgid, tid, (uint8_t *)&mad->sa_mad);
+	atomic_store(&g_bare_done, 0);
+	ret = acm_send_sa_mad(mad);
+	if (ret)
+		acm_free_sa_mad(mad);
+	return ret;
+}
+
+/* 1 when the reply of the last acmbench_bare_sa_send arrived (then *status = the MAD status,
+ * -1 if umad reported a timeout; *dlid = the record's DLID; the handler freed the MAD), else 0. */
+int acmbench_bare_sa_done(int *status, uint16_t *dlid)
+{
+	if (!atomic_load(&g_bare_done))
+		return 0;
+	*status = g_bare_status;
+	*dlid = g_bare_dlid;
+	return 1;
 }

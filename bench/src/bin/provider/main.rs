@@ -33,6 +33,7 @@ use acm_testkit::request::PathRequest;
 use clap::{Parser, Subcommand};
 use std::time::{Duration, Instant};
 
+mod misses;
 mod samehost;
 
 /// Provider resolve() latency on cache hits and misses, acmrs against the stock libibacmp.
@@ -62,6 +63,21 @@ struct Cli {
     /// fattree:4,2,8]
     #[arg(long, value_name = "fattree:L,S,H")]
     topology: Option<String>,
+    /// Same-host mode: isolated misses per provider and form (LID, GID, name) in the
+    /// --poll-mode run [default: 3000; with --quick 1000; 0: none]
+    #[arg(long, value_name = "N", value_parser = num::<usize>)]
+    misses: Option<usize>,
+    /// Same-host mode: isolated misses per provider and form in the runs of the other two
+    /// poll modes (their CPU figures) [default: 1000; with --quick 200; 0: not run]
+    #[arg(long, value_name = "N", value_parser = num::<usize>)]
+    mode_misses: Option<usize>,
+    /// Same-host mode: idle time measured after the misses, ms [default: 3000; with --quick
+    /// 1000]
+    #[arg(long, value_name = "MS", value_parser = num::<u64>)]
+    idle_ms: Option<u64>,
+    /// Same-host mode: skip the hit children (cache sizes); misses only
+    #[arg(long)]
+    misses_only: bool,
     /// --daemon: hits per provider
     #[arg(long, value_name = "N", default_value = "20000", value_parser = num::<usize>)]
     daemon_samples: usize,
@@ -74,6 +90,9 @@ enum Child {
     /// The same-host mode's measuring child (started by this program under the simulated verbs)
     #[command(hide = true)]
     SamehostChild(samehost::ChildArgs),
+    /// The same-host mode's isolated-miss child (started by this program)
+    #[command(hide = true)]
+    SamehostMissChild(misses::MissArgs),
 }
 
 // ---- through the real daemon ---------------------------------------------------------------
@@ -142,8 +161,12 @@ fn daemon_rtt(provider: acm_fabric::Provider, samples: usize) -> Result<LatencyH
 
 fn main() {
     let args: Cli = acm_report::cli::parse(2);
-    if let Some(Child::SamehostChild(c)) = args.child {
-        if let Err(e) = samehost::child(&c) {
+    if let Some(child) = &args.child {
+        let r = match child {
+            Child::SamehostChild(c) => samehost::child(c),
+            Child::SamehostMissChild(c) => misses::child(c),
+        };
+        if let Err(e) = r {
             eprintln!("provider (measuring child): {e}");
             std::process::exit(1);
         }
@@ -173,12 +196,22 @@ fn main() {
             }),
             out: args.run.out.clone(),
             poll_mode: args.poll.poll_mode.clone(),
+            misses: args
+                .misses
+                .unwrap_or(if args.run.quick { 1000 } else { 3000 }),
+            mode_misses: args
+                .mode_misses
+                .unwrap_or(if args.run.quick { 200 } else { 1000 }),
+            idle_ms: args
+                .idle_ms
+                .unwrap_or(if args.run.quick { 1000 } else { 3000 }),
+            misses_only: args.misses_only,
         };
         if let Err(e) = samehost::run(&cfg) {
             eprintln!("provider: {e}");
             std::process::exit(1);
         }
-        if !alone.is_empty() {
+        if !alone.is_empty() && !args.misses_only {
             println!(
                 "## {alone:?} cached paths: stock n/a\n\n\
                  libibacmp's route preload keeps one LID and one GID entry per unicast DLID \

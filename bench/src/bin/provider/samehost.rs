@@ -23,10 +23,10 @@ use acm_testkit::request::{gid, path_of, PathRequest};
 use acmrs::ffi::*;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const STOCK_LIB: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
+pub(crate) const STOCK_LIB: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
 const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
 const HOST_CORE_C: &str = include_str!("host_core.c");
 /// First fake DLID of the generated route dump (the fabric's own LIDs stay below it).
@@ -50,6 +50,14 @@ pub struct Config {
     pub out: Option<PathBuf>,
     /// `acmrs_poll_mode` of the acmrs dataplane (busy, adaptive, event).
     pub poll_mode: String,
+    /// Isolated misses per provider and form in the `poll_mode` run (0: none).
+    pub misses: usize,
+    /// The same in the runs of the other two poll modes (0: not run).
+    pub mode_misses: usize,
+    /// Idle time measured after the misses (ms).
+    pub idle_ms: u64,
+    /// No hit children.
+    pub misses_only: bool,
 }
 
 // ---- parent ----------------------------------------------------------------------------------
@@ -85,6 +93,8 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         ));
     }
     let host = hcas[1].clone();
+    // The name misses' peer: one real ibacm daemon (stock libibacmp) owning its node name.
+    let peer = hcas[2].clone();
     let simverbs = acm_fabric::find_artifact(
         "ACM_FABRIC_SIMVERBS",
         "libsimverbs.so",
@@ -102,16 +112,21 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         cfg.topology,
         hcas.len()
     ));
-    let fabric = Fabric::builder(topo, [host.as_str()])
-        .start_daemons(false)
+    let fabric = Fabric::builder(topo, [peer.as_str()])
+        .provider(acm_fabric::Provider::Stock)
+        .hosts_file(acm_fabric::HostsFile::Absent)
+        .option("log_level", "0")
         .name_prefix("bench-samehost")
         .start()
         .map_err(|e| e.to_string())?;
-    let lid = fabric.node(&host).map_err(|e| e.to_string())?.lid;
+    let lid = fabric.port_info(&host).map_err(|e| e.to_string())?.lid;
+    let peer_node = fabric.node(&peer).map_err(|e| e.to_string())?;
+    let (peer_lid, peer_name) = (peer_node.lid, peer_node.addrs.name.clone());
     println!(
         "## same host, same fabric, same run: stock libibacmp vs libacmrs\n\n\
          fabric {} ({} HCAs, {} switches, up in {:.1} s), bench process = {host} (LID {lid}), \
-         SA = OpenSM on {}\n\nfabric name: {}\n",
+         SA = OpenSM on {}, name-miss peer = real ibacm (stock) on {peer} (LID {peer_lid}, \
+         name {peer_name})\n\nfabric name: {}\n",
         cfg.topology,
         hcas.len(),
         switches,
@@ -119,32 +134,20 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         fabric.sm_node(),
         fabric.name()
     );
-    for &size in &cfg.sizes {
-        progress(format_args!(
-            "size {size}: measuring child starts (both providers, {} hits each)",
-            cfg.hit_samples
-        ));
-        let dir = fabric.scratch().join(format!("bench-{size}"));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let simverbs = simverbs.to_string_lossy().into_owned();
+    let run_child = |dir: &Path, shm: &Path, args: Vec<String>, what: &str| -> Result<(), String> {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let mut cmd = std::process::Command::new(&exe);
-        cmd.arg("samehost-child")
-            .args(["--size", &size.to_string()])
-            .args(["--hit-samples", &cfg.hit_samples.to_string()])
-            .args(["--max-lid", &max_lid.to_string()])
-            .args(["--poll-mode", &cfg.poll_mode])
-            .args(["--acmrs", acmrs.to_str().unwrap_or_default()]);
+        cmd.args(&args);
         if let Some(out) = &cfg.out {
             let out = std::path::absolute(out).map_err(|e| e.to_string())?;
             cmd.arg("--out").arg(out);
         }
-        cmd.current_dir(&dir)
-            .env(
-                "LD_PRELOAD",
-                format!("{UMAD2SIM}:{}", simverbs.to_string_lossy()),
-            )
+        cmd.current_dir(dir)
+            .env("LD_PRELOAD", format!("{UMAD2SIM}:{simverbs}"))
             .env("IBSIM_SOCKNAME", fabric.name())
             .env("SIM_HOST", &host)
-            .env("SIMVERBS_SHM_DIR", &dir);
+            .env("SIMVERBS_SHM_DIR", shm);
         // The child's progress lines continue this process's clock.
         let (k, v) = acm_report::progress_env();
         cmd.env(k, v);
@@ -155,15 +158,84 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             match guard.0.try_wait() {
                 Ok(Some(s)) => break s,
                 Ok(None) if Instant::now() > deadline => {
-                    return Err(format!("child for size {size} timed out"));
+                    return Err(format!("child for {what} timed out"));
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(50)),
                 Err(e) => return Err(e.to_string()),
             }
         };
         if !status.success() {
-            return Err(format!("child for size {size} failed: {status}"));
+            return Err(format!("child for {what} failed: {status}"));
         }
+        Ok(())
+    };
+    let modes = ["busy", "adaptive", "event"];
+    let mut runs = vec![(cfg.poll_mode.clone(), cfg.misses)];
+    runs.extend(
+        modes
+            .iter()
+            .filter(|m| **m != cfg.poll_mode)
+            .map(|m| (m.to_string(), cfg.mode_misses)),
+    );
+    for (mode, n) in runs.into_iter().filter(|(_, n)| *n > 0) {
+        progress(format_args!(
+            "isolated misses, acmrs_poll_mode {mode}: miss child starts ({n} per provider and form)"
+        ));
+        let args: Vec<String> = [
+            "samehost-miss-child",
+            "--misses",
+            &n.to_string(),
+            "--max-lid",
+            &max_lid.to_string(),
+            "--poll-mode",
+            &mode,
+            "--acmrs",
+            acmrs.to_str().unwrap_or_default(),
+            "--peer-name",
+            &peer_name,
+            "--peer-lid",
+            &peer_lid.to_string(),
+            "--idle-ms",
+            &cfg.idle_ms.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // simverbs finds the peer daemon's QPs (its multicast group) through the fabric's
+        // shared directory, where the daemons have theirs.
+        run_child(
+            &fabric.scratch().join(format!("misses-{mode}")),
+            fabric.scratch(),
+            args,
+            &format!("misses ({mode})"),
+        )?;
+    }
+    if cfg.misses_only {
+        return Ok(());
+    }
+    for &size in &cfg.sizes {
+        progress(format_args!(
+            "size {size}: measuring child starts (both providers, {} hits each)",
+            cfg.hit_samples
+        ));
+        let args: Vec<String> = [
+            "samehost-child",
+            "--size",
+            &size.to_string(),
+            "--hit-samples",
+            &cfg.hit_samples.to_string(),
+            "--max-lid",
+            &max_lid.to_string(),
+            "--poll-mode",
+            &cfg.poll_mode,
+            "--acmrs",
+            acmrs.to_str().unwrap_or_default(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let dir = fabric.scratch().join(format!("bench-{size}"));
+        run_child(&dir, &dir, args, &format!("size {size}"))?;
     }
     Ok(())
 }
@@ -171,7 +243,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
 // ---- child: the host core (Rust side) --------------------------------------------------------
 
 #[repr(C)]
-struct Hooks {
+pub(crate) struct Hooks {
     write: extern "C" fn(c_int, *const c_char),
     resolve_response: extern "C" fn(u64, *mut AcmMsg) -> c_int,
     query_response: extern "C" fn(u64, *mut AcmMsg) -> c_int,
@@ -180,21 +252,37 @@ struct Hooks {
 }
 
 #[repr(C)]
-struct HostInfo {
-    verbs: *mut c_void,
-    dev_guid: u64,
-    lid: u16,
-    sm_lid: u16,
-    sm_sl: u8,
+pub(crate) struct HostInfo {
+    pub(crate) verbs: *mut c_void,
+    pub(crate) dev_guid: u64,
+    pub(crate) lid: u16,
+    pub(crate) sm_lid: u16,
+    pub(crate) sm_sl: u8,
     gid_cnt: u8,
-    gid0: [u8; 16],
+    pub(crate) gid0: [u8; 16],
     dev_name: [c_char; 64],
     error: [c_char; 256],
 }
 
-static LOG: AtomicBool = AtomicBool::new(false);
-static SEND_NS: AtomicU64 = AtomicU64::new(0);
-static RECV_NS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static LOG: AtomicBool = AtomicBool::new(false);
+pub(crate) static SEND_NS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static RECV_NS: AtomicU64 = AtomicU64::new(0);
+/// The provider's SA reply handler returned (host_core.c stamp 2).
+static HANDLED_NS: AtomicU64 = AtomicU64::new(0);
+/// Whether [`resolve_timed`] also reads the calling thread's CPU clock around `resolve()`
+/// (the miss child's CPU phase only: two syscalls per call).
+pub(crate) static CALL_CPU: AtomicBool = AtomicBool::new(false);
+
+/// This thread's CPU time (ns).
+pub(crate) fn thread_cpu_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime with a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 // The hooks host_core.c calls: the provider's answers and log lines are recorded by the
 // test kit (`acm_testkit::core`, on its clock), the opts file is the test kit's.
@@ -211,7 +299,9 @@ extern "C" fn h_resolve_response(id: u64, m: *mut AcmMsg) -> c_int {
         return -1;
     }
     // SAFETY: the provider passes a full message for the duration of the call.
-    unsafe { fake::record_answer(id, m, false) }
+    let rc = unsafe { fake::record_answer(id, m, false) };
+    notify();
+    rc
 }
 
 extern "C" fn h_query_response(id: u64, m: *mut AcmMsg) -> c_int {
@@ -226,8 +316,51 @@ extern "C" fn h_stamp(what: c_int) {
     let t = fake::now_ns();
     match what {
         0 => SEND_NS.store(t, Ordering::Relaxed),
-        _ => RECV_NS.store(t, Ordering::Relaxed),
+        1 => RECV_NS.store(t, Ordering::Relaxed),
+        2 => HANDLED_NS.store(t, Ordering::Relaxed),
+        // A bare SA query's reply arrived (host_core.c's bare_handler).
+        _ => notify(),
     }
+}
+
+/// With [`BLOCK_WAIT`], waiters sleep on this futex word (bumped by every answer and every
+/// bare SA reply) instead of spinning.
+pub(crate) static WAKE_SEQ: AtomicU32 = AtomicU32::new(0);
+/// The miss child's waits block (a thread that spins for an answer takes one of the 2 cores
+/// from ibsim, OpenSM and the providers); the hit child's spin as before.
+pub(crate) static BLOCK_WAIT: AtomicBool = AtomicBool::new(false);
+
+fn notify() {
+    if BLOCK_WAIT.load(Ordering::Relaxed) {
+        WAKE_SEQ.fetch_add(1, Ordering::Release);
+        // SAFETY: FUTEX_WAKE on a live word of this process.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                WAKE_SEQ.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                i32::MAX,
+            )
+        };
+    }
+}
+
+/// Sleeps until [`WAKE_SEQ`] differs from `seen` (or 10 ms passed).
+pub(crate) fn wait_seq(seen: u32) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 10_000_000,
+    };
+    // SAFETY: FUTEX_WAIT on a live word with a relative timeout.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            WAKE_SEQ.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            seen,
+            &ts as *const libc::timespec,
+        )
+    };
 }
 
 extern "C" fn h_opts() -> *const c_char {
@@ -245,7 +378,7 @@ fn dlerror() -> String {
     }
 }
 
-fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
+pub(crate) fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
     let c = CString::new(path.to_string_lossy().as_bytes()).map_err(|e| e.to_string())?;
     // SAFETY: dlopen of a NUL-terminated library path.
     let h = unsafe { libc::dlopen(c.as_ptr(), flags) };
@@ -255,7 +388,7 @@ fn dlopen(path: &Path, flags: c_int) -> Result<*mut c_void, String> {
     Ok(h)
 }
 
-fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
+pub(crate) fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
     // SAFETY: dlsym on a handle returned by dlopen.
     let s = unsafe { libc::dlsym(h, name.as_ptr()) };
     if s.is_null() {
@@ -265,13 +398,13 @@ fn sym(h: *mut c_void, name: &CStr) -> Result<*mut c_void, String> {
 }
 
 /// One provider opened on the host's port, as the core opens it.
-struct Opened {
-    name: &'static str,
-    prov: &'static AcmProvider,
-    addr_ctx: *mut c_void,
+pub(crate) struct Opened {
+    pub(crate) name: &'static str,
+    pub(crate) prov: &'static AcmProvider,
+    pub(crate) addr_ctx: *mut c_void,
 }
 
-fn open_provider(
+pub(crate) fn open_provider(
     name: &'static str,
     prov: &'static AcmProvider,
     dev: &'static AcmDevice,
@@ -309,7 +442,7 @@ fn open_provider(
 
 /// A PATH request as `ib_acme -f l` (by LID: `slid` + `dlid`) or `-f g` (by GID) sends it,
 /// reversible, 1 path.
-fn path_msg(tid: u64, slid: u16, dlid: u16, dgid: Option<[u8; 16]>) -> AcmMsg {
+pub(crate) fn path_msg(tid: u64, slid: u16, dlid: u16, dgid: Option<[u8; 16]>) -> AcmMsg {
     let by_lid = dgid.is_none();
     PathRequest {
         slid: if by_lid { slid } else { 0 },
@@ -319,41 +452,66 @@ fn path_msg(tid: u64, slid: u16, dlid: u16, dgid: Option<[u8; 16]>) -> AcmMsg {
     .msg()
 }
 
-struct Answer {
-    ns: u64,
+pub(crate) struct Answer {
+    pub(crate) ns: u64,
     /// The provider's own share of a miss: `resolve()` → `acm_send_sa_mad`, plus SA reply
     /// handed over → `acm_resolve_response` (the fabric round trip in between excluded).
     own_ns: u64,
     /// The two parts of `own_ns`: `resolve()` → `acm_send_sa_mad`, SA reply → answer.
     send_ns: u64,
     reply_ns: u64,
+    /// Stamps after the call's start (ns, 0 = did not happen during this call): `resolve()`
+    /// returned, `acm_send_sa_mad` entered, the SA reply matched, the provider's reply
+    /// handler returned (host_core.c stamps 0, 1, 2).
+    pub(crate) ret_at: u64,
+    pub(crate) send_at: u64,
+    pub(crate) recv_at: u64,
+    pub(crate) handled_at: u64,
+    /// CPU time of the calling thread inside `resolve()` (with [`CALL_CPU`] only, else 0).
+    pub(crate) call_cpu_ns: u64,
     /// Answered before `resolve()` returned.
-    inline: bool,
-    status: u8,
-    path: [u8; 64],
+    pub(crate) inline: bool,
+    pub(crate) status: u8,
+    pub(crate) path: [u8; 64],
 }
 
 /// Calls `resolve()` and waits (spinning, then sleeping) for its answer; call → answer time.
-fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer, String> {
+pub(crate) fn resolve_timed(
+    o: &Opened,
+    m: &mut AcmMsg,
+    timeout: Duration,
+) -> Result<Answer, String> {
     let before = fake::response_count();
     let tid = m.hdr.tid;
     SEND_NS.store(0, Ordering::Relaxed);
     RECV_NS.store(0, Ordering::Relaxed);
+    HANDLED_NS.store(0, Ordering::Relaxed);
+    let call_cpu = CALL_CPU.load(Ordering::Relaxed);
+    let c0 = if call_cpu { thread_cpu_now() } else { 0 };
     let t0 = fake::now_ns();
     // SAFETY: as ibacm calls it; the message lives across the call.
     let rc = unsafe { (o.prov.resolve)(o.addr_ctx, m, 1) };
+    let ret_at = fake::now_ns() - t0;
+    let call_cpu_ns = if call_cpu { thread_cpu_now() - c0 } else { 0 };
     let inline = fake::response_count() != before;
     if rc != 0 {
         return Err(format!("{}: resolve returned {rc}", o.name));
     }
     let start = Instant::now();
     let mut spins = 0u32;
-    while fake::response_count() == before {
+    let block = BLOCK_WAIT.load(Ordering::Relaxed);
+    loop {
+        let seen = WAKE_SEQ.load(Ordering::Acquire);
+        if fake::response_count() != before {
+            break;
+        }
         if start.elapsed() > timeout {
             return Err(format!("{}: no answer within {timeout:?}", o.name));
         }
         spins += 1;
-        if spins < 20_000 {
+        if block {
+            wait_seq(seen);
+        } else if spins < 20_000 {
             std::hint::spin_loop();
         } else {
             std::thread::sleep(Duration::from_micros(20));
@@ -385,6 +543,11 @@ fn resolve_timed(o: &Opened, m: &mut AcmMsg, timeout: Duration) -> Result<Answer
             0 => 0,
             r => last_ns.saturating_sub(r),
         },
+        ret_at,
+        send_at: SEND_NS.load(Ordering::Relaxed).saturating_sub(t0),
+        recv_at: RECV_NS.load(Ordering::Relaxed).saturating_sub(t0),
+        handled_at: HANDLED_NS.load(Ordering::Relaxed).saturating_sub(t0),
+        call_cpu_ns,
         inline,
         status,
         path,
@@ -441,7 +604,78 @@ pub struct ChildArgs {
     poll_mode: String,
 }
 
-fn leak<T>(v: T) -> &'static T {
+/// The host core (host_core.c), compiled, loaded `RTLD_GLOBAL` and started: the verbs
+/// device, the GID table and the SA MAD service the providers import.
+pub(crate) struct HostCore {
+    pub(crate) info: HostInfo,
+    pub(crate) lib: *mut c_void,
+    stats: *mut c_void,
+}
+
+impl HostCore {
+    /// Writes host_core.c into `dir`, builds it with `cc` and starts it.
+    pub(crate) fn up(dir: &Path, log_level: c_int) -> Result<HostCore, String> {
+        let src = dir.join("host_core.c");
+        let so = dir.join("libacmbenchhost.so");
+        std::fs::write(&src, HOST_CORE_C).map_err(|e| e.to_string())?;
+        let st = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-o"])
+            .arg(&so)
+            .arg(&src)
+            .args(["-libumad", "-libverbs", "-lpthread"])
+            .env_remove("LD_PRELOAD")
+            .status()
+            .map_err(|e| format!("cc (apt-get install build-essential): {e}"))?;
+        if !st.success() {
+            return Err(
+                "building host_core.c failed (needs libibumad-dev, libibverbs-dev, ibacm headers)"
+                    .into(),
+            );
+        }
+        let h = dlopen(&so, libc::RTLD_NOW | libc::RTLD_GLOBAL)?;
+        let init = sym(h, c"acmbench_host_init")?;
+        let stats = sym(h, c"acmbench_host_stats")?;
+        let hooks = Hooks {
+            write: h_write,
+            resolve_response: h_resolve_response,
+            query_response: h_query_response,
+            opts: h_opts,
+            stamp: h_stamp,
+        };
+        // SAFETY: zeroed plain-old-data out-parameter.
+        let mut info: HostInfo = unsafe { std::mem::zeroed() };
+        // SAFETY: acmbench_host_init(const struct hooks *, int, int, int, struct host_info *);
+        // the hooks struct is copied, the layouts match host_core.c.
+        let rc = unsafe {
+            let f: extern "C" fn(*const Hooks, c_int, c_int, c_int, *mut HostInfo) -> c_int =
+                std::mem::transmute(init);
+            f(&hooks, log_level, 2000, 2, &mut info)
+        };
+        if rc != 0 {
+            // SAFETY: NUL-terminated by snprintf.
+            let e = unsafe { CStr::from_ptr(info.error.as_ptr()) };
+            return Err(format!("host core: {}", e.to_string_lossy()));
+        }
+        Ok(HostCore {
+            info,
+            lib: h,
+            stats,
+        })
+    }
+
+    /// SA MADs sent, replies received, replies without a pending request.
+    pub(crate) fn stats(&self) -> [u64; 3] {
+        let mut v = [0u64; 3];
+        // SAFETY: acmbench_host_stats(uint64_t out[3]).
+        unsafe {
+            let f: extern "C" fn(*mut u64) = std::mem::transmute(self.stats);
+            f(v.as_mut_ptr());
+        }
+        v
+    }
+}
+
+pub(crate) fn leak<T>(v: T) -> &'static T {
     Box::leak(Box::new(v))
 }
 
@@ -457,58 +691,11 @@ pub fn child(a: &ChildArgs) -> Result<(), String> {
     );
     let dir = std::env::current_dir().map_err(|e| e.to_string())?;
     // 1. The host core.
-    let src = dir.join("host_core.c");
-    let so = dir.join("libacmbenchhost.so");
-    std::fs::write(&src, HOST_CORE_C).map_err(|e| e.to_string())?;
-    let st = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&so)
-        .arg(&src)
-        .args(["-libumad", "-libverbs", "-lpthread"])
-        .env_remove("LD_PRELOAD")
-        .status()
-        .map_err(|e| format!("cc (apt-get install build-essential): {e}"))?;
-    if !st.success() {
-        return Err(
-            "building host_core.c failed (needs libibumad-dev, libibverbs-dev, ibacm headers)"
-                .into(),
-        );
-    }
-    let h = dlopen(&so, libc::RTLD_NOW | libc::RTLD_GLOBAL)?;
-    let init = sym(h, c"acmbench_host_init")?;
-    let stats = sym(h, c"acmbench_host_stats")?;
-    let hooks = Hooks {
-        write: h_write,
-        resolve_response: h_resolve_response,
-        query_response: h_query_response,
-        opts: h_opts,
-        stamp: h_stamp,
-    };
-    // SAFETY: zeroed plain-old-data out-parameter.
-    let mut info: HostInfo = unsafe { std::mem::zeroed() };
     let log_level = if LOG.load(Ordering::Relaxed) { 2 } else { 0 };
-    // SAFETY: acmbench_host_init(const struct hooks *, int, int, int, struct host_info *);
-    // the hooks struct is copied, the layouts match host_core.c.
-    let rc = unsafe {
-        let f: extern "C" fn(*const Hooks, c_int, c_int, c_int, *mut HostInfo) -> c_int =
-            std::mem::transmute(init);
-        f(&hooks, log_level, 2000, 2, &mut info)
-    };
-    if rc != 0 {
-        // SAFETY: NUL-terminated by snprintf.
-        let e = unsafe { CStr::from_ptr(info.error.as_ptr()) };
-        return Err(format!("host core: {}", e.to_string_lossy()));
-    }
+    let host = HostCore::up(&dir, log_level)?;
+    let info = &host.info;
     // SA MADs sent, replies received, replies without a pending request.
-    let sa_stats = || {
-        let mut v = [0u64; 3];
-        // SAFETY: acmbench_host_stats(uint64_t out[3]).
-        unsafe {
-            let f: extern "C" fn(*mut u64) = std::mem::transmute(stats);
-            f(v.as_mut_ptr());
-        }
-        v
-    };
+    let sa_stats = || host.stats();
     let sa_sent = || sa_stats()[0];
     let lid = info.lid;
     let local_guid = u64::from_be_bytes(info.gid0[8..].try_into().unwrap_or([0; 8]));
