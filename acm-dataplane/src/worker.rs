@@ -220,12 +220,7 @@ static WAKERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// `false` if one did not within `within`. What the debug `libacmrs.so` exports to its tests
 /// (`acmrs_test_advance_clock`); the provider never calls it.
 pub fn advance_all_clocks(d: Duration, within: Duration) -> bool {
-    let live: Vec<Arc<Shared>> = WAKERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect();
+    let live = live_workers();
     let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let targets: Vec<u64> = live
         .iter()
@@ -235,6 +230,16 @@ pub fn advance_all_clocks(d: Duration, within: Duration) -> bool {
     live.iter()
         .zip(targets)
         .all(|(s, target)| s.wait_observed(target, within.saturating_sub(t0.elapsed())))
+}
+
+/// Every live worker of the process (the test hooks' targets).
+fn live_workers() -> Vec<Arc<Shared>> {
+    WAKERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect()
 }
 
 /// Milliseconds every worker of the process sleeps at the start of its next round
@@ -250,12 +255,7 @@ pub fn stall_all(d: Duration, within: Duration) -> bool {
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1),
         Ordering::SeqCst,
     );
-    let live: Vec<Arc<Shared>> = WAKERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect();
+    let live = live_workers();
     let t0 = Instant::now();
     while STALL_MS.load(Ordering::SeqCst) != 0 {
         if t0.elapsed() >= within {

@@ -21,10 +21,7 @@ use crate::instance::{lock, Ep, EpRegistry, Instance, PortInfo};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache};
-use acm_core_nostd::resolver::request::respond;
-use acm_core_nostd::resolver::{
-    Answer, Capacities, Config, Counter, EpConfig, HeapStorage, Kind, Resolver, Via, MSG_LEN,
-};
+use acm_core_nostd::resolver::{Capacities, Config, Counter, EpConfig, HeapStorage, Resolver};
 use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
 use acm_core_nostd::wire::acm_mad::AddressType;
 use acm_core_nostd::wire::client::Status;
@@ -259,23 +256,10 @@ fn start_watchdog(inst: &Arc<Instance>) {
     }
     let mut io = PluginIo::new(inst.clone());
     let answer = move |r: Request, status: Status| {
-        let via = match r.kind {
-            Kind::Resolve => Via::Resolve,
-            Kind::Query => Via::Query,
-            // Primes and refreshes were answered when they were made.
-            Kind::Prime | Kind::Refresh => return,
-        };
-        let mut msg = [0u8; MSG_LEN];
-        let len = respond(&r.msg[..usize::from(r.len)], via, status, None, &mut msg);
-        io.count(r.ep, Counter::Error);
-        io.answer(&Answer {
-            ep: r.ep,
-            client: r.client,
-            via,
-            status,
-            len,
-            msg,
-        });
+        if let Some(a) = r.answer(status) {
+            io.count(a.ep, Counter::Error);
+            io.answer(&a);
+        }
     };
     let logger = inst.clone();
     let log = move |level: u8, text: &str| {

@@ -7,8 +7,9 @@ use super::Ud;
 use crate::stats::MissStamp;
 use crate::worker::Waker;
 use acm_core_nostd::cache::AddrKind;
-use acm_core_nostd::resolver::request::Target;
-use acm_core_nostd::resolver::{EpConfig, EpId, Kind, MSG_LEN};
+use acm_core_nostd::resolver::request::{respond, Target};
+use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Via, MSG_LEN};
+use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
@@ -38,6 +39,35 @@ pub struct Request {
     /// `cache_ep`), so the loop does not parse it again; `None` for a query, or a caller
     /// without a front.
     pub target: Option<Target>,
+}
+
+impl Request {
+    /// This request's answer with `status` and no path, for one the resolver never took
+    /// (shutdown, no resolver, a stalled loop); `None` for a Prime or Refresh, which was
+    /// answered when it was made.
+    pub fn answer(&self, status: Status) -> Option<Answer> {
+        let via = match self.kind {
+            Kind::Resolve => Via::Resolve,
+            Kind::Query => Via::Query,
+            Kind::Prime | Kind::Refresh => return None,
+        };
+        let mut msg = [0u8; MSG_LEN];
+        let len = respond(
+            &self.msg[..usize::from(self.len)],
+            via,
+            status,
+            None,
+            &mut msg,
+        );
+        Some(Answer {
+            ep: self.ep,
+            client: self.client,
+            via,
+            status,
+            len,
+            msg,
+        })
+    }
 }
 
 /// What a caller hands the loop with [`Inbox::hand_over`]: a client request and what its

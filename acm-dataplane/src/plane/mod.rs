@@ -36,7 +36,7 @@ use acm_core_nostd::cache::{
 };
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
-    Resolver, Stats, MAX_EPS, MSG_LEN,
+    Resolver, Stats, MAX_EPS,
 };
 use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr};
 use acm_core_nostd::wire::client::{AcmMsg, Status};
@@ -476,27 +476,9 @@ impl<I: CoreIo> Plane<I> {
 
     /// Answers a request the resolver never saw (shutdown, no resolver) with `status`.
     fn answer_now(&mut self, r: &Request, status: Status) {
-        let via = match r.kind {
-            Kind::Resolve => acm_core_nostd::resolver::Via::Resolve,
-            Kind::Query => acm_core_nostd::resolver::Via::Query,
-            Kind::Prime | Kind::Refresh => return,
-        };
-        let mut msg = [0u8; MSG_LEN];
-        let len = acm_core_nostd::resolver::request::respond(
-            &r.msg[..usize::from(r.len)],
-            via,
-            status,
-            None,
-            &mut msg,
-        );
-        self.io.answer(&Answer {
-            ep: r.ep,
-            client: r.client,
-            via,
-            status,
-            len,
-            msg,
-        });
+        if let Some(a) = r.answer(status) {
+            self.io.answer(&a);
+        }
     }
 
     /// Carries out every output the resolver has (a send that fails is reported back to the
