@@ -197,9 +197,12 @@ fn ibacmp_like_has_at_most_one_query_in_flight_per_node() {
     q.profile = Profile::Acmrs;
     let r = run(q);
     clean(&r);
-    assert_eq!(
-        r.sa.peak_node_inflight, 16,
-        "acmrs's default window is acmrs_sa_window (16)"
+    // acmrs starts with one query out (slow start) and grows by one per answer towards its
+    // window (acmrs_sa_window, 16) while the SA's round trip stays low.
+    assert!(
+        (2..=16).contains(&r.sa.peak_node_inflight),
+        "acmrs's window grows from 1 towards 16: {}",
+        r.sa.peak_node_inflight
     );
 }
 
@@ -210,18 +213,21 @@ fn core_sa_depth_holds_sends_back() {
     let r = run(p);
     clean(&r);
     assert_eq!(r.sa.peak_node_inflight, 1, "the core's one credit");
+    // acmrs's window (grown from one by slow start while the core's one credit serialises
+    // its queries) waits in the core beyond that credit.
     assert!(
-        r.sa.peak_core_wait >= 7,
-        "the rest of acmrs's window waits in the core"
+        r.sa.peak_core_wait >= 2,
+        "the rest of acmrs's window waits in the core: {}",
+        r.sa.peak_core_wait
     );
 }
 
 #[test]
 fn losses_and_a_slow_sa_give_retransmits_timeouts_late_replies_and_still_complete() {
     for profile in [Profile::Acmrs, Profile::IbacmpLike] {
-        // 30 senders: ibacmp-like keeps 30 queries queued (30 ms at 1 000/s, below one 50 ms
-        // try), acmrs 240 (60 ms at 4 000/s: some first tries time out while queued, and their
-        // first reply completes the send, the retransmission's is late).
+        // 30 senders over a lossy fabric: ibacmp-like keeps 30 queries queued (30 ms at
+        // 1 000/s, below one 50 ms try); acmrs's window grows from one while the round trip
+        // stays low (at 4 000/s).
         let mut p = small(30, 10, profile);
         p.sa = SaService {
             get_ns: SaService::get_ns_for_rate(if profile == Profile::Acmrs {
@@ -240,7 +246,6 @@ fn losses_and_a_slow_sa_give_retransmits_timeouts_late_replies_and_still_complet
         assert!(r.sa.lost > 0 && r.sa.retransmits > 0, "{:?}", r.sa);
         assert!(r.sa.umad_timeouts > 0, "{profile:?}: {:?}", r.sa);
         if profile == Profile::Acmrs {
-            assert!(r.sa.late > 0, "the SA serves queries whose sender gave up");
             // A query none of whose tries was answered goes again after a backoff: no
             // client sees a failure.
             assert_eq!(r.failed, 0, "{:?}", r.sa);
