@@ -52,7 +52,7 @@ use acm_testkit::request::dest_request;
 use acmrs::ffi::*;
 use std::collections::BTreeSet;
 use std::ffi::{c_int, c_void, CString};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -62,18 +62,8 @@ pub struct MissArgs {
     /// Timed misses per provider and form (LID, GID, name).
     #[arg(long)]
     misses: usize,
-    /// The fabric's largest LID (LID destinations are 1..=max-lid, not this host's).
-    #[arg(long)]
-    max_lid: u16,
-    /// `libacmrs.so`.
-    #[arg(long)]
-    acmrs: PathBuf,
-    /// Where `.hgrm` and `.svg` files go.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// `acmrs_poll_mode`.
-    #[arg(long)]
-    poll_mode: String,
+    #[command(flatten)]
+    common: super::samehost::CommonArgs,
     /// The node name the peer daemon owns (empty: no name misses).
     #[arg(long, default_value = "")]
     peer_name: String,
@@ -467,7 +457,7 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
              acmrs_pending_capacity 4096\nacmrs_stat_socket none\nacmrs_poll_mode {}\n\
              acmrs_sa_transport core\n",
             opts_common(),
-            a.poll_mode
+            a.common.poll_mode
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -485,7 +475,7 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
     let o_stock = open_provider("stock", stock, dev, port, ep, &address(ep, names[0])?)?;
     let t_stock = tids();
     fake::set_opts_file(&acmrs_opts);
-    let acmrs = provider_table(&a.acmrs)?;
+    let acmrs = provider_table(&a.common.acmrs)?;
     let o_acmrs = open_provider("acmrs", acmrs, dev, port, ep, &address(ep, names[1])?)?;
     let provs = [o_stock, o_acmrs];
     // Ready: a LID miss to the peer answered with success (stock: after its multicast join).
@@ -533,12 +523,12 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
     ];
     let mut bare = Bare::open(&host)?;
     PHASE.store(1, Ordering::Relaxed);
-    let dests: Vec<u16> = (1..=a.max_lid).filter(|&d| d != lid).collect();
+    let dests: Vec<u16> = (1..=a.common.max_lid).filter(|&d| d != lid).collect();
     let names_on = !a.peer_name.is_empty();
     progress(format_args!(
         "miss child ({}): ready (stock {} ms, acmrs {} ms); {} isolated misses per provider by \
          LID, GID{} in rounds over {} destinations",
-        a.poll_mode,
+        a.common.poll_mode,
         ready_ms[0],
         ready_ms[1],
         a.misses,
@@ -647,7 +637,7 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
     progress(format_args!(
         "miss child ({}): {round} rounds in {:.1} s; CPU: {cpu_n} LID misses per provider \
          alone, then {} ms idle",
-        a.poll_mode,
+        a.common.poll_mode,
         miss_wall.as_secs_f64(),
         a.idle_ms
     ));
@@ -707,7 +697,7 @@ fn report(
     sa_during: u64,
     rounds: usize,
 ) -> Result<(), String> {
-    let mode = &a.poll_mode;
+    let mode = &a.common.poll_mode;
     println!(
         "### isolated misses, acmrs_poll_mode {mode} ({rounds} rounds; both providers with \
          addr_timeout 0, route_timeout 0; acmrs_sa_transport core)\n"
@@ -811,7 +801,7 @@ fn report(
                 row(&mut t, &format!("{form}: {what}"), o.name, &h.summary());
                 write_h(a, &format!("misses-{}-{form}-{tag}-{mode}.hgrm", o.name), h)?;
             }
-            if let Some(out) = &a.out {
+            if let Some(out) = &a.common.out {
                 if tag == "e2e" || tag == "own" {
                     let f = out.join(format!("misses-{form}-{tag}-{mode}.svg"));
                     let title = format!(
@@ -922,7 +912,7 @@ fn report(
 }
 
 fn write_h(a: &MissArgs, file: &str, h: &LatencyHistogram) -> Result<(), String> {
-    if let Some(out) = &a.out {
+    if let Some(out) = &a.common.out {
         std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
         h.write_hgrm(&out.join(file)).map_err(|e| e.to_string())?;
     }

@@ -581,6 +581,24 @@ fn write_dump(path: &Path, local_guid: u64, local_lid: u16, dlids: u32) -> std::
     std::fs::write(path, s)
 }
 
+/// What every same-host child's command line carries (the hit child's and the miss
+/// child's, [`ChildArgs`] and `misses::MissArgs`).
+#[derive(clap::Args, Debug)]
+pub struct CommonArgs {
+    /// The fabric's largest LID (the misses' destinations are 1..=max-lid, not this host's).
+    #[arg(long)]
+    pub(crate) max_lid: u16,
+    /// `libacmrs.so`.
+    #[arg(long)]
+    pub(crate) acmrs: PathBuf,
+    /// Where `.hgrm` and `.svg` files go.
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// `acmrs_poll_mode`.
+    #[arg(long)]
+    pub(crate) poll_mode: String,
+}
+
 /// The measuring child's command line (`provider samehost-child …`, as [`run`] starts it).
 #[derive(clap::Args, Debug)]
 pub struct ChildArgs {
@@ -590,18 +608,8 @@ pub struct ChildArgs {
     /// Timed hits per provider.
     #[arg(long)]
     hit_samples: usize,
-    /// The fabric's largest LID (the misses' destinations are 1..=max-lid).
-    #[arg(long)]
-    max_lid: u16,
-    /// `libacmrs.so`.
-    #[arg(long)]
-    acmrs: PathBuf,
-    /// Where `.hgrm` and `.svg` files go.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// `acmrs_poll_mode`.
-    #[arg(long)]
-    poll_mode: String,
+    #[command(flatten)]
+    common: CommonArgs,
 }
 
 /// The host core (host_core.c), compiled, loaded `RTLD_GLOBAL` and started: the verbs
@@ -726,7 +734,7 @@ pub fn child(a: &ChildArgs) -> Result<(), String> {
             "{common}acmrs_path_capacity {}\nacmrs_request_capacity 4096\n\
              acmrs_pending_capacity 4096\nacmrs_stat_socket none\nacmrs_poll_mode {}\n\
              acmrs_sa_transport core\n",
-            acmrs_capacity, a.poll_mode,
+            acmrs_capacity, a.common.poll_mode,
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -734,7 +742,7 @@ pub fn child(a: &ChildArgs) -> Result<(), String> {
     fake::set_opts_file(&stock_opts);
     let stock = provider_table(Path::new(STOCK_LIB))?;
     fake::set_opts_file(&acmrs_opts);
-    let acmrs = provider_table(&a.acmrs)?;
+    let acmrs = provider_table(&a.common.acmrs)?;
     let dev = leak(AcmDevice {
         verbs: info.verbs,
         dev_guid: info.dev_guid,
@@ -902,10 +910,10 @@ pub fn child(a: &ChildArgs) -> Result<(), String> {
     let mut dgids = Vec::new();
     progress(format_args!(
         "child {entries}: hits done; misses by LID to {} destinations (OpenSM SA)",
-        a.max_lid - 1
+        a.common.max_lid - 1
     ));
     let sa_before = sa_sent();
-    for dlid in 1..=a.max_lid {
+    for dlid in 1..=a.common.max_lid {
         if dlid == lid {
             continue;
         }
@@ -963,7 +971,7 @@ pub fn child(a: &ChildArgs) -> Result<(), String> {
          failed misses: stock {}, acmrs {}; miss requests answered without an SA query: \
          stock {}, acmrs {}; hits answered inside resolve(): stock {}, acmrs {}\n",
         a.size,
-        a.poll_mode,
+        a.common.poll_mode,
         ready_ms[0],
         ready_ms[1],
         failed[0],
@@ -1003,13 +1011,13 @@ pub fn child(a: &ChildArgs) -> Result<(), String> {
             let mut row = vec![what.to_string(), o.name.to_string(), s[k].count.to_string()];
             row.extend(Table::latency_cells(&s[k]));
             table.row(row);
-            if let Some(out) = &a.out {
+            if let Some(out) = &a.common.out {
                 std::fs::create_dir_all(out).map_err(|e| e.to_string())?;
                 let f = out.join(format!("samehost-{}-{tag}-{entries}.hgrm", o.name));
                 hs[k].write_hgrm(&f).map_err(|e| e.to_string())?;
             }
         }
-        if let Some(out) = &a.out {
+        if let Some(out) = &a.common.out {
             // acmrs first (blue), stock second (red), as in every plot of the benches.
             let f = out.join(format!("samehost-{tag}-{entries}.svg"));
             let title =
@@ -1073,7 +1081,7 @@ pub fn child(a: &ChildArgs) -> Result<(), String> {
             row.extend(Table::latency_cells(&l));
             table.row(row);
             table.row(ratio_row("ratio stock/line alone", &s[0], &l));
-            if let Some(out) = &a.out {
+            if let Some(out) = &a.common.out {
                 let f = out.join(format!("samehost-line-alone-hit-{entries}.hgrm"));
                 line_alone.write_hgrm(&f).map_err(|e| e.to_string())?;
             }
