@@ -913,6 +913,17 @@ fn on_worker(n: Node) -> (Worker, Arc<Inbox>, Arc<Mutex<CoreLog>>) {
     (worker, inbox, log)
 }
 
+/// Waits until the node's endpoint has joined its group (logged by the plane).
+fn wait_joined(log: &Mutex<CoreLog>) {
+    wait("the endpoint's join", || {
+        log.lock()
+            .unwrap()
+            .logs
+            .iter()
+            .any(|l| l.contains("joined"))
+    });
+}
+
 fn wait(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !f() {
@@ -928,13 +939,7 @@ fn wait(what: &str, mut f: impl FnMut() -> bool) {
 fn a_recovery_that_panics_gives_up_and_every_request_is_still_answered_once() {
     let wire: Wire = Arc::default();
     let (worker, inbox, log) = on_worker(node(0, &wire, false));
-    wait("the endpoint's join", || {
-        log.lock()
-            .unwrap()
-            .logs
-            .iter()
-            .any(|l| l.contains("joined"))
-    });
+    wait_joined(&log);
     // The SA send of a miss panics inside the loop, and so does the log line that opens the
     // recovery: the worker makes the plane give up (its own log line panics as well).
     {
@@ -1000,13 +1005,7 @@ fn requests_waiting_on_a_stuck_loop_are_answered_by_the_watchdog_exactly_once() 
         },
     )
     .unwrap();
-    wait("the endpoint's join", || {
-        log.lock()
-            .unwrap()
-            .logs
-            .iter()
-            .any(|l| l.contains("joined"))
-    });
+    wait_joined(&log);
     let by_dog: Arc<Mutex<Vec<(u64, Status)>>> = Arc::default();
     let logs: Arc<Mutex<Vec<String>>> = Arc::default();
     let (answered, said) = (by_dog.clone(), logs.clone());
