@@ -231,9 +231,10 @@ impl Routes {
     pub(crate) fn earliest(&self, jobs: &[JobSlot], t: Timer, cfg: &Config) -> Option<Millis> {
         let timer = |j: u32| jobs[j as usize].timer;
         let lists: &[List] = match t {
-            // A stored deadline may predate an SA answer that has moved it on.
+            // A backlogged job's deadline is derived from its start ([`SaWindow::deadline`]);
+            // the backlog is in start order, so the head's is the earliest.
             Timer::Backlog => {
-                let head = |j: u32| timer(j).max(self.sa.deadline(jobs[j as usize].born, cfg));
+                let head = |j: u32| self.sa.deadline(jobs[j as usize].born, cfg);
                 return self.backlog.front().map(head);
             }
             Timer::SaReply => &[self.send, self.sent],
@@ -340,11 +341,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.routes.sa.held -= 1;
         let born = self.st.jobs()[j as usize].born;
         let at = self.deadline(born);
-        {
-            let jb = &mut self.st.jobs()[j as usize];
-            jb.state = JobState::Backlog;
-            jb.timer = at;
-        }
+        self.st.jobs()[j as usize].state = JobState::Backlog;
         let mut before = self.routes.backlog.front();
         while let Some(b) = before {
             if self.st.jobs()[b as usize].born > born {
@@ -392,9 +389,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.send_job(now, j);
         } else {
             let at = self.deadline(now);
-            let job = &mut self.st.jobs()[j as usize];
-            job.state = JobState::Backlog;
-            job.timer = at;
+            self.st.jobs()[j as usize].state = JobState::Backlog;
             self.routes
                 .backlog
                 .push_back(self.st.jobs(), j, list_id::BACKLOG, JOB);
@@ -794,21 +789,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Runs the due route timers of kind `t` (`Backlog`, `SaReply` or `SaBusy`).
     pub(crate) fn route_timers(&mut self, now: Millis, t: Timer) {
         match t {
-            // The backlog is in arrival (= deadline) order: only its due head is looked at.
+            // The backlog is in start order, and so are its deadlines (derived from the start;
+            // the SA's answers move them all alike): only its due head is looked at.
             Timer::Backlog => {
                 while let Some(j) = self.routes.backlog.front() {
-                    let (timer, born) = {
-                        let job = &self.st.tables_ref().jobs[j as usize];
-                        (job.timer, job.born)
-                    };
-                    if timer > now {
-                        break;
-                    }
-                    let deadline = self.deadline(born);
-                    if deadline > now {
-                        // The SA has answered meanwhile: the job waits on, and so does every
-                        // one behind it (younger, so no earlier deadline).
-                        self.st.jobs()[j as usize].timer = deadline;
+                    let born = self.st.tables_ref().jobs[j as usize].born;
+                    if self.deadline(born) > now {
                         break;
                     }
                     self.stats.timeouts += 1;

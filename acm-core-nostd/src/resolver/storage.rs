@@ -318,8 +318,10 @@ pub struct JobSlot {
     pub(crate) busy_tries: u32,
     pub(crate) tid: u32,
     pub(crate) hnext: u32,
+    /// The reply deadline while Send or Sent, the end of the backoff while Busy (a backlogged
+    /// job's deadline is derived from `born`: `SaWindow::deadline`).
     pub(crate) timer: Millis,
-    /// When the job started: it is answered by `born + queue_deadline` whatever happens.
+    /// When the job started: its deadline runs from here (`SaWindow::deadline`).
     pub(crate) born: Millis,
     /// When its query last went out (for the SA round-trip estimate).
     pub(crate) sent: Millis,
