@@ -243,13 +243,15 @@ fn live_workers() -> Vec<Arc<Shared>> {
 }
 
 /// Milliseconds every worker of the process sleeps at the start of its next round
-/// ([`stall_all`]).
+/// ([`stall_all`]; debug builds only: no check in a release build's loop).
+#[cfg(debug_assertions)]
 static STALL_MS: AtomicU64 = AtomicU64::new(0);
 
 /// Makes a worker of the process stop running for `d`, as a thread stuck in the kernel would,
 /// and returns once one has (`true`; `false` if none did within `within`): the stall
 /// watchdog's test, through the debug `libacmrs.so`'s `acmrs_test_stall`. The provider never
-/// calls it.
+/// calls it (debug builds only).
+#[cfg(debug_assertions)]
 pub fn stall_all(d: Duration, within: Duration) -> bool {
     STALL_MS.store(
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1),
@@ -410,6 +412,7 @@ impl Worker {
                 let mut last_work = shared.now(skew);
                 let mut fds: Vec<RawFd> = Vec::new();
                 loop {
+                    #[cfg(debug_assertions)]
                     if STALL_MS.load(Ordering::Relaxed) != 0 {
                         let ms = STALL_MS.swap(0, Ordering::SeqCst);
                         thread::sleep(Duration::from_millis(ms));
