@@ -60,6 +60,54 @@ pub const SEGMENT_DATA_LEN: usize = DATA_LEN;
 /// `UMAD_LEN_RMPP_DATA`).
 pub const SEGMENT_PAYLOAD_LEN: u32 = (SA_HEADER_LEN + SEGMENT_DATA_LEN) as u32;
 
+/// Segments a sender cuts `record_bytes` bytes of records into (at least 1: an empty table is
+/// one segment).
+pub fn segment_count(record_bytes: usize) -> u32 {
+    record_bytes.div_ceil(SEGMENT_DATA_LEN).max(1) as u32
+}
+
+/// DATA segment `n` (1-based, up to [`segment_count`]) of an SA answer whose records are
+/// `records`, as a sender (the kernel MAD layer, for OpenSM) cuts it: `head`'s MAD and SA
+/// headers (TID, method, AttributeOffset, ComponentMask), an RMPP header with Active, First on
+/// segment 1 with the whole PayloadLength (220 per segment less the last's pad), Last on the
+/// last with its own, and that segment's 200 bytes of records (the last zero-padded). `None`
+/// for a segment number out of range. For simulated SAs and tests; our requests are single
+/// MADs.
+pub fn segment(head: &[u8; DATA_OFFSET], records: &[u8], n: u32) -> Option<[u8; MAD_LEN]> {
+    let total = segment_count(records.len());
+    if n == 0 || n > total {
+        return None;
+    }
+    let from = (n as usize - 1) * SEGMENT_DATA_LEN;
+    let chunk = &records[from.min(records.len())..(from + SEGMENT_DATA_LEN).min(records.len())];
+    let mut flags = RMPP_FLAG_ACTIVE;
+    let mut paylen = 0;
+    if n == 1 {
+        flags |= RMPP_FLAG_FIRST;
+        paylen = total * SA_HEADER_LEN as u32 + records.len() as u32;
+    }
+    if n == total {
+        flags |= RMPP_FLAG_LAST;
+        paylen = (SA_HEADER_LEN + chunk.len()) as u32;
+    }
+    let mut m = [0u8; MAD_LEN];
+    m[..DATA_OFFSET].copy_from_slice(head);
+    RmppRepr {
+        version: RMPP_VERSION,
+        rmpp_type: RmppType::Data,
+        resp_time: RMPP_NO_RESP_TIME,
+        flags,
+        status: 0,
+        seg_num: n,
+        paylen_newwin: paylen,
+    }
+    .emit(&mut RmppHeader::new_unchecked(
+        &mut m[HEADER_LEN..HEADER_LEN + RMPP_LEN],
+    ));
+    m[DATA_OFFSET..DATA_OFFSET + chunk.len()].copy_from_slice(chunk);
+    Some(m)
+}
+
 /// How a [`Receiver`] paces the sender and when it gives up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {

@@ -18,16 +18,29 @@
 //!   traffic; anything else is [`Received::Forged`]. A reply whose TID matches nothing
 //!   outstanding (a duplicate, a reply after the last try, a guess) is [`Received::Unknown`].
 //!
-//! Storage is the caller's (`E`, a slice of [`SaEntry`]): the channel never allocates. When it
-//! is full a request is refused at once ([`SaChannel::start`] returns `None`; the caller fails
-//! the query), which cannot happen while it is larger than the resolver's SA window plus its
-//! joins and subscriptions.
+//! * **GetTable answers over RMPP.** A GetTable request takes a free [`TableSlot`] (an
+//!   [`rmpp::Receiver`] with the caller's storage) started with the request's wire TID. Its
+//!   answer's segments go to that receiver ([`Received::Segment`]; send what
+//!   [`SaChannel::poll_transmit`] returns: the ACKs, STOP or ABORT), and the request completes
+//!   once, with the whole table ([`Received::Table`], read with [`SaChannel::table`]) or with
+//!   the transfer's failure ([`Received::TableFailed`], [`Expired::TableFailed`]). The
+//!   request's own tries re-send the GetTable only until its first segment arrives; from then
+//!   on the receiver's timers own the transfer. A finished transfer stays in its slot until
+//!   the slot is taken again, so a sender that missed our last ACK and sends its last segment
+//!   again is answered.
+//!
+//! Storage is the caller's (`E`, a slice of [`SaEntry`]; `T`, a slice of [`TableSlot`]): the
+//! channel never allocates. When it is full a request is refused at once ([`SaChannel::start`]
+//! returns `None`; the caller fails the query), which cannot happen while it is larger than
+//! the resolver's SA window plus its joins and subscriptions. A GetTable is refused the same
+//! way when no table slot is free.
 
 use core::ops::DerefMut;
 
-use crate::resolver::{AcmDest, EpId, Millis, RecvMeta, UnicastAv};
+use crate::resolver::{AcmDest, EpId, Millis, RecvMeta, SaTable, UnicastAv};
+use crate::rmpp::{self, Failure, Receiver};
 use crate::wire::gid::Gid;
-use crate::wire::mad::{Header, HEADER_LEN, MAD_LEN};
+use crate::wire::mad::{Header, Method, HEADER_LEN, MAD_LEN};
 use crate::wire::mcmember::ACM_QKEY;
 use siphasher::sip::SipHasher13;
 
@@ -73,6 +86,8 @@ pub struct SaEntry {
     deadline: Millis,
     per_try: Millis,
     tries_left: u32,
+    /// The table slot of a GetTable (index + 1; 0: not a GetTable).
+    table: u8,
     mad: [u8; MAD_LEN],
 }
 
@@ -86,8 +101,37 @@ impl SaEntry {
         deadline: 0,
         per_try: 0,
         tries_left: 0,
+        table: 0,
         mad: [0; MAD_LEN],
     };
+}
+
+/// Most table slots a channel uses (the entry's slot number is a byte).
+pub const MAX_TABLES: usize = 255;
+
+/// The receiver of one GetTable answer (storage for [`SaChannel`]): an [`rmpp::Receiver`]
+/// over `B`, whose length is the most bytes of records one answer may take.
+pub struct TableSlot<B: DerefMut<Target = [u8]>> {
+    rx: Receiver<B>,
+    ep: EpId,
+    /// Whether an outstanding request owns it.
+    busy: bool,
+}
+
+impl<B: DerefMut<Target = [u8]>> TableSlot<B> {
+    /// A free slot reassembling into `storage` as `config` says.
+    pub fn new(storage: B, config: rmpp::Config) -> Self {
+        TableSlot {
+            rx: Receiver::new(storage, config),
+            ep: EpId(0),
+            busy: false,
+        }
+    }
+
+    /// Its receiver (state, counters).
+    pub fn receiver(&self) -> &Receiver<B> {
+        &self.rx
+    }
 }
 
 /// What [`SaChannel::expire`] asks of the caller for one request.
@@ -107,6 +151,14 @@ pub enum Expired {
         /// The MAD as sent.
         mad: [u8; MAD_LEN],
     },
+    /// A GetTable's transfer ran out of time (the receiver sent its ABORT: poll
+    /// [`SaChannel::poll_transmit`]): complete `token` as failed.
+    TableFailed {
+        /// The resolver's token.
+        token: u64,
+        /// Why.
+        failure: Failure,
+    },
 }
 
 /// What a received class 3 MAD is ([`SaChannel::receive`]).
@@ -122,6 +174,25 @@ pub enum Received {
         /// The reply.
         mad: [u8; MAD_LEN],
     },
+    /// A segment of a GetTable answer still coming in (or one of a transfer already ended,
+    /// which may need our last ACK again): send what [`SaChannel::poll_transmit`] returns.
+    Segment,
+    /// The GetTable `token` is answered: its whole table is in table slot `slot`
+    /// ([`SaChannel::table`]) until the slot is taken again.
+    Table {
+        /// The resolver's token.
+        token: u64,
+        /// The table slot.
+        slot: usize,
+    },
+    /// The GetTable `token`'s answer failed (a STOP or ABORT may be waiting in
+    /// [`SaChannel::poll_transmit`]): complete it as failed.
+    TableFailed {
+        /// The resolver's token.
+        token: u64,
+        /// Why.
+        failure: Failure,
+    },
     /// A request from the SM (a Report): for the resolver's `handle_report`.
     Report,
     /// Not from the SM's LID and QP 1, or a reply on a QP that does not carry the asking
@@ -133,8 +204,14 @@ pub enum Received {
 }
 
 /// Outstanding SA requests of every endpoint (see the module docs).
-pub struct SaChannel<E: DerefMut<Target = [SaEntry]>> {
+pub struct SaChannel<E, T, B>
+where
+    E: DerefMut<Target = [SaEntry]>,
+    T: DerefMut<Target = [TableSlot<B>]>,
+    B: DerefMut<Target = [u8]>,
+{
     entries: E,
+    tables: T,
     len: usize,
     /// Earliest deadline among the outstanding requests (a lower bound).
     next: Option<Millis>,
@@ -151,12 +228,19 @@ pub struct SaChannel<E: DerefMut<Target = [SaEntry]>> {
     counter: u64,
 }
 
-impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
-    /// A channel holding at most `entries.len()` outstanding requests, whose wire TIDs are
-    /// keyed by `key` (random, and secret from the fabric: e.g. from the OS's random source).
-    pub fn new(entries: E, key: [u64; 2]) -> Self {
+impl<E, T, B> SaChannel<E, T, B>
+where
+    E: DerefMut<Target = [SaEntry]>,
+    T: DerefMut<Target = [TableSlot<B>]>,
+    B: DerefMut<Target = [u8]>,
+{
+    /// A channel holding at most `entries.len()` outstanding requests, of which at most
+    /// `tables.len()` (up to [`MAX_TABLES`]) GetTables, whose wire TIDs are keyed by `key`
+    /// (random, and secret from the fabric: e.g. from the OS's random source).
+    pub fn new(entries: E, tables: T, key: [u64; 2]) -> Self {
         SaChannel {
             entries,
+            tables,
             len: 0,
             next: None,
             unknown: 0,
@@ -183,11 +267,44 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
         self.len == 0
     }
 
+    /// GetTables it can follow at once.
+    pub fn table_capacity(&self) -> usize {
+        self.tables.len().min(MAX_TABLES)
+    }
+
+    /// The table slots (their receivers' states and counters).
+    pub fn table_slots(&self) -> &[TableSlot<B>] {
+        &self.tables
+    }
+
+    /// The answer in table slot `slot` once [`Received::Table`] named it (until the slot is
+    /// taken again).
+    pub fn table(&self, slot: usize) -> Option<SaTable<'_>> {
+        let rx = &self.tables.get(slot)?.rx;
+        Some(SaTable {
+            header: rx.header()?,
+            records: rx.payload()?,
+        })
+    }
+
     /// Forgets every outstanding request (their tokens mean nothing any more) and starts the
     /// counters again; the TID key stays.
     pub fn clear(&mut self) {
         self.len = 0;
         self.next = None;
+        for t in self.tables.iter_mut() {
+            t.rx.reset();
+            t.busy = false;
+        }
+    }
+
+    /// The next ACK, STOP or ABORT of a GetTable transfer to send, with the endpoint whose
+    /// SA traffic it is (it goes to the SM like that endpoint's requests).
+    #[must_use]
+    pub fn poll_transmit(&mut self) -> Option<(EpId, [u8; MAD_LEN])> {
+        self.tables
+            .iter_mut()
+            .find_map(|t| t.rx.poll_transmit().map(|m| (t.ep, m)))
     }
 
     fn live(&self) -> &[SaEntry] {
@@ -198,10 +315,14 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
         self.live().iter().position(|e| e.tid == tid)
     }
 
+    /// Removes entry `i`, freeing its table slot (whose receiver keeps its last state).
     fn swap_remove(&mut self, i: usize) -> SaEntry {
         let e = self.entries[i];
         self.len -= 1;
         self.entries[i] = self.entries[self.len];
+        if let Some(t) = usize::from(e.table).checked_sub(1) {
+            self.tables[t].busy = false;
+        }
         e
     }
 
@@ -218,8 +339,9 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
 
     /// Prepares `mad` for the wire and takes ownership of it: a request gets a fresh
     /// unpredictable TID and is tracked, with the resolver's `token`, for `tries` tries of
-    /// `per_try` ms each; a response (R bit) is sent as it is and not tracked. Returns the
-    /// bytes to send, or `None` when the table is full.
+    /// `per_try` ms each (a GetTable also takes a table slot for its answer); a response (R
+    /// bit) is sent as it is and not tracked. Returns the bytes to send, or `None` when the
+    /// table is full (or, for a GetTable, no table slot is free).
     pub fn start(
         &mut self,
         now: Millis,
@@ -237,8 +359,21 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
         if self.len >= self.entries.len() {
             return None;
         }
+        let table = match head.method() {
+            Method::GetTable => {
+                let cap = self.table_capacity();
+                Some(self.tables[..cap].iter().position(|t| !t.busy)?)
+            }
+            _ => None,
+        };
         let tid = self.fresh_tid();
         Header::new_unchecked(&mut wire[..HEADER_LEN]).set_tid(tid);
+        if let Some(t) = table {
+            let slot = &mut self.tables[t];
+            slot.rx.start(now, tid);
+            slot.ep = ep;
+            slot.busy = true;
+        }
         let deadline = now.saturating_add(per_try);
         self.entries[self.len] = SaEntry {
             token,
@@ -248,6 +383,7 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
             deadline,
             per_try,
             tries_left: tries.max(1) - 1,
+            table: table.map_or(0, |t| t as u8 + 1),
             mad: wire,
         };
         self.len += 1;
@@ -255,11 +391,13 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
         Some(wire)
     }
 
-    /// What the class 3 MAD `mad`, received with `meta` from a port whose SM is at `sm`, is.
-    /// `carries(owner)` says whether the QP it arrived on carries endpoint `owner`'s SA
-    /// traffic. A reply that answers an outstanding request completes it here.
+    /// What the class 3 MAD `mad`, received at `now` with `meta` from a port whose SM is at
+    /// `sm`, is. `carries(owner)` says whether the QP it arrived on carries endpoint `owner`'s
+    /// SA traffic. A reply that answers an outstanding request completes it here; a segment
+    /// of a GetTable answer goes to its receiver.
     pub fn receive(
         &mut self,
+        now: Millis,
         meta: &RecvMeta,
         sm: Option<SmAddr>,
         carries: impl FnOnce(EpId) -> bool,
@@ -274,12 +412,54 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
             return Received::Report;
         }
         let Some(i) = self.position(head.tid()) else {
+            // A segment of a transfer that has ended (on the QP that carried it): its receiver
+            // says its last word again if the sender missed it.
+            let tid = head.tid();
+            let ended = self.tables.iter_mut().find(|t| {
+                !t.busy
+                    && t.rx.tid() == tid
+                    && matches!(
+                        t.rx.state(),
+                        rmpp::State::Done { .. } | rmpp::State::Failed(_)
+                    )
+            });
+            if let Some(t) = ended {
+                if carries(t.ep) {
+                    let _ = t.rx.receive(now, mad);
+                    return Received::Segment;
+                }
+            }
             self.unknown += 1;
             return Received::Unknown;
         };
         if !carries(self.entries[i].ep) {
             self.forged += 1;
             return Received::Forged;
+        }
+        if let Some(t) = usize::from(self.entries[i].table).checked_sub(1) {
+            return match self.tables[t].rx.receive(now, mad) {
+                rmpp::Received::Accepted { .. } | rmpp::Received::Ignored(_) => {
+                    // From the first segment on, the receiver's timers own the transfer.
+                    if self.entries[i].deadline != Millis::MAX {
+                        self.entries[i].deadline = Millis::MAX;
+                        self.next = self
+                            .live()
+                            .iter()
+                            .map(|e| e.deadline)
+                            .filter(|d| *d != Millis::MAX)
+                            .min();
+                    }
+                    Received::Segment
+                }
+                rmpp::Received::Done { .. } => Received::Table {
+                    token: self.swap_remove(i).token,
+                    slot: t,
+                },
+                rmpp::Received::Failed(failure) => Received::TableFailed {
+                    token: self.swap_remove(i).token,
+                    failure,
+                },
+            };
         }
         let e = self.swap_remove(i);
         let mut m = *mad;
@@ -296,21 +476,56 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
         while i < self.len {
             if self.entries[i].ep == ep {
                 let e = self.swap_remove(i);
+                if let Some(t) = usize::from(e.table).checked_sub(1) {
+                    self.tables[t].rx.reset();
+                }
                 f(e.token, e.mad);
             } else {
                 i += 1;
             }
         }
+        if self.len == 0 {
+            self.next = None;
+        }
     }
 
     /// When [`expire`](Self::expire) has work (a lower bound).
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.next
+        let tables = self
+            .tables
+            .iter()
+            .filter(|t| t.busy)
+            .filter_map(|t| t.rx.poll_timeout())
+            .min();
+        match (self.next, tables) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Runs the tries due at `now`: each due request is either re-sent (its next try starts
-    /// now) or failed (removed).
+    /// now) or failed (removed); each GetTable transfer's timers run (an ACK re-sent after a
+    /// silence waits in [`poll_transmit`](Self::poll_transmit); a transfer out of time fails
+    /// its request).
     pub fn expire(&mut self, now: Millis, mut f: impl FnMut(Expired)) {
+        let mut t = 0;
+        while t < self.tables.len() {
+            let slot = &mut self.tables[t];
+            let due = slot.busy && slot.rx.poll_timeout().is_some_and(|d| d <= now);
+            if due {
+                if let Some(failure) = slot.rx.handle_timeout(now) {
+                    let owner = self
+                        .live()
+                        .iter()
+                        .position(|e| usize::from(e.table) == t + 1);
+                    if let Some(i) = owner {
+                        let token = self.swap_remove(i).token;
+                        f(Expired::TableFailed { token, failure });
+                    }
+                }
+            }
+            t += 1;
+        }
         if self.next.is_none_or(|n| n > now) {
             return;
         }
@@ -338,7 +553,9 @@ impl<E: DerefMut<Target = [SaEntry]>> SaChannel<E> {
                 }
             }
             let d = self.entries[i].deadline;
-            next = Some(next.map_or(d, |n| n.min(d)));
+            if d != Millis::MAX {
+                next = Some(next.map_or(d, |n| n.min(d)));
+            }
             i += 1;
         }
         self.next = next;
@@ -353,8 +570,10 @@ mod tests {
 
     const SM: SmAddr = SmAddr { lid: 1, sl: 0 };
 
-    fn channel(n: usize) -> SaChannel<Vec<SaEntry>> {
-        SaChannel::new(vec![SaEntry::EMPTY; n], [0x1234, 0x5678])
+    type Channel = SaChannel<Vec<SaEntry>, Vec<TableSlot<Vec<u8>>>, Vec<u8>>;
+
+    fn channel(n: usize) -> Channel {
+        SaChannel::new(vec![SaEntry::EMPTY; n], Vec::new(), [0x1234, 0x5678])
     }
 
     fn get(tid_byte: u8) -> [u8; MAD_LEN] {
@@ -396,16 +615,16 @@ mod tests {
         let mut guess = reply;
         guess[8..16].copy_from_slice(&0x0400_0007_dead_beefu64.to_be_bytes());
         assert_eq!(
-            c.receive(&from(1, 1), Some(SM), |_| true, &guess),
+            c.receive(0, &from(1, 1), Some(SM), |_| true, &guess),
             Received::Unknown
         );
         guess[8..16].copy_from_slice(&get(1)[8..16]);
         assert_eq!(
-            c.receive(&from(1, 1), Some(SM), |_| true, &guess),
+            c.receive(0, &from(1, 1), Some(SM), |_| true, &guess),
             Received::Unknown
         );
         let Received::Reply { token, mad } =
-            c.receive(&from(1, 1), Some(SM), |e| e == EpId(1), &reply)
+            c.receive(0, &from(1, 1), Some(SM), |e| e == EpId(1), &reply)
         else {
             panic!("the SM's reply on the asking QP completes the request");
         };
@@ -414,7 +633,7 @@ mod tests {
         assert_eq!(&mad[16..], &reply[16..]);
         assert!(c.is_empty());
         assert_eq!(
-            c.receive(&from(1, 1), Some(SM), |_| true, &reply),
+            c.receive(0, &from(1, 1), Some(SM), |_| true, &reply),
             Received::Unknown,
             "a duplicate answers nothing"
         );
@@ -432,11 +651,11 @@ mod tests {
             (from(1, 0x48), Some(SM)),
             (from(1, 1), None),
         ] {
-            assert_eq!(c.receive(&meta, sm, |_| true, &reply), Received::Forged);
+            assert_eq!(c.receive(0, &meta, sm, |_| true, &reply), Received::Forged);
         }
         // The SM, but on a QP that does not carry endpoint 2's SA traffic.
         assert_eq!(
-            c.receive(&from(1, 1), Some(SM), |e| e != EpId(2), &reply),
+            c.receive(0, &from(1, 1), Some(SM), |e| e != EpId(2), &reply),
             Received::Forged
         );
         assert_eq!(c.forged, 4);
@@ -445,15 +664,15 @@ mod tests {
         let mut report = get(0);
         report[3] = 0x06;
         assert_eq!(
-            c.receive(&from(1, 1), Some(SM), |_| false, &report),
+            c.receive(0, &from(1, 1), Some(SM), |_| false, &report),
             Received::Report
         );
         assert_eq!(
-            c.receive(&from(3, 1), Some(SM), |_| true, &report),
+            c.receive(0, &from(3, 1), Some(SM), |_| true, &report),
             Received::Forged
         );
         assert!(matches!(
-            c.receive(&from(1, 1), Some(SM), |e| e == EpId(2), &reply),
+            c.receive(0, &from(1, 1), Some(SM), |e| e == EpId(2), &reply),
             Received::Reply { token: 7, .. }
         ));
     }
@@ -479,7 +698,7 @@ mod tests {
         let small = steps.iter().filter(|d| **d < 1 << 32).count();
         assert!(small < 4, "{small} of 63 steps below 2^32");
         // Another key (another process start) numbers differently.
-        let mut d = SaChannel::new(vec![SaEntry::EMPTY; 4], [0x1235, 0x5678]);
+        let mut d: Channel = SaChannel::new(vec![SaEntry::EMPTY; 4], Vec::new(), [0x1235, 0x5678]);
         let w = d.start(0, EpId(0), 0x100, &get(1), 100, 3).unwrap();
         assert_ne!(u64::from_be_bytes(w[8..16].try_into().unwrap()), tids[0]);
     }
@@ -537,5 +756,217 @@ mod tests {
         assert!(c.start(0, EpId(0), 8, &get(3), 100, 3).is_some());
         c.clear();
         assert!(c.is_empty() && c.next_deadline().is_none());
+    }
+
+    // --- GetTable answers over RMPP ---
+
+    const RESP_MS: Millis = 200;
+    const TOTAL_MS: Millis = 10_000;
+
+    fn table_channel(slots: usize, room: usize) -> Channel {
+        let cfg = rmpp::Config {
+            window: 4,
+            resp_timeout: RESP_MS,
+            total_timeout: TOTAL_MS,
+            ..rmpp::Config::DEFAULT
+        };
+        let tables = (0..slots)
+            .map(|_| TableSlot::new(vec![0u8; room], cfg))
+            .collect();
+        SaChannel::new(vec![SaEntry::EMPTY; 4], tables, [0x1234, 0x5678])
+    }
+
+    /// A PathRecord GetTable (method 0x12).
+    fn get_table(tid_byte: u8) -> [u8; MAD_LEN] {
+        let mut m = get(tid_byte);
+        m[3] = 0x12;
+        m[16..18].copy_from_slice(&0x0035u16.to_be_bytes());
+        m
+    }
+
+    /// The answer's segments as the SM's MAD layer sends them, for the request `wire`.
+    fn answer(wire: &[u8; MAD_LEN], records: &[u8]) -> Vec<[u8; MAD_LEN]> {
+        let mut head = [0u8; crate::wire::sa::DATA_OFFSET];
+        head.copy_from_slice(&wire[..crate::wire::sa::DATA_OFFSET]);
+        head[3] = 0x92;
+        head[44..46].copy_from_slice(&8u16.to_be_bytes());
+        (1..=rmpp::segment_count(records.len()))
+            .map(|n| rmpp::segment(&head, records, n).unwrap())
+            .collect()
+    }
+
+    fn recs(n: usize) -> Vec<u8> {
+        (0..n * 64).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    /// (RMPPType, SegmentNumber, NewWindowLast or status) of a MAD we send back.
+    fn rmpp_of(m: &[u8; MAD_LEN]) -> (u8, u32, u32) {
+        let word = |o: usize| u32::from_be_bytes(m[o..o + 4].try_into().unwrap());
+        (
+            m[25],
+            word(28),
+            if m[25] == 2 {
+                word(32)
+            } else {
+                u32::from(m[27])
+            },
+        )
+    }
+
+    fn sent(c: &mut Channel) -> Vec<(EpId, (u8, u32, u32))> {
+        core::iter::from_fn(|| c.poll_transmit())
+            .map(|(ep, m)| (ep, rmpp_of(&m)))
+            .collect()
+    }
+
+    #[test]
+    fn a_table_is_reassembled_acknowledged_and_completes_its_request_once() {
+        let mut c = table_channel(1, 64 * 40);
+        let wire = c.start(0, EpId(3), 21, &get_table(1), 100, 3).unwrap();
+        assert_eq!(wire[3], 0x12);
+        let data = recs(40); // 2 560 bytes: 13 segments
+        let segs = answer(&wire, &data);
+        assert_eq!(segs.len(), 13);
+        let sm = from(1, 1);
+        let mut acks = Vec::new();
+        for (i, seg) in segs.iter().enumerate() {
+            // Well past the request's try time: once segments come, no re-send of the GetTable.
+            let now = 50 + 100 * i as Millis;
+            let mut resent = Vec::new();
+            c.expire(now, |e| resent.push(e));
+            assert!(resent.is_empty(), "segment {}: {resent:?}", i + 1);
+            let r = c.receive(now, &sm, Some(SM), |e| e == EpId(3), seg);
+            acks.extend(sent(&mut c));
+            if i + 1 < segs.len() {
+                assert_eq!(r, Received::Segment, "segment {}", i + 1);
+            } else {
+                assert_eq!(r, Received::Table { token: 21, slot: 0 });
+            }
+        }
+        // ACK after segment 1 (window 1 → 5), at each window's end, and on the last.
+        let want: Vec<(EpId, (u8, u32, u32))> = [(1, 5), (5, 9), (9, 13), (13, 13)]
+            .iter()
+            .map(|&(s, w)| (EpId(3), (2, s, w)))
+            .collect();
+        assert_eq!(acks, want);
+        let t = c.table(0).unwrap();
+        assert_eq!(t.records, &data[..]);
+        assert_eq!(t.header[3], 0x92);
+        assert!(c.is_empty() && c.next_deadline().is_none());
+        // The SM missed our last ACK and sends its last segment again: ACKed again, nothing
+        // completes twice, and the table stays readable.
+        let again = c.receive(1400, &sm, Some(SM), |e| e == EpId(3), &segs[12]);
+        assert_eq!(again, Received::Segment);
+        assert_eq!(sent(&mut c), vec![(EpId(3), (2, 13, 13))]);
+        assert_eq!(c.unknown, 0);
+        assert_eq!(c.table(0).unwrap().records, &data[..]);
+        // ... but not on a QP that does not carry endpoint 3's SA traffic.
+        let forged = c.receive(1400, &sm, Some(SM), |e| e != EpId(3), &segs[12]);
+        assert_eq!(forged, Received::Unknown);
+        assert!(sent(&mut c).is_empty());
+    }
+
+    #[test]
+    fn a_get_table_needs_a_free_slot_and_is_resent_only_until_its_first_segment() {
+        let mut c = table_channel(1, 64 * 8);
+        let w1 = c.start(0, EpId(0), 1, &get_table(1), 100, 3).unwrap();
+        assert!(
+            c.start(0, EpId(0), 2, &get_table(2), 100, 3).is_none(),
+            "one slot, one table"
+        );
+        assert!(
+            c.start(0, EpId(0), 3, &get(3), 100, 3).is_some(),
+            "Gets still go"
+        );
+        let mut seen = Vec::new();
+        c.expire(100, |e| seen.push(e));
+        assert!(seen.contains(&Expired::Resend {
+            ep: EpId(0),
+            mad: w1
+        }));
+        // A segment from another host with the right TID is forged, and changes nothing.
+        let segs = answer(&w1, &recs(8));
+        assert_eq!(
+            c.receive(150, &from(9, 1), Some(SM), |_| true, &segs[0]),
+            Received::Forged
+        );
+        assert!(sent(&mut c).is_empty());
+        assert_eq!(
+            c.receive(150, &from(1, 1), Some(SM), |_| true, &segs[0]),
+            Received::Segment
+        );
+        assert_eq!(sent(&mut c), vec![(EpId(0), (2, 1, 3))]);
+        seen.clear();
+        c.expire(300, |e| seen.push(e));
+        assert!(
+            !seen
+                .iter()
+                .any(|e| matches!(e, Expired::Resend { mad, .. } if *mad == w1)),
+            "{seen:?}"
+        );
+        for s in &segs[1..] {
+            let _ = c.receive(310, &from(1, 1), Some(SM), |_| true, s);
+        }
+        // The slot is free again once the table is done.
+        assert!(c.start(400, EpId(0), 4, &get_table(4), 100, 3).is_some());
+    }
+
+    #[test]
+    fn silence_re_acks_then_the_total_time_fails_the_table_once() {
+        let mut c = table_channel(1, 64 * 40);
+        let wire = c.start(0, EpId(1), 5, &get_table(1), 100, 3).unwrap();
+        let segs = answer(&wire, &recs(40));
+        let _ = c.receive(10, &from(1, 1), Some(SM), |_| true, &segs[0]);
+        assert_eq!(sent(&mut c).len(), 1);
+        assert_eq!(c.next_deadline(), Some(10 + RESP_MS));
+        let mut seen = Vec::new();
+        c.expire(10 + RESP_MS, |e| seen.push(e));
+        assert!(seen.is_empty());
+        assert_eq!(sent(&mut c), vec![(EpId(1), (2, 1, 5))], "the ACK again");
+        let mut now = 10 + RESP_MS;
+        while seen.is_empty() {
+            now = c.next_deadline().expect("a timer while the table is out");
+            c.expire(now, |e| seen.push(e));
+            let _ = sent(&mut c);
+        }
+        assert_eq!(now, 10 + TOTAL_MS);
+        assert_eq!(
+            seen,
+            vec![Expired::TableFailed {
+                token: 5,
+                failure: Failure::TimedOut
+            }]
+        );
+        assert!(c.is_empty() && c.next_deadline().is_none());
+    }
+
+    #[test]
+    fn a_table_too_big_for_the_slot_is_stopped_and_fails_its_request() {
+        let mut c = table_channel(1, 64 * 10);
+        let wire = c.start(0, EpId(2), 8, &get_table(1), 100, 3).unwrap();
+        let segs = answer(&wire, &recs(11));
+        let r = c.receive(5, &from(1, 1), Some(SM), |_| true, &segs[0]);
+        assert!(
+            matches!(
+                r,
+                Received::TableFailed {
+                    token: 8,
+                    failure: Failure::TooBig {
+                        records_needed: Some(11),
+                        ..
+                    }
+                }
+            ),
+            "{r:?}"
+        );
+        assert_eq!(sent(&mut c), vec![(EpId(2), (3, 0, 1))], "STOP, status 1");
+        assert!(c.is_empty());
+        // Dropping an endpoint frees its table slot.
+        let _ = c.start(10, EpId(2), 9, &get_table(2), 100, 3).unwrap();
+        let mut dropped = Vec::new();
+        c.drop_endpoint(EpId(2), |t, _| dropped.push(t));
+        assert_eq!(dropped, vec![9]);
+        assert!(c.next_deadline().is_none());
+        assert!(c.start(20, EpId(2), 10, &get_table(3), 100, 3).is_some());
     }
 }

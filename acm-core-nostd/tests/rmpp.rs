@@ -8,7 +8,8 @@ use acm_core_nostd::rng::Rng;
 use std::collections::BinaryHeap;
 
 use acm_core_nostd::rmpp::{
-    Config, Failure, Ignored, Received, Receiver, State, SEGMENT_DATA_LEN, SEGMENT_PAYLOAD_LEN,
+    self, Config, Failure, Ignored, Received, Receiver, State, SEGMENT_DATA_LEN,
+    SEGMENT_PAYLOAD_LEN,
 };
 use acm_core_nostd::wire::mad::{RmppStatus, MAD_LEN};
 
@@ -896,4 +897,33 @@ fn garbage_never_panics_or_assembles_wrong_bytes() {
     eprintln!("{dones} done, {failed} failed of 20000");
     assert!(dones > 500, "only {dones} transfers completed");
     assert!(failed > 1000, "only {failed} transfers failed");
+}
+
+#[test]
+fn the_segment_builder_cuts_as_a_kernel_sender_does() {
+    // `rmpp::segment` (the simulator's and the SA channel tests' sender) against this file's
+    // field-by-field builder, for tables of 0 bytes, under one segment, exactly one, one
+    // byte over, and many segments.
+    for bytes in [0usize, 64, 192, 200, 201, 400, 64 * 100] {
+        let data = records(bytes.div_ceil(64), 7);
+        let data = &data[..bytes];
+        let want = segments(data, true);
+        assert_eq!(rmpp::segment_count(bytes) as usize, want.len(), "{bytes} B");
+        for (i, w) in want.iter().enumerate() {
+            let got = rmpp::segment(&sa_head(GET_TABLE_RESP, TID), data, i as u32 + 1).unwrap();
+            assert_eq!(&got[..], &w[..], "{bytes} B, segment {}", i + 1);
+        }
+        assert!(rmpp::segment(&sa_head(GET_TABLE_RESP, TID), data, 0).is_none());
+        assert!(
+            rmpp::segment(&sa_head(GET_TABLE_RESP, TID), data, want.len() as u32 + 1).is_none()
+        );
+        // And the receiver takes them back to the same bytes.
+        let mut r = receiver(bytes.max(1), 4);
+        r.start(0, TID);
+        for w in &want {
+            let _ = r.receive(1, w);
+            let _ = r.poll_transmit();
+        }
+        assert_eq!(r.payload(), Some(data));
+    }
 }

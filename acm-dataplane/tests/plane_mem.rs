@@ -285,7 +285,7 @@ fn bare_node(me: usize, cfg: Config, refuse_sa: bool, resolvers: usize, ud_sa: b
     let writer = CacheWriter::take(cache).unwrap();
     let mut plane = Plane::new(make, writer, inbox.clone(), core, waker.epoch()).unwrap();
     if ud_sa {
-        plane = plane.with_ud_sa(16);
+        plane = plane.with_ud_sa(16, 1024);
     }
     Node { plane, inbox, log }
 }

@@ -180,7 +180,10 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
     let plane = if inst.opts.acmrs_sa_transport == SaTransport::Ud {
         // Room for every query the resolver may have out, plus each endpoint's two joins, two
         // subscriptions and their cancellations.
-        plane.with_ud_sa(caps.sa_inflight + 8 * caps.endpoints)
+        // and one half-world table at a time, of at most half the path cache (each record
+        // is filed by GID and by LID), at most 65 536 records (4 MiB, touched only as used).
+        let table = (inst.opts.acmrs_path_capacity as usize / 2).min(1 << 16);
+        plane.with_ud_sa(caps.sa_inflight + 8 * caps.endpoints, table)
     } else {
         plane
     };

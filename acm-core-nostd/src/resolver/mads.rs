@@ -13,9 +13,9 @@ use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ADDRESS_LEN};
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::inform::{InformInfoRepr, NoticeRepr, INFORM_INFO_LEN, NOTICE_LEN};
-use crate::wire::mad::{Header, MadStatus, Method, MAD_LEN};
+use crate::wire::mad::{Header, MadStatus, Method, HEADER_LEN, MAD_LEN};
 use crate::wire::mcmember::{AcmMgid, McMemberMask, McMemberRepr, MCMEMBER_RECORD_LEN};
-use crate::wire::path_record::{acm_path_comp_mask, PathRecordRepr};
+use crate::wire::path_record::{acm_path_comp_mask, PathRecord, PathRecordRepr};
 use crate::wire::sa::{attr, SaPacket, SaRepr, DATA_OFFSET};
 
 use super::McGroup;
@@ -30,6 +30,8 @@ pub(crate) const TOKEN_LEAVE: u64 = 3;
 pub(crate) const TOKEN_INFORM: u64 = 4;
 /// Token kind of fire-and-forget SA MADs: an unsubscribe, a ReportResponse.
 pub(crate) const TOKEN_NOTICE: u64 = 5;
+/// Token kind of a half-world PathRecord GetTable (index = endpoint slot).
+pub(crate) const TOKEN_TABLE: u64 = 6;
 
 pub(crate) fn token(kind: u64, index: u32, tid: u32) -> u64 {
     (kind << 56) | (u64::from(index & 0x00ff_ffff) << 32) | u64::from(tid)
@@ -50,6 +52,20 @@ pub(crate) fn path_get(tid: u32, record: &[u8; 64]) -> [u8; MAD_LEN] {
     let mut p = SaPacket::new_unchecked(&mut mad[..]);
     SaRepr::path_record_get(u64::from(tid), comp_mask(record)).emit(&mut p);
     p.data_mut()[..64].copy_from_slice(record);
+    mad
+}
+
+/// A half-world PathRecord GetTable with `tid`: every path from `sgid` in partition `pkey`,
+/// reversible (ComponentMask SGID, Reversible, NumbPath, P_Key: the fields a plain request's
+/// GET also sets, without a destination).
+pub(crate) fn path_table(tid: u32, sgid: Gid, pkey: u16) -> [u8; MAD_LEN] {
+    let mut r = [0u8; 64];
+    let mut p = PathRecord::new_unchecked(&mut r[..]);
+    p.set_sgid(sgid);
+    p.set_reversible_numpath(true, 1);
+    p.set_pkey(pkey);
+    let mut mad = path_get(tid, &r);
+    Header::new_unchecked(&mut mad[..HEADER_LEN]).set_method(Method::GetTable);
     mad
 }
 

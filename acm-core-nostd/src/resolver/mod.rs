@@ -52,6 +52,7 @@ pub mod request;
 mod route;
 mod sa_window;
 mod storage;
+pub mod table;
 mod timers;
 
 #[cfg(feature = "std")]
@@ -233,6 +234,16 @@ pub struct RecvMeta {
     pub grh_sgid: Option<Gid>,
 }
 
+/// A whole SA GetTable answer (reassembled from its RMPP segments by
+/// [`SaChannel`](crate::sa_channel::SaChannel)).
+#[derive(Clone, Copy, Debug)]
+pub struct SaTable<'a> {
+    /// The first segment's MAD, RMPP and SA headers (status, AttributeOffset).
+    pub header: &'a [u8; crate::wire::sa::DATA_OFFSET],
+    /// The records back to back, each `8 × AttributeOffset` bytes.
+    pub records: &'a [u8],
+}
+
 /// A client's answer: `len` bytes of `msg`, for `client` on endpoint `ep`, through `via`.
 #[derive(Clone, Copy, Debug)]
 pub struct Answer {
@@ -366,6 +377,12 @@ pub struct Stats {
     /// Cache entries removed because a Report said their destination left or entered
     /// service.
     pub report_invalidated: u64,
+    /// Half-world PathRecord tables received ([`table`]).
+    pub sa_tables: u64,
+    /// Records they brought into the cache.
+    pub sa_table_records: u64,
+    /// Tables asked for that brought nothing (lost, too big, refused).
+    pub sa_table_failed: u64,
     /// Answers that found no request slot at all (only possible if the caller feeds more than
     /// `answer_reserve` requests without draining [`Resolver::poll_output`]; see its docs).
     pub lost: u64,
@@ -423,6 +440,18 @@ pub struct Config {
     /// endpoint not joined yet) before it is answered (ETIMEDOUT; ENODATA while the endpoint
     /// has not joined its group): `sa_deadline × (retries + 1)`.
     pub queue_deadline: Millis,
+    /// The caller's SA transport reassembles RMPP answers and takes
+    /// [`Resolver::handle_sa_table`] (the `ud` transport's [`SaChannel`]
+    /// (crate::sa_channel::SaChannel) does; the core's service does not).
+    pub sa_tables: bool,
+    /// A port's backlog of route queries at which it asks for its half-world table instead
+    /// (`acmrs_sa_table_min`; 0 = never). See [`table`].
+    pub sa_table_min: u32,
+    /// The SA's cost of one PathRecord Get, in ns: the table rule weighs it against
+    /// [`sa_record_cost_ns`](Self::sa_record_cost_ns).
+    pub sa_get_cost_ns: u32,
+    /// The SA's cost of each further record of a half-world table, in ns.
+    pub sa_record_cost_ns: u32,
 }
 
 impl Config {
@@ -461,6 +490,10 @@ impl Config {
             min_mtu: min_mtu.into(),
             min_rate: min_rate.into(),
             queue_deadline: sa_deadline.saturating_mul(u64::from(o.retries) + 1),
+            sa_tables: ud,
+            sa_table_min: o.acmrs_sa_table_min,
+            sa_get_cost_ns: table::OPENSM_GET_NS,
+            sa_record_cost_ns: table::OPENSM_RECORD_NS,
         }
     }
 }
@@ -1005,6 +1038,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             mads::TOKEN_ROUTE => self.route_reply(now, index, tid, umad_status, &mad),
             mads::TOKEN_JOIN => self.join_reply(now, index, tid, umad_status, &mad),
             mads::TOKEN_INFORM => self.inform_reply(now, index, tid, umad_status, &mad),
+            mads::TOKEN_TABLE => self.table_reply(now, token, umad_status),
             mads::TOKEN_LEAVE | mads::TOKEN_NOTICE => {}
             _ => self.stats.sa_unknown += 1,
         }
@@ -1228,11 +1262,21 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.answers.waiting
             ));
         }
-        for e in t.endpoints.iter() {
+        let mut backlogged = std::vec![0u32; t.endpoints.len()];
+        for j in self.routes.backlog.iter(t.jobs, storage::JOB) {
+            backlogged[usize::from(t.jobs[j as usize].ep)] += 1;
+        }
+        for (i, e) in t.endpoints.iter().enumerate() {
             if e.open && e.acm_inflight != e.inflight.len {
                 return Err(format!(
                     "acm_inflight {} list {}",
                     e.acm_inflight, e.inflight.len
+                ));
+            }
+            if e.table.backlogged != backlogged[i] {
+                return Err(format!(
+                    "endpoint slot {i}: {} jobs counted in the backlog, {} there",
+                    e.table.backlogged, backlogged[i]
                 ));
             }
         }

@@ -103,6 +103,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if let Some(o) = self.inform_output(slot) {
             return Some(o);
         }
+        if let Some((token, mad)) = self.table_output(slot) {
+            return Some(Output::SendSa { ep: id, token, mad });
+        }
         if let (false, Some(rec)) = (e.attached, want) {
             let s = &mut self.st.endpoints()[slot];
             s.attached = true;

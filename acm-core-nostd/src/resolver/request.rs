@@ -163,6 +163,28 @@ fn route(ep: &EpView, record: &[u8; 64], nodelay: bool) -> Target {
     }
 }
 
+/// The cache keys of a plain request by GID and of one by LID for `rec`'s destination, on
+/// `ep` (what a half-world table's record is filed under).
+pub(crate) fn plain_keys(ep: &EpView, rec: &[u8; 64]) -> [Option<PathKey>; 2] {
+    let p = PathRecord::new_unchecked(&rec[..]);
+    let mut by_gid = gid_record(p.dgid(), 0);
+    PathRecord::new_unchecked(&mut by_gid[..]).set_reversible_numpath(true, 0);
+    let mut by_lid = [0u8; 64];
+    let mut q = PathRecord::new_unchecked(&mut by_lid[..]);
+    q.set_dlid(p.dlid());
+    q.set_reversible_numpath(true, 0);
+    let key = |r: &[u8; 64]| {
+        Words::of(r)
+            .normalised(ep)
+            .key(ep.cache_ep)
+            .map(|k| k.key())
+    };
+    [
+        (!p.dgid().is_zero()).then(|| key(&by_gid)).flatten(),
+        (p.dlid() != 0).then(|| key(&by_lid)).flatten(),
+    ]
+}
+
 /// A route request's normalised PathRecord ([`normalise`]'s first half), kept as words.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RouteRecord(Words);

@@ -353,6 +353,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             .backlog
             .insert_before(self.st.jobs(), j, before, list_id::BACKLOG, JOB);
         self.timers.arm(Timer::Backlog, at.max(now));
+        let slot = usize::from(self.st.jobs()[j as usize].ep);
+        self.backlog_entered(now, slot);
     }
 
     /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
@@ -394,6 +396,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 .backlog
                 .push_back(self.st.jobs(), j, list_id::BACKLOG, JOB);
             self.timers.arm(Timer::Backlog, at);
+            self.backlog_entered(now, slot);
         }
         Some(j)
     }
@@ -575,6 +578,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.count(ep, Counter::RouteCache);
             }
             self.answer(w, status, path);
+        }
+        if job.state == JobState::Backlog {
+            self.backlog_left(usize::from(job.ep));
         }
         let t = self.st.tables();
         self.routes.unhash(t.jobs, t.job_buckets, j);
@@ -773,6 +779,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.routes
                 .backlog
                 .remove(self.st.jobs(), j, list_id::BACKLOG, JOB);
+            self.backlog_left(usize::from(job.ep));
             self.routes.sa.held += 1;
             self.send_job(now, j);
         }

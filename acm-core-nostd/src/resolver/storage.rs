@@ -607,6 +607,40 @@ pub struct EpSlot {
     pub(crate) inflight: List,
     pub(crate) locals: List,
     pub(crate) port_gid: [u8; 16],
+    /// The endpoint's half-world PathRecord table ([`super::table`]).
+    pub(crate) table: TableFetch,
+}
+
+/// Where an endpoint's half-world GetTable stands ([`super::table`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableFetch {
+    /// Decided, not yet polled out.
+    pub(crate) send: bool,
+    /// Out: its answer (or failure) is due.
+    pub(crate) sent: bool,
+    pub(crate) tid: u32,
+    /// No new table before this (after a failure).
+    pub(crate) not_before: super::Millis,
+    /// Records of the last table (0: none yet).
+    pub(crate) records: u32,
+    /// Tables are off for this endpoint: the last one did not fit the caller's storage, or
+    /// the transport cannot carry one.
+    pub(crate) off: bool,
+    /// Route jobs of this endpoint in the backlog.
+    pub(crate) backlogged: u32,
+}
+
+impl TableFetch {
+    /// Nothing asked, nothing known.
+    pub const EMPTY: TableFetch = TableFetch {
+        send: false,
+        sent: false,
+        tid: 0,
+        not_before: 0,
+        records: 0,
+        off: false,
+        backlogged: 0,
+    };
 }
 
 impl EpSlot {
@@ -637,6 +671,7 @@ impl EpSlot {
         inflight: List::EMPTY,
         locals: List::EMPTY,
         port_gid: [0; 16],
+        table: TableFetch::EMPTY,
     };
 }
 

@@ -216,11 +216,7 @@ impl Sim {
                 token,
                 umad_status,
                 mad,
-            } => {
-                let n = &mut self.nodes[to];
-                n.resolver.handle_sa(now, token, umad_status, &mad);
-                self.touch(to);
-            }
+            } => self.deliver_sa(to, token, umad_status, &mad),
             Event::SaArrive { from, token, mad } => self.sa_arrive(from, token, mad),
             Event::SaReply { to, token, mad } => match self.umad.remove(&(to, token)) {
                 Some(_) => self.umad_complete(to, token, 0, &mad),

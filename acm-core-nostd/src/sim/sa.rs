@@ -8,7 +8,7 @@ use std::vec::Vec;
 
 use super::net::Event;
 use super::{node_gid, node_lid, Sim};
-use crate::resolver::Millis;
+use crate::resolver::{Millis, SaTable};
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
 
@@ -113,6 +113,8 @@ pub struct SaServiceStats {
     pub tables: u64,
     /// Records the GetTables returned.
     pub table_records: u64,
+    /// Records of whole tables handed to the resolvers (built on delivery).
+    pub table_records_delivered: u64,
     /// Sends completed with a umad timeout (retries exhausted).
     pub umad_timeouts: u64,
     /// Replies that reached a sender whose send had already completed (dropped).
@@ -187,6 +189,20 @@ impl Sim {
                         None => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
                     }
                 }
+            }
+            (0x12, 0x0035) => {
+                // A half-world table: the records are built on delivery (`deliver_sa`).
+                self.sa_queries += 1;
+                if self.rng.chance(f.sa_silent) {
+                    let ev = Event::Sa {
+                        to: from,
+                        token,
+                        umad_status: 110,
+                        mad,
+                    };
+                    return self.schedule(f.sa_timeout, ev);
+                }
+                reply[3] = 0x92;
             }
             (0x02, 0x0038) => {
                 let mut mgid = [0u8; 16];
@@ -280,9 +296,40 @@ impl Sim {
                 }
             }
         }
+        self.deliver_sa(to, token, umad_status, mad);
+    }
+
+    /// An SA completion reaches node `to`'s resolver. A GetTable's answer (GetTableResp,
+    /// status 0) arrives whole, as the `ud` transport's SA channel hands it up after the
+    /// RMPP transfer: its records are built here, every node's path from `to` (the transfer's
+    /// segments are not modelled one by one; the SA's cost per record is, in `sa_arrive`).
+    pub(super) fn deliver_sa(&mut self, to: usize, token: u64, umad_status: u32, mad: &[u8; 256]) {
         let now = self.now;
-        let n = &mut self.nodes[to];
-        n.resolver.handle_sa(now, token, umad_status, mad);
+        if umad_status == 0 && mad[3] == 0x92 && mad[4..6] == [0, 0] {
+            let mut head = [0u8; crate::wire::sa::DATA_OFFSET];
+            head.copy_from_slice(&mad[..crate::wire::sa::DATA_OFFSET]);
+            head[44..46].copy_from_slice(&8u16.to_be_bytes());
+            let mut records = Vec::with_capacity(self.nodes.len() * 64);
+            for j in 0..self.nodes.len() {
+                let mut q = [0u8; 64];
+                PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(j));
+                if let Some(p) = self.path_for(to, &q) {
+                    records.extend_from_slice(&p);
+                }
+            }
+            self.sa_stats.table_records_delivered += (records.len() / 64) as u64;
+            let table = SaTable {
+                header: &head,
+                records: &records,
+            };
+            self.nodes[to]
+                .resolver
+                .handle_sa_table(now, token, Ok(table));
+        } else {
+            self.nodes[to]
+                .resolver
+                .handle_sa(now, token, umad_status, mad);
+        }
         self.touch(to);
     }
 

@@ -276,6 +276,12 @@ pub struct ProviderOptions {
     /// it grows by one query per answer while the SA's round trip stays low (slow start), up
     /// to `acmrs_sa_window`.
     pub acmrs_sa_window_start: u32,
+    /// `acmrs_sa_table_min` (default 32; 0..=1048576, 0 = never): over the `ud` transport, a
+    /// port whose backlog holds this many route queries asks the SA for its whole half-world
+    /// PathRecord table (one GetTable over RMPP) instead of one Get per destination; once a
+    /// table's size is known, the backlog must also make the Gets cost the SA more than the
+    /// table would (OpenSM's measured costs).
+    pub acmrs_sa_table_min: u32,
     /// `acmrs_prom_file` (default none = off): Prometheus textfile the stats exporter
     /// rewrites atomically every `acmrs_prom_interval_s` (`none` turns it off).
     pub acmrs_prom_file: Option<PathString>,
@@ -335,6 +341,7 @@ impl Default for ProviderOptions {
             acmrs_sa_transport: SaTransport::Ud,
             acmrs_sa_window: 16,
             acmrs_sa_window_start: 1,
+            acmrs_sa_table_min: 32,
             acmrs_prom_file: None,
             acmrs_prom_interval_s: 10,
             acmrs_hit_sample: 16,
@@ -493,6 +500,7 @@ impl ProviderOptions {
                 |v| keyword(v, &[("ud", SaTransport::Ud), ("core", SaTransport::Core)]);
             "acmrs_sa_window" => acmrs_sa_window = |v| uint(v, 1, 4096);
             "acmrs_sa_window_start" => acmrs_sa_window_start = |v| uint(v, 1, 4096);
+            "acmrs_sa_table_min" => acmrs_sa_table_min = |v| uint(v, 0, 1 << 20);
             "acmrs_prom_file" => acmrs_prom_file = |v| optional_path(v, PATH_MAX);
             "acmrs_prom_interval_s" => acmrs_prom_interval_s = |v| uint(v, 1, 86400);
             "acmrs_hit_sample" => acmrs_hit_sample = |v| uint(v, 1, 65536).map(u32::next_power_of_two);

@@ -38,7 +38,7 @@ use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
     Resolver, Stats, MAX_EPS,
 };
-use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr};
+use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{AcmMsg, Status};
 use acm_core_nostd::wire::mad::{self, Header, MgmtClass};
 use std::os::fd::RawFd;
@@ -150,6 +150,9 @@ struct EpRecord {
     sm: Option<SmAddr>,
 }
 
+/// The `ud` transport's SA channel: heap storage for its requests and its table slots.
+type UdSaChannel = SaChannel<Vec<SaEntry>, Vec<TableSlot<Box<[u8]>>>, Box<[u8]>>;
+
 /// The loop (see the module docs).
 pub struct Plane<I: CoreIo> {
     /// The resolver, owner of the cache's one writer (every cache write of the loop goes
@@ -189,7 +192,7 @@ pub struct Plane<I: CoreIo> {
     /// SA MADs go out on the endpoints' UD QPs (`acmrs_sa_transport ud`).
     sa_ud: bool,
     /// The `ud` transport's outstanding SA requests.
-    sa: SaChannel<Vec<SaEntry>>,
+    sa: UdSaChannel,
     /// [`SaChannel::expire`]'s work of one round (kept between rounds).
     sa_due: Vec<Expired>,
     /// When the endpoints' SM addresses are read again.
@@ -263,7 +266,7 @@ impl<I: CoreIo> Plane<I> {
             done: false,
             stats: None,
             sa_ud: false,
-            sa: SaChannel::new(Vec::new(), sa_tid_key()),
+            sa: SaChannel::new(Vec::new(), Vec::new(), sa_tid_key()),
             sa_due: Vec::with_capacity(16),
             next_sm_check: 0,
             reply_due: reply_due::ReplyDue::new(),

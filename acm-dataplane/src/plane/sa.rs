@@ -7,8 +7,12 @@
 
 use super::{CoreIo, EpRecord, Plane};
 use crate::stats::Latency;
+use acm_core_nostd::resolver::table::TableError;
 use acm_core_nostd::resolver::{EpId, Millis, RecvMeta};
-use acm_core_nostd::sa_channel::{Expired, Received, SaChannel, SaEntry, SmAddr, TIMED_OUT};
+use acm_core_nostd::rmpp::{self, Failure};
+use acm_core_nostd::sa_channel::{
+    Expired, Received, SaChannel, SaEntry, SmAddr, TableSlot, TIMED_OUT,
+};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::inform::NoticeRepr;
 use acm_core_nostd::wire::sa::DATA_OFFSET as SA_DATA;
@@ -72,8 +76,36 @@ impl<I: CoreIo> Plane<I> {
         let eps = &self.eps;
         let on = usize::from(ep.0);
         let carries = |owner: EpId| carrier_of(eps, owner) == Some(on);
-        let (token, mad) = match self.sa.receive(meta, sm, carries, mad) {
+        let (token, mad) = match self.sa.receive(now, meta, sm, carries, mad) {
             Received::Reply { token, mad } => (token, mad),
+            Received::Segment => {
+                self.sa_transmit();
+                return;
+            }
+            Received::Table { token, slot } => {
+                self.sa_transmit();
+                self.reply_due.done(token, std::time::Instant::now(), true);
+                let records = self.sa.table(slot).map_or(0, |t| t.records.len() / 64);
+                if self.io.log_enabled(1) {
+                    self.io.log(
+                        1,
+                        &format!("SA half-world PathRecord table: {records} records"),
+                    );
+                }
+                let sa = &self.sa;
+                let r = self.resolver.as_mut().expect("a live loop has a resolver");
+                match sa.table(slot) {
+                    Some(t) => r.handle_sa_table(now, token, Ok(t)),
+                    None => r.handle_sa_table(now, token, Err(TableError::Failed)),
+                }
+                self.drain_outputs(now);
+                return;
+            }
+            Received::TableFailed { token, failure } => {
+                self.sa_transmit();
+                self.table_failed(now, token, failure);
+                return;
+            }
             // Counted by the channel (`SaChannel::forged`), logged by `log_drops`.
             Received::Forged => return,
             // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
@@ -93,6 +125,50 @@ impl<I: CoreIo> Plane<I> {
             }
         }
         self.r().handle_sa(now, token, 0, &mad);
+    }
+
+    /// Sends the RMPP ACKs, STOPs and ABORTs the SA channel has for half-world tables, each on
+    /// its endpoint's SA carrier to the SM.
+    fn sa_transmit(&mut self) {
+        while let Some((ep, mad)) = self.sa.poll_transmit() {
+            if let Some((via, sm)) = self.ud_sa_route(ep) {
+                if let Some(ud) = self.eps[via].as_mut().and_then(|r| r.ud.as_mut()) {
+                    // A lost ACK is re-sent by the receiver's timer or asked for again by
+                    // the sender's next segment.
+                    let _ = ud.send(&sm.dest(), &mad);
+                }
+            }
+        }
+    }
+
+    /// A half-world table that brought nothing (logged with the reason): the resolver goes on
+    /// with Gets.
+    fn table_failed(&mut self, now: Millis, token: u64, failure: Failure) {
+        self.reply_due.done(token, std::time::Instant::now(), false);
+        let why = match failure {
+            Failure::TooBig {
+                records_needed,
+                capacity,
+                ..
+            } => {
+                let need = records_needed.map_or("more".to_string(), |n| n.to_string());
+                format!(
+                    "needs {need} records, room for {} (acmrs_path_capacity): tables off for this endpoint",
+                    capacity / 64
+                )
+            }
+            f => format!("{f:?}: the Gets go on"),
+        };
+        self.io.log(
+            0,
+            &format!("ERROR - SA half-world PathRecord table failed: {why}"),
+        );
+        let err = match failure {
+            Failure::TooBig { .. } => TableError::TooBig,
+            _ => TableError::Failed,
+        };
+        self.r().handle_sa_table(now, token, Err(err));
+        self.drain_outputs(now);
     }
 
     /// A Report from the SM (trap 64/65): the resolver's, logged when it took it.
@@ -137,9 +213,14 @@ impl<I: CoreIo> Plane<I> {
                         self.r().handle_sa(now, token, TIMED_OUT, &mad);
                         self.drain_outputs(now);
                     }
+                    Expired::TableFailed { token, failure } => {
+                        self.table_failed(now, token, failure);
+                    }
                 }
             }
             self.sa_due = due;
+            // ACKs re-sent after a silence, an ABORT at the total time.
+            self.sa_transmit();
         }
         if !self.sa_ud || now < self.next_sm_check {
             return;
@@ -177,9 +258,18 @@ impl<I: CoreIo> Plane<I> {
     /// Sends SA MADs from each endpoint's UD QP to its port's SM (the `ud` transport) with
     /// room for `capacity` outstanding requests; endpoints without a QP or without a known SM
     /// still use the core's service.
-    pub fn with_ud_sa(mut self, capacity: usize) -> Self {
+    /// One half-world PathRecord table at a time is taken, of up to `table_records` records
+    /// (0: none; the resolver then never gets a table and turns them off on the first try).
+    pub fn with_ud_sa(mut self, capacity: usize, table_records: usize) -> Self {
         self.sa_ud = true;
-        self.sa = SaChannel::new(vec![SaEntry::EMPTY; capacity], sa_tid_key());
+        let tables = match table_records {
+            0 => Vec::new(),
+            n => vec![TableSlot::new(
+                vec![0u8; n * 64].into_boxed_slice(),
+                rmpp::Config::DEFAULT,
+            )],
+        };
+        self.sa = SaChannel::new(vec![SaEntry::EMPTY; capacity], tables, sa_tid_key());
         self
     }
 }

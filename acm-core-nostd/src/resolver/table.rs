@@ -1,0 +1,216 @@
+//! Half-world PathRecord tables: when a port's backlog of route queries is long, one SA
+//! GetTable with only its SGID (and P_Key) asks for every path from the port at once
+//! (OpenSM's `osm_pr_process_half`, answered over RMPP), instead of one Get per destination.
+//!
+//! * **When.** Only where the caller's transport reassembles RMPP answers
+//!   ([`Config::sa_tables`]), at most one table per endpoint at a time, and when the
+//!   endpoint's backlog (route jobs waiting for the SA window) reaches
+//!   [`Config::sa_table_min`]. Once a table's size is known, the backlog must also make its
+//!   Gets cost the SA more than a table of that size would: `backlog × get ≥ get + records ×
+//!   record`, with OpenSM's measured costs ([`OPENSM_GET_NS`], [`OPENSM_RECORD_NS`]). A
+//!   storm's all-to-all start makes every port's backlog nearly the whole subnet, so each port
+//!   asks once, and the SA serves N tables instead of N² Gets.
+//! * **What it does with the answer.** Every record (reversible, from the port's GID) goes
+//!   into the cache under the keys a plain request by LID and by GID for its destination has,
+//!   with the route lifetime; then every backlogged job of the endpoint that the cache now
+//!   answers is answered. Jobs already sent complete with their own Gets; jobs the table does
+//!   not answer (a request with constraints) keep waiting for the window.
+//! * **Failure.** A table that fails (lost, timed out, refused) is not asked again for
+//!   `sa_deadline`; meanwhile the Gets go on as without tables. A table too big for the
+//!   caller's storage, or an answer that is not a table (a transport that does not reassemble),
+//!   turns tables off for the endpoint.
+//! * The table takes no SA window slot: it is one query, at most one per endpoint at a time,
+//!   and only while the backlog says the window is full anyway.
+
+use super::mads::{self, TOKEN_TABLE};
+use super::route::Completion;
+use super::storage::{List, Table, JOB};
+use super::{request, Millis, Resolver, SaTable, Storage, NEVER};
+use crate::cache::{CacheRef, Lookup};
+use crate::wire::gid::Gid;
+use crate::wire::mad::{Header, HEADER_LEN};
+use crate::wire::path_record::PathRecord;
+use crate::wire::sa::attr;
+
+/// OpenSM's CPU time per PathRecord Get at saturation, in ns (`tools/storm/opensm-measured.toml`,
+/// `[model] get_service_us`).
+pub const OPENSM_GET_NS: u32 = 6_000;
+/// OpenSM's CPU time per further record of a half-world GetTable, in ns (the same file,
+/// `table_record_ns`).
+pub const OPENSM_RECORD_NS: u32 = 174;
+
+/// Bytes of one PathRecord in a table (AttributeOffset 8 words).
+const RECORD_LEN: usize = 64;
+
+/// Why a GetTable brought no table ([`Resolver::handle_sa_table`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TableError {
+    /// The answer did not fit the caller's storage (it sent STOP): no more tables on this
+    /// endpoint.
+    TooBig,
+    /// Lost, timed out, aborted or refused: Gets for now, a table again later.
+    Failed,
+}
+
+impl<S: Storage, C: CacheRef> Resolver<S, C> {
+    /// Counts a job of endpoint `slot` entering the backlog, and asks for the endpoint's table
+    /// if the backlog now makes one worth it.
+    pub(crate) fn backlog_entered(&mut self, now: Millis, slot: usize) {
+        let e = &mut self.st.endpoints()[slot];
+        e.table.backlogged += 1;
+        let t = e.table;
+        let min = self.cfg.sa_table_min;
+        if !self.cfg.sa_tables
+            || min == 0
+            || !e.open
+            || t.off
+            || t.send
+            || t.sent
+            || now < t.not_before
+            || t.backlogged < min
+        {
+            return;
+        }
+        // Once a table's size is known: only when the Gets would cost the SA more.
+        let get = u64::from(self.cfg.sa_get_cost_ns.max(1));
+        let table = get + u64::from(t.records) * u64::from(self.cfg.sa_record_cost_ns);
+        if u64::from(t.backlogged) * get < table {
+            return;
+        }
+        let tid = self.next_tid();
+        let e = &mut self.st.endpoints()[slot];
+        e.table.send = true;
+        e.table.tid = tid;
+        self.eps.mark_dirty(slot);
+    }
+
+    /// Counts a job of endpoint `slot` leaving the backlog.
+    pub(crate) fn backlog_left(&mut self, slot: usize) {
+        let t = &mut self.st.endpoints()[slot].table;
+        t.backlogged = t.backlogged.saturating_sub(1);
+    }
+
+    /// The GetTable output of endpoint `slot`, if one was decided (`ep_output`).
+    pub(crate) fn table_output(&mut self, slot: usize) -> Option<(u64, [u8; 256])> {
+        let e = &mut self.st.endpoints()[slot];
+        if !e.table.send {
+            return None;
+        }
+        e.table.send = false;
+        if !e.open {
+            return None;
+        }
+        e.table.sent = true;
+        let tid = e.table.tid;
+        let mad = mads::path_table(tid, Gid(e.port_gid), e.pkey);
+        Some((mads::token(TOKEN_TABLE, slot as u32, tid), mad))
+    }
+
+    /// The outstanding table of `token`'s endpoint, if `token` names it.
+    fn table_of(&self, token: u64) -> Option<usize> {
+        let (kind, slot, tid) = mads::untoken(token);
+        let e = self.st.tables_ref().endpoints.get(slot as usize)?;
+        (kind == TOKEN_TABLE && e.open && e.table.sent && e.table.tid == tid)
+            .then_some(slot as usize)
+    }
+
+    /// A table that brought nothing: Gets for now, a table again after `sa_deadline` (never
+    /// again on this endpoint when it cannot fit or cannot be carried).
+    fn table_failed(&mut self, now: Millis, slot: usize, off: bool) {
+        self.stats.sa_table_failed += 1;
+        let wait = self.cfg.sa_deadline;
+        let t = &mut self.st.endpoints()[slot].table;
+        t.sent = false;
+        t.off |= off;
+        t.not_before = now.saturating_add(wait);
+    }
+
+    /// `handle_sa` for a table's token: only a failure can come this way (the MAD as sent with
+    /// a non-zero status); a reply MAD means the transport handed up a single MAD, not a
+    /// reassembled table, so tables are turned off.
+    pub(crate) fn table_reply(&mut self, now: Millis, token: u64, umad_status: u32) {
+        match self.table_of(token) {
+            Some(slot) => self.table_failed(now, slot, umad_status == 0),
+            None => self.stats.sa_unknown += 1,
+        }
+    }
+
+    /// The answer to an [`Output::SendSa`](super::Output::SendSa) GetTable (a token the
+    /// resolver gave a half-world table), reassembled by the caller's SA channel: the whole
+    /// `table`, or why there is none. A token that names nothing outstanding is counted in
+    /// `sa_unknown` and dropped.
+    pub fn handle_sa_table(
+        &mut self,
+        now: Millis,
+        token: u64,
+        table: Result<SaTable<'_>, TableError>,
+    ) {
+        let Some(slot) = self.table_of(token) else {
+            self.stats.sa_unknown += 1;
+            return;
+        };
+        let t = match table {
+            Ok(t) => t,
+            Err(e) => {
+                self.table_failed(now, slot, e == TableError::TooBig);
+                return self.pump(now);
+            }
+        };
+        let head = Header::new_unchecked(&t.header[..HEADER_LEN]);
+        let record_len = usize::from(u16::from_be_bytes([t.header[44], t.header[45]])) * 8;
+        if head.status().0 != 0 || head.attr_id() != attr::PATH_RECORD || record_len != RECORD_LEN {
+            self.table_failed(now, slot, false);
+            return self.pump(now);
+        }
+        let e = self.st.endpoints()[slot];
+        let view = self.view(slot, e.cache_ep);
+        let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
+        let mut n = 0u32;
+        for rec in t.records.chunks_exact(RECORD_LEN) {
+            let Ok(rec) = <&[u8; RECORD_LEN]>::try_from(rec) else {
+                continue;
+            };
+            let p = PathRecord::new_unchecked(&rec[..]);
+            // Ours, and usable both ways (what a plain request asks for).
+            if p.sgid() != view.port_gid || !p.reversible() {
+                continue;
+            }
+            n += 1;
+            for key in request::plain_keys(&view, rec).into_iter().flatten() {
+                self.w.insert(&key, rec, now, ttl);
+            }
+        }
+        self.stats.sa_tables += 1;
+        self.stats.sa_table_records += u64::from(n);
+        let tf = &mut self.st.endpoints()[slot].table;
+        tf.sent = false;
+        tf.records = n;
+        self.answer_backlog_from_cache(now, slot);
+        self.pump(now);
+    }
+
+    /// Answers every backlogged route job of endpoint `slot` that the cache now answers.
+    fn answer_backlog_from_cache(&mut self, now: Millis, slot: usize) {
+        let mut cur = self.routes.backlog.front();
+        while let Some(j) = cur {
+            cur = List::next_of(self.st.jobs(), j, JOB);
+            let job = self.st.tables_ref().jobs[j as usize];
+            if usize::from(job.ep) != slot {
+                continue;
+            }
+            let Some(k) = job.key.key(job.cache_ep) else {
+                continue;
+            };
+            if let Lookup::Hit {
+                record, expires_at, ..
+            } = self.cache().lookup(&k, now)
+            {
+                let how = Completion::FromCache {
+                    record: &record,
+                    expires: expires_at,
+                };
+                self.finish_job(now, j, how);
+            }
+        }
+    }
+}
