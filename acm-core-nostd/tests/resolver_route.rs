@@ -1311,3 +1311,235 @@ fn the_resolver_holds_the_one_writer_and_every_write_lands() {
     drop(w);
     assert!(t.cache.writer().is_ok());
 }
+
+// --- half-world PathRecord tables (resolver::table) ---
+
+/// A reversible path from our port to `lid` (GID `fe80::lid`), as a half-world table holds it.
+fn table_record(lid: u16) -> [u8; 64] {
+    let mut r = path_to(lid);
+    let mut p = PathRecord::new_unchecked(&mut r[..]);
+    let mut g = [0u8; 16];
+    g[..2].copy_from_slice(&[0xfe, 0x80]);
+    g[14..].copy_from_slice(&lid.to_be_bytes());
+    p.set_dgid(Gid(g));
+    p.set_reversible_numpath(true, 0);
+    p.set_pkey(0xffff);
+    r
+}
+
+/// The first segment's headers of the answer to the GetTable `mad`.
+fn table_head(mad: &[u8; 256]) -> [u8; 56] {
+    let mut h = [0u8; 56];
+    h.copy_from_slice(&mad[..56]);
+    h[3] = 0x92;
+    h[44..46].copy_from_slice(&8u16.to_be_bytes());
+    h
+}
+
+#[test]
+fn a_long_backlog_asks_for_the_ports_table_and_is_answered_from_it() {
+    use acm_core_nostd::resolver::table::TableError;
+    use acm_core_nostd::resolver::SaTable;
+    let cfg = Config {
+        sa_window: 2,
+        sa_window_start: 2,
+        sa_table_min: 8,
+        sa_deadline: 1000,
+        queue_deadline: 60_000,
+        ..Config::default()
+    };
+    let mut t = setup(cfg, Capacities::default());
+    // 7 misses: 2 Gets out, 5 in the backlog, no table.
+    for lid in 10..17u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    let gets = t.sa_sends();
+    assert_eq!(gets.len(), 2);
+    assert!(gets.iter().all(|(_, m)| m[3] == 0x01));
+    // The 8th backlogged miss (10th in all): one GetTable, SGID and P_Key only, reversible.
+    for lid in 17..20u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    let sends = t.sa_sends();
+    assert_eq!(sends.len(), 1, "one table");
+    let (token, mad) = sends[0];
+    assert_eq!(mad[3], 0x12, "GetTable");
+    let q = PathRecord::new_unchecked(&mad[56..120]);
+    assert_eq!(q.sgid(), port_gid());
+    assert_eq!((q.dlid(), q.dgid(), q.pkey()), (0, Gid::ZERO, 0xffff));
+    assert!(q.reversible());
+    let mask = u64::from_be_bytes(mad[48..56].try_into().unwrap());
+    assert_eq!(mask & (1 << 2 | 1 << 4), 0, "no DGID, no DLID: half-world");
+    assert_ne!(mask & 1 << 3, 0, "the SGID bit");
+    // It fails: the Gets go on, and more backlog does not ask again before sa_deadline.
+    t.r.handle_sa_table(t.now, token, Err(TableError::Failed));
+    t.drain();
+    assert_eq!(t.r.stats().sa_table_failed, 1);
+    t.request(20, Kind::Resolve, &path_msg(20, 0, 20));
+    assert!(t.sa_sends().is_empty());
+    t.r.handle_sa_table(t.now, token, Err(TableError::Failed));
+    assert_eq!(
+        t.r.stats().sa_unknown,
+        1,
+        "a second ending of the same table"
+    );
+    // The two Gets are answered; two more go.
+    for (tk, m) in gets {
+        let lid = PathRecord::new_unchecked(&m[56..120]).dlid();
+        t.reply(tk, &m, 0, Some(table_record(lid)));
+    }
+    assert_eq!(t.answers().len(), 2);
+    let gets = t.sa_sends();
+    assert_eq!(gets.len(), 2);
+    t.advance(999);
+    for (tk, m) in gets {
+        let lid = PathRecord::new_unchecked(&m[56..120]).dlid();
+        t.reply(tk, &m, 0, Some(table_record(lid)));
+    }
+    assert_eq!(t.answers().len(), 2);
+    // (The 999 ms round trip shrank the window: fewer Gets go.)
+    let out = t.sa_sends().len();
+    assert!(out >= 1);
+    // After sa_deadline, backlogged misses ask again (at the 8th); the table answers every
+    // backlogged request at once, each with its own path.
+    t.advance(1);
+    assert!(t.answers().is_empty());
+    let mut lid = 21u16;
+    let (token, mad) = loop {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+        lid += 1;
+        let sends = t.sa_sends();
+        if let Some(&(tk, m)) = sends.first() {
+            assert_eq!(sends.len(), 1);
+            break (tk, m);
+        }
+        assert!(lid < 40, "no table");
+    };
+    // 10..lid requested, 4 answered, `out` Gets out: the rest wait in the backlog.
+    let backlog = usize::from(lid - 10) - 4 - out;
+    assert_eq!(backlog, 8, "asked at the 8th");
+    assert_eq!(mad[3], 0x12);
+    let mut records: Vec<u8> = (1..=64u16).flat_map(table_record).collect();
+    // A record that is not from our port is not taken.
+    let mut foreign = table_record(99);
+    PathRecord::new_unchecked(&mut foreign[..]).set_sgid(Gid([7; 16]));
+    records.extend_from_slice(&foreign);
+    let head = table_head(&mad);
+    let table = SaTable {
+        header: &head,
+        records: &records,
+    };
+    t.r.handle_sa_table(t.now, token, Ok(table));
+    t.drain();
+    let s = t.r.stats();
+    assert_eq!((s.sa_tables, s.sa_table_records), (1, 64));
+    let answers = t.answers();
+    assert_eq!(answers.len(), 8, "the backlog, not the Gets out");
+    for (client, status, msg) in &answers {
+        assert_eq!(*status, Status::Success);
+        let p = PathRecord::new_unchecked(&msg[msg.len() - 64..]);
+        assert_eq!(u64::from(p.dlid()), *client, "client {client}'s own path");
+    }
+    // Every destination of the table is a hit now, by LID and by GID.
+    for lid in [1u16, 30, 64] {
+        let by_lid = t.cache.lookup(&PathKey::new(CEP, Dest::Lid(lid)), t.now);
+        assert!(
+            matches!(by_lid, Lookup::Hit { .. }),
+            "LID {lid}: {by_lid:?}"
+        );
+        let mut g = [0u8; 16];
+        g[..2].copy_from_slice(&[0xfe, 0x80]);
+        g[14..].copy_from_slice(&lid.to_be_bytes());
+        let by_gid = t.cache.lookup(&PathKey::new(CEP, Dest::Gid(g)), t.now);
+        assert!(
+            matches!(by_gid, Lookup::Hit { .. }),
+            "GID of {lid}: {by_gid:?}"
+        );
+    }
+    assert!(matches!(
+        t.cache.lookup(&PathKey::new(CEP, Dest::Lid(99)), t.now),
+        Lookup::Miss { .. }
+    ));
+    t.request(100, Kind::Resolve, &path_msg(40, 0, 100));
+    assert_eq!(t.answers()[0].1, Status::Success, "a hit");
+    assert!(t.sa_sends().is_empty());
+    t.r.check_invariants().unwrap();
+}
+
+#[test]
+fn a_table_too_big_for_the_storage_turns_tables_off_for_the_endpoint() {
+    use acm_core_nostd::resolver::table::TableError;
+    let cfg = Config {
+        sa_window: 1,
+        sa_window_start: 1,
+        sa_table_min: 4,
+        sa_deadline: 1000,
+        queue_deadline: 60_000,
+        ..Config::default()
+    };
+    let mut t = setup(cfg, Capacities::default());
+    for lid in 10..16u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    let tables: Vec<_> = t
+        .sa_sends()
+        .into_iter()
+        .filter(|(_, m)| m[3] == 0x12)
+        .collect();
+    assert_eq!(tables.len(), 1);
+    t.r.handle_sa_table(t.now, tables[0].0, Err(TableError::TooBig));
+    t.advance(5000);
+    for lid in 20..40u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    assert!(
+        t.sa_sends().iter().all(|(_, m)| m[3] == 0x01),
+        "no table again"
+    );
+    // A transport that hands up a single MAD for a table (no RMPP) turns them off too.
+    let mut t = setup(cfg, Capacities::default());
+    for lid in 10..16u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    let (tk, m) = t
+        .sa_sends()
+        .into_iter()
+        .find(|(_, m)| m[3] == 0x12)
+        .unwrap();
+    t.reply(tk, &m, 0, Some(table_record(1)));
+    assert_eq!(t.r.stats().sa_table_failed, 1);
+    t.advance(5000);
+    for lid in 20..40u16 {
+        t.request(
+            u64::from(lid),
+            Kind::Resolve,
+            &path_msg(lid, 0, u64::from(lid)),
+        );
+    }
+    assert!(t.sa_sends().iter().all(|(_, m)| m[3] == 0x01));
+    t.r.check_invariants().unwrap();
+}

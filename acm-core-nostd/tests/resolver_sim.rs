@@ -488,3 +488,50 @@ fn exactly_once_over_random_schedules() {
         );
     }
 }
+
+#[test]
+fn an_all_to_all_start_asks_the_sa_for_one_table_per_port_not_one_get_per_path() {
+    // 40 nodes each resolve every other node's LID at once, through a small SA window: with
+    // tables, each port's backlog asks for its half-world table and is answered from it; the
+    // SA serves about one query per node instead of one per pair. Every answer is the right
+    // path either way.
+    let run = |table_min: u32| {
+        let mut s = sim(40, |c| {
+            c.resolver.sa_window = 4;
+            c.resolver.sa_table_min = table_min;
+        });
+        let before = s.sa_queries;
+        let mut asked = Vec::new();
+        for i in 0..40usize {
+            for j in (0..40usize).filter(|&j| j != i) {
+                let lid = j as u16 + 1;
+                asked.push((
+                    i,
+                    lid,
+                    s.request(i, Kind::Resolve, |tid| lid_msg(lid, false, tid)),
+                ));
+            }
+        }
+        s.run_for(5_000);
+        for &(i, lid, c) in &asked {
+            let a = s
+                .answer_of(c)
+                .unwrap_or_else(|| panic!("node {i} → {lid} answered"));
+            assert_eq!(a.status, Status::Success, "node {i} → {lid}");
+            let p = a.path.unwrap();
+            let p = PathRecord::new_unchecked(&p[..]);
+            assert_eq!((p.slid(), p.dlid()), (i as u16 + 1, lid));
+        }
+        assert!(s.violations.is_empty(), "{:?}", s.violations);
+        let tables: u64 = (0..40).map(|i| s.nodes[i].stats().sa_tables).sum();
+        (s.sa_queries - before, tables)
+    };
+    let (gets_only, no_tables) = run(0);
+    assert_eq!((gets_only, no_tables), (40 * 39, 0));
+    let (with_tables, tables) = run(32);
+    assert_eq!(tables, 40, "one table per port");
+    assert!(
+        with_tables <= 40 * 8,
+        "{with_tables} SA queries for 40 tables and the Gets sent before them"
+    );
+}
