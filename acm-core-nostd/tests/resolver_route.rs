@@ -1470,7 +1470,7 @@ fn a_long_backlog_asks_for_the_ports_table_and_is_answered_from_it() {
     }
     assert!(matches!(
         t.cache.lookup(&PathKey::new(CEP, Dest::Lid(99)), t.now),
-        Lookup::Miss { .. }
+        Lookup::Miss
     ));
     t.request(100, Kind::Resolve, &path_msg(40, 0, 100));
     assert_eq!(t.answers()[0].1, Status::Success, "a hit");
