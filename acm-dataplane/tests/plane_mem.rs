@@ -87,6 +87,8 @@ impl Ud for MemUd {
 struct CoreLog {
     answers: Vec<Answer>,
     sa_sent: usize,
+    /// GetTables the core was asked to send (it reads one MAD per answer: never).
+    get_tables: usize,
     counts: Vec<Counter>,
     logs: Vec<String>,
     /// Faults: the next SA send panics; so do the next `panic_logs` log calls and the next
@@ -125,6 +127,9 @@ impl CoreIo for FakeCore {
             panic!("injected: SA send");
         }
         self.log.lock().unwrap().sa_sent += 1;
+        if mad[3] == 0x12 {
+            self.log.lock().unwrap().get_tables += 1;
+        }
         let mut reply = *mad;
         reply[3] = 0x81;
         match u16::from_be_bytes([mad[16], mad[17]]) {
@@ -481,6 +486,50 @@ fn a_refused_sa_send_answers_the_waiters_once() {
         "{:?}",
         a.iter().map(|a| a.status).collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn no_half_world_table_goes_through_the_cores_service() {
+    // The resolver's options say `ud` (tables on), but this plane sends SA MADs through the
+    // core, which reads one MAD per answer: a backlog long enough for a table (24 misses of
+    // 13 destinations, a window that starts at one) must not hand it a GetTable, and every
+    // request is answered once by Gets.
+    let wire: Wire = Arc::default();
+    let cfg = Config {
+        sa_table_min: 4,
+        ..ud_sa_config()
+    };
+    assert!(cfg.sa_tables);
+    let n = bare_node(0, cfg, false, usize::MAX, false);
+    n.inbox.control(open_msg(0, &wire));
+    let mut nodes = [n];
+    run(&mut nodes, |_| false);
+    for c in 0..24u64 {
+        let lid = if c % 2 == 0 {
+            node_lid(1)
+        } else {
+            500 + c as u16
+        };
+        assert!(nodes[0]
+            .inbox
+            .request(EpId(0), 0, c, Kind::Resolve, &lid_msg(lid, false, c)));
+    }
+    assert!(run(&mut nodes, |n| answers(&n[0]).len() == 24));
+    let a = answers(&nodes[0]);
+    let mut clients: Vec<u64> = a.iter().map(|a| a.client).collect();
+    clients.sort_unstable();
+    assert_eq!(clients, (0..24).collect::<Vec<_>>(), "each once");
+    for a in &a {
+        let want = if a.client % 2 == 0 {
+            Status::Success
+        } else {
+            Status::Enodata
+        };
+        assert_eq!(a.status, want, "client {}", a.client);
+    }
+    let log = nodes[0].log.lock().unwrap();
+    assert_eq!(log.get_tables, 0);
+    assert!(log.sa_sent >= 13, "Gets: {}", log.sa_sent);
 }
 
 /// Node 0 after one poll of client 1's name request for a peer that does not exist: a miss

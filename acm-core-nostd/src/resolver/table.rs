@@ -48,6 +48,9 @@ pub enum TableError {
     /// The answer did not fit the caller's storage (it sent STOP): no more tables on this
     /// endpoint.
     TooBig,
+    /// The endpoint's SA transport cannot carry a table (the core's service): no more tables
+    /// on this endpoint.
+    NotCarried,
     /// Lost, timed out, aborted or refused: Gets for now, a table again later.
     Failed,
 }
@@ -152,7 +155,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let t = match table {
             Ok(t) => t,
             Err(e) => {
-                self.table_failed(now, slot, e == TableError::TooBig);
+                let off = matches!(e, TableError::TooBig | TableError::NotCarried);
+                self.table_failed(now, slot, off);
                 return self.pump(now);
             }
         };

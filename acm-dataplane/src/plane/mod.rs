@@ -34,13 +34,14 @@ use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{
     ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
 };
+use acm_core_nostd::resolver::table::TableError;
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
     Resolver, Stats, MAX_EPS,
 };
 use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{AcmMsg, Status};
-use acm_core_nostd::wire::mad::{self, Header, MgmtClass};
+use acm_core_nostd::wire::mad::{self, Header, Method, MgmtClass, HEADER_LEN};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -491,7 +492,16 @@ impl<I: CoreIo> Plane<I> {
             match o {
                 Output::SendSa { ep, token, mad } => {
                     let at = self.stats.as_ref().map(|s| s.clock.now());
-                    let sent = match self.ud_sa_route(ep) {
+                    let route = self.ud_sa_route(ep);
+                    let table =
+                        Header::new_unchecked(&mad[..HEADER_LEN]).method() == Method::GetTable;
+                    if table && route.is_none() {
+                        // The core's service reads one MAD per answer: no tables through it.
+                        let e = Err(TableError::NotCarried);
+                        self.r().handle_sa_table(now, token, e);
+                        continue;
+                    }
+                    let sent = match route {
                         Some((via, sm)) => self.send_sa_ud(now, ep, via, sm, token, &mad),
                         None => self.io.send_sa(ep, token, &mad),
                     };
