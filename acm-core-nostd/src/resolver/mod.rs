@@ -441,8 +441,8 @@ pub struct Config {
     /// has not joined its group): `sa_deadline × (retries + 1)`.
     pub queue_deadline: Millis,
     /// The caller's SA transport reassembles RMPP answers and takes
-    /// [`Resolver::handle_sa_table`] (the `ud` transport's [`SaChannel`]
-    /// (crate::sa_channel::SaChannel) does; the core's service does not).
+    /// [`Resolver::handle_sa_table`] (the `ud` transport's
+    /// [`SaChannel`](crate::sa_channel::SaChannel) does; the core's service does not).
     pub sa_tables: bool,
     /// A port's backlog of route queries at which it asks for its half-world table instead
     /// (`acmrs_sa_table_min`; 0 = never). See [`table`].

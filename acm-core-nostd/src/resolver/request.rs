@@ -163,9 +163,10 @@ fn route(ep: &EpView, record: &[u8; 64], nodelay: bool) -> Target {
     }
 }
 
-/// The cache keys of a plain request by GID and of one by LID for `rec`'s destination, on
-/// `ep` (what a half-world table's record is filed under).
-pub(crate) fn plain_keys(ep: &EpView, rec: &[u8; 64]) -> [Option<PathKey>; 2] {
+/// The cache key and SA query record of a plain request by GID and of one by LID for
+/// `rec`'s destination, on `ep` (what a half-world table's record is filed under, and the
+/// route jobs it answers).
+pub(crate) fn plain_queries(ep: &EpView, rec: &[u8; 64]) -> [Option<(PathKey, [u8; 64])>; 2] {
     let p = PathRecord::new_unchecked(&rec[..]);
     let mut by_gid = gid_record(p.dgid(), 0);
     PathRecord::new_unchecked(&mut by_gid[..]).set_reversible_numpath(true, 0);
@@ -174,10 +175,9 @@ pub(crate) fn plain_keys(ep: &EpView, rec: &[u8; 64]) -> [Option<PathKey>; 2] {
     q.set_dlid(p.dlid());
     q.set_reversible_numpath(true, 0);
     let key = |r: &[u8; 64]| {
-        Words::of(r)
-            .normalised(ep)
-            .key(ep.cache_ep)
-            .map(|k| k.key())
+        let n = Words::of(r).normalised(ep);
+        let k = n.key(ep.cache_ep)?.key();
+        Some((k, n.with_query_fields(ep).bytes()))
     };
     [
         (!p.dgid().is_zero()).then(|| key(&by_gid)).flatten(),

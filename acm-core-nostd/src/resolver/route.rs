@@ -738,7 +738,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// and those that could not be answered before their deadline).
     pub(crate) fn pump_backlog(&mut self, now: Millis) {
         while self.window_free(now) {
-            let Some(j) = self.routes.backlog.front() else {
+            let Some(j) = self.next_unheld() else {
                 break;
             };
             let job = self.st.jobs()[j as usize];

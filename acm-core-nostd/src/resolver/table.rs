@@ -3,9 +3,9 @@
 //! (OpenSM's `osm_pr_process_half`, answered over RMPP), instead of one Get per destination.
 //!
 //! * **When.** Only where the caller's transport reassembles RMPP answers
-//!   ([`Config::sa_tables`]), at most one table per endpoint at a time, and when the
+//!   ([`Config::sa_tables`](super::Config::sa_tables)), at most one table per endpoint at a time, and when the
 //!   endpoint's backlog (route jobs waiting for the SA window) reaches
-//!   [`Config::sa_table_min`]. Once a table's size is known, the backlog must also make its
+//!   [`Config::sa_table_min`](super::Config::sa_table_min). Once a table's size is known, the backlog must also make its
 //!   Gets cost the SA more than a table of that size would: `backlog × get ≥ get + records ×
 //!   record`, with OpenSM's measured costs ([`OPENSM_GET_NS`], [`OPENSM_RECORD_NS`]). A
 //!   storm's all-to-all start makes every port's backlog nearly the whole subnet, so each port
@@ -24,9 +24,9 @@
 
 use super::mads::{self, TOKEN_TABLE};
 use super::route::Completion;
-use super::storage::{List, Table, JOB};
+use super::storage::{Table, JOB};
 use super::{request, Millis, Resolver, SaTable, Storage, NEVER};
-use crate::cache::{CacheRef, Lookup};
+use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
 use crate::wire::mad::{Header, HEADER_LEN};
 use crate::wire::path_record::PathRecord;
@@ -85,6 +85,31 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         e.table.send = true;
         e.table.tid = tid;
         self.eps.mark_dirty(slot);
+    }
+
+    /// The first backlogged job not held back by its endpoint's table in flight (the table
+    /// will answer it: a Get for it would be the SA's work twice). O(1) when no endpoint holds
+    /// or every backlogged job is held; else a walk past the held ones.
+    pub(crate) fn next_unheld(&self) -> Option<u32> {
+        let t = self.st.tables_ref();
+        let front = self.routes.backlog.front()?;
+        let holding = |e: &super::EpSlot| e.table.send || e.table.sent;
+        let held: u32 = t
+            .endpoints
+            .iter()
+            .filter(|e| holding(e))
+            .map(|e| e.table.backlogged)
+            .sum();
+        if held == 0 {
+            return Some(front);
+        }
+        if held >= self.routes.backlog.len {
+            return None;
+        }
+        self.routes
+            .backlog
+            .iter(t.jobs, JOB)
+            .find(|&j| !holding(&t.endpoints[usize::from(t.jobs[j as usize].ep)]))
     }
 
     /// Counts a job of endpoint `slot` leaving the backlog.
@@ -169,6 +194,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let e = self.st.endpoints()[slot];
         let view = self.view(slot, e.cache_ep);
         let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
+        let expires = now.saturating_add(ttl);
         let mut n = 0u32;
         for rec in t.records.chunks_exact(RECORD_LEN) {
             let Ok(rec) = <&[u8; RECORD_LEN]>::try_from(rec) else {
@@ -180,41 +206,28 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 continue;
             }
             n += 1;
-            for key in request::plain_keys(&view, rec).into_iter().flatten() {
+            for (key, sa) in request::plain_queries(&view, rec).into_iter().flatten() {
                 self.w.insert(&key, rec, now, ttl);
+                // The job of a plain request for this destination, waiting or already sent,
+                // is answered now (a sent one's Get reply then finds a zombie).
+                if let Some(j) = self.find_job(slot, e.cache_ep, &sa) {
+                    let how = Completion::Answered {
+                        record: rec,
+                        expires,
+                    };
+                    self.finish_job(now, j, how);
+                }
             }
         }
         self.stats.sa_tables += 1;
         self.stats.sa_table_records += u64::from(n);
+        // A port asks at most once per `sa_deadline`: a table asked for again at once would
+        // mean the cache cannot hold it.
+        let wait = self.cfg.sa_deadline;
         let tf = &mut self.st.endpoints()[slot].table;
         tf.sent = false;
         tf.records = n;
-        self.answer_backlog_from_cache(now, slot);
+        tf.not_before = now.saturating_add(wait);
         self.pump(now);
-    }
-
-    /// Answers every backlogged route job of endpoint `slot` that the cache now answers.
-    fn answer_backlog_from_cache(&mut self, now: Millis, slot: usize) {
-        let mut cur = self.routes.backlog.front();
-        while let Some(j) = cur {
-            cur = List::next_of(self.st.jobs(), j, JOB);
-            let job = self.st.tables_ref().jobs[j as usize];
-            if usize::from(job.ep) != slot {
-                continue;
-            }
-            let Some(k) = job.key.key(job.cache_ep) else {
-                continue;
-            };
-            if let Lookup::Hit {
-                record, expires_at, ..
-            } = self.cache().lookup(&k, now)
-            {
-                let how = Completion::FromCache {
-                    record: &record,
-                    expires: expires_at,
-                };
-                self.finish_job(now, j, how);
-            }
-        }
     }
 }

@@ -96,6 +96,9 @@ pub struct SimConfig {
     pub addr_cache_slots: Option<usize>,
     /// Count the SA's accepted queries per (node, destination) ([`SaServiceStats::per_dest`]).
     pub count_per_dest: bool,
+    /// Most records of a half-world table a node takes (the plugin's table slot: half its path
+    /// capacity); a larger table is refused as too big (the resolver turns tables off).
+    pub table_room: usize,
 }
 
 impl SimConfig {
@@ -123,6 +126,7 @@ impl SimConfig {
             checks: true,
             addr_cache_slots: None,
             count_per_dest: false,
+            table_room: usize::MAX,
         }
     }
 }
@@ -218,6 +222,7 @@ pub struct Sim {
     scale: bool,
     checks: bool,
     count_per_dest: bool,
+    pub(super) table_room: usize,
     dirty: Vec<usize>,
     is_dirty: Vec<bool>,
     timers: BinaryHeap<core::cmp::Reverse<(Millis, usize)>>,
@@ -321,6 +326,7 @@ impl Sim {
             scale: cfg.scale,
             checks: cfg.checks,
             count_per_dest: cfg.count_per_dest,
+            table_room: cfg.table_room,
             dirty: Vec::new(),
             is_dirty: vec![false; n],
             timers: BinaryHeap::new(),

@@ -8,6 +8,7 @@ use std::vec::Vec;
 
 use super::net::Event;
 use super::{node_gid, node_lid, Sim};
+use crate::resolver::table::TableError;
 use crate::resolver::{Millis, SaTable};
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
@@ -317,14 +318,17 @@ impl Sim {
                     records.extend_from_slice(&p);
                 }
             }
-            self.sa_stats.table_records_delivered += (records.len() / 64) as u64;
             let table = SaTable {
                 header: &head,
                 records: &records,
             };
-            self.nodes[to]
-                .resolver
-                .handle_sa_table(now, token, Ok(table));
+            let r = &mut self.nodes[to].resolver;
+            if records.len() / 64 > self.table_room {
+                r.handle_sa_table(now, token, Err(TableError::TooBig));
+            } else {
+                self.sa_stats.table_records_delivered += (records.len() / 64) as u64;
+                r.handle_sa_table(now, token, Ok(table));
+            }
         } else {
             self.nodes[to]
                 .resolver

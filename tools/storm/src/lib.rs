@@ -58,7 +58,8 @@ impl Profile {
 ///   (`sa_busy_retries = 0`: answered ETIMEDOUT at the first BUSY, see `docs/storm.md` for
 ///   why a failure is the charitable reading);
 /// * no negative cache (`negative_ttl = 0`) and one multicast resolve in flight
-///   (`acm_window = 1`, `resolve_depth`), neither of which a PATH storm exercises.
+///   (`acm_window = 1`, `resolve_depth`), neither of which a PATH storm exercises;
+/// * one Get per path: ibacmp never asks for a half-world table (`sa_tables = false`).
 pub fn ibacmp_like() -> Config {
     Config {
         sa_window: 1,
@@ -70,6 +71,8 @@ pub fn ibacmp_like() -> Config {
         // The core's SA service: its budget per MAD is fixed, and no Reports come.
         sa_tries: 0,
         sa_reports: false,
+        sa_tables: false,
+        sa_table_min: 0,
         ..Config::default()
     }
 }
@@ -119,9 +122,30 @@ pub struct Params {
     pub checks: bool,
     /// Count the SA's queries per (node, destination).
     pub per_dest: bool,
+    /// Path cache entries per node (`None`: [`Params::cache_entries`]'s default).
+    pub cache: Option<usize>,
 }
 
+/// Path cache entries over all nodes up to which each node gets a cache that holds its whole
+/// half-world table (about 1.2 GiB of simulator memory).
+pub const CACHE_ENTRIES_BUDGET: usize = 8 << 20;
+
 impl Params {
+    /// Path cache entries per node: the chosen figure, else room for a half-world table filed
+    /// by LID and by GID plus the peers (`2N + k`, as a plugin with the default
+    /// `acmrs_path_capacity` 65 536 has up to N = 32 768) while all nodes' caches stay within
+    /// [`CACHE_ENTRIES_BUDGET`], else only the peers (`k`: then a table does not fit and is
+    /// refused, and acmrs resolves by Gets).
+    pub fn cache_entries(&self) -> usize {
+        let whole = 2 * self.nodes + self.peers;
+        self.cache
+            .unwrap_or(if whole * self.nodes <= CACHE_ENTRIES_BUDGET {
+                whole
+            } else {
+                self.peers
+            })
+    }
+
     /// `nodes` × `peers` ring, LID, 64 outstanding per node, 1 s client retry, the default SA.
     pub fn new(nodes: usize, peers: usize, profile: Profile) -> Params {
         Params {
@@ -137,6 +161,7 @@ impl Params {
             horizon: 3_600_000,
             checks: false,
             per_dest: true,
+            cache: None,
         }
     }
 }
@@ -168,6 +193,8 @@ pub struct Report {
     pub per_dest_repeats: u64,
     /// Resolver ETIMEDOUT answers (all nodes).
     pub resolver_timeouts: u64,
+    /// Half-world tables the resolvers received, and those that failed.
+    pub tables: (u64, u64),
     /// Exactly-once and bookkeeping violations the simulator found.
     pub violations: Vec<String>,
     /// Requests never answered at the end.
@@ -226,7 +253,10 @@ pub fn sim_config(p: &Params) -> SimConfig {
         endpoints: 2,
         preloads: 1,
     };
-    c.cache_slots = PathSlot::slots_for(p.peers);
+    let entries = p.cache_entries();
+    c.cache_slots = PathSlot::slots_for(entries);
+    // The plugin's table slot holds half its path capacity (a record is filed twice).
+    c.table_room = entries / 2;
     c.addr_cache_slots = Some(64);
     c.sa_service = Some(p.sa);
     c.scale = true;
@@ -282,34 +312,42 @@ pub fn run(p: Params) -> Report {
             break;
         }
         sim.run_until(next);
-        for a in sim.take_answers() {
-            let Some((i, peer)) = clients.remove(&a.client) else {
-                continue;
-            };
-            let iu = i as usize;
-            if a.status != Status::Success {
-                failed += 1;
-                retry.push(Reverse((a.at + p.client_retry, i, peer)));
-                continue;
+        // Answers issue the next requests, whose answers (hits, answered inline) come at the
+        // same virtual time: take them until there are none, not at the next event.
+        loop {
+            let answers = sim.take_answers();
+            if answers.is_empty() {
+                break;
             }
-            let ok = a.path.is_some_and(|r| {
-                let r = PathRecord::new_unchecked(&r[..]);
-                r.dlid() == node_lid(peer as usize) && r.dgid() == node_gid(peer as usize)
-            });
-            if !ok {
-                wrong += 1;
-            }
-            pair_done.push(a.at);
-            done[iu] += 1;
-            if done[iu] == p.peers {
-                node_done.push(a.at);
-                remaining -= 1;
-            }
-            if cursor[iu] < p.peers {
-                let peer = peers[iu][cursor[iu]];
-                cursor[iu] += 1;
-                issued += 1;
-                issue(&mut sim, &mut clients, iu, peer);
+            for a in answers {
+                let Some((i, peer)) = clients.remove(&a.client) else {
+                    continue;
+                };
+                let iu = i as usize;
+                if a.status != Status::Success {
+                    failed += 1;
+                    retry.push(Reverse((a.at + p.client_retry, i, peer)));
+                    continue;
+                }
+                let ok = a.path.is_some_and(|r| {
+                    let r = PathRecord::new_unchecked(&r[..]);
+                    r.dlid() == node_lid(peer as usize) && r.dgid() == node_gid(peer as usize)
+                });
+                if !ok {
+                    wrong += 1;
+                }
+                pair_done.push(a.at);
+                done[iu] += 1;
+                if done[iu] == p.peers {
+                    node_done.push(a.at);
+                    remaining -= 1;
+                }
+                if cursor[iu] < p.peers {
+                    let peer = peers[iu][cursor[iu]];
+                    cursor[iu] += 1;
+                    issued += 1;
+                    issue(&mut sim, &mut clients, iu, peer);
+                }
             }
         }
         while retry.peek().is_some_and(|r| r.0 .0 <= sim.now) {
@@ -324,6 +362,10 @@ pub fn run(p: Params) -> Report {
     node_done.sort_unstable();
     pair_done.sort_unstable();
     let resolver_timeouts = sim.nodes.iter().map(|x| x.stats().timeouts).sum();
+    let tables = sim.nodes.iter().fold((0, 0), |(a, b), x| {
+        let s = x.stats();
+        (a + s.sa_tables, b + s.sa_table_failed)
+    });
     let per_dest_max = sim.sa_stats.per_dest.values().copied().max().unwrap_or(0);
     let per_dest_repeats = sim.sa_stats.per_dest.values().filter(|&&v| v > 1).count() as u64;
     let all_done = (node_done.len() == n).then(|| node_done.last().copied().unwrap_or(0));
@@ -341,6 +383,7 @@ pub fn run(p: Params) -> Report {
         per_dest_max,
         per_dest_repeats,
         resolver_timeouts,
+        tables,
         unanswered: sim.unanswered().len(),
         violations: std::mem::take(&mut sim.violations),
         sa,
@@ -375,6 +418,7 @@ pub fn table(reports: &[Report]) -> String {
         "node p99 (s)",
         "node max (s)",
         "SA queries",
+        "tables (failed)",
         "per pair",
         "max/pair",
         "SA sent (+retx)",
@@ -399,6 +443,7 @@ pub fn table(reports: &[Report]) -> String {
             secs(r.node_quantile(0.99)),
             secs(r.node_done.last().copied()),
             r.sa_queries.to_string(),
+            format!("{} ({})", r.tables.0, r.tables.1),
             format!("{:.3}", r.sa_queries as f64 / pairs),
             r.per_dest_max.to_string(),
             format!("{} (+{})", r.sa.sent, r.sa.retransmits),

@@ -40,6 +40,10 @@ struct Cli {
     /// Outstanding requests per node
     #[arg(long, value_name = "C", value_parser = num::<usize>)]
     concurrency: Option<usize>,
+    /// Path cache entries per node; a half-world table takes up to half of them [default:
+    /// 2N + k while all caches stay within 8 Mi entries, else k]
+    #[arg(long, value_name = "E", value_parser = num::<usize>)]
+    cache_entries: Option<usize>,
     /// A failed request is issued again after MS
     #[arg(long, value_name = "MS", value_parser = num::<u64>)]
     client_retry_ms: Option<u64>,
@@ -157,6 +161,7 @@ fn real_main(a: &Cli) -> Result<(), String> {
             p.pick = if a.random { Peers::Random } else { Peers::Ring };
             p.dest = if a.gid { Dest::Gid } else { Dest::Lid };
             p.concurrency = a.concurrency.unwrap_or(p.concurrency);
+            p.cache = a.cache_entries;
             p.client_retry = a.client_retry_ms.unwrap_or(p.client_retry);
             p.seed = a.seed.unwrap_or(p.seed);
             p.horizon = a.horizon_s.unwrap_or(p.horizon / 1000).saturating_mul(1000);
@@ -208,7 +213,7 @@ fn real_main(a: &Cli) -> Result<(), String> {
     println!();
     for r in &reports {
         println!(
-            "{:<18} N={:<6} all done {:>9} s  p50 {:>9} s  p99 {:>9} s  SA queries {:>9}  BUSY {:>8}  \
+            "{:<18} N={:<6} all done {:>9} s  p50 {:>9} s  p99 {:>9} s  SA queries {:>9}  tables {:>6}  BUSY {:>8}  \
              dropped {:>8}  umad timeouts {:>7}  failed {:>7}  peak queue {:>6}",
             r.params.profile.name(),
             r.params.nodes,
@@ -216,6 +221,7 @@ fn real_main(a: &Cli) -> Result<(), String> {
             secs(r.node_quantile(0.5)),
             secs(r.node_quantile(0.99)),
             r.sa_queries,
+            r.tables.0,
             r.sa.busy,
             r.sa.dropped,
             r.sa.umad_timeouts,
