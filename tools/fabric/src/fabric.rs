@@ -16,6 +16,11 @@ use std::time::{Duration, Instant};
 
 /// Debian's umad → ibsim preload.
 pub const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
+/// The RMPP sender preloaded into OpenSM ahead of umad2sim (`tools/umad-rmpp`,
+/// docs/umad-rmpp.md), built into `target/<profile>/deps/` with acm-fabric.
+pub const RMPP_SHIM: &str = "libumad_rmpp.so";
+/// The file (in OpenSM's directory) where the RMPP sender keeps its counters.
+pub const RMPP_STATS: &str = "umad-rmpp.stats";
 /// The stock provider shipped with Debian's ibacm package.
 pub const STOCK_PROVIDER: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
 /// ibacm's default provider directory (compiled into Debian's daemon; used when
@@ -175,6 +180,56 @@ pub fn find_artifact(env: &str, file: &str, build_hint: &str) -> Result<PathBuf>
     )))
 }
 
+/// The RMPP sender library OpenSM runs with ([`RMPP_SHIM`]): `$ACM_FABRIC_UMAD_RMPP` if set,
+/// else next to the running executable, one level up, or in `deps/` of either (cargo builds
+/// it there as a dependency of acm-fabric). Refuses a library older than any file of
+/// `tools/umad-rmpp/src` when that directory exists (a stale build would test old code).
+pub fn rmpp_shim() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("ACM_FABRIC_UMAD_RMPP") {
+        return existing(PathBuf::from(p), "$ACM_FABRIC_UMAD_RMPP is set to it");
+    }
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::new(format!("cannot locate the running executable: {e}")))?;
+    let mut tried = Vec::new();
+    let mut found = None;
+    let mut dir = exe.parent();
+    for _ in 0..2 {
+        let Some(d) = dir else { break };
+        for c in [d.join(RMPP_SHIM), d.join("deps").join(RMPP_SHIM)] {
+            if found.is_none() && c.is_file() {
+                found = Some(c.clone());
+            }
+            tried.push(c.display().to_string());
+        }
+        dir = d.parent();
+    }
+    let Some(p) = found else {
+        return Err(Error::new(format!(
+            "{RMPP_SHIM} not found (looked at {}); run `cargo build -p umad-rmpp` with the same \
+             CARGO_TARGET_DIR and profile, or set $ACM_FABRIC_UMAD_RMPP",
+            tried.join(", ")
+        )));
+    };
+    let built = std::fs::metadata(&p)
+        .and_then(|m| m.modified())
+        .map_err(|e| Error::new(format!("{}: {e}", p.display())))?;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../umad-rmpp/src");
+    if let Ok(entries) = std::fs::read_dir(&src) {
+        for e in entries.flatten() {
+            if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                if m > built {
+                    return Err(Error::new(format!(
+                        "{} is older than {}: run `cargo build -p umad-rmpp` first",
+                        p.display(),
+                        e.path().display()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(p)
+}
+
 /// Addresses a node's daemon serves (written to its `ibacm_addr.cfg`) and that
 /// `ibacm_hosts.data` maps to its GID.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,6 +355,10 @@ pub struct Fabric {
     console_seq: Mutex<u64>,
     sm: Option<Proc>,
     sm_starts: u32,
+    /// OpenSM's directory (its log, its RMPP sender's counters), of the last start.
+    sm_dir: PathBuf,
+    /// The RMPP sender preloaded into OpenSM ahead of umad2sim.
+    rmpp_shim: PathBuf,
     sm_args: Vec<String>,
     /// OpenSM's `partitions.conf` (`-P`) when the builder named partitions.
     partitions_conf: Option<PathBuf>,
@@ -662,6 +721,7 @@ impl FabricBuilder {
             }
         }
         existing(PathBuf::from(UMAD2SIM), "apt-get install libumad2sim0")?;
+        let rmpp_shim = rmpp_shim()?;
         let (simverbs, provider_libs) = if self.start_daemons {
             existing(PathBuf::from(IBACM), "apt-get install ibacm")?;
             let sv = match &self.simverbs {
@@ -720,6 +780,8 @@ impl FabricBuilder {
             console_seq: Mutex::new(0),
             sm: None,
             sm_starts: 0,
+            sm_dir: PathBuf::new(),
+            rmpp_shim,
             sm_args: self.opensm_args.clone(),
             partitions_conf: None,
             partitions: self.partitions.clone(),
@@ -1073,7 +1135,12 @@ impl Fabric {
             )
             .args(&self.sm_args)
             .args(if fresh { &["-r"][..] } else { &[] })
-            .env("LD_PRELOAD", UMAD2SIM)
+            // The RMPP sender first: OpenSM's umad writes reach it before umad2sim's.
+            .env(
+                "LD_PRELOAD",
+                format!("{}:{UMAD2SIM}", self.rmpp_shim.display()),
+            )
+            .env("UMAD_RMPP_STATS", dir.join(RMPP_STATS))
             .env("SIM_HOST", &self.sm_node)
             .env("IBSIM_SOCKNAME", &self.name)
             .env("OSM_TMP_DIR", &dir)
@@ -1081,6 +1148,7 @@ impl Fabric {
             .current_dir(&dir)
             .stdout(file(&dir.join(format!("osm-{}.out", self.sm_starts)))?)
             .stderr(std::process::Stdio::null());
+        self.sm_dir = dir.clone();
         // OpenSM under umad2sim sometimes hangs on exit: short grace, then KILL.
         self.sm = Some(Proc::spawn("opensm", cmd, Duration::from_secs(2))?);
         let deadline = Instant::now() + timeout;
@@ -1328,6 +1396,30 @@ impl Fabric {
     /// The fabric's name (`IBSIM_SOCKNAME`, also the simverbs fabric name).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The RMPP sender library OpenSM runs with.
+    pub fn rmpp_shim(&self) -> &Path {
+        &self.rmpp_shim
+    }
+
+    /// The RMPP sender's counters in the running (or last) OpenSM (docs/umad-rmpp.md):
+    /// `transfers`, `completed`, `stopped`, `segments_sent`, ... Empty until OpenSM sent its
+    /// first RMPP answer (the file is written when a transfer starts or ends).
+    pub fn rmpp_stats(&self) -> Result<std::collections::BTreeMap<String, u64>> {
+        let p = self.sm_dir.join(RMPP_STATS);
+        let text = match std::fs::read_to_string(&p) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(Error::new(format!("{}: {e}", p.display()))),
+        };
+        Ok(text
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                Some((k.to_string(), v.trim().parse().ok()?))
+            })
+            .collect())
     }
 
     /// The scratch directory (removed at teardown unless kept).

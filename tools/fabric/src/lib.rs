@@ -47,8 +47,10 @@
 //!
 //! Artifacts: `libsimverbs.so` and `libacmrs.so` are looked up next to the running executable
 //! (`target/<profile>/`, or its parent for tests in `deps/`), or at `$ACM_FABRIC_SIMVERBS` /
-//! `$ACM_FABRIC_ACMRS`. Must run as root (mount namespaces). ibsim serves at most 10 clients
-//! per fabric, so at most 8 daemon nodes. See `docs/fabric.md`.
+//! `$ACM_FABRIC_ACMRS`. OpenSM always runs with the RMPP sender `libumad_rmpp.so` preloaded
+//! ahead of umad2sim (built with acm-fabric into `deps/`; [`rmpp_shim`],
+//! [`Fabric::rmpp_stats`], `docs/umad-rmpp.md`). Must run as root (mount namespaces). ibsim
+//! serves at most 10 clients per fabric, so at most 8 daemon nodes. See `docs/fabric.md`.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -65,8 +67,8 @@ pub mod testing;
 pub mod topology;
 
 pub use fabric::{
-    find_artifact, Fabric, FabricBuilder, HostsFile, Node, NodeAddrs, PortInfo, Provider,
-    DEFAULT_PROVIDER_DIR, STOCK_PROVIDER,
+    find_artifact, rmpp_shim, Fabric, FabricBuilder, HostsFile, Node, NodeAddrs, PortInfo,
+    Provider, DEFAULT_PROVIDER_DIR, STOCK_PROVIDER,
 };
 pub use partition::{Membership, Partition, PartitionAddrs};
 pub use ports::{PortLease, PortPool};

@@ -489,4 +489,22 @@ mod tests {
         );
         assert!(t.entries.len() <= TID_TABLE_LEN);
     }
+
+    #[test]
+    fn an_rmpp_answer_keeps_its_tid_for_every_segment_and_ack() {
+        // A GetTable (request), then its answer's segments interleaved with our ACKs (requests
+        // with the same TID, GetTable 0x12) and other traffic: every segment gets our high
+        // bits back, and the ACKs keep the entry from being forgotten.
+        let mut t = TidTable::default();
+        let ours = 0x7a11_0000_0000_0001u64;
+        t.remember(ours);
+        let wire = 0x0004_0000_0000_0001u64; // ibsim's client id in bits 48-63
+        for seg in 0..3 * TID_TABLE_LEN as u64 {
+            assert_eq!(t.restore(wire), Some(ours), "segment {seg}");
+            if seg % 16 == 0 {
+                t.remember(ours); // the ACK after a window
+            }
+            t.remember(0x1111_0000_0010_0000 + seg); // other queries meanwhile
+        }
+    }
 }

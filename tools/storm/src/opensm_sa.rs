@@ -12,8 +12,11 @@
 //! * PathRecord Gets per second with C queries outstanding (closed loop, random DLIDs), and the
 //!   CPU time OpenSM and ibsim spent per Get (`/proc/PID/stat`);
 //! * half-world PathRecord GetTables (ComponentMask SGID only) from every port of the subnet,
-//!   one at a time: OpenSM computes all of a port's paths per query; umad2sim delivers only the
-//!   first 256-byte MAD of the RMPP answer, so the time is OpenSM's work plus one MAD;
+//!   one at a time, each one whole: OpenSM computes all of a port's paths per query, its RMPP
+//!   sender (`libumad_rmpp.so`, preloaded by acm-fabric; docs/umad-rmpp.md) segments the
+//!   answer, and the client acknowledges and reassembles it with `acm_core_nostd::rmpp`'s
+//!   `Receiver`: the time is from the GetTable to the last segment, the records are the
+//!   records received;
 //! * overload: OpenSM restarted with a small `max_msg_fifo_timeout`, the client keeps many
 //!   Gets outstanding; OpenSM's log lines "Dropping MAD since the dispatcher is already
 //!   overloaded" and the Gets never answered show the drop rule at work.
@@ -31,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use acm_core_nostd::rmpp::{Config, Received, Receiver};
 use acm_core_nostd::wire::mad::Method;
 use acm_core_nostd::wire::path_record::PathRecordMask;
 use acm_core_nostd::wire::sa::{attr, SaPacket, SaRepr};
@@ -86,6 +90,11 @@ const DGRAM_QLEN: u32 = 8192;
 const LOST_AFTER: Duration = Duration::from_secs(2);
 /// A LID no port has (unicast range, above every LID the SM assigns here).
 const NO_SUCH_LID: u16 = 0x1000;
+/// Record bytes a half-world table may take (16 384 PathRecords).
+const TABLE_STORAGE: usize = 1 << 20;
+/// A GetTable with no segment within this, or not complete within the receiver's total time
+/// plus this, is counted lost.
+const TABLE_LOST_AFTER: Duration = Duration::from_secs(5);
 
 fn main() {
     if std::env::var_os(CHILD_ENV).is_some() {
@@ -421,7 +430,8 @@ fn parent(a: &Cli) -> Result<(), String> {
         overload = Some((outs, drop_lines(&after)));
     }
     // The record count of a half-world answer, from OpenSM's own debug line (log_flags 0x0f:
-    // osm_sa_respond says how many records it returns; the answer itself is cut by umad2sim).
+    // osm_sa_respond says how many records it returns; the child checks it against the records
+    // it received).
     let logged_records = {
         let before = osm_logs(&fabric).len();
         fabric.stop_sm();
@@ -541,14 +551,20 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
         let _ = writeln!(
             s,
             "# Half-world PathRecord GetTables (ComponentMask SGID only), one per port, one at a\n\
-             # time. umad2sim delivers only the first 256-byte MAD of OpenSM's RMPP answer: the\n\
-             # time is OpenSM computing and sending all records plus one MAD's trip; the record\n\
-             # count is what OpenSM's process_half yields (every port, this one included), not\n\
-             # what arrived.\n[gettable]"
+             # time, each one whole: OpenSM's answer segmented by the RMPP sender preloaded into\n\
+             # it (libumad_rmpp.so), acknowledged and reassembled by acm_core_nostd::rmpp's\n\
+             # Receiver (window 16). The time runs from the GetTable to the last segment; the\n\
+             # records are those received (every port, this one included); records_per_s is\n\
+             # all records received over the sum of the table times; the rmpp_* / paylen fields\n\
+             # are the first segment's.\n[gettable]"
         );
         for k in [
             "tables",
             "records_per_table",
+            "records_min",
+            "records_total",
+            "segments_per_table",
+            "acks_per_table",
             "p50_us",
             "p99_us",
             "mean_us",
@@ -559,6 +575,8 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
             "rmpp_type",
             "paylen",
             "status",
+            "lost",
+            "failed",
             "osm_cpu_us_per_table",
         ] {
             let _ = writeln!(s, "{k} = {}", g.get(k).unwrap_or(&"0"));
@@ -641,6 +659,28 @@ struct Client {
     lid: u16,
     gid: [u8; 16],
     tid: u32,
+}
+
+/// One whole half-world table.
+struct Table {
+    /// From the GetTable to the last segment.
+    us: u64,
+    records: u64,
+    segments: u32,
+    /// ACKs the receiver sent.
+    acks: u32,
+    /// The first segment's MAD + RMPP + SA header.
+    head: [u8; 56],
+}
+
+/// Why a table did not arrive.
+#[derive(Debug)]
+enum TableError {
+    /// No segment in time, or no ending.
+    Lost,
+    /// The receiver ended it (an ABORT or STOP, either side).
+    #[allow(dead_code)] // read through Debug
+    Failed(acm_core_nostd::rmpp::Failure),
 }
 
 /// What a closed-loop run gave.
@@ -730,6 +770,76 @@ impl Client {
         }
         let m = r.mad;
         Some((u32::from_be_bytes([m[12], m[13], m[14], m[15]]), m))
+    }
+
+    /// One half-world GetTable from `sgid`, whole: the RMPP receiver is started on the first
+    /// segment (its TID as it arrives: ibsim and umad2sim rewrite bits 32-63 of ours), its
+    /// ACKs go to the SA like any request.
+    fn fetch_table(&mut self, sgid: &[u8; 16]) -> Result<Table, TableError> {
+        let tid = self.next_tid();
+        let t0 = Instant::now();
+        let ms = || t0.elapsed().as_millis() as u64;
+        let mut rx = Receiver::new(vec![0u8; TABLE_STORAGE], Config::DEFAULT);
+        let mut started = false;
+        let mut acks = 0u32;
+        self.send(&half_world(tid, sgid))
+            .map_err(|_| TableError::Lost)?;
+        let limit = Duration::from_millis(Config::DEFAULT.total_timeout) + TABLE_LOST_AFTER;
+        loop {
+            if (!started && t0.elapsed() > TABLE_LOST_AFTER) || t0.elapsed() > limit {
+                return Err(TableError::Lost);
+            }
+            let wait =
+                rx.poll_timeout()
+                    .map_or(100, |t| t.saturating_sub(ms()).clamp(1, 100)) as i32;
+            let mut end = None;
+            match self.recv(wait) {
+                Some((got, m)) if got == tid => {
+                    if !started {
+                        rx.start(
+                            ms(),
+                            u64::from_be_bytes(m[8..16].try_into().unwrap_or([0; 8])),
+                        );
+                        started = true;
+                    }
+                    match rx.receive(ms(), &m) {
+                        Received::Done { len } => end = Some(Ok(len)),
+                        Received::Failed(f) => end = Some(Err(f)),
+                        _ => {}
+                    }
+                }
+                Some(_) => {} // a late answer to an earlier query
+                None => {
+                    if started && rx.poll_timeout().is_some_and(|t| t <= ms()) {
+                        if let Some(f) = rx.handle_timeout(ms()) {
+                            end = Some(Err(f));
+                        }
+                    }
+                }
+            }
+            while let Some(out) = rx.poll_transmit() {
+                acks += 1;
+                let _ = self.send(&out);
+            }
+            match end {
+                None => {}
+                Some(Err(f)) => return Err(TableError::Failed(f)),
+                Some(Ok(len)) => {
+                    let us = t0.elapsed().as_micros() as u64;
+                    let mut head = [0u8; 56];
+                    head.copy_from_slice(rx.header().map_or(&[0u8; 56][..], |h| &h[..]));
+                    let attr = usize::from(u16::from_be_bytes([head[44], head[45]])) * 8;
+                    let paylen = u32::from_be_bytes([head[32], head[33], head[34], head[35]]);
+                    return Ok(Table {
+                        us,
+                        records: len.checked_div(attr).unwrap_or(0) as u64,
+                        segments: paylen.div_ceil(220).max(1),
+                        acks,
+                        head,
+                    });
+                }
+            }
+        }
     }
 
     /// Runs `make` queries with `conc` outstanding for `dur` (then waits for stragglers).
@@ -876,14 +986,8 @@ fn child(args: &[String]) -> Result<(), String> {
     let me = c.lid;
     if mode == "table" {
         for l in [me, lids[0], lids[lids.len() - 1]] {
-            let tid = c.next_tid();
-            c.send(&half_world(tid, &gids[&l]))?;
-            let t = Instant::now();
-            while t.elapsed() < Duration::from_secs(5) {
-                if c.recv(100).is_some_and(|(got, _)| got == tid) {
-                    break;
-                }
-            }
+            // Whole tables (acknowledged), so the sender in OpenSM finishes each one.
+            let _ = c.fetch_table(&gids[&l]);
         }
         println!("table sent=3");
         return Ok(());
@@ -964,54 +1068,63 @@ fn child(args: &[String]) -> Result<(), String> {
             );
         }
     }
-    // 3. Half-world GetTables: one per port (every LID's GID), one at a time.
+    // 3. Half-world GetTables: one per port (every LID's GID), one at a time, each one whole
+    //    (the receiver acknowledges every window; the time runs to the last segment).
     let mut sources: Vec<u16> = gids.keys().copied().collect();
     sources.sort_unstable();
-    let mut first: Option<[u8; MAD_LEN]> = None;
-    let o0 = cpu_ticks(osm);
     let sweeps: usize = kv_num(args, "sweeps", 1);
-    let mut it = sources.iter().cycle();
-    let r = c.closed_loop(
-        1,
-        Duration::from_secs(600),
-        Some(sources.len() * sweeps),
-        &mut |tid| {
-            let l = *it.next().unwrap_or(&me);
-            half_world(tid, &gids[&l])
-        },
-    )?;
-    let o1 = cpu_ticks(osm);
-    // One more, from this port, to look at what arrives.
-    let tid = c.next_tid();
-    c.send(&half_world(tid, &c.gid))?;
-    let t = Instant::now();
-    while first.is_none() && t.elapsed() < Duration::from_secs(5) {
-        if let Some((got, m)) = c.recv(100) {
-            if got == tid {
-                first = Some(m);
-            }
+    let o0 = cpu_ticks(osm);
+    let mut done: Vec<Table> = Vec::new();
+    let mut lost = 0u64;
+    let mut failed = 0u64;
+    for &l in sources.iter().cycle().take(sources.len() * sweeps) {
+        match c.fetch_table(&gids[&l]) {
+            Ok(t) => done.push(t),
+            Err(TableError::Lost) => lost += 1,
+            Err(TableError::Failed(_)) => failed += 1,
         }
     }
-    let m = first.ok_or("no answer to the half-world GetTable")?;
+    let o1 = cpu_ticks(osm);
+    // One more, from this port, to look at its first segment.
+    let mine = c
+        .fetch_table(&c.gid.clone())
+        .map_err(|e| format!("{e:?}"))?;
+    let m = mine.head;
     let attr_off = usize::from(u16::from_be_bytes([m[44], m[45]])) * 8;
     let in_mad = 200usize.checked_div(attr_off).unwrap_or(0);
-    let total_s = r.rtt_us.iter().sum::<u64>() as f64 / 1e6;
-    let recs = u64::from(max_lid);
+    let mut us: Vec<u64> = done.iter().map(|t| t.us).collect();
+    us.sort_unstable();
+    let pct = |q: f64| {
+        if us.is_empty() {
+            return 0;
+        }
+        let i = ((q * us.len() as f64).ceil() as usize).clamp(1, us.len());
+        us[i - 1]
+    };
+    let total_s = us.iter().sum::<u64>() as f64 / 1e6;
+    let records: u64 = done.iter().map(|t| t.records).sum();
+    let n = done.len() as u64;
+    let recs_max = done.iter().map(|t| t.records).max().unwrap_or(0);
+    let recs_min = done.iter().map(|t| t.records).min().unwrap_or(0);
+    let segs = done
+        .iter()
+        .map(|t| u64::from(t.segments))
+        .max()
+        .unwrap_or(0);
+    let acks = done.iter().map(|t| u64::from(t.acks)).sum::<u64>() / n.max(1);
     println!(
-        "gettable tables={} records_per_table={recs} p50_us={} p99_us={} mean_us={} total_s={total_s:.3} records_per_s={:.0} first_mad_records={in_mad} rmpp_type={} rmpp_flags={} paylen={} status={} method={:#x} lost={} osm_cpu_us_per_table={}",
-        r.answered,
-        r.pct(0.5),
-        r.pct(0.99),
-        r.mean(),
-        (r.answered * recs) as f64 / total_s.max(1e-9),
+        "gettable tables={n} records_per_table={recs_max} records_min={recs_min} records_total={records} segments_per_table={segs} acks_per_table={acks} p50_us={} p99_us={} mean_us={} total_s={total_s:.3} records_per_s={:.0} first_mad_records={in_mad} rmpp_type={} rmpp_flags={} paylen={} status={} method={:#x} lost={lost} failed={failed} osm_cpu_us_per_table={}",
+        pct(0.5),
+        pct(0.99),
+        us.iter().sum::<u64>() / n.max(1),
+        records as f64 / total_s.max(1e-9),
         m[25],
         m[26] & 0x7,
         u32::from_be_bytes([m[32], m[33], m[34], m[35]]),
         u16::from_be_bytes([m[4], m[5]]),
         m[3],
-        r.lost,
         match (o0, o1) {
-            (Some(a), Some(b)) if r.answered > 0 => (b - a) * 10_000 / r.answered,
+            (Some(a), Some(b)) if n > 0 => (b - a) * 10_000 / n,
             _ => 0,
         }
     );
