@@ -10,6 +10,11 @@
 //!   again, although a negative entry for it would otherwise live for 10 minutes. The stock
 //!   provider on another node, which subscribes to nothing, keeps answering its stale path.
 //!
+//! * A burst of distinct misses asks the real OpenSM once for the port's half-world
+//!   PathRecord table (a GetTable answered over RMPP: OpenSM's segments, our ACKs, through
+//!   the fabric's RMPP sender and the GSI bridge) instead of one Get each, answers the burst
+//!   from it, and leaves every other destination of the subnet cached.
+//!
 //! Needs root (private /run per daemon) and the artifacts `libsimverbs.so` and `libacmrs.so`
 //! (`cargo build -p simverbs -p acm-plugin`). Fails with the reason when not root.
 
@@ -316,4 +321,80 @@ fn a_new_sm_drops_what_the_old_one_taught_and_reports_to_us_again() {
         .unwrap()
         .log()
         .contains("SA Report: trap 65 for"));
+}
+
+#[test]
+fn a_burst_of_misses_is_answered_from_the_ports_half_world_table_over_rmpp() {
+    require_root();
+    // 56 HCAs and 6 switches; Hca1 runs OpenSM.
+    let f = Fabric::builder(Topology::parse("fattree:4,2,14").unwrap(), ["Hca2"])
+        .provider(Provider::Acmrs)
+        .option("acmrs_sa_table_min", "8")
+        .option("route_timeout", "-1")
+        .option("log_level", "1")
+        .name_prefix("acmrs-table")
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let me = f.node("Hca2").unwrap().lid;
+    let known = f.port_info("Hca1").unwrap().lid;
+    verified_until(&f, "Hca2", known, Duration::from_secs(20));
+    let lids: Vec<u16> = (1..=62u16).filter(|l| *l != me && *l != known).collect();
+    let (burst, rest) = lids.split_at(30);
+    let before = ep_counters(&f, "Hca2");
+    // 30 clients at once, as at a job's start: OpenSM is held (SIGSTOP) while they arrive, so
+    // they meet the window's one first query, the backlog reaches 8 and the port asks for its
+    // table; then OpenSM goes on, and every client gets its own path.
+    f.pause_sm().unwrap();
+    let results: Vec<(u16, Output)> = std::thread::scope(|s| {
+        let hs: Vec<_> = burst
+            .iter()
+            .map(|&d| {
+                let f = &f;
+                s.spawn(move || (d, path(f, "Hca2", d, false)))
+            })
+            .collect();
+        // Well within the first try's time (timeout 2 s + the subnet timeout).
+        std::thread::sleep(Duration::from_millis(1500));
+        f.resume_sm().unwrap();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (d, o) in &results {
+        assert!(
+            o.success() && o.stdout.contains(&format!("dlid: {d}\n")),
+            "LID {d}: {o}\n{}",
+            f.logs_report()
+        );
+    }
+    let log = f.node("Hca2").unwrap().log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("SA half-world PathRecord table: "))
+        .unwrap_or_else(|| panic!("no table taken:\n{}", f.logs_report()));
+    let records: usize = line
+        .rsplit("table: ")
+        .next()
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(records >= 56, "one record per port at least: {line}");
+    assert!(!log.contains("table failed"), "{log}");
+    let rmpp = f.rmpp_stats().unwrap();
+    assert!(
+        rmpp.get("completed").copied().unwrap_or(0) >= 1,
+        "OpenSM's RMPP sender completed the transfer: {rmpp:?}"
+    );
+    // Fewer SA Gets than destinations: the table answered the rest.
+    let after = ep_counters(&f, "Hca2");
+    let gets = after[ROUTE_QUERY] - before[ROUTE_QUERY];
+    assert!(
+        gets < 30,
+        "{gets} Gets for 30 destinations: {before:?} -> {after:?}"
+    );
+    println!("{line}; {gets} Gets for 30 destinations; OpenSM's RMPP sender: {rmpp:?}");
+    // Destinations nobody asked for are cache hits now, and the SA agrees with the paths.
+    for &d in rest.iter().take(5) {
+        assert_cache_hit(&f, "Hca2", d);
+        let o = path(&f, "Hca2", d, true);
+        assert!(o.stdout.contains(SA_VERIFIED), "LID {d}: {o}");
+    }
 }
