@@ -1552,3 +1552,52 @@ fn a_table_too_big_for_the_storage_turns_tables_off_for_the_endpoint() {
     assert!(t.sa_sends().iter().all(|(_, m)| m[3] == 0x01));
     t.r.check_invariants().unwrap();
 }
+
+#[test]
+fn a_warm_start_asks_for_the_table_once_at_a_random_time_within_the_prefetch_window() {
+    use acm_core_nostd::resolver::SaTable;
+    let cfg = Config {
+        route_prefetch: 5000,
+        ..Config::default()
+    };
+    // Twenty nodes booting at once ask at twenty different moments within 5 s.
+    let mut at = Vec::new();
+    for seed in 0..20 {
+        let mut t = setup_seeded(cfg, Capacities::default(), 1024, 1024, seed);
+        assert!(t.sa_sends().is_empty(), "nothing at once");
+        let when = t.r.poll_timeout().expect("the prefetch timer");
+        assert!(when < 5000, "{when}");
+        at.push(when);
+        if seed == 0 {
+            t.advance(when - 1);
+            assert!(t.sa_sends().is_empty(), "not before its time");
+            t.advance(1);
+            let sends = t.sa_sends();
+            assert_eq!(sends.len(), 1);
+            let (token, mad) = sends[0];
+            assert_eq!(mad[3], 0x12, "a GetTable, with no request waiting");
+            let records: Vec<u8> = (1..=20u16).flat_map(table_record).collect();
+            let head = table_head(&mad);
+            let table = SaTable {
+                header: &head,
+                records: &records,
+            };
+            t.r.handle_sa_table(t.now, token, Ok(table));
+            t.drain();
+            // Warm: a first request is a hit; no second table.
+            t.request(1, Kind::Resolve, &path_msg(17, 0, 1));
+            assert_eq!(t.answers()[0].1, Status::Success);
+            t.advance(60_000);
+            assert!(t.sa_sends().is_empty());
+            t.r.check_invariants().unwrap();
+        }
+    }
+    let mut distinct = at.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert!(distinct.len() >= 18, "{at:?}");
+    // Off by default: no table without a backlog.
+    let mut t = setup(Config::default(), Capacities::default());
+    t.advance(60_000);
+    assert!(t.sa_sends().is_empty());
+}

@@ -452,6 +452,10 @@ pub struct Config {
     pub sa_get_cost_ns: u32,
     /// The SA's cost of each further record of a half-world table, in ns.
     pub sa_record_cost_ns: u32,
+    /// Warm start (`acmrs_route_prefetch`, 0 = off): an endpoint that opens asks for its
+    /// port's half-world table at a random time within this many ms (so a whole cluster
+    /// booting at once does not ask at once). See [`table`].
+    pub route_prefetch: Millis,
 }
 
 impl Config {
@@ -494,6 +498,7 @@ impl Config {
             sa_table_min: o.acmrs_sa_table_min,
             sa_get_cost_ns: table::OPENSM_GET_NS,
             sa_record_cost_ns: table::OPENSM_RECORD_NS,
+            route_prefetch: u64::from(o.acmrs_route_prefetch),
         }
     }
 }
@@ -702,6 +707,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.start_join(now, slot, 1);
         }
         self.subscribe_all(now, slot);
+        self.schedule_prefetch(now, slot);
         self.eps.recount_ports(self.st.tables_ref().endpoints);
         self.mark_dirty(slot);
         Ok(())
@@ -1092,6 +1098,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     self.acm_retry_timers(now, slot);
                 }
             }
+        }
+        if fired(Timer::Prefetch) {
+            self.prefetch_timers(now);
         }
         // `pump` drops the removals' aliases (the `Removal` timer's work).
         self.pump(now);

@@ -134,7 +134,7 @@ impl Routes {
     }
 
     /// A pseudo-random number (the backoff jitter).
-    fn random(&mut self) -> u64 {
+    pub(crate) fn random(&mut self) -> u64 {
         super::splitmix64(&mut self.rng)
     }
 

@@ -628,6 +628,8 @@ pub struct TableFetch {
     pub(crate) off: bool,
     /// Route jobs of this endpoint in the backlog.
     pub(crate) backlogged: u32,
+    /// When the warm-start table is asked for (`Millis::MAX`: not).
+    pub(crate) prefetch_at: super::Millis,
 }
 
 impl TableFetch {
@@ -640,6 +642,7 @@ impl TableFetch {
         records: 0,
         off: false,
         backlogged: 0,
+        prefetch_at: super::Millis::MAX,
     };
 }
 

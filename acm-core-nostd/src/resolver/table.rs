@@ -19,12 +19,18 @@
 //!   `sa_deadline`; meanwhile the Gets go on as without tables. A table too big for the
 //!   caller's storage, or an answer that is not a table (a transport that does not reassemble),
 //!   turns tables off for the endpoint.
+//! * **Warm start** (`acmrs_route_prefetch` = J ms, off by default): an endpoint that opens
+//!   asks for its table at a uniformly random time within J ms (`Timer::Prefetch`), whatever
+//!   its backlog, so a whole cluster booting at once spreads its tables over J.
+//! * While a port's table is out, its backlog is held: no Get goes for a job the table will
+//!   answer.
 //! * The table takes no SA window slot: it is one query, at most one per endpoint at a time,
 //!   and only while the backlog says the window is full anyway.
 
 use super::mads::{self, TOKEN_TABLE};
 use super::route::Completion;
 use super::storage::{Table, JOB};
+use super::timers::Timer;
 use super::{request, Millis, Resolver, SaTable, Storage, NEVER};
 use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
@@ -110,6 +116,41 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             .backlog
             .iter(t.jobs, JOB)
             .find(|&j| !holding(&t.endpoints[usize::from(t.jobs[j as usize].ep)]))
+    }
+
+    /// Arms endpoint `slot`'s warm-start table, if asked for (`route_prefetch`), at a random
+    /// time within it.
+    pub(crate) fn schedule_prefetch(&mut self, now: Millis, slot: usize) {
+        let jitter = self.cfg.route_prefetch;
+        if jitter == 0 || !self.cfg.sa_tables {
+            return;
+        }
+        let at = now.saturating_add(self.routes.random() % jitter);
+        self.st.endpoints()[slot].table.prefetch_at = at;
+        self.timers.arm(Timer::Prefetch, at);
+    }
+
+    /// The warm-start tables due at `now` are asked for.
+    pub(crate) fn prefetch_timers(&mut self, now: Millis) {
+        for slot in 0..self.st.tables_ref().endpoints.len() {
+            let e = self.st.tables_ref().endpoints[slot];
+            if !e.open || e.table.prefetch_at > now {
+                continue;
+            }
+            self.st.endpoints()[slot].table.prefetch_at = Millis::MAX;
+            if !(e.table.off || e.table.send || e.table.sent) {
+                self.ask_table(slot);
+            }
+        }
+    }
+
+    /// Decides endpoint `slot`'s table (polled out by `ep_output`).
+    fn ask_table(&mut self, slot: usize) {
+        let tid = self.next_tid();
+        let e = &mut self.st.endpoints()[slot];
+        e.table.send = true;
+        e.table.tid = tid;
+        self.eps.mark_dirty(slot);
     }
 
     /// Counts a job of endpoint `slot` leaving the backlog.

@@ -36,11 +36,13 @@ pub(crate) enum Timer {
     AcmQueue,
     /// An ACM multicast query's retry time.
     AcmRetry,
+    /// A port's warm-start table (`acmrs_route_prefetch`): when it is asked for.
+    Prefetch,
 }
 
 impl Timer {
     /// Every kind, in firing order.
-    pub(crate) const ALL: [Timer; 9] = [
+    pub(crate) const ALL: [Timer; 10] = [
         Timer::Removal,
         Timer::Backlog,
         Timer::SaReply,
@@ -50,6 +52,7 @@ impl Timer {
         Timer::Inform,
         Timer::AcmQueue,
         Timer::AcmRetry,
+        Timer::Prefetch,
     ];
 }
 
@@ -120,6 +123,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             // Both ACM lists are in deadline order: their heads.
             Timer::AcmQueue => earliest(tr.endpoints, |e| head(e.queue)),
             Timer::AcmRetry => earliest(tr.endpoints, |e| head(e.inflight)),
+            Timer::Prefetch => earliest(tr.endpoints, |e| {
+                (e.table.prefetch_at != OFF).then_some(e.table.prefetch_at)
+            }),
         }
     }
 
