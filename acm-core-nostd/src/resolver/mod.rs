@@ -689,6 +689,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             e.subnet_timeout = cfg.subnet_timeout_ms;
             e.qpn = cfg.qpn;
             e.sa_pkey = cfg.sa_pkey;
+            e.table.max_lid = cfg.lid;
             e.cache_ep = ep_number(0, ep.0);
             if want_groups {
                 e.groups[0].rate = min.0;

@@ -384,6 +384,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if !query {
             let t = self.st.tables();
             self.routes.hash(t.jobs, t.job_buckets, j);
+            let dlid = crate::wire::path_record::PathRecord::new_unchecked(&sa[..]).dlid();
+            let e = &mut t.endpoints[slot];
+            e.table.max_lid = e.table.max_lid.max(dlid);
         }
         self.routes.active += 1;
         if self.routes.backlog.is_empty() && self.window_free(now) {

@@ -630,6 +630,9 @@ pub struct TableFetch {
     pub(crate) backlogged: u32,
     /// When the warm-start table is asked for (`Millis::MAX`: not).
     pub(crate) prefetch_at: super::Millis,
+    /// The highest LID seen on this endpoint (its own, the DLIDs asked for): a lower bound
+    /// on the records of its table while none has come (OpenSM hands out LIDs from 1 up).
+    pub(crate) max_lid: u16,
 }
 
 impl TableFetch {
@@ -643,6 +646,7 @@ impl TableFetch {
         off: false,
         backlogged: 0,
         prefetch_at: super::Millis::MAX,
+        max_lid: 0,
     };
 }
 

@@ -5,11 +5,16 @@
 //! * **When.** Only where the caller's transport reassembles RMPP answers
 //!   ([`Config::sa_tables`](super::Config::sa_tables)), at most one table per endpoint at a time, and when the
 //!   endpoint's backlog (route jobs waiting for the SA window) reaches
-//!   [`Config::sa_table_min`](super::Config::sa_table_min). Once a table's size is known, the backlog must also make its
-//!   Gets cost the SA more than a table of that size would: `backlog × get ≥ get + records ×
-//!   record`, with OpenSM's measured costs ([`OPENSM_GET_NS`], [`OPENSM_RECORD_NS`]). A
-//!   storm's all-to-all start makes every port's backlog nearly the whole subnet, so each port
-//!   asks once, and the SA serves N tables instead of N² Gets.
+//!   [`Config::sa_table_min`](super::Config::sa_table_min), and the backlog makes its Gets
+//!   cost the SA more than the table would: `backlog × get ≥ get + records × record`, with
+//!   OpenSM's measured costs ([`OPENSM_GET_NS`], [`OPENSM_RECORD_NS`]); `records` is the last
+//!   table's size, or while none has come the highest LID the endpoint has seen (its own, the
+//!   DLIDs asked for: OpenSM hands out LIDs from 1 up, so that is a lower bound on the
+//!   subnet). The backlog is a lower bound on what the port will ask, so the rule errs
+//!   towards Gets: in a 1 000-node all-to-all start each port asks once and the SA serves
+//!   N tables instead of N² Gets; at 10 000 nodes with 64 requests in flight per node, a
+//!   table (1.7 ms of OpenSM) is worth fewer than 290 waiting Gets, and the ports keep to Gets
+//!   (all asking at once, the tables would hold OpenSM's FIFO past its 10 s drop limit).
 //! * **What it does with the answer.** Every record (reversible, from the port's GID) goes
 //!   into the cache under the keys a plain request by LID and by GID for its destination has,
 //!   with the route lifetime; then every backlogged job of the endpoint that the cache now
@@ -80,9 +85,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         {
             return;
         }
-        // Once a table's size is known: only when the Gets would cost the SA more.
+        // Only when the Gets waiting would cost the SA more than the table: its size is the
+        // last table's, or at least the highest LID seen.
         let get = u64::from(self.cfg.sa_get_cost_ns.max(1));
-        let table = get + u64::from(t.records) * u64::from(self.cfg.sa_record_cost_ns);
+        let records = u64::from(t.records.max(u32::from(t.max_lid)));
+        let table = get + records * u64::from(self.cfg.sa_record_cost_ns);
         if u64::from(t.backlogged) * get < table {
             return;
         }
