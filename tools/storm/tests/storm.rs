@@ -269,3 +269,46 @@ fn deterministic() {
     assert_eq!(a.pair_done, b.pair_done);
     assert_eq!(a.sa, b.sa);
 }
+
+#[test]
+fn an_all_to_all_start_costs_the_sa_one_table_and_a_get_per_node_by_lid_and_by_gid() {
+    // 150 nodes, each to all 149 others, 64 requests in flight: each port's backlog makes its
+    // half-world table worth it; the SA serves a table and the one Get sent before it per
+    // node, not 149 Gets, and the start ends sooner than ibacmp-like's one Get at a time.
+    for dest in [Dest::Lid, Dest::Gid] {
+        let mut p = small(150, 149, Profile::Acmrs);
+        p.concurrency = 64;
+        p.dest = dest;
+        let r = run(p);
+        clean(&r);
+        assert_eq!(r.tables, (150, 0), "{dest:?}");
+        assert_eq!(r.sa.tables, 150);
+        assert!(
+            r.sa_queries <= 2 * 150,
+            "{dest:?}: {} queries",
+            r.sa_queries
+        );
+        assert_eq!((r.sa.dropped, r.sa.umad_timeouts, r.failed), (0, 0, 0));
+        let mut q = small(150, 149, Profile::IbacmpLike);
+        q.concurrency = 64;
+        q.dest = dest;
+        let s = run(q);
+        clean(&s);
+        assert_eq!((s.tables, s.sa_queries), ((0, 0), 150 * 149));
+        assert!(
+            r.all_done < s.all_done,
+            "{:?} vs {:?}",
+            r.all_done,
+            s.all_done
+        );
+    }
+    // A cache too small for the table: refused as too big, tables off, Gets; nothing fails.
+    let mut p = small(150, 149, Profile::Acmrs);
+    p.concurrency = 64;
+    p.cache = Some(149);
+    let r = run(p);
+    clean(&r);
+    assert_eq!(r.tables.0, 0);
+    assert!(r.tables.1 >= 1);
+    assert_eq!(r.failed, 0);
+}
