@@ -20,9 +20,10 @@
 //!   [`Timers::total_timeout`] after the start → ABORT 118 (T2L).
 //! * **STOP / ABORT** from the receiver end the transfer; nothing is sent back.
 
+use acm_core_nostd::rmpp;
 use acm_core_nostd::wire::mad::{
     Header, RmppHeader, RmppRepr, RmppStatus, RmppType, HEADER_LEN, MAD_LEN, RMPP_FLAG_ACTIVE,
-    RMPP_FLAG_FIRST, RMPP_FLAG_LAST, RMPP_LEN, RMPP_NO_RESP_TIME, RMPP_VERSION,
+    RMPP_LEN, RMPP_NO_RESP_TIME,
 };
 
 /// MAD header + RMPP header + SA header: where the records start in every segment.
@@ -88,43 +89,17 @@ pub fn tid(mad: &[u8]) -> u64 {
     Header::new_unchecked(&mad[..HEADER_LEN]).tid()
 }
 
-/// The number of segments for `data_len` record bytes (at least one).
+/// The number of segments for `data_len` record bytes (at least one): the core's
+/// [`rmpp::segment_count`].
 pub fn segment_count(data_len: usize) -> u32 {
-    data_len.div_ceil(SEGMENT_DATA).max(1) as u32
+    rmpp::segment_count(data_len)
 }
 
-/// Segment `seg` (1-based) of the response whose 56 header bytes are `head` and whose records
-/// are `data`.
+/// Segment `seg` (1-based, up to [`segment_count`]) of the response whose 56 header bytes are
+/// `head` and whose records are `data`: the core's [`rmpp::segment`], which cuts an answer as
+/// the kernel MAD layer does.
 pub fn segment(head: &[u8; DATA_OFFSET], data: &[u8], seg: u32) -> [u8; MAD_LEN] {
-    let n = segment_count(data.len());
-    let start = (seg as usize - 1) * SEGMENT_DATA;
-    let chunk = &data[start.min(data.len())..(start + SEGMENT_DATA).min(data.len())];
-    let mut flags = RMPP_FLAG_ACTIVE;
-    let mut paylen = 0;
-    if seg == 1 {
-        flags |= RMPP_FLAG_FIRST;
-        paylen = (SA_HEADER as u32) * n + data.len() as u32;
-    }
-    if seg == n {
-        flags |= RMPP_FLAG_LAST;
-        paylen = (SA_HEADER + chunk.len()) as u32;
-    }
-    let mut m = [0u8; MAD_LEN];
-    m[..DATA_OFFSET].copy_from_slice(head);
-    RmppRepr {
-        version: RMPP_VERSION,
-        rmpp_type: RmppType::Data,
-        resp_time: RMPP_NO_RESP_TIME,
-        flags,
-        status: 0,
-        seg_num: seg,
-        paylen_newwin: paylen,
-    }
-    .emit(&mut RmppHeader::new_unchecked(
-        &mut m[HEADER_LEN..HEADER_LEN + RMPP_LEN],
-    ));
-    m[DATA_OFFSET..DATA_OFFSET + chunk.len()].copy_from_slice(chunk);
-    m
+    rmpp::segment(head, data, seg).unwrap_or([0; MAD_LEN])
 }
 
 /// Every segment of a response MAD (`mad`: 56 header bytes then the records), in order.
@@ -349,6 +324,7 @@ impl Transfer {
 mod tests {
     use super::*;
     use acm_core_nostd::rmpp::{Config, Failure, Receiver};
+    use acm_core_nostd::wire::mad::{RMPP_FLAG_FIRST, RMPP_FLAG_LAST};
 
     const TID: u64 = 0x0003_0001_1234_5678;
 
