@@ -182,7 +182,8 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         // subscriptions and their cancellations.
         // and one half-world table at a time, of at most half the path cache (each record
         // is filed by GID and by LID), at most 65 536 records (4 MiB, touched only as used).
-        let table = (inst.opts.acmrs_path_capacity as usize / 2).min(1 << 16);
+        let table =
+            acm_core_nostd::resolver::table::room_for(inst.opts.acmrs_path_capacity) as usize;
         plane.with_ud_sa(caps.sa_inflight + 8 * caps.endpoints, table)
     } else {
         plane

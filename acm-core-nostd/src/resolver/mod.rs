@@ -452,6 +452,9 @@ pub struct Config {
     pub sa_get_cost_ns: u32,
     /// The SA's cost of each further record of a half-world table, in ns.
     pub sa_record_cost_ns: u32,
+    /// The most records of a table the caller takes ([`table::room_for`] of the path
+    /// capacity): a table seen to be larger (by the highest LID) is not asked for.
+    pub sa_table_room: u32,
     /// Warm start (`acmrs_route_prefetch`, 0 = off): an endpoint that opens asks for its
     /// port's half-world table at a random time within this many ms (so a whole cluster
     /// booting at once does not ask at once). See [`table`].
@@ -498,6 +501,7 @@ impl Config {
             sa_table_min: o.acmrs_sa_table_min,
             sa_get_cost_ns: table::OPENSM_GET_NS,
             sa_record_cost_ns: table::OPENSM_RECORD_NS,
+            sa_table_room: table::room_for(o.acmrs_path_capacity),
             route_prefetch: u64::from(o.acmrs_route_prefetch),
         }
     }

@@ -10,7 +10,8 @@
 //!   OpenSM's measured costs ([`OPENSM_GET_NS`], [`OPENSM_RECORD_NS`]); `records` is the last
 //!   table's size, or while none has come the highest LID the endpoint has seen (its own, the
 //!   DLIDs asked for: OpenSM hands out LIDs from 1 up, so that is a lower bound on the
-//!   subnet). The backlog is a lower bound on what the port will ask, so the rule errs
+//!   subnet); a table seen to be larger than the caller takes (`sa_table_room`, half the path
+//!   cache) is not asked for. The backlog is a lower bound on what the port will ask, so the rule errs
 //!   towards Gets: in a 1 000-node all-to-all start each port asks once and the SA serves
 //!   N tables instead of N² Gets; at 10 000 nodes with 64 requests in flight per node, a
 //!   table (1.7 ms of OpenSM) is worth fewer than 290 waiting Gets, and the ports keep to Gets
@@ -49,6 +50,17 @@ pub const OPENSM_GET_NS: u32 = 6_000;
 /// OpenSM's CPU time per further record of a half-world GetTable, in ns (the same file,
 /// `table_record_ns`).
 pub const OPENSM_RECORD_NS: u32 = 174;
+
+/// The most records of a half-world table a provider with `path_capacity` cache entries takes:
+/// half of them (each record is filed by LID and by GID), at most 65 536 (4 MiB of records).
+pub const fn room_for(path_capacity: u32) -> u32 {
+    let half = path_capacity / 2;
+    if half < 1 << 16 {
+        half
+    } else {
+        1 << 16
+    }
+}
 
 /// Bytes of one PathRecord in a table (AttributeOffset 8 words).
 const RECORD_LEN: usize = 64;
@@ -89,6 +101,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         // last table's, or at least the highest LID seen.
         let get = u64::from(self.cfg.sa_get_cost_ns.max(1));
         let records = u64::from(t.records.max(u32::from(t.max_lid)));
+        if records > u64::from(self.cfg.sa_table_room) {
+            return;
+        }
         let table = get + records * u64::from(self.cfg.sa_record_cost_ns);
         if u64::from(t.backlogged) * get < table {
             return;

@@ -257,6 +257,7 @@ pub fn sim_config(p: &Params) -> SimConfig {
     c.cache_slots = PathSlot::slots_for(entries);
     // The plugin's table slot holds half its path capacity (a record is filed twice).
     c.table_room = entries / 2;
+    c.resolver.sa_table_room = c.resolver.sa_table_room.min(c.table_room as u32);
     c.addr_cache_slots = Some(64);
     c.sa_service = Some(p.sa);
     c.scale = true;
