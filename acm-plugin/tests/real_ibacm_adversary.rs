@@ -11,10 +11,10 @@
 mod common;
 
 use acm_fabric::checks::{self, global_counters, require_root};
-use acm_fabric::testing::{preload, profile_dir};
+use acm_fabric::testing::{hex, profile_dir, verbs_command};
 use acm_fabric::{Fabric, HostsFile};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 /// The stock libibacmp's name request (hca3 asking for hca4), recorded on the wire.
@@ -22,10 +22,6 @@ const STOCK_REQUEST: &[u8] = include_bytes!(concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../acm-core-nostd/tests/fixtures/acmp_resolve_req.bin"
 ));
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
 
 /// `ud-agent` on an HCA of the fabric: one line in, one reply line out (plus one line per MAD
 /// for `recv`).
@@ -43,12 +39,7 @@ impl Rogue {
             "{} missing: cargo build -p acm-ud-agent (same target dir)",
             bin.display()
         );
-        let mut child = Command::new(&bin)
-            .env("IBSIM_SOCKNAME", f.name())
-            .env("SIM_HOST", host)
-            .env("LD_PRELOAD", preload())
-            .env("SIMVERBS_SHM_DIR", f.scratch())
-            .current_dir(f.scratch())
+        let mut child = verbs_command(&bin, f.name(), f.scratch(), host)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

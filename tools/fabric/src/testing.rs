@@ -1,11 +1,18 @@
 //! Support for tests that start their own processes under `libumad2sim.so:libsimverbs.so`
-//! on a [`Fabric`](crate::Fabric) (simverbs' and the dataplane's harnesses): the freshly built
-//! `libsimverbs.so` of the running test's target directory, the `LD_PRELOAD` value, and
-//! stopping a child by PID. They panic: each is a precondition or cleanup of a test.
+//! on a [`Fabric`](crate::Fabric) (the harnesses of simverbs, ud-agent and umad-rmpp): the
+//! freshly built `libsimverbs.so` of the running test's target directory, the `LD_PRELOAD`
+//! value, a command for a node of the fabric, simverbs' C test agent ([`svagent`]), a
+//! line-protocol child process ([`LineChild`]), the hex words of the agents' lines ([`hex`],
+//! [`unhex`]), and stopping a child by PID. They panic: each is a precondition or cleanup of a
+//! test.
 
 use crate::fabric::UMAD2SIM;
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// `target/<profile>/` of the running test executable (`target/<profile>/deps/<test>`).
@@ -72,4 +79,154 @@ pub fn stop_child(child: &mut Child, grace: Duration) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A command running `prog` on node `host` of the simulated fabric `fabric` (its
+/// `IBSIM_SOCKNAME`) under [`preload`], with `scratch` (the fabric's scratch directory) as
+/// working directory and `SIMVERBS_SHM_DIR`.
+pub fn verbs_command(prog: impl AsRef<OsStr>, fabric: &str, scratch: &Path, host: &str) -> Command {
+    let mut c = Command::new(prog);
+    c.env("IBSIM_SOCKNAME", fabric)
+        .env("SIM_HOST", host)
+        .env("LD_PRELOAD", preload())
+        .env("SIMVERBS_SHM_DIR", scratch)
+        .current_dir(scratch);
+    c
+}
+
+/// simverbs' C test agent, `tools/simverbs/tests/c/svagent.c` (a plain libibverbs program, one
+/// reply line per command line), compiled once per test process into [`profile_dir`]. The
+/// file is named after the test executable (`svagent-<test>-<hash>`), so that test binaries
+/// running in parallel do not replace each other's agent, and is compiled under a name with
+/// the PID, then renamed into place.
+pub fn svagent() -> PathBuf {
+    static AGENT: OnceLock<PathBuf> = OnceLock::new();
+    AGENT
+        .get_or_init(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../simverbs/tests/c/svagent.c");
+            let exe = std::env::current_exe().expect("current_exe");
+            let test = exe
+                .file_name()
+                .expect("test executable name")
+                .to_string_lossy();
+            let out = profile_dir().join(format!("svagent-{test}"));
+            let tmp = profile_dir().join(format!("svagent-{test}.{}", std::process::id()));
+            let st = Command::new("cc")
+                .args(["-Wall", "-Werror", "-O1", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .arg("-libverbs")
+                .status()
+                .expect("cc not found: apt-get install gcc libibverbs-dev");
+            assert!(st.success(), "compiling {} failed", src.display());
+            std::fs::rename(&tmp, &out).expect("rename svagent");
+            out
+        })
+        .clone()
+}
+
+/// A child process spoken to by lines: a command line on its stdin, one reply line (or more)
+/// on its stdout, which a thread forwards line by line. Stopped by PID ([`stop_child`], after
+/// its stdin is closed) when dropped, also when a test panics.
+pub struct LineChild {
+    /// Names the process in panic messages (e.g. `agent on Hca2`).
+    name: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    /// How long [`LineChild::cmd`] waits for the reply.
+    reply_within: Duration,
+}
+
+impl LineChild {
+    /// Spawns `command` with piped stdin and stdout (stderr as `command` has it); `name` names
+    /// it in panic messages, `reply_within` bounds the wait of [`LineChild::cmd`].
+    pub fn spawn(mut command: Command, name: &str, reply_within: Duration) -> LineChild {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        LineChild {
+            name: name.to_string(),
+            child,
+            stdin: Some(stdin),
+            lines: rx,
+            reply_within,
+        }
+    }
+
+    /// The next output line (panics after `timeout`).
+    pub fn line(&self, timeout: Duration) -> String {
+        self.lines
+            .recv_timeout(timeout)
+            .unwrap_or_else(|_| panic!("{} gave no output line within {timeout:?}", self.name))
+    }
+
+    /// Writes one command line without waiting for its reply.
+    pub fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin of a child that quit");
+        writeln!(stdin, "{line}")
+            .and_then(|_| stdin.flush())
+            .unwrap_or_else(|e| panic!("writing {line:?} to {}: {e}", self.name));
+    }
+
+    /// Sends one command line and returns the reply line (panics naming the command if none
+    /// comes within the `reply_within` of [`LineChild::spawn`]).
+    pub fn cmd(&mut self, line: &str) -> String {
+        self.send(line);
+        self.lines
+            .recv_timeout(self.reply_within)
+            .unwrap_or_else(|_| panic!("{} did not answer {line:?}", self.name))
+    }
+
+    /// The child's PID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Ends the child with a `quit` line (then its stdin closed) and returns its exit code;
+    /// None: it did not exit within `within` (it is then stopped by PID, as on drop).
+    pub fn quit(mut self, within: Duration) -> Option<i32> {
+        if let Some(mut s) = self.stdin.take() {
+            let _ = writeln!(s, "quit");
+        }
+        let t = Instant::now();
+        while t.elapsed() < within {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for LineChild {
+    fn drop(&mut self) {
+        self.stdin.take();
+        stop_child(&mut self.child, Duration::from_secs(2));
+    }
+}
+
+/// Bytes as the lowercase hex word of an agent's command line (`madsend`, `raw`, ...).
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The bytes of a hex word of an agent's reply (`mad=`, a GID); panics on a non-hex digit.
+pub fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
 }

@@ -6,87 +6,17 @@
 //! Needs root, the Debian packages of docs/fabric.md, tshark, and `cargo build -p simverbs`.
 
 mod common;
-use common::{field, svagent, Fabric};
-use std::io::{BufRead, BufReader, Write};
+use common::{field, Agent, Fabric};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::time::Duration;
 
 const QKEY: u32 = 0x1111_1111;
 const MGID: &str = "ff154001ffff00000000000000000002";
 const MLID: u16 = 0xc011;
 
-/// An svagent started with extra environment (the shared harness's `Agent` takes none).
-struct Agent {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-}
-
-impl Agent {
-    fn start(f: &Fabric, host: &str, env: &[(&str, &str)]) -> Agent {
-        let mut c = f.command(svagent(), host, true);
-        c.envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = c.spawn().expect("spawn svagent");
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Agent {
-            child,
-            stdin,
-            lines: rx,
-        }
-    }
-
-    fn cmd(&mut self, line: &str) -> String {
-        let s = self.stdin.as_mut().expect("stdin");
-        writeln!(s, "{line}")
-            .and_then(|_| s.flush())
-            .expect("write");
-        self.lines
-            .recv_timeout(Duration::from_secs(15))
-            .unwrap_or_else(|_| panic!("no answer to {line:?}"))
-    }
-
-    /// `init` → (lid, qpn).
-    fn init(&mut self) -> (u16, u32) {
-        let r = self.cmd(&format!("init {QKEY:#x} 64"));
-        let w: Vec<&str> = r.split_whitespace().collect();
-        assert!(w.len() == 4 && w[0] == "ok", "{r}");
-        (w[1].parse().unwrap(), w[2].parse().unwrap())
-    }
-
-    fn quit(mut self) {
-        if let Some(mut s) = self.stdin.take() {
-            let _ = writeln!(s, "quit");
-        }
-        for _ in 0..250 {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                assert_eq!(st.code(), Some(0), "svagent exit");
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("svagent did not quit");
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.stdin.take();
-        common::stop_child(&mut self.child, Duration::from_secs(2));
-    }
+/// `init` → (lid, qpn).
+fn init(a: &mut Agent) -> (u16, u32) {
+    let (lid, qpn, _) = a.init(QKEY, 64);
+    (lid, qpn)
 }
 
 const FIELDS: &[&str] = &[
@@ -159,14 +89,10 @@ fn pcap_of_unicast_multicast_imm_padding_loss_shared_and_per_process() {
     let per = f.dir.join("per-%p.pcap");
     let (shared_s, per_s) = (shared.to_str().unwrap(), per.to_str().unwrap());
     // Hca2 and Hca3 append to one file; Hca4 writes its own and loses every datagram.
-    let mut a = Agent::start(&f, "Hca2", &[("SIMVERBS_PCAP", shared_s)]);
-    let mut b = Agent::start(&f, "Hca3", &[("SIMVERBS_PCAP", shared_s)]);
-    let mut c = Agent::start(
-        &f,
-        "Hca4",
-        &[("SIMVERBS_PCAP", per_s), ("SIMVERBS_LOSS", "1")],
-    );
-    let ((alid, aqp), (blid, bqp), (clid, cqp)) = (a.init(), b.init(), c.init());
+    let mut a = f.agent_env("Hca2", &[("SIMVERBS_PCAP", shared_s)]);
+    let mut b = f.agent_env("Hca3", &[("SIMVERBS_PCAP", shared_s)]);
+    let mut c = f.agent_env("Hca4", &[("SIMVERBS_PCAP", per_s), ("SIMVERBS_LOSS", "1")]);
+    let ((alid, aqp), (blid, bqp), (clid, cqp)) = (init(&mut a), init(&mut b), init(&mut c));
     for x in [&mut a, &mut b, &mut c] {
         assert_eq!(x.cmd("recv 8"), "ok");
     }
@@ -196,9 +122,10 @@ fn pcap_of_unicast_multicast_imm_padding_loss_shared_and_per_process() {
     // 4. A failed send (SGE past the MR: LOC_PROT_ERR, the QP goes to error) is not captured.
     let bad = a.cmd(&format!("sendbad {blid} {bqp} {QKEY:#x}"));
     assert_eq!(bad, "ok status=4");
-    let cpid = c.child.id();
+    let cpid = c.pid();
     for x in [a, b, c] {
-        x.quit();
+        let host = x.host.clone();
+        assert_eq!(x.quit(), Some(0), "svagent exit on {host}");
     }
 
     // The shared file: one global header, then two whole records in send order.

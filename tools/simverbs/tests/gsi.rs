@@ -3,7 +3,7 @@
 //! when a node's link goes down and up, ReportResponse — plus the drops a GSI would do.
 
 mod common;
-use common::{control, field, port_guid, Agent, Fabric};
+use common::{control, field, hex, port_guid, unhex, Agent, Fabric};
 use std::time::{Duration, Instant};
 
 const GSI_QKEY: u32 = 0x8001_0000;
@@ -20,16 +20,6 @@ fn sa_mad(method: u8, attr: u16, tid: u64, comp_mask: u64, data: &[u8]) -> [u8; 
     m[48..56].copy_from_slice(&comp_mask.to_be_bytes());
     m[56..56 + data.len()].copy_from_slice(data);
     m
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
 }
 
 fn be16(b: &[u8], o: usize) -> u16 {

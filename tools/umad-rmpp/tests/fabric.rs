@@ -13,14 +13,10 @@ use acm_core_nostd::rmpp::{Config, Failure, Received, Receiver};
 use acm_core_nostd::wire::mad::Method;
 use acm_core_nostd::wire::path_record::PathRecordMask;
 use acm_core_nostd::wire::sa::{attr, SaPacket, SaRepr};
-use acm_fabric::testing::{preload, profile_dir, stop_child};
+use acm_fabric::testing::{hex, svagent, unhex, verbs_command, LineChild};
 use acm_fabric::{Fabric, Topology};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver as Lines};
-use std::sync::OnceLock;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const GSI_QKEY: u32 = 0x8001_0000;
@@ -31,73 +27,19 @@ fn topology() -> Topology {
 }
 const PORTS: usize = 38;
 
-/// simverbs' C test agent, compiled once per test process next to the test executable.
-fn svagent() -> PathBuf {
-    static AGENT: OnceLock<PathBuf> = OnceLock::new();
-    AGENT
-        .get_or_init(|| {
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../simverbs/tests/c/svagent.c");
-            let out = profile_dir().join("umad-rmpp-svagent");
-            let tmp = profile_dir().join(format!("umad-rmpp-svagent.{}", std::process::id()));
-            let st = Command::new("cc")
-                .args(["-Wall", "-O1", "-o"])
-                .arg(&tmp)
-                .arg(&src)
-                .arg("-libverbs")
-                .status()
-                .expect("cc not found: apt-get install gcc libibverbs-dev");
-            assert!(st.success(), "compiling {} failed", src.display());
-            std::fs::rename(&tmp, &out).expect("rename svagent");
-            out
-        })
-        .clone()
-}
-
-/// svagent on one simulated HCA: a UD QP under libsimverbs, one reply line per command.
-struct Agent {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Lines<String>,
-}
+/// svagent (simverbs' C test agent) on one simulated HCA: a UD QP under libsimverbs, one
+/// reply line per command; stopped by PID when dropped.
+struct Agent(LineChild);
 
 impl Agent {
     fn start(f: &Fabric, host: &str) -> Agent {
-        let mut child = Command::new(svagent())
-            .env("IBSIM_SOCKNAME", f.name())
-            .env("SIM_HOST", host)
-            .env("LD_PRELOAD", preload())
-            .env("SIMVERBS_SHM_DIR", f.scratch())
-            .current_dir(f.scratch())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn svagent");
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Agent {
-            child,
-            stdin,
-            lines: rx,
-        }
+        let mut c = verbs_command(svagent(), f.name(), f.scratch(), host);
+        c.stderr(Stdio::inherit());
+        Agent(LineChild::spawn(c, "svagent", Duration::from_secs(15)))
     }
 
     fn cmd(&mut self, line: &str) -> String {
-        let s = self.stdin.as_mut().expect("stdin");
-        writeln!(s, "{line}").expect("write to svagent");
-        s.flush().expect("flush");
-        self.lines
-            .recv_timeout(Duration::from_secs(15))
-            .unwrap_or_else(|_| panic!("svagent did not answer {line:?}"))
+        self.0.cmd(line)
     }
 
     fn send(&mut self, dlid: u16, mad: &[u8]) {
@@ -116,25 +58,6 @@ impl Agent {
         let h = r.split_whitespace().find_map(|w| w.strip_prefix("mad="));
         Some(unhex(h.expect("mad=")))
     }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(mut s) = self.stdin.take() {
-            let _ = writeln!(s, "quit");
-        }
-        stop_child(&mut self.child, Duration::from_secs(3));
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
 }
 
 fn be16(b: &[u8], o: usize) -> u16 {

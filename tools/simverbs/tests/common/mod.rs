@@ -4,39 +4,15 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::sync::OnceLock;
+use acm_fabric::testing::LineChild;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[allow(unused_imports)]
 pub use acm_fabric::fabric::UMAD2SIM;
 #[allow(unused_imports)] // not every test file uses each
-pub use acm_fabric::testing::{libsimverbs, preload, profile_dir, stop_child};
-
-/// Compiles tests/c/svagent.c once per test process (next to the test executable).
-pub fn svagent() -> PathBuf {
-    static AGENT: OnceLock<PathBuf> = OnceLock::new();
-    AGENT
-        .get_or_init(|| {
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/svagent.c");
-            let out = profile_dir().join("simverbs-svagent");
-            let tmp = profile_dir().join(format!("simverbs-svagent.{}", std::process::id()));
-            let st = Command::new("cc")
-                .args(["-Wall", "-Werror", "-O1", "-o"])
-                .arg(&tmp)
-                .arg(&src)
-                .arg("-libverbs")
-                .status()
-                .expect("cc not found: apt-get install gcc libibverbs-dev");
-            assert!(st.success(), "compiling {} failed", src.display());
-            std::fs::rename(&tmp, &out).expect("rename svagent");
-            out
-        })
-        .clone()
-}
+pub use acm_fabric::testing::{hex, libsimverbs, preload, profile_dir, stop_child, svagent, unhex};
 
 /// Port GUID of `HcaN` in net.2sw2path4hca (0x100001, 0x100004, 0x100007, 0x10000a).
 pub fn port_guid(host: &str) -> u64 {
@@ -180,29 +156,10 @@ impl Fabric {
     /// [`Fabric::agent`] with extra environment variables.
     pub fn agent_env(&self, host: &str, env: &[(&str, &str)]) -> Agent {
         let mut c = self.command(svagent(), host, true);
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = c.spawn().expect("spawn svagent");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        c.envs(env.iter().copied()).stderr(Stdio::inherit());
         Agent {
             host: host.to_string(),
-            child,
-            stdin: Some(stdin),
-            lines: rx,
+            child: LineChild::spawn(c, &format!("agent on {host}"), Duration::from_secs(15)),
         }
     }
 }
@@ -215,28 +172,21 @@ impl Drop for Fabric {
     }
 }
 
-/// A running svagent process.
+/// A running svagent process, stopped by PID when dropped.
 pub struct Agent {
     pub host: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+    child: LineChild,
 }
 
 impl Agent {
-    /// Sends one command line and returns the reply line.
+    /// Sends one command line and returns the reply line (panics after 15 s).
     pub fn cmd(&mut self, line: &str) -> String {
-        let stdin = self.stdin.as_mut().expect("agent stdin");
-        writeln!(stdin, "{line}").expect("write to agent");
-        stdin.flush().expect("flush");
-        self.lines
-            .recv_timeout(Duration::from_secs(15))
-            .unwrap_or_else(|_| panic!("agent on {} did not answer '{line}'", self.host))
+        self.child.cmd(line)
     }
 
     /// The agent's PID.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     /// `init`, returning (lid, qpn, gid-hex).
@@ -257,25 +207,8 @@ impl Agent {
     }
 
     /// Ends the agent cleanly (it destroys every verbs object) and returns its exit code.
-    pub fn quit(mut self) -> Option<i32> {
-        if let Some(mut s) = self.stdin.take() {
-            let _ = writeln!(s, "quit");
-        }
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.stdin.take();
-        stop_child(&mut self.child, Duration::from_secs(2));
+    pub fn quit(self) -> Option<i32> {
+        self.child.quit(Duration::from_secs(5))
     }
 }
 

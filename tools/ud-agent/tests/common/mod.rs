@@ -5,39 +5,14 @@
 
 #![allow(dead_code)]
 
+use acm_fabric::testing::{svagent, LineChild};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 #[allow(unused_imports)] // not every test file uses each
 pub use acm_fabric::testing::{libsimverbs, preload, profile_dir, stop_child};
-
-/// simverbs' own C test agent (a plain libibverbs program), compiled once per test process:
-/// an independent peer that can send what our endpoint never would (e.g. oversized datagrams).
-pub fn svagent() -> PathBuf {
-    static AGENT: OnceLock<PathBuf> = OnceLock::new();
-    AGENT
-        .get_or_init(|| {
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../simverbs/tests/c/svagent.c");
-            let out = profile_dir().join("dataplane-svagent");
-            let tmp = profile_dir().join(format!("dataplane-svagent.{}", std::process::id()));
-            let st = Command::new("cc")
-                .args(["-Wall", "-O1", "-o"])
-                .arg(&tmp)
-                .arg(&src)
-                .arg("-libverbs")
-                .status()
-                .expect("cc not found: apt-get install gcc libibverbs-dev");
-            assert!(st.success(), "compiling {} failed", src.display());
-            std::fs::rename(&tmp, &out).expect("rename svagent");
-            out
-        })
-        .clone()
-}
 
 /// A private fabric: ibsim (net.2sw2path4hca: Hca1..Hca4) + OpenSM on Hca1.
 pub struct Fabric {
@@ -102,15 +77,8 @@ impl Fabric {
     }
 
     fn command(&self, prog: &Path, host: &str) -> Command {
-        let mut c = Command::new(prog);
-        c.env("IBSIM_SOCKNAME", &self.name)
-            .env("SIM_HOST", host)
-            .env("LD_PRELOAD", preload())
-            .env("SIMVERBS_SHM_DIR", &self.dir)
-            .current_dir(&self.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        let mut c = acm_fabric::testing::verbs_command(prog, &self.name, &self.dir, host);
+        c.stderr(Stdio::inherit());
         c
     }
 
@@ -138,7 +106,9 @@ impl Fabric {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Starts simverbs' C agent on `host`.
+    /// Starts simverbs' own C test agent (a plain libibverbs program, compiled once per test
+    /// process) on `host`: an independent peer that can send what our endpoint never would
+    /// (e.g. oversized datagrams).
     pub fn svagent(&self, host: &str) -> Agent {
         Agent::spawn(self.command(&svagent(), host), host)
     }
@@ -171,12 +141,11 @@ impl Fabric {
     }
 }
 
-/// A running agent process (ud-agent or svagent), one reply line per command.
+/// A running agent process (ud-agent or svagent), one reply line per command; stopped by PID
+/// when dropped.
 pub struct Agent {
     pub host: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+    child: LineChild,
 }
 
 /// What `open` answered.
@@ -189,47 +158,26 @@ pub struct Opened {
 }
 
 impl Agent {
-    fn spawn(mut c: Command, host: &str) -> Agent {
-        let mut child = c.spawn().expect("spawn agent");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+    fn spawn(c: Command, host: &str) -> Agent {
         Agent {
             host: host.to_string(),
-            child,
-            stdin: Some(stdin),
-            lines: rx,
+            child: LineChild::spawn(c, &format!("agent on {host}"), Duration::from_secs(30)),
         }
     }
 
     /// The next output line (panics after `timeout`).
     pub fn line(&self, timeout: Duration) -> String {
-        self.lines
-            .recv_timeout(timeout)
-            .unwrap_or_else(|_| panic!("agent on {} gave no output line", self.host))
+        self.child.line(timeout)
     }
 
     /// Writes one command line without waiting for its reply.
     pub fn start(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("agent stdin");
-        writeln!(stdin, "{line}").expect("write to agent");
-        stdin.flush().expect("flush");
+        self.child.send(line);
     }
 
-    /// Sends one command line and returns the reply line.
+    /// Sends one command line and returns the reply line (panics after 30 s).
     pub fn cmd(&mut self, line: &str) -> String {
-        self.start(line);
-        self.lines
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("agent on {} did not answer '{line}'", self.host))
+        self.child.cmd(line)
     }
 
     /// `open <recv_depth> <send_depth>` on the default partition.
@@ -276,29 +224,12 @@ impl Agent {
 
     /// The agent's PID.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     /// Ends the agent with `quit` and returns its exit code (None: it did not exit in time).
-    pub fn quit(mut self, within: Duration) -> Option<i32> {
-        if let Some(mut s) = self.stdin.take() {
-            let _ = writeln!(s, "quit");
-        }
-        let t = Instant::now();
-        while t.elapsed() < within {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.stdin.take();
-        stop_child(&mut self.child, Duration::from_secs(2));
+    pub fn quit(self, within: Duration) -> Option<i32> {
+        self.child.quit(within)
     }
 }
 
