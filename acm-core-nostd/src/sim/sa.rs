@@ -38,6 +38,11 @@ pub struct SaService {
     pub get_ns: u64,
     /// Service time per record of a GetTable answer beyond the first (ns).
     pub table_record_ns: u64,
+    /// How fast one GetTable answer's RMPP transfer brings records to its receiver (records
+    /// per second; segments, ACK windows and their round trips): the answer arrives
+    /// `records / rate` after the SA served it. Not SA service time: the MAD layer sends the
+    /// segments while the SA serves the next query.
+    pub table_records_per_s: u64,
     /// OpenSM's `max_msg_fifo_timeout` (ms): a Get is dropped once the last dispatched
     /// message waited longer than this while more than one message waits; 0 = never drop
     /// (as OpenSM with 0).
@@ -60,12 +65,14 @@ pub struct SaService {
 
 impl SaService {
     /// OpenSM as measured by `opensm-sa` (`tools/storm/opensm-measured.toml`, `[model]`):
-    /// 6 µs per Get (166 666 Gets/s), 174 ns per further record of a GetTable, drops past
+    /// 6 µs per Get (166 666 Gets/s), 174 ns per further record of a GetTable, its transfer at
+    /// 140 000 records/s (the published whole-path-table rate over RMPP on 1 096 nodes), drops past
     /// `max_msg_fifo_timeout` 10 000 ms (its default, 50 × 200 ms), no BUSY; 1 ms each way,
     /// no loss, the core's MAD timeout and retries (2000 ms, 2), no core credit limit.
     pub const DEFAULT: SaService = SaService {
         get_ns: 6_000,
         table_record_ns: 174,
+        table_records_per_s: 140_000,
         fifo_timeout: 10_000,
         busy_queue: None,
         latency: 1,
@@ -424,7 +431,11 @@ impl Sim {
                 None => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
             }
         }
-        let delay = (finish - arrival).div_ceil(1_000_000) + svc.latency;
+        let mut delay = (finish - arrival).div_ceil(1_000_000) + svc.latency;
+        if table {
+            let records = self.nodes.len() as u64;
+            delay += (records * 1000).div_ceil(svc.table_records_per_s.max(1));
+        }
         self.sa_reply(svc, from, token, reply, delay)
     }
 
@@ -589,5 +600,31 @@ mod tests {
             SaService::DEFAULT.rate(),
             1_000_000_000 / SaService::DEFAULT.get_ns
         );
+    }
+
+    #[test]
+    fn a_table_arrives_after_its_transfer_not_only_its_service() {
+        // 4 nodes: a 4-record table, served in 10.9 µs (1 ms), 1 ms on the wire, and its
+        // transfer at 1 000 records/s: 4 ms more. The SA is free again after the service.
+        let svc = SaService {
+            get_ns: 10_000,
+            table_record_ns: 300,
+            table_records_per_s: 1000,
+            ..SaService::DEFAULT
+        };
+        let mut s = sim(svc);
+        let t0 = s.now;
+        let mut m = get();
+        m[3] = 0x12;
+        s.sa_arrive(0, 1, m);
+        assert_eq!(s.sa_free_ns, t0 * 1_000_000 + 10_900);
+        let mut replies: Vec<Millis> = s
+            .events
+            .iter()
+            .filter(|e| matches!(e.event, Event::SaReply { .. }))
+            .map(|e| e.at)
+            .collect();
+        replies.sort_unstable();
+        assert_eq!(replies, [t0 + 1 + 1 + 4]);
     }
 }

@@ -40,6 +40,10 @@ struct Cli {
     /// Outstanding requests per node
     #[arg(long, value_name = "C", value_parser = num::<usize>)]
     concurrency: Option<usize>,
+    /// How fast a half-world table's RMPP transfer reaches its node, records per second
+    /// [default: 140000, published for a whole path table on 1 096 nodes]
+    #[arg(long, value_name = "R", value_parser = num::<u64>)]
+    sa_table_records_per_s: Option<u64>,
     /// Path cache entries per node; a half-world table takes up to half of them [default:
     /// 2N + k while all caches stay within 8 Mi entries, else k]
     #[arg(long, value_name = "E", value_parser = num::<usize>)]
@@ -137,6 +141,10 @@ fn real_main(a: &Cli) -> Result<(), String> {
             .unwrap_or(d.get_ns)
             .max(1),
         table_record_ns: d.table_record_ns,
+        table_records_per_s: a
+            .sa_table_records_per_s
+            .unwrap_or(d.table_records_per_s)
+            .max(1),
         fifo_timeout: a.sa_fifo_timeout_ms.unwrap_or(d.fifo_timeout),
         busy_queue: a.sa_busy.map(|q| q.max(1)).or(d.busy_queue),
         latency: a.latency_ms.unwrap_or(d.latency),
