@@ -115,6 +115,7 @@ pub struct Config {
     /// must have this many receives posted, or a window's tail is lost and re-sent.
     pub window: u32,
     /// Silence (no DATA segment) after which the last ACK is sent again, in ms.
+    /// (At least 1: a zero would have the ACK re-sent at every call of the same instant.)
     pub resp_timeout: Millis,
     /// Time from the first segment to the end of the transfer, in ms; also how long
     /// [`Receiver::start`] waits for the first segment.
@@ -406,7 +407,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
             State::Receiving if now >= self.resp_deadline => {
                 self.counters.ack_timeouts += 1;
                 self.ack();
-                self.resp_deadline = now.saturating_add(self.config.resp_timeout);
+                self.resp_deadline = now.saturating_add(self.config.resp_timeout.max(1));
                 None
             }
             _ => None,
@@ -549,7 +550,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
         dst.copy_from_slice(src);
         self.counters.accepted += 1;
         self.last = seg;
-        self.resp_deadline = now.saturating_add(self.config.resp_timeout);
+        self.resp_deadline = now.saturating_add(self.config.resp_timeout.max(1));
         if last_flag {
             self.ack();
             self.state = State::Done { len: end };

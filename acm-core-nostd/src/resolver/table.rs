@@ -250,7 +250,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         let head = Header::new_unchecked(&t.header[..HEADER_LEN]);
         let record_len = usize::from(u16::from_be_bytes([t.header[44], t.header[45]])) * 8;
-        if head.status().0 != 0 || head.attr_id() != attr::PATH_RECORD || record_len != RECORD_LEN {
+        // Not a PathRecord table, or not whole records (a sender's PayloadLength that cuts
+        // one): nothing of it is taken.
+        if head.status().0 != 0
+            || head.attr_id() != attr::PATH_RECORD
+            || record_len != RECORD_LEN
+            || t.records.len() % RECORD_LEN != 0
+        {
             self.table_failed(now, slot, false);
             return self.pump(now);
         }
