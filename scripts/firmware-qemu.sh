@@ -133,5 +133,14 @@ echo "firmware: instructions (-icount shift=$ICOUNT_SHIFT, SysTick): per hit $(m
   "(classify $(part hit-classify), lookup $(part hit-lookup), respond $(part hit-respond));" \
   "per miss $(measure per-miss) (request $(part miss-request) + SA reply $(part miss-reply));" \
   "hit through the resolver $(measure per-hit-resolver)"
+# Every table slot's empty state is all zero bytes (resolver/storage.rs), so the firmware's
+# static tables live in .bss; a non-zero field in an EMPTY const moves them into .data, a
+# flash image of kilobytes copied at boot.
+if [[ "$data" -ne 0 ]]; then
+    echo "firmware: FAIL: .data is $data B: a static's initial value is not all zero bytes" \
+        "(an EMPTY slot with a non-zero field?)" >&2
+    echo "firmware: 0 passed, 1 failed"
+    exit 1
+fi
 echo "firmware: PASS"
 echo "firmware: 1 passed, 0 failed"

@@ -628,7 +628,8 @@ pub struct TableFetch {
     pub(crate) off: bool,
     /// Route jobs of this endpoint in the backlog.
     pub(crate) backlogged: u32,
-    /// When the warm-start table is asked for (`Millis::MAX`: not).
+    /// A warm-start table is to be asked for at `prefetch_at`.
+    pub(crate) prefetch: bool,
     pub(crate) prefetch_at: super::Millis,
     /// The highest LID seen on this endpoint (its own, the DLIDs asked for): a lower bound
     /// on the records of its table while none has come (OpenSM hands out LIDs from 1 up).
@@ -645,7 +646,8 @@ impl TableFetch {
         records: 0,
         off: false,
         backlogged: 0,
-        prefetch_at: super::Millis::MAX,
+        prefetch: false,
+        prefetch_at: 0,
         max_lid: 0,
     };
 }

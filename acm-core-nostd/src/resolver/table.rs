@@ -148,7 +148,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             return;
         }
         let at = now.saturating_add(self.routes.random() % jitter);
-        self.st.endpoints()[slot].table.prefetch_at = at;
+        let t = &mut self.st.endpoints()[slot].table;
+        t.prefetch = true;
+        t.prefetch_at = at;
         self.timers.arm(Timer::Prefetch, at);
     }
 
@@ -156,10 +158,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     pub(crate) fn prefetch_timers(&mut self, now: Millis) {
         for slot in 0..self.st.tables_ref().endpoints.len() {
             let e = self.st.tables_ref().endpoints[slot];
-            if !e.open || e.table.prefetch_at > now {
+            if !e.open || !e.table.prefetch || e.table.prefetch_at > now {
                 continue;
             }
-            self.st.endpoints()[slot].table.prefetch_at = Millis::MAX;
+            self.st.endpoints()[slot].table.prefetch = false;
             if !(e.table.off || e.table.send || e.table.sent) {
                 self.ask_table(slot);
             }

@@ -124,7 +124,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Timer::AcmQueue => earliest(tr.endpoints, |e| head(e.queue)),
             Timer::AcmRetry => earliest(tr.endpoints, |e| head(e.inflight)),
             Timer::Prefetch => earliest(tr.endpoints, |e| {
-                (e.table.prefetch_at != OFF).then_some(e.table.prefetch_at)
+                e.table.prefetch.then_some(e.table.prefetch_at)
             }),
         }
     }
