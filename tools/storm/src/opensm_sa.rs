@@ -556,7 +556,10 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
              # Receiver (window 16). The time runs from the GetTable to the last segment; the\n\
              # records are those received (every port, this one included); records_per_s is\n\
              # all records received over the sum of the table times; the rmpp_* / paylen fields\n\
-             # are the first segment's.\n[gettable]"
+             # are the first segment's. osm_cpu_us_per_table is OpenSM's CPU time per whole\n\
+             # table (its RMPP sender's segmenting included); the same sweep again with each\n\
+             # table STOPped at its first segment gives its computation alone\n\
+             # (osm_cpu_us_per_table_stopped, `stopped` tables), what the model takes.\n[gettable]"
         );
         for k in [
             "tables",
@@ -578,6 +581,8 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
             "lost",
             "failed",
             "osm_cpu_us_per_table",
+            "stopped",
+            "osm_cpu_us_per_table_stopped",
         ] {
             let _ = writeln!(s, "{k} = {}", g.get(k).unwrap_or(&"0"));
         }
@@ -613,9 +618,10 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
         .iter()
         .find(|r| field::<usize>(r, "conc") == 1)
         .map_or(0, |r| field::<u64>(r, "osm_cpu_us"));
+    // The computation alone: the tables STOPped at their first segment.
     let table_us = gt
         .first()
-        .map_or(0, |g| field::<u64>(g, "osm_cpu_us_per_table"));
+        .map_or(0, |g| field::<u64>(g, "osm_cpu_us_per_table_stopped"));
     let record_ns = (table_us.saturating_sub(get1_us) * 1000) / u64::from(max_lid.max(2) - 1);
     let model = format!(
         "\n# The storm model's figures (SaService::DEFAULT): OpenSM's CPU time per Get at\n\
@@ -775,11 +781,14 @@ impl Client {
     /// One half-world GetTable from `sgid`, whole: the RMPP receiver is started on the first
     /// segment (its TID as it arrives: ibsim and umad2sim rewrite bits 32-63 of ours), its
     /// ACKs go to the SA like any request.
-    fn fetch_table(&mut self, sgid: &[u8; 16]) -> Result<Table, TableError> {
+    ///
+    /// `storage` bytes of records are taken: 0 makes the receiver STOP at the first segment
+    /// (OpenSM has computed the whole answer by then, and its RMPP sender sends nothing more).
+    fn fetch_table(&mut self, sgid: &[u8; 16], storage: usize) -> Result<Table, TableError> {
         let tid = self.next_tid();
         let t0 = Instant::now();
         let ms = || t0.elapsed().as_millis() as u64;
-        let mut rx = Receiver::new(vec![0u8; TABLE_STORAGE], Config::DEFAULT);
+        let mut rx = Receiver::new(vec![0u8; storage], Config::DEFAULT);
         let mut started = false;
         let mut acks = 0u32;
         self.send(&half_world(tid, sgid))
@@ -987,7 +996,7 @@ fn child(args: &[String]) -> Result<(), String> {
     if mode == "table" {
         for l in [me, lids[0], lids[lids.len() - 1]] {
             // Whole tables (acknowledged), so the sender in OpenSM finishes each one.
-            let _ = c.fetch_table(&gids[&l]);
+            let _ = c.fetch_table(&gids[&l], TABLE_STORAGE);
         }
         println!("table sent=3");
         return Ok(());
@@ -1078,16 +1087,29 @@ fn child(args: &[String]) -> Result<(), String> {
     let mut lost = 0u64;
     let mut failed = 0u64;
     for &l in sources.iter().cycle().take(sources.len() * sweeps) {
-        match c.fetch_table(&gids[&l]) {
+        match c.fetch_table(&gids[&l], TABLE_STORAGE) {
             Ok(t) => done.push(t),
             Err(TableError::Lost) => lost += 1,
             Err(TableError::Failed(_)) => failed += 1,
         }
     }
     let o1 = cpu_ticks(osm);
+    // The same sweep again, each table STOPped at its first segment: OpenSM's computation of
+    // the answer without its RMPP transfer (the segmenting the preloaded sender does in
+    // OpenSM's process here, the kernel on a real SM host).
+    let s0 = cpu_ticks(osm);
+    let mut stopped = 0u64;
+    for &l in sources.iter().cycle().take(sources.len() * sweeps) {
+        if let Err(TableError::Failed(acm_core_nostd::rmpp::Failure::TooBig { .. })) =
+            c.fetch_table(&gids[&l], 0)
+        {
+            stopped += 1;
+        }
+    }
+    let s1 = cpu_ticks(osm);
     // One more, from this port, to look at its first segment.
     let mine = c
-        .fetch_table(&c.gid.clone())
+        .fetch_table(&c.gid.clone(), TABLE_STORAGE)
         .map_err(|e| format!("{e:?}"))?;
     let m = mine.head;
     let attr_off = usize::from(u16::from_be_bytes([m[44], m[45]])) * 8;
@@ -1113,7 +1135,7 @@ fn child(args: &[String]) -> Result<(), String> {
         .unwrap_or(0);
     let acks = done.iter().map(|t| u64::from(t.acks)).sum::<u64>() / n.max(1);
     println!(
-        "gettable tables={n} records_per_table={recs_max} records_min={recs_min} records_total={records} segments_per_table={segs} acks_per_table={acks} p50_us={} p99_us={} mean_us={} total_s={total_s:.3} records_per_s={:.0} first_mad_records={in_mad} rmpp_type={} rmpp_flags={} paylen={} status={} method={:#x} lost={lost} failed={failed} osm_cpu_us_per_table={}",
+        "gettable tables={n} records_per_table={recs_max} records_min={recs_min} records_total={records} segments_per_table={segs} acks_per_table={acks} p50_us={} p99_us={} mean_us={} total_s={total_s:.3} records_per_s={:.0} first_mad_records={in_mad} rmpp_type={} rmpp_flags={} paylen={} status={} method={:#x} lost={lost} failed={failed} osm_cpu_us_per_table={} stopped={stopped} osm_cpu_us_per_table_stopped={}",
         pct(0.5),
         pct(0.99),
         us.iter().sum::<u64>() / n.max(1),
@@ -1125,6 +1147,10 @@ fn child(args: &[String]) -> Result<(), String> {
         m[3],
         match (o0, o1) {
             (Some(a), Some(b)) if n > 0 => (b - a) * 10_000 / n,
+            _ => 0,
+        },
+        match (s0, s1) {
+            (Some(a), Some(b)) if stopped > 0 => (b - a) * 10_000 / stopped,
             _ => 0,
         }
     );
