@@ -144,6 +144,13 @@ impl T {
         self.r.handle_sa(self.now, token, 0, &m);
         self.drain();
     }
+    /// A Resolve by LID for each of `lids`, client = TID = the LID.
+    fn miss_lids(&mut self, lids: std::ops::Range<u16>) {
+        for lid in lids {
+            let c = u64::from(lid);
+            self.request(c, Kind::Resolve, &path_msg(lid, 0, c));
+        }
+    }
     fn advance(&mut self, ms: u64) {
         self.now += ms;
         self.r.handle_timeout(self.now);
@@ -935,13 +942,7 @@ fn busy_setup() -> T {
 #[test]
 fn busy_halves_the_sa_window_and_answers_grow_it_back() {
     let mut t = busy_setup();
-    for lid in 10..90u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(10..90);
     let first = t.sa_sends();
     assert_eq!(first.len(), 8, "the window");
     // The SA answers in 100 ms (the round trip's floor here). One BUSY: the window is 4 now
@@ -1044,13 +1045,7 @@ fn with_the_sa_gone_every_request_is_answered_within_the_queue_deadline_of_its_a
         },
         Capacities::default(),
     );
-    for lid in 10..30u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(10..30);
     // The transport reports each try lost 1 s after it went out (as the ud channel does after
     // its tries), which frees the window for the next queries of the backlog.
     let mut out = t.sa_sends();
@@ -1201,13 +1196,7 @@ fn a_lost_query_goes_again_after_a_jittered_backoff_and_losses_shrink_the_window
     // time, each a pace after the last, the backlog moved on by the timer alone. The SA
     // answers every query 20 ms after it went out, except the first 6, which it drops.
     let mut t = setup(cfg, Capacities::default());
-    for lid in 10..30u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(10..30);
     let mut out: Vec<(u64, [u8; 256], u64)> =
         t.sa_sends().into_iter().map(|(k, m)| (k, m, 0)).collect();
     assert_eq!(out.len(), 2);
@@ -1327,6 +1316,18 @@ fn table_record(lid: u16) -> [u8; 64] {
     r
 }
 
+/// Tables after a backlog of `min`, an SA window of `window` from the start, 1 s SA deadline.
+fn table_config(window: u32, min: u32) -> Config {
+    Config {
+        sa_window: window,
+        sa_window_start: window,
+        sa_table_min: min,
+        sa_deadline: 1000,
+        queue_deadline: 60_000,
+        ..Config::default()
+    }
+}
+
 /// The first segment's headers of the answer to the GetTable `mad`.
 fn table_head(mad: &[u8; 256]) -> [u8; 56] {
     let mut h = [0u8; 56];
@@ -1340,34 +1341,14 @@ fn table_head(mad: &[u8; 256]) -> [u8; 56] {
 fn a_long_backlog_asks_for_the_ports_table_and_is_answered_from_it() {
     use acm_core_nostd::resolver::table::TableError;
     use acm_core_nostd::resolver::SaTable;
-    let cfg = Config {
-        sa_window: 2,
-        sa_window_start: 2,
-        sa_table_min: 8,
-        sa_deadline: 1000,
-        queue_deadline: 60_000,
-        ..Config::default()
-    };
-    let mut t = setup(cfg, Capacities::default());
+    let mut t = setup(table_config(2, 8), Capacities::default());
     // 7 misses: 2 Gets out, 5 in the backlog, no table.
-    for lid in 10..17u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(10..17);
     let gets = t.sa_sends();
     assert_eq!(gets.len(), 2);
     assert!(gets.iter().all(|(_, m)| m[3] == 0x01));
     // The 8th backlogged miss (10th in all): one GetTable, SGID and P_Key only, reversible.
-    for lid in 17..20u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(17..20);
     let sends = t.sa_sends();
     assert_eq!(sends.len(), 1, "one table");
     let (token, mad) = sends[0];
@@ -1490,22 +1471,9 @@ fn a_long_backlog_asks_for_the_ports_table_and_is_answered_from_it() {
 #[test]
 fn a_table_too_big_for_the_storage_turns_tables_off_for_the_endpoint() {
     use acm_core_nostd::resolver::table::TableError;
-    let cfg = Config {
-        sa_window: 1,
-        sa_window_start: 1,
-        sa_table_min: 4,
-        sa_deadline: 1000,
-        queue_deadline: 60_000,
-        ..Config::default()
-    };
+    let cfg = table_config(1, 4);
     let mut t = setup(cfg, Capacities::default());
-    for lid in 10..16u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(10..16);
     let tables: Vec<_> = t
         .sa_sends()
         .into_iter()
@@ -1514,26 +1482,14 @@ fn a_table_too_big_for_the_storage_turns_tables_off_for_the_endpoint() {
     assert_eq!(tables.len(), 1);
     t.r.handle_sa_table(t.now, tables[0].0, Err(TableError::TooBig));
     t.advance(5000);
-    for lid in 20..40u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(20..40);
     assert!(
         t.sa_sends().iter().all(|(_, m)| m[3] == 0x01),
         "no table again"
     );
     // A transport that hands up a single MAD for a table (no RMPP) turns them off too.
     let mut t = setup(cfg, Capacities::default());
-    for lid in 10..16u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(10..16);
     let (tk, m) = t
         .sa_sends()
         .into_iter()
@@ -1542,13 +1498,7 @@ fn a_table_too_big_for_the_storage_turns_tables_off_for_the_endpoint() {
     t.reply(tk, &m, 0, Some(table_record(1)));
     assert_eq!(t.r.stats().sa_table_failed, 1);
     t.advance(5000);
-    for lid in 20..40u16 {
-        t.request(
-            u64::from(lid),
-            Kind::Resolve,
-            &path_msg(lid, 0, u64::from(lid)),
-        );
-    }
+    t.miss_lids(20..40);
     assert!(t.sa_sends().iter().all(|(_, m)| m[3] == 0x01));
     t.r.check_invariants().unwrap();
 }
