@@ -1191,11 +1191,12 @@ mod tests {
         };
         let t = report(
             "gets conc=64 osm_cpu_us=8\ngets conc=256 osm_cpu_us=6\ngets conc=1 osm_cpu_us=24\n\
-             gettable tables=3 osm_cpu_us_per_table=72\n",
+             gettable tables=3 osm_cpu_us_per_table=130 stopped=3 osm_cpu_us_per_table_stopped=72\n",
             &m,
             None,
         );
-        // The least CPU per Get over C >= 64, and (72 - 24) µs over 275 further records.
+        // The least CPU per Get over C >= 64, and (72 - 24) µs over 275 further records: the
+        // tables stopped at their first segment (OpenSM's computation), not the whole ones.
         assert!(t.contains("get_service_us = 6\n"), "{t}");
         assert!(t.contains("table_record_ns = 174\n"), "{t}");
         assert!(t.contains("busy = false"));
