@@ -101,6 +101,15 @@ fn poll_guarded<P: Poller>(poller: &mut P, now: Instant) -> Option<PollOutcome> 
     }
 }
 
+/// One turn of a spin: the CPU to another runnable thread (`yield_spin`), or a CPU pause.
+fn pause(yield_spin: bool) {
+    if yield_spin {
+        thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
 /// Worker settings.
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
@@ -116,6 +125,12 @@ pub struct WorkerConfig {
     pub spin_for_reply: Duration,
     /// Longest park; bounds the staleness of the coarse clock.
     pub max_park: Duration,
+    /// While spinning (after work, or for a reply due), give the CPU to any other runnable
+    /// thread between polls (`sched_yield`) instead of a CPU pause: on a host without a spare
+    /// core the threads that produce the reply (the SA on the same host, the core's thread)
+    /// run meanwhile, and the worker still never pays a park and a wake-up; with a spare core
+    /// it returns at once. Off for a worker that owns its core (`busy`, pinned).
+    pub yield_spin: bool,
 }
 
 impl Default for WorkerConfig {
@@ -126,6 +141,7 @@ impl Default for WorkerConfig {
             spin: Duration::from_micros(50),
             spin_for_reply: Duration::from_millis(1),
             max_park: Duration::from_millis(100),
+            yield_spin: true,
         }
     }
 }
@@ -437,7 +453,7 @@ impl Worker {
                         continue;
                     }
                     if now.duration_since(last_work) < config.spin {
-                        std::hint::spin_loop();
+                        pause(config.yield_spin);
                         continue;
                     }
                     // A reply is about to arrive: poll for it rather than pay a wake-up.
@@ -445,7 +461,7 @@ impl Worker {
                         due > now && due.duration_since(now) <= config.spin_for_reply
                     });
                     if due_soon {
-                        std::hint::spin_loop();
+                        pause(config.yield_spin);
                         continue;
                     }
                     let mut park_for = config.max_park;

@@ -212,6 +212,9 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         spin,
         spin_for_reply,
         max_park: Duration::from_millis(100),
+        // `busy` owns its core; `adaptive` shares one, so its spins yield to what runs beside
+        // it (the core's thread, an SA on the same host).
+        yield_spin: inst.opts.poll_mode() != PollMode::Busy,
     };
     set_reply_target(&inst);
     let worker = Worker::spawn(wc, waker, plane)?;
