@@ -1351,6 +1351,11 @@ fn a_long_backlog_asks_for_the_ports_table_and_is_answered_from_it() {
     t.miss_lids(17..20);
     let sends = t.sa_sends();
     assert_eq!(sends.len(), 1, "one table");
+    assert_eq!(
+        t.counts(Counter::RouteQuery),
+        3,
+        "2 Gets and the table: SA path queries"
+    );
     let (token, mad) = sends[0];
     assert_eq!(mad[3], 0x12, "GetTable");
     let q = PathRecord::new_unchecked(&mad[56..120]);

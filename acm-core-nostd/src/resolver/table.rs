@@ -37,7 +37,7 @@ use super::mads::{self, TOKEN_TABLE};
 use super::route::Completion;
 use super::storage::{Table, JOB};
 use super::timers::Timer;
-use super::{request, Millis, Resolver, SaTable, Storage, NEVER};
+use super::{request, Counter, EpId, Millis, Resolver, SaTable, Storage, NEVER};
 use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
 use crate::wire::mad::{Header, HEADER_LEN};
@@ -108,11 +108,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if u64::from(t.backlogged) * get < table {
             return;
         }
-        let tid = self.next_tid();
-        let e = &mut self.st.endpoints()[slot];
-        e.table.send = true;
-        e.table.tid = tid;
-        self.eps.mark_dirty(slot);
+        self.ask_table(slot);
     }
 
     /// The first backlogged job not held back by its endpoint's table in flight (the table
@@ -168,13 +164,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// Decides endpoint `slot`'s table (polled out by `ep_output`).
+    /// Decides endpoint `slot`'s table (polled out by `ep_output`); it counts as one route
+    /// query (ibacm's per-endpoint counter of SA path queries).
     fn ask_table(&mut self, slot: usize) {
         let tid = self.next_tid();
         let e = &mut self.st.endpoints()[slot];
         e.table.send = true;
         e.table.tid = tid;
+        let id = EpId(e.id);
         self.eps.mark_dirty(slot);
+        self.count(id, Counter::RouteQuery);
     }
 
     /// Counts a job of endpoint `slot` leaving the backlog.

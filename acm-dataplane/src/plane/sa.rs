@@ -84,7 +84,7 @@ impl<I: CoreIo> Plane<I> {
             }
             Received::Table { token, slot } => {
                 self.sa_transmit();
-                self.reply_due.done(token, std::time::Instant::now(), true);
+                self.sa_answered(token);
                 let records = self.sa.table(slot).map_or(0, |t| t.records.len() / 64);
                 if self.io.log_enabled(1) {
                     self.io.log(
@@ -118,13 +118,19 @@ impl<I: CoreIo> Plane<I> {
                 return;
             }
         };
+        self.sa_answered(token);
+        self.r().handle_sa(now, token, 0, &mad);
+    }
+
+    /// The SA answered query `token` (a reply, or a whole table): its round trip goes to the
+    /// SA RTT histogram and to the reply-due estimate.
+    fn sa_answered(&mut self, token: u64) {
         self.reply_due.done(token, std::time::Instant::now(), true);
         if let Some(s) = self.stats.as_mut() {
             if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
                 (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
             }
         }
-        self.r().handle_sa(now, token, 0, &mad);
     }
 
     /// Sends the RMPP ACKs, STOPs and ABORTs the SA channel has for half-world tables, each on
