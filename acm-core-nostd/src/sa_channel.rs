@@ -307,6 +307,16 @@ where
             .find_map(|t| t.rx.poll_transmit().map(|m| (t.ep, m)))
     }
 
+    /// The earliest try deadline among the outstanding requests (a GetTable whose answer has
+    /// begun has none: `Millis::MAX`, its receiver's timers own it).
+    fn earliest_try(&self) -> Option<Millis> {
+        self.live()
+            .iter()
+            .map(|e| e.deadline)
+            .filter(|d| *d != Millis::MAX)
+            .min()
+    }
+
     fn live(&self) -> &[SaEntry] {
         &self.entries[..self.len]
     }
@@ -442,12 +452,7 @@ where
                     // From the first segment on, the receiver's timers own the transfer.
                     if self.entries[i].deadline != Millis::MAX {
                         self.entries[i].deadline = Millis::MAX;
-                        self.next = self
-                            .live()
-                            .iter()
-                            .map(|e| e.deadline)
-                            .filter(|d| *d != Millis::MAX)
-                            .min();
+                        self.next = self.earliest_try();
                     }
                     Received::Segment
                 }
@@ -529,7 +534,6 @@ where
         if self.next.is_none_or(|n| n > now) {
             return;
         }
-        let mut next: Option<Millis> = None;
         let mut i = 0;
         while i < self.len {
             let e = &mut self.entries[i];
@@ -552,13 +556,9 @@ where
                     continue;
                 }
             }
-            let d = self.entries[i].deadline;
-            if d != Millis::MAX {
-                next = Some(next.map_or(d, |n| n.min(d)));
-            }
             i += 1;
         }
-        self.next = next;
+        self.next = self.earliest_try();
     }
 }
 

@@ -637,6 +637,12 @@ pub struct TableFetch {
 }
 
 impl TableFetch {
+    /// A table is decided or out: its endpoint's backlog is held for it, and no other is
+    /// asked for.
+    pub(crate) fn out(&self) -> bool {
+        self.send || self.sent
+    }
+
     /// Nothing asked, nothing known.
     pub const EMPTY: TableFetch = TableFetch {
         send: false,

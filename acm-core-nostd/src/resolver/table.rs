@@ -90,8 +90,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             || min == 0
             || !e.open
             || t.off
-            || t.send
-            || t.sent
+            || t.out()
             || now < t.not_before
             || t.backlogged < min
         {
@@ -117,7 +116,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     pub(crate) fn next_unheld(&self) -> Option<u32> {
         let t = self.st.tables_ref();
         let front = self.routes.backlog.front()?;
-        let holding = |e: &super::EpSlot| e.table.send || e.table.sent;
+        let holding = |e: &super::EpSlot| e.table.out();
         let held: u32 = t
             .endpoints
             .iter()
@@ -158,7 +157,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 continue;
             }
             self.st.endpoints()[slot].table.prefetch = false;
-            if !(e.table.off || e.table.send || e.table.sent) {
+            if !(e.table.off || e.table.out()) {
                 self.ask_table(slot);
             }
         }

@@ -85,19 +85,16 @@ impl<I: CoreIo> Plane<I> {
             Received::Table { token, slot } => {
                 self.sa_transmit();
                 self.sa_answered(token);
-                let records = self.sa.table(slot).map_or(0, |t| t.records.len() / 64);
+                let table = self.sa.table(slot);
                 if self.io.log_enabled(1) {
+                    let records = table.map_or(0, |t| t.records.len() / 64);
                     self.io.log(
                         1,
                         &format!("SA half-world PathRecord table: {records} records"),
                     );
                 }
-                let sa = &self.sa;
                 let r = self.resolver.as_mut().expect("a live loop has a resolver");
-                match sa.table(slot) {
-                    Some(t) => r.handle_sa_table(now, token, Ok(t)),
-                    None => r.handle_sa_table(now, token, Err(TableError::Failed)),
-                }
+                r.handle_sa_table(now, token, table.ok_or(TableError::Failed));
                 self.drain_outputs(now);
                 return;
             }
@@ -137,12 +134,18 @@ impl<I: CoreIo> Plane<I> {
     /// its endpoint's SA carrier to the SM.
     fn sa_transmit(&mut self) {
         while let Some((ep, mad)) = self.sa.poll_transmit() {
-            if let Some((via, sm)) = self.ud_sa_route(ep) {
-                if let Some(ud) = self.eps[via].as_mut().and_then(|r| r.ud.as_mut()) {
-                    // A lost ACK is re-sent by the receiver's timer or asked for again by
-                    // the sender's next segment.
-                    let _ = ud.send(&sm.dest(), &mad);
-                }
+            self.send_to_sm(ep, &mad);
+        }
+    }
+
+    /// Sends `mad`, a MAD the SA channel already tracks (a re-send, an RMPP ACK/STOP/ABORT),
+    /// on `ep`'s SA carrier to the SM. A failed post is not reported: a lost re-send is the
+    /// next try's, a lost ACK is re-sent by the receiver's timer or asked for again by the
+    /// sender's next segment.
+    fn send_to_sm(&mut self, ep: EpId, mad: &[u8; 256]) {
+        if let Some((via, sm)) = self.ud_sa_route(ep) {
+            if let Some(ud) = self.eps[via].as_mut().and_then(|r| r.ud.as_mut()) {
+                let _ = ud.send(&sm.dest(), mad);
             }
         }
     }
@@ -151,28 +154,25 @@ impl<I: CoreIo> Plane<I> {
     /// with Gets.
     fn table_failed(&mut self, now: Millis, token: u64, failure: Failure) {
         self.reply_due.done(token, std::time::Instant::now(), false);
-        let why = match failure {
+        let (err, why) = match failure {
             Failure::TooBig {
                 records_needed,
                 capacity,
                 ..
             } => {
                 let need = records_needed.map_or("more".to_string(), |n| n.to_string());
-                format!(
+                let why = format!(
                     "needs {need} records, room for {} (acmrs_path_capacity): tables off for this endpoint",
                     capacity / 64
-                )
+                );
+                (TableError::TooBig, why)
             }
-            f => format!("{f:?}: the Gets go on"),
+            f => (TableError::Failed, format!("{f:?}: the Gets go on")),
         };
         self.io.log(
             0,
             &format!("ERROR - SA half-world PathRecord table failed: {why}"),
         );
-        let err = match failure {
-            Failure::TooBig { .. } => TableError::TooBig,
-            _ => TableError::Failed,
-        };
         self.r().handle_sa_table(now, token, Err(err));
         self.drain_outputs(now);
     }
@@ -207,13 +207,7 @@ impl<I: CoreIo> Plane<I> {
             self.sa.expire(now, |e| due.push(e));
             for e in due.drain(..) {
                 match e {
-                    Expired::Resend { ep, mad } => {
-                        if let Some((via, sm)) = self.ud_sa_route(ep) {
-                            if let Some(ud) = self.eps[via].as_mut().and_then(|r| r.ud.as_mut()) {
-                                let _ = ud.send(&sm.dest(), &mad);
-                            }
-                        }
-                    }
+                    Expired::Resend { ep, mad } => self.send_to_sm(ep, &mad),
                     Expired::Failed { token, mad } => {
                         self.reply_due.done(token, std::time::Instant::now(), false);
                         self.r().handle_sa(now, token, TIMED_OUT, &mad);
