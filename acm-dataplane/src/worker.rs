@@ -8,6 +8,20 @@
 //! syscall (an `eventfd` write) only when the worker is actually blocked. With `spin` set to a
 //! large value this is the busy-poll mode of a pinned dataplane core: it never blocks.
 //!
+//! # Rounds on the producer's thread
+//!
+//! The poller sits behind a lock that the worker holds only while it polls (never while it
+//! spins or blocks). With [`WorkerConfig::inline`] set, a producer may call [`Waker::serve`]
+//! after its push instead of [`Waker::wake`]: if the lock is free, the producer runs the round
+//! itself, on its own thread, and the worker is not woken for it (a missed `resolve()` sends
+//! its SA query from inside the call, as the stock provider does). If the worker holds the
+//! lock, the producer wakes it as before: the round it is in, or the look it takes after
+//! announcing its park, sees the push. After a round of its own the producer still wakes a
+//! parked worker when only the worker can do what is next: work left beyond one round's
+//! burst, a timer earlier than the worker's wake-up, a reply due (so the worker is awake and
+//! polling when it comes, the wake-up overlapping the round trip), the poller finished or
+//! given up.
+//!
 //! # Virtual time
 //!
 //! Every instant the worker reads (the `now` of its poll rounds, hence the poller's timers and
@@ -68,6 +82,12 @@ pub trait Poller: Send + 'static {
     /// Called after a block ended (woken, readable descriptor or timeout): consume the events
     /// of the descriptors armed in [`Poller::prepare_block`] (non-blocking). Default: nothing.
     fn unblocked(&mut self) {}
+    /// Whether work is queued for the poller that its last round left (more than one
+    /// round's burst): a producer that ran a round on its own thread then wakes the worker.
+    /// Default: none.
+    fn waiting(&self) -> bool {
+        false
+    }
 }
 
 /// The text of a caught panic payload.
@@ -131,6 +151,11 @@ pub struct WorkerConfig {
     /// run meanwhile, and the worker still never pays a park and a wake-up; with a spare core
     /// it returns at once. Off for a worker that owns its core (`busy`, pinned).
     pub yield_spin: bool,
+    /// Producers run a round themselves when the poller is free ([`Waker::serve`]; see the
+    /// module docs), so a request or reply costs no thread wake-up. Off for a worker that
+    /// owns its core (`busy`): it polls all the time, a hand-off to it is a cache-line
+    /// transfer, and a producer's round would only take the lock from it.
+    pub inline: bool,
 }
 
 impl Default for WorkerConfig {
@@ -142,6 +167,7 @@ impl Default for WorkerConfig {
             spin_for_reply: Duration::from_millis(1),
             max_park: Duration::from_millis(100),
             yield_spin: true,
+            inline: true,
         }
     }
 }
@@ -170,6 +196,25 @@ struct Shared {
     seen_skew_ms: AtomicU64,
     /// [`Worker::spawn`] was called with this waker (and the thread could be created).
     spawned: AtomicBool,
+    /// A round on the caller's thread, when the poller is free ([`WorkerConfig::inline`]):
+    /// `false` if it was not (the caller then wakes the worker).
+    round: std::sync::OnceLock<Box<InlineRound>>,
+    /// When the parked worker will wake by itself (ns since `epoch`), stored under the
+    /// poller's lock before it blocks: a producer's round that sets an earlier timer wakes it.
+    park_until: AtomicU64,
+    /// A producer's round gave up (the poller's `give_up` panicked): the worker exits.
+    abandoned: AtomicBool,
+}
+
+/// A round run by a producer (see [`Shared::round`]).
+type InlineRound = dyn Fn(&Shared) -> bool + Send + Sync;
+
+/// The poller, shared by the worker and the producers' rounds; `None` once the worker exited.
+type Cell<P> = Mutex<Option<P>>;
+
+fn lock_cell<P>(cell: &Cell<P>) -> std::sync::MutexGuard<'_, Option<P>> {
+    cell.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Wakes the worker; cheap when the worker is spinning.
@@ -182,6 +227,18 @@ impl Waker {
         if self.0.parked.must_wake() {
             self.0.kick();
         }
+    }
+
+    /// Has what the caller just pushed taken: by a round on the caller's thread if the poller
+    /// is free and [`WorkerConfig::inline`] is set, else by the worker ([`Waker::wake`]).
+    /// See the module docs.
+    pub fn serve(&self) {
+        if let Some(round) = self.0.round.get() {
+            if round(&self.0) {
+                return;
+            }
+        }
+        self.wake();
     }
 
     /// The coarse clock in milliseconds (no syscall; at most `max_park` stale). Once the
@@ -287,15 +344,67 @@ pub fn stall_all(d: Duration, within: Duration) -> bool {
 }
 
 impl Shared {
-    /// The worker's clock: real time plus the virtual-time offset `skew_ms` (read by the caller,
-    /// so one round uses one offset).
-    fn now(&self, skew_ms: u64) -> Instant {
-        let now = Instant::now();
-        if skew_ms == 0 {
-            return now;
+    /// The clock of a round about to run: real time plus the virtual-time offset; the coarse
+    /// clock and the offset seen are published on the way.
+    fn tick(&self) -> Instant {
+        let skew = self.skew_ms.load(Ordering::SeqCst);
+        let real = Instant::now();
+        let now = match skew {
+            0 => real,
+            _ => real
+                .checked_add(Duration::from_millis(skew))
+                .unwrap_or(real),
+        };
+        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        if self.coarse_ms.load(Ordering::Relaxed) != ms {
+            self.coarse_ms.store(ms, Ordering::Relaxed);
         }
-        now.checked_add(Duration::from_millis(skew_ms))
-            .unwrap_or(now)
+        if self.seen_skew_ms.load(Ordering::Relaxed) != skew {
+            self.seen_skew_ms.store(skew, Ordering::Release);
+        }
+        now
+    }
+
+    /// `t` in ns since the epoch (what `park_until` holds).
+    fn ns(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A round on the calling (producer's) thread if the poller is free: `false` if the
+    /// worker holds it or is gone. Wakes a parked worker for what only it can do next (see
+    /// the module docs).
+    fn round_here<P: Poller>(&self, cell: &Cell<P>, wake_for_reply: bool) -> bool {
+        let mut g = match cell.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return false,
+        };
+        let Some(poller) = g.as_mut() else {
+            return false;
+        };
+        if self.abandoned.load(Ordering::Acquire) {
+            return false;
+        }
+        let kick = match poll_guarded(poller, self.tick()) {
+            None => {
+                self.abandoned.store(true, Ordering::Release);
+                true
+            }
+            Some(_) if poller.finished() => true,
+            Some(out) => {
+                self.parked.must_wake()
+                    && (poller.waiting()
+                        || out
+                            .next_deadline
+                            .is_some_and(|d| self.ns(d) < self.park_until.load(Ordering::Relaxed))
+                        || (wake_for_reply && out.reply_due.is_some()))
+            }
+        };
+        drop(g);
+        if kick {
+            self.kick();
+        }
+        true
     }
 
     /// Kicks the worker until it has run a round with a virtual-time offset of at least
@@ -391,6 +500,9 @@ impl Worker {
             skew_ms: AtomicU64::new(0),
             seen_skew_ms: AtomicU64::new(0),
             spawned: AtomicBool::new(false),
+            round: std::sync::OnceLock::new(),
+            park_until: AtomicU64::new(0),
+            abandoned: AtomicBool::new(false),
         });
         let mut all = WAKERS.lock().unwrap_or_else(|e| e.into_inner());
         all.retain(|w| w.strong_count() > 0);
@@ -403,97 +515,21 @@ impl Worker {
     pub fn spawn<P: Poller>(
         config: WorkerConfig,
         waker: Waker,
-        mut poller: P,
+        poller: P,
     ) -> std::io::Result<Worker> {
         let shared = waker.0.clone();
+        let cell: Arc<Cell<P>> = Arc::new(Mutex::new(Some(poller)));
+        let mine = cell.clone();
+        let (inline, wake_for_reply) = (config.inline, !config.spin_for_reply.is_zero());
         waker.0.spawned.store(true, Ordering::SeqCst);
         let handle = thread::Builder::new()
             .name(config.name.clone())
-            .spawn(move || {
-                let _ = shared.thread.set(thread::current());
-                // However the loop ends (finished, gave up, or a panic of the loop itself):
-                // the clock reads "everything expired" and producers learn the thread is gone.
-                struct Exit(Arc<Shared>);
-                impl Drop for Exit {
-                    fn drop(&mut self) {
-                        self.0.coarse_ms.store(u64::MAX, Ordering::Relaxed);
-                        self.0.exited.store(true, Ordering::Release);
-                    }
-                }
-                let _exit = Exit(shared.clone());
-                if let Some(cpu) = config.cpu {
-                    let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
-                }
-                let mut skew = shared.skew_ms.load(Ordering::SeqCst);
-                let mut last_work = shared.now(skew);
-                let mut fds: Vec<RawFd> = Vec::new();
-                loop {
-                    #[cfg(debug_assertions)]
-                    if STALL_MS.load(Ordering::Relaxed) != 0 {
-                        let ms = STALL_MS.swap(0, Ordering::SeqCst);
-                        thread::sleep(Duration::from_millis(ms));
-                    }
-                    skew = shared.skew_ms.load(Ordering::SeqCst);
-                    let now = shared.now(skew);
-                    let ms = now.saturating_duration_since(shared.epoch).as_millis() as u64;
-                    if shared.coarse_ms.load(Ordering::Relaxed) != ms {
-                        shared.coarse_ms.store(ms, Ordering::Relaxed);
-                    }
-                    if shared.seen_skew_ms.load(Ordering::Relaxed) != skew {
-                        shared.seen_skew_ms.store(skew, Ordering::Release);
-                    }
-                    let Some(out) = poll_guarded(&mut poller, now) else {
-                        break;
-                    };
-                    if poller.finished() {
-                        break;
-                    }
-                    if out.did_work {
-                        last_work = now;
-                        continue;
-                    }
-                    if now.duration_since(last_work) < config.spin {
-                        pause(config.yield_spin);
-                        continue;
-                    }
-                    // A reply is about to arrive: poll for it rather than pay a wake-up.
-                    let due_soon = out.reply_due.is_some_and(|due| {
-                        due > now && due.duration_since(now) <= config.spin_for_reply
-                    });
-                    if due_soon {
-                        pause(config.yield_spin);
-                        continue;
-                    }
-                    let mut park_for = config.max_park;
-                    if let Some(d) = out.next_deadline {
-                        park_for = park_for.min(d.saturating_duration_since(now));
-                    }
-                    fds.clear();
-                    poller.prepare_block(&mut fds);
-                    shared.parked.announce();
-                    // Producers push, then check `parked`: re-poll once after announcing the park
-                    // (and arming the poller's event sources) so a push or completion that raced
-                    // with the announcement is not missed.
-                    let Some(again) = poll_guarded(&mut poller, shared.now(skew)) else {
-                        shared.parked.clear();
-                        break;
-                    };
-                    if again.did_work || poller.finished() {
-                        shared.parked.clear();
-                        last_work = shared.now(skew);
-                        if poller.finished() {
-                            break;
-                        }
-                        continue;
-                    }
-                    if !park_for.is_zero() {
-                        shared.block(park_for, &fds);
-                    }
-                    shared.parked.clear();
-                    poller.unblocked();
-                }
-            });
+            .spawn(move || run(&config, &shared, &mine));
         let handle = handle.inspect_err(|_| waker.0.spawned.store(false, Ordering::SeqCst))?;
+        if inline {
+            let round = move |s: &Shared| s.round_here(&cell, wake_for_reply);
+            let _ = waker.0.round.set(Box::new(round));
+        }
         Ok(Worker {
             handle: Some(handle),
             waker,
@@ -518,6 +554,133 @@ impl Worker {
                 h.join()
             }
             None => Ok(()),
+        }
+    }
+}
+
+/// What the worker does next after a round with nothing done.
+enum Next {
+    /// Poll again (after a spin turn).
+    Spin,
+    /// Block for at most this long.
+    Park(Duration),
+}
+
+/// The decision after a round that did no work, at `now`.
+fn next(config: &WorkerConfig, out: &PollOutcome, now: Instant, last_work: Instant) -> Next {
+    if now.duration_since(last_work) < config.spin {
+        return Next::Spin;
+    }
+    // A reply is about to arrive: poll for it rather than pay a wake-up.
+    let due_soon = out
+        .reply_due
+        .is_some_and(|due| due > now && due.duration_since(now) <= config.spin_for_reply);
+    if due_soon {
+        return Next::Spin;
+    }
+    let mut park_for = config.max_park;
+    if let Some(d) = out.next_deadline {
+        park_for = park_for.min(d.saturating_duration_since(now));
+    }
+    Next::Park(park_for)
+}
+
+/// The worker thread: rounds under the poller's lock, spins and parks outside it.
+fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
+    let _ = shared.thread.set(thread::current());
+    // However the loop ends (finished, gave up, or a panic of the loop itself): the clock
+    // reads "everything expired", producers learn the thread is gone, and the poller is
+    // dropped here (no producer's round runs it any more).
+    struct Exit<'a, P>(&'a Shared, &'a Cell<P>);
+    impl<P> Drop for Exit<'_, P> {
+        fn drop(&mut self) {
+            self.0.coarse_ms.store(u64::MAX, Ordering::Relaxed);
+            self.0.exited.store(true, Ordering::Release);
+            let poller = lock_cell(self.1).take();
+            drop(poller);
+        }
+    }
+    let _exit = Exit(shared, cell);
+    if let Some(cpu) = config.cpu {
+        let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+    }
+    let mut last_work = shared.tick();
+    let mut fds: Vec<RawFd> = Vec::new();
+    loop {
+        let mut g = lock_cell(cell);
+        let Some(poller) = g.as_mut() else {
+            return;
+        };
+        // The stall test hook: stuck inside a round, with the poller's lock held, as a
+        // thread stuck in a driver call would be.
+        #[cfg(debug_assertions)]
+        if STALL_MS.load(Ordering::Relaxed) != 0 {
+            let ms = STALL_MS.swap(0, Ordering::SeqCst);
+            thread::sleep(Duration::from_millis(ms));
+        }
+        if shared.abandoned.load(Ordering::Acquire) {
+            return;
+        }
+        let now = shared.tick();
+        let Some(out) = poll_guarded(poller, now) else {
+            return;
+        };
+        if poller.finished() {
+            return;
+        }
+        drop(g);
+        if out.did_work {
+            last_work = now;
+            continue;
+        }
+        let Next::Park(mut park_for) = next(config, &out, now, last_work) else {
+            pause(config.yield_spin);
+            continue;
+        };
+        let mut g = lock_cell(cell);
+        let Some(poller) = g.as_mut() else {
+            return;
+        };
+        fds.clear();
+        poller.prepare_block(&mut fds);
+        shared.parked.announce();
+        // Producers push, then check `parked`: look once more after announcing the park (and
+        // arming the poller's event sources) so a push or completion that raced with the
+        // announcement is not missed. A producer's round since the last look may have set a
+        // timer or sent a query: this look's outcome counts too.
+        let now = shared.tick();
+        let Some(again) = poll_guarded(poller, now) else {
+            shared.parked.clear();
+            return;
+        };
+        if poller.finished() {
+            shared.parked.clear();
+            return;
+        }
+        if again.did_work {
+            shared.parked.clear();
+            last_work = now;
+            continue;
+        }
+        match next(config, &again, now, last_work) {
+            Next::Spin => {
+                shared.parked.clear();
+                drop(g);
+                pause(config.yield_spin);
+                continue;
+            }
+            Next::Park(d) => park_for = park_for.min(d),
+        }
+        // Under the lock: a producer's round after this look sees when we wake.
+        let until = shared.ns(now).saturating_add(park_for.as_nanos() as u64);
+        shared.park_until.store(until, Ordering::Relaxed);
+        drop(g);
+        if !park_for.is_zero() {
+            shared.block(park_for, &fds);
+        }
+        shared.parked.clear();
+        if let Some(poller) = lock_cell(cell).as_mut() {
+            poller.unblocked();
         }
     }
 }
@@ -759,6 +922,156 @@ mod tests {
         let ids = core_affinity::get_core_ids().unwrap_or_default();
         assert!(ids.iter().all(|c| Worker::cpu_available(c.id)));
         assert!(!Worker::cpu_available(1 << 20));
+    }
+
+    /// What a [`Where`] poller shares with its test.
+    #[derive(Clone, Default)]
+    struct Probe {
+        /// Work pushed, taken by the next round.
+        queued: Arc<AtomicUsize>,
+        /// The thread of every round.
+        rounds: Arc<Mutex<Vec<thread::ThreadId>>>,
+        /// The next round says a timer is due now.
+        timer_now: Arc<AtomicBool>,
+        /// The poller says work is left after its round.
+        leave: Arc<AtomicBool>,
+        stop: Arc<AtomicBool>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    impl Probe {
+        fn rounds_on(&self, t: thread::ThreadId) -> usize {
+            self.rounds
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|&&r| r == t)
+                .count()
+        }
+        fn rounds_elsewhere(&self, t: thread::ThreadId) -> usize {
+            self.rounds
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|&&r| r != t)
+                .count()
+        }
+    }
+
+    struct Where {
+        p: Probe,
+        done: bool,
+    }
+
+    impl Poller for Where {
+        fn poll(&mut self, now: Instant) -> PollOutcome {
+            let n = self.p.queued.swap(0, Ordering::AcqRel);
+            self.p.rounds.lock().unwrap().push(thread::current().id());
+            self.done = self.p.stop.load(Ordering::Acquire);
+            let timer = self.p.timer_now.swap(false, Ordering::AcqRel);
+            PollOutcome {
+                did_work: n > 0,
+                next_deadline: timer.then_some(now),
+                ..PollOutcome::default()
+            }
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+        fn waiting(&self) -> bool {
+            self.p.leave.swap(false, Ordering::AcqRel)
+        }
+    }
+
+    impl Drop for Where {
+        fn drop(&mut self) {
+            self.p.dropped.store(true, Ordering::Release);
+        }
+    }
+
+    /// A worker around a [`Where`] that parks for an hour unless woken, once parked.
+    fn parked_worker(inline: bool) -> (Worker, Probe) {
+        let probe = Probe::default();
+        let cfg = WorkerConfig {
+            spin: Duration::ZERO,
+            max_park: Duration::from_secs(3600),
+            inline,
+            ..WorkerConfig::default()
+        };
+        let p = Where {
+            p: probe.clone(),
+            done: false,
+        };
+        let w = Worker::spawn(cfg, Worker::new_waker(), p).unwrap();
+        wait_for(|| w.waker().0.parked.must_wake(), "the worker never parked");
+        (w, probe)
+    }
+
+    fn wait_for(f: impl Fn() -> bool, what: &str) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "{what}");
+            thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_producer_runs_the_round_itself_when_the_poller_is_free() {
+        let me = thread::current().id();
+        let (w, probe) = parked_worker(true);
+        let theirs = probe.rounds_elsewhere(me);
+        probe.queued.fetch_add(1, Ordering::AcqRel);
+        w.waker().serve();
+        // Taken before serve() returned, on this thread; the worker was not woken for it.
+        assert_eq!(probe.queued.load(Ordering::Acquire), 0);
+        assert_eq!(probe.rounds_on(me), 1);
+        assert!(w.waker().0.parked.must_wake(), "the worker stays parked");
+        assert_eq!(probe.rounds_elsewhere(me), theirs);
+        let waker = w.waker().clone();
+        probe.stop.store(true, Ordering::Release);
+        w.join().unwrap();
+        // The poller is dropped with the worker: no round runs on a producer any more.
+        assert!(probe.dropped.load(Ordering::Acquire));
+        let n = probe.rounds.lock().unwrap().len();
+        probe.queued.fetch_add(1, Ordering::AcqRel);
+        waker.serve();
+        assert_eq!(probe.rounds.lock().unwrap().len(), n);
+
+        // Without `inline`, the worker takes it.
+        let (w, probe) = parked_worker(false);
+        probe.queued.fetch_add(1, Ordering::AcqRel);
+        w.waker().serve();
+        wait_for(|| probe.queued.load(Ordering::Acquire) == 0, "never taken");
+        assert_eq!(probe.rounds_on(me), 0);
+        probe.stop.store(true, Ordering::Release);
+        w.join().unwrap();
+    }
+
+    #[test]
+    fn a_producers_round_wakes_the_parked_worker_for_an_earlier_timer_and_for_work_left() {
+        let me = thread::current().id();
+        let (w, probe) = parked_worker(true);
+        // The producer's round arms a timer due now: the worker, parked for an hour, must run.
+        let theirs = probe.rounds_elsewhere(me);
+        probe.timer_now.store(true, Ordering::Release);
+        w.waker().serve();
+        assert_eq!(probe.rounds_on(me), 1);
+        wait_for(
+            || probe.rounds_elsewhere(me) > theirs,
+            "the worker slept through a timer a producer's round set",
+        );
+        wait_for(|| w.waker().0.parked.must_wake(), "never parked again");
+        // The round leaves work it did not take (beyond its burst): the worker takes it.
+        let theirs = probe.rounds_elsewhere(me);
+        probe.leave.store(true, Ordering::Release);
+        w.waker().serve();
+        assert_eq!(probe.rounds_on(me), 2);
+        wait_for(
+            || probe.rounds_elsewhere(me) > theirs,
+            "the worker slept through work a producer's round left",
+        );
+        probe.stop.store(true, Ordering::Release);
+        w.join().unwrap();
     }
 
     #[test]

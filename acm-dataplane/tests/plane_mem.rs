@@ -26,10 +26,67 @@ struct MemUd {
     me: usize,
     wire: Wire,
     attached: bool,
+    watch: Arc<Overlap>,
+}
+
+/// Counts calls into a QP that overlap in time (two threads inside it at once).
+#[derive(Default)]
+struct Overlap {
+    inside: std::sync::atomic::AtomicUsize,
+    overlaps: std::sync::atomic::AtomicUsize,
+    calls: std::sync::atomic::AtomicUsize,
+    threads: Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+}
+
+impl Overlap {
+    /// Runs `f` as one call into the QP.
+    fn call<R>(&self, f: impl FnOnce() -> R) -> R {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls.fetch_add(1, SeqCst);
+        self.threads
+            .lock()
+            .unwrap()
+            .insert(std::thread::current().id());
+        if self.inside.fetch_add(1, SeqCst) != 0 {
+            self.overlaps.fetch_add(1, SeqCst);
+        }
+        // Widen the window an overlap would need.
+        std::thread::yield_now();
+        let r = f();
+        self.inside.fetch_sub(1, SeqCst);
+        r
+    }
 }
 
 impl Ud for MemUd {
     fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+        let watch = self.watch.clone();
+        watch.call(|| self.send_now(to, mad))
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
+        let watch = self.watch.clone();
+        watch.call(|| self.poll_now(f))
+    }
+
+    fn attach(&mut self, _group: &McGroup) -> Result<(), String> {
+        self.attached = true;
+        Ok(())
+    }
+
+    fn detach(&mut self, _group: &McGroup) {
+        self.attached = false;
+    }
+
+    fn arm(&mut self) -> Option<RawFd> {
+        None
+    }
+
+    fn ack_events(&mut self) {}
+}
+
+impl MemUd {
+    fn send_now(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
         let meta = RecvMeta {
             slid: node_lid(self.me),
             src_qp: 100 + self.me as u32,
@@ -50,7 +107,7 @@ impl Ud for MemUd {
         Ok(())
     }
 
-    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
+    fn poll_now(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
         let mut mine = Vec::new();
         self.wire.lock().unwrap().retain(|(to, m, b)| {
             if *to == self.me {
@@ -65,21 +122,6 @@ impl Ud for MemUd {
         }
         mine.len()
     }
-
-    fn attach(&mut self, _group: &McGroup) -> Result<(), String> {
-        self.attached = true;
-        Ok(())
-    }
-
-    fn detach(&mut self, _group: &McGroup) {
-        self.attached = false;
-    }
-
-    fn arm(&mut self) -> Option<RawFd> {
-        None
-    }
-
-    fn ack_events(&mut self) {}
 }
 
 /// What the fake core saw and did.
@@ -213,6 +255,11 @@ fn node(me: usize, wire: &Wire, refuse_sa: bool) -> Node {
 
 /// The endpoint-open message of node `me` on `wire`.
 fn open_msg(me: usize, wire: &Wire) -> Control {
+    open_watched(me, wire, Arc::default())
+}
+
+/// [`open_msg`] with the QP's calls counted by `watch`.
+fn open_watched(me: usize, wire: &Wire, watch: Arc<Overlap>) -> Control {
     Control::Open {
         ep: EpId(0),
         cache_ep: 0,
@@ -230,6 +277,7 @@ fn open_msg(me: usize, wire: &Wire) -> Control {
             me,
             wire: wire.clone(),
             attached: false,
+            watch,
         })),
         routes: Vec::new(),
         addrs: Arc::new(Vec::new()),
@@ -239,8 +287,19 @@ fn open_msg(me: usize, wire: &Wire) -> Control {
 /// A node whose plane can build `resolvers` resolvers (the first at start, the rest after
 /// caught panics).
 fn node_with(me: usize, wire: &Wire, refuse_sa: bool, resolvers: usize) -> Node {
+    node_watched(me, wire, refuse_sa, resolvers, Arc::default())
+}
+
+/// [`node_with`], the calls into its QP counted by `watch`.
+fn node_watched(
+    me: usize,
+    wire: &Wire,
+    refuse_sa: bool,
+    resolvers: usize,
+    watch: Arc<Overlap>,
+) -> Node {
     let n = bare_node(me, core_sa_config(), refuse_sa, resolvers, false);
-    n.inbox.control(open_msg(me, wire));
+    n.inbox.control(open_watched(me, wire, watch));
     n.inbox.control(Control::AddAddress {
         ep: EpId(0),
         cache_ep: 0,
@@ -1015,6 +1074,79 @@ fn a_recovery_that_panics_gives_up_and_every_request_is_still_answered_once() {
     inbox.control(Control::Shutdown);
     worker.join().unwrap();
     assert!(inbox.waker.exited());
+}
+
+/// The loop runs its rounds on the producers' threads when it is free and on its own thread
+/// otherwise, never two at once. Four threads hand over misses (names over the in-memory
+/// network, LIDs through the SA) while the worker runs, and the endpoint goes down half-way
+/// (its QP closed under the senders): no two calls into the QP overlap, and every request is
+/// answered exactly once.
+#[test]
+fn rounds_on_producer_threads_never_overlap_and_every_request_is_answered_once() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let wire: Wire = Arc::default();
+    let watch = Arc::new(Overlap::default());
+    let (w1, inbox1, log1) = on_worker(node(1, &wire, false));
+    let (w0, inbox, log) = on_worker(node_watched(0, &wire, false, usize::MAX, watch.clone()));
+    wait_joined(&log);
+    wait_joined(&log1);
+    const THREADS: u64 = 4;
+    const EACH: u64 = 150;
+    let total = (THREADS * EACH) as usize;
+    let go = Arc::new(std::sync::Barrier::new(THREADS as usize + 1));
+    let producers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (inbox, go) = (inbox.clone(), go.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                for i in 0..EACH {
+                    let client = t * 1000 + i;
+                    let msg = match i % 3 {
+                        0 => name_msg("node1", Some("node0"), false, client),
+                        _ => lid_msg(node_lid(1), false, client),
+                    };
+                    // Refused only while the queue is full: hand it over again.
+                    while !inbox.request(EpId(0), 0, client, Kind::Resolve, &msg) {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        })
+        .collect();
+    go.wait();
+    wait("half the requests answered", || {
+        log.lock().unwrap().answers.len() >= total / 2
+    });
+    inbox.control(Control::Close(EpId(0)));
+    for p in producers {
+        p.join().unwrap();
+    }
+    wait("every request answered", || {
+        log.lock().unwrap().answers.len() >= total
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let answers = log.lock().unwrap().answers.clone();
+    assert_eq!(answers.len(), total, "one answer each, none twice");
+    let mut clients: Vec<u64> = answers.iter().map(|a| a.client).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    assert_eq!(clients.len(), total);
+    assert!(
+        answers.iter().any(|a| a.status == Status::Success),
+        "resolved before the close"
+    );
+    assert_eq!(watch.overlaps.load(SeqCst), 0, "two rounds ran at once");
+    assert!(watch.calls.load(SeqCst) > 0);
+    let threads = watch.threads.lock().unwrap().len();
+    assert!(
+        threads > 1,
+        "the QP was called from {threads} thread(s) only"
+    );
+    assert_eq!(inbox.health(), (0, 0, false), "no panic, nothing given up");
+    for (inbox, worker) in [(inbox, w0), (inbox1, w1)] {
+        inbox.control(Control::Shutdown);
+        worker.join().unwrap();
+    }
 }
 
 /// A plane that stops running while its gate is shut (a loop stuck in a system call or a

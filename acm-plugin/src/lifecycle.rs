@@ -215,6 +215,10 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         // `busy` owns its core; `adaptive` shares one, so its spins yield to what runs beside
         // it (the core's thread, an SA on the same host).
         yield_spin: inst.opts.poll_mode() != PollMode::Busy,
+        // `busy` polls all the time (a hand-off is a cache-line transfer); otherwise a miss
+        // or an SA reply is served by a round on the thread that brings it, when the loop is
+        // free (docs/dataplane.md).
+        inline: inst.opts.poll_mode() != PollMode::Busy,
     };
     set_reply_target(&inst);
     let worker = Worker::spawn(wc, waker, plane)?;

@@ -303,7 +303,7 @@ impl Inbox {
         };
         match self.requests.push(r) {
             Ok(()) => {
-                self.waker.wake();
+                self.waker.serve();
                 true
             }
             Err(_) => {
@@ -319,8 +319,19 @@ impl Inbox {
         if !ok {
             self.reply_drops.fetch_add(1, Ordering::Relaxed);
         }
+        // Handed over, never run here: the round would answer clients, and an answer blocks on
+        // a client that does not read its socket; the core's SA thread, which every port's
+        // SA traffic needs, must not wait on one. (The loop expects the reply: it polls for it.)
         self.waker.wake();
         ok
+    }
+
+    /// Whether requests, replies or control messages wait to be taken.
+    pub(super) fn waiting(&self) -> bool {
+        !self.requests.is_empty()
+            || !self.replies.is_empty()
+            || self.control_pushed.load(Ordering::Acquire)
+                > self.control_applied.load(Ordering::Acquire)
     }
 }
 

@@ -729,4 +729,10 @@ impl<I: CoreIo> Poller for Plane<I> {
             }
         }
     }
+
+    /// Requests, replies or control messages a round left in the inbox (beyond its burst),
+    /// or a request held for a control message.
+    fn waiting(&self) -> bool {
+        self.held.is_some() || self.inbox.waiting()
+    }
 }

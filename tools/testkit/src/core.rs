@@ -53,6 +53,34 @@ pub struct Response {
     pub thread_name: Option<String>,
     /// When.
     pub at: Instant,
+    /// Which of the core's calls into the provider it was made inside, on the answering
+    /// thread.
+    pub inside: Inside,
+}
+
+/// Which of the core's calls into the provider a thread is inside (the fake core knows, as
+/// it makes them): an answer made inside `resolve()` was made on the core's main thread, one
+/// inside an SA completion handler on the core's SA thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inside {
+    /// None: a thread of the provider's own (the dataplane, the watchdog).
+    Nothing,
+    /// `resolve()` or `query()`.
+    ClientCall,
+    /// An SA MAD's completion handler.
+    SaHandler,
+}
+
+thread_local! {
+    static INSIDE: std::cell::Cell<Inside> = const { std::cell::Cell::new(Inside::Nothing) };
+}
+
+/// Runs `f` marked as inside the core's call `what` (see [`Response::inside`]).
+pub fn inside<R>(what: Inside, f: impl FnOnce() -> R) -> R {
+    let before = INSIDE.with(|c| c.replace(what));
+    let r = f();
+    INSIDE.with(|c| c.set(before));
+    r
 }
 
 impl Response {
@@ -76,6 +104,9 @@ pub static ALLOCS: AtomicUsize = AtomicUsize::new(0);
 pub static FREES: AtomicUsize = AtomicUsize::new(0);
 /// `acm_send_sa_mad` calls that succeeded.
 pub static SENDS: AtomicUsize = AtomicUsize::new(0);
+/// Of [`SENDS`], those made inside a `resolve()` or `query()` call (on the core's main
+/// thread, before the call returned).
+pub static SENDS_IN_CLIENT_CALL: AtomicUsize = AtomicUsize::new(0);
 /// When set, `acm_send_sa_mad` fails (returns -1).
 pub static SEND_FAIL: AtomicBool = AtomicBool::new(false);
 /// SA MADs sent with a TID whose upper 32 bits are not zero.
@@ -198,6 +229,9 @@ pub unsafe extern "C" fn acm_send_sa_mad(mad: *mut AcmSaMad) -> c_int {
         BAD_TID.fetch_add(1, Ordering::SeqCst);
     }
     SENDS.fetch_add(1, Ordering::SeqCst);
+    if INSIDE.with(|c| c.get()) == Inside::ClientCall {
+        SENDS_IN_CLIENT_CALL.fetch_add(1, Ordering::SeqCst);
+    }
     lock(&SA_QUEUE).push_back(mad as usize);
     SA_CV.notify_all();
     0
@@ -282,6 +316,7 @@ pub unsafe fn record_answer(id: u64, msg: *const AcmMsg, query: bool) -> c_int {
                 None
             },
             at: Instant::now(),
+            inside: INSIDE.with(|c| c.get()),
         };
         if mode == Record::All as u8 {
             lock(&RESPONSES).push(r);
@@ -833,7 +868,7 @@ fn sa_complete(p: usize, action: SaAction) {
         SaAction::Hold => unreachable!("handled above"),
     }
     // SAFETY: the handler the provider gave for this MAD; it takes ownership of it.
-    unsafe { ((*req).handler)(mad) };
+    inside(Inside::SaHandler, || unsafe { ((*req).handler)(mad) });
 }
 
 /// Times out every held MAD (what the core's umad layer eventually does).

@@ -500,7 +500,9 @@ fn call(f: ClientCall, ctx: *mut c_void, msg: &AcmMsg, id: u64) -> c_int {
     let mut m = *msg;
     // SAFETY: as ibacm calls it: our address context and a full message buffer that dies
     // after the call (we scribble over it).
-    let rc = unsafe { f(ctx, &mut m, id) };
+    let rc = crate::core::inside(crate::core::Inside::ClientCall, || unsafe {
+        f(ctx, &mut m, id)
+    });
     m = AcmMsg::zeroed();
     std::hint::black_box(&m);
     rc
