@@ -276,10 +276,11 @@ pub struct Receiver<S: DerefMut<Target = [u8]>> {
     window_last: u32,
     resp_deadline: Millis,
     total_deadline: Millis,
-    /// The last ACK, STOP or ABORT built (valid when `has_reply`), and whether it is waiting.
+    /// The last ACK, STOP or ABORT built (valid when `has_reply`), and whether it still has to
+    /// go out (`reply_to_send`).
     reply: [u8; MAD_LEN],
     has_reply: bool,
-    pending: bool,
+    reply_to_send: bool,
     /// What happened so far.
     pub counters: Counters,
 }
@@ -304,7 +305,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
             total_deadline: 0,
             reply: [0; MAD_LEN],
             has_reply: false,
-            pending: false,
+            reply_to_send: false,
             counters: Counters::default(),
         }
     }
@@ -324,14 +325,14 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
         self.resp_deadline = Millis::MAX;
         self.total_deadline = now.saturating_add(self.config.total_timeout);
         self.has_reply = false;
-        self.pending = false;
+        self.reply_to_send = false;
     }
 
     /// Stops following the transfer (nothing is sent; the storage keeps its bytes).
     pub fn reset(&mut self) {
         self.state = State::Idle;
         self.has_reply = false;
-        self.pending = false;
+        self.reply_to_send = false;
     }
 
     /// Where the receiver is.
@@ -373,8 +374,8 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
     /// newest is kept (an ACK says everything an older one said).
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<[u8; MAD_LEN]> {
-        if self.pending && self.has_reply {
-            self.pending = false;
+        if self.reply_to_send && self.has_reply {
+            self.reply_to_send = false;
             Some(self.reply)
         } else {
             None
@@ -443,7 +444,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
                 // The sender missed our last word (its ACK, STOP or ABORT was lost): say it again.
                 if active && rmpp.rmpp_type() == RmppType::Data && self.has_reply {
                     self.counters.acks += u64::from(self.reply_is_ack());
-                    self.pending = true;
+                    self.reply_to_send = true;
                 }
                 return self.ignore(Ignored::Finished);
             }
@@ -610,7 +611,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
     fn end(&mut self, f: Failure) -> Received {
         self.state = State::Failed(f);
         self.has_reply = false;
-        self.pending = false;
+        self.reply_to_send = false;
         Received::Failed(f)
     }
 
@@ -684,6 +685,6 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
         ));
         self.reply = m;
         self.has_reply = true;
-        self.pending = true;
+        self.reply_to_send = true;
     }
 }

@@ -40,12 +40,10 @@ use core::ops::DerefMut;
 use crate::resolver::{AcmDest, EpId, Millis, RecvMeta, SaTable, UnicastAv};
 use crate::rmpp::{self, Failure, Receiver};
 use crate::wire::gid::Gid;
+pub use crate::wire::mad::TIMED_OUT;
 use crate::wire::mad::{Header, Method, HEADER_LEN, MAD_LEN};
 use crate::wire::mcmember::ACM_QKEY;
 use siphasher::sip::SipHasher13;
-
-/// The umad status a query that ran out of tries completes with (ETIMEDOUT).
-pub const TIMED_OUT: u32 = 110;
 
 /// Where a port's SA is: the SM's LID and SL (`ibv_port_attr.sm_lid` / `sm_sl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -71,7 +71,7 @@ fn new_cache() -> (Arc<Cache>, CacheWriter<Arc<Cache>>) {
 fn heap(cfg: Config) -> T<HeapStorage> {
     let caps = Capacities {
         requests: 256,
-        pending: 16,
+        jobs: 16,
         addrs: 32,
         endpoints: 4,
         ..Capacities::default()

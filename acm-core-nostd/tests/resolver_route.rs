@@ -368,7 +368,7 @@ fn full_tables_answer_enomem_close_and_shutdown_answer_everything() {
     let caps = Capacities {
         requests: 6,
         answer_reserve: 2,
-        pending: 2,
+        jobs: 2,
         ..Capacities::default()
     };
     let mut t = setup(route_config(), caps);
@@ -599,7 +599,7 @@ fn refresh_ahead_updates_the_entry_in_place() {
 fn miss_cost() {
     let caps = Capacities {
         requests: 4096,
-        pending: 1024,
+        jobs: 1024,
         ..Capacities::default()
     };
     let mut t = setup_sized(route_config(), caps, 1 << 20, 16);

@@ -339,7 +339,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
     c.caps = Capacities {
         requests: 8 + rng.below(40) as usize,
         answer_reserve: 1 + rng.below(3) as usize,
-        pending: 1 + rng.below(8) as usize,
+        jobs: 1 + rng.below(8) as usize,
         sa_inflight: 1 + rng.below(8) as usize,
         addrs: 3 + rng.below(12) as usize,
         endpoints: 1 + rng.below(2) as usize,

@@ -9,7 +9,7 @@
 //!   itself uses the TSC as its clock source (so it is invariant and synchronised across
 //!   CPUs), [`Instant`] otherwise.
 //! * [`EpStats`]: the four histograms of one endpoint.
-//! * [`Pending`]: the fixed-capacity table the dataplane remembers requests (and SA queries)
+//! * [`InFlight`]: the fixed-capacity table the dataplane remembers requests (and SA queries)
 //!   in between hand-over and answer, allocated once.
 //!
 //! Buckets: values in nanoseconds, exact below 64 ns, then 32 sub-buckets per power of two
@@ -341,17 +341,17 @@ fn kernel_uses_tsc() -> bool {
 /// A fixed-capacity map `u128 key → (start, value)`, allocated once (open addressing, linear
 /// probing, backward-shift deletion). The dataplane keeps the requests it gave the resolver
 /// here, keyed by (client, tid), and the SA queries it sent, keyed by token.
-pub struct Pending<V: Copy> {
+pub struct InFlight<V: Copy> {
     slots: Box<[Option<(u128, u64, V)>]>,
     len: usize,
     max: usize,
 }
 
-impl<V: Copy> Pending<V> {
+impl<V: Copy> InFlight<V> {
     /// Room for `capacity` entries (twice that many slots).
     pub fn new(capacity: usize) -> Self {
         let n = (capacity.max(1) * 2).next_power_of_two();
-        Pending {
+        InFlight {
             slots: vec![None; n].into_boxed_slice(),
             len: 0,
             max: capacity.max(1),
@@ -614,7 +614,7 @@ mod tests {
     }
 
     #[test]
-    fn pending_table_against_a_reference_map() {
+    fn in_flight_table_against_a_reference_map() {
         use std::collections::{HashMap, VecDeque};
         let mut x: u64 = 0x9e37_79b9;
         let mut next = || {
@@ -623,7 +623,7 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let mut p: Pending<u64> = Pending::new(48);
+        let mut p: InFlight<u64> = InFlight::new(48);
         let mut r: HashMap<u128, VecDeque<(u64, u64)>> = HashMap::new();
         let mut len = 0usize;
         for step in 0..200_000u64 {
@@ -660,8 +660,8 @@ mod tests {
     }
 
     #[test]
-    fn pending_table_insert_remove_full_expire() {
-        let mut p: Pending<u8> = Pending::new(100);
+    fn in_flight_table_insert_remove_full_expire() {
+        let mut p: InFlight<u8> = InFlight::new(100);
         for k in 0..100u128 {
             assert!(p.insert((k << 64) | (k * 7), k as u64, k as u8));
         }
@@ -696,7 +696,7 @@ mod tests {
             assert_eq!(p.remove(k), Some((k as u64, 0)), "key {k} after expire");
         }
         // Expiry in a crowded table (long runs that wrap around) keeps every survivor.
-        let mut p: Pending<u8> = Pending::new(64);
+        let mut p: InFlight<u8> = InFlight::new(64);
         for k in 0..64u128 {
             assert!(p.insert(k * 1_000_003, k as u64, 0));
         }
@@ -788,7 +788,7 @@ mod plane_tests {
         let caps = Capacities {
             requests: 64,
             answer_reserve: 4,
-            pending: 16,
+            jobs: 16,
             sa_inflight: 8,
             addrs: 32,
             endpoints: 4,

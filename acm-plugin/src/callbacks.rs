@@ -15,7 +15,7 @@ use crate::ffi::*;
 use crate::hit::{answer_inline, query_impl, resolve_impl};
 use crate::lifecycle::{self, AddrCtx};
 use acm_core_nostd::resolver::{Via, MSG_LEN};
-use acm_core_nostd::wire::client::Status;
+use acm_core_nostd::wire::client::{self, Status};
 use core::ffi::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -24,17 +24,18 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// after the last entry without growing `length`), at least the 16-byte header and at most the
 /// 592-byte `acm_msg`. A bad length is the classifier's EINVAL, as with the whole buffer.
 fn request_span(hdr: &[u8; HDR_LEN]) -> usize {
-    let length = usize::from(u16::from_ne_bytes([hdr[6], hdr[7]]));
-    let source = if hdr[3] != 0 {
-        HDR_LEN + EP_LEN * (usize::from(hdr[4]) + 1)
+    let hdr = client::AcmMsg::new_unchecked(hdr);
+    let length = usize::from(hdr.length());
+    let source = if hdr.src_out() != 0 {
+        HDR_LEN + EP_LEN * (usize::from(hdr.src_index()) + 1)
     } else {
         0
     };
     length.max(source).clamp(HDR_LEN, MSG_BYTES)
 }
 
-const HDR_LEN: usize = acm_core_nostd::wire::client::HDR_LEN;
-const EP_LEN: usize = acm_core_nostd::wire::client::EP_LEN;
+const HDR_LEN: usize = client::HDR_LEN;
+const EP_LEN: usize = client::EP_LEN;
 
 /// The body of `resolve()` / `query()`: null checks, a view of the request's bytes, `catch_unwind`,
 /// and an EINVAL answer (through `via`) if the implementation panicked before answering.

@@ -39,22 +39,35 @@ pub(crate) fn answer_inline(
     path: Option<&[u8; 64]>,
     answered: &mut bool,
 ) {
-    answer_inline_timed(ctx, via, msg, id, status, path, None, answered)
+    let a = InlineAnswer {
+        via,
+        msg,
+        id,
+        status,
+        path,
+        hit_start: None,
+    };
+    answer_inline_timed(ctx, a, answered)
 }
 
-/// [`answer_inline`]; with `hit_start`, the hit's latency up to the hand-off to the core is
-/// recorded (the core's main thread is the hit histogram's only writer).
-#[allow(clippy::too_many_arguments)]
-fn answer_inline_timed(
-    ctx: &AddrCtx,
+/// One answer given on the core's thread: the request it answers and what it says.
+#[derive(Clone, Copy)]
+struct InlineAnswer<'a> {
     via: Via,
-    msg: &[u8],
+    /// The request's bytes.
+    msg: &'a [u8],
+    /// The core's id of the request.
     id: u64,
     status: Status,
-    path: Option<&[u8; 64]>,
+    path: Option<&'a [u8; 64]>,
+    /// When the hit began (a clock reading): its latency up to the hand-off to the core is
+    /// recorded. `None` for everything but a sampled hit.
     hit_start: Option<u64>,
-    answered: &mut bool,
-) {
+}
+
+/// [`answer_inline`]; with `a.hit_start`, the hit's latency up to the hand-off to the core is
+/// recorded (the core's main thread is the hit histogram's only writer).
+fn answer_inline_timed(ctx: &AddrCtx, a: InlineAnswer<'_>, answered: &mut bool) {
     // The answer is built in this thread's buffer: `respond` writes every byte of the length
     // it sets (header and 1–2 entries), so no 592-byte zeroing per answer; the bytes past it
     // are an earlier answer's (the core sends `hdr.length` bytes).
@@ -69,7 +82,7 @@ fn answer_inline_timed(
                 &mut fresh
             }
         };
-        answer_with(ctx, via, msg, id, status, path, hit_start, answered, out)
+        answer_with(ctx, a, answered, out)
     })
 }
 
@@ -78,21 +91,10 @@ thread_local! {
     static OUT: core::cell::RefCell<AcmMsg> = const { core::cell::RefCell::new(AcmMsg::zeroed()) };
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline]
-fn answer_with(
-    ctx: &AddrCtx,
-    via: Via,
-    msg: &[u8],
-    id: u64,
-    status: Status,
-    path: Option<&[u8; 64]>,
-    hit_start: Option<u64>,
-    answered: &mut bool,
-    out: &mut AcmMsg,
-) {
-    respond(msg, via, status, path, out.as_bytes_mut());
-    deliver(ctx, via, id, status, hit_start, answered, out)
+fn answer_with(ctx: &AddrCtx, a: InlineAnswer<'_>, answered: &mut bool, out: &mut AcmMsg) {
+    respond(a.msg, a.via, a.status, a.path, out.as_bytes_mut());
+    deliver(ctx, a.via, a.id, a.status, a.hit_start, answered, out)
 }
 
 /// Hands the answer built in `out` to the core; with `hit_start`, records the hit's latency
@@ -336,16 +338,15 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     };
     let mut reply = |status: Status, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
-        answer_inline_timed(
-            ctx,
-            Via::Resolve,
+        let a = InlineAnswer {
+            via: Via::Resolve,
             msg,
             id,
             status,
             path,
-            path.and(t0),
-            answered,
-        );
+            hit_start: path.and(t0),
+        };
+        answer_inline_timed(ctx, a, answered);
         0
     };
     let open = !ep.closed.load(Ordering::Acquire);

@@ -117,13 +117,13 @@ fn new_cache(opts: &ProviderOptions) -> std::io::Result<acm_dataplane::plane::Ho
 }
 
 fn capacities(opts: &ProviderOptions) -> Capacities {
-    let pending = opts.acmrs_pending_capacity.max(1) as usize;
+    let jobs = opts.acmrs_pending_capacity.max(1) as usize;
     Capacities {
-        // Every request the dataplane holds has a slot; the pending table bounds how many
+        // Every request the dataplane holds has a slot; the route-job table bounds how many
         // distinct resolutions run at once.
-        requests: pending + 64,
+        requests: jobs + 64,
         answer_reserve: 64,
-        pending,
+        jobs,
         addrs: opts.acmrs_addr_capacity.max(16) as usize,
         endpoints: acm_core_nostd::resolver::MAX_EPS,
         ..Capacities::default()

@@ -63,7 +63,7 @@ fn setup() -> Sim {
     cfg.caps = Capacities {
         requests: 32,
         answer_reserve: 4,
-        pending: 16,
+        jobs: 16,
         sa_inflight: 16,
         addrs: 16,
         endpoints: 2,

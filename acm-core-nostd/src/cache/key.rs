@@ -11,7 +11,7 @@ pub const PATH_KEY_WORDS: usize = 10;
 /// Number of 32-bit words a packed [`AddrKey`] occupies.
 pub const ADDR_KEY_WORDS: usize = 17;
 /// Longest address an [`AddrKey`] holds (`ACM_MAX_ADDRESS`).
-pub const MAX_ADDRESS: usize = 64;
+pub use crate::wire::client::MAX_ADDRESS;
 
 /// Bits of a cache endpoint number ([`PathKey::ep`], [`AddrKey::ep`]): word 0 of a packed key
 /// is `ep << 2 | type`, so the number has 30 bits; higher bits are dropped when packing.

@@ -105,7 +105,7 @@ pub use table::loom_model;
 use table::{expiry, set_expiry, Probe, Table, Upsert, EXP_HI, GEN, HDR, INC, KEY, OCCUPIED};
 
 /// Size of a path record in bytes.
-pub const RECORD_LEN: usize = 64;
+pub use crate::wire::path_record::PATH_RECORD_LEN as RECORD_LEN;
 const RECORD_WORDS: usize = RECORD_LEN / 4;
 /// Words per path slot: sequence counter + 5 meta + key + record (32 words = 128 bytes).
 pub const PATH_WORDS: usize = KEY + PATH_KEY_WORDS + RECORD_WORDS;

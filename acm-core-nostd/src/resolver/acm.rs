@@ -226,7 +226,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.stats.acm_malformed += 1;
             return;
         };
-        if mad.len() != crate::wire::acm_mad::ACM_MAD_LEN
+        if mad.len() != crate::wire::mad::MAD_LEN
             || m.base_version() != 1
             || m.mgmt_class() != ACM_MGMT_CLASS
             || m.class_version() != 1

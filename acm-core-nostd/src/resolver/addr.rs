@@ -18,6 +18,7 @@
 //! removed local address is `Removing` until its cache alias is dropped.
 
 use super::request;
+use super::route::Joiner;
 use super::storage::Table;
 use super::storage::{
     bucket_of, list_id, AddrState, List, Origin, Tables, TablesRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
@@ -351,7 +352,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 } => {
                     alias(&mut self.w, &a, &k, now, expires_at);
                     if needs_refresh {
-                        self.join_route(now, slot, a.cache_ep, key, &sa, None, Some(i));
+                        self.join_route(now, slot, a.cache_ep, key, &sa, Joiner::addr(i));
                     }
                     let mut l = waiters;
                     while let Some(w) = l.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
@@ -383,9 +384,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         let cache_ep = a.cache_ep;
         let first = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ);
-        self.join_route(now, slot, cache_ep, key, &sa, first, Some(i));
+        let who = Joiner {
+            waiter: first,
+            addr: Some(i),
+        };
+        self.join_route(now, slot, cache_ep, key, &sa, who);
         while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-            self.join_route(now, slot, cache_ep, key, &sa, Some(w), None);
+            self.join_route(now, slot, cache_ep, key, &sa, Joiner::waiter(w));
         }
     }
 

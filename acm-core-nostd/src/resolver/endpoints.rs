@@ -1,4 +1,4 @@
-//! Endpoints: which storage slot serves which [`EpId`], which slots have outputs pending, and
+//! Endpoints: which storage slot serves which [`EpId`], which slots have outputs to poll, and
 //! how many ports the open endpoints span (the SA window is per port).
 //!
 //! An endpoint's own state (its configuration, groups, subscriptions, ACM lists, counters)
@@ -13,7 +13,7 @@ use crate::wire::gid::Gid;
 pub(crate) struct Endpoints {
     /// `EpId` → endpoint slot + 1.
     map: [u8; MAX_EPS],
-    /// Endpoint slots with per-endpoint outputs pending.
+    /// Endpoint slots with per-endpoint outputs still to poll.
     dirty: [u64; MAX_EPS / 64],
     /// Distinct ports among the open endpoints (at least 1).
     pub(crate) ports: u32,

@@ -14,6 +14,7 @@
 //!  request / request_classified        │   └──▶ Output::Count     (an ACM_CNTR_* event)
 //!               (client, 592 B msg)    │
 //!  handle_sa     (SA reply or error)   │
+//!  handle_sa_table (GetTable answer)   │
 //!  handle_report (SA Report: trap 64/65)│
 //!  handle_acm    (received 0x2C MAD)   │
 //!  handle_timeout(now)                 │      poll_timeout() → when to call handle_timeout
@@ -23,7 +24,7 @@
 //! Those are every input there is; the owner also has `clear_cache`, `into_writer` (the cache's
 //! writer back, ending the resolver), `stats`, `is_idle` and, with `sim`, `check_invariants`.
 //!
-//! Storage (request slots, pending keys, in-flight queries, address entries, endpoints) comes
+//! Storage (request slots, route jobs, in-flight queries, address entries, endpoints) comes
 //! from the caller as slices in a [`Storage`], like [`crate::cache::PathCache`]. The path cache
 //! is shared with lock-free readers (the provider's inline hit path), who read it through their
 //! own handle; its one writer, a [`CacheWriter`] over a handle `C` to the cache (an `Arc` on a
@@ -343,7 +344,7 @@ pub struct Stats {
     /// Received ACM MADs dropped: wrong length/base/class/version/method/control, address
     /// types out of range, `gid_cnt` > 6, a response with a status or without a GID.
     pub acm_malformed: u64,
-    /// ACM responses whose TID matches no pending query.
+    /// ACM responses whose TID matches no outstanding query.
     pub acm_unknown_tid: u64,
     /// ACM MADs nobody can use: for an endpoint that is not open, or a response naming a
     /// multicast group we did not join.
@@ -546,7 +547,7 @@ pub struct Resolver<S: Storage, C: CacheRef> {
     routes: route::Routes,
     /// The address table and its ACM send and removal lists ([`addr`], [`acm`]).
     addrs: addr::AddrTable,
-    /// Which slot serves which endpoint, and which have outputs pending ([`endpoints`]).
+    /// Which slot serves which endpoint, and which have outputs to poll ([`endpoints`]).
     eps: endpoints::Endpoints,
     /// Every timer, one entry per kind ([`timers`]).
     timers: timers::TimerTable,
@@ -643,7 +644,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             return Err(Error::Endpoint);
         }
         // Reuse this endpoint's old slot if it still has outputs to flush (its leaves go out
-        // before the new joins), else any slot with nothing pending.
+        // before the new joins), else any slot with nothing left to flush.
         let n = self.st.endpoints().len().min(MAX_EPS);
         let old = (0..n).find(|&i| {
             let e = &self.st.endpoints()[i];
@@ -1144,7 +1145,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.stats
     }
 
-    /// True if nothing is pending: no request waiting or unpolled, no SA query or ACM query
+    /// True if nothing is outstanding: no request waiting or unpolled, no SA query or ACM query
     /// in flight or queued.
     pub fn is_idle(&self) -> bool {
         self.routes.active == 0

@@ -18,6 +18,7 @@ use super::timers::Timer;
 use super::{addr, Config, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
 use crate::cache::{CacheRef, Dest, Lookup, PathKey};
 use crate::wire::client::{AcmMsg, EpInfoType, Status};
+use crate::wire::mad::TIMED_OUT;
 
 impl StoredKey {
     pub(crate) fn from_key(k: Option<PathKey>) -> StoredKey {
@@ -84,6 +85,40 @@ impl Completion<'_> {
         Completion::Failed {
             status,
             query_record: None,
+        }
+    }
+}
+
+/// Who joins a route job ([`Resolver::join_route`]): a client request to answer, an address
+/// entry to alias on success, both, or neither (the route is only started or renewed).
+#[derive(Clone, Copy)]
+pub(crate) struct Joiner {
+    /// The request slot the job answers.
+    pub(crate) waiter: Option<u32>,
+    /// The address entry the job's path is aliased to.
+    pub(crate) addr: Option<u32>,
+}
+
+impl Joiner {
+    /// Nobody: the route is only started or renewed.
+    pub(crate) const NONE: Joiner = Joiner {
+        waiter: None,
+        addr: None,
+    };
+
+    /// Request slot `w` waits for the answer.
+    pub(crate) fn waiter(w: u32) -> Joiner {
+        Joiner {
+            waiter: Some(w),
+            addr: None,
+        }
+    }
+
+    /// Address entry `i` is aliased to the path.
+    pub(crate) fn addr(i: u32) -> Joiner {
+        Joiner {
+            waiter: None,
+            addr: Some(i),
         }
     }
 }
@@ -434,9 +469,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.timers.arm(Timer::SaReply, at);
     }
 
-    /// Adds `waiter` (and address entry `addr`) to the job for (slot, cache_ep, sa), starting
+    /// Adds `who` (a waiter, an address entry) to the job for (slot, cache_ep, sa), starting
     /// one if none is pending. A full job table answers the waiter ENOMEM.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn join_route(
         &mut self,
         now: Millis,
@@ -444,9 +478,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         cache_ep: u32,
         key: Option<PathKey>,
         sa: &[u8; 64],
-        waiter: Option<u32>,
-        addr: Option<u32>,
+        who: Joiner,
     ) {
+        let Joiner { waiter, addr } = who;
         let j = match self.find_job(slot, cache_ep, sa) {
             Some(j) => j,
             None => match self.start_job(now, slot, cache_ep, key, sa, false) {
@@ -526,7 +560,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             },
             false => None,
         };
-        self.join_route(now, slot, r.cache_ep, key, sa, waiter, None);
+        let who = Joiner { waiter, addr: None };
+        self.join_route(now, slot, r.cache_ep, key, sa, who);
     }
 
     /// Completes job `j` as `how` says: answers its waiters, aliases its addresses on success,
@@ -648,7 +683,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if umad_status == 0 {
             let busy = outcome == SaOutcome::Busy;
             self.routes.sa.answered(now, sample, busy, &self.cfg);
-        } else if umad_status == crate::sa_channel::TIMED_OUT {
+        } else if umad_status == TIMED_OUT {
             // No answer to any try: the SA dropped it, or is gone. (Any other status is a
             // send that failed here, answered at once as before.)
             self.stats.sa_lost += 1;
@@ -760,7 +795,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         };
                         self.finish_job(now, j, how);
                         if needs_refresh {
-                            self.join_route(now, slot, cep, Some(k), &sa, None, None);
+                            self.join_route(now, slot, cep, Some(k), &sa, Joiner::NONE);
                         }
                         continue;
                     }

@@ -390,7 +390,7 @@ pub struct AddrEntry {
     pub(crate) ep: u8,
     /// The address's type: `ACM_ADDRESS_*` 1..=5 (a peer may name itself by GID or LID).
     pub(crate) type_: AddressType,
-    /// Our pending ACM request wants (re)sending.
+    /// Our outstanding ACM request wants (re)sending.
     pub(crate) send_query: bool,
     /// A response to this peer's request wants sending.
     pub(crate) send_resp: bool,
@@ -544,7 +544,7 @@ pub(crate) struct GroupSlot {
     pub(crate) rate: u8,
     pub(crate) mtu: u8,
     pub(crate) record: [u8; 56],
-    /// The record a pending leave (DELETE) carries.
+    /// The record a leave (DELETE) still to be sent carries.
     pub(crate) leave_record: [u8; 56],
 }
 
@@ -715,10 +715,11 @@ pub struct Capacities {
     /// Of `requests`, how many are kept for immediate answers (hits, errors, ENOMEM): a new
     /// waiter is refused ENOMEM once only these are left, so the refusal itself has a slot.
     pub answer_reserve: usize,
-    /// Distinct route resolutions (coalescing keys) at once: in flight plus backlog.
-    pub pending: usize,
+    /// Route jobs: distinct route resolutions (coalescing keys) at once, in flight plus
+    /// backlog (`acmrs_pending_capacity`).
+    pub jobs: usize,
     /// Most SA PathRecord queries in flight (the effective window is
-    /// `min(Config::sa_window, sa_inflight, pending)`).
+    /// `min(Config::sa_window, sa_inflight, jobs)`).
     pub sa_inflight: usize,
     /// The resolver's address table (hosts preload, local addresses, learned mappings).
     pub addrs: usize,
@@ -733,7 +734,7 @@ impl Default for Capacities {
         Capacities {
             requests: 16_384,
             answer_reserve: 64,
-            pending: 4096,
+            jobs: 4096,
             sa_inflight: 256,
             addrs: 65_536,
             endpoints: 16,
@@ -749,7 +750,7 @@ pub struct Tables<'a> {
     pub requests: &'a mut [RequestSlot],
     /// Route jobs.
     pub jobs: &'a mut [JobSlot],
-    /// Hash buckets of the route jobs (any non-zero length; `pending` is a good size).
+    /// Hash buckets of the route jobs (any non-zero length; `Capacities::jobs` is a good size).
     pub job_buckets: &'a mut [u32],
     /// Address entries.
     pub addrs: &'a mut [AddrEntry],
@@ -889,8 +890,8 @@ impl HeapStorage {
                 RequestSlot::EMPTY,
                 caps.requests.max(caps.answer_reserve + 1),
             ),
-            jobs: boxed(JobSlot::EMPTY, caps.pending),
-            job_buckets: boxed(0, caps.pending),
+            jobs: boxed(JobSlot::EMPTY, caps.jobs),
+            job_buckets: boxed(0, caps.jobs),
             addrs: boxed(AddrEntry::EMPTY, caps.addrs),
             addr_buckets: boxed(0, caps.addrs),
             endpoints: boxed(EpSlot::EMPTY, caps.endpoints.min(super::MAX_EPS)),

@@ -41,7 +41,7 @@ use super::{request, Counter, EpId, Millis, Resolver, SaTable, Storage, NEVER};
 use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
 use crate::wire::mad::{Header, HEADER_LEN};
-use crate::wire::path_record::PathRecord;
+use crate::wire::path_record::{PathRecord, PATH_RECORD_LEN};
 use crate::wire::sa::attr;
 
 /// OpenSM's CPU time per PathRecord Get at saturation, in ns (`tools/storm/opensm-measured.toml`,
@@ -61,9 +61,6 @@ pub const fn room_for(path_capacity: u32) -> u32 {
         1 << 16
     }
 }
-
-/// Bytes of one PathRecord in a table (AttributeOffset 8 words).
-const RECORD_LEN: usize = 64;
 
 /// Why a GetTable brought no table ([`Resolver::handle_sa_table`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,8 +251,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         // one): nothing of it is taken.
         if head.status().0 != 0
             || head.attr_id() != attr::PATH_RECORD
-            || record_len != RECORD_LEN
-            || t.records.len() % RECORD_LEN != 0
+            || record_len != PATH_RECORD_LEN
+            || t.records.len() % PATH_RECORD_LEN != 0
         {
             self.table_failed(now, slot, false);
             return self.pump(now);
@@ -265,8 +262,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
         let expires = now.saturating_add(ttl);
         let mut n = 0u32;
-        for rec in t.records.chunks_exact(RECORD_LEN) {
-            let Ok(rec) = <&[u8; RECORD_LEN]>::try_from(rec) else {
+        for rec in t.records.chunks_exact(PATH_RECORD_LEN) {
+            let Ok(rec) = <&[u8; PATH_RECORD_LEN]>::try_from(rec) else {
                 continue;
             };
             let p = PathRecord::new_unchecked(&rec[..]);

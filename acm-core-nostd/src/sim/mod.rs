@@ -112,7 +112,7 @@ impl SimConfig {
             caps: Capacities {
                 requests: 512,
                 answer_reserve: 8,
-                pending: 64,
+                jobs: 64,
                 sa_inflight: 64,
                 addrs: 64,
                 endpoints: 2,

@@ -160,7 +160,7 @@ impl Sim {
     }
 
     /// Sends the MAD layer holds, all nodes.
-    pub fn umad_pending(&self) -> usize {
+    pub fn umad_held(&self) -> usize {
         self.umad.len()
     }
 

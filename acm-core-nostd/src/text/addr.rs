@@ -14,7 +14,7 @@ use crate::cache::AddrKind;
 use core::net::{Ipv4Addr, Ipv6Addr};
 
 /// Size of an ACM address field (`ACM_MAX_ADDRESS`).
-pub const ACM_MAX_ADDRESS: usize = 64;
+pub use crate::wire::client::MAX_ADDRESS as ACM_MAX_ADDRESS;
 /// Longest host name: one byte of the 64 stays NUL.
 pub const MAX_NAME_LEN: usize = ACM_MAX_ADDRESS - 1;
 

@@ -14,11 +14,9 @@
 //! rejects `gid_cnt > 6` on parse and on emit.
 
 use super::gid::Gid;
-use super::mad::{Method, MgmtClass};
+use super::mad::{Method, MgmtClass, MAD_LEN};
 use super::{array, be16, be64, enum_with_unknown, put_be16, put_be64, view, Error, Result};
 
-/// Length of an ACM MAD (`ACM_SEND_SIZE`).
-pub const ACM_MAD_LEN: usize = 256;
 /// Length of the ACM MAD header.
 pub const HEADER_LEN: usize = 16;
 /// `ACM_MGMT_CLASS`.
@@ -27,8 +25,8 @@ pub const ACM_MGMT_CLASS: u8 = 0x2c;
 pub const CTRL_ACK: u16 = 0x8000;
 /// `control` value: RESOLVE (`ACM_CTRL_RESOLVE`, host value).
 pub const CTRL_RESOLVE: u16 = 0x0001;
-/// Address bytes in `dest` / `src`.
-pub const ADDRESS_LEN: usize = 64;
+/// Address bytes in `dest` / `src` (`ACM_MAX_ADDRESS`).
+pub use super::client::MAX_ADDRESS as ADDRESS_LEN;
 /// GIDs that fit in the 240-byte payload.
 pub const MAX_GIDS: usize = 6;
 
@@ -81,7 +79,7 @@ mod field {
 
 view! {
     /// A view of a 256-byte ACM resolve MAD.
-    pub struct AcmMad(len = ACM_MAD_LEN);
+    pub struct AcmMad(len = MAD_LEN);
     /// Wraps a buffer and checks that it holds a whole MAD.
     fn new_checked;
     /// Checks the length (256 bytes); after success no accessor panics.
@@ -373,7 +371,7 @@ impl AcmResolveRepr {
 
     /// Bytes needed by [`emit`](Self::emit).
     pub const fn buffer_len(&self) -> usize {
-        ACM_MAD_LEN
+        MAD_LEN
     }
 
     /// Writes the whole MAD (unused GID slots and the tail are zeroed). Fails with `Malformed`
@@ -404,14 +402,14 @@ impl AcmResolveRepr {
             };
             m.set_gid(i, g);
         }
-        m.bm()[field::GID + 16 * MAX_GIDS..ACM_MAD_LEN].fill(0);
+        m.bm()[field::GID + 16 * MAX_GIDS..MAD_LEN].fill(0);
         Ok(())
     }
 }
 
 /// True if a 256-byte buffer looks like an ACM MAD (class byte 0x2C).
 pub fn is_acm_mad(bytes: &[u8]) -> bool {
-    bytes.len() >= ACM_MAD_LEN && bytes[field::MGMT_CLASS] == u8::from(MgmtClass::Acm)
+    bytes.len() >= MAD_LEN && bytes[field::MGMT_CLASS] == u8::from(MgmtClass::Acm)
 }
 
 #[cfg(test)]

@@ -21,6 +21,9 @@ pub const MAD_LEN: usize = 256;
 pub const BASE_VERSION: u8 = 1;
 /// The response bit of `Method`.
 pub const METHOD_RESP: u8 = 0x80;
+/// The umad status (`struct ib_user_mad.status`) a query that ran out of tries completes
+/// with (ETIMEDOUT).
+pub const TIMED_OUT: u32 = 110;
 
 enum_with_unknown! {
     /// Management class.

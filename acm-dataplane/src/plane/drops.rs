@@ -36,28 +36,18 @@ impl<I: CoreIo> Plane<I> {
                     l.rq_starved,
                 ),
             ] {
-                if now_v > before {
-                    self.io.log(
-                        0,
-                        &format!(
-                            "ERROR - endpoint {i}: {name}: {} (total {now_v})",
-                            now_v - before
-                        ),
-                    );
-                }
+                self.log_grown(Some(i), name, now_v, before);
             }
             self.last_health[i] = h;
             self.last_drop_log = now.max(1);
         }
         let forged = self.sa.forged;
         if forged != self.sa_forged_logged {
-            self.io.log(
-                0,
-                &format!(
-                    "ERROR - SA MAD not from the SM (its LID, QP 1) or not on the asking QP \
-                     dropped: {} (total {forged})",
-                    forged - self.sa_forged_logged,
-                ),
+            self.log_grown(
+                None,
+                "SA MAD not from the SM (its LID, QP 1) or not on the asking QP dropped",
+                forged,
+                self.sa_forged_logged,
             );
             self.sa_forged_logged = forged;
             self.last_drop_log = now.max(1);
@@ -119,13 +109,22 @@ impl<I: CoreIo> Plane<I> {
                 l.report_malformed,
             ),
         ] {
-            if now > before {
-                self.io.log(
-                    0,
-                    &format!("ERROR - {name}: {} (total {now})", now - before),
-                );
-            }
+            self.log_grown(None, name, now, before);
         }
         self.last_stats = s;
+    }
+
+    /// Logs that the counter of `what` (of endpoint `ep`, if any) grew from `before` to `now`:
+    /// by how much, and the running total. Nothing if it did not grow.
+    fn log_grown(&mut self, ep: Option<usize>, what: &str, now: u64, before: u64) {
+        if now <= before {
+            return;
+        }
+        let n = now - before;
+        let line = match ep {
+            Some(i) => format!("ERROR - endpoint {i}: {what}: {n} (total {now})"),
+            None => format!("ERROR - {what}: {n} (total {now})"),
+        };
+        self.io.log(0, &line);
     }
 }

@@ -29,7 +29,7 @@
 //! * `plane/drops.rs`: what the resolver and the QPs dropped, logged at most once a second;
 //! * `plane/reply_due.rs`: when an SA reply is due (the worker keeps polling for it).
 
-use crate::stats::{Clock, Latency, MissClass, Pending};
+use crate::stats::{Clock, InFlight, Latency, MissClass};
 use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{
     ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
@@ -93,7 +93,7 @@ pub trait Ud: Send {
     fn detach(&mut self, group: &McGroup);
     /// Arms completion events; the descriptor to wait on, if the QP has one.
     fn arm(&mut self) -> Option<RawFd>;
-    /// Consumes pending completion events (non-blocking).
+    /// Consumes waiting completion events (non-blocking).
     fn ack_events(&mut self);
     /// What the QP dropped or repaired so far (logged by the loop as it changes).
     fn health(&self) -> UdHealth {
@@ -209,14 +209,14 @@ struct LoopStats {
     clock: Clock,
     sink: LatencySink,
     /// Requests given to the resolver, by (client, tid): start, endpoint, route|address.
-    misses: Pending<(EpId, MissClass)>,
+    misses: InFlight<(EpId, MissClass)>,
     /// SA queries sent, by token: send time, endpoint.
-    sa: Pending<EpId>,
+    sa: InFlight<EpId>,
 }
 
 impl LoopStats {
     /// Remembers `key` (dropping entries older than 10 min when full: answers that never came).
-    fn remember<V: Copy>(clock: &Clock, p: &mut Pending<V>, key: u128, at: u64, v: V) {
+    fn remember<V: Copy>(clock: &Clock, p: &mut InFlight<V>, key: u128, at: u64, v: V) {
         if !p.insert(key, at, v) {
             let stale = (600e9 * clock.ticks_per_ns()) as u64;
             p.expire(clock.now().saturating_sub(stale));
@@ -282,8 +282,8 @@ impl<I: CoreIo> Plane<I> {
         self.stats = Some(LoopStats {
             clock,
             sink,
-            misses: Pending::new(capacity),
-            sa: Pending::new(capacity),
+            misses: InFlight::new(capacity),
+            sa: InFlight::new(capacity),
         });
         self
     }

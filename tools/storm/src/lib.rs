@@ -247,7 +247,7 @@ pub fn sim_config(p: &Params) -> SimConfig {
     c.caps = Capacities {
         requests: conc + 8,
         answer_reserve: 8,
-        pending: conc,
+        jobs: conc,
         sa_inflight: 256,
         addrs: 16,
         endpoints: 2,
