@@ -11,6 +11,11 @@
 //! (nothing to do) is not stalled: a request wakes it, and it takes it within microseconds,
 //! or within its longest park (100 ms) if a wake-up was lost.
 //!
+//! A worker stuck *between* rounds (in its park) does not hold the loop: requests still run
+//! its round on the threads that bring them ([`crate::worker::Waker::serve`]), but SA
+//! replies and timers need a round nobody brings. So at each look that finds no round run
+//! since the last one, the watchdog runs one itself when the loop is free.
+//!
 //! [`Stall`] is the decision, a pure function of what the watchdog saw and when (tested in
 //! virtual time); the thread only samples and acts.
 
@@ -110,8 +115,16 @@ impl Watchdog {
             .name("acmrs-watchdog".into())
             .spawn(move || {
                 let mut stall = Stall::new(bound);
+                let mut rounds = inbox.rounds();
                 while !stopping.load(Ordering::Acquire) {
                     thread::park_timeout(tick);
+                    // No round anywhere since the last look (a healthy worker runs one at
+                    // least every 100 ms): run one here if the loop is free, so SA replies
+                    // handed to it and its timers are not left to a worker stuck outside it.
+                    if inbox.rounds() == rounds {
+                        inbox.waker.serve();
+                    }
+                    rounds = inbox.rounds();
                     let waiting = !inbox.requests.is_empty();
                     match stall.check(Instant::now(), inbox.rounds(), waiting) {
                         Verdict::Running => continue,

@@ -320,12 +320,28 @@ fn live_workers() -> Vec<Arc<Shared>> {
 #[cfg(debug_assertions)]
 static STALL_MS: AtomicU64 = AtomicU64::new(0);
 
-/// Makes a worker of the process stop running for `d`, as a thread stuck in the kernel would,
-/// and returns once one has (`true`; `false` if none did within `within`): the stall
-/// watchdog's test, through the debug `libacmrs.so`'s `acmrs_test_stall`. The provider never
-/// calls it (debug builds only).
+/// Whether that sleep holds the poller's lock ([`Stuck::InRound`]).
 #[cfg(debug_assertions)]
-pub fn stall_all(d: Duration, within: Duration) -> bool {
+static STALL_IN_ROUND: AtomicBool = AtomicBool::new(true);
+
+/// Where a worker is stuck ([`stall_all`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stuck {
+    /// Inside a round, the poller's lock held (a driver call that never returns): no round
+    /// runs anywhere.
+    InRound,
+    /// Between rounds, the lock free (a thread stuck in its park): rounds still run on the
+    /// producers' threads and the watchdog's.
+    BetweenRounds,
+}
+
+/// Makes a worker of the process stop running for `d`, stuck `at` (as a thread stuck in the
+/// kernel would be), and returns once one has (`true`; `false` if none did within
+/// `within`): the stall watchdog's tests, through the debug `libacmrs.so`'s
+/// `acmrs_test_stall`. The provider never calls it (debug builds only).
+#[cfg(debug_assertions)]
+pub fn stall_all(d: Duration, at: Stuck, within: Duration) -> bool {
+    STALL_IN_ROUND.store(at == Stuck::InRound, Ordering::SeqCst);
     STALL_MS.store(
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1),
         Ordering::SeqCst,
@@ -341,6 +357,15 @@ pub fn stall_all(d: Duration, within: Duration) -> bool {
         thread::sleep(Duration::from_micros(100));
     }
     true
+}
+
+/// The stall test hook: sleeps as [`stall_all`] asked, if `in_round` is where it asked to.
+#[cfg(debug_assertions)]
+fn stall_here(in_round: bool) {
+    if STALL_MS.load(Ordering::Relaxed) != 0 && STALL_IN_ROUND.load(Ordering::SeqCst) == in_round {
+        let ms = STALL_MS.swap(0, Ordering::SeqCst);
+        thread::sleep(Duration::from_millis(ms));
+    }
 }
 
 impl Shared {
@@ -607,17 +632,15 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
     let mut last_work = shared.tick();
     let mut fds: Vec<RawFd> = Vec::new();
     loop {
+        // The stall test hooks: stuck between rounds, or inside one with the lock held.
+        #[cfg(debug_assertions)]
+        stall_here(false);
         let mut g = lock_cell(cell);
         let Some(poller) = g.as_mut() else {
             return;
         };
-        // The stall test hook: stuck inside a round, with the poller's lock held, as a
-        // thread stuck in a driver call would be.
         #[cfg(debug_assertions)]
-        if STALL_MS.load(Ordering::Relaxed) != 0 {
-            let ms = STALL_MS.swap(0, Ordering::SeqCst);
-            thread::sleep(Duration::from_millis(ms));
-        }
+        stall_here(true);
         if shared.abandoned.load(Ordering::Acquire) {
             return;
         }

@@ -77,15 +77,20 @@ pub unsafe extern "C" fn provider_query(
 /// against), the `now` of its poll rounds and so its timers (SA retries and deadlines, route
 /// refresh and expiry). 0, or -1 if a worker did not observe it within 10 s.
 /// Test hook of debug builds: the dataplane worker stops running for `ms` (a thread stuck in
-/// the kernel), for the stall watchdog's tests; returns once it has (0), or -1 if it did not
+/// the kernel), inside a round with the loop's lock held if `in_round` is not 0, else between
+/// rounds; for the stall watchdog's tests. Returns once it has (0), or -1 if it did not
 /// within 10 s.
 #[cfg(debug_assertions)]
 #[no_mangle]
-pub extern "C" fn acmrs_test_stall(ms: u64) -> c_int {
+pub extern "C" fn acmrs_test_stall(ms: u64, in_round: c_int) -> c_int {
+    use acm_dataplane::worker::{stall_all, Stuck};
     use std::time::Duration;
+    let at = match in_round {
+        0 => Stuck::BetweenRounds,
+        _ => Stuck::InRound,
+    };
     std::panic::catch_unwind(|| {
-        let stalled =
-            acm_dataplane::worker::stall_all(Duration::from_millis(ms), Duration::from_secs(10));
+        let stalled = stall_all(Duration::from_millis(ms), at, Duration::from_secs(10));
         if stalled {
             0
         } else {

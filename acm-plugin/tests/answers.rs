@@ -530,6 +530,40 @@ fn a_stuck_client_does_not_stall_the_sa_thread() {
     assert!(r[0].from_dataplane());
 }
 
+/// A dataplane thread stuck between rounds (in its park, not holding the loop) leaves no
+/// client waiting either: a miss runs the loop's round inside `resolve()` and its SA query
+/// leaves at once; the SA reply, handed to the stuck thread, is taken by a round the watchdog
+/// runs (it finds no round run since its last look), and the client has its path long before
+/// the thread runs again.
+#[test]
+fn a_dataplane_stuck_between_rounds_still_answers_through_the_watchdogs_round() {
+    let _s = serial();
+    let mut h = Host::open(&format!("{OPTS}acmrs_stall_ms 200\n"), &[]);
+    let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
+    const STUCK: Duration = Duration::from_secs(3);
+    stall_dataplane(STUCK, false);
+    let t0 = Instant::now();
+    let inside = SENDS_IN_CLIENT_CALL.load(Ordering::SeqCst);
+    let t1 = h.tid();
+    h.resolve(ep, &path_request(t1, 5, None, 0), 1);
+    assert_eq!(
+        SENDS_IN_CLIENT_CALL.load(Ordering::SeqCst),
+        inside + 1,
+        "the query left inside resolve()"
+    );
+    assert!(sa_complete_next(SaAction::Answer));
+    assert!(wait_until(|| !find(t1).is_empty()), "never answered");
+    let waited = t0.elapsed();
+    let r = &find(t1)[0];
+    assert_eq!((r.status(), dlid_of(&r.msg)), (Status::Success, 5));
+    assert_eq!(r.thread_name.as_deref(), Some("acmrs-watchdog"));
+    assert!(
+        waited < STUCK - Duration::from_millis(500),
+        "answered {waited:?} after the call: by the stuck thread, not the watchdog's round"
+    );
+    h.close();
+}
+
 /// A dataplane thread that runs no round (stuck in the kernel or a driver) leaves no client
 /// waiting: once a request has waited `acmrs_stall_ms` the watchdog thread answers it
 /// ETIMEDOUT (counted an error, logged), new requests are answered ETIMEDOUT at once inside
@@ -542,7 +576,7 @@ fn requests_to_a_stuck_dataplane_are_answered_etimedout_by_the_watchdog() {
     let ep = h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     let errors = h.perf(ep)[cntr::ERROR];
     // Stuck for 2 s from now.
-    stall_dataplane(Duration::from_secs(2));
+    stall_dataplane(Duration::from_secs(2), true);
     let t0 = Instant::now();
     let t1 = h.tid();
     h.resolve(ep, &path_request(t1, 5, None, 0), 1);

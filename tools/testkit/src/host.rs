@@ -129,12 +129,9 @@ pub fn lib() -> &'static Lib {
     load(&test_so_path()).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A test hook of the debug `libacmrs.so` (`fn(u64) -> c_int`); panics if the loaded library
-/// has none (a release build).
-fn debug_hook(
-    name: &'static std::ffi::CStr,
-    cell: &'static OnceLock<Option<unsafe extern "C" fn(u64) -> c_int>>,
-) -> unsafe extern "C" fn(u64) -> c_int {
+/// The address of a test hook of the debug `libacmrs.so`; panics if the loaded library has
+/// none (a release build).
+fn debug_hook(name: &'static std::ffi::CStr, cell: &'static OnceLock<Option<usize>>) -> usize {
     let hook = cell.get_or_init(|| {
         let c = CString::new(lib_of().path.to_string_lossy().as_bytes()).ok()?;
         // SAFETY: looks up the library `load` already opened (RTLD_NOLOAD: no second load);
@@ -145,10 +142,7 @@ fn debug_hook(
         }
         // SAFETY: symbol lookup in a live handle with a NUL-terminated name.
         let sym = unsafe { libc::dlsym(h, name.as_ptr()) };
-        // SAFETY: the hooks have this signature (acm-plugin/src/lib.rs).
-        (!sym.is_null()).then(|| unsafe {
-            std::mem::transmute::<*mut c_void, unsafe extern "C" fn(u64) -> c_int>(sym)
-        })
+        (!sym.is_null()).then_some(sym as usize)
     });
     hook.unwrap_or_else(|| {
         panic!(
@@ -165,8 +159,10 @@ fn debug_hook(
 /// passed, without sleeping. Panics if the loaded library has no such hook (a release build)
 /// or the worker did not observe the move.
 pub fn advance_clock(d: Duration) {
-    static HOOK: OnceLock<Option<unsafe extern "C" fn(u64) -> c_int>> = OnceLock::new();
-    let hook = debug_hook(c"acmrs_test_advance_clock", &HOOK);
+    static HOOK: OnceLock<Option<usize>> = OnceLock::new();
+    let sym = debug_hook(c"acmrs_test_advance_clock", &HOOK);
+    // SAFETY: the hook has this signature (acm-plugin/src/lib.rs).
+    let hook = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64) -> c_int>(sym) };
     let ms = u64::try_from(d.as_millis()).expect("advance in range");
     // SAFETY: plain call of the library's hook with a value.
     let rc = unsafe { hook(ms) };
@@ -174,13 +170,18 @@ pub fn advance_clock(d: Duration) {
 }
 
 /// The debug provider's stuck dataplane (`acmrs_test_stall`): its worker stops running for
-/// `d`, as a thread stuck in the kernel would; returns once it has stopped.
-pub fn stall_dataplane(d: Duration) {
-    static HOOK: OnceLock<Option<unsafe extern "C" fn(u64) -> c_int>> = OnceLock::new();
-    let hook = debug_hook(c"acmrs_test_stall", &HOOK);
+/// `d`, as a thread stuck in the kernel would, inside a round with the loop's lock held
+/// (`in_round`: no round runs anywhere) or between rounds (rounds still run on the threads
+/// that bring work, and on the watchdog's); returns once it has stopped.
+pub fn stall_dataplane(d: Duration, in_round: bool) {
+    static HOOK: OnceLock<Option<usize>> = OnceLock::new();
+    let sym = debug_hook(c"acmrs_test_stall", &HOOK);
+    // SAFETY: the hook has this signature (acm-plugin/src/lib.rs).
+    let hook =
+        unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(u64, c_int) -> c_int>(sym) };
     let ms = u64::try_from(d.as_millis()).expect("stall in range");
-    // SAFETY: plain call of the library's hook with a value.
-    let rc = unsafe { hook(ms) };
+    // SAFETY: plain call of the library's hook with two values.
+    let rc = unsafe { hook(ms, c_int::from(in_round)) };
     assert_eq!(rc, 0, "the dataplane did not stop");
 }
 
