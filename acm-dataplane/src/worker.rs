@@ -1074,25 +1074,21 @@ mod tests {
     fn a_producers_round_wakes_the_parked_worker_for_an_earlier_timer_and_for_work_left() {
         let me = thread::current().id();
         let (w, probe) = parked_worker(true);
-        // The producer's round arms a timer due now: the worker, parked for an hour, must run.
-        let theirs = probe.rounds_elsewhere(me);
-        probe.timer_now.store(true, Ordering::Release);
-        w.waker().serve();
-        assert_eq!(probe.rounds_on(me), 1);
-        wait_for(
-            || probe.rounds_elsewhere(me) > theirs,
-            "the worker slept through a timer a producer's round set",
-        );
-        wait_for(|| w.waker().0.parked.must_wake(), "never parked again");
-        // The round leaves work it did not take (beyond its burst): the worker takes it.
-        let theirs = probe.rounds_elsewhere(me);
-        probe.leave.store(true, Ordering::Release);
-        w.waker().serve();
-        assert_eq!(probe.rounds_on(me), 2);
-        wait_for(
-            || probe.rounds_elsewhere(me) > theirs,
-            "the worker slept through work a producer's round left",
-        );
+        // The producer's round arms a timer due now, then leaves work it did not take (beyond
+        // its burst): each time the worker, parked for an hour, must run.
+        let cases = [
+            (&probe.timer_now, "a timer a producer's round set"),
+            (&probe.leave, "work a producer's round left"),
+        ];
+        for (i, (flag, what)) in cases.into_iter().enumerate() {
+            wait_for(|| w.waker().0.parked.must_wake(), "never parked");
+            let theirs = probe.rounds_elsewhere(me);
+            flag.store(true, Ordering::Release);
+            w.waker().serve();
+            assert_eq!(probe.rounds_on(me), i + 1);
+            let msg = format!("the worker slept through {what}");
+            wait_for(|| probe.rounds_elsewhere(me) > theirs, &msg);
+        }
         probe.stop.store(true, Ordering::Release);
         w.join().unwrap();
     }
