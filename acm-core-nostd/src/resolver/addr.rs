@@ -18,7 +18,7 @@
 //! removed local address is `Removing` until its cache alias is dropped.
 
 use super::request;
-use super::route::Joiner;
+use super::storage::Joiner;
 use super::storage::Table;
 use super::storage::{
     bucket_of, list_id, AddrState, List, Origin, Tables, TablesRef, ADDR_Q, ADDR_R, ADDR_S, REQ,

@@ -12,7 +12,7 @@ use super::mads::{self, SaOutcome};
 use super::sa_window::SaWindow;
 use super::storage::Table;
 use super::storage::{
-    bucket_of, list_id, AddrState, JobState, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
+    bucket_of, list_id, AddrState, JobState, Joiner, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
 };
 use super::timers::Timer;
 use super::{addr, Config, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
@@ -85,40 +85,6 @@ impl Completion<'_> {
         Completion::Failed {
             status,
             query_record: None,
-        }
-    }
-}
-
-/// Who joins a route job ([`Resolver::join_route`]): a client request to answer, an address
-/// entry to alias on success, both, or neither (the route is only started or renewed).
-#[derive(Clone, Copy)]
-pub(crate) struct Joiner {
-    /// The request slot the job answers.
-    pub(crate) waiter: Option<u32>,
-    /// The address entry the job's path is aliased to.
-    pub(crate) addr: Option<u32>,
-}
-
-impl Joiner {
-    /// Nobody: the route is only started or renewed.
-    pub(crate) const NONE: Joiner = Joiner {
-        waiter: None,
-        addr: None,
-    };
-
-    /// Request slot `w` waits for the answer.
-    pub(crate) fn waiter(w: u32) -> Joiner {
-        Joiner {
-            waiter: Some(w),
-            addr: None,
-        }
-    }
-
-    /// Address entry `i` is aliased to the path.
-    pub(crate) fn addr(i: u32) -> Joiner {
-        Joiner {
-            waiter: None,
-            addr: Some(i),
         }
     }
 }
