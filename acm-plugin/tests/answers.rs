@@ -30,6 +30,8 @@ fn a_miss_sends_its_sa_query_from_inside_resolve() {
     );
     const MISSES: usize = 20;
     for i in 0..MISSES {
+        // The loop's thread polls on for 50 µs after the last answer before it parks: let it.
+        std::thread::sleep(Duration::from_millis(1));
         let t = h.tid();
         h.resolve(ep, &path_request(t, 20 + i as u16, None, 0), 3);
         sa_one(SaAction::Answer, i + 1);
