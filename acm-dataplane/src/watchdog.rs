@@ -12,7 +12,7 @@
 //! or within its longest park (100 ms) if a wake-up was lost.
 //!
 //! A worker stuck *between* rounds (in its park) does not hold the loop: requests still run
-//! their round on the threads that bring them ([`crate::worker::Waker::serve`]), but SA
+//! its round on the threads that bring them ([`crate::worker::Waker::serve`]), but SA
 //! replies and timers need a round nobody brings. So at each look that finds no round run
 //! since the last one, the watchdog runs one itself when the loop is free.
 //!
@@ -122,7 +122,7 @@ impl Watchdog {
                     // least every 100 ms): run one here if the loop is free, so SA replies
                     // handed to it and its timers are not left to a worker stuck outside it.
                     if inbox.rounds() == rounds {
-                        inbox.waker.round_here();
+                        inbox.waker.serve();
                     }
                     rounds = inbox.rounds();
                     let waiting = !inbox.requests.is_empty();

@@ -12,10 +12,9 @@
 //!
 //! The poller sits behind a lock that the worker holds only while it polls (never while it
 //! spins or blocks). With [`WorkerConfig::inline`] set, a producer may call [`Waker::serve`]
-//! after its push instead of [`Waker::wake`]: if the lock is free, the producer runs a round of
-//! the handed-over work itself ([`Poller::poll_handed`]), on its own thread, and the worker is
-//! not woken for it (a missed `resolve()` sends its SA query from inside the call, as the
-//! stock provider does). If the worker holds the
+//! after its push instead of [`Waker::wake`]: if the lock is free, the producer runs the round
+//! itself, on its own thread, and the worker is not woken for it (a missed `resolve()` sends
+//! its SA query from inside the call, as the stock provider does). If the worker holds the
 //! lock, the producer wakes it as before: the round it is in, or the look it takes after
 //! announcing its park, sees the push. After a round of its own the producer still wakes a
 //! parked worker when only the worker can do what is next: work left beyond one round's
@@ -58,12 +57,6 @@ pub struct PollOutcome {
 pub trait Poller: Send + 'static {
     /// Does all available work. Called in a loop on the worker thread.
     fn poll(&mut self, now: Instant) -> PollOutcome;
-    /// Does the work producers handed over (a round a producer runs on its own thread:
-    /// [`Waker::serve`]); what only the worker's descriptors and deadlines bring may wait for
-    /// the worker, which the outcome's deadline and the descriptors wake. Default: all of it.
-    fn poll_handed(&mut self, now: Instant) -> PollOutcome {
-        self.poll(now)
-    }
     /// Whether the poller has finished its shutdown and the thread may exit.
     fn finished(&self) -> bool;
     /// Called on the worker thread after [`Poller::poll`] panicked (the panic was caught; the
@@ -108,24 +101,12 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     }
 }
 
-/// Which round: all the work ([`Poller::poll`]), or what producers handed over
-/// ([`Poller::poll_handed`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Round {
-    Full,
-    Handed,
-}
-
 /// One poll round with panics caught: a panic becomes [`Poller::recover`] and a round that did
 /// work; a panic of `recover` becomes [`Poller::give_up`]. `None` when `give_up` panicked as
 /// well: the worker exits.
-fn poll_guarded<P: Poller>(poller: &mut P, now: Instant, round: Round) -> Option<PollOutcome> {
+fn poll_guarded<P: Poller>(poller: &mut P, now: Instant) -> Option<PollOutcome> {
     use std::panic::{catch_unwind, AssertUnwindSafe};
-    let run = AssertUnwindSafe(|| match round {
-        Round::Full => poller.poll(now),
-        Round::Handed => poller.poll_handed(now),
-    });
-    match catch_unwind(run) {
+    match catch_unwind(AssertUnwindSafe(|| poller.poll(now))) {
         Ok(out) => Some(out),
         Err(payload) => {
             let msg = panic_message(&*payload);
@@ -226,7 +207,7 @@ struct Shared {
 }
 
 /// A round run by a producer (see [`Shared::round`]).
-type InlineRound = dyn Fn(&Shared, Round) -> bool + Send + Sync;
+type InlineRound = dyn Fn(&Shared) -> bool + Send + Sync;
 
 /// The poller, shared by the worker and the producers' rounds; `None` once the worker exited.
 type Cell<P> = Mutex<Option<P>>;
@@ -249,24 +230,11 @@ impl Waker {
     }
 
     /// Has what the caller just pushed taken: by a round on the caller's thread if the poller
-    /// is free and [`WorkerConfig::inline`] is set ([`Poller::poll_handed`]), else by the
-    /// worker ([`Waker::wake`]). See the module docs.
+    /// is free and [`WorkerConfig::inline`] is set, else by the worker ([`Waker::wake`]).
+    /// See the module docs.
     pub fn serve(&self) {
         if let Some(round) = self.0.round.get() {
-            if round(&self.0, Round::Handed) {
-                return;
-            }
-        }
-        self.wake();
-    }
-
-    /// A whole round ([`Poller::poll`]) on the caller's thread if the poller is free and
-    /// [`WorkerConfig::inline`] is set, else a wake-up of the worker: what the stall watchdog
-    /// does when no round ran since its last look (replies, CQs and timers move even while the
-    /// worker is stuck outside the loop).
-    pub fn round_here(&self) {
-        if let Some(round) = self.0.round.get() {
-            if round(&self.0, Round::Full) {
+            if round(&self.0) {
                 return;
             }
         }
@@ -430,7 +398,7 @@ impl Shared {
     /// A round on the calling (producer's) thread if the poller is free: `false` if the
     /// worker holds it or is gone. Wakes a parked worker for what only it can do next (see
     /// the module docs).
-    fn round_here<P: Poller>(&self, cell: &Cell<P>, round: Round, wake_for_reply: bool) -> bool {
+    fn round_here<P: Poller>(&self, cell: &Cell<P>, wake_for_reply: bool) -> bool {
         let mut g = match cell.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
@@ -442,7 +410,7 @@ impl Shared {
         if self.abandoned.load(Ordering::Acquire) {
             return false;
         }
-        let kick = match poll_guarded(poller, self.tick(), round) {
+        let kick = match poll_guarded(poller, self.tick()) {
             None => {
                 self.abandoned.store(true, Ordering::Release);
                 true
@@ -584,7 +552,7 @@ impl Worker {
             .spawn(move || run(&config, &shared, &mine));
         let handle = handle.inspect_err(|_| waker.0.spawned.store(false, Ordering::SeqCst))?;
         if inline {
-            let round = move |s: &Shared, r: Round| s.round_here(&cell, r, wake_for_reply);
+            let round = move |s: &Shared| s.round_here(&cell, wake_for_reply);
             let _ = waker.0.round.set(Box::new(round));
         }
         Ok(Worker {
@@ -677,7 +645,7 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
             return;
         }
         let now = shared.tick();
-        let Some(out) = poll_guarded(poller, now, Round::Full) else {
+        let Some(out) = poll_guarded(poller, now) else {
             return;
         };
         if poller.finished() {
@@ -704,7 +672,7 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
         // announcement is not missed. A producer's round since the last look may have set a
         // timer or sent a query: this look's outcome counts too.
         let now = shared.tick();
-        let Some(again) = poll_guarded(poller, now, Round::Full) else {
+        let Some(again) = poll_guarded(poller, now) else {
             shared.parked.clear();
             return;
         };
@@ -992,8 +960,6 @@ mod tests {
         leave: Arc<AtomicBool>,
         stop: Arc<AtomicBool>,
         dropped: Arc<AtomicBool>,
-        /// Rounds of the handed-over work only ([`Poller::poll_handed`]).
-        handed: Arc<AtomicUsize>,
     }
 
     impl Probe {
@@ -1038,10 +1004,6 @@ mod tests {
         fn waiting(&self) -> bool {
             self.p.leave.swap(false, Ordering::AcqRel)
         }
-        fn poll_handed(&mut self, now: Instant) -> PollOutcome {
-            self.p.handed.fetch_add(1, Ordering::AcqRel);
-            self.poll(now)
-        }
     }
 
     impl Drop for Where {
@@ -1083,15 +1045,9 @@ mod tests {
         let theirs = probe.rounds_elsewhere(me);
         probe.queued.fetch_add(1, Ordering::AcqRel);
         w.waker().serve();
-        // Taken before serve() returned, on this thread, by a round of the handed-over work;
-        // the worker was not woken for it.
+        // Taken before serve() returned, on this thread; the worker was not woken for it.
         assert_eq!(probe.queued.load(Ordering::Acquire), 0);
         assert_eq!(probe.rounds_on(me), 1);
-        assert_eq!(probe.handed.load(Ordering::Acquire), 1);
-        // The watchdog's round here is a whole one.
-        w.waker().round_here();
-        assert_eq!(probe.rounds_on(me), 2);
-        assert_eq!(probe.handed.load(Ordering::Acquire), 1);
         assert!(w.waker().0.parked.must_wake(), "the worker stays parked");
         assert_eq!(probe.rounds_elsewhere(me), theirs);
         let waker = w.waker().clone();

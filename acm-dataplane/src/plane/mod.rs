@@ -584,21 +584,16 @@ impl<I: CoreIo> Plane<I> {
     }
 }
 
-impl<I: CoreIo> Plane<I> {
-    /// The start of a round at `t`: its clock, and the progress the watchdog sees.
-    fn begin(&mut self, t: Instant) -> Millis {
+impl<I: CoreIo> Poller for Plane<I> {
+    fn poll(&mut self, t: Instant) -> PollOutcome {
         let now = self.ms(t);
         self.last_now = now;
         // The watchdog's view of our progress: a plain store on a line only we write.
         self.rounds += 1;
         self.inbox.rounds.store(self.rounds, Ordering::Relaxed);
-        now
-    }
-
-    /// What the core's threads handed over, in bursts: SA replies (core transport), then
-    /// requests and control messages in ticket order. Whether anything was taken; `None` once
-    /// the plane has shut down.
-    fn take_inbox(&mut self, now: Millis) -> Option<bool> {
+        if self.dead {
+            return self.poll_dead(now);
+        }
         let mut did = false;
         for _ in 0..BURST {
             let Some(r) = self.inbox.replies.pop() else {
@@ -627,7 +622,7 @@ impl<I: CoreIo> Plane<I> {
                 if let Some(r) = input {
                     self.answer_now(&r, Status::Enodata);
                 }
-                return None;
+                return PollOutcome::default();
             }
             let Some(r) = input else {
                 continue;
@@ -658,34 +653,9 @@ impl<I: CoreIo> Plane<I> {
             self.in_hand = None;
             self.drain_outputs(now);
         }
-        (!self.done).then_some(did)
-    }
-
-    /// The outcome of a round that did work if `did`: the next deadline of the resolver, the
-    /// `ud` SA channel and the SM check, and when an SA reply is due.
-    fn outcome(&mut self, did: bool) -> PollOutcome {
-        let sm_check = self.sa_ud.then_some(self.next_sm_check);
-        let next = [self.r().poll_timeout(), self.sa.next_deadline(), sm_check]
-            .into_iter()
-            .flatten()
-            .min();
-        PollOutcome {
-            did_work: did,
-            next_deadline: next.map(|at| self.epoch + std::time::Duration::from_millis(at)),
-            reply_due: self.reply_due.due(),
-        }
-    }
-}
-
-impl<I: CoreIo> Poller for Plane<I> {
-    fn poll(&mut self, t: Instant) -> PollOutcome {
-        let now = self.begin(t);
-        if self.dead {
-            return self.poll_dead(now);
-        }
-        let Some(mut did) = self.take_inbox(now) else {
+        if self.done {
             return PollOutcome::default();
-        };
+        }
         for i in 0..self.eps.len() {
             let Some(ud) = self.eps[i].as_mut().and_then(|e| e.ud.as_mut()) else {
                 continue;
@@ -716,20 +686,15 @@ impl<I: CoreIo> Poller for Plane<I> {
         }
         self.sa_timers(now);
         self.log_drops(now);
-        self.outcome(did)
-    }
-
-    /// The inbox only (what a `resolve()` or `query()` on the core's thread just handed
-    /// over): the endpoints' CQs, the timers and the drop log are the worker's, which their
-    /// descriptors and deadlines wake.
-    fn poll_handed(&mut self, t: Instant) -> PollOutcome {
-        let now = self.begin(t);
-        if self.dead {
-            return self.poll_dead(now);
-        }
-        match self.take_inbox(now) {
-            Some(did) => self.outcome(did),
-            None => PollOutcome::default(),
+        let sm_check = self.sa_ud.then_some(self.next_sm_check);
+        let next = [self.r().poll_timeout(), self.sa.next_deadline(), sm_check]
+            .into_iter()
+            .flatten()
+            .min();
+        PollOutcome {
+            did_work: did,
+            next_deadline: next.map(|at| self.epoch + std::time::Duration::from_millis(at)),
+            reply_due: self.reply_due.due(),
         }
     }
 
