@@ -126,7 +126,7 @@ impl Watchdog {
                     }
                     rounds = inbox.rounds();
                     let waiting = !inbox.requests.is_empty();
-                    match stall.check(Instant::now(), inbox.rounds(), waiting) {
+                    match stall.check(Instant::now(), rounds, waiting) {
                         Verdict::Running => continue,
                         Verdict::Resumed => {
                             inbox.set_stalled(false);

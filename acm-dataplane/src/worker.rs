@@ -18,9 +18,9 @@
 //! lock, the producer wakes it as before: the round it is in, or the look it takes after
 //! announcing its park, sees the push. After a round of its own the producer still wakes a
 //! parked worker when only the worker can do what is next: work left beyond one round's
-//! burst, a timer earlier than the worker's wake-up, a reply due (so the worker is awake and
-//! polling when it comes, the wake-up overlapping the round trip), the poller finished or
-//! given up.
+//! burst, a timer earlier than the worker's wake-up, a reply due soon (so the worker is awake
+//! and polling when it comes, the wake-up overlapping the round trip), the poller finished
+//! or given up.
 //!
 //! # Virtual time
 //!
@@ -51,6 +51,15 @@ pub struct PollOutcome {
     /// polling until then rather than park, if it is no more than
     /// [`WorkerConfig::spin_for_reply`] away.
     pub reply_due: Option<Instant>,
+}
+
+impl PollOutcome {
+    /// Whether a reply is due after `now` and no more than `within` away: worth polling for
+    /// rather than parking ([`WorkerConfig::spin_for_reply`]).
+    fn reply_due_within(&self, now: Instant, within: Duration) -> bool {
+        self.reply_due
+            .is_some_and(|due| due > now && due.duration_since(now) <= within)
+    }
 }
 
 /// The engine the worker runs.
@@ -398,7 +407,7 @@ impl Shared {
     /// A round on the calling (producer's) thread if the poller is free: `false` if the
     /// worker holds it or is gone. Wakes a parked worker for what only it can do next (see
     /// the module docs).
-    fn round_here<P: Poller>(&self, cell: &Cell<P>, wake_for_reply: bool) -> bool {
+    fn round_here<P: Poller>(&self, cell: &Cell<P>, spin_for_reply: Duration) -> bool {
         let mut g = match cell.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
@@ -410,7 +419,8 @@ impl Shared {
         if self.abandoned.load(Ordering::Acquire) {
             return false;
         }
-        let kick = match poll_guarded(poller, self.tick()) {
+        let now = self.tick();
+        let kick = match poll_guarded(poller, now) {
             None => {
                 self.abandoned.store(true, Ordering::Release);
                 true
@@ -422,7 +432,7 @@ impl Shared {
                         || out
                             .next_deadline
                             .is_some_and(|d| self.ns(d) < self.park_until.load(Ordering::Relaxed))
-                        || (wake_for_reply && out.reply_due.is_some()))
+                        || out.reply_due_within(now, spin_for_reply))
             }
         };
         drop(g);
@@ -545,14 +555,14 @@ impl Worker {
         let shared = waker.0.clone();
         let cell: Arc<Cell<P>> = Arc::new(Mutex::new(Some(poller)));
         let mine = cell.clone();
-        let (inline, wake_for_reply) = (config.inline, !config.spin_for_reply.is_zero());
+        let (inline, spin_for_reply) = (config.inline, config.spin_for_reply);
         waker.0.spawned.store(true, Ordering::SeqCst);
         let handle = thread::Builder::new()
             .name(config.name.clone())
             .spawn(move || run(&config, &shared, &mine));
         let handle = handle.inspect_err(|_| waker.0.spawned.store(false, Ordering::SeqCst))?;
         if inline {
-            let round = move |s: &Shared| s.round_here(&cell, wake_for_reply);
+            let round = move |s: &Shared| s.round_here(&cell, spin_for_reply);
             let _ = waker.0.round.set(Box::new(round));
         }
         Ok(Worker {
@@ -597,10 +607,7 @@ fn next(config: &WorkerConfig, out: &PollOutcome, now: Instant, last_work: Insta
         return Next::Spin;
     }
     // A reply is about to arrive: poll for it rather than pay a wake-up.
-    let due_soon = out
-        .reply_due
-        .is_some_and(|due| due > now && due.duration_since(now) <= config.spin_for_reply);
-    if due_soon {
+    if out.reply_due_within(now, config.spin_for_reply) {
         return Next::Spin;
     }
     let mut park_for = config.max_park;
@@ -656,10 +663,10 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
             last_work = now;
             continue;
         }
-        let Next::Park(mut park_for) = next(config, &out, now, last_work) else {
+        if let Next::Spin = next(config, &out, now, last_work) {
             pause(config.yield_spin);
             continue;
-        };
+        }
         let mut g = lock_cell(cell);
         let Some(poller) = g.as_mut() else {
             return;
@@ -670,7 +677,7 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
         // Producers push, then check `parked`: look once more after announcing the park (and
         // arming the poller's event sources) so a push or completion that raced with the
         // announcement is not missed. A producer's round since the last look may have set a
-        // timer or sent a query: this look's outcome counts too.
+        // timer or sent a query: the park is decided by this look's outcome.
         let now = shared.tick();
         let Some(again) = poll_guarded(poller, now) else {
             shared.parked.clear();
@@ -685,15 +692,15 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
             last_work = now;
             continue;
         }
-        match next(config, &again, now, last_work) {
+        let park_for = match next(config, &again, now, last_work) {
             Next::Spin => {
                 shared.parked.clear();
                 drop(g);
                 pause(config.yield_spin);
                 continue;
             }
-            Next::Park(d) => park_for = park_for.min(d),
-        }
+            Next::Park(d) => d,
+        };
         // Under the lock: a producer's round after this look sees when we wake.
         let until = shared.ns(now).saturating_add(park_for.as_nanos() as u64);
         shared.park_until.store(until, Ordering::Relaxed);

@@ -206,19 +206,19 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
             );
         }
     }
+    let owns_core = inst.opts.poll_mode() == PollMode::Busy;
     let wc = WorkerConfig {
         name: "acmrs-dataplane".into(),
         cpu: usize::try_from(inst.opts.acmrs_cpu).ok(),
         spin,
         spin_for_reply,
         max_park: Duration::from_millis(100),
-        // `busy` owns its core; `adaptive` shares one, so its spins yield to what runs beside
-        // it (the core's thread, an SA on the same host).
-        yield_spin: inst.opts.poll_mode() != PollMode::Busy,
-        // `busy` polls all the time (a hand-off is a cache-line transfer); otherwise a miss
-        // or an SA reply is served by a round on the thread that brings it, when the loop is
-        // free (docs/dataplane.md).
-        inline: inst.opts.poll_mode() != PollMode::Busy,
+        // `busy` owns its core and polls all the time (a hand-off to it is a cache-line
+        // transfer). Otherwise the worker shares a core: its spins yield to what runs beside
+        // it (the core's thread, an SA on the same host), and a request is served by a round
+        // on the core's thread when the loop is free (docs/dataplane.md).
+        yield_spin: !owns_core,
+        inline: !owns_core,
     };
     set_reply_target(&inst);
     let worker = Worker::spawn(wc, waker, plane)?;

@@ -15,6 +15,7 @@ use acm_core_nostd::sa_channel::{
 };
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::inform::NoticeRepr;
+use acm_core_nostd::wire::path_record::PATH_RECORD_LEN;
 use acm_core_nostd::wire::sa::DATA_OFFSET as SA_DATA;
 /// How often the loop re-reads each port's SM LID (the core forwards no SM_CHANGE event).
 pub const SM_CHECK_MS: Millis = 1000;
@@ -87,7 +88,7 @@ impl<I: CoreIo> Plane<I> {
                 self.sa_answered(token);
                 let table = self.sa.table(slot);
                 if self.io.log_enabled(1) {
-                    let records = table.map_or(0, |t| t.records.len() / 64);
+                    let records = table.map_or(0, |t| t.records.len() / PATH_RECORD_LEN);
                     self.io.log(
                         1,
                         &format!("SA half-world PathRecord table: {records} records"),
@@ -163,7 +164,7 @@ impl<I: CoreIo> Plane<I> {
                 let need = records_needed.map_or("more".to_string(), |n| n.to_string());
                 let why = format!(
                     "needs {need} records, room for {} (acmrs_path_capacity): tables off for this endpoint",
-                    capacity / 64
+                    capacity / PATH_RECORD_LEN
                 );
                 (TableError::TooBig, why)
             }
