@@ -707,6 +707,87 @@ fn garbage_from_the_wire_is_dropped_counted_and_logged() {
     );
 }
 
+/// A UD QP that receives nothing and reports `health` as what it dropped so far.
+struct SickUd(acm_dataplane::plane::UdHealth);
+
+impl Ud for SickUd {
+    fn send(&mut self, _to: &AcmDest, _mad: &[u8; 256]) -> Result<(), String> {
+        Ok(())
+    }
+    fn poll(&mut self, _f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
+        0
+    }
+    fn attach(&mut self, _group: &McGroup) -> Result<(), String> {
+        Ok(())
+    }
+    fn detach(&mut self, _group: &McGroup) {}
+    fn arm(&mut self) -> Option<RawFd> {
+        None
+    }
+    fn ack_events(&mut self) {}
+    fn health(&self) -> acm_dataplane::plane::UdHealth {
+        self.0
+    }
+}
+
+/// Endpoint `ep` (sim node 0's port) with a [`SickUd`] that dropped `short` short datagrams.
+fn sick_open(ep: u8, short: u64) -> Control {
+    Control::Open {
+        ep: EpId(ep),
+        cache_ep: u32::from(ep),
+        cfg: EpConfig {
+            port_gid: node_gid(0),
+            lid: node_lid(0),
+            pkey: 0xffff,
+            mtu: 4,
+            rate: 7,
+            subnet_timeout_ms: 1,
+            qpn: 100,
+            sa_pkey: true,
+        },
+        ud: Some(Box::new(SickUd(acm_dataplane::plane::UdHealth {
+            short,
+            ..Default::default()
+        }))),
+        routes: Vec::new(),
+        addrs: Arc::new(Vec::new()),
+    }
+}
+
+#[test]
+fn a_qps_drops_are_logged_per_endpoint_and_a_reopened_endpoint_counts_afresh() {
+    let mut n = bare_node(0, core_sa_config(), false, usize::MAX, false);
+    n.inbox.control(sick_open(5, 3));
+    n.inbox.control(sick_open(6, 0));
+    let t0 = Instant::now();
+    n.plane.poll(t0);
+    let shorts = |n: &Node| -> Vec<String> {
+        n.log
+            .lock()
+            .unwrap()
+            .logs
+            .iter()
+            .filter(|l| l.contains("shorter than a MAD"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        shorts(&n),
+        ["ERROR - endpoint 5: datagram shorter than a MAD dropped: 3 (total 3)"]
+    );
+    // The same QP, nothing new: nothing logged, however long it runs.
+    n.plane.poll(t0 + Duration::from_secs(2));
+    assert_eq!(shorts(&n).len(), 1);
+    // A new QP behind the same endpoint number starts from 0: its first drop is news.
+    n.inbox.control(Control::Close(EpId(5)));
+    n.inbox.control(sick_open(5, 1));
+    n.plane.poll(t0 + Duration::from_secs(4));
+    assert_eq!(
+        shorts(&n)[1..],
+        ["ERROR - endpoint 5: datagram shorter than a MAD dropped: 1 (total 1)"]
+    );
+}
+
 /// What the partition test's QPs sent to the SM, and what comes back to each.
 #[derive(Default)]
 struct SmLog {

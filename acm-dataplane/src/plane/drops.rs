@@ -13,15 +13,17 @@ impl<I: CoreIo> Plane<I> {
         if self.last_drop_log != 0 && now < self.last_drop_log.saturating_add(1000) {
             return;
         }
-        for i in 0..self.eps.len() {
-            let Some(h) = self.eps[i]
-                .as_ref()
-                .and_then(|e| e.ud.as_ref())
-                .map(|u| u.health())
-            else {
+        for k in 0..self.eps.count() {
+            let Some(i) = self.eps.nth(k) else {
+                break;
+            };
+            let Some(rec) = self.eps.get_mut(i) else {
                 continue;
             };
-            let l = self.last_health[i];
+            let Some(h) = rec.ud.as_ref().map(|u| u.health()) else {
+                continue;
+            };
+            let l = std::mem::replace(&mut rec.logged, h);
             if h == l {
                 continue;
             }
@@ -38,7 +40,6 @@ impl<I: CoreIo> Plane<I> {
             ] {
                 self.log_grown(Some(i), name, now_v, before);
             }
-            self.last_health[i] = h;
             self.last_drop_log = now.max(1);
         }
         let forged = self.sa.forged;

@@ -19,6 +19,7 @@
 //! * `plane/mod.rs` (here): the two traits, [`Plane`] and its round ([`Poller::poll`]): the
 //!   order of the inputs, control messages applied, the resolver's outputs carried out
 //!   (`drain_outputs`), the latency bookkeeping;
+//! * `plane/eps.rs`: the endpoints, a slot per id and the list of open ones a round walks;
 //! * `plane/inbox.rs`: the queues into the loop ([`Inbox`]) and what travels in them
 //!   ([`Request`], [`SaReply`], [`Control`], [`HostAddr`]);
 //! * `plane/sa.rs`: the `ud` SA transport ([`Plane::with_ud_sa`]): the core's
@@ -37,7 +38,7 @@ use acm_core_nostd::cache::{
 use acm_core_nostd::resolver::table::TableError;
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
-    Resolver, Stats, MAX_EPS,
+    Resolver, Stats,
 };
 use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{AcmMsg, Status};
@@ -48,6 +49,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod drops;
+mod eps;
 mod inbox;
 mod recovery;
 mod reply_due;
@@ -56,6 +58,7 @@ mod sa;
 pub use inbox::{Control, HandOver, HostAddr, Inbox, Request, SaReply};
 pub use sa::SM_CHECK_MS;
 
+use eps::Eps;
 use inbox::lock;
 use sa::sa_tid_key;
 
@@ -149,6 +152,8 @@ struct EpRecord {
     addrs: Arc<Vec<HostAddr>>,
     /// Where the port's SA is, as last read from the port (`ud` SA transport).
     sm: Option<SmAddr>,
+    /// What its QP had dropped or repaired when the drop log last looked (plane/drops.rs).
+    logged: UdHealth,
 }
 
 /// The `ud` transport's SA channel: heap storage for its requests and its table slots.
@@ -162,15 +167,13 @@ pub struct Plane<I: CoreIo> {
     make_resolver: MakeResolver,
     inbox: Arc<Inbox>,
     io: I,
-    eps: Vec<Option<EpRecord>>,
+    eps: Eps,
     epoch: Instant,
     /// The time of the last round (the worker's clock, virtual offset included): what a
     /// recovery, which runs between rounds, goes by.
     last_now: Millis,
     controls_applied: u64,
     last_stats: Stats,
-    /// Running totals of the QPs' drops, per endpoint, as last logged.
-    last_health: Vec<UdHealth>,
     /// When drops were last logged (ms): at most one set of lines per second, so a remote
     /// node sending garbage cannot flood the core's log; every drop is counted anyway.
     last_drop_log: Millis,
@@ -252,12 +255,11 @@ impl<I: CoreIo> Plane<I> {
             make_resolver,
             inbox,
             io,
-            eps: (0..MAX_EPS).map(|_| None).collect(),
+            eps: Eps::new(),
             epoch,
             last_now: 0,
             controls_applied: 0,
             last_stats: Stats::default(),
-            last_health: vec![UdHealth::default(); MAX_EPS],
             last_drop_log: 0,
             sa_forged_logged: 0,
             in_hand: None,
@@ -314,7 +316,9 @@ impl<I: CoreIo> Plane<I> {
             // Nothing to resolve with: only the shutdown and the endpoints' QPs matter.
             match c {
                 Control::Shutdown => self.done = true,
-                Control::Close(ep) => self.eps[usize::from(ep.0)] = None,
+                Control::Close(ep) => {
+                    self.eps.remove(usize::from(ep.0));
+                }
                 _ => {}
             }
         } else {
@@ -363,12 +367,13 @@ impl<I: CoreIo> Plane<I> {
                     routes,
                     addrs,
                     sm: None,
+                    logged: UdHealth::default(),
                 };
                 if self.sa_ud {
                     rec.sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
                 }
                 self.open_in_resolver(ep, &rec, now);
-                self.eps[usize::from(ep.0)] = Some(rec);
+                self.eps.put(usize::from(ep.0), rec);
             }
             Control::Close(ep) => {
                 self.r().close_endpoint(now, ep);
@@ -376,7 +381,7 @@ impl<I: CoreIo> Plane<I> {
                 // The resolver forgot the endpoint's queries: their replies match nothing.
                 self.sa.drop_endpoint(ep, |_, _| {});
                 // Dropping the UD QP detaches and frees its verbs objects.
-                self.eps[usize::from(ep.0)] = None;
+                self.eps.remove(usize::from(ep.0));
             }
             Control::AddAddress {
                 ep,
@@ -384,7 +389,7 @@ impl<I: CoreIo> Plane<I> {
                 kind,
                 addr,
             } => {
-                if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
+                if let Some(rec) = self.eps.get_mut(usize::from(ep.0)) {
                     rec.cache_ep = cache_ep;
                     rec.locals.push((kind, addr));
                 }
@@ -394,7 +399,7 @@ impl<I: CoreIo> Plane<I> {
                 }
             }
             Control::RemoveAddress { ep, kind, addr } => {
-                if let Some(rec) = self.eps[usize::from(ep.0)].as_mut() {
+                if let Some(rec) = self.eps.get_mut(usize::from(ep.0)) {
                     rec.locals.retain(|l| *l != (kind, addr));
                 }
                 self.r().remove_address(ep, kind, &addr);
@@ -403,7 +408,7 @@ impl<I: CoreIo> Plane<I> {
                 self.r().handle_timeout(now);
             }
             Control::Reregister(ep) => {
-                let Some(rec) = self.eps[usize::from(ep.0)].as_mut() else {
+                let Some(rec) = self.eps.get_mut(usize::from(ep.0)) else {
                     return;
                 };
                 // The main thread bumped the endpoint's flush generation when the event came:
@@ -424,9 +429,7 @@ impl<I: CoreIo> Plane<I> {
                 while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
                     self.answer_now(&r, Status::Enodata);
                 }
-                for e in self.eps.iter_mut() {
-                    *e = None;
-                }
+                self.eps.take_all();
                 self.r().clear_cache();
                 self.sa.clear();
                 self.done = true;
@@ -518,8 +521,9 @@ impl<I: CoreIo> Plane<I> {
                     // A failed send is counted by the QP (`UdHealth::send_errors`) and logged
                     // by `log_drops` at most once a second: a flood of queries that uses up
                     // the send buffers must not turn into a line per answer.
-                    if let Some(ud) = self.eps[usize::from(ep.0)]
-                        .as_mut()
+                    if let Some(ud) = self
+                        .eps
+                        .get_mut(usize::from(ep.0))
                         .and_then(|e| e.ud.as_mut())
                     {
                         let _ = ud.send(&to, &mad);
@@ -546,8 +550,9 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Attach { ep, group } => {
-                    let r = match self.eps[usize::from(ep.0)]
-                        .as_mut()
+                    let r = match self
+                        .eps
+                        .get_mut(usize::from(ep.0))
                         .and_then(|e| e.ud.as_mut())
                     {
                         Some(ud) => ud.attach(&group),
@@ -571,8 +576,9 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Detach { ep, group } => {
-                    if let Some(ud) = self.eps[usize::from(ep.0)]
-                        .as_mut()
+                    if let Some(ud) = self
+                        .eps
+                        .get_mut(usize::from(ep.0))
                         .and_then(|e| e.ud.as_mut())
                     {
                         ud.detach(&group);
@@ -656,8 +662,11 @@ impl<I: CoreIo> Poller for Plane<I> {
         if self.done {
             return PollOutcome::default();
         }
-        for i in 0..self.eps.len() {
-            let Some(ud) = self.eps[i].as_mut().and_then(|e| e.ud.as_mut()) else {
+        for k in 0..self.eps.count() {
+            let Some(i) = self.eps.nth(k) else {
+                break;
+            };
+            let Some(ud) = self.eps.get_mut(i).and_then(|e| e.ud.as_mut()) else {
                 continue;
             };
             // The burst is copied out of the QP (its receive buffers are re-posted at once),
@@ -715,7 +724,7 @@ impl<I: CoreIo> Poller for Plane<I> {
     }
 
     fn prepare_block(&mut self, fds: &mut Vec<RawFd>) {
-        for e in self.eps.iter_mut().flatten() {
+        for e in self.eps.iter_mut() {
             if let Some(fd) = e.ud.as_mut().and_then(|u| u.arm()) {
                 fds.push(fd);
             }
@@ -723,7 +732,7 @@ impl<I: CoreIo> Poller for Plane<I> {
     }
 
     fn unblocked(&mut self) {
-        for e in self.eps.iter_mut().flatten() {
+        for e in self.eps.iter_mut() {
             if let Some(ud) = e.ud.as_mut() {
                 ud.ack_events();
             }

@@ -5,7 +5,7 @@
 
 use super::{CoreIo, Plane, BURST};
 use crate::worker::PollOutcome;
-use acm_core_nostd::resolver::{EpId, Millis, MAX_EPS};
+use acm_core_nostd::resolver::{EpId, Millis};
 use acm_core_nostd::wire::client::Status;
 use std::sync::atomic::Ordering;
 
@@ -80,12 +80,9 @@ impl<I: CoreIo> Plane<I> {
         self.resolver = Some(fresh);
         self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
         self.r().clear_cache();
-        let eps = std::mem::replace(&mut self.eps, (0..MAX_EPS).map(|_| None).collect());
-        for (i, rec) in eps.into_iter().enumerate() {
-            if let Some(rec) = rec {
-                self.open_in_resolver(EpId(i as u8), &rec, now);
-                self.eps[i] = Some(rec);
-            }
+        for (i, rec) in self.eps.take_all() {
+            self.open_in_resolver(EpId(i as u8), &rec, now);
+            self.eps.put(i, rec);
         }
         self.drain_outputs(now);
     }
@@ -112,7 +109,7 @@ impl<I: CoreIo> Plane<I> {
         while self.inbox.replies.pop().is_some() {
             did = true;
         }
-        for e in self.eps.iter_mut().flatten() {
+        for e in self.eps.iter_mut() {
             if let Some(ud) = e.ud.as_mut() {
                 did |= ud.poll(&mut |_, _| {}) > 0;
             }

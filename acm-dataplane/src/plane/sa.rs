@@ -5,7 +5,7 @@
 //! on the carrier's CQ (`sa_receive`, `report`); `sa_timers` re-sends, fails and re-reads the
 //! ports' SM LIDs.
 
-use super::{CoreIo, EpRecord, Plane};
+use super::{CoreIo, Eps, Plane};
 use crate::stats::Latency;
 use acm_core_nostd::resolver::table::TableError;
 use acm_core_nostd::resolver::{EpId, Millis, RecvMeta};
@@ -28,7 +28,7 @@ impl<I: CoreIo> Plane<I> {
             return None;
         }
         let i = carrier_of(&self.eps, ep)?;
-        Some((i, self.eps[i].as_ref()?.sm?))
+        Some((i, self.eps.get(i)?.sm?))
     }
 
     /// Sends `ep`'s SA MAD on the UD QP of endpoint `via` (its SA carrier) to `sm` (tracked
@@ -44,7 +44,7 @@ impl<I: CoreIo> Plane<I> {
         mad: &[u8; 256],
     ) -> bool {
         let cfg = *self.r().config();
-        let Some(rec) = self.eps[via].as_mut() else {
+        let Some(rec) = self.eps.get_mut(via) else {
             return false;
         };
         let per_try = cfg.acm_timeout.saturating_add(rec.cfg.subnet_timeout_ms);
@@ -69,11 +69,7 @@ impl<I: CoreIo> Plane<I> {
     /// another LID or QP is dropped (counted, logged), and so is a reply that arrives on a QP
     /// other than the one that carries the asking endpoint's SA MADs.
     pub(super) fn sa_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8; 256]) {
-        let sm = self
-            .eps
-            .get(usize::from(ep.0))
-            .and_then(|r| r.as_ref())
-            .and_then(|r| r.sm);
+        let sm = self.eps.get(usize::from(ep.0)).and_then(|r| r.sm);
         let eps = &self.eps;
         let on = usize::from(ep.0);
         let carries = |owner: EpId| carrier_of(eps, owner) == Some(on);
@@ -145,7 +141,7 @@ impl<I: CoreIo> Plane<I> {
     /// sender's next segment.
     fn send_to_sm(&mut self, ep: EpId, mad: &[u8; 256]) {
         if let Some((via, sm)) = self.ud_sa_route(ep) {
-            if let Some(ud) = self.eps[via].as_mut().and_then(|r| r.ud.as_mut()) {
+            if let Some(ud) = self.eps.get_mut(via).and_then(|r| r.ud.as_mut()) {
                 let _ = ud.send(&sm.dest(), mad);
             }
         }
@@ -227,8 +223,11 @@ impl<I: CoreIo> Plane<I> {
             return;
         }
         self.next_sm_check = now.saturating_add(SM_CHECK_MS);
-        for i in 0..self.eps.len() {
-            let Some(rec) = self.eps[i].as_mut() else {
+        for k in 0..self.eps.count() {
+            let Some(i) = self.eps.nth(k) else {
+                break;
+            };
+            let Some(rec) = self.eps.get_mut(i) else {
                 continue;
             };
             let Some(ud) = rec.ud.as_mut() else {
@@ -281,16 +280,15 @@ impl<I: CoreIo> Plane<I> {
 /// partition cannot reach the SA on its own QP; with no carrier on the port, its MADs go
 /// through the core's service. Replies come back on that QP and are matched to `ep`'s query
 /// by the SA channel.
-fn carrier_of(eps: &[Option<EpRecord>], ep: EpId) -> Option<usize> {
-    let own = eps.get(usize::from(ep.0))?.as_ref()?;
+fn carrier_of(eps: &Eps, ep: EpId) -> Option<usize> {
+    let own = eps.get(usize::from(ep.0))?;
     if own.cfg.sa_pkey && own.ud.is_some() {
         return Some(usize::from(ep.0));
     }
     let gid = own.cfg.port_gid;
-    eps.iter().position(|r| {
-        r.as_ref()
-            .is_some_and(|r| r.cfg.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
-    })
+    eps.iter()
+        .find(|(_, r)| r.cfg.sa_pkey && r.ud.is_some() && r.cfg.port_gid == gid)
+        .map(|(i, _)| i)
 }
 
 /// A random key for the SA channel's wire TIDs: two draws of std's randomly keyed hasher
