@@ -34,7 +34,7 @@ pub const COUNTERS: [&str; 7] = [
 
 /// The histograms of an endpoint: (short name on the socket, Prometheus name, help), in
 /// [`EndpointReport::hists`] order.
-pub const HISTS: [(&str, &str, &str); 4] = [
+pub const HISTS: [(&str, &str, &str); 8] = [
     (
         "hit",
         "acmrs_resolve_hit_seconds",
@@ -54,6 +54,26 @@ pub const HISTS: [(&str, &str, &str); 4] = [
         "sa_rtt",
         "acmrs_sa_rtt_seconds",
         "SA round trips: SA MAD handed to the core to its reply taken by the dataplane.",
+    ),
+    (
+        "miss_queued",
+        "acmrs_miss_queued_seconds",
+        "Misses: the request handed to the dataplane loop to the loop's round taking it.",
+    ),
+    (
+        "miss_to_query",
+        "acmrs_miss_to_query_seconds",
+        "Misses: the round taking the request to the first query (SA or ACM) sent for it.",
+    ),
+    (
+        "reply_wait",
+        "acmrs_sa_reply_wait_seconds",
+        "SA replies through the core's SA service: handed to the dataplane loop to the round taking it.",
+    ),
+    (
+        "reply_to_answer",
+        "acmrs_reply_to_answer_seconds",
+        "Replies (SA, or ACM from a peer): taken by the dataplane loop's round to the first answer it led to.",
     ),
 ];
 
@@ -97,8 +117,9 @@ pub struct EndpointReport {
     pub gid: String,
     /// The 7 `ACM_CNTR_*` counters.
     pub counters: [u64; 7],
-    /// Hit, route miss, address miss, SA round trip ([`HISTS`] order).
-    pub hists: [Snapshot; 4],
+    /// Hit, route miss, address miss, SA round trip, then the legs of a miss ([`HISTS`]
+    /// order).
+    pub hists: [Snapshot; 8],
 }
 
 /// The dataplane loop's health ([`crate::plane::Inbox::health`]).

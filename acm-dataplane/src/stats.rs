@@ -8,7 +8,8 @@
 //! * [`Clock`]: the x86-64 TSC (`rdtsc`) calibrated once against [`Instant`] when the kernel
 //!   itself uses the TSC as its clock source (so it is invariant and synchronised across
 //!   CPUs), [`Instant`] otherwise.
-//! * [`EpStats`]: the four histograms of one endpoint.
+//! * [`EpStats`]: the histograms of one endpoint (end-to-end spans, the SA round trip, the
+//!   legs of a miss inside the provider).
 //! * [`InFlight`]: the fixed-capacity table the dataplane remembers requests (and SA queries)
 //!   in between hand-over and answer, allocated once.
 //!
@@ -175,7 +176,8 @@ impl Snapshot {
     }
 }
 
-/// The four latency histograms of one endpoint.
+/// The latency histograms of one endpoint: three end-to-end spans, the SA round trip, and the
+/// legs of a miss inside the provider (docs/stats.md).
 #[derive(Default)]
 pub struct EpStats {
     /// Cache hits: `resolve()` entry → answer handed to the core (core main thread).
@@ -186,6 +188,18 @@ pub struct EpStats {
     pub addr_miss: Histogram,
     /// SA MAD handed to the core → its reply taken by the dataplane.
     pub sa_rtt: Histogram,
+    /// A missed request handed to the loop → the loop's round taking it (on the core's thread
+    /// when the loop was free; else the wait for the dataplane thread's next round).
+    pub miss_queued: Histogram,
+    /// The round taking a missed request → the first query it sent for it (SA or ACM), when
+    /// it sent one at once (a request that joins a query already out sends none).
+    pub miss_to_query: Histogram,
+    /// An SA reply handed to the loop by the core's SA thread (`core` transport) → the round
+    /// taking it.
+    pub reply_wait: Histogram,
+    /// A reply (SA, or ACM from a peer) taken by a round → the first answer it led to,
+    /// delivered to the core.
+    pub reply_to_answer: Histogram,
 }
 
 /// Which histogram of an endpoint a dataplane measurement goes to.
@@ -197,6 +211,14 @@ pub enum Latency {
     AddrMiss,
     /// [`EpStats::sa_rtt`].
     SaRtt,
+    /// [`EpStats::miss_queued`].
+    MissQueued,
+    /// [`EpStats::miss_to_query`].
+    MissToQuery,
+    /// [`EpStats::reply_wait`].
+    ReplyWait,
+    /// [`EpStats::reply_to_answer`].
+    ReplyToAnswer,
 }
 
 impl EpStats {
@@ -206,6 +228,10 @@ impl EpStats {
             Latency::RouteMiss => &self.route_miss,
             Latency::AddrMiss => &self.addr_miss,
             Latency::SaRtt => &self.sa_rtt,
+            Latency::MissQueued => &self.miss_queued,
+            Latency::MissToQuery => &self.miss_to_query,
+            Latency::ReplyWait => &self.reply_wait,
+            Latency::ReplyToAnswer => &self.reply_to_answer,
         }
     }
 }
@@ -234,6 +260,9 @@ impl MissClass {
 pub struct MissStamp {
     /// [`Clock::now`] at `resolve()` entry.
     pub at: u64,
+    /// [`Clock::now`] when it was handed to the loop (the start of
+    /// [`EpStats::miss_queued`]).
+    pub handed: u64,
     /// Route or address.
     pub class: MissClass,
 }
@@ -730,6 +759,7 @@ mod plane_tests {
         inbox: Arc<Inbox>,
         answers: Arc<Mutex<Vec<Answer>>>,
         sa_sent: Arc<Mutex<usize>>,
+        clock: Clock,
     }
 
     impl CoreIo for Core {
@@ -753,6 +783,7 @@ mod plane_tests {
                 token,
                 umad_status: 0,
                 mad: reply,
+                handed: self.clock.now(),
             });
             true
         }
@@ -780,10 +811,12 @@ mod plane_tests {
         );
         let answers = Arc::new(Mutex::new(Vec::new()));
         let sa_sent = Arc::new(Mutex::new(0));
+        let clock = Clock::calibrated();
         let core = Core {
             inbox: inbox.clone(),
             answers: answers.clone(),
             sa_sent: sa_sent.clone(),
+            clock,
         };
         let caps = Capacities {
             requests: 64,
@@ -802,7 +835,6 @@ mod plane_tests {
             let r = recorded.clone();
             Box::new(move |ep: EpId, what: Latency, ns: u64| r.lock().unwrap().push((ep, what, ns)))
         };
-        let clock = Clock::calibrated();
         let writer = CacheWriter::take(cache).unwrap();
         let mut plane = Plane::new(make, writer, inbox.clone(), core, waker.epoch())
             .unwrap()
@@ -825,8 +857,10 @@ mod plane_tests {
             addrs: Arc::new(Vec::new()),
         });
         let stamp = |class| {
+            let at = clock.now();
             Some(MissStamp {
-                at: clock.now(),
+                at,
+                handed: at,
                 class,
             })
         };
@@ -882,5 +916,25 @@ mod plane_tests {
         assert_eq!(of(Latency::SaRtt).len(), *sa_sent.lock().unwrap(), "{r:?}");
         assert!(!of(Latency::SaRtt).is_empty());
         assert!(r.iter().all(|x| x.0 == EpId(0)));
+        // The legs: each stamped request was taken by a round; client 5's went out as an SA
+        // query at once (client 6 joined it: no query of its own); every SA reply waited in
+        // the inbox (a round later) and led to answers. Each leg is within its miss.
+        let longest = misses.iter().copied().max().unwrap();
+        let queued = of(Latency::MissQueued);
+        assert_eq!(queued.len(), 2, "{r:?}");
+        // Client 5 waited in the inbox for the 2 ms before the first round.
+        assert!(queued.iter().any(|&ns| ns >= 2_000_000), "{queued:?}");
+        let to_query = of(Latency::MissToQuery);
+        assert_eq!(to_query.len(), 1, "{r:?}");
+        assert_eq!(
+            of(Latency::ReplyWait).len(),
+            of(Latency::SaRtt).len(),
+            "{r:?}"
+        );
+        let to_answer = of(Latency::ReplyToAnswer);
+        assert!(!to_answer.is_empty(), "{r:?}");
+        for l in [queued, to_query, of(Latency::ReplyWait), to_answer] {
+            assert!(l.iter().all(|&ns| ns <= longest), "{l:?} vs {longest}");
+        }
     }
 }

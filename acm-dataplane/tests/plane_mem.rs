@@ -200,6 +200,7 @@ impl CoreIo for FakeCore {
             token,
             umad_status: 0,
             mad: reply,
+            handed: 0,
         });
         true
     }

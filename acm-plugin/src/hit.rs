@@ -376,8 +376,10 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             r
         }
         Front::HandOver => {
+            let handed = inst.clock.now();
             let stamp = MissStamp {
-                at: t0.unwrap_or_else(|| inst.clock.now()),
+                at: t0.unwrap_or(handed),
+                handed,
                 class: match target {
                     Target::Address { .. } => MissClass::Address,
                     _ => MissClass::Route,

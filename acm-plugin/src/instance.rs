@@ -420,6 +420,10 @@ impl Source for StatsSource {
                     ep.stats.route_miss.snapshot(),
                     ep.stats.addr_miss.snapshot(),
                     ep.stats.sa_rtt.snapshot(),
+                    ep.stats.miss_queued.snapshot(),
+                    ep.stats.miss_to_query.snapshot(),
+                    ep.stats.reply_wait.snapshot(),
+                    ep.stats.reply_to_answer.snapshot(),
                 ],
             })
             .collect();

@@ -133,18 +133,21 @@ pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
         if mad.is_null() {
             return;
         }
+        let inst = reply_target();
         // SAFETY: the core passes the acm_sa_mad it allocated for us; it stays valid until we
         // free it below, and nobody else touches it meanwhile.
-        let reply = unsafe {
+        let mut reply = unsafe {
             SaReply {
                 token: (*mad).context as usize as u64,
                 umad_status: (*mad).umad.status,
                 mad: (*mad).sa_mad.bytes,
+                handed: 0,
             }
         };
         // SAFETY: the handler owns the MAD after completion and frees it exactly once (here).
         unsafe { (api.free_sa_mad)(mad) };
-        if let Some(inst) = reply_target() {
+        if let Some(inst) = inst {
+            reply.handed = inst.clock.now();
             if !inst.inbox.reply(reply) {
                 inst.log_limited(
                     LogReason::ReplyDrop,

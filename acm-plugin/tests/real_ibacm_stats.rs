@@ -109,11 +109,15 @@ fn hist_count(m: &Samples, hist: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {hist}_count: {m:?}"))
 }
 
-const HISTS: [&str; 4] = [
+const HISTS: [&str; 8] = [
     "acmrs_resolve_hit_seconds",
     "acmrs_route_miss_seconds",
     "acmrs_addr_miss_seconds",
     "acmrs_sa_rtt_seconds",
+    "acmrs_miss_queued_seconds",
+    "acmrs_miss_to_query_seconds",
+    "acmrs_sa_reply_wait_seconds",
+    "acmrs_reply_to_answer_seconds",
 ];
 
 /// Every histogram is well formed: cumulative buckets, `+Inf` = `_count`.
@@ -252,6 +256,27 @@ fn latency_stats_in_the_textfile_and_acmrs_stat() {
         "{summary}"
     );
     assert!(sum("acmrs_sa_rtt_seconds") < 60.0, "{summary}");
+    // The legs of the two misses inside the provider: each was taken by a round of the loop.
+    // The LID miss sent its SA query at once (the name miss may find its route learned by
+    // then: no query of its own), and the SA reply led to its answer. SA replies come on
+    // acmrs's own QP here (`ud` transport): none waited in the inbox for the core's SA
+    // thread.
+    assert_eq!(dh("acmrs_miss_queued_seconds"), 2.0, "{summary}");
+    let to_query = dh("acmrs_miss_to_query_seconds");
+    assert!((1.0..=2.0).contains(&to_query), "{summary}");
+    assert!(dh("acmrs_reply_to_answer_seconds") >= 1.0, "{summary}");
+    assert_eq!(dh("acmrs_sa_reply_wait_seconds"), 0.0, "{summary}");
+    let mean = |h: &str| sum(h) / hist_count(&after, h);
+    for leg in [
+        "acmrs_miss_queued_seconds",
+        "acmrs_miss_to_query_seconds",
+        "acmrs_reply_to_answer_seconds",
+    ] {
+        assert!(
+            mean(leg) < mean("acmrs_route_miss_seconds"),
+            "{leg} is a part of a miss: {summary}"
+        );
+    }
 
     // acmrs-stat in Hca3's namespace (/run/acmrs.sock): the endpoint's tables and .hgrm files.
     let stat_s = stat.to_str().unwrap();
@@ -278,7 +303,14 @@ fn latency_stats_in_the_textfile_and_acmrs_stat() {
         hits >= hist_count(&after, "acmrs_resolve_hit_seconds"),
         "{o}"
     );
-    for r in ["route_miss", "addr_miss", "sa_rtt"] {
+    for r in [
+        "route_miss",
+        "addr_miss",
+        "sa_rtt",
+        "miss_queued",
+        "miss_to_query",
+        "reply_to_answer",
+    ] {
         assert!(row(r)[2].parse::<u64>().unwrap() >= 1, "{o}");
         assert!(row(r)[4].ends_with('s'), "p50 of {r}: {o}");
     }

@@ -97,6 +97,9 @@ pub struct SaReply {
     pub umad_status: u32,
     /// The MAD.
     pub mad: [u8; 256],
+    /// The loop's latency clock ([`crate::stats::Clock::now`]) when the SA thread handed it
+    /// over, for [`crate::stats::EpStats::reply_wait`]; 0: not stamped.
+    pub handed: u64,
 }
 
 /// One address-preload entry (`addr_preload acm_hosts`).

@@ -215,9 +215,30 @@ struct LoopStats {
     misses: InFlight<(EpId, MissClass)>,
     /// SA queries sent, by token: send time, endpoint.
     sa: InFlight<EpId>,
+    /// The leg being timed while the outputs of one input are carried out.
+    lap: Option<Lap>,
+}
+
+/// A leg of a miss that ends at an output of the input a round just gave the resolver.
+#[derive(Clone, Copy, Debug)]
+enum Lap {
+    /// A missed request, taken by the round at `taken` (clock ticks): ends at the first
+    /// query sent ([`Latency::MissToQuery`]).
+    Request { taken: u64, ep: EpId },
+    /// A reply, taken by the round at `taken`: ends at the first answer delivered
+    /// ([`Latency::ReplyToAnswer`]).
+    Reply { taken: u64 },
 }
 
 impl LoopStats {
+    /// A query (SA or ACM) left at `at`: the end of a request's [`Lap`].
+    fn query_sent(&mut self, at: u64) {
+        if let Some(Lap::Request { taken, ep }) = self.lap {
+            (self.sink)(ep, Latency::MissToQuery, self.clock.ns(taken, at));
+            self.lap = None;
+        }
+    }
+
     /// Remembers `key` (dropping entries older than 10 min when full: answers that never came).
     fn remember<V: Copy>(clock: &Clock, p: &mut InFlight<V>, key: u128, at: u64, v: V) {
         if !p.insert(key, at, v) {
@@ -286,8 +307,16 @@ impl<I: CoreIo> Plane<I> {
             sink,
             misses: InFlight::new(capacity),
             sa: InFlight::new(capacity),
+            lap: None,
         });
         self
+    }
+
+    /// The outputs of one input are carried out: a leg they did not end is not timed.
+    fn lap_over(&mut self) {
+        if let Some(s) = self.stats.as_mut() {
+            s.lap = None;
+        }
     }
 
     /// The resolver: there is one whenever the loop is not [`dead`](Plane::dead) (only a
@@ -515,6 +544,7 @@ impl<I: CoreIo> Plane<I> {
                     self.reply_due.sent(token, Instant::now());
                     if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
                         LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
+                        s.query_sent(at);
                     }
                 }
                 Output::SendAcm { ep, to, mad } => {
@@ -527,6 +557,9 @@ impl<I: CoreIo> Plane<I> {
                         .and_then(|e| e.ud.as_mut())
                     {
                         let _ = ud.send(&to, &mad);
+                    }
+                    if let Some(s) = self.stats.as_mut() {
+                        s.query_sent(s.clock.now());
                     }
                 }
                 Output::Answer(a) => {
@@ -546,6 +579,10 @@ impl<I: CoreIo> Plane<I> {
                             s.misses.remove(client_key(a.client, &a.msg))
                         {
                             (s.sink)(ep, class.latency(), s.clock.ns(at, end));
+                        }
+                        if let Some(Lap::Reply { taken }) = s.lap {
+                            (s.sink)(a.ep, Latency::ReplyToAnswer, s.clock.ns(taken, end));
+                            s.lap = None;
                         }
                     }
                 }
@@ -609,12 +646,18 @@ impl<I: CoreIo> Poller for Plane<I> {
             self.reply_due
                 .done(r.token, Instant::now(), r.umad_status == 0);
             if let Some(s) = self.stats.as_mut() {
+                let taken = s.clock.now();
                 if let Some((at, ep)) = s.sa.remove(u128::from(r.token)) {
-                    (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
+                    (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
+                    if r.handed != 0 {
+                        (s.sink)(ep, Latency::ReplyWait, s.clock.ns(r.handed, taken));
+                    }
                 }
+                s.lap = Some(Lap::Reply { taken });
             }
             self.r().handle_sa(now, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
+            self.lap_over();
         }
         // Requests and control messages in the order the main thread queued them: a request
         // never sees an endpoint, address or generation the main thread changed after it, nor
@@ -636,6 +679,9 @@ impl<I: CoreIo> Poller for Plane<I> {
             if let (Some(s), Some(st), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
                 let key = client_key(r.client, &r.msg);
                 LoopStats::remember(&s.clock, &mut s.misses, key, st.at, (r.ep, st.class));
+                let taken = s.clock.now();
+                (s.sink)(r.ep, Latency::MissQueued, s.clock.ns(st.handed, taken));
+                s.lap = Some(Lap::Request { taken, ep: r.ep });
             }
             // In hand until the resolver has it: a panic inside `request` must not lose it.
             let r = self.in_hand.insert(r);
@@ -658,6 +704,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             }
             self.in_hand = None;
             self.drain_outputs(now);
+            self.lap_over();
         }
         if self.done {
             return PollOutcome::default();
@@ -678,6 +725,11 @@ impl<I: CoreIo> Poller for Plane<I> {
             ud.poll(&mut |m, b| rx.push((*m, *b)));
             for (m, b) in &rx {
                 did = true;
+                if let Some(s) = self.stats.as_mut() {
+                    s.lap = Some(Lap::Reply {
+                        taken: s.clock.now(),
+                    });
+                }
                 let class = Header::new_unchecked(&b[..mad::HEADER_LEN]).mgmt_class();
                 if class == MgmtClass::SubnAdm {
                     self.sa_receive(now, EpId(i as u8), m, b);
@@ -685,6 +737,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                     self.r().handle_acm(now, EpId(i as u8), m, &b[..]);
                 }
                 self.drain_outputs(now);
+                self.lap_over();
             }
             self.rx = rx;
         }
