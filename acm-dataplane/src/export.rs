@@ -227,6 +227,17 @@ pub fn render_prometheus(r: &Report) -> String {
     s
 }
 
+/// A client of the socket: connects to `socket` and reads the one report the provider writes
+/// before it closes (at most 5 s), in the text form [`decode`] reads.
+pub fn fetch(socket: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// First line of the socket format.
 pub const MAGIC: &str = "acmrs-stat 1";
 

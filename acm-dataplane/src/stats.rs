@@ -134,6 +134,19 @@ impl Snapshot {
         self.counts.iter().fold(0u64, |a, c| a.saturating_add(*c))
     }
 
+    /// What was recorded between `earlier` (a snapshot of the same histogram) and this one.
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        Snapshot {
+            counts: self
+                .counts
+                .iter()
+                .zip(earlier.counts.iter().chain(std::iter::repeat(&0)))
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            sum_ns: self.sum_ns.wrapping_sub(earlier.sum_ns),
+        }
+    }
+
     /// `(highest value of the bucket, count)` of every non-empty bucket, ascending. The
     /// highest value is what HdrHistogram reports too ("highest equivalent value"), so a
     /// percentile never understates.
@@ -510,6 +523,25 @@ mod tests {
         assert_eq!(bucket_of(u64::MAX), BUCKETS - 1);
         assert_eq!(bucket_high(BUCKETS - 1), MAX_VALUE);
         assert_eq!(BUCKETS, 1152);
+    }
+
+    #[test]
+    fn since_keeps_what_was_recorded_between_two_snapshots() {
+        let h = Histogram::new();
+        h.record(100);
+        h.record(5_000);
+        let before = h.snapshot();
+        h.record(5_000);
+        h.record(70_000);
+        let d = h.snapshot().since(&before);
+        assert_eq!(d.count(), 2);
+        assert_eq!(d.sum_ns, 75_000);
+        let v: Vec<(u64, u64)> = d.values().collect();
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert_eq!(v[0].1, 1);
+        assert!((5_000..5_200).contains(&v[0].0), "{v:?}");
+        assert!((70_000..72_300).contains(&v[1].0), "{v:?}");
+        assert_eq!(h.snapshot().since(&h.snapshot()).count(), 0);
     }
 
     #[test]

@@ -62,6 +62,16 @@ impl LatencyHistogram {
         let _ = self.h.record_n(v, count);
     }
 
+    /// A histogram of `count` operations of `ns` nanoseconds each, per `(ns, count)` pair (the
+    /// buckets of a provider's live histogram, `Snapshot::values`).
+    pub fn from_ns_counts(values: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let mut h = LatencyHistogram::new();
+        for (ns, count) in values {
+            h.record_ps(ns.saturating_mul(1000), count);
+        }
+        h
+    }
+
     /// Adds every value of `other`.
     pub fn merge(&mut self, other: &LatencyHistogram) {
         let _ = self.h.add(&other.h);

@@ -5,15 +5,12 @@
 //! Exit codes: 0 = shown, 1 = bad command line or a file could not be written, 2 = no acmrs
 //! provider serving at the socket (or something else answering there).
 
-use acm_dataplane::export::{decode, Report, COUNTERS, HISTS};
+use acm_dataplane::export::{self, decode, Report, COUNTERS, HISTS};
 use acm_dataplane::stats::Snapshot;
 use acm_report::{fmt_ns, LatencyHistogram, Table};
 use clap::Parser;
-use std::io::Read as _;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 /// The default of `acmrs_stat_socket`.
 const DEFAULT_SOCKET: &str = "/run/acmrs.sock";
@@ -38,27 +35,17 @@ struct Args {
 
 /// Connects and reads one report (the provider writes it and closes).
 fn fetch(socket: &Path) -> Result<String, String> {
-    let not_serving = |e: std::io::Error| {
+    export::fetch(socket).map_err(|e| {
         format!(
             "no acmrs provider is serving at {}: is ibacm running with `provider acmrs`? ({e})",
             socket.display()
         )
-    };
-    let mut s = UnixStream::connect(socket).map_err(not_serving)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(not_serving)?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).map_err(not_serving)?;
-    Ok(text)
+    })
 }
 
 /// The report crate's histogram (ps) of a snapshot (ns): one value per bucket, its highest.
 fn latency_histogram(s: &Snapshot) -> LatencyHistogram {
-    let mut h = LatencyHistogram::new();
-    for (ns, count) in s.values() {
-        h.record_ps(ns.saturating_mul(1000), count);
-    }
-    h
+    LatencyHistogram::from_ns_counts(s.values())
 }
 
 fn render(socket: &Path, r: &Report) -> String {

@@ -43,6 +43,8 @@ use acm_core_nostd::resolver::{AcmDest, UnicastAv};
 use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mcmember::ACM_QKEY;
+use acm_dataplane::export::{self, HISTS};
+use acm_dataplane::stats::Snapshot;
 use acm_dataplane::verbs::{self, UdConfig, UdEndpoint};
 use acm_report::plot::{write_percentile_svg, Series};
 use acm_report::{progress, LatencyHistogram, Summary, Table};
@@ -368,6 +370,49 @@ fn wait_ud(
 
 const FORMS: [&str; 3] = ["lid", "gid", "name"];
 
+/// acmrs's own legs of a miss, from its live histograms (docs/stats.md): (histogram on the
+/// stats socket, report row, file tag).
+const PLUGIN_LEGS: [(&str, &str, &str); 4] = [
+    (
+        "miss_queued",
+        "inside acmrs: handed to the loop → the round takes it",
+        "in-queued",
+    ),
+    (
+        "miss_to_query",
+        "inside acmrs: the round takes it → query sent",
+        "in-to-query",
+    ),
+    (
+        "reply_wait",
+        "inside acmrs: SA reply handed over → the round takes it",
+        "in-reply-wait",
+    ),
+    (
+        "reply_to_answer",
+        "inside acmrs: reply taken → answer delivered",
+        "in-reply-answer",
+    ),
+];
+
+/// acmrs's [`PLUGIN_LEGS`] histograms now, read from its stats socket.
+fn plugin_legs(socket: &Path) -> Result<[Snapshot; 4], String> {
+    let text = export::fetch(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let r = export::decode(&text).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let [ep] = &r.endpoints[..] else {
+        return Err(format!("{} endpoints on the stats socket, not 1", r.endpoints.len()));
+    };
+    let mut out: [Snapshot; 4] = Default::default();
+    for (o, (name, _, _)) in out.iter_mut().zip(PLUGIN_LEGS) {
+        let k = HISTS
+            .iter()
+            .position(|h| h.0 == name)
+            .ok_or_else(|| format!("no histogram {name} on the stats socket"))?;
+        *o = ep.hists[k].clone();
+    }
+    Ok(out)
+}
+
 /// The histograms of one provider and form.
 #[derive(Default)]
 struct Form {
@@ -388,6 +433,8 @@ struct Form {
     reply_handler: LatencyHistogram,
     /// Handler returned → answer delivered (0 when answered inside the handler).
     handler_answer: LatencyHistogram,
+    /// acmrs only: its own legs ([`PLUGIN_LEGS`]) over this form's misses.
+    plugin: [LatencyHistogram; 4],
     failed: usize,
     without_sa: usize,
 }
@@ -406,6 +453,13 @@ impl Form {
         let handled = a.handled_at.max(a.recv_at);
         self.reply_handler.record(ns(handled - a.recv_at));
         self.handler_answer.record(ns(a.ns.saturating_sub(handled)));
+    }
+
+    /// Adds acmrs's own legs recorded between the snapshots `before` and `after`.
+    fn add_plugin(&mut self, before: &[Snapshot; 4], after: &[Snapshot; 4]) {
+        for (h, (b, a)) in self.plugin.iter_mut().zip(before.iter().zip(after)) {
+            h.merge(&LatencyHistogram::from_ns_counts(a.since(b).values()));
+        }
     }
 }
 
@@ -449,14 +503,17 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
     let lid = info.lid;
     let stock_opts = dir.join("stock_opts.cfg");
     let acmrs_opts = dir.join("acmrs_opts.cfg");
+    // Its live histograms give acmrs's own legs (read between the blocks of misses).
+    let stat_socket = dir.join("acmrs.sock");
     std::fs::write(&stock_opts, opts_common()).map_err(|e| e.to_string())?;
     std::fs::write(
         &acmrs_opts,
         format!(
             "{}acmrs_path_capacity 8192\nacmrs_request_capacity 4096\n\
-             acmrs_pending_capacity 4096\nacmrs_stat_socket none\nacmrs_poll_mode {}\n\
+             acmrs_pending_capacity 4096\nacmrs_stat_socket {}\nacmrs_poll_mode {}\n\
              acmrs_sa_transport core\n",
             opts_common(),
+            stat_socket.display(),
             a.common.poll_mode
         ),
     )
@@ -567,6 +624,7 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
             return Err("too many rounds: misses keep failing or hitting (see the counts)".into());
         }
         if !done(&forms, 0) {
+            let legs0 = plugin_legs(&stat_socket)?;
             for (i, &d) in dests.iter().enumerate() {
                 for k in [(i + round) % 2, 1 - (i + round) % 2] {
                     tid += 1;
@@ -587,8 +645,10 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
                 bare_h[0].record(ns(bare.sa_umad(d, None)?));
                 bare_h[1].record(ns(bare.sa_ud(d, None)?));
             }
+            forms[1][0].add_plugin(&legs0, &plugin_legs(&stat_socket)?);
         }
         if !done(&forms, 1) {
+            let legs0 = plugin_legs(&stat_socket)?;
             for (i, g) in dgids.iter().enumerate() {
                 for k in [(i + round) % 2, 1 - (i + round) % 2] {
                     tid += 1;
@@ -602,8 +662,10 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
                 bare_h[2].record(ns(bare.sa_umad(0, Some(g))?));
                 bare_h[3].record(ns(bare.sa_ud(0, Some(g))?));
             }
+            forms[1][1].add_plugin(&legs0, &plugin_legs(&stat_socket)?);
         }
         if names_on && !done(&forms, 2) {
+            let legs0 = plugin_legs(&stat_socket)?;
             for i in 0..dests.len() {
                 for k in [(i + round) % 2, 1 - (i + round) % 2] {
                     tid += 1;
@@ -625,6 +687,7 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
                 }
                 bare_h[4].record(ns(bare.acm_ud()?));
             }
+            forms[1][2].add_plugin(&legs0, &plugin_legs(&stat_socket)?);
         }
         round += 1;
     }
@@ -821,6 +884,14 @@ fn report(
                         .map_err(|e| format!("{}: {e}", f.display()))?;
                 }
             }
+        }
+        for (j, (_, what, tag)) in PLUGIN_LEGS.iter().enumerate() {
+            let h = &forms[1][i].plugin[j];
+            if cnt(h) == 0 {
+                continue;
+            }
+            row(&mut t, &format!("{form}: {what}"), provs[1].name, &h.summary());
+            write_h(a, &format!("misses-acmrs-{form}-{tag}-{mode}.hgrm"), h)?;
         }
     }
     println!("{}", t.render());
