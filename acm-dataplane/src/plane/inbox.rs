@@ -12,6 +12,7 @@ use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Via, MSG_LEN};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
+use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -167,12 +168,13 @@ pub struct Inbox {
     pub(super) control: Mutex<VecDeque<(u64, u64, Control)>>,
     control_pushed: AtomicU64,
     /// One counter for requests and control messages, in the order the main thread (their
-    /// only producer) queued them.
-    tickets: AtomicU64,
+    /// only producer) queued them. On a line of its own, as is `rounds`: every hand-over
+    /// writes this one and every round that one, from two threads.
+    tickets: CachePadded<AtomicU64>,
     /// Set when the loop can no longer resolve anything (it still answers, with errors).
     pub(super) stopped: AtomicBool,
     /// Poll rounds the loop has run: its progress, as the watchdog sees it.
-    pub(super) rounds: AtomicU64,
+    pub(super) rounds: CachePadded<AtomicU64>,
     /// Set by the watchdog while the loop makes no progress and requests wait: new requests
     /// are refused (the caller answers them ETIMEDOUT at once) until it moves again.
     stalled: AtomicBool,
@@ -198,9 +200,9 @@ impl Inbox {
             replies: ArrayQueue::new(replies.max(1)),
             control: Mutex::new(VecDeque::new()),
             control_pushed: AtomicU64::new(0),
-            tickets: AtomicU64::new(0),
+            tickets: CachePadded::new(AtomicU64::new(0)),
             stopped: AtomicBool::new(false),
-            rounds: AtomicU64::new(0),
+            rounds: CachePadded::new(AtomicU64::new(0)),
             stalled: AtomicBool::new(false),
             gave_up: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
@@ -253,6 +255,12 @@ impl Inbox {
             self.gave_up.load(Ordering::Relaxed),
             self.waker.exited(),
         )
+    }
+
+    /// How many control messages the main thread has queued so far (counted before each is
+    /// queued: a request queued after a control message is never seen before its count).
+    pub(super) fn controls_pushed(&self) -> u64 {
+        self.control_pushed.load(Ordering::Acquire)
     }
 
     /// How many control messages the loop has applied so far.

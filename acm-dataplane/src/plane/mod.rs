@@ -329,8 +329,14 @@ impl<I: CoreIo> Plane<I> {
         t.saturating_duration_since(self.epoch).as_millis() as Millis
     }
 
-    /// The ticket of the next control message, if any.
+    /// The ticket of the next control message, if any. Without one queued (the count the main
+    /// thread bumps before queueing is the count applied) the queue's lock is not taken: a
+    /// round looks twice per round, and the lock's line would travel between the threads
+    /// that run rounds.
     fn next_control(&self) -> Option<u64> {
+        if self.inbox.controls_pushed() <= self.controls_applied {
+            return None;
+        }
         lock(&self.inbox.control).front().map(|(t, _, _)| *t)
     }
 
