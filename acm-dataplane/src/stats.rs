@@ -781,9 +781,9 @@ mod plane_tests {
     use crate::worker::{Poller, Worker};
     use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
     use acm_core_nostd::resolver::{
-        Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Resolver,
+        Answer, Capacities, Config, Counter, EpId, HeapStorage, Kind, Resolver,
     };
-    use acm_core_nostd::sim::{lid_msg, node_gid, node_lid};
+    use acm_core_nostd::sim::{lid_msg, node_ep_config, node_gid, node_lid};
     use acm_core_nostd::wire::path_record::PathRecord;
     use std::sync::{Arc, Mutex};
 
@@ -874,16 +874,7 @@ mod plane_tests {
         inbox.control(Control::Open {
             ep: EpId(0),
             cache_ep: 0,
-            cfg: EpConfig {
-                port_gid: node_gid(0),
-                lid: node_lid(0),
-                pkey: 0xffff,
-                mtu: 4,
-                rate: 7,
-                subnet_timeout_ms: 1,
-                qpn: 0,
-                sa_pkey: false,
-            },
+            cfg: node_ep_config(0),
             ud: None,
             routes: Vec::new(),
             addrs: Arc::new(Vec::new()),

@@ -8,7 +8,7 @@ use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     RecvMeta, Resolver,
 };
-use acm_core_nostd::sim::{lid_msg, name_bytes, name_msg, node_gid, node_lid};
+use acm_core_nostd::sim::{lid_msg, name_bytes, name_msg, node_ep_config, node_gid, node_lid};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 use acm_dataplane::plane::{Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, Ud};
@@ -265,14 +265,8 @@ fn open_watched(me: usize, wire: &Wire, watch: Arc<Overlap>) -> Control {
         ep: EpId(0),
         cache_ep: 0,
         cfg: EpConfig {
-            port_gid: node_gid(me),
-            lid: node_lid(me),
-            pkey: 0xffff,
-            mtu: 4,
-            rate: 7,
-            subnet_timeout_ms: 1,
-            qpn: 100 + me as u32,
             sa_pkey: true,
+            ..node_ep_config(me)
         },
         ud: Some(Box::new(MemUd {
             me,
@@ -737,14 +731,8 @@ fn sick_open(ep: u8, short: u64) -> Control {
         ep: EpId(ep),
         cache_ep: u32::from(ep),
         cfg: EpConfig {
-            port_gid: node_gid(0),
-            lid: node_lid(0),
-            pkey: 0xffff,
-            mtu: 4,
-            rate: 7,
-            subnet_timeout_ms: 1,
-            qpn: 100,
             sa_pkey: true,
+            ..node_ep_config(0)
         },
         ud: Some(Box::new(SickUd(acm_dataplane::plane::UdHealth {
             short,

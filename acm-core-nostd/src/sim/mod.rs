@@ -250,6 +250,21 @@ pub fn node_lid(i: usize) -> u16 {
     i as u16 + 1
 }
 
+/// An endpoint of node `i`'s port for a test: its GID and LID, the default P_Key, MTU 2048
+/// (4), 40 Gb/s (7), a 1 ms subnet timeout, QPN 100 + `i`, the QP not on the SA's P_Key.
+pub fn node_ep_config(i: usize) -> EpConfig {
+    EpConfig {
+        port_gid: node_gid(i),
+        lid: node_lid(i),
+        pkey: 0xffff,
+        mtu: 4,
+        rate: 7,
+        subnet_timeout_ms: 1,
+        qpn: 100 + i as u32,
+        sa_pkey: false,
+    }
+}
+
 impl Sim {
     /// Builds the nodes, opens their endpoints and adds each node's name as a local address.
     pub fn new(cfg: SimConfig) -> Sim {

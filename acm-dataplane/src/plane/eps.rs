@@ -100,22 +100,13 @@ impl Eps {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use acm_core_nostd::resolver::EpConfig;
+    use acm_core_nostd::sim::node_ep_config;
     use std::sync::Arc;
 
     fn rec(cache_ep: u32) -> EpRecord {
         EpRecord {
             cache_ep,
-            cfg: EpConfig {
-                port_gid: Default::default(),
-                lid: 1,
-                pkey: 0xffff,
-                mtu: 4,
-                rate: 7,
-                subnet_timeout_ms: 1,
-                qpn: 0,
-                sa_pkey: false,
-            },
+            cfg: node_ep_config(0),
             ud: None,
             locals: Vec::new(),
             routes: Vec::new(),
