@@ -231,9 +231,11 @@ enum Lap {
 }
 
 impl LoopStats {
-    /// A query (SA or ACM) left at `at`: the end of a request's [`Lap`].
-    fn query_sent(&mut self, at: u64) {
+    /// A query (SA or ACM) left at `at` (`None`: now; the clock is read only if a request's
+    /// [`Lap`] ends here).
+    fn query_sent(&mut self, at: Option<u64>) {
         if let Some(Lap::Request { taken, ep }) = self.lap {
+            let at = at.unwrap_or_else(|| self.clock.now());
             (self.sink)(ep, Latency::MissToQuery, self.clock.ns(taken, at));
             self.lap = None;
         }
@@ -550,7 +552,7 @@ impl<I: CoreIo> Plane<I> {
                     self.reply_due.sent(token, Instant::now());
                     if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
                         LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
-                        s.query_sent(at);
+                        s.query_sent(Some(at));
                     }
                 }
                 Output::SendAcm { ep, to, mad } => {
@@ -565,7 +567,7 @@ impl<I: CoreIo> Plane<I> {
                         let _ = ud.send(&to, &mad);
                     }
                     if let Some(s) = self.stats.as_mut() {
-                        s.query_sent(s.clock.now());
+                        s.query_sent(None);
                     }
                 }
                 Output::Answer(a) => {
