@@ -400,7 +400,10 @@ fn plugin_legs(socket: &Path) -> Result<[Snapshot; 4], String> {
     let text = export::fetch(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
     let r = export::decode(&text).map_err(|e| format!("{}: {e}", socket.display()))?;
     let [ep] = &r.endpoints[..] else {
-        return Err(format!("{} endpoints on the stats socket, not 1", r.endpoints.len()));
+        return Err(format!(
+            "{} endpoints on the stats socket, not 1",
+            r.endpoints.len()
+        ));
     };
     let mut out: [Snapshot; 4] = Default::default();
     for (o, (name, _, _)) in out.iter_mut().zip(PLUGIN_LEGS) {
@@ -890,7 +893,12 @@ fn report(
             if cnt(h) == 0 {
                 continue;
             }
-            row(&mut t, &format!("{form}: {what}"), provs[1].name, &h.summary());
+            row(
+                &mut t,
+                &format!("{form}: {what}"),
+                provs[1].name,
+                &h.summary(),
+            );
             write_h(a, &format!("misses-acmrs-{form}-{tag}-{mode}.hgrm"), h)?;
         }
     }
