@@ -226,6 +226,15 @@ fn lock_cell<P>(cell: &Cell<P>) -> std::sync::MutexGuard<'_, Option<P>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The poller's lock if it is free now; `None` while another thread runs a round.
+fn try_lock_cell<P>(cell: &Cell<P>) -> Option<std::sync::MutexGuard<'_, Option<P>>> {
+    match cell.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// Wakes the worker; cheap when the worker is spinning.
 #[derive(Clone)]
 pub struct Waker(Arc<Shared>);
@@ -408,10 +417,8 @@ impl Shared {
     /// worker holds it or is gone. Wakes a parked worker for what only it can do next (see
     /// the module docs).
     fn round_here<P: Poller>(&self, cell: &Cell<P>, spin_for_reply: Duration) -> bool {
-        let mut g = match cell.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return false,
+        let Some(mut g) = try_lock_cell(cell) else {
+            return false;
         };
         let Some(poller) = g.as_mut() else {
             return false;
@@ -638,11 +645,26 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
     }
     let mut last_work = shared.tick();
     let mut fds: Vec<RawFd> = Vec::new();
+    // Since when a producer's round has held the lock while we wanted it.
+    let mut held_since: Option<Instant> = None;
     loop {
         // The stall test hooks: stuck between rounds, or inside one with the lock held.
         #[cfg(debug_assertions)]
         stall_here(false);
-        let mut g = lock_cell(cell);
+        // A producer running a round takes what is queued, and wakes us if only we can do
+        // what follows: wait by spinning, not on the lock (a futex wait would make its unlock
+        // a wake-up syscall inside `resolve()`, and put us to sleep just before a reply we
+        // spin for). For `spin` at most: a round that takes longer (a client that does not
+        // read its socket blocks the answer) is waited for on the lock.
+        let mut g = match try_lock_cell(cell) {
+            Some(g) => g,
+            None if held_since.get_or_insert_with(Instant::now).elapsed() < config.spin => {
+                pause(config.yield_spin);
+                continue;
+            }
+            None => lock_cell(cell),
+        };
+        held_since = None;
         let Some(poller) = g.as_mut() else {
             return;
         };
@@ -667,7 +689,10 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
             pause(config.yield_spin);
             continue;
         }
-        let mut g = lock_cell(cell);
+        // A producer's round now: look again rather than park behind it.
+        let Some(mut g) = try_lock_cell(cell) else {
+            continue;
+        };
         let Some(poller) = g.as_mut() else {
             return;
         };
@@ -1097,6 +1122,102 @@ mod tests {
             wait_for(|| probe.rounds_elsewhere(me) > theirs, &msg);
         }
         probe.stop.store(true, Ordering::Release);
+        w.join().unwrap();
+    }
+
+    /// Polls for a reply due in an hour on the worker's thread (so the worker spins, wanting
+    /// the lock all the time); a round on any other thread holds the lock for `hold` (a
+    /// producer's round that cannot end soon: an answer to a client that does not read its
+    /// socket) and reads the worker thread's CPU clock around it.
+    struct Hold {
+        worker_clock: Arc<std::sync::OnceLock<libc::clockid_t>>,
+        hold: Duration,
+        /// The worker's CPU time during the hold.
+        spent: Arc<Mutex<Option<Duration>>>,
+        stop: Arc<AtomicBool>,
+        done: bool,
+    }
+
+    /// The CPU time of the thread whose clock is `id`.
+    fn cpu_time(id: libc::clockid_t) -> Duration {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a live out-parameter, and a thread CPU clock id of a live thread.
+        let rc = unsafe { libc::clock_gettime(id, &mut ts) };
+        assert_eq!(rc, 0, "clock_gettime");
+        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+
+    impl Poller for Hold {
+        fn poll(&mut self, now: Instant) -> PollOutcome {
+            if self.stop.load(Ordering::Acquire) {
+                self.done = true;
+            }
+            if thread::current().name() == Some("hold-test") {
+                self.worker_clock.get_or_init(|| {
+                    let mut id: libc::clockid_t = 0;
+                    // SAFETY: our own thread's handle and a live out-parameter.
+                    let rc = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
+                    assert_eq!(rc, 0, "pthread_getcpuclockid");
+                    id
+                });
+                return PollOutcome {
+                    reply_due: Some(now + Duration::from_secs(3600)),
+                    ..PollOutcome::default()
+                };
+            }
+            let id = *self.worker_clock.get().expect("the worker polled first");
+            let before = cpu_time(id);
+            thread::sleep(self.hold);
+            *self.spent.lock().unwrap() = Some(cpu_time(id) - before);
+            PollOutcome::default()
+        }
+
+        fn finished(&self) -> bool {
+            self.done
+        }
+    }
+
+    #[test]
+    fn a_worker_behind_a_long_producers_round_waits_on_the_lock_not_in_a_spin() {
+        let worker_clock = Arc::new(std::sync::OnceLock::new());
+        let spent = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let cfg = WorkerConfig {
+            name: "hold-test".into(),
+            spin: Duration::from_millis(1),
+            spin_for_reply: Duration::from_secs(7200),
+            ..WorkerConfig::default()
+        };
+        let hold = Hold {
+            worker_clock: worker_clock.clone(),
+            hold: Duration::from_millis(500),
+            spent: spent.clone(),
+            stop: stop.clone(),
+            done: false,
+        };
+        let w = Worker::spawn(cfg, Worker::new_waker(), hold).unwrap();
+        wait_for(|| worker_clock.get().is_some(), "the worker never polled");
+        // The producer's round, tried until the lock is free between two of the worker's.
+        let t0 = Instant::now();
+        while spent.lock().unwrap().is_none() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the lock was never free"
+            );
+            w.waker().serve();
+        }
+        // The worker wanted the lock all along: it spun for `spin` (1 ms), then slept on the
+        // lock. Spinning through the whole 500 ms would have cost it far more CPU, even on a
+        // loaded machine (each turn is a sched_yield).
+        let spent = spent.lock().unwrap().unwrap();
+        assert!(
+            spent < Duration::from_millis(50),
+            "{spent:?} of CPU in a 500 ms hold"
+        );
+        stop.store(true, Ordering::Release);
         w.join().unwrap();
     }
 
