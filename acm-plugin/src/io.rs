@@ -133,7 +133,6 @@ pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
         if mad.is_null() {
             return;
         }
-        let inst = reply_target();
         // SAFETY: the core passes the acm_sa_mad it allocated for us; it stays valid until we
         // free it below, and nobody else touches it meanwhile.
         let mut reply = unsafe {
@@ -146,7 +145,7 @@ pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
         };
         // SAFETY: the handler owns the MAD after completion and frees it exactly once (here).
         unsafe { (api.free_sa_mad)(mad) };
-        if let Some(inst) = inst {
+        if let Some(inst) = reply_target() {
             reply.handed = inst.clock.now();
             if !inst.inbox.reply(reply) {
                 inst.log_limited(

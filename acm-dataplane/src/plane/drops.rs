@@ -14,11 +14,8 @@ impl<I: CoreIo> Plane<I> {
             return;
         }
         for k in 0..self.eps.count() {
-            let Some(i) = self.eps.nth(k) else {
+            let Some((i, rec)) = self.eps.nth_mut(k) else {
                 break;
-            };
-            let Some(rec) = self.eps.get_mut(i) else {
-                continue;
             };
             let Some(h) = rec.ud.as_ref().map(|u| u.health()) else {
                 continue;

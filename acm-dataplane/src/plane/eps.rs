@@ -52,12 +52,12 @@ impl Eps {
 
     /// Closes every endpoint; what they held, by index.
     pub(super) fn take_all(&mut self) -> Vec<(usize, EpRecord)> {
-        let open = std::mem::take(&mut self.open);
-        let all = open
+        let slots = &mut self.slots;
+        let all = self
+            .open
             .iter()
-            .filter_map(|&i| Some((usize::from(i), self.slots[usize::from(i)].take()?)))
+            .filter_map(|&i| Some((usize::from(i), slots[usize::from(i)].take()?)))
             .collect();
-        self.open = open;
         self.open.clear();
         all
     }
@@ -67,10 +67,11 @@ impl Eps {
         self.open.len()
     }
 
-    /// The index of the `k`-th open endpoint (ascending), for a walk whose steps need the
-    /// whole loop mutably.
-    pub(super) fn nth(&self, k: usize) -> Option<usize> {
-        self.open.get(k).map(|&i| usize::from(i))
+    /// The `k`-th open endpoint (ascending) and its index, for a walk whose steps need the
+    /// whole loop mutably between two endpoints.
+    pub(super) fn nth_mut(&mut self, k: usize) -> Option<(usize, &mut EpRecord)> {
+        let i = usize::from(*self.open.get(k)?);
+        Some((i, self.slots[i].as_mut()?))
     }
 
     /// The open endpoints with their indices, ascending.
@@ -133,7 +134,9 @@ mod tests {
         let by_index: Vec<usize> = eps.iter().map(|(i, _)| i).collect();
         assert_eq!(by_index, vec![0, 3, 17, 200, 255]);
         assert_eq!(
-            (0..eps.count()).map(|k| eps.nth(k)).collect::<Vec<_>>(),
+            (0..eps.count())
+                .map(|k| eps.nth_mut(k).map(|(i, _)| i))
+                .collect::<Vec<_>>(),
             by_index.into_iter().map(Some).collect::<Vec<_>>()
         );
 

@@ -215,7 +215,8 @@ struct LoopStats {
     misses: InFlight<(EpId, MissClass)>,
     /// SA queries sent, by token: send time, endpoint.
     sa: InFlight<EpId>,
-    /// The leg being timed while the outputs of one input are carried out.
+    /// The leg being timed while the outputs of one input are carried out (cleared when
+    /// `drain_outputs` has carried them all out).
     lap: Option<Lap>,
 }
 
@@ -312,13 +313,6 @@ impl<I: CoreIo> Plane<I> {
             lap: None,
         });
         self
-    }
-
-    /// The outputs of one input are carried out: a leg they did not end is not timed.
-    fn lap_over(&mut self) {
-        if let Some(s) = self.stats.as_mut() {
-            s.lap = None;
-        }
     }
 
     /// The resolver: there is one whenever the loop is not [`dead`](Plane::dead) (only a
@@ -632,6 +626,11 @@ impl<I: CoreIo> Plane<I> {
                 Output::Count { ep, counter } => self.io.count(ep, counter),
             }
         }
+        // The outputs of the input the lap was started for are carried out: a leg they did
+        // not end is not timed.
+        if let Some(s) = self.stats.as_mut() {
+            s.lap = None;
+        }
     }
 }
 
@@ -665,7 +664,6 @@ impl<I: CoreIo> Poller for Plane<I> {
             }
             self.r().handle_sa(now, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
-            self.lap_over();
         }
         // Requests and control messages in the order the main thread queued them: a request
         // never sees an endpoint, address or generation the main thread changed after it, nor
@@ -712,16 +710,15 @@ impl<I: CoreIo> Poller for Plane<I> {
             }
             self.in_hand = None;
             self.drain_outputs(now);
-            self.lap_over();
         }
         if self.done {
             return PollOutcome::default();
         }
         for k in 0..self.eps.count() {
-            let Some(i) = self.eps.nth(k) else {
+            let Some((i, rec)) = self.eps.nth_mut(k) else {
                 break;
             };
-            let Some(ud) = self.eps.get_mut(i).and_then(|e| e.ud.as_mut()) else {
+            let Some(ud) = rec.ud.as_mut() else {
                 continue;
             };
             // The burst is copied out of the QP (its receive buffers are re-posted at once),
@@ -745,7 +742,6 @@ impl<I: CoreIo> Poller for Plane<I> {
                     self.r().handle_acm(now, EpId(i as u8), m, &b[..]);
                 }
                 self.drain_outputs(now);
-                self.lap_over();
             }
             self.rx = rx;
         }

@@ -224,11 +224,8 @@ impl<I: CoreIo> Plane<I> {
         }
         self.next_sm_check = now.saturating_add(SM_CHECK_MS);
         for k in 0..self.eps.count() {
-            let Some(i) = self.eps.nth(k) else {
+            let Some((i, rec)) = self.eps.nth_mut(k) else {
                 break;
-            };
-            let Some(rec) = self.eps.get_mut(i) else {
-                continue;
             };
             let Some(ud) = rec.ud.as_mut() else {
                 continue;
