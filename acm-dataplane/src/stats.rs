@@ -792,11 +792,14 @@ mod plane_tests {
         answers: Arc<Mutex<Vec<Answer>>>,
         sa_sent: Arc<Mutex<usize>>,
         clock: Clock,
+        /// What happened, in order: "send", "answer" here; the sink adds the latencies.
+        order: Arc<Mutex<Vec<String>>>,
     }
 
     impl CoreIo for Core {
         fn send_sa(&mut self, _ep: EpId, token: u64, mad: &[u8; 256]) -> bool {
             *self.sa_sent.lock().unwrap() += 1;
+            self.order.lock().unwrap().push("send".into());
             let mut reply = *mad;
             reply[3] = 0x81;
             if u16::from_be_bytes([mad[16], mad[17]]) == 0x0035 {
@@ -821,6 +824,7 @@ mod plane_tests {
         }
         fn answer(&mut self, a: &Answer) {
             self.answers.lock().unwrap().push(*a);
+            self.order.lock().unwrap().push("answer".into());
         }
         fn count(&mut self, _ep: EpId, _c: Counter) {}
         fn log(&mut self, _level: u8, _text: &str) {}
@@ -844,11 +848,13 @@ mod plane_tests {
         let answers = Arc::new(Mutex::new(Vec::new()));
         let sa_sent = Arc::new(Mutex::new(0));
         let clock = Clock::calibrated();
+        let order = Arc::new(Mutex::new(Vec::new()));
         let core = Core {
             inbox: inbox.clone(),
             answers: answers.clone(),
             sa_sent: sa_sent.clone(),
             clock,
+            order: order.clone(),
         };
         let caps = Capacities {
             requests: 64,
@@ -864,8 +870,11 @@ mod plane_tests {
         });
         let recorded = Arc::new(Mutex::new(Vec::new()));
         let sink = {
-            let r = recorded.clone();
-            Box::new(move |ep: EpId, what: Latency, ns: u64| r.lock().unwrap().push((ep, what, ns)))
+            let (r, o) = (recorded.clone(), order.clone());
+            Box::new(move |ep: EpId, what: Latency, ns: u64| {
+                o.lock().unwrap().push(format!("{what:?}"));
+                r.lock().unwrap().push((ep, what, ns))
+            })
         };
         let writer = CacheWriter::take(cache).unwrap();
         let mut plane = Plane::new(make, writer, inbox.clone(), core, waker.epoch())
@@ -959,5 +968,46 @@ mod plane_tests {
         for l in [queued, to_query, of(Latency::ReplyWait), to_answer] {
             assert!(l.iter().all(|&ns| ns <= longest), "{l:?} vs {longest}");
         }
+        // The bookkeeping is not on a miss's way: a request's queue wait is recorded after
+        // its query went out (client 5's, the first leg that ends at a query), a reply's round
+        // trip and wait after the answers it led to (the last reply answers client 7).
+        let o = order.lock().unwrap().clone();
+        let first = |what: &str| o.iter().position(|x| x == what).unwrap();
+        let last = |what: &str| o.iter().rposition(|x| x == what).unwrap();
+        assert!(first("MissToQuery") < first("MissQueued"), "{o:?}");
+        assert!(last("answer") < last("SaRtt"), "{o:?}");
+        assert!(last("answer") < last("ReplyWait"), "{o:?}");
+        assert_eq!(
+            plane.misses_tracked(),
+            0,
+            "every answered miss is forgotten"
+        );
+
+        // A stamped request the cache answers in its own round (the path arrived after the
+        // caller's front looked): timed too, and nothing of it stays behind.
+        assert!(inbox.hand_over(HandOver {
+            ep: EpId(0),
+            cache_ep: 0,
+            client: 8,
+            kind: Kind::Resolve,
+            msg: &lid_msg(2, false, 44),
+            stamp: stamp(MissClass::Route),
+            target: None,
+        }));
+        plane.poll(Instant::now());
+        assert_eq!(answers.lock().unwrap().len(), 4);
+        assert_eq!(
+            *sa_sent.lock().unwrap(),
+            of(Latency::SaRtt).len(),
+            "no query"
+        );
+        let r = recorded.lock().unwrap().clone();
+        assert_eq!(r.iter().filter(|x| x.1 == Latency::RouteMiss).count(), 3);
+        assert_eq!(r.iter().filter(|x| x.1 == Latency::MissQueued).count(), 3);
+        assert_eq!(
+            plane.misses_tracked(),
+            0,
+            "answered in its round: not remembered"
+        );
     }
 }

@@ -49,7 +49,9 @@ impl Answers {
         let i = self.free.pop_front(reqs, list_id::FREE, REQ)?;
         let slot = &mut reqs[i as usize];
         let n = r.msg.len().min(MSG_LEN);
-        slot.msg = [0; MSG_LEN];
+        // Only the message's own bytes: nothing reads past `len` (`pop`), and the slot's
+        // other cache lines stay untouched (a miss's request is stored on one CPU and
+        // answered on another).
         slot.msg[..n].copy_from_slice(&r.msg[..n]);
         slot.len = n as u16;
         slot.client = r.client;

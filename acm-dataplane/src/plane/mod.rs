@@ -30,7 +30,7 @@
 //! * `plane/drops.rs`: what the resolver and the QPs dropped, logged at most once a second;
 //! * `plane/reply_due.rs`: when an SA reply is due (the worker keeps polling for it).
 
-use crate::stats::{Clock, InFlight, Latency, MissClass};
+use crate::stats::{Clock, InFlight, Latency, MissClass, MissStamp};
 use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{
     ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
@@ -218,6 +218,21 @@ struct LoopStats {
     /// The leg being timed while the outputs of one input are carried out (cleared when
     /// `drain_outputs` has carried them all out).
     lap: Option<Lap>,
+    /// The stamped request the round is giving the resolver now: remembered in `misses`
+    /// (and its queue wait recorded) only once its outputs are carried out, so that this
+    /// bookkeeping is not on the way to its query; an answer in those outputs takes it from
+    /// here instead.
+    taking: Option<Taking>,
+}
+
+/// A stamped request being given to the resolver ([`LoopStats::taking`]).
+#[derive(Clone, Copy, Debug)]
+struct Taking {
+    key: u128,
+    stamp: MissStamp,
+    ep: EpId,
+    /// When the round took it (clock ticks).
+    taken: u64,
 }
 
 /// A leg of a miss that ends at an output of the input a round just gave the resolver.
@@ -232,6 +247,31 @@ enum Lap {
 }
 
 impl LoopStats {
+    /// The request being taken, if `key` is its: where its answer's latency starts.
+    fn take_taking(&mut self, key: u128) -> Option<(u64, (EpId, MissClass))> {
+        let t = self.taking.take_if(|t| t.key == key)?;
+        Some((t.stamp.at, (t.ep, t.stamp.class)))
+    }
+
+    /// After the outputs of the request being taken: its queue wait is recorded, and it is
+    /// remembered until its answer unless that is out already.
+    fn taken(&mut self, t: Taking) {
+        (self.sink)(
+            t.ep,
+            Latency::MissQueued,
+            self.clock.ns(t.stamp.handed, t.taken),
+        );
+        if self.taking.take().is_some() {
+            Self::remember(
+                &self.clock,
+                &mut self.misses,
+                t.key,
+                t.stamp.at,
+                (t.ep, t.stamp.class),
+            );
+        }
+    }
+
     /// A query (SA or ACM) left at `at` (`None`: now; the clock is read only if a request's
     /// [`Lap`] ends here).
     fn query_sent(&mut self, at: Option<u64>) {
@@ -311,8 +351,15 @@ impl<I: CoreIo> Plane<I> {
             misses: InFlight::new(capacity),
             sa: InFlight::new(capacity),
             lap: None,
+            taking: None,
         });
         self
+    }
+
+    /// How many answered-to-be requests the latency bookkeeping remembers (tests).
+    #[cfg(test)]
+    pub(crate) fn misses_tracked(&self) -> usize {
+        self.stats.as_ref().map_or(0, |s| s.misses.len())
     }
 
     /// The resolver: there is one whenever the loop is not [`dead`](Plane::dead) (only a
@@ -577,8 +624,9 @@ impl<I: CoreIo> Plane<I> {
                     let end = self.stats.as_ref().map(|s| s.clock.now());
                     self.io.answer(&a);
                     if let (Some(s), Some(end)) = (self.stats.as_mut(), end) {
+                        let key = client_key(a.client, &a.msg);
                         if let Some((at, (ep, class))) =
-                            s.misses.remove(client_key(a.client, &a.msg))
+                            s.take_taking(key).or_else(|| s.misses.remove(key))
                         {
                             (s.sink)(ep, class.latency(), s.clock.ns(at, end));
                         }
@@ -650,20 +698,24 @@ impl<I: CoreIo> Poller for Plane<I> {
                 break;
             };
             did = true;
+            let taken = self.stats.as_mut().map(|s| {
+                let taken = s.clock.now();
+                s.lap = Some(Lap::Reply { taken });
+                taken
+            });
+            self.r().handle_sa(now, r.token, r.umad_status, &r.mad);
+            self.drain_outputs(now);
+            // The answers it led to are out: its bookkeeping follows, off their way.
             self.reply_due
                 .done(r.token, Instant::now(), r.umad_status == 0);
-            if let Some(s) = self.stats.as_mut() {
-                let taken = s.clock.now();
+            if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken) {
                 if let Some((at, ep)) = s.sa.remove(u128::from(r.token)) {
                     (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
                     if r.handed != 0 {
                         (s.sink)(ep, Latency::ReplyWait, s.clock.ns(r.handed, taken));
                     }
                 }
-                s.lap = Some(Lap::Reply { taken });
             }
-            self.r().handle_sa(now, r.token, r.umad_status, &r.mad);
-            self.drain_outputs(now);
         }
         // Requests and control messages in the order the main thread queued them: a request
         // never sees an endpoint, address or generation the main thread changed after it, nor
@@ -682,11 +734,17 @@ impl<I: CoreIo> Poller for Plane<I> {
             let Some(r) = input else {
                 continue;
             };
-            if let (Some(s), Some(st), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
-                let key = client_key(r.client, &r.msg);
-                LoopStats::remember(&s.clock, &mut s.misses, key, st.at, (r.ep, st.class));
+            let mut taking = None;
+            if let (Some(s), Some(stamp), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
                 let taken = s.clock.now();
-                (s.sink)(r.ep, Latency::MissQueued, s.clock.ns(st.handed, taken));
+                let t = Taking {
+                    key: client_key(r.client, &r.msg),
+                    stamp,
+                    ep: r.ep,
+                    taken,
+                };
+                s.taking = Some(t);
+                taking = Some(t);
                 s.lap = Some(Lap::Request { taken, ep: r.ep });
             }
             // In hand until the resolver has it: a panic inside `request` must not lose it.
@@ -710,6 +768,9 @@ impl<I: CoreIo> Poller for Plane<I> {
             }
             self.in_hand = None;
             self.drain_outputs(now);
+            if let (Some(s), Some(t)) = (self.stats.as_mut(), taking) {
+                s.taken(t);
+            }
         }
         if self.done {
             return PollOutcome::default();
@@ -730,18 +791,23 @@ impl<I: CoreIo> Poller for Plane<I> {
             ud.poll(&mut |m, b| rx.push((*m, *b)));
             for (m, b) in &rx {
                 did = true;
-                if let Some(s) = self.stats.as_mut() {
-                    s.lap = Some(Lap::Reply {
-                        taken: s.clock.now(),
-                    });
-                }
+                let taken = self.stats.as_mut().map(|s| {
+                    let taken = s.clock.now();
+                    s.lap = Some(Lap::Reply { taken });
+                    taken
+                });
                 let class = Header::new_unchecked(&b[..mad::HEADER_LEN]).mgmt_class();
-                if class == MgmtClass::SubnAdm {
-                    self.sa_receive(now, EpId(i as u8), m, b);
+                let answered = if class == MgmtClass::SubnAdm {
+                    self.sa_receive(now, EpId(i as u8), m, b)
                 } else {
                     self.r().handle_acm(now, EpId(i as u8), m, &b[..]);
-                }
+                    None
+                };
                 self.drain_outputs(now);
+                // The answers it led to are out: an SA reply's bookkeeping follows.
+                if let Some(token) = answered {
+                    self.sa_answered(token, taken);
+                }
             }
             self.rx = rx;
         }

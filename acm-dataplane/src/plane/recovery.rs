@@ -58,6 +58,7 @@ impl<I: CoreIo> Plane<I> {
             // What the old resolver held and did not answer will never be answered.
             s.misses.clear();
             s.sa.clear();
+            s.taking = None;
         }
         // The old resolver's tokens mean nothing to the new one.
         self.sa.clear();

@@ -67,8 +67,15 @@ impl<I: CoreIo> Plane<I> {
     /// A class 3 MAD received on `ep`'s QP: a reply completes its request, anything else is
     /// offered to the resolver as a Report. Only the SM speaks class 3 to us: a MAD from
     /// another LID or QP is dropped (counted, logged), and so is a reply that arrives on a QP
-    /// other than the one that carries the asking endpoint's SA MADs.
-    pub(super) fn sa_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8; 256]) {
+    /// other than the one that carries the asking endpoint's SA MADs. The token of the
+    /// query it answered, if it did: [`Plane::sa_answered`]'s, once the outputs are out.
+    pub(super) fn sa_receive(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        meta: &RecvMeta,
+        mad: &[u8; 256],
+    ) -> Option<u64> {
         let sm = self.eps.get(usize::from(ep.0)).and_then(|r| r.sm);
         let eps = &self.eps;
         let on = usize::from(ep.0);
@@ -77,11 +84,10 @@ impl<I: CoreIo> Plane<I> {
             Received::Reply { token, mad } => (token, mad),
             Received::Segment => {
                 self.sa_transmit();
-                return;
+                return None;
             }
             Received::Table { token, slot } => {
                 self.sa_transmit();
-                self.sa_answered(token);
                 let table = self.sa.table(slot);
                 if self.io.log_enabled(1) {
                     let records = table.map_or(0, |t| t.records.len() / PATH_RECORD_LEN);
@@ -92,37 +98,38 @@ impl<I: CoreIo> Plane<I> {
                 }
                 let r = self.resolver.as_mut().expect("a live loop has a resolver");
                 r.handle_sa_table(now, token, table.ok_or(TableError::Failed));
-                self.drain_outputs(now);
-                return;
+                return Some(token);
             }
             Received::TableFailed { token, failure } => {
                 self.sa_transmit();
                 self.table_failed(now, token, failure);
-                return;
+                return None;
             }
             // Counted by the channel (`SaChannel::forged`), logged by `log_drops`.
-            Received::Forged => return,
+            Received::Forged => return None,
             // Token 0 names nothing: the resolver counts (and the loop logs) an unknown reply.
             Received::Unknown => {
                 self.r().handle_sa(now, 0, 0, mad);
-                return;
+                return None;
             }
             Received::Report => {
                 self.report(now, ep, mad);
-                return;
+                return None;
             }
         };
-        self.sa_answered(token);
         self.r().handle_sa(now, token, 0, &mad);
+        Some(token)
     }
 
-    /// The SA answered query `token` (a reply, or a whole table): its round trip goes to the
-    /// SA RTT histogram and to the reply-due estimate.
-    fn sa_answered(&mut self, token: u64) {
+    /// The SA answered query `token` (a reply, or a whole table), taken at `taken` (clock
+    /// ticks; `None` without latency stats): its round trip goes to the SA RTT histogram and
+    /// to the reply-due estimate. Called once the outputs of the reply are carried out, so
+    /// that this is not on the way to its answers.
+    pub(super) fn sa_answered(&mut self, token: u64, taken: Option<u64>) {
         self.reply_due.done(token, std::time::Instant::now(), true);
-        if let Some(s) = self.stats.as_mut() {
+        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken) {
             if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
-                (s.sink)(ep, Latency::SaRtt, s.clock.since(at));
+                (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
             }
         }
     }
