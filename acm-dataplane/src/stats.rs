@@ -792,7 +792,8 @@ mod plane_tests {
         answers: Arc<Mutex<Vec<Answer>>>,
         sa_sent: Arc<Mutex<usize>>,
         clock: Clock,
-        /// What happened, in order: "send", "answer" here; the sink adds the latencies.
+        /// What happened, in order: "send", "answer", "count …" here; the sink adds the
+        /// latencies.
         order: Arc<Mutex<Vec<String>>>,
     }
 
@@ -826,7 +827,9 @@ mod plane_tests {
             self.answers.lock().unwrap().push(*a);
             self.order.lock().unwrap().push("answer".into());
         }
-        fn count(&mut self, _ep: EpId, _c: Counter) {}
+        fn count(&mut self, _ep: EpId, c: Counter) {
+            self.order.lock().unwrap().push(format!("count {c:?}"));
+        }
         fn log(&mut self, _level: u8, _text: &str) {}
         fn log_enabled(&self, _level: u8) -> bool {
             false
@@ -975,6 +978,8 @@ mod plane_tests {
         let first = |what: &str| o.iter().position(|x| x == what).unwrap();
         let last = |what: &str| o.iter().rposition(|x| x == what).unwrap();
         assert!(first("MissToQuery") < first("MissQueued"), "{o:?}");
+        // Nor are the counters: client 5's query is counted after it left.
+        assert!(first("MissToQuery") < first("count RouteQuery"), "{o:?}");
         assert!(last("answer") < last("SaRtt"), "{o:?}");
         assert!(last("answer") < last("ReplyWait"), "{o:?}");
         assert_eq!(
@@ -1000,6 +1005,13 @@ mod plane_tests {
             *sa_sent.lock().unwrap(),
             of(Latency::SaRtt).len(),
             "no query"
+        );
+        // Counted before it is answered.
+        let o = order.lock().unwrap().clone();
+        let hit = o.iter().rposition(|x| x == "count RouteCache").unwrap();
+        assert!(
+            hit < o.iter().rposition(|x| x == "answer").unwrap(),
+            "{o:?}"
         );
         let r = recorded.lock().unwrap().clone();
         assert_eq!(r.iter().filter(|x| x.1 == Latency::RouteMiss).count(), 3);

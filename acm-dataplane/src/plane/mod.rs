@@ -84,6 +84,9 @@ pub const BURST: usize = 64;
 /// `recv_depth + send_depth` completions; the buffer grows past this only if that is larger).
 const RX_BURST: usize = 1024;
 
+/// Counter bumps `drain_outputs` holds back at most (then they go at once).
+const COUNTS_HELD: usize = 64;
+
 /// One endpoint's UD queue pair, as the loop uses it.
 pub trait Ud: Send {
     /// Posts one MAD; `Err` with a reason when it cannot (no buffer, no group, verbs error).
@@ -188,6 +191,10 @@ pub struct Plane<I: CoreIo> {
     /// Received MADs of one endpoint's burst (allocated once): each is given to the resolver
     /// and its outputs carried out before the next (the resolver's rule).
     rx: Vec<(RecvMeta, [u8; 256])>,
+    /// Counter bumps the resolver asked for, held while the outputs of one input are carried
+    /// out: they go after its sends, before any answer (a client that has its answer sees the
+    /// counts of its request), and at the end of the drain at the latest.
+    counts: Vec<(EpId, Counter)>,
     /// No resolver any more (it could not be rebuilt after a panic): answer everything with
     /// ENODATA until the shutdown.
     dead: bool,
@@ -329,6 +336,7 @@ impl<I: CoreIo> Plane<I> {
             in_hand: None,
             held: None,
             rx: Vec::with_capacity(RX_BURST),
+            counts: Vec::with_capacity(COUNTS_HELD),
             dead: false,
             done: false,
             stats: None,
@@ -566,8 +574,17 @@ impl<I: CoreIo> Plane<I> {
         }
     }
 
+    /// Bumps the counters held by `drain_outputs`.
+    fn flush_counts(&mut self) {
+        for (ep, counter) in self.counts.drain(..) {
+            self.io.count(ep, counter);
+        }
+    }
+
     /// Carries out every output the resolver has (a send that fails is reported back to the
-    /// resolver, which may produce more outputs: loop until none are left).
+    /// resolver, which may produce more outputs: loop until none are left). Counter bumps go
+    /// after the sends (`counts`): the resolver gives them first, and they are not on a miss's
+    /// way to its query.
     fn drain_outputs(&mut self, now: Millis) {
         while let Some(o) = self.r().poll_output() {
             match o {
@@ -612,6 +629,7 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Answer(a) => {
+                    self.flush_counts();
                     if self.in_hand.as_ref().is_some_and(|r| {
                         r.client == a.client
                             && AcmMsg::new_unchecked(&r.msg[..]).tid()
@@ -671,9 +689,15 @@ impl<I: CoreIo> Plane<I> {
                         ud.detach(&group);
                     }
                 }
-                Output::Count { ep, counter } => self.io.count(ep, counter),
+                Output::Count { ep, counter } => {
+                    if self.counts.len() == COUNTS_HELD {
+                        self.flush_counts();
+                    }
+                    self.counts.push((ep, counter));
+                }
             }
         }
+        self.flush_counts();
         // The outputs of the input the lap was started for are carried out: a leg they did
         // not end is not timed.
         if let Some(s) = self.stats.as_mut() {
