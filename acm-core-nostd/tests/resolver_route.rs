@@ -202,6 +202,36 @@ fn miss_query_reply_answer_and_cache() {
     assert!(t.sa_sends().is_empty());
 }
 
+/// A job's slot taken again by the next destination: a late copy of the old query's reply
+/// (its token names the same slot) cannot complete the new job. It is counted as unknown and
+/// nothing is answered with it.
+#[test]
+fn a_late_reply_to_a_reused_jobs_old_query_is_refused() {
+    let caps = Capacities {
+        jobs: 1,
+        ..Capacities::default()
+    };
+    let mut t = setup(route_config(), caps);
+    let index = |token: u64| (token >> 32) & 0x00ff_ffff;
+    t.request(11, Kind::Resolve, &path_msg(6, 0, 1));
+    let (first, mad) = t.sa_sends()[0];
+    t.reply(first, &mad, 0, Some(path_to(6)));
+    assert_eq!(t.answers().len(), 1);
+    t.request(12, Kind::Resolve, &path_msg(7, 0, 2));
+    let (second, mad2) = t.sa_sends()[0];
+    assert_eq!(index(second), index(first), "the one job slot again");
+    assert_ne!(second, first, "a fresh TID");
+    let unknown = t.r.stats().sa_unknown;
+    t.reply(first, &mad, 0, Some(path_to(6)));
+    assert!(t.answers().is_empty(), "the old reply answers nothing");
+    assert_eq!(t.r.stats().sa_unknown, unknown + 1);
+    t.reply(second, &mad2, 0, Some(path_to(7)));
+    let a = t.answers();
+    assert_eq!(a.len(), 1);
+    assert_eq!((a[0].0, a[0].1), (12, Status::Success));
+    assert_eq!(&a[0].2[24..88], &path_to(7)[..]);
+}
+
 #[test]
 fn coalescing_window_backlog_and_deadlines() {
     let cfg = Config {
