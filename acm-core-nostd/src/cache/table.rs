@@ -733,13 +733,6 @@ where
         }
     }
 
-    fn group_load(&self, g: usize) -> usize {
-        let start = g * GROUP;
-        (start..start + self.group_len(g))
-            .filter(|&i| self.tag_of(i) != 0)
-            .count()
-    }
-
     /// The slots of `key`'s window: group 1, then group 2 (if different).
     fn window(&self, pl: &Place) -> impl Iterator<Item = usize> + '_ {
         let a = pl.g1 * GROUP..pl.g1 * GROUP + self.group_len(pl.g1);
@@ -756,14 +749,31 @@ where
         if self.cap == 0 {
             return None;
         }
-        self.window(pl).find(|&i| {
-            self.tag_of(i) == pl.tag
-                && self.word(i, HDR) & OCCUPIED != 0
-                && key
-                    .iter()
-                    .enumerate()
-                    .all(|(j, k)| self.word(i, KEY + j) == *k)
-        })
+        // The window in order (group 1, then group 2), a tag word at a time: only the slots
+        // whose tag matches are read.
+        let groups = [Some(pl.g1), (pl.g2 != pl.g1).then_some(pl.g2)];
+        for g in groups.into_iter().flatten() {
+            let mut m = self.group_matches(g, self.first_tag_word(g), pl.tag);
+            while m != 0 {
+                let i = g * GROUP + m.trailing_zeros() as usize;
+                if self.word(i, HDR) & OCCUPIED != 0
+                    && key
+                        .iter()
+                        .enumerate()
+                        .all(|(j, k)| self.word(i, KEY + j) == *k)
+                {
+                    return Some(i);
+                }
+                m &= m - 1;
+            }
+        }
+        None
+    }
+
+    /// Free (tag 0) slots of group `g`.
+    fn group_free(&self, g: usize) -> usize {
+        self.group_matches(g, self.first_tag_word(g), 0)
+            .count_ones() as usize
     }
 
     /// Writer: removes `key`'s entry if present. True if it was.
@@ -844,17 +854,22 @@ where
             self.store(idx, words);
             return Some((idx, Upsert::Updated));
         }
-        let free1 = self.group_len(pl.g1) - self.group_load(pl.g1);
-        let free2 = if pl.g2 != pl.g1 {
-            self.group_len(pl.g2) - self.group_load(pl.g2)
-        } else {
-            0
-        };
         // The first preferred slot if free (lookups read it first), else the second, else any
         // free slot of the group with more room, else evict within the window. (Simulated at
         // 87% load, 2^20 slots: 57% of keys in the first preferred slot, 18% in the second,
-        // no window full before the table is.)
+        // no window full before the table is.) The groups' room is counted only when both
+        // preferred slots are taken.
         let (c1, c2) = (self.tag_of(pl.pref) == 0, self.tag_of(pl.pref2) == 0);
+        let (free1, free2) = if c1 || c2 {
+            (0, 0)
+        } else {
+            let free2 = if pl.g2 != pl.g1 {
+                self.group_free(pl.g2)
+            } else {
+                0
+            };
+            (self.group_free(pl.g1), free2)
+        };
         let fallback = if free1 >= free2 { pl.g1 } else { pl.g2 };
         let mut outcome = Upsert::New;
         let idx = if c1 {
