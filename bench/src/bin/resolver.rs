@@ -1,0 +1,242 @@
+//! The resolver's own work per miss, on one hot thread: how long `Resolver` takes to turn a
+//! missed PATH-by-LID request into its SA query, and the SA's reply into the client's answer,
+//! with nothing else in the way (no threads, no queues, no core, no fabric).
+//!
+//! This is the compute floor under the provider's own time per miss (docs/bench.md, "The legs
+//! inside acmrs"): the legs the live provider records add hand-overs between threads and the
+//! cache lines a miss finds on another CPU.
+//!
+//! The resolver is built as the plugin builds it (default `Config`, the default capacities:
+//! 4096 jobs, 4160 request slots) over a path cache of `--sizes` slots (default 4096, cache
+//! resident, and 1 048 576, not). Each step is one miss to a LID not in the cache:
+//!
+//! * **request → SA query**: `Resolver::request` + `poll_output` until the `SendSa`;
+//! * **SA reply → answer**: `Resolver::handle_sa` with a GetResp carrying the path (as the SA
+//!   sends it) + `poll_output` until the `Answer`; the path goes into the cache.
+//!
+//! The cache is emptied (`clear_cache`, not timed) every 1 500 misses, so every request misses
+//! and the table never fills. Times are TSC reads (`acm_dataplane::stats::Clock`, the
+//! provider's own clock).
+//!
+//! Usage: `cargo run --release -p acm-bench --bin resolver -- [--quick] [--out DIR]
+//!         [--sizes 4096,1048576] [--misses N]`
+//!
+//! With `--out DIR`: `resolver_<step>_<slots>.hgrm` per step and cache size.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use acm_core_nostd::resolver::Resolver;
+use acm_core_nostd::resolver::{Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output};
+use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
+use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::mad::MAD_LEN;
+use acm_core_nostd::wire::path_record::PathRecord;
+use acm_dataplane::stats::Clock;
+use acm_report::cli::{count, counts, List, RunOpts};
+use acm_report::{LatencyHistogram, Table};
+use clap::Parser;
+
+/// The resolver's own work per miss on one hot thread: request -> SA query and SA reply ->
+/// answer (docs/bench.md). --quick: the CI's smoke run (< 5 s).
+#[derive(Parser)]
+#[command(name = "resolver", version)]
+struct Cli {
+    #[command(flatten)]
+    run: RunOpts,
+    /// Path cache sizes in slots [default: 4096,1048576]
+    #[arg(long, value_name = "N,N,...", value_parser = counts)]
+    sizes: Option<List<usize>>,
+    /// Timed misses per size [default: 300000; with --quick 30000]
+    #[arg(long, value_name = "N", value_parser = count)]
+    misses: Option<usize>,
+}
+
+/// Misses between two cache clears: the distinct LIDs asked for in between.
+const DISTINCT: u16 = 1_500;
+
+/// The endpoint's port: LID 1, GID fe80::1.
+fn port() -> EpConfig {
+    EpConfig {
+        port_gid: gid(1),
+        lid: 1,
+        pkey: 0xffff,
+        mtu: 4,
+        rate: 7,
+        subnet_timeout_ms: 18,
+        qpn: 0x100,
+        sa_pkey: true,
+    }
+}
+
+/// The port GID of the node with `lid`.
+fn gid(lid: u16) -> Gid {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[14..].copy_from_slice(&lid.to_be_bytes());
+    Gid(g)
+}
+
+/// The SA's GetResp to PathRecord GET `query` for `dlid`.
+fn sa_reply(query: &[u8; MAD_LEN], dlid: u16) -> [u8; MAD_LEN] {
+    let mut m = *query;
+    m[3] = 0x81;
+    let mut p = PathRecord::new_unchecked(&mut m[56..120]);
+    p.set_dgid(gid(dlid));
+    p.set_sgid(gid(1));
+    p.set_dlid(dlid);
+    p.set_slid(1);
+    p.set_reversible_numpath(true, 1);
+    p.set_pkey(0xffff);
+    // MTU 4096, rate 100 Gb/s, packet lifetime: each with the "exactly" selector.
+    m[56 + 54] = 0x85;
+    m[56 + 55] = 0x90;
+    m[56 + 56] = 0x92;
+    m
+}
+
+struct Step {
+    request: LatencyHistogram,
+    reply: LatencyHistogram,
+}
+
+fn run(slots: usize, misses: usize, clock: &Clock) -> Result<Step, String> {
+    let cache = PathCache::new(
+        PathSlot::boxed(slots),
+        AddrSlot::boxed(4096),
+        CacheConfig::default(),
+    )
+    .map_err(|e| format!("cache: {e:?}"))?;
+    let writer = CacheWriter::take(Arc::new(cache)).map_err(|_| "a second writer".to_string())?;
+    let caps = Capacities {
+        requests: 4096 + 64,
+        jobs: 4096,
+        ..Capacities::default()
+    };
+    let mut r = Resolver::new(Config::default(), HeapStorage::new(caps), writer, 7)
+        .map_err(|e| format!("resolver: {e:?}"))?;
+    let ep = EpId(1);
+    r.open_endpoint(0, ep, port())
+        .map_err(|e| format!("open: {e:?}"))?;
+    while r.poll_output().is_some() {}
+    let mut step = Step {
+        request: LatencyHistogram::new(),
+        reply: LatencyHistogram::new(),
+    };
+    for i in 0..misses {
+        let k = (i % usize::from(DISTINCT)) as u16;
+        if k == 0 {
+            r.clear_cache();
+        }
+        let dlid = 2 + k;
+        let tid = i as u64 + 1;
+        let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
+        let t0 = clock.now();
+        r.request(1, ep, 0, tid, Kind::Resolve, msg.bytes());
+        let mut query = None;
+        while let Some(o) = r.poll_output() {
+            if let Output::SendSa { token, mad, .. } = o {
+                query = Some((token, mad));
+            }
+        }
+        let t1 = clock.now();
+        let (token, mad) = query.ok_or_else(|| format!("miss {i} (LID {dlid}): no SA query"))?;
+        let reply = sa_reply(&mad, dlid);
+        let t2 = clock.now();
+        r.handle_sa(1, token, 0, &reply);
+        let mut answered = 0;
+        while let Some(o) = r.poll_output() {
+            if let Output::Answer(a) = o {
+                answered += usize::from(a.client == tid && a.status == Status::Success);
+            }
+        }
+        let t3 = clock.now();
+        if answered != 1 {
+            return Err(format!("miss {i} (LID {dlid}): {answered} answers"));
+        }
+        step.request.record_ps(clock.ns(t0, t1) * 1000, 1);
+        step.reply.record_ps(clock.ns(t2, t3) * 1000, 1);
+    }
+    Ok(step)
+}
+
+fn main() {
+    let args: Cli = acm_report::cli::parse(2);
+    let sizes = args
+        .sizes
+        .map(|l| l.0)
+        .unwrap_or_else(|| vec![4096, 1 << 20]);
+    let misses = args
+        .misses
+        .unwrap_or(if args.run.quick { 30_000 } else { 300_000 });
+    args.run.create_out_or_exit();
+    if cfg!(debug_assertions) {
+        eprintln!("note: debug build; run with --release for meaningful numbers");
+    }
+    let clock = Clock::calibrated();
+    let t0 = Instant::now();
+    let mut t = Table::new(&[
+        "step",
+        "cache slots",
+        "misses",
+        "p50 ns",
+        "p99 ns",
+        "p99.9 ns",
+        "p99.99 ns",
+        "max ns",
+    ]);
+    for &slots in &sizes {
+        acm_report::progress(format_args!(
+            "{misses} misses over a cache of {slots} slots ..."
+        ));
+        let step = match run(slots, misses, &clock) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("resolver: {e}");
+                std::process::exit(1);
+            }
+        };
+        for (name, h) in [
+            ("request -> SA query", &step.request),
+            ("SA reply -> answer", &step.reply),
+        ] {
+            let mut cells = vec![name.to_string(), slots.to_string(), misses.to_string()];
+            cells.extend(Table::latency_cells(&h.summary()));
+            t.row(cells);
+            if let Some(dir) = &args.run.out {
+                let file = match name.starts_with("request") {
+                    true => format!("resolver_request_{slots}.hgrm"),
+                    false => format!("resolver_reply_{slots}.hgrm"),
+                };
+                if let Err(e) = h.write_hgrm(&dir.join(file)) {
+                    eprintln!("resolver: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+    println!(
+        "## The resolver's own work per miss, one hot thread ({:.1} s)\n",
+        t0.elapsed().as_secs_f64()
+    );
+    println!("{}", t.render());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every timed miss went out as one SA query and came back as one answer (`run` fails
+    /// otherwise), across cache clears, on both a resident and a larger cache.
+    #[test]
+    fn every_miss_is_one_query_and_one_answer() {
+        let clock = Clock::calibrated();
+        for slots in [4096, 1 << 16] {
+            let s = run(slots, 2 * usize::from(DISTINCT) + 7, &clock).unwrap();
+            assert_eq!(s.request.summary().count, 3007);
+            assert_eq!(s.reply.summary().count, 3007);
+        }
+    }
+}
