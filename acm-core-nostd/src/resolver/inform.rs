@@ -99,38 +99,40 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The subscription outputs of `slot`, in order: unsubscribes, subscribes, the ack.
     pub(crate) fn inform_output(&mut self, slot: usize) -> Option<Output> {
-        let e = self.st.endpoints()[slot];
-        let id = EpId(e.id);
-        for (i, trap) in TRAPS.iter().enumerate() {
-            if e.informs[i].leave {
-                self.st.endpoints()[slot].informs[i].leave = false;
-                let tid = self.next_tid();
-                let rec = InformInfoRepr::generic(*trap, e.qpn, false);
-                return Some(Output::SendSa {
-                    ep: id,
-                    token: mads::token(TOKEN_NOTICE, slot as u32, tid),
-                    mad: mads::inform_set(tid, &rec),
-                });
-            }
+        // Read in place, not copied: the slot is large, and this runs for every output of an
+        // endpoint with work (a miss's counter bumps).
+        let e = &self.st.endpoints()[slot];
+        let (id, qpn) = (EpId(e.id), e.qpn);
+        let leave = (0..TRAPS.len()).find(|&i| e.informs[i].leave);
+        let join = (0..TRAPS.len())
+            .find(|&i| e.open && e.informs[i].t.state == GroupState::Send)
+            .map(|i| (i, e.informs[i].t.tid));
+        let ack = e.ack.then_some((e.ack_tid, e.ack_notice));
+        if let Some(i) = leave {
+            self.st.endpoints()[slot].informs[i].leave = false;
+            let tid = self.next_tid();
+            let rec = InformInfoRepr::generic(TRAPS[i], qpn, false);
+            return Some(Output::SendSa {
+                ep: id,
+                token: mads::token(TOKEN_NOTICE, slot as u32, tid),
+                mad: mads::inform_set(tid, &rec),
+            });
         }
-        for (i, trap) in TRAPS.iter().enumerate() {
-            let s = e.informs[i].t;
-            if e.open && s.state == GroupState::Send {
-                self.st.endpoints()[slot].informs[i].t.state = GroupState::Joining;
-                let rec = InformInfoRepr::generic(*trap, e.qpn, true);
-                return Some(Output::SendSa {
-                    ep: id,
-                    token: mads::token(TOKEN_INFORM, (slot * 2 + i) as u32, s.tid),
-                    mad: mads::inform_set(s.tid, &rec),
-                });
-            }
+        if let Some((i, tid)) = join {
+            self.st.endpoints()[slot].informs[i].t.state = GroupState::Joining;
+            let rec = InformInfoRepr::generic(TRAPS[i], qpn, true);
+            return Some(Output::SendSa {
+                ep: id,
+                token: mads::token(TOKEN_INFORM, (slot * 2 + i) as u32, tid),
+                mad: mads::inform_set(tid, &rec),
+            });
         }
-        if e.ack {
+        if let Some((tid, notice)) = ack {
             self.st.endpoints()[slot].ack = false;
             return Some(Output::SendSa {
                 ep: id,
-                token: mads::token(TOKEN_NOTICE, slot as u32, e.ack_tid as u32),
-                mad: mads::report_response(e.ack_tid, &e.ack_notice),
+                token: mads::token(TOKEN_NOTICE, slot as u32, tid as u32),
+                mad: mads::report_response(tid, &notice),
             });
         }
         None

@@ -64,41 +64,39 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     fn ep_output(&mut self, slot: usize) -> Option<Output> {
-        let e = self.st.endpoints()[slot];
+        // Read in place, not copied: the slot is large, and this runs for every output of an
+        // endpoint with work (a miss's counter bumps); each branch copies what it sends.
+        let e = &self.st.endpoints()[slot];
         let id = EpId(e.id);
-        let want =
-            (e.open && e.groups[0].t.state == GroupState::Joined).then_some(e.groups[0].record);
-        if e.attached && (e.force_detach || want != Some(e.attached_record)) {
+        let joined = e.open && e.groups[0].t.state == GroupState::Joined;
+        let want = joined.then_some(&e.groups[0].record);
+        if e.attached && (e.force_detach || want != Some(&e.attached_record)) {
+            let group = mads::group_of(0, &e.attached_record);
             let s = &mut self.st.endpoints()[slot];
             s.attached = false;
             s.force_detach = false;
-            return Some(Output::Detach {
+            return Some(Output::Detach { ep: id, group });
+        }
+        if let Some(g) = (0..2).find(|&g| e.groups[g].leave) {
+            let record = e.groups[g].leave_record;
+            self.st.endpoints()[slot].groups[g].leave = false;
+            let tid = self.next_tid();
+            return Some(Output::SendSa {
                 ep: id,
-                group: mads::group_of(0, &e.attached_record),
+                token: mads::token(TOKEN_LEAVE, (slot * 2 + g) as u32, tid),
+                mad: mads::mcmember(Method::Delete, tid, &record),
             });
         }
-        for g in 0..2 {
-            if e.groups[g].leave {
-                self.st.endpoints()[slot].groups[g].leave = false;
-                let tid = self.next_tid();
-                return Some(Output::SendSa {
-                    ep: id,
-                    token: mads::token(TOKEN_LEAVE, (slot * 2 + g) as u32, tid),
-                    mad: mads::mcmember(Method::Delete, tid, &e.groups[g].leave_record),
-                });
-            }
-        }
-        for g in 0..2 {
-            let gs = e.groups[g];
-            if e.open && gs.t.state == GroupState::Send {
-                self.st.endpoints()[slot].groups[g].t.state = GroupState::Joining;
-                let rec = mads::join_record(Gid(e.port_gid), e.pkey, gs.rate, gs.mtu);
-                return Some(Output::SendSa {
-                    ep: id,
-                    token: mads::token(TOKEN_JOIN, (slot * 2 + g) as u32, gs.t.tid),
-                    mad: mads::mcmember(Method::Set, gs.t.tid, &rec),
-                });
-            }
+        if let Some(g) = (0..2).find(|&g| e.open && e.groups[g].t.state == GroupState::Send) {
+            let gs = &e.groups[g];
+            let tid = gs.t.tid;
+            let rec = mads::join_record(Gid(e.port_gid), e.pkey, gs.rate, gs.mtu);
+            self.st.endpoints()[slot].groups[g].t.state = GroupState::Joining;
+            return Some(Output::SendSa {
+                ep: id,
+                token: mads::token(TOKEN_JOIN, (slot * 2 + g) as u32, tid),
+                mad: mads::mcmember(Method::Set, tid, &rec),
+            });
         }
         if let Some(o) = self.inform_output(slot) {
             return Some(o);
@@ -106,25 +104,21 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if let Some((token, mad)) = self.table_output(slot) {
             return Some(Output::SendSa { ep: id, token, mad });
         }
-        if let (false, Some(rec)) = (e.attached, want) {
-            let s = &mut self.st.endpoints()[slot];
-            s.attached = true;
-            s.attached_record = rec;
+        let e = &mut self.st.endpoints()[slot];
+        if !e.attached && joined {
+            e.attached = true;
+            e.attached_record = e.groups[0].record;
             return Some(Output::Attach {
                 ep: id,
-                group: mads::group_of(0, &rec),
+                group: mads::group_of(0, &e.attached_record),
             });
         }
-        for (c, counter) in COUNTERS.iter().enumerate() {
-            if e.counts[c] > 0 {
-                self.st.endpoints()[slot].counts[c] -= 1;
-                return Some(Output::Count {
-                    ep: id,
-                    counter: *counter,
-                });
-            }
-        }
-        None
+        let c = e.counts.iter().position(|&n| n > 0)?;
+        e.counts[c] -= 1;
+        Some(Output::Count {
+            ep: id,
+            counter: COUNTERS[c],
+        })
     }
 
     /// The next ACM MAD of entry `i` (taking it off the send list when it has no more).
