@@ -24,18 +24,26 @@ impl StoredKey {
     pub(crate) fn from_key(k: Option<PathKey>) -> StoredKey {
         match k {
             None => StoredKey::NONE,
-            Some(k) => {
-                let (kind, lid, gid) = match k.dest {
-                    Dest::Lid(l) => (1, l, [0; 16]),
-                    Dest::Gid(g) => (2, 0, g),
-                };
-                StoredKey {
-                    kind,
-                    lid,
-                    gid,
-                    constraints: k.constraints,
-                }
-            }
+            Some(PathKey {
+                dest: Dest::Lid(lid),
+                constraints,
+                ..
+            }) => StoredKey {
+                kind: 1,
+                lid,
+                gid: [0; 16],
+                constraints,
+            },
+            Some(PathKey {
+                dest: Dest::Gid(gid),
+                constraints,
+                ..
+            }) => StoredKey {
+                kind: 2,
+                lid: 0,
+                gid,
+                constraints,
+            },
         }
     }
 
