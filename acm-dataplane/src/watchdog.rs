@@ -125,7 +125,7 @@ impl Watchdog {
                         inbox.waker.serve();
                     }
                     rounds = inbox.rounds();
-                    let waiting = !inbox.requests.is_empty();
+                    let waiting = inbox.has_requests();
                     match stall.check(Instant::now(), rounds, waiting) {
                         Verdict::Running => continue,
                         Verdict::Resumed => {
@@ -147,7 +147,7 @@ impl Watchdog {
                             }
                         }
                     }
-                    while let Some(r) = inbox.requests.pop() {
+                    while let Some(r) = inbox.take_request() {
                         answer(r, Status::Etimedout);
                     }
                 }

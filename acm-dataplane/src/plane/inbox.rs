@@ -161,8 +161,15 @@ pub enum Control {
 
 /// The queues into the loop (shared with the core's threads).
 pub struct Inbox {
-    /// Client requests (main thread → loop).
-    pub requests: ArrayQueue<Request>,
+    /// Client requests (main thread → loop), behind the one in `direct`.
+    requests: ArrayQueue<Request>,
+    /// A request handed over while `requests` was empty: taken before anything queued (its
+    /// ticket is older than what is queued after it). The same buffer every time, so its
+    /// cache lines stay with the thread that hands over and then runs the round (a missed
+    /// `resolve()`), where a queue slot, a different one each time and thousands apart, is
+    /// cold. `direct_full` says whether it holds one without taking the lock.
+    direct: CachePadded<Mutex<Option<Request>>>,
+    direct_full: AtomicBool,
     /// SA replies (SA thread → loop).
     pub replies: ArrayQueue<SaReply>,
     pub(super) control: Mutex<VecDeque<(u64, u64, Control)>>,
@@ -197,6 +204,8 @@ impl Inbox {
     pub fn new(requests: usize, replies: usize, waker: Waker) -> Self {
         Inbox {
             requests: ArrayQueue::new(requests.max(1)),
+            direct: CachePadded::new(Mutex::new(None)),
+            direct_full: AtomicBool::new(false),
             replies: ArrayQueue::new(replies.max(1)),
             control: Mutex::new(VecDeque::new()),
             control_pushed: AtomicU64::new(0),
@@ -298,21 +307,35 @@ impl Inbox {
         if self.is_stopped() || self.is_stalled() {
             return false;
         }
-        let mut copy = [0u8; MSG_LEN];
         let n = msg.len().min(MSG_LEN);
-        copy[..n].copy_from_slice(&msg[..n]);
-        let r = Request {
-            ep,
-            cache_ep,
-            client,
-            kind,
-            ticket: self.tickets.fetch_add(1, Ordering::AcqRel),
-            len: n as u16,
-            msg: copy,
-            stamp,
-            target,
+        let ticket = self.tickets.fetch_add(1, Ordering::AcqRel);
+        let request = || {
+            let mut copy = [0u8; MSG_LEN];
+            copy[..n].copy_from_slice(&msg[..n]);
+            Request {
+                ep,
+                cache_ep,
+                client,
+                kind,
+                ticket,
+                len: n as u16,
+                msg: copy,
+                stamp,
+                target,
+            }
         };
-        match self.requests.push(r) {
+        // The direct slot if nothing is queued and it is free, else the queue.
+        if !self.direct_full.load(Ordering::Acquire) && self.requests.is_empty() {
+            let mut slot = lock(&self.direct);
+            if slot.is_none() {
+                *slot = Some(request());
+                self.direct_full.store(true, Ordering::Release);
+                drop(slot);
+                self.waker.serve();
+                return true;
+            }
+        }
+        match self.requests.push(request()) {
             Ok(()) => {
                 self.waker.serve();
                 true
@@ -322,6 +345,24 @@ impl Inbox {
                 false
             }
         }
+    }
+
+    /// The oldest request handed over and not taken yet: the direct slot's, else the queue's
+    /// first (the loop, and the watchdog answering what a stuck loop left).
+    pub(crate) fn take_request(&self) -> Option<Request> {
+        if self.direct_full.load(Ordering::Acquire) {
+            let mut slot = lock(&self.direct);
+            if let Some(r) = slot.take() {
+                self.direct_full.store(false, Ordering::Release);
+                return Some(r);
+            }
+        }
+        self.requests.pop()
+    }
+
+    /// Whether requests wait to be taken.
+    pub(crate) fn has_requests(&self) -> bool {
+        self.direct_full.load(Ordering::Acquire) || !self.requests.is_empty()
     }
 
     /// Hands an SA completion to the loop (SA thread); false if the queue was full.
@@ -339,7 +380,7 @@ impl Inbox {
 
     /// Whether requests, replies or control messages wait to be taken.
     pub(super) fn waiting(&self) -> bool {
-        !self.requests.is_empty()
+        self.has_requests()
             || !self.replies.is_empty()
             || self.control_pushed.load(Ordering::Acquire)
                 > self.control_applied.load(Ordering::Acquire)
@@ -348,4 +389,48 @@ impl Inbox {
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::Worker;
+
+    fn inbox() -> Inbox {
+        Inbox::new(8, 8, Worker::new_waker())
+    }
+
+    fn hand(i: &Inbox, client: u64) -> bool {
+        i.request(EpId(0), 0, client, Kind::Resolve, &[0u8; 24])
+    }
+
+    fn taken(i: &Inbox) -> Vec<(u64, u64)> {
+        std::iter::from_fn(|| i.take_request())
+            .map(|r| (r.client, r.ticket))
+            .collect()
+    }
+
+    /// The direct slot is taken before the queue, and only an empty queue sends a request to
+    /// it: requests leave in the order they came, their tickets ascending.
+    #[test]
+    fn requests_leave_in_the_order_they_came_through_the_direct_slot_and_the_queue() {
+        let i = inbox();
+        assert!(!i.has_requests());
+        assert!(hand(&i, 1), "direct");
+        assert!(hand(&i, 2), "queued behind it");
+        assert!(i.has_requests());
+        assert_eq!(taken(&i), [(1, 0), (2, 1)]);
+        assert!(!i.has_requests());
+        // The queue not empty: a request goes behind it, even with the direct slot free.
+        assert!(hand(&i, 3));
+        assert!(hand(&i, 4));
+        assert_eq!(i.take_request().map(|r| r.client), Some(3));
+        assert!(hand(&i, 5));
+        assert_eq!(taken(&i), [(4, 3), (5, 4)]);
+        // A full queue with the direct slot taken refuses (the caller answers ENOMEM).
+        assert!((10..19).all(|c| hand(&i, c)), "1 direct + 8 queued");
+        assert!(!hand(&i, 19));
+        assert_eq!(i.overflows.load(Ordering::Relaxed), 1);
+        assert_eq!(taken(&i).len(), 9);
+    }
 }

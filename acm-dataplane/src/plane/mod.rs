@@ -419,7 +419,7 @@ impl<I: CoreIo> Plane<I> {
     /// back while a control message queued before it waits): `Some(Some(request))`,
     /// `Some(None)` when a control message was applied, `None` when both queues are empty.
     fn next_input(&mut self, now: Millis) -> Option<Option<Request>> {
-        let r = self.held.take().or_else(|| self.inbox.requests.pop());
+        let r = self.held.take().or_else(|| self.inbox.take_request());
         match (r, self.next_control()) {
             (Some(r), Some(t)) if t < r.ticket => {
                 self.held = Some(r);
@@ -512,7 +512,7 @@ impl<I: CoreIo> Plane<I> {
                 self.r().shutdown(now);
                 self.drain_outputs(now);
                 // Requests still queued get their one answer too.
-                while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
+                while let Some(r) = self.held.take().or_else(|| self.inbox.take_request()) {
                     self.answer_now(&r, Status::Enodata);
                 }
                 self.eps.take_all();

@@ -101,7 +101,7 @@ impl<I: CoreIo> Plane<I> {
                 self.answer_now(&r, Status::Enodata);
             }
             if self.done {
-                while let Some(r) = self.held.take().or_else(|| self.inbox.requests.pop()) {
+                while let Some(r) = self.held.take().or_else(|| self.inbox.take_request()) {
                     self.answer_now(&r, Status::Enodata);
                 }
                 return PollOutcome::default();
