@@ -776,6 +776,31 @@ where
             .count_ones() as usize
     }
 
+    /// A free slot of the key's group with more room (the first group on a tie), searched from
+    /// that group's preferred slot on; `None` when both groups are full. Only an insert whose
+    /// two preferred slots are taken asks, so the groups' room is counted only then.
+    fn free_in_roomier_group(&self, pl: &Place) -> Option<usize> {
+        let free1 = self.group_free(pl.g1);
+        let free2 = if pl.g2 != pl.g1 {
+            self.group_free(pl.g2)
+        } else {
+            0
+        };
+        if free1.max(free2) == 0 {
+            return None;
+        }
+        let g = if free1 >= free2 { pl.g1 } else { pl.g2 };
+        let base = g * GROUP;
+        let len = self.group_len(g);
+        let off = if g == pl.g1 { pl.pref } else { pl.pref2 } - base;
+        Some(
+            (0..len)
+                .map(|k| base + (off + k) % len)
+                .find(|&i| self.tag_of(i) == 0)
+                .unwrap_or(pl.pref),
+        )
+    }
+
     /// Writer: removes `key`'s entry if present. True if it was.
     pub(crate) fn remove_key(&self, key: &[u32; KW]) -> bool {
         match self.find(key, &self.place(self.hash(key))) {
@@ -857,33 +882,14 @@ where
         // The first preferred slot if free (lookups read it first), else the second, else any
         // free slot of the group with more room, else evict within the window. (Simulated at
         // 87% load, 2^20 slots: 57% of keys in the first preferred slot, 18% in the second,
-        // no window full before the table is.) The groups' room is counted only when both
-        // preferred slots are taken.
-        let (c1, c2) = (self.tag_of(pl.pref) == 0, self.tag_of(pl.pref2) == 0);
-        let (free1, free2) = if c1 || c2 {
-            (0, 0)
-        } else {
-            let free2 = if pl.g2 != pl.g1 {
-                self.group_free(pl.g2)
-            } else {
-                0
-            };
-            (self.group_free(pl.g1), free2)
-        };
-        let fallback = if free1 >= free2 { pl.g1 } else { pl.g2 };
+        // no window full before the table is.)
         let mut outcome = Upsert::New;
-        let idx = if c1 {
+        let idx = if self.tag_of(pl.pref) == 0 {
             pl.pref
-        } else if c2 {
+        } else if self.tag_of(pl.pref2) == 0 {
             pl.pref2
-        } else if free1.max(free2) > 0 {
-            let base = fallback * GROUP;
-            let len = self.group_len(fallback);
-            let off = if fallback == pl.g1 { pl.pref } else { pl.pref2 } - base;
-            (0..len)
-                .map(|k| base + (off + k) % len)
-                .find(|&i| self.tag_of(i) == 0)
-                .unwrap_or(pl.pref)
+        } else if let Some(i) = self.free_in_roomier_group(&pl) {
+            i
         } else {
             let (v, was_dead) = self.pick_victim(&pl, dead);
             self.remove_at(v);
