@@ -279,6 +279,14 @@ impl LoopStats {
         }
     }
 
+    /// A reply (SA or ACM) taken now: its leg to the first answer it leads to starts. The
+    /// time it was taken (clock ticks).
+    fn reply_taken(&mut self) -> u64 {
+        let taken = self.clock.now();
+        self.lap = Some(Lap::Reply { taken });
+        taken
+    }
+
     /// A query (SA or ACM) left at `at` (`None`: now; the clock is read only if a request's
     /// [`Lap`] ends here).
     fn query_sent(&mut self, at: Option<u64>) {
@@ -574,6 +582,25 @@ impl<I: CoreIo> Plane<I> {
         }
     }
 
+    /// Query `token` completed (a reply or a whole table with `answered`; else a failure the
+    /// core's SA service reported), the completion taken by the loop at `taken` (clock ticks;
+    /// `None` without latency stats) after the core's SA thread handed it over at `handed`
+    /// (0: not handed over, the `ud` transport). An answer's round trip goes to the reply-due
+    /// estimate; with stats, the SA round trip and the hand-over's wait go to their
+    /// histograms. Called once the completion's outputs are carried out, so that this is not
+    /// on the way to its answers. Both transports.
+    fn sa_answered(&mut self, token: u64, answered: bool, taken: Option<u64>, handed: u64) {
+        self.reply_due.done(token, Instant::now(), answered);
+        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken) {
+            if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
+                (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
+                if handed != 0 {
+                    (s.sink)(ep, Latency::ReplyWait, s.clock.ns(handed, taken));
+                }
+            }
+        }
+    }
+
     /// Bumps the counters held by `drain_outputs`.
     fn flush_counts(&mut self) {
         for (ep, counter) in self.counts.drain(..) {
@@ -722,24 +749,11 @@ impl<I: CoreIo> Poller for Plane<I> {
                 break;
             };
             did = true;
-            let taken = self.stats.as_mut().map(|s| {
-                let taken = s.clock.now();
-                s.lap = Some(Lap::Reply { taken });
-                taken
-            });
+            let taken = self.stats.as_mut().map(LoopStats::reply_taken);
             self.r().handle_sa(now, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
             // The answers it led to are out: its bookkeeping follows, off their way.
-            self.reply_due
-                .done(r.token, Instant::now(), r.umad_status == 0);
-            if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken) {
-                if let Some((at, ep)) = s.sa.remove(u128::from(r.token)) {
-                    (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
-                    if r.handed != 0 {
-                        (s.sink)(ep, Latency::ReplyWait, s.clock.ns(r.handed, taken));
-                    }
-                }
-            }
+            self.sa_answered(r.token, r.umad_status == 0, taken, r.handed);
         }
         // Requests and control messages in the order the main thread queued them: a request
         // never sees an endpoint, address or generation the main thread changed after it, nor
@@ -815,11 +829,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             ud.poll(&mut |m, b| rx.push((*m, *b)));
             for (m, b) in &rx {
                 did = true;
-                let taken = self.stats.as_mut().map(|s| {
-                    let taken = s.clock.now();
-                    s.lap = Some(Lap::Reply { taken });
-                    taken
-                });
+                let taken = self.stats.as_mut().map(LoopStats::reply_taken);
                 let class = Header::new_unchecked(&b[..mad::HEADER_LEN]).mgmt_class();
                 let answered = if class == MgmtClass::SubnAdm {
                     self.sa_receive(now, EpId(i as u8), m, b)
@@ -830,7 +840,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                 self.drain_outputs(now);
                 // The answers it led to are out: an SA reply's bookkeeping follows.
                 if let Some(token) = answered {
-                    self.sa_answered(token, taken);
+                    self.sa_answered(token, true, taken, 0);
                 }
             }
             self.rx = rx;

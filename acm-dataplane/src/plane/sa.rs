@@ -6,7 +6,6 @@
 //! ports' SM LIDs.
 
 use super::{CoreIo, Eps, Plane};
-use crate::stats::Latency;
 use acm_core_nostd::resolver::table::TableError;
 use acm_core_nostd::resolver::{EpId, Millis, RecvMeta};
 use acm_core_nostd::rmpp::{self, Failure};
@@ -119,19 +118,6 @@ impl<I: CoreIo> Plane<I> {
         };
         self.r().handle_sa(now, token, 0, &mad);
         Some(token)
-    }
-
-    /// The SA answered query `token` (a reply, or a whole table), taken at `taken` (clock
-    /// ticks; `None` without latency stats): its round trip goes to the SA RTT histogram and
-    /// to the reply-due estimate. Called once the outputs of the reply are carried out, so
-    /// that this is not on the way to its answers.
-    pub(super) fn sa_answered(&mut self, token: u64, taken: Option<u64>) {
-        self.reply_due.done(token, std::time::Instant::now(), true);
-        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken) {
-            if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
-                (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
-            }
-        }
     }
 
     /// Sends the RMPP ACKs, STOPs and ABORTs the SA channel has for half-world tables, each on
