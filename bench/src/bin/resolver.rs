@@ -198,19 +198,15 @@ fn main() {
                 std::process::exit(1);
             }
         };
-        for (name, h) in [
-            ("request -> SA query", &step.request),
-            ("SA reply -> answer", &step.reply),
+        for (name, tag, h) in [
+            ("request -> SA query", "request", &step.request),
+            ("SA reply -> answer", "reply", &step.reply),
         ] {
             let mut cells = vec![name.to_string(), slots.to_string(), misses.to_string()];
             cells.extend(Table::latency_cells(&h.summary()));
             t.row(cells);
-            if let Some(dir) = &args.run.out {
-                let file = match name.starts_with("request") {
-                    true => format!("resolver_request_{slots}.hgrm"),
-                    false => format!("resolver_reply_{slots}.hgrm"),
-                };
-                if let Err(e) = h.write_hgrm(&dir.join(file)) {
+            if let Some(file) = args.run.out_file(&format!("resolver_{tag}_{slots}.hgrm")) {
+                if let Err(e) = h.write_hgrm(&file) {
                     eprintln!("resolver: {e}");
                     std::process::exit(1);
                 }
