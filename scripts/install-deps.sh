@@ -12,8 +12,8 @@ PKGS=(
   tshark
   # bindgen (rdma-sys) needs libclang; C header tests need a compiler
   libclang-dev pkg-config build-essential libc6-dev
-  # leak checks
-  valgrind
+  # leak checks; the stacks of a hung test's processes (acm_fabric::process::describe_tree)
+  valgrind gdb
   # mount namespaces for per-daemon /run (unshare, mount)
   util-linux procps
   # the stats textfile checked by real Prometheus parsers (promtool, prometheus_client)

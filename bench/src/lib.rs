@@ -444,24 +444,36 @@ pub struct FabricBenchOpts {
     pub host_net: bool,
 }
 
-/// The `main` of a bench that drives simulated fabrics (`miss`, `addr`), once its command line
-/// is parsed (bad command lines exit 2, [`acm_report::cli::parse`]).
-///
-/// Without `host_net` it moves into [`private_net`]`(qlen)` (exit 1 if that fails), then runs
-/// `run` and prints its report; an error prints `<bin>: <error>` and exits 1. The fabrics `run`
-/// starts are torn down (by PID, in `Fabric`'s Drop) when it returns, error or not.
-pub fn fabric_bench_main(
-    bin: &str,
-    host_net: bool,
-    qlen: u32,
-    run: impl FnOnce() -> Result<String, String>,
-) {
+/// `net.unix.max_dgram_qlen` in a fabric bench's own network namespace ([`private_net`]).
+pub const DGRAM_QLEN: u32 = 4096;
+
+/// Sets up a bench that drives simulated fabrics, once its command line is parsed and before
+/// any thread starts: without `host_net` it moves into [`private_net`]`(`[`DGRAM_QLEN`]`)`,
+/// then [`acm_fabric::teardown_on_signals`] makes SIGINT, SIGTERM and SIGHUP take the fabrics
+/// and children it starts down with it. A failure prints `<bin>: <error>` and exits 1.
+pub fn enter_fabric_bench(bin: &'static str, host_net: bool) {
     if !host_net {
-        if let Err(e) = private_net(qlen) {
+        if let Err(e) = private_net(DGRAM_QLEN) {
             eprintln!("{bin}: private network namespace: {e} (--host-net runs without one)");
             std::process::exit(1);
         }
     }
+    if let Err(e) = acm_fabric::teardown_on_signals(bin, |_| false) {
+        eprintln!("{bin}: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The `main` of a bench that drives simulated fabrics (`miss`, `addr`), once its command line
+/// is parsed (bad command lines exit 2, [`acm_report::cli::parse`]): [`enter_fabric_bench`],
+/// then `run`, printing its report; an error prints `<bin>: <error>` and exits 1. The fabrics
+/// `run` starts are torn down (by PID, in `Fabric`'s Drop) when it returns, error or not.
+pub fn fabric_bench_main(
+    bin: &'static str,
+    host_net: bool,
+    run: impl FnOnce() -> Result<String, String>,
+) {
+    enter_fabric_bench(bin, host_net);
     match run() {
         Ok(report) => println!("{report}"),
         Err(e) => {

@@ -1,49 +1,42 @@
 //! The same-host benchmark end to end on a small simulated fabric: stock libibacmp and
-//! libacmrs loaded in one process, real OpenSM answering the misses. Needs root (ibsim,
-//! umad2sim), `cargo build -p acm-plugin -p simverbs` in the same profile, and the Debian
-//! packages ibacm, ibsim-utils, opensm, libumad2sim0, libibumad-dev, libibverbs-dev, a C
-//! compiler.
+//! libacmrs loaded in one process, real OpenSM answering the misses; and the same benchmark
+//! stopped by SIGTERM while its measuring child runs. Needs root (ibsim, umad2sim), `cargo
+//! build -p acm-plugin -p simverbs` in the same profile, and the Debian packages ibacm,
+//! ibsim-utils, opensm, libumad2sim0, libibumad-dev, libibverbs-dev, a C compiler. The two
+//! tests take turns (one fabric at a time on a 2-core machine).
 
+use acm_fabric::testing::{processes_on_fabric, wait_fabric_gone};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Kills the benchmark by PID if the test fails or times out.
-struct Guard(Option<std::process::Child>);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            if let Ok(None) = c.try_wait() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
+fn need_root() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test starts ibsim/OpenSM and needs root"
+    );
 }
 
-/// Removes the test's scratch directory, also when an assertion fails.
+/// Held by each test for its whole run.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A fresh scratch directory for one test, removed also when an assertion fails.
 struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("acm-bench-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// PIDs of processes whose environment has `IBSIM_SOCKNAME=<fabric>`.
-fn processes_of(fabric: &str) -> Vec<String> {
-    let needle = format!("IBSIM_SOCKNAME={fabric}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
-        .filter(|e| {
-            std::fs::read(e.path().join("environ"))
-                .map(|b| b.split(|&c| c == 0).any(|v| v == needle.as_bytes()))
-                .unwrap_or(false)
-        })
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect()
 }
 
 fn cell_rows<'a>(out: &'a str, what: &str) -> Vec<Vec<&'a str>> {
@@ -56,35 +49,39 @@ fn cell_rows<'a>(out: &'a str, what: &str) -> Vec<Vec<&'a str>> {
 
 #[test]
 fn stock_and_acmrs_in_one_process_on_one_fabric() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test starts ibsim/OpenSM and needs root"
-    );
-    let scratch = std::env::temp_dir().join(format!("acm-bench-samehost-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).unwrap();
-    let _scratch = Scratch(scratch.clone());
+    need_root();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("samehost");
+    let scratch = dir.0.clone();
     let out_dir = scratch.join("hgrm");
-    let child = Command::new(env!("CARGO_BIN_EXE_provider"))
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_provider"));
+    bench
         .args(["--quick", "--sizes", "1000", "--hit-samples", "500"])
         .args(["--topology", "fattree:2,2,4", "--out"])
         .arg(&out_dir)
-        .current_dir(&scratch)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the provider benchmark");
-    let mut g = Guard(Some(child));
-    let t0 = Instant::now();
-    while g.0.as_mut().unwrap().try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(120), "benchmark hung");
-        std::thread::sleep(Duration::from_millis(100));
+        .current_dir(&scratch);
+    // Its output goes to files (no pipe to fill); past the limit it gets SIGTERM, on which it
+    // tears its fabric down, and the failure shows what every process of it was doing.
+    let o = acm_fabric::process::run_with_timeout(
+        "provider bench",
+        bench,
+        Duration::from_secs(150),
+        &scratch,
+    )
+    .expect("run the provider benchmark");
+    let stdout = o.stdout.clone();
+    let fabric = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("fabric name: "))
+        .map(|f| f.trim().to_string());
+    // No process of the benchmark's fabric survives (ibsim, OpenSM, the measuring child),
+    // whether it finished or was stopped.
+    if let Some(f) = &fabric {
+        let left = wait_fabric_gone(|n| n == f, Duration::from_secs(10));
+        assert!(left.is_empty(), "{f} left {left:?}\n{o}");
     }
-    let o = g.0.take().unwrap().wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "benchmark failed:\n{stdout}\n{stderr}");
+    assert!(!o.timed_out, "benchmark hung\n{o}");
+    assert!(o.success(), "benchmark failed:\n{o}");
     // Every hit answered from the caches (no SA traffic), every miss answered by OpenSM.
     assert!(stdout.contains("SA MADs during hits: 0"), "{stdout}");
     assert!(
@@ -150,12 +147,85 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
         let text = std::fs::read_to_string(out_dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(text.contains("Percentile"), "{f}");
     }
-    // No process of the benchmark's fabric survives (ibsim, OpenSM, the measuring child).
-    let fabric = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("fabric name: "))
-        .expect("fabric name line")
-        .trim()
-        .to_string();
-    assert!(processes_of(&fabric).is_empty(), "{fabric} left processes");
+    assert!(fabric.is_some(), "no fabric name line\n{o}");
+}
+
+/// Kills the benchmark by PID if the test fails before it stopped.
+struct Guard(std::process::Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Command lines of the processes on `fabric`.
+fn processes_of(fabric: &str) -> Vec<String> {
+    processes_on_fabric(|f| f == fabric)
+        .into_iter()
+        .map(|(_, cmd)| cmd)
+        .collect()
+}
+
+/// Polls `f` every 50 ms for up to `limit`.
+fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigterm_takes_the_fabric_and_the_measuring_child_down() {
+    need_root();
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Scratch::new("samehost-stop");
+    let scratch = dir.0.clone();
+    let out = scratch.join("stdout");
+    let child = Command::new(env!("CARGO_BIN_EXE_provider"))
+        .args(["--quick", "--sizes", "1000", "--hit-samples", "500"])
+        .args(["--topology", "fattree:2,2,4"])
+        .current_dir(&scratch)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the provider benchmark");
+    let mut g = Guard(child);
+    let fabric = wait_for(Duration::from_secs(60), || {
+        let text = std::fs::read_to_string(&out).ok()?;
+        let f = text.lines().find_map(|l| l.strip_prefix("fabric name: "))?;
+        Some(f.trim().to_string())
+    })
+    .expect("the benchmark names its fabric");
+    // The measuring child is up, with ibsim and OpenSM.
+    let during = wait_for(Duration::from_secs(60), || {
+        let p = processes_of(&fabric);
+        p.iter()
+            .any(|c| c.contains("samehost-miss-child"))
+            .then_some(p)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no measuring child on {fabric}: {:?}",
+            processes_of(&fabric)
+        )
+    });
+    assert!(during.iter().any(|c| c.starts_with("ibsim")), "{during:?}");
+    assert!(during.iter().any(|c| c.contains("opensm")), "{during:?}");
+    // SAFETY: kill on the PID of our unreaped child.
+    assert_eq!(unsafe { libc::kill(g.0.id() as i32, libc::SIGTERM) }, 0);
+    let status = wait_for(Duration::from_secs(20), || g.0.try_wait().ok().flatten())
+        .expect("the benchmark exits on SIGTERM");
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+    let left = wait_fabric_gone(|f| f == fabric, Duration::from_secs(10));
+    assert!(left.is_empty(), "{fabric} left {left:?}");
 }

@@ -83,8 +83,6 @@ struct Cli {
 
 const REQUESTER: &str = "Hca3";
 const PEERS: [&str; 2] = ["Hca2", "Hca4"];
-/// `net.unix.max_dgram_qlen` in the bench's own network namespace (see [`acm_bench::private_net`]).
-const DGRAM_QLEN: u32 = 4096;
 
 // ---- the requests --------------------------------------------------------------------------
 
@@ -831,7 +829,7 @@ fn loadavg() -> String {
 
 fn main() {
     let args: Cli = acm_report::cli::parse(2);
-    acm_bench::fabric_bench_main("addr", args.common.host_net, DGRAM_QLEN, || run(&args));
+    acm_bench::fabric_bench_main("addr", args.common.host_net, || run(&args));
 }
 
 #[cfg(test)]

@@ -103,8 +103,6 @@ fn seed(s: &str) -> Result<u64, String> {
 const ROUTE_QUERY: usize = 5;
 /// `Route Cache Count` (`ACM_CNTR_ROUTE_CACHE`).
 const ROUTE_CACHE: usize = 6;
-/// `net.unix.max_dgram_qlen` in the bench's own network namespace.
-const DGRAM_QLEN: u32 = 4096;
 /// Length of a PATH request (`ib_acme -f l`): header + one entry.
 const PATH_REQ_LEN: usize = 88;
 
@@ -773,7 +771,7 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
 
 fn main() {
     let args: Cli = acm_report::cli::parse(2);
-    acm_bench::fabric_bench_main("miss", args.common.host_net, DGRAM_QLEN, || run(&args));
+    acm_bench::fabric_bench_main("miss", args.common.host_net, || run(&args));
 }
 
 #[cfg(test)]

@@ -72,7 +72,9 @@ pub use fabric::{
 };
 pub use partition::{Membership, Partition, PartitionAddrs};
 pub use ports::{PortLease, PortPool};
-pub use process::{emergency_teardown, live_process_groups, pid_exists, Output};
+pub use process::{
+    emergency_teardown, live_process_groups, pid_exists, teardown_on_signals, Output,
+};
 pub use spec::{OptSpec, ProviderChoice};
 pub use topology::Topology;
 

@@ -155,7 +155,9 @@ static WAITING: AtomicBool = AtomicBool::new(false);
 
 fn main() -> ExitCode {
     let (tx, rx) = mpsc::channel::<i32>();
-    if let Err(e) = install_signal_thread(tx) {
+    // A signal while `up` waits is its cue for a graceful teardown; any other tears down at once.
+    let claim = move |sig| WAITING.load(Ordering::SeqCst) && tx.send(sig).is_ok();
+    if let Err(e) = acm_fabric::teardown_on_signals("acm-fabric", claim) {
         eprintln!("acm-fabric: {e}");
         return ExitCode::from(2);
     }
@@ -167,41 +169,6 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// Blocks SIGINT/SIGTERM/SIGHUP in every thread and waits for them on a dedicated thread.
-/// (Children get a clean signal mask: std resets it before exec.)
-fn install_signal_thread(tx: mpsc::Sender<i32>) -> Result<(), String> {
-    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use; pthread_sigmask
-    // runs before any other thread exists, so every later thread inherits the mask.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, s);
-        }
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err("cannot block signals".into());
-        }
-        set
-    };
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || loop {
-            let mut sig: libc::c_int = 0;
-            // SAFETY: `set` is a valid initialised sigset_t and `sig` a valid out pointer.
-            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
-                continue;
-            }
-            if WAITING.load(Ordering::SeqCst) && tx.send(sig).is_ok() {
-                continue;
-            }
-            let n = acm_fabric::emergency_teardown();
-            eprintln!("acm-fabric: signal {sig}: killed {n} process group(s), exiting");
-            std::process::exit(128 + sig);
-        })
-        .map_err(|e| format!("cannot start the signal thread: {e}"))?;
-    Ok(())
 }
 
 /// What the fabric options make: the builder, and what a script is checked against.

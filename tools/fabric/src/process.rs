@@ -60,6 +60,45 @@ pub fn emergency_teardown() -> usize {
     groups.len()
 }
 
+/// For a command-line program that starts fabrics: blocks SIGINT, SIGTERM and SIGHUP in every
+/// thread and waits for them on a thread of its own. Call it first in `main`, before any other
+/// thread exists (threads inherit the mask; children get a clean one, see [`Proc`]). A signal
+/// that `claim` takes (returns true for) is left to the program; any other kills every process
+/// group this process started and removes its scratch directories ([`emergency_teardown`]),
+/// then the process exits with 128 + the signal, `program` naming it on stderr.
+pub fn teardown_on_signals(
+    program: &'static str,
+    claim: impl Fn(i32) -> bool + Send + 'static,
+) -> Result<()> {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset before use; the caller runs
+    // this before any other thread exists, so every later thread inherits the mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(Error::new("cannot block signals"));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is a valid initialised sigset_t and `sig` a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 || claim(sig) {
+                continue;
+            }
+            let n = emergency_teardown();
+            eprintln!("{program}: signal {sig}: killed {n} process group(s), exiting");
+            std::process::exit(128 + sig);
+        })
+        .map_err(|e| Error::new(format!("cannot start the signal thread: {e}")))?;
+    Ok(())
+}
+
 /// The leader PIDs of every live process group started through this crate (all fabrics).
 pub fn live_process_groups() -> Vec<i32> {
     registry().groups.iter().copied().collect()
@@ -205,6 +244,9 @@ pub struct Output {
     pub code: Option<i32>,
     /// Whether the command was killed because it ran past its timeout.
     pub timed_out: bool,
+    /// On a timeout: what the command and its descendants were doing when it hit
+    /// ([`describe_tree`]), taken before they were stopped.
+    pub hung: Option<String>,
     /// Captured standard output.
     pub stdout: String,
     /// Captured standard error.
@@ -229,7 +271,11 @@ impl std::fmt::Display for Output {
             if self.timed_out { " (timed out)" } else { "" }
         )?;
         writeln!(f, "--- stdout ---\n{}", self.stdout)?;
-        write!(f, "--- stderr ---\n{}", self.stderr)
+        write!(f, "--- stderr ---\n{}", self.stderr)?;
+        if let Some(h) = &self.hung {
+            write!(f, "\n--- when the timeout hit ---\n{h}")?;
+        }
+        Ok(())
     }
 }
 
@@ -254,6 +300,7 @@ pub fn run_with_timeout(
     let mut p = Proc::spawn(name, cmd, Duration::from_millis(500))?;
     let status = p.wait_timeout(timeout);
     let timed_out = status.is_none();
+    let hung = timed_out.then(|| describe_tree(p.pid()));
     let status = if timed_out { p.stop() } else { status };
     drop(p);
     let stdout = std::fs::read(&out_path).unwrap_or_default();
@@ -263,12 +310,154 @@ pub fn run_with_timeout(
     Ok(Output {
         code: status.and_then(|s| s.code()),
         timed_out,
+        hung,
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
     })
 }
 
+/// What process `root` and its descendants are doing, for a test that gives up on them: per
+/// process its command line, per thread its name, state and kernel wait channel, then every
+/// thread's stack from `gdb` (each process given up to 30 s; without gdb, a line saying so).
+/// Descendants in other process groups (daemons started with [`Proc`]) are included.
+pub fn describe_tree(root: i32) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for pid in descendants(root) {
+        let dir = PathBuf::from(format!("/proc/{pid}"));
+        let cmdline = std::fs::read(dir.join("cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        let _ = writeln!(out, "process {pid}: {}", cmdline.trim_end());
+        let mut tids: Vec<i32> = std::fs::read_dir(dir.join("task"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        tids.sort_unstable();
+        for tid in tids {
+            let t = dir.join(format!("task/{tid}"));
+            let read = |f: &str| {
+                std::fs::read_to_string(t.join(f))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            };
+            let state = stat_fields(&read("stat"))
+                .and_then(|f| f.first().map(|s| s.to_string()))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  thread {tid} {:16} state {state} wchan {}",
+                read("comm"),
+                read("wchan")
+            );
+        }
+        out.push_str(&gdb_stacks(pid));
+    }
+    out
+}
+
+/// The fields of a `/proc/.../stat` line after the command name (state first).
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().collect())
+}
+
+/// `root` and every live process below it, parents before children.
+fn descendants(root: i32) -> Vec<i32> {
+    let mut parent_of = Vec::new();
+    if let Ok(d) = std::fs::read_dir("/proc") {
+        for e in d.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            if let Some(ppid) = stat_fields(&stat).and_then(|f| f.get(1)?.parse::<i32>().ok()) {
+                parent_of.push((pid, ppid));
+            }
+        }
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}
+
+/// Every thread's stack of `pid` from a batch `gdb`, given up to 30 s (coreutils' `timeout`).
+fn gdb_stacks(pid: i32) -> String {
+    let out = Command::new("timeout")
+        .args(["30", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+        .args(["-ex", "thread apply all bt"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.code() == Some(127) => {
+            "  (no stacks: gdb missing; apt-get install gdb)\n".into()
+        }
+        Ok(o) => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread "))
+            .map(|l| format!("  {l}\n"))
+            .collect(),
+        Err(e) => format!("  (no stacks: {e})\n"),
+    }
+}
+
 /// True if a process with this PID exists (any state but reaped).
 pub fn pid_exists(pid: i32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command past its limit is stopped with its whole group, and the output says what each
+    /// of its processes and threads was doing then, with their stacks when gdb is installed.
+    #[test]
+    fn a_timeout_describes_the_tree_then_stops_it() {
+        let scratch = std::env::temp_dir().join(format!("acm-fabric-hung-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo started; sleep 30 & exec sleep 31"]);
+        let o = run_with_timeout("sleeper", cmd, Duration::from_millis(300), &scratch).unwrap();
+        let _ = std::fs::remove_dir_all(&scratch);
+        assert!(o.timed_out && !o.success(), "{o}");
+        assert_eq!(o.stdout, "started\n");
+        let hung = o.hung.as_deref().expect("a description of the hung tree");
+        // The leader (exec'd into `sleep 31`) and its child `sleep 30`, each with its thread.
+        assert!(hung.contains("sleep 31"), "{hung}");
+        assert!(hung.contains("sleep 30"), "{hung}");
+        assert!(hung.contains("  thread "), "{hung}");
+        assert!(hung.contains(" state S "), "{hung}");
+        if Command::new("gdb").arg("--version").output().is_ok() {
+            assert!(
+                hung.contains("#0 "),
+                "gdb is installed, yet no stack: {hung}"
+            );
+        }
+        assert!(format!("{o}").contains("--- when the timeout hit ---"));
+        // Nothing of the group survives.
+        let leader: i32 = hung
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("process ")?.split(':').next()?.parse().ok())
+            .unwrap();
+        assert!(!pid_exists(leader), "{hung}");
+    }
+
+    /// `/proc/<pid>/stat` fields after a command name that has spaces and parentheses.
+    #[test]
+    fn stat_fields_skip_any_command_name() {
+        let f = stat_fields("42 (a (b) c) S 7 42 42 0").unwrap();
+        assert_eq!(&f[..3], ["S", "7", "42"]);
+        assert!(stat_fields("garbage").is_none());
+    }
 }

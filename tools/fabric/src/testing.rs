@@ -3,8 +3,9 @@
 //! freshly built `libsimverbs.so` of the running test's target directory, the `LD_PRELOAD`
 //! value, a command for a node of the fabric, simverbs' C test agent ([`svagent`]), a
 //! line-protocol child process ([`LineChild`]), the hex words of the agents' lines ([`hex`],
-//! [`unhex`]), and stopping a child by PID. They panic: each is a precondition or cleanup of a
-//! test.
+//! [`unhex`]), stopping a child by PID, and the processes left on a fabric
+//! ([`processes_on_fabric`], [`wait_fabric_gone`]). They panic: each is a precondition or
+//! cleanup of a test.
 
 use crate::fabric::UMAD2SIM;
 use std::ffi::OsStr;
@@ -14,6 +15,43 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// Live processes on the fabrics whose name `fabric` accepts, as (PID, command line): every
+/// process acm-fabric starts (ibsim, OpenSM, daemons) and every node process a bench or test
+/// starts carries `IBSIM_SOCKNAME=<fabric name>` in its environment.
+pub fn processes_on_fabric(fabric: impl Fn(&str) -> bool) -> Vec<(i32, String)> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(e.path().join("environ")) else {
+            continue;
+        };
+        let on = env
+            .split(|b| *b == 0)
+            .filter_map(|v| v.strip_prefix(b"IBSIM_SOCKNAME="))
+            .any(|name| fabric(&String::from_utf8_lossy(name)));
+        if on {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            found.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Waits up to `timeout` until no process is left on the fabrics `fabric` accepts
+/// ([`processes_on_fabric`]); returns those still there.
+pub fn wait_fabric_gone(fabric: impl Fn(&str) -> bool, timeout: Duration) -> Vec<(i32, String)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = processes_on_fabric(&fabric);
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 /// `target/<profile>/` of the running test executable (`target/<profile>/deps/<test>`).
 pub fn profile_dir() -> PathBuf {

@@ -49,6 +49,7 @@ fn run(program: &str, args: &[&str]) -> Output {
     Output {
         code: out.status.code(),
         timed_out: false,
+        hung: None,
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }

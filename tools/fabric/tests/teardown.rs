@@ -1,42 +1,24 @@
 //! No stray processes, ever: after a panic with a live fabric, after SIGTERM to `acm-fabric up`
 //! while it serves, and after SIGTERM in the middle of its bring-up. Also the CLI's `run`.
 
-use acm_fabric::{live_process_groups, pid_exists, Fabric, Topology};
+use acm_fabric::{live_process_groups, pid_exists, testing, Fabric, Topology};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// PIDs of processes whose environment puts them on a fabric whose name starts with `prefix`
-/// (every process acm-fabric starts carries `IBSIM_SOCKNAME=<fabric name>`).
+/// PIDs of the processes on fabrics whose name starts with `prefix`.
 fn processes_on_fabric(prefix: &str) -> Vec<i32> {
-    let needle = format!("IBSIM_SOCKNAME={prefix}");
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(e.path().join("environ")) else {
-            continue;
-        };
-        if env
-            .split(|b| *b == 0)
-            .any(|v| v.starts_with(needle.as_bytes()))
-        {
-            found.push(pid);
-        }
-    }
-    found
+    testing::processes_on_fabric(|f| f.starts_with(prefix))
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 fn wait_gone(prefix: &str, timeout: Duration) -> Vec<i32> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let left = processes_on_fabric(prefix);
-        if left.is_empty() || Instant::now() >= deadline {
-            return left;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    testing::wait_fabric_gone(|f| f.starts_with(prefix), timeout)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 #[test]

@@ -357,15 +357,30 @@ int acm_send_sa_mad(struct acm_sa_mad *mad)
 	mad->umad.addr.lid = htobe16(g_sm_lid);
 	mad->umad.addr.sl = g_sm_sl;
 	mad->umad.addr.pkey_index = g_pkey_index;
+	/* Pending before it is sent (its reply can come back at once), and the lock is not held
+	 * across umad_send: under umad2sim that write blocks while ibsim's queue for this
+	 * process is full, and ibsim spins until this process reads; the receive thread must
+	 * never wait for it. */
 	pthread_mutex_lock(&g_lock);
+	r->next = g_pending;
+	g_pending = r;
+	pthread_mutex_unlock(&g_lock);
+	atomic_fetch_add(&g_sent, 1);
 	ret = umad_send(g_portid, g_agent, &mad->umad, sizeof mad->sa_mad, g_timeout_ms,
 			g_retries);
-	if (!ret) {
-		r->next = g_pending;
-		g_pending = r;
-		atomic_fetch_add(&g_sent, 1);
+	if (ret) {
+		struct req **pp;
+
+		pthread_mutex_lock(&g_lock);
+		for (pp = &g_pending; *pp; pp = &(*pp)->next) {
+			if (*pp == r) {
+				*pp = r->next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&g_lock);
+		atomic_fetch_sub(&g_sent, 1);
 	}
-	pthread_mutex_unlock(&g_lock);
 	return ret;
 }
 

@@ -78,6 +78,10 @@ struct Cli {
     /// Same-host mode: skip the hit children (cache sizes); misses only
     #[arg(long)]
     misses_only: bool,
+    /// Run in the host's network namespace (default: a private one with a larger Unix datagram
+    /// queue, see docs/bench.md)
+    #[arg(long)]
+    host_net: bool,
     /// --daemon: hits per provider
     #[arg(long, value_name = "N", default_value = "20000", value_parser = num::<usize>)]
     daemon_samples: usize,
@@ -173,6 +177,9 @@ fn main() {
         // The providers' threads are never joined (the core never unloads a provider).
         std::process::exit(0);
     }
+    // Its own network namespace (the children inherit it); stopped by a signal, it takes its
+    // fabrics and measuring children down with it.
+    acm_bench::enter_fabric_bench("provider", args.host_net);
     let (daemon, fake_core) = (args.daemon, args.fake_core);
     args.run.create_out_or_exit();
     let sizes = args.sizes.get(args.run.quick);

@@ -62,18 +62,6 @@ pub struct Config {
 
 // ---- parent ----------------------------------------------------------------------------------
 
-/// Kills the measuring child by PID if it is still running (also on panic).
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
 /// Brings up the fabric and runs one measuring child per size; each prints its table.
 pub fn run(cfg: &Config) -> Result<(), String> {
     use acm_fabric::{Fabric, Topology};
@@ -151,18 +139,12 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         // The child's progress lines continue this process's clock.
         let (k, v) = acm_report::progress_env();
         cmd.env(k, v);
-        let child = cmd.spawn().map_err(|e| format!("spawn child: {e}"))?;
-        let mut guard = ChildGuard(child);
-        let deadline = Instant::now() + Duration::from_secs(600);
-        let status = loop {
-            match guard.0.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() > deadline => {
-                    return Err(format!("child for {what} timed out"));
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-                Err(e) => return Err(e.to_string()),
-            }
+        // Its own process group, recorded: stopped by PID when this returns or panics, and
+        // by the signal thread's teardown.
+        let mut child = acm_fabric::process::Proc::spawn(what, cmd, Duration::from_secs(2))
+            .map_err(|e| format!("spawn child: {e}"))?;
+        let Some(status) = child.wait_timeout(Duration::from_secs(600)) else {
+            return Err(format!("child for {what} timed out"));
         };
         if !status.success() {
             return Err(format!("child for {what} failed: {status}"));
