@@ -133,26 +133,32 @@ pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
         if mad.is_null() {
             return;
         }
-        // SAFETY: the core passes the acm_sa_mad it allocated for us; it stays valid until we
-        // free it below, and nobody else touches it meanwhile.
-        let mut reply = unsafe {
-            SaReply {
-                token: (*mad).context as usize as u64,
-                umad_status: (*mad).umad.status,
-                mad: (*mad).sa_mad.bytes,
-                handed: 0,
-            }
+        let token = {
+            // SAFETY: the core passes the acm_sa_mad it allocated for us; it stays valid until
+            // we free it below, and nobody else touches it meanwhile.
+            unsafe { (*mad).context as usize as u64 }
         };
-        // SAFETY: the handler owns the MAD after completion and frees it exactly once (here).
-        unsafe { (api.free_sa_mad)(mad) };
         if let Some(inst) = reply_target() {
-            reply.handed = inst.clock.now();
-            if !inst.inbox.reply(reply) {
+            let handed = inst.clock.now();
+            // Copied straight into the loop's buffer (or queue slot).
+            let queued = inst.inbox.reply_with(|| {
+                // SAFETY: as above; the MAD is read before it is freed below.
+                let (umad_status, bytes) = unsafe { ((*mad).umad.status, (*mad).sa_mad.bytes) };
+                SaReply {
+                    token,
+                    umad_status,
+                    mad: bytes,
+                    handed,
+                }
+            });
+            if !queued {
                 inst.log_limited(
                     LogReason::ReplyDrop,
                     "ERROR - SA reply queue full; the request will time out",
                 );
             }
         }
+        // SAFETY: the handler owns the MAD after completion and frees it exactly once (here).
+        unsafe { (api.free_sa_mad)(mad) };
     })
 }

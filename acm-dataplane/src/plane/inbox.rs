@@ -159,19 +159,72 @@ pub enum Control {
     Shutdown,
 }
 
+/// A bounded queue with one buffer in front of it. An item pushed while the queue is empty
+/// and the buffer free goes into the buffer, and is taken before anything queued: nothing
+/// queued is older, since an item goes to the queue only while the buffer or the queue is
+/// taken. An isolated item (a missed `resolve()`, the SA reply of an isolated miss) thus
+/// writes and reads the same lines every time, which stay in the caches of the threads that
+/// use them, where a queue slot, a different one each time and thousands of lines apart, is
+/// cold: its writer first fetches the line from memory. `front_full` says whether the
+/// buffer holds one without taking its lock.
+struct Fronted<T> {
+    front: CachePadded<Mutex<Option<T>>>,
+    front_full: AtomicBool,
+    queue: ArrayQueue<T>,
+}
+
+impl<T> Fronted<T> {
+    /// Room for one in front and `capacity` (at least 1) queued.
+    fn new(capacity: usize) -> Self {
+        Fronted {
+            front: CachePadded::new(Mutex::new(None)),
+            front_full: AtomicBool::new(false),
+            queue: ArrayQueue::new(capacity.max(1)),
+        }
+    }
+
+    /// Pushes the item `make` builds (in place, in the buffer when it goes there); false if
+    /// the queue is full (`make` then runs for nothing).
+    #[inline(always)]
+    fn push_with(&self, make: impl FnOnce() -> T) -> bool {
+        if !self.front_full.load(Ordering::Acquire) && self.queue.is_empty() {
+            let mut slot = lock(&self.front);
+            if slot.is_none() {
+                *slot = Some(make());
+                self.front_full.store(true, Ordering::Release);
+                return true;
+            }
+        }
+        self.queue.push(make()).is_ok()
+    }
+
+    /// The oldest item: the buffer's, else the queue's first.
+    #[inline(always)]
+    fn pop(&self) -> Option<T> {
+        if self.front_full.load(Ordering::Acquire) {
+            let mut slot = lock(&self.front);
+            if let Some(r) = slot.take() {
+                self.front_full.store(false, Ordering::Release);
+                return Some(r);
+            }
+        }
+        self.queue.pop()
+    }
+
+    fn is_empty(&self) -> bool {
+        !self.front_full.load(Ordering::Acquire) && self.queue.is_empty()
+    }
+}
+
 /// The queues into the loop (shared with the core's threads).
 pub struct Inbox {
-    /// Client requests (main thread → loop), behind the one in `direct`.
-    requests: ArrayQueue<Request>,
-    /// A request handed over while `requests` was empty: taken before anything queued (its
-    /// ticket is older than what is queued after it). The same buffer every time, so its
-    /// cache lines stay with the thread that hands over and then runs the round (a missed
-    /// `resolve()`), where a queue slot, a different one each time and thousands apart, is
-    /// cold. `direct_full` says whether it holds one without taking the lock.
-    direct: CachePadded<Mutex<Option<Request>>>,
-    direct_full: AtomicBool,
-    /// SA replies (SA thread → loop).
-    pub replies: ArrayQueue<SaReply>,
+    /// Client requests (main thread → loop). The buffer in front is the one a missed
+    /// `resolve()` fills and then, running the round itself, takes: its lines stay with that
+    /// thread.
+    requests: Fronted<Request>,
+    /// SA replies (SA thread → loop). The buffer in front is the one every isolated miss's
+    /// reply goes through: the SA thread writes lines the loop last read, not a cold slot.
+    replies: Fronted<SaReply>,
     pub(super) control: Mutex<VecDeque<(u64, u64, Control)>>,
     control_pushed: AtomicU64,
     /// One counter for requests and control messages, in the order the main thread (their
@@ -203,10 +256,8 @@ impl Inbox {
     /// Queues of these capacities.
     pub fn new(requests: usize, replies: usize, waker: Waker) -> Self {
         Inbox {
-            requests: ArrayQueue::new(requests.max(1)),
-            direct: CachePadded::new(Mutex::new(None)),
-            direct_full: AtomicBool::new(false),
-            replies: ArrayQueue::new(replies.max(1)),
+            requests: Fronted::new(requests),
+            replies: Fronted::new(replies),
             control: Mutex::new(VecDeque::new()),
             control_pushed: AtomicU64::new(0),
             tickets: CachePadded::new(AtomicU64::new(0)),
@@ -324,50 +375,30 @@ impl Inbox {
                 target,
             }
         };
-        // The direct slot if nothing is queued and it is free, else the queue.
-        if !self.direct_full.load(Ordering::Acquire) && self.requests.is_empty() {
-            let mut slot = lock(&self.direct);
-            if slot.is_none() {
-                *slot = Some(request());
-                self.direct_full.store(true, Ordering::Release);
-                drop(slot);
-                self.waker.serve();
-                return true;
-            }
-        }
-        match self.requests.push(request()) {
-            Ok(()) => {
-                self.waker.serve();
-                true
-            }
-            Err(_) => {
-                self.overflows.fetch_add(1, Ordering::Relaxed);
-                false
-            }
+        if self.requests.push_with(request) {
+            self.waker.serve();
+            true
+        } else {
+            self.overflows.fetch_add(1, Ordering::Relaxed);
+            false
         }
     }
 
-    /// The oldest request handed over and not taken yet: the direct slot's, else the queue's
-    /// first (the loop, and the watchdog answering what a stuck loop left).
+    /// The oldest request handed over and not taken yet (the loop, and the watchdog
+    /// answering what a stuck loop left).
     pub(crate) fn take_request(&self) -> Option<Request> {
-        if self.direct_full.load(Ordering::Acquire) {
-            let mut slot = lock(&self.direct);
-            if let Some(r) = slot.take() {
-                self.direct_full.store(false, Ordering::Release);
-                return Some(r);
-            }
-        }
         self.requests.pop()
     }
 
     /// Whether requests wait to be taken.
     pub(crate) fn has_requests(&self) -> bool {
-        self.direct_full.load(Ordering::Acquire) || !self.requests.is_empty()
+        !self.requests.is_empty()
     }
 
-    /// Hands an SA completion to the loop (SA thread); false if the queue was full.
-    pub fn reply(&self, r: SaReply) -> bool {
-        let ok = self.replies.push(r).is_ok();
+    /// Hands the SA completion `make` builds to the loop (SA thread); false if the queue was
+    /// full (counted).
+    pub fn reply_with(&self, make: impl FnOnce() -> SaReply) -> bool {
+        let ok = self.replies.push_with(make);
         if !ok {
             self.reply_drops.fetch_add(1, Ordering::Relaxed);
         }
@@ -376,6 +407,16 @@ impl Inbox {
         // SA traffic needs, must not wait on one. (The loop expects the reply: it polls for it.)
         self.waker.wake();
         ok
+    }
+
+    /// [`Inbox::reply_with`] of a built completion.
+    pub fn reply(&self, r: SaReply) -> bool {
+        self.reply_with(|| r)
+    }
+
+    /// The oldest SA completion not taken yet.
+    pub(super) fn take_reply(&self) -> Option<SaReply> {
+        self.replies.pop()
     }
 
     /// Whether requests, replies or control messages wait to be taken.
@@ -410,27 +451,71 @@ mod tests {
             .collect()
     }
 
-    /// The direct slot is taken before the queue, and only an empty queue sends a request to
-    /// it: requests leave in the order they came, their tickets ascending.
+    /// The buffer in front is taken before the queue, and only an empty queue sends a request
+    /// to it: requests leave in the order they came, their tickets ascending.
     #[test]
-    fn requests_leave_in_the_order_they_came_through_the_direct_slot_and_the_queue() {
+    fn requests_leave_in_the_order_they_came_through_the_front_buffer_and_the_queue() {
         let i = inbox();
         assert!(!i.has_requests());
-        assert!(hand(&i, 1), "direct");
+        assert!(hand(&i, 1), "front");
         assert!(hand(&i, 2), "queued behind it");
         assert!(i.has_requests());
         assert_eq!(taken(&i), [(1, 0), (2, 1)]);
         assert!(!i.has_requests());
-        // The queue not empty: a request goes behind it, even with the direct slot free.
+        // The queue not empty: a request goes behind it, even with the front buffer free.
         assert!(hand(&i, 3));
         assert!(hand(&i, 4));
         assert_eq!(i.take_request().map(|r| r.client), Some(3));
         assert!(hand(&i, 5));
         assert_eq!(taken(&i), [(4, 3), (5, 4)]);
-        // A full queue with the direct slot taken refuses (the caller answers ENOMEM).
-        assert!((10..19).all(|c| hand(&i, c)), "1 direct + 8 queued");
+        // A full queue with the front buffer taken refuses (the caller answers ENOMEM).
+        assert!((10..19).all(|c| hand(&i, c)), "1 in front + 8 queued");
         assert!(!hand(&i, 19));
         assert_eq!(i.overflows.load(Ordering::Relaxed), 1);
         assert_eq!(taken(&i).len(), 9);
+    }
+
+    /// An item alone goes into the buffer in front, not into a queue slot; behind it the
+    /// queue keeps the order.
+    #[test]
+    fn an_item_alone_goes_through_the_front_buffer() {
+        let f = Fronted::new(2);
+        assert!(f.is_empty() && f.pop().is_none());
+        assert!(f.push_with(|| 1));
+        assert!(f.queue.is_empty() && !f.is_empty(), "in front");
+        assert_eq!(f.pop(), Some(1));
+        assert!(f.is_empty());
+        assert!(f.push_with(|| 2) && f.push_with(|| 3) && f.push_with(|| 4));
+        assert!(!f.push_with(|| 5), "1 in front + 2 queued");
+        assert_eq!(f.queue.len(), 2);
+        assert_eq!([f.pop(), f.pop()], [Some(2), Some(3)]);
+        // The front free, the queue not: 6 goes behind 4.
+        assert!(f.push_with(|| 6));
+        assert_eq!(f.queue.len(), 2);
+        assert_eq!([f.pop(), f.pop(), f.pop()], [Some(4), Some(6), None]);
+    }
+
+    fn reply(token: u64) -> SaReply {
+        SaReply {
+            token,
+            umad_status: 0,
+            mad: [token as u8; 256],
+            handed: 0,
+        }
+    }
+
+    /// SA replies leave in the order they came, 1 in front + the queue's capacity; one more
+    /// is dropped and counted.
+    #[test]
+    fn sa_replies_keep_their_order_and_a_full_queue_drops_and_counts() {
+        let i = inbox();
+        assert!((0..9).all(|t| i.reply(reply(t))));
+        assert!(!i.reply_with(|| reply(9)));
+        assert_eq!(i.reply_drops.load(Ordering::Relaxed), 1);
+        let got: Vec<(u64, u8)> = std::iter::from_fn(|| i.take_reply())
+            .map(|r| (r.token, r.mad[255]))
+            .collect();
+        assert_eq!(got, (0..9).map(|t| (t, t as u8)).collect::<Vec<_>>());
+        assert!(!i.waiting());
     }
 }

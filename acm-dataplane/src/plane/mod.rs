@@ -745,7 +745,7 @@ impl<I: CoreIo> Poller for Plane<I> {
         }
         let mut did = false;
         for _ in 0..BURST {
-            let Some(r) = self.inbox.replies.pop() else {
+            let Some(r) = self.inbox.take_reply() else {
                 break;
             };
             did = true;

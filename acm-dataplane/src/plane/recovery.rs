@@ -107,7 +107,7 @@ impl<I: CoreIo> Plane<I> {
                 return PollOutcome::default();
             }
         }
-        while self.inbox.replies.pop().is_some() {
+        while self.inbox.take_reply().is_some() {
             did = true;
         }
         for e in self.eps.iter_mut() {
