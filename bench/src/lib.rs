@@ -413,6 +413,50 @@ pub fn now_utc() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
 }
+
+/// The CPUs this machine has online, 0..n (`available_parallelism` of the whole machine is
+/// what `sysconf(_SC_NPROCESSORS_ONLN)` says).
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// Thread ids of process `pid` (`/proc/<pid>/task`; empty if it is gone).
+pub fn threads_of(pid: i32) -> Vec<i32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Lets thread `tid` (any process's) run on `cpus` only.
+pub fn set_thread_cpus(tid: i32, cpus: &[usize]) -> Result<(), String> {
+    // SAFETY: cpu_set_t is plain data, zeroed and filled with CPU_SET (bounds-checked by the
+    // libc macro) before sched_setaffinity reads it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(format!(
+            "sched_setaffinity({tid}, {cpus:?}): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Every online CPU but `cpu`.
+pub fn cpus_but(cpu: usize) -> Vec<usize> {
+    (0..online_cpus()).filter(|&c| c != cpu).collect()
+}
+
 /// `--poll-mode`: `acmrs_poll_mode` of the acmrs dataplane in the provider benches.
 #[derive(clap::Args, Clone, Debug, PartialEq)]
 pub struct PollMode {

@@ -82,6 +82,17 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
     }
     assert!(!o.timed_out, "benchmark hung\n{o}");
     assert!(o.success(), "benchmark failed:\n{o}");
+    // Busy mode on a CPU of its own (the default on 2 CPUs or more): the child checked that
+    // the worker is pinned to it alone and moved everything else off it.
+    if acm_bench::online_cpus() >= 2 {
+        let last = acm_bench::online_cpus() - 1;
+        assert!(
+            stdout.contains(&format!(
+                "acmrs's worker alone on CPU {last} (acmrs_cpu {last})"
+            )),
+            "{stdout}"
+        );
+    }
     // Every hit answered from the caches (no SA traffic), every miss answered by OpenSM.
     assert!(stdout.contains("SA MADs during hits: 0"), "{stdout}");
     assert!(

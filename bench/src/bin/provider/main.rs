@@ -78,6 +78,14 @@ struct Cli {
     /// Same-host mode: skip the hit children (cache sizes); misses only
     #[arg(long)]
     misses_only: bool,
+    /// Same-host mode: the CPU that acmrs's busy-mode worker gets to itself in the busy
+    /// miss run (`acmrs_cpu`; every other thread of the bench and of the fabric is kept off
+    /// it) [default: the last CPU, on a machine with 2 or more]
+    #[arg(long, value_name = "CPU", value_parser = num::<usize>)]
+    busy_cpu: Option<usize>,
+    /// Same-host mode: run busy mode unpinned, sharing the CPUs as the other modes do
+    #[arg(long, conflicts_with = "busy_cpu")]
+    busy_unpinned: bool,
     /// Run in the host's network namespace (default: a private one with a larger Unix datagram
     /// queue, see docs/bench.md)
     #[arg(long)]
@@ -213,6 +221,14 @@ fn main() {
                 .idle_ms
                 .unwrap_or(if args.run.quick { 1000 } else { 3000 }),
             misses_only: args.misses_only,
+            busy_cpu: match (args.busy_unpinned, args.busy_cpu) {
+                (true, _) => None,
+                (false, Some(c)) => Some(c),
+                (false, None) => {
+                    let n = acm_bench::online_cpus();
+                    (n >= 2).then_some(n - 1)
+                }
+            },
         };
         if let Err(e) = samehost::run(&cfg) {
             eprintln!("provider: {e}");

@@ -75,6 +75,10 @@ pub struct MissArgs {
     /// Idle time measured after the misses (ms).
     #[arg(long)]
     idle_ms: u64,
+    /// acmrs's worker alone on this CPU (`acmrs_cpu`); every other thread of this process
+    /// off it (the parent keeps the fabric's processes off it too).
+    #[arg(long)]
+    dedicated_cpu: Option<usize>,
 }
 
 // ---- a watchdog: the child names where it is stuck instead of hanging silently ----------
@@ -122,6 +126,41 @@ fn tids() -> BTreeSet<i32> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// acmrs's worker (`acmrs-dataplane`, pinned by `acmrs_cpu`) alone on `cpu`: every other
+/// thread of this process goes off it (threads started later inherit that).
+fn dedicate(cpu: usize, threads: &BTreeSet<i32>) -> Result<(), String> {
+    let others = acm_bench::cpus_but(cpu);
+    if others.is_empty() {
+        return Err(format!(
+            "CPU {cpu} is the only one: nothing left for the rest"
+        ));
+    }
+    let mut worker = None;
+    for &tid in threads {
+        if comm(tid) == "acmrs-dataplane" {
+            worker = Some(tid);
+        } else {
+            acm_bench::set_thread_cpus(tid, &others)?;
+        }
+    }
+    let Some(worker) = worker else {
+        return Err("no acmrs-dataplane thread to give a CPU to".into());
+    };
+    // The worker pinned itself (acmrs_cpu): to that CPU alone.
+    let status = std::fs::read_to_string(format!("/proc/self/task/{worker}/status"))
+        .map_err(|e| e.to_string())?;
+    let allowed = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(str::trim);
+    if allowed != Some(cpu.to_string().as_str()) {
+        return Err(format!(
+            "acmrs-dataplane runs on CPUs {allowed:?}, not CPU {cpu} alone (acmrs_cpu {cpu})"
+        ));
+    }
+    Ok(())
 }
 
 fn comm(tid: i32) -> String {
@@ -514,10 +553,13 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
         format!(
             "{}acmrs_path_capacity 8192\nacmrs_request_capacity 4096\n\
              acmrs_pending_capacity 4096\nacmrs_stat_socket {}\nacmrs_poll_mode {}\n\
-             acmrs_sa_transport core\n",
+             acmrs_sa_transport core\n{}",
             opts_common(),
             stat_socket.display(),
-            a.common.poll_mode
+            a.common.poll_mode,
+            a.dedicated_cpu
+                .map(|c| format!("acmrs_cpu {c}\n"))
+                .unwrap_or_default()
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -571,6 +613,9 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
         last = now;
     }
     let t_acmrs = tids();
+    if let Some(cpu) = a.dedicated_cpu {
+        dedicate(cpu, &t_acmrs)?;
+    }
     let threads = [
         t_stock
             .difference(&t_before)
@@ -768,6 +813,14 @@ fn report(
         "### isolated misses, acmrs_poll_mode {mode} ({rounds} rounds; both providers with \
          addr_timeout 0, route_timeout 0; acmrs_sa_transport core)\n"
     );
+    if let Some(cpu) = a.dedicated_cpu {
+        println!(
+            "acmrs's worker alone on CPU {cpu} (acmrs_cpu {cpu}); every other thread of this \
+             process (stock's included) and of the fabric (ibsim, OpenSM, the peer daemon) on \
+             CPUs {:?}: stock runs with one CPU fewer than in the other runs\n",
+            acm_bench::cpus_but(cpu)
+        );
+    }
     println!(
         "threads: stock {}; acmrs {}; SA MADs during the misses: {sa_during}\n",
         describe_threads(&threads[0]),

@@ -58,6 +58,8 @@ pub struct Config {
     pub idle_ms: u64,
     /// No hit children.
     pub misses_only: bool,
+    /// The CPU acmrs's worker has to itself in busy-mode miss runs (`None`: unpinned).
+    pub busy_cpu: Option<usize>,
 }
 
 // ---- parent ----------------------------------------------------------------------------------
@@ -183,14 +185,30 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let mut args = args;
+        // Busy mode on a CPU of its own: the fabric's processes (ibsim, OpenSM, the peer
+        // daemon) leave it for this run; the child keeps its own other threads off it.
+        let dedicated = cfg.busy_cpu.filter(|_| mode == "busy");
+        if let Some(cpu) = dedicated {
+            if cpu >= acm_bench::online_cpus() {
+                return Err(format!("--busy-cpu {cpu}: no such CPU"));
+            }
+            fabric_cpus(fabric.name(), &acm_bench::cpus_but(cpu))?;
+            args.extend(["--dedicated-cpu".to_string(), cpu.to_string()]);
+        }
         // simverbs finds the peer daemon's QPs (its multicast group) through the fabric's
         // shared directory, where the daemons have theirs.
-        run_child(
+        let r = run_child(
             &fabric.scratch().join(format!("misses-{mode}")),
             fabric.scratch(),
             args,
             &format!("misses ({mode})"),
-        )?;
+        );
+        if dedicated.is_some() {
+            let all: Vec<usize> = (0..acm_bench::online_cpus()).collect();
+            fabric_cpus(fabric.name(), &all)?;
+        }
+        r?;
     }
     if cfg.misses_only {
         return Ok(());
@@ -218,6 +236,22 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         .collect();
         let dir = fabric.scratch().join(format!("bench-{size}"));
         run_child(&dir, &dir, args, &format!("size {size}"))?;
+    }
+    Ok(())
+}
+
+/// Lets every thread of every process on `fabric` (ibsim, OpenSM, daemons) run on `cpus`
+/// only.
+fn fabric_cpus(fabric: &str, cpus: &[usize]) -> Result<(), String> {
+    for (pid, _) in acm_fabric::testing::processes_on_fabric(|f| f == fabric) {
+        for tid in acm_bench::threads_of(pid) {
+            // A thread that exited meanwhile is no error.
+            if let Err(e) = acm_bench::set_thread_cpus(tid, cpus) {
+                if acm_fabric::pid_exists(tid) {
+                    return Err(e);
+                }
+            }
+        }
     }
     Ok(())
 }
