@@ -786,23 +786,24 @@ impl<I: CoreIo> Poller for Plane<I> {
                 s.lap = Some(Lap::Request { taken, ep: r.ep });
             }
             // In hand until the resolver has it: a panic inside `request` must not lose it.
+            // The resolver reads the message where it lies (two fields of the plane, borrowed
+            // apart), not from a copy of its whole buffer.
             let r = self.in_hand.insert(r);
-            let (ep, cache_ep, client, kind, len) = (r.ep, r.cache_ep, r.client, r.kind, r.len);
-            let (msg, target) = (r.msg, r.target);
-            let msg = &msg[..usize::from(len)];
-            match target {
+            let resolver = self.resolver.as_mut().expect("a live loop has a resolver");
+            let msg = &r.msg[..usize::from(r.len)];
+            match &r.target {
                 // Classified by the caller's front: not parsed again.
                 Some(t) => {
                     let req = acm_core_nostd::resolver::Request {
-                        ep,
-                        cache_ep,
-                        client,
-                        kind,
+                        ep: r.ep,
+                        cache_ep: r.cache_ep,
+                        client: r.client,
+                        kind: r.kind,
                         msg,
                     };
-                    self.r().request_classified(now, &req, &t);
+                    resolver.request_classified(now, &req, t);
                 }
-                None => self.r().request(now, ep, cache_ep, client, kind, msg),
+                None => resolver.request(now, r.ep, r.cache_ep, r.client, r.kind, msg),
             }
             self.in_hand = None;
             self.drain_outputs(now);
