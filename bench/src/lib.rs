@@ -499,12 +499,12 @@ pub fn enter_fabric_bench(bin: &'static str, host_net: bool) {
     if !host_net {
         if let Err(e) = private_net(DGRAM_QLEN) {
             eprintln!("{bin}: private network namespace: {e} (--host-net runs without one)");
-            std::process::exit(1);
+            acm_fabric::process::exit(1);
         }
     }
     if let Err(e) = acm_fabric::teardown_on_signals(bin, |_| false) {
         eprintln!("{bin}: {e}");
-        std::process::exit(1);
+        acm_fabric::process::exit(1);
     }
 }
 
@@ -522,7 +522,7 @@ pub fn fabric_bench_main(
         Ok(report) => println!("{report}"),
         Err(e) => {
             eprintln!("{bin}: {e}");
-            std::process::exit(1);
+            acm_fabric::process::exit(1);
         }
     }
 }

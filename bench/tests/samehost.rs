@@ -144,7 +144,7 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
     let lid = cell_rows(&stdout, "miss by LID (OpenSM SA)");
     for k in 0..2 {
         let (o, l): (f64, f64) = (own[k][4].parse().unwrap(), lid[k][4].parse().unwrap());
-        assert!(o < l, "{}: own {o} vs whole miss {l}", own[k][2]);
+        assert!(o < l, "{}: own {o} vs whole miss {l}\n{stdout}", own[k][2]);
     }
     for f in [
         "samehost-stock-hit-1000.hgrm",

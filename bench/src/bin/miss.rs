@@ -48,7 +48,6 @@ use acm_testkit::request::PathRequest;
 use clap::Parser;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// PATH-resolution miss bursts through the real ibacm daemon, stock libibacmp against
@@ -371,42 +370,6 @@ fn min<T: Copy + PartialOrd>(v: &[T]) -> Option<T> {
     v.iter().copied().reduce(|a, b| if b < a { b } else { a })
 }
 
-/// Force-disconnects (ibsim console `X <n>`) every ibsim client whose process is gone, and
-/// returns how many.
-///
-/// A daemon stopped with SIGTERM never tells ibsim it left, and ibsim only notices a dead
-/// client when a packet to it fails: without this, every `restart_daemon` leaks one of
-/// ibsim's 10 client slots and the 7th restart's daemon dies in `sim_init: connect failed`.
-fn reap_dead_clients(fabric: &Fabric) -> Result<usize, String> {
-    let list = fabric
-        .ibsim_command("Attached")
-        .map_err(|e| e.to_string())?;
-    let mut n = 0;
-    // `Client 3: pid 1234 connected at "Hca3" port 0x..., lid 5, qp 0 ...`
-    for line in list.lines() {
-        let Some(rest) = line.trim().strip_prefix("Client ") else {
-            continue;
-        };
-        let Some((id, rest)) = rest.split_once(':') else {
-            continue;
-        };
-        let pid = rest
-            .split_whitespace()
-            .skip_while(|w| *w != "pid")
-            .nth(1)
-            .and_then(|p| p.parse::<i32>().ok());
-        if let (Ok(id), Some(pid)) = (id.trim().parse::<u32>(), pid) {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                fabric
-                    .ibsim_command(&format!("X {id}"))
-                    .map_err(|e| e.to_string())?;
-                n += 1;
-            }
-        }
-    }
-    Ok(n)
-}
-
 /// A random subset of `size` LIDs of `dests` (a partial Fisher-Yates shuffle).
 fn pick(dests: &[u16], size: usize, rng: &mut XorShift) -> Vec<u16> {
     let mut v = dests.to_vec();
@@ -492,7 +455,7 @@ fn run(args: &Cli) -> Result<String, String> {
                 d.conns.clear();
                 let n = fabric.node_mut(&d.node).map_err(|e| e.to_string())?;
                 n.stop_daemon();
-                reap_dead_clients(&fabric)?;
+                fabric.reap_dead_clients().map_err(|e| e.to_string())?;
                 let n = fabric.node_mut(&d.node).map_err(|e| e.to_string())?;
                 n.restart_daemon()
                     .map_err(|e| format!("{}: restart: {e}", d.label))?;

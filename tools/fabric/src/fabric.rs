@@ -1189,6 +1189,51 @@ impl Fabric {
         self.start_sm_with_timeout(Duration::from_secs(30), reassign_lids)
     }
 
+    /// Force-disconnects (ibsim console `X <n>`) every ibsim client whose process is gone, and
+    /// returns how many.
+    ///
+    /// ibsim has 10 client slots and notices a dead client only when a packet to it fails. A
+    /// process that leaves without telling it (a daemon stopped with SIGTERM, a node process
+    /// that skips its exit handlers) keeps its slots: without this, a fabric that sees such
+    /// processes come and go runs out of slots (`sim_init: connect failed`).
+    ///
+    /// A client is alive while its input socket, `@<fabric>:in<id>` (abstract, `<id>` as
+    /// ibsim lists it), is bound: umad2sim names it after its PID, simverbs' GSI bridges after
+    /// an id of their own (not a PID), and a process's sockets go when it does.
+    pub fn reap_dead_clients(&self) -> Result<usize> {
+        let list = self.ibsim_command("Attached")?;
+        let bound: std::collections::BTreeSet<String> = std::fs::read_to_string("/proc/net/unix")
+            .map_err(|e| Error::new(format!("/proc/net/unix: {e}")))?
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(7))
+            .filter(|p| p.starts_with('@'))
+            // A NUL the binder counted into the name shows as a trailing '@'.
+            .map(|p| p.trim_end_matches('@').to_string())
+            .collect();
+        let mut n = 0;
+        // `Client 3: pid 1234 connected at "Hca3" port 0x..., lid 5, qp 0 ...`
+        for line in list.lines() {
+            let Some(rest) = line.trim().strip_prefix("Client ") else {
+                continue;
+            };
+            let Some((slot, rest)) = rest.split_once(':') else {
+                continue;
+            };
+            let id = rest
+                .split_whitespace()
+                .skip_while(|w| *w != "pid")
+                .nth(1)
+                .and_then(|p| p.parse::<i64>().ok());
+            if let (Ok(slot), Some(id)) = (slot.trim().parse::<u32>(), id) {
+                if !bound.contains(&format!("@{}:in{id}", self.name)) {
+                    self.ibsim_command(&format!("X {slot}"))?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Runs one command on ibsim's console (`Unlink "Hca3"[1]`, `ReLink "Hca3"[1]`,
     /// `Baselid ...`, `Dump "Hca3"`, see ibsim's `Help`) and returns what it printed (prompts
     /// removed). ibsim reports its errors as lines starting with `#`; this does not judge the

@@ -91,12 +91,29 @@ pub fn teardown_on_signals(
             if unsafe { libc::sigwait(&set, &mut sig) } != 0 || claim(sig) {
                 continue;
             }
+            SIGNALLED.store(true, std::sync::atomic::Ordering::SeqCst);
             let n = emergency_teardown();
             eprintln!("{program}: signal {sig}: killed {n} process group(s), exiting");
             std::process::exit(128 + sig);
         })
         .map_err(|e| Error::new(format!("cannot start the signal thread: {e}")))?;
     Ok(())
+}
+
+/// Set by the [`teardown_on_signals`] thread before it tears down and exits.
+static SIGNALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Ends the process with `code`, for a program that uses [`teardown_on_signals`]: unless a
+/// signal's teardown is under way, which kills this program's children and so often makes
+/// its main thread fail at that very moment; the signal thread then ends the process with
+/// 128 + the signal, and this waits for it.
+pub fn exit(code: i32) -> ! {
+    if SIGNALLED.load(std::sync::atomic::Ordering::SeqCst) {
+        loop {
+            std::thread::park();
+        }
+    }
+    std::process::exit(code)
 }
 
 /// The leader PIDs of every live process group started through this crate (all fabrics).

@@ -102,3 +102,44 @@ fn bad_configurations_are_clear_errors() {
         "{e}"
     );
 }
+
+/// A node process killed without telling ibsim keeps its client slot until
+/// `reap_dead_clients` frees it (ibsim has 10); the live ones (OpenSM's) are left alone.
+#[test]
+fn dead_ibsim_clients_are_reaped_and_live_ones_kept() {
+    let fabric = Fabric::builder(
+        Topology::example("net.2sw2path4hca").unwrap(),
+        ["Hca3", "Hca4"],
+    )
+    .name_prefix("reap")
+    .start_daemons(false)
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    let attached = |f: &Fabric| {
+        f.ibsim_command("Attached")
+            .unwrap()
+            .lines()
+            .filter(|l| l.trim().starts_with("Client "))
+            .count()
+    };
+    let live = attached(&fabric);
+    assert!(live >= 1, "OpenSM is a client");
+    // `ibping -S` on Hca3 serves until `timeout` SIGKILLs it (and, KILL going to its whole
+    // group, itself): it never tells ibsim it left.
+    let out = fabric
+        .run_tool("Hca3", "timeout", &["-s", "KILL", "3", "ibping", "-S"])
+        .unwrap();
+    assert!(out.code.is_none() && !out.timed_out, "{out}");
+    assert_eq!(
+        attached(&fabric),
+        live + 1,
+        "the killed ibping's slot is still taken"
+    );
+    assert_eq!(fabric.reap_dead_clients().unwrap(), 1);
+    assert_eq!(attached(&fabric), live);
+    assert_eq!(
+        fabric.reap_dead_clients().unwrap(),
+        0,
+        "live clients are kept"
+    );
+}

@@ -178,12 +178,25 @@ fn main() {
             Child::SamehostChild(c) => samehost::child(c),
             Child::SamehostMissChild(c) => misses::child(c),
         };
-        if let Err(e) = r {
-            eprintln!("provider (measuring child): {e}");
-            std::process::exit(1);
-        }
-        // The providers' threads are never joined (the core never unloads a provider).
-        std::process::exit(0);
+        let code = match r {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("provider (measuring child): {e}");
+                1
+            }
+        };
+        // The providers' threads are never joined (the core never unloads a provider), and
+        // the child leaves without running the exit handlers: umad2sim's (ibsim 0.10–0.12)
+        // holds its global lock while it joins its receiver thread, which may be waiting for
+        // that lock with a MAD just read (simverbs' port monitor keeps querying), and then
+        // never returns (a hung child, seen once in ~50 runs; the stacks are in issue 20's
+        // notes). The parent tears the fabric down and frees the ibsim client slots the
+        // child leaves behind (`Fabric::reap_dead_clients`).
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().flush();
+        // SAFETY: _exit ends the process at once; nothing of it runs afterwards.
+        unsafe { libc::_exit(code) };
     }
     // Its own network namespace (the children inherit it); stopped by a signal, it takes its
     // fabrics and measuring children down with it.
@@ -232,7 +245,7 @@ fn main() {
         };
         if let Err(e) = samehost::run(&cfg) {
             eprintln!("provider: {e}");
-            std::process::exit(1);
+            acm_fabric::process::exit(1);
         }
         if !alone.is_empty() && !args.misses_only {
             println!(
@@ -331,7 +344,7 @@ fn fake_core_run(args: &Cli, sizes: &[usize]) {
     )
     .unwrap_or_else(|e| {
         eprintln!("{e}");
-        std::process::exit(1)
+        acm_fabric::process::exit(1)
     });
     let mut cmd = std::process::Command::new(&bin);
     let list: Vec<String> = sizes.iter().map(usize::to_string).collect();
@@ -350,11 +363,11 @@ fn fake_core_run(args: &Cli, sizes: &[usize]) {
         Ok(s) if s.success() => {}
         Ok(s) => {
             eprintln!("provider-fake-core failed: {s}");
-            std::process::exit(1);
+            acm_fabric::process::exit(1);
         }
         Err(e) => {
             eprintln!("{}: {e}", bin.display());
-            std::process::exit(1);
+            acm_fabric::process::exit(1);
         }
     }
 }

@@ -148,6 +148,8 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         let Some(status) = child.wait_timeout(Duration::from_secs(600)) else {
             return Err(format!("child for {what} timed out"));
         };
+        // The child skipped its exit handlers (main.rs): its ibsim clients are freed here.
+        fabric.reap_dead_clients().map_err(|e| e.to_string())?;
         if !status.success() {
             return Err(format!("child for {what} failed: {status}"));
         }
