@@ -422,16 +422,6 @@ pub fn online_cpus() -> usize {
     usize::try_from(n).unwrap_or(1).max(1)
 }
 
-/// Thread ids of process `pid` (`/proc/<pid>/task`; empty if it is gone).
-pub fn threads_of(pid: i32) -> Vec<i32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Lets thread `tid` (any process's) run on `cpus` only.
 pub fn set_thread_cpus(tid: i32, cpus: &[usize]) -> Result<(), String> {
     // SAFETY: cpu_set_t is plain data, zeroed and filled with CPU_SET (bounds-checked by the

@@ -341,20 +341,9 @@ pub fn describe_tree(root: i32) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     for pid in descendants(root) {
-        let dir = PathBuf::from(format!("/proc/{pid}"));
-        let cmdline = std::fs::read(dir.join("cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
-        let _ = writeln!(out, "process {pid}: {}", cmdline.trim_end());
-        let mut tids: Vec<i32> = std::fs::read_dir(dir.join("task"))
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        tids.sort_unstable();
-        for tid in tids {
-            let t = dir.join(format!("task/{tid}"));
+        let _ = writeln!(out, "process {pid}: {}", cmdline(pid).trim_end());
+        for tid in threads_of(pid) {
+            let t = PathBuf::from(format!("/proc/{pid}/task/{tid}"));
             let read = |f: &str| {
                 std::fs::read_to_string(t.join(f))
                     .unwrap_or_default()
@@ -374,6 +363,26 @@ pub fn describe_tree(root: i32) -> String {
         out.push_str(&gdb_stacks(pid));
     }
     out
+}
+
+/// Thread ids of process `pid`, ascending (`/proc/<pid>/task`; empty if it is gone).
+pub fn threads_of(pid: i32) -> Vec<i32> {
+    let mut tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    tids.sort_unstable();
+    tids
+}
+
+/// The command line of process `pid`, its arguments separated by spaces (empty if it is
+/// gone).
+pub fn cmdline(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
 }
 
 /// The fields of a `/proc/.../stat` line after the command name (state first).

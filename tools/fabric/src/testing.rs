@@ -33,8 +33,7 @@ pub fn processes_on_fabric(fabric: impl Fn(&str) -> bool) -> Vec<(i32, String)> 
             .filter_map(|v| v.strip_prefix(b"IBSIM_SOCKNAME="))
             .any(|name| fabric(&String::from_utf8_lossy(name)));
         if on {
-            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            found.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ")));
+            found.push((pid, crate::process::cmdline(pid)));
         }
     }
     found

@@ -120,12 +120,9 @@ fn start_watchdog(idle_ms: u64) {
 // ---- threads and their CPU time --------------------------------------------------------------
 
 fn tids() -> BTreeSet<i32> {
-    std::fs::read_dir("/proc/self/task")
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    acm_fabric::process::threads_of(std::process::id() as i32)
+        .into_iter()
+        .collect()
 }
 
 /// acmrs's worker (`acmrs-dataplane`, pinned by `acmrs_cpu`) alone on `cpu`: every other

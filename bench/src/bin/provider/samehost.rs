@@ -167,7 +167,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         progress(format_args!(
             "isolated misses, acmrs_poll_mode {mode}: miss child starts ({n} per provider and form)"
         ));
-        let args: Vec<String> = [
+        let mut args: Vec<String> = [
             "samehost-miss-child",
             "--misses",
             &n.to_string(),
@@ -187,7 +187,6 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let mut args = args;
         // Busy mode on a CPU of its own: the fabric's processes (ibsim, OpenSM, the peer
         // daemon) leave it for this run; the child keeps its own other threads off it.
         let dedicated = cfg.busy_cpu.filter(|_| mode == "busy");
@@ -246,7 +245,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
 /// only.
 fn fabric_cpus(fabric: &str, cpus: &[usize]) -> Result<(), String> {
     for (pid, _) in acm_fabric::testing::processes_on_fabric(|f| f == fabric) {
-        for tid in acm_bench::threads_of(pid) {
+        for tid in acm_fabric::process::threads_of(pid) {
             // A thread that exited meanwhile is no error.
             if let Err(e) = acm_bench::set_thread_cpus(tid, cpus) {
                 if acm_fabric::pid_exists(tid) {
