@@ -146,8 +146,16 @@ pub struct WorkerConfig {
     pub name: String,
     /// CPU to pin to (`acmrs_cpu`), if any.
     pub cpu: Option<usize>,
-    /// How long to keep polling after the last work before parking.
+    /// How long to keep polling after the last work before parking (at least; see
+    /// `spin_learned`).
     pub spin: Duration,
+    /// While work has been coming at intervals shorter than this (a smoothed mean of the idle
+    /// gaps before the worker's rounds with work), keep polling after work for twice that
+    /// interval, up to this, rather than `spin` only: the next piece of work (a miss's reply
+    /// while misses follow one another) then finds the worker polling, not parked behind a
+    /// thread wake-up, nor its CPU halted (a halted virtual CPU is the slowest wake-up of
+    /// all). Work further apart than this spins `spin` only. 0: off.
+    pub spin_learned: Duration,
     /// How far ahead an expected reply ([`PollOutcome::reply_due`]) may be for the worker to
     /// keep polling for it instead of parking (0: never; the SA's round trip is tens of µs,
     /// a thread wake-up several µs each way).
@@ -173,6 +181,7 @@ impl Default for WorkerConfig {
             name: "acmrs-worker".into(),
             cpu: None,
             spin: Duration::from_micros(50),
+            spin_learned: Duration::ZERO,
             spin_for_reply: Duration::from_millis(1),
             max_park: Duration::from_millis(100),
             yield_spin: true,
@@ -608,9 +617,60 @@ enum Next {
     Park(Duration),
 }
 
-/// The decision after a round that did no work, at `now`.
-fn next(config: &WorkerConfig, out: &PollOutcome, now: Instant, last_work: Instant) -> Next {
-    if now.duration_since(last_work) < config.spin {
+/// How long the worker polls on after work ([`WorkerConfig::spin`] and
+/// [`WorkerConfig::spin_learned`]): learned from the idle gaps before its rounds with work.
+#[derive(Clone, Copy, Debug)]
+struct SpinBudget {
+    min: Duration,
+    max: Duration,
+    /// Smoothed idle gap before work, in ns (0: none seen yet).
+    gap_ns: u64,
+}
+
+impl SpinBudget {
+    fn new(config: &WorkerConfig) -> Self {
+        SpinBudget {
+            min: config.spin,
+            max: config.spin_learned,
+            gap_ns: 0,
+        }
+    }
+
+    /// A round did work after `gap` without any. A gap is counted as at most four times the
+    /// bound: one long pause moves the mean toward "far apart" without erasing what came
+    /// before it; two in a row do.
+    fn work_after(&mut self, gap: Duration) {
+        if self.max.is_zero() {
+            return;
+        }
+        let cap = self.max.as_nanos().saturating_mul(4);
+        let sample = gap.as_nanos().min(cap).max(1) as u64;
+        self.gap_ns = match self.gap_ns {
+            0 => sample,
+            g => (g * 7 + sample) / 8,
+        };
+    }
+
+    /// How long to poll on after work now.
+    fn after_work(&self) -> Duration {
+        let gap = Duration::from_nanos(self.gap_ns);
+        if self.gap_ns == 0 || gap > self.max {
+            return self.min;
+        }
+        (gap * 2).clamp(self.min, self.max.max(self.min))
+    }
+}
+
+/// The decision after a round that did no work, at `now`, polling on for `spin` after the
+/// last work.
+fn next(
+    config: &WorkerConfig,
+    out: &PollOutcome,
+    now: Instant,
+    last_work: Instant,
+    spin: Duration,
+) -> Next {
+    if now.duration_since(last_work) < spin {
         return Next::Spin;
     }
     // A reply is about to arrive: poll for it rather than pay a wake-up.
@@ -644,6 +704,9 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
         let _pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
     }
     let mut last_work = shared.tick();
+    let mut budget = SpinBudget::new(config);
+    // Whether the last round did no work (the next one with work ends an idle gap).
+    let mut idle = false;
     let mut fds: Vec<RawFd> = Vec::new();
     // Since when a producer's round has held the lock while we wanted it.
     let mut held_since: Option<Instant> = None;
@@ -682,10 +745,16 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
         }
         drop(g);
         if out.did_work {
+            if idle {
+                budget.work_after(now.saturating_duration_since(last_work));
+                idle = false;
+            }
             last_work = now;
             continue;
         }
-        if let Next::Spin = next(config, &out, now, last_work) {
+        idle = true;
+        let spin = budget.after_work();
+        if let Next::Spin = next(config, &out, now, last_work, spin) {
             pause(config.yield_spin);
             continue;
         }
@@ -714,10 +783,12 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
         }
         if again.did_work {
             shared.parked.clear();
+            budget.work_after(now.saturating_duration_since(last_work));
+            idle = false;
             last_work = now;
             continue;
         }
-        let park_for = match next(config, &again, now, last_work) {
+        let park_for = match next(config, &again, now, last_work, spin) {
             Next::Spin => {
                 shared.parked.clear();
                 drop(g);
@@ -902,6 +973,56 @@ mod tests {
             .unwrap();
         let (due, blocked) = *seen.lock().unwrap();
         (blocked.unwrap(), due.unwrap())
+    }
+
+    /// Work that keeps coming at short intervals is spun for (twice the interval, up to the
+    /// bound); work far apart, or the learning off, gets the fixed spin. One long pause does
+    /// not undo what was learned; two do.
+    #[test]
+    fn the_spin_after_work_follows_the_gaps_before_work() {
+        let us = Duration::from_micros;
+        let cfg = WorkerConfig {
+            spin: us(50),
+            spin_learned: us(500),
+            ..WorkerConfig::default()
+        };
+        let mut b = SpinBudget::new(&cfg);
+        assert_eq!(b.after_work(), us(50), "nothing learned yet");
+        for _ in 0..20 {
+            b.work_after(us(200));
+        }
+        assert_eq!(b.after_work(), us(400));
+        b.work_after(us(20_000));
+        assert!(b.after_work() > us(50), "one pause: {:?}", b.after_work());
+        b.work_after(us(20_000));
+        assert_eq!(b.after_work(), us(50), "two pauses: far apart now");
+        for _ in 0..30 {
+            b.work_after(us(10));
+        }
+        assert_eq!(b.after_work(), us(50), "never below the fixed spin");
+        for _ in 0..30 {
+            b.work_after(us(400));
+        }
+        assert_eq!(b.after_work(), us(500), "never above the bound");
+        // Off: the fixed spin whatever comes.
+        let mut off = SpinBudget::new(&WorkerConfig {
+            spin_learned: Duration::ZERO,
+            ..cfg.clone()
+        });
+        off.work_after(us(100));
+        assert_eq!(off.after_work(), us(50));
+        // The decision: spun while within the learned spin, parked after it.
+        let t0 = Instant::now();
+        let idle = PollOutcome::default();
+        let spin = us(400);
+        assert!(matches!(
+            next(&cfg, &idle, t0 + us(300), t0, spin),
+            Next::Spin
+        ));
+        assert!(matches!(
+            next(&cfg, &idle, t0 + us(450), t0, spin),
+            Next::Park(_)
+        ));
     }
 
     #[test]

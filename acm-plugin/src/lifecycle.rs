@@ -188,13 +188,19 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
     } else {
         plane
     };
-    // (spin after the last work, spin for an SA reply due within): `adaptive` polls on for
-    // a reply expected within 1 ms rather than pay a wake-up for it (docs/dataplane.md).
-    let (spin, spin_for_reply) = match inst.opts.poll_mode() {
+    // (spin after the last work, the most it learns to spin after work, spin for an SA reply
+    // due within): `adaptive` polls on for a reply expected within 1 ms rather than pay a
+    // wake-up for it, and after work for up to 500 µs while work comes that often (misses
+    // one after another), so that the next reply finds it polling (docs/dataplane.md).
+    let (spin, spin_learned, spin_for_reply) = match inst.opts.poll_mode() {
         // Never blocks (run to completion on the core it is given).
-        PollMode::Busy => (Duration::MAX, Duration::ZERO),
-        PollMode::Adaptive => (Duration::from_micros(50), Duration::from_millis(1)),
-        PollMode::Event => (Duration::ZERO, Duration::ZERO),
+        PollMode::Busy => (Duration::MAX, Duration::ZERO, Duration::ZERO),
+        PollMode::Adaptive => (
+            Duration::from_micros(50),
+            Duration::from_micros(500),
+            Duration::from_millis(1),
+        ),
+        PollMode::Event => (Duration::ZERO, Duration::ZERO, Duration::ZERO),
     };
     if let Ok(cpu) = usize::try_from(inst.opts.acmrs_cpu) {
         if !Worker::cpu_available(cpu) {
@@ -211,6 +217,7 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         name: "acmrs-dataplane".into(),
         cpu: usize::try_from(inst.opts.acmrs_cpu).ok(),
         spin,
+        spin_learned,
         spin_for_reply,
         max_park: Duration::from_millis(100),
         // `busy` owns its core and polls all the time (a hand-off to it is a cache-line
