@@ -414,6 +414,36 @@ pub fn now_utc() -> String {
         .unwrap_or_default()
 }
 
+/// The 1-, 5- and 15-minute load averages (`/proc/loadavg`; "?" if unreadable), for a
+/// report's header.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// How this host's idle CPUs wait, for a report's header: the cpuidle driver and governor,
+/// and with the guest halt-polling driver of a virtual machine its poll bound
+/// (`guest_halt_poll_ns`; 0: a vCPU with nothing to run halts at once, and waking it costs an
+/// exit to the hypervisor, several µs for every thread of a run). "cpuidle ?" if unreadable.
+pub fn cpu_idle() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let base = "/sys/devices/system/cpu/cpuidle";
+    let driver = read(&format!("{base}/current_driver")).unwrap_or_else(|| "?".into());
+    let governor = read(&format!("{base}/current_governor")).unwrap_or_else(|| "?".into());
+    let mut s = format!("cpuidle {driver}/{governor}");
+    if let Some(ns) = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+        s.push_str(&format!(", guest_halt_poll_ns {ns}"));
+    }
+    s
+}
+
 /// The CPUs this machine has online, 0..n (`available_parallelism` of the whole machine is
 /// what `sysconf(_SC_NPROCESSORS_ONLN)` says).
 pub fn online_cpus() -> usize {

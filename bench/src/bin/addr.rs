@@ -29,7 +29,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use acm_bench::client::{Answer, Burst, Conn, Next, ANSWER_TIMEOUT};
-use acm_bench::{now_utc, FabricBenchOpts};
+use acm_bench::{cpu_idle, loadavg, now_utc, FabricBenchOpts};
 #[cfg(test)]
 use acm_core_nostd::wire::client::HDR_LEN;
 use acm_core_nostd::wire::client::{
@@ -633,12 +633,13 @@ fn render(
     let _ = writeln!(
         md,
         "# Address resolution through the real ibacm daemon (`acm-bench --bin addr`)\n\n\
-         Started {started}, {:.0} s, load average {load0} → {load1}, {} CPUs. Topology \
+         Started {started}, {:.0} s, load average {load0} → {load1}, {} CPUs ({}). Topology \
          net.2sw2path4hca, requester {REQUESTER}, peers {}, no hosts file, `log_level {}`{}, \
          {} rounds (phases alternate between the fabrics), {} single misses, bursts {}, \
          {} hit passes per round.\n",
         elapsed.as_secs_f64(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_idle(),
         PEERS.join(", "),
         plan.log_level,
         plan.opts
@@ -818,13 +819,6 @@ fn render(
         );
     }
     md
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string))
-        .unwrap_or_else(|| "?".into())
 }
 
 fn main() {

@@ -36,7 +36,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use acm_bench::client::{Burst, Conn, Next, ANSWER_TIMEOUT};
-use acm_bench::{now_utc, FabricBenchOpts, XorShift};
+use acm_bench::{cpu_idle, loadavg, now_utc, FabricBenchOpts, XorShift};
 #[cfg(test)]
 use acm_core_nostd::wire::client::AcmMsg;
 use acm_core_nostd::wire::client::{Status, MAX_COUNTER};
@@ -345,13 +345,6 @@ impl Plan {
     }
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|| "?".into())
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
@@ -603,7 +596,7 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
         md,
         "# PATH miss bursts through the real ibacm daemon (`acm-bench --bin miss`)\n\n\
          Started {}, {:.0} s (fabric up in {:.1} s, restart + warm-up + connect median {:.2} s), \
-         load average {} → {}, {} CPUs. Topology {} ({} LIDs; fabric {}), OpenSM on Hca1, stock \
+         load average {} → {}, {} CPUs ({}). Topology {} ({} LIDs; fabric {}), OpenSM on Hca1, stock \
          on Hca2, acmrs on Hca3, `log_level {}`{}; bursts {:?} × {} reps, both daemons \
          restarted before each rep (every miss a real miss), the same burst again right after \
          (hits).\n",
@@ -614,6 +607,7 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
         m.load0,
         m.load1,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_idle(),
         plan.topology,
         m.max_lid,
         m.fabric,

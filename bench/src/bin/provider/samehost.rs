@@ -116,12 +116,15 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         "## same host, same fabric, same run: stock libibacmp vs libacmrs\n\n\
          fabric {} ({} HCAs, {} switches, up in {:.1} s), bench process = {host} (LID {lid}), \
          SA = OpenSM on {}, name-miss peer = real ibacm (stock) on {peer} (LID {peer_lid}, \
-         name {peer_name})\n\nfabric name: {}\n",
+         name {peer_name})\n\nhost: {} CPUs, load average {}, {}\n\nfabric name: {}\n",
         cfg.topology,
         hcas.len(),
         switches,
         t0.elapsed().as_secs_f64(),
         fabric.sm_node(),
+        acm_bench::online_cpus(),
+        acm_bench::loadavg(),
+        acm_bench::cpu_idle(),
         fabric.name()
     );
     let simverbs = simverbs.to_string_lossy().into_owned();
