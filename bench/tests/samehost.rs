@@ -158,7 +158,97 @@ fn stock_and_acmrs_in_one_process_on_one_fabric() {
         let text = std::fs::read_to_string(out_dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert!(text.contains("Percentile"), "{f}");
     }
+    isolated_misses_in_every_mode_and_transport(&stdout, &out_dir);
     assert!(fabric.is_some(), "no fabric name line\n{o}");
+}
+
+/// The isolated-miss report: one section per poll mode and acmrs SA transport, every miss of
+/// both providers answered with an SA MAD of its own, and acmrs on `ud` measured against the
+/// bare UD transport with its own per-miss SA round trip.
+fn isolated_misses_in_every_mode_and_transport(stdout: &str, out_dir: &std::path::Path) {
+    let sections: Vec<&str> = stdout.split("### isolated misses, ").skip(1).collect();
+    let mut seen = Vec::new();
+    for s in &sections {
+        let head = s.lines().next().unwrap_or_default();
+        let field = |k: &str| {
+            head.split(k)
+                .nth(1)
+                .and_then(|r| r.split([',', ' ']).next())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (mode, sa) = (field("acmrs_poll_mode "), field("acmrs_sa_transport "));
+        seen.push(format!("{mode}/{sa}"));
+        // Counts: provider | form | timed | failed | without SA MAD.
+        let counts: Vec<Vec<&str>> = s
+            .lines()
+            .filter(|l| l.starts_with('|'))
+            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+            .filter(|c| c.len() == 7 && ["stock", "acmrs"].contains(&c[1]))
+            .collect();
+        assert_eq!(counts.len(), 6, "{mode}/{sa}: {s}");
+        for c in &counts {
+            let timed: usize = c[3].parse().unwrap();
+            assert!(timed >= 200, "{mode}/{sa} {c:?}");
+            assert_eq!((c[4], c[5]), ("0", "0"), "{mode}/{sa} {c:?}\n{s}");
+        }
+        // Each provider against the bare transport of its own path.
+        let pa: Vec<Vec<&str>> = s
+            .lines()
+            .filter(|l| l.starts_with("| lid ") || l.starts_with("| gid "))
+            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(pa.len(), 2, "{mode}/{sa}: {s}");
+        let via = if sa == "ud" { "UD QP" } else { "umad" };
+        for r in &pa {
+            assert!(
+                r[2].ends_with("umad (") || r[2].contains(", umad ("),
+                "{r:?}"
+            );
+            assert!(r[4].contains(&format!(", {via} (")), "{mode}/{sa} {r:?}");
+        }
+        // acmrs's SA round trip inside each miss: on `ud` its own, per miss; below its end to
+        // end, and there is one per timed miss.
+        let row = |what: &str| {
+            cell_rows(s, &format!("lid: {what}"))
+                .into_iter()
+                .find(|r| r[2] == "acmrs")
+                .unwrap_or_else(|| panic!("{mode}/{sa}: no acmrs row {what}\n{s}"))
+        };
+        let (e2e, rtt) = (
+            row("end to end"),
+            row("SA round trip inside the miss (send → reply)"),
+        );
+        assert_eq!(e2e[3], rtt[3], "{mode}/{sa}");
+        let (e, r): (f64, f64) = (e2e[4].parse().unwrap(), rtt[4].parse().unwrap());
+        assert!(
+            0.0 < r && r < e,
+            "{mode}/{sa}: SA round trip {r} vs end to end {e}"
+        );
+        // The host core's SA stamps exist for stock only on `ud`.
+        let legs = cell_rows(s, "lid: leg: resolve() entry → SA send");
+        assert_eq!(legs.len(), if sa == "ud" { 1 } else { 2 }, "{mode}/{sa}");
+        let tag = if sa == "ud" {
+            format!("{mode}-ud")
+        } else {
+            mode.clone()
+        };
+        let f = out_dir.join(format!("misses-acmrs-lid-e2e-{tag}.hgrm"));
+        assert!(f.exists(), "{}", f.display());
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "adaptive/core",
+            "adaptive/ud",
+            "busy/core",
+            "busy/ud",
+            "event/core",
+            "event/ud"
+        ],
+        "{stdout}"
+    );
 }
 
 /// Kills the benchmark by PID if the test fails before it stopped.

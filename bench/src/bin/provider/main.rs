@@ -78,6 +78,12 @@ struct Cli {
     /// Same-host mode: skip the hit children (cache sizes); misses only
     #[arg(long)]
     misses_only: bool,
+    /// Same-host mode: how acmrs reaches the SA in the miss runs: `core` (the host core's
+    /// umad SA service, stock's path), `ud` (acmrs's own UD QP, its default), or `both` (one
+    /// miss child per poll mode and transport)
+    #[arg(long, value_name = "core|ud|both", default_value = "both",
+          value_parser = ["core", "ud", "both"])]
+    miss_sa: String,
     /// Same-host mode: the CPU that acmrs's busy-mode worker gets to itself in the busy
     /// miss run (`acmrs_cpu`; every other thread of the bench and of the fabric is kept off
     /// it) [default: the last CPU, on a machine with 2 or more]
@@ -234,6 +240,10 @@ fn main() {
                 .idle_ms
                 .unwrap_or(if args.run.quick { 1000 } else { 3000 }),
             misses_only: args.misses_only,
+            miss_sa: match args.miss_sa.as_str() {
+                "both" => vec!["core".into(), "ud".into()],
+                t => vec![t.to_string()],
+            },
             busy_cpu: match (args.busy_unpinned, args.busy_cpu) {
                 (true, _) => None,
                 (false, Some(c)) => Some(c),

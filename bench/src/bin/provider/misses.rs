@@ -14,8 +14,17 @@
 //! * acmrs: a learned path or address gets `expires = now + 0`; a lookup compares `now >=
 //!   expires` (any coarse-clock staleness still reads expired) and misses.
 //!
-//! Every sample is checked: status 0, the right destination, and (LID/GID) an SA MAD sent
-//! during that very call; the report counts the requests answered without one (must be 0).
+//! Every sample is checked: status 0, the right destination, and an SA MAD sent during that
+//! very call; the report counts the requests answered without one (must be 0).
+//!
+//! **acmrs's SA transport.** One child per poll mode and `--acmrs-sa-transport`:
+//! * `core`: acmrs's SA MADs go through this host core's umad service, as stock's do, so both
+//!   providers' misses pay the same SA round trip and the host core stamps both;
+//! * `ud`: acmrs's default, its own UD QP over simverbs' GSI bridge. The host core sees none
+//!   of its SA MADs (checked per miss: one through the host core fails the child); acmrs's
+//!   own `sa_rtt` histogram, read from its stats socket after each of its misses, proves the
+//!   SA MAD and gives that miss's round trip (query posted → reply taken by its loop). Its
+//!   provider-attributable time is its end to end minus the bare UD transport.
 //!
 //! **Names.** The parent starts one real ibacm daemon (stock libibacmp) on another HCA; the
 //! requests are RESOLVE with a NAME source (`bench-stock` / `bench-acmrs`, one per provider so
@@ -29,11 +38,11 @@
 //!   handler): the path both providers' SA MADs take here (acmrs with `acmrs_sa_transport
 //!   core`);
 //! * SA by UD: the same MAD posted on a `simverbs` UD QP (`acm_dataplane::verbs::UdEndpoint`,
-//!   acmrs's own endpoint code) to the SM's QP1 through simverbs' GSI bridge, the CQ
-//!   busy-polled: the path of acmrs's default `acmrs_sa_transport ud`;
+//!   acmrs's own endpoint code) to the SM's QP1 through simverbs' GSI bridge, the completion
+//!   channel slept on: the path of acmrs's default `acmrs_sa_transport ud`;
 //! * ACM by UD: an ACM-shaped MAD from one UD endpoint to a second one and back (two
-//!   datagrams, busy-polled, in this process): the transport of an ACM query and its response,
-//!   which both providers send on their own UD QP over simverbs.
+//!   datagrams, each receiver asleep on its channel, in this process): the transport of an
+//!   ACM query and its response, which both providers send on their own UD QP over simverbs.
 
 use super::samehost::{
     leak, open_provider, path_msg, resolve_timed, wait_seq, Answer, HostCore, Opened, BLOCK_WAIT,
@@ -79,6 +88,25 @@ pub struct MissArgs {
     /// off it (the parent keeps the fabric's processes off it too).
     #[arg(long)]
     dedicated_cpu: Option<usize>,
+    /// acmrs's `acmrs_sa_transport`: `core` (the host core's umad SA service, the path stock
+    /// takes) or `ud` (its own UD QP over simverbs' GSI bridge, its default).
+    #[arg(long, default_value = "core", value_parser = ["core", "ud"])]
+    acmrs_sa_transport: String,
+}
+
+impl MissArgs {
+    /// acmrs asks the SA on its own UD QP: its SA MADs never pass the host core's stamps.
+    fn acmrs_ud(&self) -> bool {
+        self.acmrs_sa_transport == "ud"
+    }
+
+    /// The tag of this run's files: the poll mode, `-ud` added for acmrs on its own QP.
+    fn run_tag(&self) -> String {
+        match self.acmrs_ud() {
+            true => format!("{}-ud", self.common.poll_mode),
+            false => self.common.poll_mode.clone(),
+        }
+    }
 }
 
 // ---- a watchdog: the child names where it is stuck instead of hanging silently ----------
@@ -307,7 +335,8 @@ impl Bare {
         Ok(t)
     }
 
-    /// The same MAD on a UD QP over simverbs to the SM's QP1 (GSI bridge), CQ busy-polled.
+    /// The same MAD on a UD QP over simverbs to the SM's QP1 (GSI bridge), the completion
+    /// channel slept on.
     fn sa_ud(&mut self, dlid: u16, dgid: Option<&[u8; 16]>) -> Result<u64, String> {
         step();
         self.tid += 1;
@@ -339,7 +368,8 @@ impl Bare {
         Ok(t)
     }
 
-    /// An ACM-shaped MAD A → B, then B → A, both busy-polled: one query and one response.
+    /// An ACM-shaped MAD A → B, then B → A, each receiver asleep on its channel: one query
+    /// and one response.
     fn acm_ud(&mut self) -> Result<u64, String> {
         step();
         self.tid += 1;
@@ -431,8 +461,8 @@ const PLUGIN_LEGS: [(&str, &str, &str); 4] = [
     ),
 ];
 
-/// acmrs's [`PLUGIN_LEGS`] histograms now, read from its stats socket.
-fn plugin_legs(socket: &Path) -> Result<[Snapshot; 4], String> {
+/// acmrs's histograms `names` now, read from its stats socket (one endpoint).
+fn plugin_hists<const N: usize>(socket: &Path, names: [&str; N]) -> Result<[Snapshot; N], String> {
     let text = export::fetch(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
     let r = export::decode(&text).map_err(|e| format!("{}: {e}", socket.display()))?;
     let [ep] = &r.endpoints[..] else {
@@ -441,8 +471,8 @@ fn plugin_legs(socket: &Path) -> Result<[Snapshot; 4], String> {
             r.endpoints.len()
         ));
     };
-    let mut out: [Snapshot; 4] = Default::default();
-    for (o, (name, _, _)) in out.iter_mut().zip(PLUGIN_LEGS) {
+    let mut out: [Snapshot; N] = std::array::from_fn(|_| Snapshot::default());
+    for (o, name) in out.iter_mut().zip(names) {
         let k = HISTS
             .iter()
             .position(|h| h.0 == name)
@@ -450,6 +480,17 @@ fn plugin_legs(socket: &Path) -> Result<[Snapshot; 4], String> {
         *o = ep.hists[k].clone();
     }
     Ok(out)
+}
+
+/// acmrs's [`PLUGIN_LEGS`] histograms now.
+fn plugin_legs(socket: &Path) -> Result<[Snapshot; 4], String> {
+    plugin_hists(socket, PLUGIN_LEGS.map(|l| l.0))
+}
+
+/// acmrs's SA round trips so far (`sa_rtt`: query sent → reply taken by its loop): on the
+/// `ud` transport, the only record of a miss's SA MAD (the host core never sees it).
+fn sa_rtt(socket: &Path) -> Result<Snapshot, String> {
+    plugin_hists(socket, ["sa_rtt"]).map(|[s]| s)
 }
 
 /// The histograms of one provider and form.
@@ -479,12 +520,19 @@ struct Form {
 }
 
 impl Form {
-    fn record(&mut self, a: &Answer) {
+    /// Records one miss. `sa_ns`: its SA round trip as the provider measured it (acmrs on its
+    /// own UD QP); `None`: the host core's stamps, which also give the legs around them.
+    fn record(&mut self, a: &Answer, sa_ns: Option<u64>) {
         self.e2e.record(ns(a.ns));
+        self.call.record(ns(a.ret_at));
+        if let Some(t) = sa_ns {
+            self.transport.record(ns(t));
+            self.own.record(ns(a.ns.saturating_sub(t)));
+            return;
+        }
         let transport = a.recv_at.saturating_sub(a.send_at);
         self.transport.record(ns(transport));
         self.own.record(ns(a.ns.saturating_sub(transport)));
-        self.call.record(ns(a.ret_at));
         self.to_send.record(ns(a.send_at));
         self.ret_to_send
             .record(ns(a.send_at.saturating_sub(a.ret_at)));
@@ -550,10 +598,11 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
         format!(
             "{}acmrs_path_capacity 8192\nacmrs_request_capacity 4096\n\
              acmrs_pending_capacity 4096\nacmrs_stat_socket {}\nacmrs_poll_mode {}\n\
-             acmrs_sa_transport core\n{}",
+             acmrs_sa_transport {}\n{}",
             opts_common(),
             stat_socket.display(),
             a.common.poll_mode,
+            a.acmrs_sa_transport,
             a.dedicated_cpu
                 .map(|c| format!("acmrs_cpu {c}\n"))
                 .unwrap_or_default()
@@ -645,7 +694,18 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
     let mut round = 0usize;
     let done = |f: &[[Form; 3]; 2], i: usize| f.iter().all(|p| cnt(&p[i].e2e) >= a.misses);
     let mut tries = 0usize;
-    let one = |k: usize, m: &mut AcmMsg, f: &mut Form| -> Result<Option<Answer>, String> {
+    // acmrs on `ud`: its SA MADs are seen in its own `sa_rtt` histogram, read after each of
+    // its misses (outside the timed call); the host core must see none of them.
+    let ud = a.acmrs_ud();
+    let mut rtt_last = if ud {
+        sa_rtt(&stat_socket)?
+    } else {
+        Snapshot::default()
+    };
+    // Off in the CPU phase: a read of the stats socket per miss would be CPU of acmrs's
+    // export thread; that phase checks its block's SA round trips once instead.
+    let per_sample = std::cell::Cell::new(true);
+    let mut one = |k: usize, m: &mut AcmMsg, f: &mut Form| -> Result<Option<Answer>, String> {
         step();
         let sa = host.stats()[0];
         let ans = resolve_timed(&provs[k], m, Duration::from_secs(15))?;
@@ -653,11 +713,38 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
             f.failed += 1;
             return Ok(None);
         }
-        if host.stats()[0] == sa {
+        let own_qp = ud && k == 1;
+        if own_qp && host.stats()[0] != sa {
+            return Err(
+                "acmrs on acmrs_sa_transport ud sent an SA MAD through the host \
+                        core's SA service"
+                    .into(),
+            );
+        }
+        let sa_ns = if own_qp && !per_sample.get() {
+            Some(0)
+        } else if own_qp {
+            // The loop records a round trip once the reply's answers are out: the answer can
+            // come first, so the record is awaited (≤ 50 ms; none: no SA MAD in this miss).
+            let t = Instant::now();
+            let d = loop {
+                let now = sa_rtt(&stat_socket)?;
+                let d = now.since(&rtt_last);
+                if d.count() > 0 || t.elapsed() > Duration::from_millis(50) {
+                    rtt_last = now;
+                    break d;
+                }
+                std::thread::sleep(Duration::from_micros(100));
+            };
+            (d.count() > 0).then_some(d.sum_ns)
+        } else {
+            (host.stats()[0] != sa).then_some(0)
+        };
+        let Some(sa_ns) = sa_ns else {
             f.without_sa += 1;
             return Ok(None);
-        }
-        f.record(&ans);
+        };
+        f.record(&ans, own_qp.then_some(sa_ns));
         Ok(Some(ans))
     };
     while !(done(&forms, 0)
@@ -750,10 +837,17 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
         a.idle_ms
     ));
     super::samehost::CALL_CPU.store(true, Ordering::Relaxed);
+    per_sample.set(false);
     let mut cpu = [Cpu::default(), Cpu::default()];
     for (k, c) in cpu.iter_mut().enumerate() {
         PHASE.store(2 + k as u8, Ordering::Relaxed);
         let mut f = Form::default();
+        let own_qp = ud && k == 1;
+        let rtt0 = if own_qp {
+            sa_rtt(&stat_socket)?.count()
+        } else {
+            0
+        };
         let (t0, w0) = (cpu_of(&threads[k]), Instant::now());
         for i in 0..cpu_n {
             tid += 1;
@@ -766,6 +860,15 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
         }
         c.threads_ns = cpu_of(&threads[k]) - t0;
         c.wall = w0.elapsed();
+        if own_qp {
+            let sent = sa_rtt(&stat_socket)?.count() - rtt0;
+            if sent < c.n {
+                return Err(format!(
+                    "CPU phase: {} acmrs misses answered, {sent} SA round trips on its QP",
+                    c.n
+                ));
+            }
+        }
     }
     super::samehost::CALL_CPU.store(false, Ordering::Relaxed);
     PHASE.store(4, Ordering::Relaxed);
@@ -806,10 +909,22 @@ fn report(
     rounds: usize,
 ) -> Result<(), String> {
     let mode = &a.common.poll_mode;
+    let run = a.run_tag();
+    let sa_t = &a.acmrs_sa_transport;
     println!(
-        "### isolated misses, acmrs_poll_mode {mode} ({rounds} rounds; both providers with \
-         addr_timeout 0, route_timeout 0; acmrs_sa_transport core)\n"
+        "### isolated misses, acmrs_poll_mode {mode}, acmrs_sa_transport {sa_t} ({rounds} \
+         rounds; both providers with addr_timeout 0, route_timeout 0)\n"
     );
+    if a.acmrs_ud() {
+        println!(
+            "acmrs asks the SA on its own UD QP (simverbs' GSI bridge), stock through the host \
+             core's umad service: acmrs's \"SA round trip inside the miss\" is its own `sa_rtt` \
+             (query posted → reply taken by its loop, read from its stats socket after each \
+             miss), stock's the host core's stamps; the legs around the host core's SA stamps \
+             exist for stock only; each provider's attributable time is its end to end minus \
+             the bare transport of its own path\n"
+        );
+    }
     if let Some(cpu) = a.dedicated_cpu {
         println!(
             "acmrs's worker alone on CPU {cpu} (acmrs_cpu {cpu}); every other thread of this \
@@ -874,7 +989,7 @@ fn report(
     let bare_s: Vec<Summary> = bare_h.iter().map(LatencyHistogram::summary).collect();
     for (i, (what, tag)) in bare_names.iter().enumerate() {
         row(&mut t, what, "harness", &bare_s[i]);
-        write_h(a, &format!("misses-bare-{tag}-{mode}.hgrm"), &bare_h[i])?;
+        write_h(a, &format!("misses-bare-{tag}-{run}.hgrm"), &bare_h[i])?;
     }
     for (i, form) in FORMS.iter().enumerate() {
         if forms.iter().all(|p| cnt(&p[i].e2e) == 0) {
@@ -914,14 +1029,18 @@ fn report(
         for (what, tag, get) in legs {
             for (k, o) in provs.iter().enumerate() {
                 let h = get(&forms[k][i]);
+                if cnt(h) == 0 {
+                    continue;
+                }
                 row(&mut t, &format!("{form}: {what}"), o.name, &h.summary());
-                write_h(a, &format!("misses-{}-{form}-{tag}-{mode}.hgrm", o.name), h)?;
+                write_h(a, &format!("misses-{}-{form}-{tag}-{run}.hgrm", o.name), h)?;
             }
             if let Some(out) = &a.common.out {
                 if tag == "e2e" || tag == "own" {
-                    let f = out.join(format!("misses-{form}-{tag}-{mode}.svg"));
+                    let f = out.join(format!("misses-{form}-{tag}-{run}.svg"));
                     let title = format!(
-                        "isolated miss by {form}, {what} (same process, same fabric, {mode})"
+                        "isolated miss by {form}, {what} (same process, same fabric, {mode}, \
+                         acmrs SA by {sa_t})"
                     );
                     let series = [
                         Series {
@@ -949,60 +1068,86 @@ fn report(
                 provs[1].name,
                 &h.summary(),
             );
-            write_h(a, &format!("misses-acmrs-{form}-{tag}-{mode}.hgrm"), h)?;
+            write_h(a, &format!("misses-acmrs-{form}-{tag}-{run}.hgrm"), h)?;
         }
     }
     println!("{}", t.render());
+    // The harness's two SA transports, side by side (same run, same destinations).
+    for (what, u, d) in [("LID", 0, 1), ("GID", 2, 3)] {
+        let (u, d) = (&bare_s[u], &bare_s[d]);
+        if u.count > 0 && d.count > 0 {
+            println!(
+                "bare SA by {what}: UD QP − umad = {} µs at p50, {} µs at p99 (UD/umad p50 \
+                 {:.2}×)",
+                us(d.p50_ns - u.p50_ns),
+                us(d.p99_ns - u.p99_ns),
+                d.p50_ns / u.p50_ns.max(1.0)
+            );
+        }
+    }
+    println!();
     // Provider-attributable = end to end − bare transport of the same path, per percentile.
+    // Each provider against the bare transport of its own path: stock's SA MADs always take
+    // the host core's umad service, acmrs's take its own UD QP with `acmrs_sa_transport ud`.
     let mut pa = Table::new(&[
         "form",
-        "bare transport (same run)",
+        "stock: bare umad p50 / p99 µs",
         "stock p50 / p99 µs",
+        "acmrs: bare transport p50 / p99 µs",
         "acmrs p50 / p99 µs",
     ]);
+    let acmrs_via = if a.acmrs_ud() { "UD QP" } else { "umad" };
     for (i, form) in FORMS.iter().enumerate() {
-        let bare: Summary = match i {
-            0 => bare_s[0],
-            1 => bare_s[2],
-            _ => {
-                let (s, c) = (&bare_s[2], &bare_s[4]);
-                Summary {
-                    p50_ns: s.p50_ns + c.p50_ns,
-                    p99_ns: s.p99_ns + c.p99_ns,
-                    ..*s
-                }
+        // bare_s: 0/1 SA by LID umad/UD, 2/3 SA by GID umad/UD, 4 ACM over UD.
+        let bare = |ud: bool| -> Summary {
+            let sa = &bare_s[usize::from(i > 0) * 2 + usize::from(ud)];
+            match i {
+                2 => Summary {
+                    p50_ns: sa.p50_ns + bare_s[4].p50_ns,
+                    p99_ns: sa.p99_ns + bare_s[4].p99_ns,
+                    count: sa.count.min(bare_s[4].count),
+                    ..*sa
+                },
+                _ => *sa,
             }
         };
-        if bare.count == 0 || forms.iter().any(|p| cnt(&p[i].e2e) == 0) {
+        let b = [bare(false), bare(a.acmrs_ud())];
+        if b.iter().any(|s| s.count == 0) || forms.iter().any(|p| cnt(&p[i].e2e) == 0) {
             continue;
         }
         let cell = |k: usize| {
             let s = forms[k][i].e2e.summary();
             format!(
                 "{} / {}",
-                us(s.p50_ns - bare.p50_ns),
-                us(s.p99_ns - bare.p99_ns)
+                us(s.p50_ns - b[k].p50_ns),
+                us(s.p99_ns - b[k].p99_ns)
             )
+        };
+        let path = |via: &str| match i {
+            2 => format!("ACM UD round trip + SA by GID, {via}"),
+            _ => format!("SA by {}, {via}", form.to_uppercase()),
         };
         pa.row(vec![
             form.to_string(),
             format!(
-                "{} (p50 {} / p99 {})",
-                match i {
-                    0 => "SA by LID, umad",
-                    1 => "SA by GID, umad",
-                    _ => "ACM UD round trip + SA by GID, umad",
-                },
-                us(bare.p50_ns),
-                us(bare.p99_ns)
+                "{} ({} / {})",
+                path("umad"),
+                us(b[0].p50_ns),
+                us(b[0].p99_ns)
             ),
             cell(0),
+            format!(
+                "{} ({} / {})",
+                path(acmrs_via),
+                us(b[1].p50_ns),
+                us(b[1].p99_ns)
+            ),
             cell(1),
         ]);
     }
     println!(
-        "provider-attributable miss time = end to end − bare transport of the same path (per \
-         percentile):\n\n{}",
+        "provider-attributable miss time = end to end − bare transport of the provider's own \
+         path (same run, per percentile):\n\n{}",
         pa.render()
     );
     let mut c = Table::new(&[

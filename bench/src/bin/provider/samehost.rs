@@ -58,6 +58,8 @@ pub struct Config {
     pub idle_ms: u64,
     /// No hit children.
     pub misses_only: bool,
+    /// `acmrs_sa_transport` of the miss runs, one miss child per poll mode and transport.
+    pub miss_sa: Vec<String>,
     /// The CPU acmrs's worker has to itself in busy-mode miss runs (`None`: unpinned).
     pub busy_cpu: Option<usize>,
 }
@@ -166,9 +168,17 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             .filter(|m| **m != cfg.poll_mode)
             .map(|m| (m.to_string(), cfg.mode_misses)),
     );
-    for (mode, n) in runs.into_iter().filter(|(_, n)| *n > 0) {
+    // One child per poll mode and acmrs SA transport: `core` gives both providers the same
+    // SA path (the host core's umad service), `ud` is acmrs's default (its own UD QP).
+    let runs: Vec<(String, usize, String)> = runs
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .flat_map(|(m, n)| cfg.miss_sa.iter().map(move |t| (m.clone(), n, t.clone())))
+        .collect();
+    for (mode, n, sa) in runs {
         progress(format_args!(
-            "isolated misses, acmrs_poll_mode {mode}: miss child starts ({n} per provider and form)"
+            "isolated misses, acmrs_poll_mode {mode}, acmrs_sa_transport {sa}: miss child \
+             starts ({n} per provider and form)"
         ));
         let mut args: Vec<String> = [
             "samehost-miss-child",
@@ -186,6 +196,8 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             &peer_lid.to_string(),
             "--idle-ms",
             &cfg.idle_ms.to_string(),
+            "--acmrs-sa-transport",
+            &sa,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -203,10 +215,10 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         // simverbs finds the peer daemon's QPs (its multicast group) through the fabric's
         // shared directory, where the daemons have theirs.
         let r = run_child(
-            &fabric.scratch().join(format!("misses-{mode}")),
+            &fabric.scratch().join(format!("misses-{mode}-{sa}")),
             fabric.scratch(),
             args,
-            &format!("misses ({mode})"),
+            &format!("misses ({mode}, SA by {sa})"),
         );
         if dedicated.is_some() {
             let all: Vec<usize> = (0..acm_bench::online_cpus()).collect();
