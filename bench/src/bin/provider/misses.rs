@@ -493,6 +493,19 @@ fn sa_rtt(socket: &Path) -> Result<Snapshot, String> {
     plugin_hists(socket, ["sa_rtt"]).map(|[s]| s)
 }
 
+/// [`sa_rtt`] once it holds at least `n` round trips, or after 50 ms: the loop records a
+/// round trip once the reply's answers are out, so an answer can come before its record.
+fn sa_rtt_reaching(socket: &Path, n: u64) -> Result<Snapshot, String> {
+    let t = Instant::now();
+    loop {
+        let now = sa_rtt(socket)?;
+        if now.count() >= n || t.elapsed() > Duration::from_millis(50) {
+            return Ok(now);
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
 /// The histograms of one provider and form.
 #[derive(Default)]
 struct Form {
@@ -724,18 +737,10 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
         let sa_ns = if own_qp && !per_sample.get() {
             Some(0)
         } else if own_qp {
-            // The loop records a round trip once the reply's answers are out: the answer can
-            // come first, so the record is awaited (≤ 50 ms; none: no SA MAD in this miss).
-            let t = Instant::now();
-            let d = loop {
-                let now = sa_rtt(&stat_socket)?;
-                let d = now.since(&rtt_last);
-                if d.count() > 0 || t.elapsed() > Duration::from_millis(50) {
-                    rtt_last = now;
-                    break d;
-                }
-                std::thread::sleep(Duration::from_micros(100));
-            };
+            // None within 50 ms: no SA MAD in this miss.
+            let now = sa_rtt_reaching(&stat_socket, rtt_last.count() + 1)?;
+            let d = now.since(&rtt_last);
+            rtt_last = now;
             (d.count() > 0).then_some(d.sum_ns)
         } else {
             (host.stats()[0] != sa).then_some(0)
@@ -861,7 +866,7 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
         c.threads_ns = cpu_of(&threads[k]) - t0;
         c.wall = w0.elapsed();
         if own_qp {
-            let sent = sa_rtt(&stat_socket)?.count() - rtt0;
+            let sent = sa_rtt_reaching(&stat_socket, rtt0 + c.n)?.count() - rtt0;
             if sent < c.n {
                 return Err(format!(
                     "CPU phase: {} acmrs misses answered, {sent} SA round trips on its QP",
