@@ -444,6 +444,63 @@ pub fn cpu_idle() -> String {
     s
 }
 
+/// Where the cpuidle-haltpoll driver (a KVM guest's) keeps how long an idle virtual CPU polls
+/// before it halts.
+pub const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
+
+/// The value [`HaltPoll`] replaced, and where: put back by its drop or by
+/// [`restore_halt_poll`] (the signal teardown of [`enter_fabric_bench`]).
+static HALT_POLL_SAVED: std::sync::Mutex<Option<(PathBuf, String)>> = std::sync::Mutex::new(None);
+
+/// The guest halt-polling bound set for a run (`--halt-poll-ns`), put back when dropped. On a
+/// KVM guest whose idle virtual CPUs halt at once (`guest_halt_poll_ns 0`), every wake-up of a
+/// halted one pays an exit to the hypervisor; on the simulated fabric a query sent from one
+/// CPU while the fabric's processes sleep on the other pays it (docs/bench.md).
+pub struct HaltPoll(());
+
+impl HaltPoll {
+    /// Sets [`HALT_POLL_NS`] to `ns` (root, a guest with the haltpoll driver).
+    pub fn set(ns: u64) -> Result<HaltPoll, String> {
+        HaltPoll::set_at(std::path::Path::new(HALT_POLL_NS), ns)
+    }
+
+    /// Sets the value in `file` to `ns`, keeping the old one for the drop.
+    pub fn set_at(file: &std::path::Path, ns: u64) -> Result<HaltPoll, String> {
+        let old = std::fs::read_to_string(file).map_err(|e| {
+            format!(
+                "{}: {e} (no cpuidle-haltpoll on this host?)",
+                file.display()
+            )
+        })?;
+        let mut saved = HALT_POLL_SAVED.lock().unwrap_or_else(|e| e.into_inner());
+        if saved.is_some() {
+            return Err("the halt-polling bound is already set by this process".into());
+        }
+        std::fs::write(file, ns.to_string()).map_err(|e| format!("{}: {e}", file.display()))?;
+        *saved = Some((file.to_path_buf(), old.trim().to_string()));
+        Ok(HaltPoll(()))
+    }
+}
+
+impl Drop for HaltPoll {
+    fn drop(&mut self) {
+        restore_halt_poll();
+    }
+}
+
+/// Puts back the halt-polling bound a [`HaltPoll`] replaced, if one is in force.
+pub fn restore_halt_poll() {
+    let saved = HALT_POLL_SAVED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some((file, old)) = saved {
+        if let Err(e) = std::fs::write(&file, &old) {
+            eprintln!("cannot put {} back to {old}: {e}", file.display());
+        }
+    }
+}
+
 /// The CPUs this machine has online, 0..n (`available_parallelism` of the whole machine is
 /// what `sysconf(_SC_NPROCESSORS_ONLN)` says).
 pub fn online_cpus() -> usize {
@@ -522,7 +579,12 @@ pub fn enter_fabric_bench(bin: &'static str, host_net: bool) {
             acm_fabric::process::exit(1);
         }
     }
-    if let Err(e) = acm_fabric::teardown_on_signals(bin, |_| false) {
+    // A signal's teardown puts back what the run changed on the host.
+    let claim = |_| {
+        restore_halt_poll();
+        false
+    };
+    if let Err(e) = acm_fabric::teardown_on_signals(bin, claim) {
         eprintln!("{bin}: {e}");
         acm_fabric::process::exit(1);
     }
@@ -550,6 +612,32 @@ pub fn fabric_bench_main(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_halt_polling_bound_is_put_back() {
+        let dir = std::env::temp_dir().join(format!("acm-bench-haltpoll-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("guest_halt_poll_ns");
+        std::fs::write(&f, "0\n").unwrap();
+        let read = || std::fs::read_to_string(&f).unwrap();
+        {
+            let _g = HaltPoll::set_at(&f, 200_000).unwrap();
+            assert_eq!(read(), "200000");
+            // One at a time: a second would put back the first's value, not the host's.
+            assert!(HaltPoll::set_at(&f, 1).is_err());
+            assert_eq!(read(), "200000");
+        }
+        assert_eq!(read(), "0");
+        // The signal path: put back once, then nothing is left to put back.
+        let g = HaltPoll::set_at(&f, 5).unwrap();
+        restore_halt_poll();
+        assert_eq!(read(), "0");
+        std::fs::write(&f, "7").unwrap();
+        drop(g);
+        assert_eq!(read(), "7");
+        assert!(HaltPoll::set_at(&dir.join("absent"), 1).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn batch_timer_counts_every_op() {

@@ -92,6 +92,10 @@ struct Cli {
     /// Same-host mode: run busy mode unpinned, sharing the CPUs as the other modes do
     #[arg(long, conflicts_with = "busy_cpu")]
     busy_unpinned: bool,
+    /// Same-host mode: how long an idle virtual CPU polls before it halts, for this run
+    /// (the cpuidle-haltpoll driver's guest_halt_poll_ns, a KVM guest's; put back afterwards)
+    #[arg(long, value_name = "NS", value_parser = num::<u64>)]
+    halt_poll_ns: Option<u64>,
     /// Run in the host's network namespace (default: a private one with a larger Unix datagram
     /// queue, see docs/bench.md)
     #[arg(long)]
@@ -240,6 +244,7 @@ fn main() {
                 .idle_ms
                 .unwrap_or(if args.run.quick { 1000 } else { 3000 }),
             misses_only: args.misses_only,
+            halt_poll_ns: args.halt_poll_ns,
             miss_sa: match args.miss_sa.as_str() {
                 "both" => vec!["core".into(), "ud".into()],
                 t => vec![t.to_string()],

@@ -58,6 +58,8 @@ pub struct Config {
     pub idle_ms: u64,
     /// No hit children.
     pub misses_only: bool,
+    /// The guest halt-polling bound for this run (`None`: the host's as it is).
+    pub halt_poll_ns: Option<u64>,
     /// `acmrs_sa_transport` of the miss runs, one miss child per poll mode and transport.
     pub miss_sa: Vec<String>,
     /// The CPU acmrs's worker has to itself in busy-mode miss runs (`None`: unpinned).
@@ -75,6 +77,8 @@ pub fn run(cfg: &Config) -> Result<(), String> {
         return Err(format!("{} has fewer than 3 HCAs", cfg.topology));
     }
     let switches = topo.switches().len();
+    // Put back when this returns (and by the signal teardown).
+    let _halt_poll = cfg.halt_poll_ns.map(acm_bench::HaltPoll::set).transpose()?;
     // OpenSM assigns one LID per HCA port and one per switch: 1..=max_lid.
     let max_lid = (hcas.len() + switches) as u16;
     if max_lid >= FAKE_BASE_LID {
