@@ -18,10 +18,17 @@
 //! and the table never fills. Times are TSC reads (`acm_dataplane::stats::Clock`, the
 //! provider's own clock).
 //!
-//! Usage: `cargo run --release -p acm-bench --bin resolver -- [--quick] [--out DIR]
-//!         [--sizes 4096,1048576] [--misses N]`
+//! **`--evict-kib N`**: before each step, this thread writes a buffer of N KiB one cache line
+//! at a time (not timed), so the step finds the resolver's lines out of its core's L1 and L2,
+//! as a miss in the live provider finds them after ibsim, OpenSM and the other threads ran on
+//! that CPU. The step's time is then its instructions plus its cold lines; the difference to
+//! the hot run is what the lines cost.
 //!
-//! With `--out DIR`: `resolver_<step>_<slots>.hgrm` per step and cache size.
+//! Usage: `cargo run --release -p acm-bench --bin resolver -- [--quick] [--out DIR]
+//!         [--sizes 4096,1048576] [--misses N] [--evict-kib N]`
+//!
+//! With `--out DIR`: `resolver_<step>_<slots>.hgrm` per step and cache size
+//! (`resolver_<step>_<slots>_evicted.hgrm` with `--evict-kib`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,9 +55,22 @@ struct Cli {
     /// Path cache sizes in slots [default: 4096,1048576]
     #[arg(long, value_name = "N,N,...", value_parser = counts)]
     sizes: Option<List<usize>>,
-    /// Timed misses per size [default: 300000; with --quick 30000]
+    /// Timed misses per size [default: 300000; with --quick 30000; with --evict-kib 20000,
+    /// with both 2000]
     #[arg(long, value_name = "N", value_parser = count)]
     misses: Option<usize>,
+    /// Before each step, write a buffer of this many KiB (not timed): the step finds the
+    /// resolver's lines out of this core's caches
+    #[arg(long, value_name = "KiB", value_parser = count)]
+    evict_kib: Option<usize>,
+}
+
+/// Writes every cache line of `buf` once: what the step then reads comes from further out.
+fn evict(buf: &mut [u8], round: u8) {
+    for line in buf.chunks_mut(64) {
+        line[0] = round;
+    }
+    std::hint::black_box(&*buf);
 }
 
 /// Misses between two cache clears: the distinct LIDs asked for in between.
@@ -102,7 +122,8 @@ struct Step {
     reply: LatencyHistogram,
 }
 
-fn run(slots: usize, misses: usize, clock: &Clock) -> Result<Step, String> {
+fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<Step, String> {
+    let mut junk = vec![0u8; evict_kib * 1024];
     let cache = PathCache::new(
         PathSlot::boxed(slots),
         AddrSlot::boxed(4096),
@@ -133,6 +154,7 @@ fn run(slots: usize, misses: usize, clock: &Clock) -> Result<Step, String> {
         let dlid = 2 + k;
         let tid = i as u64 + 1;
         let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
+        evict(&mut junk, i as u8);
         let t0 = clock.now();
         r.request(1, ep, 0, tid, Kind::Resolve, msg.bytes());
         let mut query = None;
@@ -144,6 +166,7 @@ fn run(slots: usize, misses: usize, clock: &Clock) -> Result<Step, String> {
         let t1 = clock.now();
         let (token, mad) = query.ok_or_else(|| format!("miss {i} (LID {dlid}): no SA query"))?;
         let reply = sa_reply(&mad, dlid);
+        evict(&mut junk, i as u8);
         let t2 = clock.now();
         r.handle_sa(1, token, 0, &reply);
         let mut answered = 0;
@@ -168,9 +191,15 @@ fn main() {
         .sizes
         .map(|l| l.0)
         .unwrap_or_else(|| vec![4096, 1 << 20]);
+    let evict_kib = args.evict_kib.unwrap_or(0);
     let misses = args
         .misses
-        .unwrap_or(if args.run.quick { 30_000 } else { 300_000 });
+        .unwrap_or(match (args.run.quick, evict_kib > 0) {
+            (false, false) => 300_000,
+            (true, false) => 30_000,
+            (false, true) => 20_000,
+            (true, true) => 2_000,
+        });
     args.run.create_out_or_exit();
     if cfg!(debug_assertions) {
         eprintln!("note: debug build; run with --release for meaningful numbers");
@@ -191,7 +220,7 @@ fn main() {
         acm_report::progress(format_args!(
             "{misses} misses over a cache of {slots} slots ..."
         ));
-        let step = match run(slots, misses, &clock) {
+        let step = match run(slots, misses, &clock, evict_kib) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("resolver: {e}");
@@ -205,7 +234,11 @@ fn main() {
             let mut cells = vec![name.to_string(), slots.to_string(), misses.to_string()];
             cells.extend(Table::latency_cells(&h.summary()));
             t.row(cells);
-            if let Some(file) = args.run.out_file(&format!("resolver_{tag}_{slots}.hgrm")) {
+            let cold = if evict_kib > 0 { "_evicted" } else { "" };
+            if let Some(file) = args
+                .run
+                .out_file(&format!("resolver_{tag}_{slots}{cold}.hgrm"))
+            {
                 if let Err(e) = h.write_hgrm(&file) {
                     eprintln!("resolver: {e}");
                     std::process::exit(1);
@@ -213,8 +246,12 @@ fn main() {
             }
         }
     }
+    let how = match evict_kib {
+        0 => "one hot thread".to_string(),
+        k => format!("one thread, {k} KiB written before each step"),
+    };
     println!(
-        "## The resolver's own work per miss, one hot thread ({:.1} s)\n",
+        "## The resolver's own work per miss, {how} ({:.1} s)\n",
         t0.elapsed().as_secs_f64()
     );
     println!("{}", t.render());
@@ -225,14 +262,23 @@ mod tests {
     use super::*;
 
     /// Every timed miss went out as one SA query and came back as one answer (`run` fails
-    /// otherwise), across cache clears, on both a resident and a larger cache.
+    /// otherwise), across cache clears, on both a resident and a larger cache, with and
+    /// without a buffer written before each step.
     #[test]
     fn every_miss_is_one_query_and_one_answer() {
         let clock = Clock::calibrated();
-        for slots in [4096, 1 << 16] {
-            let s = run(slots, 2 * usize::from(DISTINCT) + 7, &clock).unwrap();
+        for (slots, evict_kib) in [(4096, 0), (1 << 16, 0), (4096, 16)] {
+            let s = run(slots, 2 * usize::from(DISTINCT) + 7, &clock, evict_kib).unwrap();
             assert_eq!(s.request.summary().count, 3007);
             assert_eq!(s.reply.summary().count, 3007);
         }
+    }
+
+    #[test]
+    fn evict_writes_every_line_of_the_buffer() {
+        let mut buf = vec![0u8; 64 * 5 + 10];
+        evict(&mut buf, 9);
+        let written: Vec<usize> = (0..buf.len()).filter(|&i| buf[i] == 9).collect();
+        assert_eq!(written, [0, 64, 128, 192, 256, 320]);
     }
 }
