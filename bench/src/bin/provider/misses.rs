@@ -1091,9 +1091,9 @@ fn report(
         }
     }
     println!();
-    // Provider-attributable = end to end − bare transport of the same path, per percentile.
-    // Each provider against the bare transport of its own path: stock's SA MADs always take
-    // the host core's umad service, acmrs's take its own UD QP with `acmrs_sa_transport ud`.
+    // Provider-attributable = end to end − the bare transport of the provider's own path, per
+    // percentile: stock's SA MADs always take the host core's umad service, acmrs's take its
+    // own UD QP with `acmrs_sa_transport ud`.
     let mut pa = Table::new(&[
         "form",
         "stock: bare umad p50 / p99 µs",
