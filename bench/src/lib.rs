@@ -438,7 +438,7 @@ pub fn cpu_idle() -> String {
     let driver = read(&format!("{base}/current_driver")).unwrap_or_else(|| "?".into());
     let governor = read(&format!("{base}/current_governor")).unwrap_or_else(|| "?".into());
     let mut s = format!("cpuidle {driver}/{governor}");
-    if let Some(ns) = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+    if let Some(ns) = read(HALT_POLL_NS) {
         s.push_str(&format!(", guest_halt_poll_ns {ns}"));
     }
     s
