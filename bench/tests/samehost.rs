@@ -39,10 +39,18 @@ impl Drop for Scratch {
     }
 }
 
-fn cell_rows<'a>(out: &'a str, what: &str) -> Vec<Vec<&'a str>> {
+/// Every table row of `out`, split into its trimmed cells (the first and last are empty).
+fn table_rows(out: &str) -> Vec<Vec<&str>> {
     out.lines()
         .filter(|l| l.starts_with('|'))
-        .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+        .map(|l| l.split('|').map(str::trim).collect())
+        .collect()
+}
+
+/// The table rows of `out` whose first cell is `what`.
+fn cell_rows<'a>(out: &'a str, what: &str) -> Vec<Vec<&'a str>> {
+    table_rows(out)
+        .into_iter()
         .filter(|c| c.get(1) == Some(&what))
         .collect()
 }
@@ -180,10 +188,8 @@ fn isolated_misses_in_every_mode_and_transport(stdout: &str, out_dir: &std::path
         let (mode, sa) = (field("acmrs_poll_mode "), field("acmrs_sa_transport "));
         seen.push(format!("{mode}/{sa}"));
         // Counts: provider | form | timed | failed | without SA MAD.
-        let counts: Vec<Vec<&str>> = s
-            .lines()
-            .filter(|l| l.starts_with('|'))
-            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+        let counts: Vec<Vec<&str>> = table_rows(s)
+            .into_iter()
             .filter(|c| c.len() == 7 && ["stock", "acmrs"].contains(&c[1]))
             .collect();
         assert_eq!(counts.len(), 6, "{mode}/{sa}: {s}");
@@ -193,10 +199,9 @@ fn isolated_misses_in_every_mode_and_transport(stdout: &str, out_dir: &std::path
             assert_eq!((c[4], c[5]), ("0", "0"), "{mode}/{sa} {c:?}\n{s}");
         }
         // Each provider against the bare transport of its own path.
-        let pa: Vec<Vec<&str>> = s
-            .lines()
-            .filter(|l| l.starts_with("| lid ") || l.starts_with("| gid "))
-            .map(|l| l.split('|').map(str::trim).collect::<Vec<_>>())
+        let pa: Vec<Vec<&str>> = table_rows(s)
+            .into_iter()
+            .filter(|c| c.get(1).is_some_and(|f| ["lid", "gid"].contains(f)))
             .collect();
         assert_eq!(pa.len(), 2, "{mode}/{sa}: {s}");
         let via = if sa == "ud" { "UD QP" } else { "umad" };

@@ -734,22 +734,24 @@ pub fn child(a: &MissArgs) -> Result<(), String> {
                     .into(),
             );
         }
-        let sa_ns = if own_qp && !per_sample.get() {
-            Some(0)
-        } else if own_qp {
+        // Whether this miss sent an SA MAD, and its round trip where acmrs measured it.
+        let (sent, own_rtt) = if !own_qp {
+            (host.stats()[0] != sa, None)
+        } else if !per_sample.get() {
+            // The CPU phase checks its block's round trips once, after it.
+            (true, None)
+        } else {
             // None within 50 ms: no SA MAD in this miss.
             let now = sa_rtt_reaching(&stat_socket, rtt_last.count() + 1)?;
             let d = now.since(&rtt_last);
             rtt_last = now;
-            (d.count() > 0).then_some(d.sum_ns)
-        } else {
-            (host.stats()[0] != sa).then_some(0)
+            (d.count() > 0, Some(d.sum_ns))
         };
-        let Some(sa_ns) = sa_ns else {
+        if !sent {
             f.without_sa += 1;
             return Ok(None);
-        };
-        f.record(&ans, own_qp.then_some(sa_ns));
+        }
+        f.record(&ans, own_rtt);
         Ok(Some(ans))
     };
     while !(done(&forms, 0)
