@@ -9,7 +9,7 @@ use crate::worker::Waker;
 use acm_core_nostd::cache::AddrKind;
 use acm_core_nostd::resolver::request::{respond, Target};
 use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Via, MSG_LEN};
-use acm_core_nostd::wire::client::Status;
+use acm_core_nostd::wire::client::{Status, HDR_LEN};
 use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::CachePadded;
@@ -32,7 +32,10 @@ pub struct Request {
     pub ticket: u64,
     /// Valid length of `msg`.
     pub len: u16,
-    /// A copy of the client message (the core's buffer dies when the call returns).
+    /// A copy of the client message (the core's buffer dies when the call returns): its first
+    /// `len` bytes, and zeros up to the header's end when it is shorter than a header. The
+    /// bytes after that are left from an earlier request: a request travels by its length
+    /// ([`Carried::copy_to`]), not by the whole buffer.
     pub msg: [u8; MSG_LEN],
     /// When a missed `resolve()` started, for its latency (`None`: not timed).
     pub stamp: Option<MissStamp>,
@@ -43,6 +46,24 @@ pub struct Request {
 }
 
 impl Request {
+    /// Fills this buffer with the request `h` hands over (its message by its length), ticket
+    /// `ticket`.
+    fn fill(&mut self, h: &HandOver<'_>, ticket: u64) {
+        let n = h.msg.len().min(MSG_LEN);
+        self.ep = h.ep;
+        self.cache_ep = h.cache_ep;
+        self.client = h.client;
+        self.kind = h.kind;
+        self.ticket = ticket;
+        self.len = n as u16;
+        self.msg[..n].copy_from_slice(&h.msg[..n]);
+        if n < HDR_LEN {
+            self.msg[n..HDR_LEN].fill(0);
+        }
+        self.stamp = h.stamp;
+        self.target = h.target;
+    }
+
     /// This request's answer with `status` and no path, for one the resolver never took
     /// (shutdown, no resolver, a stalled loop); `None` for a Prime or Refresh, which was
     /// answered when it was made.
@@ -103,6 +124,56 @@ pub struct SaReply {
     pub handed: u64,
 }
 
+impl Carried for Request {
+    fn blank() -> Self {
+        Request {
+            ep: EpId(0),
+            cache_ep: 0,
+            client: 0,
+            kind: Kind::Resolve,
+            ticket: 0,
+            len: 0,
+            msg: [0; MSG_LEN],
+            stamp: None,
+            target: None,
+        }
+    }
+
+    /// The fields and the message's bytes (at least the header's), not the whole buffer: a
+    /// PATH request by LID is 88 bytes of 592, and a buffer's every line that is copied
+    /// travels between the two CPUs when the loop runs on the other one.
+    fn copy_to(&self, to: &mut Self) {
+        let n = usize::from(self.len).clamp(HDR_LEN, MSG_LEN);
+        to.ep = self.ep;
+        to.cache_ep = self.cache_ep;
+        to.client = self.client;
+        to.kind = self.kind;
+        to.ticket = self.ticket;
+        to.len = self.len;
+        to.msg[..n].copy_from_slice(&self.msg[..n]);
+        to.stamp = self.stamp;
+        to.target = self.target;
+    }
+}
+
+impl Carried for SaReply {
+    fn blank() -> Self {
+        SaReply {
+            token: 0,
+            umad_status: 0,
+            mad: [0; 256],
+            handed: 0,
+        }
+    }
+
+    fn copy_to(&self, to: &mut Self) {
+        to.token = self.token;
+        to.umad_status = self.umad_status;
+        to.mad = self.mad;
+        to.handed = self.handed;
+    }
+}
+
 /// One address-preload entry (`addr_preload acm_hosts`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostAddr {
@@ -159,56 +230,95 @@ pub enum Control {
     Shutdown,
 }
 
+/// What travels through a [`Fronted`] queue.
+pub(crate) trait Carried {
+    /// An empty one: the buffer in front at the start, and one filled for a queue slot.
+    fn blank() -> Self;
+    /// Copies what this one carries into `to`.
+    fn copy_to(&self, to: &mut Self);
+}
+
 /// A bounded queue with one buffer in front of it. An item pushed while the queue is empty
-/// and the buffer free goes into the buffer, and is taken before anything queued: nothing
-/// queued is older, since an item goes to the queue only while the buffer or the queue is
-/// taken. An isolated item (a missed `resolve()`, the SA reply of an isolated miss) thus
-/// writes and reads the same lines every time, which stay in the caches of the threads that
-/// use them, where a queue slot, a different one each time and thousands of lines apart, is
-/// cold: its writer first fetches the line from memory. `front_full` says whether the
-/// buffer holds one without taking its lock.
+/// and the buffer free is written into the buffer in place, and taken before anything
+/// queued: nothing queued is older, since an item goes to the queue only while the buffer or
+/// the queue is taken. An isolated item (a missed `resolve()`, the SA reply of an isolated
+/// miss) thus writes and reads the same lines every time, which stay in the caches of the
+/// threads that use them, where a queue slot, a different one each time and thousands of
+/// lines apart, is cold: its writer first fetches the line from memory. It is copied out of
+/// the buffer by what it carries ([`Carried::copy_to`]), not moved out whole. `front_full`
+/// says whether the buffer holds one without taking its lock.
 struct Fronted<T> {
-    front: CachePadded<Mutex<Option<T>>>,
+    front: CachePadded<Mutex<Front<T>>>,
     front_full: AtomicBool,
     queue: ArrayQueue<T>,
 }
 
-impl<T> Fronted<T> {
+/// The buffer in front of a [`Fronted`] queue: an item, and whether it is one not taken yet.
+struct Front<T> {
+    full: bool,
+    item: T,
+}
+
+impl<T: Carried> Fronted<T> {
     /// Room for one in front and `capacity` (at least 1) queued.
     fn new(capacity: usize) -> Self {
         Fronted {
-            front: CachePadded::new(Mutex::new(None)),
+            front: CachePadded::new(Mutex::new(Front {
+                full: false,
+                item: T::blank(),
+            })),
             front_full: AtomicBool::new(false),
             queue: ArrayQueue::new(capacity.max(1)),
         }
     }
 
-    /// Pushes the item `make` builds (in place, in the buffer when it goes there); false if
-    /// the queue is full (`make` then runs for nothing).
+    /// Pushes the item `fill` writes (in place when it goes into the buffer; into a blank
+    /// one for a queue slot); false if the queue is full (`fill` then runs for nothing).
     #[inline(always)]
-    fn push_with(&self, make: impl FnOnce() -> T) -> bool {
+    fn push_with(&self, fill: impl FnOnce(&mut T)) -> bool {
         if !self.front_full.load(Ordering::Acquire) && self.queue.is_empty() {
-            let mut slot = lock(&self.front);
-            if slot.is_none() {
-                *slot = Some(make());
+            let mut front = lock(&self.front);
+            if !front.full {
+                fill(&mut front.item);
+                front.full = true;
                 self.front_full.store(true, Ordering::Release);
                 return true;
             }
         }
-        self.queue.push(make()).is_ok()
+        let mut item = T::blank();
+        fill(&mut item);
+        self.queue.push(item).is_ok()
     }
 
-    /// The oldest item: the buffer's, else the queue's first.
+    /// Takes the oldest item into `to`: the buffer's (copied by what it carries), else the
+    /// queue's first; false if there is none.
     #[inline(always)]
-    fn pop(&self) -> Option<T> {
+    fn pop_into(&self, to: &mut T) -> bool {
         if self.front_full.load(Ordering::Acquire) {
-            let mut slot = lock(&self.front);
-            if let Some(r) = slot.take() {
+            let mut front = lock(&self.front);
+            if front.full {
+                front.item.copy_to(to);
+                front.full = false;
                 self.front_full.store(false, Ordering::Release);
-                return Some(r);
+                return true;
             }
         }
-        self.queue.pop()
+        match self.queue.pop() {
+            Some(item) => {
+                *to = item;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The oldest item, if any.
+    fn pop(&self) -> Option<T> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut item = T::blank();
+        self.pop_into(&mut item).then_some(item)
     }
 
     fn is_empty(&self) -> bool {
@@ -346,36 +456,11 @@ impl Inbox {
     /// `resolve()`, whose answer's latency the loop then records, and the request's
     /// classification, which the loop then does not redo.
     pub fn hand_over(&self, h: HandOver<'_>) -> bool {
-        let HandOver {
-            ep,
-            cache_ep,
-            client,
-            kind,
-            msg,
-            stamp,
-            target,
-        } = h;
         if self.is_stopped() || self.is_stalled() {
             return false;
         }
-        let n = msg.len().min(MSG_LEN);
         let ticket = self.tickets.fetch_add(1, Ordering::AcqRel);
-        let request = || {
-            let mut copy = [0u8; MSG_LEN];
-            copy[..n].copy_from_slice(&msg[..n]);
-            Request {
-                ep,
-                cache_ep,
-                client,
-                kind,
-                ticket,
-                len: n as u16,
-                msg: copy,
-                stamp,
-                target,
-            }
-        };
-        if self.requests.push_with(request) {
+        if self.requests.push_with(|r| r.fill(&h, ticket)) {
             self.waker.serve();
             true
         } else {
@@ -384,10 +469,15 @@ impl Inbox {
         }
     }
 
-    /// The oldest request handed over and not taken yet (the loop, and the watchdog
-    /// answering what a stuck loop left).
+    /// The oldest request handed over and not taken yet (the watchdog answering what a stuck
+    /// loop left, and the loop answering what is queued at its end).
     pub(crate) fn take_request(&self) -> Option<Request> {
         self.requests.pop()
+    }
+
+    /// Takes the oldest request handed over into the loop's buffer `to`; false if none waits.
+    pub(super) fn take_request_into(&self, to: &mut Request) -> bool {
+        self.requests.pop_into(to)
     }
 
     /// Whether requests wait to be taken.
@@ -398,7 +488,7 @@ impl Inbox {
     /// Hands the SA completion `make` builds to the loop (SA thread); false if the queue was
     /// full (counted).
     pub fn reply_with(&self, make: impl FnOnce() -> SaReply) -> bool {
-        let ok = self.replies.push_with(make);
+        let ok = self.replies.push_with(|slot| *slot = make());
         if !ok {
             self.reply_drops.fetch_add(1, Ordering::Relaxed);
         }
@@ -475,22 +565,80 @@ mod tests {
         assert_eq!(taken(&i).len(), 9);
     }
 
+    impl Carried for u32 {
+        fn blank() -> Self {
+            0
+        }
+        fn copy_to(&self, to: &mut Self) {
+            *to = *self;
+        }
+    }
+
+    /// A request travels by its length: the loop's buffer, reused, holds the new message's
+    /// bytes (and zeros to the header's end for one shorter than a header), never a header
+    /// left by the request before it, and its answer is built from those bytes only.
+    #[test]
+    fn a_request_is_carried_by_its_length_and_never_with_an_earlier_ones_header() {
+        use acm_core_nostd::wire::client::{ClientRequest, PathQuery, FLAGS_NODELAY};
+        let i = inbox();
+        let mut hand = Request::blank();
+        let long = ClientRequest::resolve(0x1111_2222_3333_4444)
+            .dest(0, acm_core_nostd::wire::client::EpInfoType::Name, b"hca4")
+            .source(acm_core_nostd::wire::client::EpInfoType::Name, b"hca3");
+        assert!(i.request(EpId(1), 7, 40, Kind::Resolve, long.bytes()));
+        assert!(i.take_request_into(&mut hand));
+        assert_eq!((hand.client, usize::from(hand.len)), (40, long.len()));
+        assert_eq!(&hand.msg[..long.len()], long.bytes());
+        // A PATH request (88 bytes) into the same buffer: its bytes, its header.
+        let path = ClientRequest::path(0x5555_6666_7777_8888, FLAGS_NODELAY, &PathQuery::lid(6));
+        assert!(i.request(EpId(2), 8, 41, Kind::Resolve, path.bytes()));
+        assert!(i.take_request_into(&mut hand));
+        assert_eq!((hand.ep, hand.cache_ep, hand.client), (EpId(2), 8, 41));
+        assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());
+        // Ten bytes: the rest of the header is zero, not the PATH request's TID.
+        assert!(i.request(EpId(2), 8, 42, Kind::Resolve, &path.bytes()[..10]));
+        assert!(i.take_request_into(&mut hand));
+        assert_eq!(hand.len, 10);
+        assert_eq!(&hand.msg[..10], &path.bytes()[..10]);
+        assert_eq!(&hand.msg[10..HDR_LEN], &[0u8; HDR_LEN - 10]);
+        let a = hand.answer(Status::Einval).expect("a resolve is answered");
+        assert_eq!(a.client, 42);
+        assert_eq!(
+            &a.msg[8..10],
+            &path.bytes()[8..10],
+            "its own two bytes of the TID"
+        );
+        assert_eq!(
+            &a.msg[10..HDR_LEN],
+            &[0u8; 6],
+            "none of an earlier request's"
+        );
+        // Through a queue slot (the buffer in front taken) the same holds.
+        assert!(i.request(EpId(0), 0, 43, Kind::Resolve, long.bytes()));
+        assert!(i.request(EpId(0), 0, 44, Kind::Resolve, path.bytes()));
+        assert!(i.take_request_into(&mut hand) && hand.client == 43);
+        assert!(i.take_request_into(&mut hand) && hand.client == 44);
+        assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());
+        assert!(!i.take_request_into(&mut hand), "none left");
+    }
+
     /// An item alone goes into the buffer in front, not into a queue slot; behind it the
     /// queue keeps the order.
     #[test]
     fn an_item_alone_goes_through_the_front_buffer() {
-        let f = Fronted::new(2);
+        let f = Fronted::<u32>::new(2);
+        let put = |v: u32| move |slot: &mut u32| *slot = v;
         assert!(f.is_empty() && f.pop().is_none());
-        assert!(f.push_with(|| 1));
+        assert!(f.push_with(put(1)));
         assert!(f.queue.is_empty() && !f.is_empty(), "in front");
         assert_eq!(f.pop(), Some(1));
         assert!(f.is_empty());
-        assert!(f.push_with(|| 2) && f.push_with(|| 3) && f.push_with(|| 4));
-        assert!(!f.push_with(|| 5), "1 in front + 2 queued");
+        assert!(f.push_with(put(2)) && f.push_with(put(3)) && f.push_with(put(4)));
+        assert!(!f.push_with(put(5)), "1 in front + 2 queued");
         assert_eq!(f.queue.len(), 2);
         assert_eq!([f.pop(), f.pop()], [Some(2), Some(3)]);
         // The front free, the queue not: 6 goes behind 4.
-        assert!(f.push_with(|| 6));
+        assert!(f.push_with(put(6)));
         assert_eq!(f.queue.len(), 2);
         assert_eq!([f.pop(), f.pop(), f.pop()], [Some(4), Some(6), None]);
     }

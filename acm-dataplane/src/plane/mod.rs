@@ -59,7 +59,7 @@ pub use inbox::{Control, HandOver, HostAddr, Inbox, Request, SaReply};
 pub use sa::SM_CHECK_MS;
 
 use eps::Eps;
-use inbox::lock;
+use inbox::{lock, Carried};
 use sa::sa_tid_key;
 
 /// The path cache on the host: heap (or huge-page) storage sized from the options.
@@ -183,11 +183,10 @@ pub struct Plane<I: CoreIo> {
     /// The SA channel's count of forged class 3 MADs (`SaChannel::forged`: not from the SM's
     /// LID and QP 1, or a reply on a QP that did not send the query) as last logged.
     sa_forged_logged: u64,
-    /// A request taken from the queue and not yet known to the resolver or answered: if the
-    /// resolver panics with it, `recover` answers it.
-    in_hand: Option<Request>,
-    /// A request taken from the queue that must wait for a control message queued before it.
-    held: Option<Request>,
+    /// The request the loop works on, taken from the inbox into this buffer by its length
+    /// ([`Inbox::take_request_into`]), never moved whole; `hand_is` says what it is.
+    hand: Request,
+    hand_is: Hand,
     /// Received MADs of one endpoint's burst (allocated once): each is given to the resolver
     /// and its outputs carried out before the next (the resolver's rule).
     rx: Vec<(RecvMeta, [u8; 256])>,
@@ -341,8 +340,8 @@ impl<I: CoreIo> Plane<I> {
             last_stats: Stats::default(),
             last_drop_log: 0,
             sa_forged_logged: 0,
-            in_hand: None,
-            held: None,
+            hand: Request::blank(),
+            hand_is: Hand::Free,
             rx: Vec::with_capacity(RX_BURST),
             counts: Vec::with_capacity(COUNTS_HELD),
             dead: false,
@@ -424,22 +423,47 @@ impl<I: CoreIo> Plane<I> {
     }
 
     /// The next request or control message in the main thread's order (a request is held
-    /// back while a control message queued before it waits): `Some(Some(request))`,
-    /// `Some(None)` when a control message was applied, `None` when both queues are empty.
-    fn next_input(&mut self, now: Millis) -> Option<Option<Request>> {
-        let r = self.held.take().or_else(|| self.inbox.take_request());
-        match (r, self.next_control()) {
-            (Some(r), Some(t)) if t < r.ticket => {
-                self.held = Some(r);
+    /// back while a control message queued before it waits): `Some(true)` when a request is
+    /// in hand ([`Plane::hand`]), `Some(false)` when a control message was applied, `None`
+    /// when both queues are empty.
+    fn next_input(&mut self, now: Millis) -> Option<bool> {
+        debug_assert_ne!(self.hand_is, Hand::Taken, "a request in hand was left");
+        let request = self.hand_is == Hand::Held || self.inbox.take_request_into(&mut self.hand);
+        match (request, self.next_control()) {
+            (true, Some(t)) if t < self.hand.ticket => {
+                self.hand_is = Hand::Held;
                 self.apply_control(now);
-                Some(None)
+                Some(false)
             }
-            (Some(r), _) => Some(Some(r)),
-            (None, Some(_)) => {
+            (true, _) => {
+                self.hand_is = Hand::Taken;
+                Some(true)
+            }
+            (false, Some(_)) => {
                 self.apply_control(now);
-                Some(None)
+                Some(false)
             }
-            (None, None) => None,
+            (false, None) => None,
+        }
+    }
+
+    /// Answers the request in hand with `status` (the resolver never saw it) and frees the
+    /// buffer.
+    fn answer_hand(&mut self, status: Status) {
+        self.hand_is = Hand::Free;
+        if let Some(a) = self.hand.answer(status) {
+            self.io.answer(&a);
+        }
+    }
+
+    /// Answers ENODATA the request held for a control message and every one still queued
+    /// (the loop's end).
+    fn answer_queued(&mut self) {
+        if self.hand_is == Hand::Held {
+            self.answer_hand(Status::Enodata);
+        }
+        while let Some(r) = self.inbox.take_request() {
+            self.answer_now(&r, Status::Enodata);
         }
     }
 
@@ -520,9 +544,7 @@ impl<I: CoreIo> Plane<I> {
                 self.r().shutdown(now);
                 self.drain_outputs(now);
                 // Requests still queued get their one answer too.
-                while let Some(r) = self.held.take().or_else(|| self.inbox.take_request()) {
-                    self.answer_now(&r, Status::Enodata);
-                }
+                self.answer_queued();
                 self.eps.take_all();
                 self.r().clear_cache();
                 self.sa.clear();
@@ -657,12 +679,12 @@ impl<I: CoreIo> Plane<I> {
                 }
                 Output::Answer(a) => {
                     self.flush_counts();
-                    if self.in_hand.as_ref().is_some_and(|r| {
-                        r.client == a.client
-                            && AcmMsg::new_unchecked(&r.msg[..]).tid()
-                                == AcmMsg::new_unchecked(&a.msg[..]).tid()
-                    }) {
-                        self.in_hand = None;
+                    if self.hand_is == Hand::Taken
+                        && self.hand.client == a.client
+                        && AcmMsg::new_unchecked(&self.hand.msg[..]).tid()
+                            == AcmMsg::new_unchecked(&a.msg[..]).tid()
+                    {
+                        self.hand_is = Hand::Free;
                     }
                     // A stamped request's latency runs up to the hand-off to the core; the
                     // bookkeeping waits until the client has its answer.
@@ -759,19 +781,23 @@ impl<I: CoreIo> Poller for Plane<I> {
         // never sees an endpoint, address or generation the main thread changed after it, nor
         // misses one changed before it.
         for _ in 0..BURST {
-            let Some(input) = self.next_input(now) else {
+            let Some(request) = self.next_input(now) else {
                 break;
             };
             did = true;
             if self.done {
-                if let Some(r) = input {
-                    self.answer_now(&r, Status::Enodata);
+                if request {
+                    self.answer_hand(Status::Enodata);
                 }
                 return PollOutcome::default();
             }
-            let Some(r) = input else {
+            if !request {
                 continue;
-            };
+            }
+            // In hand until the resolver has it: a panic inside `request` must not lose it.
+            // The resolver reads the message where it lies (two fields of the plane, borrowed
+            // apart), not from a copy of its whole buffer.
+            let r = &self.hand;
             let mut taking = None;
             if let (Some(s), Some(stamp), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
                 let taken = s.clock.now();
@@ -785,10 +811,6 @@ impl<I: CoreIo> Poller for Plane<I> {
                 taking = Some(t);
                 s.lap = Some(Lap::Request { taken, ep: r.ep });
             }
-            // In hand until the resolver has it: a panic inside `request` must not lose it.
-            // The resolver reads the message where it lies (two fields of the plane, borrowed
-            // apart), not from a copy of its whole buffer.
-            let r = self.in_hand.insert(r);
             let resolver = self.resolver.as_mut().expect("a live loop has a resolver");
             let msg = &r.msg[..usize::from(r.len)];
             match &r.target {
@@ -805,7 +827,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                 }
                 None => resolver.request(now, r.ep, r.cache_ep, r.client, r.kind, msg),
             }
-            self.in_hand = None;
+            self.hand_is = Hand::Free;
             self.drain_outputs(now);
             if let (Some(s), Some(t)) = (self.stats.as_mut(), taking) {
                 s.taken(t);
@@ -900,6 +922,18 @@ impl<I: CoreIo> Poller for Plane<I> {
     /// Requests, replies or control messages a round left in the inbox (beyond its burst),
     /// or a request held for a control message.
     fn waiting(&self) -> bool {
-        self.held.is_some() || self.inbox.waiting()
+        self.hand_is == Hand::Held || self.inbox.waiting()
     }
+}
+
+/// What the loop's request buffer ([`Plane::hand`]) holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hand {
+    /// Nothing (what it holds was answered or is known to the resolver).
+    Free,
+    /// A request that waits for a control message queued before it.
+    Held,
+    /// A request not yet known to the resolver or answered: if the resolver panics with it,
+    /// `recover` answers it.
+    Taken,
 }

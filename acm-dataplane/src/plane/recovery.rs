@@ -3,7 +3,7 @@
 //! (`recover`); if that panics too, the loop runs on without a resolver (`give_up`,
 //! `poll_dead`), answering everything ENODATA, and the inbox refuses new requests.
 
-use super::{CoreIo, Plane, BURST};
+use super::{CoreIo, Hand, Plane, BURST};
 use crate::worker::PollOutcome;
 use acm_core_nostd::resolver::{EpId, Millis};
 use acm_core_nostd::wire::client::Status;
@@ -21,8 +21,8 @@ impl<I: CoreIo> Plane<I> {
         self.inbox.gave_up.fetch_add(1, Ordering::Relaxed);
         let now = self.last_now;
         self.answer_held(now);
-        if let Some(r) = self.in_hand.take() {
-            let _ = catch_unwind(AssertUnwindSafe(|| self.answer_now(&r, Status::Enodata)));
+        if self.hand_is == Hand::Taken {
+            let _ = catch_unwind(AssertUnwindSafe(|| self.answer_hand(Status::Enodata)));
         }
         let _ = catch_unwind(AssertUnwindSafe(|| {
             self.io.log(
@@ -50,9 +50,9 @@ impl<I: CoreIo> Plane<I> {
                 "ERROR - the resolver could not answer its requests after the panic",
             );
         }
-        if let Some(r) = self.in_hand.take() {
-            // Not answered by the shutdown above (drain_outputs clears it when its answer goes).
-            self.answer_now(&r, Status::Enodata);
+        if self.hand_is == Hand::Taken {
+            // Not answered by the shutdown above (drain_outputs frees it when its answer goes).
+            self.answer_hand(Status::Enodata);
         }
         if let Some(s) = self.stats.as_mut() {
             // What the old resolver held and did not answer will never be answered.
@@ -93,17 +93,15 @@ impl<I: CoreIo> Plane<I> {
     pub(super) fn poll_dead(&mut self, now: Millis) -> PollOutcome {
         let mut did = false;
         for _ in 0..BURST {
-            let Some(input) = self.next_input(now) else {
+            let Some(request) = self.next_input(now) else {
                 break;
             };
             did = true;
-            if let Some(r) = input {
-                self.answer_now(&r, Status::Enodata);
+            if request {
+                self.answer_hand(Status::Enodata);
             }
             if self.done {
-                while let Some(r) = self.held.take().or_else(|| self.inbox.take_request()) {
-                    self.answer_now(&r, Status::Enodata);
-                }
+                self.answer_queued();
                 return PollOutcome::default();
             }
         }
