@@ -245,29 +245,28 @@ pub(crate) trait Carried {
 /// miss) thus writes and reads the same lines every time, which stay in the caches of the
 /// threads that use them, where a queue slot, a different one each time and thousands of
 /// lines apart, is cold: its writer first fetches the line from memory. It is copied out of
-/// the buffer by what it carries ([`Carried::copy_to`]), not moved out whole. `front_full`
-/// says whether the buffer holds one without taking its lock.
+/// the buffer by what it carries ([`Carried::copy_to`]), not moved out whole.
 struct Fronted<T> {
-    front: CachePadded<Mutex<Front<T>>>,
-    front_full: AtomicBool,
+    front: CachePadded<Front<T>>,
     queue: ArrayQueue<T>,
 }
 
-/// The buffer in front of a [`Fronted`] queue: an item, and whether it is one not taken yet.
+/// The buffer in front of a [`Fronted`] queue. `full` says whether it holds an item not
+/// taken yet: it changes only under the lock, and is read without it to pass an empty
+/// buffer by.
 struct Front<T> {
-    full: bool,
-    item: T,
+    full: AtomicBool,
+    item: Mutex<T>,
 }
 
 impl<T: Carried> Fronted<T> {
     /// Room for one in front and `capacity` (at least 1) queued.
     fn new(capacity: usize) -> Self {
         Fronted {
-            front: CachePadded::new(Mutex::new(Front {
-                full: false,
-                item: T::blank(),
-            })),
-            front_full: AtomicBool::new(false),
+            front: CachePadded::new(Front {
+                full: AtomicBool::new(false),
+                item: Mutex::new(T::blank()),
+            }),
             queue: ArrayQueue::new(capacity.max(1)),
         }
     }
@@ -276,12 +275,12 @@ impl<T: Carried> Fronted<T> {
     /// one for a queue slot); false if the queue is full (`fill` then runs for nothing).
     #[inline(always)]
     fn push_with(&self, fill: impl FnOnce(&mut T)) -> bool {
-        if !self.front_full.load(Ordering::Acquire) && self.queue.is_empty() {
-            let mut front = lock(&self.front);
-            if !front.full {
-                fill(&mut front.item);
-                front.full = true;
-                self.front_full.store(true, Ordering::Release);
+        let front = &self.front;
+        if !front.full.load(Ordering::Acquire) && self.queue.is_empty() {
+            let mut item = lock(&front.item);
+            if !front.full.load(Ordering::Relaxed) {
+                fill(&mut item);
+                front.full.store(true, Ordering::Release);
                 return true;
             }
         }
@@ -294,12 +293,12 @@ impl<T: Carried> Fronted<T> {
     /// queue's first; false if there is none.
     #[inline(always)]
     fn pop_into(&self, to: &mut T) -> bool {
-        if self.front_full.load(Ordering::Acquire) {
-            let mut front = lock(&self.front);
-            if front.full {
-                front.item.copy_to(to);
-                front.full = false;
-                self.front_full.store(false, Ordering::Release);
+        let front = &self.front;
+        if front.full.load(Ordering::Acquire) {
+            let item = lock(&front.item);
+            if front.full.load(Ordering::Relaxed) {
+                item.copy_to(to);
+                front.full.store(false, Ordering::Release);
                 return true;
             }
         }
@@ -322,7 +321,7 @@ impl<T: Carried> Fronted<T> {
     }
 
     fn is_empty(&self) -> bool {
-        !self.front_full.load(Ordering::Acquire) && self.queue.is_empty()
+        !self.front.full.load(Ordering::Acquire) && self.queue.is_empty()
     }
 }
 
