@@ -35,7 +35,7 @@ pub struct Request {
     /// A copy of the client message (the core's buffer dies when the call returns): its first
     /// `len` bytes, and zeros up to the header's end when it is shorter than a header. The
     /// bytes after that are left from an earlier request: a request travels by its length
-    /// ([`Carried::copy_to`]), not by the whole buffer.
+    /// (`Carried::copy_to`), not by the whole buffer.
     pub msg: [u8; MSG_LEN],
     /// When a missed `resolve()` started, for its latency (`None`: not timed).
     pub stamp: Option<MissStamp>,
