@@ -578,12 +578,12 @@ mod tests {
     /// left by the request before it, and its answer is built from those bytes only.
     #[test]
     fn a_request_is_carried_by_its_length_and_never_with_an_earlier_ones_header() {
-        use acm_core_nostd::wire::client::{ClientRequest, PathQuery, FLAGS_NODELAY};
+        use acm_core_nostd::wire::client::{ClientRequest, EpInfoType, PathQuery, FLAGS_NODELAY};
         let i = inbox();
         let mut hand = Request::blank();
         let long = ClientRequest::resolve(0x1111_2222_3333_4444)
-            .dest(0, acm_core_nostd::wire::client::EpInfoType::Name, b"hca4")
-            .source(acm_core_nostd::wire::client::EpInfoType::Name, b"hca3");
+            .dest(0, EpInfoType::Name, b"hca4")
+            .source(EpInfoType::Name, b"hca3");
         assert!(i.request(EpId(1), 7, 40, Kind::Resolve, long.bytes()));
         assert!(i.take_request_into(&mut hand));
         assert_eq!((hand.client, usize::from(hand.len)), (40, long.len()));
