@@ -1130,25 +1130,19 @@ fn report(
                 us(s.p99_ns - b[k].p99_ns)
             )
         };
-        let path = |via: &str| match i {
-            2 => format!("ACM UD round trip + SA by GID, {via}"),
-            _ => format!("SA by {}, {via}", form.to_uppercase()),
+        // The bare path of provider `k` over `via`, with its p50 / p99.
+        let bare_cell = |k: usize, via: &str| {
+            let path = match i {
+                2 => format!("ACM UD round trip + SA by GID, {via}"),
+                _ => format!("SA by {}, {via}", form.to_uppercase()),
+            };
+            format!("{path} ({} / {})", us(b[k].p50_ns), us(b[k].p99_ns))
         };
         pa.row(vec![
             form.to_string(),
-            format!(
-                "{} ({} / {})",
-                path("umad"),
-                us(b[0].p50_ns),
-                us(b[0].p99_ns)
-            ),
+            bare_cell(0, "umad"),
             cell(0),
-            format!(
-                "{} ({} / {})",
-                path(acmrs_via),
-                us(b[1].p50_ns),
-                us(b[1].p99_ns)
-            ),
+            bare_cell(1, acmrs_via),
             cell(1),
         ]);
     }
