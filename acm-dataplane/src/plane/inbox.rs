@@ -139,20 +139,20 @@ impl Carried for Request {
         }
     }
 
-    /// The fields and the message's bytes (at least the header's), not the whole buffer: a
-    /// PATH request by LID is 88 bytes of 592, and a buffer's every line that is copied
-    /// travels between the two CPUs when the loop runs on the other one.
+    /// Filled again ([`Request::fill`]) with the fields and the message's bytes, not the whole
+    /// buffer: a PATH request by LID is 88 bytes of 592, and a buffer's every line that is
+    /// copied travels between the two CPUs when the loop runs on the other one.
     fn copy_to(&self, to: &mut Self) {
-        let n = usize::from(self.len).clamp(HDR_LEN, MSG_LEN);
-        to.ep = self.ep;
-        to.cache_ep = self.cache_ep;
-        to.client = self.client;
-        to.kind = self.kind;
-        to.ticket = self.ticket;
-        to.len = self.len;
-        to.msg[..n].copy_from_slice(&self.msg[..n]);
-        to.stamp = self.stamp;
-        to.target = self.target;
+        let h = HandOver {
+            ep: self.ep,
+            cache_ep: self.cache_ep,
+            client: self.client,
+            kind: self.kind,
+            msg: &self.msg[..usize::from(self.len)],
+            stamp: self.stamp,
+            target: self.target,
+        };
+        to.fill(&h, self.ticket);
     }
 }
 
