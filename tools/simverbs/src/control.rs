@@ -1,7 +1,8 @@
 //! The per-process control socket: `@simverbs/<fabric>/<node>/ctl`.
 //!
-//! An abstract unix datagram socket (fabric = `IBSIM_SOCKNAME`, default `sim`; node =
-//! `SIM_HOST`, default the CA name) bound when the first context is opened. Each datagram is
+//! An abstract unix datagram socket named after the host's first port (its ibsim sockname and
+//! node: `IBSIM_SOCKNAME` and `SIM_HOST` of a one-port host) bound when the first context is
+//! opened. Each datagram is
 //! one text command; if the sender bound an address it gets one reply datagram, `ok ...` or
 //! `err <reason>`. Commands:
 //!
@@ -14,7 +15,7 @@
 //! * `ping`: reply `ok pong <pid>`.
 //! * `counters <qpn>`: reply `ok qpn=<qpn> <name>=<value> ...`, the receive-drop and GSI
 //!   bridge counters of that QP (see `qp::QpCounters`), plus `gsi_clients=<n>`, the ibsim
-//!   clients this process's GSI bridges hold.
+//!   clients this process holds (one per port of the host, whatever its QPs and agents).
 
 use crate::device::{for_each_context, EventElement, SimDevice};
 use rdma_sys::ibv_event_type;
@@ -29,21 +30,19 @@ pub fn fabric_name() -> String {
         .unwrap_or_else(|| "sim".to_string())
 }
 
-/// The abstract control socket name for `node` on this process's fabric (without the
-/// leading NUL).
-pub fn ctl_name(node: &str) -> String {
-    format!("simverbs/{}/{}/ctl", fabric_name(), node)
+/// The abstract control socket name for `node` on `fabric` (without the leading NUL).
+pub fn ctl_name(fabric: &str, node: &str) -> String {
+    format!("simverbs/{fabric}/{node}/ctl")
 }
 
 /// Starts the control thread once per process (later calls do nothing).
 pub fn ensure_started(dev: &SimDevice) {
     static STARTED: OnceLock<()> = OnceLock::new();
     STARTED.get_or_init(|| {
-        let node = std::env::var("SIM_HOST")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| dev.ca.name.clone());
-        let name = ctl_name(&node);
+        let name = match crate::host::ports().first() {
+            Some(p) => ctl_name(&p.spec.sock, &p.spec.node),
+            None => ctl_name(&fabric_name(), &dev.ca.name),
+        };
         let sock = match bind_abstract(&name) {
             Ok(s) => s,
             Err(e) => {
@@ -141,7 +140,7 @@ pub fn handle(cmd: &str) -> String {
                 return format!("err bad qpn '{qpn}'");
             };
             match crate::qp::describe_counters(n) {
-                Some(c) => format!("ok qpn={n} {c} gsi_clients={}", crate::gsi::live_bridges()),
+                Some(c) => format!("ok qpn={n} {c} gsi_clients={}", crate::host::clients()),
                 None => format!("err no QP {n}"),
             }
         }

@@ -1,13 +1,15 @@
 //! The simulated HCA: device list, open/close, the query verbs and asynchronous events.
 //!
-//! One [`SimDevice`] per umad CA (under umad2sim exactly one, `ibsim0`), built once per process
-//! from the umad2sim sysfs snapshot and never freed (callers keep `ibv_device` pointers
-//! forever). Each `ibv_open_device` returns a [`SimContext`]: a real `ibv_context` (its `ops`
-//! table filled with the data-path functions, its `async_fd` the read end of a pipe) followed
-//! by our state. A monitor thread per context re-reads PortInfo with an SMP every 200 ms and
-//! turns changes into async events; the control socket ([`crate::control`]) injects more.
+//! One [`SimDevice`] per CA of the host ([`crate::host`]; the umad CA of the same name),
+//! built once per process from what the ports report and never freed (callers keep
+//! `ibv_device` pointers forever). Each `ibv_open_device` returns a [`SimContext`]: a real
+//! `ibv_context` (its `ops` table filled with the data-path functions, its `async_fd` the
+//! read end of a pipe) followed by our state. A monitor thread per context re-reads every
+//! port's PortInfo and P_Key table (ibsim's control requests, through the port's client)
+//! every 200 ms and turns changes into async events; the control socket
+//! ([`crate::control`]) injects more.
 
-use crate::umad::{self, CaSnapshot, LivePortInfo, SmpAgent};
+use crate::umad::{self, CaSnapshot, LivePortInfo};
 use crate::{copy_cstr, guard, set_errno};
 use rdma_sys::*;
 use std::collections::VecDeque;
@@ -86,7 +88,7 @@ fn devices() -> &'static [&'static SimDevice] {
     static DEVICES: OnceLock<Vec<&'static SimDevice>> = OnceLock::new();
     DEVICES.get_or_init(|| {
         let mut v: Vec<&'static SimDevice> = Vec::new();
-        for name in umad::ca_names() {
+        for name in crate::host::ca_names() {
             let Some(ca) = umad::read_ca(&name) else {
                 continue;
             };
@@ -350,49 +352,24 @@ unsafe fn context_port(ctx: *mut ibv_context, port_num: u8) -> Option<PortAttrs>
     port
 }
 
-/// The process's SMP agents, one per CA, shared by every context and monitor. umad2sim
-/// delivers every answer of a management class to the fd that registered that class *last*,
-/// so a second agent (ibacm's core and libibacmp each open a context) would starve the first
-/// one's monitor: the core would then never see its port go down. Never closed.
-fn smp_agents() -> &'static Mutex<Vec<(String, SmpAgent)>> {
-    static AGENTS: OnceLock<Mutex<Vec<(String, SmpAgent)>>> = OnceLock::new();
-    AGENTS.get_or_init(|| Mutex::new(Vec::new()))
-}
-
-/// Reads live PortInfo for every port, merging into `ports`. Returns false if no agent.
+/// Reads live PortInfo and the P_Key table of every port of CA `ca`, merging into `ports`.
+/// Returns false if no port answered.
 fn refresh_ports(ca: &str, ports: &mut [PortAttrs]) -> bool {
-    // One query at a time per process: the lock spans send and receive, so each answer is
-    // read by the thread that asked for it.
-    let Ok(mut agents) = smp_agents().lock() else {
-        return false;
-    };
-    if !agents.iter().any(|(n, _)| n == ca) {
-        match SmpAgent::open(ca, 1) {
-            Some(a) => agents.push((ca.to_string(), a)),
-            None => return false,
-        }
-    }
-    let Some(a) = agents.iter_mut().find(|(n, _)| n == ca).map(|(_, a)| a) else {
-        return false;
-    };
     let mut any = false;
     for (i, p) in ports.iter_mut().enumerate() {
-        if let Some(l) = a.query_port_info((i + 1) as u8, 200) {
-            p.merge_live(&l);
-            any = true;
-        }
-        // The P_Key table is set by the SM after start-up: read it live too (block by block,
-        // as many entries as the snapshot has; a partial answer keeps the old table).
-        let blocks = p.pkeys.len().div_ceil(32).max(1);
-        let mut keys = Vec::with_capacity(blocks * 32);
-        for b in 0..blocks {
-            match a.query_pkey_block(b as u16, 200) {
-                Some(k) => keys.extend_from_slice(&k),
-                None => break,
-            }
-        }
-        if keys.len() == blocks * 32 {
-            keys.truncate(p.pkeys.len().max(32));
+        let Some(hp) = crate::host::port(ca, (i + 1) as u8) else {
+            continue;
+        };
+        let Some(l) = hp.client.port_info().and_then(|d| LivePortInfo::parse(&d)) else {
+            continue;
+        };
+        hp.note_lid(l.lid);
+        p.merge_live(&l);
+        any = true;
+        // The P_Key table is set by the SM after start-up: read it live too (a failed query
+        // keeps the old table).
+        if let Some(mut keys) = hp.client.pkeys() {
+            keys.truncate(p.pkeys.len().max(1));
             p.pkeys = keys;
         }
     }
@@ -451,9 +428,9 @@ fn monitor_loop(state: Weak<ContextState>, period: Duration) {
             *p = new.clone();
         }
         for (i, (o, n)) in old.iter().zip(new.iter()).enumerate() {
-            if i == 0 && o.lid != n.lid && n.lid != 0 {
+            if o.lid != n.lid && n.lid != 0 {
                 // Sockets are keyed by LID: move them before telling the consumer.
-                crate::qp::rebind_qps(&st, n.lid);
+                crate::qp::rebind_qps(&st, (i + 1) as u8, n.lid);
             }
             for kind in diff_events(o, n) {
                 st.post_event(kind, EventElement::Port((i + 1) as u8));

@@ -1,18 +1,22 @@
-//! `libsimverbs.so`: a simulated libibverbs for hardware-free test fabrics.
+//! `libsimverbs.so`: simulated libibverbs and libibumad for hardware-free test fabrics.
 //!
-//! Preloaded after Debian's `libumad2sim.so`, this library defines the `ibv_*` entry points
-//! that an unmodified verbs program (the real `ibacm`, the stock `libibacmp.so`,
-//! `ibv_devinfo`, ...) calls, and gives it one simulated HCA whose identity (GUIDs, LID, SM,
-//! P_Keys, GIDs) is the ibsim node that umad2sim attached the process to (`SIM_HOST`).
+//! Preloaded, this library defines the `ibv_*` and `umad_*` entry points that an unmodified
+//! program (the real `ibacm`, the stock `libibacmp.so`, `ibv_devinfo`, ...) calls, and gives
+//! it a simulated host: one or more HCAs, each with one or more ports, each port one ibsim
+//! node on an ibsim instance (a subnet) of its own choosing (`SIMVERBS_HOST`, or the one port
+//! of `SIM_HOST`). Verbs and umad see the same CAs, ports, GUIDs, LIDs and P_Keys.
 //!
+//! * [`host`]: the host's ports, one ibsim client each ([`ibsim`]: the client protocol), and
+//!   what arrives on them.
+//! * [`umad`]: libibumad's API over those ports (agents, timeouts, the CA and port queries).
 //! * [`device`]: device list, open/close, the query verbs, async events and the port monitor.
 //! * [`control`]: the per-process control socket (`@simverbs/<fabric>/<node>/ctl`).
-//! * [`umad`]: what we read from libibumad (the sysfs snapshot and live SMP PortInfo queries).
 //! * [`mem`], [`cq`], [`qp`]: protection domains, memory regions, completion queues and
 //!   channels, UD queue pairs, address handles and multicast.
 //! * [`transport`]: the datagram transport between processes (abstract unix sockets keyed by
 //!   fabric, LID and QPN; multicast membership files) and the loss/delay knobs.
-//! * [`gsi`]: the GSI bridge, UD sends to remote QPN 1 and their answers through ibsim.
+//! * [`gsi`]: the GSI bridge, UD sends to remote QPN 1 and their answers through the QP's
+//!   port.
 //! * [`capture`]: `SIMVERBS_PCAP`, every sent datagram as an InfiniBand frame in a pcap file.
 //! * [`netlink`]: `SIMVERBS_NETLINK_DIR`, the kernel's RDMA netlink local-service socket, its
 //!   other end driven by a test tool.
@@ -38,6 +42,8 @@ pub mod control;
 pub mod cq;
 pub mod device;
 pub mod gsi;
+pub mod host;
+pub mod ibsim;
 #[cfg(test)]
 mod layout;
 pub mod mem;
@@ -127,14 +133,4 @@ pub(crate) fn copy_cstr(dst: &mut [libc::c_char], s: &str) {
         *d = *b as libc::c_char;
     }
     dst[n] = 0;
-}
-
-/// Reads a NUL-terminated C char array into a `String` (lossy, bounded by the array).
-pub(crate) fn read_cstr(src: &[libc::c_char]) -> String {
-    let bytes: Vec<u8> = src
-        .iter()
-        .take_while(|c| **c != 0)
-        .map(|c| *c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }

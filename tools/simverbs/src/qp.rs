@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
 use std::os::raw::{c_int, c_void};
 use std::os::unix::net::UnixDatagram;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Largest number of QPs per context.
@@ -99,19 +99,37 @@ impl QpCounters {
     }
 }
 
-/// A QP's GSI bridge (see [`crate::gsi`]), connected at its first send to QPN 1.
+/// A QP's GSI bridge state (see [`crate::gsi`]).
 #[derive(Default)]
-struct GsiState {
-    bridge: Option<Arc<crate::gsi::Bridge>>,
-    /// When connecting last failed (retried at most once a second).
-    failed_at: Option<std::time::Instant>,
+pub(crate) struct GsiState {
+    /// The port the QP is a consumer of, and its tag there (set at its first send to QPN 1).
+    pub port: Option<(&'static Arc<crate::host::HostPort>, u16)>,
+    /// The upper TID bits of its requests in flight.
+    pub tids: crate::gsi::TidTable,
+}
+
+/// Where a QP's receive socket is bound: its port, the port's fabric (ibsim instance) and
+/// the port's LID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub port: u8,
+    pub fabric: &'static str,
+    pub lid: u16,
+}
+
+/// The fabric (ibsim sockname) of port `port` of the context's device.
+fn port_fabric(ctx: &ContextState, port: u8) -> &'static str {
+    crate::host::port(&ctx.device.ca.name, port)
+        .map(|p| p.spec.sock.as_str())
+        .unwrap_or("sim")
 }
 
 /// A QP's shared state (the receiver thread holds an `Arc`).
 pub struct QpInner {
     pub qpn: u32,
-    /// LID the receive socket is bound under (follows LID changes, see [`rebind_qps`]).
-    lid: AtomicU16,
+    /// Where the receive socket is bound (follows the QP's port and LID changes, see
+    /// [`rebind_qps`]).
+    bound: Mutex<Bound>,
     pd: usize,
     ctx: Arc<ContextState>,
     send_cq: Arc<CqInner>,
@@ -129,7 +147,7 @@ pub struct QpInner {
     stop: AtomicBool,
     qp_ptr: AtomicUsize,
     pub counters: QpCounters,
-    gsi: Mutex<GsiState>,
+    pub(crate) gsi: Mutex<GsiState>,
     /// Back reference for the GSI bridge's reader thread.
     me: std::sync::Weak<QpInner>,
 }
@@ -390,9 +408,9 @@ fn receiver_loop(qp: Arc<QpInner>) {
 /// Picks a QPN and binds its socket; QPNs start at a per-process base so processes of the
 /// same node rarely collide, and a taken address moves on to the next number.
 /// With `fixed`, only that QPN is tried (rebinding after a LID change).
-fn bind_qp_socket(lid: u16, fixed: Option<u32>) -> Option<(u32, UnixDatagram)> {
+fn bind_qp_socket(fabric: &str, lid: u16, fixed: Option<u32>) -> Option<(u32, UnixDatagram)> {
     let bind = |qpn: u32| {
-        let s = crate::control::bind_abstract(&transport::qp_addr_name(lid, qpn)).ok()?;
+        let s = crate::control::bind_abstract(&transport::qp_addr_name(fabric, lid, qpn)).ok()?;
         // The timeout lets the receiver notice `stop` even if a wake-up is missed.
         s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
             .ok()?;
@@ -417,31 +435,42 @@ fn bind_qp_socket(lid: u16, fixed: Option<u32>) -> Option<(u32, UnixDatagram)> {
 }
 
 impl QpInner {
-    /// Re-binds the receive socket (and multicast memberships) under `new_lid`.
-    fn rebind(&self, new_lid: u16) {
-        let old_lid = self.lid.load(Ordering::Acquire);
-        if old_lid == new_lid {
+    /// Where the receive socket is bound now.
+    pub fn bound(&self) -> Bound {
+        self.bound.lock().map(|b| *b).unwrap_or(Bound {
+            port: 1,
+            fabric: "sim",
+            lid: 0,
+        })
+    }
+
+    /// Re-binds the receive socket (and multicast memberships) under `to`.
+    fn rebind(&self, to: Bound) {
+        let old = self.bound();
+        if old == to {
             return;
         }
-        let Some((_, sock)) = bind_qp_socket(new_lid, Some(self.qpn)) else {
+        let Some((_, sock)) = bind_qp_socket(to.fabric, to.lid, Some(self.qpn)) else {
             crate::log(format_args!(
-                "QP {:#x}: cannot rebind under new LID {new_lid}, stays at {old_lid}",
+                "QP {:#x}: cannot rebind under {to:?}, stays at {old:?}",
                 self.qpn
             ));
             return;
         };
-        let old = match self.sock.lock() {
+        let old_sock = match self.sock.lock() {
             Ok(mut s) => std::mem::replace(&mut *s, Arc::new(sock)),
             Err(_) => return,
         };
-        self.lid.store(new_lid, Ordering::Release);
-        // SAFETY: `old` is an open socket we own; shutdown makes the receiver's recv on it
-        // return so that it switches to the new one.
-        unsafe { libc::shutdown(old.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Ok(mut b) = self.bound.lock() {
+            *b = to;
+        }
+        // SAFETY: `old_sock` is an open socket we own; shutdown makes the receiver's recv on
+        // it return so that it switches to the new one.
+        unsafe { libc::shutdown(old_sock.as_raw_fd(), libc::SHUT_RDWR) };
         if let Ok(m) = self.mcast.lock() {
             for (g, mlid) in m.iter() {
-                transport::mcast_leave(g, old_lid, self.qpn);
-                if let Err(e) = transport::mcast_join(g, *mlid, new_lid, self.qpn) {
+                transport::mcast_leave(old.fabric, g, old.lid, self.qpn);
+                if let Err(e) = transport::mcast_join(to.fabric, g, *mlid, to.lid, self.qpn) {
                     crate::log(format_args!(
                         "QP {:#x}: multicast rejoin failed: {e}",
                         self.qpn
@@ -449,10 +478,7 @@ impl QpInner {
                 }
             }
         }
-        crate::debug(format_args!(
-            "QP {:#x}: LID {old_lid} -> {new_lid}",
-            self.qpn
-        ));
+        crate::debug(format_args!("QP {:#x}: {old:?} -> {to:?}", self.qpn));
     }
 }
 
@@ -480,48 +506,19 @@ impl QpInner {
             ));
             return;
         }
-        let Some(b) = self.gsi_bridge() else {
+        let port = self.attrs.lock().map(|a| a.port).unwrap_or(1);
+        let (Some(hp), Some(me)) = (
+            crate::host::port(&self.ctx.device.ca.name, port),
+            self.me.upgrade(),
+        ) else {
             self.counters.gsi_lost.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        if transport::lost_by_knob() || !b.send(d.dlid, d.slid, self.qpn, &d.payload) {
+        if transport::lost_by_knob() || !crate::gsi::send(&me, hp, d.dlid, d.slid, &d.payload) {
             self.counters.gsi_lost.fetch_add(1, Ordering::Relaxed);
             return;
         }
         self.counters.gsi_sent.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The QP's bridge, connecting it on first use (a failed connect is retried at most once
-    /// a second, logged each time).
-    fn gsi_bridge(&self) -> Option<Arc<crate::gsi::Bridge>> {
-        let mut g = self.gsi.lock().ok()?;
-        if let Some(b) = &g.bridge {
-            return Some(b.clone());
-        }
-        if g.failed_at
-            .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
-        {
-            return None;
-        }
-        let b = match crate::gsi::Bridge::connect(self.qpn) {
-            Ok(b) => b,
-            Err(e) => {
-                crate::log(format_args!(
-                    "QP {:#x}: no GSI bridge, MAD to QP1 lost: {e}",
-                    self.qpn
-                ));
-                g.failed_at = Some(std::time::Instant::now());
-                return None;
-            }
-        };
-        if let Err(e) = b.start(self.me.clone()) {
-            crate::log(format_args!("QP {:#x}: GSI reader thread: {e}", self.qpn));
-            b.close();
-            g.failed_at = Some(std::time::Instant::now());
-            return None;
-        }
-        g.bridge = Some(b.clone());
-        Some(b)
     }
 }
 
@@ -545,14 +542,18 @@ pub fn describe_counters(qpn: u32) -> Option<String> {
     out
 }
 
-/// Moves every QP of a context to `new_lid` (called by the port monitor on a LID change).
-pub fn rebind_qps(ctx: &ContextState, new_lid: u16) {
+/// Moves every QP of a context on `port` to `new_lid` (called by the port monitor on a LID
+/// change).
+pub fn rebind_qps(ctx: &ContextState, port: u8, new_lid: u16) {
     let qps: Vec<Arc<QpInner>> = match ctx.qps.lock() {
         Ok(v) => v.iter().filter_map(std::sync::Weak::upgrade).collect(),
         Err(_) => return,
     };
     for q in qps {
-        q.rebind(new_lid);
+        let b = q.bound();
+        if b.port == port {
+            q.rebind(Bound { lid: new_lid, ..b });
+        }
     }
 }
 
@@ -607,7 +608,8 @@ pub unsafe extern "C" fn ibv_create_qp(
         };
         ia.cap = cap;
         let lid = p.ctx.port(1).map(|a| a.lid).unwrap_or(0);
-        let Some((qpn, sock)) = bind_qp_socket(lid, None) else {
+        let fabric = port_fabric(&p.ctx, 1);
+        let Some((qpn, sock)) = bind_qp_socket(fabric, lid, None) else {
             set_errno(libc::ENOMEM);
             return std::ptr::null_mut();
         };
@@ -621,7 +623,11 @@ pub unsafe extern "C" fn ibv_create_qp(
         }
         let inner = Arc::new_cyclic(|me| QpInner {
             qpn,
-            lid: AtomicU16::new(lid),
+            bound: Mutex::new(Bound {
+                port: 1,
+                fabric,
+                lid,
+            }),
             pd: pd as usize,
             ctx: p.ctx.clone(),
             send_cq: scq.inner.clone(),
@@ -704,13 +710,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if let Some(h) = h {
             let _ = h.join();
         }
-        let bridge = inner.gsi.lock().ok().and_then(|mut g| g.bridge.take());
-        if let Some(b) = bridge {
-            b.close();
-        }
+        crate::gsi::release(inner);
+        let b = inner.bound();
         if let Ok(mut m) = inner.mcast.lock() {
             for (g, _) in m.drain(..) {
-                transport::mcast_leave(&g, inner.lid.load(Ordering::Acquire), inner.qpn);
+                transport::mcast_leave(b.fabric, &g, b.lid, inner.qpn);
             }
         }
         if let Ok(mut v) = inner.ctx.qps.lock() {
@@ -811,7 +815,17 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }
         let prev = a.state;
         inner.set_state(&mut a, next);
+        let port = a.port;
         drop(a);
+        if inner.bound().port != port {
+            // Bound to the port it now uses: its fabric and LID.
+            let lid = inner.ctx.port(port).map(|p| p.lid).unwrap_or(0);
+            inner.rebind(Bound {
+                port,
+                fabric: port_fabric(&inner.ctx, port),
+                lid,
+            });
+        }
         match next {
             IBV_QPS_RESET if prev != IBV_QPS_RESET => {
                 if let Ok(mut rq) = inner.rq.lock() {
@@ -974,12 +988,13 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
     }
     let bytes = d.emit();
     if d.dst_qpn == MCAST_QPN {
-        let members = transport::mcast_members(d.grh.then_some(&d.dgid), d.dlid);
+        let b = inner.bound();
+        let members = transport::mcast_members(b.fabric, d.grh.then_some(&d.dgid), d.dlid);
         for m in members {
-            if m.lid == inner.lid.load(Ordering::Acquire) && m.qpn == inner.qpn {
+            if m.lid == b.lid && m.qpn == inner.qpn {
                 continue; // no loopback to the sending QP itself
             }
-            let name = transport::qp_addr_name(m.lid, m.qpn);
+            let name = transport::qp_addr_name(b.fabric, m.lid, m.qpn);
             if transport::transmit(&inner.tx, &name, &bytes) == SendOutcome::NoPeer {
                 let _ = std::fs::remove_file(&m.path); // stale member of a dead process
             }
@@ -987,7 +1002,7 @@ fn send_one(q: &SimQp, a: &QpAttrs, wr: &ibv_send_wr) -> Result<u32, c_int> {
     } else if d.dlid != 0xffff && d.dlid != 0 {
         let _ = transport::transmit(
             &inner.tx,
-            &transport::qp_addr_name(d.dlid, d.dst_qpn),
+            &transport::qp_addr_name(inner.bound().fabric, d.dlid, d.dst_qpn),
             &bytes,
         );
     }
@@ -1316,8 +1331,8 @@ pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
             return libc::EIO;
         };
         if !m.iter().any(|(mg, ml)| *mg == g && *ml == lid) {
-            let own = inner.lid.load(Ordering::Acquire);
-            if let Err(e) = transport::mcast_join(&g, lid, own, inner.qpn) {
+            let b = inner.bound();
+            if let Err(e) = transport::mcast_join(b.fabric, &g, lid, b.lid, inner.qpn) {
                 return e.raw_os_error().unwrap_or(libc::EIO);
             }
             m.push((g, lid));
@@ -1344,7 +1359,8 @@ pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, 
             return libc::EINVAL;
         }
         if !m.iter().any(|(mg, _)| *mg == g) {
-            transport::mcast_leave(&g, inner.lid.load(Ordering::Acquire), inner.qpn);
+            let b = inner.bound();
+            transport::mcast_leave(b.fabric, &g, b.lid, inner.qpn);
         }
         0
     })

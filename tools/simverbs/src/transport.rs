@@ -217,23 +217,19 @@ impl Datagram {
 // Addresses and multicast membership
 // ---------------------------------------------------------------------------------------------
 
-/// Abstract socket name of QP `qpn` at `lid` on this process's fabric.
-pub fn qp_addr_name(lid: u16, qpn: u32) -> String {
-    format!(
-        "simverbs/{}/lid/{}/qp/{}",
-        crate::control::fabric_name(),
-        lid,
-        qpn
-    )
+/// Abstract socket name of QP `qpn` at `lid` on `fabric` (the ibsim instance of the QP's
+/// port: LIDs are per subnet).
+pub fn qp_addr_name(fabric: &str, lid: u16, qpn: u32) -> String {
+    format!("simverbs/{fabric}/lid/{lid}/qp/{qpn}")
 }
 
-/// Root of this fabric's shared state (`/dev/shm/simverbs-<fabric>`, or
+/// Root of `fabric`'s shared state (`/dev/shm/simverbs-<fabric>`, or
 /// `$SIMVERBS_SHM_DIR/simverbs-<fabric>`).
-pub fn fabric_dir() -> std::path::PathBuf {
+pub fn fabric_dir(fabric: &str) -> std::path::PathBuf {
     let base = std::env::var_os("SIMVERBS_SHM_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| std::path::PathBuf::from("/dev/shm"));
-    base.join(format!("simverbs-{}", crate::control::fabric_name()))
+    base.join(format!("simverbs-{fabric}"))
 }
 
 /// Hex name of a GID (32 lowercase hex digits).
@@ -241,13 +237,19 @@ pub fn gid_hex(gid: &[u8; 16]) -> String {
     gid.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn mcast_dir(mgid: &[u8; 16]) -> std::path::PathBuf {
-    fabric_dir().join("mcast").join(gid_hex(mgid))
+fn mcast_dir(fabric: &str, mgid: &[u8; 16]) -> std::path::PathBuf {
+    fabric_dir(fabric).join("mcast").join(gid_hex(mgid))
 }
 
-/// Records that QP (`lid`, `qpn`) is attached to `mgid` with `mlid`.
-pub fn mcast_join(mgid: &[u8; 16], mlid: u16, lid: u16, qpn: u32) -> std::io::Result<()> {
-    let dir = mcast_dir(mgid);
+/// Records that QP (`lid`, `qpn`) of `fabric` is attached to `mgid` with `mlid`.
+pub fn mcast_join(
+    fabric: &str,
+    mgid: &[u8; 16],
+    mlid: u16,
+    lid: u16,
+    qpn: u32,
+) -> std::io::Result<()> {
+    let dir = mcast_dir(fabric, mgid);
     std::fs::create_dir_all(&dir)?;
     std::fs::write(
         dir.join(format!("{lid}.{qpn}")),
@@ -255,9 +257,9 @@ pub fn mcast_join(mgid: &[u8; 16], mlid: u16, lid: u16, qpn: u32) -> std::io::Re
     )
 }
 
-/// Removes the membership of QP (`lid`, `qpn`) in `mgid`.
-pub fn mcast_leave(mgid: &[u8; 16], lid: u16, qpn: u32) {
-    let _ = std::fs::remove_file(mcast_dir(mgid).join(format!("{lid}.{qpn}")));
+/// Removes the membership of QP (`lid`, `qpn`) of `fabric` in `mgid`.
+pub fn mcast_leave(fabric: &str, mgid: &[u8; 16], lid: u16, qpn: u32) {
+    let _ = std::fs::remove_file(mcast_dir(fabric, mgid).join(format!("{lid}.{qpn}")));
 }
 
 /// One member of a multicast group, as found in the membership directory.
@@ -313,13 +315,14 @@ fn read_members(dir: &std::path::Path, mgid: [u8; 16], out: &mut Vec<Member>) {
     }
 }
 
-/// Members of the group addressed by `mlid` (and `mgid` when the sender used a GRH).
-pub fn mcast_members(mgid: Option<&[u8; 16]>, mlid: u16) -> Vec<Member> {
+/// Members on `fabric` of the group addressed by `mlid` (and `mgid` when the sender used a
+/// GRH).
+pub fn mcast_members(fabric: &str, mgid: Option<&[u8; 16]>, mlid: u16) -> Vec<Member> {
     let mut out = Vec::new();
     match mgid {
-        Some(g) => read_members(&mcast_dir(g), *g, &mut out),
+        Some(g) => read_members(&mcast_dir(fabric, g), *g, &mut out),
         None => {
-            if let Ok(rd) = std::fs::read_dir(fabric_dir().join("mcast")) {
+            if let Ok(rd) = std::fs::read_dir(fabric_dir(fabric).join("mcast")) {
                 for e in rd.flatten() {
                     if let Some(g) = parse_gid_hex(&e.file_name().to_string_lossy()) {
                         read_members(&e.path(), g, &mut out);
