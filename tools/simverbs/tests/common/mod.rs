@@ -43,6 +43,11 @@ impl Fabric {
 
     /// Like [`Fabric::start`], with an OpenSM partitions.conf (`-P`).
     pub fn start_with_partitions(tag: &str, partitions: Option<&str>) -> Fabric {
+        Fabric::start_with(tag, partitions, None)
+    }
+
+    /// Like [`Fabric::start`], with an OpenSM partitions.conf (`-P`) and a subnet prefix.
+    pub fn start_with(tag: &str, partitions: Option<&str>, prefix: Option<u64>) -> Fabric {
         let topology = acm_fabric::Topology::example("net.2sw2path4hca").expect("shipped topology");
         let conf = partitions.map(|text| {
             let p = std::env::temp_dir().join(format!(
@@ -59,6 +64,9 @@ impl Fabric {
             .start_daemons(false);
         if let Some(p) = &conf {
             builder = builder.opensm_args(["-P".to_string(), p.display().to_string()]);
+        }
+        if let Some(p) = prefix {
+            builder = builder.subnet_prefix(p);
         }
         if let Ok(v) = std::env::var("SVT_OPENSM_DEBUG") {
             builder = builder.opensm_args(["-D".to_string(), v]);
@@ -127,6 +135,33 @@ impl Fabric {
         self.inner
             .port_up(host)
             .unwrap_or_else(|e| panic!("port up on {host}: {e}"));
+    }
+
+    /// Stops OpenSM (SIGSTOP) until [`Fabric::resume_sm`]: its SA answers nothing.
+    pub fn pause_sm(&self) {
+        self.inner.pause_sm().expect("SIGSTOP OpenSM");
+    }
+
+    /// Lets OpenSM go on (SIGCONT).
+    pub fn resume_sm(&self) {
+        self.inner.resume_sm().expect("SIGCONT OpenSM");
+    }
+
+    /// A command on a simulated host of several ports (`SIMVERBS_HOST`; simverbs only, which
+    /// is the process's libibumad too), in this fabric's scratch directory.
+    /// It is killed after 30 s (`timeout`), so a hang fails the test instead of stalling it.
+    pub fn host_command(&self, prog: impl AsRef<std::ffi::OsStr>, host: &str) -> Command {
+        let mut c = Command::new("timeout");
+        c.arg("30")
+            .arg(prog)
+            .env("SIMVERBS_HOST", host)
+            .env_remove("SIM_HOST")
+            .env_remove("IBSIM_SOCKNAME")
+            .env("LD_PRELOAD", libsimverbs())
+            .env("SIMVERBS_SHM_DIR", &self.dir)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null());
+        c
     }
 
     /// A command on node `host` of this fabric (umad2sim, plus simverbs when `verbs`).
