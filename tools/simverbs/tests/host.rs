@@ -36,7 +36,7 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
 
     // Verbs: two devices, 2 + 1 ports, each port its node's LID and GUID, B's prefix.
     let (ok, dv) = run(
-        &mut a.host_command("ibv_devinfo", &host).arg("-v"),
+        a.host_command("ibv_devinfo", &host).arg("-v"),
         "ibv_devinfo",
     );
     assert!(ok, "{dv}");
@@ -93,7 +93,7 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
     // SA queries through each port reach that port's subnet: the path's SGID carries the
     // subnet's prefix and the port's GUID.
     let (ok, pr) = run(
-        &mut a.host_command("saquery", &host).args([
+        a.host_command("saquery", &host).args([
             "-C",
             "ibsim0",
             "-P",
@@ -109,7 +109,7 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
         "{pr}"
     );
     let (ok, pr) = run(
-        &mut a.host_command("saquery", &host).args([
+        a.host_command("saquery", &host).args([
             "-C",
             "ibsim1",
             "-P",
@@ -131,14 +131,13 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
     a.pause_sm();
     let t = Instant::now();
     let (ok, out) = run(
-        &mut a
-            .host_command("saquery", &host)
+        a.host_command("saquery", &host)
             .args(["-C", "ibsim0", "-P", "1", "-t", "200", "-g"]),
         "saquery with A's SM stopped",
     );
     let took = t.elapsed();
     let (ok_b, out_b) = run(
-        &mut a.host_command("saquery", &host).args([
+        a.host_command("saquery", &host).args([
             "-C",
             "ibsim1",
             "-P",
@@ -157,8 +156,7 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
     );
     assert!(ok_b && out_b.contains("fec0::2:0:0:10:4"), "{out_b}");
     let (ok, out) = run(
-        &mut a
-            .host_command("saquery", &host)
+        a.host_command("saquery", &host)
             .args(["-C", "ibsim0", "-P", "1", "-g"]),
         "saquery after SIGCONT",
     );
