@@ -39,6 +39,13 @@ int main(void)
 	S(umad_ca_t); O(umad_ca_t, node_type); O(umad_ca_t, numports); O(umad_ca_t, fw_ver);
 	O(umad_ca_t, ca_type); O(umad_ca_t, hw_ver); O(umad_ca_t, node_guid);
 	O(umad_ca_t, system_guid); O(umad_ca_t, ports);
+	S(struct ib_user_mad); O(struct ib_user_mad, agent_id); O(struct ib_user_mad, status);
+	O(struct ib_user_mad, timeout_ms); O(struct ib_user_mad, retries);
+	O(struct ib_user_mad, length); O(struct ib_user_mad, addr);
+	O(struct ib_user_mad, addr.qpn); O(struct ib_user_mad, addr.qkey);
+	O(struct ib_user_mad, addr.lid); O(struct ib_user_mad, addr.sl);
+	O(struct ib_user_mad, addr.grh_present); O(struct ib_user_mad, addr.pkey_index);
+	S(ib_mad_addr_t);
 	return 0;
 }
 "#;
@@ -147,6 +154,25 @@ fn rust_view() -> Vec<(String, usize)> {
     s("umad_ca_t.node_guid", offset_of!(UmadCa, node_guid));
     s("umad_ca_t.system_guid", offset_of!(UmadCa, system_guid));
     s("umad_ca_t.ports", offset_of!(UmadCa, ports));
+    use crate::umad::{off, UMAD_SIZE};
+    s("struct ib_user_mad", UMAD_SIZE);
+    for (f, o) in [
+        ("agent_id", off::AGENT_ID),
+        ("status", off::STATUS),
+        ("timeout_ms", off::TIMEOUT_MS),
+        ("retries", off::RETRIES),
+        ("length", off::LENGTH),
+        ("addr", off::ADDR),
+        ("addr.qpn", off::ADDR_QPN),
+        ("addr.qkey", off::ADDR_QKEY),
+        ("addr.lid", off::ADDR_LID),
+        ("addr.sl", off::ADDR_SL),
+        ("addr.grh_present", off::ADDR_GRH_PRESENT),
+        ("addr.pkey_index", off::ADDR_PKEY_INDEX),
+    ] {
+        s(&format!("struct ib_user_mad.{f}"), o);
+    }
+    s("ib_mad_addr_t", off::ADDR_LEN);
     v
 }
 

@@ -34,6 +34,25 @@ use umad_ffi::sys::{UmadCa, UmadPort, CA_MAX_PORTS, CA_NAME_LEN};
 pub const MAX_PORTS: usize = CA_MAX_PORTS;
 /// `sizeof(struct ib_user_mad)`: the header before the MAD.
 pub const UMAD_SIZE: usize = 64;
+
+/// Byte offsets in `struct ib_user_mad` and its `ib_mad_addr_t` (checked against the installed
+/// `umad.h` by the layout test).
+pub mod off {
+    pub const AGENT_ID: usize = 0;
+    pub const STATUS: usize = 4;
+    pub const TIMEOUT_MS: usize = 8;
+    pub const RETRIES: usize = 12;
+    pub const LENGTH: usize = 16;
+    pub const ADDR: usize = 20;
+    pub const ADDR_QPN: usize = ADDR;
+    pub const ADDR_QKEY: usize = ADDR + 4;
+    pub const ADDR_LID: usize = ADDR + 8;
+    pub const ADDR_SL: usize = ADDR + 10;
+    pub const ADDR_GRH_PRESENT: usize = ADDR + 12;
+    pub const ADDR_PKEY_INDEX: usize = ADDR + 36;
+    /// `sizeof(ib_mad_addr_t)`.
+    pub const ADDR_LEN: usize = 44;
+}
 const ETIMEDOUT_STATUS: u32 = 110;
 const LINK_LAYER_IB: &str = "InfiniBand";
 
@@ -253,10 +272,10 @@ impl OpenPort {
 }
 
 fn put_header(umad: &mut [u8], agent: u32, status: u32, length: usize) {
-    umad[0..4].copy_from_slice(&agent.to_ne_bytes());
-    umad[4..8].copy_from_slice(&status.to_ne_bytes());
-    umad[8..16].fill(0);
-    umad[16..20].copy_from_slice(&(length as u32).to_ne_bytes());
+    umad[off::AGENT_ID..off::AGENT_ID + 4].copy_from_slice(&agent.to_ne_bytes());
+    umad[off::STATUS..off::STATUS + 4].copy_from_slice(&status.to_ne_bytes());
+    umad[off::TIMEOUT_MS..off::RETRIES + 4].fill(0);
+    umad[off::LENGTH..off::LENGTH + 4].copy_from_slice(&(length as u32).to_ne_bytes());
 }
 
 /// A MAD from ibsim for agent `agent` of umad port `fd` (called by the port's reader).
@@ -277,9 +296,9 @@ pub fn deliver(fd: c_int, agent: u32, r: &SimRequest) {
     let mut u = vec![0u8; UMAD_SIZE + MAD_SIZE];
     put_header(&mut u, agent, 0, UMAD_SIZE + MAD_SIZE);
     // ib_mad_addr: qpn, qkey (network order), lid, sl; no GRH, P_Key index 0.
-    u[20..24].copy_from_slice(&(r.sqp & 0x00ff_ffff).to_be_bytes());
-    u[24..28].copy_from_slice(&crate::gsi::GSI_QKEY.to_be_bytes());
-    u[28..30].copy_from_slice(&r.slid.to_be_bytes());
+    u[off::ADDR_QPN..off::ADDR_QPN + 4].copy_from_slice(&(r.sqp & 0x00ff_ffff).to_be_bytes());
+    u[off::ADDR_QKEY..off::ADDR_QKEY + 4].copy_from_slice(&crate::gsi::GSI_QKEY.to_be_bytes());
+    u[off::ADDR_LID..off::ADDR_LID + 2].copy_from_slice(&r.slid.to_be_bytes());
     u[UMAD_SIZE..].copy_from_slice(&r.mad);
     p.push(u);
 }
@@ -916,14 +935,14 @@ pub extern "C" fn umad_size() -> usize {
 
 #[no_mangle]
 pub unsafe extern "C" fn umad_status(umad: *mut c_void) -> c_int {
-    // SAFETY: per the API the buffer holds a umad header; status is its second u32.
-    unsafe { *(umad.cast::<u8>().add(4) as *const c_int) }
+    // SAFETY: per the API the buffer holds a umad header.
+    unsafe { (umad.cast::<u8>().add(off::STATUS) as *const c_int).read_unaligned() }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn umad_get_mad_addr(umad: *mut c_void) -> *mut c_void {
-    // SAFETY: per the API the buffer holds a umad header; the address starts at byte 20.
-    unsafe { umad.cast::<u8>().add(20).cast() }
+    // SAFETY: per the API the buffer holds a umad header.
+    unsafe { umad.cast::<u8>().add(off::ADDR).cast() }
 }
 
 #[no_mangle]
@@ -936,10 +955,10 @@ pub unsafe extern "C" fn umad_set_addr_net(
 ) -> c_int {
     // SAFETY: per the API the buffer holds a umad header.
     let h = unsafe { std::slice::from_raw_parts_mut(umad.cast::<u8>(), UMAD_SIZE) };
-    h[20..24].copy_from_slice(&dqp.to_ne_bytes());
-    h[24..28].copy_from_slice(&qkey.to_ne_bytes());
-    h[28..30].copy_from_slice(&dlid.to_ne_bytes());
-    h[30] = sl as u8;
+    h[off::ADDR_QPN..off::ADDR_QPN + 4].copy_from_slice(&dqp.to_ne_bytes());
+    h[off::ADDR_QKEY..off::ADDR_QKEY + 4].copy_from_slice(&qkey.to_ne_bytes());
+    h[off::ADDR_LID..off::ADDR_LID + 2].copy_from_slice(&dlid.to_ne_bytes());
+    h[off::ADDR_SL] = sl as u8;
     0
 }
 
@@ -968,13 +987,17 @@ pub unsafe extern "C" fn umad_set_grh(umad: *mut c_void, mad_addr: *mut c_void) 
     // SAFETY: per the API the buffer holds a umad header.
     let h = unsafe { std::slice::from_raw_parts_mut(umad.cast::<u8>(), UMAD_SIZE) };
     if mad_addr.is_null() {
-        h[32] = 0;
+        h[off::ADDR_GRH_PRESENT] = 0;
         return 0;
     }
-    // SAFETY: mad_addr is an ib_mad_addr_t (44 bytes); we take its GRH fields.
-    let a = unsafe { std::slice::from_raw_parts(mad_addr.cast::<u8>(), 44) };
-    h[32] = 1;
-    h[33..60].copy_from_slice(&a[13..40]);
+    // SAFETY: mad_addr is an ib_mad_addr_t; we take its GRH fields (gid_index .. flow_label).
+    let a = unsafe { std::slice::from_raw_parts(mad_addr.cast::<u8>(), off::ADDR_LEN) };
+    h[off::ADDR_GRH_PRESENT] = 1;
+    let (from, to) = (
+        off::ADDR_GRH_PRESENT - off::ADDR + 1,
+        off::ADDR_PKEY_INDEX - off::ADDR,
+    );
+    h[off::ADDR + from..off::ADDR + to].copy_from_slice(&a[from..to]);
     0
 }
 
@@ -986,15 +1009,19 @@ pub unsafe extern "C" fn umad_set_grh_net(umad: *mut c_void, mad_addr: *mut c_vo
 
 #[no_mangle]
 pub unsafe extern "C" fn umad_set_pkey(umad: *mut c_void, pkey_index: c_int) -> c_int {
-    // SAFETY: per the API the buffer holds a umad header; pkey_index is at byte 56.
-    unsafe { *(umad.cast::<u8>().add(56) as *mut u16) = pkey_index as u16 };
+    // SAFETY: per the API the buffer holds a umad header.
+    unsafe {
+        (umad.cast::<u8>().add(off::ADDR_PKEY_INDEX) as *mut u16).write_unaligned(pkey_index as u16)
+    };
     0
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn umad_get_pkey(umad: *mut c_void) -> c_int {
     // SAFETY: as umad_set_pkey.
-    c_int::from(unsafe { *(umad.cast::<u8>().add(56) as *const u16) })
+    c_int::from(unsafe {
+        (umad.cast::<u8>().add(off::ADDR_PKEY_INDEX) as *const u16).read_unaligned()
+    })
 }
 
 #[no_mangle]
@@ -1026,11 +1053,15 @@ pub unsafe extern "C" fn umad_send(
             unsafe { std::slice::from_raw_parts(umad.cast::<u8>(), UMAD_SIZE + length as usize) };
         let mut u = vec![0u8; UMAD_SIZE + MAD_SIZE];
         u[..src.len()].copy_from_slice(src);
-        u[0..4].copy_from_slice(&(agentid as u32).to_ne_bytes());
-        u[8..12].copy_from_slice(&(timeout_ms as u32).to_ne_bytes());
-        u[12..16].copy_from_slice(&(retries as u32).to_ne_bytes());
-        let dqp = u32::from_be_bytes(u[20..24].try_into().unwrap_or_default()) & 0x00ff_ffff;
-        let dlid = u16::from_be_bytes([u[28], u[29]]);
+        u[off::AGENT_ID..off::AGENT_ID + 4].copy_from_slice(&(agentid as u32).to_ne_bytes());
+        u[off::TIMEOUT_MS..off::TIMEOUT_MS + 4].copy_from_slice(&(timeout_ms as u32).to_ne_bytes());
+        u[off::RETRIES..off::RETRIES + 4].copy_from_slice(&(retries as u32).to_ne_bytes());
+        let dqp = u32::from_be_bytes(
+            u[off::ADDR_QPN..off::ADDR_QPN + 4]
+                .try_into()
+                .unwrap_or_default(),
+        ) & 0x00ff_ffff;
+        let dlid = u16::from_be_bytes([u[off::ADDR_LID], u[off::ADDR_LID + 1]]);
         let mad = &mut u[UMAD_SIZE..];
         let class = mad[1];
         let request = mad[3] & 0x80 == 0;
@@ -1117,7 +1148,11 @@ pub unsafe extern "C" fn umad_recv(
                         std::ptr::copy_nonoverlapping(m.as_ptr(), umad.cast::<u8>(), m.len());
                         *length = mad_len as c_int;
                     }
-                    return u32::from_ne_bytes(m[0..4].try_into().unwrap_or_default()) as c_int;
+                    return u32::from_ne_bytes(
+                        m[off::AGENT_ID..off::AGENT_ID + 4]
+                            .try_into()
+                            .unwrap_or_default(),
+                    ) as c_int;
                 }
             }
             let wait = match deadline {
