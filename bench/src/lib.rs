@@ -362,8 +362,8 @@ impl StorageFloor {
 /// Moves this process (and so every fabric process it starts afterwards) into a private
 /// network namespace with `lo` up and `net.unix.max_dgram_qlen = qlen`.
 ///
-/// simverbs carries each UD datagram over a Unix datagram socket per QP, and umad2sim talks to
-/// ibsim over one as well; a datagram that finds the receiver's queue full is lost. The kernel
+/// simverbs carries each UD datagram over a Unix datagram socket per QP, and talks to ibsim
+/// over one per port as well; a datagram that finds the receiver's queue full is lost. The kernel
 /// default queue is 10 datagrams, far below what an HCA buffers: a burst of more than ~10
 /// datagrams at one socket loses some, which no real fabric does. The sysctl is per network
 /// namespace, so this raises it for the bench's own namespace only. Must run before any thread

@@ -7,7 +7,7 @@
  * Written from the provider contract of rdma-core's acm_prov.h and acm.c (the core helpers and how
  * the core serves them):
  *  - one verbs device, port 1, opened through libibverbs (simverbs under LD_PRELOAD);
- *  - the SA MAD service over libibumad (umad2sim under LD_PRELOAD): umad_open_port on the
+ *  - the SA MAD service over libibumad (simverbs under LD_PRELOAD): umad_open_port on the
  *    device, umad_register(SA class 3, version 1, rmpp 1) as the core does, umad_send to the
  *    SM LID/SL, QP1, Q_Key 0x80010000, and a receive thread that matches replies on the low
  *    32 TID bits, copies the reply over the request and calls the provider's handler;
@@ -358,9 +358,8 @@ int acm_send_sa_mad(struct acm_sa_mad *mad)
 	mad->umad.addr.sl = g_sm_sl;
 	mad->umad.addr.pkey_index = g_pkey_index;
 	/* Pending before it is sent (its reply can come back at once), and the lock is not held
-	 * across umad_send: under umad2sim that write blocks while ibsim's queue for this
-	 * process is full, and ibsim spins until this process reads; the receive thread must
-	 * never wait for it. */
+	 * across umad_send (a kernel's umad write may block): the receive thread must never wait
+	 * for it. */
 	pthread_mutex_lock(&g_lock);
 	r->next = g_pending;
 	g_pending = r;
@@ -446,7 +445,7 @@ int acmbench_host_init(const struct hooks *hooks, int log_level, int timeout_ms,
 	list = ibv_get_device_list(&n);
 	if (!list || n < 1) {
 		snprintf(info->error, sizeof info->error,
-			 "no verbs device (%s): run under LD_PRELOAD=libumad2sim.so:libsimverbs.so",
+			 "no verbs device (%s): run under LD_PRELOAD=libsimverbs.so",
 			 strerror(errno));
 		return -1;
 	}

@@ -195,13 +195,10 @@ fn main() {
                 1
             }
         };
-        // The providers' threads are never joined (the core never unloads a provider), and
-        // the child leaves without running the exit handlers: umad2sim's (ibsim 0.10–0.12)
-        // holds its global lock while it joins its receiver thread, which may be waiting for
-        // that lock with a MAD just read (simverbs' port monitor keeps querying), and then
-        // never returns (a hung child, seen once in ~50 runs; the stacks are in issue 20's
-        // notes). The parent tears the fabric down and frees the ibsim client slots the
-        // child leaves behind (`Fabric::reap_dead_clients`).
+        // The providers' threads are never joined (the core never unloads a provider), so
+        // the child leaves without running the exit handlers (under umad2sim, which the child
+        // no longer loads, one of them could hang). The parent tears the fabric down and
+        // frees the ibsim client slots the child leaves behind (`Fabric::reap_dead_clients`).
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();

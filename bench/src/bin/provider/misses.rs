@@ -34,7 +34,7 @@
 //!
 //! **Bare transports**, interleaved with the misses (same destinations):
 //! * SA by umad: one PathRecord GET, built as the providers build theirs, through this host
-//!   core's SA service (`acm_send_sa_mad` → umad2sim → ibsim → OpenSM → the receive thread →
+//!   core's SA service (`acm_send_sa_mad` → simverbs' umad → ibsim → OpenSM → the receive thread →
 //!   handler): the path both providers' SA MADs take here (acmrs with `acmrs_sa_transport
 //!   core`);
 //! * SA by UD: the same MAD posted on a `simverbs` UD QP (`acm_dataplane::verbs::UdEndpoint`,

@@ -2,8 +2,8 @@
 //! that is a node of a simulated fabric, on the same port, in the same run.
 //!
 //! The parent brings up ibsim + OpenSM on a generated fat-tree (`acm_fabric`, no daemons) and
-//! re-executes this binary once per cache size as a fabric node (`LD_PRELOAD` umad2sim +
-//! simverbs, `SIM_HOST`, `IBSIM_SOCKNAME`). The child plays the ibacm core for real
+//! re-executes this binary once per cache size as a fabric node (`LD_PRELOAD` simverbs, which
+//! is its libibverbs and libibumad, `SIM_HOST`, `IBSIM_SOCKNAME`). The child plays the ibacm core for real
 //! (`host_core.c`: verbs device, GID table, SA MAD service over libibumad to the real
 //! OpenSM), dlopens both providers, opens device/port/endpoint/address on each, waits until
 //! each answers (stock: after its multicast join through our SA service), then measures
@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 pub(crate) const STOCK_LIB: &str = "/usr/lib/x86_64-linux-gnu/ibacm/libibacmp.so";
-const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
 const HOST_CORE_C: &str = include_str!("host_core.c");
 /// First fake DLID of the generated route dump (the fabric's own LIDs stay below it).
 const FAKE_BASE_LID: u16 = 0x400;
@@ -143,7 +142,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
             cmd.arg("--out").arg(out);
         }
         cmd.current_dir(dir)
-            .env("LD_PRELOAD", format!("{UMAD2SIM}:{simverbs}"))
+            .env("LD_PRELOAD", &simverbs)
             .env("IBSIM_SOCKNAME", fabric.name())
             .env("SIM_HOST", &host)
             .env("SIMVERBS_SHM_DIR", shm);
