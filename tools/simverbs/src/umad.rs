@@ -293,6 +293,7 @@ pub fn deliver(fd: c_int, agent: u32, r: &SimRequest) {
         return;
     }
     answered(fd, &r.mad);
+    capture(r.slid, r.dlid, r.sqp, r.dqp, &r.mad);
     let mut u = vec![0u8; UMAD_SIZE + MAD_SIZE];
     put_header(&mut u, agent, 0, UMAD_SIZE + MAD_SIZE);
     // ib_mad_addr: qpn, qkey (network order), lid, sl; no GRH, P_Key index 0.
@@ -301,6 +302,21 @@ pub fn deliver(fd: c_int, agent: u32, r: &SimRequest) {
     u[off::ADDR_LID..off::ADDR_LID + 2].copy_from_slice(&r.slid.to_be_bytes());
     u[UMAD_SIZE..].copy_from_slice(&r.mad);
     p.push(u);
+}
+
+/// With `SIMVERBS_PCAP`, a MAD an agent sends or receives goes into the capture as the
+/// sender's frame (as the GSI bridge's do), so a capture holds the umad traffic too.
+fn capture(slid: u16, dlid: u16, sqp: u32, dqp: u32, mad: &[u8]) {
+    crate::capture::record(&crate::transport::Datagram {
+        slid,
+        dlid,
+        src_qpn: sqp & 0x00ff_ffff,
+        dst_qpn: dqp & 0x00ff_ffff,
+        qkey: if sqp == 0 { 0 } else { crate::gsi::GSI_QKEY },
+        pkey: 0xffff,
+        payload: mad.to_vec(),
+        ..Default::default()
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -374,6 +390,7 @@ fn timer_loop() {
                 p.retries_left -= 1;
                 p.deadline = now + p.timeout;
                 if let Some(op) = open_port(p.fd) {
+                    capture(p.slid, p.dlid, p.sqp, p.dqp, &p.umad[UMAD_SIZE..]);
                     op.hp
                         .send(p.dlid, p.slid, p.dqp, p.sqp, &p.umad[UMAD_SIZE..]);
                 }
@@ -1091,6 +1108,7 @@ pub unsafe extern "C" fn umad_send(
                 timers().wake.notify_all();
             }
         }
+        capture(slid, dlid, sqp, dqp, &u[UMAD_SIZE..]);
         if !op.hp.send(dlid, slid, dqp, sqp, &u[UMAD_SIZE..]) {
             crate::debug(format_args!("umad port {portid}: ibsim did not take a MAD"));
             if request && timeout_ms > 0 {

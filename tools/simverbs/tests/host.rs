@@ -24,6 +24,23 @@ fn run(c: &mut std::process::Command, what: &str) -> (bool, String) {
     )
 }
 
+/// (DLID, SLID, DestQP, MAD method) of every frame of an ERF pcap written by simverbs.
+fn lrh_frames(pcap: &std::path::Path) -> Vec<(u16, u16, u32, u8)> {
+    let b = std::fs::read(pcap).unwrap_or_else(|e| panic!("{}: {e}", pcap.display()));
+    let mut out = Vec::new();
+    let mut o = 24;
+    while o + 16 <= b.len() {
+        let len = u32::from_le_bytes([b[o + 8], b[o + 9], b[o + 10], b[o + 11]]) as usize;
+        let fr = &b[o + 16..o + 16 + len];
+        let be16 = |i: usize| u16::from_be_bytes([fr[i], fr[i + 1]]);
+        // ERF header (16), LRH (8, no GRH), BTH (12: DestQP in bytes 5..8), DETH (8), the MAD.
+        let dest_qp = u32::from_be_bytes([0, fr[24 + 5], fr[24 + 6], fr[24 + 7]]);
+        out.push((be16(16 + 2), be16(16 + 6), dest_qp, fr[44 + 3]));
+        o += 16 + len;
+    }
+    out
+}
+
 #[test]
 fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_subnet() {
     let a = Fabric::start("host-a");
@@ -92,21 +109,23 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
 
     // SA queries through each port reach that port's subnet: the path's SGID carries the
     // subnet's prefix and the port's GUID.
+    let pcap = a.dir.join("port2.pcap");
     let (ok, pr) = run(
-        a.host_command("saquery", &host).args([
-            "-C",
-            "ibsim0",
-            "-P",
-            "2",
-            "-p",
-            "--src-to-dst",
-            "6:4",
-        ]),
+        a.host_command("saquery", &host)
+            .env("SIMVERBS_PCAP", &pcap)
+            .args(["-C", "ibsim0", "-P", "2", "-p", "--src-to-dst", "6:4"]),
         "saquery on ibsim0/2",
     );
     assert!(
         ok && pr.contains("sgid....................fe80::10:a"),
         "{pr}"
+    );
+    // The capture holds the umad traffic: saquery's GetTable left port 2 (SLID 6) for the SM
+    // (LID 1), QP1 to QP1, and its GetTableResp came back to LID 6.
+    assert_eq!(
+        lrh_frames(&pcap),
+        vec![(1, 6, 1, 0x12), (6, 1, 1, 0x92)],
+        "(DLID, SLID, DestQP, method) of each captured frame"
     );
     let (ok, pr) = run(
         a.host_command("saquery", &host).args([
