@@ -16,11 +16,13 @@
 //! * a request sent with a timeout is re-sent `retries` times and then returned to its agent
 //!   with status `ETIMEDOUT` (110), unless a response with its TID arrives first;
 //! * `umad_recv` with a buffer too small returns `-ENOSPC` with the length needed and keeps
-//!   the MAD queued.
+//!   the MAD queued;
+//! * for an agent registered with an RMPP version, a multi-MAD answer is received as the
+//!   kernel's RMPP receiver does (each DATA segment acknowledged to its sender, in order,
+//!   window 32) and handed over whole: the first segment's headers, then every segment's data.
 //!
-//! Not done (as under umad2sim): RMPP reassembly for agents registered with an RMPP version
-//! (each segment of a multi-MAD answer arrives as its own MAD), unsolicited requests to
-//! agents (ibsim gives QP0/QP1 requests only to SM clients), GRH addressing.
+//! Not done (as under umad2sim): unsolicited requests to agents (ibsim gives QP0/QP1 requests
+//! only to SM clients), GRH addressing, RMPP sending (our agents send one-MAD requests).
 
 use crate::host::{self, Consumer, HostPort};
 use crate::ibsim::{SimRequest, MAD_SIZE};
@@ -207,6 +209,8 @@ pub fn read_ca(name: &str) -> Option<CaSnapshot> {
 struct Agent {
     tag: u16,
     class: u8,
+    /// Registered with an RMPP version: multi-MAD answers are reassembled for it.
+    rmpp: bool,
 }
 
 /// An open umad port: the fd callers poll, its agents and the MADs waiting for `umad_recv`.
@@ -294,14 +298,131 @@ pub fn deliver(fd: c_int, agent: u32, r: &SimRequest) {
     }
     answered(fd, &r.mad);
     capture(r.slid, r.dlid, r.sqp, r.dqp, &r.mad);
-    let mut u = vec![0u8; UMAD_SIZE + MAD_SIZE];
-    put_header(&mut u, agent, 0, UMAD_SIZE + MAD_SIZE);
+    let rmpp = p
+        .agents
+        .lock()
+        .ok()
+        .and_then(|a| {
+            a.get(agent as usize)
+                .and_then(|x| x.as_ref().map(|x| x.rmpp))
+        })
+        .unwrap_or(false);
+    let mad = if rmpp && r.mad[3] & 0x80 != 0 && r.mad[26] & RMPP_ACTIVE != 0 {
+        match rmpp_segment(&p, agent, r) {
+            Some(whole) => whole,
+            None => return, // more to come (or not a data segment)
+        }
+    } else {
+        r.mad.to_vec()
+    };
+    let mut u = vec![0u8; UMAD_SIZE + mad.len()];
+    put_header(&mut u, agent, 0, UMAD_SIZE + mad.len());
     // ib_mad_addr: qpn, qkey (network order), lid, sl; no GRH, P_Key index 0.
     u[off::ADDR_QPN..off::ADDR_QPN + 4].copy_from_slice(&(r.sqp & 0x00ff_ffff).to_be_bytes());
     u[off::ADDR_QKEY..off::ADDR_QKEY + 4].copy_from_slice(&crate::gsi::GSI_QKEY.to_be_bytes());
     u[off::ADDR_LID..off::ADDR_LID + 2].copy_from_slice(&r.slid.to_be_bytes());
-    u[UMAD_SIZE..].copy_from_slice(&r.mad);
+    u[UMAD_SIZE..].copy_from_slice(&mad);
     p.push(u);
+}
+
+// ---------------------------------------------------------------------------------------
+// RMPP receiving (the kernel MAD layer's part, for agents registered with an RMPP version).
+
+/// RMPP header (IBA 13.6.2) after the 24-byte MAD header: version, type, RRespTime/flags,
+/// status, SegmentNumber, PayloadLength/NewWindowLast.
+const RMPP_ACTIVE: u8 = 0x01;
+const RMPP_FIRST: u8 = 0x02;
+const RMPP_LAST: u8 = 0x04;
+const RMPP_TYPE_DATA: u8 = 1;
+const RMPP_TYPE_ACK: u8 = 2;
+/// The MAD and class headers every segment repeats (the SA's: 24 + 12 + 20 bytes).
+const RMPP_HDR: usize = 56;
+/// The window the receiver grants (segments past the one acknowledged).
+const RMPP_WINDOW: u32 = 32;
+/// Transfers kept at once (the oldest is dropped for a new one).
+const RMPP_TRANSFERS: usize = 64;
+
+/// A multi-MAD answer being received: the first segment's headers and the data so far.
+struct Transfer {
+    fd: c_int,
+    agent: u32,
+    tid: u64,
+    next: u32,
+    mad: Vec<u8>,
+}
+
+fn transfers() -> &'static Mutex<VecDeque<Transfer>> {
+    static T: OnceLock<Mutex<VecDeque<Transfer>>> = OnceLock::new();
+    T.get_or_init(|| Mutex::new(VecDeque::new()))
+}
+
+/// Takes one RMPP segment of an answer for `agent`: acknowledges it to the sender (a request,
+/// as the kernel's receiver sends them) and returns the whole reassembled MAD after the last
+/// one: the first segment's 56 header bytes, then each segment's data (IBA's length rule: the
+/// last segment's PayloadLength says how much of it is data).
+fn rmpp_segment(p: &OpenPort, agent: u32, r: &SimRequest) -> Option<Vec<u8>> {
+    let m = &r.mad;
+    if m[25] != RMPP_TYPE_DATA {
+        return None; // STOP/ABORT of a transfer: nothing to deliver
+    }
+    let seg = u32::from_be_bytes(m[28..32].try_into().ok()?);
+    let paylen = u32::from_be_bytes(m[32..36].try_into().ok()?) as usize;
+    let flags = m[26];
+    let tid = tid_of(m);
+    let mut t = transfers().lock().ok()?;
+    let i = t
+        .iter()
+        .position(|x| x.fd == p.fd && x.agent == agent && x.tid == tid);
+    if flags & RMPP_FIRST != 0 && seg == 1 {
+        if let Some(i) = i {
+            t.remove(i);
+        }
+        if t.len() >= RMPP_TRANSFERS {
+            t.pop_front();
+        }
+        t.push_back(Transfer {
+            fd: p.fd,
+            agent,
+            tid,
+            next: 1,
+            mad: m[..RMPP_HDR].to_vec(),
+        });
+    }
+    let Some(i) = t
+        .iter()
+        .position(|x| x.fd == p.fd && x.agent == agent && x.tid == tid)
+    else {
+        return None; // a segment of a transfer we do not know (its first was lost)
+    };
+    let x = &mut t[i];
+    if seg == x.next {
+        let data = if flags & RMPP_LAST != 0 {
+            paylen
+                .saturating_sub(RMPP_HDR - 36)
+                .min(MAD_SIZE - RMPP_HDR)
+        } else {
+            MAD_SIZE - RMPP_HDR
+        };
+        x.mad.extend_from_slice(&m[RMPP_HDR..RMPP_HDR + data]);
+        x.next += 1;
+    }
+    // ACK the last segment received in order (a repeat or a gap re-acknowledges it).
+    let acked = x.next - 1;
+    let mut ack = [0u8; MAD_SIZE];
+    ack[..36].copy_from_slice(&m[..36]);
+    ack[3] &= !0x80;
+    ack[25] = RMPP_TYPE_ACK;
+    ack[26] = (m[26] & 0xf8) | RMPP_ACTIVE;
+    ack[27] = 0;
+    ack[28..32].copy_from_slice(&acked.to_be_bytes());
+    ack[32..36].copy_from_slice(&(acked + RMPP_WINDOW).to_be_bytes());
+    let slid = p.hp.cached_lid();
+    capture(slid, r.slid, 1, r.sqp, &ack);
+    p.hp.send(r.slid, slid, r.sqp & 0x00ff_ffff, 1, &ack);
+    if flags & RMPP_LAST != 0 && seg + 1 == t[i].next {
+        return t.remove(i).map(|done| done.mad);
+    }
+    None
 }
 
 /// With `SIMVERBS_PCAP`, a MAD an agent sends or receives goes into the capture as the
@@ -835,7 +956,7 @@ pub extern "C" fn umad_get_fd(portid: c_int) -> c_int {
     }
 }
 
-fn register(portid: c_int, class: c_int) -> c_int {
+fn register(portid: c_int, class: c_int, rmpp: bool) -> c_int {
     let Some(op) = open_port(portid) else {
         return set_errno_ret(libc::EINVAL);
     };
@@ -862,7 +983,7 @@ fn register(portid: c_int, class: c_int) -> c_int {
     }) else {
         return set_errno_ret(libc::ENOMEM);
     };
-    let a = Agent { tag, class };
+    let a = Agent { tag, class, rmpp };
     if id == agents.len() {
         agents.push(Some(a));
     } else {
@@ -876,24 +997,28 @@ pub unsafe extern "C" fn umad_register(
     portid: c_int,
     mgmt_class: c_int,
     _mgmt_version: c_int,
-    _rmpp_version: u8,
+    rmpp_version: u8,
     _method_mask: *mut c_long,
 ) -> c_int {
-    crate::guard(-libc::EIO, || register(portid, mgmt_class))
+    crate::guard(-libc::EIO, || {
+        register(portid, mgmt_class, rmpp_version != 0)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn umad_register_oui(
     portid: c_int,
     mgmt_class: c_int,
-    _rmpp_version: u8,
+    rmpp_version: u8,
     _oui: *mut u8,
     _method_mask: *mut c_long,
 ) -> c_int {
-    crate::guard(-libc::EIO, || register(portid, mgmt_class))
+    crate::guard(-libc::EIO, || {
+        register(portid, mgmt_class, rmpp_version != 0)
+    })
 }
 
-/// `struct umad_reg_attr`'s first field: the management class.
+/// `struct umad_reg_attr`: the management class first, the RMPP version at byte 28.
 #[no_mangle]
 pub unsafe extern "C" fn umad_register2(
     port_fd: c_int,
@@ -904,9 +1029,10 @@ pub unsafe extern "C" fn umad_register2(
         if attr.is_null() || agent_id.is_null() {
             return set_errno_ret(libc::EINVAL);
         }
-        // SAFETY: attr points at a umad_reg_attr, whose first byte is mgmt_class.
-        let class = unsafe { *attr };
-        let id = register(port_fd, c_int::from(class));
+        // SAFETY: attr points at a umad_reg_attr (32 bytes): mgmt_class first, rmpp_version
+        // after flags, method_mask[2] and oui.
+        let (class, rmpp) = unsafe { (*attr, *attr.add(28)) };
+        let id = register(port_fd, c_int::from(class), rmpp != 0);
         if id < 0 {
             return id;
         }

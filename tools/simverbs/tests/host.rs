@@ -107,6 +107,16 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
         );
     }
 
+    // A multi-MAD answer (every NodeRecord of the subnet, one RMPP segment each) arrives
+    // whole: umad acknowledges each segment to OpenSM's RMPP sender and reassembles them.
+    let (ok, nr) = run(
+        a.host_command("saquery", &host)
+            .args(["-C", "ibsim0", "-P", "1"]),
+        "saquery NodeRecords",
+    );
+    assert!(ok, "{nr}");
+    assert_eq!(nr.matches("NodeRecord dump").count(), 6, "{nr}");
+
     // SA queries through each port reach that port's subnet: the path's SGID carries the
     // subnet's prefix and the port's GUID.
     let pcap = a.dir.join("port2.pcap");
@@ -121,10 +131,11 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
         "{pr}"
     );
     // The capture holds the umad traffic: saquery's GetTable left port 2 (SLID 6) for the SM
-    // (LID 1), QP1 to QP1, and its GetTableResp came back to LID 6.
+    // (LID 1), QP1 to QP1, its GetTableResp (one RMPP segment) came back to LID 6, and umad
+    // acknowledged that segment (an RMPP ACK, method GetTable).
     assert_eq!(
         lrh_frames(&pcap),
-        vec![(1, 6, 1, 0x12), (6, 1, 1, 0x92)],
+        vec![(1, 6, 1, 0x12), (6, 1, 1, 0x92), (1, 6, 1, 0x12)],
         "(DLID, SLID, DestQP, method) of each captured frame"
     );
     let (ok, pr) = run(
