@@ -138,18 +138,22 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
         vec![(1, 6, 1, 0x12), (6, 1, 1, 0x92), (1, 6, 1, 0x12)],
         "(DLID, SLID, DestQP, method) of each captured frame"
     );
-    let (ok, pr) = run(
-        a.host_command("saquery", &host).args([
-            "-C",
-            "ibsim1",
-            "-P",
-            "1",
-            "-p",
-            "--src-to-dst",
-            "4:6",
-        ]),
-        "saquery on ibsim1/1",
-    );
+    // Through ibsim1 (subnet B): a path with B's prefix.
+    let path_on_b = || {
+        run(
+            a.host_command("saquery", &host).args([
+                "-C",
+                "ibsim1",
+                "-P",
+                "1",
+                "-p",
+                "--src-to-dst",
+                "4:6",
+            ]),
+            "saquery on ibsim1/1",
+        )
+    };
+    let (ok, pr) = path_on_b();
     assert!(
         ok && pr.contains("sgid....................fec0::2:0:0:10:4"),
         "{pr}"
@@ -166,18 +170,7 @@ fn two_cas_three_ports_on_two_subnets_agree_in_verbs_and_umad_and_time_out_per_s
         "saquery with A's SM stopped",
     );
     let took = t.elapsed();
-    let (ok_b, out_b) = run(
-        a.host_command("saquery", &host).args([
-            "-C",
-            "ibsim1",
-            "-P",
-            "1",
-            "-p",
-            "--src-to-dst",
-            "4:6",
-        ]),
-        "saquery on B while A's SM is stopped",
-    );
+    let (ok_b, out_b) = path_on_b();
     a.resume_sm();
     assert!(!ok, "a query to a stopped SA must fail: {out}");
     assert!(
