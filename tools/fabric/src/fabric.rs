@@ -1,6 +1,7 @@
 //! Bringing a simulated fabric up (ibsim → OpenSM → N real `ibacm` daemons), driving it, and
 //! tearing it down.
 
+use crate::host::{self, HostPort, HostSpec, SubnetSpec, PORTS_PER_SUBNET};
 use crate::partition::{self, Partition, PartitionAddrs};
 use crate::ports::{PortLease, PortPool};
 use crate::process::{self, Output, Proc};
@@ -333,6 +334,8 @@ pub struct FabricBuilder {
     qos_policy: Option<String>,
     subnet_prefix: Option<u64>,
     extra_providers: Vec<(String, Provider)>,
+    hosts: Vec<(String, HostSpec)>,
+    subnets: Vec<SubnetSpec>,
 }
 
 /// A running fabric. Dropping it stops every process it started (by process group: daemons
@@ -367,6 +370,9 @@ pub struct Fabric {
     /// Each HCA's port GUID (read before OpenSM starts when partitions need them).
     guids: Vec<(String, u64)>,
     nodes: Vec<Node>,
+    /// The second subnets by name: each its own ibsim and OpenSM, without daemons of its own
+    /// (the hosts' ports on it belong to daemons of this fabric).
+    subnets: Vec<(String, Fabric)>,
 }
 
 /// One simulated HCA running a real `ibacm` daemon.
@@ -378,8 +384,11 @@ pub struct Node {
     pub lid: u16,
     /// Port GID 0 (subnet prefix + port GUID).
     pub gid: Ipv6Addr,
-    /// Addresses listed in the node's address file.
+    /// Addresses listed in the node's address file (of its first port).
     pub addrs: NodeAddrs,
+    /// Every port of the node's host ([`FabricBuilder::host`]; one port, the node itself,
+    /// by default), in spec order: `ports[0]` is the node's own (`lid`, `gid`, `addrs`).
+    pub ports: Vec<HostPort>,
     /// TCP port the daemon serves (`server_mode loop`), leased from the shared
     /// [`PortPool`] for the node's life; changes if a daemon start found it taken.
     pub server_port: u16,
@@ -416,11 +425,26 @@ struct Launch {
 }
 
 impl Launch {
-    /// Whether `ib_acme -e` output lists an endpoint of one of the node's providers.
-    fn serves(&self, e_output: &str) -> bool {
-        self.providers
-            .iter()
-            .any(|p| e_output.contains(&format!(",{p},")))
+    /// Whether `ib_acme -e` output lists an endpoint of one of the node's providers on every
+    /// port of `ports` (each port its CA's node GUID and its port number).
+    fn serves(&self, e_output: &str, all: &[HostPort], ports: &[&HostPort]) -> bool {
+        ports.iter().all(|p| {
+            let first = all
+                .iter()
+                .find(|q| q.ca == p.ca && q.port == 1)
+                .unwrap_or(p);
+            host::lists_endpoint(
+                e_output,
+                HostPort::ca_guid_of(first.gid),
+                p.port,
+                &self.providers,
+            )
+        })
+    }
+
+    /// Whether it lists none on `port`.
+    fn serves_none(&self, e_output: &str, all: &[HostPort], port: &HostPort) -> bool {
+        !self.serves(e_output, all, &[port])
     }
 }
 
@@ -455,6 +479,8 @@ impl FabricBuilder {
             qos_policy: None,
             subnet_prefix: None,
             extra_providers: Vec::new(),
+            hosts: Vec::new(),
+            subnets: Vec::new(),
         }
     }
 
@@ -630,6 +656,118 @@ impl FabricBuilder {
 
     /// Whether to start the ibacm daemons (default true). Without them the fabric is just
     /// ibsim + OpenSM, and nodes only carry their LID/GID and generated files.
+    /// Makes daemon node `node` a host of several CAs and ports ([`HostSpec`]: CAs separated
+    /// by `,`, ports of a CA joined by `+`, each `[SUBNET:]NODE`); the first port must be
+    /// `node` itself on the main subnet. The daemon sees every device and port (simverbs'
+    /// `SIMVERBS_HOST`); each port's addresses go into the node's address file. A later call
+    /// for the node wins.
+    pub fn host(mut self, node: &str, spec: HostSpec) -> Self {
+        self.hosts.retain(|(n, _)| n != node);
+        self.hosts.push((node.to_string(), spec));
+        self
+    }
+
+    /// A second subnet ([`SubnetSpec`]): its own ibsim and OpenSM (own subnet prefix), for
+    /// the ports of hosts that name it.
+    pub fn subnet(mut self, spec: SubnetSpec) -> Self {
+        self.subnets.retain(|s| s.name != spec.name);
+        self.subnets.push(spec);
+        self
+    }
+
+    /// The host spec of `node` (its own one port unless [`FabricBuilder::host`] said more).
+    pub fn host_of(&self, node: &str) -> HostSpec {
+        self.hosts
+            .iter()
+            .find(|(n, _)| n == node)
+            .map(|(_, h)| h.clone())
+            .unwrap_or_else(|| HostSpec::single(node))
+    }
+
+    /// Checks the hosts and subnets against the topologies: every port an HCA of its subnet,
+    /// not the subnet's SM, used once, the first port the node itself, at most
+    /// [`PORTS_PER_SUBNET`] daemon ports per subnet.
+    fn check_hosts(&self, main_sm: &str) -> Result<()> {
+        for (n, _) in &self.hosts {
+            if !self.nodes.contains(n) {
+                return Err(Error::new(format!(
+                    "host spec given for {n:?}, which runs no daemon (daemon nodes: {})",
+                    self.nodes.join(", ")
+                )));
+            }
+        }
+        let mut names: Vec<&str> = self.subnets.iter().map(|s| s.name.as_str()).collect();
+        names.sort();
+        if names.windows(2).any(|w| w[0] == w[1]) || names.contains(&"") {
+            return Err(Error::new("subnet names must be distinct and not empty"));
+        }
+        let mut used: Vec<(Option<String>, String)> = Vec::new();
+        for node in &self.nodes {
+            let spec = self.host_of(node);
+            let ports = spec.ports();
+            let first = ports[0].2;
+            if first.subnet.is_some() || first.node != *node {
+                return Err(Error::new(format!(
+                    "host {node}: its first port must be {node} itself on the main subnet"
+                )));
+            }
+            for (ca, port, p) in ports {
+                let (topo, sm) = match &p.subnet {
+                    None => (&self.topology, main_sm.to_string()),
+                    Some(name) => {
+                        let sub = self.subnets.iter().find(|s| s.name == *name).ok_or_else(|| {
+                            Error::new(format!(
+                                "host {node} {ca} port {port}: no subnet {name:?} (--subnet NAME=...)"
+                            ))
+                        })?;
+                        let sm = sub
+                            .sm_node
+                            .clone()
+                            .or_else(|| sub.topology.hcas().first().cloned());
+                        (&sub.topology, sm.unwrap_or_default())
+                    }
+                };
+                let on = p.subnet.as_deref().unwrap_or("the main subnet");
+                if !topo.hcas().contains(&p.node) {
+                    return Err(Error::new(format!(
+                        "host {node} {ca} port {port}: {:?} is not an HCA of {on} ({})",
+                        p.node, topo.label
+                    )));
+                }
+                if p.node == sm {
+                    return Err(Error::new(format!(
+                        "host {node} {ca} port {port}: {} is {on}'s SM node",
+                        p.node
+                    )));
+                }
+                let key = (p.subnet.clone(), p.node.clone());
+                if used.contains(&key) {
+                    return Err(Error::new(format!(
+                        "host {node} {ca} port {port}: {} on {on} is already a port of a host",
+                        p.node
+                    )));
+                }
+                if p.subnet.is_none() && p.node != *node && self.nodes.contains(&p.node) {
+                    return Err(Error::new(format!(
+                        "host {node} {ca} port {port}: {} runs a daemon of its own",
+                        p.node
+                    )));
+                }
+                used.push(key);
+            }
+        }
+        for sub in std::iter::once(None).chain(self.subnets.iter().map(|s| Some(s.name.clone()))) {
+            let n = used.iter().filter(|(s, _)| *s == sub).count();
+            if n > PORTS_PER_SUBNET {
+                return Err(Error::new(format!(
+                    "{n} daemon ports on {}: ibsim serves 10 clients per instance (OpenSM + probe + {PORTS_PER_SUBNET} ports)",
+                    sub.as_deref().unwrap_or("the main subnet")
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub fn start_daemons(mut self, yes: bool) -> Self {
         self.start_daemons = yes;
         self
@@ -691,13 +829,6 @@ impl FabricBuilder {
             }
         }
         partition::check(&self.partitions, &self.topology)?;
-        // ibsim serves at most 10 clients: OpenSM, the daemons and one transient probe.
-        if self.nodes.len() > 8 {
-            return Err(Error::new(format!(
-                "{} daemon nodes requested; ibsim allows 10 clients per fabric (OpenSM + probe + 8 daemons)",
-                self.nodes.len()
-            )));
-        }
         let sm_node = match &self.sm_node {
             Some(s) if hcas.contains(s) => s.clone(),
             Some(s) => {
@@ -713,6 +844,8 @@ impl FabricBuilder {
                     Error::new("every HCA has a daemon; leave one free for OpenSM or set sm_node")
                 })?,
         };
+        // ibsim serves at most 10 clients: OpenSM, one per daemon port, one transient probe.
+        self.check_hosts(&sm_node)?;
         for tool in ["ibsim", "opensm", "sminfo", "ibaddr", "unshare"] {
             if which(tool).is_none() {
                 return Err(Error::new(format!(
@@ -787,6 +920,7 @@ impl FabricBuilder {
             partitions: self.partitions.clone(),
             guids: Vec::new(),
             nodes: Vec::new(),
+            subnets: Vec::new(),
         };
         match fabric.bring_up(&self, &provider_libs, &port_pool, &hcas) {
             Ok(()) => Ok(fabric),
@@ -884,11 +1018,83 @@ impl Fabric {
         }
         self.start_sm_with_timeout(cfg.ready_timeout, false)?;
 
+        // 2b. The second subnets: each its own ibsim and OpenSM, LIDs for the ports on it.
+        for sub in &cfg.subnets {
+            let on: Vec<String> = cfg
+                .nodes
+                .iter()
+                .flat_map(|n| {
+                    cfg.host_of(n)
+                        .ports()
+                        .into_iter()
+                        .map(|(_, _, p)| p.clone())
+                        .collect::<Vec<_>>()
+                })
+                .filter(|p| p.subnet.as_deref() == Some(sub.name.as_str()))
+                .map(|p| p.node)
+                .collect();
+            if on.is_empty() {
+                return Err(Error::new(format!(
+                    "subnet {}: no host port is on it",
+                    sub.name
+                )));
+            }
+            let mut b = Fabric::builder(sub.topology.clone(), on)
+                .name_prefix(&format!("{}-{}", self.name, sub.name))
+                .subnet_prefix(sub.prefix)
+                .keep_scratch(cfg.keep)
+                .ready_timeout(cfg.ready_timeout)
+                .port_pool(port_pool.clone())
+                .start_daemons(false);
+            if let Some(sm) = &sub.sm_node {
+                b = b.sm_node(sm);
+            }
+            let f = b
+                .start()
+                .map_err(|e| Error::new(format!("subnet {}: {e}", sub.name)))?;
+            self.subnets.push((sub.name.clone(), f));
+        }
+
         // 3. Per-node identity, then files.
         let tools = self.tools_dir()?;
         for node in &cfg.nodes {
             let k = hcas.iter().position(|h| h == node).unwrap_or(0) + 1;
             let (lid, gid) = self.wait_lid(node, &tools, cfg.ready_timeout)?;
+            let addrs = NodeAddrs::for_index(node, k, cfg.extra_names, &cfg.partitions);
+            let mut ports = Vec::new();
+            for (index, (ca, port, p)) in cfg.host_of(node).ports().into_iter().enumerate() {
+                let index = index + 1;
+                let (plid, pgid, sock) = match &p.subnet {
+                    None if index == 1 => (lid, gid, self.name.clone()),
+                    None => {
+                        let (l, g) = self.wait_lid(&p.node, &tools, cfg.ready_timeout)?;
+                        (l, g, self.name.clone())
+                    }
+                    Some(name) => {
+                        let f = self.subnet(name)?;
+                        let n = f.node(&p.node)?;
+                        (n.lid, n.gid, f.name.clone())
+                    }
+                };
+                let (name, ipv4, ipv6) = if index == 1 {
+                    (addrs.name.clone(), addrs.ipv4, addrs.ipv6)
+                } else {
+                    HostPort::addresses(&addrs.name, index, k)
+                };
+                ports.push(HostPort {
+                    ca,
+                    port,
+                    index,
+                    subnet: p.subnet.clone().unwrap_or_default(),
+                    sim_node: p.node.clone(),
+                    sock,
+                    lid: plid,
+                    gid: pgid,
+                    name,
+                    ipv4,
+                    ipv6,
+                });
+            }
             let dir = self.scratch.join(node);
             let run_dir = dir.join("run");
             mkdir(&run_dir)?;
@@ -897,7 +1103,8 @@ impl Fabric {
                 name: node.clone(),
                 lid,
                 gid,
-                addrs: NodeAddrs::for_index(node, k, cfg.extra_names, &cfg.partitions),
+                addrs,
+                ports,
                 server_port: lease.port(),
                 dir,
                 run_dir,
@@ -1290,8 +1497,46 @@ impl Fabric {
     /// `IBV_EVENT_PORT_ERR` in the node's processes, and its datagrams stop), the switch sends
     /// trap 128 and OpenSM drops the port from the subnet. Returns once PortInfo reads Down
     /// and, if `host` runs a daemon, its core has closed the port (`ib_acme -e` lists no
-    /// endpoint of the provider).
+    /// endpoint of the provider there). A daemon host's other ports: [`Fabric::port_down_at`].
     pub fn port_down(&self, host: &str) -> Result<()> {
+        if self.nodes.iter().any(|n| n.name == host) {
+            return self.port_down_at(host, 1);
+        }
+        self.unlink(host)
+    }
+
+    /// Brings HCA `host`'s port 1 link back (ibsim `ReLink` to its previous peer) and waits
+    /// until the SM has made it ACTIVE again (up to 20 s; OpenSM sweeps on the switch's trap
+    /// 128). simverbs then raises `IBV_EVENT_PORT_ACTIVE`; if `host` runs a daemon, this also
+    /// waits (up to 15 s) until its core has reopened the port (`-e` lists the endpoint
+    /// again). Fails if the port was not down or no SM brings it up in time.
+    pub fn port_up(&self, host: &str) -> Result<PortInfo> {
+        if self.nodes.iter().any(|n| n.name == host) {
+            return self.port_up_at(host, 1);
+        }
+        self.relink(host)
+    }
+
+    /// [`Fabric::port_down`] of daemon node `node`'s port `index` (1-based, [`Node::ports`]):
+    /// the ibsim node behind it is unlinked on its subnet, and this returns once the daemon
+    /// closed that port's endpoints.
+    pub fn port_down_at(&self, node: &str, index: usize) -> Result<()> {
+        let n = self.node(node)?;
+        let p = n.port_at(index)?;
+        self.fabric_of(&p.subnet)?.unlink(&p.sim_node)?;
+        n.wait_endpoint(index, false, Duration::from_secs(10))
+    }
+
+    /// [`Fabric::port_up`] of daemon node `node`'s port `index`.
+    pub fn port_up_at(&self, node: &str, index: usize) -> Result<PortInfo> {
+        let n = self.node(node)?;
+        let p = n.port_at(index)?;
+        let pi = self.fabric_of(&p.subnet)?.relink(&p.sim_node)?;
+        n.wait_endpoint(index, true, Duration::from_secs(15))?;
+        Ok(pi)
+    }
+
+    fn unlink(&self, host: &str) -> Result<()> {
         self.check_hca(host)?;
         let out = self.ibsim_command(&format!("Unlink \"{host}\"[1]"))?;
         if let Some(err) = out.lines().find(|l| l.starts_with('#')) {
@@ -1303,18 +1548,10 @@ impl Fabric {
                 "{host} port 1 reads {pi:?} after Unlink"
             )));
         }
-        if let Some(n) = self.nodes.iter().find(|n| n.name == host) {
-            n.wait_endpoint(false, Duration::from_secs(10))?;
-        }
         Ok(())
     }
 
-    /// Brings HCA `host`'s port 1 link back (ibsim `ReLink` to its previous peer) and waits
-    /// until the SM has made it ACTIVE again (up to 20 s; OpenSM sweeps on the switch's trap
-    /// 128). simverbs then raises `IBV_EVENT_PORT_ACTIVE`; if `host` runs a daemon, this also
-    /// waits (up to 15 s) until its core has reopened the port (`-e` lists the endpoint
-    /// again). Fails if the port was not down or no SM brings it up in time.
-    pub fn port_up(&self, host: &str) -> Result<PortInfo> {
+    fn relink(&self, host: &str) -> Result<PortInfo> {
         self.check_hca(host)?;
         let out = self.ibsim_command(&format!("ReLink \"{host}\"[1]"))?;
         if let Some(err) = out.lines().find(|l| l.starts_with('#')) {
@@ -1324,9 +1561,6 @@ impl Fabric {
         loop {
             let pi = self.port_info(host)?;
             if pi.state == "Active" && pi.lid != 0 {
-                if let Some(n) = self.nodes.iter().find(|n| n.name == host) {
-                    n.wait_endpoint(true, Duration::from_secs(15))?;
-                }
                 return Ok(pi);
             }
             if Instant::now() >= deadline {
@@ -1336,6 +1570,48 @@ impl Fabric {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The second subnet `name` ([`FabricBuilder::subnet`]): its own ibsim and OpenSM, for
+    /// `stop_sm`, `pause_sm`, `port_info`, `ibsim_command`, ... on it.
+    pub fn subnet(&self, name: &str) -> Result<&Fabric> {
+        self.subnets
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, f)| f)
+            .ok_or_else(|| Error::new(format!("no subnet {name:?}")))
+    }
+
+    /// [`Fabric::subnet`], mutably (to stop and start its OpenSM).
+    pub fn subnet_mut(&mut self, name: &str) -> Result<&mut Fabric> {
+        self.subnets
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, f)| f)
+            .ok_or_else(|| Error::new(format!("no subnet {name:?}")))
+    }
+
+    /// This fabric for `""`, else the subnet of that name.
+    pub fn fabric_of(&self, subnet: &str) -> Result<&Fabric> {
+        if subnet.is_empty() {
+            Ok(self)
+        } else {
+            self.subnet(subnet)
+        }
+    }
+
+    /// Raises `IBV_EVENT_CLIENT_REREGISTER` on every daemon port of subnet `subnet` (`""`:
+    /// the main one), as its SM would after a new sweep, and on no other; returns how many
+    /// ports were told.
+    pub fn client_reregister_subnet(&self, subnet: &str) -> Result<usize> {
+        let mut told = 0;
+        for node in self.nodes.iter().filter(|n| n.daemon.is_some()) {
+            for p in node.ports.iter().filter(|p| p.subnet == subnet) {
+                node.port_event(p.index, "client_reregister")?;
+                told += 1;
+            }
+        }
+        Ok(told)
     }
 
     /// HCA `host`'s port 1 as the fabric says right now (`smpquery -D portinfo 0 1` run as
@@ -1358,10 +1634,27 @@ impl Fabric {
             let (lid, gid) = self.wait_lid(&name, &tools, Duration::from_secs(20))?;
             let n = &mut self.nodes[i];
             if n.lid != lid {
-                changed.push((name, n.lid, lid));
+                changed.push((name.clone(), n.lid, lid));
             }
             n.lid = lid;
             n.gid = gid;
+            n.ports[0].lid = lid;
+            n.ports[0].gid = gid;
+            for j in 1..self.nodes[i].ports.len() {
+                let p = self.nodes[i].ports[j].clone();
+                let (l, g) = if p.subnet.is_empty() {
+                    self.wait_lid(&p.sim_node, &tools, Duration::from_secs(20))?
+                } else {
+                    let f = self.subnet(&p.subnet)?;
+                    f.wait_lid(&p.sim_node, &f.tools_dir()?, Duration::from_secs(20))?
+                };
+                if p.lid != l {
+                    changed.push((format!("{name}@{}", p.index), p.lid, l));
+                }
+                let q = &mut self.nodes[i].ports[j];
+                q.lid = l;
+                q.gid = g;
+            }
         }
         Ok(changed)
     }
@@ -1534,6 +1827,9 @@ impl Fabric {
                 .iter()
                 .filter_map(|n| n.daemon.as_ref().map(Proc::pid)),
         );
+        for (_, f) in &self.subnets {
+            v.extend(f.pids());
+        }
         v
     }
 
@@ -1553,6 +1849,11 @@ impl Fabric {
                 .flat_map(|p| [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()]);
             for a in own.into_iter().chain(parts) {
                 s.push_str(&format!("{a} {}\n", n.gid));
+            }
+            for p in n.ports.iter().skip(1) {
+                for a in [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()] {
+                    s.push_str(&format!("{a} {}\n", p.gid));
+                }
             }
         }
         s
@@ -1585,6 +1886,9 @@ impl Fabric {
             "---- ibsim (tail) ----\n{}\n",
             tail(&self.scratch.join("ibsim").join("ibsim.log"), 10)
         ));
+        for (name, f) in &self.subnets {
+            s.push_str(&format!("==== subnet {name} ====\n{}", f.logs_report()));
+        }
         s
     }
 
@@ -1592,6 +1896,8 @@ impl Fabric {
         for n in &mut self.nodes {
             n.stop_daemon();
         }
+        // The daemons are gone: the second subnets' ibsim and OpenSM next.
+        self.subnets.clear();
         self.stop_sm();
         if let Some(mut p) = self.ibsim.take() {
             p.stop();
@@ -1665,6 +1971,12 @@ impl Node {
         for p in &self.addrs.partitions {
             for a in [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()] {
                 s.push_str(&format!("{a} ibsim0 1 0x{:04x}\n", p.pkey));
+            }
+        }
+        // The host's further ports: their own names and IPs, on their device and port.
+        for p in self.ports.iter().skip(1) {
+            for a in [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()] {
+                s.push_str(&format!("{a} {} {} default\n", p.ca, p.port));
             }
         }
         s
@@ -1768,7 +2080,12 @@ impl Node {
         }
         // Only the daemon gets the preloads (not unshare/sh/mount): `env` execs it in place.
         let mut cmd = self.ns_command("env");
-        cmd.arg(format!("LD_PRELOAD={}:{}", UMAD2SIM, simverbs.display()))
+        // simverbs is the daemon's libibverbs and libibumad: its host is every port.
+        cmd.arg(format!("LD_PRELOAD={}", simverbs.display()))
+            .arg(format!(
+                "SIMVERBS_HOST={}",
+                host::simverbs_host(&self.ports)
+            ))
             .arg(IBACM)
             .arg("-P")
             .arg("-O")
@@ -1874,22 +2191,27 @@ impl Node {
     }
 
     /// If this node runs a daemon: waits until `ib_acme -e` does (`present`) or does not list
-    /// an endpoint of its provider, i.e. until the core finished its port open / close
-    /// sequence (both run on the core's main thread, which also answers `-e`).
-    fn wait_endpoint(&self, present: bool, timeout: Duration) -> Result<()> {
+    /// an endpoint of its provider on its port `index` (1-based, [`Node::ports`]), i.e. until
+    /// the core finished that port's open / close sequence (both run on the core's main
+    /// thread, which also answers `-e`).
+    fn wait_endpoint(&self, index: usize, present: bool, timeout: Duration) -> Result<()> {
         let (Some(launch), Some(_)) = (&self.launch, &self.daemon) else {
             return Ok(());
         };
+        let port = self.port_at(index)?;
         let deadline = Instant::now() + timeout;
         loop {
             let out = self.acme(&["-e"])?;
-            if launch.serves(&out.stdout) == present {
+            let listed = !launch.serves_none(&out.stdout, &self.ports, port);
+            if listed == present {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(Error::new(format!(
-                    "{}: the daemon {} its endpoint within {timeout:?}:\n{out}",
+                    "{} {} port {}: the daemon {} its endpoint within {timeout:?}:\n{out}",
                     self.name,
+                    port.ca,
+                    port.port,
                     if present {
                         "did not reopen"
                     } else {
@@ -1930,7 +2252,8 @@ impl Node {
                 .is_some_and(|p| listens_on(p.pid(), self.server_port));
             if port_file.exists() && listening {
                 let out = self.acme(&["-e"])?;
-                if out.success() && launch.serves(&out.stdout) {
+                let all: Vec<&HostPort> = self.ports.iter().collect();
+                if out.success() && launch.serves(&out.stdout, &self.ports, &all) {
                     return Ok(());
                 }
                 if Instant::now() >= deadline {
@@ -2023,6 +2346,35 @@ impl Node {
     /// Queues an async event on the node's simulated device, e.g. `client_reregister`.
     pub fn event(&self, event: &str) -> Result<String> {
         self.simverbs_ctl(&format!("event {event} 1"))
+    }
+
+    /// Queues an async event on the node's port `index` (1-based, [`Node::ports`]): on that
+    /// port's CA only.
+    pub fn port_event(&self, index: usize, event: &str) -> Result<String> {
+        let p = self.port_at(index)?;
+        self.simverbs_ctl(&format!("event {event} {} {}", p.port, p.ca))
+    }
+
+    /// The node's port `index` (1-based, spec order).
+    pub fn port_at(&self, index: usize) -> Result<&HostPort> {
+        index
+            .checked_sub(1)
+            .and_then(|i| self.ports.get(i))
+            .ok_or_else(|| {
+                Error::new(format!(
+                    "{} has {} port(s), no port {index}",
+                    self.name,
+                    self.ports.len()
+                ))
+            })
+    }
+
+    /// The node's port `port` of CA `ca`.
+    pub fn port_of(&self, ca: &str, port: u8) -> Result<&HostPort> {
+        self.ports
+            .iter()
+            .find(|p| p.ca == ca && p.port == port)
+            .ok_or_else(|| Error::new(format!("{} has no {ca} port {port}", self.name)))
     }
 }
 

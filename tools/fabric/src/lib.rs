@@ -57,6 +57,7 @@
 pub mod checks;
 pub mod client;
 pub mod fabric;
+pub mod host;
 pub mod kernel;
 pub mod partition;
 pub mod ports;
@@ -70,6 +71,7 @@ pub use fabric::{
     find_artifact, rmpp_shim, Fabric, FabricBuilder, HostsFile, Node, NodeAddrs, PortInfo,
     Provider, DEFAULT_PROVIDER_DIR, STOCK_PROVIDER,
 };
+pub use host::{HostPort, HostSpec, PortRef, SubnetSpec};
 pub use partition::{Membership, Partition, PartitionAddrs};
 pub use ports::{PortLease, PortPool};
 pub use process::{

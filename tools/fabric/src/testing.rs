@@ -1,5 +1,5 @@
-//! Support for tests that start their own processes under `libumad2sim.so:libsimverbs.so`
-//! on a [`Fabric`](crate::Fabric) (the harnesses of simverbs, ud-agent and umad-rmpp): the
+//! Support for tests that start their own processes under `libsimverbs.so` (their libibverbs
+//! and libibumad) on a [`Fabric`](crate::Fabric) (the harnesses of simverbs, ud-agent and umad-rmpp): the
 //! freshly built `libsimverbs.so` of the running test's target directory, the `LD_PRELOAD`
 //! value, a command for a node of the fabric, simverbs' C test agent ([`svagent`]), a
 //! line-protocol child process ([`LineChild`]), the hex words of the agents' lines ([`hex`],
@@ -7,7 +7,6 @@
 //! ([`processes_on_fabric`], [`wait_fabric_gone`]). They panic: each is a precondition or
 //! cleanup of a test.
 
-use crate::fabric::UMAD2SIM;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -90,13 +89,10 @@ pub fn libsimverbs() -> PathBuf {
     p
 }
 
-/// `LD_PRELOAD` value for simulated verbs processes: umad2sim, then [`libsimverbs`].
+/// `LD_PRELOAD` value for simulated verbs processes: [`libsimverbs`] alone (it is their
+/// libibumad too; umad2sim would only take one more ibsim client).
 pub fn preload() -> String {
-    assert!(
-        Path::new(UMAD2SIM).exists(),
-        "{UMAD2SIM} missing: apt-get install libumad2sim0"
-    );
-    format!("{}:{}", UMAD2SIM, libsimverbs().display())
+    libsimverbs().display().to_string()
 }
 
 /// SIGTERM to a PID we started, up to `grace`, then SIGKILL; always reaps.

@@ -6,9 +6,9 @@
 //! one text command; if the sender bound an address it gets one reply datagram, `ok ...` or
 //! `err <reason>`. Commands:
 //!
-//! * `event <name> [port]`: queue an async event on every open context. Names:
-//!   `port_active`, `port_err`, `lid_change`, `pkey_change`, `sm_change`,
-//!   `client_reregister`, `gid_change`. Port defaults to 1.
+//! * `event <name> [port [ca]]`: queue an async event on every open context (of CA `ca`
+//!   only, when given). Names: `port_active`, `port_err`, `lid_change`, `pkey_change`,
+//!   `sm_change`, `client_reregister`, `gid_change`. Port defaults to 1.
 //! * `set <knob> <value>`: transport knobs (`loss`, `dup`, `reorder` as probabilities 0..1,
 //!   `delay_ms` as milliseconds), same meaning as the `SIMVERBS_*` environment variables.
 //! * `get`: reply `ok loss=.. dup=.. reorder=.. delay_ms=..`.
@@ -109,17 +109,17 @@ pub fn handle(cmd: &str) -> String {
             let Some(kind) = event_by_name(name) else {
                 return format!("err unknown event '{name}'");
             };
-            let port = match rest {
-                [] => 1u8,
-                [p] => match p.parse::<u8>() {
-                    Ok(p) if p >= 1 => p,
+            let (port, ca) = match rest {
+                [] => (1u8, None),
+                [p] | [p, _] => match p.parse::<u8>() {
+                    Ok(n) if n >= 1 => (n, rest.get(1).copied()),
                     _ => return format!("err bad port '{p}'"),
                 },
-                _ => return "err usage: event <name> [port]".into(),
+                _ => return "err usage: event <name> [port [ca]]".into(),
             };
             let mut n = 0;
             for_each_context(|c| {
-                if c.port(port).is_some() {
+                if c.port(port).is_some() && ca.is_none_or(|ca| c.device.ca.name == ca) {
                     c.post_event(kind, EventElement::Port(port));
                     n += 1;
                 }
@@ -159,6 +159,8 @@ mod tests {
         assert!(handle("event nonsense").starts_with("err unknown event"));
         assert!(handle("event port_err 0").starts_with("err bad port"));
         assert!(handle("event port_err x").starts_with("err bad port"));
+        assert_eq!(handle("event port_err 2 ibsim1"), "ok 0 context(s)");
+        assert!(handle("event port_err 2 ibsim1 x").starts_with("err usage"));
         assert!(handle("set loss banana").starts_with("err"));
         assert!(handle("").starts_with("err unknown command"));
         assert!(handle("counters x").starts_with("err bad qpn"));
