@@ -855,16 +855,17 @@ impl FabricBuilder {
         }
         existing(PathBuf::from(UMAD2SIM), "apt-get install libumad2sim0")?;
         let rmpp_shim = rmpp_shim()?;
-        let (simverbs, provider_libs) = if self.start_daemons {
+        // simverbs: the daemons' libibverbs and libibumad, and the tools' libibumad.
+        let simverbs = match &self.simverbs {
+            Some(p) => existing(p.clone(), "check the path")?,
+            None => find_artifact(
+                "ACM_FABRIC_SIMVERBS",
+                "libsimverbs.so",
+                "cargo build -p simverbs",
+            )?,
+        };
+        let provider_libs = if self.start_daemons {
             existing(PathBuf::from(IBACM), "apt-get install ibacm")?;
-            let sv = match &self.simverbs {
-                Some(p) => existing(p.clone(), "check the path")?,
-                None => find_artifact(
-                    "ACM_FABRIC_SIMVERBS",
-                    "libsimverbs.so",
-                    "cargo build -p simverbs",
-                )?,
-            };
             let libs = self
                 .nodes
                 .iter()
@@ -877,9 +878,9 @@ impl FabricBuilder {
                     Ok(v)
                 })
                 .collect::<Result<Vec<_>>>()?;
-            (sv, libs)
+            libs
         } else {
-            (PathBuf::new(), vec![Vec::new(); self.nodes.len()])
+            vec![Vec::new(); self.nodes.len()]
         };
         let port_pool = match &self.port_pool {
             Some(p) => p.clone(),
@@ -1196,14 +1197,15 @@ impl Fabric {
         Ok(d)
     }
 
-    /// Runs an infiniband-diags style tool as HCA `host` (umad2sim preloaded, not simverbs),
-    /// e.g. `fabric.run_tool("Hca1", "saquery", &["-g"])`. Each call is a transient ibsim
-    /// client: keep them sequential.
+    /// Runs an infiniband-diags style tool as HCA `host` (simverbs preloaded: the tool's
+    /// libibumad, with the kernel's request timeouts and RMPP receiving, so `saquery` sees
+    /// whole tables), e.g. `fabric.run_tool("Hca1", "saquery", &["-g"])`. Each call is a
+    /// transient ibsim client: keep them sequential.
     pub fn run_tool(&self, host: &str, program: &str, args: &[&str]) -> Result<Output> {
         let tools = self.tools_dir()?;
         let mut cmd = Command::new(program);
         cmd.args(args)
-            .env("LD_PRELOAD", UMAD2SIM)
+            .env("LD_PRELOAD", &self.simverbs)
             .env("SIM_HOST", host)
             .env("IBSIM_SOCKNAME", &self.name)
             .current_dir(&tools);
