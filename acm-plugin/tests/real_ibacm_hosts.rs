@@ -276,5 +276,274 @@ fn stock_hosts_of_two_hcas_and_a_dual_port_hca_with_an_acmrs_peer() {
     hosts_of_several_ports("hosts-stock", Provider::Stock, Provider::Acmrs);
 }
 
-#[allow(dead_code)]
-fn unused(_: Instant, _: SubnetSpec) {}
+/// Set(MCMemberRecord) joins in a daemon's capture, by the record's PortGID.
+fn joins_by_port(pcap: &Path) -> Vec<[u8; 16]> {
+    let Ok(b) = std::fs::read(pcap) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut o = 24;
+    while o + 16 <= b.len() {
+        let len = u32::from_le_bytes([b[o + 8], b[o + 9], b[o + 10], b[o + 11]]) as usize;
+        let fr = &b[o + 16..(o + 16 + len).min(b.len())];
+        o += 16 + len;
+        if fr.len() < 16 + 8 {
+            continue;
+        }
+        let grh = if fr[16 + 1] & 3 == 3 { 40 } else { 0 };
+        let m = 16 + 8 + grh + 12 + 8;
+        if fr.len() < m + 56 + 32 {
+            continue;
+        }
+        let mad = &fr[m..];
+        if mad[1] == 3 && mad[3] == 0x02 && u16::from_be_bytes([mad[16], mad[17]]) == 0x38 {
+            let mut g = [0u8; 16];
+            g.copy_from_slice(&mad[56 + 16..56 + 32]);
+            out.push(g);
+        }
+    }
+    out
+}
+
+/// The GID of a port of `prefix` with port GUID `guid`.
+fn gid(prefix: u64, guid: u64) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::from((u128::from(prefix) << 64) | u128::from(guid))
+}
+
+const S2: u64 = acm_fabric::host::SECOND_PREFIX;
+
+/// A dual-port HCA with a port on each of two subnets (two OpenSMs, two prefixes): Hca2 =
+/// Hca2 + s2:Hca3 with `provider <default> default` and `provider <s2> 0x<s2 prefix>`, Hca3 =
+/// Hca3 + s2:Hca4 loading `other`, Hca4 a one-port host of the main subnet loading `other`.
+/// Each port gets the provider its prefix selects; a destination on s2 goes out the port on
+/// s2; a reregister on s2 rejoins the s2 ports only; with s2's SM stopped, only s2's misses
+/// fail, in bounded time, while hits and the main subnet's misses are answered.
+fn a_port_on_each_of_two_subnets(tag: &str, default: Provider, on_s2: Provider, other: Provider) {
+    require_root();
+    let cap = Scratch::new(tag);
+    let topo = Topology::parse("fattree:2,1,4").unwrap();
+    let s2 = SubnetSpec::parse("s2=net.2sw2path4hca@Hca1").unwrap();
+    let mut f = Fabric::builder(topo, ["Hca2", "Hca3", "Hca4"])
+        .sm_node("Hca1")
+        .provider(other.clone())
+        .node_provider("Hca2", default.clone())
+        .node_extra_provider("Hca2", on_s2.clone())
+        .node_option("Hca2", "provider", &format!("{} {S2:#x}", on_s2.name()))
+        .subnet(s2)
+        .host("Hca2", HostSpec::parse("Hca2+s2:Hca3").unwrap())
+        .host("Hca3", HostSpec::parse("Hca3+s2:Hca4").unwrap())
+        .hosts_file(HostsFile::Absent)
+        .daemon_env(
+            "SIMVERBS_PCAP",
+            &cap.0.join("sa-%p.pcap").display().to_string(),
+        )
+        .option("timeout", "500")
+        .option("retries", "2")
+        .name_prefix(tag)
+        .start()
+        .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+
+    // The ports on s2 have s2's prefix; each port of Hca2 has the provider its prefix picks.
+    let h2 = f.node("Hca2").unwrap();
+    assert_eq!(
+        u128::from(h2.ports[1].gid) >> 64,
+        u128::from(S2),
+        "{:?}",
+        h2.ports
+    );
+    assert_eq!(
+        u128::from(h2.ports[0].gid) >> 64,
+        0xfe80_0000_0000_0000,
+        "{:?}",
+        h2.ports
+    );
+    let e = h2.acme(&["-e"]).unwrap();
+    let guid = format!("{:#018x}", HostPort::ca_guid_of(h2.ports[0].gid));
+    for (port, prov) in [(1, default.name()), (2, on_s2.name())] {
+        let row = format!("{guid},{port},0xffff,");
+        assert!(
+            e.stdout
+                .lines()
+                .any(|l| l.contains(&row) && l.contains(&format!(",{prov},"))),
+            "Hca2 -e: port {port} should be {prov}:\n{e}"
+        );
+    }
+    let want = format!("Found provider {} for port ibsim0/2", on_s2.name());
+    assert!(h2.log().contains(&want), "Hca2's log lacks {want:?}");
+
+    // Within each subnet, every direction, by name, IP and GID.
+    for (on, to, i) in [
+        ("Hca2", "Hca3", 1),
+        ("Hca3", "Hca2", 1),
+        ("Hca2", "Hca3", 0),
+        ("Hca3", "Hca4", 0),
+        ("Hca4", "Hca2", 0),
+    ] {
+        let (a, b) = (f.node(on).unwrap(), f.node(to).unwrap());
+        for fmt in ["n", "i4", "i6", "g"] {
+            resolve(&f, on, fmt, &a.ports[i], &b.ports[i.min(b.ports.len() - 1)]);
+        }
+    }
+    // A destination GID on s2, no source: the core takes the endpoint of s2's prefix, so the
+    // path starts at Hca2's port on s2.
+    let d = &f.node("Hca3").unwrap().ports[1];
+    let out = h2
+        .acme_until(
+            &["-f", "g", "-d", &d.gid.to_string(), "-v"],
+            Duration::from_secs(20),
+            |o| o.stdout.contains(SA_VERIFIED),
+        )
+        .unwrap();
+    assert!(
+        out.stdout.contains(&format!("sgid: {}\n", h2.ports[1].gid))
+            && out.stdout.contains(SA_VERIFIED),
+        "{out}"
+    );
+    for n in ["Hca2", "Hca3", "Hca4"] {
+        check_sa_carriers(&f, n, &cap.0);
+    }
+
+    // A client reregister on s2 rejoins the ports on s2 and nothing else.
+    let pcap = |n: &str| {
+        cap.0
+            .join(format!("sa-{}.pcap", f.node(n).unwrap().pid().unwrap()))
+    };
+    let count = |n: &str, g: std::net::Ipv6Addr| {
+        joins_by_port(&pcap(n))
+            .iter()
+            .filter(|j| **j == g.octets())
+            .count()
+    };
+    let before: Vec<(usize, usize)> = ["Hca2", "Hca3"]
+        .iter()
+        .map(|n| {
+            let p = &f.node(n).unwrap().ports;
+            (count(n, p[0].gid), count(n, p[1].gid))
+        })
+        .collect();
+    assert_eq!(f.client_reregister_subnet("s2").unwrap(), 2);
+    let t = Instant::now();
+    for (i, n) in ["Hca2", "Hca3"].iter().enumerate() {
+        let p = f.node(n).unwrap().ports.clone();
+        loop {
+            let log = f.node(n).unwrap().log();
+            if log.contains("ibsim0 2 has reregistered") && count(n, p[1].gid) > before[i].1 {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{n}: no rejoin of its s2 port after the reregister:\n{}",
+                f.logs_report()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !f.node(n)
+                .unwrap()
+                .log()
+                .contains("ibsim0 1 has reregistered"),
+            "{n}"
+        );
+        assert_eq!(
+            count(n, p[0].gid),
+            before[i].0,
+            "{n}: its main-subnet port joined again"
+        );
+    }
+
+    // s2's SM stops: a hit on s2 and a miss on the main subnet are answered, a miss on s2
+    // fails within the providers' timeout (500 ms, 2 retries), not never.
+    let (s_on_s2, d_on_s2) = (h2_port(&f, 1), f.node("Hca3").unwrap().ports[1].clone());
+    resolve(&f, "Hca2", "g", &s_on_s2, &d_on_s2); // cached before the SM goes
+    f.subnet_mut("s2").unwrap().stop_sm();
+    // (No `-v`: ib_acme's verification asks the SA, which is gone.)
+    let hit = f
+        .node("Hca2")
+        .unwrap()
+        .acme(&[
+            "-f",
+            "g",
+            "-s",
+            &s_on_s2.gid.to_string(),
+            "-d",
+            &d_on_s2.gid.to_string(),
+        ])
+        .unwrap();
+    assert!(
+        hit.success()
+            && hit.stdout.contains(&format!("sgid: {}\n", s_on_s2.gid))
+            && hit.stdout.contains(&format!("dgid: {}\n", d_on_s2.gid)),
+        "a hit on s2 while its SM is down:\n{hit}"
+    );
+    let s2_sm = gid(S2, 0x100001); // Hca1 of net.2sw2path4hca
+    let t = Instant::now();
+    let miss = f
+        .node("Hca2")
+        .unwrap()
+        .acme(&[
+            "-f",
+            "g",
+            "-s",
+            &s_on_s2.gid.to_string(),
+            "-d",
+            &s2_sm.to_string(),
+            "-v",
+        ])
+        .unwrap();
+    let took = t.elapsed();
+    assert!(
+        !miss.stdout.contains("Path information"),
+        "a miss on s2 without its SM was answered with a path:\n{miss}"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "the s2 miss failed only after {took:?}"
+    );
+    let (lid8, gid8) =
+        acm_fabric::fabric::parse_ibaddr(&f.run_tool("Hca8", "ibaddr", &[]).unwrap().stdout)
+            .expect("Hca8's LID and GID");
+    let h2_main = h2_port(&f, 0);
+    let out = f
+        .node("Hca2")
+        .unwrap()
+        .acme(&[
+            "-f",
+            "g",
+            "-s",
+            &h2_main.gid.to_string(),
+            "-d",
+            &gid8.to_string(),
+            "-v",
+        ])
+        .unwrap();
+    assert!(
+        out.stdout.contains(SA_VERIFIED) && out.stdout.contains(&format!("dlid: {lid8}\n")),
+        "a main-subnet miss while s2's SM is down:\n{out}"
+    );
+    eprintln!("{tag}: the s2 miss without an SM failed after {took:?}");
+}
+
+fn h2_port(f: &Fabric, i: usize) -> HostPort {
+    f.node("Hca2").unwrap().ports[i].clone()
+}
+
+#[test]
+fn a_dual_port_hca_on_two_subnets_stock_by_default_acmrs_for_the_second() {
+    a_port_on_each_of_two_subnets(
+        "subnets-a",
+        Provider::Stock,
+        Provider::Acmrs,
+        Provider::Acmrs,
+    );
+}
+
+#[test]
+fn a_dual_port_hca_on_two_subnets_acmrs_by_default_stock_for_the_second() {
+    a_port_on_each_of_two_subnets(
+        "subnets-s",
+        Provider::Acmrs,
+        Provider::Stock,
+        Provider::Stock,
+    );
+}
