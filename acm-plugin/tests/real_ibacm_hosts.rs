@@ -163,7 +163,7 @@ fn check_sa_carriers(f: &Fabric, n: &str, captures: &Path) {
 fn hosts_of_several_ports(tag: &str, hosts: Provider, peer: Provider) {
     require_root();
     let cap = Scratch::new(tag);
-    let f = Fabric::builder(
+    let mut f = Fabric::builder(
         Topology::parse("fattree:2,1,4").unwrap(),
         ["Hca2", "Hca3", "Hca4"],
     )
@@ -249,6 +249,39 @@ fn hosts_of_several_ports(tag: &str, hosts: Provider, peer: Provider) {
     for n in names {
         check_sa_carriers(&f, n, &cap.0);
     }
+    // Kernel consumers (RDMA netlink local service): the core routes each by its SGID to the
+    // port of that GID; the answer is that port's path.
+    let peer = f.node("Hca4").unwrap().ports[0].clone();
+    for on in ["Hca2", "Hca3"] {
+        for s in &f.node(on).unwrap().ports {
+            let q = acm_fabric::kernel::LsQuery {
+                sgid: acm_core_nostd::wire::gid::Gid(s.gid.octets()),
+                dgid: acm_core_nostd::wire::gid::Gid(peer.gid.octets()),
+                reversible: true,
+                ..Default::default()
+            };
+            let mut k = f.node(on).unwrap().kernel().unwrap();
+            let t = Instant::now();
+            let a = loop {
+                let a = k.resolve(&q, Duration::from_secs(5)).unwrap();
+                if matches!(a, acm_fabric::kernel::LsAnswer::Path(..))
+                    || t.elapsed() > Duration::from_secs(20)
+                {
+                    break a;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            let acm_fabric::kernel::LsAnswer::Path(_, p) = a else {
+                panic!("{on}: the kernel's request from {} got {a:?}", s.name);
+            };
+            assert_eq!(
+                (p.slid, p.sgid.0, p.dlid),
+                (s.lid, s.gid.octets(), peer.lid),
+                "{on} {}",
+                s.name
+            );
+        }
+    }
     // One worker serves every port: acmrs runs one dataplane thread per daemon.
     for n in names
         .iter()
@@ -264,6 +297,41 @@ fn hosts_of_several_ports(tag: &str, hosts: Provider, peer: Provider) {
             .count();
         assert_eq!(threads, 1, "{n}: acmrs dataplane threads");
     }
+    bad_address_lines(&mut f, "Hca3");
+}
+
+/// Address-file lines for a device or port the host does not have: the core assigns them to
+/// no endpoint (it matches lines to its endpoints by device and port, and says nothing of the
+/// rest), the daemon comes up and serves its real ports, and no such name resolves.
+fn bad_address_lines(f: &mut Fabric, n: &str) {
+    let node = f.node_mut(n).unwrap();
+    node.stop_daemon();
+    let cfg = node.dir.join("ibacm_addr.cfg");
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("ghost-p3 ibsim0 3 default\nghost-ca ibsim7 1 default\n");
+    std::fs::write(&cfg, text).unwrap();
+    node.restart_daemon()
+        .unwrap_or_else(|e| panic!("{n} with bad address lines: {e}"));
+    let e = node.acme(&["-e"]).unwrap();
+    assert!(!e.stdout.contains("ghost"), "{n} -e:\n{e}");
+    assert_eq!(
+        e.stdout
+            .lines()
+            .filter(|l| l.starts_with("127.0.0.1,"))
+            .count(),
+        node.ports.len(),
+        "{n}: one endpoint per real port:\n{e}"
+    );
+    let peer = f.node("Hca4").unwrap();
+    let r = peer
+        .acme(&["-f", "n", "-s", &peer.addrs.name, "-d", "ghost-p3"])
+        .unwrap();
+    assert!(
+        !r.stdout.contains("Path information"),
+        "ghost-p3 resolved:\n{r}"
+    );
+    let (s, d) = (peer.ports[0].clone(), f.node(n).unwrap().ports[1].clone());
+    resolve(f, "Hca4", "n", &s, &d);
 }
 
 #[test]
@@ -401,6 +469,54 @@ fn a_port_on_each_of_two_subnets(tag: &str, default: Provider, on_s2: Provider, 
     );
     for n in ["Hca2", "Hca3", "Hca4"] {
         check_sa_carriers(&f, n, &cap.0);
+    }
+
+    // Trap subscriptions: every acmrs port subscribes at its own subnet's SM, with its own
+    // GID, once per trap; stock ports do not subscribe.
+    for (sub, probe) in [("", "Hca5"), ("s2", "Hca2")] {
+        let out = f
+            .fabric_of(sub)
+            .unwrap()
+            .run_tool(probe, "saquery", &["-I"])
+            .unwrap();
+        for n in ["Hca2", "Hca3", "Hca4"] {
+            let node = f.node(n).unwrap();
+            for p in node.ports.iter().filter(|p| p.subnet == sub) {
+                let acmrs = match (n, p.index) {
+                    ("Hca2", 1) => default.name() == "acmrs",
+                    ("Hca2", _) => on_s2.name() == "acmrs",
+                    _ => other.name() == "acmrs",
+                };
+                let traps: Vec<&str> = out
+                    .stdout
+                    .split("InformInfoRecord dump:")
+                    .filter(|r| r.contains(&format!("SubscriberGID...........{}\n", p.gid)))
+                    .filter_map(|r| r.lines().find(|l| l.contains("trap_num")))
+                    .collect();
+                let mut distinct = traps.clone();
+                distinct.sort();
+                distinct.dedup();
+                if acmrs {
+                    assert!(
+                        !traps.is_empty(),
+                        "{n} {}: no subscription at its SM:\n{out}",
+                        p.name
+                    );
+                    assert_eq!(
+                        distinct.len(),
+                        traps.len(),
+                        "{n} {}: a trap twice: {traps:?}",
+                        p.name
+                    );
+                } else {
+                    assert!(
+                        traps.is_empty(),
+                        "{n} {} (stock) subscribed: {traps:?}",
+                        p.name
+                    );
+                }
+            }
+        }
     }
 
     // A client reregister on s2 rejoins the ports on s2 and nothing else.
