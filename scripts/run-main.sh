@@ -2,7 +2,8 @@
 # The main job: on a simulated InfiniBand fabric (ibsim + real OpenSM, simulated verbs) start
 # real ibacm daemons that load our provider libacmrs.so, resolve paths with the real ib_acme,
 # print them, and tear everything down. Needs root (each daemon gets a private /run).
-# Then a mixed fabric (Hca2 stock, Hca3 and Hca4 acmrs) with no hosts file.
+# Then a mixed fabric (Hca2 stock, Hca3 and Hca4 acmrs) with no hosts file, partitions, and
+# hosts of several HCAs and ports on two subnets.
 #   bash scripts/run-main.sh                     # acmrs, then the mixed fabric
 #   PROVIDER=stock bash scripts/run-main.sh      # the first part with Debian's libibacmp.so
 set -euo pipefail
@@ -64,4 +65,11 @@ echo "=== partitions 0x8001 (Hca2, Hca3) and 0x8003 (Hca3, Hca4), $MIXED, no hos
   --partition 0x8001:Hca2,Hca3 --partition 0x8003:Hca3,Hca4 \
   --opt timeout=300 --opt retries=1 --subnet-timeout 8 \
   --name-prefix main-partitions --retry 10 scripts/main-partitions.script
+# Hosts as they are built: two HCAs of one port each, a dual-port HCA with a port on each of two
+# subnets (a second ibsim + OpenSM, prefix fec0:0:0:2::/64), a dual-port HCA on one subnet.
+echo "=== hosts of several HCAs and ports, two subnets, $MIXED, no hosts file (scripts/main-hosts.script)"
+"$BIN/acm-fabric" script --topology fattree:2,1,4 --sm-node Hca1 --nodes Hca2,Hca3,Hca4 \
+  --provider "$MIXED" --host Hca2=Hca2,Hca6 --host Hca3=Hca3+s2:Hca3 --host Hca4=Hca4+Hca7 \
+  --subnet s2=net.2sw2path4hca@Hca1 --hosts-file none \
+  --name-prefix main-hosts --retry 10 scripts/main-hosts.script
 echo "=== done: every fabric process was stopped and its scratch directory removed"

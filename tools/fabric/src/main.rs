@@ -4,7 +4,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 use acm_fabric::{
-    script, Fabric, FabricBuilder, HostsFile, OptSpec, Partition, ProviderChoice, Topology,
+    script, Fabric, FabricBuilder, HostSpec, HostsFile, OptSpec, Partition, ProviderChoice,
+    SubnetSpec, Topology,
 };
 use acm_report::cli::num;
 use clap::{Args, Parser, Subcommand};
@@ -117,6 +118,17 @@ struct FabricArgs {
     /// fd00:acf:8001::3; in scripts {Hca3.name@8001})
     #[arg(long = "partition", value_name = "SPEC", value_parser = Partition::parse)]
     partitions: Vec<Partition>,
+    /// A daemon node as a host of several CAs and ports, NODE=SPEC (repeatable): CAs separated
+    /// by `,`, the ports of a CA joined by `+`, a port [SUBNET:]HCA, the first port NODE itself:
+    /// Hca3=Hca3+Hca5 (a dual-port HCA), Hca3=Hca3,Hca5 (two HCAs), Hca3=Hca3+s2:Hca2 (port
+    /// 2 on subnet s2); further ports serve hca3-p2, 10.40.1.3, fd00:acf:0:1::3 (in scripts
+    /// {Hca3.name@2}, {Hca3.lid@ibsim0:2})
+    #[arg(long = "host", value_name = "NODE=SPEC", value_parser = host_arg)]
+    hosts: Vec<(String, HostSpec)>,
+    /// A second subnet, NAME=TOPOLOGY[@SMHCA][/0xPREFIX] (repeatable): its own ibsim and
+    /// OpenSM [default prefix 0xfec0000000000002], for ports of --host specs that name it
+    #[arg(long = "subnet", value_name = "SPEC", value_parser = subnet_arg)]
+    subnets: Vec<SubnetSpec>,
     /// OpenSM runs with --qos and this qos-policy.conf (e.g. a qos-ulps section mapping
     /// ServiceID ranges to SLs)
     #[arg(long, value_name = "FILE")]
@@ -131,6 +143,22 @@ struct FabricArgs {
     /// Label of the fabric name and the scratch directory
     #[arg(long, value_name = "P", default_value = "acmfab-cli")]
     name_prefix: String,
+}
+
+/// `--host NODE=SPEC`.
+fn host_arg(v: &str) -> Result<(String, HostSpec), String> {
+    let (node, spec) = v
+        .split_once('=')
+        .ok_or_else(|| format!("wants NODE=SPEC, got {v:?}"))?;
+    Ok((
+        node.to_string(),
+        HostSpec::parse(spec).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// `--subnet NAME=TOPOLOGY[@SM][/PREFIX]`.
+fn subnet_arg(v: &str) -> Result<SubnetSpec, String> {
+    SubnetSpec::parse(v).map_err(|e| e.to_string())
 }
 
 /// `--subnet-timeout`: a SubnetTimeOut code.
@@ -224,6 +252,12 @@ impl FabricArgs {
         }
         for p in &self.partitions {
             builder = builder.partition(p.clone());
+        }
+        for s in &self.subnets {
+            builder = builder.subnet(s.clone());
+        }
+        for (n, h) in &self.hosts {
+            builder = builder.host(n, h.clone());
         }
         if let Some(f) = &self.qos_policy {
             let q = std::fs::read_to_string(f)
@@ -390,6 +424,23 @@ fn print_summary(f: &Fabric) {
             n.server_port,
             n.pid().map(|p| p.to_string()).unwrap_or_else(|| "-".into())
         );
+        if n.ports.len() > 1 {
+            for p in &n.ports {
+                println!(
+                    "    @{} {}:{} {:<6} {:<7} lid {:<4} gid {:<24} name {:<10} ipv4 {:<12} ipv6 {}",
+                    p.index,
+                    p.ca,
+                    p.port,
+                    p.sim_node,
+                    if p.subnet.is_empty() { "main" } else { p.subnet.as_str() },
+                    p.lid,
+                    p.gid.to_string(),
+                    p.name,
+                    p.ipv4.to_string(),
+                    p.ipv6
+                );
+            }
+        }
     }
     if let Some(n) = f.nodes().first() {
         println!(

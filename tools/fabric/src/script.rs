@@ -17,7 +17,11 @@
 //! Arguments are split on whitespace; `'...'` and `"..."` quote (no escapes). Placeholders
 //! `{NODE.lid}`, `{NODE.gid}`, `{NODE.name}`, `{NODE.ipv4}`, `{NODE.ipv6}` are replaced by
 //! that daemon node's values when the step runs (so a LID read after a change is current);
-//! `{NODE.name@8001}` (also `ipv4@`, `ipv6@`) is the node's address in partition 0x8001.
+//! `{NODE.name@8001}` (also `ipv4@`, `ipv6@`) is the node's address in partition 0x8001 (four
+//! hex digits); on a host of several ports ([`crate::FabricBuilder::host`]) `{NODE.lid@2}` is
+//! the value of its second port (one or two digits: the port's place in the host spec) and
+//! `{NODE.gid@ibsim1:1}` of port 1 of CA ibsim1. `port-down NODE@2` / `port-up NODE@ibsim0:2`
+//! take a daemon host's port down and up ([`Fabric::port_down_at`]).
 
 use crate::{Error, Fabric, Output, Result};
 use std::io::Write;
@@ -123,6 +127,13 @@ pub fn parse_step(
         if rest.len() != 1 {
             return Err(format!("{first} takes exactly one HCA name"));
         }
+        if let Some((node, port)) = n.split_once('@') {
+            if !daemons.iter().any(|d| d == node) {
+                return Err(format!("{node:?} in {n:?} is not a daemon node"));
+            }
+            port_ref(port)?;
+            return Ok(n.clone());
+        }
         if !hcas.contains(n) {
             return Err(format!("{n:?} is not an HCA of the topology"));
         }
@@ -163,6 +174,52 @@ pub fn parse_step(
     }
 }
 
+/// A port of a host in a script: its place in the host spec (`2`) or `ibsimN:P`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortRefArg {
+    Index(usize),
+    CaPort(String, u8),
+}
+
+/// Parses the part after `@` naming a port (`2`, `ibsim1:1`).
+pub fn port_ref(s: &str) -> std::result::Result<PortRefArg, String> {
+    if let Some((ca, p)) = s.split_once(':') {
+        let port = p
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p >= 1)
+            .ok_or(format!("{s:?}: port {p:?} is not a number from 1"))?;
+        if !ca.starts_with("ibsim") {
+            return Err(format!("{s:?}: the CA is ibsimN"));
+        }
+        return Ok(PortRefArg::CaPort(ca.to_string(), port));
+    }
+    if (1..=2).contains(&s.len()) {
+        if let Some(i) = s.parse::<usize>().ok().filter(|i| *i >= 1) {
+            return Ok(PortRefArg::Index(i));
+        }
+    }
+    Err(format!("{s:?} is no port (2, ibsim0:2)"))
+}
+
+/// The port `r` of daemon node `node`.
+fn host_port<'a>(fabric: &'a Fabric, node: &str, r: &PortRefArg) -> Result<&'a crate::HostPort> {
+    let n = fabric.node(node)?;
+    match r {
+        PortRefArg::Index(i) => n.port_at(*i),
+        PortRefArg::CaPort(ca, p) => n.port_of(ca, *p),
+    }
+}
+
+/// `NODE@PORT` of a port-down/port-up step: the node and the port's place in its host.
+fn step_port(fabric: &Fabric, arg: &str) -> Result<Option<(String, usize)>> {
+    let Some((node, r)) = arg.split_once('@') else {
+        return Ok(None);
+    };
+    let r = port_ref(r).map_err(Error::new)?;
+    Ok(Some((node.to_string(), host_port(fabric, node, &r)?.index)))
+}
+
 /// Parses a whole script; errors name the line.
 pub fn parse_script(text: &str, daemons: &[String], hcas: &[String]) -> Result<Vec<Step>> {
     let mut steps = Vec::new();
@@ -192,6 +249,23 @@ pub fn expand(arg: &str, fabric: &Fabric) -> Result<String> {
             .split_once('.')
             .ok_or_else(|| Error::new(format!("placeholder {{{key}}} is not {{NODE.field}}")))?;
         let n = fabric.node(node)?;
+        if let Some((f, p)) = field.split_once('@').filter(|(_, p)| port_ref(p).is_ok()) {
+            let hp = host_port(fabric, node, &port_ref(p).map_err(Error::new)?)?;
+            out.push_str(&match f {
+                "lid" => hp.lid.to_string(),
+                "gid" => hp.gid.to_string(),
+                "name" => hp.name.clone(),
+                "ipv4" => hp.ipv4.to_string(),
+                "ipv6" => hp.ipv6.to_string(),
+                _ => {
+                    return Err(Error::new(format!(
+                        "placeholder {{{key}}}: field must be lid, gid, name, ipv4 or ipv6"
+                    )))
+                }
+            });
+            rest = &rest[close + 1..];
+            continue;
+        }
         let (field, part) = match field.split_once('@') {
             Some((f, p)) => {
                 let pkey = u16::from_str_radix(p.trim_start_matches("0x"), 16)
@@ -275,12 +349,26 @@ pub fn run_script(
             }
             Step::PortDown(h) => {
                 writeln!(out, "$ port-down {h}").map_err(io)?;
-                fabric.port_down(h).map(|()| None)
+                match step_port(fabric, h) {
+                    Ok(Some((n, i))) => fabric.port_down_at(&n, i).map(|()| None),
+                    Ok(None) => fabric.port_down(h).map(|()| None),
+                    Err(e) => Err(e),
+                }
             }
             Step::PortUp(h) => {
                 writeln!(out, "$ port-up {h}").map_err(io)?;
-                fabric.port_up(h).map(|pi| {
-                    let _ = writeln!(out, "{h} port 1: {} lid {}", pi.state, pi.lid);
+                let r = match step_port(fabric, h) {
+                    Ok(Some((n, i))) => fabric.port_up_at(&n, i),
+                    Ok(None) => fabric.port_up(h),
+                    Err(e) => Err(e),
+                };
+                let what = if h.contains('@') {
+                    h.clone()
+                } else {
+                    format!("{h} port 1")
+                };
+                r.map(|pi| {
+                    let _ = writeln!(out, "{what}: {} lid {}", pi.state, pi.lid);
                     None
                 })
             }
@@ -327,6 +415,32 @@ mod tests {
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn ports_of_a_host_in_steps_and_placeholders() {
+        assert_eq!(port_ref("2"), Ok(PortRefArg::Index(2)));
+        assert_eq!(
+            port_ref("ibsim1:1"),
+            Ok(PortRefArg::CaPort("ibsim1".into(), 1))
+        );
+        for bad in ["0", "123", "8001", "x", "ibsim0:0", "mlx5_0:1", "ibsim0:x"] {
+            assert!(port_ref(bad).is_err(), "{bad}");
+        }
+        let d = names(&["Hca3"]);
+        let h = names(&["Hca1", "Hca3", "Hca7"]);
+        assert_eq!(
+            parse_step("port-down Hca3@2", &d, &h),
+            Ok(Some(Step::PortDown("Hca3@2".into())))
+        );
+        assert!(parse_step("port-up Hca3@ibsim0:2", &d, &h)
+            .unwrap()
+            .is_some());
+        assert!(
+            parse_step("port-down Hca7@2", &d, &h).is_err(),
+            "not a daemon"
+        );
+        assert!(parse_step("port-down Hca3@x", &d, &h).is_err());
     }
 
     #[test]
