@@ -4,8 +4,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 use acm_fabric::{
-    script, Fabric, FabricBuilder, HostSpec, HostsFile, OptSpec, Partition, ProviderChoice,
-    SubnetSpec, Topology,
+    script, Fabric, FabricBuilder, HostSpec, HostsFile, OptSpec, Partition, Provider,
+    ProviderChoice, SubnetSpec, Topology,
 };
 use acm_report::cli::num;
 use clap::{Args, Parser, Subcommand};
@@ -125,6 +125,11 @@ struct FabricArgs {
     /// {Hca3.name@2}, {Hca3.lid@ibsim0:2})
     #[arg(long = "host", value_name = "NODE=SPEC", value_parser = host_arg)]
     hosts: Vec<(String, HostSpec)>,
+    /// One more provider library in NODE's provider directory, NODE=stock|acmrs|PATH.so@NAME
+    /// (repeatable), for a `provider NAME 0x<prefix>` line (--opt NODE:provider=NAME 0x...)
+    /// to pick for the ports of that subnet
+    #[arg(long = "extra-provider", value_name = "NODE=P", value_parser = extra_provider_arg)]
+    extra_providers: Vec<(String, Provider)>,
     /// A second subnet, NAME=TOPOLOGY[@SMHCA][/0xPREFIX] (repeatable): its own ibsim and
     /// OpenSM [default prefix 0xfec0000000000002], for ports of --host specs that name it
     #[arg(long = "subnet", value_name = "SPEC", value_parser = subnet_arg)]
@@ -153,6 +158,21 @@ fn host_arg(v: &str) -> Result<(String, HostSpec), String> {
     Ok((
         node.to_string(),
         HostSpec::parse(spec).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// `--extra-provider NODE=P`.
+fn extra_provider_arg(v: &str) -> Result<(String, Provider), String> {
+    let (node, p) = v
+        .split_once('=')
+        .ok_or_else(|| format!("wants NODE=PROVIDER, got {v:?}"))?;
+    let (spec, name) = match p.rsplit_once('@') {
+        Some((path, name)) if path.ends_with(".so") => (path, Some(name)),
+        _ => (p, None),
+    };
+    Ok((
+        node.to_string(),
+        Provider::parse(spec, name).map_err(|e| e.to_string())?,
     ))
 }
 
@@ -258,6 +278,9 @@ impl FabricArgs {
         }
         for (n, h) in &self.hosts {
             builder = builder.host(n, h.clone());
+        }
+        for (n, p) in &self.extra_providers {
+            builder = builder.node_extra_provider(n, p.clone());
         }
         if let Some(f) = &self.qos_policy {
             let q = std::fs::read_to_string(f)
