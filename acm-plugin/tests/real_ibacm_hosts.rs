@@ -898,3 +898,110 @@ fn acmrs_one_port_fails_while_the_other_answers() {
 fn stock_one_port_fails_while_the_other_answers() {
     one_port_fails_while_the_other_answers("portfail-s", Provider::Stock, Provider::Acmrs);
 }
+
+/// P_Key tables that differ per port: partition 0x8001 of Hca2 and Hca7, which is port 2 of
+/// the dual-port host Hca3 (port 1, Hca3 itself, is not a member). The core opens an endpoint
+/// for 0x8001 on port 2 only; port 2's name in the partition resolves from the member Hca2
+/// (a path with the partition's P_Key, from and to the right ports), never from the
+/// non-member Hca4, and Hca3 reaches Hca2's partition name from port 2.
+fn partitions_per_port(tag: &str, host: Provider, peer: Provider) {
+    require_root();
+    let f = Fabric::builder(
+        Topology::parse("fattree:2,1,4").unwrap(),
+        ["Hca2", "Hca3", "Hca4"],
+    )
+    .sm_node("Hca1")
+    .provider(peer)
+    .node_provider("Hca3", host)
+    .host("Hca3", HostSpec::parse("Hca3+Hca7").unwrap())
+    .partition(acm_fabric::Partition::parse("0x8001:Hca2,Hca7").unwrap())
+    .hosts_file(HostsFile::Absent)
+    .option("timeout", "300")
+    .option("retries", "1")
+    .subnet_timeout(8)
+    .name_prefix(tag)
+    .start()
+    .unwrap_or_else(|e| panic!("bring-up failed: {e}"));
+    f.wait_pkeys("Hca7", &[0x8001], Duration::from_secs(20))
+        .unwrap();
+    let n3 = f.node("Hca3").unwrap();
+    let p2 = &n3.ports[1];
+    let a2 = p2.partitions.first().expect("port 2 is in 0x8001").clone();
+    assert!(
+        n3.ports[0].partitions.is_empty(),
+        "port 1 is in no partition"
+    );
+    // The endpoint for 0x8001 is on port 2, none on port 1.
+    let t = Instant::now();
+    let e = loop {
+        let e = n3.acme(&["-e"]).unwrap();
+        if e.stdout.contains(&a2.name) || t.elapsed() > Duration::from_secs(20) {
+            break e;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let rows: Vec<&str> = e
+        .stdout
+        .lines()
+        .filter(|l| l.contains(",0x8001,"))
+        .collect();
+    assert_eq!(rows.len(), 1, "one 0x8001 endpoint:\n{e}");
+    let c: Vec<&str> = rows[0].split(',').collect();
+    assert_eq!((c[2], c[6]), ("2", a2.name.as_str()), "on port 2:\n{e}");
+    // From the member Hca2: port 2's partition name, with the partition's P_Key.
+    let h2 = f.node("Hca2").unwrap();
+    let b2 = h2.addrs.in_partition(0x8001).unwrap().clone();
+    let out = h2
+        .acme_until(
+            &["-f", "n", "-s", &b2.name, "-d", &a2.name, "-v"],
+            Duration::from_secs(20),
+            |o| o.stdout.contains(SA_VERIFIED),
+        )
+        .unwrap();
+    for want in [
+        format!("dgid: {}\n", p2.gid),
+        format!("dlid: {}\n", p2.lid),
+        "pkey: 0x8001\n".to_string(),
+    ] {
+        assert!(
+            out.stdout.contains(&want),
+            "{want:?} missing:\n{out}\n{}",
+            f.logs_report()
+        );
+    }
+    assert!(out.stdout.contains(SA_VERIFIED), "{out}");
+    // From port 2 to the member: the source is port 2's partition address.
+    let out = n3
+        .acme_until(
+            &["-f", "n", "-s", &a2.name, "-d", &b2.name, "-v"],
+            Duration::from_secs(20),
+            |o| o.stdout.contains(SA_VERIFIED),
+        )
+        .unwrap();
+    assert!(
+        out.stdout.contains(SA_VERIFIED)
+            && out.stdout.contains(&format!("sgid: {}\n", p2.gid))
+            && out.stdout.contains("pkey: 0x8001\n"),
+        "{out}"
+    );
+    // The non-member cannot reach it.
+    let h4 = f.node("Hca4").unwrap();
+    let r = h4
+        .acme(&["-f", "n", "-s", &h4.addrs.name, "-d", &a2.name])
+        .unwrap();
+    assert!(
+        !r.stdout.contains("Path information"),
+        "a non-member reached {}:\n{r}",
+        a2.name
+    );
+}
+
+#[test]
+fn acmrs_partitions_per_port_with_a_stock_peer() {
+    partitions_per_port("pkeys-a", Provider::Acmrs, Provider::Stock);
+}
+
+#[test]
+fn stock_partitions_per_port_with_an_acmrs_peer() {
+    partitions_per_port("pkeys-s", Provider::Stock, Provider::Acmrs);
+}

@@ -1082,6 +1082,14 @@ impl Fabric {
                 } else {
                     HostPort::addresses(&addrs.name, index, k)
                 };
+                let partitions = match (&p.subnet, index) {
+                    (None, 1) => addrs.partitions.clone(),
+                    (None, _) => {
+                        let kp = hcas.iter().position(|h| *h == p.node).unwrap_or(0) + 1;
+                        HostPort::partition_addrs(&addrs.name, index, &p.node, kp, &cfg.partitions)
+                    }
+                    (Some(_), _) => Vec::new(),
+                };
                 ports.push(HostPort {
                     ca,
                     port,
@@ -1094,6 +1102,7 @@ impl Fabric {
                     name,
                     ipv4,
                     ipv6,
+                    partitions,
                 });
             }
             let dir = self.scratch.join(node);
@@ -1257,6 +1266,17 @@ impl Fabric {
             let k = hcas.iter().position(|h| *h == node.name).unwrap_or(0) + 1;
             let extra = node.addrs.extra_names.len();
             node.addrs = NodeAddrs::for_index(&node.name, k, extra, &parts);
+            node.ports[0].partitions = node.addrs.partitions.clone();
+            for p in node
+                .ports
+                .iter_mut()
+                .skip(1)
+                .filter(|p| p.subnet.is_empty())
+            {
+                let kp = hcas.iter().position(|h| *h == p.sim_node).unwrap_or(0) + 1;
+                p.partitions =
+                    HostPort::partition_addrs(&node.addrs.name, p.index, &p.sim_node, kp, &parts);
+            }
             write(&node.dir.join("ibacm_addr.cfg"), &node.addr_cfg())?;
         }
         self.partitions = parts;
@@ -1853,7 +1873,14 @@ impl Fabric {
                 s.push_str(&format!("{a} {}\n", n.gid));
             }
             for p in n.ports.iter().skip(1) {
-                for a in [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()] {
+                let parts = p
+                    .partitions
+                    .iter()
+                    .flat_map(|q| [q.name.clone(), q.ipv4.to_string(), q.ipv6.to_string()]);
+                for a in [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()]
+                    .into_iter()
+                    .chain(parts)
+                {
                     s.push_str(&format!("{a} {}\n", p.gid));
                 }
             }
@@ -1979,6 +2006,11 @@ impl Node {
         for p in self.ports.iter().skip(1) {
             for a in [p.name.clone(), p.ipv4.to_string(), p.ipv6.to_string()] {
                 s.push_str(&format!("{a} {} {} default\n", p.ca, p.port));
+            }
+            for q in &p.partitions {
+                for a in [q.name.clone(), q.ipv4.to_string(), q.ipv6.to_string()] {
+                    s.push_str(&format!("{a} {} {} 0x{:04x}\n", p.ca, p.port, q.pkey));
+                }
             }
         }
         s

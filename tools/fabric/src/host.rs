@@ -18,6 +18,7 @@
 //! hardware has one node of two ports. ibacm keys ports by (device, port number) and GIDs by
 //! port GUID and never looks at node GUIDs, so nothing the daemon does changes.
 
+use crate::partition::{Partition, PartitionAddrs};
 use crate::topology::Topology;
 use crate::{Error, Result};
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -165,9 +166,32 @@ pub struct HostPort {
     pub name: String,
     pub ipv4: Ipv4Addr,
     pub ipv6: Ipv6Addr,
+    /// Its addresses in the partitions its ibsim node is a member of (main subnet only; port 1's
+    /// are the node's `NodeAddrs::partitions`).
+    pub partitions: Vec<PartitionAddrs>,
 }
 
 impl HostPort {
+    /// The partition addresses of port `index` (2..) of host `host` whose ibsim node `sim_node`
+    /// is HCA number `k` of the main subnet: `<host>-p<index>-<pkey>`, `10.<41+i>.<k>`..., the
+    /// IPs numbered by the port's own HCA so that no two ports share one.
+    pub fn partition_addrs(
+        host: &str,
+        index: usize,
+        sim_node: &str,
+        k: usize,
+        parts: &[Partition],
+    ) -> Vec<PartitionAddrs> {
+        parts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                p.membership(sim_node)
+                    .map(|m| PartitionAddrs::new(&format!("{host}-p{index}"), k, i, p, m))
+            })
+            .collect()
+    }
+
     /// The addresses of port `index` (2..) of the host named `host` (lower case) at HCA
     /// position `k`: `<host>-p<index>`, `10.40.<index-1>.<k>`, `fd00:acf:0:<index-1>::<k>`.
     /// Port 1 keeps the host's own addresses (`NodeAddrs`).
@@ -281,6 +305,7 @@ mod tests {
             name: n,
             ipv4: v4,
             ipv6: v6,
+            partitions: Vec::new(),
         };
         assert_eq!(
             simverbs_host(&[p.clone(), p]),

@@ -21,7 +21,8 @@
 //! hex digits); on a host of several ports ([`crate::FabricBuilder::host`]) `{NODE.lid@2}` is
 //! the value of its second port (one or two digits: the port's place in the host spec) and
 //! `{NODE.gid@ibsim1:1}` of port 1 of CA ibsim1. `port-down NODE@2` / `port-up NODE@ibsim0:2`
-//! take a daemon host's port down and up ([`Fabric::port_down_at`]).
+//! take a daemon host's port down and up ([`Fabric::port_down_at`]); `{Hca3.name@2@8001}` is that
+//! port's address in partition 0x8001.
 
 use crate::{Error, Fabric, Output, Result};
 use std::io::Write;
@@ -249,14 +250,43 @@ pub fn expand(arg: &str, fabric: &Fabric) -> Result<String> {
             .split_once('.')
             .ok_or_else(|| Error::new(format!("placeholder {{{key}}} is not {{NODE.field}}")))?;
         let n = fabric.node(node)?;
-        if let Some((f, p)) = field.split_once('@').filter(|(_, p)| port_ref(p).is_ok()) {
-            let hp = host_port(fabric, node, &port_ref(p).map_err(Error::new)?)?;
-            out.push_str(&match f {
-                "lid" => hp.lid.to_string(),
-                "gid" => hp.gid.to_string(),
-                "name" => hp.name.clone(),
-                "ipv4" => hp.ipv4.to_string(),
-                "ipv6" => hp.ipv6.to_string(),
+        let port_part = field.split_once('@').and_then(|(f, p)| {
+            let (p, pkey) = match p.split_once('@') {
+                Some((p, k)) => (p, Some(k)),
+                None => (p, None),
+            };
+            port_ref(p).ok().map(|r| (f, r, pkey))
+        });
+        if let Some((f, r, pkey)) = port_part {
+            let hp = host_port(fabric, node, &r)?;
+            let part = match pkey {
+                None => None,
+                Some(k) => {
+                    let pkey =
+                        u16::from_str_radix(k.trim_start_matches("0x"), 16).map_err(|_| {
+                            Error::new(format!("placeholder {{{key}}}: {k:?} is no P_Key"))
+                        })?;
+                    Some(
+                        hp.partitions
+                            .iter()
+                            .find(|a| a.pkey & 0x7fff == pkey & 0x7fff)
+                            .ok_or_else(|| {
+                                Error::new(format!(
+                                    "placeholder {{{key}}}: that port is not in partition {k}"
+                                ))
+                            })?,
+                    )
+                }
+            };
+            out.push_str(&match (f, part) {
+                ("lid", None) => hp.lid.to_string(),
+                ("gid", None) => hp.gid.to_string(),
+                ("name", None) => hp.name.clone(),
+                ("ipv4", None) => hp.ipv4.to_string(),
+                ("ipv6", None) => hp.ipv6.to_string(),
+                ("name", Some(a)) => a.name.clone(),
+                ("ipv4", Some(a)) => a.ipv4.to_string(),
+                ("ipv6", Some(a)) => a.ipv6.to_string(),
                 _ => {
                     return Err(Error::new(format!(
                         "placeholder {{{key}}}: field must be lid, gid, name, ipv4 or ipv6"
