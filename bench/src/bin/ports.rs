@@ -171,9 +171,13 @@ fn run_shape(a: &Cli, n: usize, reps: usize, idle: u64) -> Result<Shape, String>
     for rep in 0..reps {
         progress(format!("{n} port(s): repetition {}/{reps}", rep + 1));
         if rep > 0 {
-            let node = f.node_mut("Hca2").map_err(|e| e.to_string())?;
-            node.stop_daemon();
-            node.restart_daemon().map_err(|e| e.to_string())?;
+            f.node_mut("Hca2").map_err(|e| e.to_string())?.stop_daemon();
+            // A daemon stopped by SIGTERM never tells ibsim its port clients left.
+            f.reap_dead_clients().map_err(|e| e.to_string())?;
+            f.node_mut("Hca2")
+                .map_err(|e| e.to_string())?
+                .restart_daemon()
+                .map_err(|e| e.to_string())?;
         }
         let node = f.node("Hca2").map_err(|e| e.to_string())?;
         // Warm: the daemon answers (a path to its own first port's LID, not a destination).
