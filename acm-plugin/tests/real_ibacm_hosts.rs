@@ -75,9 +75,8 @@ fn resolve(f: &Fabric, on: &str, fmt: &str, src: &HostPort, dst: &HostPort) -> O
     out
 }
 
-/// Every PathRecord query (SubnAdm Get/GetTable of attribute 0x35) in a daemon's capture:
-/// (the LRH SLID it left from, the record's SGID, the record's SLID).
-fn path_queries(pcap: &Path) -> Vec<(u16, [u8; 16], u16)> {
+/// Every frame of a daemon's capture (`SIMVERBS_PCAP`): (its LRH SLID, its MAD).
+fn mads(pcap: &Path) -> Vec<(u16, Vec<u8>)> {
     let Ok(b) = std::fs::read(pcap) else {
         return Vec::new();
     };
@@ -93,20 +92,36 @@ fn path_queries(pcap: &Path) -> Vec<(u16, [u8; 16], u16)> {
         }
         let grh = if fr[16 + 1] & 3 == 3 { 40 } else { 0 };
         let m = 16 + 8 + grh + 12 + 8;
-        if fr.len() < m + 56 + 44 {
-            continue;
+        if fr.len() >= m + 256 {
+            out.push((
+                u16::from_be_bytes([fr[16 + 6], fr[16 + 7]]),
+                fr[m..m + 256].to_vec(),
+            ));
         }
-        let mad = &fr[m..];
-        let attr = u16::from_be_bytes([mad[16], mad[17]]);
-        if mad[1] != 3 || attr != 0x35 || !matches!(mad[3], 0x01 | 0x12) || mad[25] == 2 {
-            continue; // not a PathRecord query (or an RMPP ACK of one)
-        }
-        let slid = u16::from_be_bytes([fr[16 + 6], fr[16 + 7]]);
-        let mut sgid = [0u8; 16];
-        sgid.copy_from_slice(&mad[56 + 24..56 + 40]);
-        out.push((slid, sgid, u16::from_be_bytes([mad[56 + 42], mad[56 + 43]])));
     }
     out
+}
+
+/// The SA attribute of a SubnAdm MAD with method `method`, else None.
+fn sa_attr(mad: &[u8], method: u8) -> Option<u16> {
+    (mad[1] == 3 && mad[3] == method).then(|| u16::from_be_bytes([mad[16], mad[17]]))
+}
+
+/// Every PathRecord query (SubnAdm Get/GetTable of attribute 0x35) in a daemon's capture:
+/// (the LRH SLID it left from, the record's SGID, the record's SLID).
+fn path_queries(pcap: &Path) -> Vec<(u16, [u8; 16], u16)> {
+    mads(pcap)
+        .into_iter()
+        .filter(|(_, mad)| {
+            // Not an RMPP ACK of one (RMPP type 2).
+            mad[25] != 2 && [0x01, 0x12].iter().any(|m| sa_attr(mad, *m) == Some(0x35))
+        })
+        .map(|(slid, mad)| {
+            let mut sgid = [0u8; 16];
+            sgid.copy_from_slice(&mad[56 + 24..56 + 40]);
+            (slid, sgid, u16::from_be_bytes([mad[56 + 42], mad[56 + 43]]))
+        })
+        .collect()
 }
 
 /// Each daemon's SA traffic left from the port whose path it asked for: every PathRecord
@@ -346,31 +361,15 @@ fn stock_hosts_of_two_hcas_and_a_dual_port_hca_with_an_acmrs_peer() {
 
 /// Set(MCMemberRecord) joins in a daemon's capture, by the record's PortGID.
 fn joins_by_port(pcap: &Path) -> Vec<[u8; 16]> {
-    let Ok(b) = std::fs::read(pcap) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    let mut o = 24;
-    while o + 16 <= b.len() {
-        let len = u32::from_le_bytes([b[o + 8], b[o + 9], b[o + 10], b[o + 11]]) as usize;
-        let fr = &b[o + 16..(o + 16 + len).min(b.len())];
-        o += 16 + len;
-        if fr.len() < 16 + 8 {
-            continue;
-        }
-        let grh = if fr[16 + 1] & 3 == 3 { 40 } else { 0 };
-        let m = 16 + 8 + grh + 12 + 8;
-        if fr.len() < m + 56 + 32 {
-            continue;
-        }
-        let mad = &fr[m..];
-        if mad[1] == 3 && mad[3] == 0x02 && u16::from_be_bytes([mad[16], mad[17]]) == 0x38 {
+    mads(pcap)
+        .into_iter()
+        .filter(|(_, mad)| sa_attr(mad, 0x02) == Some(0x38))
+        .map(|(_, mad)| {
             let mut g = [0u8; 16];
             g.copy_from_slice(&mad[56 + 16..56 + 32]);
-            out.push(g);
-        }
-    }
-    out
+            g
+        })
+        .collect()
 }
 
 /// The GID of a port of `prefix` with port GUID `guid`.

@@ -249,72 +249,42 @@ pub fn expand(arg: &str, fabric: &Fabric) -> Result<String> {
         let (node, field) = key
             .split_once('.')
             .ok_or_else(|| Error::new(format!("placeholder {{{key}}} is not {{NODE.field}}")))?;
-        let n = fabric.node(node)?;
-        let port_part = field.split_once('@').and_then(|(f, p)| {
-            let (p, pkey) = match p.split_once('@') {
-                Some((p, k)) => (p, Some(k)),
-                None => (p, None),
-            };
-            port_ref(p).ok().map(|r| (f, r, pkey))
-        });
-        if let Some((f, r, pkey)) = port_part {
-            let hp = host_port(fabric, node, &r)?;
-            let part = match pkey {
-                None => None,
-                Some(k) => {
-                    let pkey =
-                        u16::from_str_radix(k.trim_start_matches("0x"), 16).map_err(|_| {
-                            Error::new(format!("placeholder {{{key}}}: {k:?} is no P_Key"))
-                        })?;
-                    Some(
-                        hp.partitions
-                            .iter()
-                            .find(|a| a.pkey & 0x7fff == pkey & 0x7fff)
-                            .ok_or_else(|| {
-                                Error::new(format!(
-                                    "placeholder {{{key}}}: that port is not in partition {k}"
-                                ))
-                            })?,
-                    )
-                }
-            };
-            out.push_str(&match (f, part) {
-                ("lid", None) => hp.lid.to_string(),
-                ("gid", None) => hp.gid.to_string(),
-                ("name", None) => hp.name.clone(),
-                ("ipv4", None) => hp.ipv4.to_string(),
-                ("ipv6", None) => hp.ipv6.to_string(),
-                ("name", Some(a)) => a.name.clone(),
-                ("ipv4", Some(a)) => a.ipv4.to_string(),
-                ("ipv6", Some(a)) => a.ipv6.to_string(),
-                _ => {
-                    return Err(Error::new(format!(
-                        "placeholder {{{key}}}: field must be lid, gid, name, ipv4 or ipv6"
-                    )))
-                }
-            });
-            rest = &rest[close + 1..];
-            continue;
-        }
-        let (field, part) = match field.split_once('@') {
-            Some((f, p)) => {
-                let pkey = u16::from_str_radix(p.trim_start_matches("0x"), 16)
-                    .map_err(|_| Error::new(format!("placeholder {{{key}}}: {p:?} is no P_Key")))?;
-                let a = n.addrs.in_partition(pkey).ok_or_else(|| {
-                    Error::new(format!(
-                        "placeholder {{{key}}}: {node} is not in partition {p}"
-                    ))
-                })?;
-                (f, Some(a))
-            }
-            None => (field, None),
+        // `field`, `field@PORT`, `field@PKEY` or `field@PORT@PKEY`; no port is port 1 (the
+        // node's own addresses).
+        let mut parts = field.split('@');
+        let f = parts.next().unwrap_or_default();
+        let (r, pkey) = match (parts.next(), parts.next()) {
+            (None, _) => (PortRefArg::Index(1), None),
+            (Some(p), None) => match port_ref(p) {
+                Ok(r) => (r, None),
+                Err(_) => (PortRefArg::Index(1), Some(p)),
+            },
+            (Some(p), Some(k)) => (port_ref(p).map_err(Error::new)?, Some(k)),
         };
-        out.push_str(&match (field, part) {
-            ("lid", None) => n.lid.to_string(),
-            ("gid", None) => n.gid.to_string(),
-            ("name", None) => n.addrs.name.clone(),
-            ("ipv4", None) => n.addrs.ipv4.to_string(),
-            ("ipv6", None) => n.addrs.ipv6.to_string(),
+        let hp = host_port(fabric, node, &r)?;
+        let part = match pkey {
+            None => None,
+            Some(k) => {
+                let pkey = u16::from_str_radix(k.trim_start_matches("0x"), 16)
+                    .map_err(|_| Error::new(format!("placeholder {{{key}}}: {k:?} is no P_Key")))?;
+                Some(
+                    hp.partitions
+                        .iter()
+                        .find(|a| a.pkey & 0x7fff == pkey & 0x7fff)
+                        .ok_or_else(|| {
+                            Error::new(format!(
+                                "placeholder {{{key}}}: {node} is not in partition {k} there"
+                            ))
+                        })?,
+                )
+            }
+        };
+        out.push_str(&match (f, part) {
+            ("lid", None) => hp.lid.to_string(),
+            ("gid", None) => hp.gid.to_string(),
+            ("name", None) => hp.name.clone(),
+            ("ipv4", None) => hp.ipv4.to_string(),
+            ("ipv6", None) => hp.ipv6.to_string(),
             ("name", Some(a)) => a.name.clone(),
             ("ipv4", Some(a)) => a.ipv4.to_string(),
             ("ipv6", Some(a)) => a.ipv6.to_string(),
