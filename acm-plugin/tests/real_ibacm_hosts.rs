@@ -383,7 +383,8 @@ const S2: u64 = acm_fabric::host::SECOND_PREFIX;
 /// Hca2 + s2:Hca3 with `provider <default> default` and `provider <s2> 0x<s2 prefix>`, Hca3 =
 /// Hca3 + s2:Hca4 loading `other`, Hca4 a one-port host of the main subnet loading `other`.
 /// Each port gets the provider its prefix selects; a destination on s2 goes out the port on
-/// s2; a reregister on s2 rejoins the s2 ports only; with s2's SM stopped, only s2's misses
+/// s2; a reregister on s2, and s2's SM moving, rejoin the acmrs ports on s2 only (and their
+/// misses reach the new SM); with s2's SM stopped, only s2's misses
 /// fail, in bounded time, while hits and the main subnet's misses are answered.
 fn a_port_on_each_of_two_subnets(tag: &str, default: Provider, on_s2: Provider, other: Provider) {
     require_root();
@@ -519,10 +520,14 @@ fn a_port_on_each_of_two_subnets(tag: &str, default: Provider, on_s2: Provider, 
     }
 
     // A client reregister on s2 rejoins the ports on s2 and nothing else.
-    let pcap = |n: &str| {
-        cap.0
-            .join(format!("sa-{}.pcap", f.node(n).unwrap().pid().unwrap()))
-    };
+    let pcaps: Vec<(&str, PathBuf)> = ["Hca2", "Hca3", "Hca4"]
+        .into_iter()
+        .map(|n| {
+            let pid = f.node(n).unwrap().pid().unwrap();
+            (n, cap.0.join(format!("sa-{pid}.pcap")))
+        })
+        .collect();
+    let pcap = |n: &str| pcaps.iter().find(|(m, _)| *m == n).unwrap().1.clone();
     let count = |n: &str, g: std::net::Ipv6Addr| {
         joins_by_port(&pcap(n))
             .iter()
@@ -565,6 +570,135 @@ fn a_port_on_each_of_two_subnets(tag: &str, default: Provider, on_s2: Provider, 
             before[i].0,
             "{n}: its main-subnet port joined again"
         );
+    }
+
+    // s2's SM moves to s2's free HCA (same LIDs, a new SM LID): the acmrs ports on s2 see
+    // it within their SM check, drop what the old SM taught and join at the new one; no
+    // port of the main subnet joins again or logs an SM change. (Stock ports do not follow
+    // an SM move: the core drops SM_CHANGE and reads the SA's LID at port-up only.)
+    let acmrs_on_s2 = |n: &str| match n {
+        "Hca2" => on_s2.name() == "acmrs",
+        _ => other.name() == "acmrs",
+    };
+    let acmrs_nodes: Vec<&str> = ["Hca2", "Hca3", "Hca4"]
+        .into_iter()
+        .filter(|n| *n == "Hca2" && default.name() == "acmrs" || acmrs_on_s2(n))
+        .collect();
+    let before: Vec<(usize, usize, usize)> = ["Hca2", "Hca3", "Hca4"]
+        .iter()
+        .map(|n| {
+            let p = &f.node(n).unwrap().ports;
+            (
+                count(n, p[0].gid),
+                p.get(1).map_or(0, |p| count(n, p.gid)),
+                sm_changes(&f, n),
+            )
+        })
+        .collect();
+    let main_before: Vec<u16> = ["Hca2", "Hca3"]
+        .iter()
+        .map(|n| f.port_info(n).unwrap().sm_lid)
+        .collect();
+    f.subnet_mut("s2")
+        .unwrap()
+        .move_sm("Hca2", false)
+        .unwrap_or_else(|e| panic!("moving s2's SM: {e}"));
+    let (_, new_sm) = acm_fabric::fabric::parse_ibaddr(
+        &f.subnet("s2")
+            .unwrap()
+            .run_tool("Hca2", "ibaddr", &[])
+            .unwrap()
+            .stdout,
+    )
+    .expect("s2's Hca2 LID and GID");
+    let t = Instant::now();
+    for (i, n) in ["Hca2", "Hca3"].iter().enumerate() {
+        if !acmrs_on_s2(n) {
+            continue;
+        }
+        let g = f.node(n).unwrap().ports[1].gid;
+        while count(n, g) <= before[i].1 || sm_changes(&f, n) <= before[i].2 {
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{n}: its s2 port did not join the new SM of s2:\n{}",
+                f.logs_report()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // Two more SM checks: anything the main subnet's ports would do, they have done.
+    std::thread::sleep(Duration::from_millis(
+        2 * acm_dataplane::plane::SM_CHECK_MS + 500,
+    ));
+    for (i, n) in ["Hca2", "Hca3", "Hca4"].iter().enumerate() {
+        let p = f.node(n).unwrap().ports.clone();
+        assert_eq!(
+            count(n, p[0].gid),
+            before[i].0,
+            "{n}: its main-subnet port joined again after s2's SM moved"
+        );
+        // An acmrs process whose ports are all on the main subnet sees no SM change.
+        let s2_acmrs = p.len() > 1 && acmrs_on_s2(n);
+        if acmrs_nodes.contains(n) && !s2_acmrs {
+            assert_eq!(
+                sm_changes(&f, n),
+                before[i].2,
+                "{n}: an SM change logged for a port whose SM did not move:\n{}",
+                f.node(n).unwrap().log()
+            );
+        }
+    }
+    for (i, n) in ["Hca2", "Hca3"].iter().enumerate() {
+        assert_eq!(
+            f.port_info(n).unwrap().sm_lid,
+            main_before[i],
+            "{n}: the main subnet's SM"
+        );
+    }
+    // A miss on s2 from an acmrs port goes to the new SM and is answered.
+    for n in ["Hca2", "Hca3"].into_iter().filter(|n| acmrs_on_s2(n)) {
+        let src = f.node(n).unwrap().ports[1].clone();
+        let out = f
+            .node(n)
+            .unwrap()
+            .acme_until(
+                &[
+                    "-f",
+                    "g",
+                    "-s",
+                    &src.gid.to_string(),
+                    "-d",
+                    &new_sm.to_string(),
+                    "-v",
+                ],
+                Duration::from_secs(20),
+                |o| o.stdout.contains(SA_VERIFIED),
+            )
+            .unwrap();
+        assert!(
+            out.stdout.contains(&format!("sgid: {}\n", src.gid))
+                && out.stdout.contains(SA_VERIFIED),
+            "{n}: a miss on s2 after its SM moved:\n{out}"
+        );
+    }
+
+    // The SM moves back to Hca1, the SA stock ports still address (they read its LID at
+    // port-up only), and the acmrs ports follow it once more.
+    let changed: Vec<usize> = ["Hca2", "Hca3"].iter().map(|n| sm_changes(&f, n)).collect();
+    f.subnet_mut("s2")
+        .unwrap()
+        .move_sm("Hca1", false)
+        .unwrap_or_else(|e| panic!("moving s2's SM back: {e}"));
+    let t = Instant::now();
+    for (i, n) in ["Hca2", "Hca3"].iter().enumerate() {
+        while acmrs_on_s2(n) && sm_changes(&f, n) <= changed[i] {
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{n}: did not follow s2's SM back:\n{}",
+                f.logs_report()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     // s2's SM stops: a hit on s2 and a miss on the main subnet are answered, a miss on s2
@@ -637,6 +771,11 @@ fn a_port_on_each_of_two_subnets(tag: &str, default: Provider, on_s2: Provider, 
         "a main-subnet miss while s2's SM is down:\n{out}"
     );
     eprintln!("{tag}: the s2 miss without an SM failed after {took:?}");
+}
+
+/// How many times node `n`'s acmrs logged a new SM LID.
+fn sm_changes(f: &Fabric, n: &str) -> usize {
+    f.node(n).unwrap().log().matches("SM LID changed").count()
 }
 
 fn h2_port(f: &Fabric, i: usize) -> HostPort {
