@@ -3,10 +3,14 @@
 //! fat-tree: hits and isolated misses on the host's **last** port, the idle CPU of the daemon
 //! in adaptive mode, and its RSS per port.
 //!
-//! For each shape the host is brought up alone (ibsim serves 10 clients per instance: OpenSM,
-//! one per daemon port and a probe), the daemon is restarted before each repetition (empty
-//! caches), and then, from the last port (PATH requests by SLID and DLID, one TCP connection
-//! per request as the core wants, one request at a time):
+//! Three hosts are up at once, each on a fabric of its own (ibsim serves 10 clients per
+//! instance: OpenSM, one per daemon port and a probe): one port, N ports, and a second one-port
+//! host as the control, whose difference from the first is the run's noise floor. Each
+//! repetition restarts every daemon (empty caches) and lets them settle 1 s; then,
+//! destination by destination, each host is asked in turn (the order turning each
+//! repetition), from its last port (PATH requests by SLID and DLID, one TCP connection per
+//! request as the core wants, one request at a time), so a drift of the shared machine lands
+//! on every shape alike:
 //! * **isolated misses**: every other LID of the fabric once, one after the other, each after
 //!   a pause of `--gap` ms (the worker parks between them in adaptive mode);
 //! * **hits**: the same destinations again, `--hits` times each.
@@ -40,7 +44,7 @@ struct Cli {
     /// Ports of the many-port host: 2, 4, 6 or 8 (HCAs of 2 ports each)
     #[arg(long, default_value = "8", value_parser = ports_arg)]
     ports: usize,
-    /// Daemon restarts (each one round of misses) per shape [default: 4; --quick 2]
+    /// Daemon restarts (each one round of misses) per shape [default: 20; --quick 4]
     #[arg(long, value_parser = num::<usize>)]
     reps: Option<usize>,
     /// Hits per destination per repetition
@@ -67,12 +71,23 @@ const TOPOLOGY: &str = "fattree:2,2,16";
 /// One shape's results.
 struct Shape {
     ports: usize,
+    label: &'static str,
     hits: LatencyHistogram,
     misses: LatencyHistogram,
     idle_cpu_pct: f64,
     acmrs_idle_cpu_pct: f64,
     rss_kib: u64,
     dataplane_threads: usize,
+}
+
+/// One shape's fabric, up: its own ibsim and OpenSM, the daemon's host `Hca2` of `n` ports.
+struct Host {
+    f: Fabric,
+    /// The host's port LIDs; requests leave from the last.
+    own: Vec<u16>,
+    /// Every other LID of the fabric.
+    dests: Vec<u16>,
+    shape: Shape,
 }
 
 /// A host spec of `n` ports: HCAs of two ports (Hca2+Hca3, Hca4+Hca5, ...), or one port.
@@ -141,88 +156,178 @@ fn ask(node: &Node, slid: u16, dlid: u16, tid: u64) -> Result<Duration, String> 
     Ok(dt)
 }
 
-fn run_shape(a: &Cli, n: usize, reps: usize, idle: u64) -> Result<Shape, String> {
-    let topo = Topology::parse(TOPOLOGY).map_err(|e| e.to_string())?;
-    let mut b = Fabric::builder(topo, ["Hca2"])
-        .sm_node("Hca1")
-        .provider(Provider::Acmrs)
-        .host("Hca2", spec(n))
-        .hosts_file(HostsFile::Absent)
-        .name_prefix(&format!("bench-ports{n}"))
-        .option("log_level", &a.common.log_level);
-    for (k, v) in &a.common.opts {
-        b = b.option(k, v);
-    }
-    let mut f = b.start().map_err(|e| e.to_string())?;
-    let own: Vec<u16> = f
-        .node("Hca2")
-        .map_err(|e| e.to_string())?
-        .ports
-        .iter()
-        .map(|p| p.lid)
-        .collect();
-    let last = *own.last().ok_or("no port")?;
-    // Every other LID: the HCAs' (ibaddr as each) and the switches' (LIDs OpenSM gave the
-    // rest of 1..=nodes).
-    let nodes = f.topology().hcas().len() + f.topology().switches().len();
-    let dests: Vec<u16> = (1..=nodes as u16).filter(|l| !own.contains(l)).collect();
-    let (mut hits, mut misses) = (LatencyHistogram::new(), LatencyHistogram::new());
-    let mut tid = 1u64;
-    for rep in 0..reps {
-        progress(format!("{n} port(s): repetition {}/{reps}", rep + 1));
-        if rep > 0 {
-            f.node_mut("Hca2").map_err(|e| e.to_string())?.stop_daemon();
-            // A daemon stopped by SIGTERM never tells ibsim its port clients left.
-            f.reap_dead_clients().map_err(|e| e.to_string())?;
-            f.node_mut("Hca2")
-                .map_err(|e| e.to_string())?
-                .restart_daemon()
-                .map_err(|e| e.to_string())?;
+impl Host {
+    fn up(a: &Cli, n: usize, label: &'static str, tag: usize) -> Result<Host, String> {
+        let topo = Topology::parse(TOPOLOGY).map_err(|e| e.to_string())?;
+        let mut b = Fabric::builder(topo, ["Hca2"])
+            .sm_node("Hca1")
+            .provider(Provider::Acmrs)
+            .host("Hca2", spec(n))
+            .hosts_file(HostsFile::Absent)
+            .name_prefix(&format!("bench-ports{n}-{tag}"))
+            .option("log_level", &a.common.log_level);
+        for (k, v) in &a.common.opts {
+            b = b.option(k, v);
         }
-        let node = f.node("Hca2").map_err(|e| e.to_string())?;
-        // Warm: the daemon answers (a path to its own first port's LID, not a destination).
+        let f = b.start().map_err(|e| e.to_string())?;
+        let own: Vec<u16> = f
+            .node("Hca2")
+            .map_err(|e| e.to_string())?
+            .ports
+            .iter()
+            .map(|p| p.lid)
+            .collect();
+        // Every other LID: the HCAs' (ibaddr as each) and the switches' (LIDs OpenSM gave
+        // the rest of 1..=nodes).
+        let nodes = f.topology().hcas().len() + f.topology().switches().len();
+        let dests: Vec<u16> = (1..=nodes as u16).filter(|l| !own.contains(l)).collect();
+        Ok(Host {
+            f,
+            own,
+            dests,
+            shape: Shape {
+                ports: n,
+                label,
+                hits: LatencyHistogram::new(),
+                misses: LatencyHistogram::new(),
+                idle_cpu_pct: 0.0,
+                acmrs_idle_cpu_pct: 0.0,
+                rss_kib: 0,
+                dataplane_threads: 0,
+            },
+        })
+    }
+
+    fn node(&self) -> Result<&Node, String> {
+        self.f.node("Hca2").map_err(|e| e.to_string())
+    }
+
+    fn last(&self) -> u16 {
+        *self.own.last().expect("a host has a port")
+    }
+
+    /// A new daemon (empty caches), once it answers.
+    fn restart(&mut self) -> Result<(), String> {
+        self.f
+            .node_mut("Hca2")
+            .map_err(|e| e.to_string())?
+            .stop_daemon();
+        // A daemon stopped by SIGTERM never tells ibsim its port clients left.
+        self.f.reap_dead_clients().map_err(|e| e.to_string())?;
+        self.f
+            .node_mut("Hca2")
+            .map_err(|e| e.to_string())?
+            .restart_daemon()
+            .map_err(|e| e.to_string())?;
+        self.warm()
+    }
+
+    /// Waits until the daemon answers (a path to its own first port's LID, not a
+    /// destination).
+    fn warm(&self) -> Result<(), String> {
         let t = Instant::now();
-        while ask(node, last, own[0], 0).is_err() {
+        while ask(self.node()?, self.last(), self.own[0], 0).is_err() {
             if t.elapsed() > Duration::from_secs(30) {
                 return Err("the daemon answers no path within 30 s".into());
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        for d in &dests {
-            std::thread::sleep(Duration::from_millis(a.gap));
-            tid += 1;
-            misses.record(ask(node, last, *d, tid)?);
+        Ok(())
+    }
+
+    /// One request from the last port to destination `i` (if the host has that many).
+    fn ask_nth(&self, i: usize, tid: u64) -> Result<Option<Duration>, String> {
+        match self.dests.get(i) {
+            Some(d) => ask(self.node()?, self.last(), *d, tid).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// CPU ticks of the daemon (process, acmrs threads).
+    fn ticks(&self) -> Result<(u64, u64), String> {
+        Ok(cpu_ticks(self.node()?.pid().ok_or("no daemon")?))
+    }
+
+    /// RSS and dataplane threads, and the idle CPU from `before`/`after` ticks over `idle` s.
+    fn finish(&mut self, before: (u64, u64), after: (u64, u64), idle: u64) -> Result<(), String> {
+        let pid = self.node()?.pid().ok_or("no daemon")?;
+        let pct = |t: u64| 100.0 * t as f64 / clock_ticks() / idle as f64;
+        self.shape.idle_cpu_pct = pct(after.0 - before.0);
+        self.shape.acmrs_idle_cpu_pct = pct(after.1 - before.1);
+        self.shape.rss_kib = rss_kib(pid);
+        self.shape.dataplane_threads = acm_fabric::process::threads_of(pid)
+            .into_iter()
+            .filter(|t| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm"))
+                    .is_ok_and(|c| c.starts_with("acmrs-dataplan"))
+            })
+            .count();
+        Ok(())
+    }
+}
+
+/// The shapes up at once, each on its own fabric, measured interleaved: each repetition
+/// restarts every daemon, then destination by destination asks each host in turn (misses,
+/// then hits), so a drift of the shared host lands on every shape alike. The control is a
+/// second one-port host: its difference from the first is the run's noise floor.
+/// How long a restarted host settles before its first measured miss.
+const SETTLE_MS: u64 = 1000;
+
+fn measure(a: &Cli, reps: usize, idle: u64) -> Result<Vec<Shape>, String> {
+    let mut hosts = vec![
+        Host::up(a, 1, "1 port", 0)?,
+        Host::up(a, a.ports, "", 1)?,
+        Host::up(a, 1, "1 port (control)", 2)?,
+    ];
+    let most = hosts.iter().map(|h| h.dests.len()).max().unwrap_or(0);
+    let mut tid = 1u64;
+    for rep in 0..reps {
+        progress(format!("repetition {}/{reps}", rep + 1));
+        for h in &mut hosts {
+            if rep == 0 {
+                h.warm()?;
+            } else {
+                h.restart()?;
+            }
+        }
+        // Let every port finish its start (joins, its half-world table): the misses below
+        // are isolated ones on a settled host, not the start's.
+        std::thread::sleep(Duration::from_millis(SETTLE_MS));
+        // The order of the hosts turns each repetition: none is always first after a gap.
+        let order: Vec<usize> = (0..hosts.len()).map(|k| (k + rep) % hosts.len()).collect();
+        for i in 0..most {
+            for &k in &order {
+                std::thread::sleep(Duration::from_millis(a.gap));
+                tid += 1;
+                if let Some(dt) = hosts[k].ask_nth(i, tid)? {
+                    hosts[k].shape.misses.record(dt);
+                }
+            }
         }
         for _ in 0..a.hits {
-            for d in &dests {
-                tid += 1;
-                hits.record(ask(node, last, *d, tid)?);
+            for i in 0..most {
+                for &k in &order {
+                    tid += 1;
+                    if let Some(dt) = hosts[k].ask_nth(i, tid)? {
+                        hosts[k].shape.hits.record(dt);
+                    }
+                }
             }
         }
     }
-    let node = f.node("Hca2").map_err(|e| e.to_string())?;
-    let pid = node.pid().ok_or("no daemon")?;
     std::thread::sleep(Duration::from_secs(1));
-    let (a0, o0) = cpu_ticks(pid);
+    let before = hosts
+        .iter()
+        .map(Host::ticks)
+        .collect::<Result<Vec<_>, _>>()?;
     std::thread::sleep(Duration::from_secs(idle));
-    let (a1, o1) = cpu_ticks(pid);
-    let pct = |t: u64| 100.0 * t as f64 / clock_ticks() / idle as f64;
-    let dataplane_threads = acm_fabric::process::threads_of(pid)
-        .into_iter()
-        .filter(|t| {
-            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm"))
-                .is_ok_and(|c| c.starts_with("acmrs-dataplan"))
-        })
-        .count();
-    Ok(Shape {
-        ports: n,
-        hits,
-        misses,
-        idle_cpu_pct: pct(a1 - a0),
-        acmrs_idle_cpu_pct: pct(o1 - o0),
-        rss_kib: rss_kib(pid),
-        dataplane_threads,
-    })
+    let mut shapes = Vec::new();
+    for (mut h, b) in hosts.into_iter().zip(before) {
+        let after = h.ticks()?;
+        h.finish(b, after, idle)?;
+        shapes.push(h.shape);
+    }
+    Ok(shapes)
 }
 
 fn us(ns: f64) -> String {
@@ -232,15 +337,10 @@ fn us(ns: f64) -> String {
 fn run(a: &Cli) -> Result<String, String> {
     a.common.run.create_out()?;
     let quick = a.common.run.quick;
-    let reps = a.reps.unwrap_or(if quick { 2 } else { 4 });
+    let reps = a.reps.unwrap_or(if quick { 4 } else { 20 });
     let idle = a.idle.unwrap_or(if quick { 4 } else { 10 });
     let started = acm_bench::now_utc();
-    let mut shapes = Vec::new();
-    // One port first, then N, then one port again: a drift of the host between the two shows
-    // as a difference between the two one-port runs.
-    for n in [1, a.ports, 1] {
-        shapes.push(run_shape(a, n, reps, idle)?);
-    }
+    let shapes = measure(a, reps, idle)?;
     let mut t = Table::new(&[
         "host",
         "hit p50 µs",
@@ -257,11 +357,11 @@ fn run(a: &Cli) -> Result<String, String> {
     for (i, s) in shapes.iter().enumerate() {
         let (h, m) = (s.hits.summary(), s.misses.summary());
         t.row(vec![
-            format!(
-                "{} port(s){}",
-                s.ports,
-                if i == 2 { " (again)" } else { "" }
-            ),
+            if s.label.is_empty() {
+                format!("{} ports", s.ports)
+            } else {
+                s.label.to_string()
+            },
             us(h.p50_ns),
             us(h.p99_ns),
             us(m.p50_ns),
@@ -283,19 +383,29 @@ fn run(a: &Cli) -> Result<String, String> {
                 .map_err(|e| e.to_string())?;
         }
     }
-    let one = &shapes[0];
-    let many = &shapes[1];
-    let ratio = |x: f64, y: f64| format!("{:+.1} %", 100.0 * (x / y - 1.0));
-    let (h1, hn) = (one.hits.summary(), many.hits.summary());
-    let (m1, mn) = (one.misses.summary(), many.misses.summary());
+    let (one, many, control) = (&shapes[0], &shapes[1], &shapes[2]);
+    let against = |x: &Shape| {
+        let ratio = |x: f64, y: f64| format!("{:+.1} %", 100.0 * (x / y - 1.0));
+        let (h1, hx) = (one.hits.summary(), x.hits.summary());
+        let (m1, mx) = (one.misses.summary(), x.misses.summary());
+        format!(
+            "hit p50 {}, p99 {}; miss p50 {}, p99 {}",
+            ratio(hx.p50_ns, h1.p50_ns),
+            ratio(hx.p99_ns, h1.p99_ns),
+            ratio(mx.p50_ns, m1.p50_ns),
+            ratio(mx.p99_ns, m1.p99_ns)
+        )
+    };
     let per_port = (many.rss_kib as f64 - one.rss_kib as f64) / (many.ports - 1) as f64;
     let report = format!(
         "# One host, {n} ports against one (acm-bench ports{q})\n\n\
-         {started}, {TOPOLOGY}, acmrs in the real ibacm, adaptive mode, {reps} repetitions, \
-         {hits} hits per destination, {gap} ms before each miss; {cpus} CPUs, load {load}\n\n\
+         {started}, {TOPOLOGY}, acmrs in the real ibacm, adaptive mode, three fabrics up at \
+         once and measured interleaved, {reps} repetitions, {hits} hits per destination, \
+         {gap} ms before each miss; {cpus} CPUs, load {load}\n\n\
          {table}\n\
-         {n} ports against 1 (the first one-port run): hit p50 {hp50}, p99 {hp99}; \
-         miss p50 {mp50}, p99 {mp99}; RSS per port {pp:.0} KiB.\n",
+         {n} ports against 1: {vs_many}.\n\
+         The control (1 port against 1, the noise floor): {vs_control}.\n\
+         RSS per port {pp:.0} KiB.\n",
         n = a.ports,
         q = if quick { " --quick" } else { "" },
         hits = a.hits,
@@ -303,10 +413,8 @@ fn run(a: &Cli) -> Result<String, String> {
         cpus = acm_bench::online_cpus(),
         load = acm_bench::loadavg(),
         table = t.render(),
-        hp50 = ratio(hn.p50_ns, h1.p50_ns),
-        hp99 = ratio(hn.p99_ns, h1.p99_ns),
-        mp50 = ratio(mn.p50_ns, m1.p50_ns),
-        mp99 = ratio(mn.p99_ns, m1.p99_ns),
+        vs_many = against(many),
+        vs_control = against(control),
         pp = per_port,
     );
     if let Some(dir) = &a.common.run.out {
