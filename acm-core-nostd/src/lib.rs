@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod node;
 pub mod park;
 pub mod resolver;
 pub mod rmpp;

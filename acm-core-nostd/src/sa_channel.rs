@@ -1,11 +1,12 @@
 //! The SA channel of a UD QP, sans-IO: what the kernel MAD layer does for a umad agent, done
 //! for the resolver's `SendSa` outputs when they leave on a QP of our own (the `ud` transport
-//! of `acmrs_sa_transport`). The caller only moves bytes: it sends what [`SaChannel::start`]
-//! and [`SaChannel::expire`] return and hands every class 3 MAD it receives to
-//! [`SaChannel::receive`], which says what the MAD is.
+//! of `acmrs_sa_transport`; composed with the resolver by [`crate::node::Node`]). The caller
+//! only moves bytes: it sends what [`SaChannel::start`] and [`SaChannel::poll_transmit`]
+//! return and hands every class 3 MAD it receives to [`SaChannel::receive`], which says what
+//! the MAD is.
 //!
 //! * **One completion per request.** The channel owns each request until it is answered: it
-//!   re-sends the same MAD (same wire TID) after each try's time, `tries` tries in all, then
+//!   sends the same MAD (same wire TID) again after each try's time, `tries` tries in all, then
 //!   reports the query failed ([`Expired::Failed`], complete it with [`TIMED_OUT`]). A
 //!   response we send (a ReportResponse) needs no answer and is not tracked.
 //! * **Unpredictable TIDs.** Any host of the fabric can send a MAD to our QP, and a forged
@@ -84,6 +85,10 @@ pub struct SaEntry {
     deadline: Millis,
     per_try: Millis,
     tries_left: u32,
+    /// Its try ran out and it waits in [`SaChannel::poll_transmit`] to go again.
+    resend: bool,
+    /// It ended without an answer and waits in [`SaChannel::poll_expired`].
+    end: End,
     /// The table slot of a GetTable (index + 1; 0: not a GetTable).
     table: u8,
     mad: [u8; MAD_LEN],
@@ -99,9 +104,22 @@ impl SaEntry {
         deadline: 0,
         per_try: 0,
         tries_left: 0,
+        resend: false,
+        end: End::Running,
         table: 0,
         mad: [0; MAD_LEN],
     };
+}
+
+/// How an outstanding request stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// Its tries (or its transfer) go on.
+    Running,
+    /// Out of tries.
+    OutOfTries,
+    /// Its GetTable transfer failed.
+    Table(Failure),
 }
 
 /// Most table slots a channel uses (the entry's slot number is a byte).
@@ -132,16 +150,13 @@ impl<B: DerefMut<Target = [u8]>> TableSlot<B> {
     }
 }
 
-/// What [`SaChannel::expire`] asks of the caller for one request.
+/// A request [`SaChannel::expire`] ended, out of tries or time ([`SaChannel::poll_expired`]).
+/// (A request whose try ran out with tries left goes again through
+/// [`SaChannel::poll_transmit`].)
+// The MAD travels by value, as everywhere here (no allocator to box it in).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq, Eq)]
 pub enum Expired {
-    /// Send this MAD again on `ep`'s QP.
-    Resend {
-        /// Endpoint.
-        ep: EpId,
-        /// The MAD as first sent.
-        mad: [u8; MAD_LEN],
-    },
     /// Out of tries: complete `token` with [`TIMED_OUT`] and this MAD.
     Failed {
         /// The resolver's token.
@@ -224,6 +239,10 @@ where
     tids: SipHasher13,
     /// Requests numbered so far (the hashed counter).
     counter: u64,
+    /// Entries waiting in `poll_transmit` to go again.
+    resend_due: usize,
+    /// Entries waiting in `poll_expired`.
+    ended: usize,
 }
 
 impl<E, T, B> SaChannel<E, T, B>
@@ -247,6 +266,8 @@ where
             timeouts: 0,
             tids: SipHasher13::new_with_keys(key[0], key[1]),
             counter: 0,
+            resend_due: 0,
+            ended: 0,
         }
     }
 
@@ -290,19 +311,52 @@ where
     pub fn clear(&mut self) {
         self.len = 0;
         self.next = None;
+        self.resend_due = 0;
+        self.ended = 0;
         for t in self.tables.iter_mut() {
             t.rx.reset();
             t.busy = false;
         }
     }
 
-    /// The next ACK, STOP or ABORT of a GetTable transfer to send, with the endpoint whose
-    /// SA traffic it is (it goes to the SM like that endpoint's requests).
+    /// The next MAD to send, with the endpoint whose SA traffic it is (it goes to the SM like
+    /// that endpoint's requests): an ACK, STOP or ABORT of a GetTable transfer, or a request
+    /// whose try ran out ([`expire`](Self::expire)), the same bytes again.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<(EpId, [u8; MAD_LEN])> {
-        self.tables
+        let acks = self
+            .tables
             .iter_mut()
-            .find_map(|t| t.rx.poll_transmit().map(|m| (t.ep, m)))
+            .find_map(|t| t.rx.poll_transmit().map(|m| (t.ep, m)));
+        if acks.is_some() || self.resend_due == 0 {
+            return acks;
+        }
+        let n = self.len;
+        let e = self.entries[..n].iter_mut().find(|e| e.resend)?;
+        e.resend = false;
+        self.resend_due -= 1;
+        Some((e.ep, e.mad))
+    }
+
+    /// The next request [`expire`](Self::expire) ended (removed here): complete its token as
+    /// failed.
+    #[must_use]
+    pub fn poll_expired(&mut self) -> Option<Expired> {
+        if self.ended == 0 {
+            return None;
+        }
+        let i = self.live().iter().position(|e| e.end != End::Running)?;
+        let e = self.swap_remove(i);
+        Some(match e.end {
+            End::Table(failure) => Expired::TableFailed {
+                token: e.token,
+                failure,
+            },
+            _ => Expired::Failed {
+                token: e.token,
+                mad: e.mad,
+            },
+        })
     }
 
     /// The earliest try deadline among the outstanding requests (a GetTable whose answer has
@@ -326,6 +380,8 @@ where
     /// Removes entry `i`, freeing its table slot (whose receiver keeps its last state).
     fn swap_remove(&mut self, i: usize) -> SaEntry {
         let e = self.entries[i];
+        self.resend_due -= usize::from(e.resend);
+        self.ended -= usize::from(e.end != End::Running);
         self.len -= 1;
         self.entries[i] = self.entries[self.len];
         if let Some(t) = usize::from(e.table).checked_sub(1) {
@@ -391,6 +447,8 @@ where
             deadline,
             per_try,
             tries_left: tries.max(1) - 1,
+            resend: false,
+            end: End::Running,
             table: table.map_or(0, |t| t as u8 + 1),
             mad: wire,
         };
@@ -419,7 +477,10 @@ where
         if !head.method().is_response() {
             return Received::Report;
         }
-        let Some(i) = self.position(head.tid()) else {
+        let running = self
+            .position(head.tid())
+            .filter(|&i| self.entries[i].end == End::Running);
+        let Some(i) = running else {
             // A segment of a transfer that has ended (on the QP that carried it): its receiver
             // says its last word again if the sender missed it.
             let tid = head.tid();
@@ -506,55 +567,52 @@ where
         }
     }
 
-    /// Runs the tries due at `now`: each due request is either re-sent (its next try starts
-    /// now) or failed (removed); each GetTable transfer's timers run (an ACK re-sent after a
-    /// silence waits in [`poll_transmit`](Self::poll_transmit); a transfer out of time fails
-    /// its request).
-    pub fn expire(&mut self, now: Millis, mut f: impl FnMut(Expired)) {
-        let mut t = 0;
-        while t < self.tables.len() {
+    /// Runs the tries due at `now`: each due request either goes again (its next try starts
+    /// now; the MAD waits in [`poll_transmit`](Self::poll_transmit)) or ends (it waits in
+    /// [`poll_expired`](Self::poll_expired)); each GetTable transfer's timers run (an ACK
+    /// re-sent after a silence waits in `poll_transmit`; a transfer out of time ends its
+    /// request).
+    pub fn expire(&mut self, now: Millis) {
+        for t in 0..self.tables.len() {
             let slot = &mut self.tables[t];
             let due = slot.busy && slot.rx.poll_timeout().is_some_and(|d| d <= now);
-            if due {
-                if let Some(failure) = slot.rx.handle_timeout(now) {
-                    let owner = self
-                        .live()
-                        .iter()
-                        .position(|e| usize::from(e.table) == t + 1);
-                    if let Some(i) = owner {
-                        let token = self.swap_remove(i).token;
-                        f(Expired::TableFailed { token, failure });
-                    }
+            if !due {
+                continue;
+            }
+            if let Some(failure) = slot.rx.handle_timeout(now) {
+                let n = self.len;
+                let owner = self.entries[..n]
+                    .iter_mut()
+                    .find(|e| usize::from(e.table) == t + 1 && e.end == End::Running);
+                if let Some(e) = owner {
+                    e.end = End::Table(failure);
+                    e.deadline = Millis::MAX;
+                    self.ended += 1;
                 }
             }
-            t += 1;
         }
         if self.next.is_none_or(|n| n > now) {
             return;
         }
-        let mut i = 0;
-        while i < self.len {
-            let e = &mut self.entries[i];
-            if e.deadline <= now {
-                if e.tries_left > 0 {
-                    e.tries_left -= 1;
-                    e.deadline = now.saturating_add(e.per_try);
-                    self.resends += 1;
-                    f(Expired::Resend {
-                        ep: e.ep,
-                        mad: e.mad,
-                    });
-                } else {
-                    let e = self.swap_remove(i);
-                    self.timeouts += 1;
-                    f(Expired::Failed {
-                        token: e.token,
-                        mad: e.mad,
-                    });
-                    continue;
-                }
+        let n = self.len;
+        for e in &mut self.entries[..n] {
+            if e.deadline > now {
+                continue;
             }
-            i += 1;
+            if e.tries_left > 0 {
+                e.tries_left -= 1;
+                e.deadline = now.saturating_add(e.per_try);
+                self.resends += 1;
+                if !e.resend {
+                    e.resend = true;
+                    self.resend_due += 1;
+                }
+            } else {
+                e.end = End::OutOfTries;
+                e.deadline = Millis::MAX;
+                self.timeouts += 1;
+                self.ended += 1;
+            }
         }
         self.next = self.earliest_try();
     }
@@ -706,22 +764,19 @@ mod tests {
         let mut c = channel(4);
         let wire = c.start(0, EpId(1), 9, &get(1), 100, 3).unwrap();
         let mut seen = Vec::new();
-        c.expire(99, |e| seen.push(e));
-        assert!(seen.is_empty());
+        expire_into(&mut c, 99, &mut seen);
+        assert!(seen.is_empty() && c.poll_transmit().is_none());
         assert_eq!(c.next_deadline(), Some(100));
         for at in [100, 200] {
-            c.expire(at, |e| seen.push(e));
-            assert_eq!(
-                seen.pop(),
-                Some(Expired::Resend {
-                    ep: EpId(1),
-                    mad: wire
-                })
-            );
+            expire_into(&mut c, at, &mut seen);
+            assert!(seen.is_empty());
+            // The same bytes go again, once per try.
+            assert_eq!(c.poll_transmit(), Some((EpId(1), wire)));
+            assert_eq!(c.poll_transmit(), None);
         }
-        c.expire(299, |e| seen.push(e));
-        assert!(seen.is_empty());
-        c.expire(300, |e| seen.push(e));
+        expire_into(&mut c, 299, &mut seen);
+        assert!(seen.is_empty() && c.poll_transmit().is_none());
+        expire_into(&mut c, 300, &mut seen);
         assert_eq!(
             seen,
             vec![Expired::Failed {
@@ -811,6 +866,17 @@ mod tests {
         )
     }
 
+    /// Runs the tries due at `now`; what ended goes into `seen`.
+    fn expire_into(c: &mut Channel, now: Millis, seen: &mut Vec<Expired>) {
+        c.expire(now);
+        seen.extend(core::iter::from_fn(|| c.poll_expired()));
+    }
+
+    /// Everything waiting to go, as it goes.
+    fn sent_mads(c: &mut Channel) -> Vec<(EpId, [u8; MAD_LEN])> {
+        core::iter::from_fn(|| c.poll_transmit()).collect()
+    }
+
     fn sent(c: &mut Channel) -> Vec<(EpId, (u8, u32, u32))> {
         core::iter::from_fn(|| c.poll_transmit())
             .map(|(ep, m)| (ep, rmpp_of(&m)))
@@ -831,7 +897,7 @@ mod tests {
             // Well past the request's try time: once segments come, no re-send of the GetTable.
             let now = 50 + 100 * i as Millis;
             let mut resent = Vec::new();
-            c.expire(now, |e| resent.push(e));
+            expire_into(&mut c, now, &mut resent);
             assert!(resent.is_empty(), "segment {}: {resent:?}", i + 1);
             let r = c.receive(now, &sm, Some(SM), |e| e == EpId(3), seg);
             acks.extend(sent(&mut c));
@@ -877,11 +943,10 @@ mod tests {
             "Gets still go"
         );
         let mut seen = Vec::new();
-        c.expire(100, |e| seen.push(e));
-        assert!(seen.contains(&Expired::Resend {
-            ep: EpId(0),
-            mad: w1
-        }));
+        expire_into(&mut c, 100, &mut seen);
+        assert!(seen.is_empty());
+        let again = sent_mads(&mut c);
+        assert!(again.contains(&(EpId(0), w1)), "the GetTable goes again");
         // A segment from another host with the right TID is forged, and changes nothing.
         let segs = answer(&w1, &recs(8));
         assert_eq!(
@@ -895,12 +960,11 @@ mod tests {
         );
         assert_eq!(sent(&mut c), vec![(EpId(0), (2, 1, 3))]);
         seen.clear();
-        c.expire(300, |e| seen.push(e));
+        expire_into(&mut c, 300, &mut seen);
+        let again = sent_mads(&mut c);
         assert!(
-            !seen
-                .iter()
-                .any(|e| matches!(e, Expired::Resend { mad, .. } if *mad == w1)),
-            "{seen:?}"
+            !again.iter().any(|(_, m)| *m == w1),
+            "the GetTable went again after its first segment"
         );
         for s in &segs[1..] {
             let _ = c.receive(310, &from(1, 1), Some(SM), |_| true, s);
@@ -918,13 +982,13 @@ mod tests {
         assert_eq!(sent(&mut c).len(), 1);
         assert_eq!(c.next_deadline(), Some(10 + RESP_MS));
         let mut seen = Vec::new();
-        c.expire(10 + RESP_MS, |e| seen.push(e));
+        expire_into(&mut c, 10 + RESP_MS, &mut seen);
         assert!(seen.is_empty());
         assert_eq!(sent(&mut c), vec![(EpId(1), (2, 1, 5))], "the ACK again");
         let mut now = 10 + RESP_MS;
         while seen.is_empty() {
             now = c.next_deadline().expect("a timer while the table is out");
-            c.expire(now, |e| seen.push(e));
+            expire_into(&mut c, now, &mut seen);
             let _ = sent(&mut c);
         }
         assert_eq!(now, 10 + TOTAL_MS);

@@ -628,7 +628,7 @@ fn a_port_on_each_of_two_subnets(tag: &str, default: Provider, on_s2: Provider, 
     }
     // Two more SM checks: anything the main subnet's ports would do, they have done.
     std::thread::sleep(Duration::from_millis(
-        2 * acm_dataplane::plane::SM_CHECK_MS + 500,
+        2 * acm_core_nostd::node::SM_CHECK_MS + 500,
     ));
     for (i, n) in ["Hca2", "Hca3", "Hca4"].iter().enumerate() {
         let p = f.node(n).unwrap().ports.clone();

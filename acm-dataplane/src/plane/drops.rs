@@ -39,7 +39,7 @@ impl<I: CoreIo> Plane<I> {
             }
             self.last_drop_log = now.max(1);
         }
-        let forged = self.sa.forged;
+        let forged = self.n().sa().forged;
         if forged != self.sa_forged_logged {
             self.log_grown(
                 None,
@@ -50,7 +50,7 @@ impl<I: CoreIo> Plane<I> {
             self.sa_forged_logged = forged;
             self.last_drop_log = now.max(1);
         }
-        let s = self.r().stats();
+        let s = self.n().stats();
         if s == self.last_stats {
             return;
         }

@@ -23,8 +23,17 @@ impl Eps {
     }
 
     /// Endpoint `i`, if open.
-    pub(super) fn get(&self, i: usize) -> Option<&EpRecord> {
+    #[cfg(test)]
+    fn get(&self, i: usize) -> Option<&EpRecord> {
         self.slots.get(i)?.as_ref()
+    }
+
+    /// The open endpoints with their indices, ascending.
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = (usize, &EpRecord)> {
+        self.open
+            .iter()
+            .filter_map(|&i| Some((usize::from(i), self.slots[usize::from(i)].as_ref()?)))
     }
 
     /// Endpoint `i`, if open.
@@ -74,13 +83,6 @@ impl Eps {
         Some((i, self.slots[i].as_mut()?))
     }
 
-    /// The open endpoints with their indices, ascending.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (usize, &EpRecord)> {
-        self.open
-            .iter()
-            .filter_map(|&i| Some((usize::from(i), self.slots[usize::from(i)].as_ref()?)))
-    }
-
     /// The open endpoints, ascending.
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut EpRecord> {
         // `open` is ascending and without repeats: each step splits the next one off the
@@ -112,7 +114,6 @@ mod tests {
             locals: Vec::new(),
             routes: Vec::new(),
             addrs: Arc::new(Vec::new()),
-            sm: None,
             logged: Default::default(),
         }
     }

@@ -1,11 +1,12 @@
-//! The dataplane loop: the one owner of the resolver, the endpoints' UD queue pairs and every
-//! cache write.
+//! The dataplane loop: the one owner of the node (the resolver and its SA transport), the
+//! endpoints' UD queue pairs and every cache write.
 //!
 //! Each round ([`Poller::poll`]) drains, in bursts, the control messages and client requests
-//! of the ibacm main thread and the SA replies of the core's SA thread (bounded lock-free
-//! queues in an [`Inbox`]), the completion queues of the endpoints' UD QPs, and the
-//! resolver's timers; it feeds them to the sans-IO [`Resolver`] and carries out the resolver's
-//! outputs through two small traits:
+//! of the ibacm main thread and the SA replies of the core's SA thread (the queues of an
+//! [`Inbox`]), the completion queues of the endpoints' UD QPs, and the node's timers; it feeds
+//! them to the sans-IO [`Node`] (`acm_core_nostd::node`: the resolver, the `ud` SA channel,
+//! the SA carriers, the SM addresses, the tries) and carries out the node's outputs through
+//! two small traits:
 //!
 //! * [`CoreIo`]: what the ibacm core does for us (SA MADs, client answers, counters, logs);
 //!   the plugin implements it over the core's helpers, tests over an in-memory fake;
@@ -22,9 +23,7 @@
 //! * `plane/eps.rs`: the endpoints, a slot per id and the list of open ones a round walks;
 //! * `plane/inbox.rs`: the queues into the loop ([`Inbox`]) and what travels in them
 //!   ([`Request`], [`SaReply`], [`Control`], [`HostAddr`]);
-//! * `plane/sa.rs`: the `ud` SA transport ([`Plane::with_ud_sa`]): the core's
-//!   `acm_core_nostd::sa_channel` over the endpoints' UD QPs, the SA carrier of an endpoint,
-//!   class-3 MADs received, Reports, re-sends and the SM LID check;
+//! * `plane/events.rs`: the node's events (`acm_core_nostd::node::Event`) as log lines;
 //! * `plane/recovery.rs`: after a panic: the resolver answered out and replaced
 //!   ([`Poller::recover`]), or the loop run on without one ([`Poller::give_up`]);
 //! * `plane/drops.rs`: what the resolver and the QPs dropped, logged at most once a second;
@@ -35,14 +34,14 @@ use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{
     ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
 };
-use acm_core_nostd::resolver::table::TableError;
+use acm_core_nostd::node::{Node, Output, Transport};
 use acm_core_nostd::resolver::{
-    AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, Output, RecvMeta,
+    AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, RecvMeta,
     Resolver, Stats,
 };
-use acm_core_nostd::sa_channel::{Expired, SaChannel, SaEntry, SmAddr, TableSlot};
+use acm_core_nostd::rmpp;
+use acm_core_nostd::sa_channel::{SaChannel, SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{AcmMsg, Status};
-use acm_core_nostd::wire::mad::{self, Header, Method, MgmtClass, HEADER_LEN};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -50,17 +49,15 @@ use std::time::Instant;
 
 mod drops;
 mod eps;
+mod events;
 mod inbox;
 mod recovery;
 mod reply_due;
-mod sa;
 
 pub use inbox::{Control, HandOver, HostAddr, Inbox, Request, SaReply};
-pub use sa::SM_CHECK_MS;
 
 use eps::Eps;
 use inbox::{lock, Carried};
-use sa::sa_tid_key;
 
 /// The path cache on the host: heap (or huge-page) storage sized from the options.
 pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -71,6 +68,10 @@ pub type HostWriter = CacheWriter<Arc<HostCache>>;
 
 /// The loop's resolver: heap storage, the cache written through its [`HostWriter`].
 pub type HostResolver = Resolver<HeapStorage, Arc<HostCache>>;
+
+/// The loop's node: its resolver, and the `ud` transport's SA channel on the heap.
+pub type HostNode =
+    Node<HeapStorage, Arc<HostCache>, Vec<SaEntry>, Vec<TableSlot<Box<[u8]>>>, Box<[u8]>>;
 
 /// Makes the loop's resolver around the cache's writer (again after a caught panic, with the
 /// writer the old one gave back); `None` is an error (the writer is then dropped, and the loop
@@ -153,20 +154,15 @@ struct EpRecord {
     locals: Vec<(AddrKind, [u8; 64])>,
     routes: Vec<[u8; 64]>,
     addrs: Arc<Vec<HostAddr>>,
-    /// Where the port's SA is, as last read from the port (`ud` SA transport).
-    sm: Option<SmAddr>,
     /// What its QP had dropped or repaired when the drop log last looked (plane/drops.rs).
     logged: UdHealth,
 }
 
-/// The `ud` transport's SA channel: heap storage for its requests and its table slots.
-type UdSaChannel = SaChannel<Vec<SaEntry>, Vec<TableSlot<Box<[u8]>>>, Box<[u8]>>;
-
 /// The loop (see the module docs).
 pub struct Plane<I: CoreIo> {
-    /// The resolver, owner of the cache's one writer (every cache write of the loop goes
-    /// through it). `None` only after a failed recovery, when [`Plane::dead`] is set.
-    resolver: Option<HostResolver>,
+    /// The node, whose resolver owns the cache's one writer (every cache write of the loop
+    /// goes through it). `None` only after a failed recovery, when [`Plane::dead`] is set.
+    node: Option<HostNode>,
     make_resolver: MakeResolver,
     inbox: Arc<Inbox>,
     io: I,
@@ -199,14 +195,9 @@ pub struct Plane<I: CoreIo> {
     dead: bool,
     done: bool,
     stats: Option<LoopStats>,
-    /// SA MADs go out on the endpoints' UD QPs (`acmrs_sa_transport ud`).
-    sa_ud: bool,
-    /// The `ud` transport's outstanding SA requests.
-    sa: UdSaChannel,
-    /// [`SaChannel::expire`]'s work of one round (kept between rounds).
-    sa_due: Vec<Expired>,
-    /// When the endpoints' SM addresses are read again.
-    next_sm_check: Millis,
+    /// When the received MAD the node works on was taken (clock ticks; with stats): where an
+    /// SA reply's round trip ends ([`Output::QueryDone`]).
+    rx_taken: Option<u64>,
     /// The SA queries out and their round trip: when a reply is due.
     reply_due: reply_due::ReplyDue,
     /// Poll rounds run (published to the inbox for the watchdog).
@@ -328,8 +319,9 @@ impl<I: CoreIo> Plane<I> {
         epoch: Instant,
     ) -> Option<Self> {
         let resolver = make_resolver(writer)?;
+        let sa = SaChannel::new(Vec::new(), Vec::new(), sa_tid_key());
         Some(Plane {
-            resolver: Some(resolver),
+            node: Some(Node::new(resolver, sa, Transport::Core)),
             make_resolver,
             inbox,
             io,
@@ -347,10 +339,7 @@ impl<I: CoreIo> Plane<I> {
             dead: false,
             done: false,
             stats: None,
-            sa_ud: false,
-            sa: SaChannel::new(Vec::new(), Vec::new(), sa_tid_key()),
-            sa_due: Vec::with_capacity(16),
-            next_sm_check: 0,
+            rx_taken: None,
             reply_due: reply_due::ReplyDue::new(),
             rounds: 0,
         })
@@ -377,10 +366,36 @@ impl<I: CoreIo> Plane<I> {
         self.stats.as_ref().map_or(0, |s| s.misses.len())
     }
 
-    /// The resolver: there is one whenever the loop is not [`dead`](Plane::dead) (only a
-    /// failed recovery leaves it without one, and then nothing calls this).
+    /// The node: there is one whenever the loop is not [`dead`](Plane::dead) (only a failed
+    /// recovery leaves it without one, and then nothing calls this).
+    fn n(&mut self) -> &mut HostNode {
+        self.node.as_mut().expect("a live loop has a node")
+    }
+
+    /// The node's resolver (addresses, preloads, the cache).
     fn r(&mut self) -> &mut HostResolver {
-        self.resolver.as_mut().expect("a live loop has a resolver")
+        self.n().resolver_mut()
+    }
+
+    /// Sends SA MADs from each endpoint's UD QP to its port's SM (the `ud` transport) with
+    /// room for `capacity` outstanding requests; endpoints without a QP or without a known SM
+    /// still use the core's service. One half-world PathRecord table at a time is taken, of
+    /// up to `table_records` records (0: none; the resolver then never gets a table and turns
+    /// them off on the first try). Before any endpoint opens.
+    pub fn with_ud_sa(mut self, capacity: usize, table_records: usize) -> Self {
+        let tables = match table_records {
+            0 => Vec::new(),
+            n => vec![TableSlot::new(
+                vec![0u8; n * 64].into_boxed_slice(),
+                rmpp::Config::DEFAULT,
+            )],
+        };
+        let sa = SaChannel::new(vec![SaEntry::EMPTY; capacity], tables, sa_tid_key());
+        if let Some(node) = self.node.take() {
+            let (resolver, _) = node.into_parts();
+            self.node = Some(Node::new(resolver, sa, Transport::Ud));
+        }
+        self
     }
 
     fn ms(&self, t: Instant) -> Millis {
@@ -479,25 +494,23 @@ impl<I: CoreIo> Plane<I> {
             } => {
                 let mut rec = EpRecord {
                     cache_ep,
-                    cfg,
+                    // An endpoint without a UD QP has QPN 0, whatever the caller said.
+                    cfg: EpConfig {
+                        qpn: if ud.is_some() { cfg.qpn } else { 0 },
+                        ..cfg
+                    },
                     ud,
                     locals: Vec::new(),
                     routes,
                     addrs,
-                    sm: None,
                     logged: UdHealth::default(),
                 };
-                if self.sa_ud {
-                    rec.sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
-                }
-                self.open_in_resolver(ep, &rec, now);
+                self.open_in_resolver(ep, &mut rec, now);
                 self.eps.put(usize::from(ep.0), rec);
             }
             Control::Close(ep) => {
-                self.r().close_endpoint(now, ep);
+                self.n().close_endpoint(now, ep);
                 self.drain_outputs(now);
-                // The resolver forgot the endpoint's queries: their replies match nothing.
-                self.sa.drop_endpoint(ep, |_, _| {});
                 // Dropping the UD QP detaches and frees its verbs objects.
                 self.eps.remove(usize::from(ep.0));
             }
@@ -523,7 +536,7 @@ impl<I: CoreIo> Plane<I> {
                 self.r().remove_address(ep, kind, &addr);
                 // The resolver drops the address's cache alias at its next timer run: now,
                 // before any later request looks it up.
-                self.r().handle_timeout(now);
+                self.n().handle_timeout(now);
             }
             Control::Reregister(ep) => {
                 let Some(rec) = self.eps.get_mut(usize::from(ep.0)) else {
@@ -535,26 +548,26 @@ impl<I: CoreIo> Plane<I> {
                 let cache_ep = rec.cache_ep;
                 // Preloaded routes survive it: the resolver re-inserts them under the new
                 // cache number, and rejoins the endpoint's groups.
-                self.r().reregister(now, ep, cache_ep);
+                self.n().reregister(now, ep, cache_ep);
                 if self.io.log_enabled(1) {
                     self.io.log(1, "client reregister: learned routes flushed");
                 }
             }
             Control::Shutdown => {
-                self.r().shutdown(now);
+                self.n().shutdown(now);
                 self.drain_outputs(now);
                 // Requests still queued get their one answer too.
                 self.answer_queued();
                 self.eps.take_all();
-                self.r().clear_cache();
-                self.sa.clear();
+                self.n().clear();
                 self.done = true;
             }
         }
     }
 
-    fn open_in_resolver(&mut self, ep: EpId, rec: &EpRecord, now: Millis) {
-        if let Err(e) = self.r().open_endpoint(now, ep, rec.cfg) {
+    fn open_in_resolver(&mut self, ep: EpId, rec: &mut EpRecord, now: Millis) {
+        let sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
+        if let Err(e) = self.n().open_endpoint(now, ep, rec.cfg, sm) {
             self.io
                 .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
             return;
@@ -613,13 +626,23 @@ impl<I: CoreIo> Plane<I> {
     /// on the way to its answers. Both transports.
     fn sa_answered(&mut self, token: u64, answered: bool, taken: Option<u64>, handed: u64) {
         self.reply_due.done(token, Instant::now(), answered);
-        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken) {
+        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken.filter(|_| answered)) {
             if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
                 (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
                 if handed != 0 {
                     (s.sink)(ep, Latency::ReplyWait, s.clock.ns(handed, taken));
                 }
             }
+        }
+    }
+
+    /// SA query `token` of endpoint `ep` went out at `at` (clock ticks, with stats): when its
+    /// reply is due, and where its round trip starts.
+    fn query_out(&mut self, token: u64, ep: EpId, at: Option<u64>) {
+        self.reply_due.sent(token, Instant::now());
+        if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
+            LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
+            s.query_sent(Some(at));
         }
     }
 
@@ -630,53 +653,62 @@ impl<I: CoreIo> Plane<I> {
         }
     }
 
-    /// Carries out every output the resolver has (a send that fails is reported back to the
-    /// resolver, which may produce more outputs: loop until none are left). Counter bumps go
-    /// after the sends (`counts`): the resolver gives them first, and they are not on a miss's
-    /// way to its query.
-    fn drain_outputs(&mut self, now: Millis) {
-        while let Some(o) = self.r().poll_output() {
+    /// Carries out every output the node has (a send the core's service refuses is reported
+    /// back to the node, which may produce more outputs: loop until none are left). Counter
+    /// bumps go after the sends (`counts`): the resolver gives them first, and they are not on
+    /// a miss's way to its query. Whether any output moved bytes or answered (an SM address
+    /// read, a log line or a query's bookkeeping alone is not work for the worker's spin).
+    fn drain_outputs(&mut self, now: Millis) -> bool {
+        let mut acted = false;
+        while let Some(o) = self.n().poll_output(now) {
+            acted |= !matches!(
+                o,
+                Output::ReadSm { .. } | Output::QueryDone { .. } | Output::Event(_)
+            );
             match o {
-                Output::SendSa { ep, token, mad } => {
-                    let at = self.stats.as_ref().map(|s| s.clock.now());
-                    let route = self.ud_sa_route(ep);
-                    let table =
-                        Header::new_unchecked(&mad[..HEADER_LEN]).method() == Method::GetTable;
-                    if table && route.is_none() {
-                        // The core's service reads one MAD per answer: no tables through it.
-                        let e = Err(TableError::NotCarried);
-                        self.r().handle_sa_table(now, token, e);
-                        continue;
-                    }
-                    let sent = match route {
-                        Some((via, sm)) => self.send_sa_ud(now, ep, via, sm, token, &mad),
-                        None => self.io.send_sa(ep, token, &mad),
-                    };
-                    if !sent {
-                        self.r().handle_sa(now, token, 1, &[]);
-                        continue;
-                    }
-                    self.reply_due.sent(token, Instant::now());
-                    if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
-                        LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
-                        s.query_sent(Some(at));
-                    }
-                }
-                Output::SendAcm { ep, to, mad } => {
-                    // A failed send is counted by the QP (`UdHealth::send_errors`) and logged
-                    // by `log_drops` at most once a second: a flood of queries that uses up
-                    // the send buffers must not turn into a line per answer.
+                Output::Transmit { qp, to, mad, query } => {
+                    let at = query.and(self.stats.as_ref().map(|s| s.clock.now()));
+                    // A failed post is a loss (the node's or the resolver's tries cover it),
+                    // counted by the QP (`UdHealth::send_errors`) and logged by `log_drops`
+                    // at most once a second: a flood that uses up the send buffers must not
+                    // turn into a line per MAD.
                     if let Some(ud) = self
                         .eps
-                        .get_mut(usize::from(ep.0))
+                        .get_mut(usize::from(qp.0))
                         .and_then(|e| e.ud.as_mut())
                     {
                         let _ = ud.send(&to, &mad);
                     }
-                    if let Some(s) = self.stats.as_mut() {
-                        s.query_sent(None);
+                    match query {
+                        Some(token) => self.query_out(token, qp, at),
+                        None => {
+                            if let Some(s) = self.stats.as_mut() {
+                                s.query_sent(None);
+                            }
+                        }
                     }
                 }
+                Output::CoreSa { ep, token, mad } => {
+                    let at = self.stats.as_ref().map(|s| s.clock.now());
+                    if self.io.send_sa(ep, token, &mad) {
+                        self.query_out(token, ep, at);
+                    } else {
+                        self.n().handle_core_unsent(now, token);
+                    }
+                }
+                Output::ReadSm { ep } => {
+                    let Some(rec) = self.eps.get_mut(usize::from(ep.0)) else {
+                        continue;
+                    };
+                    let sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
+                    let cache_ep = rec.cache_ep;
+                    self.n().handle_sm(now, ep, cache_ep, sm);
+                }
+                Output::QueryDone { token, answered } => {
+                    let taken = self.rx_taken;
+                    self.sa_answered(token, answered, taken, 0);
+                }
+                Output::Event(e) => self.log_event(e),
                 Output::Answer(a) => {
                     self.flush_counts();
                     if self.hand_is == Hand::Taken
@@ -752,6 +784,7 @@ impl<I: CoreIo> Plane<I> {
         if let Some(s) = self.stats.as_mut() {
             s.lap = None;
         }
+        acted
     }
 }
 
@@ -772,7 +805,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             };
             did = true;
             let taken = self.stats.as_mut().map(LoopStats::reply_taken);
-            self.r().handle_sa(now, r.token, r.umad_status, &r.mad);
+            self.n().handle_core_sa(now, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
             // The answers it led to are out: its bookkeeping follows, off their way.
             self.sa_answered(r.token, r.umad_status == 0, taken, r.handed);
@@ -811,22 +844,16 @@ impl<I: CoreIo> Poller for Plane<I> {
                 taking = Some(t);
                 s.lap = Some(Lap::Request { taken, ep: r.ep });
             }
-            let resolver = self.resolver.as_mut().expect("a live loop has a resolver");
-            let msg = &r.msg[..usize::from(r.len)];
-            match &r.target {
-                // Classified by the caller's front: not parsed again.
-                Some(t) => {
-                    let req = acm_core_nostd::resolver::Request {
-                        ep: r.ep,
-                        cache_ep: r.cache_ep,
-                        client: r.client,
-                        kind: r.kind,
-                        msg,
-                    };
-                    resolver.request_classified(now, &req, t);
-                }
-                None => resolver.request(now, r.ep, r.cache_ep, r.client, r.kind, msg),
-            }
+            let node = self.node.as_mut().expect("a live loop has a node");
+            let req = acm_core_nostd::resolver::Request {
+                ep: r.ep,
+                cache_ep: r.cache_ep,
+                client: r.client,
+                kind: r.kind,
+                msg: &r.msg[..usize::from(r.len)],
+            };
+            // Classified by the caller's front (`target`): not parsed again.
+            node.handle_request(now, &req, r.target.as_ref());
             self.hand_is = Hand::Free;
             self.drain_outputs(now);
             if let (Some(s), Some(t)) = (self.stats.as_mut(), taking) {
@@ -852,34 +879,21 @@ impl<I: CoreIo> Poller for Plane<I> {
             ud.poll(&mut |m, b| rx.push((*m, *b)));
             for (m, b) in &rx {
                 did = true;
-                let taken = self.stats.as_mut().map(LoopStats::reply_taken);
-                let class = Header::new_unchecked(&b[..mad::HEADER_LEN]).mgmt_class();
-                let answered = if class == MgmtClass::SubnAdm {
-                    self.sa_receive(now, EpId(i as u8), m, b)
-                } else {
-                    self.r().handle_acm(now, EpId(i as u8), m, &b[..]);
-                    None
-                };
+                // An SA reply's bookkeeping ([`Output::QueryDone`]) follows the answers it
+                // led to, and its round trip ends here.
+                self.rx_taken = self.stats.as_mut().map(LoopStats::reply_taken);
+                self.n().handle_receive(now, EpId(i as u8), m, b);
                 self.drain_outputs(now);
-                // The answers it led to are out: an SA reply's bookkeeping follows.
-                if let Some(token) = answered {
-                    self.sa_answered(token, true, taken, 0);
-                }
+                self.rx_taken = None;
             }
             self.rx = rx;
         }
-        if self.r().poll_timeout().is_some_and(|at| at <= now) {
-            did = true;
-            self.r().handle_timeout(now);
-            self.drain_outputs(now);
+        if self.n().poll_timeout().is_some_and(|at| at <= now) {
+            self.n().handle_timeout(now);
+            did |= self.drain_outputs(now);
         }
-        self.sa_timers(now);
         self.log_drops(now);
-        let sm_check = self.sa_ud.then_some(self.next_sm_check);
-        let next = [self.r().poll_timeout(), self.sa.next_deadline(), sm_check]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = self.n().poll_timeout();
         PollOutcome {
             did_work: did,
             next_deadline: next.map(|at| self.epoch + std::time::Duration::from_millis(at)),
@@ -936,4 +950,12 @@ enum Hand {
     /// A request not yet known to the resolver or answered: if the resolver panics with it,
     /// `recover` answers it.
     Taken,
+}
+
+/// A random key for the SA channel's wire TIDs: two draws of std's randomly keyed hasher
+/// (seeded from the OS's random source once per process).
+fn sa_tid_key() -> [u64; 2] {
+    use std::hash::BuildHasher;
+    let st = std::collections::hash_map::RandomState::new();
+    [st.hash_one(0x5a_u64), st.hash_one(0xa5_u64)]
 }

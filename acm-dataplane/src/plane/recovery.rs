@@ -5,6 +5,7 @@
 
 use super::{CoreIo, Hand, Plane, BURST};
 use crate::worker::PollOutcome;
+use acm_core_nostd::node::Node;
 use acm_core_nostd::resolver::{EpId, Millis};
 use acm_core_nostd::wire::client::Status;
 use std::sync::atomic::Ordering;
@@ -60,16 +61,22 @@ impl<I: CoreIo> Plane<I> {
             s.sa.clear();
             s.taking = None;
         }
-        // The old resolver's tokens mean nothing to the new one.
-        self.sa.clear();
         // The old resolver gives the cache's writer back for the fresh one: one owner at a
-        // time, never a second writer.
-        let writer = self.resolver.take().map(|r| r.into_writer());
-        let fresh = writer.and_then(|w| {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.make_resolver)(w)))
-                .ok()
-                .flatten()
-        });
+        // time, never a second writer. The SA channel's storage stays, emptied: the old
+        // resolver's tokens mean nothing to the new one.
+        let Some(node) = self.node.take() else {
+            self.stop_resolving();
+            return;
+        };
+        let transport = node.transport();
+        let (old, mut sa) = node.into_parts();
+        sa.clear();
+        let writer = old.into_writer();
+        let fresh = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (self.make_resolver)(writer)
+        }))
+        .ok()
+        .flatten();
         let Some(fresh) = fresh else {
             self.io.log(
                 0,
@@ -78,11 +85,11 @@ impl<I: CoreIo> Plane<I> {
             self.stop_resolving();
             return;
         };
-        self.resolver = Some(fresh);
+        self.node = Some(Node::new(fresh, sa, transport));
         self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
         self.r().clear_cache();
-        for (i, rec) in self.eps.take_all() {
-            self.open_in_resolver(EpId(i as u8), &rec, now);
+        for (i, mut rec) in self.eps.take_all() {
+            self.open_in_resolver(EpId(i as u8), &mut rec, now);
             self.eps.put(i, rec);
         }
         self.drain_outputs(now);
@@ -122,7 +129,7 @@ impl<I: CoreIo> Plane<I> {
     /// Shuts the resolver down, answering every request it holds (ENODATA, as at shutdown),
     /// its outputs carried out; a panic on the way is caught. Whether it all went through.
     fn answer_held(&mut self, now: Millis) -> bool {
-        if self.resolver.is_none() {
+        if self.node.is_none() {
             return false;
         }
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -1,0 +1,608 @@
+//! One provider instance as one sans-IO machine: the [`Resolver`] and its SA transport
+//! composed, so that the dataplane, the simulator and the firmware run the same logic.
+//!
+//! A [`Node`] owns:
+//! * the resolver (requests, the cache's one writer, ACM, groups, subscriptions, tables);
+//! * the [`SaChannel`] with its RMPP receivers (the `ud` transport: SA MADs on our own QPs);
+//! * the SA carrier of each endpoint (which endpoint's UD QP carries its SA MADs);
+//! * the SM address of each endpoint's port, and when it is read again ([`SM_CHECK_MS`]);
+//! * the tries and the per-try wait of an SA MAD (`timeout` + the port's subnet timeout,
+//!   `retries + 1` tries).
+//!
+//! The caller moves bytes. It feeds the node typed inputs (`handle_*`, each with the time)
+//! and carries out what [`Node::poll_output`] gives until it gives nothing: post a MAD on a
+//! QP ([`Output::Transmit`]), hand one to the core's SA service ([`Output::CoreSa`]), answer
+//! a client, attach or detach a group, count, read a port's SM address ([`Output::ReadSm`]),
+//! log an [`Event`], or note that an SA query is done ([`Output::QueryDone`]).
+//! [`Node::poll_timeout`] says when to call [`Node::handle_timeout`].
+//!
+//! The transport is the node's ([`Transport`]): with [`Transport::Ud`], every endpoint whose
+//! port has a carrier and a known SM sends its SA MADs on that carrier's QP to the SM's QP1
+//! and gets the replies back on it; the others, and every endpoint with [`Transport::Core`],
+//! hand theirs to the core's service (one MAD per answer: no half-world tables through it).
+
+use crate::cache::CacheRef;
+use crate::resolver::request::Target;
+use crate::resolver::table::TableError;
+use crate::resolver::{
+    AcmDest, Answer, Counter, EpConfig, EpId, McGroup, Millis, RecvMeta, Request, Resolver, Stats,
+    Storage, MAX_EPS,
+};
+use crate::rmpp::Failure;
+use crate::sa_channel::{Expired, Received, SaChannel, SaEntry, SmAddr, TableSlot, TIMED_OUT};
+use crate::wire::gid::Gid;
+use crate::wire::inform::NoticeRepr;
+use crate::wire::mad::{Header, Method, MgmtClass, HEADER_LEN, MAD_LEN};
+use crate::wire::path_record::PATH_RECORD_LEN;
+use crate::wire::sa::DATA_OFFSET as SA_DATA;
+use core::ops::DerefMut;
+
+/// How often the node has each port's SM address read again (the core forwards no SM_CHANGE
+/// event to a provider).
+pub const SM_CHECK_MS: Millis = 1000;
+
+/// The umad status a query completes with when the core's SA service refused to send it
+/// ([`Node::handle_core_unsent`]): EIO, as a send that never left.
+pub const UNSENT: u32 = 5;
+
+/// How SA MADs leave ([`Node::new`]; `acmrs_sa_transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Every SA MAD through the core's umad service ([`Output::CoreSa`]).
+    Core,
+    /// On the endpoints' own UD QPs to the SM ([`Output::Transmit`]), through the node's
+    /// [`SaChannel`]; an endpoint with no carrier or no known SM uses the core's service.
+    Ud,
+}
+
+/// One thing for the caller to do ([`Node::poll_output`]).
+// Every variant carries its MAD or message by value: no allocator, and the caller moves it out.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug)]
+pub enum Output {
+    /// Post `mad` on endpoint `qp`'s UD QP to `to`. Fire and forget: a post that fails is a
+    /// loss, which the node's tries (SA MADs) or the resolver's (ACM MADs) cover.
+    Transmit {
+        /// The endpoint whose QP sends it.
+        qp: EpId,
+        /// Where to.
+        to: AcmDest,
+        /// The MAD.
+        mad: [u8; MAD_LEN],
+        /// The token of the SA query this is the first send of (`None`: an ACM MAD, a
+        /// re-send, an RMPP ACK, a response).
+        query: Option<u64>,
+    },
+    /// Hand `mad` to the core's SA service for endpoint `ep`; report its completion with
+    /// [`Node::handle_core_sa`], or its refusal with [`Node::handle_core_unsent`], with this
+    /// token.
+    CoreSa {
+        /// The endpoint whose port it goes out on.
+        ep: EpId,
+        /// Give it back with the completion.
+        token: u64,
+        /// The MAD.
+        mad: [u8; MAD_LEN],
+    },
+    /// Answer a client (exactly once per answered request).
+    Answer(Answer),
+    /// Attach endpoint `ep`'s QP to this group and make an address handle for it.
+    Attach {
+        /// Endpoint.
+        ep: EpId,
+        /// The group.
+        group: McGroup,
+    },
+    /// Detach endpoint `ep`'s QP from this group.
+    Detach {
+        /// Endpoint.
+        ep: EpId,
+        /// The group.
+        group: McGroup,
+    },
+    /// Bump counter `counter` of endpoint `ep`.
+    Count {
+        /// Endpoint.
+        ep: EpId,
+        /// Which counter.
+        counter: Counter,
+    },
+    /// Read where endpoint `ep`'s port's SM is now and give it to [`Node::handle_sm`].
+    ReadSm {
+        /// Endpoint.
+        ep: EpId,
+    },
+    /// The `ud` SA query `token` is done: `answered` by the SA (a reply or a whole table), or
+    /// failed (out of tries, a table that brought nothing). After the outputs it led to.
+    QueryDone {
+        /// The token of its [`Output::Transmit`].
+        token: u64,
+        /// By the SA.
+        answered: bool,
+    },
+    /// Something worth a log line.
+    Event(Event),
+}
+
+/// What the node tells the log ([`Output::Event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// No room in the SA channel: endpoint `ep`'s query failed at once (an error).
+    SaFull {
+        /// Endpoint.
+        ep: EpId,
+    },
+    /// A half-world PathRecord table came in whole, with `records` records.
+    TableReceived {
+        /// Records.
+        records: usize,
+    },
+    /// A half-world table brought nothing (an error); the Gets go on.
+    TableFailed {
+        /// Why.
+        failure: Failure,
+    },
+    /// Endpoint `ep`'s port has a new SM: what was learned from the old one is dropped and
+    /// its subscriptions renewed (an error-level line, as a fabric change is).
+    SmChanged {
+        /// Endpoint.
+        ep: EpId,
+        /// The SM before.
+        old: SmAddr,
+        /// The SM now.
+        new: SmAddr,
+    },
+    /// A Report (trap 64/65) taken on endpoint `ep`.
+    Report {
+        /// Endpoint.
+        ep: EpId,
+        /// Trap number.
+        trap: u16,
+        /// The port it names.
+        gid: Gid,
+        /// Cache entries it invalidated.
+        invalidated: u64,
+    },
+}
+
+/// What the node keeps of an endpoint for its SA MADs (kept after a close until the slot is
+/// opened again, so the outputs of the close still find their way).
+#[derive(Clone, Copy, Debug)]
+struct EpSa {
+    open: bool,
+    /// It has a UD QP ([`EpConfig::qpn`] ≠ 0).
+    qp: bool,
+    /// [`EpConfig::sa_pkey`].
+    sa_pkey: bool,
+    port_gid: Gid,
+    subnet_timeout_ms: u32,
+    /// Where its port's SM is, as last read (`ud` transport).
+    sm: Option<SmAddr>,
+}
+
+impl EpSa {
+    const NONE: EpSa = EpSa {
+        open: false,
+        qp: false,
+        sa_pkey: false,
+        port_gid: Gid::ZERO,
+        subnet_timeout_ms: 0,
+        sm: None,
+    };
+
+    /// It can carry its port's SA MADs on its own QP.
+    fn carries(&self) -> bool {
+        self.open && self.qp && self.sa_pkey
+    }
+}
+
+/// The resolver and its SA transport (see the module docs).
+pub struct Node<S, C, E, T, B>
+where
+    S: Storage,
+    C: CacheRef,
+    E: DerefMut<Target = [SaEntry]>,
+    T: DerefMut<Target = [TableSlot<B>]>,
+    B: DerefMut<Target = [u8]>,
+{
+    resolver: Resolver<S, C>,
+    sa: SaChannel<E, T, B>,
+    transport: Transport,
+    eps: [EpSa; MAX_EPS],
+    /// When the SM addresses are read again (`ud`).
+    next_sm_check: Millis,
+    /// The SM check in progress: the next endpoint id to ask [`Output::ReadSm`] for.
+    sm_reading: Option<usize>,
+    /// An event of the last input, not yet polled.
+    event: Option<Event>,
+    /// A `ud` query done by the last input, not yet polled (after the outputs it led to).
+    done: Option<(u64, bool)>,
+}
+
+impl<S, C, E, T, B> Node<S, C, E, T, B>
+where
+    S: Storage,
+    C: CacheRef,
+    E: DerefMut<Target = [SaEntry]>,
+    T: DerefMut<Target = [TableSlot<B>]>,
+    B: DerefMut<Target = [u8]>,
+{
+    /// A node of `resolver` whose SA MADs go by `transport`; `sa` holds the `ud` transport's
+    /// outstanding requests and table slots (empty storage is fine for [`Transport::Core`]).
+    /// The resolver's [`Config`](crate::resolver::Config) gives the tries (`sa_tries`) and the
+    /// per-try wait (`acm_timeout`, plus each port's subnet timeout).
+    pub fn new(resolver: Resolver<S, C>, sa: SaChannel<E, T, B>, transport: Transport) -> Self {
+        Node {
+            resolver,
+            sa,
+            transport,
+            eps: [EpSa::NONE; MAX_EPS],
+            next_sm_check: 0,
+            sm_reading: None,
+            event: None,
+            done: None,
+        }
+    }
+
+    /// The resolver (its cache, stats, config).
+    pub fn resolver(&self) -> &Resolver<S, C> {
+        &self.resolver
+    }
+
+    /// The resolver, for what is not the SA transport's: addresses, preloads, the cache.
+    pub fn resolver_mut(&mut self) -> &mut Resolver<S, C> {
+        &mut self.resolver
+    }
+
+    /// The SA channel (its counters: forged, unknown, re-sends, timeouts).
+    pub fn sa(&self) -> &SaChannel<E, T, B> {
+        &self.sa
+    }
+
+    /// How SA MADs leave.
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    /// The resolver's counters, with the SA channel's replies that matched nothing counted
+    /// as the resolver's own unknown replies.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.resolver.stats();
+        s.sa_unknown += self.sa.unknown;
+        s
+    }
+
+    /// The resolver and the SA channel back (after a caught panic the caller builds a fresh
+    /// resolver around the cache's writer and reuses the channel's storage).
+    pub fn into_parts(self) -> (Resolver<S, C>, SaChannel<E, T, B>) {
+        (self.resolver, self.sa)
+    }
+
+    /// Opens endpoint `ep` ([`Resolver::open_endpoint`]); `sm`: where its port's SM is now
+    /// (`None`: not known yet; read again every [`SM_CHECK_MS`]).
+    pub fn open_endpoint(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        cfg: EpConfig,
+        sm: Option<SmAddr>,
+    ) -> Result<(), crate::resolver::Error> {
+        self.resolver.open_endpoint(now, ep, cfg)?;
+        self.eps[usize::from(ep.0)] = EpSa {
+            open: true,
+            qp: cfg.qpn != 0,
+            sa_pkey: cfg.sa_pkey,
+            port_gid: cfg.port_gid,
+            subnet_timeout_ms: cfg.subnet_timeout_ms.min(u64::from(u32::MAX)) as u32,
+            sm: if self.transport == Transport::Ud {
+                sm
+            } else {
+                None
+            },
+        };
+        Ok(())
+    }
+
+    /// Closes endpoint `ep` ([`Resolver::close_endpoint`]); its SA requests are forgotten (the
+    /// resolver forgot their queries: their replies match nothing).
+    pub fn close_endpoint(&mut self, now: Millis, ep: EpId) {
+        self.resolver.close_endpoint(now, ep);
+        self.sa.drop_endpoint(ep, |_, _| {});
+        self.eps[usize::from(ep.0)].open = false;
+    }
+
+    /// A client reregister on `ep`'s port ([`Resolver::reregister`]).
+    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: u32) {
+        self.resolver.reregister(now, ep, cache_ep);
+    }
+
+    /// Answers everything waiting ENODATA and refuses what comes later
+    /// ([`Resolver::shutdown`]); poll its outputs, then [`clear`](Self::clear).
+    pub fn shutdown(&mut self, now: Millis) {
+        self.resolver.shutdown(now);
+    }
+
+    /// Empties the cache and the SA channel (after a shutdown, or before a fresh resolver).
+    pub fn clear(&mut self) {
+        self.resolver.clear_cache();
+        self.sa.clear();
+        self.event = None;
+        self.done = None;
+    }
+
+    /// A client request: classified by the caller's front already (`target`), or to be
+    /// parsed here (`None`).
+    pub fn handle_request(&mut self, now: Millis, req: &Request<'_>, target: Option<&Target>) {
+        match target {
+            Some(t) => self.resolver.request_classified(now, req, t),
+            None => self
+                .resolver
+                .request(now, req.ep, req.cache_ep, req.client, req.kind, req.msg),
+        }
+    }
+
+    /// The core's SA service completed [`Output::CoreSa`] `token`: the reply (`umad_status`
+    /// 0) or the MAD as sent with the service's failure status.
+    pub fn handle_core_sa(&mut self, now: Millis, token: u64, umad_status: u32, mad: &[u8]) {
+        self.resolver.handle_sa(now, token, umad_status, mad);
+    }
+
+    /// The core's SA service refused [`Output::CoreSa`] `token`: the query fails at once.
+    pub fn handle_core_unsent(&mut self, now: Millis, token: u64) {
+        self.resolver.handle_sa(now, token, UNSENT, &[]);
+    }
+
+    /// A MAD received on endpoint `ep`'s UD QP (`mad`: the 256 bytes after the GRH; `meta`
+    /// from its completion). Class 3 goes to the SA channel (only the SM speaks it to us; a
+    /// reply completes its query, a Report goes to the resolver), the rest to the resolver as
+    /// ACM.
+    pub fn handle_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8; MAD_LEN]) {
+        let class = Header::new_unchecked(&mad[..HEADER_LEN]).mgmt_class();
+        if class != MgmtClass::SubnAdm {
+            self.resolver.handle_acm(now, ep, meta, &mad[..]);
+            return;
+        }
+        let sm = self.eps[usize::from(ep.0)].sm;
+        let eps = &self.eps;
+        let carries = |owner: EpId| carrier_in(eps, owner) == Some(ep);
+        match self.sa.receive(now, meta, sm, carries, mad) {
+            Received::Reply { token, mad } => {
+                self.resolver.handle_sa(now, token, 0, &mad);
+                self.done = Some((token, true));
+            }
+            Received::Table { token, slot } => {
+                let table = self.sa.table(slot);
+                let records = table.map_or(0, |t| t.records.len() / PATH_RECORD_LEN);
+                self.event = Some(Event::TableReceived { records });
+                let table = table.ok_or(TableError::Failed);
+                self.resolver.handle_sa_table(now, token, table);
+                self.done = Some((token, true));
+            }
+            Received::TableFailed { token, failure } => self.table_failed(now, token, failure),
+            Received::Report => self.report(now, ep, mad),
+            // Counted by the channel (`forged`, `unknown`; `stats` adds the unknown).
+            Received::Segment | Received::Forged | Received::Unknown => {}
+        }
+    }
+
+    /// Where endpoint `ep`'s port's SM is now (asked for by [`Output::ReadSm`]), its cache
+    /// number `cache_ep`. A new SM LID drops what was learned from the old fabric state and
+    /// subscribes again, as a client reregister does.
+    pub fn handle_sm(&mut self, now: Millis, ep: EpId, cache_ep: u32, sm: Option<SmAddr>) {
+        let e = &mut self.eps[usize::from(ep.0)];
+        let Some(sm) = sm else {
+            return;
+        };
+        if self.transport != Transport::Ud || !e.open || e.sm == Some(sm) {
+            return;
+        }
+        if let Some(old) = e.sm.replace(sm) {
+            self.event = Some(Event::SmChanged { ep, old, new: sm });
+            self.resolver.reregister(now, ep, cache_ep);
+        }
+    }
+
+    /// Runs what is due at `now`: the resolver's timers, the SA channel's tries and transfer
+    /// timers, the SM check. Calling it early or often is harmless.
+    pub fn handle_timeout(&mut self, now: Millis) {
+        if self.resolver.poll_timeout().is_some_and(|at| at <= now) {
+            self.resolver.handle_timeout(now);
+        }
+        if self.sa.next_deadline().is_some_and(|at| at <= now) {
+            self.sa.expire(now);
+        }
+        if self.transport == Transport::Ud && now >= self.next_sm_check {
+            self.next_sm_check = now.saturating_add(SM_CHECK_MS);
+            self.sm_reading = Some(0);
+        }
+    }
+
+    /// When to call [`handle_timeout`](Self::handle_timeout) next (`None`: nothing armed). It
+    /// may be early, never late.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Millis> {
+        let sm = (self.transport == Transport::Ud).then_some(self.next_sm_check);
+        [self.resolver.poll_timeout(), self.sa.next_deadline(), sm]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The next thing for the caller to do at `now`, `None` when there is nothing. Call it
+    /// until `None` after every input.
+    #[must_use]
+    pub fn poll_output(&mut self, now: Millis) -> Option<Output> {
+        loop {
+            // What the channel has to send: RMPP ACKs/STOPs/ABORTs, requests whose try ran out.
+            if let Some((ep, mad)) = self.sa.poll_transmit() {
+                if let Some((qp, sm)) = self.route(ep) {
+                    return Some(transmit(qp, sm, mad, None));
+                }
+                // No carrier or no SM any more: the next try (or the transfer's timers) goes
+                // on without this one.
+                continue;
+            }
+            if let Some(e) = self.event.take() {
+                return Some(Output::Event(e));
+            }
+            if self.done.is_none() {
+                match self.sa.poll_expired() {
+                    Some(Expired::Failed { token, mad }) => {
+                        self.resolver.handle_sa(now, token, TIMED_OUT, &mad);
+                        self.done = Some((token, false));
+                        continue;
+                    }
+                    Some(Expired::TableFailed { token, failure }) => {
+                        self.table_failed(now, token, failure);
+                        continue;
+                    }
+                    None => {}
+                }
+            }
+            if let Some(ep) = self.next_sm_read() {
+                return Some(Output::ReadSm { ep });
+            }
+            let Some(o) = self.resolver.poll_output() else {
+                return self
+                    .done
+                    .take()
+                    .map(|(token, answered)| Output::QueryDone { token, answered });
+            };
+            use crate::resolver::Output as R;
+            return Some(match o {
+                R::SendSa { ep, token, mad } => match self.send_sa(now, ep, token, &mad) {
+                    Some(o) => o,
+                    None => continue,
+                },
+                R::SendAcm { ep, to, mad } => Output::Transmit {
+                    qp: ep,
+                    to,
+                    mad,
+                    query: None,
+                },
+                R::Answer(a) => Output::Answer(a),
+                R::Attach { ep, group } => Output::Attach { ep, group },
+                R::Detach { ep, group } => Output::Detach { ep, group },
+                R::Count { ep, counter } => Output::Count { ep, counter },
+            });
+        }
+    }
+
+    /// The resolver's SA MAD `mad` of endpoint `ep` on its way: on the carrier's QP to the
+    /// SM (tracked for its tries unless it is a response), or to the core's service; `None`
+    /// when it was settled here (no room, or a table the core's service cannot carry).
+    fn send_sa(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        token: u64,
+        mad: &[u8; MAD_LEN],
+    ) -> Option<Output> {
+        let Some((qp, sm)) = self.route(ep) else {
+            if Header::new_unchecked(&mad[..HEADER_LEN]).method() == Method::GetTable {
+                // The core's service reads one MAD per answer: no tables through it.
+                let e = Err(TableError::NotCarried);
+                self.resolver.handle_sa_table(now, token, e);
+                return None;
+            }
+            return Some(Output::CoreSa {
+                ep,
+                token,
+                mad: *mad,
+            });
+        };
+        let cfg = self.resolver.config();
+        let per_try = cfg
+            .acm_timeout
+            .saturating_add(u64::from(self.eps[usize::from(qp.0)].subnet_timeout_ms));
+        let tries = cfg.sa_tries.max(1);
+        match self.sa.start(now, ep, token, mad, per_try, tries) {
+            Some(wire) => Some(transmit(qp, sm, wire, Some(token))),
+            None => {
+                self.event = Some(Event::SaFull { ep });
+                self.resolver.handle_sa(now, token, UNSENT, &[]);
+                None
+            }
+        }
+    }
+
+    /// The carrier of `ep`'s SA MADs and its port's SM (`ud` transport), `None` when they go
+    /// through the core's service.
+    fn route(&self, ep: EpId) -> Option<(EpId, SmAddr)> {
+        if self.transport != Transport::Ud {
+            return None;
+        }
+        let qp = carrier_in(&self.eps, ep)?;
+        Some((qp, self.eps[usize::from(qp.0)].sm?))
+    }
+
+    /// The next endpoint of the SM check in progress (one with a QP).
+    fn next_sm_read(&mut self) -> Option<EpId> {
+        let from = self.sm_reading?;
+        match (from..MAX_EPS).find(|&i| self.eps[i].open && self.eps[i].qp) {
+            Some(i) => {
+                self.sm_reading = Some(i + 1);
+                Some(EpId(i as u8))
+            }
+            None => {
+                self.sm_reading = None;
+                None
+            }
+        }
+    }
+
+    /// A half-world table that brought nothing: the resolver goes on with Gets.
+    fn table_failed(&mut self, now: Millis, token: u64, failure: Failure) {
+        let err = match failure {
+            Failure::TooBig { .. } => TableError::TooBig,
+            _ => TableError::Failed,
+        };
+        self.event = Some(Event::TableFailed { failure });
+        self.resolver.handle_sa_table(now, token, Err(err));
+        self.done = Some((token, false));
+    }
+
+    /// A Report from the SM (trap 64/65): the resolver's; an event when it took it.
+    fn report(&mut self, now: Millis, ep: EpId, mad: &[u8; MAD_LEN]) {
+        let before = self.resolver.stats();
+        self.resolver.handle_report(now, ep, mad);
+        let after = self.resolver.stats();
+        if after.reports > before.reports {
+            // The resolver took it as a Report, so its Notice parses.
+            let notice = NoticeRepr::parse_bytes(&mad[SA_DATA..]).ok();
+            self.event = Some(Event::Report {
+                ep,
+                trap: notice.map_or(0, |n| n.trap),
+                gid: notice.and_then(|n| n.subject_gid()).map_or(Gid::ZERO, Gid),
+                invalidated: after.report_invalidated - before.report_invalidated,
+            });
+        }
+    }
+}
+
+/// The endpoint whose UD QP carries `ep`'s SA MADs: `ep` itself if its QP is on the port's SA
+/// P_Key ([`EpConfig::sa_pkey`]), else an open endpoint of the same port (same GID 0) whose
+/// QP is. The SM's port drops MADs of a partition it is not in, so an endpoint of another
+/// partition cannot reach the SA on its own QP; with no carrier on the port, its MADs go
+/// through the core's service. Replies come back on that QP and are matched to `ep`'s query
+/// by the SA channel. An endpoint being closed still carries its own last MADs (its leaves).
+fn carrier_in(eps: &[EpSa; MAX_EPS], ep: EpId) -> Option<EpId> {
+    let own = &eps[usize::from(ep.0)];
+    if own.qp && own.sa_pkey {
+        return Some(ep);
+    }
+    let gid = own.port_gid;
+    eps.iter()
+        .position(|e| e.carries() && e.port_gid == gid)
+        .map(|i| EpId(i as u8))
+}
+
+/// `mad` on `qp`'s QP to the SM's QP1.
+fn transmit(qp: EpId, sm: SmAddr, mad: [u8; MAD_LEN], query: Option<u64>) -> Output {
+    Output::Transmit {
+        qp,
+        to: sm.dest(),
+        mad,
+        query,
+    }
+}

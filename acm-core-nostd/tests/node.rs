@@ -1,0 +1,380 @@
+//! The node (`acm_core_nostd::node`) driven by hand: the resolver's SA MADs on the carrier's
+//! QP to the SM with the channel's TIDs, replies only from the SM on the asking QP, the tries
+//! and their wait, the carrier of another partition's endpoint, the core's transport (no
+//! tables through it, a refused send), and the SM check.
+
+use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use acm_core_nostd::node::{Event, Node, Output, Transport, SM_CHECK_MS};
+use acm_core_nostd::resolver::{
+    AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
+};
+use acm_core_nostd::sa_channel::{SaChannel, SaEntry, SmAddr, TableSlot};
+use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
+use acm_core_nostd::wire::gid::Gid;
+use acm_core_nostd::wire::path_record::PathRecord;
+use std::sync::Arc;
+
+type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+type TestNode = Node<HeapStorage, Arc<Cache>, Vec<SaEntry>, Vec<TableSlot<Vec<u8>>>, Vec<u8>>;
+
+const SM: SmAddr = SmAddr { lid: 1, sl: 0 };
+/// Endpoint A: port 4's default partition (its SA carrier).
+const A: EpId = EpId(3);
+/// Endpoint B: port 4, another partition (no SA on its own QP).
+const B: EpId = EpId(4);
+/// Endpoint C: port 5, the default partition.
+const C: EpId = EpId(5);
+const SUBNET_TIMEOUT: u64 = 100;
+
+fn gid(port: u8) -> Gid {
+    let mut g = [0u8; 16];
+    g[..2].copy_from_slice(&[0xfe, 0x80]);
+    g[15] = port;
+    Gid(g)
+}
+
+fn ep(port: u8, pkey: u16, sa_pkey: bool) -> EpConfig {
+    EpConfig {
+        port_gid: gid(port),
+        lid: u16::from(port),
+        pkey,
+        mtu: 4,
+        rate: 3,
+        subnet_timeout_ms: SUBNET_TIMEOUT,
+        qpn: 0x40 + u32::from(port),
+        sa_pkey,
+    }
+}
+
+/// Routes by the SA only (no ACM groups, no Reports, no tables unless asked), one Get per
+/// destination, the whole window at once.
+fn config() -> Config {
+    Config {
+        addr_acm: false,
+        sa_reports: false,
+        sa_window_start: 4096,
+        sa_table_min: 0,
+        ..Config::default()
+    }
+}
+
+struct T {
+    n: TestNode,
+    now: u64,
+    out: Vec<Output>,
+}
+
+fn setup(cfg: Config, transport: Transport) -> T {
+    let cache = PathCache::new(
+        PathSlot::boxed(1024),
+        AddrSlot::boxed(1024),
+        CacheConfig::default(),
+    )
+    .unwrap();
+    let writer = CacheWriter::take(Arc::new(cache)).unwrap();
+    let r = Resolver::new(cfg, HeapStorage::new(Capacities::default()), writer, 7).unwrap();
+    let tables = vec![TableSlot::new(vec![0u8; 64 * 64], Default::default())];
+    let sa = SaChannel::new(vec![SaEntry::EMPTY; 64], tables, [3, 4]);
+    T {
+        n: Node::new(r, sa, transport),
+        now: 0,
+        out: Vec::new(),
+    }
+}
+
+impl T {
+    fn drain(&mut self) {
+        while let Some(o) = self.n.poll_output(self.now) {
+            // What the caller does for a read of the SM address: the port says `SM`.
+            if let Output::ReadSm { ep } = o {
+                self.n.handle_sm(self.now, ep, ep_number(0, ep.0), Some(SM));
+            }
+            self.out.push(o);
+        }
+    }
+    fn open(&mut self, id: EpId, cfg: EpConfig, sm: Option<SmAddr>) {
+        self.n.open_endpoint(self.now, id, cfg, sm).unwrap();
+        self.drain();
+    }
+    fn miss(&mut self, id: EpId, client: u64, lid: u16) {
+        let msg = ClientRequest::path(client, 0, &PathQuery::lid(lid))
+            .bytes()
+            .to_vec();
+        let req = Request {
+            ep: id,
+            cache_ep: ep_number(0, id.0),
+            client,
+            kind: Kind::Resolve,
+            msg: &msg,
+        };
+        self.n.handle_request(self.now, &req, None);
+        self.drain();
+    }
+    fn advance_to(&mut self, at: u64) {
+        self.now = at;
+        self.n.handle_timeout(at);
+        self.drain();
+    }
+    /// The PathRecord Gets posted on a QP: (QP, destination, MAD, first-send token).
+    fn gets(&mut self) -> Vec<(EpId, AcmDest, [u8; 256], Option<u64>)> {
+        let mut v = Vec::new();
+        self.out.retain(|o| match o {
+            Output::Transmit { qp, to, mad, query } if mad[16..18] == [0x00, 0x35] => {
+                v.push((*qp, *to, *mad, *query));
+                false
+            }
+            _ => true,
+        });
+        v
+    }
+    fn answers(&mut self) -> Vec<(u64, Status)> {
+        let mut v = Vec::new();
+        self.out.retain(|o| match o {
+            Output::Answer(a) => {
+                v.push((a.client, a.status));
+                false
+            }
+            _ => true,
+        });
+        v
+    }
+    fn done(&mut self) -> Vec<(u64, bool)> {
+        let mut v = Vec::new();
+        self.out.retain(|o| match o {
+            Output::QueryDone { token, answered } => {
+                v.push((*token, *answered));
+                false
+            }
+            _ => true,
+        });
+        v
+    }
+    /// The SA's answer to the Get `wire` (a path to `lid`), arriving on `on`'s QP from
+    /// `slid`'s QP `qp`.
+    fn sa_reply(&mut self, on: EpId, slid: u16, qp: u32, wire: &[u8; 256], lid: u16) {
+        let mut m = *wire;
+        m[3] = 0x81;
+        let mut rec = [0u8; 64];
+        let mut p = PathRecord::new_unchecked(&mut rec[..]);
+        p.set_dlid(lid);
+        p.set_slid(4);
+        p.set_sgid(gid(4));
+        m[56..120].copy_from_slice(&rec);
+        let meta = RecvMeta {
+            slid,
+            src_qp: qp,
+            sl: 0,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: None,
+        };
+        self.n.handle_receive(self.now, on, &meta, &m);
+        self.drain();
+    }
+}
+
+fn to_sm(to: &AcmDest) -> bool {
+    matches!(to, AcmDest::Unicast(av) if av.dlid == SM.lid && av.remote_qpn == 1)
+}
+
+#[test]
+fn a_miss_leaves_on_its_own_qp_for_the_sm_and_the_reply_answers_it_once() {
+    let mut t = setup(config(), Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    t.miss(A, 11, 6);
+    let gets = t.gets();
+    assert_eq!(gets.len(), 1, "{:?}", t.out);
+    let (qp, to, wire, query) = gets[0];
+    assert_eq!(qp, A);
+    assert!(to_sm(&to), "{to:?}");
+    let token = query.expect("a first send names its query");
+    assert!(t.done().is_empty());
+    // Not the SM's LID: forged, counted, nothing answered.
+    t.sa_reply(A, 9, 1, &wire, 6);
+    assert!(t.answers().is_empty() && t.done().is_empty());
+    assert_eq!(t.n.sa().forged, 1);
+    t.sa_reply(A, SM.lid, 1, &wire, 6);
+    assert_eq!(t.answers(), vec![(11, Status::Success)]);
+    assert_eq!(t.done(), vec![(token, true)]);
+    // Again: answers nothing, counted as an unknown reply.
+    t.sa_reply(A, SM.lid, 1, &wire, 6);
+    assert!(t.answers().is_empty() && t.done().is_empty());
+    assert_eq!(t.n.stats().sa_unknown, 1);
+}
+
+#[test]
+fn an_unanswered_get_goes_again_after_each_try_then_fails_once() {
+    let cfg = config();
+    let per_try = cfg.acm_timeout + SUBNET_TIMEOUT;
+    let tries = u64::from(cfg.sa_tries);
+    assert!(tries >= 2, "the ud transport tries more than once");
+    let mut t = setup(cfg, Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    t.miss(A, 11, 6);
+    let (_, _, wire, query) = t.gets()[0];
+    let token = query.unwrap();
+    for k in 1..tries {
+        t.advance_to(k * per_try - 1);
+        assert!(t.gets().is_empty(), "try {k} went early");
+        t.advance_to(k * per_try);
+        let again = t.gets();
+        assert_eq!(again.len(), 1, "try {}", k + 1);
+        assert_eq!(again[0].2, wire, "the same bytes, the same TID");
+        assert_eq!(again[0].3, None, "a re-send starts no query");
+        assert!(t.done().is_empty());
+    }
+    t.advance_to(tries * per_try);
+    assert_eq!(t.done(), vec![(token, false)]);
+    assert_eq!((t.n.sa().resends, t.n.sa().timeouts), (tries - 1, 1));
+}
+
+#[test]
+fn another_partitions_endpoint_sends_through_its_ports_carrier_and_hears_on_it() {
+    let mut t = setup(config(), Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    t.open(B, ep(4, 0x8002, false), Some(SM));
+    t.miss(B, 21, 6);
+    let (qp, to, wire, _) = t.gets()[0];
+    assert_eq!(qp, A, "port 4's default-partition QP carries B's SA MADs");
+    assert!(to_sm(&to));
+    // The reply on B's own QP did not come back the way the query went.
+    t.sa_reply(B, SM.lid, 1, &wire, 6);
+    assert!(t.answers().is_empty());
+    assert_eq!(t.n.sa().forged, 1);
+    t.sa_reply(A, SM.lid, 1, &wire, 6);
+    assert_eq!(t.answers(), vec![(21, Status::Success)]);
+}
+
+#[test]
+fn an_endpoint_with_no_carrier_or_no_sm_uses_the_cores_service() {
+    let mut t = setup(config(), Transport::Ud);
+    // Port 5 has only another partition's endpoint: no carrier.
+    t.open(B, ep(5, 0x8002, false), Some(SM));
+    t.miss(B, 31, 6);
+    assert!(t.gets().is_empty());
+    assert!(
+        t.out.iter().any(
+            |o| matches!(o, Output::CoreSa { ep, mad, .. } if *ep == B && mad[16..18] == [0, 0x35])
+        ),
+        "{:?}",
+        t.out
+    );
+    // Port 4's carrier knows no SM yet.
+    let mut t = setup(config(), Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), None);
+    t.out.clear();
+    t.miss(A, 32, 6);
+    assert!(t
+        .out
+        .iter()
+        .any(|o| matches!(o, Output::CoreSa { ep, .. } if *ep == A)));
+}
+
+#[test]
+fn the_core_transport_refuses_tables_and_a_refused_send_fails_the_query() {
+    let cfg = Config {
+        sa_table_min: 2,
+        ..config()
+    };
+    let mut t = setup(cfg, Transport::Core);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    for (i, lid) in (6..12).enumerate() {
+        t.miss(A, 40 + i as u64, lid);
+    }
+    let core: Vec<(u64, [u8; 256])> = t
+        .out
+        .iter()
+        .filter_map(|o| match o {
+            Output::CoreSa { token, mad, .. } => Some((*token, *mad)),
+            _ => None,
+        })
+        .collect();
+    assert!(!core.is_empty());
+    assert!(
+        core.iter()
+            .all(|(_, m)| m[3] == 0x01 && m[16..18] == [0, 0x35]),
+        "only Gets through the core's service"
+    );
+    assert!(t.out.iter().all(|o| !matches!(o, Output::Transmit { .. })));
+    assert_eq!(t.n.resolver().stats().sa_table_failed, 0);
+    // The core refuses the first: its client is answered at once (not after the deadline),
+    // and it is not counted as lost by the SA.
+    t.out.clear();
+    let lost = t.n.stats().sa_lost;
+    t.n.handle_core_unsent(t.now, core[0].0);
+    t.drain();
+    assert_eq!(t.answers(), vec![(40, Status::Etimedout)]);
+    assert_eq!(t.n.stats().sa_lost, lost);
+}
+
+#[test]
+fn the_sm_is_read_every_check_and_a_new_one_rejoins_only_its_port() {
+    let cfg = Config {
+        addr_acm: true,
+        ..config()
+    };
+    let mut t = setup(cfg, Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    t.open(C, ep(5, 0xffff, true), Some(SM));
+    t.advance_to(0);
+    let reads = |out: &[Output]| {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::ReadSm { ep } => Some(*ep),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(reads(&t.out), vec![A, C]);
+    t.out.clear();
+    t.advance_to(SM_CHECK_MS - 1);
+    assert!(
+        reads(&t.out).is_empty(),
+        "read again before the check is due"
+    );
+    // Port 5's SM moved to LID 7.
+    t.now = SM_CHECK_MS;
+    t.n.handle_timeout(t.now);
+    let moved = SmAddr { lid: 7, sl: 0 };
+    let mut read = Vec::new();
+    while let Some(o) = t.n.poll_output(t.now) {
+        if let Output::ReadSm { ep } = o {
+            read.push(ep);
+            let sm = if ep == C { moved } else { SM };
+            t.n.handle_sm(t.now, ep, ep_number(0, ep.0), Some(sm));
+        }
+        t.out.push(o);
+    }
+    assert_eq!(read, vec![A, C]);
+    let events: Vec<Event> = t
+        .out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Event(e) => Some(*e),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        events,
+        vec![Event::SmChanged {
+            ep: C,
+            old: SM,
+            new: moved
+        }]
+    );
+    // C joins its group again at the new SM; A sends nothing.
+    let joins: Vec<(EpId, AcmDest)> = t
+        .out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Transmit { qp, to, mad, .. } if mad[16..18] == [0x00, 0x38] => Some((*qp, *to)),
+            _ => None,
+        })
+        .collect();
+    assert!(!joins.is_empty(), "{:?}", t.out);
+    for (qp, to) in joins {
+        assert_eq!(qp, C);
+        assert!(matches!(to, AcmDest::Unicast(av) if av.dlid == 7 && av.remote_qpn == 1));
+    }
+}
