@@ -227,11 +227,29 @@ where
     T: DerefMut<Target = [TableSlot<B>]>,
     B: DerefMut<Target = [u8]>,
 {
-    /// A node of `resolver` whose SA MADs go by `transport`; `sa` holds the `ud` transport's
-    /// outstanding requests and table slots (empty storage is fine for [`Transport::Core`]).
-    /// The resolver's [`Config`](crate::resolver::Config) gives the tries (`sa_tries`) and the
-    /// per-try wait (`acm_timeout`, plus each port's subnet timeout).
-    pub fn new(resolver: Resolver<S, C>, sa: SaChannel<E, T, B>, transport: Transport) -> Self {
+    /// A node of `resolver` whose SA MADs go by `transport`. The `ud` transport's SA channel
+    /// holds up to `entries.len()` outstanding requests and `tables.len()` half-world tables
+    /// at once (empty storage is fine for [`Transport::Core`]); `key` keys its wire TIDs
+    /// (random, secret from the fabric). The resolver's
+    /// [`Config`](crate::resolver::Config) gives the tries (`sa_tries`) and the per-try wait
+    /// (`acm_timeout`, plus each port's subnet timeout).
+    pub fn new(
+        resolver: Resolver<S, C>,
+        entries: E,
+        tables: T,
+        key: [u64; 2],
+        transport: Transport,
+    ) -> Self {
+        Self::from_parts(resolver, SaChannel::new(entries, tables, key), transport)
+    }
+
+    /// A node of `resolver` and the SA channel `sa` (as [`into_parts`](Self::into_parts) gave
+    /// it back, emptied or not).
+    pub fn from_parts(
+        resolver: Resolver<S, C>,
+        sa: SaChannel<E, T, B>,
+        transport: Transport,
+    ) -> Self {
         Node {
             resolver,
             sa,

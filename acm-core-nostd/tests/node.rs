@@ -8,7 +8,7 @@ use acm_core_nostd::node::{Event, Node, Output, Transport, SM_CHECK_MS};
 use acm_core_nostd::resolver::{
     AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
 };
-use acm_core_nostd::sa_channel::{SaChannel, SaEntry, SmAddr, TableSlot};
+use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
@@ -74,9 +74,8 @@ fn setup(cfg: Config, transport: Transport) -> T {
     let writer = CacheWriter::take(Arc::new(cache)).unwrap();
     let r = Resolver::new(cfg, HeapStorage::new(Capacities::default()), writer, 7).unwrap();
     let tables = vec![TableSlot::new(vec![0u8; 64 * 64], Default::default())];
-    let sa = SaChannel::new(vec![SaEntry::EMPTY; 64], tables, [3, 4]);
     T {
-        n: Node::new(r, sa, transport),
+        n: Node::new(r, vec![SaEntry::EMPTY; 64], tables, [3, 4], transport),
         now: 0,
         out: Vec::new(),
     }

@@ -40,7 +40,7 @@ use acm_core_nostd::resolver::{
     Resolver, Stats,
 };
 use acm_core_nostd::rmpp;
-use acm_core_nostd::sa_channel::{SaChannel, SaEntry, SmAddr, TableSlot};
+use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{AcmMsg, Status};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
@@ -176,7 +176,7 @@ pub struct Plane<I: CoreIo> {
     /// When drops were last logged (ms): at most one set of lines per second, so a remote
     /// node sending garbage cannot flood the core's log; every drop is counted anyway.
     last_drop_log: Millis,
-    /// The SA channel's count of forged class 3 MADs (`SaChannel::forged`: not from the SM's
+    /// The SA channel's count of forged class 3 MADs (`Node::sa().forged`: not from the SM's
     /// LID and QP 1, or a reply on a QP that did not send the query) as last logged.
     sa_forged_logged: u64,
     /// The request the loop works on, taken from the inbox into this buffer by its length
@@ -319,9 +319,15 @@ impl<I: CoreIo> Plane<I> {
         epoch: Instant,
     ) -> Option<Self> {
         let resolver = make_resolver(writer)?;
-        let sa = SaChannel::new(Vec::new(), Vec::new(), sa_tid_key());
+        let node = Node::new(
+            resolver,
+            Vec::new(),
+            Vec::new(),
+            sa_tid_key(),
+            Transport::Core,
+        );
         Some(Plane {
-            node: Some(Node::new(resolver, sa, Transport::Core)),
+            node: Some(node),
             make_resolver,
             inbox,
             io,
@@ -390,10 +396,11 @@ impl<I: CoreIo> Plane<I> {
                 rmpp::Config::DEFAULT,
             )],
         };
-        let sa = SaChannel::new(vec![SaEntry::EMPTY; capacity], tables, sa_tid_key());
+        let entries = vec![SaEntry::EMPTY; capacity];
         if let Some(node) = self.node.take() {
             let (resolver, _) = node.into_parts();
-            self.node = Some(Node::new(resolver, sa, Transport::Ud));
+            let key = sa_tid_key();
+            self.node = Some(Node::new(resolver, entries, tables, key, Transport::Ud));
         }
         self
     }

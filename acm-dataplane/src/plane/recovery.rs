@@ -85,7 +85,7 @@ impl<I: CoreIo> Plane<I> {
             self.stop_resolving();
             return;
         };
-        self.node = Some(Node::new(fresh, sa, transport));
+        self.node = Some(Node::from_parts(fresh, sa, transport));
         self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
         self.r().clear_cache();
         for (i, mut rec) in self.eps.take_all() {
