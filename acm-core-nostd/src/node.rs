@@ -277,6 +277,12 @@ where
         &self.sa
     }
 
+    /// Nothing outstanding: the resolver idle ([`Resolver::is_idle`]) and no SA request
+    /// in the channel.
+    pub fn is_idle(&self) -> bool {
+        self.resolver.is_idle() && self.sa.is_empty()
+    }
+
     /// How SA MADs leave.
     pub fn transport(&self) -> Transport {
         self.transport

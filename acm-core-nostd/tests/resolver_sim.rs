@@ -6,6 +6,7 @@
 //! resolver_sim exactly_once` replays exactly that one (`RESOLVER_SCHEDULES=<n>` sets how many
 //! are run, default 10 000).
 
+use acm_core_nostd::node::Transport;
 use acm_core_nostd::resolver::{Capacities, Config, Counter, Kind};
 use acm_core_nostd::sim::{lid_msg, name_msg, node_gid, query_msg, Faults, Rng, Sim, SimConfig};
 use acm_core_nostd::wire::client::Status;
@@ -109,9 +110,11 @@ fn acm_route_mode_joins_the_port_group_and_routes_over_the_best_shared_one() {
 
 #[test]
 fn queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
-    // One SA query at a time, the SA never answers (the core gives up after 30 s): the 42
-    // requests queued behind it are answered at their own queue deadline, not after 30 s each.
+    // One SA query at a time, the SA never answers (the core's service gives up after 30 s):
+    // the 42 requests queued behind it are answered at their own queue deadline, not after
+    // 30 s each.
     let mut s = sim(2, |c| {
+        c.transport = Transport::Core;
         c.resolver.sa_window = 1;
         c.caps.sa_inflight = 1;
         // One query at a time: no half-world table beside it.
@@ -137,7 +140,7 @@ fn queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
         "the window stays held by the MAD the core still has"
     );
     s.run_for(30_000);
-    assert!(s.nodes[0].resolver.is_idle());
+    assert!(s.nodes[0].node.is_idle());
 }
 
 #[test]
@@ -307,6 +310,13 @@ struct Coverage {
     stats_timeouts: u64,
     stats_full: u64,
     malformed_mads: u64,
+    /// The SA channel's re-sends after a try ran out, and its refusals of MADs from a wrong
+    /// sender.
+    sa_resends: u64,
+    sa_forged_refused: u64,
+    /// RMPP: segments the SM sent, tables whose transfer ended whole.
+    rmpp_segments: u64,
+    tables_done: u64,
 }
 
 /// One random schedule; `Err` describes the failure.
@@ -334,6 +344,12 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         sa_busy_backoff: 10 + rng.below(200),
         sa_deadline,
         queue_deadline: sa_deadline * (1 + rng.below(3)),
+        // Some schedules ask for half-world tables at the first backlog (over RMPP).
+        sa_table_min: if rng.chance(400) {
+            1
+        } else {
+            Config::default().sa_table_min
+        },
         ..Config::default()
     };
     c.caps = Capacities {
@@ -360,6 +376,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         sa_timeout: 200 + rng.below(3000),
         sa_delay_max: 1 + rng.below(50),
         garbage: rng.below(50) as u32,
+        sa_forged: rng.below(100) as u32,
     };
     let mut s = Sim::new(c);
     if rng.chance(300) {
@@ -419,13 +436,21 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         return Err(format!("unanswered clients {left:?}"));
     }
     for (i, n) in s.nodes.iter().enumerate() {
-        if !n.resolver.is_idle() {
-            return Err(format!("node {i} not idle at the end"));
+        if !n.node.is_idle() {
+            return Err(format!(
+                "node {i} not idle at the end (resolver idle: {}, SA channel: {} outstanding)",
+                n.resolver().is_idle(),
+                n.node.sa().len()
+            ));
         }
         cov.stats_timeouts += n.stats().timeouts;
         cov.stats_full += n.stats().full;
         cov.malformed_mads += n.stats().acm_malformed + n.stats().acm_unknown_tid;
+        cov.sa_resends += n.node.sa().resends;
+        cov.sa_forged_refused += n.node.sa().forged;
     }
+    cov.rmpp_segments += s.sm_port.segments;
+    cov.tables_done += s.sm_port.transfers_done;
     for a in &s.answers {
         cov.answers[usize::from(u8::from(a.status).min(15))] += 1;
         cov.inline += u64::from(a.inline);
@@ -484,6 +509,15 @@ fn exactly_once_over_random_schedules() {
         }
         assert!(
             cov.inline > n && cov.acm_responses > n && cov.sa_queries > n,
+            "{cov:?}"
+        );
+        // Over the shipped transport: the SA channel's tries and its refusals of a wrong
+        // sender, and half-world tables over RMPP, were all exercised.
+        assert!(
+            cov.sa_resends > n / 10
+                && cov.sa_forged_refused > n / 10
+                && cov.rmpp_segments > n / 20
+                && cov.tables_done > n / 50,
             "{cov:?}"
         );
     }

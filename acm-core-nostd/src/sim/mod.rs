@@ -1,16 +1,23 @@
 //! A deterministic in-memory InfiniBand model to drive resolvers in virtual time (feature
 //! `sim`, host only).
 //!
-//! [`Sim`] holds N nodes, each a [`Resolver`] with its own [`PathCache`] and one endpoint,
-//! and models what sits around them:
+//! [`Sim`] holds N nodes, each a [`node::Node`](crate::node::Node) (the resolver and its SA
+//! transport, as the provider ships them) with its own [`PathCache`] and one endpoint, and
+//! models what sits around them:
 //!
 //! * a UD fabric: unicast ACM MADs go to the node with the destination LID, multicast ones to
 //!   every node attached to the same group; each delivery may be lost, duplicated, delayed and
 //!   so reordered ([`Faults`]);
 //! * an SA: PathRecord GET answered from the nodes' LIDs and GIDs ("no record" for unknown
-//!   ones), MCMemberRecord SET answered with an MLID per MGID; replies may be BUSY or never
-//!   come (then the caller reports a umad timeout after [`Faults::sa_timeout`], as ibacm's
-//!   core does);
+//!   ones), MCMemberRecord SET answered with an MLID per MGID, GetTable answered with every
+//!   node's path. With [`Transport::Ud`] (the default, as shipped) the SM is one more port
+//!   on the UD fabric (LID [`SM_LID`], QP 1): a node's SA MADs reach it on its own QP, its
+//!   replies come back as received MADs (lost, duplicated, reordered, garbled, or copied from
+//!   a wrong sender, [`Faults`]), and a GetTable answer is a windowed RMPP transfer of
+//!   segments and ACKs, each of which the fabric may lose or repeat (`sim/ud.rs`); the node's
+//!   SA channel does the tries. With [`Transport::Core`] the SA MADs go through a model of
+//!   the core's umad service instead: replies may be BUSY or never come (then the caller
+//!   reports a umad timeout after [`Faults::sa_timeout`], as ibacm's core does);
 //! * the caller's inline hit path (as the provider has it: a cache hit is answered without the
 //!   resolver, a NODELAY miss is answered ENODATA and handed over as [`Kind::Prime`], a hit
 //!   near expiry as [`Kind::Refresh`]).
@@ -29,9 +36,10 @@
 //! the seed ([`Rng`], splitmix64), so a failing schedule replays exactly.
 //!
 //! The model is split by concern: this file holds the [`Sim`] and its nodes, the run loop and
-//! the resolvers' outputs; [`net`] the UD fabric (unicast, multicast, loss, duplication,
+//! the nodes' outputs; [`net`] the UD fabric (unicast, multicast, loss, duplication,
 //! delay, garbage) and the event queue; [`sa`] the SA (the instant model and the
-//! [`SaService`] server with the MAD layer in front of it); [`requests`] the client requests
+//! [`SaService`] server with the MAD layer in front of it); [`ud`] the SA as a port of the UD
+//! fabric and its RMPP sender; [`requests`] the client requests
 //! (built with the codec's [`ClientRequest`](crate::wire::client::ClientRequest)) and the
 //! caller's hit path.
 //!
@@ -45,10 +53,12 @@ use std::vec::Vec;
 use std::{format, vec};
 
 use crate::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use crate::node::{Output, Transport};
 use crate::resolver::{
-    Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Millis, Output, Resolver, Stats, Via,
-    MSG_LEN,
+    AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Millis, Resolver, Stats,
+    Via, MSG_LEN,
 };
+use crate::sa_channel::{SaEntry as ChannelEntry, SmAddr, TableSlot};
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
@@ -56,6 +66,7 @@ use crate::wire::path_record::PathRecord;
 pub mod net;
 pub mod requests;
 pub mod sa;
+pub mod ud;
 
 pub use net::Faults;
 use net::Scheduled;
@@ -99,6 +110,8 @@ pub struct SimConfig {
     /// Most records of a half-world table a node takes (the plugin's table slot: half its path
     /// capacity); a larger table is refused as too big (the resolver turns tables off).
     pub table_room: usize,
+    /// How the nodes' SA MADs travel (the shipped default: [`Transport::Ud`]).
+    pub transport: Transport,
 }
 
 impl SimConfig {
@@ -127,6 +140,7 @@ impl SimConfig {
             addr_cache_slots: None,
             count_per_dest: false,
             table_room: usize::MAX,
+            transport: Transport::Ud,
         }
     }
 }
@@ -151,10 +165,26 @@ pub struct SimAnswer {
 /// A node's path cache (heap storage, as the host's).
 pub type SimCache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[AddrSlot]>>;
 
+/// A node's machine: the resolver (owner of its cache's writer) and its SA transport, heap
+/// storage as the host's.
+pub type SimMachine = crate::node::Node<
+    HeapStorage,
+    Arc<SimCache>,
+    Vec<ChannelEntry>,
+    Vec<TableSlot<Vec<u8>>>,
+    Vec<u8>,
+>;
+
+/// Where every port's SM is ([`Transport::Ud`]): LID [`SM_LID`], SL 0.
+pub const SM: SmAddr = SmAddr { lid: SM_LID, sl: 0 };
+
+/// The SM's LID: above every node's (`i + 1`).
+pub const SM_LID: u16 = 0xbfff;
+
 /// One simulated node.
 pub struct Node {
-    /// Its resolver, the owner of its cache's writer.
-    pub resolver: Resolver<HeapStorage, Arc<SimCache>>,
+    /// Its machine, as the provider runs it.
+    pub node: SimMachine,
     /// Its path cache, as the hit path reads it.
     pub cache: Arc<SimCache>,
     /// Its endpoint configuration.
@@ -181,9 +211,13 @@ impl Node {
     pub fn cache_ep(&self) -> u32 {
         crate::cache::ep_number(self.generation, EP.0)
     }
-    /// The node's resolver stats.
+    /// The node's resolver stats (the SA channel's unknown replies included).
     pub fn stats(&self) -> Stats {
-        self.resolver.stats()
+        self.node.stats()
+    }
+    /// The node's resolver.
+    pub fn resolver(&self) -> &Resolver<HeapStorage, Arc<SimCache>> {
+        self.node.resolver()
     }
 }
 
@@ -222,19 +256,25 @@ pub struct Sim {
     scale: bool,
     checks: bool,
     count_per_dest: bool,
-    pub(super) table_room: usize,
     dirty: Vec<usize>,
     is_dirty: Vec<bool>,
     timers: BinaryHeap<core::cmp::Reverse<(Millis, usize)>>,
     armed: Vec<Option<Millis>>,
     umad: HashMap<(usize, u64), UmadSend>,
     node_inflight: Vec<u32>,
-    sa_fifo: VecDeque<sa::SaEntry>,
+    sa_fifo: VecDeque<sa::FifoEntry>,
     sa_free_ns: u64,
     /// How long the message the SA dispatched last had waited (ns; the drop rule's input).
     sa_last_wait_ns: u64,
     core_credits: Vec<u32>,
     core_wait: Vec<VecDeque<(u64, [u8; 256])>>,
+    /// The SM's RMPP transfers in progress (`ud`), by (node, TID).
+    transfers: HashMap<(usize, u64), ud::Transfer>,
+    /// The (node, wire TID) of every PathRecord query the SA server's port received (`ud`):
+    /// a TID seen again is the node's SA channel trying again.
+    sm_seen: std::collections::HashSet<(usize, u64)>,
+    /// What the SM's port saw (`ud`).
+    pub sm_port: ud::SmPortStats,
 }
 
 /// The GID of node `i`.
@@ -290,8 +330,18 @@ impl Sim {
                 rng.next_u64(),
             )
             .unwrap_or_else(|_| unreachable!("valid storage"));
+            // The SA channel as the plugin sizes it: the resolver's in-flight queries plus 8
+            // per endpoint (joins, leaves, subscriptions), one table slot of half-world room.
+            let entries = vec![ChannelEntry::EMPTY; cfg.caps.sa_inflight + 8 * cfg.caps.endpoints];
+            let room = cfg.table_room.min(cfg.nodes + 1);
+            let tables = vec![TableSlot::new(
+                vec![0u8; room * 64],
+                crate::rmpp::Config::DEFAULT,
+            )];
+            let key = [rng.next_u64(), rng.next_u64()];
+            let node = crate::node::Node::new(resolver, entries, tables, key, cfg.transport);
             nodes.push(Node {
-                resolver,
+                node,
                 cache,
                 ep_cfg: EpConfig {
                     port_gid: node_gid(i),
@@ -341,7 +391,6 @@ impl Sim {
             scale: cfg.scale,
             checks: cfg.checks,
             count_per_dest: cfg.count_per_dest,
-            table_room: cfg.table_room,
             dirty: Vec::new(),
             is_dirty: vec![false; n],
             timers: BinaryHeap::new(),
@@ -353,6 +402,9 @@ impl Sim {
             sa_last_wait_ns: 0,
             core_credits: vec![cfg.sa_service.and_then(|s| s.core_sa_depth).unwrap_or(0); n],
             core_wait: vec![VecDeque::new(); n],
+            transfers: HashMap::new(),
+            sm_seen: std::collections::HashSet::new(),
+            sm_port: ud::SmPortStats::default(),
         };
         for i in 0..n {
             sim.open(i);
@@ -368,7 +420,10 @@ impl Sim {
         if node.open {
             return;
         }
-        node.open = node.resolver.open_endpoint(now, EP, node.ep_cfg).is_ok();
+        node.open = node
+            .node
+            .open_endpoint(now, EP, node.ep_cfg, Some(SM))
+            .is_ok();
         if node.open {
             // Adds the name before anything is drained, then drains.
             self.add_name(i);
@@ -383,7 +438,7 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[i];
         if node.open {
-            node.resolver.close_endpoint(now, EP);
+            node.node.close_endpoint(now, EP);
             node.open = false;
         }
         self.touch(i);
@@ -398,9 +453,13 @@ impl Sim {
             .collect();
         let node = &mut self.nodes[i];
         for (n, g) in names {
-            let _ = node
-                .resolver
-                .preload_address(now, EP, AddrKind::Name, &name_bytes(&n), g);
+            let _ = node.node.resolver_mut().preload_address(
+                now,
+                EP,
+                AddrKind::Name,
+                &name_bytes(&n),
+                g,
+            );
         }
         self.touch(i);
         self.pump();
@@ -422,7 +481,7 @@ impl Sim {
             };
             let node = &mut self.nodes[i];
             let cep = node.cache_ep();
-            node.resolver.preload_route(now, EP, cep, &path);
+            node.node.resolver_mut().preload_route(now, EP, cep, &path);
         }
         self.touch(i);
         self.pump();
@@ -432,7 +491,9 @@ impl Sim {
     pub fn remove_name(&mut self, i: usize) {
         let node = &mut self.nodes[i];
         let name = name_bytes(&node.name);
-        node.resolver.remove_address(EP, AddrKind::Name, &name);
+        node.node
+            .resolver_mut()
+            .remove_address(EP, AddrKind::Name, &name);
         self.touch(i);
         self.pump();
     }
@@ -443,7 +504,8 @@ impl Sim {
         let node = &mut self.nodes[i];
         let (name, cep) = (name_bytes(&node.name), node.cache_ep());
         let _ = node
-            .resolver
+            .node
+            .resolver_mut()
             .add_address(now, EP, cep, AddrKind::Name, &name);
         self.touch(i);
         self.pump();
@@ -455,7 +517,7 @@ impl Sim {
         let node = &mut self.nodes[i];
         node.generation = node.generation.wrapping_add(1);
         let cep = node.cache_ep();
-        node.resolver.reregister(now, EP, cep);
+        node.node.reregister(now, EP, cep);
         self.touch(i);
         self.pump();
     }
@@ -471,11 +533,11 @@ impl Sim {
     /// Checks every resolver's bookkeeping now (violations are recorded).
     pub fn check_all(&mut self) {
         for (i, n) in self.nodes.iter_mut().enumerate() {
-            if let Err(e) = n.resolver.check_invariants() {
+            if let Err(e) = n.node.resolver().check_invariants() {
                 self.violations
                     .push(format!("node {i} at {}: {e}", self.now));
             }
-            if n.resolver.stats().lost > 0 {
+            if n.node.resolver().stats().lost > 0 {
                 self.violations.push(format!("node {i}: answers lost"));
             }
         }
@@ -486,20 +548,25 @@ impl Sim {
             let d = core::mem::take(&mut self.dirty);
             for i in d {
                 self.is_dirty[i] = false;
-                while let Some(o) = self.nodes[i].resolver.poll_output() {
+                let now = self.now;
+                while let Some(o) = self.nodes[i].node.poll_output(now) {
                     self.output(i, o);
                 }
                 let n = &mut self.nodes[i];
                 if self.checks {
-                    if let Err(e) = n.resolver.check_invariants() {
+                    if let Err(e) = n.node.resolver().check_invariants() {
                         self.violations
                             .push(format!("node {i} at {}: {e}", self.now));
                     }
                 }
-                if n.resolver.stats().lost > 0 {
+                if n.node.resolver().stats().lost > 0 {
                     self.violations.push(format!("node {i}: answers lost"));
                 }
-                if let Some(t) = n.resolver.poll_timeout() {
+                // The `ud` transport's sends in flight (the core's are counted where its MAD
+                // layer holds them).
+                let held = n.node.sa().len() as u32;
+                self.sa_stats.peak_node_inflight = self.sa_stats.peak_node_inflight.max(held);
+                if let Some(t) = n.node.poll_timeout() {
                     if self.armed[i].is_none_or(|a| a != t) {
                         self.armed[i] = Some(t);
                         self.timers.push(core::cmp::Reverse((t, i)));
@@ -527,8 +594,8 @@ impl Sim {
     fn run_due_timers(&mut self, now: Millis) {
         if !self.scale {
             for n in &mut self.nodes {
-                if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
-                    n.resolver.handle_timeout(now);
+                if n.node.poll_timeout().is_some_and(|t| t <= now) {
+                    n.node.handle_timeout(now);
                 }
             }
             return;
@@ -542,8 +609,8 @@ impl Sim {
                 self.armed[i] = None;
             }
             let n = &mut self.nodes[i];
-            if n.resolver.poll_timeout().is_some_and(|t| t <= now) {
-                n.resolver.handle_timeout(now);
+            if n.node.poll_timeout().is_some_and(|t| t <= now) {
+                n.node.handle_timeout(now);
             }
             self.touch(i);
             self.pump();
@@ -564,8 +631,9 @@ impl Sim {
     fn drain_all(&mut self) {
         loop {
             let mut any = false;
+            let now = self.now;
             for i in 0..self.nodes.len() {
-                while let Some(o) = self.nodes[i].resolver.poll_output() {
+                while let Some(o) = self.nodes[i].node.poll_output(now) {
                     any = true;
                     self.output(i, o);
                 }
@@ -594,8 +662,20 @@ impl Sim {
             Output::Count { counter, .. } => self.nodes[i].counters[counter as usize] += 1,
             Output::Attach { group, .. } => self.nodes[i].attached = Some(group.mgid),
             Output::Detach { .. } => self.nodes[i].attached = None,
-            Output::SendSa { token, mad, .. } => self.sa(i, token, mad),
-            Output::SendAcm { to, mad, .. } => self.acm(i, to, mad),
+            Output::CoreSa { token, mad, .. } => self.sa(i, token, mad),
+            Output::Transmit { to, mad, .. } => match to {
+                AcmDest::Unicast(av) if av.dlid == SM_LID && av.remote_qpn == 1 => {
+                    self.sm_receive(i, mad)
+                }
+                _ => self.acm(i, to, mad),
+            },
+            Output::ReadSm { ep } => {
+                let now = self.now;
+                let n = &mut self.nodes[i];
+                let cep = n.cache_ep();
+                n.node.handle_sm(now, ep, cep, Some(SM));
+            }
+            Output::QueryDone { .. } | Output::Event(_) => {}
         }
     }
 
@@ -612,7 +692,7 @@ impl Sim {
         let timers = self
             .nodes
             .iter()
-            .filter_map(|n| n.resolver.poll_timeout())
+            .filter_map(|n| n.node.poll_timeout())
             .min();
         match (ev, timers) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -30,6 +30,9 @@ pub struct Faults {
     pub sa_delay_max: Millis,
     /// An SA reply or ACM delivery has 1–4 random bytes overwritten (TID, status, fields).
     pub garbage: u32,
+    /// A MAD from the SM's port (`ud`) is followed by a copy from a wrong sender (another
+    /// node's LID).
+    pub sa_forged: u32,
 }
 
 impl Faults {
@@ -44,13 +47,15 @@ impl Faults {
         sa_timeout: 6000,
         sa_delay_max: 1,
         garbage: 0,
+        sa_forged: 0,
     };
 }
 
 /// Something that happens at a virtual time.
 #[derive(Clone, Debug)]
 pub(super) enum Event {
-    Acm {
+    /// A MAD reaches node `to`'s QP (ACM from a peer, SA from the SM).
+    Mad {
         to: usize,
         meta: RecvMeta,
         mad: [u8; 256],
@@ -61,12 +66,17 @@ pub(super) enum Event {
         umad_status: u32,
         mad: [u8; 256],
     },
-    /// A PathRecord GET reaches the SA server ([`SaService`]).
+    /// A PathRecord GET reaches the SA server ([`SaService`]): through the core's MAD layer
+    /// (`token`), or on the SM's port from the node's QP (`None`, the `ud` transport).
     SaArrive {
         from: usize,
-        token: u64,
+        token: Option<u64>,
         mad: [u8; 256],
     },
+    /// The SA server's reply leaves the SM's port for node `to`'s QP (`ud`).
+    SmReply { to: usize, mad: [u8; 256] },
+    /// The SM's RMPP sender waited `attempt`'s time for an ACK of transfer (`to`, `tid`).
+    RmppTimeout { to: usize, tid: u64, attempt: u32 },
     /// The SA server's reply reaches the sender's MAD layer.
     SaReply {
         to: usize,
@@ -179,7 +189,7 @@ impl Sim {
                 self.mangle(&mut m);
                 self.schedule(
                     d,
-                    Event::Acm {
+                    Event::Mad {
                         to: j,
                         meta,
                         mad: m,
@@ -203,14 +213,17 @@ impl Sim {
     pub(super) fn deliver(&mut self, e: Event) {
         let now = self.now;
         match e {
-            Event::Acm { to, meta, mad } => {
+            Event::Mad { to, meta, mad } => {
                 let n = &mut self.nodes[to];
-                if n.alive {
+                // A dead node is dead to its peers (ACM), not to the SM (class 3).
+                if n.alive || mad[1] == 0x03 {
                     self.delivered += 1;
-                    n.resolver.handle_acm(now, EP, &meta, &mad);
+                    n.node.handle_receive(now, EP, &meta, &mad);
                 }
                 self.touch(to);
             }
+            Event::SmReply { to, mad } => self.sm_send(to, mad),
+            Event::RmppTimeout { to, tid, attempt } => self.rmpp_timeout(to, tid, attempt),
             Event::Sa {
                 to,
                 token,

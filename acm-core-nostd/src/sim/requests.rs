@@ -80,7 +80,14 @@ impl Sim {
         let node = &mut self.nodes[i];
         let cep = node.cache_ep();
         if kind == Kind::Query || !node.open {
-            node.resolver.request(now, EP, cep, client, kind, &m);
+            let r = Request {
+                ep: EP,
+                cache_ep: cep,
+                client,
+                kind,
+                msg: &m,
+            };
+            node.node.handle_request(now, &r, None);
             self.touch(i);
             self.pump();
             return client;
@@ -121,7 +128,7 @@ impl Sim {
                 kind,
                 msg: &m,
             };
-            node.resolver.request_classified(now, &r, &target);
+            node.node.handle_request(now, &r, Some(&target));
         }
         self.touch(i);
         self.pump();

@@ -8,8 +8,7 @@ use std::vec::Vec;
 
 use super::net::Event;
 use super::{node_gid, node_lid, Sim};
-use crate::resolver::table::TableError;
-use crate::resolver::{Millis, SaTable};
+use crate::resolver::Millis;
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
 
@@ -101,9 +100,10 @@ impl SaService {
 /// What the [`SaService`] model saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SaServiceStats {
-    /// MADs the MAD layer put on the wire (first sends and retransmissions).
+    /// PathRecord queries the senders put on the wire (first sends and retransmissions): the
+    /// core's MAD layer, or (`ud`) the nodes' SA channels.
     pub sent: u64,
-    /// Of `sent`, retransmissions after a umad timeout.
+    /// Of `sent`, retransmissions after a try timed out (the same TID again).
     pub retransmits: u64,
     /// MADs lost on the wire (either way).
     pub lost: u64,
@@ -123,7 +123,8 @@ pub struct SaServiceStats {
     pub table_records: u64,
     /// Records of whole tables handed to the resolvers (built on delivery).
     pub table_records_delivered: u64,
-    /// Sends completed with a umad timeout (retries exhausted).
+    /// Sends the core's MAD layer completed with a umad timeout (retries exhausted; the `ud`
+    /// transport's are its SA channels' `timeouts`).
     pub umad_timeouts: u64,
     /// Replies that reached a sender whose send had already completed (dropped).
     pub late: u64,
@@ -134,13 +135,14 @@ pub struct SaServiceStats {
     /// Queries the SA accepted per (node, destination node) (`SimConfig::count_per_dest`;
     /// `u32::MAX` = a destination that is no node).
     pub per_dest: HashMap<(u32, u32), u32>,
-    /// Most sends in the MAD layer (sent, not completed) of one node at once.
+    /// Most SA sends of one node in flight at once (sent, not completed): in the core's MAD
+    /// layer, or (`ud`) in the node's SA channel, its joins and subscriptions included.
     pub peak_node_inflight: u32,
 }
 
 /// A query in the SA's FIFO: when its service starts and ends, and how long it waited (ns).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct SaEntry {
+pub(super) struct FifoEntry {
     start: u64,
     finish: u64,
     wait: u64,
@@ -164,30 +166,45 @@ impl Sim {
         self.umad.len()
     }
 
+    /// An SA MAD of node `from` through the core's service ([`Transport::Core`](crate::node::Transport)):
+    /// a PathRecord GET to the [`SaService`] through the MAD layer, or the instant model's
+    /// answer (a umad timeout after [`Faults::sa_timeout`](super::Faults) for a silent one).
     pub(super) fn sa(&mut self, from: usize, token: u64, mad: [u8; 256]) {
-        let f = self.faults;
-        let mut reply = mad;
-        reply[3] = 0x81;
         let attr = u16::from_be_bytes([mad[16], mad[17]]);
         if let (Some(svc), 0x01 | 0x12, 0x0035) = (self.sa_service, mad[3], attr) {
             self.sa_queries += 1;
             self.umad_submit(svc, from, token, mad);
             return;
         }
+        let (to, umad_status, mad, delay) = match self.instant_answer(from, &mad) {
+            Some(reply) => (from, 0, reply, 1 + self.rng.below(self.faults.sa_delay_max)),
+            None => (from, 110, mad, self.faults.sa_timeout),
+        };
+        self.schedule(
+            delay,
+            Event::Sa {
+                to,
+                token,
+                umad_status,
+                mad,
+            },
+        );
+    }
+
+    /// The instant model's answer to node `from`'s SA MAD `mad`, `None` when the SA stays
+    /// silent ([`Faults::sa_silent`](super::Faults)): PathRecord GET (maybe BUSY), GetTable
+    /// (its records are built on delivery), MCMemberRecord SET (an MLID per MGID), InformInfo
+    /// SET (taken), a DELETE, anything else refused.
+    pub(super) fn instant_answer(&mut self, from: usize, mad: &[u8; 256]) -> Option<[u8; 256]> {
+        let f = self.faults;
+        let mut reply = *mad;
+        reply[3] = 0x81;
+        let attr = u16::from_be_bytes([mad[16], mad[17]]);
         match (mad[3], attr) {
             (0x01, 0x0035) => {
                 self.sa_queries += 1;
                 if self.rng.chance(f.sa_silent) {
-                    self.schedule(
-                        f.sa_timeout,
-                        Event::Sa {
-                            to: from,
-                            token,
-                            umad_status: 110,
-                            mad,
-                        },
-                    );
-                    return;
+                    return None;
                 }
                 if self.rng.chance(f.sa_busy) {
                     reply[4..6].copy_from_slice(&1u16.to_be_bytes());
@@ -199,16 +216,9 @@ impl Sim {
                 }
             }
             (0x12, 0x0035) => {
-                // A half-world table: the records are built on delivery (`deliver_sa`).
                 self.sa_queries += 1;
                 if self.rng.chance(f.sa_silent) {
-                    let ev = Event::Sa {
-                        to: from,
-                        token,
-                        umad_status: 110,
-                        mad,
-                    };
-                    return self.schedule(f.sa_timeout, ev);
+                    return None;
                 }
                 reply[3] = 0x92;
             }
@@ -219,21 +229,15 @@ impl Sim {
                 let mlid = *self.mlids.entry(mgid).or_insert(0xc000 + n);
                 reply[92..94].copy_from_slice(&mlid.to_be_bytes());
             }
+            (0x02, 0x0003) => {
+                // InformInfo SET: the subscription is taken (the reply echoes it).
+            }
             (0x15, _) => {
                 reply[3] = 0x95;
             }
             _ => reply[4..6].copy_from_slice(&0x0200u16.to_be_bytes()),
         }
-        let d = 1 + self.rng.below(f.sa_delay_max);
-        self.schedule(
-            d,
-            Event::Sa {
-                to: from,
-                token,
-                umad_status: 0,
-                mad: reply,
-            },
-        );
+        Some(reply)
     }
 
     /// The core takes a send ([`SaService::core_sa_depth`] credits), the MAD layer sends it.
@@ -268,6 +272,7 @@ impl Sim {
         if self.rng.chance(svc.loss) {
             self.sa_stats.lost += 1;
         } else {
+            let token = Some(token);
             self.schedule(svc.latency, Event::SaArrive { from, token, mad });
         }
         self.schedule(
@@ -307,46 +312,32 @@ impl Sim {
         self.deliver_sa(to, token, umad_status, mad);
     }
 
-    /// An SA completion reaches node `to`'s resolver. A GetTable's answer (GetTableResp,
-    /// status 0) arrives whole, as the `ud` transport's SA channel hands it up after the
-    /// RMPP transfer: its records are built here, every node's path from `to` (the transfer's
-    /// segments are not modelled one by one; the SA's cost per record is, in `sa_arrive`).
+    /// A completion of the core's SA service reaches node `to` (no GetTable comes this way:
+    /// the node does not send one through the core's service).
     pub(super) fn deliver_sa(&mut self, to: usize, token: u64, umad_status: u32, mad: &[u8; 256]) {
         let now = self.now;
-        if umad_status == 0 && mad[3] == 0x92 && mad[4..6] == [0, 0] {
-            let mut head = [0u8; crate::wire::sa::DATA_OFFSET];
-            head.copy_from_slice(&mad[..crate::wire::sa::DATA_OFFSET]);
-            head[44..46].copy_from_slice(&8u16.to_be_bytes());
-            let mut records = Vec::with_capacity(self.nodes.len() * 64);
-            for j in 0..self.nodes.len() {
-                let mut q = [0u8; 64];
-                PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(j));
-                if let Some(p) = self.path_for(to, &q) {
-                    records.extend_from_slice(&p);
-                }
-            }
-            let table = SaTable {
-                header: &head,
-                records: &records,
-            };
-            let r = &mut self.nodes[to].resolver;
-            if records.len() / 64 > self.table_room {
-                r.handle_sa_table(now, token, Err(TableError::TooBig));
-            } else {
-                self.sa_stats.table_records_delivered += (records.len() / 64) as u64;
-                r.handle_sa_table(now, token, Ok(table));
-            }
-        } else {
-            self.nodes[to]
-                .resolver
-                .handle_sa(now, token, umad_status, mad);
-        }
+        self.nodes[to]
+            .node
+            .handle_core_sa(now, token, umad_status, mad);
         self.touch(to);
+    }
+
+    /// Every node's path from node `to`, back to back (a half-world GetTable's records).
+    pub(super) fn table_records(&self, to: usize) -> Vec<u8> {
+        let mut records = Vec::with_capacity(self.nodes.len() * 64);
+        for j in 0..self.nodes.len() {
+            let mut q = [0u8; 64];
+            PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(j));
+            if let Some(p) = self.path_for(to, &q) {
+                records.extend_from_slice(&p);
+            }
+        }
+        records
     }
 
     /// A query reaches the SA server: BUSY (if configured) when its queue is full, dropped by
     /// the `max_msg_fifo_timeout` rule, else served in turn.
-    pub(super) fn sa_arrive(&mut self, from: usize, token: u64, mad: [u8; 256]) {
+    pub(super) fn sa_arrive(&mut self, from: usize, token: Option<u64>, mad: [u8; 256]) {
         let Some(svc) = self.sa_service else {
             return;
         };
@@ -396,7 +387,7 @@ impl Sim {
         let start = arrival.max(self.sa_free_ns);
         let finish = start + service.max(1);
         self.sa_free_ns = finish;
-        self.sa_fifo.push_back(SaEntry {
+        self.sa_fifo.push_back(FifoEntry {
             start,
             finish,
             wait: start - arrival,
@@ -432,15 +423,32 @@ impl Sim {
             }
         }
         let mut delay = (finish - arrival).div_ceil(1_000_000) + svc.latency;
-        if table {
+        // Over the core's MAD layer the transfer is a rate; on the SM's port (`ud`) its
+        // segments and ACKs are modelled one by one (`sim/ud.rs`).
+        if table && token.is_some() {
             let records = self.nodes.len() as u64;
             delay += (records * 1000).div_ceil(svc.table_records_per_s.max(1));
         }
         self.sa_reply(svc, from, token, reply, delay)
     }
 
-    /// The SA's reply on the wire (maybe lost), `delay` ms after the query arrived.
-    fn sa_reply(&mut self, svc: SaService, to: usize, token: u64, mad: [u8; 256], delay: Millis) {
+    /// The SA's reply on the wire (maybe lost), `delay` ms after the query arrived: to the
+    /// sender's MAD layer (`token`), or leaving the SM's port for its QP (`ud`).
+    fn sa_reply(
+        &mut self,
+        svc: SaService,
+        to: usize,
+        token: Option<u64>,
+        mad: [u8; 256],
+        delay: Millis,
+    ) {
+        let Some(token) = token else {
+            // The SM's port sends it after the service; the fabric's faults apply there.
+            return self.schedule(
+                delay.saturating_sub(svc.latency),
+                Event::SmReply { to, mad },
+            );
+        };
         if self.rng.chance(svc.loss) {
             self.sa_stats.lost += 1;
             return;
@@ -508,7 +516,7 @@ mod tests {
     fn arrive(s: &mut Sim, at: Millis, n: usize) -> (u64, u64, u64) {
         s.now = at;
         for k in 0..n {
-            s.sa_arrive(0, 1_000 * at + k as u64, get());
+            s.sa_arrive(0, Some(1_000 * at + k as u64), get());
         }
         (s.sa_stats.served, s.sa_stats.dropped, s.sa_stats.busy)
     }
@@ -592,7 +600,7 @@ mod tests {
         let mut s = sim(svc);
         let mut m = get();
         m[3] = 0x12;
-        s.sa_arrive(0, 1, m);
+        s.sa_arrive(0, Some(1), m);
         assert_eq!((s.sa_stats.tables, s.sa_stats.table_records), (1, 4));
         assert_eq!(s.sa_free_ns, 10_900);
         assert_eq!(SaService::get_ns_for_rate(30_000), 33_333);
@@ -616,7 +624,7 @@ mod tests {
         let t0 = s.now;
         let mut m = get();
         m[3] = 0x12;
-        s.sa_arrive(0, 1, m);
+        s.sa_arrive(0, Some(1), m);
         assert_eq!(s.sa_free_ns, t0 * 1_000_000 + 10_900);
         let mut replies: Vec<Millis> = s
             .events

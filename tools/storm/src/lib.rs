@@ -13,6 +13,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use acm_core_nostd::cache::PathSlot;
+use acm_core_nostd::node::Transport;
 use acm_core_nostd::resolver::{Capacities, Config, Kind, Millis};
 use acm_core_nostd::sim::{
     gid_msg, lid_msg, node_gid, node_lid, Rng, SaService, SaServiceStats, Sim, SimConfig,
@@ -35,6 +36,15 @@ impl Profile {
         match self {
             Profile::Acmrs => "acmrs (defaults)",
             Profile::IbacmpLike => "ibacmp-like",
+        }
+    }
+
+    /// How its SA MADs travel: acmrs's default `ud` transport (its SA channel, on the ports'
+    /// own QPs), ibacmp's the core's umad service.
+    pub fn transport(self) -> Transport {
+        match self {
+            Profile::Acmrs => Transport::Ud,
+            Profile::IbacmpLike => Transport::Core,
         }
     }
 
@@ -114,6 +124,8 @@ pub struct Params {
     pub sa: SaService,
     /// The resolver configuration.
     pub profile: Profile,
+    /// How the nodes' SA MADs travel ([`Profile::transport`] unless changed).
+    pub transport: Transport,
     /// Seed of everything.
     pub seed: u64,
     /// Give up at this virtual time (ms).
@@ -157,6 +169,7 @@ impl Params {
             client_retry: 1000,
             sa: SaService::DEFAULT,
             profile,
+            transport: profile.transport(),
             seed: 1,
             horizon: 3_600_000,
             checks: false,
@@ -243,6 +256,13 @@ fn peers_of(p: &Params, i: usize, rng: &mut Rng) -> Vec<u32> {
 pub fn sim_config(p: &Params) -> SimConfig {
     let mut c = SimConfig::new(p.nodes, p.seed);
     c.resolver = p.profile.config();
+    c.transport = p.transport;
+    if p.transport == Transport::Ud {
+        // The core's `timeout` and `retries`, which the MAD layer uses over the core's
+        // service, are the SA channel's per-try wait and tries on the `ud` transport.
+        c.resolver.acm_timeout = p.sa.umad_timeout;
+        c.resolver.sa_tries = p.sa.umad_retries + 1;
+    }
     let conc = p.concurrency.min(p.peers).max(1);
     c.caps = Capacities {
         requests: conc + 8,
@@ -372,6 +392,8 @@ pub fn run(p: Params) -> Report {
     let all_done = (node_done.len() == n).then(|| node_done.last().copied().unwrap_or(0));
     let mut sa = std::mem::take(&mut sim.sa_stats);
     sa.per_dest = HashMap::new();
+    // The `ud` transport's tries are the nodes' SA channels' (0 over the core's service).
+    sa.umad_timeouts += sim.nodes.iter().map(|x| x.node.sa().timeouts).sum::<u64>();
     Report {
         params: p,
         all_done,

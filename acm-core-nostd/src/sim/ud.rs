@@ -1,0 +1,263 @@
+//! The SA as one more port of the UD fabric ([`Transport::Ud`](crate::node::Transport), the
+//! shipped default): the SM at LID [`SM_LID`](super::SM_LID), QP 1.
+//!
+//! A node's SA MADs reach the SM's port from the node's QP ([`Sim::sm_receive`]); the
+//! answers leave it for that QP ([`Sim::sm_send`]) and cross the fabric as any MAD does:
+//! lost, duplicated, delayed (so reordered) and garbled as [`Faults`](super::Faults) says,
+//! and with [`Faults::sa_forged`](super::Faults::sa_forged) followed by a copy from a wrong
+//! sender (another node's LID), which the node's SA channel must refuse. The tries are the
+//! node's (its SA channel's); nothing here re-sends a query.
+//!
+//! A GetTable answer is an RMPP transfer, sent as the kernel MAD layer sends one for OpenSM:
+//! the first segment, then as many as each ACK's NewWindowLast grants; an ACK naming an
+//! earlier segment than the sender is at (the receiver missed one) sends again from there
+//! (go-back-N), and so does a silence of [`RMPP_RESP_MS`], [`RMPP_TRIES`] times, after which
+//! the sender gives up. STOP and ABORT end the transfer. Every segment and ACK is one MAD of
+//! the SM's port ([`SmPortStats`]).
+
+use std::vec::Vec;
+
+use super::net::Event;
+use super::{node_lid, Sim, SM_LID};
+use crate::resolver::RecvMeta;
+use crate::rmpp;
+use crate::wire::mad::{
+    Header, RmppHeader, RmppRepr, RmppType, HEADER_LEN, MAD_LEN, RMPP_FLAG_ACTIVE,
+};
+use crate::wire::sa::DATA_OFFSET;
+
+/// How long the SM's RMPP sender waits for an ACK before it sends again from the last
+/// acknowledged segment (ms).
+pub const RMPP_RESP_MS: u64 = 400;
+
+/// Silences the SM's RMPP sender sits out before it gives a transfer up.
+pub const RMPP_TRIES: u32 = 5;
+
+/// What the SM's port took in and sent (`ud`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SmPortStats {
+    /// MADs received: queries (first sends and the nodes' re-sends), RMPP ACKs, STOPs,
+    /// ABORTs, responses.
+    pub received: u64,
+    /// Of `received`, RMPP ACKs (and STOPs, ABORTs).
+    pub acks: u64,
+    /// MADs sent: single-MAD answers and RMPP segments (copies by the fabric not counted).
+    pub sent: u64,
+    /// Of `sent`, RMPP DATA segments (first sends and go-back-N re-sends).
+    pub segments: u64,
+    /// GetTable transfers begun.
+    pub transfers: u64,
+    /// Transfers the receiver acknowledged to the end.
+    pub transfers_done: u64,
+    /// Transfers the sender gave up (silence) or the receiver stopped or aborted.
+    pub transfers_ended: u64,
+    /// Copies from a wrong sender put on the fabric ([`Faults::sa_forged`](super::Faults)).
+    pub forged: u64,
+}
+
+/// One GetTable answer the SM's port is sending.
+pub(super) struct Transfer {
+    head: [u8; DATA_OFFSET],
+    records: Vec<u8>,
+    total: u32,
+    /// The last segment acknowledged.
+    acked: u32,
+    /// The last segment the receiver granted.
+    window_last: u32,
+    /// The next segment to send.
+    next: u32,
+    /// Sends so far: the number of the one timeout that counts.
+    armed: u32,
+    /// Silences sat out since the last ACK.
+    silences: u32,
+}
+
+impl Sim {
+    /// An SA MAD from node `from`'s QP reaches the SM's port.
+    /// (A dead node, [`Node::alive`](super::Node) false, is dead to its peers only: the SM
+    /// still hears it and answers it, as the core's service model does.)
+    pub(super) fn sm_receive(&mut self, from: usize, mad: [u8; MAD_LEN]) {
+        self.sm_port.received += 1;
+        let head = Header::new_unchecked(&mad[..HEADER_LEN]);
+        let rmpp = RmppRepr::parse(&RmppHeader::new_unchecked(&mad[HEADER_LEN..]));
+        if let Ok(r) = rmpp {
+            if r.flags & RMPP_FLAG_ACTIVE != 0 && r.rmpp_type != RmppType::Data {
+                self.sm_port.acks += 1;
+                return self.rmpp_ack(from, head.tid(), r);
+            }
+        }
+        if head.method().is_response() {
+            // A ReportResponse: the SM takes it and answers nothing.
+            return;
+        }
+        let attr = u16::from_be_bytes([mad[16], mad[17]]);
+        if let (Some(svc), 0x01 | 0x12, 0x0035) = (self.sa_service, mad[3], attr) {
+            self.sa_queries += 1;
+            // What the sender put on the wire; the node's SA channel sends a query again with
+            // its wire TID.
+            self.sa_stats.sent += 1;
+            if !self.sm_seen.insert((from, head.tid())) {
+                self.sa_stats.retransmits += 1;
+            }
+            if self.rng.chance(svc.loss) {
+                self.sa_stats.lost += 1;
+                return;
+            }
+            let ev = Event::SaArrive {
+                from,
+                token: None,
+                mad,
+            };
+            return self.schedule(svc.latency, ev);
+        }
+        if let Some(reply) = self.instant_answer(from, &mad) {
+            let d = 1 + self.rng.below(self.faults.sa_delay_max);
+            self.schedule(
+                d,
+                Event::SmReply {
+                    to: from,
+                    mad: reply,
+                },
+            );
+        }
+    }
+
+    /// The SM's port sends the answer `mad` to node `to`'s QP: a whole GetTable answer as an
+    /// RMPP transfer, anything else as one MAD.
+    pub(super) fn sm_send(&mut self, to: usize, mad: [u8; MAD_LEN]) {
+        if mad[3] != 0x92 || mad[4..6] != [0, 0] {
+            return self.sm_deliver(to, mad);
+        }
+        let mut head = [0u8; DATA_OFFSET];
+        head.copy_from_slice(&mad[..DATA_OFFSET]);
+        // AttributeOffset: a PathRecord is 8 words.
+        head[44..46].copy_from_slice(&8u16.to_be_bytes());
+        let records = self.table_records(to);
+        let tid = Header::new_unchecked(&mad[..HEADER_LEN]).tid();
+        self.sm_port.transfers += 1;
+        self.sa_stats.table_records_delivered += (records.len() / 64) as u64;
+        let t = Transfer {
+            head,
+            total: rmpp::segment_count(records.len()),
+            records,
+            acked: 0,
+            window_last: 1,
+            next: 1,
+            armed: 0,
+            silences: 0,
+        };
+        self.transfers.insert((to, tid), t);
+        self.rmpp_send(to, tid);
+    }
+
+    /// One MAD from the SM's QP 1 to node `to`'s QP, with the fabric's faults; with
+    /// [`Faults::sa_forged`](super::Faults), a copy from another node's LID follows it.
+    fn sm_deliver(&mut self, to: usize, mad: [u8; MAD_LEN]) {
+        self.sm_port.sent += 1;
+        let mut meta = RecvMeta {
+            slid: SM_LID,
+            src_qp: 1,
+            sl: 0,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: None,
+        };
+        let loss = self.sa_service.map_or(self.faults.loss, |s| s.loss);
+        if self.rng.chance(loss) {
+            self.sa_stats.lost += u64::from(self.sa_service.is_some());
+        } else {
+            let copies = if self.rng.chance(self.faults.dup) {
+                2
+            } else {
+                1
+            };
+            for _ in 0..copies {
+                let d = self.sm_delay();
+                let mut m = mad;
+                self.mangle(&mut m);
+                self.schedule(d, Event::Mad { to, meta, mad: m });
+            }
+        }
+        if self.rng.chance(self.faults.sa_forged) {
+            self.sm_port.forged += 1;
+            meta.slid = node_lid(self.rng.below(self.nodes.len() as u64) as usize);
+            let d = self.sm_delay();
+            self.schedule(d, Event::Mad { to, meta, mad });
+        }
+    }
+
+    /// One way between the SM's port and a node (ms).
+    fn sm_delay(&mut self) -> u64 {
+        match self.sa_service {
+            Some(s) => s.latency,
+            None => self.delay(),
+        }
+    }
+
+    /// Sends transfer (`to`, `tid`)'s segments from `next` up to what the receiver granted,
+    /// and waits for an ACK.
+    fn rmpp_send(&mut self, to: usize, tid: u64) {
+        let Some(t) = self.transfers.get_mut(&(to, tid)) else {
+            return;
+        };
+        let mut out = Vec::new();
+        while t.next <= t.window_last.min(t.total) {
+            if let Some(seg) = rmpp::segment(&t.head, &t.records, t.next) {
+                out.push(seg);
+            }
+            t.next += 1;
+        }
+        t.armed += 1;
+        let attempt = t.armed;
+        self.sm_port.segments += out.len() as u64;
+        for seg in out {
+            self.sm_deliver(to, seg);
+        }
+        self.schedule(RMPP_RESP_MS, Event::RmppTimeout { to, tid, attempt });
+    }
+
+    /// An ACK, STOP or ABORT from node `from` for transfer `tid`.
+    fn rmpp_ack(&mut self, from: usize, tid: u64, r: RmppRepr) {
+        let Some(t) = self.transfers.get_mut(&(from, tid)) else {
+            // Of a transfer that ended (the receiver asks for our last word again): nothing
+            // more to send.
+            return;
+        };
+        if r.rmpp_type != RmppType::Ack {
+            self.transfers.remove(&(from, tid));
+            self.sm_port.transfers_ended += 1;
+            return;
+        }
+        t.acked = t.acked.max(r.seg_num.min(t.total));
+        t.window_last = t.window_last.max(r.paylen_newwin);
+        if t.acked >= t.total {
+            self.transfers.remove(&(from, tid));
+            self.sm_port.transfers_done += 1;
+            return;
+        }
+        // Go-back-N: the receiver stands at `acked`.
+        t.next = t.acked + 1;
+        t.silences = 0;
+        self.rmpp_send(from, tid);
+    }
+
+    /// The SM's RMPP sender heard nothing for `attempt`'s wait: from the last acknowledged
+    /// segment again, or give up.
+    pub(super) fn rmpp_timeout(&mut self, to: usize, tid: u64, attempt: u32) {
+        let Some(t) = self.transfers.get_mut(&(to, tid)) else {
+            return;
+        };
+        if t.armed != attempt {
+            return;
+        }
+        t.silences += 1;
+        if t.silences >= RMPP_TRIES {
+            self.transfers.remove(&(to, tid));
+            self.sm_port.transfers_ended += 1;
+            return;
+        }
+        t.next = t.acked + 1;
+        self.rmpp_send(to, tid);
+    }
+}
