@@ -196,8 +196,10 @@ impl EpSa {
     }
 }
 
-/// The resolver and its SA transport (see the module docs).
-pub struct Node<S, C, E, T, B>
+/// The resolver and its SA transport (see the module docs), for endpoint ids below `EPS`
+/// (what it keeps per endpoint is `EPS` small records: a firmware of one endpoint keeps
+/// one).
+pub struct Node<S, C, E, T, B, const EPS: usize = MAX_EPS>
 where
     S: Storage,
     C: CacheRef,
@@ -208,7 +210,7 @@ where
     resolver: Resolver<S, C>,
     sa: SaChannel<E, T, B>,
     transport: Transport,
-    eps: [EpSa; MAX_EPS],
+    eps: [EpSa; EPS],
     /// When the SM addresses are read again (`ud`).
     next_sm_check: Millis,
     /// The SM check in progress: the next endpoint id to ask [`Output::ReadSm`] for.
@@ -219,7 +221,7 @@ where
     done: Option<(u64, bool)>,
 }
 
-impl<S, C, E, T, B> Node<S, C, E, T, B>
+impl<S, C, E, T, B, const EPS: usize> Node<S, C, E, T, B, EPS>
 where
     S: Storage,
     C: CacheRef,
@@ -254,7 +256,7 @@ where
             resolver,
             sa,
             transport,
-            eps: [EpSa::NONE; MAX_EPS],
+            eps: [EpSa::NONE; EPS],
             next_sm_check: 0,
             sm_reading: None,
             event: None,
@@ -311,6 +313,9 @@ where
         cfg: EpConfig,
         sm: Option<SmAddr>,
     ) -> Result<(), crate::resolver::Error> {
+        if usize::from(ep.0) >= EPS {
+            return Err(crate::resolver::Error::Capacity);
+        }
         self.resolver.open_endpoint(now, ep, cfg)?;
         self.eps[usize::from(ep.0)] = EpSa {
             open: true,
@@ -332,7 +337,9 @@ where
     pub fn close_endpoint(&mut self, now: Millis, ep: EpId) {
         self.resolver.close_endpoint(now, ep);
         self.sa.drop_endpoint(ep, |_, _| {});
-        self.eps[usize::from(ep.0)].open = false;
+        if let Some(e) = self.eps.get_mut(usize::from(ep.0)) {
+            e.open = false;
+        }
     }
 
     /// A client reregister on `ep`'s port ([`Resolver::reregister`]).
@@ -386,7 +393,7 @@ where
             self.resolver.handle_acm(now, ep, meta, &mad[..]);
             return;
         }
-        let sm = self.eps[usize::from(ep.0)].sm;
+        let sm = self.eps.get(usize::from(ep.0)).and_then(|e| e.sm);
         let eps = &self.eps;
         let carries = |owner: EpId| carrier_in(eps, owner) == Some(ep);
         match self.sa.receive(now, meta, sm, carries, mad) {
@@ -413,7 +420,9 @@ where
     /// number `cache_ep`. A new SM LID drops what was learned from the old fabric state and
     /// subscribes again, as a client reregister does.
     pub fn handle_sm(&mut self, now: Millis, ep: EpId, cache_ep: u32, sm: Option<SmAddr>) {
-        let e = &mut self.eps[usize::from(ep.0)];
+        let Some(e) = self.eps.get_mut(usize::from(ep.0)) else {
+            return;
+        };
         let Some(sm) = sm else {
             return;
         };
@@ -536,9 +545,11 @@ where
             });
         };
         let cfg = self.resolver.config();
-        let per_try = cfg
-            .acm_timeout
-            .saturating_add(u64::from(self.eps[usize::from(qp.0)].subnet_timeout_ms));
+        let per_try = cfg.acm_timeout.saturating_add(u64::from(
+            self.eps
+                .get(usize::from(qp.0))
+                .map_or(0, |e| e.subnet_timeout_ms),
+        ));
         let tries = cfg.sa_tries.max(1);
         match self.sa.start(now, ep, token, mad, per_try, tries) {
             Some(wire) => Some(transmit(qp, sm, wire, Some(token))),
@@ -557,13 +568,13 @@ where
             return None;
         }
         let qp = carrier_in(&self.eps, ep)?;
-        Some((qp, self.eps[usize::from(qp.0)].sm?))
+        Some((qp, self.eps.get(usize::from(qp.0))?.sm?))
     }
 
     /// The next endpoint of the SM check in progress (one with a QP).
     fn next_sm_read(&mut self) -> Option<EpId> {
         let from = self.sm_reading?;
-        match (from..MAX_EPS).find(|&i| self.eps[i].open && self.eps[i].qp) {
+        match (from..EPS).find(|&i| self.eps[i].open && self.eps[i].qp) {
             Some(i) => {
                 self.sm_reading = Some(i + 1);
                 Some(EpId(i as u8))
@@ -610,8 +621,8 @@ where
 /// partition cannot reach the SA on its own QP; with no carrier on the port, its MADs go
 /// through the core's service. Replies come back on that QP and are matched to `ep`'s query
 /// by the SA channel. An endpoint being closed still carries its own last MADs (its leaves).
-fn carrier_in(eps: &[EpSa; MAX_EPS], ep: EpId) -> Option<EpId> {
-    let own = &eps[usize::from(ep.0)];
+fn carrier_in(eps: &[EpSa], ep: EpId) -> Option<EpId> {
+    let own = eps.get(usize::from(ep.0))?;
     if own.qp && own.sa_pkey {
         return Some(ep);
     }
