@@ -15,6 +15,7 @@ use std::collections::{BinaryHeap, HashMap};
 use acm_core_nostd::cache::PathSlot;
 use acm_core_nostd::node::Transport;
 use acm_core_nostd::resolver::{Capacities, Config, Kind, Millis};
+use acm_core_nostd::sim::ud::SmPortStats;
 use acm_core_nostd::sim::{
     gid_msg, lid_msg, node_gid, node_lid, Rng, SaService, SaServiceStats, Sim, SimConfig,
 };
@@ -200,6 +201,8 @@ pub struct Report {
     pub sa_queries: u64,
     /// The SA model's view.
     pub sa: SaServiceStats,
+    /// What the SM's port sent and took in on the `ud` transport (RMPP segments, ACKs).
+    pub sm_port: SmPortStats,
     /// Most SA queries the SA accepted for one (node, destination).
     pub per_dest_max: u32,
     /// (node, destination) pairs the SA served more than once.
@@ -410,6 +413,7 @@ pub fn run(p: Params) -> Report {
         unanswered: sim.unanswered().len(),
         violations: std::mem::take(&mut sim.violations),
         sa,
+        sm_port: sim.sm_port,
         wall_s: t0.elapsed().as_secs_f64(),
     }
 }
@@ -452,6 +456,7 @@ pub fn table(reports: &[Report]) -> String {
         "dropped",
         "umad timeouts",
         "late replies",
+        "SM port: RMPP segments / ACKs",
         "failed",
         "wall (s)",
     ]);
@@ -477,6 +482,10 @@ pub fn table(reports: &[Report]) -> String {
             r.sa.dropped.to_string(),
             r.sa.umad_timeouts.to_string(),
             r.sa.late.to_string(),
+            match r.params.transport {
+                Transport::Ud => format!("{} / {}", r.sm_port.segments, r.sm_port.acks),
+                Transport::Core => "—".into(),
+            },
             r.failed.to_string(),
             format!("{:.1}", r.wall_s),
         ]);
