@@ -1,8 +1,8 @@
 //! The SA as one more port of the UD fabric ([`Transport::Ud`](crate::node::Transport), the
-//! shipped default): the SM at LID [`SM_LID`](super::SM_LID), QP 1.
+//! shipped default): the SM at LID [`SM_LID`], QP 1.
 //!
-//! A node's SA MADs reach the SM's port from the node's QP ([`Sim::sm_receive`]); the
-//! answers leave it for that QP ([`Sim::sm_send`]) and cross the fabric as any MAD does:
+//! A node's SA MADs reach the SM's port from the node's QP (`Sim::sm_receive`); the
+//! answers leave it for that QP (`Sim::sm_send`) and cross the fabric as any MAD does:
 //! lost, duplicated, delayed (so reordered) and garbled as [`Faults`](super::Faults) says,
 //! and with [`Faults::sa_forged`](super::Faults::sa_forged) followed by a copy from a wrong
 //! sender (another node's LID), which the node's SA channel must refuse. The tries are the
