@@ -1367,6 +1367,46 @@ fn table_head(mad: &[u8; 256]) -> [u8; 56] {
     h
 }
 
+/// The table answers every job it has the path of when it arrives, whether the request asked
+/// for a reversible path or not (a record usable both ways serves both, as its cache entry
+/// does), and whether the job waits in the backlog or its Get is out: the window need not
+/// free first. (Fails if the table answered only requests that asked for the reversible bit:
+/// these, with the window held by the Get, would wait for its reply.)
+#[test]
+fn a_table_answers_its_jobs_at_once_reversible_or_not_even_with_the_window_held() {
+    use acm_core_nostd::resolver::SaTable;
+    let mut t = setup(table_config(1, 2), Capacities::default());
+    // One Get out (window 1), two behind it: the backlog of two asks for the table.
+    t.miss_lids(10..13);
+    let sends = t.sa_sends();
+    assert_eq!(sends.len(), 2, "{sends:?}");
+    let (get_token, get) = sends[0];
+    let (table_token, table_mad) = sends[1];
+    assert_eq!((get[3], table_mad[3]), (0x01, 0x12));
+    assert!(t.answers().is_empty());
+    let records: Vec<u8> = (10..13u16).flat_map(table_record).collect();
+    let head = table_head(&table_mad);
+    let table = SaTable {
+        header: &head,
+        records: &records,
+    };
+    t.r.handle_sa_table(t.now, table_token, Ok(table));
+    t.drain();
+    let mut answered: Vec<u64> = t
+        .answers()
+        .into_iter()
+        .filter(|a| a.1 == Status::Success)
+        .map(|a| a.0)
+        .collect();
+    answered.sort_unstable();
+    assert_eq!(answered, vec![10, 11, 12], "the table answers all three at once");
+    // The Get's reply comes after: nothing more to answer, nothing counted as unknown.
+    t.reply(get_token, &get, 0, Some(table_record(10)));
+    assert!(t.answers().is_empty());
+    assert_eq!(t.r.stats().sa_unknown, 0);
+    assert!(t.r.is_idle());
+}
+
 #[test]
 fn a_long_backlog_asks_for_the_ports_table_and_is_answered_from_it() {
     use acm_core_nostd::resolver::table::TableError;

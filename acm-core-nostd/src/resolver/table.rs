@@ -274,14 +274,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             n += 1;
             for (key, sa) in request::plain_queries(&view, rec).into_iter().flatten() {
                 self.w.insert(&key, rec, now, ttl);
-                // The job of a plain request for this destination, waiting or already sent,
-                // is answered now (a sent one's Get reply then finds a zombie).
-                if let Some(j) = self.find_job(slot, e.cache_ep, &sa) {
-                    let how = Completion::Answered {
-                        record: rec,
-                        expires,
-                    };
-                    self.finish_job(now, j, how);
+                // The jobs of plain requests for this destination, waiting or already sent,
+                // are answered now (a sent one's Get reply then finds a zombie): those that
+                // asked for a reversible path and those that did not, which the record (usable
+                // both ways) serves too, as its cache entry does.
+                let mut one_way = sa;
+                PathRecord::new_unchecked(&mut one_way[..]).set_reversible_numpath(false, 0);
+                for q in [sa, one_way] {
+                    if let Some(j) = self.find_job(slot, e.cache_ep, &q) {
+                        let how = Completion::Answered {
+                            record: rec,
+                            expires,
+                        };
+                        self.finish_job(now, j, how);
+                    }
                 }
             }
         }
