@@ -1,7 +1,7 @@
 //! `acm-core-nostd`: the allocation-free heart of acmrs.
 //!
 //! Everything here runs without `std` and without an allocator, so the same code serves the
-//! ibacm provider, the SmartNIC dataplane and firmware experiments:
+//! ibacm provider, the simulator and firmware experiments:
 //!
 //! * [`wire`]: zero-copy views and parsed forms of the InfiniBand MAD common header, RMPP and SA
 //!   headers, SA PathRecord and MCMemberRecord, the ACM class 0x2C resolve MAD, and the ibacm

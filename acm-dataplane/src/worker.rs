@@ -4,7 +4,7 @@
 //! provider state) in a loop: poll, and when nothing happened spin for a short while, then
 //! block until woken, until one of the poller's file descriptors (its CQ completion channels)
 //! is readable, or until the poller's next deadline. Producers (the ibacm main thread, the
-//! core's SA thread) push into bounded lock-free queues and call [`Waker::wake`], which makes a
+//! core's SA thread) push into the inbox's bounded queues and call [`Waker::wake`], which makes a
 //! syscall (an `eventfd` write) only when the worker is actually blocked. With `spin` set to a
 //! large value this is the busy-poll mode of a pinned dataplane core: it never blocks.
 //!

@@ -69,13 +69,6 @@ pub unsafe extern "C" fn provider_query(
     .unwrap_or(-1)
 }
 
-/// Test hook, **debug builds only** (the release library, the one users install, exports
-/// `provider_query` alone; `tests/lifecycle.rs` checks both): virtual time. Moves the clock of
-/// every dataplane worker in the process `ms` milliseconds ahead of real time
-/// ([`acm_dataplane::worker::advance_all_clocks`]) and returns once each running worker has
-/// observed it: its coarse clock (what cache hits compare expiries and refresh windows
-/// against), the `now` of its poll rounds and so its timers (SA retries and deadlines, route
-/// refresh and expiry). 0, or -1 if a worker did not observe it within 10 s.
 /// Test hook of debug builds: the dataplane worker stops running for `ms` (a thread stuck in
 /// the kernel), inside a round with the loop's lock held if `in_round` is not 0, else between
 /// rounds; for the stall watchdog's tests. Returns once it has (0), or -1 if it did not
@@ -100,6 +93,13 @@ pub extern "C" fn acmrs_test_stall(ms: u64, in_round: c_int) -> c_int {
     .unwrap_or(-1)
 }
 
+/// Test hook, **debug builds only** (the release library, the one users install, exports
+/// `provider_query` alone; `tests/lifecycle.rs` checks both): virtual time. Moves the clock of
+/// every dataplane worker in the process `ms` milliseconds ahead of real time
+/// ([`acm_dataplane::worker::advance_all_clocks`]) and returns once each running worker has
+/// observed it: its coarse clock (what cache hits compare expiries and refresh windows
+/// against), the `now` of its poll rounds and so its timers (SA retries and deadlines, route
+/// refresh and expiry). 0, or -1 if a worker did not observe it within 10 s.
 #[cfg(debug_assertions)]
 #[no_mangle]
 pub extern "C" fn acmrs_test_advance_clock(ms: u64) -> c_int {
