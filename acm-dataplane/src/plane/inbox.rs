@@ -230,15 +230,15 @@ pub enum Control {
     Shutdown,
 }
 
-/// What travels through a [`Fronted`] queue.
+/// What travels through a [`Staged`] queue.
 pub(crate) trait Carried {
-    /// An empty one: the buffer in front at the start, and one filled for a queue slot.
+    /// An empty one: the staging buffer at the start, and one filled for a queue slot.
     fn blank() -> Self;
     /// Copies what this one carries into `to`.
     fn copy_to(&self, to: &mut Self);
 }
 
-/// A bounded queue with one buffer in front of it. An item pushed while the queue is empty
+/// A bounded queue with one staging buffer of it. An item pushed while the queue is empty
 /// and the buffer free is written into the buffer in place, and taken before anything
 /// queued: nothing queued is older, since an item goes to the queue only while the buffer or
 /// the queue is taken. An isolated item (a missed `resolve()`, the SA reply of an isolated
@@ -246,24 +246,24 @@ pub(crate) trait Carried {
 /// threads that use them, where a queue slot, a different one each time and thousands of
 /// lines apart, is cold: its writer first fetches the line from memory. It is copied out of
 /// the buffer by what it carries ([`Carried::copy_to`]), not moved out whole.
-struct Fronted<T> {
-    front: CachePadded<Front<T>>,
+struct Staged<T> {
+    stage: CachePadded<Stage<T>>,
     queue: ArrayQueue<T>,
 }
 
-/// The buffer in front of a [`Fronted`] queue. `full` says whether it holds an item not
+/// The staging buffer of a [`Staged`] queue. `full` says whether it holds an item not
 /// taken yet: it changes only under the lock, and is read without it to pass an empty
 /// buffer by.
-struct Front<T> {
+struct Stage<T> {
     full: AtomicBool,
     item: Mutex<T>,
 }
 
-impl<T: Carried> Fronted<T> {
-    /// Room for one in front and `capacity` (at least 1) queued.
+impl<T: Carried> Staged<T> {
+    /// Room for one staged and `capacity` (at least 1) queued.
     fn new(capacity: usize) -> Self {
-        Fronted {
-            front: CachePadded::new(Front {
+        Staged {
+            stage: CachePadded::new(Stage {
                 full: AtomicBool::new(false),
                 item: Mutex::new(T::blank()),
             }),
@@ -275,12 +275,12 @@ impl<T: Carried> Fronted<T> {
     /// one for a queue slot); false if the queue is full (`fill` then runs for nothing).
     #[inline(always)]
     fn push_with(&self, fill: impl FnOnce(&mut T)) -> bool {
-        let front = &self.front;
-        if !front.full.load(Ordering::Acquire) && self.queue.is_empty() {
-            let mut item = lock(&front.item);
-            if !front.full.load(Ordering::Relaxed) {
+        let stage = &self.stage;
+        if !stage.full.load(Ordering::Acquire) && self.queue.is_empty() {
+            let mut item = lock(&stage.item);
+            if !stage.full.load(Ordering::Relaxed) {
                 fill(&mut item);
-                front.full.store(true, Ordering::Release);
+                stage.full.store(true, Ordering::Release);
                 return true;
             }
         }
@@ -293,12 +293,12 @@ impl<T: Carried> Fronted<T> {
     /// queue's first; false if there is none.
     #[inline(always)]
     fn pop_into(&self, to: &mut T) -> bool {
-        let front = &self.front;
-        if front.full.load(Ordering::Acquire) {
-            let item = lock(&front.item);
-            if front.full.load(Ordering::Relaxed) {
+        let stage = &self.stage;
+        if stage.full.load(Ordering::Acquire) {
+            let item = lock(&stage.item);
+            if stage.full.load(Ordering::Relaxed) {
                 item.copy_to(to);
-                front.full.store(false, Ordering::Release);
+                stage.full.store(false, Ordering::Release);
                 return true;
             }
         }
@@ -321,19 +321,19 @@ impl<T: Carried> Fronted<T> {
     }
 
     fn is_empty(&self) -> bool {
-        !self.front.full.load(Ordering::Acquire) && self.queue.is_empty()
+        !self.stage.full.load(Ordering::Acquire) && self.queue.is_empty()
     }
 }
 
 /// The queues into the loop (shared with the core's threads).
 pub struct Inbox {
-    /// Client requests (main thread → loop). The buffer in front is the one a missed
+    /// Client requests (main thread → loop). The staging buffer is the one a missed
     /// `resolve()` fills and then, running the round itself, takes: its lines stay with that
     /// thread.
-    requests: Fronted<Request>,
-    /// SA replies (SA thread → loop). The buffer in front is the one every isolated miss's
+    requests: Staged<Request>,
+    /// SA replies (SA thread → loop). The staging buffer is the one every isolated miss's
     /// reply goes through: the SA thread writes lines the loop last read, not a cold slot.
-    replies: Fronted<SaReply>,
+    replies: Staged<SaReply>,
     pub(super) control: Mutex<VecDeque<(u64, u64, Control)>>,
     control_pushed: AtomicU64,
     /// One counter for requests and control messages, in the order the main thread (their
@@ -365,8 +365,8 @@ impl Inbox {
     /// Queues of these capacities.
     pub fn new(requests: usize, replies: usize, waker: Waker) -> Self {
         Inbox {
-            requests: Fronted::new(requests),
-            replies: Fronted::new(replies),
+            requests: Staged::new(requests),
+            replies: Staged::new(replies),
             control: Mutex::new(VecDeque::new()),
             control_pushed: AtomicU64::new(0),
             tickets: CachePadded::new(AtomicU64::new(0)),
@@ -540,25 +540,25 @@ mod tests {
             .collect()
     }
 
-    /// The buffer in front is taken before the queue, and only an empty queue sends a request
+    /// The staging buffer is taken before the queue, and only an empty queue sends a request
     /// to it: requests leave in the order they came, their tickets ascending.
     #[test]
-    fn requests_leave_in_the_order_they_came_through_the_front_buffer_and_the_queue() {
+    fn requests_leave_in_the_order_they_came_through_the_staging_buffer_and_the_queue() {
         let i = inbox();
         assert!(!i.has_requests());
-        assert!(hand(&i, 1), "front");
+        assert!(hand(&i, 1), "staged");
         assert!(hand(&i, 2), "queued behind it");
         assert!(i.has_requests());
         assert_eq!(taken(&i), [(1, 0), (2, 1)]);
         assert!(!i.has_requests());
-        // The queue not empty: a request goes behind it, even with the front buffer free.
+        // The queue not empty: a request goes behind it, even with the staging buffer free.
         assert!(hand(&i, 3));
         assert!(hand(&i, 4));
         assert_eq!(i.take_request().map(|r| r.client), Some(3));
         assert!(hand(&i, 5));
         assert_eq!(taken(&i), [(4, 3), (5, 4)]);
-        // A full queue with the front buffer taken refuses (the caller answers ENOMEM).
-        assert!((10..19).all(|c| hand(&i, c)), "1 in front + 8 queued");
+        // A full queue with the staging buffer taken refuses (the caller answers ENOMEM).
+        assert!((10..19).all(|c| hand(&i, c)), "1 staged + 8 queued");
         assert!(!hand(&i, 19));
         assert_eq!(i.overflows.load(Ordering::Relaxed), 1);
         assert_eq!(taken(&i).len(), 9);
@@ -612,7 +612,7 @@ mod tests {
             &[0u8; 6],
             "none of an earlier request's"
         );
-        // Through a queue slot (the buffer in front taken) the same holds.
+        // Through a queue slot (the staging buffer taken) the same holds.
         assert!(i.request(EpId(0), 0, 43, Kind::Resolve, long.bytes()));
         assert!(i.request(EpId(0), 0, 44, Kind::Resolve, path.bytes()));
         assert!(i.take_request_into(&mut hand) && hand.client == 43);
@@ -621,22 +621,22 @@ mod tests {
         assert!(!i.take_request_into(&mut hand), "none left");
     }
 
-    /// An item alone goes into the buffer in front, not into a queue slot; behind it the
+    /// An item alone goes into the staging buffer, not into a queue slot; behind it the
     /// queue keeps the order.
     #[test]
-    fn an_item_alone_goes_through_the_front_buffer() {
-        let f = Fronted::<u32>::new(2);
+    fn an_item_alone_goes_through_the_staging_buffer() {
+        let f = Staged::<u32>::new(2);
         let put = |v: u32| move |slot: &mut u32| *slot = v;
         assert!(f.is_empty() && f.pop().is_none());
         assert!(f.push_with(put(1)));
-        assert!(f.queue.is_empty() && !f.is_empty(), "in front");
+        assert!(f.queue.is_empty() && !f.is_empty(), "staged");
         assert_eq!(f.pop(), Some(1));
         assert!(f.is_empty());
         assert!(f.push_with(put(2)) && f.push_with(put(3)) && f.push_with(put(4)));
-        assert!(!f.push_with(put(5)), "1 in front + 2 queued");
+        assert!(!f.push_with(put(5)), "1 staged + 2 queued");
         assert_eq!(f.queue.len(), 2);
         assert_eq!([f.pop(), f.pop()], [Some(2), Some(3)]);
-        // The front free, the queue not: 6 goes behind 4.
+        // The staging buffer free, the queue not: 6 goes behind 4.
         assert!(f.push_with(put(6)));
         assert_eq!(f.queue.len(), 2);
         assert_eq!([f.pop(), f.pop(), f.pop()], [Some(4), Some(6), None]);
@@ -651,7 +651,7 @@ mod tests {
         }
     }
 
-    /// SA replies leave in the order they came, 1 in front + the queue's capacity; one more
+    /// SA replies leave in the order they came, 1 staged + the queue's capacity; one more
     /// is dropped and counted.
     #[test]
     fn sa_replies_keep_their_order_and_a_full_queue_drops_and_counts() {
