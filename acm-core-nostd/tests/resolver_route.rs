@@ -1399,7 +1399,11 @@ fn a_table_answers_its_jobs_at_once_reversible_or_not_even_with_the_window_held(
         .map(|a| a.0)
         .collect();
     answered.sort_unstable();
-    assert_eq!(answered, vec![10, 11, 12], "the table answers all three at once");
+    assert_eq!(
+        answered,
+        vec![10, 11, 12],
+        "the table answers all three at once"
+    );
     // The Get's reply comes after: nothing more to answer, nothing counted as unknown.
     t.reply(get_token, &get, 0, Some(table_record(10)));
     assert!(t.answers().is_empty());

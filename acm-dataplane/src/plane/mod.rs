@@ -180,9 +180,9 @@ pub struct Plane<I: CoreIo> {
     /// LID and QP 1, or a reply on a QP that did not send the query) as last logged.
     sa_forged_logged: u64,
     /// The request the loop works on, taken from the inbox into this buffer by its length
-    /// ([`Inbox::take_request_into`]), never moved whole; `hand_is` says what it is.
-    hand: Request,
-    hand_is: Hand,
+    /// ([`Inbox::take_request_into`]), never moved whole; `current_is` says what it is.
+    current: Request,
+    current_is: Current,
     /// Received MADs of one endpoint's burst (allocated once): each is given to the resolver
     /// and its outputs carried out before the next (the resolver's rule).
     rx: Vec<(RecvMeta, [u8; 256])>,
@@ -219,12 +219,12 @@ struct LoopStats {
     /// (and its queue wait recorded) only once its outputs are carried out, so that this
     /// bookkeeping is not on the way to its query; an answer in those outputs takes it from
     /// here instead.
-    taking: Option<Taking>,
+    entering: Option<Entering>,
 }
 
-/// A stamped request being given to the resolver ([`LoopStats::taking`]).
+/// A stamped request being given to the resolver ([`LoopStats::entering`]).
 #[derive(Clone, Copy, Debug)]
-struct Taking {
+struct Entering {
     key: u128,
     stamp: MissStamp,
     ep: EpId,
@@ -245,20 +245,20 @@ enum Lap {
 
 impl LoopStats {
     /// The request being taken, if `key` is its: where its answer's latency starts.
-    fn take_taking(&mut self, key: u128) -> Option<(u64, (EpId, MissClass))> {
-        let t = self.taking.take_if(|t| t.key == key)?;
+    fn take_entering(&mut self, key: u128) -> Option<(u64, (EpId, MissClass))> {
+        let t = self.entering.take_if(|t| t.key == key)?;
         Some((t.stamp.at, (t.ep, t.stamp.class)))
     }
 
     /// After the outputs of the request being taken: its queue wait is recorded, and it is
     /// remembered until its answer unless that is out already.
-    fn taken(&mut self, t: Taking) {
+    fn entered(&mut self, t: Entering) {
         (self.sink)(
             t.ep,
             Latency::MissQueued,
             self.clock.ns(t.stamp.handed, t.taken),
         );
-        if self.taking.take().is_some() {
+        if self.entering.take().is_some() {
             Self::remember(
                 &self.clock,
                 &mut self.misses,
@@ -338,8 +338,8 @@ impl<I: CoreIo> Plane<I> {
             last_stats: Stats::default(),
             last_drop_log: 0,
             sa_forged_logged: 0,
-            hand: Request::blank(),
-            hand_is: Hand::Free,
+            current: Request::blank(),
+            current_is: Current::Free,
             rx: Vec::with_capacity(RX_BURST),
             counts: Vec::with_capacity(COUNTS_HELD),
             dead: false,
@@ -361,7 +361,7 @@ impl<I: CoreIo> Plane<I> {
             misses: InFlight::new(capacity),
             sa: InFlight::new(capacity),
             lap: None,
-            taking: None,
+            entering: None,
         });
         self
     }
@@ -446,19 +446,24 @@ impl<I: CoreIo> Plane<I> {
 
     /// The next request or control message in the main thread's order (a request is held
     /// back while a control message queued before it waits): `Some(true)` when a request is
-    /// in hand ([`Plane::hand`]), `Some(false)` when a control message was applied, `None`
+    /// in hand ([`Plane::current`]), `Some(false)` when a control message was applied, `None`
     /// when both queues are empty.
     fn next_input(&mut self, now: Millis) -> Option<bool> {
-        debug_assert_ne!(self.hand_is, Hand::Taken, "a request in hand was left");
-        let request = self.hand_is == Hand::Held || self.inbox.take_request_into(&mut self.hand);
+        debug_assert_ne!(
+            self.current_is,
+            Current::Taken,
+            "a request in hand was left"
+        );
+        let request =
+            self.current_is == Current::Held || self.inbox.take_request_into(&mut self.current);
         match (request, self.next_control()) {
-            (true, Some(t)) if t < self.hand.ticket => {
-                self.hand_is = Hand::Held;
+            (true, Some(t)) if t < self.current.ticket => {
+                self.current_is = Current::Held;
                 self.apply_control(now);
                 Some(false)
             }
             (true, _) => {
-                self.hand_is = Hand::Taken;
+                self.current_is = Current::Taken;
                 Some(true)
             }
             (false, Some(_)) => {
@@ -471,9 +476,9 @@ impl<I: CoreIo> Plane<I> {
 
     /// Answers the request in hand with `status` (the resolver never saw it) and frees the
     /// buffer.
-    fn answer_hand(&mut self, status: Status) {
-        self.hand_is = Hand::Free;
-        if let Some(a) = self.hand.answer(status) {
+    fn answer_current(&mut self, status: Status) {
+        self.current_is = Current::Free;
+        if let Some(a) = self.current.answer(status) {
             self.io.answer(&a);
         }
     }
@@ -481,8 +486,8 @@ impl<I: CoreIo> Plane<I> {
     /// Answers ENODATA the request held for a control message and every one still queued
     /// (the loop's end).
     fn answer_queued(&mut self) {
-        if self.hand_is == Hand::Held {
-            self.answer_hand(Status::Enodata);
+        if self.current_is == Current::Held {
+            self.answer_current(Status::Enodata);
         }
         while let Some(r) = self.inbox.take_request() {
             self.answer_now(&r, Status::Enodata);
@@ -718,12 +723,12 @@ impl<I: CoreIo> Plane<I> {
                 Output::Event(e) => self.log_event(e),
                 Output::Answer(a) => {
                     self.flush_counts();
-                    if self.hand_is == Hand::Taken
-                        && self.hand.client == a.client
-                        && AcmMsg::new_unchecked(&self.hand.msg[..]).tid()
+                    if self.current_is == Current::Taken
+                        && self.current.client == a.client
+                        && AcmMsg::new_unchecked(&self.current.msg[..]).tid()
                             == AcmMsg::new_unchecked(&a.msg[..]).tid()
                     {
-                        self.hand_is = Hand::Free;
+                        self.current_is = Current::Free;
                     }
                     // A stamped request's latency runs up to the hand-off to the core; the
                     // bookkeeping waits until the client has its answer.
@@ -732,7 +737,7 @@ impl<I: CoreIo> Plane<I> {
                     if let (Some(s), Some(end)) = (self.stats.as_mut(), end) {
                         let key = client_key(a.client, &a.msg);
                         if let Some((at, (ep, class))) =
-                            s.take_taking(key).or_else(|| s.misses.remove(key))
+                            s.take_entering(key).or_else(|| s.misses.remove(key))
                         {
                             (s.sink)(ep, class.latency(), s.clock.ns(at, end));
                         }
@@ -827,7 +832,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             did = true;
             if self.done {
                 if request {
-                    self.answer_hand(Status::Enodata);
+                    self.answer_current(Status::Enodata);
                 }
                 return PollOutcome::default();
             }
@@ -837,18 +842,18 @@ impl<I: CoreIo> Poller for Plane<I> {
             // In hand until the resolver has it: a panic inside `request` must not lose it.
             // The resolver reads the message where it lies (two fields of the plane, borrowed
             // apart), not from a copy of its whole buffer.
-            let r = &self.hand;
-            let mut taking = None;
+            let r = &self.current;
+            let mut entering = None;
             if let (Some(s), Some(stamp), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
                 let taken = s.clock.now();
-                let t = Taking {
+                let t = Entering {
                     key: client_key(r.client, &r.msg),
                     stamp,
                     ep: r.ep,
                     taken,
                 };
-                s.taking = Some(t);
-                taking = Some(t);
+                s.entering = Some(t);
+                entering = Some(t);
                 s.lap = Some(Lap::Request { taken, ep: r.ep });
             }
             let node = self.node.as_mut().expect("a live loop has a node");
@@ -861,10 +866,10 @@ impl<I: CoreIo> Poller for Plane<I> {
             };
             // Classified by the caller's front (`target`): not parsed again.
             node.handle_request(now, &req, r.target.as_ref());
-            self.hand_is = Hand::Free;
+            self.current_is = Current::Free;
             self.drain_outputs(now);
-            if let (Some(s), Some(t)) = (self.stats.as_mut(), taking) {
-                s.taken(t);
+            if let (Some(s), Some(t)) = (self.stats.as_mut(), entering) {
+                s.entered(t);
             }
         }
         if self.done {
@@ -943,13 +948,13 @@ impl<I: CoreIo> Poller for Plane<I> {
     /// Requests, replies or control messages a round left in the inbox (beyond its burst),
     /// or a request held for a control message.
     fn waiting(&self) -> bool {
-        self.hand_is == Hand::Held || self.inbox.waiting()
+        self.current_is == Current::Held || self.inbox.waiting()
     }
 }
 
-/// What the loop's request buffer ([`Plane::hand`]) holds.
+/// What the loop's request buffer ([`Plane::current`]) holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hand {
+enum Current {
     /// Nothing (what it holds was answered or is known to the resolver).
     Free,
     /// A request that waits for a control message queued before it.

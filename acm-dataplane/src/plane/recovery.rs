@@ -3,7 +3,7 @@
 //! (`recover`); if that panics too, the loop runs on without a resolver (`give_up`,
 //! `poll_dead`), answering everything ENODATA, and the inbox refuses new requests.
 
-use super::{CoreIo, Hand, Plane, BURST};
+use super::{CoreIo, Current, Plane, BURST};
 use crate::worker::PollOutcome;
 use acm_core_nostd::node::Node;
 use acm_core_nostd::resolver::{EpId, Millis};
@@ -22,8 +22,8 @@ impl<I: CoreIo> Plane<I> {
         self.inbox.gave_up.fetch_add(1, Ordering::Relaxed);
         let now = self.last_now;
         self.answer_held(now);
-        if self.hand_is == Hand::Taken {
-            let _ = catch_unwind(AssertUnwindSafe(|| self.answer_hand(Status::Enodata)));
+        if self.current_is == Current::Taken {
+            let _ = catch_unwind(AssertUnwindSafe(|| self.answer_current(Status::Enodata)));
         }
         let _ = catch_unwind(AssertUnwindSafe(|| {
             self.io.log(
@@ -51,15 +51,15 @@ impl<I: CoreIo> Plane<I> {
                 "ERROR - the resolver could not answer its requests after the panic",
             );
         }
-        if self.hand_is == Hand::Taken {
+        if self.current_is == Current::Taken {
             // Not answered by the shutdown above (drain_outputs frees it when its answer goes).
-            self.answer_hand(Status::Enodata);
+            self.answer_current(Status::Enodata);
         }
         if let Some(s) = self.stats.as_mut() {
             // What the old resolver held and did not answer will never be answered.
             s.misses.clear();
             s.sa.clear();
-            s.taking = None;
+            s.entering = None;
         }
         // The old resolver gives the cache's writer back for the fresh one: one owner at a
         // time, never a second writer. The SA channel's storage stays, emptied: the old
@@ -105,7 +105,7 @@ impl<I: CoreIo> Plane<I> {
             };
             did = true;
             if request {
-                self.answer_hand(Status::Enodata);
+                self.answer_current(Status::Enodata);
             }
             if self.done {
                 self.answer_queued();
