@@ -785,6 +785,7 @@ mod plane_tests {
     };
     use acm_core_nostd::sim::{lid_msg, node_ep_config, node_gid, node_lid};
     use acm_core_nostd::wire::path_record::PathRecord;
+    use acm_core_nostd::wire::sa::{first_record, first_record_mut};
     use std::sync::{Arc, Mutex};
 
     struct Core {
@@ -804,8 +805,8 @@ mod plane_tests {
             let mut reply = *mad;
             reply[3] = 0x81;
             if u16::from_be_bytes([mad[16], mad[17]]) == 0x0035 {
-                let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
-                let mut p = PathRecord::new_unchecked(&mut reply[56..120]);
+                let dlid = PathRecord::new_unchecked(&first_record(mad)[..]).dlid();
+                let mut p = PathRecord::new_unchecked(&mut first_record_mut(&mut reply)[..]);
                 p.set_dgid(node_gid(usize::from(dlid) - 1));
                 p.set_sgid(node_gid(0));
                 p.set_dlid(dlid);

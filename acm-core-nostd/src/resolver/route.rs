@@ -696,8 +696,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         let _ = self.w.insert_negative(&k, u8::from(s), now, ttl);
                     }
                 }
-                let mut sa_record = [0u8; 64];
-                sa_record.copy_from_slice(&mad[56..120]);
+                let sa_record = *crate::wire::sa::first_record(mad);
                 let qr = (umad_status == 0).then_some(&sa_record);
                 self.finish_job(
                     now,

@@ -22,6 +22,20 @@ pub const DATA_LEN: usize = 200;
 /// `UMAD_SA_CLASS_VERSION`.
 pub const CLASS_VERSION: u8 = 2;
 
+/// The first record of an SA MAD's data (a PathRecord GET's or GetResp's 64-byte record).
+pub fn first_record(mad: &[u8; crate::wire::mad::MAD_LEN]) -> &[u8; 64] {
+    let r = &mad[DATA_OFFSET..DATA_OFFSET + 64];
+    r.try_into().unwrap_or(&[0; 64])
+}
+
+/// [`first_record`], mutable.
+pub fn first_record_mut(mad: &mut [u8; crate::wire::mad::MAD_LEN]) -> &mut [u8; 64] {
+    let (_, rest) = mad.split_at_mut(DATA_OFFSET);
+    let (r, _) = rest.split_at_mut(64);
+    r.try_into()
+        .unwrap_or_else(|_| unreachable!("a MAD holds a record at 56"))
+}
+
 /// SA attribute ids.
 pub mod attr {
     /// ClassPortInfo.

@@ -299,10 +299,7 @@ impl LoopStats {
 
 /// The (client, tid) key of a client message.
 fn client_key(client: u64, msg: &[u8]) -> u128 {
-    let tid = msg
-        .get(8..16)
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map_or(0, u64::from_ne_bytes);
+    let tid = AcmMsg::new_checked(msg).map_or(0, |m| m.tid());
     (u128::from(client) << 64) | u128::from(tid)
 }
 
