@@ -183,41 +183,7 @@ fn invalid(msg: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
-/// Why [`UdEndpoint::send`] did not post a MAD. Never a blocking condition.
-#[derive(Debug)]
-pub enum SendError {
-    /// Every send buffer is in flight (counted in [`UdStats::no_buffer`]); poll and retry.
-    NoBuffer,
-    /// No attached group has this index.
-    UnknownGroup(u8),
-    /// Every cached unicast address handle is used by a send in flight.
-    AhBusy,
-    /// The QP is being reset after an error completion; poll and retry.
-    Recovering,
-    /// A verbs call failed (`ibv_create_ah`, `ibv_post_send`).
-    Verbs(io::Error),
-}
-
-impl fmt::Display for SendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SendError::NoBuffer => f.write_str("no free send buffer"),
-            SendError::UnknownGroup(i) => write!(f, "multicast group {i} is not attached"),
-            SendError::AhBusy => f.write_str("every cached address handle is in use"),
-            SendError::Recovering => f.write_str("QP is being reset after an error"),
-            SendError::Verbs(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for SendError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            SendError::Verbs(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+pub use crate::plane::SendError;
 
 /// Finds the P_Key table index of `pkey` (host order, membership bit included) on `port_num`:
 /// `ibv_get_pkey_index`, else a scan with `ibv_query_pkey` (exact match first, then the same
@@ -1341,8 +1307,8 @@ impl Drop for UdEndpoint {
 
 /// The loop's view of the endpoint (`plane::Ud`): what it sends, polls, attaches and waits on.
 impl Ud for UdEndpoint {
-    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
-        UdEndpoint::send(self, to, mad).map_err(|e| e.to_string())
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), SendError> {
+        UdEndpoint::send(self, to, mad)
     }
 
     fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {

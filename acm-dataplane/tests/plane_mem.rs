@@ -11,7 +11,9 @@ use acm_core_nostd::resolver::{
 use acm_core_nostd::sim::{lid_msg, name_bytes, name_msg, node_ep_config, node_gid, node_lid};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
-use acm_dataplane::plane::{Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, Ud};
+use acm_dataplane::plane::{
+    Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, SendError, Ud,
+};
 use acm_dataplane::worker::{Poller, Worker};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -59,7 +61,7 @@ impl Overlap {
 }
 
 impl Ud for MemUd {
-    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), SendError> {
         let watch = self.watch.clone();
         watch.call(|| self.send_now(to, mad))
     }
@@ -86,7 +88,7 @@ impl Ud for MemUd {
 }
 
 impl MemUd {
-    fn send_now(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+    fn send_now(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), SendError> {
         let meta = RecvMeta {
             slid: node_lid(self.me),
             src_qp: 100 + self.me as u32,
@@ -98,10 +100,11 @@ impl MemUd {
         };
         let to = match to {
             AcmDest::Group(_) if self.attached => 1 - self.me,
-            AcmDest::Group(g) => return Err(format!("group {g} not attached")),
+            AcmDest::Group(g) => return Err(SendError::UnknownGroup(*g)),
             AcmDest::Unicast(av) => (0..2)
                 .find(|&j| node_lid(j) == av.dlid)
-                .ok_or("no such LID")?,
+                // No such LID: lost on the fabric, as a real send would be.
+                .ok_or(SendError::Verbs(std::io::Error::other("no such LID")))?,
         };
         self.wire.lock().unwrap().push_back((to, meta, *mad));
         Ok(())
@@ -706,7 +709,7 @@ fn garbage_from_the_wire_is_dropped_counted_and_logged() {
 struct SickUd(acm_dataplane::plane::UdHealth);
 
 impl Ud for SickUd {
-    fn send(&mut self, _to: &AcmDest, _mad: &[u8; 256]) -> Result<(), String> {
+    fn send(&mut self, _to: &AcmDest, _mad: &[u8; 256]) -> Result<(), SendError> {
         Ok(())
     }
     fn poll(&mut self, _f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize {
@@ -804,7 +807,7 @@ struct SmUd {
 }
 
 impl Ud for SmUd {
-    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String> {
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), SendError> {
         let AcmDest::Unicast(av) = to else {
             return Ok(());
         };

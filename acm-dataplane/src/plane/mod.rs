@@ -42,6 +42,8 @@ use acm_core_nostd::resolver::{
 use acm_core_nostd::rmpp;
 use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{AcmMsg, Status};
+use std::fmt;
+use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -90,8 +92,8 @@ const COUNTS_HELD: usize = 64;
 
 /// One endpoint's UD queue pair, as the loop uses it.
 pub trait Ud: Send {
-    /// Posts one MAD; `Err` with a reason when it cannot (no buffer, no group, verbs error).
-    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), String>;
+    /// Posts one MAD; `Err` with the reason when it cannot (no buffer, no group, verbs error).
+    fn send(&mut self, to: &AcmDest, mad: &[u8; 256]) -> Result<(), SendError>;
     /// Hands every received MAD to `f`; returns the number of completions seen.
     fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; 256])) -> usize;
     /// Attaches to a group (and makes its address handle).
@@ -110,6 +112,43 @@ pub trait Ud: Send {
     /// the core's service).
     fn sm_addr(&mut self) -> Option<SmAddr> {
         None
+    }
+}
+
+/// Why a [`Ud::send`] did not post a MAD (no allocation: a flood of failed sends must not
+/// allocate). Never a blocking condition.
+#[derive(Debug)]
+pub enum SendError {
+    /// Every send buffer is in flight (counted by the QP); poll and retry.
+    NoBuffer,
+    /// No attached group has this index.
+    UnknownGroup(u8),
+    /// Every cached unicast address handle is used by a send in flight.
+    AhBusy,
+    /// The QP is being reset after an error completion; poll and retry.
+    Recovering,
+    /// A verbs call failed (`ibv_create_ah`, `ibv_post_send`).
+    Verbs(io::Error),
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::NoBuffer => f.write_str("no free send buffer"),
+            SendError::UnknownGroup(i) => write!(f, "multicast group {i} is not attached"),
+            SendError::AhBusy => f.write_str("every cached address handle is in use"),
+            SendError::Recovering => f.write_str("QP is being reset after an error"),
+            SendError::Verbs(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SendError::Verbs(e) => Some(e),
+            _ => None,
+        }
     }
 }
 
