@@ -12,7 +12,7 @@ use acm_core_nostd::sim::{lid_msg, name_bytes, name_msg, node_ep_config, node_gi
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 use acm_dataplane::plane::{
-    Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, SendError, Ud,
+    Control, CoreIo, HandOver, HostCache, HostWriter, Inbox, Plane, SaReply, SendError, Ud,
 };
 use acm_dataplane::worker::{Poller, Worker};
 use std::collections::VecDeque;
@@ -57,6 +57,25 @@ impl Overlap {
         let r = f();
         self.inside.fetch_sub(1, SeqCst);
         r
+    }
+}
+
+/// A request handed over as a caller without a front does (no stamp, not classified).
+trait HandPlain {
+    fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool;
+}
+
+impl HandPlain for Inbox {
+    fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
+        self.hand_over(HandOver {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+            stamp: None,
+            target: None,
+        })
     }
 }
 

@@ -131,6 +131,19 @@ impl CoreApi {
         unsafe { (self.write)(level, c"acmrs: %s".as_ptr(), buf.as_ptr() as *const c_char) };
     }
 
+    /// Answers client `id` with `msg` through the helper `via` names
+    /// (`acm_resolve_response` or `acm_query_response`); the core's return code.
+    pub fn respond(&self, via: acm_core_nostd::resolver::Via, id: u64, msg: &mut AcmMsg) -> c_int {
+        use acm_core_nostd::resolver::Via;
+        let f = match via {
+            Via::Resolve => self.resolve_response,
+            Via::Query => self.query_response,
+        };
+        // SAFETY: `msg` is a full, initialised acm_msg the caller owns; the core copies it
+        // before returning.
+        unsafe { f(id, msg) }
+    }
+
     /// `acm_increment_counter(which)`.
     pub fn count(&self, which: usize) {
         // SAFETY: plain C call with an in-range counter index (ACM_CNTR_*).

@@ -111,12 +111,7 @@ fn deliver(
 ) {
     // The span ends here; it is recorded once the client has its answer.
     let end = hit_start.map(|_| ctx.inst.clock.now());
-    let f = match via {
-        Via::Resolve => ctx.inst.api.resolve_response,
-        Via::Query => ctx.inst.api.query_response,
-    };
-    // SAFETY: `out` is a full, initialised acm_msg of ours; the core copies it before returning.
-    let _ = unsafe { f(id, out) };
+    let _ = ctx.inst.api.respond(via, id, out);
     // Only now: a panic before this point (building the answer) leaves the request
     // unanswered, and the caller's guard answers it EINVAL; after it, never a second answer.
     *answered = true;

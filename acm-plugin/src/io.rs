@@ -5,7 +5,7 @@
 use crate::core_api::CoreApi;
 use crate::ffi::{AcmEndpoint, AcmMsg, AcmSaMad};
 use crate::instance::{lock, Ep, Instance, LogReason};
-use acm_core_nostd::resolver::{Answer, Counter, EpId, Via};
+use acm_core_nostd::resolver::{Answer, Counter, EpId};
 use acm_dataplane::plane::{CoreIo, SaReply};
 use core::ffi::c_void;
 use std::sync::{Arc, OnceLock, Weak};
@@ -87,12 +87,7 @@ impl CoreIo for PluginIo {
         let api = self.inst.api;
         let mut msg = AcmMsg::zeroed();
         msg.as_bytes_mut().copy_from_slice(&a.msg);
-        let f = match a.via {
-            Via::Resolve => api.resolve_response,
-            Via::Query => api.query_response,
-        };
-        // SAFETY: `msg` is a full acm_msg on our stack; the core copies it before returning.
-        let rc = unsafe { f(a.client, &mut msg) };
+        let rc = api.respond(a.via, a.client, &mut msg);
         if rc != 0 && self.inst.log_enabled(1) {
             api.log(
                 1,

@@ -437,23 +437,11 @@ impl Inbox {
         self.control_applied.load(Ordering::Acquire)
     }
 
-    /// Hands a request to the loop; false if the queue is full (counted), or the loop is
-    /// stopped ([`Inbox::is_stopped`]) or stalled ([`Inbox::is_stalled`]).
-    pub fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
-        self.hand_over(HandOver {
-            ep,
-            cache_ep,
-            client,
-            kind,
-            msg,
-            stamp: None,
-            target: None,
-        })
-    }
-
-    /// [`Inbox::request`] with what the caller's front knows: the start of a missed
+    /// Hands a request to the loop, with what the caller's front knows (the start of a missed
     /// `resolve()`, whose answer's latency the loop then records, and the request's
-    /// classification, which the loop then does not redo.
+    /// classification, which the loop then does not redo); false if the queue is full
+    /// (counted), or the loop is stopped ([`Inbox::is_stopped`]) or stalled
+    /// ([`Inbox::is_stalled`]).
     pub fn hand_over(&self, h: HandOver<'_>) -> bool {
         if self.is_stopped() || self.is_stalled() {
             return false;
@@ -530,8 +518,21 @@ mod tests {
         Inbox::new(8, 8, Worker::new_waker())
     }
 
+    /// A request as a caller without a front hands it over.
+    fn request(i: &Inbox, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
+        i.hand_over(HandOver {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+            stamp: None,
+            target: None,
+        })
+    }
+
     fn hand(i: &Inbox, client: u64) -> bool {
-        i.request(EpId(0), 0, client, Kind::Resolve, &[0u8; 24])
+        request(i, EpId(0), 0, client, Kind::Resolve, &[0u8; 24])
     }
 
     fn taken(i: &Inbox) -> Vec<(u64, u64)> {
@@ -584,18 +585,25 @@ mod tests {
         let long = ClientRequest::resolve(0x1111_2222_3333_4444)
             .dest(0, EpInfoType::Name, b"hca4")
             .source(EpInfoType::Name, b"hca3");
-        assert!(i.request(EpId(1), 7, 40, Kind::Resolve, long.bytes()));
+        assert!(request(&i, EpId(1), 7, 40, Kind::Resolve, long.bytes()));
         assert!(i.take_request_into(&mut hand));
         assert_eq!((hand.client, usize::from(hand.len)), (40, long.len()));
         assert_eq!(&hand.msg[..long.len()], long.bytes());
         // A PATH request (88 bytes) into the same buffer: its bytes, its header.
         let path = ClientRequest::path(0x5555_6666_7777_8888, FLAGS_NODELAY, &PathQuery::lid(6));
-        assert!(i.request(EpId(2), 8, 41, Kind::Resolve, path.bytes()));
+        assert!(request(&i, EpId(2), 8, 41, Kind::Resolve, path.bytes()));
         assert!(i.take_request_into(&mut hand));
         assert_eq!((hand.ep, hand.cache_ep, hand.client), (EpId(2), 8, 41));
         assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());
         // Ten bytes: the rest of the header is zero, not the PATH request's TID.
-        assert!(i.request(EpId(2), 8, 42, Kind::Resolve, &path.bytes()[..10]));
+        assert!(request(
+            &i,
+            EpId(2),
+            8,
+            42,
+            Kind::Resolve,
+            &path.bytes()[..10]
+        ));
         assert!(i.take_request_into(&mut hand));
         assert_eq!(hand.len, 10);
         assert_eq!(&hand.msg[..10], &path.bytes()[..10]);
@@ -613,8 +621,8 @@ mod tests {
             "none of an earlier request's"
         );
         // Through a queue slot (the staging buffer taken) the same holds.
-        assert!(i.request(EpId(0), 0, 43, Kind::Resolve, long.bytes()));
-        assert!(i.request(EpId(0), 0, 44, Kind::Resolve, path.bytes()));
+        assert!(request(&i, EpId(0), 0, 43, Kind::Resolve, long.bytes()));
+        assert!(request(&i, EpId(0), 0, 44, Kind::Resolve, path.bytes()));
         assert!(i.take_request_into(&mut hand) && hand.client == 43);
         assert!(i.take_request_into(&mut hand) && hand.client == 44);
         assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());

@@ -510,8 +510,8 @@ impl<I: CoreIo> Plane<I> {
         }
     }
 
-    /// Answers the request in hand with `status` (the resolver never saw it) and frees the
-    /// buffer.
+    /// Answers the request in hand with `status` (the resolver never saw it: shutdown, no
+    /// resolver) and frees the buffer.
     fn answer_current(&mut self, status: Status) {
         self.current_is = Current::Free;
         if let Some(a) = self.current.answer(status) {
@@ -525,8 +525,9 @@ impl<I: CoreIo> Plane<I> {
         if self.current_is == Current::Held {
             self.answer_current(Status::Enodata);
         }
-        while let Some(r) = self.inbox.take_request() {
-            self.answer_now(&r, Status::Enodata);
+        while self.inbox.take_request_into(&mut self.current) {
+            self.current_is = Current::Taken;
+            self.answer_current(Status::Enodata);
         }
     }
 
@@ -655,13 +656,6 @@ impl<I: CoreIo> Plane<I> {
                 1,
                 &format!("{n} preloaded routes inserted: {paths} path entries"),
             );
-        }
-    }
-
-    /// Answers a request the resolver never saw (shutdown, no resolver) with `status`.
-    fn answer_now(&mut self, r: &Request, status: Status) {
-        if let Some(a) = r.answer(status) {
-            self.io.answer(&a);
         }
     }
 
