@@ -61,7 +61,7 @@ unsafe fn client_call(
     // SAFETY: `n <= MSG_BYTES` bytes of the core's 592-byte buffer, valid for this call and
     // written by no one while it runs (the core's thread is in this call, and we answer into
     // our own buffers, never into `msg`). Nothing keeps this view past the call: a request
-    // handed to the dataplane is copied into its queue (`Inbox::request`).
+    // handed to the dataplane is copied into its queue (`Inbox::hand_over`).
     let request: &[u8] = unsafe { core::slice::from_raw_parts(msg as *const u8, n) };
     // SAFETY: our AddrCtx, alive until remove_address / close_endpoint.
     let ctx = unsafe { &*(addr_context as *const AddrCtx) };

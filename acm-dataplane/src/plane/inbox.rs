@@ -394,7 +394,7 @@ impl Inbox {
 
     /// Whether the loop has given up resolving (after a failure it could not recover from)
     /// or its thread is gone: a request handed over now would not be answered, so
-    /// [`Inbox::request`] refuses it and the caller answers it at once.
+    /// [`Inbox::hand_over`] refuses it and the caller answers it at once.
     pub fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::Acquire) || self.waker.exited()
     }
