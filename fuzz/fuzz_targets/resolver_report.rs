@@ -168,18 +168,18 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
     let want = expected(mad, ep == EP && s.nodes[0].open);
     let before = snapshot(s);
     let now = s.now;
-    let n = &mut s.nodes[0];
-    let stats = n.resolver.stats();
-    n.resolver.handle_report(now, ep, mad);
+    let r = s.nodes[0].node.resolver_mut();
+    let stats = r.stats();
+    r.handle_report(now, ep, mad);
     let mut acks = Vec::new();
-    while let Some(o) = n.resolver.poll_output() {
+    while let Some(o) = r.poll_output() {
         match o {
             Output::SendSa { ep, mad, .. } if mad[3] == 0x86 => acks.push((ep, mad)),
             other => panic!("a Report made the resolver output {other:?}"),
         }
     }
-    let after_stats = n.resolver.stats();
-    if let Err(e) = n.resolver.check_invariants() {
+    let after_stats = r.stats();
+    if let Err(e) = r.check_invariants() {
         panic!("after a Report: {e}");
     }
     let after = snapshot(s);

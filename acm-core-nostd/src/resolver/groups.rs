@@ -10,6 +10,26 @@
 use super::mads;
 use super::storage::Table;
 use super::storage::{EpSlot, GroupState, SaTry};
+
+/// The SA SETs an endpoint keeps going, each one try at a time ([`SaTry`]): its two joins,
+/// and its two Report subscriptions ([`inform`](super::inform)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Set {
+    /// A group's MCMemberRecord SET.
+    Join,
+    /// A trap's InformInfo SET.
+    Inform,
+}
+
+impl Set {
+    /// The try of `set` `i` of endpoint `e`.
+    fn of(self, e: &EpSlot, i: usize) -> SaTry {
+        match self {
+            Set::Join => e.groups[i].t,
+            Set::Inform => e.informs[i].t,
+        }
+    }
+}
 use super::timers::Timer;
 use super::{Millis, Resolver, Storage};
 use crate::cache::CacheRef;
@@ -48,51 +68,82 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.timers.arm(Timer::Join, at);
     }
 
-    /// The (endpoint slot, index) of the SET (a join, a subscription: `of` picks its
-    /// [`SaTry`]) that a reply for token index `index` (slot × 2 + index) with `tid` answers;
-    /// `None`, counted as an unknown SA reply, if none waits for it.
-    pub(crate) fn set_awaiting(
-        &mut self,
-        index: u32,
-        tid: u32,
-        of: fn(&EpSlot, usize) -> SaTry,
-    ) -> Option<(usize, usize)> {
+    /// The (endpoint slot, index) of the `set` that a reply for token index `index` (slot × 2
+    /// + index) with `tid` answers; `None`, counted as an unknown SA reply, if none waits for
+    /// it.
+    fn set_awaiting(&mut self, index: u32, tid: u32, set: Set) -> Option<(usize, usize)> {
         let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
         let ok = self
             .st
             .tables_ref()
             .endpoints
             .get(slot)
-            .is_some_and(|e| e.open && of(e, i).awaits(tid));
+            .is_some_and(|e| e.open && set.of(e, i).awaits(tid));
         if !ok {
             self.stats.sa_unknown += 1;
         }
         ok.then_some((slot, i))
     }
 
-    /// An SA completion of a join.
-    pub(crate) fn join_reply(
+    /// An SA completion of `set` `index` (a join's, a subscription's): taken, or the set
+    /// failed (retried later).
+    pub(crate) fn set_reply(
         &mut self,
         now: Millis,
+        set: Set,
         index: u32,
         tid: u32,
         umad_status: u32,
         mad: &[u8; 256],
     ) {
-        let Some((slot, g)) = self.set_awaiting(index, tid, |e, g| e.groups[g].t) else {
+        let Some((slot, i)) = self.set_awaiting(index, tid, set) else {
             return;
         };
+        let taken = match set {
+            Set::Join => self.join_taken(slot, i, umad_status, mad),
+            Set::Inform => self.inform_taken(slot, i, umad_status, mad),
+        };
+        if !taken {
+            self.set_failed(now, set, slot, i);
+        }
+    }
+
+    /// The timers of endpoint `slot`'s `set`s: a late reply fails one, a retry time sends it
+    /// again.
+    pub(crate) fn set_timers(&mut self, now: Millis, set: Set, slot: usize) {
+        for i in 0..2 {
+            match set.of(&self.st.tables_ref().endpoints[slot], i).due(now) {
+                Some(GroupState::Joining) => self.set_failed(now, set, slot, i),
+                Some(GroupState::Retry) => match set {
+                    Set::Join => self.start_join(now, slot, i),
+                    Set::Inform => self.start_subscribe(now, slot, i),
+                },
+                _ => {}
+            }
+        }
+    }
+
+    /// `set` `i` of `slot` failed or got no answer: retried later.
+    fn set_failed(&mut self, now: Millis, set: Set, slot: usize, i: usize) {
+        match set {
+            Set::Join => self.join_failed(now, slot, i),
+            Set::Inform => self.inform_failed(now, slot, i),
+        }
+    }
+
+    /// OpenSM's reply to the join of group `g` of `slot`: its record taken if it is the group
+    /// asked for.
+    fn join_taken(&mut self, slot: usize, g: usize, umad_status: u32, mad: &[u8; 256]) -> bool {
         let e = self.st.endpoints()[slot];
         let mgid = mads::group_mgid(e.pkey, e.groups[g].rate, e.groups[g].mtu);
-        match mads::join_reply(umad_status, mad, mgid) {
-            Some(rec) => {
-                let gs = &mut self.st.endpoints()[slot].groups[g];
-                gs.t.accepted();
-                gs.record = rec;
-                self.mark_dirty(slot);
-            }
-            None => self.join_failed(now, slot, g),
-        }
+        let Some(rec) = mads::join_reply(umad_status, mad, mgid) else {
+            return false;
+        };
+        let gs = &mut self.st.endpoints()[slot].groups[g];
+        gs.t.accepted();
+        gs.record = rec;
+        self.mark_dirty(slot);
+        true
     }
 
     /// The best group shared with a peer: the highest-index GID of its list that we joined.
@@ -104,16 +155,5 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 gs.t.state == GroupState::Joined && gs.record[..16] == m.0
             })
         })
-    }
-
-    /// Join timers of endpoint `slot`: a late reply fails the join, a retry time re-sends.
-    pub(crate) fn join_timers(&mut self, now: Millis, slot: usize) {
-        for g in 0..2 {
-            match self.st.tables_ref().endpoints[slot].groups[g].t.due(now) {
-                Some(GroupState::Joining) => self.join_failed(now, slot, g),
-                Some(GroupState::Retry) => self.start_join(now, slot, g),
-                _ => {}
-            }
-        }
     }
 }

@@ -58,43 +58,29 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// A reply to subscription SET `index` (slot × 2 + trap).
-    pub(crate) fn inform_reply(
+    /// The SA's reply to subscription `i` of `slot`: taken if it accepted it (a reply that
+    /// refused it is counted).
+    pub(crate) fn inform_taken(
         &mut self,
-        now: Millis,
-        index: u32,
-        tid: u32,
+        slot: usize,
+        i: usize,
         umad_status: u32,
         mad: &[u8; 256],
-    ) {
-        let Some((slot, i)) = self.set_awaiting(index, tid, |e, i| e.informs[i].t) else {
-            return;
-        };
+    ) -> bool {
         if mads::inform_accepted(umad_status, mad) {
             self.st.endpoints()[slot].informs[i].t.accepted();
-        } else {
-            if umad_status == 0 {
-                self.stats.report_malformed += 1;
-            }
-            self.inform_failed(now, slot, i);
+            return true;
         }
+        if umad_status == 0 {
+            self.stats.report_malformed += 1;
+        }
+        false
     }
 
     /// Subscription `i` of `slot` failed or timed out: retry later.
     pub(crate) fn inform_failed(&mut self, now: Millis, slot: usize, i: usize) {
         let at = self.st.endpoints()[slot].informs[i].t.failed(now);
         self.timers.arm(Timer::Inform, at);
-    }
-
-    /// Subscription timers of `slot` (from `run_timers`).
-    pub(crate) fn inform_timers(&mut self, now: Millis, slot: usize) {
-        for i in 0..TRAPS.len() {
-            match self.st.endpoints()[slot].informs[i].t.due(now) {
-                Some(GroupState::Joining) => self.inform_failed(now, slot, i),
-                Some(GroupState::Retry) => self.start_subscribe(now, slot, i),
-                _ => {}
-            }
-        }
     }
 
     /// The subscription outputs of `slot`, in order: unsubscribes, subscribes, the ack.

@@ -46,6 +46,7 @@ mod answers;
 mod endpoints;
 pub mod front;
 mod groups;
+use groups::Set;
 mod inform;
 mod mads;
 mod output;
@@ -1048,8 +1049,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let (kind, index, tid) = mads::untoken(token);
         match kind {
             mads::TOKEN_ROUTE => self.route_reply(now, index, tid, umad_status, &mad),
-            mads::TOKEN_JOIN => self.join_reply(now, index, tid, umad_status, &mad),
-            mads::TOKEN_INFORM => self.inform_reply(now, index, tid, umad_status, &mad),
+            mads::TOKEN_JOIN => self.set_reply(now, Set::Join, index, tid, umad_status, &mad),
+            mads::TOKEN_INFORM => self.set_reply(now, Set::Inform, index, tid, umad_status, &mad),
             mads::TOKEN_TABLE => self.table_reply(now, token, umad_status),
             mads::TOKEN_LEAVE | mads::TOKEN_NOTICE => {}
             _ => self.stats.sa_unknown += 1,
@@ -1092,10 +1093,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     continue;
                 }
                 if join {
-                    self.join_timers(now, slot);
+                    self.set_timers(now, Set::Join, slot);
                 }
                 if inform {
-                    self.inform_timers(now, slot);
+                    self.set_timers(now, Set::Inform, slot);
                 }
                 if queue {
                     self.acm_queue_timers(now, slot);
