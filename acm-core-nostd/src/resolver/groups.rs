@@ -68,9 +68,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.timers.arm(Timer::Join, at);
     }
 
-    /// The (endpoint slot, index) of the `set` that a reply for token index `index` (slot × 2
-    /// + index) with `tid` answers; `None`, counted as an unknown SA reply, if none waits for
-    /// it.
+    /// The (endpoint slot, index) of the `set` that a reply for token index `index` (slot
+    /// times 2, plus the index) with `tid` answers; `None`, counted as an unknown SA reply, if
+    /// none waits for it.
     fn set_awaiting(&mut self, index: u32, tid: u32, set: Set) -> Option<(usize, usize)> {
         let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
         let ok = self
