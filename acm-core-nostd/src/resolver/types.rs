@@ -1,0 +1,339 @@
+//! The resolver's public types: its ids and settings per endpoint, its inputs' and outputs'
+//! payloads, its counters and errors (re-exported as `acm_core_nostd::resolver::*`).
+
+use crate::wire::client::Status;
+use crate::wire::gid::Gid;
+use crate::wire::mad::MAD_LEN;
+
+/// Milliseconds on the caller's monotonic clock.
+pub type Millis = u64;
+
+/// Most endpoints one resolver serves (the cache's endpoint slots).
+pub const MAX_EPS: usize = 256;
+
+/// Largest client message (`sizeof(struct acm_msg)`).
+pub const MSG_LEN: usize = crate::wire::client::MSG_LEN;
+
+/// An endpoint: the caller's cache endpoint slot (0..[`MAX_EPS`]), unique among open endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EpId(pub u8);
+
+/// What the resolver needs to know about an endpoint (one port, one partition).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EpConfig {
+    /// Port GID at index 0 (the source GID of everything this endpoint sends).
+    pub port_gid: Gid,
+    /// Port base LID.
+    pub lid: u16,
+    /// P_Key as the core gave it (full-membership bit included).
+    pub pkey: u16,
+    /// Active MTU (`enum ibv_mtu`).
+    pub mtu: u8,
+    /// Active rate (`enum ibv_rate`), 0 if unknown.
+    pub rate: u8,
+    /// The port's subnet timeout in ms, as ibacmp derives it (`1 << (SubnetTimeOut - 8)`).
+    pub subnet_timeout_ms: u64,
+    /// The endpoint's own UD QP number (the source QPN of its ACM MADs). 0 = the endpoint has
+    /// no UD QP: it joins no group and speaks no ACM protocol (names and IPs resolve from the
+    /// hosts preload and local addresses only, as with `addr_prot none`; routes via the SA).
+    pub qpn: u32,
+    /// The UD QP is on the port's SA P_Key (the default partition's key, as the core picks
+    /// its own): the port's SA MADs leave on it and its Reports arrive on it, so only such an
+    /// endpoint subscribes to Reports (`Config::sa_reports`). The SM's port is in the default
+    /// partition only: a MAD of another partition never reaches it.
+    pub sa_pkey: bool,
+}
+
+/// How a client is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// `acm_resolve_response`.
+    Resolve,
+    /// `acm_query_response` (`ACM_FLAGS_QUERY_SA`).
+    Query,
+}
+
+/// What kind of client call a request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `resolve()`: answered with [`Via::Resolve`].
+    Resolve,
+    /// `query()`: a pass-through SA PathRecord GET, never cached, answered with [`Via::Query`].
+    Query,
+    /// A NODELAY miss the caller already answered ENODATA: resolve only to prime the cache.
+    /// Never answered.
+    Prime,
+    /// A cache hit near expiry that the caller already answered: re-resolve and update the
+    /// entry in place. Never answered.
+    Refresh,
+}
+
+/// The `ACM_CNTR_*` counters (the index into `query_perf`'s array).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Counter {
+    /// Answers with an error status other than ENODATA.
+    Error = 0,
+    /// `resolve()` calls.
+    Resolve = 1,
+    /// Answers with ENODATA.
+    NoData = 2,
+    /// ACM multicast address queries sent.
+    AddrQuery = 3,
+    /// Requests whose address was known but whose route was not.
+    AddrCache = 4,
+    /// SA PathRecord queries sent (query() included).
+    RouteQuery = 5,
+    /// Requests answered from the route cache.
+    RouteCache = 6,
+}
+
+/// A multicast group the endpoint joined (from the SA's MCMemberRecord answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct McGroup {
+    /// Group index (0 = the base group every node joins; 1 = the port's own rate/MTU).
+    pub index: u8,
+    /// The MGID.
+    pub mgid: Gid,
+    /// The MLID the SA assigned.
+    pub mlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Flow label.
+    pub flow_label: u32,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub tclass: u8,
+    /// Static rate (`enum ibv_rate`, selector bits stripped).
+    pub rate: u8,
+    /// MTU (`enum ibv_mtu`, selector bits stripped).
+    pub mtu: u8,
+    /// P_Key of the group.
+    pub pkey: u16,
+    /// Q_Key of the group.
+    pub qkey: u32,
+}
+
+/// An address vector for a unicast ACM MAD (a response to a peer's query).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnicastAv {
+    /// Destination LID (the requester's `wc.slid`).
+    pub dlid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Source path bits (the request's `wc.dlid_path_bits`).
+    pub src_path_bits: u8,
+    /// Static rate (`enum ibv_rate`).
+    pub static_rate: u8,
+    /// GRH destination GID (the request's GRH source GID).
+    pub dgid: Gid,
+    /// GRH flow label.
+    pub flow_label: u32,
+    /// GRH hop limit.
+    pub hop_limit: u8,
+    /// GRH traffic class.
+    pub tclass: u8,
+    /// Destination QP (the request's `wc.src_qp`).
+    pub remote_qpn: u32,
+    /// Q_Key to send with (`ACM_QKEY`).
+    pub remote_qkey: u32,
+}
+
+/// Where an ACM MAD goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcmDest {
+    /// Multicast on the endpoint's attached group with this index (QPN 0xFFFFFF, `ACM_QKEY`).
+    Group(u8),
+    /// Unicast to a peer.
+    Unicast(UnicastAv),
+}
+
+/// What the receive completion of an ACM MAD said about its sender.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// `wc.slid`.
+    pub slid: u16,
+    /// `wc.src_qp`.
+    pub src_qp: u32,
+    /// `wc.sl`.
+    pub sl: u8,
+    /// `wc.dlid_path_bits`.
+    pub dlid_path_bits: u8,
+    /// `wc.pkey_index`.
+    pub pkey_index: u16,
+    /// The endpoint's own P_Key index (a MAD that arrived on another is dropped).
+    pub ep_pkey_index: u16,
+    /// The source GID of the GRH (`None` when the completion had no `IBV_WC_GRH`).
+    pub grh_sgid: Option<Gid>,
+}
+
+/// A whole SA GetTable answer (reassembled from its RMPP segments by
+/// [`SaChannel`](crate::sa_channel::SaChannel)).
+#[derive(Clone, Copy, Debug)]
+pub struct SaTable<'a> {
+    /// The first segment's MAD, RMPP and SA headers (status, AttributeOffset).
+    pub header: &'a [u8; crate::wire::sa::DATA_OFFSET],
+    /// The records back to back, each `8 × AttributeOffset` bytes.
+    pub records: &'a [u8],
+}
+
+/// A client's answer: `len` bytes of `msg`, for `client` on endpoint `ep`, through `via`.
+#[derive(Clone, Copy, Debug)]
+pub struct Answer {
+    /// Endpoint of the request.
+    pub ep: EpId,
+    /// The core's client index the request came with.
+    pub client: u64,
+    /// Which core helper sends it.
+    pub via: Via,
+    /// The ACM status in the answer (also in `msg`).
+    pub status: Status,
+    /// Valid length of `msg`.
+    pub len: u16,
+    /// The response message (built with `wire::client`).
+    pub msg: [u8; MSG_LEN],
+}
+
+/// One thing for the caller to do.
+// Every variant carries its MAD or message by value: no allocator, and the caller moves it out.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug)]
+pub enum Output {
+    /// Send this SA MAD (class 3) for endpoint `ep`; report its completion, reply or failure
+    /// with [`Resolver::handle_sa`](super::Resolver::handle_sa) and the same `token`.
+    SendSa {
+        /// Endpoint whose port the query goes out on.
+        ep: EpId,
+        /// Opaque; give it back to `handle_sa`.
+        token: u64,
+        /// The MAD (its TID's low 32 bits are unique among the resolver's queries).
+        mad: [u8; MAD_LEN],
+    },
+    /// Send this ACM MAD (class 0x2C) on endpoint `ep`'s UD QP. Fire and forget: losses are
+    /// the resolver's business (retries on its timers).
+    SendAcm {
+        /// Endpoint.
+        ep: EpId,
+        /// Destination.
+        to: AcmDest,
+        /// The MAD.
+        mad: [u8; MAD_LEN],
+    },
+    /// Answer a client (exactly once per answered request).
+    Answer(Answer),
+    /// Attach endpoint `ep`'s QP to this group and make an address handle for it.
+    Attach {
+        /// Endpoint.
+        ep: EpId,
+        /// The group.
+        group: McGroup,
+    },
+    /// Detach endpoint `ep`'s QP from this group and drop its address handle.
+    Detach {
+        /// Endpoint.
+        ep: EpId,
+        /// The group.
+        group: McGroup,
+    },
+    /// Bump counter `counter` of endpoint `ep` (and the core's global one where ibacm has it).
+    Count {
+        /// Endpoint.
+        ep: EpId,
+        /// Which counter.
+        counter: Counter,
+    },
+}
+
+/// Why a resolver input was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Error {
+    /// The storage given to [`Resolver::new`](super::Resolver::new) is empty or inconsistent.
+    Storage,
+    /// The endpoint is not open (or already open for `open_endpoint`, or the resolver was
+    /// shut down).
+    Endpoint,
+    /// A table is full: no endpoint slot (`open_endpoint`), no address entry (`add_address`,
+    /// `preload_address`).
+    Capacity,
+}
+
+impl core::fmt::Display for Error {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Error::Storage => "resolver storage is empty or inconsistent",
+            Error::Endpoint => "endpoint not open (or already open)",
+            Error::Capacity => "resolver table full",
+        })
+    }
+}
+
+#[cfg(feature = "std")]
+impl std::error::Error for Error {}
+
+/// Counters of what the resolver dropped or refused, for logs and `query_perf`-like exports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Received ACM MADs dropped: wrong length/base/class/version/method/control, address
+    /// types out of range, `gid_cnt` > 6, a response with a status or without a GID.
+    pub acm_malformed: u64,
+    /// ACM responses whose TID matches no outstanding query.
+    pub acm_unknown_tid: u64,
+    /// ACM MADs nobody can use: for an endpoint that is not open, or a response naming a
+    /// multicast group we did not join.
+    pub acm_unsolicited: u64,
+    /// ACM MADs from an unexpected P_Key (index) or without a GRH.
+    pub acm_wrong_key: u64,
+    /// SA replies whose token/TID matches nothing in flight.
+    pub sa_unknown: u64,
+    /// Requests refused because a table was full (answered ENOMEM).
+    pub full: u64,
+    /// Malformed client requests (answered EINVAL).
+    pub malformed: u64,
+    /// Queries answered ETIMEDOUT.
+    pub timeouts: u64,
+    /// Peer requests dropped because we share no multicast group with the requester.
+    pub acm_no_group: u64,
+    /// Peer requests for an address of another of our endpoints (another partition of the
+    /// port): never answered on this one.
+    pub acm_other_partition: u64,
+    /// SA BUSY answers (each halves the SA window and holds it; the query goes again after a
+    /// backoff).
+    pub sa_busy: u64,
+    /// SA PathRecord queries that got no answer to any try (each halves the SA window; the
+    /// query goes again after a jittered backoff while its retries and deadline allow).
+    pub sa_lost: u64,
+    /// SA Reports received (each acknowledged).
+    pub reports: u64,
+    /// SA MADs on the UD QP that are neither a known reply nor a valid Report, and
+    /// InformInfo replies that refused a subscription.
+    pub report_malformed: u64,
+    /// Cache entries removed because a Report said their destination left or entered
+    /// service.
+    pub report_invalidated: u64,
+    /// Half-world PathRecord tables received ([`table`](super::table)).
+    pub sa_tables: u64,
+    /// Records they brought into the cache.
+    pub sa_table_records: u64,
+    /// Tables asked for that brought nothing (lost, too big, refused).
+    pub sa_table_failed: u64,
+    /// Answers that found no request slot at all (only possible if the caller feeds more than
+    /// `answer_reserve` requests without draining [`Resolver::poll_output`](super::Resolver::poll_output); see its docs).
+    pub lost: u64,
+}
+
+/// One client request as the resolver takes it ([`Resolver::request_classified`](super::Resolver::request_classified)).
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'m> {
+    /// The endpoint it arrived on.
+    pub ep: EpId,
+    /// The caller's cache endpoint number for `ep` ([`ep_number`](crate::cache::ep_number)): the key of every cache
+    /// entry of this request.
+    pub cache_ep: u32,
+    /// The caller's handle for the answer ([`Answer::client`]).
+    pub client: u64,
+    /// What kind of request it is.
+    pub kind: Kind,
+    /// The client's message.
+    pub msg: &'m [u8],
+}
