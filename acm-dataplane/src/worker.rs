@@ -36,9 +36,20 @@ use acm_core_nostd::park::ParkFlag;
 use crossbeam_utils::CachePadded;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
+
+mod hooks;
+mod spin;
+
+#[cfg(debug_assertions)]
+pub use hooks::stall_all;
+#[cfg(debug_assertions)]
+use hooks::stall_here;
+use hooks::WAKERS;
+pub use hooks::{advance_all_clocks, Stuck};
+use spin::{next, pause, Next, SpinBudget};
 
 /// What one poll round did.
 #[derive(Clone, Copy, Debug, Default)]
@@ -127,15 +138,6 @@ fn poll_guarded<P: Poller>(poller: &mut P, now: Instant) -> Option<PollOutcome> 
                 ..PollOutcome::default()
             })
         }
-    }
-}
-
-/// One turn of a spin: the CPU to another runnable thread (`yield_spin`), or a CPU pause.
-fn pause(yield_spin: bool) {
-    if yield_spin {
-        thread::yield_now();
-    } else {
-        std::hint::spin_loop();
     }
 }
 
@@ -309,89 +311,6 @@ impl Waker {
     /// How far virtual time is ahead of real time for this worker.
     pub fn clock_skew(&self) -> Duration {
         Duration::from_millis(self.0.skew_ms.load(Ordering::SeqCst))
-    }
-}
-
-/// Every waker of the process, weakly, for [`advance_all_clocks`] (pruned as wakers go).
-static WAKERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
-
-/// Virtual time for a whole process: [`Waker::advance_clock`] on every live worker (all are
-/// moved first, then each is waited for). `true` once every running worker observed the move;
-/// `false` if one did not within `within`. What the debug `libacmrs.so` exports to its tests
-/// (`acmrs_test_advance_clock`); the provider never calls it.
-pub fn advance_all_clocks(d: Duration, within: Duration) -> bool {
-    let live = live_workers();
-    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-    let targets: Vec<u64> = live
-        .iter()
-        .map(|s| s.skew_ms.fetch_add(ms, Ordering::SeqCst).saturating_add(ms))
-        .collect();
-    let t0 = Instant::now();
-    live.iter()
-        .zip(targets)
-        .all(|(s, target)| s.wait_observed(target, within.saturating_sub(t0.elapsed())))
-}
-
-/// Every live worker of the process (the test hooks' targets).
-fn live_workers() -> Vec<Arc<Shared>> {
-    WAKERS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter_map(Weak::upgrade)
-        .collect()
-}
-
-/// Milliseconds every worker of the process sleeps at the start of its next round
-/// ([`stall_all`]; debug builds only: no check in a release build's loop).
-#[cfg(debug_assertions)]
-static STALL_MS: AtomicU64 = AtomicU64::new(0);
-
-/// Whether that sleep holds the poller's lock ([`Stuck::InRound`]).
-#[cfg(debug_assertions)]
-static STALL_IN_ROUND: AtomicBool = AtomicBool::new(true);
-
-/// Where a worker is stuck ([`stall_all`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stuck {
-    /// Inside a round, the poller's lock held (a driver call that never returns): no round
-    /// runs anywhere.
-    InRound,
-    /// Between rounds, the lock free (a thread stuck in its park): rounds still run on the
-    /// producers' threads and the watchdog's.
-    BetweenRounds,
-}
-
-/// Makes a worker of the process stop running for `d`, stuck `at` (as a thread stuck in the
-/// kernel would be), and returns once one has (`true`; `false` if none did within
-/// `within`): the stall watchdog's tests, through the debug `libacmrs.so`'s
-/// `acmrs_test_stall`. The provider never calls it (debug builds only).
-#[cfg(debug_assertions)]
-pub fn stall_all(d: Duration, at: Stuck, within: Duration) -> bool {
-    STALL_IN_ROUND.store(at == Stuck::InRound, Ordering::SeqCst);
-    STALL_MS.store(
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1),
-        Ordering::SeqCst,
-    );
-    let live = live_workers();
-    let t0 = Instant::now();
-    while STALL_MS.load(Ordering::SeqCst) != 0 {
-        if t0.elapsed() >= within {
-            STALL_MS.store(0, Ordering::SeqCst);
-            return false;
-        }
-        live.iter().for_each(|s| s.kick());
-        thread::sleep(Duration::from_micros(100));
-    }
-    true
-}
-
-/// The stall test hook: sleeps as [`stall_all`] asked, if `in_round` is where it asked to.
-#[cfg(debug_assertions)]
-fn stall_here(in_round: bool) {
-    if STALL_MS.load(Ordering::Relaxed) != 0 && STALL_IN_ROUND.load(Ordering::SeqCst) == in_round {
-        let ms = STALL_MS.swap(0, Ordering::SeqCst);
-        thread::sleep(Duration::from_millis(ms));
     }
 }
 
@@ -607,81 +526,6 @@ impl Worker {
             None => Ok(()),
         }
     }
-}
-
-/// What the worker does next after a round with nothing done.
-enum Next {
-    /// Poll again (after a spin turn).
-    Spin,
-    /// Block for at most this long.
-    Park(Duration),
-}
-
-/// How long the worker polls on after work ([`WorkerConfig::spin`] and
-/// [`WorkerConfig::spin_learned`]): learned from the idle gaps before its rounds with work.
-#[derive(Clone, Copy, Debug)]
-struct SpinBudget {
-    min: Duration,
-    max: Duration,
-    /// Smoothed idle gap before work, in ns (0: none seen yet).
-    gap_ns: u64,
-}
-
-impl SpinBudget {
-    fn new(config: &WorkerConfig) -> Self {
-        SpinBudget {
-            min: config.spin,
-            max: config.spin_learned,
-            gap_ns: 0,
-        }
-    }
-
-    /// A round did work after `gap` without any. A gap is counted as at most four times the
-    /// bound: one long pause moves the mean toward "far apart" without erasing what came
-    /// before it; two in a row do.
-    fn work_after(&mut self, gap: Duration) {
-        if self.max.is_zero() {
-            return;
-        }
-        let cap = self.max.as_nanos().saturating_mul(4);
-        let sample = gap.as_nanos().min(cap).max(1) as u64;
-        self.gap_ns = match self.gap_ns {
-            0 => sample,
-            g => (g * 7 + sample) / 8,
-        };
-    }
-
-    /// How long to poll on after work now.
-    fn after_work(&self) -> Duration {
-        let gap = Duration::from_nanos(self.gap_ns);
-        if self.gap_ns == 0 || gap > self.max {
-            return self.min;
-        }
-        (gap * 2).clamp(self.min, self.max.max(self.min))
-    }
-}
-
-/// The decision after a round that did no work, at `now`, polling on for `spin` after the
-/// last work.
-fn next(
-    config: &WorkerConfig,
-    out: &PollOutcome,
-    now: Instant,
-    last_work: Instant,
-    spin: Duration,
-) -> Next {
-    if now.duration_since(last_work) < spin {
-        return Next::Spin;
-    }
-    // A reply is about to arrive: poll for it rather than pay a wake-up.
-    if out.reply_due_within(now, config.spin_for_reply) {
-        return Next::Spin;
-    }
-    let mut park_for = config.max_park;
-    if let Some(d) = out.next_deadline {
-        park_for = park_for.min(d.saturating_duration_since(now));
-    }
-    Next::Park(park_for)
 }
 
 /// The worker thread: rounds under the poller's lock, spins and parks outside it.
