@@ -36,19 +36,24 @@ use std::io;
 use std::os::fd::RawFd;
 use std::ptr;
 
+mod ah;
+mod port;
+
+use ah::{AhKey, AhSlot};
+pub use port::{pkey_index, port_attr, sa_pkey_index};
+
 use crate::plane::{Ud, UdHealth};
-use acm_core_nostd::resolver::{AcmDest, McGroup, RecvMeta, UnicastAv};
+use acm_core_nostd::resolver::{AcmDest, McGroup, RecvMeta};
 use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::gid::Gid;
 use rdma_sys::{
-    ibv_access_flags, ibv_ack_cq_events, ibv_ah, ibv_ah_attr, ibv_alloc_pd, ibv_attach_mcast,
-    ibv_comp_channel, ibv_context, ibv_cq, ibv_create_ah, ibv_create_comp_channel, ibv_create_cq,
-    ibv_create_qp, ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_ah, ibv_destroy_comp_channel,
-    ibv_destroy_cq, ibv_destroy_qp, ibv_detach_mcast, ibv_get_cq_event, ibv_get_pkey_index,
-    ibv_gid, ibv_global_route, ibv_modify_qp, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
-    ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_query_pkey, ibv_recv_wr,
-    ibv_reg_mr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_flags, ibv_wc_status,
-    ibv_wr_opcode,
+    ibv_access_flags, ibv_ack_cq_events, ibv_ah, ibv_alloc_pd, ibv_attach_mcast, ibv_comp_channel,
+    ibv_context, ibv_cq, ibv_create_ah, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp,
+    ibv_dealloc_pd, ibv_dereg_mr, ibv_destroy_ah, ibv_destroy_comp_channel, ibv_destroy_cq,
+    ibv_destroy_qp, ibv_detach_mcast, ibv_get_cq_event, ibv_gid, ibv_modify_qp, ibv_mr, ibv_pd,
+    ibv_qp, ibv_qp_attr, ibv_qp_attr_mask, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type,
+    ibv_recv_wr, ibv_reg_mr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wc, ibv_wc_flags,
+    ibv_wc_status, ibv_wr_opcode,
 };
 
 /// The verbs context type [`UdEndpoint::open`], [`pkey_index`] and [`port_attr`] take (the
@@ -185,138 +190,6 @@ fn invalid(msg: &'static str) -> io::Error {
 
 pub use crate::plane::SendError;
 
-/// Finds the P_Key table index of `pkey` (host order, membership bit included) on `port_num`:
-/// `ibv_get_pkey_index`, else a scan with `ibv_query_pkey` (exact match first, then the same
-/// partition with the other membership bit).
-///
-/// # Safety
-/// `ctx` is an open verbs context (from `ibv_open_device`, e.g. `acm_device.verbs`).
-pub unsafe fn pkey_index(ctx: *mut ibv_context, port_num: u8, pkey: u16) -> Option<u16> {
-    if ctx.is_null() {
-        return None;
-    }
-    // SAFETY: ctx is an open context (caller's contract); the P_Key is passed big-endian as
-    // verbs.h's `__be16` wants.
-    let i = unsafe { ibv_get_pkey_index(ctx, port_num, pkey.to_be()) };
-    if let Ok(i) = u16::try_from(i) {
-        return Some(i);
-    }
-    let mut partial = None;
-    for i in 0..=u16::MAX {
-        let mut raw: u16 = 0;
-        // SAFETY: ctx is open; `raw` is a writable __be16.
-        if unsafe { ibv_query_pkey(ctx, port_num, i32::from(i), &mut raw) } != 0 {
-            break;
-        }
-        let p = u16::from_be(raw);
-        if p == pkey {
-            return Some(i);
-        }
-        if p & 0x7fff == pkey & 0x7fff && p & 0x7fff != 0 && partial.is_none() {
-            partial = Some(i);
-        }
-    }
-    partial
-}
-
-/// The P_Key index the port's SA traffic uses, chosen as the ibacm core chooses its own
-/// (`sa_pkey_index`): the default partition's full-member key 0xFFFF, else its limited key
-/// 0x7FFF, else index 0. The SM's port is a member of the default partition only, so an SA
-/// MAD sent with any other P_Key is dropped at the SM's port (IBA 10.9.3).
-///
-/// # Safety
-/// `ctx` is an open verbs context (from `ibv_open_device`, e.g. `acm_device.verbs`).
-pub unsafe fn sa_pkey_index(ctx: *mut ibv_context, port_num: u8) -> u16 {
-    // `pkey_index` of the full-member key finds 0xFFFF, else the same partition's other
-    // membership, 0x7FFF: exactly the core's order.
-    // SAFETY: the caller's contract is pkey_index's.
-    unsafe { pkey_index(ctx, port_num, 0xffff) }.unwrap_or(0)
-}
-
-/// What port `port_num` says of itself now (`ibv_query_port`, the exported entry point: the
-/// fields of `struct _compat_ibv_port_attr` filled, the rest zero); `None` if the query fails.
-/// Every reader of port attributes goes through it: the plugin at `open_port` (LID, active
-/// MTU, width and speed, SubnetTimeOut) and [`UdEndpoint::sm_addr`] (SM LID and SL).
-///
-/// # Safety
-/// `ctx` is null or an open verbs context (from `ibv_open_device`, e.g. `acm_device.verbs`).
-pub unsafe fn port_attr(ctx: *mut ibv_context, port_num: u8) -> Option<IbvPortAttr> {
-    if ctx.is_null() {
-        return None;
-    }
-    // SAFETY: ibv_port_attr is plain old data (integers).
-    let mut attr: IbvPortAttr = unsafe { std::mem::zeroed() };
-    // SAFETY: ctx is open (the caller's contract); the exported ibv_query_port fills at most a
-    // `struct _compat_ibv_port_attr`, which is the prefix of the `ibv_port_attr` we pass.
-    let rc = unsafe {
-        rdma_sys::ibv_query_port(
-            ctx,
-            port_num,
-            &mut attr as *mut IbvPortAttr as *mut rdma_sys::_compat_ibv_port_attr,
-        )
-    };
-    (rc == 0).then_some(attr)
-}
-
-/// What an address handle was made from (everything in `ibv_ah_attr` that varies).
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct AhKey {
-    dlid: u16,
-    sl: u8,
-    src_path_bits: u8,
-    static_rate: u8,
-    dgid: [u8; 16],
-    flow_label: u32,
-    hop_limit: u8,
-    tclass: u8,
-}
-
-impl AhKey {
-    fn unicast(av: &UnicastAv) -> AhKey {
-        AhKey {
-            dlid: av.dlid,
-            sl: av.sl,
-            src_path_bits: av.src_path_bits,
-            static_rate: av.static_rate,
-            dgid: av.dgid.0,
-            flow_label: av.flow_label,
-            hop_limit: av.hop_limit,
-            tclass: av.tclass,
-        }
-    }
-
-    fn group(g: &McGroup) -> AhKey {
-        AhKey {
-            dlid: g.mlid,
-            sl: g.sl,
-            src_path_bits: 0,
-            static_rate: g.rate,
-            dgid: g.mgid.0,
-            flow_label: g.flow_label,
-            hop_limit: g.hop_limit,
-            tclass: g.tclass,
-        }
-    }
-
-    fn attr(&self, port_num: u8) -> ibv_ah_attr {
-        ibv_ah_attr {
-            grh: ibv_global_route {
-                dgid: ibv_gid { raw: self.dgid },
-                flow_label: self.flow_label,
-                sgid_index: 0,
-                hop_limit: self.hop_limit,
-                traffic_class: self.tclass,
-            },
-            dlid: self.dlid,
-            sl: self.sl,
-            src_path_bits: self.src_path_bits,
-            static_rate: self.static_rate,
-            is_global: 1,
-            port_num,
-        }
-    }
-}
-
 /// An attached (or detached, still draining) multicast group.
 struct GroupSlot {
     group: McGroup,
@@ -325,14 +198,6 @@ struct GroupSlot {
     inflight: u32,
     /// False once detached: the AH is destroyed when `inflight` reaches 0.
     attached: bool,
-}
-
-/// A cached unicast address handle.
-struct AhSlot {
-    key: AhKey,
-    ah: *mut ibv_ah,
-    inflight: u32,
-    referenced: bool,
 }
 
 /// Which AH a send in flight uses (released on its completion).
@@ -906,69 +771,6 @@ impl UdEndpoint {
         self.stats.sends += 1;
         self.stats.send_inflight += 1;
         Ok(())
-    }
-
-    /// The cache slot of an AH for `av`: a hit, a free slot or a CLOCK victim (not in use).
-    fn unicast_ah(&mut self, av: &UnicastAv) -> Result<usize, SendError> {
-        let key = AhKey::unicast(av);
-        if let Some(i) = self
-            .ahs
-            .iter()
-            .position(|s| s.as_ref().is_some_and(|s| s.key == key))
-        {
-            if let Some(s) = self.ahs[i].as_mut() {
-                s.referenced = true;
-            }
-            return Ok(i);
-        }
-        let slot = match self.ahs.iter().position(Option::is_none) {
-            Some(i) => i,
-            None => {
-                let n = self.ahs.len();
-                let mut victim = None;
-                for _ in 0..2 * n {
-                    let i = self.clock_hand;
-                    self.clock_hand = (self.clock_hand + 1) % n;
-                    if let Some(s) = self.ahs[i].as_mut() {
-                        if s.inflight > 0 {
-                            continue;
-                        }
-                        if s.referenced {
-                            s.referenced = false;
-                            continue;
-                        }
-                        victim = Some(i);
-                        break;
-                    }
-                }
-                match victim {
-                    Some(i) => i,
-                    None => {
-                        self.stats.ah_busy += 1;
-                        return Err(SendError::AhBusy);
-                    }
-                }
-            }
-        };
-        let mut attr = key.attr(self.cfg.port_num);
-        // SAFETY: pd is live; attr is a valid AH attribute.
-        let ah = unsafe { ibv_create_ah(self.pd, &mut attr) };
-        if ah.is_null() {
-            return Err(SendError::Verbs(errno_err("ibv_create_ah")));
-        }
-        self.stats.ah_created += 1;
-        if let Some(old) = self.ahs[slot].take() {
-            // SAFETY: old.ah is a live AH with no send in flight (checked above).
-            unsafe { ibv_destroy_ah(old.ah) };
-            self.stats.ah_evicted += 1;
-        }
-        self.ahs[slot] = Some(AhSlot {
-            key,
-            ah,
-            inflight: 0,
-            referenced: false,
-        });
-        Ok(slot)
     }
 
     /// A send completed: its buffer is free again, its AH one use lighter.
