@@ -127,9 +127,10 @@ fn deliver(
 /// The cache hit path of a route request whose slots' load was just started (`key`'s
 /// prefetch): the answer's frame is built in this thread's buffer while the load is in
 /// flight, then the lookup; what the cache held goes to the front decision
-/// ([`front::decide`]), and a hit gets its path written into the frame and is answered.
-/// `Err` with the lookup result for everything else (a miss, a negative entry, a closed
-/// endpoint), which the caller decides on.
+/// ([`front::decide`], made here once for the request), and a hit gets its path written into
+/// the frame and is answered. `Err` for everything else: the decision and what the cache held
+/// (a miss, a negative entry), or no decision when the lookup was not made (a closed
+/// endpoint, no frame), which the caller then decides on.
 #[inline(always)]
 fn answer_hit(
     ctx: &AddrCtx,
@@ -139,21 +140,22 @@ fn answer_hit(
     front: FrontSays<'_>,
     hit_start: Option<u64>,
     answered: &mut bool,
-) -> Result<c_int, Lookup> {
+) -> Result<c_int, (Option<Front>, Lookup)> {
     let (ep, inst) = (&ctx.ep, &ctx.inst);
     let refresh = OUT.with(|cell| {
         let Ok(mut out) = cell.try_borrow_mut() else {
-            return Err(Lookup::Miss);
+            return Err((None, Lookup::Miss));
         };
         let frame = build_resolve_frame(&ClientMsg::new_unchecked(msg), out.as_bytes_mut());
         if frame.is_err() || ep.closed.load(Ordering::Acquire) {
-            return Err(Lookup::Miss);
+            return Err((None, Lookup::Miss));
         }
         let Some(path) = response_path_mut(out.as_bytes_mut()) else {
-            return Err(Lookup::Miss);
+            return Err((None, Lookup::Miss));
         };
         // The slot's record goes straight into the answer's path.
         let found = inst.cache.lookup_into(key, inst.now_ms(), path);
+        // The endpoint was open just above.
         match front::decide(front.target, true, &found) {
             Front::Hit { refresh } => {
                 deliver(
@@ -167,7 +169,7 @@ fn answer_hit(
                 );
                 Ok(refresh)
             }
-            _ => Err(found.with_record([0; 64])),
+            other => Err((Some(other), found.with_record([0; 64]))),
         }
     })?;
     hit_answered(ctx, msg, refresh, front);
@@ -308,8 +310,9 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         target: &target,
         cache_ep: view.cache_ep,
     };
-    // A route hit is answered from here.
-    let found = match &target {
+    // A route hit is answered from here; a route lookup's decision comes back with what the
+    // cache held.
+    let (decided, found) = match &target {
         Target::Route { key: Some(k), .. } => {
             let place = early.unwrap_or_else(|| {
                 // A LID or GID entry: its destination is known only now.
@@ -320,16 +323,19 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             let h = inst.cache.hashed_at(k, place);
             match answer_hit(ctx, msg, id, &h, front, t0, answered) {
                 Ok(r) => return r,
-                Err(other) => other,
+                Err(looked) => looked,
             }
         }
         // A local address removed since the dataplane last caught up may still be aliased.
         Target::Address { .. } => {
             let stale = ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied();
-            front::look(&inst.cache, &target, inst.now_ms(), stale)
+            (
+                None,
+                front::look(&inst.cache, &target, inst.now_ms(), stale),
+            )
         }
         // Nothing a cache key can hold (a malformed request, a route with no key).
-        _ => Lookup::Miss,
+        _ => (None, Lookup::Miss),
     };
     let mut reply = |status: Status, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
@@ -344,8 +350,12 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         answer_inline_timed(ctx, a, answered);
         0
     };
-    let open = !ep.closed.load(Ordering::Acquire);
-    match front::decide(&target, open, &found) {
+    // Each request is decided once: here, unless the route lookup decided already.
+    let decision = decided.unwrap_or_else(|| {
+        let open = !ep.closed.load(Ordering::Acquire);
+        front::decide(&target, open, &found)
+    });
+    match decision {
         Front::Hit { refresh } => {
             // An address hit (a route hit was answered above).
             let Lookup::Hit { record, .. } = found else {
