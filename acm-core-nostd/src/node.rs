@@ -364,12 +364,7 @@ where
     /// A client request: classified by the caller's front already (`target`), or to be
     /// parsed here (`None`).
     pub fn handle_request(&mut self, now: Millis, req: &Request<'_>, target: Option<&Target>) {
-        match target {
-            Some(t) => self.resolver.request_classified(now, req, t),
-            None => self
-                .resolver
-                .request(now, req.ep, req.cache_ep, req.client, req.kind, req.msg),
-        }
+        self.resolver.request(now, req, target);
     }
 
     /// The core's SA service completed [`Output::CoreSa`] `token`: the reply (`umad_status`

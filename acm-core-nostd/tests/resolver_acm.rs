@@ -8,7 +8,7 @@ use acm_core_nostd::cache::{
 };
 use acm_core_nostd::resolver::{
     AcmDest, ArrayStorage, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, RecvMeta,
-    Resolver, Storage,
+    Request, Resolver, Storage,
 };
 use acm_core_nostd::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, CTRL_RESOLVE};
 use acm_core_nostd::wire::client::Status;
@@ -184,7 +184,17 @@ fn stock_acmp_request_gets_the_response_acmp_accepted() {
     );
     assert_eq!((av.sl, av.static_rate, av.src_path_bits), (0, 3, 0));
     // The requester was recorded (hca3 → its GID): resolving it needs no multicast.
-    t.r.request(2, EP, 0, 9, Kind::Resolve, &name_request("hca3"));
+    t.r.request(
+        2,
+        &Request {
+            ep: EP,
+            cache_ep: 0,
+            client: 9,
+            kind: Kind::Resolve,
+            msg: &name_request("hca3"),
+        },
+        None,
+    );
     let out = t.drain();
     assert!(
         out.iter().any(|o| matches!(o, Output::SendSa { .. })),
@@ -215,7 +225,17 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
         });
         t.open_and_join();
         let m = acm_core_nostd::sim::name_msg("hca4", Some("hca3"), false, 0x99);
-        t.r.request(0, EP, 0, 5, Kind::Resolve, &m);
+        t.r.request(
+            0,
+            &Request {
+                ep: EP,
+                cache_ep: 0,
+                client: 5,
+                kind: Kind::Resolve,
+                msg: &m,
+            },
+            None,
+        );
         let out = t.drain();
         let (to, mad) = out
             .iter()
@@ -384,7 +404,17 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     };
     let (tok, mad) = token(&t.drain()).unwrap();
     // A name asked before the join: waits.
-    t.r.request(0, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    t.r.request(
+        0,
+        &Request {
+            ep: EP,
+            cache_ep: 0,
+            client: 1,
+            kind: Kind::Resolve,
+            msg: &name_request("hca9"),
+        },
+        None,
+    );
     assert!(t.drain().is_empty());
     t.r.handle_sa(10, tok, 110, &mad); // umad timeout
     assert!(token(&t.drain()).is_none());
@@ -440,7 +470,17 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     });
     t.r.open_endpoint(0, EP, ep_config()).unwrap();
     t.drain();
-    t.r.request(0, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    t.r.request(
+        0,
+        &Request {
+            ep: EP,
+            cache_ep: 0,
+            client: 1,
+            kind: Kind::Resolve,
+            msg: &name_request("hca9"),
+        },
+        None,
+    );
     t.r.handle_timeout(5000);
     let a = t.drain().into_iter().find_map(|o| match o {
         Output::Answer(a) => Some(a.status),
@@ -541,7 +581,17 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
     };
     t.r.open_endpoint(0, EP, cfg).unwrap();
     assert!(t.drain().is_empty(), "no MCMemberRecord SET");
-    t.r.request(0, EP, 0, 1, Kind::Resolve, &name_request("hca9"));
+    t.r.request(
+        0,
+        &Request {
+            ep: EP,
+            cache_ep: 0,
+            client: 1,
+            kind: Kind::Resolve,
+            msg: &name_request("hca9"),
+        },
+        None,
+    );
     let out = t.drain();
     let status = out.iter().find_map(|o| match o {
         Output::Answer(a) => Some(a.status),
@@ -550,7 +600,17 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
     assert_eq!(status, Some(Status::Enodata));
     assert!(!out.iter().any(|o| matches!(o, Output::SendAcm { .. })));
     let path = acm_core_nostd::sim::lid_msg(6, false, 2);
-    t.r.request(0, EP, 0, 2, Kind::Resolve, &path);
+    t.r.request(
+        0,
+        &Request {
+            ep: EP,
+            cache_ep: 0,
+            client: 2,
+            kind: Kind::Resolve,
+            msg: &path,
+        },
+        None,
+    );
     assert!(t
         .drain()
         .iter()

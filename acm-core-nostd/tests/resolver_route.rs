@@ -7,7 +7,7 @@ use acm_core_nostd::cache::{
     PathKey, PathSlot,
 };
 use acm_core_nostd::resolver::{
-    Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Resolver, Via,
+    Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Request, Resolver, Via,
 };
 use acm_core_nostd::wire::acm_mad::AddressType;
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
@@ -100,7 +100,17 @@ impl T {
         }
     }
     fn request(&mut self, client: u64, kind: Kind, msg: &[u8]) {
-        self.r.request(self.now, EP, CEP, client, kind, msg);
+        self.r.request(
+            self.now,
+            &Request {
+                ep: EP,
+                cache_ep: CEP,
+                client,
+                kind,
+                msg,
+            },
+            None,
+        );
         self.drain();
     }
     /// The PathRecord queries sent (other SA MADs, the Report subscriptions, are dropped).
@@ -512,7 +522,17 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
         t.cache.lookup(&PathKey::new(new_cep, Dest::Lid(7)), 11),
         Lookup::Miss
     );
-    t.r.request(11, EP, new_cep, 2, Kind::Resolve, &path_msg(6, 0, 2));
+    t.r.request(
+        11,
+        &Request {
+            ep: EP,
+            cache_ep: new_cep,
+            client: 2,
+            kind: Kind::Resolve,
+            msg: &path_msg(6, 0, 2),
+        },
+        None,
+    );
     t.drain();
     assert!(t.sa_sends().is_empty(), "answered from the preload");
     assert_eq!(t.answers()[0].1, Status::Success);
@@ -644,7 +664,17 @@ fn miss_cost() {
             eprintln!("60 000 misses: {:?} per miss", start.elapsed() / 60_000);
             start = std::time::Instant::now();
         }
-        t.r.request(i as u64, EP, CEP, i as u64, Kind::Resolve, m);
+        t.r.request(
+            i as u64,
+            &Request {
+                ep: EP,
+                cache_ep: CEP,
+                client: i as u64,
+                kind: Kind::Resolve,
+                msg: m,
+            },
+            None,
+        );
         while let Some(o) = t.r.poll_output() {
             match o {
                 Output::SendSa { token, mut mad, .. } => {

@@ -11,7 +11,7 @@
 //!  add_address / remove_address        │   ├──▶ Output::SendAcm   (class 0x2C over the endpoint's UD QP)
 //!  preload_address / preload_route     │   ├──▶ Output::Answer    (a client's response, exactly once)
 //!  reregister                          ├─▶ ├──▶ Output::Attach / Output::Detach (multicast group)
-//!  request / request_classified        │   └──▶ Output::Count     (an ACM_CNTR_* event)
+//!  request (classified or not)        │   └──▶ Output::Count     (an ACM_CNTR_* event)
 //!               (client, 592 B msg)    │
 //!  handle_sa     (SA reply or error)   │
 //!  handle_sa_table (GetTable answer)   │
@@ -193,41 +193,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// A client request (`resolve()` → [`Kind::Resolve`], `query()` → [`Kind::Query`], or a
-    /// [`Kind::Prime`] / [`Kind::Refresh`] the caller already answered). `cache_ep` is the
-    /// caller's cache endpoint number for `ep` (the key of every cache entry of this request);
-    /// `msg` the client's message. Resolve and Query requests get exactly one
-    /// [`Output::Answer`]; Prime and Refresh none. A caller whose front has classified the
-    /// request already hands it over with [`request_classified`](Self::request_classified).
-    pub fn request(
-        &mut self,
-        now: Millis,
-        ep: EpId,
-        cache_ep: u32,
-        client: u64,
-        kind: Kind,
-        msg: &[u8],
-    ) {
-        let r = Request {
-            ep,
-            cache_ep,
-            client,
-            kind,
-            msg,
-        };
-        let target = match self.ep_slot(ep) {
-            Some(slot) if kind != Kind::Query => {
-                Some(request::classify(&self.view(slot, cache_ep), msg))
-            }
-            _ => None,
-        };
-        self.take_request(now, &r, target.as_ref());
-    }
-
-    /// [`request`](Self::request) for a RESOLVE, Prime or Refresh request the caller's front
-    /// has classified already ([`request::classify`] with the endpoint's view at `cache_ep`):
-    /// it is not parsed again.
-    pub fn request_classified(&mut self, now: Millis, r: &Request<'_>, target: &request::Target) {
-        self.take_request(now, r, Some(target));
+    /// [`Kind::Prime`] / [`Kind::Refresh`] the caller already answered), the one way requests
+    /// come in. `r.cache_ep` is the caller's cache endpoint number for `r.ep` (the key of every
+    /// cache entry of this request). `target`: the request's classification when the caller's
+    /// front made it already ([`request::classify`] with the endpoint's view at `cache_ep`),
+    /// so it is not parsed again; `None` to classify it here. Resolve and Query requests get
+    /// exactly one [`Output::Answer`]; Prime and Refresh none.
+    pub fn request(&mut self, now: Millis, r: &Request<'_>, target: Option<&request::Target>) {
+        if target.is_some() || r.kind == Kind::Query {
+            return self.take_request(now, r, target);
+        }
+        let mine = self
+            .ep_slot(r.ep)
+            .map(|slot| request::classify(&self.view(slot, r.cache_ep), r.msg));
+        self.take_request(now, r, mine.as_ref());
     }
 
     fn take_request(&mut self, now: Millis, r: &Request<'_>, target: Option<&request::Target>) {

@@ -35,7 +35,9 @@ use std::time::Instant;
 
 use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::resolver::Resolver;
-use acm_core_nostd::resolver::{Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output};
+use acm_core_nostd::resolver::{
+    Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, Request,
+};
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::MAD_LEN;
@@ -156,7 +158,17 @@ fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<S
         let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
         evict(&mut junk, i as u8);
         let t0 = clock.now();
-        r.request(1, ep, 0, tid, Kind::Resolve, msg.bytes());
+        r.request(
+            1,
+            &Request {
+                ep,
+                cache_ep: 0,
+                client: tid,
+                kind: Kind::Resolve,
+                msg: msg.bytes(),
+            },
+            None,
+        );
         let mut query = None;
         while let Some(o) = r.poll_output() {
             if let Output::SendSa { token, mad, .. } = o {

@@ -13,7 +13,7 @@
 
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
-    ArrayStorage, Config, EpConfig, EpId, Kind, Output, RecvMeta, Resolver,
+    ArrayStorage, Config, EpConfig, EpId, Kind, Output, RecvMeta, Request, Resolver,
 };
 use acm_core_nostd::wire::gid::Gid;
 use core::hint::black_box;
@@ -62,7 +62,17 @@ fn run() -> u32 {
             2 => Kind::Prime,
             _ => Kind::Refresh,
         };
-        r.request(now, ep, 0, now, kind, &msg);
+        r.request(
+            now,
+            &Request {
+                ep,
+                cache_ep: 0,
+                client: now,
+                kind,
+                msg: &msg,
+            },
+            None,
+        );
         let mad: [u8; 256] = black_box([0x2c; 256]);
         r.handle_sa(now, black_box(now << 32), 0, &mad);
         let meta = RecvMeta {
