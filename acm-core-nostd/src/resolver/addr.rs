@@ -18,6 +18,7 @@
 //! removed local address is `Removing` until its cache alias is dropped.
 
 use super::request;
+use super::storage::chain;
 use super::storage::Joiner;
 use super::storage::Table;
 use super::storage::{
@@ -109,19 +110,12 @@ impl AddrTable {
         addr: &[u8; 64],
     ) -> Option<u32> {
         let b = self.bucket(t.addr_buckets.len(), slot, type_, addr);
-        let mut cur = t.addr_buckets[b];
-        while let Some(i) = cur.checked_sub(1) {
-            let a = &t.addrs[i as usize];
-            if a.state != AddrState::Free
+        chain::find(t.addrs, t.addr_buckets, b, |a| {
+            a.state != AddrState::Free
                 && usize::from(a.ep) == slot
                 && a.type_ == type_
                 && a.addr == *addr
-            {
-                return Some(i);
-            }
-            cur = a.hnext;
-        }
-        None
+        })
     }
 
     /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
@@ -158,8 +152,7 @@ impl AddrTable {
         a.ep = slot as u8;
         a.type_ = type_;
         a.addr = *addr;
-        a.hnext = t.addr_buckets[b];
-        t.addr_buckets[b] = i + 1;
+        chain::insert(t.addrs, t.addr_buckets, b, i);
         Some(i)
     }
 
@@ -203,20 +196,7 @@ impl AddrTable {
                 .remove(t.addrs, i, list_id::ROUTE_ADDRS, ADDR_R);
         }
         let b = self.bucket(t.addr_buckets.len(), usize::from(a.ep), a.type_, &a.addr);
-        let mut cur = t.addr_buckets[b];
-        let mut prev: Option<u32> = None;
-        while let Some(c) = cur.checked_sub(1) {
-            let next = t.addrs[c as usize].hnext;
-            if c == i {
-                match prev {
-                    Some(p) => t.addrs[p as usize].hnext = next,
-                    None => t.addr_buckets[b] = next,
-                }
-                break;
-            }
-            prev = Some(c);
-            cur = next;
-        }
+        chain::remove(t.addrs, t.addr_buckets, b, i);
         t.addrs[i as usize] = AddrEntry::EMPTY;
         self.free.push_back(t.addrs, i, list_id::FREE, ADDR_Q);
     }

@@ -10,6 +10,7 @@
 
 use super::mads::{self, SaOutcome};
 use super::sa_window::SaWindow;
+use super::storage::chain;
 use super::storage::Table;
 use super::storage::{
     bucket_of, list_id, AddrState, JobState, Joiner, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
@@ -166,29 +167,21 @@ impl Routes {
         sa: &[u8; 64],
     ) -> Option<u32> {
         let b = self.bucket(t.job_buckets.len(), slot, cache_ep, sa);
-        let mut cur = t.job_buckets[b];
-        while let Some(j) = cur.checked_sub(1) {
-            let job = &t.jobs[j as usize];
-            if !job.query
+        chain::find(t.jobs, t.job_buckets, b, |job| {
+            !job.query
                 && job.state != JobState::Free
                 && job.state != JobState::Zombie
                 && usize::from(job.ep) == slot
                 && job.cache_ep == cache_ep
                 && job.sa == *sa
-            {
-                return Some(j);
-            }
-            cur = job.hnext;
-        }
-        None
+        })
     }
 
     /// Puts job `j` (not a `query()`) in the coalescing table.
     fn hash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
         let job = &jobs[j as usize];
         let b = self.bucket(buckets.len(), usize::from(job.ep), job.cache_ep, &job.sa);
-        jobs[j as usize].hnext = buckets[b];
-        buckets[b] = j + 1;
+        chain::insert(jobs, buckets, b, j);
     }
 
     /// Takes job `j` out of the coalescing table.
@@ -198,21 +191,7 @@ impl Routes {
             return;
         }
         let b = self.bucket(buckets.len(), usize::from(job.ep), job.cache_ep, &job.sa);
-        let mut cur = buckets[b];
-        let mut prev: Option<u32> = None;
-        while let Some(c) = cur.checked_sub(1) {
-            let next = jobs[c as usize].hnext;
-            if c == j {
-                match prev {
-                    Some(p) => jobs[p as usize].hnext = next,
-                    None => buckets[b] = next,
-                }
-                jobs[j as usize].hnext = 0;
-                return;
-            }
-            prev = Some(c);
-            cur = next;
-        }
+        chain::remove(jobs, buckets, b, j);
     }
 
     /// Takes job `j` off whichever list its link is on.

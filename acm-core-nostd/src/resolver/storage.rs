@@ -27,6 +27,80 @@ pub(crate) fn bucket_of(seed: u64, head: u32, block: &[u8; 64], buckets: usize) 
     ((u64::from((h ^ (h >> 32)) as u32) * buckets as u64) >> 32) as usize
 }
 
+/// An entry of a chained hash table over the caller's storage: its chain link is `hnext`
+/// (the next entry's index + 1, 0 = the chain's end), the buckets hold each chain's first
+/// entry the same way. The address table and the route jobs' coalescing table are two.
+pub(crate) trait Chained {
+    fn hnext(&self) -> u32;
+    fn set_hnext(&mut self, next: u32);
+}
+
+/// The chained hash tables' walks (see [`Chained`]).
+pub(crate) mod chain {
+    use super::Chained;
+
+    /// The first entry of bucket `b`'s chain that `hit` takes.
+    pub(crate) fn find<T: Chained>(
+        entries: &[T],
+        buckets: &[u32],
+        b: usize,
+        mut hit: impl FnMut(&T) -> bool,
+    ) -> Option<u32> {
+        let mut cur = buckets[b];
+        while let Some(i) = cur.checked_sub(1) {
+            let e = &entries[i as usize];
+            if hit(e) {
+                return Some(i);
+            }
+            cur = e.hnext();
+        }
+        None
+    }
+
+    /// Puts entry `i` at the head of bucket `b`'s chain.
+    pub(crate) fn insert<T: Chained>(entries: &mut [T], buckets: &mut [u32], b: usize, i: u32) {
+        entries[i as usize].set_hnext(buckets[b]);
+        buckets[b] = i + 1;
+    }
+
+    /// Takes entry `i` out of bucket `b`'s chain (nothing if it is not on it).
+    pub(crate) fn remove<T: Chained>(entries: &mut [T], buckets: &mut [u32], b: usize, i: u32) {
+        let mut cur = buckets[b];
+        let mut prev: Option<u32> = None;
+        while let Some(c) = cur.checked_sub(1) {
+            let next = entries[c as usize].hnext();
+            if c == i {
+                match prev {
+                    Some(p) => entries[p as usize].set_hnext(next),
+                    None => buckets[b] = next,
+                }
+                entries[i as usize].set_hnext(0);
+                return;
+            }
+            prev = Some(c);
+            cur = next;
+        }
+    }
+}
+
+impl Chained for JobSlot {
+    fn hnext(&self) -> u32 {
+        self.hnext
+    }
+    fn set_hnext(&mut self, next: u32) {
+        self.hnext = next;
+    }
+}
+
+impl Chained for AddrEntry {
+    fn hnext(&self) -> u32 {
+        self.hnext
+    }
+    fn set_hnext(&mut self, next: u32) {
+        self.hnext = next;
+    }
+}
+
 /// A link of an intrusive list: neighbours as `index + 1` (0 = none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Link {
