@@ -1616,7 +1616,7 @@ fn a_table_too_big_for_the_storage_turns_tables_off_for_the_endpoint() {
 fn a_warm_start_asks_for_the_table_once_at_a_random_time_within_the_prefetch_window() {
     use acm_core_nostd::resolver::SaTable;
     let cfg = Config {
-        route_prefetch: 5000,
+        warm_start: 5000,
         ..Config::default()
     };
     // Twenty nodes booting at once ask at twenty different moments within 5 s.

@@ -75,7 +75,7 @@ pub struct Config {
     /// Warm start (`acmrs_route_prefetch`, 0 = off): an endpoint that opens asks for its
     /// port's half-world table at a random time within this many ms (so a whole cluster
     /// booting at once does not ask at once). See [`table`].
-    pub route_prefetch: Millis,
+    pub warm_start: Millis,
 }
 
 impl Config {
@@ -119,7 +119,7 @@ impl Config {
             sa_get_cost_ns: table::OPENSM_GET_NS,
             sa_record_cost_ns: table::OPENSM_RECORD_NS,
             sa_table_room: table::room_for(o.acmrs_path_capacity),
-            route_prefetch: u64::from(o.acmrs_route_prefetch),
+            warm_start: u64::from(o.acmrs_route_prefetch),
         }
     }
 }

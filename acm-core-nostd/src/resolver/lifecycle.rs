@@ -87,7 +87,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.start_join(now, slot, 1);
         }
         self.subscribe_all(now, slot);
-        self.schedule_prefetch(now, slot);
+        self.schedule_warm_start(now, slot);
         self.eps.recount_ports(self.st.tables_ref().endpoints);
         self.mark_dirty(slot);
         Ok(())

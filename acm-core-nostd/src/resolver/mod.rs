@@ -343,8 +343,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 }
             }
         }
-        if fired(Timer::Prefetch) {
-            self.prefetch_timers(now);
+        if fired(Timer::WarmStart) {
+            self.warm_start_timers(now);
         }
         // `pump` drops the removals' aliases (the `Removal` timer's work).
         self.pump(now);

@@ -736,9 +736,9 @@ pub struct TableFetch {
     pub(crate) off: bool,
     /// Route jobs of this endpoint in the backlog.
     pub(crate) backlogged: u32,
-    /// A warm-start table is to be asked for at `prefetch_at`.
-    pub(crate) prefetch: bool,
-    pub(crate) prefetch_at: super::Millis,
+    /// A warm-start table is to be asked for at `warm_start_at`.
+    pub(crate) warm_start: bool,
+    pub(crate) warm_start_at: super::Millis,
     /// The highest LID seen on this endpoint (its own, the DLIDs asked for): a lower bound
     /// on the records of its table while none has come (OpenSM hands out LIDs from 1 up).
     pub(crate) max_lid: u16,
@@ -760,8 +760,8 @@ impl TableFetch {
         records: 0,
         off: false,
         backlogged: 0,
-        prefetch: false,
-        prefetch_at: 0,
+        warm_start: false,
+        warm_start_at: 0,
         max_lid: 0,
     };
 }

@@ -26,7 +26,7 @@
 //!   caller's storage, or an answer that is not a table (a transport that does not reassemble),
 //!   turns tables off for the endpoint.
 //! * **Warm start** (`acmrs_route_prefetch` = J ms, off by default): an endpoint that opens
-//!   asks for its table at a uniformly random time within J ms (`Timer::Prefetch`), whatever
+//!   asks for its table at a uniformly random time within J ms (`Timer::WarmStart`), whatever
 //!   its backlog, so a whole cluster booting at once spreads its tables over J.
 //! * While a port's table is out, its backlog is held: no Get goes for a job the table will
 //!   answer.
@@ -132,28 +132,28 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             .find(|&j| !holding(&t.endpoints[usize::from(t.jobs[j as usize].ep)]))
     }
 
-    /// Arms endpoint `slot`'s warm-start table, if asked for (`route_prefetch`), at a random
+    /// Arms endpoint `slot`'s warm-start table, if asked for (`warm_start`), at a random
     /// time within it.
-    pub(crate) fn schedule_prefetch(&mut self, now: Millis, slot: usize) {
-        let jitter = self.cfg.route_prefetch;
+    pub(crate) fn schedule_warm_start(&mut self, now: Millis, slot: usize) {
+        let jitter = self.cfg.warm_start;
         if jitter == 0 || !self.cfg.sa_tables {
             return;
         }
         let at = now.saturating_add(self.routes.random() % jitter);
         let t = &mut self.st.endpoints()[slot].table;
-        t.prefetch = true;
-        t.prefetch_at = at;
-        self.timers.arm(Timer::Prefetch, at);
+        t.warm_start = true;
+        t.warm_start_at = at;
+        self.timers.arm(Timer::WarmStart, at);
     }
 
     /// The warm-start tables due at `now` are asked for.
-    pub(crate) fn prefetch_timers(&mut self, now: Millis) {
+    pub(crate) fn warm_start_timers(&mut self, now: Millis) {
         for slot in 0..self.st.tables_ref().endpoints.len() {
             let e = self.st.tables_ref().endpoints[slot];
-            if !e.open || !e.table.prefetch || e.table.prefetch_at > now {
+            if !e.open || !e.table.warm_start || e.table.warm_start_at > now {
                 continue;
             }
-            self.st.endpoints()[slot].table.prefetch = false;
+            self.st.endpoints()[slot].table.warm_start = false;
             if !(e.table.off || e.table.out()) {
                 self.ask_table(slot);
             }

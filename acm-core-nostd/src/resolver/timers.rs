@@ -37,7 +37,7 @@ pub(crate) enum Timer {
     /// An ACM multicast query's retry time.
     AcmRetry,
     /// A port's warm-start table (`acmrs_route_prefetch`): when it is asked for.
-    Prefetch,
+    WarmStart,
 }
 
 impl Timer {
@@ -52,7 +52,7 @@ impl Timer {
         Timer::Inform,
         Timer::AcmQueue,
         Timer::AcmRetry,
-        Timer::Prefetch,
+        Timer::WarmStart,
     ];
 }
 
@@ -123,8 +123,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             // Both ACM lists are in deadline order: their heads.
             Timer::AcmQueue => earliest(tr.endpoints, |e| head(e.queue)),
             Timer::AcmRetry => earliest(tr.endpoints, |e| head(e.inflight)),
-            Timer::Prefetch => earliest(tr.endpoints, |e| {
-                e.table.prefetch.then_some(e.table.prefetch_at)
+            Timer::WarmStart => earliest(tr.endpoints, |e| {
+                e.table.warm_start.then_some(e.table.warm_start_at)
             }),
         }
     }
