@@ -9,7 +9,7 @@
 //! answering peer's GID, LID and QPN from the response's GRH and completion.
 
 use super::addr::addr_key;
-use super::storage::Table;
+use super::storage::Slab;
 use super::storage::{list_id, AddrState, List, ADDR_Q, ADDR_S};
 use super::timers::Timer;
 use super::{AddrEntry, Counter, EpId, Millis, RecvMeta, Resolver, Storage};
@@ -27,7 +27,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// MCMemberRecord.
     pub(crate) fn acm_path(&self, slot: usize, a: &AddrEntry) -> Option<[u8; 64]> {
         let rec = self.group_record(slot, a.group)?;
-        let e = &self.st.tables_ref().endpoints[slot];
+        let e = &self.st.slabs_ref().endpoints[slot];
         let g = crate::wire::mcmember::McMemberRepr::parse_bytes(&rec).ok()?;
         let mut r = [0u8; 64];
         let mut p = PathRecord::new_unchecked(&mut r[..]);
@@ -50,7 +50,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Puts entry `i` (Resolved, no job) on its endpoint's ACM queue (QUERY_ADDR).
     pub(crate) fn requeue(&mut self, now: Millis, slot: usize, i: u32) {
         let at = now.saturating_add(self.cfg.queue_deadline);
-        let t = self.st.tables();
+        let t = self.st.slabs();
         let a = &mut t.addrs[i as usize];
         a.state = AddrState::Queued;
         a.timer = at;
@@ -68,8 +68,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             return;
         }
         let try_ms = self.acm_try(slot);
-        while self.st.tables_ref().endpoints[slot].acm_inflight < self.cfg.acm_window {
-            let t = self.st.tables();
+        while self.st.slabs_ref().endpoints[slot].acm_inflight < self.cfg.acm_window {
+            let t = self.st.slabs();
             let Some(i) = t.endpoints[slot]
                 .queue
                 .pop_front(t.addrs, list_id::ACM_QUEUE, ADDR_Q)
@@ -77,7 +77,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 break;
             };
             let tid = u64::from(self.next_tid());
-            let t = self.st.tables();
+            let t = self.st.slabs();
             let e = &mut t.endpoints[slot];
             let at = now.saturating_add(try_ms);
             let a = &mut t.addrs[i as usize];
@@ -102,7 +102,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     fn acm_try(&self, slot: usize) -> Millis {
         self.cfg
             .acm_timeout
-            .saturating_add(self.st.tables_ref().endpoints[slot].subnet_timeout)
+            .saturating_add(self.st.slabs_ref().endpoints[slot].subnet_timeout)
             .max(1)
     }
 
@@ -110,8 +110,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// are looked at).
     pub(crate) fn acm_queue_timers(&mut self, now: Millis, slot: usize) {
         let ready = self.ep_ready(slot);
-        while let Some(i) = self.st.tables_ref().endpoints[slot].queue.front() {
-            if self.st.tables_ref().addrs[i as usize].timer > now {
+        while let Some(i) = self.st.slabs_ref().endpoints[slot].queue.front() {
+            if self.st.slabs_ref().addrs[i as usize].timer > now {
                 break;
             }
             // Waiting for the group join: ibacmp's "endpoint not ready" ENODATA.
@@ -128,15 +128,15 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// ACM retries of endpoint `slot` (the in-flight list is in deadline order).
     pub(crate) fn acm_retry_timers(&mut self, now: Millis, slot: usize) {
         let try_ms = self.acm_try(slot);
-        while let Some(i) = self.st.tables_ref().endpoints[slot].inflight.front() {
-            let a = self.st.tables_ref().addrs[i as usize];
+        while let Some(i) = self.st.slabs_ref().endpoints[slot].inflight.front() {
+            let a = self.st.slabs_ref().addrs[i as usize];
             if a.timer > now {
                 break;
             }
             if a.tries < self.cfg.acm_retries {
                 // Same TID, as ibacmp re-posts the same message; to the back of the list.
                 let at = now.saturating_add(try_ms);
-                let t = self.st.tables();
+                let t = self.st.slabs();
                 let l = &mut t.endpoints[slot].inflight;
                 l.remove(t.addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
                 l.push_back(t.addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
@@ -158,7 +158,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Whether `addr` is a local address of an open endpoint other than `slot` (another
     /// partition): a request for it that arrives on `slot` crossed partitions.
     fn local_elsewhere(&self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> bool {
-        let t = self.st.tables_ref();
+        let t = self.st.slabs_ref();
         let n = t.endpoints.len().min(super::MAX_EPS);
         (0..n).any(|o| {
             o != slot
@@ -247,7 +247,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             return;
         };
         // Our own multicast, looped back by the HCA: nothing to learn or answer.
-        let e = &self.st.tables_ref().endpoints[slot];
+        let e = &self.st.slabs_ref().endpoints[slot];
         if sgid.0 == e.port_gid && meta.src_qp == e.qpn {
             return;
         }
@@ -328,7 +328,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         sgid: Gid,
         r: &AcmResolveRepr,
     ) {
-        let t = self.st.tables_ref();
+        let t = self.st.slabs_ref();
         let found = t.endpoints[slot]
             .inflight
             .iter(t.addrs, ADDR_Q)
@@ -350,7 +350,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Sends queued address queries of every endpoint while their ACM windows have room.
     pub(crate) fn pump_acm_all(&mut self, now: Millis) {
         if self.addrs.active > 0 {
-            for slot in 0..self.st.tables_ref().endpoints.len() {
+            for slot in 0..self.st.slabs_ref().endpoints.len() {
                 self.pump_acm(now, slot);
             }
         }

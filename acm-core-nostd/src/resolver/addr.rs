@@ -20,9 +20,9 @@
 use super::request;
 use super::storage::chain;
 use super::storage::Joiner;
-use super::storage::Table;
+use super::storage::Slab;
 use super::storage::{
-    bucket_of, list_id, AddrState, List, Origin, Tables, TablesRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
+    bucket_of, list_id, AddrState, List, Origin, Slabs, SlabsRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
 };
 use super::{AddrEntry, Counter, EpId, Kind, Millis, Request, Resolver, Storage, NEVER};
 use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, Lookup, PathKey};
@@ -104,7 +104,7 @@ impl AddrTable {
     /// The entry for (endpoint slot, type, address).
     pub(crate) fn find(
         &self,
-        t: TablesRef<'_>,
+        t: SlabsRef<'_>,
         slot: usize,
         type_: AddressType,
         addr: &[u8; 64],
@@ -122,7 +122,7 @@ impl AddrTable {
     /// entry (no waiters, no route job, no response to send) if the table is full.
     fn alloc(
         &mut self,
-        t: &mut Tables<'_>,
+        t: &mut Slabs<'_>,
         slot: usize,
         type_: AddressType,
         addr: &[u8; 64],
@@ -157,7 +157,7 @@ impl AddrTable {
     }
 
     /// Takes entry `i` off the list its `qlink` is on.
-    fn unlink_q(&mut self, t: &mut Tables<'_>, i: u32) {
+    fn unlink_q(&mut self, t: &mut Slabs<'_>, i: u32) {
         let a = &t.addrs[i as usize];
         let (on, e) = (a.qlink.on, &mut t.endpoints[usize::from(a.ep)]);
         match on {
@@ -180,7 +180,7 @@ impl AddrTable {
 
     /// Frees entry `i`: off every list, out of its route job's addresses and of the hash
     /// (its waiters must have been answered).
-    fn free_entry(&mut self, t: &mut Tables<'_>, i: u32) {
+    fn free_entry(&mut self, t: &mut Slabs<'_>, i: u32) {
         let a = t.addrs[i as usize];
         if a.state == AddrState::Free {
             return;
@@ -243,7 +243,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         type_: AddressType,
         addr: &[u8; 64],
     ) -> Option<u32> {
-        self.addrs.find(self.st.tables_ref(), slot, type_, addr)
+        self.addrs.find(self.st.slabs_ref(), slot, type_, addr)
     }
 
     /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
@@ -254,18 +254,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         type_: AddressType,
         addr: &[u8; 64],
     ) -> Option<u32> {
-        self.addrs.alloc(&mut self.st.tables(), slot, type_, addr)
+        self.addrs.alloc(&mut self.st.slabs(), slot, type_, addr)
     }
 
     /// Takes entry `i` off the list its `qlink` is on.
     pub(crate) fn unlink_q(&mut self, i: u32) {
-        self.addrs.unlink_q(&mut self.st.tables(), i);
+        self.addrs.unlink_q(&mut self.st.slabs(), i);
     }
 
     /// Frees entry `i` (its waiters, if any, are answered ENODATA first).
     pub(crate) fn free_addr(&mut self, i: u32) {
         self.fail_addr_waiters(i, Status::Enodata);
-        self.addrs.free_entry(&mut self.st.tables(), i);
+        self.addrs.free_entry(&mut self.st.slabs(), i);
     }
 
     /// Drops the cache aliases of removed local addresses and frees their entries.
@@ -302,7 +302,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The key and SA record of entry `i`'s route: ibacmp's `{sgid, dgid, pkey, tclass}`.
     fn addr_route_key(&self, slot: usize, i: u32) -> (Option<PathKey>, [u8; 64]) {
-        let a = &self.st.tables_ref().addrs[i as usize];
+        let a = &self.st.slabs_ref().addrs[i as usize];
         let tclass = self.group_record(slot, a.group).map_or(0, |r| r[39]);
         let view = self.view(slot, a.cache_ep);
         let (k, sa) = request::normalise(&view, &request::gid_record(Gid(a.gid), tclass));
@@ -480,7 +480,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     pub(crate) fn add_waiters(&mut self, i: u32, waiters: &mut List) {
-        let t = self.st.tables();
+        let t = self.st.slabs();
         t.addrs[i as usize]
             .waiters
             .append(waiters, t.requests, list_id::WAITERS, REQ);

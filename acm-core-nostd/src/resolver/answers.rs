@@ -154,7 +154,7 @@ impl Answers {
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
     pub(crate) fn waiter(&mut self, r: &Request<'_>) -> Option<u32> {
-        let w = self.answers.alloc(self.st.tables().requests, r, true);
+        let w = self.answers.alloc(self.st.slabs().requests, r, true);
         if w.is_none() {
             self.stats.full += 1;
             self.answer_now(r, Status::Enomem, None);
@@ -167,7 +167,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if !matches!(r.kind, Kind::Resolve | Kind::Query) {
             return;
         }
-        match self.answers.alloc(self.st.tables().requests, r, false) {
+        match self.answers.alloc(self.st.slabs().requests, r, false) {
             Some(i) => self.answer(i, status, path),
             None => self.stats.lost += 1,
         }
@@ -175,7 +175,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
     pub(crate) fn answer(&mut self, i: u32, status: Status, path: Option<&[u8; 64]>) {
-        let t = self.st.tables();
+        let t = self.st.slabs();
         if let Some((ep, Some(counter))) = self.answers.answer(t.requests, i, status, path) {
             self.eps.count(t.endpoints, ep, counter);
         }
@@ -183,7 +183,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
     pub(crate) fn answer_list(&mut self, list: &mut List, status: Status, path: Option<&[u8; 64]>) {
-        while let Some(w) = list.pop_front(self.st.tables().requests, list_id::WAITERS, REQ) {
+        while let Some(w) = list.pop_front(self.st.slabs().requests, list_id::WAITERS, REQ) {
             self.answer(w, status, path);
         }
     }

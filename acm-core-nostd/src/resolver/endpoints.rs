@@ -93,12 +93,12 @@ pub(crate) fn earliest(eps: &[EpSlot], of: impl Fn(&EpSlot) -> Option<Millis>) -
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The open slot serving `ep`.
     pub(crate) fn ep_slot(&self, ep: EpId) -> Option<usize> {
-        self.eps.slot(self.st.tables_ref().endpoints, ep)
+        self.eps.slot(self.st.slabs_ref().endpoints, ep)
     }
 
     /// What the request parser needs of endpoint `slot`, at cache number `cache_ep`.
     pub(crate) fn view(&self, slot: usize, cache_ep: u32) -> request::EpView {
-        let e = &self.st.tables_ref().endpoints[slot];
+        let e = &self.st.slabs_ref().endpoints[slot];
         request::EpView {
             cache_ep,
             port_gid: Gid(e.port_gid),
@@ -112,7 +112,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     pub(crate) fn sa_deadline_of(&self, slot: usize) -> Millis {
         let st = self
             .st
-            .tables_ref()
+            .slabs_ref()
             .endpoints
             .get(slot)
             .map_or(0, |e| e.subnet_timeout);
@@ -123,7 +123,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Bumps `counter` of endpoint `ep` (emitted as [`super::Output::Count`]).
     pub(crate) fn count(&mut self, ep: EpId, counter: Counter) {
-        self.eps.count(self.st.tables().endpoints, ep, counter);
+        self.eps.count(self.st.slabs().endpoints, ep, counter);
     }
 
     pub(crate) fn mark_dirty(&mut self, slot: usize) {

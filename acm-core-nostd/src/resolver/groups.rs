@@ -8,7 +8,7 @@
 //! group 0 is joined; its [`Output::Attach`](super::Output::Attach) follows the join.
 
 use super::mads;
-use super::storage::Table;
+use super::storage::Slab;
 use super::storage::{EpSlot, GroupState, SaTry};
 
 /// The SA SETs an endpoint keeps going, each one try at a time ([`SaTry`]): its two joins,
@@ -39,16 +39,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The SA's record of group `group` (index + 1) of `slot`, if joined.
     pub(crate) fn group_record(&self, slot: usize, group: u8) -> Option<[u8; 56]> {
         let g = usize::from(group).checked_sub(1)?;
-        let gs = self.st.tables_ref().endpoints[slot]
-            .groups
-            .get(g)
-            .copied()?;
+        let gs = self.st.slabs_ref().endpoints[slot].groups.get(g).copied()?;
         (gs.t.state == GroupState::Joined).then_some(gs.record)
     }
 
     /// Whether endpoint `slot` is open and, if it speaks the ACM protocol, has joined group 0.
     pub(crate) fn ep_ready(&self, slot: usize) -> bool {
-        let e = &self.st.tables_ref().endpoints[slot];
+        let e = &self.st.slabs_ref().endpoints[slot];
         e.open && (!e.acm || e.groups[0].t.state == GroupState::Joined)
     }
 
@@ -75,7 +72,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
         let ok = self
             .st
-            .tables_ref()
+            .slabs_ref()
             .endpoints
             .get(slot)
             .is_some_and(|e| e.open && set.of(e, i).awaits(tid));
@@ -112,7 +109,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// again.
     pub(crate) fn set_timers(&mut self, now: Millis, set: Set, slot: usize) {
         for i in 0..2 {
-            match set.of(&self.st.tables_ref().endpoints[slot], i).due(now) {
+            match set.of(&self.st.slabs_ref().endpoints[slot], i).due(now) {
                 Some(GroupState::Joining) => self.set_failed(now, set, slot, i),
                 Some(GroupState::Retry) => match set {
                     Set::Join => self.start_join(now, slot, i),
@@ -148,7 +145,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The best group shared with a peer: the highest-index GID of its list that we joined.
     pub(crate) fn best_group(&self, slot: usize, gids: &[Gid]) -> Option<u8> {
-        let e = &self.st.tables_ref().endpoints[slot];
+        let e = &self.st.slabs_ref().endpoints[slot];
         gids.iter().rev().find_map(|m| {
             (0..2u8).find(|&g| {
                 let gs = &e.groups[usize::from(g)];

@@ -14,7 +14,7 @@
 //! * Closing the endpoint unsubscribes (SET with Subscribe 0, fire and forget).
 
 use super::mads::{self, TOKEN_INFORM, TOKEN_NOTICE};
-use super::storage::Table;
+use super::storage::Slab;
 use super::storage::{AddrState, GroupState, Origin};
 use super::timers::Timer;
 use super::{EpId, Millis, Output, Resolver, Storage};

@@ -88,7 +88,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         self.subscribe_all(now, slot);
         self.schedule_warm_start(now, slot);
-        self.eps.recount_ports(self.st.tables_ref().endpoints);
+        self.eps.recount_ports(self.st.slabs_ref().endpoints);
         self.mark_dirty(slot);
         Ok(())
     }
@@ -133,7 +133,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         self.w.invalidate_ep(u32::from(ep.0));
         self.eps.map(ep, None);
-        self.eps.recount_ports(self.st.tables_ref().endpoints);
+        self.eps.recount_ports(self.st.slabs_ref().endpoints);
         self.mark_dirty(slot);
         self.pump(now);
     }
@@ -175,7 +175,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             a.expires = NEVER;
             a.cache_ep = cache_ep;
         }
-        let t = self.st.tables();
+        let t = self.st.slabs();
         t.endpoints[slot]
             .locals
             .push_back(t.addrs, i, list_id::LOCALS, ADDR_Q);

@@ -73,7 +73,7 @@ use crate::cache::{ep_number, AddrKind, CacheRef, CacheWriter, Lookup, PathCache
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;
-use storage::{list_id, AddrState, GroupState, JobState, List, Table, ADDR_Q};
+use storage::{list_id, AddrState, GroupState, JobState, List, Slab, ADDR_Q};
 use timers::Timer;
 
 /// Route lifetime meaning "never expires".
@@ -145,7 +145,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let mut s = seed;
         let seed = splitmix64(&mut s);
         let tid = splitmix64(&mut s) as u32;
-        let t = storage.tables();
+        let t = storage.slabs();
         t.requests.fill(RequestSlot::EMPTY);
         t.jobs.fill(JobSlot::EMPTY);
         t.job_buckets.fill(0);
@@ -325,8 +325,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let (join, inform) = (fired(Timer::Join), fired(Timer::Inform));
         let (queue, retry) = (fired(Timer::AcmQueue), fired(Timer::AcmRetry));
         if join || inform || queue || retry {
-            for slot in 0..self.st.tables_ref().endpoints.len() {
-                if !self.st.tables_ref().endpoints[slot].open {
+            for slot in 0..self.st.slabs_ref().endpoints.len() {
+                if !self.st.slabs_ref().endpoints[slot].open {
                     continue;
                 }
                 if join {
@@ -416,7 +416,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), std::string::String> {
         use std::format;
-        let t = self.st.tables_ref();
+        let t = self.st.slabs_ref();
         self.answers.check(t.requests)?;
         if !self.done {
             self.check_timers()?;

@@ -4,7 +4,7 @@
 //! before attach, then counters), SA queries, ACM MADs, client answers.
 
 use super::mads::{self, TOKEN_JOIN, TOKEN_LEAVE, TOKEN_ROUTE};
-use super::storage::{list_id, AddrState, GroupState, JobState, Table, ADDR_S, JOB};
+use super::storage::{list_id, AddrState, GroupState, JobState, Slab, ADDR_S, JOB};
 use super::{AcmDest, Counter, EpId, Output, Resolver, Storage, UnicastAv};
 use crate::cache::CacheRef;
 use crate::wire::acm_mad::AddressType;
@@ -60,7 +60,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 return Some(o);
             }
         }
-        self.answers.pop(self.st.tables().requests)
+        self.answers.pop(self.st.slabs().requests)
     }
 
     fn ep_output(&mut self, slot: usize) -> Option<Output> {
@@ -192,7 +192,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if a.src_type != AddressType::Invalid {
             return (a.src_type, a.src);
         }
-        let t = self.st.tables_ref();
+        let t = self.st.slabs_ref();
         if let Some(l) = t.endpoints[slot].locals.front() {
             let la = &t.addrs[l as usize];
             return (la.type_, la.addr);

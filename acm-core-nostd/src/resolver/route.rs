@@ -11,9 +11,9 @@
 use super::mads::{self, SaOutcome};
 use super::sa_window::SaWindow;
 use super::storage::chain;
-use super::storage::Table;
+use super::storage::Slab;
 use super::storage::{
-    bucket_of, list_id, AddrState, JobState, Joiner, List, StoredKey, TablesRef, ADDR_R, JOB, REQ,
+    bucket_of, list_id, AddrState, JobState, Joiner, List, SlabsRef, StoredKey, ADDR_R, JOB, REQ,
 };
 use super::timers::Timer;
 use super::{addr, Config, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
@@ -161,7 +161,7 @@ impl Routes {
     /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
     pub(crate) fn find(
         &self,
-        t: TablesRef<'_>,
+        t: SlabsRef<'_>,
         slot: usize,
         cache_ep: u32,
         sa: &[u8; 64],
@@ -298,7 +298,7 @@ const RETRY_BUSY: bool = false;
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
     pub(crate) fn find_job(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> Option<u32> {
-        self.routes.find(self.st.tables_ref(), slot, cache_ep, sa)
+        self.routes.find(self.st.slabs_ref(), slot, cache_ep, sa)
     }
 
     /// Room in the SA window for one more job at `now`.
@@ -370,7 +370,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             job.sa = *sa;
         }
         if !query {
-            let t = self.st.tables();
+            let t = self.st.slabs();
             self.routes.hash(t.jobs, t.job_buckets, j);
             let dlid = crate::wire::path_record::PathRecord::new_unchecked(&sa[..]).dlid();
             let e = &mut t.endpoints[slot];
@@ -447,7 +447,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 }
             },
         };
-        let t = self.st.tables();
+        let t = self.st.slabs();
         let job = &mut t.jobs[j as usize];
         if let Some(w) = waiter {
             job.waiters.push_back(t.requests, w, list_id::WAITERS, REQ);
@@ -482,7 +482,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         match self.start_job(now, slot, r.cache_ep, None, &sa, true) {
             Some(j) => {
-                let t = self.st.tables();
+                let t = self.st.slabs();
                 t.jobs[j as usize]
                     .waiters
                     .push_back(t.requests, w, list_id::WAITERS, REQ);
@@ -573,7 +573,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if job.state == JobState::Backlog {
             self.backlog_left(usize::from(job.ep));
         }
-        let t = self.st.tables();
+        let t = self.st.slabs();
         self.routes.unhash(t.jobs, t.job_buckets, j);
         self.routes.unlist(t.jobs, j);
         let holds_window = matches!(job.state, JobState::Send | JobState::Sent | JobState::Busy);
@@ -790,7 +790,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             // the SA's answers move them all alike): only its due head is looked at.
             Timer::Backlog => {
                 while let Some(j) = self.routes.backlog.front() {
-                    let born = self.st.tables_ref().jobs[j as usize].born;
+                    let born = self.st.slabs_ref().jobs[j as usize].born;
                     if self.deadline(born) > now {
                         break;
                     }
@@ -807,7 +807,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     };
                     while let Some(j) = cur {
                         cur = List::next_of(self.st.jobs(), j, JOB);
-                        let job = self.st.tables_ref().jobs[j as usize];
+                        let job = self.st.slabs_ref().jobs[j as usize];
                         if job.timer > now {
                             continue;
                         }

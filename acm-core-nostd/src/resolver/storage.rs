@@ -1,4 +1,5 @@
-//! The resolver's tables, in caller-provided storage.
+//! The resolver's slabs (fixed arrays of slots: requests, jobs, addresses, endpoints, preloads),
+//! in caller-provided storage.
 //!
 //! Every table is a slice of fixed-size slots whose empty state is all zero bytes (links are
 //! `index + 1`, 0 = none; every enum's first variant is 0, `Status::Success` and
@@ -731,7 +732,7 @@ pub struct TableFetch {
     pub(crate) not_before: super::Millis,
     /// Records of the last table (0: none yet).
     pub(crate) records: u32,
-    /// Tables are off for this endpoint: the last one did not fit the caller's storage, or
+    /// Slabs are off for this endpoint: the last one did not fit the caller's storage, or
     /// the transport cannot carry one.
     pub(crate) off: bool,
     /// Route jobs of this endpoint in the backlog.
@@ -851,9 +852,9 @@ impl Default for Capacities {
     }
 }
 
-/// Every table of a [`Storage`] at once, as disjoint mutable borrows (so a list held in one
-/// table's slot can be edited over another table's slots).
-pub struct Tables<'a> {
+/// Every slab of a [`Storage`] at once, as disjoint mutable borrows (so a list held in one
+/// slab's slot can be edited over another slab's slots).
+pub struct Slabs<'a> {
     /// Request slots.
     pub requests: &'a mut [RequestSlot],
     /// Route jobs.
@@ -870,9 +871,9 @@ pub struct Tables<'a> {
     pub preloads: &'a mut [PreloadSlot],
 }
 
-/// Every table of a [`Storage`], read only.
+/// Every slab of a [`Storage`], read only.
 #[derive(Clone, Copy)]
-pub struct TablesRef<'a> {
+pub struct SlabsRef<'a> {
     /// Request slots.
     pub requests: &'a [RequestSlot],
     /// Route jobs.
@@ -889,13 +890,13 @@ pub struct TablesRef<'a> {
     pub preloads: &'a [PreloadSlot],
 }
 
-/// The resolver's tables: caller-provided slices. Index spaces are fixed for the life of the
-/// resolver: every call must return tables of the same lengths every time.
+/// The resolver's slabs: caller-provided slices. Index spaces are fixed for the life of the
+/// resolver: every call must return slabs of the same lengths every time.
 pub trait Storage {
-    /// Every table, for writing.
-    fn tables(&mut self) -> Tables<'_>;
-    /// Every table, for reading.
-    fn tables_ref(&self) -> TablesRef<'_>;
+    /// Every slab, for writing.
+    fn slabs(&mut self) -> Slabs<'_>;
+    /// Every slab, for reading.
+    fn slabs_ref(&self) -> SlabsRef<'_>;
     /// The most SA queries in flight at once.
     fn sa_inflight(&self) -> usize;
     /// Request slots kept for immediate answers.
@@ -903,11 +904,11 @@ pub trait Storage {
 }
 
 impl<S: Storage + ?Sized> Storage for &mut S {
-    fn tables(&mut self) -> Tables<'_> {
-        (**self).tables()
+    fn slabs(&mut self) -> Slabs<'_> {
+        (**self).slabs()
     }
-    fn tables_ref(&self) -> TablesRef<'_> {
-        (**self).tables_ref()
+    fn slabs_ref(&self) -> SlabsRef<'_> {
+        (**self).slabs_ref()
     }
     fn sa_inflight(&self) -> usize {
         (**self).sa_inflight()
@@ -917,38 +918,38 @@ impl<S: Storage + ?Sized> Storage for &mut S {
     }
 }
 
-/// One table of a [`Storage`] at a time, for the resolver's own use.
-pub(crate) trait Table: Storage {
+/// One slab of a [`Storage`] at a time, for the resolver's own use.
+pub(crate) trait Slab: Storage {
     fn requests(&mut self) -> &mut [RequestSlot] {
-        self.tables().requests
+        self.slabs().requests
     }
     fn jobs(&mut self) -> &mut [JobSlot] {
-        self.tables().jobs
+        self.slabs().jobs
     }
     fn job_buckets(&mut self) -> &mut [u32] {
-        self.tables().job_buckets
+        self.slabs().job_buckets
     }
     fn addrs(&mut self) -> &mut [AddrEntry] {
-        self.tables().addrs
+        self.slabs().addrs
     }
     fn addr_buckets(&mut self) -> &mut [u32] {
-        self.tables().addr_buckets
+        self.slabs().addr_buckets
     }
     fn endpoints(&mut self) -> &mut [EpSlot] {
-        self.tables().endpoints
+        self.slabs().endpoints
     }
     fn preloads(&mut self) -> &mut [PreloadSlot] {
-        self.tables().preloads
+        self.slabs().preloads
     }
 }
 
-impl<S: Storage + ?Sized> Table for S {}
+impl<S: Storage + ?Sized> Slab for S {}
 
-/// The table accessors of a [`Storage`] that keeps each table in a field of the same name.
-macro_rules! table_fields {
+/// The slab accessors of a [`Storage`] that keeps each slab in a field of the same name.
+macro_rules! slab_fields {
     () => {
-        fn tables(&mut self) -> Tables<'_> {
-            Tables {
+        fn slabs(&mut self) -> Slabs<'_> {
+            Slabs {
                 requests: &mut self.requests,
                 jobs: &mut self.jobs,
                 job_buckets: &mut self.job_buckets,
@@ -958,8 +959,8 @@ macro_rules! table_fields {
                 preloads: &mut self.preloads,
             }
         }
-        fn tables_ref(&self) -> TablesRef<'_> {
-            TablesRef {
+        fn slabs_ref(&self) -> SlabsRef<'_> {
+            SlabsRef {
                 requests: &self.requests,
                 jobs: &self.jobs,
                 job_buckets: &self.job_buckets,
@@ -988,7 +989,7 @@ pub struct HeapStorage {
 
 #[cfg(feature = "std")]
 impl HeapStorage {
-    /// Tables of the given sizes (each at least 1; `endpoints` at most 256).
+    /// Slabs of the given sizes (each at least 1; `endpoints` at most 256).
     pub fn new(caps: Capacities) -> Self {
         fn boxed<T: Copy>(v: T, n: usize) -> std::boxed::Box<[T]> {
             std::vec![v; n.max(1)].into_boxed_slice()
@@ -1012,7 +1013,7 @@ impl HeapStorage {
 
 #[cfg(feature = "std")]
 impl Storage for HeapStorage {
-    table_fields!();
+    slab_fields!();
     fn sa_inflight(&self) -> usize {
         self.sa_inflight
     }
@@ -1087,7 +1088,7 @@ impl<
         const PRE: usize,
     > Storage for ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
 {
-    table_fields!();
+    slab_fields!();
     fn sa_inflight(&self) -> usize {
         JOBS
     }

@@ -35,7 +35,7 @@
 
 use super::mads::{self, TOKEN_TABLE};
 use super::route::Completion;
-use super::storage::{Table, JOB};
+use super::storage::{Slab, JOB};
 use super::timers::Timer;
 use super::{request, Counter, EpId, Millis, Resolver, SaTable, Storage, NEVER};
 use crate::cache::CacheRef;
@@ -111,7 +111,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// will answer it: a Get for it would be the SA's work twice). O(1) when no endpoint holds
     /// or every backlogged job is held; else a walk past the held ones.
     pub(crate) fn next_unheld(&self) -> Option<u32> {
-        let t = self.st.tables_ref();
+        let t = self.st.slabs_ref();
         let front = self.routes.backlog.front()?;
         let holding = |e: &super::EpSlot| e.table.out();
         let held: u32 = t
@@ -148,8 +148,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The warm-start tables due at `now` are asked for.
     pub(crate) fn warm_start_timers(&mut self, now: Millis) {
-        for slot in 0..self.st.tables_ref().endpoints.len() {
-            let e = self.st.tables_ref().endpoints[slot];
+        for slot in 0..self.st.slabs_ref().endpoints.len() {
+            let e = self.st.slabs_ref().endpoints[slot];
             if !e.open || !e.table.warm_start || e.table.warm_start_at > now {
                 continue;
             }
@@ -197,7 +197,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The outstanding table of `token`'s endpoint, if `token` names it.
     fn table_of(&self, token: u64) -> Option<usize> {
         let (kind, slot, tid) = mads::untoken(token);
-        let e = self.st.tables_ref().endpoints.get(slot as usize)?;
+        let e = self.st.slabs_ref().endpoints.get(slot as usize)?;
         (kind == TOKEN_TABLE && e.open && e.table.sent && e.table.tid == tid)
             .then_some(slot as usize)
     }

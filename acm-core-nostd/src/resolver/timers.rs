@@ -110,7 +110,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The earliest deadline of kind `t` that its part holds.
     fn earliest_of(&self, t: Timer) -> Option<Millis> {
-        let tr = self.st.tables_ref();
+        let tr = self.st.slabs_ref();
         let head = |l: List| l.front().map(|i| tr.addrs[i as usize].timer);
         match t {
             Timer::Removal => (!self.addrs.removals.is_empty()).then_some(0),

@@ -315,7 +315,7 @@ pub struct Stats {
     pub sa_tables: u64,
     /// Records they brought into the cache.
     pub sa_table_records: u64,
-    /// Tables asked for that brought nothing (lost, too big, refused).
+    /// Slabs asked for that brought nothing (lost, too big, refused).
     pub sa_table_failed: u64,
     /// Answers that found no request slot at all (only possible if the caller feeds more than
     /// `answer_reserve` requests without draining [`Resolver::poll_output`](super::Resolver::poll_output); see its docs).

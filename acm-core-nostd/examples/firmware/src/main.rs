@@ -33,7 +33,7 @@ mod firmware {
     //! **Stack.** cortex-m-rt paints the stack at reset (`paint-stack`); after the run the
     //! deepest word whose paint is gone gives the peak stack use.
 
-    use crate::scenario::{self, Measure, Meter, Sink, Tables};
+    use crate::scenario::{self, Measure, Meter, Sink, Slabs};
     use cortex_m::peripheral::syst::SystClkSource;
     use cortex_m::peripheral::SYST;
     use cortex_m_rt::entry;
@@ -134,9 +134,9 @@ mod firmware {
 
     #[entry]
     fn main() -> ! {
-        // cortex-m-rt turns this into a `&'static mut Tables` (the entry runs once): the
+        // cortex-m-rt turns this into a `&'static mut Slabs` (the entry runs once): the
         // resolver's tables in .bss.
-        static mut TABLES: Tables = Tables::new();
+        static mut SLABS: Slabs = Slabs::new();
 
         let mut meter = SysTickMeter {
             t0: 0,
@@ -150,7 +150,7 @@ mod firmware {
             syst.clear_current();
             syst.enable_counter();
         }
-        let s = scenario::run(TABLES, &mut Semihosting, &mut meter);
+        let s = scenario::run(SLABS, &mut Semihosting, &mut meter);
 
         // Not part of the transcript the host prints: only after its `end` line.
         hprintln!("measure icount-shift={} cpu-hz={}", ICOUNT_SHIFT, CPU_HZ);
@@ -180,9 +180,9 @@ mod firmware {
             "measure stack-peak={} resolver={} tables={} cache-slots={} (bytes)",
             stack_peak(),
             core::mem::size_of::<
-                acm_core_nostd::resolver::Resolver<&'static mut Tables, &'static scenario::FwCache>,
+                acm_core_nostd::resolver::Resolver<&'static mut Slabs, &'static scenario::FwCache>,
             >(),
-            core::mem::size_of::<Tables>(),
+            core::mem::size_of::<Slabs>(),
             core::mem::size_of::<[acm_core_nostd::cache::PathSlot; scenario::CACHE_SLOTS]>()
                 + core::mem::size_of::<[acm_core_nostd::cache::AddrSlot; scenario::CACHE_SLOTS]>()
         );
@@ -218,7 +218,7 @@ fn main() {
         fn end(&mut self, _: scenario::Measure) {}
     }
 
-    let mut tables = Box::new(scenario::Tables::new());
+    let mut tables = Box::new(scenario::Slabs::new());
     let mut out = Stdout(std::io::BufWriter::new(std::io::stdout().lock()));
     let s = scenario::run(&mut *tables, &mut out, &mut NoMeter);
     let _ = out.0.flush();

@@ -65,7 +65,7 @@ pub const VERSION: u32 = 1;
 
 /// 8 request slots (1 kept for immediate answers), 4 route jobs, 8 addresses, 1 endpoint, 1
 /// preloaded route.
-pub type Tables = ArrayStorage<8, 1, 4, 8, 1, 1>;
+pub type Slabs = ArrayStorage<8, 1, 4, 8, 1, 1>;
 
 /// The firmware's path cache: over the static slots below.
 pub type FwCache = PathCache<&'static [PathSlot], &'static [AddrSlot]>;

@@ -23,16 +23,16 @@ static ADDRS: [AddrSlot; 16] = [const { AddrSlot::new() }; 16];
 
 /// 8 requests (1 kept for immediate answers), 4 route jobs, 8 addresses, 1 endpoint, 1
 /// preload: all zero bytes, so the linker puts it in `.bss` (no flash).
-type Tables = ArrayStorage<8, 1, 4, 8, 1, 1>;
-static mut TABLES: Tables = Tables::new();
+type Slabs = ArrayStorage<8, 1, 4, 8, 1, 1>;
+static mut SLABS: Slabs = Slabs::new();
 
 fn run() -> u32 {
     let Ok(cache) = PathCache::new(&PATHS[..], &ADDRS[..], CacheConfig::default()) else {
         return 0;
     };
     // SAFETY: `run` is called once, from the reset handler, before anything else runs: this
-    // is the only reference to TABLES ever made (what `cortex_m::singleton!` does).
-    let storage: &'static mut Tables = unsafe { &mut *core::ptr::addr_of_mut!(TABLES) };
+    // is the only reference to SLABS ever made (what `cortex_m::singleton!` does).
+    let storage: &'static mut Slabs = unsafe { &mut *core::ptr::addr_of_mut!(SLABS) };
     let Ok(writer) = cache.writer() else {
         return 0;
     };
