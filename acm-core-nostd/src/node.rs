@@ -112,13 +112,13 @@ pub enum Output {
         /// Endpoint.
         ep: EpId,
     },
-    /// The `ud` SA query `token` is done: `answered` by the SA (a reply or a whole table), or
+    /// The `ud` SA query `token` is done: `replied` to by the SA (a reply or a whole table), or
     /// failed (out of tries, a table that brought nothing). After the outputs it led to.
     QueryDone {
         /// The token of its [`Output::Transmit`].
         token: u64,
         /// By the SA.
-        answered: bool,
+        replied: bool,
     },
     /// Something worth a log line.
     Event(Event),
@@ -494,7 +494,7 @@ where
                 return self
                     .done
                     .take()
-                    .map(|(token, answered)| Output::QueryDone { token, answered });
+                    .map(|(token, replied)| Output::QueryDone { token, replied });
             };
             use crate::resolver::Output as R;
             return Some(match o {

@@ -140,8 +140,8 @@ impl T {
     fn done(&mut self) -> Vec<(u64, bool)> {
         let mut v = Vec::new();
         self.out.retain(|o| match o {
-            Output::QueryDone { token, answered } => {
-                v.push((*token, *answered));
+            Output::QueryDone { token, replied } => {
+                v.push((*token, *replied));
                 false
             }
             _ => true,

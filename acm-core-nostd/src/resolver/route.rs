@@ -635,7 +635,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let sample = now.saturating_sub(job.sent);
         if umad_status == 0 {
             let busy = outcome == SaOutcome::Busy;
-            self.routes.sa.answered(now, sample, busy, &self.cfg);
+            self.routes.sa.replied(now, sample, busy, &self.cfg);
         } else if umad_status == TIMED_OUT {
             // No answer to any try: the SA dropped it, or is gone. (Any other status is a
             // send that failed here, answered at once as before.)

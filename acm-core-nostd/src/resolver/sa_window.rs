@@ -117,7 +117,7 @@ impl SaWindow {
     }
 
     /// The SA answered at `now` a query sent `sample` ms before (`busy`: with BUSY).
-    pub(crate) fn answered(&mut self, now: Millis, sample: Millis, busy: bool, cfg: &Config) {
+    pub(crate) fn replied(&mut self, now: Millis, sample: Millis, busy: bool, cfg: &Config) {
         self.heard = Some(now);
         let sample = sample.max(1);
         self.floor = if self.floor == 0 {
@@ -220,16 +220,16 @@ mod tests {
         let cfg = cfg(16);
         let mut w = SaWindow::new(cfg.sa_window, cfg.sa_window);
         assert_eq!(w.queries(), 16);
-        w.answered(100, 10, true, &cfg);
+        w.replied(100, 10, true, &cfg);
         w.lost(100, &cfg);
         assert_eq!(w.queries(), 4);
         // Held for sa_deadline after the last halving.
         for _ in 0..100 {
-            w.answered(100 + cfg.sa_deadline - 1, 10, false, &cfg);
+            w.replied(100 + cfg.sa_deadline - 1, 10, false, &cfg);
         }
         assert_eq!(w.queries(), 4);
         for _ in 0..4 {
-            w.answered(100 + cfg.sa_deadline, 10, false, &cfg);
+            w.replied(100 + cfg.sa_deadline, 10, false, &cfg);
         }
         assert_eq!(w.queries(), 5);
     }
@@ -241,7 +241,7 @@ mod tests {
         let mut now = 0;
         for _ in 0..20 {
             now += 10;
-            w.answered(now, 5, false, &cfg);
+            w.replied(now, 5, false, &cfg);
         }
         assert_eq!(w.queries(), 16);
         // The SA's queue grows: 5 ms, then 2 s round trips (past the target, an eighth of
@@ -249,7 +249,7 @@ mod tests {
         let mut seen = vec![];
         for _ in 0..40 {
             now += 100;
-            w.answered(now, 2000, false, &cfg);
+            w.replied(now, 2000, false, &cfg);
             seen.push(w.queries());
         }
         assert!(seen.windows(2).all(|p| p[1] <= p[0]), "{seen:?}");
@@ -262,7 +262,7 @@ mod tests {
     fn below_one_query_the_window_paces() {
         let cfg = cfg(4);
         let mut w = SaWindow::new(cfg.sa_window, cfg.sa_window);
-        w.answered(0, 10, false, &cfg);
+        w.replied(0, 10, false, &cfg);
         let mut now = 0;
         for _ in 0..3 {
             w.lost(now, &cfg);
@@ -292,7 +292,7 @@ mod tests {
         let mut w = SaWindow::new(16, 1);
         assert_eq!(w.queries(), 1);
         for i in 0..5 {
-            w.answered(i, 5, false, &cfg);
+            w.replied(i, 5, false, &cfg);
         }
         assert_eq!(
             w.queries(),
@@ -300,25 +300,25 @@ mod tests {
             "one per answer, not one per window of answers"
         );
         for i in 5..30 {
-            w.answered(i, 5, false, &cfg);
+            w.replied(i, 5, false, &cfg);
         }
         assert_eq!(w.queries(), 16, "up to the window");
         // A cut ends it: growth is one query per window of answers afterwards.
         let mut w = SaWindow::new(16, 4);
-        w.answered(0, 5, false, &cfg);
+        w.replied(0, 5, false, &cfg);
         w.lost(0, &cfg);
         assert_eq!(w.queries(), 2);
         for i in 0..3 {
-            w.answered(cfg.sa_deadline + i, 5, false, &cfg);
+            w.replied(cfg.sa_deadline + i, 5, false, &cfg);
         }
         assert_eq!(w.queries(), 3, "2 answers grew it by one, not by three");
         // An SA that answers the first query in 5 ms, then queues: slow start stops once the
         // smoothed round trip passes half the target (an eighth of sa_deadline), well before
         // the window.
         let mut w = SaWindow::new(16, 1);
-        w.answered(0, 5, false, &cfg);
+        w.replied(0, 5, false, &cfg);
         for i in 1..40 {
-            w.answered(i * 1000, 600, false, &cfg);
+            w.replied(i * 1000, 600, false, &cfg);
         }
         assert!(w.queries() < 12, "{}", w.queries());
     }
@@ -341,7 +341,7 @@ mod tests {
         };
         let mut w = SaWindow::new(4, 4);
         assert_eq!(w.deadline(50, &cfg), 1050, "never heard: the age bound");
-        w.answered(2000, 5, false, &cfg);
+        w.replied(2000, 5, false, &cfg);
         assert_eq!(w.deadline(50, &cfg), 2300, "the SA answers: wait for it");
         assert_eq!(w.deadline(1900, &cfg), 2900);
     }
@@ -351,7 +351,7 @@ mod tests {
         let cfg = cfg(4);
         let mut w = SaWindow::new(4, 4);
         assert!(!w.too_late(0, 1));
-        w.answered(0, 10, false, &cfg);
+        w.replied(0, 10, false, &cfg);
         // The SA answered just now: the deadline will move with its next answers.
         assert!(!w.too_late(5, 20));
         // Silent for more than a round trip: two round trips are needed.

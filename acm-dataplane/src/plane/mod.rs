@@ -659,16 +659,16 @@ impl<I: CoreIo> Plane<I> {
         }
     }
 
-    /// Query `token` completed (a reply or a whole table with `answered`; else a failure the
+    /// Query `token` completed (a reply or a whole table with `replied`; else a failure the
     /// core's SA service reported), the completion taken by the loop at `taken` (clock ticks;
     /// `None` without latency stats) after the core's SA thread handed it over at `handed`
-    /// (0: not handed over, the `ud` transport). An answer's round trip goes to the reply-due
+    /// (0: not handed over, the `ud` transport). A reply's round trip goes to the reply-due
     /// estimate; with stats, the SA round trip and the hand-over's wait go to their
     /// histograms. Called once the completion's outputs are carried out, so that this is not
     /// on the way to its answers. Both transports.
-    fn sa_answered(&mut self, token: u64, answered: bool, taken: Option<u64>, handed: u64) {
-        self.reply_due.done(token, Instant::now(), answered);
-        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken.filter(|_| answered)) {
+    fn sa_done(&mut self, token: u64, replied: bool, taken: Option<u64>, handed: u64) {
+        self.reply_due.done(token, Instant::now(), replied);
+        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken.filter(|_| replied)) {
             if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
                 (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
                 if handed != 0 {
@@ -746,9 +746,9 @@ impl<I: CoreIo> Plane<I> {
                     let cache_ep = rec.cache_ep;
                     self.n().handle_sm(now, ep, cache_ep, sm);
                 }
-                Output::QueryDone { token, answered } => {
+                Output::QueryDone { token, replied } => {
                     let taken = self.rx_taken;
-                    self.sa_answered(token, answered, taken, 0);
+                    self.sa_done(token, replied, taken, 0);
                 }
                 Output::Event(e) => self.log_event(e),
                 Output::Answer(a) => {
@@ -850,7 +850,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             self.n().handle_core_sa(now, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
             // The answers it led to are out: its bookkeeping follows, off their way.
-            self.sa_answered(r.token, r.umad_status == 0, taken, r.handed);
+            self.sa_done(r.token, r.umad_status == 0, taken, r.handed);
         }
         // Requests and control messages in the order the main thread queued them: a request
         // never sees an endpoint, address or generation the main thread changed after it, nor

@@ -31,14 +31,14 @@ impl ReplyDue {
         self.out.push((token, at));
     }
 
-    /// Query `token` was answered at `at` (`answered`: by the SA, not failed by the
-    /// transport); only an answer is a round-trip sample.
-    pub(crate) fn done(&mut self, token: u64, at: Instant, answered: bool) {
+    /// Query `token` ended at `at` (`replied`: by the SA, not failed by the
+    /// transport); only a reply is a round-trip sample.
+    pub(crate) fn done(&mut self, token: u64, at: Instant, replied: bool) {
         let Some(i) = self.out.iter().position(|o| o.0 == token) else {
             return;
         };
         let (_, sent) = self.out.swap_remove(i);
-        if !answered {
+        if !replied {
             return;
         }
         let sample = at.saturating_duration_since(sent).as_nanos() as u64;

@@ -371,10 +371,10 @@ fn encode(o: &Output) -> (&'static str, Record) {
             r.put(&[ep.0]);
             ("ReadSm", r)
         }
-        Output::QueryDone { token, answered } => {
+        Output::QueryDone { token, replied } => {
             let mut r = Record::new(tag::QUERY_DONE);
             r.put(&token.to_be_bytes());
-            r.put(&[u8::from(*answered)]);
+            r.put(&[u8::from(*replied)]);
             ("QueryDone", r)
         }
         Output::Event(e) => {
@@ -807,9 +807,9 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
                 && a.status == Status::Success
                 && a.len == 88
                 && a.msg[24..88] == PR_LID_RESP[56..120]
-        }) && outs.iter().any(
-            |o| matches!(o, Output::QueryDone { token, answered: true } if *token == pr_token),
-        ),
+        }) && outs
+            .iter()
+            .any(|o| matches!(o, Output::QueryDone { token, replied: true } if *token == pr_token)),
     );
 
     // 4. The same request again: a hit. The provider answers hits on its inline path
