@@ -112,7 +112,7 @@ impl AddrTable {
         let b = self.bucket(t.addr_buckets.len(), slot, type_, addr);
         chain::find(t.addrs, t.addr_buckets, b, |a| {
             a.state != AddrState::Free
-                && usize::from(a.ep) == slot
+                && usize::from(a.slot) == slot
                 && a.type_ == type_
                 && a.addr == *addr
         })
@@ -149,7 +149,7 @@ impl AddrTable {
         let a = &mut t.addrs[i as usize];
         *a = AddrEntry::EMPTY;
         a.state = AddrState::Resolved;
-        a.ep = slot as u8;
+        a.slot = slot as u8;
         a.type_ = type_;
         a.addr = *addr;
         chain::insert(t.addrs, t.addr_buckets, b, i);
@@ -159,7 +159,7 @@ impl AddrTable {
     /// Takes entry `i` off the list its `qlink` is on.
     fn unlink_q(&mut self, t: &mut Slabs<'_>, i: u32) {
         let a = &t.addrs[i as usize];
-        let (on, e) = (a.qlink.on, &mut t.endpoints[usize::from(a.ep)]);
+        let (on, e) = (a.qlink.on, &mut t.endpoints[usize::from(a.slot)]);
         match on {
             list_id::ACM_QUEUE => {
                 e.queue.remove(t.addrs, i, on, ADDR_Q);
@@ -195,7 +195,7 @@ impl AddrTable {
                 .addrs
                 .remove(t.addrs, i, list_id::ROUTE_ADDRS, ADDR_R);
         }
-        let b = self.bucket(t.addr_buckets.len(), usize::from(a.ep), a.type_, &a.addr);
+        let b = self.bucket(t.addr_buckets.len(), usize::from(a.slot), a.type_, &a.addr);
         chain::remove(t.addrs, t.addr_buckets, b, i);
         t.addrs[i as usize] = AddrEntry::EMPTY;
         self.free.push_back(t.addrs, i, list_id::FREE, ADDR_Q);
@@ -336,7 +336,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     }
                     let mut l = waiters;
                     while let Some(w) = l.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-                        let ep = EpId(self.st.requests()[w as usize].ep);
+                        let ep = self.st.requests()[w as usize].ep;
                         self.count(ep, Counter::RouteCache);
                         self.answer(w, Status::Success, Some(&record));
                     }

@@ -55,7 +55,7 @@ impl Answers {
         slot.msg[..n].copy_from_slice(&r.msg[..n]);
         slot.len = n as u16;
         slot.client = r.client;
-        slot.ep = r.ep.0;
+        slot.ep = r.ep;
         slot.query = r.kind == Kind::Query;
         slot.state = ReqState::Waiting;
         slot.has_path = false;
@@ -82,7 +82,7 @@ impl Answers {
         if let Some(p) = path {
             r.path = *p;
         }
-        let (ep, query) = (EpId(r.ep), r.query);
+        let (ep, query) = (r.ep, r.query);
         self.waiting -= 1;
         self.fifo.push_back(reqs, i, list_id::ANSWERS, REQ);
         let counter = match (query, status) {
@@ -103,7 +103,7 @@ impl Answers {
         let len =
             super::request::respond(&r.msg[..usize::from(r.len)], via, r.status, path, &mut msg);
         let answer = Answer {
-            ep: EpId(r.ep),
+            ep: r.ep,
             client: r.client,
             via,
             status: r.status,

@@ -105,12 +105,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.unsubscribe_all(slot);
         for i in 0..self.st.addrs().len() as u32 {
             let a = self.st.addrs()[i as usize];
-            if a.state != AddrState::Free && usize::from(a.ep) == slot {
+            if a.state != AddrState::Free && usize::from(a.slot) == slot {
                 self.free_addr(i);
             }
         }
         for p in self.st.preloads().iter_mut() {
-            if p.used && usize::from(p.ep) == slot {
+            if p.used && usize::from(p.slot) == slot {
                 *p = PreloadSlot::EMPTY;
             }
         }
@@ -251,7 +251,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if let Some(p) = self.st.preloads().iter_mut().find(|p| !p.used) {
             *p = PreloadSlot {
                 used: true,
-                ep: slot as u8,
+                slot: slot as u8,
                 path: *path,
             };
         }
@@ -270,13 +270,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.st.endpoints()[slot].cache_ep = cache_ep;
         for i in 0..self.st.preloads().len() {
             let p = self.st.preloads()[i];
-            if p.used && usize::from(p.ep) == slot {
+            if p.used && usize::from(p.slot) == slot {
                 self.insert_preload(now, slot, cache_ep, &p.path);
             }
         }
         for i in 0..self.st.addrs().len() as u32 {
             let a = self.st.addrs()[i as usize];
-            if usize::from(a.ep) != slot {
+            if usize::from(a.slot) != slot {
                 continue;
             }
             match a.state {
@@ -370,7 +370,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     ) {
         for j in 0..self.st.jobs().len() as u32 {
             let job = &self.st.jobs()[j as usize];
-            if job.state == JobState::Free || usize::from(job.ep) != slot {
+            if job.state == JobState::Free || usize::from(job.slot) != slot {
                 continue;
             }
             self.finish_job(now, j, route::Completion::failed(status));
@@ -380,7 +380,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         for i in 0..self.st.addrs().len() as u32 {
             let a = self.st.addrs()[i as usize];
-            if usize::from(a.ep) == slot
+            if usize::from(a.slot) == slot
                 && matches!(a.state, AddrState::Queued | AddrState::Querying)
             {
                 self.fail_addr(i, status);

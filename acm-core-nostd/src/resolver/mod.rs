@@ -430,7 +430,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         let mut backlogged = std::vec![0u32; t.endpoints.len()];
         for j in self.routes.backlog.iter(t.jobs, storage::JOB) {
-            backlogged[usize::from(t.jobs[j as usize].ep)] += 1;
+            backlogged[usize::from(t.jobs[j as usize].slot)] += 1;
         }
         for (i, e) in t.endpoints.iter().enumerate() {
             if e.open && e.acm_inflight != e.inflight.len {

@@ -44,7 +44,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             let job = &mut self.st.jobs()[j as usize];
             job.state = JobState::Sent;
             job.held = true;
-            let (slot, tid, sa) = (usize::from(job.ep), job.tid, job.sa);
+            let (slot, tid, sa) = (usize::from(job.slot), job.tid, job.sa);
             self.routes
                 .sent
                 .push_back(self.st.jobs(), j, list_id::SENT, JOB);
@@ -124,7 +124,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The next ACM MAD of entry `i` (taking it off the send list when it has no more).
     fn acm_output(&mut self, i: u32) -> Option<Output> {
         let a = self.st.addrs()[i as usize];
-        let slot = usize::from(a.ep);
+        let slot = usize::from(a.slot);
         let e = self.st.endpoints()[slot];
         let id = EpId(e.id);
         if a.send_query {

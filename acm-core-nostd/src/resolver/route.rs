@@ -171,7 +171,7 @@ impl Routes {
             !job.query
                 && job.state != JobState::Free
                 && job.state != JobState::Zombie
-                && usize::from(job.ep) == slot
+                && usize::from(job.slot) == slot
                 && job.cache_ep == cache_ep
                 && job.sa == *sa
         })
@@ -180,7 +180,7 @@ impl Routes {
     /// Puts job `j` (not a `query()`) in the coalescing table.
     fn hash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
         let job = &jobs[j as usize];
-        let b = self.bucket(buckets.len(), usize::from(job.ep), job.cache_ep, &job.sa);
+        let b = self.bucket(buckets.len(), usize::from(job.slot), job.cache_ep, &job.sa);
         chain::insert(jobs, buckets, b, j);
     }
 
@@ -190,7 +190,7 @@ impl Routes {
         if job.query {
             return;
         }
-        let b = self.bucket(buckets.len(), usize::from(job.ep), job.cache_ep, &job.sa);
+        let b = self.bucket(buckets.len(), usize::from(job.slot), job.cache_ep, &job.sa);
         chain::remove(jobs, buckets, b, j);
     }
 
@@ -341,7 +341,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             .backlog
             .insert_before(self.st.jobs(), j, before, list_id::BACKLOG, JOB);
         self.timers.arm(Timer::Backlog, at.max(now));
-        let slot = usize::from(self.st.jobs()[j as usize].ep);
+        let slot = usize::from(self.st.jobs()[j as usize].slot);
         self.backlog_entered(now, slot);
     }
 
@@ -362,7 +362,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         {
             let job = &mut self.st.jobs()[j as usize];
             *job = JobSlot::EMPTY;
-            job.ep = slot as u8;
+            job.slot = slot as u8;
             job.cache_ep = cache_ep;
             job.query = query;
             job.born = now;
@@ -398,7 +398,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let tid = self.next_tid();
         let (slot, born) = {
             let job = &self.st.jobs()[j as usize];
-            (usize::from(job.ep), job.born)
+            (usize::from(job.slot), job.born)
         };
         // Each try has its deadline, and the whole job (backlog, tries, backoffs) has its own:
         // with the SA gone, nothing waits longer than `queue_deadline` from its start.
@@ -411,7 +411,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             job.tid = tid;
             job.timer = at;
             job.sent = now;
-            job.ep
+            job.slot
         };
         self.routes
             .send
@@ -565,13 +565,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 None
             };
             if from_cache && !self.st.requests()[w as usize].query {
-                let ep = EpId(self.st.requests()[w as usize].ep);
+                let ep = self.st.requests()[w as usize].ep;
                 self.count(ep, Counter::RouteCache);
             }
             self.answer(w, status, path);
         }
         if job.state == JobState::Backlog {
-            self.backlog_left(usize::from(job.ep));
+            self.backlog_left(usize::from(job.slot));
         }
         let t = self.st.slabs();
         self.routes.unhash(t.jobs, t.job_buckets, j);
@@ -740,7 +740,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         expires_at,
                         needs_refresh,
                     } => {
-                        let (slot, cep, sa) = (usize::from(job.ep), job.cache_ep, job.sa);
+                        let (slot, cep, sa) = (usize::from(job.slot), job.cache_ep, job.sa);
                         let how = Completion::FromCache {
                             record: &record,
                             expires: expires_at,
@@ -769,7 +769,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.routes
                 .backlog
                 .remove(self.st.jobs(), j, list_id::BACKLOG, JOB);
-            self.backlog_left(usize::from(job.ep));
+            self.backlog_left(usize::from(job.slot));
             self.routes.sa.held += 1;
             self.send_job(now, j);
         }
@@ -815,7 +815,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         // SA's answers since the send may have moved that on.
                         let limit = job
                             .sent
-                            .saturating_add(self.sa_deadline_of(usize::from(job.ep)))
+                            .saturating_add(self.sa_deadline_of(usize::from(job.slot)))
                             .min(self.deadline(job.born));
                         if limit > now {
                             self.st.jobs()[j as usize].timer = limit;

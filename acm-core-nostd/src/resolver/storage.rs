@@ -317,7 +317,8 @@ pub(crate) enum ReqState {
 pub struct RequestSlot {
     pub(crate) state: ReqState,
     pub(crate) query: bool,
-    pub(crate) ep: u8,
+    /// The endpoint it came on.
+    pub(crate) ep: super::EpId,
     pub(crate) status: Status,
     pub(crate) has_path: bool,
     pub(crate) len: u16,
@@ -332,7 +333,7 @@ impl RequestSlot {
     pub const EMPTY: RequestSlot = RequestSlot {
         state: ReqState::Free,
         query: false,
-        ep: 0,
+        ep: super::EpId(0),
         status: Status::Success,
         has_path: false,
         len: 0,
@@ -422,7 +423,8 @@ pub struct JobSlot {
     pub(crate) query: bool,
     /// The caller holds a MAD of this job (sent, not handed back yet).
     pub(crate) held: bool,
-    pub(crate) ep: u8,
+    /// The endpoint's slot (not its `EpId`).
+    pub(crate) slot: u8,
     pub(crate) cache_ep: u32,
     pub(crate) busy_tries: u32,
     pub(crate) tid: u32,
@@ -448,7 +450,7 @@ impl JobSlot {
         state: JobState::Free,
         query: false,
         held: false,
-        ep: 0,
+        slot: 0,
         cache_ep: 0,
         busy_tries: 0,
         tid: 0,
@@ -496,7 +498,8 @@ pub(crate) enum Origin {
 pub struct AddrEntry {
     pub(crate) state: AddrState,
     pub(crate) origin: Origin,
-    pub(crate) ep: u8,
+    /// The endpoint's slot (not its `EpId`).
+    pub(crate) slot: u8,
     /// The address's type: `ACM_ADDRESS_*` 1..=5 (a peer may name itself by GID or LID).
     pub(crate) type_: AddressType,
     /// Our outstanding ACM request wants (re)sending.
@@ -537,7 +540,7 @@ impl AddrEntry {
     pub const EMPTY: AddrEntry = AddrEntry {
         state: AddrState::Free,
         origin: Origin::Learned,
-        ep: 0,
+        slot: 0,
         type_: AddressType::Invalid,
         send_query: false,
         send_resp: false,
@@ -803,7 +806,8 @@ impl EpSlot {
 #[derive(Clone, Copy, Debug)]
 pub struct PreloadSlot {
     pub(crate) used: bool,
-    pub(crate) ep: u8,
+    /// The endpoint's slot (not its `EpId`).
+    pub(crate) slot: u8,
     pub(crate) path: [u8; 64],
 }
 
@@ -811,7 +815,7 @@ impl PreloadSlot {
     /// An empty slot (all zero bytes).
     pub const EMPTY: PreloadSlot = PreloadSlot {
         used: false,
-        ep: 0,
+        slot: 0,
         path: [0; 64],
     };
 }

@@ -129,7 +129,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.routes
             .backlog
             .iter(t.jobs, JOB)
-            .find(|&j| !holding(&t.endpoints[usize::from(t.jobs[j as usize].ep)]))
+            .find(|&j| !holding(&t.endpoints[usize::from(t.jobs[j as usize].slot)]))
     }
 
     /// Arms endpoint `slot`'s warm-start table, if asked for (`warm_start`), at a random
