@@ -85,6 +85,18 @@ fn heap(cfg: Config) -> T<HeapStorage> {
 }
 
 impl<S: Storage> T<S> {
+    /// A RESOLVE request of client `client` on the endpoint at `now`, classified by the
+    /// resolver.
+    fn resolve(&mut self, now: u64, client: u64, msg: &[u8]) {
+        let r = Request {
+            ep: EP,
+            cache_ep: 0,
+            client,
+            kind: Kind::Resolve,
+            msg,
+        };
+        self.r.request(now, &r, None);
+    }
     fn drain(&mut self) -> Vec<Output> {
         std::iter::from_fn(|| self.r.poll_output()).collect()
     }
@@ -184,17 +196,7 @@ fn stock_acmp_request_gets_the_response_acmp_accepted() {
     );
     assert_eq!((av.sl, av.static_rate, av.src_path_bits), (0, 3, 0));
     // The requester was recorded (hca3 → its GID): resolving it needs no multicast.
-    t.r.request(
-        2,
-        &Request {
-            ep: EP,
-            cache_ep: 0,
-            client: 9,
-            kind: Kind::Resolve,
-            msg: &name_request("hca3"),
-        },
-        None,
-    );
+    t.resolve(2, 9, &name_request("hca3"));
     let out = t.drain();
     assert!(
         out.iter().any(|o| matches!(o, Output::SendSa { .. })),
@@ -225,17 +227,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
         });
         t.open_and_join();
         let m = acm_core_nostd::sim::name_msg("hca4", Some("hca3"), false, 0x99);
-        t.r.request(
-            0,
-            &Request {
-                ep: EP,
-                cache_ep: 0,
-                client: 5,
-                kind: Kind::Resolve,
-                msg: &m,
-            },
-            None,
-        );
+        t.resolve(0, 5, &m);
         let out = t.drain();
         let (to, mad) = out
             .iter()
@@ -404,17 +396,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     };
     let (tok, mad) = token(&t.drain()).unwrap();
     // A name asked before the join: waits.
-    t.r.request(
-        0,
-        &Request {
-            ep: EP,
-            cache_ep: 0,
-            client: 1,
-            kind: Kind::Resolve,
-            msg: &name_request("hca9"),
-        },
-        None,
-    );
+    t.resolve(0, 1, &name_request("hca9"));
     assert!(t.drain().is_empty());
     t.r.handle_sa(10, tok, 110, &mad); // umad timeout
     assert!(token(&t.drain()).is_none());
@@ -470,17 +452,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
     });
     t.r.open_endpoint(0, EP, ep_config()).unwrap();
     t.drain();
-    t.r.request(
-        0,
-        &Request {
-            ep: EP,
-            cache_ep: 0,
-            client: 1,
-            kind: Kind::Resolve,
-            msg: &name_request("hca9"),
-        },
-        None,
-    );
+    t.resolve(0, 1, &name_request("hca9"));
     t.r.handle_timeout(5000);
     let a = t.drain().into_iter().find_map(|o| match o {
         Output::Answer(a) => Some(a.status),
@@ -581,17 +553,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
     };
     t.r.open_endpoint(0, EP, cfg).unwrap();
     assert!(t.drain().is_empty(), "no MCMemberRecord SET");
-    t.r.request(
-        0,
-        &Request {
-            ep: EP,
-            cache_ep: 0,
-            client: 1,
-            kind: Kind::Resolve,
-            msg: &name_request("hca9"),
-        },
-        None,
-    );
+    t.resolve(0, 1, &name_request("hca9"));
     let out = t.drain();
     let status = out.iter().find_map(|o| match o {
         Output::Answer(a) => Some(a.status),
@@ -600,17 +562,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
     assert_eq!(status, Some(Status::Enodata));
     assert!(!out.iter().any(|o| matches!(o, Output::SendAcm { .. })));
     let path = acm_core_nostd::sim::lid_msg(6, false, 2);
-    t.r.request(
-        0,
-        &Request {
-            ep: EP,
-            cache_ep: 0,
-            client: 2,
-            kind: Kind::Resolve,
-            msg: &path,
-        },
-        None,
-    );
+    t.resolve(0, 2, &path);
     assert!(t
         .drain()
         .iter()
