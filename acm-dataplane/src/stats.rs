@@ -921,15 +921,8 @@ mod plane_tests {
             stamp: stamp(MissClass::Route),
             target: None,
         }));
-        assert!(inbox.hand_over(crate::plane::HandOver {
-            ep: EpId(0),
-            cache_ep: 0,
-            client: 7,
-            kind: Kind::Resolve,
-            msg: &lid_msg(3, false, 43),
-            stamp: None,
-            target: None,
-        }));
+        let m3 = lid_msg(3, false, 43);
+        assert!(inbox.hand_over(HandOver::plain(EpId(0), 0, 7, Kind::Resolve, &m3)));
         for _ in 0..100 {
             plane.poll(Instant::now());
             if answers.lock().unwrap().len() == 3 {

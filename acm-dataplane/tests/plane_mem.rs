@@ -67,15 +67,7 @@ trait HandPlain {
 
 impl HandPlain for Inbox {
     fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
-        self.hand_over(HandOver {
-            ep,
-            cache_ep,
-            client,
-            kind,
-            msg,
-            stamp: None,
-            target: None,
-        })
+        self.hand_over(HandOver::plain(ep, cache_ep, client, kind, msg))
     }
 }
 

@@ -111,6 +111,21 @@ pub struct HandOver<'m> {
     pub target: Option<Target>,
 }
 
+impl<'m> HandOver<'m> {
+    /// A request as a caller without a front hands it over: not timed, not classified.
+    pub fn plain(ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &'m [u8]) -> Self {
+        HandOver {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+            stamp: None,
+            target: None,
+        }
+    }
+}
+
 /// An SA completion copied out of the core's MAD on the SA thread.
 pub struct SaReply {
     /// The token of the query.
@@ -520,15 +535,7 @@ mod tests {
 
     /// A request as a caller without a front hands it over.
     fn request(i: &Inbox, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
-        i.hand_over(HandOver {
-            ep,
-            cache_ep,
-            client,
-            kind,
-            msg,
-            stamp: None,
-            target: None,
-        })
+        i.hand_over(HandOver::plain(ep, cache_ep, client, kind, msg))
     }
 
     fn hand(i: &Inbox, client: u64) -> bool {
