@@ -56,6 +56,20 @@ pub struct SmAddr {
 }
 
 impl SmAddr {
+    /// What the receive completion of a MAD from the SM's QP 1 says (no GRH: the SM is on the
+    /// subnet; P_Key index 0).
+    pub const fn recv_meta(&self) -> RecvMeta {
+        RecvMeta {
+            slid: self.lid,
+            src_qp: 1,
+            sl: self.sl,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: None,
+        }
+    }
+
     /// The address vector of the SM's QP1.
     pub fn dest(&self) -> AcmDest {
         AcmDest::Unicast(UnicastAv {

@@ -1,5 +1,5 @@
 //! The SA as one more port of the UD fabric ([`Transport::Ud`](crate::node::Transport), the
-//! shipped default): the SM at LID [`SM_LID`], QP 1.
+//! shipped default): the SM at LID [`SM_LID`](super::SM_LID), QP 1.
 //!
 //! A node's SA MADs reach the SM's port from the node's QP (`Sim::sm_receive`); the
 //! answers leave it for that QP (`Sim::sm_send`) and cross the fabric as any MAD does:
@@ -18,8 +18,7 @@
 use std::vec::Vec;
 
 use super::net::Event;
-use super::{node_lid, Sim, SM_LID};
-use crate::resolver::RecvMeta;
+use super::{node_lid, Sim};
 use crate::rmpp;
 use crate::wire::mad::{
     Header, RmppHeader, RmppRepr, RmppType, HEADER_LEN, MAD_LEN, RMPP_FLAG_ACTIVE,
@@ -154,15 +153,7 @@ impl Sim {
     /// [`Faults::sa_forged`](super::Faults), a copy from another node's LID follows it.
     fn sm_deliver(&mut self, to: usize, mad: [u8; MAD_LEN]) {
         self.sm_port.sent += 1;
-        let mut meta = RecvMeta {
-            slid: SM_LID,
-            src_qp: 1,
-            sl: 0,
-            dlid_path_bits: 0,
-            pkey_index: 0,
-            ep_pkey_index: 0,
-            grh_sgid: None,
-        };
+        let mut meta = super::SM.recv_meta();
         let loss = self.sa_service.map_or(self.faults.loss, |s| s.loss);
         if self.rng.chance(loss) {
             self.sa_stats.lost += u64::from(self.sa_service.is_some());

@@ -89,15 +89,7 @@ const HCA3_GID: Gid = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
 const SM: SmAddr = SmAddr { lid: 1, sl: 0 };
 
 /// A class 3 MAD from the SM's QP 1, as the endpoint's CQ gives it.
-const FROM_SM: RecvMeta = RecvMeta {
-    slid: SM.lid,
-    src_qp: 1,
-    sl: 0,
-    dlid_path_bits: 0,
-    pkey_index: 0,
-    ep_pkey_index: 0,
-    grh_sgid: None,
-};
+const FROM_SM: RecvMeta = SM.recv_meta();
 
 /// Requests the SA channel holds at once (the route jobs, a join, a table).
 const SA_ENTRIES: usize = 6;
