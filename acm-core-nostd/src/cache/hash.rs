@@ -1,9 +1,9 @@
-//! A small, fast, non-allocating keyed hash for the cache tables.
+//! A small, fast, non-allocating keyed hash for the cache maps.
 //!
 //! A folded-multiply mixer in the style of wyhash / foldhash: each 64-bit chunk is XORed into the
 //! state and the 128-bit product with an odd constant is folded back to 64 bits. It is not a
 //! cryptographic hash; the caller-chosen `seed` makes bucket placement unpredictable to a remote
-//! party, and the tables bound chain length anyway (see `table::MAX_CHAIN`).
+//! party, and the maps bound chain length anyway (see `map::MAX_CHAIN`).
 
 const MUL: u64 = 0x9E37_79B9_7F4A_7C15;
 const MUL2: u64 = 0xD6E8_FEB8_6659_FD93;

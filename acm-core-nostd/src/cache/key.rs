@@ -344,7 +344,7 @@ impl PackedPathKey {
 /// Of the three address-type enums of the crate, this one is the address a client asks for.
 /// [`AddressType`] is `ACM_ADDRESS_*` as a class 0x2C MAD carries it (also GID and LID, which
 /// peers may name themselves by, and the wire's invalid/unknown values): the resolver's
-/// address table holds it. [`EpInfoType`] is `ACM_EP_INFO_*` of a client message entry (also
+/// address map holds it. [`EpInfoType`] is `ACM_EP_INFO_*` of a client message entry (also
 /// PATH). The conversions below are the only mappings between them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]

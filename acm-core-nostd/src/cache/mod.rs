@@ -38,7 +38,7 @@
 //! * **Invalidation** by key ([`CacheWriter::remove`]), by address ([`CacheWriter::remove_addr`])
 //!   and by endpoint in O(1) ([`CacheWriter::invalidate_ep`]: bumps the endpoint's generation, so
 //!   everything learned through it becomes a miss and is reclaimed first).
-//! * **Placement** (see the `table` module source for the full layout): open addressing over
+//! * **Placement** (see the `map` module source for the full layout): open addressing over
 //!   128-byte slots that hold the entry itself. A key hashes to two groups of [`GROUP`] (32)
 //!   slots and a preferred slot in each; it lives in one of those 64 slots and never moves.
 //!   A lookup reads both preferred slots first (about 3 keys in 4 are in one of them), then the
@@ -48,7 +48,7 @@
 //!   the first dead one (expired, negative, stale endpoint generation) is taken, else the first
 //!   whose reference bit (side array; hits set it with a plain store) was clear, else the first
 //!   examined. Capacity never grows. Size storage with [`Slot::slots_for`] (87% load) and a full
-//!   window practically never happens before the table is full.
+//!   window practically never happens before the map is full.
 //! * **Counters** are single-writer plain stores: the writer's own, one cell per
 //!   [`CacheReader`], and one shared cell for [`PathCache::lookup`]; [`PathCache::stats`] sums
 //!   them.
@@ -85,7 +85,7 @@
 
 pub mod hash;
 pub(crate) mod key;
-mod table;
+mod map;
 
 use core::marker::PhantomData;
 use core::ops::Deref;
@@ -97,12 +97,12 @@ pub use key::{
     PackedPathKey, PathDest, PathKey, ADDR_KEY_WORDS, DEST_WORDS, EP_BITS, EP_GEN_BITS, EP_MAX,
     EP_SLOT_BITS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
 };
-pub use table::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
+pub use map::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
 
 #[cfg(loom)]
 #[doc(hidden)]
-pub use table::loom_model;
-use table::{expiry, set_expiry, Probe, Table, Upsert, EXP_HI, GEN, HDR, INC, KEY, OCCUPIED};
+pub use map::loom_model;
+use map::{expiry, set_expiry, Map, Probe, Upsert, EXP_HI, GEN, HDR, INC, KEY, OCCUPIED};
 
 /// Size of a path record in bytes.
 pub use crate::wire::path_record::PATH_RECORD_LEN as RECORD_LEN;
@@ -239,7 +239,7 @@ pub enum Inserted {
     New,
     /// The key was present; its entry was overwritten in place (aliases see the new record).
     Updated,
-    /// The table was full; another entry was evicted to make room.
+    /// The map was full; another entry was evicted to make room.
     Evicted,
 }
 
@@ -362,13 +362,13 @@ pub struct CacheStats {
 pub struct HashedKey {
     kw: [u32; PATH_KEY_WORDS],
     wants_reversible: bool,
-    place: table::Place,
+    place: map::Place,
 }
 
 /// Where a destination's paths live in a [`PathCache`] ([`PathCache::place`]); valid only for
 /// the cache that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Place(table::Place);
+pub struct Place(map::Place);
 
 /// The path-record and address cache. See the [module docs](self).
 pub struct PathCache<P, A>
@@ -376,8 +376,8 @@ where
     P: Deref<Target = [PathSlot]>,
     A: Deref<Target = [AddrSlot]>,
 {
-    paths: Table<P, PATH_WORDS, PATH_KEY_WORDS>,
-    addrs: Table<A, ADDR_WORDS, ADDR_KEY_WORDS>,
+    paths: Map<P, PATH_WORDS, PATH_KEY_WORDS>,
+    addrs: Map<A, ADDR_WORDS, ADDR_KEY_WORDS>,
     ep_gens: [AtomicU32; EP_GENERATIONS],
     config: CacheConfig,
     writer_taken: AtomicBool,
@@ -441,11 +441,11 @@ where
     pub fn new(paths: P, addrs: A, config: CacheConfig) -> Result<Self, CacheError> {
         // A path is placed by its endpoint and destination alone (`PathDest`), so that its
         // slots can be loaded before the rest of its key is known.
-        let paths = Table::new(paths, config.seed, DEST_WORDS).ok_or(CacheError::Capacity)?;
+        let paths = Map::new(paths, config.seed, DEST_WORDS).ok_or(CacheError::Capacity)?;
         if paths.capacity() == 0 {
             return Err(CacheError::Capacity);
         }
-        let addrs = Table::new(addrs, config.seed ^ 0x000a_dd7e_55e5, ADDR_KEY_WORDS)
+        let addrs = Map::new(addrs, config.seed ^ 0x000a_dd7e_55e5, ADDR_KEY_WORDS)
             .ok_or(CacheError::Capacity)?;
         Ok(PathCache {
             paths,
@@ -533,7 +533,7 @@ where
         self.lookup_hashed(&self.hashed(&key.packed()), now)
     }
 
-    /// `key` in the form this cache's path table stores it, with its place (the hash of its
+    /// `key` in the form this cache's path map stores it, with its place (the hash of its
     /// destination under this cache's seed): what [`lookup_hashed`](Self::lookup_hashed)
     /// takes.
     #[inline]
@@ -653,7 +653,7 @@ where
             .with_record(record)
     }
 
-    /// Test hook: (group 1, group 2, tag byte) of `key` in the path table.
+    /// Test hook: (group 1, group 2, tag byte) of `key` in the path map.
     #[doc(hidden)]
     pub fn window_for_tests(&self, key: &PathKey) -> (usize, usize, u8) {
         self.paths.window_of(self.paths.hash(&key.cache_words().0))
@@ -1137,7 +1137,7 @@ impl<C: CacheRef> CacheWriter<C> {
     }
 
     /// Reclaims dead entries (expired, negative past their time, invalidated) among the next
-    /// `budget` slots of each table, continuing where the previous call stopped. Returns how many
+    /// `budget` slots of each map, continuing where the previous call stopped. Returns how many
     /// were removed. Call it from the writer's timer with a small budget to keep latency flat.
     pub fn purge_expired(&mut self, now: u64, budget: usize) -> usize {
         let c = self.cache();

@@ -1,4 +1,4 @@
-//! The generic one-writer / many-reader hash table behind the caches.
+//! The generic one-writer / many-reader hash map behind the caches.
 //!
 //! ## Layout
 //!
@@ -11,7 +11,7 @@
 //!   pointer to follow);
 //! * the last few slots are reinterpreted as one flat array of words, the **side arrays**: one
 //!   tag byte per entry slot (0 = empty, else 8 bits of the key's hash), one refresh-claim byte
-//!   per entry slot, one CLOCK reference bit per entry slot — about 1.7% of a path table. A hit
+//!   per entry slot, one CLOCK reference bit per entry slot — about 1.7% of a path map. A hit
 //!   writes there only to set a clear reference bit (plain store).
 //!
 //! Entry slots form **groups** of [`GROUP`] (32) consecutive slots (4 KiB for path slots). A key
@@ -21,7 +21,7 @@
 //! second, else into any free slot of the group with more room; if both
 //! groups are full it evicts one of the 64 (bounded CLOCK, dead entries first) and reuses that
 //! slot. At the design load ([`DESIGN_LOAD_PERCENT`]) about 3 keys in 4 sit in a preferred slot
-//! and a full window before the table is full practically never happens. So:
+//! and a full window before the map is full practically never happens. So:
 //!
 //! * a lookup reads the first preferred slot (a computed address), then the second, and only
 //!   if neither holds the key, the 2 × 32 tag bytes of its groups and the slots whose tag
@@ -92,12 +92,12 @@ pub const MAX_CHAIN: usize = MAX_PROBE;
 pub const EVICT_SCAN: usize = MAX_PROBE;
 
 /// The load (entries / entry slots) the storage helpers size for: at 87% the placement below
-/// overflows a window (and so evicts before the table is full) about never (simulated: no
-/// overflow in 2^20-slot tables up to 90%).
+/// overflows a window (and so evicts before the map is full) about never (simulated: no
+/// overflow in 2^20-slot maps up to 90%).
 pub const DESIGN_LOAD_PERCENT: usize = 87;
 
 /// One slot of cache storage: `W` atomic words, word 0 the sequence counter. See the
-/// `table` module docs (the layout, in the source) and [`cache`](super) for the API.
+/// `map` module docs (the layout, in the source) and [`cache`](super) for the API.
 ///
 /// All-zero is the empty state, so `Slot::new()` is `const` and a `static [PathSlot; N]` goes to
 /// `.bss` (no flash).
@@ -203,7 +203,7 @@ pub(crate) fn set_expiry(w: &mut [u32], t: u64) {
     w[EXP_HI] = (t >> 32) as u32;
 }
 
-/// Where a key may live: two groups, a preferred slot in each, a tag ([`Table::place`] of its
+/// Where a key may live: two groups, a preferred slot in each, a tag ([`Map::place`] of its
 /// hash). A path lookup derives it once and passes it to the prefetch hints and the read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Place {
@@ -225,8 +225,8 @@ fn zero_byte_mask(x: u64) -> u32 {
     ((high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
 }
 
-/// The hash table. `KW` key words start at [`KEY`]; the payload follows.
-pub(crate) struct Table<S, const W: usize, const KW: usize> {
+/// The hash map. `KW` key words start at [`KEY`]; the payload follows.
+pub(crate) struct Map<S, const W: usize, const KW: usize> {
     slots: S,
     seed: u64,
     /// Leading key words that choose a key's place ([`new`](Self::new)).
@@ -237,17 +237,17 @@ pub(crate) struct Table<S, const W: usize, const KW: usize> {
     /// Side-array word offsets.
     claim_base: usize,
     clock_base: usize,
-    // Writer-private state. Atomics only so the table is `Sync` without `unsafe`; only the single
+    // Writer-private state. Atomics only so the map is `Sync` without `unsafe`; only the single
     // writer touches them (plain `Relaxed` load + store, no read-modify-write).
     hand: AtomicU32,
     len: AtomicU32,
 }
 
-impl<S, const W: usize, const KW: usize> Table<S, W, KW>
+impl<S, const W: usize, const KW: usize> Map<S, W, KW>
 where
     S: Deref<Target = [Slot<W>]>,
 {
-    /// A table over `slots` (reset to empty) whose keys are placed by their first `placed`
+    /// A map over `slots` (reset to empty) whose keys are placed by their first `placed`
     /// words: keys that agree there share their two groups, preferred slots and tag (the key
     /// compare still tells them apart). `None` if `slots` is longer than `u32::MAX - 1`.
     pub(crate) fn new(slots: S, seed: u64, placed: usize) -> Option<Self> {
@@ -255,7 +255,7 @@ where
             return None;
         }
         let cap = entry_slots(slots.len(), W);
-        let t = Table {
+        let t = Map {
             cap,
             groups: cap.div_ceil(GROUP),
             claim_base: cap.div_ceil(4),
@@ -301,7 +301,7 @@ where
     }
 
     /// The second group of a key whose hash gave its first group twice: the next one (the
-    /// first after the last), or `g` itself in a one-group table. A window of a single group
+    /// first after the last), or `g` itself in a one-group map. A window of a single group
     /// would be half as wide, and a key whose groups both fell on a short last group (a
     /// capacity not a multiple of GROUP) would have only its few slots and evict at any load.
     /// Out of line: the rare path stays out of the lookup's code.
@@ -689,7 +689,7 @@ where
         [a, b, c, d]
     }
 
-    /// The keyed hash of `key` in this table: what `find`, `read` and `upsert` take. Only
+    /// The keyed hash of `key` in this map: what `find`, `read` and `upsert` take. Only
     /// the first `placed` words count (see [`new`](Self::new)).
     #[inline]
     pub(crate) fn hash(&self, key: &[u32; KW]) -> u64 {
@@ -882,7 +882,7 @@ where
         // The first preferred slot if free (lookups read it first), else the second, else any
         // free slot of the group with more room, else evict within the window. (Simulated at
         // 87% load, 2^20 slots: 57% of keys in the first preferred slot, 18% in the second,
-        // no window full before the table is.)
+        // no window full before the map is.)
         let mut outcome = Upsert::New;
         let idx = if self.tag_of(pl.pref) == 0 {
             pl.pref
@@ -989,7 +989,7 @@ mod tests {
                 assert!(e + 1 + side_slots(e + 1, w) > n);
             }
         }
-        // ~1.7% of a path table is side arrays.
+        // ~1.7% of a path map is side arrays.
         let n = 1 << 20;
         let e = entry_slots(n, 32);
         assert!(n - e < n / 50, "{}", n - e);
@@ -1025,28 +1025,28 @@ mod tests {
     }
 }
 
-/// A minimal table over the real slot code (same `Slot`, seqlock store, `try_slot`, tags and
+/// A minimal map over the real slot code (same `Slot`, seqlock store, `try_slot`, tags and
 /// placement), with a 1-word key and a 2-word payload, so `tests/cache_loom.rs` can explore every
 /// interleaving of one writer and one reader. Exists only under `cfg(loom)`.
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod loom_model {
-    use super::{set_expiry, Probe, Slot, Table, HDR, KEY, OCCUPIED};
+    use super::{set_expiry, Map, Probe, Slot, HDR, KEY, OCCUPIED};
     use core::ops::Deref;
 
     /// Words of a model slot: seq + 5 meta + 1 key word + 2 payload words.
     pub const W: usize = KEY + 1 + 2;
 
-    /// The model table.
+    /// The model map.
     pub struct Tiny<S: Deref<Target = [Slot<W>]>> {
-        t: Table<S, W, 1>,
+        t: Map<S, W, 1>,
     }
 
     impl<S: Deref<Target = [Slot<W>]>> Tiny<S> {
-        /// A table over `slots` (all but the side-array slots hold entries).
+        /// A map over `slots` (all but the side-array slots hold entries).
         pub fn new(slots: S) -> Self {
             Tiny {
-                t: Table::new(slots, 7, 1).expect("small"),
+                t: Map::new(slots, 7, 1).expect("small"),
             }
         }
 
