@@ -19,7 +19,8 @@
 //!
 //! * `plane/mod.rs` (here): the two traits, [`Plane`] and its round ([`Poller::poll`]): the
 //!   order of the inputs, control messages applied, the resolver's outputs carried out
-//!   (`drain_outputs`), the latency bookkeeping;
+//!   (`drain_outputs`);
+//! * `plane/latency.rs`: the latency bookkeeping, hooks at fixed points of the round;
 //! * `plane/eps.rs`: the endpoints, a slot per id and the list of open ones a round walks;
 //! * `plane/inbox.rs`: the queues into the loop ([`Inbox`]) and what travels in them
 //!   ([`Request`], [`SaReply`], [`Control`], [`HostAddr`]);
@@ -29,7 +30,7 @@
 //! * `plane/drops.rs`: what the resolver and the QPs dropped, logged at most once a second;
 //! * `plane/reply_due.rs`: when an SA reply is due (the worker keeps polling for it).
 
-use crate::stats::{Clock, InFlight, Latency, MissClass, MissStamp};
+use crate::stats::{Clock, Latency};
 use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{
     ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
@@ -53,6 +54,7 @@ mod drops;
 mod eps;
 mod events;
 mod inbox;
+mod latency;
 mod recovery;
 mod reply_due;
 
@@ -60,6 +62,7 @@ pub use inbox::{Control, HandOver, HostAddr, Inbox, Request, SaReply};
 
 use eps::Eps;
 use inbox::{lock, Carried};
+use latency::Latencies;
 
 /// The path cache on the host: heap (or huge-page) storage sized from the options.
 pub type HostCache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -233,7 +236,8 @@ pub struct Plane<I: CoreIo> {
     /// ENODATA until the shutdown.
     dead: bool,
     done: bool,
-    stats: Option<LoopStats>,
+    /// The latency bookkeeping (plane/latency.rs): its hooks are the round's only contact.
+    lat: Latencies,
     /// When the received MAD the node works on was taken (clock ticks; with stats): where an
     /// SA reply's round trip ends ([`Output::QueryDone`]).
     rx_taken: Option<u64>,
@@ -241,105 +245,6 @@ pub struct Plane<I: CoreIo> {
     reply_due: reply_due::ReplyDue,
     /// Poll rounds run (published to the inbox for the watchdog).
     rounds: u64,
-}
-
-/// The loop's latency bookkeeping ([`Plane::with_stats`]).
-struct LoopStats {
-    clock: Clock,
-    sink: LatencySink,
-    /// Requests given to the resolver, by (client, tid): start, endpoint, route|address.
-    misses: InFlight<(EpId, MissClass)>,
-    /// SA queries sent, by token: send time, endpoint.
-    sa: InFlight<EpId>,
-    /// The leg being timed while the outputs of one input are carried out (cleared when
-    /// `drain_outputs` has carried them all out).
-    lap: Option<Lap>,
-    /// The stamped request the round is giving the resolver now: remembered in `misses`
-    /// (and its queue wait recorded) only once its outputs are carried out, so that this
-    /// bookkeeping is not on the way to its query; an answer in those outputs takes it from
-    /// here instead.
-    entering: Option<Entering>,
-}
-
-/// A stamped request being given to the resolver ([`LoopStats::entering`]).
-#[derive(Clone, Copy, Debug)]
-struct Entering {
-    key: u128,
-    stamp: MissStamp,
-    ep: EpId,
-    /// When the round took it (clock ticks).
-    taken: u64,
-}
-
-/// A leg of a miss that ends at an output of the input a round just gave the resolver.
-#[derive(Clone, Copy, Debug)]
-enum Lap {
-    /// A missed request, taken by the round at `taken` (clock ticks): ends at the first
-    /// query sent ([`Latency::MissToQuery`]).
-    Request { taken: u64, ep: EpId },
-    /// A reply, taken by the round at `taken`: ends at the first answer delivered
-    /// ([`Latency::ReplyToAnswer`]).
-    Reply { taken: u64 },
-}
-
-impl LoopStats {
-    /// The request being taken, if `key` is its: where its answer's latency starts.
-    fn take_entering(&mut self, key: u128) -> Option<(u64, (EpId, MissClass))> {
-        let t = self.entering.take_if(|t| t.key == key)?;
-        Some((t.stamp.at, (t.ep, t.stamp.class)))
-    }
-
-    /// After the outputs of the request being taken: its queue wait is recorded, and it is
-    /// remembered until its answer unless that is out already.
-    fn entered(&mut self, t: Entering) {
-        (self.sink)(
-            t.ep,
-            Latency::MissQueued,
-            self.clock.ns(t.stamp.handed, t.taken),
-        );
-        if self.entering.take().is_some() {
-            Self::remember(
-                &self.clock,
-                &mut self.misses,
-                t.key,
-                t.stamp.at,
-                (t.ep, t.stamp.class),
-            );
-        }
-    }
-
-    /// A reply (SA or ACM) taken now: its leg to the first answer it leads to starts. The
-    /// time it was taken (clock ticks).
-    fn reply_taken(&mut self) -> u64 {
-        let taken = self.clock.now();
-        self.lap = Some(Lap::Reply { taken });
-        taken
-    }
-
-    /// A query (SA or ACM) left at `at` (`None`: now; the clock is read only if a request's
-    /// [`Lap`] ends here).
-    fn query_sent(&mut self, at: Option<u64>) {
-        if let Some(Lap::Request { taken, ep }) = self.lap {
-            let at = at.unwrap_or_else(|| self.clock.now());
-            (self.sink)(ep, Latency::MissToQuery, self.clock.ns(taken, at));
-            self.lap = None;
-        }
-    }
-
-    /// Remembers `key` (dropping entries older than 10 min when full: answers that never came).
-    fn remember<V: Copy>(clock: &Clock, p: &mut InFlight<V>, key: u128, at: u64, v: V) {
-        if !p.insert(key, at, v) {
-            let stale = (600e9 * clock.ticks_per_ns()) as u64;
-            p.expire(clock.now().saturating_sub(stale));
-            let _ = p.insert(key, at, v);
-        }
-    }
-}
-
-/// The (client, tid) key of a client message.
-fn client_key(client: u64, msg: &[u8]) -> u128 {
-    let tid = AcmMsg::new_checked(msg).map_or(0, |m| m.tid());
-    (u128::from(client) << 64) | u128::from(tid)
 }
 
 impl<I: CoreIo> Plane<I> {
@@ -380,7 +285,7 @@ impl<I: CoreIo> Plane<I> {
             counts: Vec::with_capacity(COUNTS_HELD),
             dead: false,
             done: false,
-            stats: None,
+            lat: Latencies::off(),
             rx_taken: None,
             reply_due: reply_due::ReplyDue::new(),
             rounds: 0,
@@ -391,21 +296,14 @@ impl<I: CoreIo> Plane<I> {
     /// its answer, and of every SA query from its send to its reply. The bookkeeping tables
     /// hold `capacity` entries each (the resolver's request capacity), allocated here.
     pub fn with_stats(mut self, clock: Clock, capacity: usize, sink: LatencySink) -> Self {
-        self.stats = Some(LoopStats {
-            clock,
-            sink,
-            misses: InFlight::new(capacity),
-            sa: InFlight::new(capacity),
-            lap: None,
-            entering: None,
-        });
+        self.lat = Latencies::on(clock, capacity, sink);
         self
     }
 
     /// How many answered-to-be requests the latency bookkeeping remembers (tests).
     #[cfg(test)]
     pub(crate) fn misses_tracked(&self) -> usize {
-        self.stats.as_ref().map_or(0, |s| s.misses.len())
+        self.lat.misses_tracked()
     }
 
     /// The node: there is one whenever the loop is not [`dead`](Plane::dead) (only a failed
@@ -668,24 +566,14 @@ impl<I: CoreIo> Plane<I> {
     /// on the way to its answers. Both transports.
     fn sa_done(&mut self, token: u64, replied: bool, taken: Option<u64>, handed: u64) {
         self.reply_due.done(token, Instant::now(), replied);
-        if let (Some(s), Some(taken)) = (self.stats.as_mut(), taken.filter(|_| replied)) {
-            if let Some((at, ep)) = s.sa.remove(u128::from(token)) {
-                (s.sink)(ep, Latency::SaRtt, s.clock.ns(at, taken));
-                if handed != 0 {
-                    (s.sink)(ep, Latency::ReplyWait, s.clock.ns(handed, taken));
-                }
-            }
-        }
+        self.lat.sa_done(token, replied, taken, handed);
     }
 
     /// SA query `token` of endpoint `ep` went out at `at` (clock ticks, with stats): when its
     /// reply is due, and where its round trip starts.
     fn query_out(&mut self, token: u64, ep: EpId, at: Option<u64>) {
         self.reply_due.sent(token, Instant::now());
-        if let (Some(s), Some(at)) = (self.stats.as_mut(), at) {
-            LoopStats::remember(&s.clock, &mut s.sa, u128::from(token), at, ep);
-            s.query_sent(Some(at));
-        }
+        self.lat.query_out(token, ep, at);
     }
 
     /// Bumps the counters held by `drain_outputs`.
@@ -709,7 +597,7 @@ impl<I: CoreIo> Plane<I> {
             );
             match o {
                 Output::Transmit { qp, to, mad, query } => {
-                    let at = query.and(self.stats.as_ref().map(|s| s.clock.now()));
+                    let at = query.and(self.lat.now());
                     // A failed post is a loss (the node's or the resolver's tries cover it),
                     // counted by the QP (`UdHealth::send_errors`) and logged by `log_drops`
                     // at most once a second: a flood that uses up the send buffers must not
@@ -723,15 +611,11 @@ impl<I: CoreIo> Plane<I> {
                     }
                     match query {
                         Some(token) => self.query_out(token, qp, at),
-                        None => {
-                            if let Some(s) = self.stats.as_mut() {
-                                s.query_sent(None);
-                            }
-                        }
+                        None => self.lat.sent(),
                     }
                 }
                 Output::CoreSa { ep, token, mad } => {
-                    let at = self.stats.as_ref().map(|s| s.clock.now());
+                    let at = self.lat.now();
                     if self.io.send_sa(ep, token, &mad) {
                         self.query_out(token, ep, at);
                     } else {
@@ -762,20 +646,9 @@ impl<I: CoreIo> Plane<I> {
                     }
                     // A stamped request's latency runs up to the hand-off to the core; the
                     // bookkeeping waits until the client has its answer.
-                    let end = self.stats.as_ref().map(|s| s.clock.now());
+                    let end = self.lat.now();
                     self.io.answer(&a);
-                    if let (Some(s), Some(end)) = (self.stats.as_mut(), end) {
-                        let key = client_key(a.client, &a.msg);
-                        if let Some((at, (ep, class))) =
-                            s.take_entering(key).or_else(|| s.misses.remove(key))
-                        {
-                            (s.sink)(ep, class.latency(), s.clock.ns(at, end));
-                        }
-                        if let Some(Lap::Reply { taken }) = s.lap {
-                            (s.sink)(a.ep, Latency::ReplyToAnswer, s.clock.ns(taken, end));
-                            s.lap = None;
-                        }
-                    }
+                    self.lat.answered(&a, end);
                 }
                 Output::Attach { ep, group } => {
                     let r = match self
@@ -821,11 +694,7 @@ impl<I: CoreIo> Plane<I> {
             }
         }
         self.flush_counts();
-        // The outputs of the input the lap was started for are carried out: a leg they did
-        // not end is not timed.
-        if let Some(s) = self.stats.as_mut() {
-            s.lap = None;
-        }
+        self.lat.drained();
         acted
     }
 }
@@ -846,7 +715,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                 break;
             };
             did = true;
-            let taken = self.stats.as_mut().map(LoopStats::reply_taken);
+            let taken = self.lat.reply_taken();
             self.n().handle_core_sa(now, r.token, r.umad_status, &r.mad);
             self.drain_outputs(now);
             // The answers it led to are out: its bookkeeping follows, off their way.
@@ -872,20 +741,8 @@ impl<I: CoreIo> Poller for Plane<I> {
             // In hand until the resolver has it: a panic inside `request` must not lose it.
             // The resolver reads the message where it lies (two fields of the plane, borrowed
             // apart), not from a copy of its whole buffer.
+            self.lat.request_taken(&self.current);
             let r = &self.current;
-            let mut entering = None;
-            if let (Some(s), Some(stamp), Kind::Resolve) = (self.stats.as_mut(), r.stamp, r.kind) {
-                let taken = s.clock.now();
-                let t = Entering {
-                    key: client_key(r.client, &r.msg),
-                    stamp,
-                    ep: r.ep,
-                    taken,
-                };
-                s.entering = Some(t);
-                entering = Some(t);
-                s.lap = Some(Lap::Request { taken, ep: r.ep });
-            }
             let node = self.node.as_mut().expect("a live loop has a node");
             let req = acm_core_nostd::resolver::Request {
                 ep: r.ep,
@@ -898,9 +755,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             node.handle_request(now, &req, r.target.as_ref());
             self.current_is = Current::Free;
             self.drain_outputs(now);
-            if let (Some(s), Some(t)) = (self.stats.as_mut(), entering) {
-                s.entered(t);
-            }
+            self.lat.request_given();
         }
         if self.done {
             return PollOutcome::default();
@@ -923,7 +778,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                 did = true;
                 // An SA reply's bookkeeping ([`Output::QueryDone`]) follows the answers it
                 // led to, and its round trip ends here.
-                self.rx_taken = self.stats.as_mut().map(LoopStats::reply_taken);
+                self.rx_taken = self.lat.reply_taken();
                 self.n().handle_receive(now, EpId(i as u8), m, b);
                 self.drain_outputs(now);
                 self.rx_taken = None;

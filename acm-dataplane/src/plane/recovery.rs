@@ -55,12 +55,8 @@ impl<I: CoreIo> Plane<I> {
             // Not answered by the shutdown above (drain_outputs frees it when its answer goes).
             self.answer_current(Status::Enodata);
         }
-        if let Some(s) = self.stats.as_mut() {
-            // What the old resolver held and did not answer will never be answered.
-            s.misses.clear();
-            s.sa.clear();
-            s.entering = None;
-        }
+        // What the old resolver held and did not answer will never be answered.
+        self.lat.forget();
         // The old resolver gives the cache's writer back for the fresh one: one owner at a
         // time, never a second writer. The SA channel's storage stays, emptied: the old
         // resolver's tokens mean nothing to the new one.
