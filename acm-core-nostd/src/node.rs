@@ -22,7 +22,6 @@
 //! hand theirs to the core's service (one MAD per answer: no half-world tables through it).
 
 use crate::cache::CacheRef;
-use crate::resolver::request::Target;
 use crate::resolver::table::TableError;
 use crate::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, McGroup, Millis, RecvMeta, Request, Resolver, Stats,
@@ -361,10 +360,10 @@ where
         self.done = None;
     }
 
-    /// A client request: classified by the caller's front already (`target`), or to be
-    /// parsed here (`None`).
-    pub fn handle_request(&mut self, now: Millis, req: &Request<'_>, target: Option<&Target>) {
-        self.resolver.request(now, req, target);
+    /// A client request, classified by the caller's front already (`req.target`) or to be
+    /// classified here (`None`) ([`Resolver::request`]).
+    pub fn handle_request(&mut self, now: Millis, req: &Request<'_>) {
+        self.resolver.request(now, req);
     }
 
     /// The core's SA service completed [`Output::CoreSa`] `token`: the reply (`umad_status`

@@ -105,8 +105,9 @@ impl T {
             client,
             kind: Kind::Resolve,
             msg: &msg,
+            target: None,
         };
-        self.n.handle_request(self.now, &req, None);
+        self.n.handle_request(self.now, &req);
         self.drain();
     }
     fn advance_to(&mut self, at: u64) {

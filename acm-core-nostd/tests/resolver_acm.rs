@@ -94,8 +94,9 @@ impl<S: Storage> T<S> {
             client,
             kind: Kind::Resolve,
             msg,
+            target: None,
         };
-        self.r.request(now, &r, None);
+        self.r.request(now, &r);
     }
     fn drain(&mut self) -> Vec<Output> {
         std::iter::from_fn(|| self.r.poll_output()).collect()

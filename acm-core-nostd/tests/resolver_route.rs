@@ -108,8 +108,8 @@ impl T {
                 client,
                 kind,
                 msg,
+                target: None,
             },
-            None,
         );
         self.drain();
     }
@@ -530,8 +530,8 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
             client: 2,
             kind: Kind::Resolve,
             msg: &path_msg(6, 0, 2),
+            target: None,
         },
-        None,
     );
     t.drain();
     assert!(t.sa_sends().is_empty(), "answered from the preload");
@@ -672,8 +672,8 @@ fn miss_cost() {
                 client: i as u64,
                 kind: Kind::Resolve,
                 msg: m,
+                target: None,
             },
-            None,
         );
         while let Some(o) = t.r.poll_output() {
             match o {

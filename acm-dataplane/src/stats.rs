@@ -777,11 +777,11 @@ mod tests {
 #[cfg(test)]
 mod plane_tests {
     use super::*;
-    use crate::plane::{Control, CoreIo, HandOver, HostCache, HostWriter, Inbox, Plane, SaReply};
+    use crate::plane::{Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply};
     use crate::worker::{Poller, Worker};
     use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
     use acm_core_nostd::resolver::{
-        Answer, Capacities, Config, Counter, EpId, HeapStorage, Kind, Resolver,
+        Answer, Capacities, Config, Counter, EpId, HeapStorage, Kind, Request, Resolver,
     };
     use acm_core_nostd::sim::{lid_msg, node_ep_config, node_gid, node_lid};
     use acm_core_nostd::wire::path_record::PathRecord;
@@ -902,27 +902,17 @@ mod plane_tests {
         };
         // Two clients, the same tid; a third request not stamped (not timed).
         let m = lid_msg(2, false, 42);
-        assert!(inbox.hand_over(HandOver {
-            ep: EpId(0),
-            cache_ep: 0,
-            client: 5,
-            kind: Kind::Resolve,
-            msg: &m,
-            stamp: stamp(MissClass::Route),
-            target: None,
-        }));
+        assert!(inbox.hand_over(
+            &Request::new(EpId(0), 0, 5, Kind::Resolve, &m),
+            stamp(MissClass::Route)
+        ));
         std::thread::sleep(std::time::Duration::from_millis(2));
-        assert!(inbox.hand_over(HandOver {
-            ep: EpId(0),
-            cache_ep: 0,
-            client: 6,
-            kind: Kind::Resolve,
-            msg: &m,
-            stamp: stamp(MissClass::Route),
-            target: None,
-        }));
+        assert!(inbox.hand_over(
+            &Request::new(EpId(0), 0, 6, Kind::Resolve, &m),
+            stamp(MissClass::Route)
+        ));
         let m3 = lid_msg(3, false, 43);
-        assert!(inbox.hand_over(HandOver::plain(EpId(0), 0, 7, Kind::Resolve, &m3)));
+        assert!(inbox.hand_over(&Request::new(EpId(0), 0, 7, Kind::Resolve, &m3), None));
         for _ in 0..100 {
             plane.poll(Instant::now());
             if answers.lock().unwrap().len() == 3 {
@@ -992,15 +982,10 @@ mod plane_tests {
 
         // A stamped request the cache answers in its own round (the path arrived after the
         // caller's front looked): timed too, and nothing of it stays behind.
-        assert!(inbox.hand_over(HandOver {
-            ep: EpId(0),
-            cache_ep: 0,
-            client: 8,
-            kind: Kind::Resolve,
-            msg: &lid_msg(2, false, 44),
-            stamp: stamp(MissClass::Route),
-            target: None,
-        }));
+        assert!(inbox.hand_over(
+            &Request::new(EpId(0), 0, 8, Kind::Resolve, &lid_msg(2, false, 44)),
+            stamp(MissClass::Route)
+        ));
         plane.poll(Instant::now());
         assert_eq!(answers.lock().unwrap().len(), 4);
         assert_eq!(

@@ -19,7 +19,7 @@
 //! [`Stall`] is the decision, a pure function of what the watchdog saw and when (tested in
 //! virtual time); the thread only samples and acts.
 
-use crate::plane::{Inbox, Request};
+use crate::plane::{Inbox, Queued};
 use acm_core_nostd::wire::client::Status;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -105,7 +105,7 @@ impl Watchdog {
     pub fn spawn(
         inbox: Arc<Inbox>,
         bound: Duration,
-        mut answer: impl FnMut(Request, Status) + Send + 'static,
+        mut answer: impl FnMut(Queued, Status) + Send + 'static,
         mut log: impl FnMut(u8, &str) + Send + 'static,
     ) -> std::io::Result<Watchdog> {
         let stop = Arc::new(AtomicBool::new(false));

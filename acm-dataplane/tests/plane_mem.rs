@@ -6,13 +6,13 @@
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
-    RecvMeta, Resolver,
+    RecvMeta, Request, Resolver,
 };
 use acm_core_nostd::sim::{lid_msg, name_bytes, name_msg, node_ep_config, node_gid, node_lid};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 use acm_dataplane::plane::{
-    Control, CoreIo, HandOver, HostCache, HostWriter, Inbox, Plane, SaReply, SendError, Ud,
+    Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply, SendError, Ud,
 };
 use acm_dataplane::worker::{Poller, Worker};
 use std::collections::VecDeque;
@@ -67,7 +67,7 @@ trait HandPlain {
 
 impl HandPlain for Inbox {
     fn request(&self, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
-        self.hand_over(HandOver::plain(ep, cache_ep, client, kind, msg))
+        self.hand_over(&Request::new(ep, cache_ep, client, kind, msg), None)
     }
 }
 

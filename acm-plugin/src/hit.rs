@@ -20,11 +20,11 @@ use crate::lifecycle::AddrCtx;
 use acm_core_nostd::cache::{HashedKey, Lookup, Place};
 use acm_core_nostd::resolver::front::{self, Front};
 use acm_core_nostd::resolver::request::{classify, respond, route_dest, Target};
-use acm_core_nostd::resolver::{Counter, Kind, Via};
+use acm_core_nostd::resolver::{Counter, Kind, Request, Via};
 use acm_core_nostd::wire::client::{
     build_resolve_frame, response_path_mut, AcmMsg as ClientMsg, Status,
 };
-use acm_dataplane::plane::{HandOver, HostCache};
+use acm_dataplane::plane::HostCache;
 use acm_dataplane::stats::{MissClass, MissStamp};
 use core::ffi::c_int;
 use std::sync::atomic::Ordering;
@@ -134,10 +134,9 @@ fn deliver(
 #[inline(always)]
 fn answer_hit(
     ctx: &AddrCtx,
-    msg: &[u8],
-    id: u64,
+    req: &Request<'_>,
+    target: &Target,
     key: &HashedKey,
-    front: FrontSays<'_>,
     hit_start: Option<u64>,
     answered: &mut bool,
 ) -> Result<c_int, (Option<Front>, Lookup)> {
@@ -146,7 +145,7 @@ fn answer_hit(
         let Ok(mut out) = cell.try_borrow_mut() else {
             return Err((None, Lookup::Miss));
         };
-        let frame = build_resolve_frame(&ClientMsg::new_unchecked(msg), out.as_bytes_mut());
+        let frame = build_resolve_frame(&ClientMsg::new_unchecked(req.msg), out.as_bytes_mut());
         if frame.is_err() || ep.closed.load(Ordering::Acquire) {
             return Err((None, Lookup::Miss));
         }
@@ -156,12 +155,12 @@ fn answer_hit(
         // The slot's record goes straight into the answer's path.
         let found = inst.cache.lookup_into(key, inst.now_ms(), path);
         // The endpoint was open just above.
-        match front::decide(front.target, true, &found) {
+        match front::decide(target, true, &found) {
             Front::Hit { refresh } => {
                 deliver(
                     ctx,
                     Via::Resolve,
-                    id,
+                    req.client,
                     Status::Success,
                     hit_start,
                     answered,
@@ -172,54 +171,38 @@ fn answer_hit(
             other => Err((Some(other), found.with_record([0; 64]))),
         }
     })?;
-    hit_answered(ctx, msg, refresh, front);
+    hit_answered(ctx, req, refresh);
     Ok(0)
-}
-
-/// What the front knows of a RESOLVE request: its classification, made with the endpoint's
-/// view at `cache_ep` (both travel with a hand-over, so the dataplane does not redo them).
-#[derive(Clone, Copy)]
-struct FrontSays<'t> {
-    target: &'t Target,
-    cache_ep: u32,
 }
 
 /// What follows a cache hit once its answer is with the core: ROUTE_CACHE counted (the core's
 /// counter is a locked add, kept off the client's critical path) and, for an entry near
 /// expiry, a background refresh by the dataplane (a full queue only loses the refresh; the
 /// entry then expires and is resolved as a miss).
-fn hit_answered(ctx: &AddrCtx, msg: &[u8], refresh: bool, front: FrontSays<'_>) {
+fn hit_answered(ctx: &AddrCtx, req: &Request<'_>, refresh: bool) {
     ctx.ep
         .count_global(Writer::Core, ctx.inst.api, Counter::RouteCache);
     if refresh {
-        let _ = hand_over(ctx, 0, Kind::Refresh, msg, Some(front), None);
+        let refresh = Request {
+            client: 0,
+            kind: Kind::Refresh,
+            ..*req
+        };
+        let _ = hand_over(ctx, &refresh, None);
     }
 }
 
-/// Hands a request to the dataplane, with what the front knows of it (a RESOLVE request's
-/// classification; the start of a missed `resolve()`, whose latency the dataplane then
-/// records); the status to answer it with at once (counted, logged) if it cannot take it:
-/// ENOMEM when its queue is full, ENODATA when it has stopped (it gave up after a failure it
-/// could not recover from, or its thread is gone), ETIMEDOUT while the watchdog finds it
-/// stuck (`acmrs_stall_ms`).
-fn hand_over(
-    ctx: &AddrCtx,
-    id: u64,
-    kind: Kind,
-    msg: &[u8],
-    front: Option<FrontSays<'_>>,
-    stamp: Option<MissStamp>,
-) -> Result<(), Status> {
+/// Hands request `req` to the dataplane (a RESOLVE request with the front's classification
+/// in it, made with the endpoint's view at `req.cache_ep`, so the dataplane does not redo
+/// it; `stamp`: the start of a missed `resolve()`, whose latency the dataplane then records);
+/// the status to answer it with at once (counted, logged) if it cannot take it: ENOMEM when
+/// its queue is full, ENODATA when it has stopped (it gave up after a failure it could not
+/// recover from, or its thread is gone), ETIMEDOUT while the watchdog finds it stuck
+/// (`acmrs_stall_ms`).
+fn hand_over(ctx: &AddrCtx, req: &Request<'_>, stamp: Option<MissStamp>) -> Result<(), Status> {
+    let kind = req.kind;
     let inbox = &ctx.inst.inbox;
-    let handed = inbox.hand_over(HandOver {
-        ep: ctx.ep.id,
-        cache_ep: front.map_or_else(|| ctx.ep.cache_ep(), |f| f.cache_ep),
-        client: id,
-        kind,
-        msg,
-        stamp,
-        target: front.map(|f| *f.target),
-    });
+    let handed = inbox.hand_over(req, stamp);
     if handed {
         return Ok(());
     }
@@ -305,14 +288,21 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     if let Some(p) = early {
         start_lookup(&inst.cache, inst.large_cache, p);
     }
-    let target = classify(&view, msg);
-    let front = FrontSays {
-        target: &target,
+    // The request as it travels: the classification made here once goes with it.
+    let req = Request {
+        ep: ep.id,
         cache_ep: view.cache_ep,
+        client: id,
+        kind: Kind::Resolve,
+        msg,
+        target: Some(classify(&view, msg)),
+    };
+    let Some(target) = &req.target else {
+        unreachable!("classified just above")
     };
     // A route hit is answered from here; a route lookup's decision comes back with what the
     // cache held.
-    let (decided, found) = match &target {
+    let (decided, found) = match target {
         Target::Route { key: Some(k), .. } => {
             let place = early.unwrap_or_else(|| {
                 // A LID or GID entry: its destination is known only now.
@@ -321,7 +311,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                 p
             });
             let h = inst.cache.hashed_at(k, place);
-            match answer_hit(ctx, msg, id, &h, front, t0, answered) {
+            match answer_hit(ctx, &req, target, &h, t0, answered) {
                 Ok(r) => return r,
                 Err(looked) => looked,
             }
@@ -329,10 +319,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         // A local address removed since the dataplane last caught up may still be aliased.
         Target::Address { .. } => {
             let stale = ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied();
-            (
-                None,
-                front::look(&inst.cache, &target, inst.now_ms(), stale),
-            )
+            (None, front::look(&inst.cache, target, inst.now_ms(), stale))
         }
         // Nothing a cache key can hold (a malformed request, a route with no key).
         _ => (None, Lookup::Miss),
@@ -353,7 +340,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     // Each request is decided once: here, unless the route lookup decided already.
     let decision = decided.unwrap_or_else(|| {
         let open = !ep.closed.load(Ordering::Acquire);
-        front::decide(&target, open, &found)
+        front::decide(target, open, &found)
     });
     match decision {
         Front::Hit { refresh } => {
@@ -362,7 +349,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                 return reply(Status::Enodata, None);
             };
             let r = reply(Status::Success, Some(&record));
-            hit_answered(ctx, msg, refresh, front);
+            hit_answered(ctx, &req, refresh);
             r
         }
         Front::Answer(status) => {
@@ -377,7 +364,11 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         Front::Prime => {
             let r = reply(Status::Enodata, None);
             // Prime the cache; a full queue only loses the priming.
-            let _ = hand_over(ctx, id, Kind::Prime, msg, Some(front), None);
+            let prime = Request {
+                kind: Kind::Prime,
+                ..req
+            };
+            let _ = hand_over(ctx, &prime, None);
             r
         }
         Front::HandOver => {
@@ -390,7 +381,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                     _ => MissClass::Route,
                 },
             };
-            match hand_over(ctx, id, Kind::Resolve, msg, Some(front), Some(stamp)) {
+            match hand_over(ctx, &req, Some(stamp)) {
                 Ok(()) => {
                     *answered = true;
                     0
@@ -410,7 +401,15 @@ pub(crate) fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool
         return reply(Status::Enodata);
     }
     // The dataplane validates it (EINVAL) and sends it to the SA.
-    match hand_over(ctx, id, Kind::Query, msg, None, None) {
+    let req = Request {
+        ep: ctx.ep.id,
+        cache_ep: ctx.ep.cache_ep(),
+        client: id,
+        kind: Kind::Query,
+        msg,
+        target: None,
+    };
+    match hand_over(ctx, &req, None) {
         Ok(()) => {
             *answered = true;
             0

@@ -28,7 +28,7 @@ use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::rate::{rate_from_link, LinkSpeed, LinkWidth};
 use acm_dataplane::export::{ExportConfig, Exporter};
-use acm_dataplane::plane::{Control, CoreIo, HostWriter, Inbox, Plane, Request, Ud};
+use acm_dataplane::plane::{Control, CoreIo, HostWriter, Inbox, Plane, Queued, Ud};
 use acm_dataplane::stats::Clock;
 use acm_dataplane::verbs::IbvContext;
 use acm_dataplane::watchdog::Watchdog;
@@ -273,7 +273,7 @@ fn start_watchdog(inst: &Arc<Instance>) {
         return;
     }
     let mut io = PluginIo::new(inst.clone());
-    let answer = move |r: Request, status: Status| {
+    let answer = move |r: Queued, status: Status| {
         if let Some(a) = r.answer(status) {
             io.count(a.ep, Counter::Error);
             io.answer(&a);

@@ -195,13 +195,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// A client request (`resolve()` → [`Kind::Resolve`], `query()` → [`Kind::Query`], or a
     /// [`Kind::Prime`] / [`Kind::Refresh`] the caller already answered), the one way requests
     /// come in. `r.cache_ep` is the caller's cache endpoint number for `r.ep` (the key of every
-    /// cache entry of this request). `target`: the request's classification when the caller's
+    /// cache entry of this request). `r.target`: the request's classification when the caller's
     /// front made it already ([`request::classify`] with the endpoint's view at `cache_ep`),
     /// so it is not parsed again; `None` to classify it here. Resolve and Query requests get
     /// exactly one [`Output::Answer`]; Prime and Refresh none.
-    pub fn request(&mut self, now: Millis, r: &Request<'_>, target: Option<&request::Target>) {
-        if target.is_some() || r.kind == Kind::Query {
-            return self.take_request(now, r, target);
+    pub fn request(&mut self, now: Millis, r: &Request<'_>) {
+        if r.target.is_some() || r.kind == Kind::Query {
+            return self.take_request(now, r, r.target.as_ref());
         }
         let mine = self
             .ep_slot(r.ep)

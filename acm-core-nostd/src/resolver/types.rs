@@ -336,4 +336,22 @@ pub struct Request<'m> {
     pub kind: Kind,
     /// The client's message.
     pub msg: &'m [u8],
+    /// How the caller's front classified it ([`request::classify`](super::request::classify)
+    /// with the endpoint's view at `cache_ep`), so that it is not parsed again; `None`: the
+    /// resolver classifies it (and a query is never classified).
+    pub target: Option<super::request::Target>,
+}
+
+impl<'m> Request<'m> {
+    /// A request not classified yet (the resolver classifies it).
+    pub fn new(ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &'m [u8]) -> Self {
+        Request {
+            ep,
+            cache_ep,
+            client,
+            kind,
+            msg,
+            target: None,
+        }
+    }
 }

@@ -86,8 +86,9 @@ impl Sim {
                 client,
                 kind,
                 msg: &m,
+                target: None,
             };
-            node.node.handle_request(now, &r, None);
+            node.node.handle_request(now, &r);
             self.touch(i);
             self.pump();
             return client;
@@ -127,8 +128,9 @@ impl Sim {
                 client,
                 kind,
                 msg: &m,
+                target: Some(target),
             };
-            node.node.handle_request(now, &r, Some(&target));
+            node.node.handle_request(now, &r);
         }
         self.touch(i);
         self.pump();

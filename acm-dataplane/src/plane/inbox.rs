@@ -1,5 +1,5 @@
 //! The queues into the loop, shared with the core's threads, and what travels in them: client
-//! requests ([`Request`], main thread), SA completions of the core's transport ([`SaReply`],
+//! requests (a [`Request`] copied into a [`Queued`], main thread), SA completions of the core's transport ([`SaReply`],
 //! SA thread) and the rare control messages ([`Control`], main thread), the last two kinds of
 //! the main thread in one ticket order.
 
@@ -8,7 +8,7 @@ use crate::stats::MissStamp;
 use crate::worker::Waker;
 use acm_core_nostd::cache::AddrKind;
 use acm_core_nostd::resolver::request::{respond, Target};
-use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Via, MSG_LEN};
+use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Request, Via, MSG_LEN};
 use acm_core_nostd::wire::client::{Status, HDR_LEN};
 use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
@@ -16,8 +16,10 @@ use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-/// A client request handed from the core's main thread.
-pub struct Request {
+/// A client request handed from the core's main thread, as it waits in the inbox: the
+/// [`Request`] with its message copied (the core's buffer dies when the call returns), its
+/// place in the main thread's order and its latency stamp.
+pub struct Queued {
     /// Endpoint it arrived on.
     pub ep: EpId,
     /// The endpoint's cache number at the time of the call
@@ -32,36 +34,46 @@ pub struct Request {
     pub ticket: u64,
     /// Valid length of `msg`.
     pub len: u16,
-    /// A copy of the client message (the core's buffer dies when the call returns): its first
-    /// `len` bytes, and zeros up to the header's end when it is shorter than a header. The
-    /// bytes after that are left from an earlier request: a request travels by its length
-    /// (`Carried::copy_to`), not by the whole buffer.
+    /// A copy of the client message: its first `len` bytes, and zeros up to the header's end
+    /// when it is shorter than a header. The bytes after that are left from an earlier
+    /// request: a request travels by its length (`Carried::copy_to`), not by the whole
+    /// buffer.
     pub msg: [u8; MSG_LEN],
     /// When a missed `resolve()` started, for its latency (`None`: not timed).
     pub stamp: Option<MissStamp>,
-    /// How the caller's front classified it (`request::classify`, with the endpoint's view at
-    /// `cache_ep`), so the loop does not parse it again; `None` for a query, or a caller
-    /// without a front.
+    /// How the caller's front classified it ([`Request::target`]).
     pub target: Option<Target>,
 }
 
-impl Request {
-    /// Fills this buffer with the request `h` hands over (its message by its length), ticket
+impl Queued {
+    /// Fills this buffer with request `r` (its message by its length), stamp `stamp`, ticket
     /// `ticket`.
-    fn fill(&mut self, h: &HandOver<'_>, ticket: u64) {
-        let n = h.msg.len().min(MSG_LEN);
-        self.ep = h.ep;
-        self.cache_ep = h.cache_ep;
-        self.client = h.client;
-        self.kind = h.kind;
+    fn fill(&mut self, r: &Request<'_>, stamp: Option<MissStamp>, ticket: u64) {
+        let n = r.msg.len().min(MSG_LEN);
+        self.ep = r.ep;
+        self.cache_ep = r.cache_ep;
+        self.client = r.client;
+        self.kind = r.kind;
         self.ticket = ticket;
         self.len = n as u16;
-        self.msg[..n].copy_from_slice(&h.msg[..n]);
+        self.msg[..n].copy_from_slice(&r.msg[..n]);
         if n < HDR_LEN {
             self.msg[n..HDR_LEN].fill(0);
         }
-        self.stamp = h.stamp;
-        self.target = h.target;
+        self.stamp = stamp;
+        self.target = r.target;
+    }
+
+    /// The request this buffer holds, its message read where it lies.
+    pub fn request(&self) -> Request<'_> {
+        Request {
+            ep: self.ep,
+            cache_ep: self.cache_ep,
+            client: self.client,
+            kind: self.kind,
+            msg: &self.msg[..usize::from(self.len)],
+            target: self.target,
+        }
     }
 
     /// This request's answer with `status` and no path, for one the resolver never took
@@ -92,40 +104,6 @@ impl Request {
     }
 }
 
-/// What a caller hands the loop with [`Inbox::hand_over`]: a client request and what its
-/// front already knows of it.
-pub struct HandOver<'m> {
-    /// Endpoint it arrived on.
-    pub ep: EpId,
-    /// The endpoint's cache number at the time of the call.
-    pub cache_ep: u32,
-    /// The core's client index.
-    pub client: u64,
-    /// Call kind.
-    pub kind: Kind,
-    /// The client message.
-    pub msg: &'m [u8],
-    /// When a missed `resolve()` started, for its latency (`None`: not timed).
-    pub stamp: Option<MissStamp>,
-    /// The front's classification, if it made one.
-    pub target: Option<Target>,
-}
-
-impl<'m> HandOver<'m> {
-    /// A request as a caller without a front hands it over: not timed, not classified.
-    pub fn plain(ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &'m [u8]) -> Self {
-        HandOver {
-            ep,
-            cache_ep,
-            client,
-            kind,
-            msg,
-            stamp: None,
-            target: None,
-        }
-    }
-}
-
 /// An SA completion copied out of the core's MAD on the SA thread.
 pub struct SaReply {
     /// The token of the query.
@@ -139,9 +117,9 @@ pub struct SaReply {
     pub handed: u64,
 }
 
-impl Carried for Request {
+impl Carried for Queued {
     fn blank() -> Self {
-        Request {
+        Queued {
             ep: EpId(0),
             cache_ep: 0,
             client: 0,
@@ -154,20 +132,11 @@ impl Carried for Request {
         }
     }
 
-    /// Filled again ([`Request::fill`]) with the fields and the message's bytes, not the whole
+    /// Filled again ([`Queued::fill`]) with the fields and the message's bytes, not the whole
     /// buffer: a PATH request by LID is 88 bytes of 592, and a buffer's every line that is
     /// copied travels between the two CPUs when the loop runs on the other one.
     fn copy_to(&self, to: &mut Self) {
-        let h = HandOver {
-            ep: self.ep,
-            cache_ep: self.cache_ep,
-            client: self.client,
-            kind: self.kind,
-            msg: &self.msg[..usize::from(self.len)],
-            stamp: self.stamp,
-            target: self.target,
-        };
-        to.fill(&h, self.ticket);
+        to.fill(&self.request(), self.stamp, self.ticket);
     }
 }
 
@@ -345,7 +314,7 @@ pub struct Inbox {
     /// Client requests (main thread → loop). The staging buffer is the one a missed
     /// `resolve()` fills and then, running the round itself, takes: its lines stay with that
     /// thread.
-    requests: Staged<Request>,
+    requests: Staged<Queued>,
     /// SA replies (SA thread → loop). The staging buffer is the one every isolated miss's
     /// reply goes through: the SA thread writes lines the loop last read, not a cold slot.
     replies: Staged<SaReply>,
@@ -452,17 +421,17 @@ impl Inbox {
         self.control_applied.load(Ordering::Acquire)
     }
 
-    /// Hands a request to the loop, with what the caller's front knows (the start of a missed
-    /// `resolve()`, whose answer's latency the loop then records, and the request's
-    /// classification, which the loop then does not redo); false if the queue is full
-    /// (counted), or the loop is stopped ([`Inbox::is_stopped`]) or stalled
-    /// ([`Inbox::is_stalled`]).
-    pub fn hand_over(&self, h: HandOver<'_>) -> bool {
+    /// Hands request `r` to the loop (its message copied), with the request's classification
+    /// if the caller's front made one ([`Request::target`], which the loop then does not
+    /// redo) and `stamp`, the start of a missed `resolve()`, whose answer's latency the loop
+    /// then records; false if the queue is full (counted), or the loop is stopped
+    /// ([`Inbox::is_stopped`]) or stalled ([`Inbox::is_stalled`]).
+    pub fn hand_over(&self, r: &Request<'_>, stamp: Option<MissStamp>) -> bool {
         if self.is_stopped() || self.is_stalled() {
             return false;
         }
         let ticket = self.tickets.fetch_add(1, Ordering::AcqRel);
-        if self.requests.push_with(|r| r.fill(&h, ticket)) {
+        if self.requests.push_with(|q| q.fill(r, stamp, ticket)) {
             self.waker.serve();
             true
         } else {
@@ -473,12 +442,12 @@ impl Inbox {
 
     /// The oldest request handed over and not taken yet (the watchdog answering what a stuck
     /// loop left, and the loop answering what is queued at its end).
-    pub(crate) fn take_request(&self) -> Option<Request> {
+    pub(crate) fn take_request(&self) -> Option<Queued> {
         self.requests.pop()
     }
 
     /// Takes the oldest request handed over into the loop's buffer `to`; false if none waits.
-    pub(super) fn take_request_into(&self, to: &mut Request) -> bool {
+    pub(super) fn take_request_into(&self, to: &mut Queued) -> bool {
         self.requests.pop_into(to)
     }
 
@@ -535,7 +504,7 @@ mod tests {
 
     /// A request as a caller without a front hands it over.
     fn request(i: &Inbox, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
-        i.hand_over(HandOver::plain(ep, cache_ep, client, kind, msg))
+        i.hand_over(&Request::new(ep, cache_ep, client, kind, msg), None)
     }
 
     fn hand(i: &Inbox, client: u64) -> bool {
@@ -588,7 +557,7 @@ mod tests {
     fn a_request_is_carried_by_its_length_and_never_with_an_earlier_ones_header() {
         use acm_core_nostd::wire::client::{ClientRequest, EpInfoType, PathQuery, FLAGS_NODELAY};
         let i = inbox();
-        let mut hand = Request::blank();
+        let mut hand = Queued::blank();
         let long = ClientRequest::resolve(0x1111_2222_3333_4444)
             .dest(0, EpInfoType::Name, b"hca4")
             .source(EpInfoType::Name, b"hca3");

@@ -19,7 +19,7 @@
 //!
 //! [`Plane::with_stats`]: super::Plane::with_stats
 
-use super::{Kind, LatencySink, Request};
+use super::{Kind, LatencySink, Queued};
 use crate::stats::{Clock, InFlight, Latency, MissClass, MissStamp};
 use acm_core_nostd::resolver::{Answer, EpId};
 use acm_core_nostd::wire::client::AcmMsg;
@@ -118,7 +118,7 @@ impl Latencies {
     }
 
     /// Request `r` is about to be given to the node: a stamped resolve's latency is kept.
-    pub(super) fn request_taken(&mut self, r: &Request) {
+    pub(super) fn request_taken(&mut self, r: &Queued) {
         let (Some(b), Some(stamp), Kind::Resolve) = (self.0.as_mut(), r.stamp, r.kind) else {
             return;
         };

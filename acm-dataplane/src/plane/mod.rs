@@ -23,7 +23,7 @@
 //! * `plane/latency.rs`: the latency bookkeeping, hooks at fixed points of the round;
 //! * `plane/eps.rs`: the endpoints, a slot per id and the list of open ones a round walks;
 //! * `plane/inbox.rs`: the queues into the loop ([`Inbox`]) and what travels in them
-//!   ([`Request`], [`SaReply`], [`Control`], [`HostAddr`]);
+//!   ([`Queued`], [`SaReply`], [`Control`], [`HostAddr`]);
 //! * `plane/events.rs`: the node's events (`acm_core_nostd::node::Event`) as log lines;
 //! * `plane/recovery.rs`: after a panic: the resolver answered out and replaced
 //!   ([`Poller::recover`]), or the loop run on without one ([`Poller::give_up`]);
@@ -58,7 +58,7 @@ mod latency;
 mod recovery;
 mod reply_due;
 
-pub use inbox::{Control, HandOver, HostAddr, Inbox, Request, SaReply};
+pub use inbox::{Control, HostAddr, Inbox, Queued, SaReply};
 
 use eps::Eps;
 use inbox::{lock, Carried};
@@ -223,7 +223,7 @@ pub struct Plane<I: CoreIo> {
     sa_forged_logged: u64,
     /// The request the loop works on, taken from the inbox into this buffer by its length
     /// ([`Inbox::take_request_into`]), never moved whole; `current_is` says what it is.
-    current: Request,
+    current: Queued,
     current_is: Current,
     /// Received MADs of one endpoint's burst (allocated once): each is given to the resolver
     /// and its outputs carried out before the next (the resolver's rule).
@@ -279,7 +279,7 @@ impl<I: CoreIo> Plane<I> {
             last_stats: Stats::default(),
             last_drop_log: 0,
             sa_forged_logged: 0,
-            current: Request::blank(),
+            current: Queued::blank(),
             current_is: Current::Free,
             rx: Vec::with_capacity(RX_BURST),
             counts: Vec::with_capacity(COUNTS_HELD),
@@ -742,17 +742,9 @@ impl<I: CoreIo> Poller for Plane<I> {
             // The resolver reads the message where it lies (two fields of the plane, borrowed
             // apart), not from a copy of its whole buffer.
             self.lat.request_taken(&self.current);
-            let r = &self.current;
             let node = self.node.as_mut().expect("a live loop has a node");
-            let req = acm_core_nostd::resolver::Request {
-                ep: r.ep,
-                cache_ep: r.cache_ep,
-                client: r.client,
-                kind: r.kind,
-                msg: &r.msg[..usize::from(r.len)],
-            };
             // Classified by the caller's front (`target`): not parsed again.
-            node.handle_request(now, &req, r.target.as_ref());
+            node.handle_request(now, &self.current.request());
             self.current_is = Current::Free;
             self.drain_outputs(now);
             self.lat.request_given();

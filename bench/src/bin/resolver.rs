@@ -166,8 +166,8 @@ fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<S
                 client: tid,
                 kind: Kind::Resolve,
                 msg: msg.bytes(),
+                target: None,
             },
-            None,
         );
         let mut query = None;
         while let Some(o) = r.poll_output() {

@@ -768,7 +768,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("path-lid6-miss", now);
     let req = lid_msg(6, 0x1001);
     meter.begin();
-    n.handle_request(now, &request(1, &req), None);
+    n.handle_request(now, &request(1, &req));
     drain(&mut n, now, &mut outs);
     meter.end(Measure::MissRequest);
     t.emit(&outs);
@@ -834,7 +834,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     t.step("path-lid6-hit-resolver", now);
     let req = lid_msg(6, 0x1003);
     meter.begin();
-    n.handle_request(now, &request(3, &req), None);
+    n.handle_request(now, &request(3, &req));
     drain(&mut n, now, &mut outs);
     meter.end(Measure::HitResolver);
     t.emit(&outs);
@@ -848,7 +848,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     now += 1;
     t.step("path-lid99-miss", now);
     let req = lid_msg(0x99, 0x1004);
-    n.handle_request(now, &request(4, &req), None);
+    n.handle_request(now, &request(4, &req));
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
     let Some((_, nr)) = first_sa(&outs) else {
@@ -884,7 +884,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     now += 1;
     t.step("name-hca9", now);
     let start = now;
-    n.handle_request(now, &request(6, &name_msg("hca9", 0x1006)), None);
+    n.handle_request(now, &request(6, &name_msg("hca9", 0x1006)));
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
     let multicasts = |outs: &Outs| {
@@ -926,7 +926,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     now += 1;
     t.step("path-lid5-miss", now);
     let start = now;
-    n.handle_request(now, &request(7, &lid_msg(5, 0x1007)), None);
+    n.handle_request(now, &request(7, &lid_msg(5, 0x1007)));
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
     let lost = first_sa(&outs).map(|(_, m)| m);
@@ -995,7 +995,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         now += 1;
         t.step("path-miss", now);
         let req = lid_msg(lid, 0x1010 + k as u64);
-        n.handle_request(now, &request(10 + k as u64, &req), None);
+        n.handle_request(now, &request(10 + k as u64, &req));
         drain(&mut n, now, &mut outs);
         t.emit(&outs);
         for o in outs.iter() {
@@ -1101,5 +1101,6 @@ fn request(client: u64, msg: &[u8]) -> Request<'_> {
         client,
         kind: Kind::Resolve,
         msg,
+        target: None,
     }
 }

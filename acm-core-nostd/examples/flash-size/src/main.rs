@@ -70,8 +70,8 @@ fn run() -> u32 {
                 client: now,
                 kind,
                 msg: &msg,
+                target: None,
             },
-            None,
         );
         let mad: [u8; 256] = black_box([0x2c; 256]);
         r.handle_sa(now, black_box(now << 32), 0, &mad);
