@@ -105,7 +105,7 @@ impl Watchdog {
     pub fn spawn(
         inbox: Arc<Inbox>,
         bound: Duration,
-        mut answer: impl FnMut(Queued, Status) + Send + 'static,
+        mut answer: impl FnMut(&Queued, Status) + Send + 'static,
         mut log: impl FnMut(u8, &str) + Send + 'static,
     ) -> std::io::Result<Watchdog> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -147,9 +147,10 @@ impl Watchdog {
                             }
                         }
                     }
-                    while let Some(r) = inbox.take_request() {
-                        answer(r, Status::Etimedout);
-                    }
+                    while inbox
+                        .take_request_with(|r| answer(r, Status::Etimedout))
+                        .is_some()
+                    {}
                 }
             })?;
         Ok(Watchdog {

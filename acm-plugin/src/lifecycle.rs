@@ -273,7 +273,7 @@ fn start_watchdog(inst: &Arc<Instance>) {
         return;
     }
     let mut io = PluginIo::new(inst.clone());
-    let answer = move |r: Queued, status: Status| {
+    let answer = move |r: &Queued, status: Status| {
         if let Some(a) = r.answer(status) {
             io.count(a.ep, Counter::Error);
             io.answer(&a);

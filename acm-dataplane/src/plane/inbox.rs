@@ -36,8 +36,8 @@ pub struct Queued {
     pub len: u16,
     /// A copy of the client message: its first `len` bytes, and zeros up to the header's end
     /// when it is shorter than a header. The bytes after that are left from an earlier
-    /// request: a request travels by its length (`Carried::copy_to`), not by the whole
-    /// buffer.
+    /// request: a request is written by its length ([`Queued::fill`]), not the whole buffer
+    /// (a PATH request by LID is 88 bytes of 592), and never copied again on its way.
     pub msg: [u8; MSG_LEN],
     /// When a missed `resolve()` started, for its latency (`None`: not timed).
     pub stamp: Option<MissStamp>,
@@ -131,13 +131,6 @@ impl Carried for Queued {
             target: None,
         }
     }
-
-    /// Filled again ([`Queued::fill`]) with the fields and the message's bytes, not the whole
-    /// buffer: a PATH request by LID is 88 bytes of 592, and a buffer's every line that is
-    /// copied travels between the two CPUs when the loop runs on the other one.
-    fn copy_to(&self, to: &mut Self) {
-        to.fill(&self.request(), self.stamp, self.ticket);
-    }
 }
 
 impl Carried for SaReply {
@@ -148,13 +141,6 @@ impl Carried for SaReply {
             mad: [0; 256],
             handed: 0,
         }
-    }
-
-    fn copy_to(&self, to: &mut Self) {
-        to.token = self.token;
-        to.umad_status = self.umad_status;
-        to.mad = self.mad;
-        to.handed = self.handed;
     }
 }
 
@@ -216,23 +202,27 @@ pub enum Control {
 
 /// What travels through a [`Staged`] queue.
 pub(crate) trait Carried {
-    /// An empty one: the staging buffer at the start, and one filled for a queue slot.
+    /// An empty one: each buffer at the start.
     fn blank() -> Self;
-    /// Copies what this one carries into `to`.
-    fn copy_to(&self, to: &mut Self);
 }
 
-/// A bounded queue with one staging buffer of it. An item pushed while the queue is empty
-/// and the buffer free is written into the buffer in place, and taken before anything
-/// queued: nothing queued is older, since an item goes to the queue only while the buffer or
-/// the queue is taken. An isolated item (a missed `resolve()`, the SA reply of an isolated
-/// miss) thus writes and reads the same lines every time, which stay in the caches of the
-/// threads that use them, where a queue slot, a different one each time and thousands of
-/// lines apart, is cold: its writer first fetches the line from memory. It is copied out of
-/// the buffer by what it carries ([`Carried::copy_to`]), not moved out whole.
+/// A bounded queue with one staging buffer of it, whose items never move: each is written
+/// in place into a buffer allocated at start, and the buffer travels (a pointer swap with
+/// the taker's own buffer), not the item. So a request's message is copied once on its way
+/// into the loop (into the buffer), and the resolver reads it where it lies.
+///
+/// An item pushed while the queue is empty and the staging buffer free is written into the
+/// staging buffer, and taken before anything queued: nothing queued is older, since an item
+/// goes to the queue only while the staging buffer or the queue is taken. An isolated item (a
+/// missed `resolve()`, the SA reply of an isolated miss) thus goes through the same two
+/// buffers (the staging one and the taker's, swapped) every time, whose lines stay in the
+/// caches of the threads that use them, where a queue buffer, a different one each time, is
+/// cold. Queued items are written into a spare buffer (`spare`: as many as the queue holds,
+/// allocated at start), which then goes through the queue.
 struct Staged<T> {
     stage: CachePadded<Stage<T>>,
-    queue: ArrayQueue<T>,
+    queue: ArrayQueue<Box<T>>,
+    spare: ArrayQueue<Box<T>>,
 }
 
 /// The staging buffer of a [`Staged`] queue. `full` says whether it holds an item not
@@ -240,23 +230,29 @@ struct Staged<T> {
 /// buffer by.
 struct Stage<T> {
     full: AtomicBool,
-    item: Mutex<T>,
+    item: Mutex<Box<T>>,
 }
 
 impl<T: Carried> Staged<T> {
-    /// Room for one staged and `capacity` (at least 1) queued.
+    /// Room for one staged and `capacity` (at least 1) queued: every buffer allocated here.
     fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        let spare = ArrayQueue::new(capacity);
+        for _ in 0..capacity {
+            let _ = spare.push(Box::new(T::blank()));
+        }
         Staged {
             stage: CachePadded::new(Stage {
                 full: AtomicBool::new(false),
-                item: Mutex::new(T::blank()),
+                item: Mutex::new(Box::new(T::blank())),
             }),
-            queue: ArrayQueue::new(capacity.max(1)),
+            queue: ArrayQueue::new(capacity),
+            spare,
         }
     }
 
-    /// Pushes the item `fill` writes (in place when it goes into the buffer; into a blank
-    /// one for a queue slot); false if the queue is full (`fill` then runs for nothing).
+    /// Pushes the item `fill` writes in place (into the staging buffer, or a spare one that
+    /// then goes through the queue); false if the queue is full (`fill` does not run).
     #[inline(always)]
     fn push_with(&self, fill: impl FnOnce(&mut T)) -> bool {
         let stage = &self.stage;
@@ -268,40 +264,57 @@ impl<T: Carried> Staged<T> {
                 return true;
             }
         }
-        let mut item = T::blank();
+        let Some(mut item) = self.spare.pop() else {
+            return false;
+        };
         fill(&mut item);
-        self.queue.push(item).is_ok()
+        match self.queue.push(item) {
+            Ok(()) => true,
+            // Never: there are no more buffers than the queue holds.
+            Err(item) => {
+                let _ = self.spare.push(item);
+                false
+            }
+        }
     }
 
-    /// Takes the oldest item into `to`: the buffer's (copied by what it carries), else the
-    /// queue's first; false if there is none.
+    /// Takes the oldest item (the staging buffer's, else the queue's first) by swapping its
+    /// buffer with `to`, whose buffer takes its place; false if there is none.
     #[inline(always)]
-    fn pop_into(&self, to: &mut T) -> bool {
+    fn pop_into(&self, to: &mut Box<T>) -> bool {
         let stage = &self.stage;
         if stage.full.load(Ordering::Acquire) {
-            let item = lock(&stage.item);
+            let mut item = lock(&stage.item);
             if stage.full.load(Ordering::Relaxed) {
-                item.copy_to(to);
+                std::mem::swap(&mut *item, to);
                 stage.full.store(false, Ordering::Release);
                 return true;
             }
         }
         match self.queue.pop() {
-            Some(item) => {
-                *to = item;
+            Some(mut item) => {
+                std::mem::swap(&mut item, to);
+                let _ = self.spare.push(item);
                 true
             }
             None => false,
         }
     }
 
-    /// The oldest item, if any.
-    fn pop(&self) -> Option<T> {
-        if self.is_empty() {
-            return None;
+    /// Gives the oldest item, if any, to `f` (its buffer then goes back into use).
+    fn pop_with<R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let stage = &self.stage;
+        if stage.full.load(Ordering::Acquire) {
+            let item = lock(&stage.item);
+            if stage.full.load(Ordering::Relaxed) {
+                stage.full.store(false, Ordering::Release);
+                return Some(f(&item));
+            }
         }
-        let mut item = T::blank();
-        self.pop_into(&mut item).then_some(item)
+        let item = self.queue.pop()?;
+        let r = f(&item);
+        let _ = self.spare.push(item);
+        Some(r)
     }
 
     fn is_empty(&self) -> bool {
@@ -440,14 +453,15 @@ impl Inbox {
         }
     }
 
-    /// The oldest request handed over and not taken yet (the watchdog answering what a stuck
-    /// loop left, and the loop answering what is queued at its end).
-    pub(crate) fn take_request(&self) -> Option<Queued> {
-        self.requests.pop()
+    /// Gives the oldest request handed over and not taken yet to `f` (the watchdog answering
+    /// what a stuck loop left).
+    pub(crate) fn take_request_with<R>(&self, f: impl FnOnce(&Queued) -> R) -> Option<R> {
+        self.requests.pop_with(f)
     }
 
-    /// Takes the oldest request handed over into the loop's buffer `to`; false if none waits.
-    pub(super) fn take_request_into(&self, to: &mut Queued) -> bool {
+    /// Takes the oldest request handed over into the loop's buffer `to` (the buffers are
+    /// swapped: the request is not copied); false if none waits.
+    pub(super) fn take_request_into(&self, to: &mut Box<Queued>) -> bool {
         self.requests.pop_into(to)
     }
 
@@ -475,9 +489,10 @@ impl Inbox {
         self.reply_with(|| r)
     }
 
-    /// The oldest SA completion not taken yet.
-    pub(super) fn take_reply(&self) -> Option<SaReply> {
-        self.replies.pop()
+    /// Takes the oldest SA completion not taken yet into the loop's buffer `to` (the buffers
+    /// are swapped); false if none waits.
+    pub(super) fn take_reply_into(&self, to: &mut Box<SaReply>) -> bool {
+        self.replies.pop_into(to)
     }
 
     /// Whether requests, replies or control messages wait to be taken.
@@ -512,9 +527,7 @@ mod tests {
     }
 
     fn taken(i: &Inbox) -> Vec<(u64, u64)> {
-        std::iter::from_fn(|| i.take_request())
-            .map(|r| (r.client, r.ticket))
-            .collect()
+        std::iter::from_fn(|| i.take_request_with(|r| (r.client, r.ticket))).collect()
     }
 
     /// The staging buffer is taken before the queue, and only an empty queue sends a request
@@ -531,7 +544,7 @@ mod tests {
         // The queue not empty: a request goes behind it, even with the staging buffer free.
         assert!(hand(&i, 3));
         assert!(hand(&i, 4));
-        assert_eq!(i.take_request().map(|r| r.client), Some(3));
+        assert_eq!(i.take_request_with(|r| r.client), Some(3));
         assert!(hand(&i, 5));
         assert_eq!(taken(&i), [(4, 3), (5, 4)]);
         // A full queue with the staging buffer taken refuses (the caller answers ENOMEM).
@@ -545,9 +558,6 @@ mod tests {
         fn blank() -> Self {
             0
         }
-        fn copy_to(&self, to: &mut Self) {
-            *to = *self;
-        }
     }
 
     /// A request travels by its length: the loop's buffer, reused, holds the new message's
@@ -557,7 +567,7 @@ mod tests {
     fn a_request_is_carried_by_its_length_and_never_with_an_earlier_ones_header() {
         use acm_core_nostd::wire::client::{ClientRequest, EpInfoType, PathQuery, FLAGS_NODELAY};
         let i = inbox();
-        let mut hand = Queued::blank();
+        let mut hand = Box::new(Queued::blank());
         let long = ClientRequest::resolve(0x1111_2222_3333_4444)
             .dest(0, EpInfoType::Name, b"hca4")
             .source(EpInfoType::Name, b"hca3");
@@ -605,25 +615,74 @@ mod tests {
         assert!(!i.take_request_into(&mut hand), "none left");
     }
 
+    /// A request's message is copied once on its way into the loop: into a buffer, in place;
+    /// taking it swaps that buffer with the taker's, so the bytes the loop reads are the ones
+    /// the caller wrote, where it wrote them (staged or queued), and no buffer is lost or
+    /// made: the staging buffer and the taker's alternate, and a queued request's buffer
+    /// comes back to the spares.
+    #[test]
+    fn a_request_is_written_once_and_taken_by_swapping_buffers() {
+        let i = inbox();
+        let mut mine = Box::new(Queued::blank());
+        let first: *const Queued = &*mine;
+        let at_stage = || {
+            let g = lock(&i.requests.stage.item);
+            &**g as *const Queued
+        };
+        let staged = at_stage();
+        assert!(hand(&i, 1));
+        assert!(i.take_request_into(&mut mine));
+        assert_eq!(mine.client, 1);
+        assert!(std::ptr::eq(&*mine, staged), "the staging buffer itself");
+        assert!(std::ptr::eq(at_stage(), first), "mine took its place");
+        // Queued behind a staged one: it is written into a spare buffer, which the taker
+        // gets, and the taker's buffer becomes a spare.
+        let spares: Vec<Box<Queued>> = std::iter::from_fn(|| i.requests.spare.pop()).collect();
+        let spare_at: Vec<*const Queued> = spares.iter().map(|b| &**b as *const Queued).collect();
+        for b in spares {
+            assert!(i.requests.spare.push(b).is_ok());
+        }
+        assert!(hand(&i, 2) && hand(&i, 3));
+        assert_eq!(i.requests.spare.len(), 7, "one spare in the queue");
+        let before: *const Queued = &*mine;
+        assert!(
+            i.take_request_into(&mut mine) && mine.client == 2,
+            "the staged one first"
+        );
+        let before_queued: *const Queued = &*mine;
+        assert!(i.take_request_into(&mut mine) && mine.client == 3);
+        assert!(
+            spare_at.contains(&(&*mine as *const Queued)),
+            "the spare it was written into"
+        );
+        assert_eq!(
+            i.requests.spare.len(),
+            8,
+            "the taker's buffer is a spare now"
+        );
+        assert!(!std::ptr::eq(before, before_queued));
+    }
+
     /// An item alone goes into the staging buffer, not into a queue slot; behind it the
     /// queue keeps the order.
     #[test]
     fn an_item_alone_goes_through_the_staging_buffer() {
         let f = Staged::<u32>::new(2);
         let put = |v: u32| move |slot: &mut u32| *slot = v;
-        assert!(f.is_empty() && f.pop().is_none());
+        let pop = || f.pop_with(|v| *v);
+        assert!(f.is_empty() && pop().is_none());
         assert!(f.push_with(put(1)));
         assert!(f.queue.is_empty() && !f.is_empty(), "staged");
-        assert_eq!(f.pop(), Some(1));
+        assert_eq!(pop(), Some(1));
         assert!(f.is_empty());
         assert!(f.push_with(put(2)) && f.push_with(put(3)) && f.push_with(put(4)));
         assert!(!f.push_with(put(5)), "1 staged + 2 queued");
         assert_eq!(f.queue.len(), 2);
-        assert_eq!([f.pop(), f.pop()], [Some(2), Some(3)]);
+        assert_eq!([pop(), pop()], [Some(2), Some(3)]);
         // The staging buffer free, the queue not: 6 goes behind 4.
         assert!(f.push_with(put(6)));
         assert_eq!(f.queue.len(), 2);
-        assert_eq!([f.pop(), f.pop(), f.pop()], [Some(4), Some(6), None]);
+        assert_eq!([pop(), pop(), pop()], [Some(4), Some(6), None]);
     }
 
     fn reply(token: u64) -> SaReply {
@@ -643,9 +702,10 @@ mod tests {
         assert!((0..9).all(|t| i.reply(reply(t))));
         assert!(!i.reply_with(|| reply(9)));
         assert_eq!(i.reply_drops.load(Ordering::Relaxed), 1);
-        let got: Vec<(u64, u8)> = std::iter::from_fn(|| i.take_reply())
-            .map(|r| (r.token, r.mad[255]))
-            .collect();
+        let mut r = Box::new(SaReply::blank());
+        let got: Vec<(u64, u8)> =
+            std::iter::from_fn(|| i.take_reply_into(&mut r).then(|| (r.token, r.mad[255])))
+                .collect();
         assert_eq!(got, (0..9).map(|t| (t, t as u8)).collect::<Vec<_>>());
         assert!(!i.waiting());
     }

@@ -221,10 +221,13 @@ pub struct Plane<I: CoreIo> {
     /// The SA channel's count of forged class 3 MADs (`Node::sa().forged`: not from the SM's
     /// LID and QP 1, or a reply on a QP that did not send the query) as last logged.
     sa_forged_logged: u64,
-    /// The request the loop works on, taken from the inbox into this buffer by its length
-    /// ([`Inbox::take_request_into`]), never moved whole; `current_is` says what it is.
-    current: Queued,
+    /// The request the loop works on: the inbox's buffer it was written into, swapped for
+    /// this one ([`Inbox::take_request_into`]), never copied; `current_is` says what it is.
+    current: Box<Queued>,
     current_is: Current,
+    /// The SA completion the loop works on, swapped in from the inbox
+    /// ([`Inbox::take_reply_into`]).
+    reply: Box<SaReply>,
     /// Received MADs of one endpoint's burst (allocated once): each is given to the resolver
     /// and its outputs carried out before the next (the resolver's rule).
     rx: Vec<(RecvMeta, [u8; 256])>,
@@ -279,7 +282,8 @@ impl<I: CoreIo> Plane<I> {
             last_stats: Stats::default(),
             last_drop_log: 0,
             sa_forged_logged: 0,
-            current: Queued::blank(),
+            current: Box::new(Queued::blank()),
+            reply: Box::new(SaReply::blank()),
             current_is: Current::Free,
             rx: Vec::with_capacity(RX_BURST),
             counts: Vec::with_capacity(COUNTS_HELD),
@@ -711,15 +715,20 @@ impl<I: CoreIo> Poller for Plane<I> {
         }
         let mut did = false;
         for _ in 0..BURST {
-            let Some(r) = self.inbox.take_reply() else {
+            if !self.inbox.take_reply_into(&mut self.reply) {
                 break;
-            };
+            }
             did = true;
             let taken = self.lat.reply_taken();
-            self.n().handle_core_sa(now, r.token, r.umad_status, &r.mad);
+            let (node, r) = (
+                self.node.as_mut().expect("a live loop has a node"),
+                &self.reply,
+            );
+            node.handle_core_sa(now, r.token, r.umad_status, &r.mad);
+            let (token, replied, handed) = (r.token, r.umad_status == 0, r.handed);
             self.drain_outputs(now);
             // The answers it led to are out: its bookkeeping follows, off their way.
-            self.sa_done(r.token, r.umad_status == 0, taken, r.handed);
+            self.sa_done(token, replied, taken, handed);
         }
         // Requests and control messages in the order the main thread queued them: a request
         // never sees an endpoint, address or generation the main thread changed after it, nor

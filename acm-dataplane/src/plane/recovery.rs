@@ -108,7 +108,7 @@ impl<I: CoreIo> Plane<I> {
                 return PollOutcome::default();
             }
         }
-        while self.inbox.take_reply().is_some() {
+        while self.inbox.take_reply_into(&mut self.reply) {
             did = true;
         }
         for e in self.eps.iter_mut() {
