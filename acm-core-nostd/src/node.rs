@@ -41,8 +41,23 @@ use core::ops::DerefMut;
 pub const SM_CHECK_MS: Millis = 1000;
 
 /// The umad status a query completes with when the core's SA service refused to send it
-/// ([`Node::handle_core_unsent`]): EIO, as a send that never left.
+/// ([`Node::handle_unsent`] with [`Unsent::Refused`]): EIO, as a send that never left.
 pub const UNSENT: u32 = 5;
+
+/// Why a MAD the node asked for did not leave ([`Node::handle_unsent`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unsent {
+    /// The QP had no send buffer or address handle free, or was being reset: the query's try
+    /// is spent and it goes again in [`UNSENT_RETRY_MS`](crate::sa_channel::UNSENT_RETRY_MS)
+    /// (`ud`).
+    Busy,
+    /// The post failed outright (a verbs error, no such group): the try stands as a loss, and
+    /// the query goes again after its wait, as after any loss (`ud`).
+    Failed,
+    /// The core's SA service refused [`Output::CoreSa`]: the query fails at once (the core's
+    /// service has no tries of ours to spend).
+    Refused,
+}
 
 /// How SA MADs leave ([`Node::new`]; `acmrs_sa_transport`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +74,9 @@ pub enum Transport {
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 pub enum Output {
-    /// Post `mad` on endpoint `qp`'s UD QP to `to`. Fire and forget: a post that fails is a
-    /// loss, which the node's tries (SA MADs) or the resolver's (ACM MADs) cover.
+    /// Post `mad` on endpoint `qp`'s UD QP to `to`. A post of an SA query (`query`) that fails
+    /// goes back as [`Node::handle_unsent`]; any other failed post is a loss, which the
+    /// node's tries (SA re-sends) or the resolver's (ACM MADs) cover.
     Transmit {
         /// The endpoint whose QP sends it.
         qp: EpId,
@@ -73,8 +89,8 @@ pub enum Output {
         query: Option<u64>,
     },
     /// Hand `mad` to the core's SA service for endpoint `ep`; report its completion with
-    /// [`Node::handle_core_sa`], or its refusal with [`Node::handle_core_unsent`], with this
-    /// token.
+    /// [`Node::handle_core_sa`], or its refusal with [`Node::handle_unsent`]
+    /// ([`Unsent::Refused`]), with this token.
     CoreSa {
         /// The endpoint whose port it goes out on.
         ep: EpId,
@@ -372,9 +388,17 @@ where
         self.resolver.handle_sa(now, token, umad_status, mad);
     }
 
-    /// The core's SA service refused [`Output::CoreSa`] `token`: the query fails at once.
-    pub fn handle_core_unsent(&mut self, now: Millis, token: u64) {
-        self.resolver.handle_sa(now, token, UNSENT, &[]);
+    /// SA query `token` did not leave (its [`Output::Transmit`] or [`Output::CoreSa`]), for
+    /// reason `why`, handled once here: see [`Unsent`]. A token that is not outstanding is
+    /// ignored.
+    pub fn handle_unsent(&mut self, now: Millis, token: u64, why: Unsent) {
+        match why {
+            Unsent::Refused => self.resolver.handle_sa(now, token, UNSENT, &[]),
+            Unsent::Busy => {
+                let _ = self.sa.unsent(now, token);
+            }
+            Unsent::Failed => {}
+        }
     }
 
     /// A MAD received on endpoint `ep`'s UD QP (`mad`: the 256 bytes after the GRH; `meta`

@@ -136,6 +136,10 @@ enum End {
     Table(Failure),
 }
 
+/// How soon a request whose MAD was not posted goes again, in ms ([`SaChannel::unsent`]):
+/// the next rounds of the caller's loop, once its QP's send completions have freed buffers.
+pub const UNSENT_RETRY_MS: Millis = 1;
+
 /// Most table slots a channel uses (the entry's slot number is a byte).
 pub const MAX_TABLES: usize = 255;
 
@@ -250,6 +254,8 @@ where
     pub resends: u64,
     /// Requests that ran out of tries.
     pub timeouts: u64,
+    /// Requests whose MAD was not posted and went again soon ([`SaChannel::unsent`]).
+    pub unsent: u64,
     tids: SipHasher13,
     /// Requests numbered so far (the hashed counter).
     counter: u64,
@@ -278,6 +284,7 @@ where
             forged: 0,
             resends: 0,
             timeouts: 0,
+            unsent: 0,
             tids: SipHasher13::new_with_keys(key[0], key[1]),
             counter: 0,
             resend_due: 0,
@@ -469,6 +476,29 @@ where
         self.len += 1;
         self.next = Some(self.next.map_or(deadline, |n| n.min(deadline)));
         Some(wire)
+    }
+
+    /// Request `token`'s MAD was not posted at `now` for want of a send buffer (or an address
+    /// handle, or while its QP was being reset): the try it was is spent, and ends
+    /// [`UNSENT_RETRY_MS`] from now instead of after its whole wait, so that it goes again as
+    /// soon as buffers are likely free, or fails then when it has no try left. False if
+    /// `token` is not outstanding here (nothing changes); a GetTable whose answer has begun
+    /// is left to its transfer.
+    pub fn unsent(&mut self, now: Millis, token: u64) -> bool {
+        let n = self.len;
+        let Some(e) = self.entries[..n]
+            .iter_mut()
+            .find(|e| e.token == token && e.end == End::Running)
+        else {
+            return false;
+        };
+        self.unsent += 1;
+        if e.deadline != Millis::MAX {
+            let at = now.saturating_add(UNSENT_RETRY_MS);
+            e.deadline = e.deadline.min(at);
+            self.next = Some(self.next.map_or(at, |d| d.min(at)));
+        }
+        true
     }
 
     /// What the class 3 MAD `mad`, received at `now` with `meta` from a port whose SM is at

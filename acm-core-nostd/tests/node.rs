@@ -4,11 +4,11 @@
 //! tables through it, a refused send), and the SM check.
 
 use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
-use acm_core_nostd::node::{Event, Node, Output, Transport, SM_CHECK_MS};
+use acm_core_nostd::node::{Event, Node, Output, Transport, Unsent, SM_CHECK_MS};
 use acm_core_nostd::resolver::{
     AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
 };
-use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
+use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot, UNSENT_RETRY_MS};
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::path_record::PathRecord;
@@ -229,6 +229,61 @@ fn an_unanswered_get_goes_again_after_each_try_then_fails_once() {
     assert_eq!((t.n.sa().resends, t.n.sa().timeouts), (tries - 1, 1));
 }
 
+/// A query whose post found the QP busy goes again in `UNSENT_RETRY_MS`, that try spent; one
+/// whose post failed outright waits its try out, as after a loss; when busy posts use up
+/// the tries, the query fails once (the resolver's job then decides what its client gets). A
+/// token not outstanding changes nothing.
+#[test]
+fn a_query_not_posted_goes_again_soon_if_busy_after_its_wait_if_failed_and_fails_once() {
+    let cfg = config();
+    let per_try = cfg.acm_timeout + SUBNET_TIMEOUT;
+    let tries = u64::from(cfg.sa_tries);
+    assert!(per_try > 10 * UNSENT_RETRY_MS && tries >= 2);
+    let mut t = setup(cfg, Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    t.miss(A, 11, 6);
+    let (_, _, wire, query) = t.gets()[0];
+    let token = query.unwrap();
+    t.n.handle_unsent(t.now, token, Unsent::Busy);
+    t.drain();
+    t.advance_to(UNSENT_RETRY_MS - 1);
+    assert!(t.gets().is_empty(), "not before the retry");
+    t.advance_to(UNSENT_RETRY_MS);
+    let again = t.gets();
+    assert_eq!(again.len(), 1, "busy: again at once");
+    assert_eq!(again[0].2, wire, "the same bytes, the same TID");
+    assert_eq!(
+        (t.n.sa().resends, t.n.sa().unsent),
+        (1, 1),
+        "the try was spent"
+    );
+    // Failed outright: nothing sooner than the try's wait.
+    t.n.handle_unsent(t.now, token, Unsent::Failed);
+    t.advance_to(UNSENT_RETRY_MS + per_try - 1);
+    assert!(t.gets().is_empty(), "failed: the try stands");
+    t.advance_to(UNSENT_RETRY_MS + per_try);
+    assert_eq!(t.gets().len(), 1);
+    // Three sends so far; busy until the tries are gone: it fails once.
+    let mut at = t.now;
+    for _ in 3..tries {
+        t.n.handle_unsent(at, token, Unsent::Busy);
+        at += UNSENT_RETRY_MS;
+        t.advance_to(at);
+        assert_eq!(t.gets().len(), 1);
+    }
+    t.n.handle_unsent(at, token, Unsent::Busy);
+    t.advance_to(at + UNSENT_RETRY_MS);
+    assert!(t.gets().is_empty());
+    assert_eq!(t.done(), vec![(token, false)]);
+    assert_eq!(t.n.sa().timeouts, 1);
+    // Gone: another unsent of it is ignored.
+    let unsent = t.n.sa().unsent;
+    t.n.handle_unsent(t.now, token, Unsent::Busy);
+    t.drain();
+    assert_eq!(t.n.sa().unsent, unsent);
+    assert!(t.done().is_empty());
+}
+
 #[test]
 fn another_partitions_endpoint_sends_through_its_ports_carrier_and_hears_on_it() {
     let mut t = setup(config(), Transport::Ud);
@@ -302,7 +357,7 @@ fn the_core_transport_refuses_tables_and_a_refused_send_fails_the_query() {
     // and it is not counted as lost by the SA.
     t.out.clear();
     let lost = t.n.stats().sa_lost;
-    t.n.handle_core_unsent(t.now, core[0].0);
+    t.n.handle_unsent(t.now, core[0].0, Unsent::Refused);
     t.drain();
     assert_eq!(t.answers(), vec![(40, Status::Etimedout)]);
     assert_eq!(t.n.stats().sa_lost, lost);

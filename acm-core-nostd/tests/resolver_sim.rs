@@ -310,10 +310,11 @@ struct Coverage {
     stats_timeouts: u64,
     stats_full: u64,
     malformed_mads: u64,
-    /// The SA channel's re-sends after a try ran out, and its refusals of MADs from a wrong
-    /// sender.
+    /// The SA channel's re-sends after a try ran out, its refusals of MADs from a wrong
+    /// sender, and its queries whose post found the QP busy.
     sa_resends: u64,
     sa_forged_refused: u64,
+    sa_unsent: u64,
     /// RMPP: segments the SM sent, tables whose transfer ended whole.
     rmpp_segments: u64,
     tables_done: u64,
@@ -377,6 +378,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         sa_delay_max: 1 + rng.below(50),
         garbage: rng.below(50) as u32,
         sa_forged: rng.below(100) as u32,
+        post_busy: rng.below(100) as u32,
     };
     let mut s = Sim::new(c);
     if rng.chance(300) {
@@ -448,6 +450,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         cov.malformed_mads += n.stats().acm_malformed + n.stats().acm_unknown_tid;
         cov.sa_resends += n.node.sa().resends;
         cov.sa_forged_refused += n.node.sa().forged;
+        cov.sa_unsent += n.node.sa().unsent;
     }
     cov.rmpp_segments += s.sm_port.segments;
     cov.tables_done += s.sm_port.transfers_done;
@@ -511,11 +514,13 @@ fn exactly_once_over_random_schedules() {
             cov.inline > n && cov.acm_responses > n && cov.sa_queries > n,
             "{cov:?}"
         );
-        // Over the shipped transport: the SA channel's tries and its refusals of a wrong
-        // sender, and half-world tables over RMPP, were all exercised.
+        // Over the shipped transport: the SA channel's tries, its refusals of a wrong
+        // sender, queries not posted (a busy QP), and half-world tables over RMPP, were all
+        // exercised.
         assert!(
             cov.sa_resends > n / 10
                 && cov.sa_forged_refused > n / 10
+                && cov.sa_unsent > n / 10
                 && cov.rmpp_segments > n / 20
                 && cov.tables_done > n / 50,
             "{cov:?}"

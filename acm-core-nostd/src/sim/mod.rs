@@ -663,6 +663,14 @@ impl Sim {
             Output::Attach { group, .. } => self.nodes[i].attached = Some(group.mgid),
             Output::Detach { .. } => self.nodes[i].attached = None,
             Output::CoreSa { token, mad, .. } => self.sa(i, token, mad),
+            Output::Transmit {
+                query: Some(token), ..
+            } if self.faults.post_busy != 0 && self.rng.chance(self.faults.post_busy) => {
+                let now = self.now;
+                self.nodes[i]
+                    .node
+                    .handle_unsent(now, token, crate::node::Unsent::Busy);
+            }
             Output::Transmit { to, mad, .. } => match to {
                 AcmDest::Unicast(av) if av.dlid == SM_LID && av.remote_qpn == 1 => {
                     self.sm_receive(i, mad)

@@ -33,6 +33,9 @@ pub struct Faults {
     /// A MAD from the SM's port (`ud`) is followed by a copy from a wrong sender (another
     /// node's LID).
     pub sa_forged: u32,
+    /// An SA query's first post on a node's QP (`ud`) finds no send buffer free: it does not
+    /// leave, and goes back to the node as [`Unsent::Busy`](crate::node::Unsent::Busy).
+    pub post_busy: u32,
 }
 
 impl Faults {
@@ -48,6 +51,7 @@ impl Faults {
         sa_delay_max: 1,
         garbage: 0,
         sa_forged: 0,
+        post_busy: 0,
     };
 }
 

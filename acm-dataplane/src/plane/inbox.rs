@@ -36,7 +36,7 @@ pub struct Queued {
     pub len: u16,
     /// A copy of the client message: its first `len` bytes, and zeros up to the header's end
     /// when it is shorter than a header. The bytes after that are left from an earlier
-    /// request: a request is written by its length ([`Queued::fill`]), not the whole buffer
+    /// request: a request is written by its length (`Queued::fill`), not the whole buffer
     /// (a PATH request by LID is 88 bytes of 592), and never copied again on its way.
     pub msg: [u8; MSG_LEN],
     /// When a missed `resolve()` started, for its latency (`None`: not timed).

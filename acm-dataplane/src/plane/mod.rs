@@ -35,7 +35,7 @@ use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{
     ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
 };
-use acm_core_nostd::node::{Node, Output, Transport};
+use acm_core_nostd::node::{Node, Output, Transport, Unsent};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, RecvMeta,
     Resolver, Stats,
@@ -132,6 +132,17 @@ pub enum SendError {
     Recovering,
     /// A verbs call failed (`ibv_create_ah`, `ibv_post_send`).
     Verbs(io::Error),
+}
+
+impl SendError {
+    /// What the node makes of it ([`Node::handle_unsent`]): a full QP is busy (its query
+    /// goes again soon), anything else a failed post.
+    pub fn unsent(&self) -> Unsent {
+        match self {
+            SendError::NoBuffer | SendError::AhBusy | SendError::Recovering => Unsent::Busy,
+            SendError::UnknownGroup(_) | SendError::Verbs(_) => Unsent::Failed,
+        }
+    }
 }
 
 impl fmt::Display for SendError {
@@ -602,16 +613,17 @@ impl<I: CoreIo> Plane<I> {
             match o {
                 Output::Transmit { qp, to, mad, query } => {
                     let at = query.and(self.lat.now());
-                    // A failed post is a loss (the node's or the resolver's tries cover it),
-                    // counted by the QP (`UdHealth::send_errors`) and logged by `log_drops`
-                    // at most once a second: a flood that uses up the send buffers must not
-                    // turn into a line per MAD.
-                    if let Some(ud) = self
+                    // A failed post is counted by the QP (`UdHealth::send_errors`) and logged
+                    // by `log_drops` at most once a second (a flood that uses up the send
+                    // buffers must not turn into a line per MAD); a query's goes back to the
+                    // node with its reason, once; any other is a loss the tries cover.
+                    let sent = self
                         .eps
                         .get_mut(usize::from(qp.0))
                         .and_then(|e| e.ud.as_mut())
-                    {
-                        let _ = ud.send(&to, &mad);
+                        .map(|ud| ud.send(&to, &mad));
+                    if let (Some(Err(e)), Some(token)) = (sent, query) {
+                        self.n().handle_unsent(now, token, e.unsent());
                     }
                     match query {
                         Some(token) => self.query_out(token, qp, at),
@@ -623,7 +635,7 @@ impl<I: CoreIo> Plane<I> {
                     if self.io.send_sa(ep, token, &mad) {
                         self.query_out(token, ep, at);
                     } else {
-                        self.n().handle_core_unsent(now, token);
+                        self.n().handle_unsent(now, token, Unsent::Refused);
                     }
                 }
                 Output::ReadSm { ep } => {
