@@ -46,10 +46,7 @@ pub(crate) fn acm_path(e: &EpSlot, a: &AddrEntry) -> Option<[u8; 64]> {
 
 /// How long one try of an ACM query of endpoint `e` waits.
 fn acm_try(e: &EpSlot, sh: &Shared) -> Millis {
-    sh.cfg
-        .acm_timeout
-        .saturating_add(e.subnet_timeout)
-        .max(1)
+    sh.cfg.acm_timeout.saturating_add(e.subnet_timeout).max(1)
 }
 
 /// The class 0x2C MAD `mad` received on endpoint `e` with `meta`, if it is a well-formed

@@ -39,7 +39,12 @@ impl Answers {
 
     /// A slot holding a copy of `r`, waiting: for a waiter only while more than the reserve
     /// is free, for an immediate answer while any is.
-    pub(crate) fn alloc(&mut self, reqs: &mut [RequestSlot], r: &Request<'_>, waiter: bool) -> Option<u32> {
+    pub(crate) fn alloc(
+        &mut self,
+        reqs: &mut [RequestSlot],
+        r: &Request<'_>,
+        waiter: bool,
+    ) -> Option<u32> {
         if waiter && (self.free.len as usize) <= self.reserve {
             return None;
         }

@@ -125,7 +125,12 @@ impl Informs {
 
     /// The subscription outputs of endpoint slot `slot` (`who`), in order: unsubscribes,
     /// subscribes, the ack.
-    pub(crate) fn output(&mut self, slot: usize, who: Subscriber, sh: &mut Shared) -> Option<Output> {
+    pub(crate) fn output(
+        &mut self,
+        slot: usize,
+        who: Subscriber,
+        sh: &mut Shared,
+    ) -> Option<Output> {
         let Subscriber { open, ep: id, qpn } = who;
         if let Some(i) = (0..TRAPS.len()).find(|&i| self.subs[i].leave) {
             self.subs[i].leave = false;

@@ -377,7 +377,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.eps.mark_dirty(slot);
         if let Some(gid) = notice.subject_gid() {
             match notice.trap {
-                crate::wire::inform::TRAP_GID_OUT_OF_SERVICE => self.invalidate_gid(&gid, false, true),
+                crate::wire::inform::TRAP_GID_OUT_OF_SERVICE => {
+                    self.invalidate_gid(&gid, false, true)
+                }
                 crate::wire::inform::TRAP_GID_IN_SERVICE => self.invalidate_gid(&gid, true, false),
                 _ => {}
             }
@@ -403,12 +405,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Ok(t) => table::records(&t),
             Err(e) => {
                 let off = matches!(e, table::TableError::TooBig | table::TableError::NotCarried);
-                self.st.endpoints()[slot].table.failed(now, off, &mut self.sh);
+                self.st.endpoints()[slot]
+                    .table
+                    .failed(now, off, &mut self.sh);
                 return self.pump(now);
             }
         };
         let Some(records) = records else {
-            self.st.endpoints()[slot].table.failed(now, false, &mut self.sh);
+            self.st.endpoints()[slot]
+                .table
+                .failed(now, false, &mut self.sh);
             return self.pump(now);
         };
         let n = self.file_table(now, slot, records);

@@ -11,9 +11,7 @@
 use super::mads::{self, SaOutcome};
 use super::sa_window::SaWindow;
 use super::storage::chain;
-use super::storage::{
-    bucket_of, list_id, JobState, List, SlabsRef, StoredKey, ADDR_R, JOB, REQ,
-};
+use super::storage::{bucket_of, list_id, JobState, List, SlabsRef, StoredKey, ADDR_R, JOB, REQ};
 use super::timers::Timer;
 use super::{AddrEntry, Config, EpId, EpSlot, JobSlot, Millis, Output, RequestSlot, Shared};
 use crate::cache::{Dest, PathKey};
@@ -332,7 +330,13 @@ impl Routes {
     }
 
     /// Appends job `j` to the backlog (the caller counts it in its endpoint's backlog).
-    pub(crate) fn push_backlog(&mut self, jobs: &mut [JobSlot], now: Millis, j: u32, sh: &mut Shared) {
+    pub(crate) fn push_backlog(
+        &mut self,
+        jobs: &mut [JobSlot],
+        now: Millis,
+        j: u32,
+        sh: &mut Shared,
+    ) {
         let at = self.deadline(now, &sh.cfg);
         jobs[j as usize].state = JobState::Backlog;
         self.backlog.push_back(jobs, j, list_id::BACKLOG, JOB);
@@ -393,9 +397,7 @@ impl Routes {
         let born = jobs[j as usize].born;
         // Each try has its deadline, and the whole job (backlog, tries, backoffs) has its own:
         // with the SA gone, nothing waits longer than `queue_deadline` from its start.
-        let at = now
-            .saturating_add(try_ms)
-            .min(self.deadline(born, &sh.cfg));
+        let at = now.saturating_add(try_ms).min(self.deadline(born, &sh.cfg));
         let job = &mut jobs[j as usize];
         job.state = JobState::Send;
         job.tid = tid;

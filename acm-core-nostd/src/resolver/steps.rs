@@ -12,12 +12,10 @@ use super::addr::{self, AddrTable};
 use super::groups::Set;
 use super::mads;
 use super::route::{Completion, Routes, RETRY_BUSY};
-use super::storage::{
-    list_id, AddrState, GroupState, JobState, Joiner, List, Origin, Slab, REQ,
-};
+use super::storage::{list_id, AddrState, GroupState, JobState, Joiner, List, Origin, Slab, REQ};
 use super::{
-    acm, endpoints, front, request, table, Counter, EpId, JobSlot, Kind, Millis, RecvMeta,
-    Request, Resolver, Storage, NEVER,
+    acm, endpoints, front, request, table, Counter, EpId, JobSlot, Kind, Millis, RecvMeta, Request,
+    Resolver, Storage, NEVER,
 };
 use crate::cache::{AddrKey, CacheRef, Lookup, PathKey};
 use crate::wire::acm_mad::{AcmResolveRepr, AddressType};
@@ -29,7 +27,12 @@ use crate::wire::path_record::{PathRecord, PATH_RECORD_LEN};
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// A request on its way in: its endpoint (an unknown or closed one, or a resolver shut
     /// down, answers ENODATA), then the route or address step it needs, then the pumps.
-    pub(crate) fn take_request(&mut self, now: Millis, r: &Request<'_>, target: Option<&request::Target>) {
+    pub(crate) fn take_request(
+        &mut self,
+        now: Millis,
+        r: &Request<'_>,
+        target: Option<&request::Target>,
+    ) {
         let slot = match self.eps.slot(self.st.slabs_ref().endpoints, r.ep) {
             Some(s) if !self.done => s,
             _ => {
@@ -97,7 +100,6 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Target::Fail(_) => {}
         }
     }
-
 
     // ---- Answers: a request slot and its endpoint's counters.
 
@@ -377,9 +379,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         mad: &[u8; 256],
     ) {
         let jobs = self.st.jobs();
-        let Some((job, outcome)) = self
-            .routes
-            .reply(jobs, now, (j, tid), umad_status, mad, &mut self.sh)
+        let Some((job, outcome)) =
+            self.routes
+                .reply(jobs, now, (j, tid), umad_status, mad, &mut self.sh)
         else {
             return;
         };
@@ -424,7 +426,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 // ones wait for it).
                 self.sh.stats.sa_busy += 1;
                 let jobs = self.st.jobs();
-                if !self.routes.retry(jobs, now, j, &job, RETRY_BUSY, &mut self.sh) {
+                if !self
+                    .routes
+                    .retry(jobs, now, j, &job, RETRY_BUSY, &mut self.sh)
+                {
                     self.sh.stats.timeouts += 1;
                     self.finish_job(now, j, Completion::failed(Status::Etimedout));
                 }
@@ -556,11 +561,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Drops the cache aliases of removed local addresses and frees their entries.
     fn drop_removed(&mut self) {
-        while let Some(i) =
-            self.addrs
-                .removals
-                .pop_front(self.st.addrs(), list_id::REMOVALS, super::storage::ADDR_Q)
-        {
+        while let Some(i) = self.addrs.removals.pop_front(
+            self.st.addrs(),
+            list_id::REMOVALS,
+            super::storage::ADDR_Q,
+        ) {
             let a = self.st.addrs()[i as usize];
             if let Some(k) = addr::addr_key(&a) {
                 self.w.remove_addr(&k);
@@ -596,7 +601,6 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let t = self.st.slabs_ref();
         let (e, a) = (&t.endpoints[slot], t.addrs[i as usize]);
         let (key, sa) = addr::route_key(e, &a);
-        let acm_path = acm::acm_path(e, &a);
         if let (Some(k), false) = (key, force) {
             match self.cache().lookup(&k, now) {
                 Lookup::Hit {
@@ -624,7 +628,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
         }
         if let (Some(k), true) = (key, self.sh.cfg.route_acm && a.lid != 0) {
-            if let Some(path) = acm_path {
+            if let Some(path) = acm::acm_path(&self.st.slabs_ref().endpoints[slot], &a) {
                 let ttl = self.sh.cfg.route_ttl;
                 self.w.insert(&k, &path, now, ttl.unwrap_or(NEVER));
                 let exp = ttl.map_or(NEVER, |t| now.saturating_add(t));
@@ -874,7 +878,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.sh.stats.acm_malformed += 1;
             return;
         }
-        let Some(g) = self.st.slabs_ref().endpoints[slot].groups.best(&r.gids()[..1]) else {
+        let Some(g) = self.st.slabs_ref().endpoints[slot]
+            .groups
+            .best(&r.gids()[..1])
+        else {
             self.sh.stats.acm_unsolicited += 1;
             return;
         };

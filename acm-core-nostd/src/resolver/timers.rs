@@ -147,9 +147,7 @@ impl Parts<'_> {
             }
             // A SET's timer runs from when it is decided (`Send`), before it is polled.
             Timer::Join => earliest(tr.endpoints, |e| sooner(e.groups.iter().map(|g| g.t))),
-            Timer::Inform => {
-                earliest(tr.endpoints, |e| sooner(e.informs.subs.iter().map(|n| n.t)))
-            }
+            Timer::Inform => earliest(tr.endpoints, |e| sooner(e.informs.subs.iter().map(|n| n.t))),
             // Both ACM lists are in deadline order: their heads.
             Timer::AcmQueue => earliest(tr.endpoints, |e| head(e.queue)),
             Timer::AcmRetry => earliest(tr.endpoints, |e| head(e.inflight)),
