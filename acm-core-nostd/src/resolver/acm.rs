@@ -185,21 +185,16 @@ impl AddrTable {
         None
     }
 
-    /// Whether `addr` is a local address of an open endpoint other than `slot` (another
-    /// partition): a request for it that arrives on `slot` crossed partitions.
-    pub(crate) fn local_elsewhere(
-        &self,
-        t: SlabsRef<'_>,
-        slot: usize,
-        type_: AddressType,
-        addr: &[u8; 64],
-    ) -> bool {
+    /// Whether the destination of peer request `r` is a local address of an open endpoint
+    /// other than `slot` (another partition): the request arrived on `slot` across
+    /// partitions.
+    pub(crate) fn local_elsewhere(&self, t: SlabsRef<'_>, slot: usize, r: &AcmResolveRepr) -> bool {
         let n = t.endpoints.len().min(super::MAX_EPS);
         (0..n).any(|o| {
             o != slot
                 && t.endpoints[o].open
                 && self
-                    .find(t, o, type_, addr)
+                    .find(t, o, r.dest_type, &r.dest)
                     .is_some_and(|i| t.addrs[i as usize].state == AddrState::Local)
         })
     }

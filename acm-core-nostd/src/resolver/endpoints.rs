@@ -91,47 +91,43 @@ impl Endpoints {
         let want_groups = (rc.addr_acm || rc.route_acm) && cfg.qpn != 0;
         let second = want_groups && rc.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
         let e = &mut eps[slot];
-        let (groups, informs, attached, force, counts, record) = (
-            e.groups,
-            e.informs,
-            e.attached,
-            e.force_detach,
-            e.counts,
-            e.attached_record,
-        );
-        *e = EpSlot::EMPTY;
-        // Outputs of a previous life of this slot (leaves, a detach, counts) still go out.
-        e.attached = attached;
-        e.force_detach = force || attached;
-        e.attached_record = record;
-        e.counts = counts;
-        for (g, old) in e.groups.iter_mut().zip(groups.iter()) {
+        let old = *e;
+        *e = EpSlot {
+            open: true,
+            acm: want_groups,
+            id: ep.0,
+            // Outputs of a previous life of this slot (leaves, unsubscribes, a detach, counts)
+            // still go out.
+            attached: old.attached,
+            force_detach: old.force_detach || old.attached,
+            attached_record: old.attached_record,
+            counts: old.counts,
+            // What the port says.
+            port_gid: cfg.port_gid.0,
+            lid: cfg.lid,
+            pkey: cfg.pkey,
+            mtu: cfg.mtu,
+            rate: cfg.rate,
+            subnet_timeout: cfg.subnet_timeout_ms,
+            qpn: cfg.qpn,
+            sa_pkey: cfg.sa_pkey,
+            cache_ep: ep_number(0, ep.0),
+            ..EpSlot::EMPTY
+        };
+        for (g, old) in e.groups.iter_mut().zip(old.groups.iter()) {
             g.leave = old.leave;
             g.leave_record = old.leave_record;
         }
-        for (n, old) in e.informs.subs.iter_mut().zip(informs.subs) {
+        for (n, old) in e.informs.subs.iter_mut().zip(old.informs.subs) {
             n.leave = old.leave;
         }
-        e.open = true;
-        e.acm = want_groups;
-        e.id = ep.0;
-        e.port_gid = cfg.port_gid.0;
-        e.lid = cfg.lid;
-        e.pkey = cfg.pkey;
-        e.mtu = cfg.mtu;
-        e.rate = cfg.rate;
-        e.subnet_timeout = cfg.subnet_timeout_ms;
-        e.qpn = cfg.qpn;
-        e.sa_pkey = cfg.sa_pkey;
         e.table.max_lid = cfg.lid;
-        e.cache_ep = ep_number(0, ep.0);
+        // Group 0 at the minimum rate and MTU; group 1, in ACM route mode, at the port's.
         if want_groups {
-            e.groups[0].rate = min.0;
-            e.groups[0].mtu = min.1;
+            (e.groups[0].rate, e.groups[0].mtu) = min;
         }
         if second {
-            e.groups[1].rate = cfg.rate;
-            e.groups[1].mtu = cfg.mtu;
+            (e.groups[1].rate, e.groups[1].mtu) = (cfg.rate, cfg.mtu);
         }
         self.map(ep, Some(slot));
         Ok((slot, [want_groups, second]))

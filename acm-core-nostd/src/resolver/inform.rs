@@ -34,15 +34,6 @@ pub(crate) struct Informs {
     pub(crate) ack_notice: [u8; 80],
 }
 
-/// What an endpoint's subscriptions are sent from: whether it is open, its `EpId` and the QPN
-/// the SA reports to.
-#[derive(Clone, Copy)]
-pub(crate) struct Subscriber {
-    pub(crate) open: bool,
-    pub(crate) ep: EpId,
-    pub(crate) qpn: u32,
-}
-
 impl Informs {
     /// Nothing subscribed, nothing to acknowledge.
     pub(crate) const EMPTY: Informs = Informs {
@@ -61,17 +52,16 @@ impl Informs {
     }
 
     /// Starts both subscriptions, replies due by `at`, if the configuration and the endpoint
-    /// (`who`, on the SA's P_Key: `sa_pkey`) allow; true if it did.
+    /// (open: `open`, its UD QP `qpn`, on the SA's P_Key: `sa_pkey`) allow; true if it did.
     pub(crate) fn subscribe_all(
         &mut self,
-        who: Subscriber,
-        sa_pkey: bool,
+        (open, qpn, sa_pkey): (bool, u32, bool),
         at: Millis,
         sh: &mut Shared,
     ) -> bool {
         // One subscription per port: from the endpoint whose QP the SA reaches (OpenSM keeps
         // one record per subscriber address anyway, and an unsubscribe would end it for all).
-        if !sh.cfg.sa_reports || !who.open || who.qpn == 0 || !sa_pkey {
+        if !sh.cfg.sa_reports || !open || qpn == 0 || !sa_pkey {
             return false;
         }
         for i in 0..TRAPS.len() {
@@ -123,15 +113,15 @@ impl Informs {
         self.ack_notice = notice;
     }
 
-    /// The subscription outputs of endpoint slot `slot` (`who`), in order: unsubscribes,
-    /// subscribes, the ack.
+    /// The subscription outputs of endpoint `id` in slot `slot` (open: `open`; the SA reports
+    /// to its QP `qpn`), in order: unsubscribes, subscribes (only while open), the ack.
     pub(crate) fn output(
         &mut self,
-        slot: usize,
-        who: Subscriber,
+        (slot, id): (usize, EpId),
+        open: bool,
+        qpn: u32,
         sh: &mut Shared,
     ) -> Option<Output> {
-        let Subscriber { open, ep: id, qpn } = who;
         if let Some(i) = (0..TRAPS.len()).find(|&i| self.subs[i].leave) {
             self.subs[i].leave = false;
             let tid = sh.next_tid();

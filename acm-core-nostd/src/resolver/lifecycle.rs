@@ -6,7 +6,6 @@
 // The resolver's own names (its storage, lists, helpers) as `mod.rs` has them.
 use super::*;
 use addr::AddrTable;
-use inform::Subscriber;
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Opens endpoint `ep` (call from the core's `open_endpoint`). With `addr_prot acm` or
@@ -226,12 +225,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let t = self.st.slabs();
         let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg));
         let e = &mut t.endpoints[slot];
-        let who = Subscriber {
-            open: e.open,
-            ep: EpId(e.id),
-            qpn: e.qpn,
-        };
-        if e.informs.subscribe_all(who, e.sa_pkey, at, &mut self.sh) {
+        let reachable = (e.open, e.qpn, e.sa_pkey);
+        if e.informs.subscribe_all(reachable, at, &mut self.sh) {
             self.eps.mark_dirty(slot);
         }
     }

@@ -6,7 +6,6 @@
 //! ([`AddrTable::poll`](super::addr::AddrTable::poll)), client answers
 //! ([`Answers::pop`](super::answers::Answers::pop)).
 
-use super::inform::Subscriber;
 use super::mads::{self, TOKEN_JOIN, TOKEN_LEAVE};
 use super::storage::GroupState;
 use super::{Counter, EpId, EpSlot, Output, Shared};
@@ -57,12 +56,7 @@ impl EpSlot {
                 mad: mads::mcmember(Method::Set, tid, &rec),
             });
         }
-        let who = Subscriber {
-            open: e.open,
-            ep: id,
-            qpn: e.qpn,
-        };
-        if let Some(o) = e.informs.output(slot, who, sh) {
+        if let Some(o) = e.informs.output((slot, id), e.open, e.qpn, sh) {
             return Some(o);
         }
         if let Some((token, mad)) = e.table.output(slot, e.open, Gid(e.port_gid), e.pkey) {

@@ -59,6 +59,31 @@ impl StoredKey {
     }
 }
 
+/// What a route job resolves: its coalescing key — the endpoint's slot, the cache endpoint
+/// number, the SA query record — and the cache key its answer is filed under (`None`:
+/// uncacheable).
+#[derive(Clone, Copy)]
+pub(crate) struct Route<'a> {
+    pub(crate) slot: usize,
+    pub(crate) cache_ep: u32,
+    pub(crate) key: Option<PathKey>,
+    pub(crate) sa: &'a [u8; 64],
+}
+
+impl Route<'_> {
+    /// A job for this route started at `now` (a `query()`'s when `query`: never cached).
+    pub(crate) fn job(&self, now: Millis, query: bool) -> JobSlot {
+        let mut job = JobSlot::EMPTY;
+        job.slot = self.slot as u8;
+        job.cache_ep = self.cache_ep;
+        job.query = query;
+        job.born = now;
+        job.key = StoredKey::from_key(if query { None } else { self.key });
+        job.sa = *self.sa;
+        job
+    }
+}
+
 /// How a route job ends ([`Resolver::finish_job`](super::Resolver::finish_job)).
 #[derive(Clone, Copy)]
 pub(crate) enum Completion<'r> {
@@ -155,14 +180,11 @@ impl Routes {
         )
     }
 
-    /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
-    pub(crate) fn find(
-        &self,
-        t: SlabsRef<'_>,
-        slot: usize,
-        cache_ep: u32,
-        sa: &[u8; 64],
-    ) -> Option<u32> {
+    /// The coalescable job for `route` (endpoint, cache_ep, SA record), if one is pending.
+    pub(crate) fn find(&self, t: SlabsRef<'_>, route: &Route<'_>) -> Option<u32> {
+        let Route {
+            slot, cache_ep, sa, ..
+        } = *route;
         let b = self.bucket(t.job_buckets.len(), slot, cache_ep, sa);
         chain::find(t.jobs, t.job_buckets, b, |job| {
             !job.query
@@ -310,8 +332,7 @@ impl Routes {
         self.sa.too_late(now, self.deadline(job.born, cfg))
     }
 
-    /// A new job `job` (its endpoint slot, cache endpoint number, key, SA record, whether a
-    /// `query()`, start), in the coalescing table unless a `query()`; neither sent nor
+    /// A new job `job` ([`Route::job`]), in the coalescing table unless a `query()`; neither sent nor
     /// backlogged yet ([`send_job`](Self::send_job), [`push_backlog`](Self::push_backlog)). `None` if every job
     /// slot is taken.
     pub(crate) fn start(

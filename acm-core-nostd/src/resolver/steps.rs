@@ -11,13 +11,13 @@
 use super::addr::{self, AddrTable};
 use super::groups::Set;
 use super::mads;
-use super::route::{Completion, Routes, RETRY_BUSY};
+use super::route::{Completion, Route, Routes, RETRY_BUSY};
 use super::storage::{list_id, AddrState, GroupState, JobState, Joiner, List, Origin, Slab, REQ};
 use super::{
-    acm, endpoints, front, request, table, Counter, EpId, JobSlot, Kind, Millis, RecvMeta, Request,
+    acm, endpoints, front, request, table, Counter, EpId, Kind, Millis, RecvMeta, Request,
     Resolver, Storage, NEVER,
 };
-use crate::cache::{AddrKey, CacheRef, Lookup, PathKey};
+use crate::cache::{AddrKey, CacheRef, Lookup};
 use crate::wire::acm_mad::{AcmResolveRepr, AddressType};
 use crate::wire::client::{AcmMsg, EpInfoType, Status};
 use crate::wire::gid::Gid;
@@ -93,7 +93,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         match target {
             Target::Route { key, record, .. } => {
                 let sa = record.query_record(&self.st.slabs_ref().endpoints[slot].view(r.cache_ep));
-                self.route_query(now, slot, r, key.map(|k| k.key()), &sa, wait);
+                let route = Route {
+                    slot,
+                    cache_ep: r.cache_ep,
+                    key: key.map(|k| k.key()),
+                    sa: &sa,
+                };
+                self.route_query(now, r, route, wait);
             }
             Target::Address { key, .. } if refresh => self.addr_refresh(now, slot, r, key),
             Target::Address { key, .. } => self.addr_query(now, slot, r, key, wait),
@@ -161,26 +167,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
-    pub(crate) fn start_job(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        cache_ep: u32,
-        key: Option<PathKey>,
-        sa: &[u8; 64],
-        query: bool,
-    ) -> Option<u32> {
-        let mut job = JobSlot::EMPTY;
-        job.slot = slot as u8;
-        job.cache_ep = cache_ep;
-        job.query = query;
-        job.born = now;
-        job.key = super::storage::StoredKey::from_key(if query { None } else { key });
-        job.sa = *sa;
+    pub(crate) fn start_job(&mut self, now: Millis, route: Route<'_>, query: bool) -> Option<u32> {
+        let slot = route.slot;
         let t = self.st.slabs();
-        let j = self.routes.start(t.jobs, t.job_buckets, job)?;
+        let j = self
+            .routes
+            .start(t.jobs, t.job_buckets, route.job(now, query))?;
         if !query {
-            let dlid = PathRecord::new_unchecked(&sa[..]).dlid();
+            let dlid = PathRecord::new_unchecked(&route.sa[..]).dlid();
             t.endpoints[slot].table.saw_lid(dlid);
         }
         if self.routes.backlog.is_empty() && self.window_free(now) {
@@ -226,22 +220,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.count(id, Counter::RouteQuery);
     }
 
-    /// Adds `who` (a waiter, an address entry) to the job for (slot, cache_ep, sa), starting
-    /// one if none is pending. A full job table answers the waiter ENOMEM.
-    pub(crate) fn join_route(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        cache_ep: u32,
-        key: Option<PathKey>,
-        sa: &[u8; 64],
-        who: Joiner,
-    ) {
+    /// Adds `who` (a waiter, an address entry) to the job for `route`, starting one if none is
+    /// pending. A full job table answers the waiter ENOMEM.
+    pub(crate) fn join_route(&mut self, now: Millis, route: Route<'_>, who: Joiner) {
         let Joiner { waiter, addr } = who;
-        let found = self.routes.find(self.st.slabs_ref(), slot, cache_ep, sa);
-        let j = match found {
+        let j = match self.routes.find(self.st.slabs_ref(), &route) {
             Some(j) => j,
-            None => match self.start_job(now, slot, cache_ep, key, sa, false) {
+            None => match self.start_job(now, route, false) {
                 Some(j) => j,
                 None => {
                     self.sh.stats.full += 1;
@@ -280,7 +265,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let Some(w) = self.waiter(r) else {
             return;
         };
-        match self.start_job(now, slot, r.cache_ep, None, &sa, true) {
+        let route = Route {
+            slot,
+            cache_ep: r.cache_ep,
+            key: None,
+            sa: &sa,
+        };
+        match self.start_job(now, route, true) {
             Some(j) => {
                 let t = self.st.slabs();
                 Routes::add_waiter(t.jobs, t.requests, j, w);
@@ -292,16 +283,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// A PATH / LID / GID request past the front ([`front::decide`]): joined to the route job
-    /// of its key (a new one queries the SA with `sa`), as a waiter if `wait` (a Resolve that
-    /// the job answers), else only to start or renew the route.
+    /// A PATH / LID / GID request past the front ([`front::decide`]): joined to the job of
+    /// its `route` (a new one queries the SA with its record), as a waiter if `wait` (a
+    /// Resolve that the job answers), else only to start or renew the route.
     pub(crate) fn route_query(
         &mut self,
         now: Millis,
-        slot: usize,
         r: &Request<'_>,
-        key: Option<PathKey>,
-        sa: &[u8; 64],
+        route: Route<'_>,
         wait: bool,
     ) {
         let waiter = match wait {
@@ -312,7 +301,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             false => None,
         };
         let who = Joiner { waiter, addr: None };
-        self.join_route(now, slot, r.cache_ep, key, sa, who);
+        self.join_route(now, route, who);
     }
 
     /// Completes job `j` as `how` says: aliases its addresses on success, answers its
@@ -451,17 +440,24 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 match self.cache().lookup(&k, now) {
                     Lookup::Hit {
                         record,
-                        expires_at,
+                        expires_at: expires,
                         needs_refresh,
                     } => {
-                        let (slot, cep, sa) = (usize::from(job.slot), job.cache_ep, job.sa);
+                        let (slot, cache_ep, sa) = (usize::from(job.slot), job.cache_ep, job.sa);
                         let how = Completion::FromCache {
                             record: &record,
-                            expires: expires_at,
+                            expires,
                         };
                         self.finish_job(now, j, how);
                         if needs_refresh {
-                            self.join_route(now, slot, cep, Some(k), &sa, Joiner::NONE);
+                            let key = Some(k);
+                            let route = Route {
+                                slot,
+                                cache_ep,
+                                key,
+                                sa: &sa,
+                            };
+                            self.join_route(now, route, Joiner::NONE);
                         }
                         continue;
                     }
@@ -601,6 +597,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let t = self.st.slabs_ref();
         let (e, a) = (&t.endpoints[slot], t.addrs[i as usize]);
         let (key, sa) = addr::route_key(e, &a);
+        let route = Route {
+            slot,
+            cache_ep: a.cache_ep,
+            key,
+            sa: &sa,
+        };
         if let (Some(k), false) = (key, force) {
             match self.cache().lookup(&k, now) {
                 Lookup::Hit {
@@ -610,7 +612,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 } => {
                     addr::alias(&mut self.w, &a, &k, now, expires_at);
                     if needs_refresh {
-                        self.join_route(now, slot, a.cache_ep, key, &sa, Joiner::addr(i));
+                        self.join_route(now, route, Joiner::addr(i));
                     }
                     let mut l = waiters;
                     while let Some(w) = l.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
@@ -640,15 +642,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if let (Some(ep), 0) = (count_addr_cache, a.job) {
             self.count(ep, Counter::AddrCache);
         }
-        let cache_ep = a.cache_ep;
         let first = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ);
         let who = Joiner {
             waiter: first,
             addr: Some(i),
         };
-        self.join_route(now, slot, cache_ep, key, &sa, who);
+        self.join_route(now, route, who);
         while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-            self.join_route(now, slot, cache_ep, key, &sa, Joiner::waiter(w));
+            self.join_route(now, route, Joiner::waiter(w));
         }
     }
 
@@ -818,7 +819,25 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         match r.method {
             Method::Get => self.peer_request(now, slot, meta, sgid, &r),
-            Method::GetResp => self.peer_response(now, slot, meta, sgid, &r),
+            // A peer's response to one of our queries: the query resolved.
+            Method::GetResp => {
+                let Some(i) = self.addrs.in_flight(self.st.slabs_ref(), slot, r.tid) else {
+                    self.sh.stats.acm_unknown_tid += 1;
+                    return;
+                };
+                if r.status != 0 || r.gid_cnt == 0 {
+                    self.sh.stats.acm_malformed += 1;
+                    return;
+                }
+                let Some(g) = self.st.slabs_ref().endpoints[slot]
+                    .groups
+                    .best(&r.gids()[..1])
+                else {
+                    self.sh.stats.acm_unsolicited += 1;
+                    return;
+                };
+                self.resolved(now, slot, i, sgid, meta, g);
+            }
             _ => self.sh.stats.acm_malformed += 1,
         }
     }
@@ -847,7 +866,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         if !target {
             let t = self.st.slabs_ref();
-            if self.addrs.local_elsewhere(t, slot, r.dest_type, &r.dest) {
+            if self.addrs.local_elsewhere(t, slot, r) {
                 self.sh.stats.acm_other_partition += 1;
             }
             return;
@@ -859,33 +878,6 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Some(i) => self.addrs.respond(self.st.addrs(), i, r.tid, g),
             None => self.sh.stats.full += 1,
         }
-    }
-
-    /// A peer's response to one of our queries: the query resolved.
-    fn peer_response(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        meta: &RecvMeta,
-        sgid: Gid,
-        r: &AcmResolveRepr,
-    ) {
-        let Some(i) = self.addrs.in_flight(self.st.slabs_ref(), slot, r.tid) else {
-            self.sh.stats.acm_unknown_tid += 1;
-            return;
-        };
-        if r.status != 0 || r.gid_cnt == 0 {
-            self.sh.stats.acm_malformed += 1;
-            return;
-        }
-        let Some(g) = self.st.slabs_ref().endpoints[slot]
-            .groups
-            .best(&r.gids()[..1])
-        else {
-            self.sh.stats.acm_unsolicited += 1;
-            return;
-        };
-        self.resolved(now, slot, i, sgid, meta, g);
     }
 
     /// Entry `i` is what a peer's packet says ([`AddrTable::resolved`]); if we were querying
@@ -1047,7 +1039,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 let mut one_way = sa;
                 PathRecord::new_unchecked(&mut one_way[..]).set_reversible_numpath(false, 0);
                 for q in [sa, one_way] {
-                    if let Some(j) = self.routes.find(self.st.slabs_ref(), slot, e.cache_ep, &q) {
+                    let route = Route {
+                        slot,
+                        cache_ep: e.cache_ep,
+                        key: None,
+                        sa: &q,
+                    };
+                    if let Some(j) = self.routes.find(self.st.slabs_ref(), &route) {
                         let how = Completion::Answered {
                             record: rec,
                             expires,
