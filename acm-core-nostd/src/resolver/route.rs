@@ -70,20 +70,6 @@ pub(crate) struct Route<'a> {
     pub(crate) sa: &'a [u8; 64],
 }
 
-impl Route<'_> {
-    /// A job for this route started at `now` (a `query()`'s when `query`: never cached).
-    pub(crate) fn job(&self, now: Millis, query: bool) -> JobSlot {
-        let mut job = JobSlot::EMPTY;
-        job.slot = self.slot as u8;
-        job.cache_ep = self.cache_ep;
-        job.query = query;
-        job.born = now;
-        job.key = StoredKey::from_key(if query { None } else { self.key });
-        job.sa = *self.sa;
-        job
-    }
-}
-
 /// How a route job ends ([`Resolver::finish_job`](super::Resolver::finish_job)).
 #[derive(Clone, Copy)]
 pub(crate) enum Completion<'r> {
@@ -205,7 +191,7 @@ impl Routes {
 
     /// Takes job `j` out of the coalescing table.
     fn unhash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
-        let job = jobs[j as usize];
+        let job = &jobs[j as usize];
         if job.query {
             return;
         }
@@ -311,8 +297,8 @@ impl Routes {
 
 /// [`Routes::retry`]'s jitter: a lost query's backoff is spread, a BUSY one's is not (the SA
 /// named the moment: it was busy then).
-pub(crate) const RETRY_LOST: bool = true;
-pub(crate) const RETRY_BUSY: bool = false;
+const RETRY_LOST: bool = true;
+const RETRY_BUSY: bool = false;
 
 impl Routes {
     /// Room in the SA window for one more job at `now`, over `ports` ports and at most
@@ -332,18 +318,28 @@ impl Routes {
         self.sa.too_late(now, self.deadline(job.born, cfg))
     }
 
-    /// A new job `job` ([`Route::job`]), in the coalescing table unless a `query()`; neither sent nor
-    /// backlogged yet ([`send_job`](Self::send_job), [`push_backlog`](Self::push_backlog)). `None` if every job
-    /// slot is taken.
+    /// A new job for `route` started at `now` (a `query()`'s when `query`: never cached, not
+    /// in the coalescing table); neither sent nor backlogged yet
+    /// ([`send_job`](Self::send_job), [`push_backlog`](Self::push_backlog)). `None` if every
+    /// job slot is taken.
     pub(crate) fn start(
         &mut self,
         jobs: &mut [JobSlot],
         buckets: &mut [u32],
-        job: JobSlot,
+        now: Millis,
+        route: &Route<'_>,
+        query: bool,
     ) -> Option<u32> {
         let j = self.free.pop_front(jobs, list_id::FREE, JOB)?;
-        jobs[j as usize] = job;
-        if !job.query {
+        let job = &mut jobs[j as usize];
+        *job = JobSlot::EMPTY;
+        job.slot = route.slot as u8;
+        job.cache_ep = route.cache_ep;
+        job.query = query;
+        job.born = now;
+        job.key = StoredKey::from_key(if query { None } else { route.key });
+        job.sa = *route.sa;
+        if !query {
             self.hash(jobs, buckets, j);
         }
         self.active += 1;
@@ -465,11 +461,11 @@ impl Routes {
     /// Job `j` is done (its waiters answered, its addresses told): out of the coalescing
     /// table and its list, freed, or kept as a zombie while the caller holds its MAD.
     pub(crate) fn end(&mut self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
-        let job = jobs[j as usize];
+        let (state, held) = (jobs[j as usize].state, jobs[j as usize].held);
         self.unhash(jobs, buckets, j);
         self.unlist(jobs, j);
-        let holds_window = matches!(job.state, JobState::Send | JobState::Sent | JobState::Busy);
-        if job.held {
+        let holds_window = matches!(state, JobState::Send | JobState::Sent | JobState::Busy);
+        if held {
             let jb = &mut jobs[j as usize];
             jb.state = JobState::Zombie;
             jb.waiters = List::EMPTY;
@@ -490,10 +486,10 @@ impl Routes {
         }
     }
 
-    /// An SA completion of route job `j`: the reply's effect on the window, a lost query
-    /// retried; the job (as it was) and what the SA said when the caller is to finish it
-    /// (`None`: nothing more to do — a reply matching nothing, counted, a zombie freed, a lost
-    /// query backed off).
+    /// An SA completion of route job `j`: the reply's effect on the window, a lost or BUSY
+    /// query backed off; what the SA said when the caller is to finish the job — a record, a
+    /// failure, or `Busy`: BUSY with the job's retries spent (ETIMEDOUT) — or `None`: nothing
+    /// more to do (a reply matching nothing, counted; a zombie freed; a query backed off).
     pub(crate) fn reply(
         &mut self,
         jobs: &mut [JobSlot],
@@ -502,8 +498,8 @@ impl Routes {
         umad_status: u32,
         mad: &[u8; 256],
         sh: &mut Shared,
-    ) -> Option<(JobSlot, SaOutcome)> {
-        let Some(job) = jobs.get(j as usize).copied() else {
+    ) -> Option<SaOutcome> {
+        let Some(job) = jobs.get(j as usize) else {
             sh.stats.sa_unknown += 1;
             return None;
         };
@@ -511,13 +507,14 @@ impl Routes {
             sh.stats.sa_unknown += 1;
             return None;
         }
+        let (state, sent) = (job.state, job.sent);
         // The caller handed its MAD back: nothing of this job is outstanding any more.
         jobs[j as usize].held = false;
-        if job.state == JobState::Zombie {
+        if state == JobState::Zombie {
             self.free_zombie(jobs, j);
             return None;
         }
-        if job.state != JobState::Sent {
+        if state != JobState::Sent {
             sh.stats.sa_unknown += 1;
             return None;
         }
@@ -527,7 +524,7 @@ impl Routes {
             return None;
         }
         let outcome = mads::classify_path_reply(umad_status, mad);
-        let sample = now.saturating_sub(job.sent);
+        let sample = now.saturating_sub(sent);
         if umad_status == 0 {
             let busy = outcome == SaOutcome::Busy;
             self.sa.replied(now, sample, busy, &sh.cfg);
@@ -536,32 +533,40 @@ impl Routes {
             // send that failed here, answered at once as before.)
             sh.stats.sa_lost += 1;
             self.sa.lost(now, &sh.cfg);
-            if self.retry(jobs, now, j, &job, RETRY_LOST, sh) {
+            if self.retry(jobs, now, j, RETRY_LOST, sh) {
                 return None;
             }
         }
-        Some((job, outcome))
+        if outcome == SaOutcome::Busy {
+            // The SA is overloaded (the window halved above: the jobs already out stay out;
+            // new ones wait for it).
+            sh.stats.sa_busy += 1;
+            if self.retry(jobs, now, j, RETRY_BUSY, sh) {
+                return None;
+            }
+        }
+        Some(outcome)
     }
 
-    /// Puts job `j` (`job`, as it was when its reply came) in the BUSY list to go again after
-    /// a backoff: `sa_busy_backoff` doubled per retry, with `jitter` (a lost query's backoff
-    /// is spread over ½–1½ of it, so the nodes of a storm do not all come back at once),
-    /// within the job's deadline. False if its retries (`sa_busy_retries`) are spent or the
-    /// deadline has passed: the caller answers it.
-    pub(crate) fn retry(
+    /// Puts job `j` (its reply just came) in the BUSY list to go again after a backoff:
+    /// `sa_busy_backoff` doubled per retry, with `jitter` (a lost query's backoff is spread
+    /// over ½–1½ of it, so the nodes of a storm do not all come back at once), within the
+    /// job's deadline. False if its retries (`sa_busy_retries`) are spent or the deadline has
+    /// passed: the caller answers it.
+    fn retry(
         &mut self,
         jobs: &mut [JobSlot],
         now: Millis,
         j: u32,
-        job: &JobSlot,
         jitter: bool,
         sh: &mut Shared,
     ) -> bool {
-        let deadline = self.deadline(job.born, &sh.cfg);
-        if job.busy_tries >= sh.cfg.sa_busy_retries || now >= deadline {
+        let (born, busy_tries) = (jobs[j as usize].born, jobs[j as usize].busy_tries);
+        let deadline = self.deadline(born, &sh.cfg);
+        if busy_tries >= sh.cfg.sa_busy_retries || now >= deadline {
             return false;
         }
-        let mut wait = sh.cfg.sa_busy_backoff << job.busy_tries.min(16);
+        let mut wait = sh.cfg.sa_busy_backoff << busy_tries.min(16);
         if jitter && wait > 1 {
             wait = wait / 2 + self.random() % wait;
         }

@@ -11,7 +11,7 @@
 use super::addr::{self, AddrTable};
 use super::groups::Set;
 use super::mads;
-use super::route::{Completion, Route, Routes, RETRY_BUSY};
+use super::route::{Completion, Route, Routes};
 use super::storage::{list_id, AddrState, GroupState, JobState, Joiner, List, Origin, Slab, REQ};
 use super::{
     acm, endpoints, front, request, table, Counter, EpId, Kind, Millis, RecvMeta, Request,
@@ -99,7 +99,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     key: key.map(|k| k.key()),
                     sa: &sa,
                 };
-                self.route_query(now, r, route, wait);
+                self.route_query(now, r, &route, wait);
             }
             Target::Address { key, .. } if refresh => self.addr_refresh(now, slot, r, key),
             Target::Address { key, .. } => self.addr_query(now, slot, r, key, wait),
@@ -167,12 +167,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
-    pub(crate) fn start_job(&mut self, now: Millis, route: Route<'_>, query: bool) -> Option<u32> {
+    pub(crate) fn start_job(&mut self, now: Millis, route: &Route<'_>, query: bool) -> Option<u32> {
         let slot = route.slot;
         let t = self.st.slabs();
         let j = self
             .routes
-            .start(t.jobs, t.job_buckets, route.job(now, query))?;
+            .start(t.jobs, t.job_buckets, now, route, query)?;
         if !query {
             let dlid = PathRecord::new_unchecked(&route.sa[..]).dlid();
             t.endpoints[slot].table.saw_lid(dlid);
@@ -222,9 +222,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Adds `who` (a waiter, an address entry) to the job for `route`, starting one if none is
     /// pending. A full job table answers the waiter ENOMEM.
-    pub(crate) fn join_route(&mut self, now: Millis, route: Route<'_>, who: Joiner) {
+    pub(crate) fn join_route(&mut self, now: Millis, route: &Route<'_>, who: Joiner) {
         let Joiner { waiter, addr } = who;
-        let j = match self.routes.find(self.st.slabs_ref(), &route) {
+        let j = match self.routes.find(self.st.slabs_ref(), route) {
             Some(j) => j,
             None => match self.start_job(now, route, false) {
                 Some(j) => j,
@@ -271,7 +271,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             key: None,
             sa: &sa,
         };
-        match self.start_job(now, route, true) {
+        match self.start_job(now, &route, true) {
             Some(j) => {
                 let t = self.st.slabs();
                 Routes::add_waiter(t.jobs, t.requests, j, w);
@@ -290,7 +290,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         &mut self,
         now: Millis,
         r: &Request<'_>,
-        route: Route<'_>,
+        route: &Route<'_>,
         wait: bool,
     ) {
         let waiter = match wait {
@@ -368,17 +368,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         mad: &[u8; 256],
     ) {
         let jobs = self.st.jobs();
-        let Some((job, outcome)) =
-            self.routes
-                .reply(jobs, now, (j, tid), umad_status, mad, &mut self.sh)
+        let Some(outcome) = self
+            .routes
+            .reply(jobs, now, (j, tid), umad_status, mad, &mut self.sh)
         else {
             return;
         };
-        let key = job.key.key(job.cache_ep);
+        let job = &self.st.slabs_ref().jobs[j as usize];
+        let (key, query) = (job.key.key(job.cache_ep), job.query);
         match outcome {
             mads::SaOutcome::Record(rec) => {
                 let ttl = self.sh.cfg.route_ttl.unwrap_or(NEVER);
-                if let (Some(k), false) = (key, job.query) {
+                if let (Some(k), false) = (key, query) {
                     self.w.insert(&k, &rec, now, ttl);
                 }
                 let exp = now.saturating_add(ttl);
@@ -393,7 +394,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 // it for a while, never over a path cached since the query started — nor over
                 // a path without the reversible bit that this (reversible) query could not
                 // use: the entry is shared, and requests without the bit are served by it.
-                if let (Status::Enodata, 0, Some(k), false) = (s, umad_status, key, job.query) {
+                if let (Status::Enodata, 0, Some(k), false) = (s, umad_status, key, query) {
                     let ttl = self.sh.cfg.negative_ttl;
                     let cached = self.cache().lookup(&k.without_reversible(), now);
                     if ttl > 0 && !matches!(cached, Lookup::Hit { .. }) {
@@ -410,18 +411,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 };
                 self.finish_job(now, j, how);
             }
+            // BUSY, and the job's retries are spent.
             mads::SaOutcome::Busy => {
-                // The SA is overloaded (the window halved: the jobs already out stay out; new
-                // ones wait for it).
-                self.sh.stats.sa_busy += 1;
-                let jobs = self.st.jobs();
-                if !self
-                    .routes
-                    .retry(jobs, now, j, &job, RETRY_BUSY, &mut self.sh)
-                {
-                    self.sh.stats.timeouts += 1;
-                    self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                }
+                self.sh.stats.timeouts += 1;
+                self.finish_job(now, j, Completion::failed(Status::Etimedout));
             }
         }
     }
@@ -457,7 +450,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                                 key,
                                 sa: &sa,
                             };
-                            self.join_route(now, route, Joiner::NONE);
+                            self.join_route(now, &route, Joiner::NONE);
                         }
                         continue;
                     }
@@ -612,7 +605,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 } => {
                     addr::alias(&mut self.w, &a, &k, now, expires_at);
                     if needs_refresh {
-                        self.join_route(now, route, Joiner::addr(i));
+                        self.join_route(now, &route, Joiner::addr(i));
                     }
                     let mut l = waiters;
                     while let Some(w) = l.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
@@ -647,9 +640,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             waiter: first,
             addr: Some(i),
         };
-        self.join_route(now, route, who);
+        self.join_route(now, &route, who);
         while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-            self.join_route(now, route, Joiner::waiter(w));
+            self.join_route(now, &route, Joiner::waiter(w));
         }
     }
 
