@@ -295,8 +295,9 @@ impl AddrTable {
     /// they have no more.
     pub(crate) fn poll(&mut self, addrs: &mut [AddrEntry], eps: &[EpSlot]) -> Option<Output> {
         while let Some(i) = self.send.front() {
-            if let Some(o) = self.output(addrs, eps, i) {
-                return Some(o);
+            let o = self.output(addrs, eps, i);
+            if o.is_some() {
+                return o;
             }
         }
         None
