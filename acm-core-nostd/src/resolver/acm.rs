@@ -295,9 +295,8 @@ impl AddrTable {
     /// they have no more.
     pub(crate) fn poll(&mut self, addrs: &mut [AddrEntry], eps: &[EpSlot]) -> Option<Output> {
         while let Some(i) = self.send.front() {
-            let o = self.output(addrs, eps, i);
-            if o.is_some() {
-                return o;
+            if let Some(o) = self.output(addrs, eps, i) {
+                return Some(o);
             }
         }
         None

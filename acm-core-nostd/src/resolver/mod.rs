@@ -343,25 +343,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     // kilobytes of flash on a microcontroller (docs/firmware.md).
     #[inline(never)]
     pub fn poll_output(&mut self) -> Option<Output> {
-        // Each part's output is handed on as it came, not unwrapped and wrapped again (an
-        // `Output` is 608 bytes: a copy per level on a microcontroller's miss path).
         while let Some(slot) = self.eps.first_dirty() {
             // Polled in place, not copied: the slot is large, and this runs for every output
             // of an endpoint with work (a miss's counter bumps).
-            let o = self.st.endpoints()[slot].poll(slot, &mut self.sh);
-            if o.is_some() {
-                return o;
+            if let Some(o) = self.st.endpoints()[slot].poll(slot, &mut self.sh) {
+                return Some(o);
             }
             self.eps.clean(slot);
         }
         let t = self.st.slabs();
-        let o = self.routes.poll(t.jobs, t.endpoints);
-        if o.is_some() {
-            return o;
+        if let Some(o) = self.routes.poll(t.jobs, t.endpoints) {
+            return Some(o);
         }
-        let o = self.addrs.poll(t.addrs, t.endpoints);
-        if o.is_some() {
-            return o;
+        if let Some(o) = self.addrs.poll(t.addrs, t.endpoints) {
+            return Some(o);
         }
         self.answers.pop(t.requests)
     }

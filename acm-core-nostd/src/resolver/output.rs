@@ -56,9 +56,8 @@ impl EpSlot {
                 mad: mads::mcmember(Method::Set, tid, &rec),
             });
         }
-        let o = e.informs.output((slot, id), e.open, e.qpn, sh);
-        if o.is_some() {
-            return o;
+        if let Some(o) = e.informs.output((slot, id), e.open, e.qpn, sh) {
+            return Some(o);
         }
         if let Some((token, mad)) = e.table.output(slot, e.open, Gid(e.port_gid), e.pkey) {
             return Some(Output::SendSa { ep: id, token, mad });
