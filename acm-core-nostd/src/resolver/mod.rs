@@ -337,7 +337,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The next thing for the caller to do, `None` when there is nothing. Call it until `None`
     /// after every input (see the draining rule on [`Resolver`]). Order: per-endpoint work,
-    /// SA queries, ACM MADs, client answers ([`output`]).
+    /// SA queries, ACM MADs, client answers.
     #[must_use]
     // Never inlined: a caller's loop calls it in several places, and each inlined copy is
     // kilobytes of flash on a microcontroller (docs/firmware.md).
@@ -362,7 +362,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a
-    /// Report is acknowledged and applied ([`inform`]); anything else is counted and dropped.
+    /// Report is acknowledged and applied; anything else is counted and dropped.
     pub fn handle_report(&mut self, now: Millis, ep: EpId, mad: &[u8]) {
         let whole = mad.len() >= crate::wire::sa::DATA_OFFSET + crate::wire::inform::NOTICE_LEN;
         let mad = mads::full_mad(mad);

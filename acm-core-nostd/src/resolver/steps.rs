@@ -5,7 +5,8 @@
 //! answered; a Report forgets addresses. Each part's own rules are its own methods
 //! ([`Routes`](super::route::Routes), [`AddrTable`](super::addr::AddrTable),
 //! [`Answers`](super::answers::Answers), [`Groups`](super::groups::Groups),
-//! [`Informs`](super::inform::Informs), [`TableFetch`](super::storage::TableFetch), [`Endpoints`](super::endpoints::Endpoints));
+//! [`Informs`](super::inform::Informs), [`TableFetch`](super::storage::TableFetch),
+//! [`Endpoints`](super::endpoints::Endpoints));
 //! these steps only pass each the slabs and services it needs and carry results between them.
 
 use super::addr::{self, AddrTable};
@@ -201,7 +202,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Counts a job of endpoint `slot` entering the backlog, and asks for the endpoint's table
-    /// if the backlog now makes one worth it ([`TableFetch::backlog_entered`](super::storage::TableFetch::backlog_entered)).
+    /// if the backlog now makes one worth it (the decision:
+    /// [`TableFetch::backlog_entered`](super::storage::TableFetch::backlog_entered)).
     fn backlog_entered(&mut self, now: Millis, slot: usize) {
         let e = &mut self.st.endpoints()[slot];
         if e.table.backlog_entered(e.open, now, &self.sh.cfg) {

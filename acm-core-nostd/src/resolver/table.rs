@@ -60,7 +60,8 @@ pub const fn room_for(path_capacity: u32) -> u32 {
     }
 }
 
-/// Why a GetTable brought no table ([`Resolver::handle_sa_table`]).
+/// Why a GetTable brought no table
+/// ([`Resolver::handle_sa_table`](super::Resolver::handle_sa_table)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TableError {
     /// The answer did not fit the caller's storage (it sent STOP): no more tables on this
