@@ -2,9 +2,10 @@
 //!
 //! A slot is free, waiting (on a route job's or an address entry's waiter FIFO), or answered
 //! (on the answer FIFO until [`Resolver::poll_output`](super::Resolver::poll_output) turns it
-//! into an [`Answer`]). A waiter needs more than `answer_reserve` free slots, an immediate answer (hit, error, ENOMEM) any
-//! free slot: so the refusal of a waiter always has a slot of its own. Answering a slot that
-//! is not waiting does nothing: that is the exactly-once rule in one place.
+//! into an [`Answer`]). A waiter needs more than `answer_reserve` free slots, an immediate
+//! answer (hit, error, ENOMEM) any free slot: so the refusal of a waiter always has a slot of
+//! its own. Answering a slot that is not waiting does nothing: that is the exactly-once rule
+//! in one place.
 
 use super::storage::{list_id, List, ReqState, REQ};
 use super::{Answer, Counter, EpId, Kind, Output, Request, RequestSlot, Via, MSG_LEN};
