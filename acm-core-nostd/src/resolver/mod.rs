@@ -317,15 +317,23 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.pump(now);
         for t in Timer::ALL {
             if fired(t) {
-                let parts = Parts {
-                    routes: &self.routes,
-                    addrs: &self.addrs,
-                    slabs: self.st.slabs_ref(),
-                    cfg: &self.sh.cfg,
-                };
-                self.sh.timers.rearm(t, parts);
+                self.rearm(t);
             }
         }
+    }
+
+    /// Sets timer kind `t` to the earliest deadline its part holds now.
+    // One copy, not one per kind fired (flash).
+    #[inline(never)]
+    fn rearm(&mut self, t: Timer) {
+        let parts = Parts {
+            routes: &self.routes,
+            addrs: &self.addrs,
+            slabs: self.st.slabs_ref(),
+            cfg: &self.sh.cfg,
+        };
+        let at = parts.earliest(t);
+        self.sh.timers.set(t, at);
     }
 
     /// When to call [`handle_timeout`](Self::handle_timeout) next (`None` = no timer armed).

@@ -5,7 +5,7 @@
 //! time no later than the earliest of them. Arming only ever lowers an entry; when a kind
 //! fires ([`Resolver::handle_timeout`](super::Resolver::handle_timeout)), its part handles
 //! what is due and the entry is set again to that part's earliest deadline
-//! ([`TimerTable::rearm`]), so only the kinds that are due are walked.
+//! ([`Parts::earliest`]), so only the kinds that are due are walked.
 //! [`Resolver::poll_timeout`](super::Resolver::poll_timeout) is the minimum of the table.
 
 use super::addr::AddrTable;
@@ -100,13 +100,6 @@ impl TimerTable {
         self.at = [OFF; Timer::ALL.len()];
     }
 
-    /// Kind `t` is set to the earliest deadline its part holds now.
-    // One copy, not one per kind fired (flash).
-    #[inline(never)]
-    pub(crate) fn rearm(&mut self, t: Timer, parts: Parts<'_>) {
-        self.set(t, parts.earliest(t));
-    }
-
     /// Every kind's entry is at or before its part's earliest deadline (a deadline that was
     /// set without arming its kind would never fire).
     #[cfg(feature = "std")]
@@ -137,7 +130,7 @@ pub(crate) struct Parts<'a> {
 
 impl Parts<'_> {
     /// The earliest deadline of kind `t` that its part holds.
-    fn earliest(&self, t: Timer) -> Option<Millis> {
+    pub(crate) fn earliest(&self, t: Timer) -> Option<Millis> {
         let tr = self.slabs;
         let head = |l: List| l.front().map(|i| tr.addrs[i as usize].timer);
         match t {
