@@ -91,23 +91,21 @@ pub(crate) fn received(
 }
 
 impl AddrTable {
-    /// Puts entry `i` (Resolved, no job) on endpoint `slot`'s ACM queue (QUERY_ADDR).
+    /// Puts entry `i` (Resolved, no job) on its endpoint `e`'s ACM queue (QUERY_ADDR).
     pub(crate) fn requeue(
         &mut self,
-        t: &mut Slabs<'_>,
+        addrs: &mut [AddrEntry],
+        e: &mut EpSlot,
         now: Millis,
-        slot: usize,
         i: u32,
         sh: &mut Shared,
     ) {
         let at = now.saturating_add(sh.cfg.queue_deadline);
-        let a = &mut t.addrs[i as usize];
+        let a = &mut addrs[i as usize];
         a.state = AddrState::Queued;
         a.timer = at;
         a.tries = 0;
-        t.endpoints[slot]
-            .queue
-            .push_back(t.addrs, i, list_id::ACM_QUEUE, ADDR_Q);
+        e.queue.push_back(addrs, i, list_id::ACM_QUEUE, ADDR_Q);
         self.active += 1;
         sh.timers.arm(Timer::AcmQueue, at);
     }

@@ -303,7 +303,7 @@ pub(crate) fn route_key(e: &EpSlot, a: &AddrEntry) -> (Option<PathKey>, [u8; 64]
 pub(crate) fn routed<C: CacheRef>(
     addrs: &mut [AddrEntry],
     mut list: List,
-    path: Option<(PathKey, Millis)>,
+    path: Option<(&PathKey, Millis)>,
     w: &mut CacheWriter<C>,
     now: Millis,
 ) {
@@ -312,7 +312,7 @@ pub(crate) fn routed<C: CacheRef>(
         if let Some((k, exp)) = path {
             let e = addrs[a as usize];
             if e.state == AddrState::Resolved {
-                alias(w, &e, &k, now, exp);
+                alias(w, &e, k, now, exp);
             }
         }
     }

@@ -329,11 +329,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         // Addresses first: the alias must exist before anyone is told the answer. The path's
         // expiry as inserted (not looked up: a lookup here would take the one refresh claim
         // of the entry away from the provider's hit path).
-        let path = match (status, record, key, job.query) {
-            (Status::Success, Some((_, exp)), Some(k), false) => Some((k, exp)),
-            _ => None,
-        };
-        addr::routed(self.st.addrs(), job.addrs, path, &mut self.w, now);
+        if !job.addrs.is_empty() {
+            let path = match (status, record, &key, job.query) {
+                (Status::Success, Some((_, exp)), Some(k), false) => Some((k, exp)),
+                _ => None,
+            };
+            addr::routed(self.st.addrs(), job.addrs, path, &mut self.w, now);
+        }
         let record = record.map(|(r, _)| r);
         let mut waiters = job.waiters;
         while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
@@ -709,8 +711,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         renewed = true;
                         self.count(r.ep, Counter::AddrQuery);
                     } else if cfg.addr_acm && self.st.endpoints()[slot].acm {
-                        self.addrs
-                            .requeue(&mut self.st.slabs(), now, slot, i, &mut self.sh);
+                        let t = self.st.slabs();
+                        let e = &mut t.endpoints[slot];
+                        self.addrs.requeue(t.addrs, e, now, i, &mut self.sh);
                         let t = self.st.slabs();
                         AddrTable::add_waiters(t.addrs, t.requests, i, &mut waiters);
                         return;
@@ -742,8 +745,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         a.src = src;
                     }
                 }
-                self.addrs
-                    .requeue(&mut self.st.slabs(), now, slot, i, &mut self.sh);
+                let t = self.st.slabs();
+                let e = &mut t.endpoints[slot];
+                self.addrs.requeue(t.addrs, e, now, i, &mut self.sh);
                 let t = self.st.slabs();
                 AddrTable::add_waiters(t.addrs, t.requests, i, &mut waiters);
             }
