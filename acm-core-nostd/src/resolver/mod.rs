@@ -34,6 +34,16 @@
 //! meanwhile ([`PathCache::writer`] is an `Err` while a resolver lives). Its own lookups read
 //! through it ([`Resolver::cache`]).
 //!
+//! Like quinn-proto's `Connection`, the resolver composes parts that own their state and
+//! their rules: the request slots (`answers::Answers`), the route jobs and the SA window
+//! (`route::Routes`), the address table and the ACM protocol (`addr::AddrTable`), the endpoint
+//! map (`endpoints::Endpoints`), and each endpoint's groups, subscriptions and half-world table
+//! (`groups::Groups`, `inform::Informs`, [`table`]'s `TableFetch`, in its slot). A part's
+//! methods take what they need as arguments: the slab slices they work on, the services the
+//! parts share (`Shared`: settings, TIDs, the timer table, stats), the cache writer. The
+//! resolver's own code is its inputs and outputs (this file), an endpoint's life
+//! (`lifecycle.rs`) and the steps that cross parts (`steps.rs`).
+//!
 //! Time is one monotonic clock in milliseconds ([`Millis`]), the same ticks the cache uses.
 //!
 //! Exactly-once: every [`Resolver::request`] of kind [`Kind::Resolve`] or [`Kind::Query`] leads

@@ -13,7 +13,10 @@ use super::addr::{self, AddrTable};
 use super::groups::Set;
 use super::mads;
 use super::route::{Completion, Route, Routes};
-use super::storage::{list_id, AddrState, GroupState, JobState, Joiner, List, Origin, Slab, REQ};
+use super::storage::{
+    list_id, AddrState, GroupState, JobState, Joiner, List, Origin, Slab, ADDR_Q, JOB, REQ,
+};
+use super::timers::Timer;
 use super::{
     acm, endpoints, front, request, table, Counter, EpId, Kind, Millis, RecvMeta, Request,
     Resolver, Storage, NEVER,
@@ -484,8 +487,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Runs the due route timers of kind `t` (`Backlog`, `SaReply` or `SaBusy`): what they
     /// end is answered ETIMEDOUT; a BUSY job whose backoff ended goes back to the backlog.
-    pub(crate) fn route_timers(&mut self, now: Millis, t: super::Timer) {
-        use super::Timer;
+    pub(crate) fn route_timers(&mut self, now: Millis, t: Timer) {
         match t {
             Timer::Backlog => {
                 while let Some(j) = self.routes.backlog_due(self.st.jobs(), now, &self.sh.cfg) {
@@ -502,7 +504,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     };
                     while let Some(j) = cur {
                         let t = self.st.slabs();
-                        cur = List::next_of(t.jobs, j, super::storage::JOB);
+                        cur = List::next_of(t.jobs, j, JOB);
                         let slot = usize::from(t.jobs[j as usize].slot);
                         let try_ms = endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg);
                         if self.routes.reply_late(t.jobs, j, now, try_ms, &self.sh.cfg) {
@@ -515,7 +517,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Timer::SaBusy => {
                 let mut cur = self.routes.busy.front();
                 while let Some(j) = cur {
-                    cur = List::next_of(self.st.jobs(), j, super::storage::JOB);
+                    cur = List::next_of(self.st.jobs(), j, JOB);
                     let job = self.st.jobs()[j as usize];
                     if job.timer > now {
                         continue;
@@ -554,11 +556,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Drops the cache aliases of removed local addresses and frees their entries.
     fn drop_removed(&mut self) {
-        while let Some(i) = self.addrs.removals.pop_front(
-            self.st.addrs(),
-            list_id::REMOVALS,
-            super::storage::ADDR_Q,
-        ) {
+        while let Some(i) =
+            self.addrs
+                .removals
+                .pop_front(self.st.addrs(), list_id::REMOVALS, ADDR_Q)
+        {
             let a = self.st.addrs()[i as usize];
             if let Some(k) = addr::addr_key(&a) {
                 self.w.remove_addr(&k);
