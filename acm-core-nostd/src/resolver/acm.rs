@@ -8,351 +8,370 @@
 //! `timeout` plus the port's subnet timeout, `retries` times), and becomes `Resolved` with the
 //! answering peer's GID, LID and QPN from the response's GRH and completion.
 
-use super::addr::addr_key;
-use super::storage::Slab;
-use super::storage::{list_id, AddrState, List, ADDR_Q, ADDR_S};
+use super::addr::{addr_key, AddrTable};
+use super::mads;
+use super::storage::{list_id, AddrState, GroupState, List, Slabs, SlabsRef, ADDR_Q, ADDR_S};
 use super::timers::Timer;
-use super::{AddrEntry, Counter, EpId, Millis, RecvMeta, Resolver, Storage};
-use crate::cache::CacheRef;
+use super::{AcmDest, AddrEntry, EpId, EpSlot, Millis, Output, RecvMeta, Shared, Stats, UnicastAv};
+use crate::cache::{CacheRef, CacheWriter};
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ACM_MGMT_CLASS, CTRL_RESOLVE};
-use crate::wire::client::Status;
 use crate::wire::gid::Gid;
-use crate::wire::mad::Method;
+use crate::wire::mcmember::{McMemberRepr, ACM_QKEY};
 use crate::wire::path_record::PathRecord;
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// The path ACM route mode builds from the group (libibacmp's `acmp_record_acm_route`): the
-    /// group's path with DGID = the peer's GID, DLID = its LID, SLID = ours, reversible, and
-    /// SL, MTU, rate, packet lifetime, traffic class, flow label, hop limit and P_Key from the
-    /// MCMemberRecord.
-    pub(crate) fn acm_path(&self, slot: usize, a: &AddrEntry) -> Option<[u8; 64]> {
-        let rec = self.group_record(slot, a.group)?;
-        let e = &self.st.slabs_ref().endpoints[slot];
-        let g = crate::wire::mcmember::McMemberRepr::parse_bytes(&rec).ok()?;
-        let mut r = [0u8; 64];
-        let mut p = PathRecord::new_unchecked(&mut r[..]);
-        p.set_dgid(Gid(a.gid));
-        p.set_sgid(Gid(e.port_gid));
-        p.set_dlid(a.lid);
-        p.set_slid(e.lid);
-        p.set_flow(false, g.flow_label, g.hop_limit);
-        p.set_tclass(g.tclass);
-        p.set_reversible_numpath(true, 1);
-        p.set_pkey(g.pkey);
-        p.set_qosclass_sl(0, g.sl);
-        // MTU, rate and packet lifetime bytes verbatim, selector bits included.
-        r[54] = rec[38];
-        r[55] = rec[42];
-        r[56] = rec[43];
-        Some(r)
-    }
+/// The path ACM route mode builds from the group (libibacmp's `acmp_record_acm_route`): the
+/// group's path from endpoint `e` with DGID = the peer's GID, DLID = its LID, SLID = ours,
+/// reversible, and SL, MTU, rate, packet lifetime, traffic class, flow label, hop limit and
+/// P_Key from the MCMemberRecord.
+pub(crate) fn acm_path(e: &EpSlot, a: &AddrEntry) -> Option<[u8; 64]> {
+    let rec = e.groups.record(a.group)?;
+    let g = crate::wire::mcmember::McMemberRepr::parse_bytes(&rec).ok()?;
+    let mut r = [0u8; 64];
+    let mut p = PathRecord::new_unchecked(&mut r[..]);
+    p.set_dgid(Gid(a.gid));
+    p.set_sgid(Gid(e.port_gid));
+    p.set_dlid(a.lid);
+    p.set_slid(e.lid);
+    p.set_flow(false, g.flow_label, g.hop_limit);
+    p.set_tclass(g.tclass);
+    p.set_reversible_numpath(true, 1);
+    p.set_pkey(g.pkey);
+    p.set_qosclass_sl(0, g.sl);
+    // MTU, rate and packet lifetime bytes verbatim, selector bits included.
+    r[54] = rec[38];
+    r[55] = rec[42];
+    r[56] = rec[43];
+    Some(r)
+}
 
-    /// Puts entry `i` (Resolved, no job) on its endpoint's ACM queue (QUERY_ADDR).
-    pub(crate) fn requeue(&mut self, now: Millis, slot: usize, i: u32) {
-        let at = now.saturating_add(self.cfg.queue_deadline);
-        let t = self.st.slabs();
-        let a = &mut t.addrs[i as usize];
+/// How long one try of an ACM query of endpoint `e` waits.
+fn acm_try(e: &EpSlot, sh: &Shared) -> Millis {
+    sh.cfg.acm_timeout.saturating_add(e.subnet_timeout).max(1)
+}
+
+/// The class 0x2C MAD `mad` received on endpoint `e` with `meta`, if it is a well-formed
+/// resolve request or response from another port in the endpoint's partition: its sender's
+/// GID (from the GRH) and what it says. Anything else is counted in `stats` (our own
+/// multicast, looped back by the HCA, is dropped uncounted).
+pub(crate) fn received(
+    e: &EpSlot,
+    meta: &RecvMeta,
+    mad: &[u8],
+    stats: &mut Stats,
+) -> Option<(Gid, AcmResolveRepr)> {
+    let Ok(m) = AcmMad::new_checked(mad) else {
+        stats.acm_malformed += 1;
+        return None;
+    };
+    if mad.len() != crate::wire::mad::MAD_LEN
+        || m.base_version() != 1
+        || m.mgmt_class() != ACM_MGMT_CLASS
+        || m.class_version() != 1
+        || m.control() != CTRL_RESOLVE
+    {
+        stats.acm_malformed += 1;
+        return None;
+    }
+    let sgid = match meta.grh_sgid {
+        Some(g) if meta.pkey_index == meta.ep_pkey_index && !g.is_zero() => g,
+        _ => {
+            stats.acm_wrong_key += 1;
+            return None;
+        }
+    };
+    let Ok(r) = AcmResolveRepr::parse(&m) else {
+        stats.acm_malformed += 1;
+        return None;
+    };
+    // Our own multicast, looped back by the HCA: nothing to learn or answer.
+    if sgid.0 == e.port_gid && meta.src_qp == e.qpn {
+        return None;
+    }
+    Some((sgid, r))
+}
+
+impl AddrTable {
+    /// Puts entry `i` (Resolved, no job) on its endpoint `e`'s ACM queue (QUERY_ADDR).
+    pub(crate) fn requeue(
+        &mut self,
+        addrs: &mut [AddrEntry],
+        e: &mut EpSlot,
+        now: Millis,
+        i: u32,
+        sh: &mut Shared,
+    ) {
+        let at = now.saturating_add(sh.cfg.queue_deadline);
+        let a = &mut addrs[i as usize];
         a.state = AddrState::Queued;
         a.timer = at;
         a.tries = 0;
-        t.endpoints[slot]
-            .queue
-            .push_back(t.addrs, i, list_id::ACM_QUEUE, ADDR_Q);
-        self.addrs.active += 1;
-        self.timers.arm(Timer::AcmQueue, at);
+        e.queue.push_back(addrs, i, list_id::ACM_QUEUE, ADDR_Q);
+        self.active += 1;
+        sh.timers.arm(Timer::AcmQueue, at);
     }
 
-    /// Sends queued address queries of endpoint `slot` while its ACM window has room.
-    pub(crate) fn pump_acm(&mut self, now: Millis, slot: usize) {
-        if !self.ep_ready(slot) {
-            return;
-        }
-        let try_ms = self.acm_try(slot);
-        while self.st.slabs_ref().endpoints[slot].acm_inflight < self.cfg.acm_window {
-            let t = self.st.slabs();
-            let Some(i) = t.endpoints[slot]
-                .queue
-                .pop_front(t.addrs, list_id::ACM_QUEUE, ADDR_Q)
-            else {
+    /// Sends queued address queries of endpoint `e` (ready) while its ACM window has room;
+    /// returns how many went (each one ADDR_QUERY).
+    pub(crate) fn pump(
+        &mut self,
+        addrs: &mut [AddrEntry],
+        e: &mut EpSlot,
+        now: Millis,
+        sh: &mut Shared,
+    ) -> u32 {
+        let try_ms = acm_try(e, sh);
+        let mut sent = 0;
+        while e.acm_inflight < sh.cfg.acm_window {
+            let Some(i) = e.queue.pop_front(addrs, list_id::ACM_QUEUE, ADDR_Q) else {
                 break;
             };
-            let tid = u64::from(self.next_tid());
-            let t = self.st.slabs();
-            let e = &mut t.endpoints[slot];
+            let tid = u64::from(sh.next_tid());
             let at = now.saturating_add(try_ms);
-            let a = &mut t.addrs[i as usize];
+            let a = &mut addrs[i as usize];
             a.state = AddrState::Querying;
             a.tid = tid;
             a.tries = 0;
             a.timer = at;
             a.send_query = true;
             e.inflight
-                .push_back(t.addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
+                .push_back(addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
             e.acm_inflight += 1;
-            let id = EpId(e.id);
-            self.addrs
-                .send
-                .push_back(t.addrs, i, list_id::ACM_SEND, ADDR_S);
-            self.count(id, Counter::AddrQuery);
-            self.timers.arm(Timer::AcmRetry, at);
+            self.send.push_back(addrs, i, list_id::ACM_SEND, ADDR_S);
+            sent += 1;
+            sh.timers.arm(Timer::AcmRetry, at);
         }
+        sent
     }
 
-    /// How long one try of an ACM query of endpoint `slot` waits.
-    fn acm_try(&self, slot: usize) -> Millis {
-        self.cfg
-            .acm_timeout
-            .saturating_add(self.st.slabs_ref().endpoints[slot].subnet_timeout)
-            .max(1)
+    /// The head of endpoint `e`'s ACM queue if its deadline has passed at `now` (the queue
+    /// is in deadline order).
+    pub(crate) fn queue_due(e: &EpSlot, addrs: &[AddrEntry], now: Millis) -> Option<u32> {
+        let i = e.queue.front()?;
+        (addrs[i as usize].timer <= now).then_some(i)
     }
 
-    /// ACM queue deadlines of endpoint `slot` (the queue is in deadline order: only due heads
-    /// are looked at).
-    pub(crate) fn acm_queue_timers(&mut self, now: Millis, slot: usize) {
-        let ready = self.ep_ready(slot);
-        while let Some(i) = self.st.slabs_ref().endpoints[slot].queue.front() {
-            if self.st.slabs_ref().addrs[i as usize].timer > now {
-                break;
-            }
-            // Waiting for the group join: ibacmp's "endpoint not ready" ENODATA.
-            let status = if ready {
-                Status::Etimedout
-            } else {
-                Status::Enodata
-            };
-            self.stats.timeouts += u64::from(ready);
-            self.fail_addr(i, status);
-        }
-    }
-
-    /// ACM retries of endpoint `slot` (the in-flight list is in deadline order).
-    pub(crate) fn acm_retry_timers(&mut self, now: Millis, slot: usize) {
-        let try_ms = self.acm_try(slot);
-        while let Some(i) = self.st.slabs_ref().endpoints[slot].inflight.front() {
-            let a = self.st.slabs_ref().addrs[i as usize];
+    /// Retries the due queries of endpoint `e` (the in-flight list is in deadline order: due
+    /// heads only) until one is out of retries: that one, for the caller to fail.
+    pub(crate) fn retry_due(
+        &mut self,
+        addrs: &mut [AddrEntry],
+        e: &mut EpSlot,
+        now: Millis,
+        sh: &mut Shared,
+    ) -> Option<u32> {
+        let try_ms = acm_try(e, sh);
+        while let Some(i) = e.inflight.front() {
+            let a = addrs[i as usize];
             if a.timer > now {
                 break;
             }
-            if a.tries < self.cfg.acm_retries {
-                // Same TID, as ibacmp re-posts the same message; to the back of the list.
-                let at = now.saturating_add(try_ms);
-                let t = self.st.slabs();
-                let l = &mut t.endpoints[slot].inflight;
-                l.remove(t.addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
-                l.push_back(t.addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
-                let a = &mut t.addrs[i as usize];
-                a.tries += 1;
-                a.timer = at;
-                a.send_query = true;
-                self.addrs
-                    .send
-                    .push_back(t.addrs, i, list_id::ACM_SEND, ADDR_S);
-                self.timers.arm(Timer::AcmRetry, at);
-            } else {
-                self.stats.timeouts += 1;
-                self.fail_addr(i, Status::Etimedout);
+            if a.tries >= sh.cfg.acm_retries {
+                return Some(i);
             }
+            // Same TID, as ibacmp re-posts the same message; to the back of the list.
+            let at = now.saturating_add(try_ms);
+            let l = &mut e.inflight;
+            l.remove(addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
+            l.push_back(addrs, i, list_id::ACM_INFLIGHT, ADDR_Q);
+            let a = &mut addrs[i as usize];
+            a.tries += 1;
+            a.timer = at;
+            a.send_query = true;
+            self.send.push_back(addrs, i, list_id::ACM_SEND, ADDR_S);
+            sh.timers.arm(Timer::AcmRetry, at);
         }
+        None
     }
 
-    /// Whether `addr` is a local address of an open endpoint other than `slot` (another
-    /// partition): a request for it that arrives on `slot` crossed partitions.
-    fn local_elsewhere(&self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> bool {
-        let t = self.st.slabs_ref();
+    /// Whether the destination of peer request `r` is a local address of an open endpoint
+    /// other than `slot` (another partition): the request arrived on `slot` across
+    /// partitions.
+    pub(crate) fn local_elsewhere(&self, t: SlabsRef<'_>, slot: usize, r: &AcmResolveRepr) -> bool {
         let n = t.endpoints.len().min(super::MAX_EPS);
         (0..n).any(|o| {
             o != slot
                 && t.endpoints[o].open
                 && self
-                    .find_addr(o, type_, addr)
+                    .find(t, o, r.dest_type, &r.dest)
                     .is_some_and(|i| t.addrs[i as usize].state == AddrState::Local)
         })
     }
 
     /// Records what a peer's packet says about it: entry `i` becomes ADDR_RESOLVED with the
-    /// peer's GID (GRH), LID, QPN and the shared group; waiters move on to the route.
-    fn resolved(
+    /// peer's GID `sgid` (GRH), LID, QPN (`meta`) and the shared group, the mapping expiring
+    /// at `expires`. Returns its waiters when it was being queried (to be routed now, also
+    /// with no waiter left, to prime the cache).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn resolved<C: CacheRef>(
         &mut self,
-        now: Millis,
-        slot: usize,
+        t: &mut Slabs<'_>,
         i: u32,
         sgid: Gid,
         meta: &RecvMeta,
         group: u8,
-    ) {
-        let a = self.st.addrs()[i as usize];
+        expires: Millis,
+        w: &mut CacheWriter<C>,
+    ) -> Option<List> {
+        let a = t.addrs[i as usize];
         let was_querying = matches!(a.state, AddrState::Queued | AddrState::Querying);
         if was_querying {
-            self.unlink_q(i);
-            self.addrs.active -= 1;
+            self.unlink_q(t, i);
+            self.active -= 1;
         } else if a.gid != sgid.0 {
             // The peer's GID changed: the old alias points at the old route.
             if let Some(k) = addr_key(&a) {
-                self.w.remove_addr(&k);
+                w.remove_addr(&k);
             }
         }
-        let expires = self.addr_expiry(now);
-        let waiters = {
-            let a = &mut self.st.addrs()[i as usize];
-            // A hosts-file entry keeps its origin (it survives reregisters); what the peer
-            // says about itself is newer than the file, so the mapping is updated.
-            a.state = AddrState::Resolved;
-            a.gid = sgid.0;
-            a.lid = meta.slid;
-            a.qpn = meta.src_qp;
-            a.path_bits = meta.dlid_path_bits;
-            a.group = group + 1;
-            a.expires = expires;
-            a.send_query = false;
-            core::mem::replace(&mut a.waiters, List::EMPTY)
-        };
-        let addrs = self.st.addrs();
-        if !addrs[i as usize].send_resp {
-            self.addrs.send.remove(addrs, i, list_id::ACM_SEND, ADDR_S);
+        let a = &mut t.addrs[i as usize];
+        // A hosts-file entry keeps its origin (it survives reregisters); what the peer says
+        // about itself is newer than the file, so the mapping is updated.
+        a.state = AddrState::Resolved;
+        a.gid = sgid.0;
+        a.lid = meta.slid;
+        a.qpn = meta.src_qp;
+        a.path_bits = meta.dlid_path_bits;
+        a.group = group + 1;
+        a.expires = expires;
+        a.send_query = false;
+        let waiters = core::mem::replace(&mut a.waiters, List::EMPTY);
+        if !t.addrs[i as usize].send_resp {
+            self.send.remove(t.addrs, i, list_id::ACM_SEND, ADDR_S);
         }
-        if was_querying {
-            // Someone asked: route it now (also with no waiter left, to prime the cache).
-            self.route_addr(now, slot, i, waiters, None, false);
-        }
+        was_querying.then_some(waiters)
     }
 
-    /// A received class 0x2C MAD.
-    pub(crate) fn acm_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8]) {
-        let Some(slot) = self.ep_slot(ep) else {
-            self.stats.acm_unsolicited += 1;
-            return;
-        };
-        let Ok(m) = AcmMad::new_checked(mad) else {
-            self.stats.acm_malformed += 1;
-            return;
-        };
-        if mad.len() != crate::wire::mad::MAD_LEN
-            || m.base_version() != 1
-            || m.mgmt_class() != ACM_MGMT_CLASS
-            || m.class_version() != 1
-            || m.control() != CTRL_RESOLVE
-        {
-            self.stats.acm_malformed += 1;
-            return;
-        }
-        let sgid = match meta.grh_sgid {
-            Some(g) if meta.pkey_index == meta.ep_pkey_index && !g.is_zero() => g,
-            _ => {
-                self.stats.acm_wrong_key += 1;
-                return;
-            }
-        };
-        let Ok(r) = AcmResolveRepr::parse(&m) else {
-            self.stats.acm_malformed += 1;
-            return;
-        };
-        // Our own multicast, looped back by the HCA: nothing to learn or answer.
-        let e = &self.st.slabs_ref().endpoints[slot];
-        if sgid.0 == e.port_gid && meta.src_qp == e.qpn {
-            return;
-        }
-        match r.method {
-            Method::Get => self.peer_request(now, slot, meta, sgid, &r),
-            Method::GetResp => self.peer_response(now, slot, meta, sgid, &r),
-            _ => self.stats.acm_malformed += 1,
-        }
-    }
-
-    fn peer_request(
+    /// A peer's request on endpoint `slot`: whether it asks for one of the endpoint's own
+    /// addresses, and the entry that records the requester (found or new; `None` if it is
+    /// one of ours or the table has no room).
+    pub(crate) fn requester(
         &mut self,
-        now: Millis,
+        t: &mut Slabs<'_>,
         slot: usize,
-        meta: &RecvMeta,
-        sgid: Gid,
         r: &AcmResolveRepr,
-    ) {
+    ) -> (bool, Option<u32>) {
         let (st, dt) = (r.src_type, r.dest_type);
-        if !st.is_address() || !dt.is_address() {
-            self.stats.acm_malformed += 1;
-            return;
-        }
-        let Some(g) = self.best_group(slot, r.gids()) else {
-            self.stats.acm_no_group += 1;
-            return;
-        };
         let target = self
-            .find_addr(slot, dt, &r.dest)
-            .is_some_and(|i| self.st.addrs()[i as usize].state == AddrState::Local);
+            .find(t.read(), slot, dt, &r.dest)
+            .is_some_and(|i| t.addrs[i as usize].state == AddrState::Local);
         // Every receiver records the requester, as ibacmp does.
-        let rec = match self.find_addr(slot, st, &r.src) {
-            Some(i) => match self.st.addrs()[i as usize].state {
+        let rec = match self.find(t.read(), slot, st, &r.src) {
+            Some(i) => match t.addrs[i as usize].state {
                 AddrState::Local | AddrState::Removing | AddrState::Free => None,
                 _ => Some(i),
             },
             None => {
-                let i = self.alloc_addr(slot, st, &r.src);
+                let i = self.alloc(t, slot, st, &r.src);
                 if let Some(i) = i {
-                    let cache_ep = self.st.endpoints()[slot].cache_ep;
-                    self.st.addrs()[i as usize].cache_ep = cache_ep;
+                    t.addrs[i as usize].cache_ep = t.endpoints[slot].cache_ep;
                 }
                 i
             }
         };
-        if let Some(i) = rec {
-            self.resolved(now, slot, i, sgid, meta, g);
-        }
-        if !target {
-            if self.local_elsewhere(slot, dt, &r.dest) {
-                self.stats.acm_other_partition += 1;
-            }
-            return;
-        }
-        // Respond at once (ibacmp in SA route mode first runs its own SA query towards the
-        // requester and answers only if that succeeds; the requester never sees that path,
-        // so waiting only delays it, and a failed query there turns into a requester timeout).
-        match rec {
-            Some(i) => {
-                let addrs = self.st.addrs();
-                let a = &mut addrs[i as usize];
-                a.send_resp = true;
-                a.resp_tid = r.tid;
-                a.resp_group = g + 1;
-                self.addrs
-                    .send
-                    .push_back(addrs, i, list_id::ACM_SEND, ADDR_S);
-            }
-            None => self.stats.full += 1,
-        }
+        (target, rec)
     }
 
-    fn peer_response(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        meta: &RecvMeta,
-        sgid: Gid,
-        r: &AcmResolveRepr,
-    ) {
-        let t = self.st.slabs_ref();
-        let found = t.endpoints[slot]
+    /// Entry `i`'s peer asked for one of our addresses (request `tid`, shared group `group`):
+    /// a response wants sending.
+    pub(crate) fn respond(&mut self, addrs: &mut [AddrEntry], i: u32, tid: u64, group: u8) {
+        let a = &mut addrs[i as usize];
+        a.send_resp = true;
+        a.resp_tid = tid;
+        a.resp_group = group + 1;
+        self.send.push_back(addrs, i, list_id::ACM_SEND, ADDR_S);
+    }
+
+    /// The query of endpoint `slot` in flight with `tid`, if any.
+    pub(crate) fn in_flight(&self, t: SlabsRef<'_>, slot: usize, tid: u64) -> Option<u32> {
+        t.endpoints[slot]
             .inflight
             .iter(t.addrs, ADDR_Q)
-            .find(|&i| t.addrs[i as usize].tid == r.tid);
-        let Some(i) = found else {
-            self.stats.acm_unknown_tid += 1;
-            return;
-        };
-        if r.status != 0 || r.gid_cnt == 0 {
-            self.stats.acm_malformed += 1;
-            return;
-        }
-        let Some(g) = self.best_group(slot, &r.gids()[..1]) else {
-            self.stats.acm_unsolicited += 1;
-            return;
-        };
-        self.resolved(now, slot, i, sgid, meta, g);
+            .find(|&i| t.addrs[i as usize].tid == tid)
     }
-    /// Sends queued address queries of every endpoint while their ACM windows have room.
-    pub(crate) fn pump_acm_all(&mut self, now: Millis) {
-        if self.addrs.active > 0 {
-            for slot in 0..self.st.slabs_ref().endpoints.len() {
-                self.pump_acm(now, slot);
+
+    /// The next ACM MAD to send (over endpoints `eps`), taking entries off the send list as
+    /// they have no more.
+    pub(crate) fn poll(&mut self, addrs: &mut [AddrEntry], eps: &[EpSlot]) -> Option<Output> {
+        while let Some(i) = self.send.front() {
+            if let Some(o) = self.output(addrs, eps, i) {
+                return Some(o);
             }
         }
+        None
     }
+
+    /// The next ACM MAD of entry `i` (taking it off the send list when it has no more).
+    fn output(&mut self, addrs: &mut [AddrEntry], eps: &[EpSlot], i: u32) -> Option<Output> {
+        let a = addrs[i as usize];
+        let slot = usize::from(a.slot);
+        let e = &eps[slot];
+        let id = EpId(e.id);
+        if a.send_query {
+            addrs[i as usize].send_query = false;
+            if !a.send_resp {
+                self.send.remove(addrs, i, list_id::ACM_SEND, ADDR_S);
+            }
+            // Multicast only while attached to group 0 (after a reregister the try is lost;
+            // the retry timer runs on).
+            if a.state == AddrState::Querying && e.open && e.groups.joined() {
+                let (src_type, src) = source_of(e, addrs, &a);
+                let mut mgids = [Gid::ZERO; 2];
+                let mut n = 0;
+                for g in e.groups.iter() {
+                    if g.t.state == GroupState::Joined {
+                        mgids[n] = Gid::from_bytes(&g.record[..16]).unwrap_or(Gid::ZERO);
+                        n += 1;
+                    }
+                }
+                return Some(Output::SendAcm {
+                    ep: id,
+                    to: AcmDest::Group(0),
+                    mad: mads::acm_request(a.tid, a.type_, &a.addr, src_type, &src, &mgids[..n]),
+                });
+            }
+            return None;
+        }
+        self.send.remove(addrs, i, list_id::ACM_SEND, ADDR_S);
+        if !a.send_resp {
+            return None;
+        }
+        addrs[i as usize].send_resp = false;
+        let g = usize::from(a.resp_group).checked_sub(1)?;
+        let gs = e.groups.0.get(g)?;
+        if !e.open || gs.t.state != GroupState::Joined {
+            return None;
+        }
+        let rec = McMemberRepr::parse_bytes(&gs.record).ok()?;
+        Some(Output::SendAcm {
+            ep: id,
+            to: AcmDest::Unicast(UnicastAv {
+                dlid: a.lid,
+                sl: rec.sl,
+                src_path_bits: a.path_bits,
+                static_rate: rec.rate,
+                dgid: Gid(a.gid),
+                flow_label: rec.flow_label,
+                hop_limit: rec.hop_limit,
+                tclass: rec.tclass,
+                remote_qpn: a.qpn,
+                remote_qkey: ACM_QKEY,
+            }),
+            mad: mads::acm_response(a.resp_tid, rec.mgid),
+        })
+    }
+}
+
+/// The source of our request for `a` from endpoint `e`: the client's source entry, else one
+/// of the endpoint's local addresses, else our port GID (type GID).
+fn source_of(e: &EpSlot, addrs: &[AddrEntry], a: &AddrEntry) -> (AddressType, [u8; 64]) {
+    if a.src_type != AddressType::Invalid {
+        return (a.src_type, a.src);
+    }
+    if let Some(l) = e.locals.front() {
+        let la = &addrs[l as usize];
+        return (la.type_, la.addr);
+    }
+    let mut g = [0u8; 64];
+    g[..16].copy_from_slice(&e.port_gid);
+    (AddressType::Gid, g)
 }

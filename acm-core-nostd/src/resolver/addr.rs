@@ -19,15 +19,14 @@
 
 use super::request;
 use super::storage::chain;
-use super::storage::Joiner;
-use super::storage::Slab;
 use super::storage::{
     bucket_of, list_id, AddrState, List, Origin, Slabs, SlabsRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
 };
-use super::{AddrEntry, Counter, EpId, Kind, Millis, Request, Resolver, Storage, NEVER};
-use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, Lookup, PathKey};
+use super::timers::Timer;
+use super::{AddrEntry, Config, EpSlot, Millis, RequestSlot, Shared, NEVER};
+use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, PathKey};
 use crate::wire::acm_mad::AddressType;
-use crate::wire::client::{AcmMsg, Status, EP_FLAG_SOURCE};
+use crate::wire::client::{AcmMsg, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
 
 /// The cache address key of an entry (NAME/IP/IP6 only).
@@ -120,7 +119,7 @@ impl AddrTable {
 
     /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
     /// entry (no waiters, no route job, no response to send) if the table is full.
-    fn alloc(
+    pub(crate) fn alloc(
         &mut self,
         t: &mut Slabs<'_>,
         slot: usize,
@@ -157,7 +156,7 @@ impl AddrTable {
     }
 
     /// Takes entry `i` off the list its `qlink` is on.
-    fn unlink_q(&mut self, t: &mut Slabs<'_>, i: u32) {
+    pub(crate) fn unlink_q(&mut self, t: &mut Slabs<'_>, i: u32) {
         let a = &t.addrs[i as usize];
         let (on, e) = (a.qlink.on, &mut t.endpoints[usize::from(a.slot)]);
         match on {
@@ -180,7 +179,7 @@ impl AddrTable {
 
     /// Frees entry `i`: off every list, out of its route job's addresses and of the hash
     /// (its waiters must have been answered).
-    fn free_entry(&mut self, t: &mut Slabs<'_>, i: u32) {
+    pub(crate) fn free_entry(&mut self, t: &mut Slabs<'_>, i: u32) {
         let a = t.addrs[i as usize];
         if a.state == AddrState::Free {
             return;
@@ -235,262 +234,94 @@ impl AddrTable {
     }
 }
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// The entry for (endpoint slot, type, address).
-    pub(crate) fn find_addr(
-        &self,
-        slot: usize,
-        type_: AddressType,
-        addr: &[u8; 64],
-    ) -> Option<u32> {
-        self.addrs.find(self.st.slabs_ref(), slot, type_, addr)
-    }
-
-    /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
-    /// entry if the table is full. `None` if nothing can be evicted.
-    pub(crate) fn alloc_addr(
-        &mut self,
-        slot: usize,
-        type_: AddressType,
-        addr: &[u8; 64],
-    ) -> Option<u32> {
-        self.addrs.alloc(&mut self.st.slabs(), slot, type_, addr)
-    }
-
-    /// Takes entry `i` off the list its `qlink` is on.
-    pub(crate) fn unlink_q(&mut self, i: u32) {
-        self.addrs.unlink_q(&mut self.st.slabs(), i);
-    }
-
-    /// Frees entry `i` (its waiters, if any, are answered ENODATA first).
-    pub(crate) fn free_addr(&mut self, i: u32) {
-        self.fail_addr_waiters(i, Status::Enodata);
-        self.addrs.free_entry(&mut self.st.slabs(), i);
-    }
-
-    /// Drops the cache aliases of removed local addresses and frees their entries.
-    pub(crate) fn drop_removed(&mut self) {
-        while let Some(i) =
-            self.addrs
-                .removals
-                .pop_front(self.st.addrs(), list_id::REMOVALS, ADDR_Q)
-        {
-            let a = self.st.addrs()[i as usize];
-            if let Some(k) = addr_key(&a) {
-                self.w.remove_addr(&k);
-            }
-            self.free_addr(i);
-        }
-    }
-
-    /// When an address mapping made at `now` expires.
-    pub(crate) fn addr_expiry(&self, now: Millis) -> Millis {
-        self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t))
-    }
-
-    /// Answers the waiters of entry `i` with `status`.
-    pub(crate) fn fail_addr_waiters(&mut self, i: u32, status: Status) {
-        let mut l = core::mem::replace(&mut self.st.addrs()[i as usize].waiters, List::EMPTY);
-        self.answer_list(&mut l, status, None);
-    }
-
-    /// An address query failed: its waiters get `status`, the entry goes (ibacmp: INIT).
-    pub(crate) fn fail_addr(&mut self, i: u32, status: Status) {
-        self.fail_addr_waiters(i, status);
-        self.free_addr(i);
-    }
-
-    /// The key and SA record of entry `i`'s route: ibacmp's `{sgid, dgid, pkey, tclass}`.
-    fn addr_route_key(&self, slot: usize, i: u32) -> (Option<PathKey>, [u8; 64]) {
-        let a = &self.st.slabs_ref().addrs[i as usize];
-        let tclass = self.group_record(slot, a.group).map_or(0, |r| r[39]);
-        let view = self.view(slot, a.cache_ep);
-        let (k, sa) = request::normalise(&view, &request::gid_record(Gid(a.gid), tclass));
-        (request::cache_key(a.cache_ep, &k), sa)
-    }
-
-    /// Routes the resolved address `i` and answers `waiters` (from the cache, from the group in
-    /// ACM route mode, or after an SA query). `count_addr_cache`: a request found the address
-    /// known but not its route (ibacmp's ADDR_RESOLVED hit).
-    pub(crate) fn route_addr(
-        &mut self,
-        now: Millis,
-        slot: usize,
+impl AddrTable {
+    /// Adds the requests of `waiters` to entry `i`'s waiters, leaving `waiters` empty.
+    pub(crate) fn add_waiters(
+        addrs: &mut [AddrEntry],
+        reqs: &mut [RequestSlot],
         i: u32,
-        mut waiters: List,
-        count_addr_cache: Option<EpId>,
-        force: bool,
+        waiters: &mut List,
     ) {
-        let (key, sa) = self.addr_route_key(slot, i);
-        let a = self.st.addrs()[i as usize];
-        if let (Some(k), false) = (key, force) {
-            match self.cache().lookup(&k, now) {
-                Lookup::Hit {
-                    record,
-                    expires_at,
-                    needs_refresh,
-                } => {
-                    alias(&mut self.w, &a, &k, now, expires_at);
-                    if needs_refresh {
-                        self.join_route(now, slot, a.cache_ep, key, &sa, Joiner::addr(i));
-                    }
-                    let mut l = waiters;
-                    while let Some(w) = l.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-                        let ep = self.st.requests()[w as usize].ep;
-                        self.count(ep, Counter::RouteCache);
-                        self.answer(w, Status::Success, Some(&record));
-                    }
-                    return;
-                }
-                Lookup::Negative { status, .. } => {
-                    self.answer_list(&mut waiters, Status::from(status), None);
-                    return;
-                }
-                _ => {}
-            }
-        }
-        if let (Some(k), true) = (key, self.cfg.route_acm && a.lid != 0) {
-            if let Some(path) = self.acm_path(slot, &a) {
-                self.w
-                    .insert(&k, &path, now, self.cfg.route_ttl.unwrap_or(NEVER));
-                let exp = self.cfg.route_ttl.map_or(NEVER, |t| now.saturating_add(t));
-                alias(&mut self.w, &a, &k, now, exp);
-                self.answer_list(&mut waiters, Status::Success, Some(&path));
-                return;
-            }
-        }
-        if let (Some(ep), 0) = (count_addr_cache, a.job) {
-            self.count(ep, Counter::AddrCache);
-        }
-        let cache_ep = a.cache_ep;
-        let first = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ);
-        let who = Joiner {
-            waiter: first,
-            addr: Some(i),
-        };
-        self.join_route(now, slot, cache_ep, key, &sa, who);
-        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-            self.join_route(now, slot, cache_ep, key, &sa, Joiner::waiter(w));
-        }
-    }
-
-    /// Renews the route of a resolved address that a near-expiry hit or a
-    /// [`Kind::Refresh`] asked for (a route query, re-aliased under the request's cache
-    /// endpoint number); an address not resolved here is left alone.
-    pub(crate) fn addr_refresh(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        r: &Request<'_>,
-        key: &AddrKey,
-    ) {
-        if let Some(i) = self.find_addr(slot, key.kind.into(), &key.addr) {
-            if self.st.addrs()[i as usize].state == AddrState::Resolved {
-                self.st.addrs()[i as usize].cache_ep = r.cache_ep;
-                self.route_addr(now, slot, i, List::EMPTY, None, true);
-            }
-        }
-    }
-
-    /// A NAME / IP / IP6 request past the front ([`front::decide`](super::front::decide)):
-    /// resolved from the address table (our own address: loopback; a resolved one: its
-    /// route; one being queried: wait for it) or queried over the ACM protocol, as a waiter
-    /// if `wait` (a Resolve the query answers), else only to prime the cache.
-    pub(crate) fn addr_query(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        r: &Request<'_>,
-        key: &AddrKey,
-        wait: bool,
-    ) {
-        let found = self.find_addr(slot, key.kind.into(), &key.addr);
-        let mut waiters = List::EMPTY;
-        if wait {
-            let Some(w) = self.waiter(r) else {
-                return;
-            };
-            waiters.push_back(self.st.requests(), w, list_id::WAITERS, REQ);
-        }
-        let state = found.map(|i| self.st.addrs()[i as usize].state);
-        match (found, state) {
-            (Some(i), Some(AddrState::Local)) => {
-                let e = self.st.endpoints()[slot];
-                if self.cfg.loopback_local && e.lid != 0 {
-                    let path =
-                        request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
-                    self.insert_loopback(now, slot, i, r.cache_ep);
-                    if !waiters.is_empty() {
-                        self.count(r.ep, Counter::RouteCache);
-                    }
-                    self.answer_list(&mut waiters, Status::Success, Some(&path));
-                } else {
-                    // loopback_prot none: our own address is routed like any other, to GID0.
-                    self.st.addrs()[i as usize].cache_ep = r.cache_ep;
-                    self.route_addr(now, slot, i, waiters, Some(r.ep), false);
-                }
-            }
-            (Some(i), Some(AddrState::Resolved)) => {
-                let a = &mut self.st.addrs()[i as usize];
-                a.cache_ep = r.cache_ep;
-                let mut renewed = false;
-                if a.expires <= now {
-                    if a.origin == Origin::Preload || a.job != 0 {
-                        // The hosts file is re-read, so to speak: a new lifetime. That is an
-                        // address query (ibacmp: an expired dest is INIT), not an ADDR_CACHE hit.
-                        a.expires = self.cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t));
-                        renewed = true;
-                        self.count(r.ep, Counter::AddrQuery);
-                    } else if self.cfg.addr_acm && self.st.endpoints()[slot].acm {
-                        self.requeue(now, slot, i);
-                        let mut l = waiters;
-                        self.add_waiters(i, &mut l);
-                        return;
-                    }
-                }
-                let count = (r.kind == Kind::Resolve && !renewed).then_some(r.ep);
-                self.route_addr(now, slot, i, waiters, count, false);
-            }
-            (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
-                self.add_waiters(i, &mut waiters);
-            }
-            (Some(_), _) => self.answer_list(&mut waiters, Status::Enodata, None),
-            (None, _) => {
-                if !(self.cfg.addr_acm && self.st.endpoints()[slot].acm) {
-                    self.answer_list(&mut waiters, Status::Enodata, None);
-                    return;
-                }
-                let Some(i) = self.alloc_addr(slot, key.kind.into(), &key.addr) else {
-                    self.stats.full += 1;
-                    self.answer_list(&mut waiters, Status::Enomem, None);
-                    return;
-                };
-                {
-                    let a = &mut self.st.addrs()[i as usize];
-                    a.cache_ep = r.cache_ep;
-                    if let Some((t, src)) = source_entry(r.msg) {
-                        a.src_type = t.into();
-                        a.src = src;
-                    }
-                }
-                self.requeue(now, slot, i);
-                self.add_waiters(i, &mut waiters);
-            }
-        }
-    }
-
-    pub(crate) fn add_waiters(&mut self, i: u32, waiters: &mut List) {
-        let t = self.st.slabs();
-        t.addrs[i as usize]
+        addrs[i as usize]
             .waiters
-            .append(waiters, t.requests, list_id::WAITERS, REQ);
+            .append(waiters, reqs, list_id::WAITERS, REQ);
+    }
+
+    /// Entry `i` becomes a local address of endpoint `e` (slot `slot`), under `cache_ep`.
+    pub(crate) fn make_local(t: &mut Slabs<'_>, slot: usize, i: u32, cache_ep: u32) {
+        let e = &mut t.endpoints[slot];
+        let a = &mut t.addrs[i as usize];
+        a.state = AddrState::Local;
+        a.gid = e.port_gid;
+        a.lid = e.lid;
+        a.qpn = e.qpn;
+        a.expires = NEVER;
+        a.cache_ep = cache_ep;
+        e.locals.push_back(t.addrs, i, list_id::LOCALS, ADDR_Q);
+    }
+
+    /// Local address `i` is removed: its cache alias is dropped at the next input that
+    /// passes the cache (the `Removal` timer asks for one at once).
+    pub(crate) fn remove_local(&mut self, t: &mut Slabs<'_>, i: u32, sh: &mut Shared) {
+        self.unlink_q(t, i);
+        t.addrs[i as usize].state = AddrState::Removing;
+        self.removals
+            .push_back(t.addrs, i, list_id::REMOVALS, ADDR_Q);
+        sh.timers.arm(Timer::Removal, 0);
+    }
+
+    /// A hosts-file mapping: entry `i` is `gid`, Resolved from the preload, expiring at
+    /// `expires`, under `cache_ep`.
+    pub(crate) fn preload(a: &mut AddrEntry, gid: Gid, expires: Millis, cache_ep: u32) {
+        a.state = AddrState::Resolved;
+        a.origin = Origin::Preload;
+        a.gid = gid.0;
+        a.lid = 0;
+        a.group = 0;
+        a.expires = expires;
+        a.cache_ep = cache_ep;
+    }
+}
+
+/// When an address mapping made at `now` expires.
+pub(crate) fn expiry(cfg: &Config, now: Millis) -> Millis {
+    cfg.addr_ttl.map_or(NEVER, |t| now.saturating_add(t))
+}
+
+/// The key and SA record of entry `a`'s route from endpoint `e`: ibacmp's `{sgid, dgid,
+/// pkey, tclass}`.
+pub(crate) fn route_key(e: &EpSlot, a: &AddrEntry) -> (Option<PathKey>, [u8; 64]) {
+    let tclass = e.groups.record(a.group).map_or(0, |r| r[39]);
+    let view = e.view(a.cache_ep);
+    let (k, sa) = request::normalise(&view, &request::gid_record(Gid(a.gid), tclass));
+    (request::cache_key(a.cache_ep, &k), sa)
+}
+
+/// A route job ended: the address entries of `list` (its addresses) wait on it no more, and
+/// those Resolved are aliased to its path, `path` (its key and expiry as inserted), if it found
+/// one.
+pub(crate) fn routed<C: CacheRef>(
+    addrs: &mut [AddrEntry],
+    mut list: List,
+    path: Option<(&PathKey, Millis)>,
+    w: &mut CacheWriter<C>,
+    now: Millis,
+) {
+    while let Some(a) = list.pop_front(addrs, list_id::ROUTE_ADDRS, ADDR_R) {
+        addrs[a as usize].job = 0;
+        if let Some((k, exp)) = path {
+            let e = addrs[a as usize];
+            if e.state == AddrState::Resolved {
+                alias(w, &e, k, now, exp);
+            }
+        }
     }
 }
 
 /// The request's source entry (a name or IP address and its 64 bytes), if it names one: the
 /// entry at `src_index` (where the core put the source the client gave, or the one it
 /// selected with `src_out` set), else any entry flagged `ACM_EP_FLAG_SOURCE`.
-fn source_entry(msg: &[u8]) -> Option<(AddrKind, [u8; 64])> {
+pub(crate) fn source_entry(msg: &[u8]) -> Option<(AddrKind, [u8; 64])> {
     let m = AcmMsg::new_checked(msg).ok()?;
     let layout = m.check_resolve().ok()?;
     let pick = |i: usize| -> Option<(AddrKind, [u8; 64])> {

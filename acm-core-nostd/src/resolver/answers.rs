@@ -1,16 +1,14 @@
 //! Answers: the request slots, from a client's request to its polled [`Output::Answer`].
 //!
 //! A slot is free, waiting (on a route job's or an address entry's waiter FIFO), or answered
-//! (on the answer FIFO until [`Resolver::poll_output`] turns it into an [`Answer`]). A waiter
-//! needs more than `answer_reserve` free slots, an immediate answer (hit, error, ENOMEM) any
-//! free slot: so the refusal of a waiter always has a slot of its own. Answering a slot that
-//! is not waiting does nothing: that is the exactly-once rule in one place.
+//! (on the answer FIFO until [`Resolver::poll_output`](super::Resolver::poll_output) turns it
+//! into an [`Answer`]). A waiter needs more than `answer_reserve` free slots, an immediate
+//! answer (hit, error, ENOMEM) any free slot: so the refusal of a waiter always has a slot of
+//! its own. Answering a slot that is not waiting does nothing: that is the exactly-once rule
+//! in one place.
 
 use super::storage::{list_id, List, ReqState, REQ};
-use super::{
-    Answer, Counter, EpId, Kind, Output, Request, RequestSlot, Resolver, Storage, Via, MSG_LEN,
-};
-use crate::cache::CacheRef;
+use super::{Answer, Counter, EpId, Kind, Output, Request, RequestSlot, Via, MSG_LEN};
 use crate::wire::client::Status;
 
 /// The request slots' lists and counts.
@@ -42,7 +40,12 @@ impl Answers {
 
     /// A slot holding a copy of `r`, waiting: for a waiter only while more than the reserve
     /// is free, for an immediate answer while any is.
-    fn alloc(&mut self, reqs: &mut [RequestSlot], r: &Request<'_>, waiter: bool) -> Option<u32> {
+    pub(crate) fn alloc(
+        &mut self,
+        reqs: &mut [RequestSlot],
+        r: &Request<'_>,
+        waiter: bool,
+    ) -> Option<u32> {
         if waiter && (self.free.len as usize) <= self.reserve {
             return None;
         }
@@ -65,7 +68,7 @@ impl Answers {
 
     /// Answers waiting slot `i`; the counter the answer bumps on its endpoint, if any. A slot
     /// not waiting is left alone (`None`).
-    fn answer(
+    pub(crate) fn answer(
         &mut self,
         reqs: &mut [RequestSlot],
         i: u32,
@@ -148,43 +151,5 @@ impl Answers {
             ));
         }
         Ok(())
-    }
-}
-
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
-    pub(crate) fn waiter(&mut self, r: &Request<'_>) -> Option<u32> {
-        let w = self.answers.alloc(self.st.slabs().requests, r, true);
-        if w.is_none() {
-            self.stats.full += 1;
-            self.answer_now(r, Status::Enomem, None);
-        }
-        w
-    }
-
-    /// Answers `r` at once (Resolve and Query only).
-    pub(crate) fn answer_now(&mut self, r: &Request<'_>, status: Status, path: Option<&[u8; 64]>) {
-        if !matches!(r.kind, Kind::Resolve | Kind::Query) {
-            return;
-        }
-        match self.answers.alloc(self.st.slabs().requests, r, false) {
-            Some(i) => self.answer(i, status, path),
-            None => self.stats.lost += 1,
-        }
-    }
-
-    /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
-    pub(crate) fn answer(&mut self, i: u32, status: Status, path: Option<&[u8; 64]>) {
-        let t = self.st.slabs();
-        if let Some((ep, Some(counter))) = self.answers.answer(t.requests, i, status, path) {
-            self.eps.count(t.endpoints, ep, counter);
-        }
-    }
-
-    /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
-    pub(crate) fn answer_list(&mut self, list: &mut List, status: Status, path: Option<&[u8; 64]>) {
-        while let Some(w) = list.pop_front(self.st.slabs().requests, list_id::WAITERS, REQ) {
-            self.answer(w, status, path);
-        }
     }
 }

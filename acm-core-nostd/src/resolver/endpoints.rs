@@ -5,8 +5,9 @@
 //! is its [`EpSlot`]; its joins are in [`groups`](super::groups), its subscriptions in
 //! [`inform`](super::inform), its outputs in [`output`](super::output).
 
-use super::{request, Counter, EpId, EpSlot, Millis, Resolver, Storage, MAX_EPS};
-use crate::cache::CacheRef;
+use super::storage::List;
+use super::{request, Config, Counter, EpConfig, EpId, EpSlot, Error, Millis, MAX_EPS};
+use crate::cache::ep_number;
 use crate::wire::gid::Gid;
 
 /// The endpoint map and the dirty set.
@@ -68,6 +69,87 @@ impl Endpoints {
         self.mark_dirty(s);
     }
 
+    /// Opens `ep` (not open) with `cfg` under the resolver's settings `rc` in a free slot:
+    /// this endpoint's old slot if it still has outputs to flush (its leaves go out before
+    /// the new joins), else any slot with nothing left to flush. Returns the slot and which
+    /// of its two groups it is to join; [`Error::Capacity`] if no slot is free.
+    pub(crate) fn open(
+        &mut self,
+        eps: &mut [EpSlot],
+        ep: EpId,
+        cfg: EpConfig,
+        rc: &Config,
+    ) -> Result<(usize, [bool; 2]), Error> {
+        let n = eps.len().min(MAX_EPS);
+        let old = (0..n).find(|&i| !eps[i].open && eps[i].id == ep.0 && self.is_dirty(i));
+        let slot = old.or_else(|| (0..n).find(|&i| !eps[i].open && !self.is_dirty(i)));
+        let Some(slot) = slot else {
+            return Err(Error::Capacity);
+        };
+        let min = (rc.min_rate, rc.min_mtu);
+        // QPN 0 is QP0 (SMI), never a UD QP: "this endpoint has none", so no ACM protocol.
+        let want_groups = (rc.addr_acm || rc.route_acm) && cfg.qpn != 0;
+        let second = want_groups && rc.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
+        let e = &mut eps[slot];
+        let old = *e;
+        *e = EpSlot {
+            open: true,
+            acm: want_groups,
+            id: ep.0,
+            // Outputs of a previous life of this slot (leaves, unsubscribes, a detach, counts)
+            // still go out.
+            attached: old.attached,
+            force_detach: old.force_detach || old.attached,
+            attached_record: old.attached_record,
+            counts: old.counts,
+            // What the port says.
+            port_gid: cfg.port_gid.0,
+            lid: cfg.lid,
+            pkey: cfg.pkey,
+            mtu: cfg.mtu,
+            rate: cfg.rate,
+            subnet_timeout: cfg.subnet_timeout_ms,
+            qpn: cfg.qpn,
+            sa_pkey: cfg.sa_pkey,
+            cache_ep: ep_number(0, ep.0),
+            ..EpSlot::EMPTY
+        };
+        for (g, old) in e.groups.iter_mut().zip(old.groups.iter()) {
+            g.leave = old.leave;
+            g.leave_record = old.leave_record;
+        }
+        for (n, old) in e.informs.subs.iter_mut().zip(old.informs.subs) {
+            n.leave = old.leave;
+        }
+        e.table.max_lid = cfg.lid;
+        // Group 0 at the minimum rate and MTU; group 1, in ACM route mode, at the port's.
+        if want_groups {
+            (e.groups[0].rate, e.groups[0].mtu) = min;
+        }
+        if second {
+            (e.groups[1].rate, e.groups[1].mtu) = (cfg.rate, cfg.mtu);
+        }
+        self.map(ep, Some(slot));
+        Ok((slot, [want_groups, second]))
+    }
+
+    /// Closes `ep`, served by `slot`: its groups are left, its ACM lists forgotten (their
+    /// entries are freed by the caller), and its outputs still to poll (leaves, unsubscribes,
+    /// a detach, counts) go out.
+    pub(crate) fn close(&mut self, eps: &mut [EpSlot], ep: EpId, slot: usize) {
+        let e = &mut eps[slot];
+        e.groups.leave_all(Gid(e.port_gid), e.pkey);
+        e.open = false;
+        e.informs.ack = false;
+        e.queue = List::EMPTY;
+        e.inflight = List::EMPTY;
+        e.locals = List::EMPTY;
+        e.acm_inflight = 0;
+        self.map(ep, None);
+        self.recount_ports(eps);
+        self.mark_dirty(slot);
+    }
+
     /// Counts the distinct port GIDs among the open endpoints (at least 1).
     pub(crate) fn recount_ports(&mut self, eps: &[EpSlot]) {
         let mut n = 0u32;
@@ -90,43 +172,27 @@ pub(crate) fn earliest(eps: &[EpSlot], of: impl Fn(&EpSlot) -> Option<Millis>) -
     next
 }
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// The open slot serving `ep`.
-    pub(crate) fn ep_slot(&self, ep: EpId) -> Option<usize> {
-        self.eps.slot(self.st.slabs_ref().endpoints, ep)
-    }
-
-    /// What the request parser needs of endpoint `slot`, at cache number `cache_ep`.
-    pub(crate) fn view(&self, slot: usize, cache_ep: u32) -> request::EpView {
-        let e = &self.st.slabs_ref().endpoints[slot];
+impl EpSlot {
+    /// What the request parser needs of this endpoint, at cache number `cache_ep`.
+    pub(crate) fn view(&self, cache_ep: u32) -> request::EpView {
         request::EpView {
             cache_ep,
-            port_gid: Gid(e.port_gid),
-            lid: e.lid,
-            pkey: e.pkey,
+            port_gid: Gid(self.port_gid),
+            lid: self.lid,
+            pkey: self.pkey,
         }
     }
 
-    /// How long an SA MAD of endpoint `slot` may take: the configured deadline plus, when
-    /// the transport's tries each wait the port's subnet timeout, that many subnet timeouts.
-    pub(crate) fn sa_deadline_of(&self, slot: usize) -> Millis {
-        let st = self
-            .st
-            .slabs_ref()
-            .endpoints
-            .get(slot)
-            .map_or(0, |e| e.subnet_timeout);
-        self.cfg
-            .sa_deadline
-            .saturating_add(st.saturating_mul(u64::from(self.cfg.sa_tries)))
+    /// Whether the endpoint is open and, if it speaks the ACM protocol, has joined group 0.
+    pub(crate) fn ready(&self) -> bool {
+        self.open && (!self.acm || self.groups.joined())
     }
+}
 
-    /// Bumps `counter` of endpoint `ep` (emitted as [`super::Output::Count`]).
-    pub(crate) fn count(&mut self, ep: EpId, counter: Counter) {
-        self.eps.count(self.st.slabs().endpoints, ep, counter);
-    }
-
-    pub(crate) fn mark_dirty(&mut self, slot: usize) {
-        self.eps.mark_dirty(slot);
-    }
+/// How long an SA MAD of endpoint `slot` may take: the configured deadline plus, when the
+/// transport's tries each wait the port's subnet timeout, that many subnet timeouts.
+pub(crate) fn sa_deadline(eps: &[EpSlot], slot: usize, cfg: &Config) -> Millis {
+    let st = eps.get(slot).map_or(0, |e| e.subnet_timeout);
+    cfg.sa_deadline
+        .saturating_add(st.saturating_mul(u64::from(cfg.sa_tries)))
 }

@@ -8,8 +8,10 @@
 //! group 0 is joined; its [`Output::Attach`](super::Output::Attach) follows the join.
 
 use super::mads;
-use super::storage::Slab;
-use super::storage::{EpSlot, GroupState, SaTry};
+use super::storage::{EpSlot, GroupSlot, GroupState, SaTry};
+use super::timers::Timer;
+use super::{Millis, Shared};
+use crate::wire::gid::Gid;
 
 /// The SA SETs an endpoint keeps going, each one try at a time ([`SaTry`]): its two joins,
 /// and its two Report subscriptions ([`inform`](super::inform)).
@@ -23,134 +25,103 @@ pub(crate) enum Set {
 
 impl Set {
     /// The try of `set` `i` of endpoint `e`.
-    fn of(self, e: &EpSlot, i: usize) -> SaTry {
+    pub(crate) fn of(self, e: &EpSlot, i: usize) -> SaTry {
         match self {
             Set::Join => e.groups[i].t,
-            Set::Inform => e.informs[i].t,
+            Set::Inform => e.informs.subs[i].t,
         }
     }
 }
-use super::timers::Timer;
-use super::{Millis, Resolver, Storage};
-use crate::cache::CacheRef;
-use crate::wire::gid::Gid;
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// The SA's record of group `group` (index + 1) of `slot`, if joined.
-    pub(crate) fn group_record(&self, slot: usize, group: u8) -> Option<[u8; 56]> {
+/// An endpoint's two multicast groups (in its [`EpSlot`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Groups(pub(crate) [GroupSlot; 2]);
+
+impl core::ops::Index<usize> for Groups {
+    type Output = GroupSlot;
+    fn index(&self, g: usize) -> &GroupSlot {
+        &self.0[g]
+    }
+}
+
+impl core::ops::IndexMut<usize> for Groups {
+    fn index_mut(&mut self, g: usize) -> &mut GroupSlot {
+        &mut self.0[g]
+    }
+}
+
+impl Groups {
+    /// Neither group wanted.
+    pub(crate) const EMPTY: Groups = Groups([GroupSlot::EMPTY; 2]);
+
+    pub(crate) fn iter(&self) -> core::slice::Iter<'_, GroupSlot> {
+        self.0.iter()
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> core::slice::IterMut<'_, GroupSlot> {
+        self.0.iter_mut()
+    }
+
+    /// Whether group 0 is joined.
+    pub(crate) fn joined(&self) -> bool {
+        self.0[0].t.state == GroupState::Joined
+    }
+
+    /// The SA's record of group `group` (index + 1), if joined.
+    pub(crate) fn record(&self, group: u8) -> Option<[u8; 56]> {
         let g = usize::from(group).checked_sub(1)?;
-        let gs = self.st.slabs_ref().endpoints[slot].groups.get(g).copied()?;
+        let gs = self.0.get(g)?;
         (gs.t.state == GroupState::Joined).then_some(gs.record)
     }
 
-    /// Whether endpoint `slot` is open and, if it speaks the ACM protocol, has joined group 0.
-    pub(crate) fn ep_ready(&self, slot: usize) -> bool {
-        let e = &self.st.slabs_ref().endpoints[slot];
-        e.open && (!e.acm || e.groups[0].t.state == GroupState::Joined)
+    /// Starts (or restarts) the join of group `g`, its reply due by `at` (the endpoint has an
+    /// output to poll).
+    pub(crate) fn start(&mut self, g: usize, at: Millis, sh: &mut Shared) {
+        let tid = sh.next_tid();
+        self.0[g].t.send(tid, at);
+        sh.timers.arm(Timer::Join, at);
     }
 
-    /// Starts (or restarts) the join of group `g` of endpoint `slot`.
-    pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
-        let tid = self.next_tid();
-        let at = now.saturating_add(self.sa_deadline_of(slot));
-        self.st.endpoints()[slot].groups[g].t.send(tid, at);
-        self.mark_dirty(slot);
-        self.timers.arm(Timer::Join, at);
+    /// The join of group `g` failed or got no answer: retry after 1 s, 2 s, … at most 30 s
+    /// (ibacmp never retries, so a lost join there leaves the endpoint unusable until the next
+    /// reregister).
+    pub(crate) fn failed(&mut self, now: Millis, g: usize, sh: &mut Shared) {
+        let at = self.0[g].t.failed(now);
+        sh.timers.arm(Timer::Join, at);
     }
 
-    /// A join failed or got no answer: retry after 1 s, 2 s, … at most 30 s (ibacmp never
-    /// retries, so a lost join there leaves the endpoint unusable until the next reregister).
-    pub(crate) fn join_failed(&mut self, now: Millis, slot: usize, g: usize) {
-        let at = self.st.endpoints()[slot].groups[g].t.failed(now);
-        self.timers.arm(Timer::Join, at);
-    }
-
-    /// The (endpoint slot, index) of the `set` that a reply for token index `index` (slot
-    /// times 2, plus the index) with `tid` answers; `None`, counted as an unknown SA reply, if
-    /// none waits for it.
-    fn set_awaiting(&mut self, index: u32, tid: u32, set: Set) -> Option<(usize, usize)> {
-        let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
-        let ok = self
-            .st
-            .slabs_ref()
-            .endpoints
-            .get(slot)
-            .is_some_and(|e| e.open && set.of(e, i).awaits(tid));
-        if !ok {
-            self.stats.sa_unknown += 1;
-        }
-        ok.then_some((slot, i))
-    }
-
-    /// An SA completion of `set` `index` (a join's, a subscription's): taken, or the set
-    /// failed (retried later).
-    pub(crate) fn set_reply(
-        &mut self,
-        now: Millis,
-        set: Set,
-        index: u32,
-        tid: u32,
-        umad_status: u32,
-        mad: &[u8; 256],
-    ) {
-        let Some((slot, i)) = self.set_awaiting(index, tid, set) else {
-            return;
-        };
-        let taken = match set {
-            Set::Join => self.join_taken(slot, i, umad_status, mad),
-            Set::Inform => self.inform_taken(slot, i, umad_status, mad),
-        };
-        if !taken {
-            self.set_failed(now, set, slot, i);
-        }
-    }
-
-    /// The timers of endpoint `slot`'s `set`s: a late reply fails one, a retry time sends it
-    /// again.
-    pub(crate) fn set_timers(&mut self, now: Millis, set: Set, slot: usize) {
-        for i in 0..2 {
-            match set.of(&self.st.slabs_ref().endpoints[slot], i).due(now) {
-                Some(GroupState::Joining) => self.set_failed(now, set, slot, i),
-                Some(GroupState::Retry) => match set {
-                    Set::Join => self.start_join(now, slot, i),
-                    Set::Inform => self.start_subscribe(now, slot, i),
-                },
-                _ => {}
-            }
-        }
-    }
-
-    /// `set` `i` of `slot` failed or got no answer: retried later.
-    fn set_failed(&mut self, now: Millis, set: Set, slot: usize, i: usize) {
-        match set {
-            Set::Join => self.join_failed(now, slot, i),
-            Set::Inform => self.inform_failed(now, slot, i),
-        }
-    }
-
-    /// OpenSM's reply to the join of group `g` of `slot`: its record taken if it is the group
-    /// asked for.
-    fn join_taken(&mut self, slot: usize, g: usize, umad_status: u32, mad: &[u8; 256]) -> bool {
-        let e = self.st.endpoints()[slot];
-        let mgid = mads::group_mgid(e.pkey, e.groups[g].rate, e.groups[g].mtu);
+    /// OpenSM's reply to the join of group `g` of an endpoint of P_Key `pkey`: its record
+    /// taken if it is the group asked for.
+    pub(crate) fn taken(&mut self, g: usize, pkey: u16, umad_status: u32, mad: &[u8; 256]) -> bool {
+        let gs = &mut self.0[g];
+        let mgid = mads::group_mgid(pkey, gs.rate, gs.mtu);
         let Some(rec) = mads::join_reply(umad_status, mad, mgid) else {
             return false;
         };
-        let gs = &mut self.st.endpoints()[slot].groups[g];
         gs.t.accepted();
         gs.record = rec;
-        self.mark_dirty(slot);
         true
     }
 
     /// The best group shared with a peer: the highest-index GID of its list that we joined.
-    pub(crate) fn best_group(&self, slot: usize, gids: &[Gid]) -> Option<u8> {
-        let e = &self.st.slabs_ref().endpoints[slot];
+    pub(crate) fn best(&self, gids: &[Gid]) -> Option<u8> {
         gids.iter().rev().find_map(|m| {
             (0..2u8).find(|&g| {
-                let gs = &e.groups[usize::from(g)];
+                let gs = &self.0[usize::from(g)];
                 gs.t.state == GroupState::Joined && gs.record[..16] == m.0
             })
         })
+    }
+
+    /// Closing: every group joined or joining is left (a DELETE of the record `gid` and `pkey`
+    /// make), and none is wanted any more.
+    pub(crate) fn leave_all(&mut self, gid: Gid, pkey: u16) {
+        for g in self.0.iter_mut() {
+            if matches!(g.t.state, GroupState::Joining | GroupState::Joined) {
+                g.leave = true;
+                g.leave_record = mads::join_record(gid, pkey, g.rate, g.mtu);
+            }
+            g.t.state = GroupState::Off;
+        }
     }
 }

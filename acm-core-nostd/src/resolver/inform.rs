@@ -14,43 +14,66 @@
 //! * Closing the endpoint unsubscribes (SET with Subscribe 0, fire and forget).
 
 use super::mads::{self, TOKEN_INFORM, TOKEN_NOTICE};
-use super::storage::Slab;
-use super::storage::{AddrState, GroupState, Origin};
+use super::storage::{GroupState, InformSlot};
 use super::timers::Timer;
-use super::{EpId, Millis, Output, Resolver, Storage};
-use crate::cache::CacheRef;
+use super::{EpId, Millis, Output, Shared};
 use crate::wire::inform::{InformInfoRepr, TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE};
 
-/// The traps every endpoint subscribes to, in `EpSlot::informs` order.
+/// The traps every endpoint subscribes to, in `Informs::subs` order.
 pub(crate) const TRAPS: [u16; 2] = [TRAP_GID_IN_SERVICE, TRAP_GID_OUT_OF_SERVICE];
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// (Re)starts subscription `i` of endpoint `slot`.
-    pub(crate) fn start_subscribe(&mut self, now: Millis, slot: usize, i: usize) {
-        let tid = self.next_tid();
-        let at = now.saturating_add(self.sa_deadline_of(slot));
-        self.st.endpoints()[slot].informs[i].t.send(tid, at);
-        self.mark_dirty(slot);
-        self.timers.arm(Timer::Inform, at);
+/// An endpoint's subscriptions and the acknowledgement of its last Report (in its
+/// [`EpSlot`](super::EpSlot)).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Informs {
+    /// Subscriptions to traps 64 and 65 (with `Config::sa_reports`), in [`TRAPS`] order.
+    pub(crate) subs: [InformSlot; 2],
+    /// A ReportResponse wants sending: the Report's TID and notice.
+    pub(crate) ack: bool,
+    pub(crate) ack_tid: u64,
+    pub(crate) ack_notice: [u8; 80],
+}
+
+impl Informs {
+    /// Nothing subscribed, nothing to acknowledge.
+    pub(crate) const EMPTY: Informs = Informs {
+        subs: [InformSlot::EMPTY; 2],
+        ack: false,
+        ack_tid: 0,
+        ack_notice: [0; 80],
+    };
+
+    /// (Re)starts subscription `i`, its reply due by `at` (the endpoint has an output to
+    /// poll).
+    pub(crate) fn start(&mut self, i: usize, at: Millis, sh: &mut Shared) {
+        let tid = sh.next_tid();
+        self.subs[i].t.send(tid, at);
+        sh.timers.arm(Timer::Inform, at);
     }
 
-    /// Starts both subscriptions of `slot` if the configuration and the endpoint allow.
-    pub(crate) fn subscribe_all(&mut self, now: Millis, slot: usize) {
-        let e = self.st.endpoints()[slot];
+    /// Starts both subscriptions, replies due by `at`, if the configuration and the endpoint
+    /// (open: `open`, its UD QP `qpn`, on the SA's P_Key: `sa_pkey`) allow; true if it did.
+    pub(crate) fn subscribe_all(
+        &mut self,
+        (open, qpn, sa_pkey): (bool, u32, bool),
+        at: Millis,
+        sh: &mut Shared,
+    ) -> bool {
         // One subscription per port: from the endpoint whose QP the SA reaches (OpenSM keeps
         // one record per subscriber address anyway, and an unsubscribe would end it for all).
-        if !self.cfg.sa_reports || !e.open || e.qpn == 0 || !e.sa_pkey {
-            return;
+        if !sh.cfg.sa_reports || !open || qpn == 0 || !sa_pkey {
+            return false;
         }
         for i in 0..TRAPS.len() {
-            self.st.endpoints()[slot].informs[i].t.tries = 0;
-            self.start_subscribe(now, slot, i);
+            self.subs[i].t.tries = 0;
+            self.start(i, at, sh);
         }
+        true
     }
 
-    /// Marks the subscriptions of a closing endpoint for an unsubscribe.
-    pub(crate) fn unsubscribe_all(&mut self, slot: usize) {
-        for s in self.st.endpoints()[slot].informs.iter_mut() {
+    /// Closing: every subscription held or asked for is unsubscribed.
+    pub(crate) fn unsubscribe_all(&mut self) {
+        for s in self.subs.iter_mut() {
             if matches!(s.t.state, GroupState::Joining | GroupState::Joined) {
                 s.leave = true;
             }
@@ -58,45 +81,50 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// The SA's reply to subscription `i` of `slot`: taken if it accepted it (a reply that
-    /// refused it is counted).
-    pub(crate) fn inform_taken(
+    /// The SA's reply to subscription `i`: taken if it accepted it (a reply that refused it
+    /// is counted).
+    pub(crate) fn taken(
         &mut self,
-        slot: usize,
         i: usize,
         umad_status: u32,
         mad: &[u8; 256],
+        sh: &mut Shared,
     ) -> bool {
         if mads::inform_accepted(umad_status, mad) {
-            self.st.endpoints()[slot].informs[i].t.accepted();
+            self.subs[i].t.accepted();
             return true;
         }
         if umad_status == 0 {
-            self.stats.report_malformed += 1;
+            sh.stats.report_malformed += 1;
         }
         false
     }
 
-    /// Subscription `i` of `slot` failed or timed out: retry later.
-    pub(crate) fn inform_failed(&mut self, now: Millis, slot: usize, i: usize) {
-        let at = self.st.endpoints()[slot].informs[i].t.failed(now);
-        self.timers.arm(Timer::Inform, at);
+    /// Subscription `i` failed or timed out: retry later.
+    pub(crate) fn failed(&mut self, now: Millis, i: usize, sh: &mut Shared) {
+        let at = self.subs[i].t.failed(now);
+        sh.timers.arm(Timer::Inform, at);
     }
 
-    /// The subscription outputs of `slot`, in order: unsubscribes, subscribes, the ack.
-    pub(crate) fn inform_output(&mut self, slot: usize) -> Option<Output> {
-        // Read in place, not copied: the slot is large, and this runs for every output of an
-        // endpoint with work (a miss's counter bumps).
-        let e = &self.st.endpoints()[slot];
-        let (id, qpn) = (EpId(e.id), e.qpn);
-        let leave = (0..TRAPS.len()).find(|&i| e.informs[i].leave);
-        let join = (0..TRAPS.len())
-            .find(|&i| e.open && e.informs[i].t.state == GroupState::Send)
-            .map(|i| (i, e.informs[i].t.tid));
-        let ack = e.ack.then_some((e.ack_tid, e.ack_notice));
-        if let Some(i) = leave {
-            self.st.endpoints()[slot].informs[i].leave = false;
-            let tid = self.next_tid();
+    /// A Report to acknowledge: its TID and notice.
+    pub(crate) fn acknowledge(&mut self, tid: u64, notice: [u8; 80]) {
+        self.ack = true;
+        self.ack_tid = tid;
+        self.ack_notice = notice;
+    }
+
+    /// The subscription outputs of endpoint `id` in slot `slot` (open: `open`; the SA reports
+    /// to its QP `qpn`), in order: unsubscribes, subscribes (only while open), the ack.
+    pub(crate) fn output(
+        &mut self,
+        (slot, id): (usize, EpId),
+        open: bool,
+        qpn: u32,
+        sh: &mut Shared,
+    ) -> Option<Output> {
+        if let Some(i) = (0..TRAPS.len()).find(|&i| self.subs[i].leave) {
+            self.subs[i].leave = false;
+            let tid = sh.next_tid();
             let rec = InformInfoRepr::generic(TRAPS[i], qpn, false);
             return Some(Output::SendSa {
                 ep: id,
@@ -104,8 +132,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 mad: mads::inform_set(tid, &rec),
             });
         }
-        if let Some((i, tid)) = join {
-            self.st.endpoints()[slot].informs[i].t.state = GroupState::Joining;
+        let join = (0..TRAPS.len()).find(|&i| open && self.subs[i].t.state == GroupState::Send);
+        if let Some(i) = join {
+            let tid = self.subs[i].t.tid;
+            self.subs[i].t.state = GroupState::Joining;
             let rec = InformInfoRepr::generic(TRAPS[i], qpn, true);
             return Some(Output::SendSa {
                 ep: id,
@@ -113,8 +143,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 mad: mads::inform_set(tid, &rec),
             });
         }
-        if let Some((tid, notice)) = ack {
-            self.st.endpoints()[slot].ack = false;
+        if self.ack {
+            self.ack = false;
+            let (tid, notice) = (self.ack_tid, self.ack_notice);
             return Some(Output::SendSa {
                 ep: id,
                 token: mads::token(TOKEN_NOTICE, slot as u32, tid as u32),
@@ -122,60 +153,5 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             });
         }
         None
-    }
-
-    /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a
-    /// Report is acknowledged and applied; anything else is counted and dropped.
-    pub fn handle_report(&mut self, now: Millis, ep: EpId, mad: &[u8]) {
-        let whole = mad.len() >= crate::wire::sa::DATA_OFFSET + crate::wire::inform::NOTICE_LEN;
-        let mad = mads::full_mad(mad);
-        let report = whole.then(|| mads::parse_report(&mad)).flatten();
-        let (Some(slot), Some((tid, notice, raw))) = (self.ep_slot(ep), report) else {
-            self.stats.report_malformed += 1;
-            return;
-        };
-        self.stats.reports += 1;
-        {
-            let e = &mut self.st.endpoints()[slot];
-            e.ack = true;
-            e.ack_tid = tid;
-            e.ack_notice = raw;
-        }
-        self.mark_dirty(slot);
-        if let Some(gid) = notice.subject_gid() {
-            match notice.trap {
-                TRAP_GID_OUT_OF_SERVICE => self.invalidate_gid(&gid, false, true),
-                TRAP_GID_IN_SERVICE => self.invalidate_gid(&gid, true, false),
-                _ => {}
-            }
-        }
-        self.pump(now);
-    }
-
-    /// Removes cached paths to `gid` (and, with `negatives`, every negative entry); with
-    /// `forget`, the address mappings learned for `gid` too (they are asked again).
-    fn invalidate_gid(&mut self, gid: &[u8; 16], negatives: bool, forget: bool) {
-        let n = self
-            .w
-            .remove_routes_to(core::slice::from_ref(gid), negatives);
-        self.stats.report_invalidated += n as u64;
-        if !forget {
-            return;
-        }
-        for i in 0..self.st.addrs().len() as u32 {
-            let a = self.st.addrs()[i as usize];
-            if a.state == AddrState::Resolved
-                && a.origin == Origin::Learned
-                && a.gid == *gid
-                && a.job == 0
-                && !a.send_resp
-            {
-                if let Some(k) = super::addr::addr_key(&a) {
-                    self.w.remove_addr(&k);
-                }
-                self.free_addr(i);
-                self.stats.report_invalidated += 1;
-            }
-        }
     }
 }

@@ -1,8 +1,11 @@
 //! An endpoint's life in the resolver: opened, its addresses added and removed, routes and
-//! addresses preloaded, reregistered, closed.
+//! addresses preloaded, reregistered, closed. These inputs compose the parts: the endpoint's
+//! slot ([`Endpoints`](super::endpoints::Endpoints)), its groups, subscriptions and table,
+//! the address table and the route jobs.
 
 // The resolver's own names (its storage, lists, helpers) as `mod.rs` has them.
 use super::*;
+use addr::AddrTable;
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Opens endpoint `ep` (call from the core's `open_endpoint`). With `addr_prot acm` or
@@ -11,85 +14,27 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// [`Error::Endpoint`] if `ep` is open already, [`Error::Capacity`] if no endpoint slot is
     /// free.
     pub fn open_endpoint(&mut self, now: Millis, ep: EpId, cfg: EpConfig) -> Result<(), Error> {
-        if self.ep_slot(ep).is_some() {
+        if self.eps.slot(self.st.slabs_ref().endpoints, ep).is_some() || self.done {
             return Err(Error::Endpoint);
         }
-        if self.done {
-            return Err(Error::Endpoint);
-        }
-        // Reuse this endpoint's old slot if it still has outputs to flush (its leaves go out
-        // before the new joins), else any slot with nothing left to flush.
-        let n = self.st.endpoints().len().min(MAX_EPS);
-        let old = (0..n).find(|&i| {
-            let e = &self.st.endpoints()[i];
-            !e.open && e.id == ep.0 && self.eps.is_dirty(i)
-        });
-        let slot =
-            old.or_else(|| (0..n).find(|&i| !self.st.endpoints()[i].open && !self.eps.is_dirty(i)));
-        let Some(slot) = slot else {
-            return Err(Error::Capacity);
-        };
-        let min = (self.cfg.min_rate, self.cfg.min_mtu);
-        // QPN 0 is QP0 (SMI), never a UD QP: "this endpoint has none", so no ACM protocol.
-        let want_groups = (self.cfg.addr_acm || self.cfg.route_acm) && cfg.qpn != 0;
-        let second =
-            want_groups && self.cfg.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
-        {
-            let e = &mut self.st.endpoints()[slot];
-            let (groups, informs, attached, force, counts, record) = (
-                e.groups,
-                e.informs,
-                e.attached,
-                e.force_detach,
-                e.counts,
-                e.attached_record,
-            );
-            *e = EpSlot::EMPTY;
-            // Outputs of a previous life of this slot (leaves, a detach, counts) still go out.
-            e.attached = attached;
-            e.force_detach = force || attached;
-            e.attached_record = record;
-            e.counts = counts;
-            for (g, old) in e.groups.iter_mut().zip(groups) {
-                g.leave = old.leave;
-                g.leave_record = old.leave_record;
+        let (slot, joins) = self.eps.open(self.st.endpoints(), ep, cfg, &self.sh.cfg)?;
+        for (g, join) in joins.into_iter().enumerate() {
+            if join {
+                self.start_join(now, slot, g);
             }
-            for (n, old) in e.informs.iter_mut().zip(informs) {
-                n.leave = old.leave;
-            }
-            e.open = true;
-            e.acm = want_groups;
-            e.id = ep.0;
-            e.port_gid = cfg.port_gid.0;
-            e.lid = cfg.lid;
-            e.pkey = cfg.pkey;
-            e.mtu = cfg.mtu;
-            e.rate = cfg.rate;
-            e.subnet_timeout = cfg.subnet_timeout_ms;
-            e.qpn = cfg.qpn;
-            e.sa_pkey = cfg.sa_pkey;
-            e.table.max_lid = cfg.lid;
-            e.cache_ep = ep_number(0, ep.0);
-            if want_groups {
-                e.groups[0].rate = min.0;
-                e.groups[0].mtu = min.1;
-            }
-            if second {
-                e.groups[1].rate = cfg.rate;
-                e.groups[1].mtu = cfg.mtu;
-            }
-        }
-        self.eps.map(ep, Some(slot));
-        if want_groups {
-            self.start_join(now, slot, 0);
-        }
-        if second {
-            self.start_join(now, slot, 1);
         }
         self.subscribe_all(now, slot);
-        self.schedule_warm_start(now, slot);
+        let jitter = self.sh.cfg.warm_start;
+        if jitter != 0 && self.sh.cfg.sa_tables {
+            // A random time within the warm start, so a cluster booting at once spreads its
+            // tables over it.
+            let at = now.saturating_add(self.routes.random() % jitter);
+            self.st.endpoints()[slot]
+                .table
+                .warm_start_at(at, &mut self.sh);
+        }
         self.eps.recount_ports(self.st.slabs_ref().endpoints);
-        self.mark_dirty(slot);
+        self.eps.mark_dirty(slot);
         Ok(())
     }
 
@@ -98,11 +43,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
     /// the endpoint still held by the caller are forgotten (their replies are ignored).
     pub fn close_endpoint(&mut self, now: Millis, ep: EpId) {
-        let Some(slot) = self.ep_slot(ep) else {
+        let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
         self.drop_endpoint_work(now, slot, Status::Enodata, true);
-        self.unsubscribe_all(slot);
+        self.st.endpoints()[slot].informs.unsubscribe_all();
         for i in 0..self.st.addrs().len() as u32 {
             let a = self.st.addrs()[i as usize];
             if a.state != AddrState::Free && usize::from(a.slot) == slot {
@@ -114,27 +59,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 *p = PreloadSlot::EMPTY;
             }
         }
-        {
-            let e = &mut self.st.endpoints()[slot];
-            let (gid, pkey) = (Gid(e.port_gid), e.pkey);
-            for g in e.groups.iter_mut() {
-                if matches!(g.t.state, GroupState::Joining | GroupState::Joined) {
-                    g.leave = true;
-                    g.leave_record = mads::join_record(gid, pkey, g.rate, g.mtu);
-                }
-                g.t.state = GroupState::Off;
-            }
-            e.open = false;
-            e.ack = false;
-            e.queue = List::EMPTY;
-            e.inflight = List::EMPTY;
-            e.locals = List::EMPTY;
-            e.acm_inflight = 0;
-        }
+        self.eps.close(self.st.endpoints(), ep, slot);
         self.w.invalidate_ep(u32::from(ep.0));
-        self.eps.map(ep, None);
-        self.eps.recount_ports(self.st.slabs_ref().endpoints);
-        self.mark_dirty(slot);
         self.pump(now);
     }
 
@@ -151,8 +77,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         addr: &[u8; 64],
     ) -> Result<(), Error> {
         let type_ = AddressType::from(kind);
-        let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
-        let i = match self.find_addr(slot, type_, addr) {
+        let slot = (self.eps.slot(self.st.slabs_ref().endpoints, ep)).ok_or(Error::Endpoint)?;
+        let i = match self.addrs.find(self.st.slabs_ref(), slot, type_, addr) {
             Some(i) => {
                 let a = self.st.addrs()[i as usize];
                 if a.state == AddrState::Local {
@@ -165,20 +91,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
         };
-        {
-            let e = self.st.endpoints()[slot];
-            let a = &mut self.st.addrs()[i as usize];
-            a.state = AddrState::Local;
-            a.gid = e.port_gid;
-            a.lid = e.lid;
-            a.qpn = e.qpn;
-            a.expires = NEVER;
-            a.cache_ep = cache_ep;
-        }
-        let t = self.st.slabs();
-        t.endpoints[slot]
-            .locals
-            .push_back(t.addrs, i, list_id::LOCALS, ADDR_Q);
+        AddrTable::make_local(&mut self.st.slabs(), slot, i, cache_ep);
         self.insert_loopback(now, slot, i, cache_ep);
         self.pump(now);
         Ok(())
@@ -188,22 +101,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// from the cache at the next input that passes the cache ([`poll_timeout`](Self::poll_timeout)
     /// asks for an immediate [`handle_timeout`](Self::handle_timeout)).
     pub fn remove_address(&mut self, ep: EpId, kind: AddrKind, addr: &[u8; 64]) {
-        let Some(slot) = self.ep_slot(ep) else {
+        let t = self.st.slabs_ref();
+        let Some(slot) = self.eps.slot(t.endpoints, ep) else {
             return;
         };
-        let Some(i) = self.find_addr(slot, kind.into(), addr) else {
+        let Some(i) = self.addrs.find(t, slot, kind.into(), addr) else {
             return;
         };
-        if self.st.addrs()[i as usize].state != AddrState::Local {
+        if t.addrs[i as usize].state != AddrState::Local {
             return;
         }
-        self.unlink_q(i);
-        self.st.addrs()[i as usize].state = AddrState::Removing;
+        // No cache here: the `Removal` timer asks for a `handle_timeout` call, which drops
+        // the alias.
         self.addrs
-            .removals
-            .push_back(self.st.addrs(), i, list_id::REMOVALS, ADDR_Q);
-        // No cache here: ask for a `handle_timeout` call, which drops the alias.
-        self.timers.arm(Timer::Removal, 0);
+            .remove_local(&mut self.st.slabs(), i, &mut self.sh);
     }
 
     /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `kind` is `gid`.
@@ -218,8 +129,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         gid: Gid,
     ) -> Result<(), Error> {
         let type_ = AddressType::from(kind);
-        let slot = self.ep_slot(ep).ok_or(Error::Endpoint)?;
-        let i = match self.find_addr(slot, type_, addr) {
+        let slot = (self.eps.slot(self.st.slabs_ref().endpoints, ep)).ok_or(Error::Endpoint)?;
+        let i = match self.addrs.find(self.st.slabs_ref(), slot, type_, addr) {
             Some(i) => {
                 if self.st.addrs()[i as usize].state != AddrState::Resolved {
                     return Ok(());
@@ -228,16 +139,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
         };
-        let expires = self.addr_expiry(now);
-        let cache_ep = self.st.endpoints()[slot].cache_ep;
-        let a = &mut self.st.addrs()[i as usize];
-        a.state = AddrState::Resolved;
-        a.origin = storage::Origin::Preload;
-        a.gid = gid.0;
-        a.lid = 0;
-        a.group = 0;
-        a.expires = expires;
-        a.cache_ep = cache_ep;
+        let expires = addr::expiry(&self.sh.cfg, now);
+        let t = self.st.slabs();
+        let cache_ep = t.endpoints[slot].cache_ep;
+        AddrTable::preload(&mut t.addrs[i as usize], gid, expires, cache_ep);
         Ok(())
     }
 
@@ -245,7 +150,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// and by its DGID (no constraint; each answers requests with and without the reversible
     /// bit), never expires, and is inserted again after every [`reregister`](Self::reregister).
     pub fn preload_route(&mut self, now: Millis, ep: EpId, cache_ep: u32, path: &[u8; 64]) {
-        let Some(slot) = self.ep_slot(ep) else {
+        let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
         if let Some(p) = self.st.preloads().iter_mut().find(|p| !p.used) {
@@ -263,7 +168,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
     /// `cache_ep`; the groups are detached and joined again.
     pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: u32) {
-        let Some(slot) = self.ep_slot(ep) else {
+        let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
         self.w.invalidate_ep(u32::from(ep.0));
@@ -292,8 +197,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let e = &mut self.st.endpoints()[slot];
         e.force_detach = e.attached;
         let wanted: [bool; 2] = [
-            e.groups[0].t.state != GroupState::Off,
-            e.groups[1].t.state != GroupState::Off,
+            e.groups[0].t.state != storage::GroupState::Off,
+            e.groups[1].t.state != storage::GroupState::Off,
         ];
         for (g, want) in wanted.into_iter().enumerate() {
             if want {
@@ -303,18 +208,37 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
         // A new SM (or the same one after a reregister) holds no subscription of ours.
         self.subscribe_all(now, slot);
-        self.mark_dirty(slot);
+        self.eps.mark_dirty(slot);
         self.pump(now);
+    }
+
+    /// Starts (or restarts) the join of group `g` of endpoint `slot`.
+    pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
+        let t = self.st.slabs();
+        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg));
+        t.endpoints[slot].groups.start(g, at, &mut self.sh);
+        self.eps.mark_dirty(slot);
+    }
+
+    /// Starts both subscriptions of `slot` if the configuration and the endpoint allow.
+    pub(crate) fn subscribe_all(&mut self, now: Millis, slot: usize) {
+        let t = self.st.slabs();
+        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg));
+        let e = &mut t.endpoints[slot];
+        let reachable = (e.open, e.qpn, e.sa_pkey);
+        if e.informs.subscribe_all(reachable, at, &mut self.sh) {
+            self.eps.mark_dirty(slot);
+        }
     }
 
     /// Inserts `path` under the loopback key of local address `i` and aliases the address.
     pub(crate) fn insert_loopback(&mut self, now: Millis, slot: usize, i: u32, cache_ep: u32) {
         let e = self.st.endpoints()[slot];
-        if !self.cfg.loopback_local || e.lid == 0 {
+        if !self.sh.cfg.loopback_local || e.lid == 0 {
             return;
         }
         let path = request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
-        let view = self.view(slot, cache_ep);
+        let view = e.view(cache_ep);
         let (k, _) = request::normalise(&view, &request::gid_record(Gid(e.port_gid), 0));
         let Some(key) = request::cache_key(cache_ep, &k) else {
             return;
@@ -325,6 +249,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         addr::alias(&mut self.w, &a, &key, now, NEVER);
     }
 
+    /// Inserts preloaded route `path` of endpoint `slot` under `cache_ep`, by DLID and by
+    /// DGID.
     pub(crate) fn insert_preload(
         &mut self,
         now: Millis,
@@ -333,7 +259,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         path: &[u8; 64],
     ) {
         use crate::wire::path_record::PathRecord;
-        let view = self.view(slot, cache_ep);
+        let view = self.st.slabs_ref().endpoints[slot].view(cache_ep);
         let p = PathRecord::new_unchecked(&path[..]);
         let (dlid, dgid) = (p.dlid(), p.dgid());
         // Two keys for one route, by DLID and by DGID, each a path entry of its own: a hit is
@@ -357,8 +283,6 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// After every input: drops removed addresses' cache aliases, lets backlog jobs into the
-    /// SA window and queued address queries into the ACM windows.
     /// Answers (with `status`) every route job and address query of endpoint `slot`, and
     /// forgets the queries the caller still holds when `forget_held`.
     pub(crate) fn drop_endpoint_work(
@@ -375,7 +299,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             self.finish_job(now, j, route::Completion::failed(status));
             if forget_held {
-                self.free_zombie(j);
+                self.routes.free_zombie(self.st.jobs(), j);
             }
         }
         for i in 0..self.st.addrs().len() as u32 {

@@ -34,6 +34,16 @@
 //! meanwhile ([`PathCache::writer`] is an `Err` while a resolver lives). Its own lookups read
 //! through it ([`Resolver::cache`]).
 //!
+//! Like quinn-proto's `Connection`, the resolver composes parts that own their state and
+//! their rules: the request slots (`answers::Answers`), the route jobs and the SA window
+//! (`route::Routes`), the address table and the ACM protocol (`addr::AddrTable`), the endpoint
+//! map (`endpoints::Endpoints`), and each endpoint's groups, subscriptions and half-world table
+//! (`groups::Groups`, `inform::Informs`, [`table`]'s `TableFetch`, in its slot). A part's
+//! methods take what they need as arguments: the slab slices they work on, the services the
+//! parts share (`Shared`: settings, TIDs, the timer table, stats), the cache writer. The
+//! resolver's own code is its inputs and outputs (this file), an endpoint's life
+//! (`lifecycle.rs`) and the steps that cross parts (`steps.rs`).
+//!
 //! Time is one monotonic clock in milliseconds ([`Millis`]), the same ticks the cache uses.
 //!
 //! Exactly-once: every [`Resolver::request`] of kind [`Kind::Resolve`] or [`Kind::Query`] leads
@@ -55,6 +65,7 @@ mod output;
 pub mod request;
 mod route;
 mod sa_window;
+mod steps;
 mod storage;
 pub mod table;
 mod timers;
@@ -69,12 +80,12 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{ep_number, AddrKind, CacheRef, CacheWriter, Lookup, PathCache};
+use crate::cache::{AddrKind, CacheRef, CacheWriter, PathCache};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;
-use storage::{list_id, AddrState, GroupState, JobState, List, Slab, ADDR_Q};
-use timers::Timer;
+use storage::{AddrState, JobState, Slab};
+use timers::{Parts, Timer, TimerTable};
 
 /// Route lifetime meaning "never expires".
 const NEVER: Millis = u64::MAX;
@@ -85,6 +96,28 @@ pub(crate) fn splitmix64(x: &mut u64) -> u64 {
     let v = r.next_u64();
     *x = r.0;
     v
+}
+
+/// The services every part of the resolver uses, lent to the part's methods by `&mut`: the
+/// settings, the TID counter, the timer table and the stats.
+pub(crate) struct Shared {
+    pub(crate) cfg: Config,
+    tid: u32,
+    /// Every timer, one entry per kind ([`timers`]).
+    pub(crate) timers: TimerTable,
+    pub(crate) stats: Stats,
+}
+
+impl Shared {
+    /// The next TID of the resolver's counter (never 0; SA queries and ACM requests alike).
+    pub(crate) fn next_tid(&mut self) -> u32 {
+        loop {
+            self.tid = self.tid.wrapping_add(1);
+            if self.tid != 0 {
+                return self.tid;
+            }
+        }
+    }
 }
 
 /// The resolver (see the [module docs](self)).
@@ -99,20 +132,20 @@ pub struct Resolver<S: Storage, C: CacheRef> {
     /// The path cache's one writer, owned for the resolver's whole life: every cache write
     /// the resolver makes goes through it, and its own lookups read through it.
     w: CacheWriter<C>,
+    /// The caller's slabs; each part's methods are lent the slices they work on.
     st: S,
-    cfg: Config,
-    tid: u32,
+    /// The settings, the TID counter, the timer table, the stats.
+    sh: Shared,
     /// Client requests: free slots, the answer FIFO ([`answers`]).
     answers: answers::Answers,
     /// Route jobs and the SA window ([`route`], [`sa_window`]).
     routes: route::Routes,
     /// The address table and its ACM send and removal lists ([`addr`], [`acm`]).
     addrs: addr::AddrTable,
-    /// Which slot serves which endpoint, and which have outputs to poll ([`endpoints`]).
+    /// Which slot serves which endpoint, and which have outputs to poll ([`endpoints`]); each
+    /// endpoint's groups, subscriptions and table are in its slot ([`groups`], [`inform`],
+    /// [`table`]).
     eps: endpoints::Endpoints,
-    /// Every timer, one entry per kind ([`timers`]).
-    timers: timers::TimerTable,
-    stats: Stats,
     done: bool,
 }
 
@@ -155,14 +188,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         t.preloads.fill(PreloadSlot::EMPTY);
         let r = Resolver {
             w: writer,
-            cfg: config,
-            tid,
+            sh: Shared {
+                cfg: config,
+                tid,
+                timers: TimerTable::new(),
+                stats: Stats::default(),
+            },
             answers: answers::Answers::new(t.requests, reserve),
             routes: route::Routes::new(t.jobs, seed, &config),
             addrs: addr::AddrTable::new(t.addrs, seed),
             eps: endpoints::Endpoints::new(),
-            timers: timers::TimerTable::new(),
-            stats: Stats::default(),
             done: false,
             st: storage,
         };
@@ -171,7 +206,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The settings in use.
     pub fn config(&self) -> &Config {
-        &self.cfg
+        &self.sh.cfg
     }
 
     /// The path cache the resolver writes (read it here; readers on other threads read it
@@ -203,79 +238,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if r.target.is_some() || r.kind == Kind::Query {
             return self.take_request(now, r, r.target.as_ref());
         }
+        let t = self.st.slabs_ref();
         let mine = self
-            .ep_slot(r.ep)
-            .map(|slot| request::classify(&self.view(slot, r.cache_ep), r.msg));
+            .eps
+            .slot(t.endpoints, r.ep)
+            .map(|slot| request::classify(&t.endpoints[slot].view(r.cache_ep), r.msg));
         self.take_request(now, r, mine.as_ref());
-    }
-
-    fn take_request(&mut self, now: Millis, r: &Request<'_>, target: Option<&request::Target>) {
-        let slot = match self.ep_slot(r.ep) {
-            Some(s) if !self.done => s,
-            _ => {
-                self.answer_now(r, Status::Enodata, None);
-                return;
-            }
-        };
-        self.st.endpoints()[slot].cache_ep = r.cache_ep;
-        match target {
-            Some(t) if r.kind != Kind::Query => self.resolve_request(now, slot, r, t),
-            _ => self.query_request(now, slot, r),
-        }
-        self.pump(now);
-    }
-
-    /// A RESOLVE (or Prime, Refresh) request meets the cache again here: its entry may have
-    /// arrived since the caller's front looked. [`front::decide`] says what follows, as it
-    /// does on the caller's hit path.
-    fn resolve_request(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        r: &Request<'_>,
-        target: &request::Target,
-    ) {
-        use front::Front;
-        use request::Target;
-        // A refresh renews the route whatever the cache holds now.
-        let lookup = match r.kind {
-            Kind::Refresh => Lookup::Miss,
-            _ => front::look(self.w.cache(), target, now, false),
-        };
-        let (refresh, wait) = match (r.kind, front::decide(target, true, &lookup)) {
-            (_, Front::Answer(status)) => {
-                if matches!(target, Target::Fail(Status::Einval)) {
-                    self.stats.malformed += 1;
-                }
-                self.answer_now(r, status, None);
-                return;
-            }
-            (_, Front::Hit { refresh }) => {
-                if let (Kind::Resolve, Lookup::Hit { record, .. }) = (r.kind, &lookup) {
-                    self.count(r.ep, Counter::RouteCache);
-                    self.answer_now(r, Status::Success, Some(record));
-                }
-                if !refresh {
-                    return;
-                }
-                (true, false)
-            }
-            (Kind::Refresh, _) => (true, false),
-            (_, Front::Prime) => {
-                self.answer_now(r, Status::Enodata, None);
-                (false, false)
-            }
-            (kind, Front::HandOver) => (false, kind == Kind::Resolve),
-        };
-        match target {
-            Target::Route { key, record, .. } => {
-                let sa = record.query_record(&self.view(slot, r.cache_ep));
-                self.route_query(now, slot, r, key.map(|k| k.key()), &sa, wait);
-            }
-            Target::Address { key, .. } if refresh => self.addr_refresh(now, slot, r, key),
-            Target::Address { key, .. } => self.addr_query(now, slot, r, key, wait),
-            Target::Fail(_) => {}
-        }
     }
 
     /// An SA completion for a [`Output::SendSa`] with `token`: the reply MAD (`umad_status`
@@ -288,9 +256,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             mads::TOKEN_ROUTE => self.route_reply(now, index, tid, umad_status, &mad),
             mads::TOKEN_JOIN => self.set_reply(now, Set::Join, index, tid, umad_status, &mad),
             mads::TOKEN_INFORM => self.set_reply(now, Set::Inform, index, tid, umad_status, &mad),
-            mads::TOKEN_TABLE => self.table_reply(now, token, umad_status),
+            // Only a failure can come this way (the MAD as sent with a non-zero status); a
+            // reply MAD means the transport handed up a single MAD, not a reassembled table,
+            // so tables are turned off.
+            mads::TOKEN_TABLE => match table::table_of(self.st.slabs_ref().endpoints, token) {
+                Some(slot) => {
+                    let e = &mut self.st.endpoints()[slot];
+                    e.table.failed(now, umad_status == 0, &mut self.sh)
+                }
+                None => self.sh.stats.sa_unknown += 1,
+            },
             mads::TOKEN_LEAVE | mads::TOKEN_NOTICE => {}
-            _ => self.stats.sa_unknown += 1,
+            _ => self.sh.stats.sa_unknown += 1,
         }
         self.pump(now);
     }
@@ -311,7 +288,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     // kilobytes of flash on a microcontroller (docs/firmware.md).
     #[inline(never)]
     pub fn handle_timeout(&mut self, now: Millis) {
-        let due = Timer::ALL.map(|t| self.timers.due(t, now));
+        let due = Timer::ALL.map(|t| self.sh.timers.due(t, now));
         if !due.contains(&true) {
             return;
         }
@@ -355,11 +332,115 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
+    /// Sets timer kind `t` to the earliest deadline its part holds now.
+    // One copy, not one per kind fired (flash).
+    #[inline(never)]
+    fn rearm(&mut self, t: Timer) {
+        let parts = Parts {
+            routes: &self.routes,
+            addrs: &self.addrs,
+            slabs: self.st.slabs_ref(),
+            cfg: &self.sh.cfg,
+        };
+        let at = parts.earliest(t);
+        self.sh.timers.set(t, at);
+    }
+
     /// When to call [`handle_timeout`](Self::handle_timeout) next (`None` = no timer armed).
     /// It may be earlier than necessary, never later.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
-        self.timers.next()
+        self.sh.timers.next()
+    }
+
+    /// The next thing for the caller to do, `None` when there is nothing. Call it until `None`
+    /// after every input (see the draining rule on [`Resolver`]). Order: per-endpoint work,
+    /// SA queries, ACM MADs, client answers.
+    #[must_use]
+    // Never inlined: a caller's loop calls it in several places, and each inlined copy is
+    // kilobytes of flash on a microcontroller (docs/firmware.md).
+    #[inline(never)]
+    pub fn poll_output(&mut self) -> Option<Output> {
+        while let Some(slot) = self.eps.first_dirty() {
+            // Polled in place, not copied: the slot is large, and this runs for every output
+            // of an endpoint with work (a miss's counter bumps).
+            if let Some(o) = self.st.endpoints()[slot].poll(slot, &mut self.sh) {
+                return Some(o);
+            }
+            self.eps.clean(slot);
+        }
+        let t = self.st.slabs();
+        if let Some(o) = self.routes.poll(t.jobs, t.endpoints) {
+            return Some(o);
+        }
+        if let Some(o) = self.addrs.poll(t.addrs, t.endpoints) {
+            return Some(o);
+        }
+        self.answers.pop(t.requests)
+    }
+
+    /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a
+    /// Report is acknowledged and applied; anything else is counted and dropped.
+    pub fn handle_report(&mut self, now: Millis, ep: EpId, mad: &[u8]) {
+        let whole = mad.len() >= crate::wire::sa::DATA_OFFSET + crate::wire::inform::NOTICE_LEN;
+        let mad = mads::full_mad(mad);
+        let report = whole.then(|| mads::parse_report(&mad)).flatten();
+        let slot = self.eps.slot(self.st.slabs_ref().endpoints, ep);
+        let (Some(slot), Some((tid, notice, raw))) = (slot, report) else {
+            self.sh.stats.report_malformed += 1;
+            return;
+        };
+        self.sh.stats.reports += 1;
+        self.st.endpoints()[slot].informs.acknowledge(tid, raw);
+        self.eps.mark_dirty(slot);
+        if let Some(gid) = notice.subject_gid() {
+            match notice.trap {
+                crate::wire::inform::TRAP_GID_OUT_OF_SERVICE => {
+                    self.invalidate_gid(&gid, false, true)
+                }
+                crate::wire::inform::TRAP_GID_IN_SERVICE => self.invalidate_gid(&gid, true, false),
+                _ => {}
+            }
+        }
+        self.pump(now);
+    }
+
+    /// The answer to an [`Output::SendSa`] GetTable (a token the resolver gave a half-world
+    /// table, [`table`]), reassembled by the caller's SA channel: the whole `table`, or why
+    /// there is none. A token that names nothing outstanding is counted in `sa_unknown` and
+    /// dropped.
+    pub fn handle_sa_table(
+        &mut self,
+        now: Millis,
+        token: u64,
+        table: Result<SaTable<'_>, table::TableError>,
+    ) {
+        let Some(slot) = table::table_of(self.st.slabs_ref().endpoints, token) else {
+            self.sh.stats.sa_unknown += 1;
+            return;
+        };
+        let records = match table {
+            Ok(t) => table::records(&t),
+            Err(e) => {
+                let off = matches!(e, table::TableError::TooBig | table::TableError::NotCarried);
+                self.st.endpoints()[slot]
+                    .table
+                    .failed(now, off, &mut self.sh);
+                return self.pump(now);
+            }
+        };
+        let Some(records) = records else {
+            self.st.endpoints()[slot]
+                .table
+                .failed(now, false, &mut self.sh);
+            return self.pump(now);
+        };
+        let n = self.file_table(now, slot, records);
+        self.sh.stats.sa_tables += 1;
+        self.sh.stats.sa_table_records += u64::from(n);
+        let cfg = &self.sh.cfg;
+        self.st.endpoints()[slot].table.filed(now, n, cfg);
+        self.pump(now);
     }
 
     /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
@@ -375,12 +456,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.fail_addr_waiters(i, Status::Enodata);
             }
         }
-        self.timers.clear();
+        self.sh.timers.clear();
     }
 
     /// Drop and refusal counters.
     pub fn stats(&self) -> Stats {
-        self.stats
+        self.sh.stats
     }
 
     /// True if nothing is outstanding: no request waiting or unpolled, no SA query or ACM query
@@ -392,34 +473,22 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             && self.answers.fifo.is_empty()
     }
 
-    pub(crate) fn next_tid(&mut self) -> u32 {
-        loop {
-            self.tid = self.tid.wrapping_add(1);
-            if self.tid != 0 {
-                return self.tid;
-            }
-        }
-    }
-
-    pub(crate) fn pump(&mut self, now: Millis) {
-        self.drop_removed();
-        self.pump_backlog(now);
-        self.pump_acm_all(now);
-    }
-}
-
-#[cfg(feature = "std")]
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Checks the resolver's internal bookkeeping against its tables (counts, list
     /// memberships, the SA window), each part its own, and that every waiting request is on
     /// exactly one waiter list; for tests and simulations. O(table size).
     #[doc(hidden)]
+    #[cfg(feature = "std")]
     pub fn check_invariants(&self) -> Result<(), std::string::String> {
         use std::format;
         let t = self.st.slabs_ref();
         self.answers.check(t.requests)?;
         if !self.done {
-            self.check_timers()?;
+            self.sh.timers.check(Parts {
+                routes: &self.routes,
+                addrs: &self.addrs,
+                slabs: t,
+                cfg: &self.sh.cfg,
+            })?;
         }
         let waiters = self.routes.check(t.jobs)? + self.addrs.check(t.addrs)?;
         if waiters != self.answers.waiting {

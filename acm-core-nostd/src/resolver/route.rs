@@ -11,14 +11,11 @@
 use super::mads::{self, SaOutcome};
 use super::sa_window::SaWindow;
 use super::storage::chain;
-use super::storage::Slab;
-use super::storage::{
-    bucket_of, list_id, AddrState, JobState, Joiner, List, SlabsRef, StoredKey, ADDR_R, JOB, REQ,
-};
+use super::storage::{bucket_of, list_id, JobState, List, SlabsRef, StoredKey, ADDR_R, JOB, REQ};
 use super::timers::Timer;
-use super::{addr, Config, Counter, EpId, JobSlot, Millis, Request, Resolver, Storage, NEVER};
-use crate::cache::{CacheRef, Dest, Lookup, PathKey};
-use crate::wire::client::{AcmMsg, EpInfoType, Status};
+use super::{AddrEntry, Config, EpId, EpSlot, JobSlot, Millis, Output, RequestSlot, Shared};
+use crate::cache::{Dest, PathKey};
+use crate::wire::client::Status;
 use crate::wire::mad::TIMED_OUT;
 
 impl StoredKey {
@@ -62,7 +59,18 @@ impl StoredKey {
     }
 }
 
-/// How a route job ends ([`Resolver::finish_job`]).
+/// What a route job resolves: its coalescing key — the endpoint's slot, the cache endpoint
+/// number, the SA query record — and the cache key its answer is filed under (`None`:
+/// uncacheable).
+#[derive(Clone, Copy)]
+pub(crate) struct Route<'a> {
+    pub(crate) slot: usize,
+    pub(crate) cache_ep: u32,
+    pub(crate) key: Option<PathKey>,
+    pub(crate) sa: &'a [u8; 64],
+}
+
+/// How a route job ends ([`Resolver::finish_job`](super::Resolver::finish_job)).
 #[derive(Clone, Copy)]
 pub(crate) enum Completion<'r> {
     /// The SA's record, inserted into the cache to expire at `expires`.
@@ -158,14 +166,11 @@ impl Routes {
         )
     }
 
-    /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
-    pub(crate) fn find(
-        &self,
-        t: SlabsRef<'_>,
-        slot: usize,
-        cache_ep: u32,
-        sa: &[u8; 64],
-    ) -> Option<u32> {
+    /// The coalescable job for `route` (endpoint, cache_ep, SA record), if one is pending.
+    pub(crate) fn find(&self, t: SlabsRef<'_>, route: &Route<'_>) -> Option<u32> {
+        let Route {
+            slot, cache_ep, sa, ..
+        } = *route;
         let b = self.bucket(t.job_buckets.len(), slot, cache_ep, sa);
         chain::find(t.jobs, t.job_buckets, b, |job| {
             !job.query
@@ -186,7 +191,7 @@ impl Routes {
 
     /// Takes job `j` out of the coalescing table.
     fn unhash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
-        let job = jobs[j as usize];
+        let job = &jobs[j as usize];
         if job.query {
             return;
         }
@@ -290,560 +295,335 @@ impl Routes {
     }
 }
 
-/// [`Resolver::retry_job`]'s jitter: a lost query's backoff is spread, a BUSY one's is not
-/// (the SA named the moment: it was busy then).
+/// [`Routes::retry`]'s jitter: a lost query's backoff is spread, a BUSY one's is not (the SA
+/// named the moment: it was busy then).
 const RETRY_LOST: bool = true;
 const RETRY_BUSY: bool = false;
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// The coalescable job for (endpoint, cache_ep, SA record), if one is pending.
-    pub(crate) fn find_job(&self, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> Option<u32> {
-        self.routes.find(self.st.slabs_ref(), slot, cache_ep, sa)
-    }
-
-    /// Room in the SA window for one more job at `now`.
-    fn window_free(&self, now: Millis) -> bool {
-        self.routes
-            .sa
-            .has_room(self.eps.ports, self.st.sa_inflight(), now)
+impl Routes {
+    /// Room in the SA window for one more job at `now`, over `ports` ports and at most
+    /// `inflight` queries (the storage's).
+    pub(crate) fn window_free(&self, now: Millis, ports: u32, inflight: usize) -> bool {
+        self.sa.has_room(ports, inflight, now)
     }
 
     /// When a job started at `born` is answered ETIMEDOUT if nothing else answers it
     /// ([`SaWindow::deadline`]: by age, or by the SA's silence, whichever is later).
-    fn deadline(&self, born: Millis) -> Millis {
-        self.routes.sa.deadline(born, &self.cfg)
+    pub(crate) fn deadline(&self, born: Millis, cfg: &Config) -> Millis {
+        self.sa.deadline(born, cfg)
     }
 
     /// Whether `job`'s answer could not come back before its deadline.
-    fn too_late(&self, now: Millis, job: &JobSlot) -> bool {
-        self.routes.sa.too_late(now, self.deadline(job.born))
+    pub(crate) fn too_late(&self, now: Millis, job: &JobSlot, cfg: &Config) -> bool {
+        self.sa.too_late(now, self.deadline(job.born, cfg))
+    }
+
+    /// A new job for `route` started at `now` (a `query()`'s when `query`: never cached, not
+    /// in the coalescing table); neither sent nor backlogged yet
+    /// ([`send_job`](Self::send_job), [`push_backlog`](Self::push_backlog)). `None` if every
+    /// job slot is taken.
+    pub(crate) fn start(
+        &mut self,
+        jobs: &mut [JobSlot],
+        buckets: &mut [u32],
+        now: Millis,
+        route: &Route<'_>,
+        query: bool,
+    ) -> Option<u32> {
+        let j = self.free.pop_front(jobs, list_id::FREE, JOB)?;
+        let job = &mut jobs[j as usize];
+        *job = JobSlot::EMPTY;
+        job.slot = route.slot as u8;
+        job.cache_ep = route.cache_ep;
+        job.query = query;
+        job.born = now;
+        job.key = StoredKey::from_key(if query { None } else { route.key });
+        job.sa = *route.sa;
+        if !query {
+            self.hash(jobs, buckets, j);
+        }
+        self.active += 1;
+        Some(j)
+    }
+
+    /// Appends job `j` to the backlog (the caller counts it in its endpoint's backlog).
+    pub(crate) fn push_backlog(
+        &mut self,
+        jobs: &mut [JobSlot],
+        now: Millis,
+        j: u32,
+        sh: &mut Shared,
+    ) {
+        let at = self.deadline(now, &sh.cfg);
+        jobs[j as usize].state = JobState::Backlog;
+        self.backlog.push_back(jobs, j, list_id::BACKLOG, JOB);
+        sh.timers.arm(Timer::Backlog, at);
+    }
+
+    /// Takes job `j` out of the backlog into a window slot (the caller sends it).
+    pub(crate) fn unbacklog(&mut self, jobs: &mut [JobSlot], j: u32) {
+        self.backlog.remove(jobs, j, list_id::BACKLOG, JOB);
+        self.sa.held += 1;
     }
 
     /// A BUSY job whose backoff ended: it gives its window slot back and waits in the backlog,
     /// in deadline (= start) order, for the window, which BUSY has shrunk meanwhile, to let it
     /// go again (`pump`, right after the timers). Re-sent at once instead, every query that was
     /// out when the SA said BUSY would go again whatever the window: a storm's resolvers would
-    /// keep their whole first window in the SA's face.
-    fn requeue_job(&mut self, now: Millis, j: u32) {
-        self.routes.unlist(self.st.jobs(), j);
-        self.routes.sa.held -= 1;
-        let born = self.st.jobs()[j as usize].born;
-        let at = self.deadline(born);
-        self.st.jobs()[j as usize].state = JobState::Backlog;
-        let mut before = self.routes.backlog.front();
+    /// keep their whole first window in the SA's face. Returns the job's endpoint slot (whose
+    /// backlog it entered).
+    pub(crate) fn requeue(
+        &mut self,
+        jobs: &mut [JobSlot],
+        now: Millis,
+        j: u32,
+        sh: &mut Shared,
+    ) -> usize {
+        self.unlist(jobs, j);
+        self.sa.held -= 1;
+        let born = jobs[j as usize].born;
+        let at = self.deadline(born, &sh.cfg);
+        jobs[j as usize].state = JobState::Backlog;
+        let mut before = self.backlog.front();
         while let Some(b) = before {
-            if self.st.jobs()[b as usize].born > born {
+            if jobs[b as usize].born > born {
                 break;
             }
-            before = List::next_of(self.st.jobs(), b, JOB);
+            before = List::next_of(jobs, b, JOB);
         }
-        self.routes
-            .backlog
-            .insert_before(self.st.jobs(), j, before, list_id::BACKLOG, JOB);
-        self.timers.arm(Timer::Backlog, at.max(now));
-        let slot = usize::from(self.st.jobs()[j as usize].slot);
-        self.backlog_entered(now, slot);
+        self.backlog
+            .insert_before(jobs, j, before, list_id::BACKLOG, JOB);
+        sh.timers.arm(Timer::Backlog, at.max(now));
+        usize::from(jobs[j as usize].slot)
     }
 
-    /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
-    pub(crate) fn start_job(
+    /// Puts job `j` (already holding a window slot) on the SA send list with a fresh TID,
+    /// each try allowed `try_ms` (its endpoint's SA deadline) within the job's deadline, over
+    /// `ports` ports.
+    pub(crate) fn send_job(
         &mut self,
+        jobs: &mut [JobSlot],
         now: Millis,
-        slot: usize,
-        cache_ep: u32,
-        key: Option<PathKey>,
-        sa: &[u8; 64],
-        query: bool,
-    ) -> Option<u32> {
-        let j = self
-            .routes
-            .free
-            .pop_front(self.st.jobs(), list_id::FREE, JOB)?;
-        {
-            let job = &mut self.st.jobs()[j as usize];
-            *job = JobSlot::EMPTY;
-            job.slot = slot as u8;
-            job.cache_ep = cache_ep;
-            job.query = query;
-            job.born = now;
-            job.key = StoredKey::from_key(if query { None } else { key });
-            job.sa = *sa;
-        }
-        if !query {
-            let t = self.st.slabs();
-            self.routes.hash(t.jobs, t.job_buckets, j);
-            let dlid = crate::wire::path_record::PathRecord::new_unchecked(&sa[..]).dlid();
-            let e = &mut t.endpoints[slot];
-            e.table.max_lid = e.table.max_lid.max(dlid);
-        }
-        self.routes.active += 1;
-        if self.routes.backlog.is_empty() && self.window_free(now) {
-            self.routes.sa.held += 1;
-            self.send_job(now, j);
-        } else {
-            let at = self.deadline(now);
-            self.st.jobs()[j as usize].state = JobState::Backlog;
-            self.routes
-                .backlog
-                .push_back(self.st.jobs(), j, list_id::BACKLOG, JOB);
-            self.timers.arm(Timer::Backlog, at);
-            self.backlog_entered(now, slot);
-        }
-        Some(j)
-    }
-
-    /// Puts job `j` (already holding a window slot) on the SA send list with a fresh TID.
-    fn send_job(&mut self, now: Millis, j: u32) {
-        self.routes.unlist(self.st.jobs(), j);
-        let tid = self.next_tid();
-        let (slot, born) = {
-            let job = &self.st.jobs()[j as usize];
-            (usize::from(job.slot), job.born)
-        };
+        j: u32,
+        try_ms: Millis,
+        ports: u32,
+        sh: &mut Shared,
+    ) {
+        self.unlist(jobs, j);
+        let tid = sh.next_tid();
+        let born = jobs[j as usize].born;
         // Each try has its deadline, and the whole job (backlog, tries, backoffs) has its own:
         // with the SA gone, nothing waits longer than `queue_deadline` from its start.
-        let at = now
-            .saturating_add(self.sa_deadline_of(slot))
-            .min(self.deadline(born));
-        let ep = {
-            let job = &mut self.st.jobs()[j as usize];
-            job.state = JobState::Send;
-            job.tid = tid;
-            job.timer = at;
-            job.sent = now;
-            job.slot
-        };
-        self.routes
-            .send
-            .push_back(self.st.jobs(), j, list_id::SA_SEND, JOB);
-        self.routes.sa.sent(now, self.eps.ports);
-        let id = EpId(self.st.endpoints()[usize::from(ep)].id);
-        self.count(id, Counter::RouteQuery);
-        self.timers.arm(Timer::SaReply, at);
+        let at = now.saturating_add(try_ms).min(self.deadline(born, &sh.cfg));
+        let job = &mut jobs[j as usize];
+        job.state = JobState::Send;
+        job.tid = tid;
+        job.timer = at;
+        job.sent = now;
+        self.send.push_back(jobs, j, list_id::SA_SEND, JOB);
+        self.sa.sent(now, ports);
+        sh.timers.arm(Timer::SaReply, at);
     }
 
-    /// Adds `who` (a waiter, an address entry) to the job for (slot, cache_ep, sa), starting
-    /// one if none is pending. A full job table answers the waiter ENOMEM.
-    pub(crate) fn join_route(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        cache_ep: u32,
-        key: Option<PathKey>,
-        sa: &[u8; 64],
-        who: Joiner,
-    ) {
-        let Joiner { waiter, addr } = who;
-        let j = match self.find_job(slot, cache_ep, sa) {
-            Some(j) => j,
-            None => match self.start_job(now, slot, cache_ep, key, sa, false) {
-                Some(j) => j,
-                None => {
-                    self.stats.full += 1;
-                    if let Some(w) = waiter {
-                        self.answer(w, Status::Enomem, None);
-                    }
-                    return;
-                }
-            },
-        };
-        let t = self.st.slabs();
-        let job = &mut t.jobs[j as usize];
-        if let Some(w) = waiter {
-            job.waiters.push_back(t.requests, w, list_id::WAITERS, REQ);
-        }
-        if let Some(a) = addr {
-            if t.addrs[a as usize].job == 0 {
-                job.addrs
-                    .push_back(t.addrs, a, list_id::ROUTE_ADDRS, ADDR_R);
-                t.addrs[a as usize].job = j + 1;
-            }
+    /// Adds request slot `waiter` to job `j`'s waiters (over the request slots `reqs`).
+    pub(crate) fn add_waiter(jobs: &mut [JobSlot], reqs: &mut [RequestSlot], j: u32, waiter: u32) {
+        jobs[j as usize]
+            .waiters
+            .push_back(reqs, waiter, list_id::WAITERS, REQ);
+    }
+
+    /// Adds address entry `a` (on no job yet) to job `j`'s addresses, aliased to its path when
+    /// it is found.
+    pub(crate) fn add_addr(jobs: &mut [JobSlot], addrs: &mut [AddrEntry], j: u32, a: u32) {
+        if addrs[a as usize].job == 0 {
+            jobs[j as usize]
+                .addrs
+                .push_back(addrs, a, list_id::ROUTE_ADDRS, ADDR_R);
+            addrs[a as usize].job = j + 1;
         }
     }
 
-    /// `query()`: a pass-through SA PathRecord GET of the client's record, never coalesced,
-    /// never cached.
-    pub(crate) fn query_request(&mut self, now: Millis, slot: usize, r: &Request<'_>) {
-        let valid = AcmMsg::new_checked(r.msg).ok().and_then(|m| {
-            let e = m.entry(0)?;
-            (m.length() == 88 && e.info_type() == EpInfoType::Path).then(|| {
-                let mut rec = [0u8; 64];
-                rec.copy_from_slice(e.info());
-                rec
-            })
-        });
-        let Some(sa) = valid else {
-            self.stats.malformed += 1;
-            self.answer_now(r, Status::Einval, None);
-            return;
-        };
-        let Some(w) = self.waiter(r) else {
-            return;
-        };
-        match self.start_job(now, slot, r.cache_ep, None, &sa, true) {
-            Some(j) => {
-                let t = self.st.slabs();
-                t.jobs[j as usize]
-                    .waiters
-                    .push_back(t.requests, w, list_id::WAITERS, REQ);
-            }
-            None => {
-                self.stats.full += 1;
-                self.answer(w, Status::Enomem, None);
-            }
-        }
+    /// The next SA query to send: the send list's head, now held by the caller (`Sent`).
+    pub(crate) fn poll(&mut self, jobs: &mut [JobSlot], eps: &[EpSlot]) -> Option<Output> {
+        let j = self.send.pop_front(jobs, list_id::SA_SEND, JOB)?;
+        let job = &mut jobs[j as usize];
+        job.state = JobState::Sent;
+        job.held = true;
+        let (slot, tid, sa) = (usize::from(job.slot), job.tid, job.sa);
+        self.sent.push_back(jobs, j, list_id::SENT, JOB);
+        Some(Output::SendSa {
+            ep: EpId(eps[slot].id),
+            token: mads::token(mads::TOKEN_ROUTE, j, tid),
+            mad: mads::path_get(tid, &sa),
+        })
     }
 
-    /// A PATH / LID / GID request past the front ([`front::decide`](super::front::decide)):
-    /// joined to the route job of its key (a new one queries the SA with `sa`), as a waiter
-    /// if `wait` (a Resolve that the job answers), else only to start or renew the route.
-    pub(crate) fn route_query(
-        &mut self,
-        now: Millis,
-        slot: usize,
-        r: &Request<'_>,
-        key: Option<PathKey>,
-        sa: &[u8; 64],
-        wait: bool,
-    ) {
-        let waiter = match wait {
-            true => match self.waiter(r) {
-                Some(w) => Some(w),
-                None => return,
-            },
-            false => None,
-        };
-        let who = Joiner { waiter, addr: None };
-        self.join_route(now, slot, r.cache_ep, key, sa, who);
-    }
-
-    /// Completes job `j` as `how` says: answers its waiters, aliases its addresses on success,
-    /// frees the job (or keeps it as a zombie while the caller holds its MAD).
-    pub(crate) fn finish_job(&mut self, now: Millis, j: u32, how: Completion<'_>) {
-        let (status, record, query_record, from_cache) = match how {
-            Completion::Answered { record, expires } => {
-                (Status::Success, Some((record, expires)), None, false)
-            }
-            Completion::FromCache { record, expires } => {
-                (Status::Success, Some((record, expires)), None, true)
-            }
-            Completion::Failed {
-                status,
-                query_record,
-            } => (status, None, query_record, false),
-        };
-        let job = self.st.jobs()[j as usize];
-        if matches!(job.state, JobState::Free | JobState::Zombie) {
-            return;
-        }
-        let key = job.key.key(job.cache_ep);
-        // Addresses first: the alias must exist before anyone is told the answer.
-        let mut addrs = job.addrs;
-        // The path's expiry as inserted (not looked up: a lookup here would take the one
-        // refresh claim of the entry away from the provider's hit path).
-        let path_expires = match (status, record, key, job.query) {
-            (Status::Success, Some((_, exp)), Some(_), false) => Some(exp),
-            _ => None,
-        };
-        let record = record.map(|(r, _)| r);
-        while let Some(a) = addrs.pop_front(self.st.addrs(), list_id::ROUTE_ADDRS, ADDR_R) {
-            self.st.addrs()[a as usize].job = 0;
-            if let (Some(exp), Some(k)) = (path_expires, key) {
-                let e = self.st.addrs()[a as usize];
-                if e.state == AddrState::Resolved {
-                    addr::alias(&mut self.w, &e, &k, now, exp);
-                }
-            }
-        }
-        let mut waiters = job.waiters;
-        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-            let path = if status == Status::Success {
-                record
-            } else if job.query {
-                query_record
-            } else {
-                None
-            };
-            if from_cache && !self.st.requests()[w as usize].query {
-                let ep = self.st.requests()[w as usize].ep;
-                self.count(ep, Counter::RouteCache);
-            }
-            self.answer(w, status, path);
-        }
-        if job.state == JobState::Backlog {
-            self.backlog_left(usize::from(job.slot));
-        }
-        let t = self.st.slabs();
-        self.routes.unhash(t.jobs, t.job_buckets, j);
-        self.routes.unlist(t.jobs, j);
-        let holds_window = matches!(job.state, JobState::Send | JobState::Sent | JobState::Busy);
-        if job.held {
-            let jb = &mut self.st.jobs()[j as usize];
+    /// Job `j` is done (its waiters answered, its addresses told): out of the coalescing
+    /// table and its list, freed, or kept as a zombie while the caller holds its MAD.
+    pub(crate) fn end(&mut self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
+        let (state, held) = (jobs[j as usize].state, jobs[j as usize].held);
+        self.unhash(jobs, buckets, j);
+        self.unlist(jobs, j);
+        let holds_window = matches!(state, JobState::Send | JobState::Sent | JobState::Busy);
+        if held {
+            let jb = &mut jobs[j as usize];
             jb.state = JobState::Zombie;
             jb.waiters = List::EMPTY;
             jb.addrs = List::EMPTY;
         } else {
             if holds_window {
-                self.routes.sa.held -= 1;
+                self.sa.held -= 1;
             }
-            self.routes.free_job(self.st.jobs(), j);
+            self.free_job(jobs, j);
         }
     }
 
     /// Frees a zombie whose MAD the caller will never hand back (endpoint closed, shutdown).
-    pub(crate) fn free_zombie(&mut self, j: u32) {
-        if self.st.jobs()[j as usize].state == JobState::Zombie {
-            self.routes.sa.held -= 1;
-            self.routes.free_job(self.st.jobs(), j);
+    pub(crate) fn free_zombie(&mut self, jobs: &mut [JobSlot], j: u32) {
+        if jobs[j as usize].state == JobState::Zombie {
+            self.sa.held -= 1;
+            self.free_job(jobs, j);
         }
     }
 
-    /// An SA completion of route job `j`.
-    pub(crate) fn route_reply(
+    /// An SA completion of route job `j`: the reply's effect on the window, a lost or BUSY
+    /// query backed off; what the SA said when the caller is to finish the job — a record, a
+    /// failure, or `Busy`: BUSY with the job's retries spent (ETIMEDOUT) — or `None`: nothing
+    /// more to do (a reply matching nothing, counted; a zombie freed; a query backed off).
+    pub(crate) fn reply(
         &mut self,
+        jobs: &mut [JobSlot],
         now: Millis,
-        j: u32,
-        tid: u32,
+        (j, tid): (u32, u32),
         umad_status: u32,
         mad: &[u8; 256],
-    ) {
-        let Some(job) = self.st.jobs().get(j as usize).copied() else {
-            self.stats.sa_unknown += 1;
-            return;
+        sh: &mut Shared,
+    ) -> Option<SaOutcome> {
+        let Some(job) = jobs.get(j as usize) else {
+            sh.stats.sa_unknown += 1;
+            return None;
         };
         if !job.held || job.tid != tid {
-            self.stats.sa_unknown += 1;
-            return;
+            sh.stats.sa_unknown += 1;
+            return None;
         }
+        let (state, sent) = (job.state, job.sent);
         // The caller handed its MAD back: nothing of this job is outstanding any more.
-        self.st.jobs()[j as usize].held = false;
-        if job.state == JobState::Zombie {
-            self.free_zombie(j);
-            return;
+        jobs[j as usize].held = false;
+        if state == JobState::Zombie {
+            self.free_zombie(jobs, j);
+            return None;
         }
-        if job.state != JobState::Sent {
-            self.stats.sa_unknown += 1;
-            return;
+        if state != JobState::Sent {
+            sh.stats.sa_unknown += 1;
+            return None;
         }
         if umad_status == 0 && mads::tid_low(mad) != tid {
             // Not the reply to this TID; the deadline answers the waiters.
-            self.stats.sa_unknown += 1;
-            return;
+            sh.stats.sa_unknown += 1;
+            return None;
         }
-        let key = job.key.key(job.cache_ep);
         let outcome = mads::classify_path_reply(umad_status, mad);
-        let sample = now.saturating_sub(job.sent);
+        let sample = now.saturating_sub(sent);
         if umad_status == 0 {
             let busy = outcome == SaOutcome::Busy;
-            self.routes.sa.replied(now, sample, busy, &self.cfg);
+            self.sa.replied(now, sample, busy, &sh.cfg);
         } else if umad_status == TIMED_OUT {
             // No answer to any try: the SA dropped it, or is gone. (Any other status is a
             // send that failed here, answered at once as before.)
-            self.stats.sa_lost += 1;
-            self.routes.sa.lost(now, &self.cfg);
-            if self.retry_job(now, j, &job, RETRY_LOST) {
-                return;
+            sh.stats.sa_lost += 1;
+            self.sa.lost(now, &sh.cfg);
+            if self.retry(jobs, now, j, RETRY_LOST, sh) {
+                return None;
             }
         }
-        match outcome {
-            SaOutcome::Record(rec) => {
-                let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
-                if let (Some(k), false) = (key, job.query) {
-                    self.w.insert(&k, &rec, now, ttl);
-                }
-                let exp = now.saturating_add(ttl);
-                self.finish_job(
-                    now,
-                    j,
-                    Completion::Answered {
-                        record: &rec,
-                        expires: exp,
-                    },
-                );
-            }
-            SaOutcome::Failed(s) => {
-                // "No such path" is an answer from the SA, not a failure to reach it: remember
-                // it for a while, never over a path cached since the query started — nor over
-                // a path without the reversible bit that this (reversible) query could not
-                // use: the entry is shared, and requests without the bit are served by it.
-                if let (Status::Enodata, 0, Some(k), false) = (s, umad_status, key, job.query) {
-                    let ttl = self.cfg.negative_ttl;
-                    let cached = self.cache().lookup(&k.without_reversible(), now);
-                    if ttl > 0 && !matches!(cached, Lookup::Hit { .. }) {
-                        // The cache stores the status as its byte (never 0: `s` is ENODATA,
-                        // so no Err).
-                        let _ = self.w.insert_negative(&k, u8::from(s), now, ttl);
-                    }
-                }
-                let sa_record = *crate::wire::sa::first_record(mad);
-                let qr = (umad_status == 0).then_some(&sa_record);
-                self.finish_job(
-                    now,
-                    j,
-                    Completion::Failed {
-                        status: s,
-                        query_record: qr,
-                    },
-                );
-            }
-            SaOutcome::Busy => {
-                // The SA is overloaded (the window halved above: the jobs already out stay
-                // out; new ones wait for it).
-                self.stats.sa_busy += 1;
-                if !self.retry_job(now, j, &job, RETRY_BUSY) {
-                    self.stats.timeouts += 1;
-                    self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                }
+        if outcome == SaOutcome::Busy {
+            // The SA is overloaded (the window halved above: the jobs already out stay out;
+            // new ones wait for it).
+            sh.stats.sa_busy += 1;
+            if self.retry(jobs, now, j, RETRY_BUSY, sh) {
+                return None;
             }
         }
+        Some(outcome)
     }
 
-    /// Puts job `j` (`job`, as it was when its reply came) in the BUSY list to go again after
-    /// a backoff: `sa_busy_backoff` doubled per retry, with `jitter` (a lost query's backoff
-    /// is spread over ½–1½ of it, so the nodes of a storm do not all come back at once),
-    /// within the job's deadline. False if its retries (`sa_busy_retries`) are spent or the
-    /// deadline has passed: the caller answers it.
-    fn retry_job(&mut self, now: Millis, j: u32, job: &JobSlot, jitter: bool) -> bool {
-        let deadline = self.deadline(job.born);
-        if job.busy_tries >= self.cfg.sa_busy_retries || now >= deadline {
+    /// Puts job `j` (its reply just came) in the BUSY list to go again after a backoff:
+    /// `sa_busy_backoff` doubled per retry, with `jitter` (a lost query's backoff is spread
+    /// over ½–1½ of it, so the nodes of a storm do not all come back at once), within the
+    /// job's deadline. False if its retries (`sa_busy_retries`) are spent or the deadline has
+    /// passed: the caller answers it.
+    fn retry(
+        &mut self,
+        jobs: &mut [JobSlot],
+        now: Millis,
+        j: u32,
+        jitter: bool,
+        sh: &mut Shared,
+    ) -> bool {
+        let (born, busy_tries) = (jobs[j as usize].born, jobs[j as usize].busy_tries);
+        let deadline = self.deadline(born, &sh.cfg);
+        if busy_tries >= sh.cfg.sa_busy_retries || now >= deadline {
             return false;
         }
-        let mut wait = self.cfg.sa_busy_backoff << job.busy_tries.min(16);
+        let mut wait = sh.cfg.sa_busy_backoff << busy_tries.min(16);
         if jitter && wait > 1 {
-            wait = wait / 2 + self.routes.random() % wait;
+            wait = wait / 2 + self.random() % wait;
         }
         let at = now.saturating_add(wait).min(deadline);
-        let jobs = self.st.jobs();
-        self.routes.unlist(jobs, j);
+        self.unlist(jobs, j);
         let jb = &mut jobs[j as usize];
         jb.state = JobState::Busy;
         jb.busy_tries += 1;
         jb.timer = at;
-        self.routes.busy.push_back(jobs, j, list_id::BUSY, JOB);
-        self.timers.arm(Timer::SaBusy, at);
+        self.busy.push_back(jobs, j, list_id::BUSY, JOB);
+        sh.timers.arm(Timer::SaBusy, at);
         true
     }
 
-    /// Moves backlog jobs into free window slots (answering those the cache can answer now,
-    /// and those that could not be answered before their deadline).
-    pub(crate) fn pump_backlog(&mut self, now: Millis) {
-        while self.window_free(now) {
-            let Some(j) = self.next_unheld() else {
-                break;
-            };
-            let job = self.st.jobs()[j as usize];
-            if let Some(k) = job.key.key(job.cache_ep) {
-                // Filled meanwhile (another job, a preload): answer from the cache.
-                match self.cache().lookup(&k, now) {
-                    Lookup::Hit {
-                        record,
-                        expires_at,
-                        needs_refresh,
-                    } => {
-                        let (slot, cep, sa) = (usize::from(job.slot), job.cache_ep, job.sa);
-                        let how = Completion::FromCache {
-                            record: &record,
-                            expires: expires_at,
-                        };
-                        self.finish_job(now, j, how);
-                        if needs_refresh {
-                            self.join_route(now, slot, cep, Some(k), &sa, Joiner::NONE);
-                        }
-                        continue;
-                    }
-                    Lookup::Negative { status, .. } => {
-                        self.finish_job(now, j, Completion::failed(Status::from(status)));
-                        continue;
-                    }
-                    _ => {}
-                }
-            }
-            if self.too_late(now, &job) {
-                // Its answer could not come back before its deadline: do not spend the SA's
-                // work on it (a storm's backlog would otherwise feed the SA queries whose
-                // clients have already been told ETIMEDOUT).
-                self.stats.timeouts += 1;
-                self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                continue;
-            }
-            self.routes
-                .backlog
-                .remove(self.st.jobs(), j, list_id::BACKLOG, JOB);
-            self.backlog_left(usize::from(job.slot));
-            self.routes.sa.held += 1;
-            self.send_job(now, j);
-        }
-        // A window below one query holds the backlog back until the pace lets the next go.
-        self.routes.pace = match self.routes.backlog.is_empty() {
+    /// A window below one query holds the backlog back until the pace lets the next go.
+    pub(crate) fn set_pace(&mut self, now: Millis, sh: &mut Shared) {
+        self.pace = match self.backlog.is_empty() {
             true => None,
-            false => self.routes.sa.paced_until(now),
+            false => self.sa.paced_until(now),
         };
-        if let Some(at) = self.routes.pace {
-            self.timers.arm(Timer::Pace, at);
+        if let Some(at) = self.pace {
+            sh.timers.arm(Timer::Pace, at);
         }
     }
 
-    /// Runs the due route timers of kind `t` (`Backlog`, `SaReply` or `SaBusy`).
-    pub(crate) fn route_timers(&mut self, now: Millis, t: Timer) {
-        match t {
-            // The backlog is in start order, and so are its deadlines (derived from the start;
-            // the SA's answers move them all alike): only its due head is looked at.
-            Timer::Backlog => {
-                while let Some(j) = self.routes.backlog.front() {
-                    let born = self.st.slabs_ref().jobs[j as usize].born;
-                    if self.deadline(born) > now {
-                        break;
-                    }
-                    self.stats.timeouts += 1;
-                    self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                }
-            }
-            // The SA lists are short (the window): walked whole.
-            Timer::SaReply => {
-                for id in [list_id::SA_SEND, list_id::SENT] {
-                    let mut cur = match id {
-                        list_id::SA_SEND => self.routes.send.front(),
-                        _ => self.routes.sent.front(),
-                    };
-                    while let Some(j) = cur {
-                        cur = List::next_of(self.st.jobs(), j, JOB);
-                        let job = self.st.slabs_ref().jobs[j as usize];
-                        if job.timer > now {
-                            continue;
-                        }
-                        // The try's own budget, within the job's deadline as it is now: the
-                        // SA's answers since the send may have moved that on.
-                        let limit = job
-                            .sent
-                            .saturating_add(self.sa_deadline_of(usize::from(job.slot)))
-                            .min(self.deadline(job.born));
-                        if limit > now {
-                            self.st.jobs()[j as usize].timer = limit;
-                            continue;
-                        }
-                        self.stats.timeouts += 1;
-                        self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                    }
-                }
-            }
-            Timer::SaBusy => {
-                let mut cur = self.routes.busy.front();
-                while let Some(j) = cur {
-                    cur = List::next_of(self.st.jobs(), j, JOB);
-                    let job = self.st.jobs()[j as usize];
-                    if job.timer > now {
-                        continue;
-                    }
-                    if self.deadline(job.born) <= now {
-                        self.stats.timeouts += 1;
-                        self.finish_job(now, j, Completion::failed(Status::Etimedout));
-                    } else {
-                        self.requeue_job(now, j);
-                    }
-                }
-            }
-            _ => {}
+    /// The backlog's head if its deadline has passed at `now` (the backlog is in start
+    /// order, and so are its deadlines: derived from the start, the SA's answers move them
+    /// all alike).
+    pub(crate) fn backlog_due(&self, jobs: &[JobSlot], now: Millis, cfg: &Config) -> Option<u32> {
+        let j = self.backlog.front()?;
+        (self.deadline(jobs[j as usize].born, cfg) <= now).then_some(j)
+    }
+
+    /// Whether sent job `j`'s reply deadline has passed at `now` for good: a try's timer that
+    /// fired is moved on to the try's own budget (`try_ms` from its send) within the job's
+    /// deadline as it is now (the SA's answers since the send may have moved that on).
+    pub(crate) fn reply_late(
+        &self,
+        jobs: &mut [JobSlot],
+        j: u32,
+        now: Millis,
+        try_ms: Millis,
+        cfg: &Config,
+    ) -> bool {
+        let job = jobs[j as usize];
+        if job.timer > now {
+            return false;
         }
+        let limit = job
+            .sent
+            .saturating_add(try_ms)
+            .min(self.deadline(job.born, cfg));
+        if limit > now {
+            jobs[j as usize].timer = limit;
+            return false;
+        }
+        true
     }
 }
 

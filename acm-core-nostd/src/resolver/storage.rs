@@ -707,13 +707,11 @@ pub struct EpSlot {
     pub(crate) acm_inflight: u32,
     pub(crate) subnet_timeout: Millis,
     pub(crate) counts: [u32; 7],
-    pub(crate) groups: [GroupSlot; 2],
-    /// Subscriptions to traps 64 and 65 (with `Config::sa_reports`).
-    pub(crate) informs: [InformSlot; 2],
-    /// A ReportResponse wants sending: the Report's TID and notice.
-    pub(crate) ack: bool,
-    pub(crate) ack_tid: u64,
-    pub(crate) ack_notice: [u8; 80],
+    /// Its multicast groups ([`super::groups`]).
+    pub(crate) groups: super::groups::Groups,
+    /// Its subscriptions to traps 64 and 65 and its Report acknowledgement
+    /// ([`super::inform`]).
+    pub(crate) informs: super::inform::Informs,
     pub(crate) attached_record: [u8; 56],
     pub(crate) queue: List,
     pub(crate) inflight: List,
@@ -788,11 +786,8 @@ impl EpSlot {
         acm_inflight: 0,
         subnet_timeout: 0,
         counts: [0; 7],
-        groups: [GroupSlot::EMPTY; 2],
-        informs: [InformSlot::EMPTY; 2],
-        ack: false,
-        ack_tid: 0,
-        ack_notice: [0; 80],
+        groups: super::groups::Groups::EMPTY,
+        informs: super::inform::Informs::EMPTY,
         attached_record: [0; 56],
         queue: List::EMPTY,
         inflight: List::EMPTY,
@@ -873,6 +868,21 @@ pub struct Slabs<'a> {
     pub endpoints: &'a mut [EpSlot],
     /// Preloaded routes.
     pub preloads: &'a mut [PreloadSlot],
+}
+
+impl Slabs<'_> {
+    /// The same slabs, read only.
+    pub(crate) fn read(&self) -> SlabsRef<'_> {
+        SlabsRef {
+            requests: self.requests,
+            jobs: self.jobs,
+            job_buckets: self.job_buckets,
+            addrs: self.addrs,
+            addr_buckets: self.addr_buckets,
+            endpoints: self.endpoints,
+            preloads: self.preloads,
+        }
+    }
 }
 
 /// Every slab of a [`Storage`], read only.

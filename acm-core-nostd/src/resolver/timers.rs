@@ -5,13 +5,14 @@
 //! time no later than the earliest of them. Arming only ever lowers an entry; when a kind
 //! fires ([`Resolver::handle_timeout`](super::Resolver::handle_timeout)), its part handles
 //! what is due and the entry is set again to that part's earliest deadline
-//! ([`Resolver::rearm`](super::Resolver::rearm)), so only the kinds that are due are walked.
+//! ([`Parts::earliest`]), so only the kinds that are due are walked.
 //! [`Resolver::poll_timeout`](super::Resolver::poll_timeout) is the minimum of the table.
 
+use super::addr::AddrTable;
 use super::endpoints::earliest;
-use super::storage::{List, SaTry};
-use super::{Millis, Resolver, Storage};
-use crate::cache::CacheRef;
+use super::route::Routes;
+use super::storage::{List, SaTry, SlabsRef};
+use super::{Config, Millis};
 
 /// The kinds of timer, in the order they fire when due at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,28 +99,48 @@ impl TimerTable {
     pub(crate) fn clear(&mut self) {
         self.at = [OFF; Timer::ALL.len()];
     }
+
+    /// Every kind's entry is at or before its part's earliest deadline (a deadline that was
+    /// set without arming its kind would never fire).
+    #[cfg(feature = "std")]
+    pub(crate) fn check(&self, parts: Parts<'_>) -> Result<(), std::string::String> {
+        for t in Timer::ALL {
+            if let Some(at) = parts.earliest(t) {
+                if self.at[t as usize] > at {
+                    return Err(std::format!(
+                        "timer {t:?} at {} after its part's deadline {at}",
+                        self.at[t as usize]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
-impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// Sets timer kind `t` to the earliest deadline its part holds now.
-    // One copy, not one per kind fired (flash).
-    #[inline(never)]
-    pub(crate) fn rearm(&mut self, t: Timer) {
-        self.timers.set(t, self.earliest_of(t));
-    }
+/// The parts whose deadlines the table holds, read only: the route jobs, the address table,
+/// the slabs (the endpoints' joins, subscriptions, ACM lists and tables), the settings.
+#[derive(Clone, Copy)]
+pub(crate) struct Parts<'a> {
+    pub(crate) routes: &'a Routes,
+    pub(crate) addrs: &'a AddrTable,
+    pub(crate) slabs: SlabsRef<'a>,
+    pub(crate) cfg: &'a Config,
+}
 
+impl Parts<'_> {
     /// The earliest deadline of kind `t` that its part holds.
-    fn earliest_of(&self, t: Timer) -> Option<Millis> {
-        let tr = self.st.slabs_ref();
+    pub(crate) fn earliest(&self, t: Timer) -> Option<Millis> {
+        let tr = self.slabs;
         let head = |l: List| l.front().map(|i| tr.addrs[i as usize].timer);
         match t {
             Timer::Removal => (!self.addrs.removals.is_empty()).then_some(0),
             Timer::Backlog | Timer::SaReply | Timer::SaBusy | Timer::Pace => {
-                self.routes.earliest(tr.jobs, t, &self.cfg)
+                self.routes.earliest(tr.jobs, t, self.cfg)
             }
             // A SET's timer runs from when it is decided (`Send`), before it is polled.
             Timer::Join => earliest(tr.endpoints, |e| sooner(e.groups.iter().map(|g| g.t))),
-            Timer::Inform => earliest(tr.endpoints, |e| sooner(e.informs.iter().map(|n| n.t))),
+            Timer::Inform => earliest(tr.endpoints, |e| sooner(e.informs.subs.iter().map(|n| n.t))),
             // Both ACM lists are in deadline order: their heads.
             Timer::AcmQueue => earliest(tr.endpoints, |e| head(e.queue)),
             Timer::AcmRetry => earliest(tr.endpoints, |e| head(e.inflight)),
@@ -127,23 +148,6 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 e.table.warm_start.then_some(e.table.warm_start_at)
             }),
         }
-    }
-
-    /// Every kind's entry is at or before its part's earliest deadline (a deadline that was
-    /// set without arming its kind would never fire).
-    #[cfg(feature = "std")]
-    pub(crate) fn check_timers(&self) -> Result<(), std::string::String> {
-        for t in Timer::ALL {
-            if let Some(at) = self.earliest_of(t) {
-                if self.timers.at[t as usize] > at {
-                    return Err(std::format!(
-                        "timer {t:?} at {} after its part's deadline {at}",
-                        self.timers.at[t as usize]
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 }
 
