@@ -50,10 +50,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+#[path = "miss/sporadic.rs"]
+mod sporadic;
+
 /// PATH-resolution miss bursts through the real ibacm daemon, stock libibacmp against
 /// libacmrs, side by side on one simulated fat-tree (root; docs/bench.md).
 #[derive(Parser)]
-#[command(name = "miss", version)]
+#[command(name = "miss", version, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(flatten)]
     common: FabricBenchOpts,
@@ -70,9 +73,39 @@ struct Cli {
     /// Milliseconds the restarted daemons are left alone before a burst
     #[arg(long, value_name = "MS", default_value = "300", value_parser = num::<u64>)]
     settle: u64,
-    /// Seed of the destination picks
+    /// Seed of the destination picks (and of the sporadic timeline)
     #[arg(long, value_name = "N", default_value = "0x6d697373", value_parser = seed)]
     seed: u64,
+    /// Sporadic misses instead of the bursts: N misses one at a time to each of three
+    /// daemons (stock, acmrs on `acmrs_sa_transport ud`, acmrs on `core`), each daemon's
+    /// --spacing-ms apart, with the bare SA transports and the core's TCP round trip timed the
+    /// same way (docs/bench.md, "Sporadic misses"; ~N × 60 ms)
+    #[arg(long, value_name = "N", value_parser = acm_report::cli::count)]
+    sporadic: Option<usize>,
+    /// The sporadic spacing between two events of one stream: uniform in [MIN, MAX] ms
+    #[arg(long, value_name = "MIN,MAX", default_value = "20,100", value_parser = spacing)]
+    spacing_ms: (u64, u64),
+    #[command(subcommand)]
+    child: Option<Child>,
+}
+
+#[derive(clap::Subcommand)]
+enum Child {
+    /// The sporadic run's bare SA client (started by this program under the simulated verbs)
+    #[command(hide = true)]
+    BareChild,
+}
+
+/// `--spacing-ms`: `MIN,MAX` milliseconds, MIN ≤ MAX.
+fn spacing(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: want MIN,MAX"))?;
+    let (a, b) = (num::<u64>(a.trim())?, num::<u64>(b.trim())?);
+    if a > b {
+        return Err(format!("{s:?}: MIN above MAX"));
+    }
+    Ok((a, b))
 }
 
 /// Burst sizes; 0 = every LID but the daemon's own (`all`).
@@ -728,7 +761,35 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
 
 fn main() {
     let args: Cli = acm_report::cli::parse(2);
-    acm_bench::fabric_bench_main("miss", args.common.host_net, || run(&args));
+    if let Some(Child::BareChild) = args.child {
+        if let Err(e) = sporadic::bare_child() {
+            println!("err {e}");
+            eprintln!("miss bare-child: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    match args.sporadic {
+        Some(n) => {
+            let plan = sporadic_plan(&args, n);
+            acm_bench::fabric_bench_main("miss", args.common.host_net, || {
+                sporadic::run(&args.common, &plan)
+            })
+        }
+        None => acm_bench::fabric_bench_main("miss", args.common.host_net, || run(&args)),
+    }
+}
+
+/// The sporadic run of a command line with `--sporadic n`.
+fn sporadic_plan(args: &Cli, n: usize) -> sporadic::Plan {
+    sporadic::Plan {
+        topology: Plan::of(args).topology,
+        misses: n,
+        spacing_ms: args.spacing_ms,
+        opts: args.common.opts.clone(),
+        log_level: args.common.log_level.clone(),
+        seed: args.seed,
+    }
 }
 
 #[cfg(test)]
@@ -784,5 +845,24 @@ mod tests {
             .unwrap_err()
             .contains("must be above 0"));
         assert!(plan(&["--bursts", "x"]).is_err());
+        let cli = |v: &[&str]| {
+            acm_report::cli::try_parse_from::<Cli, _, _>(
+                std::iter::once("miss").chain(v.iter().copied()),
+            )
+            .map_err(|e| acm_report::cli::message(&e))
+        };
+        let c = cli(&["--quick"]).unwrap();
+        assert_eq!((c.sporadic, c.spacing_ms), (None, (20, 100)));
+        let c = cli(&["--sporadic", "300", "--spacing-ms", "5,50"]).unwrap();
+        let p = sporadic_plan(&c, c.sporadic.unwrap());
+        assert_eq!((p.misses, p.spacing_ms), (300, (5, 50)));
+        assert_eq!(p.topology, "fattree:16,4,16");
+        assert!(cli(&["--sporadic", "0"]).is_err());
+        assert!(cli(&["--spacing-ms", "100,20"]).is_err());
+        assert!(cli(&["--spacing-ms", "20"]).is_err());
+        assert!(matches!(
+            cli(&["bare-child"]).unwrap().child,
+            Some(Child::BareChild)
+        ));
     }
 }
