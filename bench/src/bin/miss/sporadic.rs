@@ -155,6 +155,8 @@ struct PerDaemon {
     legs: Vec<Snapshot>,
     /// acmrs: the dataplane thread's voluntary context switches over the phase.
     worker_switches: Option<u64>,
+    /// Per thread name over the phase: CPU ns, run-queue wait ns, times run.
+    sched: BTreeMap<String, [u64; 3]>,
 }
 
 fn hists_now(socket: &Path, names: &[&str]) -> Result<Vec<Snapshot>, String> {
@@ -206,6 +208,48 @@ fn worker_switches(pid: i32) -> Option<u64> {
         }
     }
     None
+}
+
+/// Per thread name of process `pid`: (CPU ns, run-queue wait ns, times run) summed over its
+/// threads of that name (`/proc/PID/task/*/schedstat`; the `simverbs-qp…` threads as one).
+fn sched_of(pid: i32) -> BTreeMap<String, [u64; 3]> {
+    let mut out = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let mut name = comm.trim().to_string();
+        if name.starts_with("simverbs-qp") {
+            name = "simverbs-qp*".into();
+        }
+        let st = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+        let v: Vec<u64> = st
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        if v.len() == 3 {
+            let e: &mut [u64; 3] = out.entry(name).or_default();
+            for (a, b) in e.iter_mut().zip(v) {
+                *a += b;
+            }
+        }
+    }
+    out
+}
+
+/// `after − before`, per thread name.
+fn sched_delta(
+    after: &BTreeMap<String, [u64; 3]>,
+    before: &BTreeMap<String, [u64; 3]>,
+) -> BTreeMap<String, [u64; 3]> {
+    after
+        .iter()
+        .map(|(k, a)| {
+            let b = before.get(k).copied().unwrap_or_default();
+            (k.clone(), [0, 1, 2].map(|i| a[i].saturating_sub(b[i])))
+        })
+        .collect()
 }
 
 /// The distribution of `a + b` over every pair of their values (independent sums).
@@ -389,8 +433,10 @@ pub fn run(common: &FabricBenchOpts, plan: &Plan) -> Result<String, String> {
     let mut legs0: Vec<Vec<Snapshot>> = vec![Vec::new(); CONFIGS.len()];
     let mut sw0: Vec<Option<u64>> = vec![None; CONFIGS.len()];
     let mut q0 = vec![0u64; CONFIGS.len()];
+    let mut sched0: Vec<BTreeMap<String, [u64; 3]>> = vec![BTreeMap::new(); CONFIGS.len()];
     for k in 0..CONFIGS.len() {
         q0[k] = daemons[k].ctl()?.counters()?[ROUTE_QUERY];
+        sched0[k] = pids[k].map(sched_of).unwrap_or_default();
         if let Some(s) = &sockets[k] {
             let h = hists_now(s, &LEGS)?;
             rtt_last[k] = h[4].clone();
@@ -489,6 +535,7 @@ pub fn run(common: &FabricBenchOpts, plan: &Plan) -> Result<String, String> {
     }
     let phase = t_phase.elapsed();
     for k in 0..CONFIGS.len() {
+        per[k].sched = sched_delta(&pids[k].map(sched_of).unwrap_or_default(), &sched0[k]);
         per[k].route_queries = daemons[k].ctl()?.counters()?[ROUTE_QUERY] - q0[k];
         if let Some(s) = &sockets[k] {
             let h = hists_now(s, &LEGS)?;
@@ -722,6 +769,34 @@ fn render(
         t.row(vec![leg.to_string(), cell(1), cell(2)]);
     }
     let _ = writeln!(md, "{}", t.render());
+    let mut t = Table::new(&[
+        "daemon",
+        "thread",
+        "CPU µs / miss",
+        "run-queue wait µs / miss",
+        "times run / miss",
+    ]);
+    for (k, (label, _)) in CONFIGS.iter().enumerate() {
+        let n = per[k].e2e.summary().count.max(1) as f64;
+        for (name, v) in &per[k].sched {
+            if v[2] == 0 {
+                continue;
+            }
+            t.row(vec![
+                label.to_string(),
+                name.clone(),
+                format!("{:.1}", v[0] as f64 / 1e3 / n),
+                format!("{:.1}", v[1] as f64 / 1e3 / n),
+                format!("{:.2}", v[2] as f64 / n),
+            ]);
+        }
+    }
+    let _ = writeln!(
+        md,
+        "Threads of each daemon over the timeline (`/proc/PID/task/*/schedstat`, per miss; the \
+         core's TCP round trips to that daemon and its idle timers included):\n\n{}",
+        t.render()
+    );
     let pa =
         |k: usize, q: fn(&Summary) -> f64| q(&per[k].e2e.summary()) - q(&bare_path[k].summary());
     for (k, label) in [(1, "acmrs-ud"), (2, "acmrs-core")] {
