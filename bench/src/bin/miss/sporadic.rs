@@ -22,8 +22,8 @@
 //! sum of a bare SA round trip on that provider's transport (umad for stock and acmrs-core, UD
 //! for acmrs-ud) and a core TCP round trip (every pair of samples of the two streams).
 
-use super::{median, path_request, us, Daemon, ROUTE_QUERY};
-use acm_bench::{cpu_idle, loadavg, now_utc, FabricBenchOpts, XorShift};
+use super::{median, path_request, us, Daemon, Meta, ROUTE_QUERY};
+use acm_bench::{loadavg, now_utc, FabricBenchOpts, XorShift};
 use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::client::Status;
 use acm_dataplane::export::{self, HISTS};
@@ -31,7 +31,7 @@ use acm_dataplane::stats::Snapshot;
 use acm_dataplane::verbs::{self, UdConfig, UdEndpoint, ACM_QKEY};
 use acm_fabric::{Fabric, Provider, Topology};
 use acm_report::plot::{write_percentile_svg, Series};
-use acm_report::{progress, write_atomic, LatencyHistogram, Summary, Table};
+use acm_report::{progress, LatencyHistogram, Summary, Table};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -65,6 +65,8 @@ pub struct Plan {
     pub misses: usize,
     /// Spacing between two events of one stream, uniformly random in [min, max] ms.
     pub spacing_ms: (u64, u64),
+    /// `guest_halt_poll_ns` for the run (put back after).
+    pub halt_poll_ns: Option<u64>,
     pub opts: Vec<(String, String)>,
     pub log_level: String,
     pub seed: u64,
@@ -276,12 +278,7 @@ struct BareClient {
 
 impl BareClient {
     fn start(fabric: &Fabric, host: &str, dir: &Path) -> Result<BareClient, String> {
-        let simverbs = acm_fabric::find_artifact(
-            "ACM_FABRIC_SIMVERBS",
-            "libsimverbs.so",
-            "cargo build --release -p simverbs",
-        )
-        .map_err(|e| e.to_string())?;
+        let simverbs = acm_bench::simverbs_lib()?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let mut cmd = std::process::Command::new(exe);
@@ -343,6 +340,10 @@ impl BareClient {
 
 pub fn run(common: &FabricBenchOpts, plan: &Plan) -> Result<String, String> {
     common.run.create_out()?;
+    let _halt_poll = plan
+        .halt_poll_ns
+        .map(acm_bench::HaltPoll::set)
+        .transpose()?;
     let topo = Topology::parse(&plan.topology).map_err(|e| e.to_string())?;
     let hcas = topo.hcas();
     if hcas.len() < 5 {
@@ -403,17 +404,7 @@ pub fn run(common: &FabricBenchOpts, plan: &Plan) -> Result<String, String> {
     for (i, (label, _)) in CONFIGS.iter().enumerate() {
         let n = fabric.node(&nodes[i]).map_err(|e| e.to_string())?;
         pids.push(n.pid());
-        let lid = n.lid;
-        let mut d = Daemon {
-            label,
-            node: nodes[i].clone(),
-            lid,
-            dests: (1..=max_lid).filter(|&l| l != lid).collect(),
-            ctl: None,
-            conns: Vec::new(),
-            tid: 0,
-            res: BTreeMap::new(),
-        };
+        let mut d = Daemon::new(label, &nodes[i], n.lid, max_lid);
         d.connect(&fabric, 1)?;
         daemons.push(d);
     }
@@ -611,28 +602,13 @@ pub fn run(common: &FabricBenchOpts, plan: &Plan) -> Result<String, String> {
             load0,
             load1,
             elapsed,
-            phase,
+            span: phase,
             up,
             fabric: fabric_name,
             max_lid,
         },
     );
-    if let Some(out) = &common.run.out {
-        let p = out.join("sporadic.md");
-        write_atomic(&p, &report).map_err(|e| format!("{}: {e}", p.display()))?;
-    }
-    Ok(report)
-}
-
-struct Meta {
-    started: String,
-    load0: String,
-    load1: String,
-    elapsed: Duration,
-    phase: Duration,
-    up: Duration,
-    fabric: String,
-    max_lid: u16,
+    super::finish(&common.run.out, "sporadic.md", report)
 }
 
 fn ppm(s: &Summary) -> [String; 3] {
@@ -651,28 +627,13 @@ fn render(
     let _ = writeln!(
         md,
         "# Sporadic PATH misses through the real ibacm daemon (`acm-bench --bin miss --sporadic`)\n\n\
-         Started {}, {:.0} s (fabric up in {:.1} s, timeline {:.1} s), load average {} → {}, {} \
-         CPUs ({}). Topology {} ({} LIDs; fabric {}), OpenSM on Hca1, stock on Hca2, acmrs \
-         (`acmrs_sa_transport ud`) on Hca3, acmrs (`acmrs_sa_transport core`) on Hca4, the bare \
-         clients on Hca5; `route_timeout 0`, `addr_timeout 0`, `log_level {}`{}. {} misses per \
-         daemon, each stream's events {}–{} ms apart (uniform, seed {:#x}), one event in flight \
-         at a time.\n",
-        m.started,
-        m.elapsed.as_secs_f64(),
-        m.up.as_secs_f64(),
-        m.phase.as_secs_f64(),
-        m.load0,
-        m.load1,
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu_idle(),
-        plan.topology,
-        m.max_lid,
-        m.fabric,
+         {}, OpenSM on Hca1, stock on Hca2, acmrs (`acmrs_sa_transport ud`) on Hca3, acmrs \
+         (`acmrs_sa_transport core`) on Hca4, the bare clients on Hca5; `route_timeout 0`, \
+         `addr_timeout 0`, `log_level {}`{}. {} misses per daemon, each stream's events {}–{} \
+         ms apart (uniform, seed {:#x}), one event in flight at a time.\n",
+        m.head("timeline", &plan.topology),
         plan.log_level,
-        plan.opts
-            .iter()
-            .map(|(k, v)| format!(", `{k} {v}`"))
-            .collect::<String>(),
+        acm_bench::opts_note(&plan.opts),
         plan.misses,
         plan.spacing_ms.0,
         plan.spacing_ms.1,
@@ -941,38 +902,14 @@ pub fn bare_child() -> Result<(), String> {
                 ud.send(&to_sm, &mad)
                     .map_err(|e| format!("UD send: {e:?}"))?;
                 let mut res = None;
-                loop {
-                    ud.poll(|_, m| {
-                        if res.is_none() {
-                            res = path_reply_ok(m, tid, dlid);
-                        }
-                    });
-                    if let Some(r) = res.take() {
-                        let dt = t0.elapsed();
-                        return r.map(|()| dt);
+                acm_bench::wait_ud(&mut ud, "UD: no reply in 10 s", |m| {
+                    if res.is_none() {
+                        res = path_reply_ok(m, tid, dlid);
                     }
-                    if t0.elapsed() > Duration::from_secs(5) {
-                        return Err("UD: no reply in 5 s".into());
-                    }
-                    ud.arm().map_err(|e| e.to_string())?;
-                    ud.poll(|_, m| {
-                        if res.is_none() {
-                            res = path_reply_ok(m, tid, dlid);
-                        }
-                    });
-                    if let Some(r) = res.take() {
-                        let dt = t0.elapsed();
-                        return r.map(|()| dt);
-                    }
-                    let mut pfd = libc::pollfd {
-                        fd: ud.event_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut pfd, 1, 100) };
-                    ud.ack_event();
-                }
+                    res.is_some()
+                })?;
+                let dt = t0.elapsed();
+                res.unwrap_or(Err("UD: no reply".into())).map(|()| dt)
             })(),
             v => Err(format!("unknown transport {v}")),
         };
