@@ -565,6 +565,65 @@ pub struct FabricBenchOpts {
     pub host_net: bool,
 }
 
+/// `libsimverbs.so` for the processes a bench starts as fabric hosts (`ACM_FABRIC_SIMVERBS`,
+/// else next to the binaries).
+pub fn simverbs_lib() -> Result<PathBuf, String> {
+    acm_fabric::find_artifact(
+        "ACM_FABRIC_SIMVERBS",
+        "libsimverbs.so",
+        "cargo build --release -p simverbs",
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The extra option lines of a fabric bench's report header: ", `name value`" each.
+pub fn opts_note(opts: &[(String, String)]) -> String {
+    opts.iter().map(|(k, v)| format!(", `{k} {v}`")).collect()
+}
+
+/// A report header's host part: "load average BEFORE → AFTER, N CPUs (how idle CPUs wait)".
+pub fn host_note(load0: &str, load1: &str) -> String {
+    format!(
+        "load average {load0} → {load1}, {} CPUs ({})",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_idle()
+    )
+}
+
+/// Polls `ep` until `f` accepts a MAD, sleeping on the completion channel in between (arm,
+/// poll again, `poll(2)` on the event fd): a client that does not spin. `Err(timeout_msg)`
+/// after 10 s.
+pub fn wait_ud(
+    ep: &mut acm_dataplane::verbs::UdEndpoint,
+    timeout_msg: &str,
+    mut f: impl FnMut(&[u8; 256]) -> bool,
+) -> Result<(), String> {
+    let start = Instant::now();
+    let mut got = false;
+    loop {
+        ep.poll(|_, m| got |= f(m));
+        if got {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            return Err(timeout_msg.into());
+        }
+        ep.arm().map_err(|e| e.to_string())?;
+        ep.poll(|_, m| got |= f(m));
+        if got {
+            return Ok(());
+        }
+        let mut pfd = libc::pollfd {
+            fd: ep.event_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, 10) };
+        ep.ack_event();
+    }
+}
+
 /// `net.unix.max_dgram_qlen` in a fabric bench's own network namespace ([`private_net`]).
 pub const DGRAM_QLEN: u32 = 4096;
 

@@ -642,10 +642,7 @@ fn render(
         cpu_idle(),
         PEERS.join(", "),
         plan.log_level,
-        plan.opts
-            .iter()
-            .map(|(k, v)| format!(", `{k} {v}`"))
-            .collect::<String>(),
+        acm_bench::opts_note(&plan.opts),
         plan.rounds,
         plan.singles,
         plan.bursts

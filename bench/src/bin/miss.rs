@@ -29,14 +29,18 @@
 //! The bench runs in its own network namespace with a larger Unix datagram queue (see
 //! [`acm_bench::private_net`]; `--host-net` does not).
 //!
-//! `cargo run --release -p acm-bench --bin miss -- [--quick] [--out DIR]`
+//! `--sporadic N` measures single misses far apart instead of bursts: N per daemon, one every
+//! 20–100 ms, to stock, acmrs on `ud` and acmrs on `core` in one run, with the bare transports
+//! timed the same way ([`sporadic`]).
+//!
+//! `cargo run --release -p acm-bench --bin miss -- [--quick] [--out DIR] [--sporadic N]`
 //! (build `-p acm-plugin -p simverbs` with the same profile first; root).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use acm_bench::client::{Burst, Conn, Next, ANSWER_TIMEOUT};
-use acm_bench::{cpu_idle, loadavg, now_utc, FabricBenchOpts, XorShift};
+use acm_bench::{loadavg, now_utc, FabricBenchOpts, XorShift};
 #[cfg(test)]
 use acm_core_nostd::wire::client::AcmMsg;
 use acm_core_nostd::wire::client::{Status, MAX_COUNTER};
@@ -50,10 +54,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-/// PATH-resolution miss bursts through the real ibacm daemon, stock libibacmp against
-/// libacmrs, side by side on one simulated fat-tree (root; docs/bench.md).
+#[path = "miss/sporadic.rs"]
+mod sporadic;
+
+/// PATH-resolution misses through the real ibacm daemon, stock libibacmp against libacmrs,
+/// side by side on one simulated fat-tree: bursts, or sporadic misses with --sporadic (root;
+/// docs/bench.md).
 #[derive(Parser)]
-#[command(name = "miss", version)]
+#[command(name = "miss", version, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(flatten)]
     common: FabricBenchOpts,
@@ -70,9 +78,49 @@ struct Cli {
     /// Milliseconds the restarted daemons are left alone before a burst
     #[arg(long, value_name = "MS", default_value = "300", value_parser = num::<u64>)]
     settle: u64,
-    /// Seed of the destination picks
+    /// Seed of the destination picks (and of the sporadic timeline)
     #[arg(long, value_name = "N", default_value = "0x6d697373", value_parser = seed)]
     seed: u64,
+    /// Sporadic misses instead of the bursts: N misses one at a time to each of three
+    /// daemons (stock, acmrs on `acmrs_sa_transport ud`, acmrs on `core`), each daemon's
+    /// --spacing-ms apart, with the bare SA transports and the core's TCP round trip timed the
+    /// same way (docs/bench.md, "Sporadic misses"; ~N × 60 ms)
+    #[arg(long, value_name = "N", value_parser = acm_report::cli::count)]
+    sporadic: Option<usize>,
+    /// The sporadic spacing between two events of one stream: uniform in [MIN, MAX] ms
+    #[arg(
+        long,
+        value_name = "MIN,MAX",
+        default_value = "20,100",
+        value_parser = spacing,
+        requires = "sporadic"
+    )]
+    spacing_ms: (u64, u64),
+    /// --sporadic: how long an idle virtual CPU polls before it halts, for this run (the
+    /// cpuidle-haltpoll driver's guest_halt_poll_ns, a KVM guest's; put back afterwards)
+    #[arg(long, value_name = "NS", value_parser = num::<u64>, requires = "sporadic")]
+    halt_poll_ns: Option<u64>,
+    #[command(subcommand)]
+    child: Option<Child>,
+}
+
+#[derive(clap::Subcommand)]
+enum Child {
+    /// The sporadic run's bare SA client (started by this program under the simulated verbs)
+    #[command(hide = true)]
+    BareChild,
+}
+
+/// `--spacing-ms`: `MIN,MAX` milliseconds, MIN ≤ MAX.
+fn spacing(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once(',')
+        .ok_or_else(|| format!("{s:?}: want MIN,MAX"))?;
+    let (a, b) = (num::<u64>(a.trim())?, num::<u64>(b.trim())?);
+    if a > b {
+        return Err(format!("{s:?}: MIN above MAX"));
+    }
+    Ok((a, b))
 }
 
 /// Burst sizes; 0 = every LID but the daemon's own (`all`).
@@ -190,6 +238,21 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// The daemon of `node` (LID `lid`), not connected yet; its destinations are every LID
+    /// of the fabric (1..=`max_lid`) but its own.
+    fn new(label: &'static str, node: &str, lid: u16, max_lid: u16) -> Daemon {
+        Daemon {
+            label,
+            node: node.to_string(),
+            lid,
+            dests: (1..=max_lid).filter(|&l| l != lid).collect(),
+            ctl: None,
+            conns: Vec::new(),
+            tid: 0,
+            res: BTreeMap::new(),
+        }
+    }
+
     fn next_tid(&mut self) -> u64 {
         self.tid += 1;
         self.tid
@@ -411,16 +474,7 @@ fn run(args: &Cli) -> Result<String, String> {
     let mut daemons = Vec::new();
     for (label, node) in [("stock", &stock_node), ("acmrs", &acmrs_node)] {
         let lid = fabric.node(node).map_err(|e| e.to_string())?.lid;
-        daemons.push(Daemon {
-            label,
-            node: node.clone(),
-            lid,
-            dests: (1..=max_lid).filter(|&l| l != lid).collect(),
-            ctl: None,
-            conns: Vec::new(),
-            tid: 0,
-            res: BTreeMap::new(),
-        });
+        daemons.push(Daemon::new(label, node, lid, max_lid));
     }
     let all = daemons.iter().map(|d| d.dests.len()).min().unwrap_or(0);
     let sizes: Vec<usize> = plan
@@ -565,29 +619,54 @@ fn run(args: &Cli) -> Result<String, String> {
             started,
             elapsed,
             up,
-            restarts: median(&restarts).unwrap_or_default(),
+            span: median(&restarts).unwrap_or_default(),
             load0,
             load1,
             fabric: fabric_name,
             max_lid,
         },
     );
-    if let Some(out) = &args.common.run.out {
-        let p = out.join("miss.md");
-        write_atomic(&p, &report).map_err(|e| format!("{}: {e}", p.display()))?;
-    }
-    Ok(report)
+    finish(&args.common.run.out, "miss.md", report)
 }
 
+/// What a run's report header says besides the plan.
 struct Meta {
     started: String,
     elapsed: Duration,
     up: Duration,
-    restarts: Duration,
+    /// Bursts: the median restart + warm-up + connect; sporadic: the timeline's length.
+    span: Duration,
     load0: String,
     load1: String,
     fabric: String,
     max_lid: u16,
+}
+
+impl Meta {
+    /// "Started …, N s (fabric up in …, `span_what` …), load …, CPUs …. Topology … (… LIDs;
+    /// fabric …)": the part of a report's first paragraph every mode has.
+    fn head(&self, span_what: &str, topology: &str) -> String {
+        format!(
+            "Started {}, {:.0} s (fabric up in {:.1} s, {span_what} {:.2} s), {}. Topology \
+             {topology} ({} LIDs; fabric {})",
+            self.started,
+            self.elapsed.as_secs_f64(),
+            self.up.as_secs_f64(),
+            self.span.as_secs_f64(),
+            acm_bench::host_note(&self.load0, &self.load1),
+            self.max_lid,
+            self.fabric,
+        )
+    }
+}
+
+/// The report, also written to `DIR/file` with `--out DIR`.
+fn finish(out: &Option<std::path::PathBuf>, file: &str, report: String) -> Result<String, String> {
+    if let Some(out) = out {
+        let p = out.join(file);
+        write_atomic(&p, &report).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    Ok(report)
 }
 
 fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: &Meta) -> String {
@@ -595,30 +674,15 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
     let _ = writeln!(
         md,
         "# PATH miss bursts through the real ibacm daemon (`acm-bench --bin miss`)\n\n\
-         Started {}, {:.0} s (fabric up in {:.1} s, restart + warm-up + connect median {:.2} s), \
-         load average {} → {}, {} CPUs ({}). Topology {} ({} LIDs; fabric {}), OpenSM on Hca1, stock \
-         on Hca2, acmrs on Hca3, `log_level {}`{}; bursts {:?} × {} reps, both daemons \
-         restarted before each rep (every miss a real miss), the same burst again right after \
-         (hits).\n",
-        m.started,
-        m.elapsed.as_secs_f64(),
-        m.up.as_secs_f64(),
-        m.restarts.as_secs_f64(),
-        m.load0,
-        m.load1,
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu_idle(),
-        plan.topology,
-        m.max_lid,
-        m.fabric,
+         {}, OpenSM on Hca1, stock on Hca2, acmrs on Hca3, `log_level {}`{}; bursts {:?} × {} \
+         reps, both daemons restarted before each rep (every miss a real miss), the same burst \
+         again right after (hits).\n",
+        m.head("restart + warm-up + connect median", &plan.topology),
         plan.log_level,
         if plan.opts.is_empty() {
             ", every other option at its default".to_string()
         } else {
-            plan.opts
-                .iter()
-                .map(|(k, v)| format!(", `{k} {v}`"))
-                .collect::<String>()
+            acm_bench::opts_note(&plan.opts)
         },
         sizes,
         plan.reps,
@@ -728,7 +792,36 @@ fn render(plan: &Plan, results: &[(&'static str, PerSize)], sizes: &[usize], m: 
 
 fn main() {
     let args: Cli = acm_report::cli::parse(2);
-    acm_bench::fabric_bench_main("miss", args.common.host_net, || run(&args));
+    if let Some(Child::BareChild) = args.child {
+        if let Err(e) = sporadic::bare_child() {
+            println!("err {e}");
+            eprintln!("miss bare-child: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    match args.sporadic {
+        Some(n) => {
+            let plan = sporadic_plan(&args, n);
+            acm_bench::fabric_bench_main("miss", args.common.host_net, || {
+                sporadic::run(&args.common, &plan)
+            })
+        }
+        None => acm_bench::fabric_bench_main("miss", args.common.host_net, || run(&args)),
+    }
+}
+
+/// The sporadic run of a command line with `--sporadic n`.
+fn sporadic_plan(args: &Cli, n: usize) -> sporadic::Plan {
+    sporadic::Plan {
+        topology: Plan::of(args).topology,
+        misses: n,
+        spacing_ms: args.spacing_ms,
+        halt_poll_ns: args.halt_poll_ns,
+        opts: args.common.opts.clone(),
+        log_level: args.common.log_level.clone(),
+        seed: args.seed,
+    }
 }
 
 #[cfg(test)]
@@ -784,5 +877,29 @@ mod tests {
             .unwrap_err()
             .contains("must be above 0"));
         assert!(plan(&["--bursts", "x"]).is_err());
+        let cli = |v: &[&str]| {
+            acm_report::cli::try_parse_from::<Cli, _, _>(
+                std::iter::once("miss").chain(v.iter().copied()),
+            )
+            .map_err(|e| acm_report::cli::message(&e))
+        };
+        let c = cli(&["--quick"]).unwrap();
+        assert_eq!((c.sporadic, c.spacing_ms), (None, (20, 100)));
+        let c = cli(&["--sporadic", "300", "--spacing-ms", "5,50"]).unwrap();
+        let p = sporadic_plan(&c, c.sporadic.unwrap());
+        assert_eq!((p.misses, p.spacing_ms), (300, (5, 50)));
+        assert_eq!(p.topology, "fattree:16,4,16");
+        assert!(cli(&["--sporadic", "0"]).is_err());
+        assert!(cli(&["--sporadic", "9", "--spacing-ms", "100,20"]).is_err());
+        assert!(cli(&["--sporadic", "9", "--spacing-ms", "20"]).is_err());
+        // The sporadic knobs mean nothing to the bursts.
+        assert!(cli(&["--spacing-ms", "5,50"]).is_err());
+        assert!(cli(&["--halt-poll-ns", "1000"]).is_err());
+        let c = cli(&["--sporadic", "9", "--halt-poll-ns", "200_000"]).unwrap();
+        assert_eq!(sporadic_plan(&c, 9).halt_poll_ns, Some(200_000));
+        assert!(matches!(
+            cli(&["bare-child"]).unwrap().child,
+            Some(Child::BareChild)
+        ));
     }
 }

@@ -48,6 +48,7 @@ use super::samehost::{
     leak, open_provider, path_msg, resolve_timed, wait_seq, Answer, HostCore, Opened, BLOCK_WAIT,
     LOG, RECV_NS, SEND_NS, STOCK_LIB, WAKE_SEQ,
 };
+use acm_bench::wait_ud;
 use acm_core_nostd::resolver::{AcmDest, UnicastAv};
 use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::gid::Gid;
@@ -396,39 +397,6 @@ impl Bare {
             |m| m[8..16] == tid && m[3] == 0x81,
         )?;
         Ok(fake::now_ns() - t0)
-    }
-}
-
-/// Polls `ep` until `f` accepts a MAD, sleeping on the completion channel in between (arm,
-/// poll again, `poll(2)` on the event fd): a client that does not spin.
-fn wait_ud(
-    ep: &mut UdEndpoint,
-    timeout_msg: &str,
-    mut f: impl FnMut(&[u8; 256]) -> bool,
-) -> Result<(), String> {
-    let start = Instant::now();
-    let mut got = false;
-    loop {
-        ep.poll(|_, m| got |= f(m));
-        if got {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(10) {
-            return Err(timeout_msg.into());
-        }
-        ep.arm().map_err(|e| e.to_string())?;
-        ep.poll(|_, m| got |= f(m));
-        if got {
-            return Ok(());
-        }
-        let mut pfd = libc::pollfd {
-            fd: ep.event_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut pfd, 1, 10) };
-        ep.ack_event();
     }
 }
 

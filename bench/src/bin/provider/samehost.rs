@@ -90,12 +90,7 @@ pub fn run(cfg: &Config) -> Result<(), String> {
     let host = hcas[1].clone();
     // The name misses' peer: one real ibacm daemon (stock libibacmp) owning its node name.
     let peer = hcas[2].clone();
-    let simverbs = acm_fabric::find_artifact(
-        "ACM_FABRIC_SIMVERBS",
-        "libsimverbs.so",
-        "cargo build --release -p simverbs",
-    )
-    .map_err(|e| e.to_string())?;
+    let simverbs = acm_bench::simverbs_lib()?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let acmrs = acm_bench::sibling("libacmrs.so", "cargo build --release -p acm-plugin")?;
     if !Path::new(STOCK_LIB).exists() {
