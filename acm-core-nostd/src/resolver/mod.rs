@@ -289,6 +289,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             mads::TOKEN_JOIN => self.set_reply(now, Set::Join, index, tid, umad_status, &mad),
             mads::TOKEN_INFORM => self.set_reply(now, Set::Inform, index, tid, umad_status, &mad),
             mads::TOKEN_TABLE => self.table_reply(now, token, umad_status),
+            mads::TOKEN_PROBE => self.probe_reply(now, token, umad_status, &mad),
             mads::TOKEN_LEAVE | mads::TOKEN_NOTICE => {}
             _ => self.stats.sa_unknown += 1,
         }

@@ -16,6 +16,23 @@
 //!   N tables instead of N² Gets; at 10 000 nodes with 64 requests in flight per node, a
 //!   table (1.7 ms of OpenSM) is worth fewer than 290 waiting Gets, and the ports keep to Gets
 //!   (all asking at once, the tables would hold OpenSM's FIFO past its 10 s drop limit).
+//! * **The probe: does the subnet fit?** The highest LID seen is only a lower bound, and the
+//!   real size comes with the first RMPP segment, after OpenSM has computed the whole table.
+//!   So before its first table a port whose table room is below the unicast LIDs' end
+//!   (0xBFFF) sends one PathRecord Get for DLID `room + 1` (a plain request's Get for that
+//!   LID, `Counter::RouteQuery`; no window slot, the backlog not held) and asks for the table
+//!   only when OpenSM answers ERR_NO_RECORDS (`osm_pr_get_end_points`: "No dest port with
+//!   LID"). OpenSM gives each port the lowest free LID range from 1 up
+//!   (`lid_mgr_find_free_lid_range`) and a half-world table with NumbPath 1 has one record
+//!   per port (`pr_rcv_get_port_pair_paths`), so without holes LID `room + 1` exists exactly
+//!   when the table has more than `room` records. A port there (the answer a path) makes it
+//!   the highest LID seen: no table on this endpoint; the path is filed and answers its
+//!   request like any Get's. The errors: LIDs kept from a guid2lid file or a former SM, ports
+//!   gone, and LMC > 0 (2^LMC LIDs per port) leave LIDs unused below the highest, so a port
+//!   at `room + 1` may come with fewer than `room` records (errs towards Gets, the safe side);
+//!   a hole exactly at `room + 1` in a larger subnet lets the table be asked, refused as too
+//!   big from its first segment (tables off, as without the probe). A probe that fails (lost,
+//!   BUSY, another error) waits `sa_deadline`, Gets meanwhile.
 //! * **What it does with the answer.** Every record (reversible, from the port's GID) goes
 //!   into the cache under the keys a plain request by LID and by GID for its destination has,
 //!   with the route lifetime; then every backlogged job of the endpoint that the cache now
@@ -33,14 +50,14 @@
 //! * The table takes no SA window slot: it is one query, at most one per endpoint at a time,
 //!   and only while the backlog says the window is full anyway.
 
-use super::mads::{self, TOKEN_TABLE};
+use super::mads::{self, SaOutcome, TOKEN_PROBE, TOKEN_TABLE};
 use super::route::Completion;
 use super::storage::{Slab, JOB};
 use super::timers::Timer;
 use super::{request, Counter, EpId, Millis, Resolver, SaTable, Storage, NEVER};
 use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
-use crate::wire::mad::{Header, HEADER_LEN};
+use crate::wire::mad::{Header, HEADER_LEN, MAD_LEN};
 use crate::wire::path_record::{PathRecord, PATH_RECORD_LEN};
 use crate::wire::sa::attr;
 
@@ -50,6 +67,14 @@ pub const OPENSM_GET_NS: u32 = 6_000;
 /// OpenSM's CPU time per further record of a half-world GetTable, in ns (the same file,
 /// `table_record_ns`).
 pub const OPENSM_RECORD_NS: u32 = 174;
+
+/// The highest unicast LID: a table room at least this large holds any subnet's table (one
+/// record per port, each port one LID or more), so no probe is needed.
+const MAX_UNICAST_LID: u32 = 0xBFFF;
+
+/// SA class status ERR_NO_RECORDS, in bits 8-15 of a MAD's status (what OpenSM answers a Get
+/// for a LID no port has).
+const ERR_NO_RECORDS: u16 = 3;
 
 /// The most records of a half-world table a provider with `path_capacity` cache entries takes:
 /// half of them (each record is filed by LID and by GID), at most 65 536 (4 MiB of records).
@@ -79,8 +104,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Counts a job of endpoint `slot` entering the backlog, and asks for the endpoint's table
     /// if the backlog now makes one worth it.
     pub(crate) fn backlog_entered(&mut self, now: Millis, slot: usize) {
-        let e = &mut self.st.endpoints()[slot];
-        e.table.backlogged += 1;
+        self.st.endpoints()[slot].table.backlogged += 1;
+        self.consider_table(now, slot);
+    }
+
+    /// Asks for endpoint `slot`'s table if its backlog makes one worth it, after the probe
+    /// (see the [module docs](self)) has found that the subnet fits.
+    fn consider_table(&mut self, now: Millis, slot: usize) {
+        let e = &self.st.endpoints()[slot];
         let t = e.table;
         let min = self.cfg.sa_table_min;
         if !self.cfg.sa_tables
@@ -97,14 +128,106 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         // last table's, or at least the highest LID seen.
         let get = u64::from(self.cfg.sa_get_cost_ns.max(1));
         let records = u64::from(t.records.max(u32::from(t.max_lid)));
-        if records > u64::from(self.cfg.sa_table_room) {
+        let room = self.cfg.sa_table_room;
+        if records > u64::from(room) {
             return;
         }
         let table = get + records * u64::from(self.cfg.sa_record_cost_ns);
         if u64::from(t.backlogged) * get < table {
             return;
         }
+        // Before the first table: one Get for LID room + 1 says whether the subnet fits.
+        if t.records == 0 && !t.fits && room < MAX_UNICAST_LID {
+            if !(t.probe_send || t.probe_sent) {
+                self.ask_probe(slot);
+            }
+            return;
+        }
         self.ask_table(slot);
+    }
+
+    /// Decides endpoint `slot`'s probe (polled out by `ep_output` with its table); it counts
+    /// as one route query, as any PathRecord Get.
+    fn ask_probe(&mut self, slot: usize) {
+        let tid = self.decide(slot);
+        let t = &mut self.st.endpoints()[slot].table;
+        t.probe_send = true;
+        t.probe_tid = tid;
+    }
+
+    /// The probe's LID: the first past the table room.
+    fn probe_lid(&self) -> u16 {
+        self.cfg
+            .sa_table_room
+            .saturating_add(1)
+            .min(MAX_UNICAST_LID) as u16
+    }
+
+    /// The probe Get of endpoint `slot`, if one was decided: a plain request's Get for the
+    /// LID past the table room.
+    fn probe_output(&mut self, slot: usize) -> Option<(u64, [u8; MAD_LEN])> {
+        let e = &self.st.slabs_ref().endpoints[slot];
+        if !e.table.probe_send {
+            return None;
+        }
+        let (open, cache_ep) = (e.open, e.cache_ep);
+        let mut dest = [0u8; PATH_RECORD_LEN];
+        PathRecord::new_unchecked(&mut dest[..]).set_dlid(self.probe_lid());
+        let [_, by_lid] = request::plain_queries(&self.view(slot, cache_ep), &dest);
+        let t = &mut self.st.endpoints()[slot].table;
+        t.probe_send = false;
+        let (_, query) = by_lid.filter(|_| open)?;
+        t.probe_sent = true;
+        let tid = t.probe_tid;
+        Some((
+            mads::token(TOKEN_PROBE, slot as u32, tid),
+            mads::path_get(tid, &query),
+        ))
+    }
+
+    /// The probe's answer (`handle_sa` of a probe's token): a path (a port has the LID past
+    /// the room: no table on this endpoint; the path is filed as any Get's), ERR_NO_RECORDS
+    /// (the subnet fits: the table if the backlog still wants it), or a failure (Gets until
+    /// `sa_deadline`).
+    pub(crate) fn probe_reply(
+        &mut self,
+        now: Millis,
+        token: u64,
+        umad_status: u32,
+        mad: &[u8; MAD_LEN],
+    ) {
+        let (_, slot, tid) = mads::untoken(token);
+        let slot = slot as usize;
+        let ours = self
+            .st
+            .slabs_ref()
+            .endpoints
+            .get(slot)
+            .is_some_and(|e| e.open && e.table.probe_sent && e.table.probe_tid == tid);
+        if !ours {
+            self.stats.sa_unknown += 1;
+            return;
+        }
+        self.st.endpoints()[slot].table.probe_sent = false;
+        let status = Header::new_unchecked(&mad[..HEADER_LEN]).status().0;
+        match mads::classify_path_reply(umad_status, mad) {
+            SaOutcome::Record(rec) => {
+                let lid = self.probe_lid();
+                let e = &mut self.st.endpoints()[slot];
+                e.table.max_lid = e.table.max_lid.max(lid);
+                let cache_ep = e.cache_ep;
+                let view = self.view(slot, cache_ep);
+                self.file_record(now, slot, &view, &rec);
+            }
+            SaOutcome::Failed(_) if status == ERR_NO_RECORDS << 8 => {
+                self.st.endpoints()[slot].table.fits = true;
+                self.consider_table(now, slot);
+            }
+            _ => {
+                let wait = self.cfg.sa_deadline;
+                self.st.endpoints()[slot].table.not_before = now.saturating_add(wait);
+            }
+        }
     }
 
     /// The first backlogged job not held back by its endpoint's table in flight (the table
@@ -163,13 +286,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Decides endpoint `slot`'s table (polled out by `ep_output`); it counts as one route
     /// query (ibacm's per-endpoint counter of SA path queries).
     fn ask_table(&mut self, slot: usize) {
+        let tid = self.decide(slot);
+        let t = &mut self.st.endpoints()[slot].table;
+        t.send = true;
+        t.tid = tid;
+    }
+
+    /// A query of endpoint `slot`'s (its table or the probe) is decided: its TID; the
+    /// endpoint has output, and one more route query is counted.
+    fn decide(&mut self, slot: usize) -> u32 {
         let tid = self.next_tid();
-        let e = &mut self.st.endpoints()[slot];
-        e.table.send = true;
-        e.table.tid = tid;
-        let id = EpId(e.id);
+        let id = EpId(self.st.endpoints()[slot].id);
         self.eps.mark_dirty(slot);
         self.count(id, Counter::RouteQuery);
+        tid
     }
 
     /// Counts a job of endpoint `slot` leaving the backlog.
@@ -180,6 +310,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The GetTable output of endpoint `slot`, if one was decided (`ep_output`).
     pub(crate) fn table_output(&mut self, slot: usize) -> Option<(u64, [u8; 256])> {
+        if let Some(probe) = self.probe_output(slot) {
+            return Some(probe);
+        }
         let e = &mut self.st.endpoints()[slot];
         if !e.table.send {
             return None;
@@ -257,38 +390,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.table_failed(now, slot, false);
             return self.pump(now);
         }
-        let e = self.st.endpoints()[slot];
-        let view = self.view(slot, e.cache_ep);
-        let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
-        let expires = now.saturating_add(ttl);
+        let cache_ep = self.st.endpoints()[slot].cache_ep;
+        let view = self.view(slot, cache_ep);
         let mut n = 0u32;
         for rec in t.records.chunks_exact(PATH_RECORD_LEN) {
-            let Ok(rec) = <&[u8; PATH_RECORD_LEN]>::try_from(rec) else {
-                continue;
-            };
-            let p = PathRecord::new_unchecked(&rec[..]);
-            // Ours, and usable both ways (what a plain request asks for).
-            if p.sgid() != view.port_gid || !p.reversible() {
-                continue;
-            }
-            n += 1;
-            for (key, sa) in request::plain_queries(&view, rec).into_iter().flatten() {
-                self.w.insert(&key, rec, now, ttl);
-                // The jobs of plain requests for this destination, waiting or already sent,
-                // are answered now (a sent one's Get reply then finds a zombie): those that
-                // asked for a reversible path and those that did not, which the record (usable
-                // both ways) serves too, as its cache entry does.
-                let mut one_way = sa;
-                PathRecord::new_unchecked(&mut one_way[..]).set_reversible_numpath(false, 0);
-                for q in [sa, one_way] {
-                    if let Some(j) = self.find_job(slot, e.cache_ep, &q) {
-                        let how = Completion::Answered {
-                            record: rec,
-                            expires,
-                        };
-                        self.finish_job(now, j, how);
-                    }
-                }
+            if let Ok(rec) = <&[u8; PATH_RECORD_LEN]>::try_from(rec) {
+                n += u32::from(self.file_record(now, slot, &view, rec));
             }
         }
         self.stats.sa_tables += 1;
@@ -301,5 +408,227 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         tf.records = n;
         tf.not_before = now.saturating_add(wait);
         self.pump(now);
+    }
+
+    /// Files `rec`, a path from endpoint `slot`'s port, under the keys a plain request by LID
+    /// and by GID for its destination has, with the route lifetime, and answers those
+    /// requests' jobs; `false` (nothing filed) unless it is ours and reversible.
+    fn file_record(
+        &mut self,
+        now: Millis,
+        slot: usize,
+        view: &request::EpView,
+        rec: &[u8; PATH_RECORD_LEN],
+    ) -> bool {
+        let p = PathRecord::new_unchecked(&rec[..]);
+        // Ours, and usable both ways (what a plain request asks for).
+        if p.sgid() != view.port_gid || !p.reversible() {
+            return false;
+        }
+        let ttl = self.cfg.route_ttl.unwrap_or(NEVER);
+        let expires = now.saturating_add(ttl);
+        for (key, sa) in request::plain_queries(view, rec).into_iter().flatten() {
+            self.w.insert(&key, rec, now, ttl);
+            // The jobs of plain requests for this destination, waiting or already sent, are
+            // answered now (a sent one's Get reply then finds a zombie): those that asked for
+            // a reversible path and those that did not, which the record (usable both ways)
+            // serves too, as its cache entry does.
+            let mut one_way = sa;
+            PathRecord::new_unchecked(&mut one_way[..]).set_reversible_numpath(false, 0);
+            for q in [sa, one_way] {
+                if let Some(j) = self.find_job(slot, view.cache_ep, &q) {
+                    let how = Completion::Answered {
+                        record: rec,
+                        expires,
+                    };
+                    self.finish_job(now, j, how);
+                }
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The probe, by hand in virtual time: a port whose estimate of its table (the highest LID
+    //! it has seen) fits its room asks OpenSM whether LID `room + 1` exists before it asks for
+    //! the table.
+
+    use super::*;
+    use crate::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, Dest, Lookup, PathCache};
+    use crate::cache::{PathKey, PathSlot};
+    use crate::resolver::{Capacities, Config, HeapStorage, Kind, Output, Request};
+    use crate::sim::{node_ep_config, node_gid};
+    use crate::wire::client::{ClientRequest, PathQuery};
+    use std::sync::Arc;
+    use std::vec::Vec;
+
+    type Cache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[AddrSlot]>>;
+
+    const EP: EpId = EpId(1);
+    const CEP: u32 = ep_number(0, EP.0);
+    const ROOM: u32 = 100;
+
+    struct T {
+        r: Resolver<HeapStorage, Arc<Cache>>,
+        cache: Arc<Cache>,
+        now: Millis,
+    }
+
+    /// The simulator's node 3 (LID 4), a window of one query, tables after a backlog of 4, room for 100 records.
+    fn setup() -> T {
+        let cfg = Config {
+            addr_acm: false,
+            sa_window: 1,
+            sa_window_start: 1,
+            sa_table_min: 4,
+            sa_table_room: ROOM,
+            sa_deadline: 1000,
+            queue_deadline: 60_000,
+            ..Config::default()
+        };
+        let cache = PathCache::new(
+            PathSlot::boxed(1024),
+            AddrSlot::boxed(64),
+            CacheConfig::default(),
+        );
+        let cache = Arc::new(cache.unwrap());
+        let w = CacheWriter::take(Arc::clone(&cache)).unwrap();
+        let mut r = Resolver::new(cfg, HeapStorage::new(Capacities::default()), w, 7).unwrap();
+        r.open_endpoint(0, EP, node_ep_config(3)).unwrap();
+        let mut t = T { r, cache, now: 0 };
+        t.sa_sends();
+        t
+    }
+
+    impl T {
+        /// The PathRecord Gets and GetTables sent since the last call (the rest dropped).
+        fn sa_sends(&mut self) -> Vec<(u64, [u8; MAD_LEN])> {
+            let mut v = Vec::new();
+            while let Some(o) = self.r.poll_output() {
+                if let Output::SendSa { token, mad, .. } = o {
+                    if mad[16..18] == [0x00, 0x35] {
+                        v.push((token, mad));
+                    }
+                }
+            }
+            v
+        }
+
+        /// A Resolve by LID for each of `lids` (client = the LID); the SA sends they lead to.
+        fn miss(&mut self, lids: core::ops::Range<u16>) -> Vec<(u64, [u8; MAD_LEN])> {
+            let mut v = Vec::new();
+            for lid in lids {
+                let msg = ClientRequest::path(u64::from(lid), 0, &PathQuery::lid(lid));
+                let req = Request {
+                    ep: EP,
+                    cache_ep: CEP,
+                    client: u64::from(lid),
+                    kind: Kind::Resolve,
+                    msg: msg.bytes(),
+                };
+                self.r.request(self.now, &req, None);
+                v.extend(self.sa_sends());
+            }
+            v
+        }
+
+        /// The SA's answer to the Get `mad`: the path to its DLID, or ERR_NO_RECORDS.
+        fn answer(&mut self, token: u64, mad: &[u8; MAD_LEN], exists: bool) {
+            let mut m = *mad;
+            m[3] = 0x81;
+            let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
+            if exists {
+                let mut p = PathRecord::new_unchecked(&mut m[56..120]);
+                p.set_sgid(node_gid(3));
+                p.set_dgid(node_gid(usize::from(dlid) - 1));
+                p.set_slid(4);
+                p.set_reversible_numpath(true, 0);
+                p.set_pkey(0xffff);
+            } else {
+                m[4..6].copy_from_slice(&(ERR_NO_RECORDS << 8).to_be_bytes());
+            }
+            self.r.handle_sa(self.now, token, 0, &m);
+        }
+    }
+
+    fn dlid(mad: &[u8; MAD_LEN]) -> u16 {
+        PathRecord::new_unchecked(&mad[56..120]).dlid()
+    }
+
+    /// The low-LID port of a big subnet (the storm's 467 refused tables at N = 10 000): its
+    /// DLIDs (10..19) say the table is small, the probe finds a port at LID 101, so no
+    /// GetTable ever goes, the Gets go on, and the probe's path answers LID 101 from the
+    /// cache. (Fails without the probe: the 4th backlogged miss sends a GetTable, which the
+    /// SA computes whole before its first segment shows it too big.)
+    #[test]
+    fn a_port_at_the_lid_past_the_room_keeps_the_port_on_gets() {
+        let mut t = setup();
+        let sends = t.miss(10..20);
+        assert_eq!(sends.len(), 2, "{sends:?}");
+        let (get, probe) = (sends[0], sends[1]);
+        assert_eq!((get.1[3], dlid(&get.1)), (0x01, 10), "the window's Get");
+        assert_eq!(
+            (probe.1[3], dlid(&probe.1)),
+            (0x01, 101),
+            "the probe: a Get"
+        );
+        assert_eq!(mads::untoken(probe.0).0, TOKEN_PROBE);
+        // More backlog while the probe is out: no second probe, no table.
+        assert!(t.miss(20..30).is_empty());
+        t.answer(probe.0, &probe.1, true);
+        // The backlog still wants a table: none goes, ever; the Gets go on one by one.
+        let (mut next, mut gets) = (get, 0);
+        loop {
+            t.answer(next.0, &next.1, true);
+            let mut sends = t.sa_sends();
+            sends.extend(t.miss(40..41));
+            assert!(sends.iter().all(|(_, m)| m[3] == 0x01), "no GetTable");
+            let Some(&n) = sends.first() else { break };
+            assert_ne!(dlid(&n.1), 101, "the probe's path is cached");
+            next = n;
+            gets += 1;
+        }
+        assert_eq!(gets, 20, "11..=29 and 40, one Get each");
+        let key = PathKey::new(CEP, Dest::Lid(101));
+        assert!(matches!(t.cache.lookup(&key, t.now), Lookup::Hit { .. }));
+        assert_eq!(t.r.stats().sa_table_failed, 0);
+        assert!(t.miss(101..102).is_empty(), "a hit");
+        t.r.check_invariants().unwrap();
+    }
+
+    /// No port at LID 101: the subnet fits, the table goes at once, and later backlogs ask
+    /// by the table's own size, without a probe.
+    #[test]
+    fn no_port_at_the_lid_past_the_room_lets_the_table_go() {
+        let mut t = setup();
+        let sends = t.miss(10..20);
+        let probe = sends[1];
+        assert_eq!(dlid(&probe.1), 101);
+        t.answer(probe.0, &probe.1, false);
+        let sends = t.sa_sends();
+        assert_eq!(sends.len(), 1);
+        assert_eq!(sends[0].1[3], 0x12, "the GetTable");
+        assert_eq!(mads::untoken(sends[0].0).0, TOKEN_TABLE);
+        assert_eq!(t.r.stats().sa_unknown, 0);
+        t.r.check_invariants().unwrap();
+    }
+
+    /// A probe that fails (its tries ran out) asks nothing for `sa_deadline`, then probes again.
+    #[test]
+    fn a_lost_probe_waits_sa_deadline_then_probes_again() {
+        let mut t = setup();
+        let sends = t.miss(10..20);
+        let (get, probe) = (sends[0], sends[1]);
+        t.r.handle_sa(t.now, probe.0, 110, &probe.1);
+        t.answer(get.0, &get.1, true);
+        let sends = t.sa_sends();
+        assert_eq!(sends.len(), 1, "the next Get, no table, no probe");
+        assert_eq!(dlid(&sends[0].1), 11);
+        t.now = 1000;
+        let sends = t.miss(30..31);
+        assert_eq!(sends.len(), 1);
+        assert_eq!(dlid(&sends[0].1), 101, "probed again after sa_deadline");
     }
 }
