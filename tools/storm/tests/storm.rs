@@ -164,10 +164,16 @@ fn drops_start_only_when_the_queue_wait_passes_the_fifo_timeout() {
 #[test]
 fn the_default_sa_is_opensm_as_measured() {
     let toml = include_str!("../opensm-measured.toml");
-    let model = toml.split("[model]").nth(1).expect("a [model] section");
-    let value = |k: &str| -> u64 {
-        model
-            .lines()
+    let section = |name: &str| -> &str {
+        let s = toml
+            .split(name)
+            .nth(1)
+            .unwrap_or_else(|| panic!("a {name} section"));
+        s.split("\n[").next().unwrap_or(s)
+    };
+    let (model, sm_port) = (section("[model]"), section("[sm_port]"));
+    let value = |sec: &str, k: &str| -> u64 {
+        sec.lines()
             .find_map(|l| {
                 l.strip_prefix(k)?
                     .trim()
@@ -176,13 +182,18 @@ fn the_default_sa_is_opensm_as_measured() {
                     .parse()
                     .ok()
             })
-            .unwrap_or_else(|| panic!("{k} in [model]"))
+            .unwrap_or_else(|| panic!("{k} in its section"))
     };
     let d = SaService::DEFAULT;
-    assert_eq!(d.get_ns, value("get_service_us") * 1000);
-    assert_eq!(d.table_record_ns, value("table_record_ns"));
-    assert_eq!(d.fifo_timeout, value("max_msg_fifo_timeout_ms"));
+    assert_eq!(d.get_ns, value(model, "get_service_us") * 1000);
+    assert_eq!(d.table_record_ns, value(model, "table_record_ns"));
+    assert_eq!(d.fifo_timeout, value(model, "max_msg_fifo_timeout_ms"));
     assert!(model.contains("busy = false"));
+    // The SM's port: a segment's share of a Get in its own run, of the model's Get.
+    assert_eq!(
+        d.sm_mad_ns,
+        value(sm_port, "segment_per_get_permille") * d.get_ns / 1000
+    );
     assert_eq!(d.busy_queue, None, "OpenSM never answers BUSY");
     assert_eq!(Params::new(10, 5, Profile::Acmrs).sa, d);
 }
