@@ -50,16 +50,16 @@
 //! * The table takes no SA window slot: it is one query, at most one per endpoint at a time,
 //!   and only while the backlog says the window is full anyway.
 
-use super::mads::{self, SaOutcome, TOKEN_PROBE, TOKEN_TABLE};
+use super::mads::{self, TOKEN_PROBE, TOKEN_TABLE};
 use super::route::Completion;
 use super::storage::{Slab, JOB};
 use super::timers::Timer;
 use super::{request, Counter, EpId, Millis, Resolver, SaTable, Storage, NEVER};
 use crate::cache::CacheRef;
 use crate::wire::gid::Gid;
-use crate::wire::mad::{Header, HEADER_LEN, MAD_LEN};
+use crate::wire::mad::{Header, Method, HEADER_LEN, MAD_LEN};
 use crate::wire::path_record::{PathRecord, PATH_RECORD_LEN};
-use crate::wire::sa::attr;
+use crate::wire::sa::{attr, DATA_OFFSET};
 
 /// OpenSM's CPU time per PathRecord Get at saturation, in ns (`tools/storm/opensm-measured.toml`,
 /// `[model] get_service_us`).
@@ -163,13 +163,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             .min(MAX_UNICAST_LID) as u16
     }
 
-    /// The probe Get of endpoint `slot`, if one was decided: a plain request's Get for the
-    /// LID past the table room.
+    /// The probe Get of endpoint `slot`, decided (`probe_send`): a plain request's Get for the
+    /// LID past the table room. Rare (once per endpoint): kept out of `ep_output`'s hot path.
+    #[cold]
+    #[inline(never)]
     fn probe_output(&mut self, slot: usize) -> Option<(u64, [u8; MAD_LEN])> {
         let e = &self.st.slabs_ref().endpoints[slot];
-        if !e.table.probe_send {
-            return None;
-        }
         let (open, cache_ep) = (e.open, e.cache_ep);
         let mut dest = [0u8; PATH_RECORD_LEN];
         PathRecord::new_unchecked(&mut dest[..]).set_dlid(self.probe_lid());
@@ -188,7 +187,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The probe's answer (`handle_sa` of a probe's token): a path (a port has the LID past
     /// the room: no table on this endpoint; the path is filed as any Get's), ERR_NO_RECORDS
     /// (the subnet fits: the table if the backlog still wants it), or a failure (Gets until
-    /// `sa_deadline`).
+    /// `sa_deadline`). Rare (once per endpoint): kept out of `handle_sa`'s hot path.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn probe_reply(
         &mut self,
         now: Millis,
@@ -209,9 +210,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             return;
         }
         self.st.endpoints()[slot].table.probe_sent = false;
-        let status = Header::new_unchecked(&mad[..HEADER_LEN]).status().0;
-        match mads::classify_path_reply(umad_status, mad) {
-            SaOutcome::Record(rec) => {
+        let head = Header::new_unchecked(&mad[..HEADER_LEN]);
+        let (status, answer) = (head.status().0, head.method() == Method::GetResp);
+        let record = answer && head.attr_id() == attr::PATH_RECORD;
+        let mut rec = [0u8; PATH_RECORD_LEN];
+        rec.copy_from_slice(&mad[DATA_OFFSET..DATA_OFFSET + PATH_RECORD_LEN]);
+        match (umad_status, status) {
+            (0, 0) if record => {
                 let lid = self.probe_lid();
                 let e = &mut self.st.endpoints()[slot];
                 e.table.max_lid = e.table.max_lid.max(lid);
@@ -219,7 +224,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 let view = self.view(slot, cache_ep);
                 self.file_record(now, slot, &view, &rec);
             }
-            SaOutcome::Failed(_) if status == ERR_NO_RECORDS << 8 => {
+            (0, s) if answer && s == ERR_NO_RECORDS << 8 => {
                 self.st.endpoints()[slot].table.fits = true;
                 self.consider_table(now, slot);
             }
@@ -310,8 +315,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The GetTable output of endpoint `slot`, if one was decided (`ep_output`).
     pub(crate) fn table_output(&mut self, slot: usize) -> Option<(u64, [u8; 256])> {
-        if let Some(probe) = self.probe_output(slot) {
-            return Some(probe);
+        if self.st.slabs_ref().endpoints[slot].table.probe_send {
+            return self.probe_output(slot);
         }
         let e = &mut self.st.endpoints()[slot];
         if !e.table.send {

@@ -669,6 +669,8 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         sa_table_min: 2,
         ..Config::default()
     };
+    // The LID a port probes before its first table: the first past its table room.
+    let probe_lid = cfg.sa_table_room.saturating_add(1) as u16;
     let r = match Resolver::new(cfg, storage, writer, 1) {
         Ok(r) => r,
         Err(_) => return t.check("resolver storage", false),
@@ -971,10 +973,11 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     );
 
     // 9. Open again and miss three paths at once: the first Get goes out, the two behind it
-    //    make a backlog worth the port's half-world table, which comes over RMPP (OpenSM's
-    //    record for LID 6 and its like for LIDs 5, 7, 8, 9), acknowledged; it fills the
-    //    cache and answers the backlog and the Get's client too (the Get's reply then finds
-    //    its job answered).
+    //    make a backlog worth the port's half-world table; first the probe, a Get for the LID
+    //    past the table room, answered with OpenSM's real ERR_NO_RECORDS (the subnet fits),
+    //    then the table, which comes over RMPP (OpenSM's record for LID 6 and its like for
+    //    LIDs 5, 7, 8, 9), acknowledged; it fills the cache and answers the backlog and the
+    //    Get's client too (the Get's reply then finds its job answered).
     now += 1;
     t.step("reopen-endpoint", now);
     let ok = n.open_endpoint(now, EP, ep_config(), Some(SM)).is_ok();
@@ -991,6 +994,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     }
     let mut get = None;
     let mut get_table = None;
+    let mut probe = None;
     for (k, lid) in [7u16, 8, 9].into_iter().enumerate() {
         now += 1;
         t.step("path-miss", now);
@@ -1005,17 +1009,49 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
                 ..
             } = o
             {
+                let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
                 match mad[3] {
                     0x12 => get_table = Some(*mad),
+                    _ if dlid == probe_lid => probe = Some(*mad),
                     _ => get = get.or(Some(*mad)),
                 }
             }
         }
     }
-    let Some(table_req) = get_table else {
-        return t.check("a backlog of two asks for the half-world table", false);
+    let Some(probe) = probe.filter(|_| get_table.is_none()) else {
+        return t.check(
+            "the backlog probes the LID past the table room first",
+            false,
+        );
     };
-    t.check("a backlog of two asks for the half-world table", true);
+    t.check("the backlog probes the LID past the table room first", true);
+    now += 1;
+    t.step("probe-norecord", now);
+    n.handle_receive(now, EP, &FROM_SM, &with_tid(PR_NOREC_RESP, &probe));
+    drain(&mut n, now, &mut outs);
+    t.emit(&outs);
+    for o in outs.iter() {
+        if let Output::Transmit {
+            mad,
+            query: Some(_),
+            ..
+        } = o
+        {
+            if mad[3] == 0x12 {
+                get_table = Some(*mad);
+            }
+        }
+    }
+    let Some(table_req) = get_table else {
+        return t.check(
+            "no port there: the backlog asks for the half-world table",
+            false,
+        );
+    };
+    t.check(
+        "no port there: the backlog asks for the half-world table",
+        true,
+    );
     const HEAD: usize = acm_core_nostd::wire::sa::DATA_OFFSET;
     let mut head = [0u8; HEAD];
     head.copy_from_slice(&table_req[..HEAD]);
