@@ -537,10 +537,10 @@ impl<K: Sink> Run<'_, K> {
     }
 }
 
-/// The first SA query of `outs`: a MAD the SA channel sent to the SM for the first time (its
-/// token, its bytes with the channel's TID).
-fn first_sa(outs: &Outs) -> Option<(u64, [u8; MAD_LEN])> {
-    outs.iter().find_map(|o| match o {
+/// The SA queries of `outs`: the MADs the SA channel sent to the SM for the first time (their
+/// tokens, their bytes with the channel's TIDs).
+fn sa_queries(outs: &Outs) -> impl Iterator<Item = (u64, [u8; MAD_LEN])> + '_ {
+    outs.iter().filter_map(|o| match o {
         Output::Transmit {
             to: AcmDest::Unicast(av),
             mad,
@@ -549,6 +549,11 @@ fn first_sa(outs: &Outs) -> Option<(u64, [u8; MAD_LEN])> {
         } if av.dlid == SM.lid && av.remote_qpn == 1 => Some((*token, *mad)),
         _ => None,
     })
+}
+
+/// The first SA query of `outs`.
+fn first_sa(outs: &Outs) -> Option<(u64, [u8; MAD_LEN])> {
+    sa_queries(outs).next()
 }
 
 fn first_answer(outs: &Outs) -> Option<Answer> {
@@ -1002,19 +1007,12 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         n.handle_request(now, &request(10 + k as u64, &req), None);
         drain(&mut n, now, &mut outs);
         t.emit(&outs);
-        for o in outs.iter() {
-            if let Output::Transmit {
-                mad,
-                query: Some(_),
-                ..
-            } = o
-            {
-                let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
-                match mad[3] {
-                    0x12 => get_table = Some(*mad),
-                    _ if dlid == probe_lid => probe = Some(*mad),
-                    _ => get = get.or(Some(*mad)),
-                }
+        for (_, mad) in sa_queries(&outs) {
+            let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
+            match mad[3] {
+                0x12 => get_table = Some(mad),
+                _ if dlid == probe_lid => probe = Some(mad),
+                _ => get = get.or(Some(mad)),
             }
         }
     }
@@ -1030,18 +1028,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     n.handle_receive(now, EP, &FROM_SM, &with_tid(PR_NOREC_RESP, &probe));
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
-    for o in outs.iter() {
-        if let Output::Transmit {
-            mad,
-            query: Some(_),
-            ..
-        } = o
-        {
-            if mad[3] == 0x12 {
-                get_table = Some(*mad);
-            }
-        }
-    }
+    get_table = sa_queries(&outs).map(|(_, m)| m).find(|m| m[3] == 0x12);
     let Some(table_req) = get_table else {
         return t.check(
             "no port there: the backlog asks for the half-world table",
