@@ -346,7 +346,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         sa_deadline,
         queue_deadline: sa_deadline * (1 + rng.below(3)),
         // Some schedules ask for half-world tables at the first backlog (over RMPP).
-        sa_table_min: if rng.chance(400) {
+        sa_table_min: if rng.chance(800) {
             1
         } else {
             Config::default().sa_table_min

@@ -32,6 +32,9 @@ pub(crate) const TOKEN_INFORM: u64 = 4;
 pub(crate) const TOKEN_NOTICE: u64 = 5;
 /// Token kind of a half-world PathRecord GetTable (index = endpoint slot).
 pub(crate) const TOKEN_TABLE: u64 = 6;
+/// Token kind of a table's probe, a PathRecord Get for the LID past the table room (index =
+/// endpoint slot; [`super::table`]).
+pub(crate) const TOKEN_PROBE: u64 = 7;
 
 pub(crate) fn token(kind: u64, index: u32, tid: u32) -> u64 {
     (kind << 56) | (u64::from(index & 0x00ff_ffff) << 32) | u64::from(tid)

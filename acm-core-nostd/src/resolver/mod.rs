@@ -266,6 +266,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 }
                 None => self.sh.stats.sa_unknown += 1,
             },
+            mads::TOKEN_PROBE => self.probe_reply(now, token, umad_status, &mad),
             mads::TOKEN_LEAVE | mads::TOKEN_NOTICE => {}
             _ => self.sh.stats.sa_unknown += 1,
         }

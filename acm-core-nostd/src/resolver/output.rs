@@ -59,6 +59,12 @@ impl EpSlot {
         if let Some(o) = e.informs.output((slot, id), e.open, e.qpn, sh) {
             return Some(o);
         }
+        if e.table.probe_send {
+            let view = e.view(e.cache_ep);
+            if let Some((token, mad)) = e.table.probe_output(slot, e.open, &view, &sh.cfg) {
+                return Some(Output::SendSa { ep: id, token, mad });
+            }
+        }
         if let Some((token, mad)) = e.table.output(slot, e.open, Gid(e.port_gid), e.pkey) {
             return Some(Output::SendSa { ep: id, token, mad });
         }

@@ -205,24 +205,67 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Counts a job of endpoint `slot` entering the backlog, and asks for the endpoint's table
-    /// if the backlog now makes one worth it (the decision:
+    /// (or its probe first) if the backlog now makes one worth it (the decision:
     /// [`TableFetch::backlog_entered`](super::storage::TableFetch::backlog_entered)).
     fn backlog_entered(&mut self, now: Millis, slot: usize) {
         let e = &mut self.st.endpoints()[slot];
-        if e.table.backlog_entered(e.open, now, &self.sh.cfg) {
-            self.ask_table(slot);
-        }
+        let ask = e.table.backlog_entered(e.open, now, &self.sh.cfg);
+        self.ask(slot, ask);
     }
 
-    /// Decides endpoint `slot`'s table (polled out by its endpoint's outputs); it counts as
-    /// one route query (ibacm's per-endpoint counter of SA path queries).
-    fn ask_table(&mut self, slot: usize) {
+    /// Decides what `ask` says for endpoint `slot`: its table or its probe (polled out by its
+    /// endpoint's outputs); either counts as one route query (ibacm's per-endpoint counter of
+    /// SA path queries).
+    fn ask(&mut self, slot: usize, ask: table::Ask) {
+        if ask == table::Ask::Nothing {
+            return;
+        }
         let tid = self.sh.next_tid();
         let e = &mut self.st.endpoints()[slot];
-        e.table.ask(tid);
+        match ask {
+            table::Ask::Probe => e.table.ask_probe(tid),
+            _ => e.table.ask(tid),
+        }
         let id = EpId(e.id);
         self.eps.mark_dirty(slot);
         self.count(id, Counter::RouteQuery);
+    }
+
+    /// The answer to endpoint `slot`'s probe (`handle_sa` of a probe's token): a port at the
+    /// LID past the room (its path filed as any Get's, no table on this endpoint), none (the
+    /// table, if the backlog still wants it), or a failure (Gets until `sa_deadline`). A token
+    /// that names no outstanding probe is counted in `sa_unknown`.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn probe_reply(
+        &mut self,
+        now: Millis,
+        token: u64,
+        umad_status: u32,
+        mad: &[u8; 256],
+    ) {
+        let (_, slot, tid) = mads::untoken(token);
+        let slot = slot as usize;
+        let cfg = &self.sh.cfg;
+        let probed = self
+            .st
+            .endpoints()
+            .get_mut(slot)
+            .and_then(|e| e.table.probe_reply(e.open, tid, umad_status, mad, now, cfg));
+        match probed {
+            None => self.sh.stats.sa_unknown += 1,
+            Some(table::Probed::Port(rec)) => {
+                let e = self.st.slabs_ref().endpoints[slot];
+                let view = e.view(e.cache_ep);
+                self.file_record(now, slot, &view, &rec);
+            }
+            Some(table::Probed::Fits) => {
+                let e = &self.st.slabs_ref().endpoints[slot];
+                let ask = e.table.consider(e.open, now, &self.sh.cfg);
+                self.ask(slot, ask);
+            }
+            Some(table::Probed::Nothing) => {}
+        }
     }
 
     /// Adds `who` (a waiter, an address entry) to the job for `route`, starting one if none is
@@ -1007,55 +1050,68 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         for slot in 0..self.st.slabs_ref().endpoints.len() {
             let e = &mut self.st.endpoints()[slot];
             if e.table.warm_start_due(e.open, now) {
-                self.ask_table(slot);
+                self.ask(slot, table::Ask::Table);
             }
         }
     }
 
     /// Files the `records` of endpoint `slot`'s table: every record (reversible, from the
     /// port's GID) goes into the cache under the keys of a plain request for its destination,
-    /// and the jobs of those requests are answered. Returns how many were ours.
+    /// and the jobs of those requests are answered ([`file_record`](Self::file_record)).
+    /// Returns how many were ours.
     pub(crate) fn file_table(&mut self, now: Millis, slot: usize, records: &[u8]) -> u32 {
         let e = self.st.endpoints()[slot];
         let view = e.view(e.cache_ep);
-        let ttl = self.sh.cfg.route_ttl.unwrap_or(NEVER);
-        let expires = now.saturating_add(ttl);
         let mut n = 0u32;
         for rec in records.chunks_exact(PATH_RECORD_LEN) {
-            let Ok(rec) = <&[u8; PATH_RECORD_LEN]>::try_from(rec) else {
-                continue;
-            };
-            let p = PathRecord::new_unchecked(&rec[..]);
-            // Ours, and usable both ways (what a plain request asks for).
-            if p.sgid() != view.port_gid || !p.reversible() {
-                continue;
-            }
-            n += 1;
-            for (key, sa) in request::plain_queries(&view, rec).into_iter().flatten() {
-                self.w.insert(&key, rec, now, ttl);
-                // The jobs of plain requests for this destination, waiting or already sent,
-                // are answered now (a sent one's Get reply then finds a zombie): those that
-                // asked for a reversible path and those that did not, which the record (usable
-                // both ways) serves too, as its cache entry does.
-                let mut one_way = sa;
-                PathRecord::new_unchecked(&mut one_way[..]).set_reversible_numpath(false, 0);
-                for q in [sa, one_way] {
-                    let route = Route {
-                        slot,
-                        cache_ep: e.cache_ep,
-                        key: None,
-                        sa: &q,
-                    };
-                    if let Some(j) = self.routes.find(self.st.slabs_ref(), &route) {
-                        let how = Completion::Answered {
-                            record: rec,
-                            expires,
-                        };
-                        self.finish_job(now, j, how);
-                    }
-                }
+            if let Ok(rec) = <&[u8; PATH_RECORD_LEN]>::try_from(rec) {
+                n += u32::from(self.file_record(now, slot, &view, rec));
             }
         }
         n
+    }
+
+    /// Files `rec`, a path from endpoint `slot`'s port (its view `view`), under the keys a
+    /// plain request by LID and by GID for its destination has, with the route lifetime, and
+    /// answers those requests' jobs; `false` (nothing filed) unless it is ours and reversible.
+    fn file_record(
+        &mut self,
+        now: Millis,
+        slot: usize,
+        view: &request::EpView,
+        rec: &[u8; PATH_RECORD_LEN],
+    ) -> bool {
+        let p = PathRecord::new_unchecked(&rec[..]);
+        // Ours, and usable both ways (what a plain request asks for).
+        if p.sgid() != view.port_gid || !p.reversible() {
+            return false;
+        }
+        let ttl = self.sh.cfg.route_ttl.unwrap_or(NEVER);
+        let expires = now.saturating_add(ttl);
+        for (key, sa) in request::plain_queries(view, rec).into_iter().flatten() {
+            self.w.insert(&key, rec, now, ttl);
+            // The jobs of plain requests for this destination, waiting or already sent, are
+            // answered now (a sent one's Get reply then finds a zombie): those that asked for
+            // a reversible path and those that did not, which the record (usable both ways)
+            // serves too, as its cache entry does.
+            let mut one_way = sa;
+            PathRecord::new_unchecked(&mut one_way[..]).set_reversible_numpath(false, 0);
+            for q in [sa, one_way] {
+                let route = Route {
+                    slot,
+                    cache_ep: view.cache_ep,
+                    key: None,
+                    sa: &q,
+                };
+                if let Some(j) = self.routes.find(self.st.slabs_ref(), &route) {
+                    let how = Completion::Answered {
+                        record: rec,
+                        expires,
+                    };
+                    self.finish_job(now, j, how);
+                }
+            }
+        }
+        true
     }
 }

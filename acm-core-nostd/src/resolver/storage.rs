@@ -741,9 +741,18 @@ pub struct TableFetch {
     /// A warm-start table is to be asked for at `warm_start_at`.
     pub(crate) warm_start: bool,
     pub(crate) warm_start_at: super::Millis,
-    /// The highest LID seen on this endpoint (its own, the DLIDs asked for): a lower bound
-    /// on the records of its table while none has come (OpenSM hands out LIDs from 1 up).
+    /// The highest LID seen on this endpoint (its own, the DLIDs asked for, the probe's LID
+    /// when a port has it): a lower bound on the records of its table while none has come
+    /// (OpenSM hands out LIDs from 1 up).
     pub(crate) max_lid: u16,
+    /// The probe (a PathRecord Get for the first LID past the table room, before the first
+    /// table) is decided, not yet polled out.
+    pub(crate) probe_send: bool,
+    /// The probe is out: its answer is due.
+    pub(crate) probe_sent: bool,
+    pub(crate) probe_tid: u32,
+    /// The probe found no port at its LID: the subnet fits the table room.
+    pub(crate) fits: bool,
 }
 
 impl TableFetch {
@@ -765,6 +774,10 @@ impl TableFetch {
         warm_start: false,
         warm_start_at: 0,
         max_lid: 0,
+        probe_send: false,
+        probe_sent: false,
+        probe_tid: 0,
+        fits: false,
     };
 }
 

@@ -266,6 +266,10 @@ pub struct Sim {
     sa_free_ns: u64,
     /// How long the message the SA dispatched last had waited (ns; the drop rule's input).
     sa_last_wait_ns: u64,
+    /// MADs the SM's port has handled per virtual ms ([`SaService::sm_mad_ns`]).
+    sm_port_per_ms: Vec<u32>,
+    /// Every ms of `sm_port_per_ms` before this one is full.
+    sm_port_full: usize,
     core_credits: Vec<u32>,
     core_wait: Vec<VecDeque<(u64, [u8; 256])>>,
     /// The SM's RMPP transfers in progress (`ud`), by (node, TID).
@@ -400,6 +404,8 @@ impl Sim {
             sa_fifo: VecDeque::new(),
             sa_free_ns: 0,
             sa_last_wait_ns: 0,
+            sm_port_per_ms: Vec::new(),
+            sm_port_full: 0,
             core_credits: vec![cfg.sa_service.and_then(|s| s.core_sa_depth).unwrap_or(0); n],
             core_wait: vec![VecDeque::new(); n],
             transfers: HashMap::new(),

@@ -1,7 +1,8 @@
 //! The SA of the [`Sim`]: PathRecord GET answered from the nodes' LIDs and GIDs ("no record"
 //! for unknown ones), MCMemberRecord SET answered with an MLID per MGID; either the instant
 //! model of [`Faults`](super::Faults) (BUSY, silence, delay) or one server, [`SaService`], with
-//! the kernel MAD layer and the core's credits in front of it.
+//! the kernel MAD layer and the core's credits in front of it, and the SM's port, which every
+//! MAD of the SA's queries passes ([`SaService::sm_mad_ns`]).
 
 use std::collections::HashMap;
 use std::vec::Vec;
@@ -31,6 +32,13 @@ use crate::wire::path_record::PathRecord;
 /// answered BUSY at once, costing no service time. The SA serves every query it accepted,
 /// including those whose sender has given up (their replies are dropped by the MAD layer,
 /// counted in [`SaServiceStats::late`]). Joins and other SA MADs keep the instant model.
+///
+/// **The SM's port** (the kernel MAD layer and the HCA's QP1 on the SM's host) handles every
+/// MAD of the SA's queries, `sm_mad_ns` each, one at a time, beside OpenSM's dispatcher: a
+/// query received (Get or GetTable, either transport), its answer sent, each RMPP segment sent
+/// and each ACK received (`ud`). It handles at most `1 ms / sm_mad_ns` MADs per virtual ms; a
+/// MAD that finds its ms full takes the next ms with room (so a query reaches the SA, an
+/// answer or segment leaves, that much later; an ACK is counted, its wait not modelled).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaService {
     /// Service time of one PathRecord Get (ns): OpenSM's CPU time per Get at saturation.
@@ -60,6 +68,9 @@ pub struct SaService {
     /// The core's SA credits per port (`sa_depth`); `None` = unlimited (the resolver's own
     /// window is the only bound).
     pub core_sa_depth: Option<u32>,
+    /// The SM's port's time per MAD, received or sent (ns; 0: free): Gets and GetTables
+    /// received, their answers and RMPP segments sent, ACKs received.
+    pub sm_mad_ns: u64,
 }
 
 impl SaService {
@@ -67,7 +78,8 @@ impl SaService {
     /// 6 µs per Get (166 666 Gets/s), 174 ns per further record of a GetTable, its transfer at
     /// 140 000 records/s (the published whole-path-table rate over RMPP on 1 096 nodes), drops past
     /// `max_msg_fifo_timeout` 10 000 ms (its default, 50 × 200 ms), no BUSY; 1 ms each way,
-    /// no loss, the core's MAD timeout and retries (2000 ms, 2), no core credit limit.
+    /// no loss, the core's MAD timeout and retries (2000 ms, 2), no core credit limit; the
+    /// SM's port at 1.92 µs per MAD (`sm_mad_ns`, see `docs/storm.md`, "The SM's port").
     pub const DEFAULT: SaService = SaService {
         get_ns: 6_000,
         table_record_ns: 174,
@@ -79,6 +91,7 @@ impl SaService {
         umad_timeout: 2000,
         umad_retries: 2,
         core_sa_depth: None,
+        sm_mad_ns: 1_920,
     };
 
     /// Gets served per second (`1 s / get_ns`).
@@ -138,6 +151,12 @@ pub struct SaServiceStats {
     /// Most SA sends of one node in flight at once (sent, not completed): in the core's MAD
     /// layer, or (`ud`) in the node's SA channel, its joins and subscriptions included.
     pub peak_node_inflight: u32,
+    /// MADs the SM's port took in for the SA: queries (Gets and GetTables) and RMPP ACKs.
+    pub sm_port_in: u64,
+    /// MADs the SM's port sent for the SA: single-MAD answers and RMPP segments.
+    pub sm_port_out: u64,
+    /// Longest a MAD waited for the SM's port (ms: the port's ms were full).
+    pub sm_port_peak_wait_ms: u64,
 }
 
 /// A query in the SA's FIFO: when its service starts and ends, and how long it waited (ns).
@@ -164,6 +183,62 @@ impl Sim {
     /// Sends the MAD layer holds, all nodes.
     pub fn umad_held(&self) -> usize {
         self.umad.len()
+    }
+
+    /// One MAD through the SM's port, due there at `at_ns` (received: `inbound`): when the
+    /// port is done with it (ns), `at_ns` itself while the port is free (see [`SaService`]).
+    pub(super) fn sm_port(&mut self, at_ns: u64, inbound: bool) -> u64 {
+        let Some(svc) = self.sa_service else {
+            return at_ns;
+        };
+        if inbound {
+            self.sa_stats.sm_port_in += 1;
+        } else {
+            self.sa_stats.sm_port_out += 1;
+        }
+        let c = svc.sm_mad_ns;
+        if c == 0 {
+            return at_ns;
+        }
+        let per_ms = (1_000_000 / c).max(1);
+        let first = (at_ns / 1_000_000) as usize;
+        // Every ms before `sm_port_full` is full: start there.
+        let mut ms = first.max(self.sm_port_full);
+        loop {
+            if self.sm_port_per_ms.len() <= ms {
+                self.sm_port_per_ms.resize(ms + 1, 0);
+            }
+            if u64::from(self.sm_port_per_ms[ms]) < per_ms {
+                break;
+            }
+            ms += 1;
+        }
+        self.sm_port_per_ms[ms] += 1;
+        if ms == self.sm_port_full && u64::from(self.sm_port_per_ms[ms]) >= per_ms {
+            while u64::from(
+                self.sm_port_per_ms
+                    .get(self.sm_port_full)
+                    .copied()
+                    .unwrap_or(0),
+            ) >= per_ms
+            {
+                self.sm_port_full += 1;
+            }
+        }
+        let wait = (ms - first) as u64;
+        self.sa_stats.sm_port_peak_wait_ms = self.sa_stats.sm_port_peak_wait_ms.max(wait);
+        if ms == first {
+            at_ns
+        } else {
+            ms as u64 * 1_000_000
+        }
+    }
+
+    /// A MAD leaving the SM's port at virtual ms `at`: the ms it is late by, waiting for the
+    /// port.
+    pub(super) fn sm_port_send(&mut self, at: Millis) -> Millis {
+        let ns = at.saturating_mul(1_000_000);
+        (self.sm_port(ns, false) - ns) / 1_000_000
     }
 
     /// An SA MAD of node `from` through the core's service ([`Transport::Core`](crate::node::Transport)):
@@ -341,7 +416,8 @@ impl Sim {
         let Some(svc) = self.sa_service else {
             return;
         };
-        let arrival = self.now.saturating_mul(1_000_000);
+        // The query passes the SM's port first.
+        let arrival = self.sm_port(self.now.saturating_mul(1_000_000), true);
         // Done queries leave; the one in service (if any) is the message dispatched last.
         while let Some(e) = self.sa_fifo.front().copied() {
             if e.finish > arrival {
@@ -422,7 +498,8 @@ impl Sim {
                 None => reply[4..6].copy_from_slice(&0x0300u16.to_be_bytes()),
             }
         }
-        let mut delay = (finish - arrival).div_ceil(1_000_000) + svc.latency;
+        // From now: the query may have reached the SA later, after the SM's port.
+        let mut delay = (finish - self.now * 1_000_000).div_ceil(1_000_000) + svc.latency;
         // Over the core's MAD layer the transfer is a rate; on the SM's port (`ud`) its
         // segments and ACKs are modelled one by one (`sim/ud.rs`).
         if table && token.is_some() {
@@ -449,11 +526,13 @@ impl Sim {
                 Event::SmReply { to, mad },
             );
         };
+        // The answer leaves through the SM's port when the SA is done with it.
+        let late = self.sm_port_send((self.now + delay).saturating_sub(svc.latency));
         if self.rng.chance(svc.loss) {
             self.sa_stats.lost += 1;
             return;
         }
-        self.schedule(delay, Event::SaReply { to, token, mad });
+        self.schedule(delay + late, Event::SaReply { to, token, mad });
     }
 
     /// The node with LID `dlid` (if not 0), else with GID `dgid`: O(1), as the nodes' LIDs
@@ -506,10 +585,30 @@ mod tests {
         m
     }
 
+    /// The SA alone: the SM's port free unless `svc` is used by [`sim_with_port`].
     fn sim(svc: SaService) -> Sim {
+        sim_with_port(SaService {
+            sm_mad_ns: 0,
+            ..svc
+        })
+    }
+
+    fn sim_with_port(svc: SaService) -> Sim {
         let mut c = SimConfig::new(4, 7);
         c.sa_service = Some(svc);
         Sim::new(c)
+    }
+
+    /// When the SA's replies reach their senders (ms), in order.
+    fn reply_times(s: &Sim) -> Vec<Millis> {
+        let mut replies: Vec<Millis> = s
+            .events
+            .iter()
+            .filter(|e| matches!(e.event, Event::SaReply { .. }))
+            .map(|e| e.at)
+            .collect();
+        replies.sort_unstable();
+        replies
     }
 
     /// Queries arriving at `at` ms; what the SA did with them: (served, dropped, busy) so far.
@@ -610,6 +709,31 @@ mod tests {
         );
     }
 
+    /// The SM's port at 0.5 ms per MAD handles two MADs per ms, in the order they are given to
+    /// it: of four Gets arriving at once, the first two pass at once and their answers take
+    /// the port's next ms (when the SA is done with them); the last two find both ms full and
+    /// reach the SA 2 ms late.
+    #[test]
+    fn the_sm_port_costs_every_query_and_answer_its_time_per_mad() {
+        let svc = SaService {
+            get_ns: 1_000,
+            sm_mad_ns: 500_000,
+            ..SaService::DEFAULT
+        };
+        let mut s = sim_with_port(svc);
+        let t0 = s.now;
+        for k in 0..4 {
+            s.sa_arrive(0, Some(k), get());
+        }
+        assert_eq!((s.sa_stats.sm_port_in, s.sa_stats.sm_port_out), (4, 4));
+        assert_eq!(s.sa_stats.served, 4);
+        assert_eq!(s.sa_free_ns, (t0 + 2) * 1_000_000 + 2_000);
+        assert_eq!(s.sa_stats.sm_port_peak_wait_ms, 2);
+        // Done at t0 + 1 and t0 + 3 (the SA's ms), sent then, 1 ms on the wire.
+        assert_eq!(reply_times(&s), [t0 + 2, t0 + 2, t0 + 4, t0 + 4]);
+        assert_eq!(SaService::DEFAULT.sm_mad_ns, 1_920);
+    }
+
     #[test]
     fn a_table_arrives_after_its_transfer_not_only_its_service() {
         // 4 nodes: a 4-record table, served in 10.9 µs (1 ms), 1 ms on the wire, and its
@@ -626,13 +750,6 @@ mod tests {
         m[3] = 0x12;
         s.sa_arrive(0, Some(1), m);
         assert_eq!(s.sa_free_ns, t0 * 1_000_000 + 10_900);
-        let mut replies: Vec<Millis> = s
-            .events
-            .iter()
-            .filter(|e| matches!(e.event, Event::SaReply { .. }))
-            .map(|e| e.at)
-            .collect();
-        replies.sort_unstable();
-        assert_eq!(replies, [t0 + 1 + 1 + 4]);
+        assert_eq!(reply_times(&s), [t0 + 1 + 1 + 4]);
     }
 }

@@ -13,7 +13,8 @@
 //! earlier segment than the sender is at (the receiver missed one) sends again from there
 //! (go-back-N), and so does a silence of [`RMPP_RESP_MS`], [`RMPP_TRIES`] times, after which
 //! the sender gives up. STOP and ABORT end the transfer. Every segment and ACK is one MAD of
-//! the SM's port ([`SmPortStats`]).
+//! the SM's port ([`SmPortStats`]), and costs it its time per MAD with the SA model
+//! ([`SaService::sm_mad_ns`](super::SaService)).
 
 use std::vec::Vec;
 
@@ -82,6 +83,7 @@ impl Sim {
         if let Ok(r) = rmpp {
             if r.flags & RMPP_FLAG_ACTIVE != 0 && r.rmpp_type != RmppType::Data {
                 self.sm_port.acks += 1;
+                self.sm_port(self.now.saturating_mul(1_000_000), true);
                 return self.rmpp_ack(from, head.tid(), r);
             }
         }
@@ -153,6 +155,13 @@ impl Sim {
     /// [`Faults::sa_forged`](super::Faults), a copy from another node's LID follows it.
     fn sm_deliver(&mut self, to: usize, mad: [u8; MAD_LEN]) {
         self.sm_port.sent += 1;
+        // PathRecord answers and segments leave after the SM's port has sent them
+        // ([`SaService::sm_mad_ns`](super::SaService); joins and the like keep the instant model).
+        let late = if mad[16..18] == [0x00, 0x35] {
+            self.sm_port_send(self.now)
+        } else {
+            0
+        };
         let mut meta = super::SM.recv_meta();
         let loss = self.sa_service.map_or(self.faults.loss, |s| s.loss);
         if self.rng.chance(loss) {
@@ -164,7 +173,7 @@ impl Sim {
                 1
             };
             for _ in 0..copies {
-                let d = self.sm_delay();
+                let d = self.sm_delay() + late;
                 let mut m = mad;
                 self.mangle(&mut m);
                 self.schedule(d, Event::Mad { to, meta, mad: m });
@@ -173,7 +182,7 @@ impl Sim {
         if self.rng.chance(self.faults.sa_forged) {
             self.sm_port.forged += 1;
             meta.slid = node_lid(self.rng.below(self.nodes.len() as u64) as usize);
-            let d = self.sm_delay();
+            let d = self.sm_delay() + late;
             self.schedule(d, Event::Mad { to, meta, mad });
         }
     }

@@ -456,7 +456,9 @@ pub fn table(reports: &[Report]) -> String {
         "dropped",
         "umad timeouts",
         "late replies",
-        "SM port: RMPP segments / ACKs",
+        "SM port MADs",
+        "SM port: queries / segments / ACKs",
+        "SM port wait (ms)",
         "failed",
         "wall (s)",
     ]);
@@ -482,10 +484,14 @@ pub fn table(reports: &[Report]) -> String {
             r.sa.dropped.to_string(),
             r.sa.umad_timeouts.to_string(),
             r.sa.late.to_string(),
-            match r.params.transport {
-                Transport::Ud => format!("{} / {}", r.sm_port.segments, r.sm_port.acks),
-                Transport::Core => "—".into(),
-            },
+            (r.sa.sm_port_in + r.sa.sm_port_out).to_string(),
+            format!(
+                "{} / {} / {}",
+                r.sa.sm_port_in - r.sm_port.acks,
+                r.sm_port.segments,
+                r.sm_port.acks
+            ),
+            r.sa.sm_port_peak_wait_ms.to_string(),
             r.failed.to_string(),
             format!("{:.1}", r.wall_s),
         ]);

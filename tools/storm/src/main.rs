@@ -16,7 +16,8 @@ use plotters::prelude::*;
 ///
 /// Defaults: N = 1000,10000, k = 1000 ring neighbours by LID, 64 outstanding requests per node,
 /// client retry 1000 ms; the SA is OpenSM as measured (tools/storm/opensm-measured.toml):
-/// 6 µs per Get (166666/s), drops past max_msg_fifo_timeout 10000 ms, no BUSY; 1 ms one-way,
+/// 6 µs per Get (166666/s), drops past max_msg_fifo_timeout 10000 ms, no BUSY; the SM's port
+/// 1.92 µs per MAD (Gets, answers, RMPP segments, ACKs); 1 ms one-way,
 /// no loss, umad timeout 2000 ms × 2 retries (the core's), core sa_depth unlimited, both
 /// profiles, seed 1, horizon 3600 s, plot to storm.svg (DIR/storm.svg and DIR/storm.md with
 /// --out). --quick: N = 200, k = 50. Numbers may use _ separators (30_000).
@@ -61,6 +62,10 @@ struct Cli {
     /// waited longer (0: never) [default: 10000]
     #[arg(long, value_name = "MS", value_parser = num::<u64>)]
     sa_fifo_timeout_ms: Option<u64>,
+    /// The SM's port's time per MAD, received or sent (Gets, answers, RMPP segments, ACKs;
+    /// 0: free) [default: 1920, docs/storm.md "The SM's port"]
+    #[arg(long, value_name = "NS", value_parser = num::<u64>)]
+    sm_mad_ns: Option<u64>,
     /// An SA that answers BUSY (OpenSM never does): BUSY once Q queries are held
     #[arg(long, visible_alias = "sa-queue", value_name = "Q", value_parser = num::<usize>)]
     sa_busy: Option<usize>,
@@ -152,6 +157,7 @@ fn real_main(a: &Cli) -> Result<(), String> {
         umad_timeout: a.umad_timeout_ms.unwrap_or(d.umad_timeout),
         umad_retries: a.umad_retries.unwrap_or(d.umad_retries),
         core_sa_depth: a.core_sa_depth.map(|d| d.max(1)),
+        sm_mad_ns: a.sm_mad_ns.unwrap_or(d.sm_mad_ns),
     };
     let profiles = a.profile.profiles();
     // --out DIR (as every bench): the completion curve and the table go there.
@@ -200,10 +206,12 @@ fn real_main(a: &Cli) -> Result<(), String> {
     }
     let t = table(&reports);
     println!(
-        "SA {} ns per Get ({} Gets/s), drops past {} ms in the FIFO, BUSY {}, {} ms one-way, loss {}‰, \
-         umad {} ms × {} retries, core sa_depth {}; {} outstanding per node, client retry {} ms, {} peers by {}",
+        "SA {} ns per Get ({} Gets/s), SM port {} ns per MAD, drops past {} ms in the FIFO, BUSY {}, \
+         {} ms one-way, loss {}‰, umad {} ms × {} retries, core sa_depth {}; {} outstanding per node, \
+         client retry {} ms, {} peers by {}",
         sa.get_ns,
         sa.rate(),
+        sa.sm_mad_ns,
         sa.fifo_timeout,
         sa.busy_queue
             .map_or("never".to_string(), |q| format!("at {q} held")),

@@ -559,7 +559,9 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
              # are the first segment's. osm_cpu_us_per_table is OpenSM's CPU time per whole\n\
              # table (its RMPP sender's segmenting included); the same sweep again with each\n\
              # table STOPped at its first segment gives its computation alone\n\
-             # (osm_cpu_us_per_table_stopped, `stopped` tables), what the model takes.\n[gettable]"
+             # (osm_cpu_us_per_table_stopped, `stopped` tables), what the model takes; a third\n\
+             # sweep takes each table whole with an ACK per segment (window 1: tables_w1,\n\
+             # acks_per_table_w1, osm_cpu_us_per_table_w1).\n[gettable]"
         );
         for k in [
             "tables",
@@ -583,6 +585,9 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
             "osm_cpu_us_per_table",
             "stopped",
             "osm_cpu_us_per_table_stopped",
+            "tables_w1",
+            "acks_per_table_w1",
+            "osm_cpu_us_per_table_w1",
         ] {
             let _ = writeln!(s, "{k} = {}", g.get(k).unwrap_or(&"0"));
         }
@@ -653,7 +658,56 @@ fn report(out: &str, m: &Meta, overload: Option<&(Vec<String>, DropLines)>) -> S
         );
     }
     s.push_str(&model);
+    if let Some(g) = gt.first() {
+        s.push_str(&sm_port(g, get_us));
+    }
     s
+}
+
+/// OpenSM's time per RMPP segment sent and per ACK received on the simulated fabric (its
+/// preloaded RMPP sender and umad2sim's socket I/O, the kernel MAD layer's work on a real SM
+/// host), from the three table sweeps: a whole table costs `(S − 1)` segments and `A − 1`
+/// ACKs more than one STOPped at its first segment (which sent one segment and took one
+/// STOP); windows 16 and 1 give two values of `A` for the same `S`. `get_us`: OpenSM's time
+/// per Get in the same run, the scale the model's `sm_mad_ns` is taken at.
+fn sm_port(g: &HashMap<&str, &str>, get_us: u64) -> String {
+    let f = |k: &str| field::<f64>(g, k);
+    let (segs, a16, a1) = (
+        f("segments_per_table"),
+        f("acks_per_table"),
+        f("acks_per_table_w1"),
+    );
+    let stopped = f("osm_cpu_us_per_table_stopped");
+    let (d16, d1) = (
+        f("osm_cpu_us_per_table") - stopped,
+        f("osm_cpu_us_per_table_w1") - stopped,
+    );
+    let ack_us = if a1 > a16 {
+        (d1 - d16) / (a1 - a16)
+    } else {
+        0.0
+    };
+    let seg_us = if segs > 1.0 {
+        (d16 - (a16 - 1.0).max(0.0) * ack_us) / (segs - 1.0)
+    } else {
+        0.0
+    };
+    let ns = |us: f64| (us * 1000.0).max(0.0).round() as u64;
+    let per_get = if get_us > 0 {
+        (seg_us * 1000.0 / get_us as f64).max(0.0).round() as u64
+    } else {
+        0
+    };
+    format!(
+        "\n# The SM's port on the simulated fabric (OpenSM's process: its RMPP sender and\n\
+         # umad2sim's socket I/O): OpenSM's CPU time per RMPP segment sent and per ACK received,\n\
+         # from the whole, STOPped and window-1 table sweeps; a segment against a Get of the same\n\
+         # run (get_service_us), per mille.\n\
+         [sm_port]\nsegment_sent_ns = {}\nack_received_ns = {}\nget_service_us = {get_us}\n\
+         segment_per_get_permille = {per_get}\n",
+        ns(seg_us),
+        ns(ack_us)
+    )
 }
 
 // ---- the child: one simulated HCA, a minimal SA client ---------------------------------------
@@ -784,11 +838,21 @@ impl Client {
     ///
     /// `storage` bytes of records are taken: 0 makes the receiver STOP at the first segment
     /// (OpenSM has computed the whole answer by then, and its RMPP sender sends nothing more).
-    fn fetch_table(&mut self, sgid: &[u8; 16], storage: usize) -> Result<Table, TableError> {
+    /// Each ACK grants `window` segments (16: OpenSM's own receiver's; 1: an ACK per segment).
+    fn fetch_table(
+        &mut self,
+        sgid: &[u8; 16],
+        storage: usize,
+        window: u32,
+    ) -> Result<Table, TableError> {
         let tid = self.next_tid();
         let t0 = Instant::now();
         let ms = || t0.elapsed().as_millis() as u64;
-        let mut rx = Receiver::new(vec![0u8; storage], Config::DEFAULT);
+        let cfg = Config {
+            window,
+            ..Config::DEFAULT
+        };
+        let mut rx = Receiver::new(vec![0u8; storage], cfg);
         let mut started = false;
         let mut acks = 0u32;
         self.send(&half_world(tid, sgid))
@@ -996,7 +1060,7 @@ fn child(args: &[String]) -> Result<(), String> {
     if mode == "table" {
         for l in [me, lids[0], lids[lids.len() - 1]] {
             // Whole tables (acknowledged), so the sender in OpenSM finishes each one.
-            let _ = c.fetch_table(&gids[&l], TABLE_STORAGE);
+            let _ = c.fetch_table(&gids[&l], TABLE_STORAGE, Config::DEFAULT.window);
         }
         println!("table sent=3");
         return Ok(());
@@ -1087,7 +1151,7 @@ fn child(args: &[String]) -> Result<(), String> {
     let mut lost = 0u64;
     let mut failed = 0u64;
     for &l in sources.iter().cycle().take(sources.len() * sweeps) {
-        match c.fetch_table(&gids[&l], TABLE_STORAGE) {
+        match c.fetch_table(&gids[&l], TABLE_STORAGE, Config::DEFAULT.window) {
             Ok(t) => done.push(t),
             Err(TableError::Lost) => lost += 1,
             Err(TableError::Failed(_)) => failed += 1,
@@ -1101,15 +1165,25 @@ fn child(args: &[String]) -> Result<(), String> {
     let mut stopped = 0u64;
     for &l in sources.iter().cycle().take(sources.len() * sweeps) {
         if let Err(TableError::Failed(acm_core_nostd::rmpp::Failure::TooBig { .. })) =
-            c.fetch_table(&gids[&l], 0)
+            c.fetch_table(&gids[&l], 0, Config::DEFAULT.window)
         {
             stopped += 1;
         }
     }
     let s1 = cpu_ticks(osm);
+    // And again whole, with an ACK per segment (window 1): the same segments, more ACKs, so
+    // the two whole sweeps tell OpenSM's time per segment sent from its time per ACK received.
+    let w0 = cpu_ticks(osm);
+    let mut w1 = Vec::new();
+    for &l in sources.iter().cycle().take(sources.len() * sweeps) {
+        if let Ok(t) = c.fetch_table(&gids[&l], TABLE_STORAGE, 1) {
+            w1.push(t);
+        }
+    }
+    let w1_end = cpu_ticks(osm);
     // One more, from this port, to look at its first segment.
     let mine = c
-        .fetch_table(&c.gid.clone(), TABLE_STORAGE)
+        .fetch_table(&c.gid.clone(), TABLE_STORAGE, Config::DEFAULT.window)
         .map_err(|e| format!("{e:?}"))?;
     let m = mine.head;
     let attr_off = usize::from(u16::from_be_bytes([m[44], m[45]])) * 8;
@@ -1133,9 +1207,18 @@ fn child(args: &[String]) -> Result<(), String> {
         .map(|t| u64::from(t.segments))
         .max()
         .unwrap_or(0);
-    let acks = done.iter().map(|t| u64::from(t.acks)).sum::<u64>() / n.max(1);
+    // ACKs per table, in hundredths (a window of 16 ACKs 89 segments 7 or 8 times).
+    let acks = done.iter().map(|t| u64::from(t.acks)).sum::<u64>() * 100 / n.max(1);
+    let n1 = w1.len() as u64;
+    let acks_w1 = w1.iter().map(|t| u64::from(t.acks)).sum::<u64>() * 100 / n1.max(1);
+    let per_table = |a: Option<u64>, b: Option<u64>, k: u64| match (a, b) {
+        (Some(a), Some(b)) if k > 0 => (b - a) * 10_000 / k,
+        _ => 0,
+    };
     println!(
-        "gettable tables={n} records_per_table={recs_max} records_min={recs_min} records_total={records} segments_per_table={segs} acks_per_table={acks} p50_us={} p99_us={} mean_us={} total_s={total_s:.3} records_per_s={:.0} first_mad_records={in_mad} rmpp_type={} rmpp_flags={} paylen={} status={} method={:#x} lost={lost} failed={failed} osm_cpu_us_per_table={} stopped={stopped} osm_cpu_us_per_table_stopped={}",
+        "gettable tables={n} records_per_table={recs_max} records_min={recs_min} records_total={records} segments_per_table={segs} acks_per_table={}.{:02} p50_us={} p99_us={} mean_us={} total_s={total_s:.3} records_per_s={:.0} first_mad_records={in_mad} rmpp_type={} rmpp_flags={} paylen={} status={} method={:#x} lost={lost} failed={failed} osm_cpu_us_per_table={} stopped={stopped} osm_cpu_us_per_table_stopped={} tables_w1={n1} acks_per_table_w1={}.{:02} osm_cpu_us_per_table_w1={}",
+        acks / 100,
+        acks % 100,
         pct(0.5),
         pct(0.99),
         us.iter().sum::<u64>() / n.max(1),
@@ -1145,14 +1228,11 @@ fn child(args: &[String]) -> Result<(), String> {
         u32::from_be_bytes([m[32], m[33], m[34], m[35]]),
         u16::from_be_bytes([m[4], m[5]]),
         m[3],
-        match (o0, o1) {
-            (Some(a), Some(b)) if n > 0 => (b - a) * 10_000 / n,
-            _ => 0,
-        },
-        match (s0, s1) {
-            (Some(a), Some(b)) if stopped > 0 => (b - a) * 10_000 / stopped,
-            _ => 0,
-        }
+        per_table(o0, o1, n),
+        per_table(s0, s1, stopped),
+        acks_w1 / 100,
+        acks_w1 % 100,
+        per_table(w0, w1_end, n1),
     );
     Ok(())
 }
@@ -1191,7 +1271,9 @@ mod tests {
         };
         let t = report(
             "gets conc=64 osm_cpu_us=8\ngets conc=256 osm_cpu_us=6\ngets conc=1 osm_cpu_us=24\n\
-             gettable tables=3 osm_cpu_us_per_table=130 stopped=3 osm_cpu_us_per_table_stopped=72\n",
+             gettable tables=3 segments_per_table=89 acks_per_table=7.00 osm_cpu_us_per_table=130 \
+             stopped=3 osm_cpu_us_per_table_stopped=72 tables_w1=3 acks_per_table_w1=89.00 \
+             osm_cpu_us_per_table_w1=212\n",
             &m,
             None,
         );
@@ -1200,5 +1282,10 @@ mod tests {
         assert!(t.contains("get_service_us = 6\n"), "{t}");
         assert!(t.contains("table_record_ns = 174\n"), "{t}");
         assert!(t.contains("busy = false"));
+        // Whole (window 16): 58 µs = 88 segments + 6 ACKs; window 1: 140 µs = 88 segments + 88
+        // ACKs: 1 µs per ACK, (58 - 6) / 88 µs per segment.
+        assert!(t.contains("ack_received_ns = 1000\n"), "{t}");
+        assert!(t.contains("segment_sent_ns = 591\n"), "{t}");
+        assert!(t.contains("segment_per_get_permille = 98\n"), "{t}");
     }
 }

@@ -537,10 +537,10 @@ impl<K: Sink> Run<'_, K> {
     }
 }
 
-/// The first SA query of `outs`: a MAD the SA channel sent to the SM for the first time (its
-/// token, its bytes with the channel's TID).
-fn first_sa(outs: &Outs) -> Option<(u64, [u8; MAD_LEN])> {
-    outs.iter().find_map(|o| match o {
+/// The SA queries of `outs`: the MADs the SA channel sent to the SM for the first time (their
+/// tokens, their bytes with the channel's TIDs).
+fn sa_queries(outs: &Outs) -> impl Iterator<Item = (u64, [u8; MAD_LEN])> + '_ {
+    outs.iter().filter_map(|o| match o {
         Output::Transmit {
             to: AcmDest::Unicast(av),
             mad,
@@ -549,6 +549,11 @@ fn first_sa(outs: &Outs) -> Option<(u64, [u8; MAD_LEN])> {
         } if av.dlid == SM.lid && av.remote_qpn == 1 => Some((*token, *mad)),
         _ => None,
     })
+}
+
+/// The first SA query of `outs`.
+fn first_sa(outs: &Outs) -> Option<(u64, [u8; MAD_LEN])> {
+    sa_queries(outs).next()
 }
 
 fn first_answer(outs: &Outs) -> Option<Answer> {
@@ -669,6 +674,8 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         sa_table_min: 2,
         ..Config::default()
     };
+    // The LID a port probes before its first table: the first past its table room.
+    let probe_lid = cfg.sa_table_room.saturating_add(1) as u16;
     let r = match Resolver::new(cfg, storage, writer, 1) {
         Ok(r) => r,
         Err(_) => return t.check("resolver storage", false),
@@ -971,10 +978,11 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     );
 
     // 9. Open again and miss three paths at once: the first Get goes out, the two behind it
-    //    make a backlog worth the port's half-world table, which comes over RMPP (OpenSM's
-    //    record for LID 6 and its like for LIDs 5, 7, 8, 9), acknowledged; it fills the
-    //    cache and answers the backlog and the Get's client too (the Get's reply then finds
-    //    its job answered).
+    //    make a backlog worth the port's half-world table; first the probe, a Get for the LID
+    //    past the table room, answered with OpenSM's real ERR_NO_RECORDS (the subnet fits),
+    //    then the table, which comes over RMPP (OpenSM's record for LID 6 and its like for
+    //    LIDs 5, 7, 8, 9), acknowledged; it fills the cache and answers the backlog and the
+    //    Get's client too (the Get's reply then finds its job answered).
     now += 1;
     t.step("reopen-endpoint", now);
     let ok = n.open_endpoint(now, EP, ep_config(), Some(SM)).is_ok();
@@ -991,6 +999,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     }
     let mut get = None;
     let mut get_table = None;
+    let mut probe = None;
     for (k, lid) in [7u16, 8, 9].into_iter().enumerate() {
         now += 1;
         t.step("path-miss", now);
@@ -998,24 +1007,38 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         n.handle_request(now, &request(10 + k as u64, &req));
         drain(&mut n, now, &mut outs);
         t.emit(&outs);
-        for o in outs.iter() {
-            if let Output::Transmit {
-                mad,
-                query: Some(_),
-                ..
-            } = o
-            {
-                match mad[3] {
-                    0x12 => get_table = Some(*mad),
-                    _ => get = get.or(Some(*mad)),
-                }
+        for (_, mad) in sa_queries(&outs) {
+            let dlid = PathRecord::new_unchecked(&mad[56..120]).dlid();
+            match mad[3] {
+                0x12 => get_table = Some(mad),
+                _ if dlid == probe_lid => probe = Some(mad),
+                _ => get = get.or(Some(mad)),
             }
         }
     }
-    let Some(table_req) = get_table else {
-        return t.check("a backlog of two asks for the half-world table", false);
+    let Some(probe) = probe.filter(|_| get_table.is_none()) else {
+        return t.check(
+            "the backlog probes the LID past the table room first",
+            false,
+        );
     };
-    t.check("a backlog of two asks for the half-world table", true);
+    t.check("the backlog probes the LID past the table room first", true);
+    now += 1;
+    t.step("probe-norecord", now);
+    n.handle_receive(now, EP, &FROM_SM, &with_tid(PR_NOREC_RESP, &probe));
+    drain(&mut n, now, &mut outs);
+    t.emit(&outs);
+    get_table = sa_queries(&outs).map(|(_, m)| m).find(|m| m[3] == 0x12);
+    let Some(table_req) = get_table else {
+        return t.check(
+            "no port there: the backlog asks for the half-world table",
+            false,
+        );
+    };
+    t.check(
+        "no port there: the backlog asks for the half-world table",
+        true,
+    );
     const HEAD: usize = acm_core_nostd::wire::sa::DATA_OFFSET;
     let mut head = [0u8; HEAD];
     head.copy_from_slice(&table_req[..HEAD]);
