@@ -29,7 +29,8 @@
 //! ReportResp; no GetTable through the core's service; a query is done (`QueryDone`) at most
 //! once, and only one that was sent; a table taken fits the channel's table slot.
 use acm_core_nostd::cache::{
-    ep_number, AddrSlot, CacheConfig, CacheWriter, Dest, Lookup, PathCache, PathKey, PathSlot,
+    ep_number, AddrSlot, CacheConfig, CacheStats, CacheWriter, Dest, Lookup, PathCache, PathKey,
+    PathSlot,
 };
 use acm_core_nostd::node::{Event, Node, Output, Transport};
 use acm_core_nostd::resolver::{
@@ -57,7 +58,7 @@ const EPS: [EpId; 4] = [EpId(0), EpId(1), EpId(2), EpId(3)];
 const SMS: [SmAddr; 2] = [SmAddr { lid: 0x30, sl: 0 }, SmAddr { lid: 0x31, sl: 1 }];
 /// Destinations: LIDs `FIRST_DEST..FIRST_DEST + DESTS`, port `l`'s GID `gid(l)`.
 const FIRST_DEST: u16 = 3;
-const DESTS: u16 = 16;
+const DESTS: u16 = 8;
 /// `Node::send_sa` gives a response (a ReportResp) its resolver token as
 /// `Output::Transmit::query`, which node.rs documents as `None` for a response (no
 /// `QueryDone` ever follows it). Allowed while that stands, so that fuzzing goes past it;
@@ -264,8 +265,20 @@ impl World {
         ep_number(self.generation[i], EPS[i].0)
     }
 
-    /// Everything node 0 may cache, as it answers now.
-    fn snapshot(&self) -> Vec<Lookup> {
+    /// What the cache holds: its write counters, and what it answers now for everything the
+    /// node may cache.
+    fn snapshot(&self) -> (CacheStats, Vec<Lookup>) {
+        let c = self.cache.stats();
+        let writes = CacheStats {
+            inserts: c.inserts,
+            updates: c.updates,
+            evictions: c.evictions,
+            expired: c.expired,
+            removed: c.removed,
+            path_entries: c.path_entries,
+            addr_entries: c.addr_entries,
+            ..CacheStats::default()
+        };
         let mut v = Vec::new();
         for i in 0..3 {
             let cep = self.cache_ep(i);
@@ -275,7 +288,7 @@ impl World {
                 }
             }
         }
-        v
+        (writes, v)
     }
 
     /// Carries out the node's outputs until it has none; returns how many there were.
@@ -731,6 +744,11 @@ impl World {
             self.n.is_idle(),
             "not idle after time ran out: {} SA requests held",
             self.n.sa().len()
+        );
+        assert_eq!(
+            self.n.sa().next_deadline(),
+            None,
+            "a timer left in the SA channel"
         );
         let unanswered: Vec<_> = self.clients.iter().filter(|(_, n)| **n != 1).collect();
         assert!(unanswered.is_empty(), "never answered: {unanswered:?}");
