@@ -730,7 +730,10 @@ impl World {
     /// node's timers run to the end, nobody answers.
     fn finish(&mut self) {
         for _ in 0..END_STEPS {
-            if self.n.is_idle() && self.core.is_empty() {
+            // (The channel's deadline is a lower bound: once idle it may still name a time,
+            // at which its timers find nothing.)
+            let armed = self.n.sa().next_deadline().is_some();
+            if self.n.is_idle() && self.core.is_empty() && !armed {
                 break;
             }
             for (token, mad) in std::mem::take(&mut self.core) {
