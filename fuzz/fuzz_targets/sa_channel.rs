@@ -472,7 +472,11 @@ impl World {
         let from_sm = meta.src_qp == 1 && sm.is_some_and(|sm| sm.lid == meta.slid);
         let class3 = mad[1] == 3;
         let reply = mad[3] & 0x80 != 0;
-        let ours = self.tids.contains_key(&tid_of(mad));
+        let sent = self.tids.get(&tid_of(mad)).map(|&s| &self.sent[s]);
+        let ours = sent.is_some();
+        // A query's carrier is the QP it left on: A carries B, never the other way, and C is
+        // on another port.
+        let elsewhere = sent.is_some_and(|s| s.qp != on);
         let stats = self.n.resolver().stats();
         let held = self.n.sa().len();
         let (forged, unknown) = (self.n.sa().forged, self.n.sa().unknown);
@@ -491,6 +495,12 @@ impl World {
                 counted,
                 (0, 1),
                 "a reply for a TID never handed out: unknown"
+            );
+        } else if class3 && reply && elsewhere {
+            assert_ne!(
+                counted,
+                (0, 0),
+                "a reply taken on a QP that did not carry its query"
             );
         }
         if counted == (0, 0) {
