@@ -14,20 +14,29 @@
 //! another partition: carried by A) and C (port 2, default partition); a fourth id is never
 //! opened. The first 6 bytes size the SA channel (entries, table slots, their room, the RMPP
 //! window and timers) and the resolver (tries, per-try wait, SA window, `sa_table_min`,
-//! Reports, which endpoints know their SM at first); then each step is an op byte (low 4 bits)
-//! and its operands, missing ones read as 0.
+//! Reports) and say which endpoints know their SM at first; then each step is an op byte and
+//! its operands (missing ones read as 0), by the op's low 4 bits: 0-2 a client request, 3 a
+//! burst of them (a backlog), 4 the SA's answer to a query sent (a path, no records, BUSY, an
+//! invalid field; a GetTable's is a plain MAD), 5-6 one segment of a table's answer, 7 a
+//! whole table in order (a segment left out, or all twice), 8 a raw class 3 MAD (a TID sent
+//! or its own), 9-11 the clock (a little, a lot, to the node's next deadline), 12 an endpoint
+//! closed or opened again, 13 the SM moves, 14 the core's service completes a MAD it holds,
+//! 15 a Report. Each delivery takes a flags byte: the endpoint it arrives on, a byte
+//! overwritten, twice, and the sender (see `World::how`).
 //!
 //! Invariants: no panic; every client request is answered exactly once while the script runs
 //! and by the time time has run out at its end (the node idle, `Node::is_idle`, nothing held
-//! by the core's service); `Resolver::check_invariants` after every step; a MAD not from the
-//! SM the receiving endpoint knows (its LID, QP 1) is counted forged, and a reply naming a TID
-//! never handed out is counted unknown; every MAD the channel refuses (forged or unknown)
-//! outputs nothing, moves no counter of the resolver, leaves the channel as it was and changes
-//! no cache entry; every SA MAD the node posts goes to its QP's SM (QP 1): a query with a wire
-//! TID of its own (never one handed out before), the same bytes again only while that query is
-//! not done, an RMPP ACK/STOP/ABORT in the request direction only for a GetTable's TID, or a
-//! ReportResp; no GetTable through the core's service; a query is done (`QueryDone`) at most
-//! once, and only one that was sent; a table taken fits the channel's table slot.
+//! by the core's service, no timer left in the channel); `Resolver::check_invariants` after
+//! every step; a class 3 MAD not from the SM the receiving endpoint knows (its LID, QP 1) is
+//! counted forged, a reply naming a TID never handed out is counted unknown, and a reply for a
+//! query on a QP other than the one that carried it is refused (the carrier rule); every MAD
+//! the channel refuses (forged or unknown) outputs nothing, moves no counter of the resolver,
+//! leaves the channel as it was and changes no cache entry; every SA MAD the node posts goes to
+//! its QP's SM (QP 1): a query with a wire TID of its own (never one handed out before), the
+//! same bytes again only while that query is not done, an RMPP ACK/STOP/ABORT in the request
+//! direction only for a GetTable's TID, or a ReportResp (see `RESPONSE_AS_QUERY`); no GetTable
+//! through the core's service; a query is done (`QueryDone`) at most once, and only one that
+//! was sent; a table taken fits the channel's table slot.
 use acm_core_nostd::cache::{
     ep_number, AddrSlot, CacheConfig, CacheStats, CacheWriter, Dest, Lookup, PathCache, PathKey,
     PathSlot,
