@@ -569,8 +569,13 @@ where
                 .map_or(0, |e| e.subnet_timeout_ms),
         ));
         let tries = cfg.sa_tries.max(1);
+        // A response (a ReportResp) goes as it is: no query, nothing to complete.
+        let query = (!Header::new_unchecked(&mad[..HEADER_LEN])
+            .method()
+            .is_response())
+        .then_some(token);
         match self.sa.start(now, ep, token, mad, per_try, tries) {
-            Some(wire) => Some(transmit(qp, sm, wire, Some(token))),
+            Some(wire) => Some(transmit(qp, sm, wire, query)),
             None => {
                 self.event = Some(Event::SaFull { ep });
                 self.resolver.handle_sa(now, token, UNSENT, &[]);

@@ -284,6 +284,46 @@ fn a_query_not_posted_goes_again_soon_if_busy_after_its_wait_if_failed_and_fails
     assert!(t.done().is_empty());
 }
 
+/// A Report from the SM is acknowledged on the endpoint's QP to the SM's QP 1; the
+/// ReportResp is a response, no query: nothing completes it (no `query` token, no
+/// `QueryDone`).
+#[test]
+fn a_reports_ack_is_a_response_not_a_query() {
+    let cfg = Config {
+        sa_reports: true,
+        ..config()
+    };
+    let mut t = setup(cfg, Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    t.out.clear();
+    let mut m = [0u8; 256];
+    m[..4].copy_from_slice(&[1, 3, 2, 0x06]);
+    m[8..16].copy_from_slice(&0x1234_5678_9abc_def0u64.to_be_bytes());
+    m[16..18].copy_from_slice(&acm_core_nostd::wire::sa::attr::NOTICE.to_be_bytes());
+    t.n.handle_receive(t.now, A, &SM.recv_meta(), &m);
+    t.drain();
+    let acks: Vec<_> = t
+        .out
+        .iter()
+        .filter_map(|o| match o {
+            Output::Transmit { qp, to, mad, query } if mad[3] == 0x86 => {
+                Some((*qp, *to, *query, mad[8..16].to_vec()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks.len(), 1, "{:?}", t.out);
+    let (qp, to, query, tid) = &acks[0];
+    assert_eq!((*qp, to_sm(to)), (A, true));
+    assert_eq!(*query, None, "a response is no query");
+    assert_eq!(
+        tid[..],
+        0x1234_5678_9abc_def0u64.to_be_bytes(),
+        "the Report's TID"
+    );
+    assert!(t.done().is_empty());
+}
+
 #[test]
 fn another_partitions_endpoint_sends_through_its_ports_carrier_and_hears_on_it() {
     let mut t = setup(config(), Transport::Ud);

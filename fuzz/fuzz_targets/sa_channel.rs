@@ -34,14 +34,14 @@
 //! leaves the channel as it was and changes no cache entry; every SA MAD the node posts goes to
 //! its QP's SM (QP 1): a query with a wire TID of its own (never one handed out before), the
 //! same bytes again only while that query is not done, an RMPP ACK/STOP/ABORT in the request
-//! direction only for a GetTable's TID, or a ReportResp (see `RESPONSE_AS_QUERY`); no GetTable
+//! direction only for a GetTable's TID, or a ReportResp (no query); no GetTable
 //! through the core's service; a query is done (`QueryDone`) at most once, and only one that
 //! was sent; a table taken fits the channel's table slot.
 use acm_core_nostd::cache::{
     ep_number, AddrSlot, CacheConfig, CacheStats, CacheWriter, Dest, Lookup, PathCache, PathKey,
     PathSlot,
 };
-use acm_core_nostd::node::{Event, Node, Output, Transport};
+use acm_core_nostd::node::{Event, Node, Output, Transport, Unsent};
 use acm_core_nostd::resolver::{
     AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
 };
@@ -68,11 +68,6 @@ const SMS: [SmAddr; 2] = [SmAddr { lid: 0x30, sl: 0 }, SmAddr { lid: 0x31, sl: 1
 /// Destinations: LIDs `FIRST_DEST..FIRST_DEST + DESTS`, port `l`'s GID `gid(l)`.
 const FIRST_DEST: u16 = 3;
 const DESTS: u16 = 8;
-/// `Node::send_sa` gives a response (a ReportResp) its resolver token as
-/// `Output::Transmit::query`, which node.rs documents as `None` for a response (no
-/// `QueryDone` ever follows it). Allowed while that stands, so that fuzzing goes past it;
-/// `false` checks the documented behaviour.
-const RESPONSE_AS_QUERY: bool = true;
 /// Enough steps to the end of every timer (the resolver's deadlines are below 2 s here).
 const END_STEPS: usize = 20_000;
 
@@ -369,10 +364,10 @@ impl World {
         assert_eq!(to, sm.dest(), "an SA MAD not for the SM's QP 1");
         assert_eq!(mad[1], 3, "only SA MADs here (no ACM)");
         let tid = tid_of(mad);
-        if query.is_some() && mad[3] & 0x80 != 0 && RESPONSE_AS_QUERY {
-            assert_eq!(mad[3], 0x86, "the only response we send is a ReportResp");
-            return;
-        }
+        assert!(
+            mad[3] & 0x80 == 0 || query.is_none(),
+            "a response (an RMPP ACK, a ReportResp) is no query: {query:?}"
+        );
         if let Some(token) = query {
             assert_eq!(mad[3] & 0x80, 0, "a query is a request");
             let again = self.live.insert(token, tid);
@@ -707,10 +702,25 @@ impl World {
             }
             // The SM moves (the node hears of it at its next SM check).
             13 => self.sm = SMS[usize::from(self.sm == SMS[0])],
-            // The core's service completes a MAD it holds: the SA's answer, unsent, or timed
-            // out.
+            // The core's service completes a MAD it holds: the SA's answer, refused, or timed
+            // out; or (bit 7 of the second byte) a query posted on a QP did not leave.
             14 => {
                 let (k, f) = (s.u8(), s.u8());
+                // Or a query posted on a QP did not leave (a busy QP, a failed post).
+                if f & 0x80 != 0 {
+                    let mut live: Vec<u64> = self.live.keys().copied().collect();
+                    live.sort_unstable();
+                    if let Some(&token) = live.get(usize::from(k) % live.len().max(1)) {
+                        let why = if f & 1 == 0 {
+                            Unsent::Busy
+                        } else {
+                            Unsent::Failed
+                        };
+                        self.n.handle_unsent(self.now, token, why);
+                        self.drain();
+                    }
+                    return true;
+                }
                 if self.core.is_empty() {
                     return true;
                 }
@@ -721,7 +731,7 @@ impl World {
                         self.n
                             .handle_core_sa(self.now, token, 0, &Self::answer(&s, 0));
                     }
-                    1 => self.n.handle_core_unsent(self.now, token),
+                    1 => self.n.handle_unsent(self.now, token, Unsent::Refused),
                     _ => self.n.handle_core_sa(self.now, token, TIMED_OUT, &mad),
                 }
                 self.drain();
