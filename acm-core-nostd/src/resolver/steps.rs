@@ -260,8 +260,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.file_record(now, slot, &view, &rec);
             }
             Some(table::Probed::Fits) => {
-                let e = &self.st.slabs_ref().endpoints[slot];
-                let ask = e.table.consider(e.open, now, &self.sh.cfg);
+                let e = &mut self.st.endpoints()[slot];
+                let ask = e.table.after_fits(e.open, now, &self.sh.cfg);
                 self.ask(slot, ask);
             }
             Some(table::Probed::Nothing) => {}
@@ -1049,9 +1049,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     pub(crate) fn warm_start_timers(&mut self, now: Millis) {
         for slot in 0..self.st.slabs_ref().endpoints.len() {
             let e = &mut self.st.endpoints()[slot];
-            if e.table.warm_start_due(e.open, now) {
-                self.ask(slot, table::Ask::Table);
-            }
+            let ask = e.table.warm_start_due(e.open, now, &self.sh.cfg);
+            self.ask(slot, ask);
         }
     }
 

@@ -753,6 +753,8 @@ pub struct TableFetch {
     pub(crate) probe_tid: u32,
     /// The probe found no port at its LID: the subnet fits the table room.
     pub(crate) fits: bool,
+    /// The warm-start table waits for the probe: asked for if the probe finds the subnet fits.
+    pub(crate) warm_after_probe: bool,
 }
 
 impl TableFetch {
@@ -778,6 +780,7 @@ impl TableFetch {
         probe_sent: false,
         probe_tid: 0,
         fits: false,
+        warm_after_probe: false,
     };
 }
 

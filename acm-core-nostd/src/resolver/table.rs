@@ -44,7 +44,8 @@
 //!   turns tables off for the endpoint.
 //! * **Warm start** (`acmrs_route_prefetch` = J ms, off by default): an endpoint that opens
 //!   asks for its table at a uniformly random time within J ms (`Timer::WarmStart`), whatever
-//!   its backlog, so a whole cluster booting at once spreads its tables over J.
+//!   its backlog, so a whole cluster booting at once spreads its tables over J; where the
+//!   probe is needed, the probe goes then, and the table only if it finds the subnet fits.
 //! * While a port's table is out, its backlog is held: no Get goes for a job the table will
 //!   answer.
 //! * The table takes no SA window slot: it is one query, at most one per endpoint at a time,
@@ -158,9 +159,14 @@ impl TableFetch {
         if u64::from(t.backlogged) * get < table {
             return Ask::Nothing;
         }
-        // Before the first table: one Get for LID room + 1 says whether the subnet fits.
-        if t.records == 0 && !t.fits && room < MAX_UNICAST_LID {
-            return if t.probe_send || t.probe_sent {
+        self.table_or_probe(cfg)
+    }
+
+    /// The table, or the probe first (once, before the first table, when the room is below
+    /// any subnet's size: see the module docs); nothing while the probe is out.
+    fn table_or_probe(&self, cfg: &Config) -> Ask {
+        if self.records == 0 && !self.fits && cfg.sa_table_room < MAX_UNICAST_LID {
+            return if self.probe_send || self.probe_sent {
                 Ask::Nothing
             } else {
                 Ask::Probe
@@ -218,6 +224,7 @@ impl TableFetch {
             return None;
         }
         self.probe_sent = false;
+        let warm = core::mem::take(&mut self.warm_after_probe);
         let head = Header::new_unchecked(&mad[..HEADER_LEN]);
         let (status, answer) = (head.status().0, head.method() == Method::GetResp);
         let record = answer && head.attr_id() == attr::PATH_RECORD;
@@ -230,6 +237,7 @@ impl TableFetch {
             }
             (0, s) if answer && s == ERR_NO_RECORDS << 8 => {
                 self.fits = true;
+                self.warm_after_probe = warm;
                 Probed::Fits
             }
             _ => {
@@ -262,14 +270,29 @@ impl TableFetch {
         sh.timers.arm(Timer::WarmStart, at);
     }
 
-    /// Whether the warm-start table of this endpoint (open: `open`) is due at `now` and is to
-    /// be asked for (disarmed either way once due).
-    pub(crate) fn warm_start_due(&mut self, open: bool, now: Millis) -> bool {
+    /// What the warm-start table of this endpoint (open: `open`) asks for at `now`: the
+    /// table, or the probe first (then the table waits for its answer); nothing if not due
+    /// (disarmed either way once due).
+    pub(crate) fn warm_start_due(&mut self, open: bool, now: Millis, cfg: &Config) -> Ask {
         if !open || !self.warm_start || self.warm_start_at > now {
-            return false;
+            return Ask::Nothing;
         }
         self.warm_start = false;
-        !(self.off || self.out())
+        if self.off || self.out() {
+            return Ask::Nothing;
+        }
+        let ask = self.table_or_probe(cfg);
+        self.warm_after_probe = ask != Ask::Table;
+        ask
+    }
+
+    /// After the probe found the subnet fits: the table a warm start was waiting for, or
+    /// what the backlog asks for ([`consider`](Self::consider)).
+    pub(crate) fn after_fits(&mut self, open: bool, now: Millis, cfg: &Config) -> Ask {
+        if core::mem::take(&mut self.warm_after_probe) && open && !(self.off || self.out()) {
+            return Ask::Table;
+        }
+        self.consider(open, now, cfg)
     }
 
     /// The GetTable output of endpoint slot `slot` (open: `open`; its port GID and P_Key),
@@ -387,7 +410,13 @@ mod tests {
 
     /// The simulator's node 3 (LID 4), a window of one query, tables after a backlog of 4, room for 100 records.
     fn setup() -> T {
+        setup_with(0)
+    }
+
+    /// [`setup`] with a warm start of `warm_start` ms (0: none).
+    fn setup_with(warm_start: Millis) -> T {
         let cfg = Config {
+            warm_start,
             addr_acm: false,
             sa_window: 1,
             sa_window_start: 1,
@@ -523,6 +552,39 @@ mod tests {
         assert_eq!(mads::untoken(sends[0].0).0, TOKEN_TABLE);
         assert_eq!(t.r.stats().sa_unknown, 0);
         t.r.check_invariants().unwrap();
+    }
+
+    /// A warm start goes through the probe too: at its time the probe goes, not the table;
+    /// the table follows, backlog or not, only when no port has the LID past the room; a port
+    /// there keeps the endpoint on Gets. (Fails without: the warm start's GetTable goes at
+    /// once, whatever the subnet's size.)
+    #[test]
+    fn a_warm_start_probes_first_and_asks_the_table_only_if_the_subnet_fits() {
+        for fits in [true, false] {
+            let mut t = setup_with(50);
+            assert!(t.sa_sends().is_empty(), "nothing before the warm start");
+            t.now = 50;
+            t.r.handle_timeout(t.now);
+            let sends = t.sa_sends();
+            assert_eq!(sends.len(), 1, "{sends:?}");
+            let probe = sends[0];
+            assert_eq!(
+                (probe.1[3], dlid(&probe.1)),
+                (0x01, 101),
+                "the probe, a Get"
+            );
+            assert_eq!(mads::untoken(probe.0).0, TOKEN_PROBE);
+            t.answer(probe.0, &probe.1, !fits);
+            let sends = t.sa_sends();
+            if fits {
+                assert_eq!(sends.len(), 1, "{sends:?}");
+                assert_eq!(sends[0].1[3], 0x12, "the warm start's GetTable, no backlog");
+            } else {
+                assert!(sends.is_empty(), "a port at LID 101: no table");
+                assert_eq!(t.miss(10..11).len(), 1, "a miss is a Get");
+            }
+            t.r.check_invariants().unwrap();
+        }
     }
 
     /// A probe that fails (its tries ran out) asks nothing for `sa_deadline`, then probes again.
