@@ -38,13 +38,12 @@ struct Book {
     /// The leg being timed while the outputs of one input are carried out (cleared when
     /// they are all carried out).
     lap: Option<Lap>,
-    /// The stamped request the round is giving the resolver now: remembered in `misses`
-    /// (and its queue wait recorded) only once its outputs are carried out, so that this
-    /// bookkeeping is not on the way to its query; an answer in those outputs takes it from
-    /// here instead (then `given` alone is left).
-    entering: Option<Entering>,
-    /// The same request, until [`Latencies::request_given`].
-    given: Option<Entering>,
+    /// The stamped request the round is giving the resolver now, and whether its answer is
+    /// out already (one in those outputs is timed from here): its queue wait is recorded,
+    /// and it is remembered in `misses` unless answered, only once its outputs are carried
+    /// out ([`Latencies::request_given`]), so that this bookkeeping is not on the way to its
+    /// query.
+    entering: Option<(Entering, bool)>,
 }
 
 /// A stamped request being given to the resolver.
@@ -99,7 +98,6 @@ impl Latencies {
             sa: InFlight::new(capacity),
             lap: None,
             entering: None,
-            given: None,
         }))
     }
 
@@ -129,8 +127,7 @@ impl Latencies {
             ep: r.ep,
             taken,
         };
-        b.entering = Some(t);
-        b.given = Some(t);
+        b.entering = Some((t, false));
         b.lap = Some(Lap::Request { taken, ep: r.ep });
     }
 
@@ -141,7 +138,7 @@ impl Latencies {
         let Some(b) = self.0.as_mut() else {
             return;
         };
-        let Some(t) = b.given.take() else {
+        let Some((t, answered)) = b.entering.take() else {
             return;
         };
         (b.sink)(
@@ -149,7 +146,7 @@ impl Latencies {
             Latency::MissQueued,
             b.clock.ns(t.stamp.handed, t.taken),
         );
-        if b.entering.take().is_some() {
+        if !answered {
             remember(
                 &b.clock,
                 &mut b.misses,
@@ -183,10 +180,13 @@ impl Latencies {
             return;
         };
         let key = client_key(a.client, &a.msg);
-        let entering = b
-            .entering
-            .take_if(|t| t.key == key)
-            .map(|t| (t.stamp.at, (t.ep, t.stamp.class)));
+        let entering = match &mut b.entering {
+            Some((t, answered)) if !*answered && t.key == key => {
+                *answered = true;
+                Some((t.stamp.at, (t.ep, t.stamp.class)))
+            }
+            _ => None,
+        };
         if let Some((at, (ep, class))) = entering.or_else(|| b.misses.remove(key)) {
             (b.sink)(ep, class.latency(), b.clock.ns(at, end));
         }
@@ -225,7 +225,6 @@ impl Latencies {
             b.misses.clear();
             b.sa.clear();
             b.entering = None;
-            b.given = None;
         }
     }
 
