@@ -1,12 +1,14 @@
 //! The verbs IO layer: one UD endpoint per (port, partition) for the ACM class-0x2C protocol.
 //!
 //! [`UdEndpoint::open`] allocates everything once on the core's verbs context: a protection
-//! domain, a completion channel, one CQ for sends and receives, a UD QP taken
+//! domain, a completion channel, a CQ for receives (on the channel) and one for sends (on
+//! none: a query posted while the loop waits does not wake it, only its answer does), a UD
+//! QP taken
 //! INIT→RTR→RTS with the endpoint's P_Key index and Q_Key, and **one** registered memory region
 //! holding every receive buffer (40-byte GRH area + 256-byte MAD each) and every send buffer
 //! (256 bytes each). All receives are posted at open. After that the data path performs no
 //! allocation: [`UdEndpoint::send`] copies the MAD into a free send buffer and posts it,
-//! [`UdEndpoint::poll`] drains the CQ in bursts, frees send buffers, hands received MADs to a
+//! [`UdEndpoint::poll`] drains both CQs in bursts, frees send buffers, hands received MADs to a
 //! callback and re-posts their buffers. Unicast destinations get address handles from a small
 //! fixed-size cache (CLOCK eviction); multicast groups get one AH each at [`UdEndpoint::attach`].
 //!
@@ -213,7 +215,10 @@ pub struct UdEndpoint {
     cfg: UdConfig,
     pd: *mut ibv_pd,
     channel: *mut ibv_comp_channel,
+    /// Receives (armed on `channel`).
     cq: *mut ibv_cq,
+    /// Sends (no channel: never waited on).
+    send_cq: *mut ibv_cq,
     qp: *mut ibv_qp,
     mr: *mut ibv_mr,
     /// The registered region (mmap): receive buffers, then send buffers.
@@ -284,6 +289,7 @@ impl UdEndpoint {
             pd: ptr::null_mut(),
             channel: ptr::null_mut(),
             cq: ptr::null_mut(),
+            send_cq: ptr::null_mut(),
             qp: ptr::null_mut(),
             mr: ptr::null_mut(),
             region: ptr::null_mut(),
@@ -364,15 +370,29 @@ impl UdEndpoint {
                 "fcntl(O_NONBLOCK) on the completion channel failed",
             ));
         }
-        let cqe = (cfg.recv_depth + cfg.send_depth) as i32;
+        // Receives and their flushes (every posted receive at most once).
+        let cqe = cfg.recv_depth as i32;
         // SAFETY: ctx and channel are live; no cq_context.
         self.cq = unsafe { ibv_create_cq(ctx, cqe, ptr::null_mut(), self.channel, 0) };
         if self.cq.is_null() {
             return Err(errno_err("ibv_create_cq"));
         }
+        // SAFETY: ctx is live; no channel, no cq_context.
+        self.send_cq = unsafe {
+            ibv_create_cq(
+                ctx,
+                cfg.send_depth as i32,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                0,
+            )
+        };
+        if self.send_cq.is_null() {
+            return Err(errno_err("ibv_create_cq (sends)"));
+        }
         let mut init = ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
-            send_cq: self.cq,
+            send_cq: self.send_cq,
             recv_cq: self.cq,
             srq: ptr::null_mut(),
             cap: rdma_sys::ibv_qp_cap {
@@ -809,15 +829,16 @@ impl UdEndpoint {
         }
     }
 
-    /// Drains the CQ in bursts of [`POLL_BURST`] (at most `recv_depth + send_depth`
-    /// completions per call): send completions free their buffers, each successful receive
+    /// Drains the send CQ, then the receive CQ in bursts of [`POLL_BURST`] (at most
+    /// `recv_depth + send_depth` completions per call): send completions free their buffers,
+    /// each successful receive
     /// of a whole MAD is handed to `f` with its [`RecvMeta`] and the 256 bytes after the GRH,
     /// and its buffer is re-posted (before `f` runs: `f` sees a copy). Error completions are
     /// counted (and start the QP reset described in the module documentation). Returns the
     /// number of completions.
     pub fn poll(&mut self, mut f: impl FnMut(&RecvMeta, &[u8; MAD_LEN])) -> usize {
-        let budget = (self.cfg.recv_depth + self.cfg.send_depth) as usize;
-        let mut total = 0;
+        let mut total = self.poll_sends();
+        let budget = total + self.cfg.recv_depth as usize;
         while total < budget {
             // SAFETY: cq is live; wcs has room for POLL_BURST completions.
             let n = unsafe { poll_cq(self.cq, POLL_BURST as i32, self.wcs.as_mut_ptr()) };
@@ -838,13 +859,7 @@ impl UdEndpoint {
                 let (wr_id, status, byte_len, flags) =
                     (wc.wr_id, wc.status, wc.byte_len, wc.wc_flags);
                 let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
-                if wr_id & SEND_TAG != 0 {
-                    if !ok {
-                        self.broken = true;
-                    }
-                    self.complete_send((wr_id & !SEND_TAG) as usize, ok);
-                    continue;
-                }
+                // (Sends complete on `send_cq`: a send's tagged id is no receive buffer's.)
                 let buf = wr_id as usize;
                 match self.recv_is_posted.get_mut(buf) {
                     Some(p) if *p => *p = false,
@@ -914,6 +929,37 @@ impl UdEndpoint {
         self.refill();
         if self.broken {
             self.recover();
+        }
+        total
+    }
+
+    /// Drains the send CQ (at most `send_depth` completions): each frees its buffer; an error
+    /// completion starts the QP reset. Returns the number of completions.
+    fn poll_sends(&mut self) -> usize {
+        let budget = self.cfg.send_depth as usize;
+        let mut total = 0;
+        while total < budget {
+            // SAFETY: send_cq is live; wcs has room for POLL_BURST completions.
+            let n = unsafe { poll_cq(self.send_cq, POLL_BURST as i32, self.wcs.as_mut_ptr()) };
+            let Ok(n) = usize::try_from(n) else {
+                self.stats.recv_errors += 1;
+                break;
+            };
+            let n = n.min(POLL_BURST);
+            for k in 0..n {
+                let (wr_id, status) = (self.wcs[k].wr_id, self.wcs[k].status);
+                let ok = status == ibv_wc_status::IBV_WC_SUCCESS;
+                if !ok {
+                    self.broken = true;
+                }
+                if wr_id & SEND_TAG != 0 {
+                    self.complete_send((wr_id & !SEND_TAG) as usize, ok);
+                }
+            }
+            total += n;
+            if n < POLL_BURST {
+                break;
+            }
         }
         total
     }
@@ -1049,6 +1095,14 @@ impl UdEndpoint {
                     // SAFETY: as above.
                     check("ibv_destroy_ah", unsafe { ibv_destroy_ah(s.ah) });
                 }
+            }
+        }
+        if !self.send_cq.is_null() && self.qp.is_null() {
+            // SAFETY: send_cq is live and no QP uses it.
+            let rc = unsafe { ibv_destroy_cq(self.send_cq) };
+            check("ibv_destroy_cq", rc);
+            if rc == 0 {
+                self.send_cq = ptr::null_mut();
             }
         }
         if !self.cq.is_null() && self.qp.is_null() {

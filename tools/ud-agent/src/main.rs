@@ -22,6 +22,9 @@
 //!       ack_event, poll ... -> ok n=<k> then k lines
 //!       mad tag=<t> intact=<0|1> slid=.. src_qp=.. sl=.. path_bits=.. pkey_index=..
 //!           ep_pkey_index=.. sgid=<hex32|none> bytes=<hex512>
+//! arm                                        UdEndpoint::arm -> ok | err <text>
+//! wait <timeout_ms>                          poll(2) on event_fd only (no CQ poll, no arm)
+//!       -> ok woke=<0|1> (events consumed and counted)
 //! stats                                      -> ok sends=.. (every UdStats field) events=..
 //! close                                      UdEndpoint::close
 //!       -> ok fds=<before>,<after> threads=<before>,<after> | err <text>
@@ -460,6 +463,29 @@ impl Agent {
                 let n = num(arg(1)).unwrap_or(1) as usize;
                 let ms = num(arg(2)).unwrap_or(3000);
                 self.recv(n, Duration::from_millis(ms), out)?;
+            }
+            Some("arm") => match self.ep.as_mut().map(UdEndpoint::arm) {
+                Some(Ok(())) => writeln!(out, "ok")?,
+                Some(Err(e)) => writeln!(out, "err {e}")?,
+                None => writeln!(out, "err not open")?,
+            },
+            Some("wait") => {
+                let ms = num(arg(1)).unwrap_or(300);
+                let Some(ep) = self.ep.as_mut() else {
+                    writeln!(out, "err not open")?;
+                    return Ok(true);
+                };
+                let mut p = libc::pollfd {
+                    fd: ep.event_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd.
+                let r = unsafe { libc::poll(&mut p, 1, ms.min(60_000) as i32) };
+                while r > 0 && ep.ack_event() {
+                    self.events += 1;
+                }
+                writeln!(out, "ok woke={}", u8::from(r > 0))?;
             }
             Some("stats") => {
                 let Some(ep) = self.ep.as_ref() else {

@@ -91,6 +91,48 @@ fn unicast_exchange_reports_sender_in_recv_meta() {
     assert_eq!(b.quit(Duration::from_secs(5)), Some(0));
 }
 
+/// A query posted while the endpoint waits on its completion channel does not wake it: sends
+/// complete on a CQ of their own, without a channel. Only what arrives does (the answer a
+/// parked dataplane waits for); the send's completion is still drained by the next poll.
+#[test]
+fn a_send_does_not_wake_the_channel_only_a_receive_does() {
+    let f = Fabric::start("sendwake");
+    let mut a = f.agent("Hca3");
+    let mut b = f.agent("Hca4");
+    let _ea = a.open(64, 8);
+    let eb = b.open(64, 8);
+    assert_eq!(a.cmd("poll"), "ok completions=0");
+    assert_eq!(a.cmd("arm"), "ok");
+    assert_eq!(
+        a.cmd(&format!("send {} {} {} 7", eb.lid, eb.qpn, eb.gid)),
+        "ok sent=1"
+    );
+    assert_eq!(a.cmd("wait 300"), "ok woke=0", "the send woke the channel");
+    assert_eq!(a.cmd("poll"), "ok completions=1", "the send's completion");
+    let got = b.recv(1, 3000);
+    assert_eq!(got.len(), 1, "B received nothing");
+    assert_eq!(got[0]["tag"], "7");
+    // B → A while A waits, armed: that wakes it.
+    assert_eq!(a.cmd("arm"), "ok");
+    assert_eq!(
+        b.cmd(&format!(
+            "send {} {} {} 8",
+            got[0]["slid"], got[0]["src_qp"], got[0]["sgid"]
+        )),
+        "ok sent=1"
+    );
+    assert_eq!(
+        a.cmd("wait 3000"),
+        "ok woke=1",
+        "the receive did not wake the channel"
+    );
+    let back = a.recv(1, 3000);
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0]["tag"], "8");
+    assert_eq!(a.quit(Duration::from_secs(5)), Some(0));
+    assert_eq!(b.quit(Duration::from_secs(5)), Some(0));
+}
+
 #[test]
 fn multicast_reaches_attached_members_only() {
     let f = Fabric::start("mc");
