@@ -170,14 +170,6 @@ pub struct WorkerConfig {
     /// run meanwhile, and the worker still never pays a park and a wake-up; with a spare core
     /// it returns at once. Off for a worker that owns its core (`busy`, pinned).
     pub yield_spin: bool,
-    /// A yield (`yield_spin`) that kept the worker off its CPU longer than this means another
-    /// thread wanted that CPU: the worker stops spinning and blocks (on its eventfd and the
-    /// poller's descriptors) until the next work, and producers stop waking it ahead of a
-    /// reply for [`CONTENDED_FOR`]. Spinning then is the slowest way to wait: every
-    /// `sched_yield` moves the worker's deadline a slice later (EEVDF), so when the reply
-    /// comes it waits behind every other runnable thread, while a blocked worker is woken by
-    /// the reply itself and is placed as a sleeper. `None`: spin whatever the CPU does.
-    pub yield_contended: Option<Duration>,
     /// Producers run a round themselves when the poller is free ([`Waker::serve`]; see the
     /// module docs), so a request or reply costs no thread wake-up. Off for a worker that
     /// owns its core (`busy`): it polls all the time, a hand-off to it is a cache-line
@@ -195,20 +187,10 @@ impl Default for WorkerConfig {
             spin_for_reply: Duration::from_millis(1),
             max_park: Duration::from_millis(100),
             yield_spin: true,
-            yield_contended: Some(YIELD_CONTENDED),
             inline: true,
         }
     }
 }
-
-/// The default [`WorkerConfig::yield_contended`]: a `sched_yield` that finds no other thread
-/// returns in about a microsecond; one that lets another thread run lasts at least a
-/// context switch each way and, under load, that thread's slice.
-pub const YIELD_CONTENDED: Duration = Duration::from_micros(20);
-
-/// How long after the worker last found its CPU contended producers let a due reply wake it
-/// rather than waking it ahead (one probe per second of sustained load).
-pub const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
 struct Shared {
     /// The park handshake with the producers (`acm_core_nostd::park`: a SeqCst fence on each
@@ -242,9 +224,6 @@ struct Shared {
     park_until: AtomicU64,
     /// A producer's round gave up (the poller's `give_up` panicked): the worker exits.
     abandoned: AtomicBool,
-    /// Until when (ns since `epoch`) producers do not wake the parked worker ahead of a due
-    /// reply: it last found its CPU contended ([`WorkerConfig::yield_contended`]).
-    contended_until: AtomicU64,
 }
 
 /// A round run by a producer (see [`Shared::round`]).
@@ -388,7 +367,7 @@ impl Shared {
                         || out
                             .next_deadline
                             .is_some_and(|d| self.ns(d) < self.park_until.load(Ordering::Relaxed))
-                        || (out.reply_due_within(now, spin_for_reply) && self.wakes_ahead(now)))
+                        || out.reply_due_within(now, spin_for_reply))
             }
         };
         drop(g);
@@ -396,19 +375,6 @@ impl Shared {
             self.kick();
         }
         true
-    }
-
-    /// The worker found its CPU contended at `now`: producers let due replies wake it for
-    /// [`CONTENDED_FOR`] instead of waking it ahead.
-    fn contended(&self, now: Instant) {
-        let until = self.ns(now).saturating_add(CONTENDED_FOR.as_nanos() as u64);
-        self.contended_until.store(until, Ordering::Relaxed);
-    }
-
-    /// Whether a producer's round that leaves a reply due wakes the parked worker ahead of it
-    /// at `now`: not while the worker's CPU was lately found contended (the reply wakes it).
-    fn wakes_ahead(&self, now: Instant) -> bool {
-        self.ns(now) >= self.contended_until.load(Ordering::Relaxed)
     }
 
     /// Kicks the worker until it has run a round with a virtual-time offset of at least
@@ -507,7 +473,6 @@ impl Worker {
             round: std::sync::OnceLock::new(),
             park_until: AtomicU64::new(0),
             abandoned: AtomicBool::new(false),
-            contended_until: AtomicU64::new(0),
         });
         let mut all = WAKERS.lock().unwrap_or_else(|e| e.into_inner());
         all.retain(|w| w.strong_count() > 0);
@@ -589,9 +554,6 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
     let mut fds: Vec<RawFd> = Vec::new();
     // Since when a producer's round has held the lock while we wanted it.
     let mut held_since: Option<Instant> = None;
-    // A spin turn since the last work found the CPU wanted by another thread: block, do not
-    // spin ([`WorkerConfig::yield_contended`]).
-    let mut contended = false;
     loop {
         // The stall test hooks: stuck between rounds, or inside one with the lock held.
         #[cfg(debug_assertions)]
@@ -604,7 +566,7 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
         let mut g = match try_lock_cell(cell) {
             Some(g) => g,
             None if held_since.get_or_insert_with(Instant::now).elapsed() < config.spin => {
-                pause(config.yield_spin, None);
+                pause(config.yield_spin);
                 continue;
             }
             None => lock_cell(cell),
@@ -632,16 +594,12 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
                 idle = false;
             }
             last_work = now;
-            contended = false;
             continue;
         }
         idle = true;
         let spin = budget.after_work();
-        if let Next::Spin = next(config, &out, now, last_work, spin, contended) {
-            if pause(config.yield_spin, config.yield_contended) {
-                contended = true;
-                shared.contended(now);
-            }
+        if let Next::Spin = next(config, &out, now, last_work, spin) {
+            pause(config.yield_spin);
             continue;
         }
         // A producer's round now: look again rather than park behind it.
@@ -672,17 +630,13 @@ fn run<P: Poller>(config: &WorkerConfig, shared: &Arc<Shared>, cell: &Cell<P>) {
             budget.work_after(now.saturating_duration_since(last_work));
             idle = false;
             last_work = now;
-            contended = false;
             continue;
         }
-        let park_for = match next(config, &again, now, last_work, spin, contended) {
+        let park_for = match next(config, &again, now, last_work, spin) {
             Next::Spin => {
                 shared.parked.clear();
                 drop(g);
-                if pause(config.yield_spin, config.yield_contended) {
-                    contended = true;
-                    shared.contended(now);
-                }
+                pause(config.yield_spin);
                 continue;
             }
             Next::Park(d) => d,
@@ -844,24 +798,11 @@ mod tests {
     /// When the worker first prepared to block, and when the reply was due, for a reply due
     /// `ahead` and a worker that polls on for replies due within `spin_for_reply`.
     fn block_vs_due(ahead: Duration, spin_for_reply: Duration) -> (Instant, Instant) {
-        block_vs_due_with(ahead, spin_for_reply, None, None)
-    }
-
-    /// [`block_vs_due`] with the worker on `cpu` and contention judged by `yield_contended`.
-    fn block_vs_due_with(
-        ahead: Duration,
-        spin_for_reply: Duration,
-        cpu: Option<usize>,
-        yield_contended: Option<Duration>,
-    ) -> (Instant, Instant) {
         let seen = Arc::new(Mutex::new((None, None)));
         let cfg = WorkerConfig {
-            cpu,
             spin: Duration::ZERO,
             spin_for_reply,
             max_park: Duration::from_millis(5),
-            // (Off by default here: on a loaded test host any yield may be slow.)
-            yield_contended,
             ..WorkerConfig::default()
         };
         let p = ReplySoon {
@@ -919,28 +860,11 @@ mod tests {
         let idle = PollOutcome::default();
         let spin = us(400);
         assert!(matches!(
-            next(&cfg, &idle, t0 + us(300), t0, spin, false),
+            next(&cfg, &idle, t0 + us(300), t0, spin),
             Next::Spin
         ));
         assert!(matches!(
-            next(&cfg, &idle, t0 + us(450), t0, spin, false),
-            Next::Park(_)
-        ));
-        // A CPU found contended: no spin after work, nor for a reply due soon.
-        assert!(matches!(
-            next(&cfg, &idle, t0 + us(300), t0, spin, true),
-            Next::Park(_)
-        ));
-        let due = PollOutcome {
-            reply_due: Some(t0 + us(900)),
-            ..PollOutcome::default()
-        };
-        assert!(matches!(
-            next(&cfg, &due, t0 + us(450), t0, spin, false),
-            Next::Spin
-        ));
-        assert!(matches!(
-            next(&cfg, &due, t0 + us(450), t0, spin, true),
+            next(&cfg, &idle, t0 + us(450), t0, spin),
             Next::Park(_)
         ));
     }
@@ -964,57 +888,6 @@ mod tests {
                 "spun for a reply {spin_for_reply:?} could not cover"
             );
         }
-    }
-
-    /// A worker whose CPU another thread wants (a spinning thread pinned beside it) stops
-    /// spinning for a reply due later and blocks; one that ignores contention spins on until
-    /// the reply is due. Producers then stop waking it ahead of a reply.
-    #[test]
-    fn a_worker_that_finds_its_cpu_contended_blocks_instead_of_spinning_for_a_reply() {
-        let ms = Duration::from_millis;
-        let cpu = core_affinity::get_core_ids()
-            .and_then(|ids| ids.first().copied())
-            .expect("a CPU to pin to");
-        let stop = Arc::new(AtomicBool::new(false));
-        let hog = {
-            let stop = stop.clone();
-            thread::spawn(move || {
-                core_affinity::set_for_current(cpu);
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::spin_loop();
-                }
-            })
-        };
-        let contended = block_vs_due_with(ms(400), ms(1000), Some(cpu.id), Some(YIELD_CONTENDED));
-        let ignored = block_vs_due_with(ms(400), ms(1000), Some(cpu.id), None);
-        stop.store(true, Ordering::Relaxed);
-        hog.join().unwrap();
-        let (blocked, due) = contended;
-        assert!(
-            blocked + ms(200) < due,
-            "contended, still spun until {:?} before the reply",
-            due.saturating_duration_since(blocked)
-        );
-        let (blocked, due) = ignored;
-        assert!(
-            blocked >= due,
-            "parked {:?} before the reply although contention is ignored",
-            due - blocked
-        );
-    }
-
-    /// After the worker found its CPU contended, a producer's round that leaves a reply due
-    /// does not wake the parked worker ahead of it (the reply will); after
-    /// [`CONTENDED_FOR`], or never contended, it does.
-    #[test]
-    fn a_producer_does_not_wake_a_contended_worker_ahead_of_a_reply() {
-        let waker = Worker::new_waker();
-        let s = &waker.0;
-        let now = s.tick();
-        assert!(s.wakes_ahead(now), "never contended: woken ahead");
-        s.contended(now);
-        assert!(!s.wakes_ahead(now + Duration::from_millis(999)));
-        assert!(s.wakes_ahead(now + CONTENDED_FOR));
     }
 
     #[test]

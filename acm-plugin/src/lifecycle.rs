@@ -225,9 +225,6 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         // it (the core's thread, an SA on the same host), and a request is served by a round
         // on the core's thread when the loop is free (docs/dataplane.md).
         yield_spin: !owns_core,
-        // A yield that keeps it off its CPU (another thread wanted it) makes it block until
-        // the next work instead of spinning (docs/dataplane.md, "Waiting for a reply").
-        yield_contended: Some(acm_dataplane::worker::YIELD_CONTENDED),
         inline: !owns_core,
     };
     set_reply_target(&inst);

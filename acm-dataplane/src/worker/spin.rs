@@ -6,20 +6,12 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 /// One turn of a spin: the CPU to another runnable thread (`yield_spin`), or a CPU pause.
-/// Returns whether the turn found the CPU contended: a yield that kept the thread off it
-/// longer than `contended` ([`WorkerConfig::yield_contended`]).
-pub(super) fn pause(yield_spin: bool, contended: Option<Duration>) -> bool {
-    if !yield_spin {
-        std::hint::spin_loop();
-        return false;
-    }
-    let Some(bound) = contended else {
+pub(super) fn pause(yield_spin: bool) {
+    if yield_spin {
         thread::yield_now();
-        return false;
-    };
-    let t0 = Instant::now();
-    thread::yield_now();
-    t0.elapsed() > bound
+    } else {
+        std::hint::spin_loop();
+    }
 }
 
 /// What the worker does next after a round with nothing done.
@@ -75,24 +67,20 @@ impl SpinBudget {
 }
 
 /// The decision after a round that did no work, at `now`, polling on for `spin` after the
-/// last work; `contended`: a spin turn since the last work found the CPU wanted by another
-/// thread (then the worker blocks: see [`WorkerConfig::yield_contended`]).
+/// last work.
 pub(super) fn next(
     config: &WorkerConfig,
     out: &PollOutcome,
     now: Instant,
     last_work: Instant,
     spin: Duration,
-    contended: bool,
 ) -> Next {
-    if !contended {
-        if now.duration_since(last_work) < spin {
-            return Next::Spin;
-        }
-        // A reply is about to arrive: poll for it rather than pay a wake-up.
-        if out.reply_due_within(now, config.spin_for_reply) {
-            return Next::Spin;
-        }
+    if now.duration_since(last_work) < spin {
+        return Next::Spin;
+    }
+    // A reply is about to arrive: poll for it rather than pay a wake-up.
+    if out.reply_due_within(now, config.spin_for_reply) {
+        return Next::Spin;
     }
     let mut park_for = config.max_park;
     if let Some(d) = out.next_deadline {
