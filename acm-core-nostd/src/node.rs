@@ -377,9 +377,9 @@ where
     }
 
     /// A client request, classified by the caller's front already (`req.target`) or to be
-    /// classified here (`None`) ([`Resolver::request`]).
+    /// classified here (`None`) ([`Resolver::handle_request`]).
     pub fn handle_request(&mut self, now: Millis, req: &Request<'_>) {
-        self.resolver.request(now, req);
+        self.resolver.handle_request(now, req);
     }
 
     /// The core's SA service completed [`Output::CoreSa`] `token`: the reply (`umad_status`
@@ -395,7 +395,7 @@ where
         match why {
             Unsent::Refused => self.resolver.handle_sa(now, token, UNSENT, &[]),
             Unsent::Busy => {
-                let _ = self.sa.unsent(now, token);
+                let _ = self.sa.handle_unsent(now, token);
             }
             Unsent::Failed => {}
         }
@@ -414,7 +414,7 @@ where
         let sm = self.eps.get(usize::from(ep.0)).and_then(|e| e.sm);
         let eps = &self.eps;
         let carries = |owner: EpId| carrier_in(eps, owner) == Some(ep);
-        match self.sa.receive(now, meta, sm, carries, mad) {
+        match self.sa.handle_receive(now, meta, sm, carries, mad) {
             Received::Reply { token, mad } => {
                 self.resolver.handle_sa(now, token, 0, &mad);
                 self.done = Some((token, true));
@@ -459,8 +459,8 @@ where
         if self.resolver.poll_timeout().is_some_and(|at| at <= now) {
             self.resolver.handle_timeout(now);
         }
-        if self.sa.next_deadline().is_some_and(|at| at <= now) {
-            self.sa.expire(now);
+        if self.sa.poll_timeout().is_some_and(|at| at <= now) {
+            self.sa.handle_timeout(now);
         }
         if self.transport == Transport::Ud && now >= self.next_sm_check {
             self.next_sm_check = now.saturating_add(SM_CHECK_MS);
@@ -473,7 +473,7 @@ where
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
         let sm = (self.transport == Transport::Ud).then_some(self.next_sm_check);
-        [self.resolver.poll_timeout(), self.sa.next_deadline(), sm]
+        [self.resolver.poll_timeout(), self.sa.poll_timeout(), sm]
             .into_iter()
             .flatten()
             .min()

@@ -1,7 +1,7 @@
 //! The receiving side of one RMPP transfer (IBA 13.6), sans-IO: how a multi-segment SA answer
 //! (a GetTable response) is taken in, acknowledged and put back together, into storage the
 //! caller owns. The caller only moves bytes: it hands every MAD of the transfer to
-//! [`Receiver::receive`], sends whatever [`Receiver::poll_transmit`] returns, and calls
+//! [`Receiver::handle_receive`], sends whatever [`Receiver::poll_transmit`] returns, and calls
 //! [`Receiver::handle_timeout`] when [`Receiver::poll_timeout`] says so.
 //!
 //! * **Reassembly.** Each DATA segment carries the MAD header, the RMPP header, the 20-byte SA
@@ -169,7 +169,7 @@ pub enum Failure {
     NotRmpp(MadStatus),
 }
 
-/// Why a MAD changed nothing ([`Received::Ignored`]). Only the re-sends below queue a MAD.
+/// Why a MAD changed nothing ([`Progress::Ignored`]). Only the re-sends below queue a MAD.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ignored {
     /// Shorter than a MAD.
@@ -197,10 +197,10 @@ pub enum Ignored {
     Finished,
 }
 
-/// What [`Receiver::receive`] made of a MAD. Whatever it is, a MAD may be waiting in
+/// What [`Receiver::handle_receive`] made of a MAD. Whatever it is, a MAD may be waiting in
 /// [`Receiver::poll_transmit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Received {
+pub enum Progress {
     /// A segment taken in order; the transfer goes on.
     Accepted {
         /// Its SegmentNumber.
@@ -370,7 +370,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
     }
 
     /// The MAD to send to the sender (an ACK, STOP or ABORT), if one is waiting. Call it after
-    /// every [`receive`](Self::receive) and [`handle_timeout`](Self::handle_timeout); only the
+    /// every [`handle_receive`](Self::handle_receive) and [`handle_timeout`](Self::handle_timeout); only the
     /// newest is kept (an ACK says everything an older one said).
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<[u8; MAD_LEN]> {
@@ -417,7 +417,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
 
     /// Takes a MAD received at `now` that may belong to the transfer (any length; a MAD is 256
     /// bytes). Then call [`poll_transmit`](Self::poll_transmit).
-    pub fn receive(&mut self, now: Millis, mad: &[u8]) -> Received {
+    pub fn handle_receive(&mut self, now: Millis, mad: &[u8]) -> Progress {
         let Some(mad) = mad
             .get(..MAD_LEN)
             .and_then(|m| <&[u8; MAD_LEN]>::try_from(m).ok())
@@ -458,7 +458,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
             if self.state == State::WaitingFirst {
                 let f = Failure::NotRmpp(head.status());
                 self.state = State::Failed(f);
-                return Received::Failed(f);
+                return Progress::Failed(f);
             }
             return self.ignore(Ignored::NotRmpp);
         }
@@ -474,7 +474,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
         }
     }
 
-    fn data(&mut self, now: Millis, mad: &[u8; MAD_LEN]) -> Received {
+    fn data(&mut self, now: Millis, mad: &[u8; MAD_LEN]) -> Progress {
         let rmpp = RmppHeader::new_unchecked(&mad[HEADER_LEN..HEADER_LEN + RMPP_LEN]);
         let seg = rmpp.seg_num();
         let first = rmpp.flags() & RMPP_FLAG_FIRST != 0;
@@ -498,12 +498,12 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
         if seg <= self.last {
             self.counters.duplicates += 1;
             self.ack();
-            return Received::Ignored(Ignored::Duplicate);
+            return Progress::Ignored(Ignored::Duplicate);
         }
         if Some(seg) != self.last.checked_add(1) {
             self.counters.out_of_order += 1;
             self.ack();
-            return Received::Ignored(Ignored::OutOfOrder);
+            return Progress::Ignored(Ignored::OutOfOrder);
         }
         let known = self.total_segments > 0;
         // Where this segment's records go: (seg - 1) × 200, checked (seg is ≤ 2^32).
@@ -555,7 +555,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
         if last_flag {
             self.ack();
             self.state = State::Done { len: end };
-            return Received::Done { len: end };
+            return Progress::Done { len: end };
         }
         if seg >= self.window_last {
             self.window_last = seg
@@ -563,11 +563,11 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
                 .min(self.window_cap());
             self.ack();
         }
-        Received::Accepted { segment: seg }
+        Progress::Accepted { segment: seg }
     }
 
     /// Takes the first segment's PayloadLength: `Some` when the transfer ends here.
-    fn begin(&mut self, now: Millis, paylen: u32) -> Option<Received> {
+    fn begin(&mut self, now: Millis, paylen: u32) -> Option<Progress> {
         self.begun = true;
         self.payload_len = paylen;
         self.state = State::Receiving;
@@ -603,33 +603,33 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
         }
     }
 
-    fn ignore(&mut self, why: Ignored) -> Received {
+    fn ignore(&mut self, why: Ignored) -> Progress {
         self.counters.ignored += 1;
-        Received::Ignored(why)
+        Progress::Ignored(why)
     }
 
-    fn end(&mut self, f: Failure) -> Received {
+    fn end(&mut self, f: Failure) -> Progress {
         self.state = State::Failed(f);
         self.has_reply = false;
         self.reply_to_send = false;
-        Received::Failed(f)
+        Progress::Failed(f)
     }
 
-    fn abort(&mut self, status: RmppStatus) -> Received {
+    fn abort(&mut self, status: RmppStatus) -> Progress {
         self.counters.malformed += 1;
         self.nak(RmppType::Abort, status);
         let f = Failure::Protocol(status);
         self.state = State::Failed(f);
-        Received::Failed(f)
+        Progress::Failed(f)
     }
 
-    fn too_big(&mut self) -> Received {
+    fn too_big(&mut self) -> Progress {
         let record_bytes =
             (self.total_segments > 0).then(|| u32::try_from(self.record_bytes).unwrap_or(u32::MAX));
         self.stop_too_big(record_bytes)
     }
 
-    fn stop_too_big(&mut self, record_bytes: Option<u32>) -> Received {
+    fn stop_too_big(&mut self, record_bytes: Option<u32>) -> Progress {
         self.nak(RmppType::Stop, RmppStatus::ResourcesExhausted);
         let words = u16::from_be_bytes([self.head[44], self.head[45]]);
         let record_len = u32::from(words) * 8;
@@ -643,7 +643,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
             capacity: self.storage.len(),
         };
         self.state = State::Failed(f);
-        Received::Failed(f)
+        Progress::Failed(f)
     }
 
     fn reply_is_ack(&self) -> bool {

@@ -2,7 +2,7 @@
 //! for the resolver's `SendSa` outputs when they leave on a QP of our own (the `ud` transport
 //! of `acmrs_sa_transport`; composed with the resolver by [`crate::node::Node`]). The caller
 //! only moves bytes: it sends what [`SaChannel::start`] and [`SaChannel::poll_transmit`]
-//! return and hands every class 3 MAD it receives to [`SaChannel::receive`], which says what
+//! return and hands every class 3 MAD it receives to [`SaChannel::handle_receive`], which says what
 //! the MAD is.
 //!
 //! * **One completion per request.** The channel owns each request until it is answered: it
@@ -14,7 +14,7 @@
 //!   a wire TID of its own, 64 bits of SipHash-1-3 under the caller's random key over a
 //!   counter, unique among those outstanding; the resolver's token and TID stay in the table,
 //!   and the reply handed back carries the resolver's TID again.
-//! * **Only the SM speaks class 3 to us.** [`SaChannel::receive`] takes a MAD only from the
+//! * **Only the SM speaks class 3 to us.** [`SaChannel::handle_receive`] takes a MAD only from the
 //!   SM's LID and QP 1, and a reply only on the QP that carries the asking endpoint's SA
 //!   traffic; anything else is [`Received::Forged`]. A reply whose TID matches nothing
 //!   outstanding (a duplicate, a reply after the last try, a guess) is [`Received::Unknown`].
@@ -136,7 +136,7 @@ enum End {
     Table(Failure),
 }
 
-/// How soon a request whose MAD was not posted goes again, in ms ([`SaChannel::unsent`]):
+/// How soon a request whose MAD was not posted goes again, in ms ([`SaChannel::handle_unsent`]):
 /// the next rounds of the caller's loop, once its QP's send completions have freed buffers.
 pub const UNSENT_RETRY_MS: Millis = 1;
 
@@ -168,7 +168,7 @@ impl<B: DerefMut<Target = [u8]>> TableSlot<B> {
     }
 }
 
-/// A request [`SaChannel::expire`] ended, out of tries or time ([`SaChannel::poll_expired`]).
+/// A request [`SaChannel::handle_timeout`] ended, out of tries or time ([`SaChannel::poll_expired`]).
 /// (A request whose try ran out with tries left goes again through
 /// [`SaChannel::poll_transmit`].)
 // The MAD travels by value, as everywhere here (no allocator to box it in).
@@ -192,7 +192,7 @@ pub enum Expired {
     },
 }
 
-/// What a received class 3 MAD is ([`SaChannel::receive`]).
+/// What a received class 3 MAD is ([`SaChannel::handle_receive`]).
 // The reply travels by value, as the MAD does everywhere here (no allocator to box it in).
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, PartialEq, Eq)]
@@ -254,7 +254,7 @@ where
     pub resends: u64,
     /// Requests that ran out of tries.
     pub timeouts: u64,
-    /// Requests whose MAD was not posted and went again soon ([`SaChannel::unsent`]).
+    /// Requests whose MAD was not posted and went again soon ([`SaChannel::handle_unsent`]).
     pub unsent: u64,
     tids: SipHasher13,
     /// Requests numbered so far (the hashed counter).
@@ -342,7 +342,7 @@ where
 
     /// The next MAD to send, with the endpoint whose SA traffic it is (it goes to the SM like
     /// that endpoint's requests): an ACK, STOP or ABORT of a GetTable transfer, or a request
-    /// whose try ran out ([`expire`](Self::expire)), the same bytes again.
+    /// whose try ran out ([`handle_timeout`](Self::handle_timeout)), the same bytes again.
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<(EpId, [u8; MAD_LEN])> {
         let acks = self
@@ -359,7 +359,7 @@ where
         Some((e.ep, e.mad))
     }
 
-    /// The next request [`expire`](Self::expire) ended (removed here): complete its token as
+    /// The next request [`handle_timeout`](Self::handle_timeout) ended (removed here): complete its token as
     /// failed.
     #[must_use]
     pub fn poll_expired(&mut self) -> Option<Expired> {
@@ -484,7 +484,7 @@ where
     /// soon as buffers are likely free, or fails then when it has no try left. False if
     /// `token` is not outstanding here (nothing changes); a GetTable whose answer has begun
     /// is left to its transfer.
-    pub fn unsent(&mut self, now: Millis, token: u64) -> bool {
+    pub fn handle_unsent(&mut self, now: Millis, token: u64) -> bool {
         let n = self.len;
         let Some(e) = self.entries[..n]
             .iter_mut()
@@ -505,7 +505,7 @@ where
     /// `sm`, is. `carries(owner)` says whether the QP it arrived on carries endpoint `owner`'s
     /// SA traffic. A reply that answers an outstanding request completes it here; a segment
     /// of a GetTable answer goes to its receiver.
-    pub fn receive(
+    pub fn handle_receive(
         &mut self,
         now: Millis,
         meta: &RecvMeta,
@@ -538,7 +538,7 @@ where
             });
             if let Some(t) = ended {
                 if carries(t.ep) {
-                    let _ = t.rx.receive(now, mad);
+                    let _ = t.rx.handle_receive(now, mad);
                     return Received::Segment;
                 }
             }
@@ -550,8 +550,8 @@ where
             return Received::Forged;
         }
         if let Some(t) = usize::from(self.entries[i].table).checked_sub(1) {
-            return match self.tables[t].rx.receive(now, mad) {
-                rmpp::Received::Accepted { .. } | rmpp::Received::Ignored(_) => {
+            return match self.tables[t].rx.handle_receive(now, mad) {
+                rmpp::Progress::Accepted { .. } | rmpp::Progress::Ignored(_) => {
                     // From the first segment on, the receiver's timers own the transfer.
                     if self.entries[i].deadline != Millis::MAX {
                         self.entries[i].deadline = Millis::MAX;
@@ -559,11 +559,11 @@ where
                     }
                     Received::Segment
                 }
-                rmpp::Received::Done { .. } => Received::Table {
+                rmpp::Progress::Done { .. } => Received::Table {
                     token: self.swap_remove(i).token,
                     slot: t,
                 },
-                rmpp::Received::Failed(failure) => Received::TableFailed {
+                rmpp::Progress::Failed(failure) => Received::TableFailed {
                     token: self.swap_remove(i).token,
                     failure,
                 },
@@ -597,8 +597,8 @@ where
         }
     }
 
-    /// When [`expire`](Self::expire) has work (a lower bound).
-    pub fn next_deadline(&self) -> Option<Millis> {
+    /// When [`handle_timeout`](Self::handle_timeout) has work (a lower bound).
+    pub fn poll_timeout(&self) -> Option<Millis> {
         let tables = self
             .tables
             .iter()
@@ -616,7 +616,7 @@ where
     /// [`poll_expired`](Self::poll_expired)); each GetTable transfer's timers run (an ACK
     /// re-sent after a silence waits in `poll_transmit`; a transfer out of time ends its
     /// request).
-    pub fn expire(&mut self, now: Millis) {
+    pub fn handle_timeout(&mut self, now: Millis) {
         for t in 0..self.tables.len() {
             let slot = &mut self.tables[t];
             let due = slot.busy && slot.rx.poll_timeout().is_some_and(|d| d <= now);
@@ -715,16 +715,16 @@ mod tests {
         let mut guess = reply;
         guess[8..16].copy_from_slice(&0x0400_0007_dead_beefu64.to_be_bytes());
         assert_eq!(
-            c.receive(0, &from(1, 1), Some(SM), |_| true, &guess),
+            c.handle_receive(0, &from(1, 1), Some(SM), |_| true, &guess),
             Received::Unknown
         );
         guess[8..16].copy_from_slice(&get(1)[8..16]);
         assert_eq!(
-            c.receive(0, &from(1, 1), Some(SM), |_| true, &guess),
+            c.handle_receive(0, &from(1, 1), Some(SM), |_| true, &guess),
             Received::Unknown
         );
         let Received::Reply { token, mad } =
-            c.receive(0, &from(1, 1), Some(SM), |e| e == EpId(1), &reply)
+            c.handle_receive(0, &from(1, 1), Some(SM), |e| e == EpId(1), &reply)
         else {
             panic!("the SM's reply on the asking QP completes the request");
         };
@@ -733,7 +733,7 @@ mod tests {
         assert_eq!(&mad[16..], &reply[16..]);
         assert!(c.is_empty());
         assert_eq!(
-            c.receive(0, &from(1, 1), Some(SM), |_| true, &reply),
+            c.handle_receive(0, &from(1, 1), Some(SM), |_| true, &reply),
             Received::Unknown,
             "a duplicate answers nothing"
         );
@@ -751,11 +751,14 @@ mod tests {
             (from(1, 0x48), Some(SM)),
             (from(1, 1), None),
         ] {
-            assert_eq!(c.receive(0, &meta, sm, |_| true, &reply), Received::Forged);
+            assert_eq!(
+                c.handle_receive(0, &meta, sm, |_| true, &reply),
+                Received::Forged
+            );
         }
         // The SM, but on a QP that does not carry endpoint 2's SA traffic.
         assert_eq!(
-            c.receive(0, &from(1, 1), Some(SM), |e| e != EpId(2), &reply),
+            c.handle_receive(0, &from(1, 1), Some(SM), |e| e != EpId(2), &reply),
             Received::Forged
         );
         assert_eq!(c.forged, 4);
@@ -764,15 +767,15 @@ mod tests {
         let mut report = get(0);
         report[3] = 0x06;
         assert_eq!(
-            c.receive(0, &from(1, 1), Some(SM), |_| false, &report),
+            c.handle_receive(0, &from(1, 1), Some(SM), |_| false, &report),
             Received::Report
         );
         assert_eq!(
-            c.receive(0, &from(3, 1), Some(SM), |_| true, &report),
+            c.handle_receive(0, &from(3, 1), Some(SM), |_| true, &report),
             Received::Forged
         );
         assert!(matches!(
-            c.receive(0, &from(1, 1), Some(SM), |e| e == EpId(2), &reply),
+            c.handle_receive(0, &from(1, 1), Some(SM), |e| e == EpId(2), &reply),
             Received::Reply { token: 7, .. }
         ));
     }
@@ -810,7 +813,7 @@ mod tests {
         let mut seen = Vec::new();
         expire_into(&mut c, 99, &mut seen);
         assert!(seen.is_empty() && c.poll_transmit().is_none());
-        assert_eq!(c.next_deadline(), Some(100));
+        assert_eq!(c.poll_timeout(), Some(100));
         for at in [100, 200] {
             expire_into(&mut c, at, &mut seen);
             assert!(seen.is_empty());
@@ -828,7 +831,7 @@ mod tests {
                 mad: wire
             }]
         );
-        assert!(c.is_empty() && c.next_deadline().is_none());
+        assert!(c.is_empty() && c.poll_timeout().is_none());
         assert_eq!((c.resends, c.timeouts), (2, 1));
     }
 
@@ -852,7 +855,7 @@ mod tests {
         assert_eq!(dropped, vec![6]);
         assert!(c.start(0, EpId(0), 8, &get(3), 100, 3).is_some());
         c.clear();
-        assert!(c.is_empty() && c.next_deadline().is_none());
+        assert!(c.is_empty() && c.poll_timeout().is_none());
     }
 
     // --- GetTable answers over RMPP ---
@@ -912,7 +915,7 @@ mod tests {
 
     /// Runs the tries due at `now`; what ended goes into `seen`.
     fn expire_into(c: &mut Channel, now: Millis, seen: &mut Vec<Expired>) {
-        c.expire(now);
+        c.handle_timeout(now);
         seen.extend(core::iter::from_fn(|| c.poll_expired()));
     }
 
@@ -943,7 +946,7 @@ mod tests {
             let mut resent = Vec::new();
             expire_into(&mut c, now, &mut resent);
             assert!(resent.is_empty(), "segment {}: {resent:?}", i + 1);
-            let r = c.receive(now, &sm, Some(SM), |e| e == EpId(3), seg);
+            let r = c.handle_receive(now, &sm, Some(SM), |e| e == EpId(3), seg);
             acks.extend(sent(&mut c));
             if i + 1 < segs.len() {
                 assert_eq!(r, Received::Segment, "segment {}", i + 1);
@@ -960,16 +963,16 @@ mod tests {
         let t = c.table(0).unwrap();
         assert_eq!(t.records, &data[..]);
         assert_eq!(t.header[3], 0x92);
-        assert!(c.is_empty() && c.next_deadline().is_none());
+        assert!(c.is_empty() && c.poll_timeout().is_none());
         // The SM missed our last ACK and sends its last segment again: ACKed again, nothing
         // completes twice, and the table stays readable.
-        let again = c.receive(1400, &sm, Some(SM), |e| e == EpId(3), &segs[12]);
+        let again = c.handle_receive(1400, &sm, Some(SM), |e| e == EpId(3), &segs[12]);
         assert_eq!(again, Received::Segment);
         assert_eq!(sent(&mut c), vec![(EpId(3), (2, 13, 13))]);
         assert_eq!(c.unknown, 0);
         assert_eq!(c.table(0).unwrap().records, &data[..]);
         // ... but not on a QP that does not carry endpoint 3's SA traffic.
-        let forged = c.receive(1400, &sm, Some(SM), |e| e != EpId(3), &segs[12]);
+        let forged = c.handle_receive(1400, &sm, Some(SM), |e| e != EpId(3), &segs[12]);
         assert_eq!(forged, Received::Unknown);
         assert!(sent(&mut c).is_empty());
     }
@@ -994,12 +997,12 @@ mod tests {
         // A segment from another host with the right TID is forged, and changes nothing.
         let segs = answer(&w1, &recs(8));
         assert_eq!(
-            c.receive(150, &from(9, 1), Some(SM), |_| true, &segs[0]),
+            c.handle_receive(150, &from(9, 1), Some(SM), |_| true, &segs[0]),
             Received::Forged
         );
         assert!(sent(&mut c).is_empty());
         assert_eq!(
-            c.receive(150, &from(1, 1), Some(SM), |_| true, &segs[0]),
+            c.handle_receive(150, &from(1, 1), Some(SM), |_| true, &segs[0]),
             Received::Segment
         );
         assert_eq!(sent(&mut c), vec![(EpId(0), (2, 1, 3))]);
@@ -1011,7 +1014,7 @@ mod tests {
             "the GetTable went again after its first segment"
         );
         for s in &segs[1..] {
-            let _ = c.receive(310, &from(1, 1), Some(SM), |_| true, s);
+            let _ = c.handle_receive(310, &from(1, 1), Some(SM), |_| true, s);
         }
         // The slot is free again once the table is done.
         assert!(c.start(400, EpId(0), 4, &get_table(4), 100, 3).is_some());
@@ -1022,16 +1025,16 @@ mod tests {
         let mut c = table_channel(1, 64 * 40);
         let wire = c.start(0, EpId(1), 5, &get_table(1), 100, 3).unwrap();
         let segs = answer(&wire, &recs(40));
-        let _ = c.receive(10, &from(1, 1), Some(SM), |_| true, &segs[0]);
+        let _ = c.handle_receive(10, &from(1, 1), Some(SM), |_| true, &segs[0]);
         assert_eq!(sent(&mut c).len(), 1);
-        assert_eq!(c.next_deadline(), Some(10 + RESP_MS));
+        assert_eq!(c.poll_timeout(), Some(10 + RESP_MS));
         let mut seen = Vec::new();
         expire_into(&mut c, 10 + RESP_MS, &mut seen);
         assert!(seen.is_empty());
         assert_eq!(sent(&mut c), vec![(EpId(1), (2, 1, 5))], "the ACK again");
         let mut now = 10 + RESP_MS;
         while seen.is_empty() {
-            now = c.next_deadline().expect("a timer while the table is out");
+            now = c.poll_timeout().expect("a timer while the table is out");
             expire_into(&mut c, now, &mut seen);
             let _ = sent(&mut c);
         }
@@ -1043,7 +1046,7 @@ mod tests {
                 failure: Failure::TimedOut
             }]
         );
-        assert!(c.is_empty() && c.next_deadline().is_none());
+        assert!(c.is_empty() && c.poll_timeout().is_none());
     }
 
     #[test]
@@ -1051,7 +1054,7 @@ mod tests {
         let mut c = table_channel(1, 64 * 10);
         let wire = c.start(0, EpId(2), 8, &get_table(1), 100, 3).unwrap();
         let segs = answer(&wire, &recs(11));
-        let r = c.receive(5, &from(1, 1), Some(SM), |_| true, &segs[0]);
+        let r = c.handle_receive(5, &from(1, 1), Some(SM), |_| true, &segs[0]);
         assert!(
             matches!(
                 r,
@@ -1072,7 +1075,7 @@ mod tests {
         let mut dropped = Vec::new();
         c.drop_endpoint(EpId(2), |t, _| dropped.push(t));
         assert_eq!(dropped, vec![9]);
-        assert!(c.next_deadline().is_none());
+        assert!(c.poll_timeout().is_none());
         assert!(c.start(20, EpId(2), 10, &get_table(3), 100, 3).is_some());
     }
 }

@@ -96,7 +96,7 @@ impl<S: Storage> T<S> {
             msg,
             target: None,
         };
-        self.r.request(now, &r);
+        self.r.handle_request(now, &r);
     }
     fn drain(&mut self) -> Vec<Output> {
         std::iter::from_fn(|| self.r.poll_output()).collect()

@@ -100,7 +100,7 @@ impl T {
         }
     }
     fn request(&mut self, client: u64, kind: Kind, msg: &[u8]) {
-        self.r.request(
+        self.r.handle_request(
             self.now,
             &Request {
                 ep: EP,
@@ -522,7 +522,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
         t.cache.lookup(&PathKey::new(new_cep, Dest::Lid(7)), 11),
         Lookup::Miss
     );
-    t.r.request(
+    t.r.handle_request(
         11,
         &Request {
             ep: EP,
@@ -664,7 +664,7 @@ fn miss_cost() {
             eprintln!("60 000 misses: {:?} per miss", start.elapsed() / 60_000);
             start = std::time::Instant::now();
         }
-        t.r.request(
+        t.r.handle_request(
             i as u64,
             &Request {
                 ep: EP,

@@ -8,7 +8,7 @@ use acm_core_nostd::rng::Rng;
 use std::collections::BinaryHeap;
 
 use acm_core_nostd::rmpp::{
-    self, Config, Failure, Ignored, Received, Receiver, State, SEGMENT_DATA_LEN,
+    self, Config, Failure, Ignored, Progress, Receiver, State, SEGMENT_DATA_LEN,
     SEGMENT_PAYLOAD_LEN,
 };
 use acm_core_nostd::wire::mad::{RmppStatus, MAD_LEN};
@@ -130,23 +130,35 @@ fn ack_mad_is_iba_layout_byte_for_byte() {
     assert_eq!(segs.len(), 4);
     assert_eq!(&segs[0][32..36], &(4 * 20 + 640u32).to_be_bytes());
     let mut r = receiver(1000, 2);
-    assert_eq!(r.receive(1, &segs[0]), Received::Accepted { segment: 1 });
+    assert_eq!(
+        r.handle_receive(1, &segs[0]),
+        Progress::Accepted { segment: 1 }
+    );
     // Segment 1 ends the sender's initial window (1): ACK 1, window 1 + 2.
     assert_eq!(r.poll_transmit(), Some(expected_reply(2, 0, 1, 3)));
     assert_eq!(r.poll_transmit(), None, "one ACK, once");
-    assert_eq!(r.receive(2, &segs[1]), Received::Accepted { segment: 2 });
+    assert_eq!(
+        r.handle_receive(2, &segs[1]),
+        Progress::Accepted { segment: 2 }
+    );
     assert_eq!(r.poll_transmit(), None, "no ACK inside the window");
-    assert_eq!(r.receive(3, &segs[2]), Received::Accepted { segment: 3 });
+    assert_eq!(
+        r.handle_receive(3, &segs[2]),
+        Progress::Accepted { segment: 3 }
+    );
     // The window's last segment: ACK 3, window capped at the transfer's 4 segments.
     assert_eq!(r.poll_transmit(), Some(expected_reply(2, 0, 3, 4)));
-    assert_eq!(r.receive(4, &segs[3]), Received::Done { len: 640 });
+    assert_eq!(r.handle_receive(4, &segs[3]), Progress::Done { len: 640 });
     assert_eq!(r.poll_transmit(), Some(expected_reply(2, 0, 4, 4)));
     assert_eq!(r.payload(), Some(&data[..]));
     assert_eq!(r.state(), State::Done { len: 640 });
     assert_eq!(&r.header().unwrap()[..], &segs[0][..56]);
     assert_eq!(r.poll_timeout(), None);
     // The final ACK was lost: the sender re-sends the last segment and hears it again.
-    assert_eq!(r.receive(9, &segs[3]), Received::Ignored(Ignored::Finished));
+    assert_eq!(
+        r.handle_receive(9, &segs[3]),
+        Progress::Ignored(Ignored::Finished)
+    );
     assert_eq!(r.poll_transmit(), Some(expected_reply(2, 0, 4, 4)));
     assert_eq!(r.counters.accepted, 4);
 }
@@ -156,31 +168,34 @@ fn duplicates_and_out_of_order_segments_reack_and_are_not_assembled() {
     let data = records(20, 2); // 1280 bytes: 7 segments
     let segs = segments(&data, true);
     let mut r = receiver(4096, 8);
-    r.receive(0, &segs[0]);
+    r.handle_receive(0, &segs[0]);
     let ack1 = r.poll_transmit().unwrap();
     assert_eq!(ack1, expected_reply(2, 0, 1, 7));
     // Segment 3 before 2: dropped, ACK 1 again.
     let mut bad3 = segs[2];
     bad3[60] ^= 0xff; // if it were stored, the bytes would be wrong
-    assert_eq!(r.receive(1, &bad3), Received::Ignored(Ignored::OutOfOrder));
+    assert_eq!(
+        r.handle_receive(1, &bad3),
+        Progress::Ignored(Ignored::OutOfOrder)
+    );
     assert_eq!(r.poll_transmit(), Some(ack1));
     // Segment 1 again: a duplicate, ACK 1 again.
     assert_eq!(
-        r.receive(2, &segs[0]),
-        Received::Ignored(Ignored::Duplicate)
+        r.handle_receive(2, &segs[0]),
+        Progress::Ignored(Ignored::Duplicate)
     );
     assert_eq!(r.poll_transmit(), Some(ack1));
     for (i, s) in segs.iter().enumerate().skip(1) {
-        let got = r.receive(3 + i as u64, s);
+        let got = r.handle_receive(3 + i as u64, s);
         if i + 1 < segs.len() {
             assert_eq!(
                 got,
-                Received::Accepted {
+                Progress::Accepted {
                     segment: i as u32 + 1
                 }
             );
         } else {
-            assert_eq!(got, Received::Done { len: 1280 });
+            assert_eq!(got, Progress::Done { len: 1280 });
         }
     }
     assert_eq!(r.payload(), Some(&data[..]));
@@ -192,7 +207,7 @@ fn silence_resends_the_last_ack_and_the_total_time_aborts() {
     let data = records(10, 3);
     let segs = segments(&data, true);
     let mut r = receiver(1000, 1);
-    r.receive(100, &segs[0]);
+    r.handle_receive(100, &segs[0]);
     let ack1 = r.poll_transmit().unwrap();
     assert_eq!(r.poll_timeout(), Some(150));
     assert_eq!(r.handle_timeout(149), None);
@@ -214,8 +229,8 @@ fn silence_resends_the_last_ack_and_the_total_time_aborts() {
     assert_eq!(r.state(), State::Failed(Failure::TimedOut));
     // A late segment hears the ABORT again, and nothing is assembled.
     assert_eq!(
-        r.receive(1200, &segs[1]),
-        Received::Ignored(Ignored::Finished)
+        r.handle_receive(1200, &segs[1]),
+        Progress::Ignored(Ignored::Finished)
     );
     assert_eq!(r.poll_transmit(), Some(expected_reply(4, 118, 0, 0)));
     assert_eq!(r.payload(), None);
@@ -228,8 +243,8 @@ fn waiting_for_a_first_segment_that_never_comes_ends_without_a_word() {
     // Segment 2 first (segment 1 lost): nothing to acknowledge yet.
     let segs = segments(&records(10, 4), true);
     assert_eq!(
-        r.receive(5, &segs[1]),
-        Received::Ignored(Ignored::BeforeFirst)
+        r.handle_receive(5, &segs[1]),
+        Progress::Ignored(Ignored::BeforeFirst)
     );
     assert_eq!(r.poll_transmit(), None);
     assert_eq!(r.handle_timeout(999), None);
@@ -253,17 +268,20 @@ fn abort_and_stop_from_the_sender_end_the_transfer() {
     ] {
         let segs = segments(&records(10, 5), true);
         let mut r = receiver(1000, 4);
-        r.receive(0, &segs[0]);
+        r.handle_receive(0, &segs[0]);
         assert!(r.poll_transmit().is_some());
         let mut nak = segs[1];
         nak[25] = rtype;
         nak[26] = (0x1f << 3) | ACTIVE;
         nak[27] = status;
         nak[28..36].fill(0);
-        assert_eq!(r.receive(1, &nak), Received::Failed(want));
+        assert_eq!(r.handle_receive(1, &nak), Progress::Failed(want));
         assert_eq!(r.poll_transmit(), None, "an ABORT or STOP is not answered");
         assert_eq!(r.poll_timeout(), None);
-        assert_eq!(r.receive(2, &segs[1]), Received::Ignored(Ignored::Finished));
+        assert_eq!(
+            r.handle_receive(2, &segs[1]),
+            Progress::Ignored(Ignored::Finished)
+        );
         assert_eq!(r.poll_transmit(), None);
         assert_eq!(r.payload(), None);
     }
@@ -273,8 +291,8 @@ fn abort_and_stop_from_the_sender_end_the_transfer() {
     abort[25] = 4;
     abort[27] = 118;
     assert_eq!(
-        r.receive(0, &abort),
-        Received::Failed(Failure::AbortedBySender(RmppStatus::TotalTimeTooLong))
+        r.handle_receive(0, &abort),
+        Progress::Failed(Failure::AbortedBySender(RmppStatus::TotalTimeTooLong))
     );
 }
 
@@ -290,7 +308,7 @@ fn a_transfer_too_big_for_the_storage_is_stopped_with_resources_exhausted() {
         records_needed: Some(100),
         capacity: 3200,
     };
-    assert_eq!(r.receive(0, &segs[0]), Received::Failed(failure));
+    assert_eq!(r.handle_receive(0, &segs[0]), Progress::Failed(failure));
     assert_eq!(r.poll_transmit(), Some(expected_reply(3, 1, 0, 0)));
     assert!(r.payload().is_none());
     // Nothing was written.
@@ -299,10 +317,10 @@ fn a_transfer_too_big_for_the_storage_is_stopped_with_resources_exhausted() {
     let mut huge = segs[0];
     huge[32..36].copy_from_slice(&u32::MAX.to_be_bytes());
     let mut r = receiver(3200, 16);
-    let Received::Failed(Failure::TooBig {
+    let Progress::Failed(Failure::TooBig {
         records_needed: Some(n),
         ..
-    }) = r.receive(0, &huge)
+    }) = r.handle_receive(0, &huge)
     else {
         panic!("a 4 GiB answer is too big");
     };
@@ -314,9 +332,9 @@ fn a_transfer_too_big_for_the_storage_is_stopped_with_resources_exhausted() {
     let mut last = None;
     for s in &segs {
         now += 1;
-        last = Some(r.receive(now, s));
+        last = Some(r.handle_receive(now, s));
     }
-    assert_eq!(last, Some(Received::Done { len: 6400 }));
+    assert_eq!(last, Some(Progress::Done { len: 6400 }));
     assert_eq!(r.payload(), Some(&data[..]));
 }
 
@@ -327,10 +345,10 @@ fn length_not_announced_is_bounded_by_the_storage() {
     assert_eq!(&segs[0][32..36], &[0; 4]);
     // Fits: the window is capped by the storage (4 segments of room for 640 bytes).
     let mut r = receiver(640, 16);
-    r.receive(0, &segs[0]);
+    r.handle_receive(0, &segs[0]);
     assert_eq!(r.poll_transmit(), Some(expected_reply(2, 0, 1, 4)));
     for (i, s) in segs.iter().enumerate().skip(1) {
-        r.receive(i as u64, s);
+        r.handle_receive(i as u64, s);
     }
     assert_eq!(r.state(), State::Done { len: 640 });
     assert_eq!(r.payload(), Some(&data[..]));
@@ -338,14 +356,14 @@ fn length_not_announced_is_bounded_by_the_storage() {
     let mut r = receiver(639, 16);
     let mut got = None;
     for (i, s) in segs.iter().enumerate() {
-        got = Some(r.receive(i as u64, s));
-        if matches!(got, Some(Received::Failed(_))) {
+        got = Some(r.handle_receive(i as u64, s));
+        if matches!(got, Some(Progress::Failed(_))) {
             break;
         }
     }
     assert_eq!(
         got,
-        Some(Received::Failed(Failure::TooBig {
+        Some(Progress::Failed(Failure::TooBig {
             payload_len: 0,
             record_bytes: None,
             records_needed: None,
@@ -354,9 +372,9 @@ fn length_not_announced_is_bounded_by_the_storage() {
     );
     // A non-LAST segment that fills the storage exactly: more is coming, so too big.
     let mut r = receiver(600, 16);
-    let got: Vec<_> = segs.iter().map(|s| r.receive(0, s)).collect();
+    let got: Vec<_> = segs.iter().map(|s| r.handle_receive(0, s)).collect();
     assert!(
-        matches!(got[2], Received::Failed(Failure::TooBig { .. })),
+        matches!(got[2], Progress::Failed(Failure::TooBig { .. })),
         "{got:?}"
     );
     let mut last_reply = None;
@@ -371,14 +389,14 @@ fn zero_records_and_a_single_segment() {
     // OpenSM answers an empty GetTable with RMPP, AttributeOffset 0: PayloadLength 20.
     let mut r = receiver(0, 16);
     let seg = data_seg(1, ACTIVE | FIRST | LAST, 20, &[]);
-    assert_eq!(r.receive(0, &seg), Received::Done { len: 0 });
+    assert_eq!(r.handle_receive(0, &seg), Progress::Done { len: 0 });
     assert_eq!(r.poll_transmit(), Some(expected_reply(2, 0, 1, 1)));
     assert_eq!(r.payload(), Some(&[][..]));
     let data = records(3, 8);
     let mut r = receiver(1000, 16);
     assert_eq!(
-        r.receive(0, &segments(&data, true)[0]),
-        Received::Done { len: 192 }
+        r.handle_receive(0, &segments(&data, true)[0]),
+        Progress::Done { len: 192 }
     );
     assert_eq!(r.payload(), Some(&data[..]));
 }
@@ -408,11 +426,11 @@ fn protocol_violations_are_aborted_with_the_iba_status() {
             if i == at {
                 mutate(&mut s);
             }
-            last = Some(r.receive(i as u64, &s));
+            last = Some(r.handle_receive(i as u64, &s));
         }
         assert_eq!(
             last,
-            Some(Received::Failed(Failure::Protocol(RmppStatus::from(
+            Some(Progress::Failed(Failure::Protocol(RmppStatus::from(
                 status
             )))),
             "{what}"
@@ -428,8 +446,8 @@ fn protocol_violations_are_aborted_with_the_iba_status() {
     // A first PayloadLength too small for one SA header.
     let mut r = receiver(1000, 16);
     assert_eq!(
-        r.receive(0, &data_seg(1, ACTIVE | FIRST, 19, &[])),
-        Received::Failed(Failure::Protocol(RmppStatus::from(119)))
+        r.handle_receive(0, &data_seg(1, ACTIVE | FIRST, 19, &[])),
+        Progress::Failed(Failure::Protocol(RmppStatus::from(119)))
     );
 }
 
@@ -438,40 +456,49 @@ fn mads_that_are_not_this_transfer_change_nothing() {
     let segs = segments(&records(10, 10), true);
     let mut r = Receiver::new(vec![0u8; 1000], Config::DEFAULT);
     assert_eq!(
-        r.receive(0, &segs[0]),
-        Received::Ignored(Ignored::NotListening)
+        r.handle_receive(0, &segs[0]),
+        Progress::Ignored(Ignored::NotListening)
     );
     r.start(0, TID);
     let mut other = segs[0];
     other[15] ^= 1;
-    assert_eq!(r.receive(0, &other), Received::Ignored(Ignored::OtherTid));
     assert_eq!(
-        r.receive(0, &segs[0][..255]),
-        Received::Ignored(Ignored::Truncated)
+        r.handle_receive(0, &other),
+        Progress::Ignored(Ignored::OtherTid)
+    );
+    assert_eq!(
+        r.handle_receive(0, &segs[0][..255]),
+        Progress::Ignored(Ignored::Truncated)
     );
     let mut not_sa = segs[0];
     not_sa[1] = 0x2c;
-    assert_eq!(r.receive(0, &not_sa), Received::Ignored(Ignored::NotSa));
+    assert_eq!(
+        r.handle_receive(0, &not_sa),
+        Progress::Ignored(Ignored::NotSa)
+    );
     let mut request = segs[0];
     request[3] = 0x12;
     assert_eq!(
-        r.receive(0, &request),
-        Received::Ignored(Ignored::NotResponse)
+        r.handle_receive(0, &request),
+        Progress::Ignored(Ignored::NotResponse)
     );
     assert_eq!(r.poll_transmit(), None);
     assert_eq!(r.state(), State::WaitingFirst);
     // An ACK is for senders.
-    r.receive(0, &segs[0]);
+    r.handle_receive(0, &segs[0]);
     let _ = r.poll_transmit();
     let mut ack = segs[1];
     ack[25] = 2;
     assert_eq!(
-        r.receive(0, &ack),
-        Received::Ignored(Ignored::UnexpectedAck)
+        r.handle_receive(0, &ack),
+        Progress::Ignored(Ignored::UnexpectedAck)
     );
     let mut plain = segs[1];
     plain[26] = 0;
-    assert_eq!(r.receive(0, &plain), Received::Ignored(Ignored::NotRmpp));
+    assert_eq!(
+        r.handle_receive(0, &plain),
+        Progress::Ignored(Ignored::NotRmpp)
+    );
     assert_eq!(r.state(), State::Receiving);
     // The SA's plain error answer (OpenSM's osm_sa_send_error: no RMPP, status set).
     let mut r = receiver(1000, 16);
@@ -479,7 +506,7 @@ fn mads_that_are_not_this_transfer_change_nothing() {
     err[..56].copy_from_slice(&sa_head(GET_TABLE_RESP, TID));
     err[4] = 0x03; // ERR_NO_RECORDS in the class byte... as OpenSM never sends for GetTable,
     err[44..46].fill(0); // but any status: the caller decides
-    let Received::Failed(Failure::NotRmpp(status)) = r.receive(0, &err) else {
+    let Progress::Failed(Failure::NotRmpp(status)) = r.handle_receive(0, &err) else {
         panic!("a plain answer ends the wait");
     };
     assert_eq!(status.class_status(), 3);
@@ -677,7 +704,7 @@ fn run(seed: u64) -> (End, bool) {
     let mut r = Receiver::new(vec![0u8; cap], config);
     r.start(0, TID);
     let mut now = 0u64;
-    let mut ended: Option<Received> = None;
+    let mut ended: Option<Progress> = None;
     let mut out = Vec::new();
     let bound = config.total_timeout + 200 * 20;
     // `RMPP_TRACE=<seed>` prints that run MAD by MAD.
@@ -725,11 +752,11 @@ fn run(seed: u64) -> (End, bool) {
                 );
             }
             if f.to_receiver {
-                let got = r.receive(now, &f.mad);
+                let got = r.handle_receive(now, &f.mad);
                 if trace {
                     eprintln!("   -> {got:?}");
                 }
-                if matches!(got, Received::Done { .. } | Received::Failed(_)) {
+                if matches!(got, Progress::Done { .. } | Progress::Failed(_)) {
                     assert!(ended.is_none(), "seed {seed}: ended twice: {got:?}");
                     ended = Some(got);
                 }
@@ -740,7 +767,7 @@ fn run(seed: u64) -> (End, bool) {
         if r.poll_timeout().is_some_and(|t| t <= now) {
             if let Some(f) = r.handle_timeout(now) {
                 assert!(ended.is_none(), "seed {seed}: ended twice");
-                ended = Some(Received::Failed(f));
+                ended = Some(Progress::Failed(f));
             }
         }
         if sender.deadline.is_some_and(|t| t <= now) {
@@ -756,16 +783,16 @@ fn run(seed: u64) -> (End, bool) {
         sender.violations
     );
     let end = match ended {
-        Some(Received::Done { len }) => {
+        Some(Progress::Done { len }) => {
             assert_eq!(len, data.len(), "seed {seed}");
             assert_eq!(r.payload(), Some(&data[..]), "seed {seed}: wrong bytes");
             End::Done
         }
-        Some(Received::Failed(Failure::TimedOut)) => End::TimedOut,
-        Some(Received::Failed(Failure::AbortedBySender(RmppStatus::TooManyRetries))) => {
+        Some(Progress::Failed(Failure::TimedOut)) => End::TimedOut,
+        Some(Progress::Failed(Failure::AbortedBySender(RmppStatus::TooManyRetries))) => {
             End::SenderGaveUp
         }
-        Some(Received::Failed(Failure::TooBig {
+        Some(Progress::Failed(Failure::TooBig {
             records_needed,
             capacity,
             ..
@@ -863,13 +890,13 @@ fn garbage_never_panics_or_assembles_wrong_bytes() {
             };
             let wire = &m[..len.min(MAD_LEN)];
             now += rng.below(20);
-            match r.receive(now, wire) {
-                Received::Accepted { segment } => {
+            match r.handle_receive(now, wire) {
+                Progress::Accepted { segment } => {
                     assert_eq!(taken.len(), (segment as usize - 1) * 200);
                     taken.extend_from_slice(&m[56..256]);
                     next = segment as usize;
                 }
-                Received::Done { len } => {
+                Progress::Done { len } => {
                     ended += 1;
                     let seg = u32::from_be_bytes(m[28..32].try_into().unwrap()) as usize;
                     assert_eq!(taken.len(), (seg - 1) * 200);
@@ -878,11 +905,11 @@ fn garbage_never_panics_or_assembles_wrong_bytes() {
                     assert_eq!(r.payload(), Some(&taken[..]));
                     dones += 1;
                 }
-                Received::Failed(_) => {
+                Progress::Failed(_) => {
                     ended += 1;
                     failed += 1;
                 }
-                Received::Ignored(_) => {}
+                Progress::Ignored(_) => {}
             }
             let _ = r.poll_transmit();
             if r.handle_timeout(now).is_some() {
@@ -921,7 +948,7 @@ fn the_segment_builder_cuts_as_a_kernel_sender_does() {
         let mut r = receiver(bytes.max(1), 4);
         r.start(0, TID);
         for w in &want {
-            let _ = r.receive(1, w);
+            let _ = r.handle_receive(1, w);
             let _ = r.poll_transmit();
         }
         assert_eq!(r.payload(), Some(data));

@@ -5,7 +5,7 @@
 //! MAD it sends is a well-formed RMPP ACK/STOP/ABORT to the sender (request direction, same
 //! TID, version 1, Active, an ACK never acknowledging past its own window); a completed
 //! transfer holds exactly the data areas of the segments it accepted, in order.
-use acm_core_nostd::rmpp::{Config, Received, Receiver};
+use acm_core_nostd::rmpp::{Config, Progress, Receiver};
 use acm_core_nostd::wire::mad::MAD_LEN;
 use libfuzzer_sys::fuzz_target;
 
@@ -94,13 +94,13 @@ fuzz_target!(|data: &[u8]| {
         }
         if op % 4 != 0 {
             let wire = &mad[..len.min(MAD_LEN)];
-            match r.receive(now, wire) {
-                Received::Accepted { segment } => {
+            match r.handle_receive(now, wire) {
+                Progress::Accepted { segment } => {
                     assert!(!ended);
                     assert_eq!(taken.len(), (segment as usize - 1) * 200);
                     taken.extend_from_slice(&mad[56..]);
                 }
-                Received::Done { len } => {
+                Progress::Done { len } => {
                     assert!(!ended, "ended twice");
                     ended = true;
                     let seg = u32::from_be_bytes(mad[28..32].try_into().unwrap()) as usize;
@@ -108,11 +108,11 @@ fuzz_target!(|data: &[u8]| {
                     taken.extend_from_slice(&mad[56..56 + (len - taken.len())]);
                     assert_eq!(r.payload(), Some(&taken[..]));
                 }
-                Received::Failed(_) => {
+                Progress::Failed(_) => {
                     assert!(!ended, "ended twice");
                     ended = true;
                 }
-                Received::Ignored(_) => {}
+                Progress::Ignored(_) => {}
             }
         }
         if ended {

@@ -761,7 +761,7 @@ impl World {
         for _ in 0..END_STEPS {
             // (The channel's deadline is a lower bound: once idle it may still name a time,
             // at which its timers find nothing.)
-            let armed = self.n.sa().next_deadline().is_some();
+            let armed = self.n.sa().poll_timeout().is_some();
             if self.n.is_idle() && self.core.is_empty() && !armed {
                 break;
             }
@@ -778,7 +778,7 @@ impl World {
             self.n.sa().len()
         );
         assert_eq!(
-            self.n.sa().next_deadline(),
+            self.n.sa().poll_timeout(),
             None,
             "a timer left in the SA channel"
         );

@@ -46,7 +46,7 @@
 //!
 //! Time is one monotonic clock in milliseconds ([`Millis`]), the same ticks the cache uses.
 //!
-//! Exactly-once: every [`Resolver::request`] of kind [`Kind::Resolve`] or [`Kind::Query`] leads
+//! Exactly-once: every [`Resolver::handle_request`] of kind [`Kind::Resolve`] or [`Kind::Query`] leads
 //! to exactly one [`Output::Answer`] carrying its `client` and the request's `tid`, on every
 //! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full tables).
 
@@ -234,7 +234,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// front made it already ([`request::classify`] with the endpoint's view at `cache_ep`),
     /// so it is not parsed again; `None` to classify it here. Resolve and Query requests get
     /// exactly one [`Output::Answer`]; Prime and Refresh none.
-    pub fn request(&mut self, now: Millis, r: &Request<'_>) {
+    pub fn handle_request(&mut self, now: Millis, r: &Request<'_>) {
         if r.target.is_some() || r.kind == Kind::Query {
             return self.take_request(now, r, r.target.as_ref());
         }

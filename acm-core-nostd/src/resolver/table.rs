@@ -467,7 +467,7 @@ mod tests {
                     msg: msg.bytes(),
                     target: None,
                 };
-                self.r.request(self.now, &req);
+                self.r.handle_request(self.now, &req);
                 v.extend(self.sa_sends());
             }
             v

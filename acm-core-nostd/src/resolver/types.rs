@@ -322,7 +322,7 @@ pub struct Stats {
     pub lost: u64,
 }
 
-/// One client request as the resolver takes it ([`Resolver::request`](super::Resolver::request)).
+/// One client request as the resolver takes it ([`Resolver::handle_request`](super::Resolver::handle_request)).
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'m> {
     /// The endpoint it arrived on.

@@ -10,7 +10,7 @@
 //! 4096 jobs, 4160 request slots) over a path cache of `--sizes` slots (default 4096, cache
 //! resident, and 1 048 576, not). Each step is one miss to a LID not in the cache:
 //!
-//! * **request → SA query**: `Resolver::request` + `poll_output` until the `SendSa`;
+//! * **request → SA query**: `Resolver::handle_request` + `poll_output` until the `SendSa`;
 //! * **SA reply → answer**: `Resolver::handle_sa` with a GetResp carrying the path (as the SA
 //!   sends it) + `poll_output` until the `Answer`; the path goes into the cache.
 //!
@@ -158,7 +158,7 @@ fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<S
         let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
         evict(&mut junk, i as u8);
         let t0 = clock.now();
-        r.request(
+        r.handle_request(
             1,
             &Request {
                 ep,

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use acm_core_nostd::rmpp::{Config, Received, Receiver};
+use acm_core_nostd::rmpp::{Config, Progress, Receiver};
 use acm_core_nostd::wire::mad::Method;
 use acm_core_nostd::wire::path_record::PathRecordMask;
 use acm_core_nostd::wire::sa::{attr, SaPacket, SaRepr};
@@ -875,9 +875,9 @@ impl Client {
                         );
                         started = true;
                     }
-                    match rx.receive(ms(), &m) {
-                        Received::Done { len } => end = Some(Ok(len)),
-                        Received::Failed(f) => end = Some(Err(f)),
+                    match rx.handle_receive(ms(), &m) {
+                        Progress::Done { len } => end = Some(Ok(len)),
+                        Progress::Failed(f) => end = Some(Err(f)),
                         _ => {}
                     }
                 }

@@ -433,7 +433,7 @@ mod tests {
                 if lose(deliveries) {
                     continue;
                 }
-                let _ = rx.receive(now, &m);
+                let _ = rx.handle_receive(now, &m);
                 while let Some(out) = rx.poll_transmit() {
                     let (k, s, w, st) = receiver_control(&out).expect("an ACK/STOP/ABORT");
                     let step = tx.on_control(now, k, s, w, st);

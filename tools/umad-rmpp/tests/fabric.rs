@@ -9,7 +9,7 @@
 //! simverbs' own test agent, `tools/simverbs/tests/c/svagent.c`), and `libsimverbs.so` /
 //! `libumad_rmpp.so` built in this target directory (`cargo build -p simverbs -p umad-rmpp`).
 
-use acm_core_nostd::rmpp::{Config, Failure, Received, Receiver};
+use acm_core_nostd::rmpp::{Config, Failure, Progress, Receiver};
 use acm_core_nostd::wire::mad::Method;
 use acm_core_nostd::wire::path_record::PathRecordMask;
 use acm_core_nostd::wire::sa::{attr, SaPacket, SaRepr};
@@ -131,14 +131,14 @@ fn get_table(
                     continue;
                 }
             }
-            match rx.receive(now(), &m) {
-                Received::Accepted { .. } => taken += 1,
-                Received::Done { .. } => {
+            match rx.handle_receive(now(), &m) {
+                Progress::Accepted { .. } => taken += 1,
+                Progress::Done { .. } => {
                     taken += 1;
                     ended = Some(Ok(rx.payload().expect("done").to_vec()));
                 }
-                Received::Failed(f) => ended = Some(Err(f)),
-                Received::Ignored(_) => {}
+                Progress::Failed(f) => ended = Some(Err(f)),
+                Progress::Ignored(_) => {}
             }
         } else if rx.poll_timeout().is_some_and(|t| t <= now()) {
             if let Some(f) = rx.handle_timeout(now()) {

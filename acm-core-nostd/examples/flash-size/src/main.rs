@@ -62,7 +62,7 @@ fn run() -> u32 {
             2 => Kind::Prime,
             _ => Kind::Refresh,
         };
-        r.request(
+        r.handle_request(
             now,
             &Request {
                 ep,
