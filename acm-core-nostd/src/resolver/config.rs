@@ -72,7 +72,7 @@ pub struct Config {
     /// The most records of a table the caller takes ([`table::room_for`] of the path
     /// capacity): a table seen to be larger (by the highest LID) is not asked for.
     pub sa_table_room: u32,
-    /// Warm start (`acmrs_route_prefetch`, 0 = off): an endpoint that opens asks for its
+    /// Warm start (`acmrs_warm_start_ms`, 0 = off): an endpoint that opens asks for its
     /// port's half-world table at a random time within this many ms (so a whole cluster
     /// booting at once does not ask at once). See [`table`].
     pub warm_start: Millis,
@@ -119,7 +119,7 @@ impl Config {
             sa_get_cost_ns: table::OPENSM_GET_NS,
             sa_record_cost_ns: table::OPENSM_RECORD_NS,
             sa_table_room: table::room_for(o.acmrs_path_capacity),
-            warm_start: u64::from(o.acmrs_route_prefetch),
+            warm_start: u64::from(o.acmrs_warm_start_ms),
         }
     }
 }

@@ -42,7 +42,7 @@
 //!   `sa_deadline`; meanwhile the Gets go on as without tables. A table too big for the
 //!   caller's storage, or an answer that is not a table (a transport that does not reassemble),
 //!   turns tables off for the endpoint.
-//! * **Warm start** (`acmrs_route_prefetch` = J ms, off by default): an endpoint that opens
+//! * **Warm start** (`acmrs_warm_start_ms` = J ms, off by default): an endpoint that opens
 //!   asks for its table at a uniformly random time within J ms (`Timer::WarmStart`), whatever
 //!   its backlog, so a whole cluster booting at once spreads its tables over J; where the
 //!   probe is needed, the probe goes then, and the table only if it finds the subnet fits.

@@ -37,7 +37,7 @@ pub(crate) enum Timer {
     AcmQueue,
     /// An ACM multicast query's retry time.
     AcmRetry,
-    /// A port's warm-start table (`acmrs_route_prefetch`): when it is asked for.
+    /// A port's warm-start table (`acmrs_warm_start_ms`): when it is asked for.
     WarmStart,
 }
 

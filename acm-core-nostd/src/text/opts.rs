@@ -282,11 +282,12 @@ pub struct ProviderOptions {
     /// table's size is known, the backlog must also make the Gets cost the SA more than the
     /// table would (OpenSM's measured costs).
     pub acmrs_sa_table_min: u32,
-    /// `acmrs_route_prefetch` (default 0 = off; 0..=3600000 ms): over the `ud` transport, an
-    /// endpoint that comes up asks for its port's whole half-world PathRecord table (a warm
-    /// cache) at a random time within this many ms, so that a cluster booting at once spreads
-    /// its tables over that time.
-    pub acmrs_route_prefetch: u32,
+    /// `acmrs_warm_start_ms` (default 0 = off; 0..=3600000 ms; its former name
+    /// `acmrs_route_prefetch` is read as well): over the `ud` transport, an endpoint that
+    /// comes up asks for its port's whole half-world PathRecord table (a warm cache) at a
+    /// random time within this many ms, so that a cluster booting at once spreads its tables
+    /// over that time.
+    pub acmrs_warm_start_ms: u32,
     /// `acmrs_prom_file` (default none = off): Prometheus textfile the stats exporter
     /// rewrites atomically every `acmrs_prom_interval_s` (`none` turns it off).
     pub acmrs_prom_file: Option<PathString>,
@@ -347,7 +348,7 @@ impl Default for ProviderOptions {
             acmrs_sa_window: 16,
             acmrs_sa_window_start: 1,
             acmrs_sa_table_min: 32,
-            acmrs_route_prefetch: 0,
+            acmrs_warm_start_ms: 0,
             acmrs_prom_file: None,
             acmrs_prom_interval_s: 10,
             acmrs_hit_sample: 16,
@@ -507,7 +508,9 @@ impl ProviderOptions {
             "acmrs_sa_window" => acmrs_sa_window = |v| uint(v, 1, 4096);
             "acmrs_sa_window_start" => acmrs_sa_window_start = |v| uint(v, 1, 4096);
             "acmrs_sa_table_min" => acmrs_sa_table_min = |v| uint(v, 0, 1 << 20);
-            "acmrs_route_prefetch" => acmrs_route_prefetch = |v| uint(v, 0, 3_600_000);
+            "acmrs_warm_start_ms" => acmrs_warm_start_ms = |v| uint(v, 0, 3_600_000);
+            // Its former name ("prefetch" is the CPU's word here).
+            "acmrs_route_prefetch" => acmrs_warm_start_ms = |v| uint(v, 0, 3_600_000);
             "acmrs_prom_file" => acmrs_prom_file = |v| optional_path(v, PATH_MAX);
             "acmrs_prom_interval_s" => acmrs_prom_interval_s = |v| uint(v, 1, 86400);
             "acmrs_hit_sample" => acmrs_hit_sample = |v| uint(v, 1, 65536).map(u32::next_power_of_two);
@@ -636,6 +639,12 @@ mod tests {
             load("acmrs_poll_mode event\n").0.poll_mode(),
             PollMode::Event
         );
+        // The warm start under its name and its former one.
+        for text in ["acmrs_warm_start_ms 5000\n", "acmrs_route_prefetch 5000\n"] {
+            let (o, s, e) = load(text);
+            assert!(e.is_empty() && s.unknown == 0, "{text}");
+            assert_eq!(o.acmrs_warm_start_ms, 5000, "{text}");
+        }
         // The removed miss-path modes are unknown names now, ignored like any other.
         let (_, s, e) = load("acmrs_sa_direct 1\nacmrs_sa_inline 1\n");
         assert!(e.is_empty());
