@@ -206,9 +206,9 @@ fn hand_over(ctx: &AddrCtx, req: &Request<'_>, stamp: Option<MissStamp>) -> Resu
     if handed {
         return Ok(());
     }
-    let answered = matches!(kind, Kind::Resolve | Kind::Query);
+    let wants_answer = matches!(kind, Kind::Resolve | Kind::Query);
     if inbox.is_stalled() && !inbox.is_stopped() {
-        if answered {
+        if wants_answer {
             ctx.inst.log_limited(
                 LogReason::Stalled,
                 "ERROR - the acmrs dataplane is stuck, answering ETIMEDOUT",
@@ -217,7 +217,7 @@ fn hand_over(ctx: &AddrCtx, req: &Request<'_>, stamp: Option<MissStamp>) -> Resu
         return Err(Status::Etimedout);
     }
     if inbox.is_stopped() {
-        if answered {
+        if wants_answer {
             ctx.inst.log_limited(
                 LogReason::Stopped,
                 "ERROR - the acmrs dataplane has stopped, answering ENODATA",
@@ -225,7 +225,7 @@ fn hand_over(ctx: &AddrCtx, req: &Request<'_>, stamp: Option<MissStamp>) -> Resu
         }
         return Err(Status::Enodata);
     }
-    if answered {
+    if wants_answer {
         ctx.inst.log_limited(
             LogReason::QueueFull,
             "ERROR - request queue full, answering ENOMEM",
