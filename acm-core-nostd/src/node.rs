@@ -21,7 +21,7 @@
 //! and gets the replies back on it; the others, and every endpoint with [`Transport::Core`],
 //! hand theirs to the core's service (one MAD per answer: no half-world tables through it).
 
-use crate::cache::CacheRef;
+use crate::cache::{CacheEp, CacheRef};
 use crate::resolver::table::TableError;
 use crate::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, McGroup, Millis, RecvMeta, Request, Resolver, Stats,
@@ -328,11 +328,11 @@ where
         cfg: EpConfig,
         sm: Option<SmAddr>,
     ) -> Result<(), crate::resolver::Error> {
-        if usize::from(ep.0) >= EPS {
+        if ep.index() >= EPS {
             return Err(crate::resolver::Error::Capacity);
         }
         self.resolver.open_endpoint(now, ep, cfg)?;
-        self.eps[usize::from(ep.0)] = EpSa {
+        self.eps[ep.index()] = EpSa {
             open: true,
             qp: cfg.qpn != 0,
             sa_pkey: cfg.sa_pkey,
@@ -352,13 +352,13 @@ where
     pub fn close_endpoint(&mut self, now: Millis, ep: EpId) {
         self.resolver.close_endpoint(now, ep);
         self.sa.drop_endpoint(ep, |_, _| {});
-        if let Some(e) = self.eps.get_mut(usize::from(ep.0)) {
+        if let Some(e) = self.eps.get_mut(ep.index()) {
             e.open = false;
         }
     }
 
     /// A client reregister on `ep`'s port ([`Resolver::reregister`]).
-    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: u32) {
+    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp) {
         self.resolver.reregister(now, ep, cache_ep);
     }
 
@@ -411,7 +411,7 @@ where
             self.resolver.handle_acm(now, ep, meta, &mad[..]);
             return;
         }
-        let sm = self.eps.get(usize::from(ep.0)).and_then(|e| e.sm);
+        let sm = self.eps.get(ep.index()).and_then(|e| e.sm);
         let eps = &self.eps;
         let carries = |owner: EpId| carrier_in(eps, owner) == Some(ep);
         match self.sa.handle_receive(now, meta, sm, carries, mad) {
@@ -437,8 +437,8 @@ where
     /// Where endpoint `ep`'s port's SM is now (asked for by [`Output::ReadSm`]), its cache
     /// number `cache_ep`. A new SM LID drops what was learned from the old fabric state and
     /// subscribes again, as a client reregister does.
-    pub fn handle_sm(&mut self, now: Millis, ep: EpId, cache_ep: u32, sm: Option<SmAddr>) {
-        let Some(e) = self.eps.get_mut(usize::from(ep.0)) else {
+    pub fn handle_sm(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp, sm: Option<SmAddr>) {
+        let Some(e) = self.eps.get_mut(ep.index()) else {
             return;
         };
         let Some(sm) = sm else {
@@ -564,9 +564,7 @@ where
         };
         let cfg = self.resolver.config();
         let per_try = cfg.acm_timeout.saturating_add(u64::from(
-            self.eps
-                .get(usize::from(qp.0))
-                .map_or(0, |e| e.subnet_timeout_ms),
+            self.eps.get(qp.index()).map_or(0, |e| e.subnet_timeout_ms),
         ));
         let tries = cfg.sa_tries.max(1);
         // A response (a ReportResp) goes as it is: no query, nothing to complete.
@@ -591,7 +589,7 @@ where
             return None;
         }
         let qp = carrier_in(&self.eps, ep)?;
-        Some((qp, self.eps.get(usize::from(qp.0))?.sm?))
+        Some((qp, self.eps.get(qp.index())?.sm?))
     }
 
     /// The next endpoint of the SM check in progress (one with a QP).
@@ -600,7 +598,7 @@ where
         match (from..EPS).find(|&i| self.eps[i].open && self.eps[i].qp) {
             Some(i) => {
                 self.sm_reading = Some(i + 1);
-                Some(EpId(i as u8))
+                EpId::from_index(i)
             }
             None => {
                 self.sm_reading = None;
@@ -645,14 +643,14 @@ where
 /// through the core's service. Replies come back on that QP and are matched to `ep`'s query
 /// by the SA channel. An endpoint being closed still carries its own last MADs (its leaves).
 fn carrier_in(eps: &[EpSa], ep: EpId) -> Option<EpId> {
-    let own = eps.get(usize::from(ep.0))?;
+    let own = eps.get(ep.index())?;
     if own.qp && own.sa_pkey {
         return Some(ep);
     }
     let gid = own.port_gid;
     eps.iter()
         .position(|e| e.carries() && e.port_gid == gid)
-        .map(|i| EpId(i as u8))
+        .and_then(EpId::from_index)
 }
 
 /// `mad` on `qp`'s QP to the SM's QP1.

@@ -3,9 +3,9 @@
 //! the 1,000,000-entry capacity.
 
 use acm_core_nostd::cache::{
-    constraint, ep_generation, ep_number, ep_slot, AddrKey, AddrSlot, CacheConfig, CacheError,
-    Constraints, Dest, Inserted, Lookup, PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT,
-    EP_GENERATIONS, EP_GEN_BITS, EP_MAX, REVERSIBLE,
+    constraint, ep_number, AddrKey, AddrSlot, CacheConfig, CacheEp, CacheError, Constraints, Dest,
+    Inserted, Lookup, PathCache, PathKey, PathSlot, DESIGN_LOAD_PERCENT, EP_GEN_BITS, EP_MAX,
+    EP_SLOT_BITS, REVERSIBLE,
 };
 
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -32,7 +32,7 @@ fn rec(tag: u8) -> [u8; 64] {
     r
 }
 
-fn lid(ep: u32, l: u16) -> PathKey {
+fn lid(ep: CacheEp, l: u16) -> PathKey {
     PathKey::new(ep, Dest::Lid(l))
 }
 
@@ -56,7 +56,7 @@ fn storage_must_not_be_empty() {
 #[test]
 fn insert_lookup_update_remove() {
     let c = cache(16, 16);
-    let k = lid(1, 5);
+    let k = lid(ep_number(0, 1), 5);
     assert_eq!(c.lookup(&k, 0), Lookup::Miss);
     let mut w = c.writer().unwrap();
     assert_eq!(
@@ -82,8 +82,8 @@ fn lid_gid_and_constraints_are_separate_entries() {
     let c = cache(64, 0);
     let mut w = c.writer().unwrap();
     let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5];
-    let base = lid(1, 5);
-    let by_gid = PathKey::new(1, Dest::Gid(gid));
+    let base = lid(ep_number(0, 1), 5);
+    let by_gid = PathKey::new(ep_number(0, 1), Dest::Gid(gid));
     let sid = Constraints {
         mask: constraint::SERVICE_ID,
         service_id: 0x1234,
@@ -108,7 +108,7 @@ fn lid_gid_and_constraints_are_separate_entries() {
         },
         ..base
     };
-    let other_ep = lid(2, 5);
+    let other_ep = lid(ep_number(0, 2), 5);
     let keys = [base, by_gid, with_sid, other_sid, with_sl, other_ep];
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(
@@ -135,7 +135,7 @@ fn lid_gid_and_constraints_are_separate_entries() {
 fn expiry_is_sub_minute_and_exact() {
     let c = cache(8, 0);
     let mut w = c.writer().unwrap();
-    let k = lid(0, 9);
+    let k = lid(ep_number(0, 0), 9);
     w.insert(&k, &rec(3), 1_000, 250);
     assert!(matches!(
         c.lookup(&k, 1_249),
@@ -160,7 +160,7 @@ fn expiry_is_sub_minute_and_exact() {
 fn negative_entries_have_their_own_lifetime() {
     let c = cache(8, 8);
     let mut w = c.writer().unwrap();
-    let k = lid(0, 9);
+    let k = lid(ep_number(0, 0), 9);
     assert_eq!(w.insert_negative(&k, 0, 0, 10), Err(CacheError::ZeroStatus));
     w.insert_negative(&k, 6, 100, 500).unwrap();
     assert_eq!(
@@ -175,7 +175,7 @@ fn negative_entries_have_their_own_lifetime() {
     assert_eq!(w.insert(&k, &rec(4), 700, 1_000), Inserted::Updated);
     assert_eq!(record_of(c.lookup(&k, 800)), rec(4));
     // Negative addresses.
-    let a = AddrKey::ipv4(0, [10, 0, 0, 9]);
+    let a = AddrKey::ipv4(ep_number(0, 0), [10, 0, 0, 9]);
     w.insert_addr_negative(&a, 9, 0, 50).unwrap();
     assert_eq!(
         c.lookup_addr(&a, 10),
@@ -193,7 +193,7 @@ fn negative_entries_have_their_own_lifetime() {
 fn refresh_hint_goes_to_one_reader_per_version() {
     let c = cache(8, 0);
     let mut w = c.writer().unwrap();
-    let k = lid(0, 1);
+    let k = lid(ep_number(0, 0), 1);
     w.insert(&k, &rec(1), 0, 10_000); // refresh_ahead = 1000
     assert!(matches!(
         c.lookup(&k, 8_999),
@@ -240,10 +240,13 @@ fn aliases_share_one_record() {
     let c = cache(8, 8);
     let mut w = c.writer().unwrap();
     let gid = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0, 7];
-    let path = PathKey::new(3, Dest::Gid(gid));
-    let name = AddrKey::name(3, "node7").unwrap();
-    let ip = AddrKey::ipv4(3, [192, 168, 0, 7]);
-    let ip6 = AddrKey::ipv6(3, [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+    let path = PathKey::new(ep_number(0, 3), Dest::Gid(gid));
+    let name = AddrKey::name(ep_number(0, 3), "node7").unwrap();
+    let ip = AddrKey::ipv4(ep_number(0, 3), [192, 168, 0, 7]);
+    let ip6 = AddrKey::ipv6(
+        ep_number(0, 3),
+        [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7],
+    );
     assert_eq!(w.alias(&name, &path, 0, 1_000), Err(CacheError::NoSuchPath));
     w.insert(&path, &rec(1), 0, 100_000);
     for a in [&name, &ip, &ip6] {
@@ -275,7 +278,7 @@ fn aliases_share_one_record() {
     // Removing the path (or reusing its slot) turns all aliases into misses.
     assert!(w.remove(&path));
     assert_eq!(c.lookup_addr(&name, 20), Lookup::Miss);
-    w.insert(&lid(3, 99), &rec(9), 20, 100_000); // reuses the freed slot
+    w.insert(&lid(ep_number(0, 3), 99), &rec(9), 20, 100_000); // reuses the freed slot
     assert_eq!(c.lookup_addr(&name, 30), Lookup::Miss);
     assert_eq!(c.lookup_addr(&ip6, 30), Lookup::Miss);
 }
@@ -285,31 +288,36 @@ fn invalidate_ep_is_o1_and_scoped() {
     let c = cache(64, 16);
     let mut w = c.writer().unwrap();
     for l in 0..10 {
-        w.insert(&lid(1, l), &rec(1), 0, 100_000);
-        w.insert(&lid(2, l), &rec(2), 0, 100_000);
+        w.insert(&lid(ep_number(0, 1), l), &rec(1), 0, 100_000);
+        w.insert(&lid(ep_number(0, 2), l), &rec(2), 0, 100_000);
     }
-    w.alias(&AddrKey::name(1, "a").unwrap(), &lid(1, 3), 0, 100_000)
-        .unwrap();
-    w.invalidate_ep(1);
+    w.alias(
+        &AddrKey::name(ep_number(0, 1), "a").unwrap(),
+        &lid(ep_number(0, 1), 3),
+        0,
+        100_000,
+    )
+    .unwrap();
+    w.invalidate_ep(ep_number(0, 1));
     for l in 0..10 {
-        assert_eq!(c.lookup(&lid(1, l), 1), Lookup::Miss);
-        assert_eq!(record_of(c.lookup(&lid(2, l), 1)), rec(2));
+        assert_eq!(c.lookup(&lid(ep_number(0, 1), l), 1), Lookup::Miss);
+        assert_eq!(record_of(c.lookup(&lid(ep_number(0, 2), l), 1)), rec(2));
     }
     assert_eq!(
-        c.lookup_addr(&AddrKey::name(1, "a").unwrap(), 1),
+        c.lookup_addr(&AddrKey::name(ep_number(0, 1), "a").unwrap(), 1),
         Lookup::Miss
     );
     // New entries on the endpoint work again, and re-inserting an invalidated key revives it.
-    w.insert(&lid(1, 3), &rec(7), 1, 100_000);
-    assert_eq!(record_of(c.lookup(&lid(1, 3), 2)), rec(7));
+    w.insert(&lid(ep_number(0, 1), 3), &rec(7), 1, 100_000);
+    assert_eq!(record_of(c.lookup(&lid(ep_number(0, 1), 3), 2)), rec(7));
     // The stale entries are reclaimed by the sweeper.
     let before = c.len();
     let purged = w.purge_expired(2, 64);
     assert_eq!(purged, 9 + 1, "9 stale paths + 1 stale alias");
     assert_eq!(c.len(), before - 9);
     // flush_ep removes everything of an endpoint.
-    assert_eq!(w.flush_ep(2), 10);
-    assert_eq!(c.lookup(&lid(2, 0), 3), Lookup::Miss);
+    assert_eq!(w.flush_ep(ep_number(0, 2)), 10);
+    assert_eq!(c.lookup(&lid(ep_number(0, 2), 0), 3), Lookup::Miss);
 }
 
 /// Generation bumps the tests below apply: 256 (where an 8-bit generation came back to its
@@ -347,7 +355,7 @@ fn an_entry_is_never_found_under_a_later_generation_of_its_endpoint() {
         (u32::MAX, 255),
     ] {
         let ep = ep_number(g, id);
-        assert_eq!((ep_slot(ep), ep_generation(ep)), (id, g & (EP_MAX >> 8)));
+        assert_eq!((ep.slot(), ep.generation()), (id, g & (EP_MAX >> 8)));
         let (by_lid, by_gid) = (lid(ep, 5), PathKey::new(ep, Dest::Gid(gid)));
         let name = AddrKey::name(ep, "peer").unwrap();
         w.insert(&by_lid, &rec(id), 0, 100_000);
@@ -355,7 +363,7 @@ fn an_entry_is_never_found_under_a_later_generation_of_its_endpoint() {
         w.alias(&name, &by_lid, 0, 100_000).unwrap();
         for b in bumps() {
             let later = ep_number(g.wrapping_add(b), id);
-            let what = format!("generation {g:#x} + {b} on slot {id}: {later:#x}");
+            let what = format!("generation {g:#x} + {b} on slot {id}: {later:?}");
             assert_eq!(c.lookup(&lid(later, 5), 1), Lookup::Miss, "{what}");
             assert_eq!(
                 c.lookup(&PathKey::new(later, Dest::Gid(gid)), 1),
@@ -365,9 +373,9 @@ fn an_entry_is_never_found_under_a_later_generation_of_its_endpoint() {
             let later_name = AddrKey::name(later, "peer").unwrap();
             assert_eq!(c.lookup_addr(&later_name, 1), Lookup::Miss, "{what}");
             assert_ne!(later, ep, "{what}");
-            // The slot id stays the number modulo EP_GENERATIONS: the writer's invalidation
-            // of the slot still reaches every generation of it.
-            assert_eq!(later as usize % EP_GENERATIONS, usize::from(id), "{what}");
+            // The slot id stays the same: the writer's invalidation of the slot still reaches
+            // every generation of it.
+            assert_eq!(later.slot(), id, "{what}");
         }
         // Only a full turn of the generation's bits comes back to the number.
         assert_eq!(ep_number(g.wrapping_add(1 << EP_GEN_BITS), id), ep);
@@ -389,20 +397,25 @@ fn an_entry_is_never_found_under_a_later_generation_of_its_endpoint() {
 fn wide_endpoint_numbers_are_separate_keys() {
     let c = cache(PathSlot::slots_for(64), AddrSlot::slots_for(64));
     let mut w = c.writer().unwrap();
-    let eps: Vec<u32> = (0..30).map(|bit| 1u32 << bit).chain([0, EP_MAX]).collect();
+    // The number with bits `n`: slot id in the low byte, generation above it.
+    let number = |n: u32| ep_number(n >> EP_SLOT_BITS, n as u8);
+    let eps: Vec<CacheEp> = (0..30)
+        .map(|bit| number(1u32 << bit))
+        .chain([number(0), number(EP_MAX)])
+        .collect();
     for (i, &ep) in eps.iter().enumerate() {
         w.insert(&lid(ep, 9), &rec(i as u8), 0, 100_000);
         w.alias(&AddrKey::ipv4(ep, [10, 0, 0, 9]), &lid(ep, 9), 0, 100_000)
             .unwrap();
     }
     for (i, &ep) in eps.iter().enumerate() {
-        assert_eq!(record_of(c.lookup(&lid(ep, 9), 1)), rec(i as u8), "{ep:#x}");
+        assert_eq!(record_of(c.lookup(&lid(ep, 9), 1)), rec(i as u8), "{ep:?}");
         let a = AddrKey::ipv4(ep, [10, 0, 0, 9]);
-        assert_eq!(record_of(c.lookup_addr(&a, 1)), rec(i as u8), "{ep:#x}");
+        assert_eq!(record_of(c.lookup_addr(&a, 1)), rec(i as u8), "{ep:?}");
     }
-    assert_eq!(w.flush_ep(1 << 29), 2);
-    assert_eq!(c.lookup(&lid(1 << 29, 9), 1), Lookup::Miss);
-    assert_eq!(record_of(c.lookup(&lid(0, 9), 1)), rec(30));
+    assert_eq!(w.flush_ep(number(1 << 29)), 2);
+    assert_eq!(c.lookup(&lid(number(1 << 29), 9), 1), Lookup::Miss);
+    assert_eq!(record_of(c.lookup(&lid(ep_number(0, 0), 9), 1)), rec(30));
 }
 
 #[test]
@@ -415,7 +428,7 @@ fn full_cache_evicts_dead_entries_first_and_never_grows() {
     // two groups, so a few inserts evict before the last slots are taken.)
     let mut l = 0u16;
     while c.len() < cap {
-        let r = w.insert(&lid(0, l), &rec(l as u8), 0, 1_000);
+        let r = w.insert(&lid(ep_number(0, 0), l), &rec(l as u8), 0, 1_000);
         assert!(matches!(r, Inserted::New | Inserted::Evicted));
         l += 1;
         assert!(l < 10_000, "table never filled");
@@ -423,7 +436,9 @@ fn full_cache_evicts_dead_entries_first_and_never_grows() {
     let before = c.stats();
     // After they expired, new long-lived inserts must take dead slots only: every window still
     // holds dead entries, so no live entry is lost.
-    let fresh: Vec<PathKey> = (0..(cap / 2) as u16).map(|l| lid(1, l)).collect();
+    let fresh: Vec<PathKey> = (0..(cap / 2) as u16)
+        .map(|l| lid(ep_number(0, 1), l))
+        .collect();
     for k in &fresh {
         assert_eq!(w.insert(k, &rec(7), 2_000, 1_000_000), Inserted::Evicted);
     }
@@ -442,7 +457,7 @@ fn full_cache_evicts_dead_entries_first_and_never_grows() {
     // bounded.
     for l in 0..200u16 {
         assert_eq!(
-            w.insert(&lid(2, l), &rec(1), 2_003, 1_000_000),
+            w.insert(&lid(ep_number(0, 2), l), &rec(1), 2_003, 1_000_000),
             Inserted::Evicted
         );
         assert_eq!(c.len(), cap, "bounded");
@@ -462,10 +477,10 @@ fn clock_keeps_hot_entries() {
     let c = cache(cap, 0);
     let mut w = c.writer().unwrap();
     for l in 0..cap as u16 {
-        w.insert(&lid(0, l), &rec(1), 0, u64::MAX);
+        w.insert(&lid(ep_number(0, 0), l), &rec(1), 0, u64::MAX);
     }
     // 16 hot keys are read between every insert; the rest is churn.
-    let hot: Vec<PathKey> = (0..16).map(|l| lid(0, l * 7)).collect();
+    let hot: Vec<PathKey> = (0..16).map(|l| lid(ep_number(0, 0), l * 7)).collect();
     let mut hot_misses = 0;
     for n in 0..2_000u16 {
         for k in &hot {
@@ -474,7 +489,7 @@ fn clock_keeps_hot_entries() {
                 w.insert(k, &rec(1), 1, u64::MAX);
             }
         }
-        w.insert(&lid(1, n), &rec(2), 1, u64::MAX);
+        w.insert(&lid(ep_number(0, 1), n), &rec(2), 1, u64::MAX);
     }
     // Plain FIFO would lose every hot key once per 256 inserts (~7 rounds × 16 = ~120 misses).
     assert!(hot_misses < 20, "hot keys evicted {hot_misses} times");
@@ -484,12 +499,12 @@ fn clock_keeps_hot_entries() {
 fn counters_add_up() {
     let c = cache(8, 8);
     let mut w = c.writer().unwrap();
-    w.insert(&lid(0, 1), &rec(1), 0, 100);
-    w.insert(&lid(0, 1), &rec(1), 0, 100);
-    c.lookup(&lid(0, 1), 1);
-    c.lookup(&lid(0, 2), 1);
-    c.lookup(&lid(0, 1), 100);
-    w.remove(&lid(0, 1));
+    w.insert(&lid(ep_number(0, 0), 1), &rec(1), 0, 100);
+    w.insert(&lid(ep_number(0, 0), 1), &rec(1), 0, 100);
+    c.lookup(&lid(ep_number(0, 0), 1), 1);
+    c.lookup(&lid(ep_number(0, 0), 2), 1);
+    c.lookup(&lid(ep_number(0, 0), 1), 100);
+    w.remove(&lid(ep_number(0, 0), 1));
     let s = c.stats();
     assert_eq!(
         (s.inserts, s.updates, s.hits, s.misses, s.removed),
@@ -502,17 +517,25 @@ fn counters_add_up() {
 fn clear_empties_everything() {
     let c = cache(8, 8);
     let mut w = c.writer().unwrap();
-    w.insert(&lid(0, 1), &rec(1), 0, 100);
-    w.alias(&AddrKey::name(0, "x").unwrap(), &lid(0, 1), 0, 100)
-        .unwrap();
+    w.insert(&lid(ep_number(0, 0), 1), &rec(1), 0, 100);
+    w.alias(
+        &AddrKey::name(ep_number(0, 0), "x").unwrap(),
+        &lid(ep_number(0, 0), 1),
+        0,
+        100,
+    )
+    .unwrap();
     w.clear();
-    assert_eq!(c.lookup(&lid(0, 1), 1), Lookup::Miss);
+    assert_eq!(c.lookup(&lid(ep_number(0, 0), 1), 1), Lookup::Miss);
     assert_eq!(
-        c.lookup_addr(&AddrKey::name(0, "x").unwrap(), 1),
+        c.lookup_addr(&AddrKey::name(ep_number(0, 0), "x").unwrap(), 1),
         Lookup::Miss
     );
     assert_eq!(c.len(), 0);
-    assert_eq!(w.insert(&lid(0, 1), &rec(1), 0, 100), Inserted::New);
+    assert_eq!(
+        w.insert(&lid(ep_number(0, 0), 1), &rec(1), 0, 100),
+        Inserted::New
+    );
 }
 
 /// One million path records fit and work (`PathSlot::slots_for(1_000_000)` slots, 150 MB).
@@ -532,7 +555,7 @@ fn one_million_entries() {
         let mut gid = [0u8; 16];
         gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
         gid[12..].copy_from_slice(&i.to_be_bytes());
-        PathKey::new(i % 4, Dest::Gid(gid))
+        PathKey::new(ep_number(0, (i % 4) as u8), Dest::Gid(gid))
     };
     let mut r = [0u8; 64];
     for i in 0..N {
@@ -575,11 +598,11 @@ fn cache_is_shareable_and_writer_is_sendable() {
     let c2 = std::sync::Arc::clone(&c);
     std::thread::spawn(move || {
         let mut w = c2.writer().unwrap();
-        w.insert(&lid(0, 1), &rec(5), 0, 100);
+        w.insert(&lid(ep_number(0, 0), 1), &rec(5), 0, 100);
     })
     .join()
     .unwrap();
-    assert_eq!(record_of(c.lookup(&lid(0, 1), 1)), rec(5));
+    assert_eq!(record_of(c.lookup(&lid(ep_number(0, 0), 1), 1)), rec(5));
 }
 
 #[test]
@@ -634,9 +657,12 @@ const GID7: [u8; 16] = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 2, 0xc9, 0x03, 0, 0, 0,
 fn reversible_and_plain_requests_share_one_entry() {
     let c = cache(64, 0);
     let mut w = c.writer().unwrap();
-    for (i, plain) in [lid(3, 7), PathKey::new(3, Dest::Gid(GID7))]
-        .into_iter()
-        .enumerate()
+    for (i, plain) in [
+        lid(ep_number(0, 3), 7),
+        PathKey::new(ep_number(0, 3), Dest::Gid(GID7)),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let rev = reversible(plain);
         let r = rec_rev(i as u8, true);
@@ -652,14 +678,14 @@ fn reversible_and_plain_requests_share_one_entry() {
             reversible_numpath: v,
             ..Constraints::ANY
         },
-        ..lid(3, 8)
+        ..lid(ep_number(0, 3), 8)
     };
     assert_eq!(
         w.insert(&numpath(0x81), &rec_rev(5, true), 1, u64::MAX),
         Inserted::New
     );
     assert_eq!(record_of(c.lookup(&numpath(0x01), 2)), rec_rev(5, true));
-    assert_eq!(c.lookup(&lid(3, 8), 2), Lookup::Miss);
+    assert_eq!(c.lookup(&lid(ep_number(0, 3), 8), 2), Lookup::Miss);
     assert_eq!(c.len(), 3);
 }
 
@@ -669,7 +695,7 @@ fn reversible_and_plain_requests_share_one_entry() {
 #[test]
 fn a_non_reversible_record_misses_a_reversible_request() {
     for update_with_bit in [false, true] {
-        let (c, plain, rev) = cache_and_variants(lid(3, 7));
+        let (c, plain, rev) = cache_and_variants(lid(ep_number(0, 3), 7));
         let mut w = c.writer().unwrap();
         assert_eq!(
             w.insert(&plain, &rec_rev(1, false), 0, u64::MAX),
@@ -693,7 +719,7 @@ fn a_non_reversible_record_misses_a_reversible_request() {
 #[test]
 fn a_negative_entry_answers_with_and_without_the_bit() {
     for with_bit in [false, true] {
-        let (c, plain, rev) = cache_and_variants(PathKey::new(3, Dest::Gid(GID7)));
+        let (c, plain, rev) = cache_and_variants(PathKey::new(ep_number(0, 3), Dest::Gid(GID7)));
         let mut w = c.writer().unwrap();
         let k = if with_bit { rev } else { plain };
         assert_eq!(w.insert_negative(&k, 0x2a, 0, 100), Ok(Inserted::New));
@@ -715,7 +741,7 @@ fn a_negative_entry_answers_with_and_without_the_bit() {
 #[test]
 fn remove_with_either_variant_removes_the_entry() {
     for with_bit in [false, true] {
-        let (c, plain, rev) = cache_and_variants(lid(3, 7));
+        let (c, plain, rev) = cache_and_variants(lid(ep_number(0, 3), 7));
         let mut w = c.writer().unwrap();
         w.insert(&rev, &rec_rev(1, true), 0, u64::MAX);
         assert!(w.remove(if with_bit { &rev } else { &plain }));

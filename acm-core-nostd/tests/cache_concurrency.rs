@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Barrier;
 
 use acm_core_nostd::cache::{
-    AddrKey, AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot, PATH_WORDS,
-    RECORD_LEN,
+    ep_number, AddrKey, AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot,
+    PATH_WORDS, RECORD_LEN,
 };
 
 const KEYS: u16 = 4;
@@ -66,11 +66,11 @@ fn check(lid: u16, r: &[u8; 64]) -> Result<(), String> {
 }
 
 fn key(l: u16) -> PathKey {
-    PathKey::new(0, Dest::Lid(l + 1))
+    PathKey::new(ep_number(0, 0), Dest::Lid(l + 1))
 }
 
 fn alias(l: u16) -> AddrKey {
-    AddrKey::ipv4(0, [10, 0, 0, l as u8 + 1])
+    AddrKey::ipv4(ep_number(0, 0), [10, 0, 0, l as u8 + 1])
 }
 
 fn new_cache() -> PathCache<Box<[PathSlot]>, Box<[AddrSlot]>> {

@@ -9,7 +9,8 @@
 //!   is disturbed.
 
 use acm_core_nostd::cache::{
-    AddrSlot, CacheConfig, Dest, Inserted, Lookup, PathCache, PathKey, PathSlot, GROUP, MAX_PROBE,
+    ep_number, AddrSlot, CacheConfig, Dest, Inserted, Lookup, PathCache, PathKey, PathSlot, GROUP,
+    MAX_PROBE,
 };
 
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
@@ -34,7 +35,7 @@ fn key(i: u64) -> PathKey {
     let mut gid = [0u8; 16];
     gid[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
     gid[8..].copy_from_slice(&i.to_be_bytes());
-    PathKey::new(1, Dest::Gid(gid))
+    PathKey::new(ep_number(0, 1), Dest::Gid(gid))
 }
 
 /// The first `want` keys (searching `key(0..)`) whose window is `{g1, g2}` of `key(0)`, and

@@ -4,7 +4,8 @@
 //! and dropped. Also: join retries, leaves at close, names waiting for the join.
 
 use acm_core_nostd::cache::{
-    AddrKey, AddrKind, AddrSlot, CacheConfig, CacheWriter, Lookup, PathCache, PathSlot,
+    ep_number, AddrKey, AddrKind, AddrSlot, CacheConfig, CacheEp, CacheWriter, Lookup, PathCache,
+    PathSlot,
 };
 use acm_core_nostd::resolver::{
     AcmDest, ArrayStorage, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, RecvMeta,
@@ -20,6 +21,7 @@ use std::sync::Arc;
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
 const EP: EpId = EpId(0);
+const CEP: CacheEp = ep_number(0, EP.0);
 
 fn fixture(name: &str) -> Vec<u8> {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -90,7 +92,7 @@ impl<S: Storage> T<S> {
     fn resolve(&mut self, now: u64, client: u64, msg: &[u8]) {
         let r = Request {
             ep: EP,
-            cache_ep: 0,
+            cache_ep: CEP,
             client,
             kind: Kind::Resolve,
             msg,
@@ -137,7 +139,7 @@ impl<S: Storage> T<S> {
     fn open_join_and_add_hca4(&mut self) {
         self.open_and_join();
         self.r
-            .add_address(0, EP, 0, AddrKind::Name, &name("hca4"))
+            .add_address(0, EP, CEP, AddrKind::Name, &name("hca4"))
             .unwrap();
         self.drain();
     }
@@ -298,7 +300,7 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
             assert_eq!(a.status, Status::Success);
         }
         // Aliased for the caller's hit path.
-        let key = AddrKey::name(0, "hca4").unwrap();
+        let key = AddrKey::name(CEP, "hca4").unwrap();
         assert!(matches!(t.cache.lookup_addr(&key, 3), Lookup::Hit { .. }));
         // A duplicate of the response: its TID is no longer pending.
         t.r.handle_acm(4, EP, &meta_from(6, peer), &resp);
@@ -583,8 +585,14 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
         ..ep_config()
     };
     t.r.open_endpoint(1, tenant, cfg).unwrap();
-    t.r.add_address(1, tenant, 1, AddrKind::Name, &name("hca4-8001"))
-        .unwrap();
+    t.r.add_address(
+        1,
+        tenant,
+        ep_number(0, tenant.0),
+        AddrKind::Name,
+        &name("hca4-8001"),
+    )
+    .unwrap();
     t.drain();
     // hca3 asks the default partition's group for hca4-8001: it arrives on endpoint 0,
     // which must not answer for an address of the 0x8001 endpoint.

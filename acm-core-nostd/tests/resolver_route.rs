@@ -3,8 +3,8 @@
 //! caching, query() pass-through, close and shutdown.
 
 use acm_core_nostd::cache::{
-    ep_number, AddrKind, AddrSlot, CacheConfig, CacheError, CacheWriter, Dest, Lookup, PathCache,
-    PathKey, PathSlot,
+    ep_number, AddrKind, AddrSlot, CacheConfig, CacheEp, CacheError, CacheWriter, Dest, Lookup,
+    PathCache, PathKey, PathSlot,
 };
 use acm_core_nostd::resolver::{
     Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Request, Resolver, Via,
@@ -19,7 +19,7 @@ use std::sync::Arc;
 type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
 
 const EP: EpId = EpId(3);
-const CEP: u32 = ep_number(0, EP.0);
+const CEP: CacheEp = ep_number(0, EP.0);
 
 fn port_gid() -> Gid {
     let mut g = [0u8; 16];
@@ -843,7 +843,7 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
     }
     t.drain();
     assert!(t.informs().is_empty());
-    t.r.reregister(5, EP, 0x0100 | CEP);
+    t.r.reregister(5, EP, ep_number(1, EP.0));
     t.drain();
     let again: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(
@@ -863,7 +863,7 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
         },
         Capacities::default(),
     );
-    c.r.reregister(1, EP, 0x0100 | CEP);
+    c.r.reregister(1, EP, ep_number(1, EP.0));
     c.drain();
     assert!(c.informs().is_empty());
 }

@@ -779,7 +779,9 @@ mod plane_tests {
     use super::*;
     use crate::plane::{Control, CoreIo, HostCache, HostWriter, Inbox, Plane, SaReply};
     use crate::worker::{Poller, Worker};
-    use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+    use acm_core_nostd::cache::{
+        ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot,
+    };
     use acm_core_nostd::resolver::{
         Answer, Capacities, Config, Counter, EpId, HeapStorage, Kind, Request, Resolver,
     };
@@ -886,7 +888,7 @@ mod plane_tests {
             .with_stats(clock, 64, sink);
         inbox.control(Control::Open {
             ep: EpId(0),
-            cache_ep: 0,
+            cache_ep: ep_number(0, 0),
             cfg: node_ep_config(0),
             ud: None,
             routes: Vec::new(),
@@ -903,16 +905,19 @@ mod plane_tests {
         // Two clients, the same tid; a third request not stamped (not timed).
         let m = lid_msg(2, false, 42);
         assert!(inbox.hand_over(
-            &Request::new(EpId(0), 0, 5, Kind::Resolve, &m),
+            &Request::new(EpId(0), ep_number(0, 0), 5, Kind::Resolve, &m),
             stamp(MissClass::Route)
         ));
         std::thread::sleep(std::time::Duration::from_millis(2));
         assert!(inbox.hand_over(
-            &Request::new(EpId(0), 0, 6, Kind::Resolve, &m),
+            &Request::new(EpId(0), ep_number(0, 0), 6, Kind::Resolve, &m),
             stamp(MissClass::Route)
         ));
         let m3 = lid_msg(3, false, 43);
-        assert!(inbox.hand_over(&Request::new(EpId(0), 0, 7, Kind::Resolve, &m3), None));
+        assert!(inbox.hand_over(
+            &Request::new(EpId(0), ep_number(0, 0), 7, Kind::Resolve, &m3),
+            None
+        ));
         for _ in 0..100 {
             plane.poll(Instant::now());
             if answers.lock().unwrap().len() == 3 {
@@ -983,7 +988,13 @@ mod plane_tests {
         // A stamped request the cache answers in its own round (the path arrived after the
         // caller's front looked): timed too, and nothing of it stays behind.
         assert!(inbox.hand_over(
-            &Request::new(EpId(0), 0, 8, Kind::Resolve, &lid_msg(2, false, 44)),
+            &Request::new(
+                EpId(0),
+                ep_number(0, 0),
+                8,
+                Kind::Resolve,
+                &lid_msg(2, false, 44)
+            ),
             stamp(MissClass::Route)
         ));
         plane.poll(Instant::now());

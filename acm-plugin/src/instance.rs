@@ -9,7 +9,7 @@
 
 use crate::core_api::CoreApi;
 use crate::ffi::AcmPort;
-use acm_core_nostd::cache::ep_number;
+use acm_core_nostd::cache::{ep_number, CacheEp};
 use acm_core_nostd::resolver::request::EpView;
 use acm_core_nostd::resolver::{Counter, EpId, MAX_EPS};
 use acm_core_nostd::text::opts::ProviderOptions;
@@ -103,7 +103,7 @@ impl EpRegistry {
         let mut s = lock(&self.slots);
         let i = s.iter().position(Option::is_none)?;
         let gen = lock(&self.next_gen)[i];
-        let ep = make(EpId(u8::try_from(i).ok()?), gen);
+        let ep = make(EpId::from_index(i)?, gen);
         s[i] = Some(ep.clone());
         self.version.fetch_add(1, Ordering::AcqRel);
         Some(ep)
@@ -112,9 +112,8 @@ impl EpRegistry {
     /// Frees the slot of `id`.
     pub fn remove(&self, id: EpId) {
         let mut s = lock(&self.slots);
-        if let Some(ep) = s[usize::from(id.0)].take() {
-            lock(&self.next_gen)[usize::from(id.0)] =
-                ep.gen.load(Ordering::Acquire).wrapping_add(1);
+        if let Some(ep) = s[id.index()].take() {
+            lock(&self.next_gen)[id.index()] = ep.gen.load(Ordering::Acquire).wrapping_add(1);
         }
         drop(s);
         self.version.fetch_add(1, Ordering::AcqRel);
@@ -301,7 +300,7 @@ impl Ep {
     /// This endpoint's number in the cache at the current flush generation
     /// ([`ep_number`]: the generation's low 22 bits above the slot id).
     #[inline]
-    pub fn cache_ep(&self) -> u32 {
+    pub fn cache_ep(&self) -> CacheEp {
         ep_number(self.gen.load(Ordering::Acquire), self.id.0)
     }
 
@@ -388,7 +387,7 @@ pub fn latency_sink(inst: Arc<Instance>) -> LatencySink {
             eps = inst.eps.snapshot();
             version = v;
         }
-        if let Some(Some(ep)) = eps.get(usize::from(id.0)) {
+        if let Some(Some(ep)) = eps.get(id.index()) {
             ep.stats.of(what).record(ns);
         }
     })
@@ -485,14 +484,14 @@ mod tests {
         let _first = open(&reg, &port);
         let ep = open(&reg, &port);
         let start = ep.cache_ep();
-        assert_eq!(start % 256, u32::from(ep.id.0));
+        assert_eq!(start.slot(), ep.id.0);
         let mut seen = HashSet::from([start]);
         for n in 1..=BUMPS {
             ep.bump_gen();
             let c = ep.cache_ep();
             assert_ne!(c, start, "the start number again after {n} bumps");
-            assert!(seen.insert(c), "{c:#x} again after {n} bumps");
-            assert_eq!(c % 256, u32::from(ep.id.0));
+            assert!(seen.insert(c), "{c:?} again after {n} bumps");
+            assert_eq!(c.slot(), ep.id.0);
             assert_eq!(ep.view().cache_ep, c);
         }
     }
@@ -514,11 +513,11 @@ mod tests {
                 "the same slot, reuse {n}"
             );
             let c = ep.cache_ep();
-            assert!(seen.insert(c), "{c:#x} again after {n} reuses of the slot");
+            assert!(seen.insert(c), "{c:?} again after {n} reuses of the slot");
             if n % 1000 == 7 {
                 ep.bump_gen();
                 let c = ep.cache_ep();
-                assert!(seen.insert(c), "{c:#x} again after {n} reuses and a bump");
+                assert!(seen.insert(c), "{c:?} again after {n} reuses and a bump");
             }
             reg.remove(ep.id);
         }

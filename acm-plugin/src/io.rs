@@ -48,7 +48,7 @@ impl PluginIo {
             self.eps = self.inst.eps.snapshot();
             self.version = v;
         }
-        self.eps.get(usize::from(id.0)).cloned().flatten()
+        self.eps.get(id.index()).cloned().flatten()
     }
 }
 

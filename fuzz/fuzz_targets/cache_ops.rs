@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use acm_core_nostd::cache::{
-    ep_number, ep_slot, AddrKey, AddrSlot, CacheConfig, CacheError, Dest, Inserted, Lookup,
+    ep_number, AddrKey, AddrSlot, CacheConfig, CacheEp, CacheError, Dest, Inserted, Lookup,
     PathCache, PathKey, PathSlot, EP_MAX,
 };
 use libfuzzer_sys::fuzz_target;
@@ -23,16 +23,16 @@ const ADDRS: usize = 4;
 
 /// Cache endpoint numbers: slots 0, 1, 2 at generation 0, and wide generations that share
 /// slot 1 or 2 (256 is where an 8-bit generation came back to the number of generation 0).
-const EPS: [u32; 6] = [
-    0,
-    1,
-    2,
+const EPS: [CacheEp; 6] = [
+    ep_number(0, 0),
+    ep_number(0, 1),
+    ep_number(0, 2),
     ep_number(1, 1),
     ep_number(256, 1),
     ep_number(EP_MAX >> 8, 2),
 ];
 
-fn ep(b: u8) -> u32 {
+fn ep(b: u8) -> CacheEp {
     EPS[usize::from(b) % EPS.len()]
 }
 
@@ -403,9 +403,9 @@ fuzz_target!(|data: &[u8]| {
             10 => {
                 let ep = ep(arg);
                 // Invalidation is per slot id (every generation of it); a flush is exact.
-                let hit = |k_ep: u32| {
+                let hit = |k_ep: CacheEp| {
                     if arg2 & 1 == 0 {
-                        ep_slot(k_ep) == ep_slot(ep)
+                        k_ep.slot() == ep.slot()
                     } else {
                         k_ep == ep
                     }

@@ -38,8 +38,8 @@
 //! through the core's service; a query is done (`QueryDone`) at most once, and only one that
 //! was sent; a table taken fits the channel's table slot.
 use acm_core_nostd::cache::{
-    ep_number, AddrSlot, CacheConfig, CacheStats, CacheWriter, Dest, Lookup, PathCache, PathKey,
-    PathSlot,
+    ep_number, AddrSlot, CacheConfig, CacheEp, CacheStats, CacheWriter, Dest, Lookup, PathCache,
+    PathKey, PathSlot,
 };
 use acm_core_nostd::node::{Event, Node, Output, Transport, Unsent};
 use acm_core_nostd::resolver::{
@@ -265,7 +265,7 @@ impl World {
         self.drain();
     }
 
-    fn cache_ep(&self, i: usize) -> u32 {
+    fn cache_ep(&self, i: usize) -> CacheEp {
         ep_number(self.generation[i], EPS[i].0)
     }
 
@@ -340,7 +340,7 @@ impl World {
 
     /// What the caller does for a `ReadSm`: the port says where the SM is now.
     fn read_sm(&mut self, ep: EpId) {
-        let i = usize::from(ep.0);
+        let i = ep.index();
         assert!(
             i < 3 && self.open[i],
             "an SM read for endpoint {i}, not open"
@@ -358,7 +358,7 @@ impl World {
 
     /// An SA MAD the node posts on `qp`'s QP.
     fn posted(&mut self, qp: EpId, to: AcmDest, mad: &[u8; MAD_LEN], query: Option<u64>) {
-        let i = usize::from(qp.0);
+        let i = qp.index();
         let sm = self.known.get(i).copied().flatten();
         let sm = sm.expect("a MAD posted on a QP whose port's SM is not known");
         assert_eq!(to, sm.dest(), "an SA MAD not for the SM's QP 1");
@@ -423,7 +423,7 @@ impl World {
             PathQuery::lid(lid)
         };
         let msg = ClientRequest::path(client, 0, &q);
-        let i = usize::from(ep.0);
+        let i = ep.index();
         let cache_ep = if i < 3 {
             self.cache_ep(i)
         } else {

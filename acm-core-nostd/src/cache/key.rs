@@ -13,41 +13,58 @@ pub const ADDR_KEY_WORDS: usize = 17;
 /// Longest address an [`AddrKey`] holds (`ACM_MAX_ADDRESS`).
 pub use crate::wire::client::MAX_ADDRESS;
 
-/// Bits of a cache endpoint number ([`PathKey::ep`], [`AddrKey::ep`]): word 0 of a packed key
-/// is `ep << 2 | type`, so the number has 30 bits; higher bits are dropped when packing.
+/// Bits of a cache endpoint number ([`CacheEp`]): word 0 of a packed key is `ep << 2 | type`,
+/// so the number has 30 bits.
 pub const EP_BITS: u32 = 30;
 /// The largest cache endpoint number.
 pub const EP_MAX: u32 = (1 << EP_BITS) - 1;
-/// Bits of the endpoint slot id, the low byte of a cache endpoint number (`ep %`
-/// [`EP_GENERATIONS`](super::EP_GENERATIONS)).
+/// Bits of the endpoint slot id, the low byte of a cache endpoint number
+/// ([`CacheEp::slot`], the index of the writer's generation counters, `EP_GENERATIONS` of them).
 pub const EP_SLOT_BITS: u32 = 8;
 /// Bits of the flush generation above the slot id in a cache endpoint number (22): a
 /// generation bumped `1 << EP_GEN_BITS` times (4,194,304) comes back to the same number.
 pub const EP_GEN_BITS: u32 = EP_BITS - EP_SLOT_BITS;
 
+/// An endpoint's number in the cache, its **cache number**: the endpoint slot id at a flush
+/// generation, the endpoint part of every [`PathKey`] and [`AddrKey`]. Every layer (the
+/// provider's hit path, its dataplane, the resolver, the cache) passes it as this type; it is
+/// made only by [`ep_number`] (and, inside this module, read back from a packed key), its
+/// parts are read with [`slot`](Self::slot) and [`generation`](Self::generation), and its
+/// bits become a key word only where a key is packed (`ep_word`). It is at most [`EP_MAX`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(transparent)]
+pub struct CacheEp(u32);
+
 /// The cache endpoint number of endpoint slot `id` at flush generation `gen`:
-/// `gen << 8 | id`, with `gen` taken modulo `1 << `[`EP_GEN_BITS`]. The one definition the
-/// provider's hit path, its dataplane and the tests use: bumping `gen` gives a number no
-/// entry written under an earlier generation (fewer than 4,194,304 bumps ago) has, so those
-/// entries stop matching at once, before the writer gets to
-/// [`invalidate_ep`](super::CacheWriter::invalidate_ep). `ep_number(gen, id) %
-/// EP_GENERATIONS == id`, so the writer's per-slot generation counters stay per slot.
+/// `gen << 8 | id`, with `gen` taken modulo `1 << `[`EP_GEN_BITS`]. The one constructor of a
+/// [`CacheEp`], which the provider's hit path, its dataplane and the tests use: bumping `gen`
+/// gives a number no entry written under an earlier generation (fewer than 4,194,304 bumps
+/// ago) has, so those entries stop matching at once, before the writer gets to
+/// [`invalidate_ep`](super::CacheWriter::invalidate_ep). `ep_number(gen, id).slot() == id`,
+/// so the writer's per-slot generation counters stay per slot.
 #[inline(always)]
-pub const fn ep_number(gen: u32, id: u8) -> u32 {
-    ((gen << EP_SLOT_BITS) | id as u32) & EP_MAX
+pub const fn ep_number(gen: u32, id: u8) -> CacheEp {
+    CacheEp(((gen << EP_SLOT_BITS) | id as u32) & EP_MAX)
 }
 
-/// The endpoint slot id of a cache endpoint number ([`ep_number`]'s `id`).
-#[inline]
-pub const fn ep_slot(ep: u32) -> u8 {
-    ep as u8
-}
+impl CacheEp {
+    /// The endpoint slot id ([`ep_number`]'s `id`).
+    #[inline(always)]
+    pub const fn slot(self) -> u8 {
+        self.0 as u8
+    }
 
-/// The flush generation of a cache endpoint number ([`ep_number`]'s `gen`, modulo
-/// `1 << `[`EP_GEN_BITS`]).
-#[inline]
-pub const fn ep_generation(ep: u32) -> u32 {
-    (ep & EP_MAX) >> EP_SLOT_BITS
+    /// The flush generation ([`ep_number`]'s `gen`, modulo `1 << `[`EP_GEN_BITS`]).
+    #[inline]
+    pub const fn generation(self) -> u32 {
+        self.0 >> EP_SLOT_BITS
+    }
+
+    /// The same endpoint at the next flush generation (what a CLIENT_REREGISTER moves it to).
+    #[inline]
+    pub const fn next_generation(self) -> CacheEp {
+        ep_number(self.generation().wrapping_add(1), self.slot())
+    }
 }
 
 /// The destination half of a [`PathKey`].
@@ -165,11 +182,10 @@ impl Constraints {
 /// Key of a path-record entry: endpoint, destination and request constraints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PathKey {
-    /// The endpoint (local port / partition) the path was learned through, as a cache
-    /// endpoint number ([`ep_number`]: flush generation and slot id; at most [`EP_MAX`], higher
-    /// bits are dropped when packing); see
+    /// The endpoint (local port / partition) the path was learned through, at its flush
+    /// generation (its [`CacheEp`]); see
     /// [`CacheWriter::invalidate_ep`](super::CacheWriter::invalidate_ep).
-    pub ep: u32,
+    pub ep: CacheEp,
     /// Destination LID or GID.
     pub dest: Dest,
     /// Request constraints; see [`Constraints`].
@@ -178,7 +194,7 @@ pub struct PathKey {
 
 impl PathKey {
     /// A key for `dest` on endpoint `ep` with no constraints.
-    pub const fn new(ep: u32, dest: Dest) -> Self {
+    pub const fn new(ep: CacheEp, dest: Dest) -> Self {
         PathKey {
             ep,
             dest,
@@ -259,16 +275,17 @@ const TYPE_MASK: u32 = (1 << TYPE_BITS) - 1;
 const _: () = assert!(EP_BITS + TYPE_BITS == 32);
 const _: () = assert!(DEST_GID <= TYPE_MASK && AddrKind::Ipv6 as u32 <= TYPE_MASK);
 
-/// Word 0 of a packed key: the endpoint number (its low [`EP_BITS`]) above the 2-bit `type_`.
+/// Word 0 of a packed key: the endpoint number ([`EP_BITS`]) above the 2-bit `type_`. The one
+/// place a [`CacheEp`]'s bits are read.
 #[inline(always)]
-pub(crate) const fn ep_word(ep: u32, type_: u32) -> u32 {
-    (ep << TYPE_BITS) | type_
+pub(crate) const fn ep_word(ep: CacheEp, type_: u32) -> u32 {
+    (ep.0 << TYPE_BITS) | type_
 }
 
-/// The endpoint number of word 0 of a packed key.
+/// The endpoint number of word 0 of a packed key ([`ep_word`] undone).
 #[inline(always)]
-pub(crate) const fn ep_of_word(w0: u32) -> u32 {
-    w0 >> TYPE_BITS
+pub(crate) const fn ep_of_word(w0: u32) -> CacheEp {
+    CacheEp(w0 >> TYPE_BITS)
 }
 /// Where the reversible bit and the constraint mask sit in word 9 of a packed key.
 const W9_REVERSIBLE: u32 = (REVERSIBLE as u32) << 8;
@@ -398,9 +415,9 @@ impl TryFrom<EpInfoType> for AddrKind {
 /// Bytes beyond the address are zero, as in ibacm's 64-byte `memcmp` keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AddrKey {
-    /// The endpoint the address was resolved on (a cache endpoint number, as
+    /// The endpoint the address was resolved on, at its flush generation (as
     /// [`PathKey::ep`]).
-    pub ep: u32,
+    pub ep: CacheEp,
     /// Address type.
     pub kind: AddrKind,
     /// Address bytes, zero padded.
@@ -409,19 +426,19 @@ pub struct AddrKey {
 
 impl AddrKey {
     /// A key from raw bytes; `None` if `bytes` is longer than 64.
-    pub fn new(ep: u32, kind: AddrKind, bytes: &[u8]) -> Option<Self> {
+    pub fn new(ep: CacheEp, kind: AddrKind, bytes: &[u8]) -> Option<Self> {
         let mut addr = [0u8; MAX_ADDRESS];
         addr.get_mut(..bytes.len())?.copy_from_slice(bytes);
         Some(AddrKey { ep, kind, addr })
     }
 
     /// A host-name key; `None` if the name is longer than 64 bytes.
-    pub fn name(ep: u32, name: &str) -> Option<Self> {
+    pub fn name(ep: CacheEp, name: &str) -> Option<Self> {
         Self::new(ep, AddrKind::Name, name.as_bytes())
     }
 
     /// An IPv4 key (network-order bytes).
-    pub fn ipv4(ep: u32, ip: [u8; 4]) -> Self {
+    pub fn ipv4(ep: CacheEp, ip: [u8; 4]) -> Self {
         let mut addr = [0u8; MAX_ADDRESS];
         addr[..4].copy_from_slice(&ip);
         AddrKey {
@@ -432,7 +449,7 @@ impl AddrKey {
     }
 
     /// An IPv6 key (network-order bytes).
-    pub fn ipv6(ep: u32, ip: [u8; 16]) -> Self {
+    pub fn ipv6(ep: CacheEp, ip: [u8; 16]) -> Self {
         let mut addr = [0u8; MAX_ADDRESS];
         addr[..16].copy_from_slice(&ip);
         AddrKey {
@@ -561,13 +578,16 @@ mod tests {
 
     #[test]
     fn lid_and_gid_keys_differ() {
-        let l = PathKey::new(1, Dest::Lid(0x0102));
+        let l = PathKey::new(ep_number(0, 1), Dest::Lid(0x0102));
         let mut gid = [0u8; 16];
         gid[15] = 2;
         gid[14] = 1;
-        let g = PathKey::new(1, Dest::Gid(gid));
+        let g = PathKey::new(ep_number(0, 1), Dest::Gid(gid));
         assert_ne!(l.to_words(), g.to_words());
-        assert_ne!(PathKey::new(2, Dest::Lid(0x0102)).to_words(), l.to_words());
+        assert_ne!(
+            PathKey::new(ep_number(0, 2), Dest::Lid(0x0102)).to_words(),
+            l.to_words()
+        );
     }
 
     #[test]
@@ -598,13 +618,16 @@ mod tests {
 
     #[test]
     fn addr_keys() {
-        assert!(AddrKey::new(0, AddrKind::Name, &[b'a'; 65]).is_none());
-        let n = AddrKey::name(0, "host1").unwrap();
+        assert!(AddrKey::new(ep_number(0, 0), AddrKind::Name, &[b'a'; 65]).is_none());
+        let n = AddrKey::name(ep_number(0, 0), "host1").unwrap();
         assert_eq!(&n.addr[..5], b"host1");
-        assert_ne!(n.to_words(), AddrKey::name(0, "host2").unwrap().to_words());
         assert_ne!(
-            AddrKey::ipv4(0, [1, 2, 3, 4]).to_words(),
-            AddrKey::new(0, AddrKind::Ipv6, &[1, 2, 3, 4])
+            n.to_words(),
+            AddrKey::name(ep_number(0, 0), "host2").unwrap().to_words()
+        );
+        assert_ne!(
+            AddrKey::ipv4(ep_number(0, 0), [1, 2, 3, 4]).to_words(),
+            AddrKey::new(ep_number(0, 0), AddrKind::Ipv6, &[1, 2, 3, 4])
                 .unwrap()
                 .to_words()
         );

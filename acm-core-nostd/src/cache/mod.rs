@@ -67,16 +67,19 @@
 //! # Example
 //!
 //! ```
-//! use acm_core_nostd::cache::{CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot, AddrSlot, AddrKey};
+//! use acm_core_nostd::cache::{
+//!     ep_number, AddrKey, AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot,
+//! };
 //! static PATHS: [PathSlot; 64] = [const { PathSlot::new() }; 64];
 //! static ADDRS: [AddrSlot; 64] = [const { AddrSlot::new() }; 64];
 //! let cache = PathCache::new(&PATHS[..], &ADDRS[..], CacheConfig::default()).unwrap();
-//! let key = PathKey::new(0, Dest::Lid(7));
+//! let ep = ep_number(0, 0); // endpoint slot 0 at flush generation 0
+//! let key = PathKey::new(ep, Dest::Lid(7));
 //! let mut w = cache.writer().expect("one writer"); // a second one: Err(WriterTaken)
 //! w.insert(&key, &[0xab; 64], 1_000, 60_000);
-//! w.alias(&AddrKey::name(0, "node7").unwrap(), &key, 1_000, 60_000).unwrap();
+//! w.alias(&AddrKey::name(ep, "node7").unwrap(), &key, 1_000, 60_000).unwrap();
 //! assert!(matches!(cache.lookup(&key, 2_000), Lookup::Hit { .. }));
-//! match cache.lookup_addr(&AddrKey::name(0, "node7").unwrap(), 2_000) {
+//! match cache.lookup_addr(&AddrKey::name(ep, "node7").unwrap(), 2_000) {
 //!     Lookup::Hit { record, .. } => assert_eq!(record, [0xab; 64]),
 //!     other => panic!("{other:?}"),
 //! }
@@ -93,9 +96,9 @@ use core::ops::Deref;
 use crate::sync::{AtomicBool, AtomicU32, Ordering};
 
 pub use key::{
-    constraint, ep_generation, ep_number, ep_slot, AddrKey, AddrKind, Constraints, Dest,
-    PackedPathKey, PathDest, PathKey, ADDR_KEY_WORDS, DEST_WORDS, EP_BITS, EP_GEN_BITS, EP_MAX,
-    EP_SLOT_BITS, MAX_ADDRESS, PATH_KEY_WORDS, REVERSIBLE,
+    constraint, ep_number, AddrKey, AddrKind, CacheEp, Constraints, Dest, PackedPathKey, PathDest,
+    PathKey, ADDR_KEY_WORDS, DEST_WORDS, EP_BITS, EP_GEN_BITS, EP_MAX, EP_SLOT_BITS, MAX_ADDRESS,
+    PATH_KEY_WORDS, REVERSIBLE,
 };
 pub use map::{Slot, DESIGN_LOAD_PERCENT, EVICT_SCAN, GROUP, MAX_CHAIN, MAX_PROBE, MAX_RETRIES};
 
@@ -119,9 +122,9 @@ pub type PathSlot = Slot<PATH_WORDS>;
 /// Storage for one address entry.
 pub type AddrSlot = Slot<ADDR_WORDS>;
 
-/// Endpoint generations are kept in a fixed array indexed by `ep % EP_GENERATIONS`, the slot id
-/// of a cache endpoint number ([`ep_slot`]); endpoints that share an index are invalidated
-/// together (harmless: extra misses).
+/// Endpoint generations are kept in a fixed array indexed by the slot id of a cache endpoint
+/// number ([`CacheEp::slot`]); endpoints that share an index are invalidated together
+/// (harmless: extra misses).
 pub const EP_GENERATIONS: usize = 1 << EP_SLOT_BITS;
 
 #[cfg(feature = "std")]
@@ -421,12 +424,12 @@ pub struct CacheWriter<C: CacheRef> {
 }
 
 #[inline]
-fn ep_index(ep: u32) -> usize {
-    ep as usize % EP_GENERATIONS
+fn ep_index(ep: CacheEp) -> usize {
+    usize::from(ep.slot())
 }
 
 #[inline]
-fn ep_of(w: &[u32]) -> u32 {
+fn ep_of(w: &[u32]) -> CacheEp {
     key::ep_of_word(w[KEY])
 }
 
@@ -520,7 +523,7 @@ where
     }
 
     #[inline]
-    fn gen(&self, ep: u32) -> u32 {
+    fn gen(&self, ep: CacheEp) -> u32 {
         self.ep_gens[ep_index(ep)].load(Ordering::Acquire)
     }
 
@@ -956,7 +959,7 @@ impl<C: CacheRef> CacheWriter<C> {
     fn path_words(
         &self,
         kw: &[u32; PATH_KEY_WORDS],
-        ep: u32,
+        ep: CacheEp,
         status: u8,
         now: u64,
         ttl: u64,
@@ -1129,9 +1132,9 @@ impl<C: CacheRef> CacheWriter<C> {
 
     /// Invalidates everything learned through endpoint `ep` in O(1): its generation is bumped,
     /// so its path and address entries become misses at once and are the first to be reclaimed.
-    /// Call on port/LID/P_Key changes and when the endpoint closes. Endpoints whose numbers are
-    /// equal modulo [`EP_GENERATIONS`] are invalidated together.
-    pub fn invalidate_ep(&mut self, ep: u32) {
+    /// Call on port/LID/P_Key changes and when the endpoint closes. Endpoints of one slot id
+    /// ([`CacheEp::slot`]), whatever their generation, are invalidated together.
+    pub fn invalidate_ep(&mut self, ep: CacheEp) {
         let g = &self.cache().ep_gens[ep_index(ep)];
         g.store(g.load(Ordering::Relaxed).wrapping_add(1), Ordering::Release);
     }
@@ -1152,10 +1155,8 @@ impl<C: CacheRef> CacheWriter<C> {
 
     /// Removes every path and address entry whose endpoint is `ep` (O(capacity); prefer
     /// [`invalidate_ep`](Self::invalidate_ep) on hot paths). Returns how many were removed.
-    pub fn flush_ep(&mut self, ep: u32) -> usize {
+    pub fn flush_ep(&mut self, ep: CacheEp) -> usize {
         let c = self.cache();
-        // As packed: a key keeps the low `EP_BITS` of its endpoint number.
-        let ep = ep & EP_MAX;
         let mut n = 0;
         c.paths.for_each_occupied(|i, w| {
             if ep_of(w) == ep {

@@ -12,7 +12,7 @@ use super::addr::{addr_key, AddrTable};
 use super::mads;
 use super::storage::{list_id, AddrState, GroupState, List, Slabs, SlabsRef, ADDR_Q, ADDR_S};
 use super::timers::Timer;
-use super::{AcmDest, AddrEntry, EpId, EpSlot, Millis, Output, RecvMeta, Shared, Stats, UnicastAv};
+use super::{AcmDest, AddrEntry, EpSlot, Millis, Output, RecvMeta, Shared, Stats, UnicastAv};
 use crate::cache::{CacheRef, CacheWriter};
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ACM_MGMT_CLASS, CTRL_RESOLVE};
 use crate::wire::gid::Gid;
@@ -305,7 +305,7 @@ impl AddrTable {
         let a = addrs[i as usize];
         let slot = usize::from(a.slot);
         let e = &eps[slot];
-        let id = EpId(e.id);
+        let id = e.id;
         if a.send_query {
             addrs[i as usize].send_query = false;
             if !a.send_resp {

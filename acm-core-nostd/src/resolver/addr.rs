@@ -24,7 +24,7 @@ use super::storage::{
 };
 use super::timers::Timer;
 use super::{AddrEntry, Config, EpSlot, Millis, RequestSlot, Shared, NEVER};
-use crate::cache::{AddrKey, AddrKind, CacheRef, CacheWriter, PathKey};
+use crate::cache::{AddrKey, AddrKind, CacheEp, CacheRef, CacheWriter, PathKey};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::{AcmMsg, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
@@ -248,7 +248,7 @@ impl AddrTable {
     }
 
     /// Entry `i` becomes a local address of endpoint `e` (slot `slot`), under `cache_ep`.
-    pub(crate) fn make_local(t: &mut Slabs<'_>, slot: usize, i: u32, cache_ep: u32) {
+    pub(crate) fn make_local(t: &mut Slabs<'_>, slot: usize, i: u32, cache_ep: CacheEp) {
         let e = &mut t.endpoints[slot];
         let a = &mut t.addrs[i as usize];
         a.state = AddrState::Local;
@@ -272,7 +272,7 @@ impl AddrTable {
 
     /// A hosts-file mapping: entry `i` is `gid`, Resolved from the preload, expiring at
     /// `expires`, under `cache_ep`.
-    pub(crate) fn preload(a: &mut AddrEntry, gid: Gid, expires: Millis, cache_ep: u32) {
+    pub(crate) fn preload(a: &mut AddrEntry, gid: Gid, expires: Millis, cache_ep: CacheEp) {
         a.state = AddrState::Resolved;
         a.origin = Origin::Preload;
         a.gid = gid.0;
@@ -349,7 +349,7 @@ mod tests {
     #[test]
     fn address_keys_only_for_names_and_ips() {
         let mut a = AddrEntry::EMPTY;
-        a.cache_ep = 0x0203;
+        a.cache_ep = crate::cache::ep_number(2, 3);
         a.addr[..3].copy_from_slice(b"abc");
         for (t, kind) in [
             (1, AddrKind::Name),
@@ -358,7 +358,10 @@ mod tests {
         ] {
             a.type_ = AddressType::from(t);
             let k = addr_key(&a).unwrap();
-            assert_eq!((k.ep, k.kind, &k.addr[..3]), (0x0203, kind, &b"abc"[..]));
+            assert_eq!(
+                (k.ep, k.kind, &k.addr[..3]),
+                (a.cache_ep, kind, &b"abc"[..])
+            );
         }
         for t in [0, 4, 5, 6] {
             a.type_ = AddressType::from(t);

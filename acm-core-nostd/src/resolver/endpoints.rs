@@ -7,7 +7,7 @@
 
 use super::storage::List;
 use super::{request, Config, Counter, EpConfig, EpId, EpSlot, Error, Millis, MAX_EPS};
-use crate::cache::ep_number;
+use crate::cache::{ep_number, CacheEp};
 use crate::wire::gid::Gid;
 
 /// The endpoint map and the dirty set.
@@ -31,13 +31,13 @@ impl Endpoints {
 
     /// The open slot serving `ep`.
     pub(crate) fn slot(&self, eps: &[EpSlot], ep: EpId) -> Option<usize> {
-        let s = usize::from(self.map[usize::from(ep.0)]).checked_sub(1)?;
+        let s = usize::from(self.map[ep.index()]).checked_sub(1)?;
         eps.get(s).filter(|e| e.open).map(|_| s)
     }
 
     /// `ep` is served by `slot` (`None`: by none).
     pub(crate) fn map(&mut self, ep: EpId, slot: Option<usize>) {
-        self.map[usize::from(ep.0)] = slot.map_or(0, |s| s as u8 + 1);
+        self.map[ep.index()] = slot.map_or(0, |s| s as u8 + 1);
     }
 
     pub(crate) fn is_dirty(&self, slot: usize) -> bool {
@@ -61,7 +61,7 @@ impl Endpoints {
     /// Bumps `counter` of endpoint `ep` (emitted as [`super::Output::Count`]); an endpoint
     /// that is gone counts nothing.
     pub(crate) fn count(&mut self, eps: &mut [EpSlot], ep: EpId, counter: Counter) {
-        let Some(s) = usize::from(self.map[usize::from(ep.0)]).checked_sub(1) else {
+        let Some(s) = usize::from(self.map[ep.index()]).checked_sub(1) else {
             return;
         };
         let c = &mut eps[s].counts[counter as usize];
@@ -81,7 +81,7 @@ impl Endpoints {
         rc: &Config,
     ) -> Result<(usize, [bool; 2]), Error> {
         let n = eps.len().min(MAX_EPS);
-        let old = (0..n).find(|&i| !eps[i].open && eps[i].id == ep.0 && self.is_dirty(i));
+        let old = (0..n).find(|&i| !eps[i].open && eps[i].id == ep && self.is_dirty(i));
         let slot = old.or_else(|| (0..n).find(|&i| !eps[i].open && !self.is_dirty(i)));
         let Some(slot) = slot else {
             return Err(Error::Capacity);
@@ -95,7 +95,7 @@ impl Endpoints {
         *e = EpSlot {
             open: true,
             acm: want_groups,
-            id: ep.0,
+            id: ep,
             // Outputs of a previous life of this slot (leaves, unsubscribes, a detach, counts)
             // still go out.
             attached: old.attached,
@@ -174,7 +174,7 @@ pub(crate) fn earliest(eps: &[EpSlot], of: impl Fn(&EpSlot) -> Option<Millis>) -
 
 impl EpSlot {
     /// What the request parser needs of this endpoint, at cache number `cache_ep`.
-    pub(crate) fn view(&self, cache_ep: u32) -> request::EpView {
+    pub(crate) fn view(&self, cache_ep: CacheEp) -> request::EpView {
         request::EpView {
             cache_ep,
             port_gid: Gid(self.port_gid),

@@ -90,11 +90,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::AddrKey;
+    use crate::cache::{ep_number, AddrKey};
 
     fn addr(nodelay: bool) -> Target {
         Target::Address {
-            key: AddrKey::name(0, "n").unwrap(),
+            key: AddrKey::name(ep_number(0, 0), "n").unwrap(),
             nodelay,
         }
     }

@@ -59,8 +59,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 *p = PreloadSlot::EMPTY;
             }
         }
+        let cache_ep = self.st.endpoints()[slot].cache_ep;
         self.eps.close(self.st.endpoints(), ep, slot);
-        self.w.invalidate_ep(u32::from(ep.0));
+        self.w.invalidate_ep(cache_ep);
         self.pump(now);
     }
 
@@ -72,7 +73,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         &mut self,
         now: Millis,
         ep: EpId,
-        cache_ep: u32,
+        cache_ep: CacheEp,
         kind: AddrKind,
         addr: &[u8; 64],
     ) -> Result<(), Error> {
@@ -149,7 +150,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// A preloaded route (`route_preload`): `path` is cached as two path entries, by its DLID
     /// and by its DGID (no constraint; each answers requests with and without the reversible
     /// bit), never expires, and is inserted again after every [`reregister`](Self::reregister).
-    pub fn preload_route(&mut self, now: Millis, ep: EpId, cache_ep: u32, path: &[u8; 64]) {
+    pub fn preload_route(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp, path: &[u8; 64]) {
         let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
@@ -167,11 +168,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// number at the new flush generation. Learned routes and addresses of the endpoint are
     /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
     /// `cache_ep`; the groups are detached and joined again.
-    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: u32) {
+    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp) {
         let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
-        self.w.invalidate_ep(u32::from(ep.0));
+        self.w.invalidate_ep(cache_ep);
         self.st.endpoints()[slot].cache_ep = cache_ep;
         for i in 0..self.st.preloads().len() {
             let p = self.st.preloads()[i];
@@ -232,7 +233,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Inserts `path` under the loopback key of local address `i` and aliases the address.
-    pub(crate) fn insert_loopback(&mut self, now: Millis, slot: usize, i: u32, cache_ep: u32) {
+    pub(crate) fn insert_loopback(&mut self, now: Millis, slot: usize, i: u32, cache_ep: CacheEp) {
         let e = self.st.endpoints()[slot];
         if !self.sh.cfg.loopback_local || e.lid == 0 {
             return;
@@ -255,7 +256,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         &mut self,
         now: Millis,
         slot: usize,
-        cache_ep: u32,
+        cache_ep: CacheEp,
         path: &[u8; 64],
     ) {
         use crate::wire::path_record::PathRecord;

@@ -80,7 +80,7 @@ pub use storage::{
     AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
 };
 
-use crate::cache::{AddrKind, CacheRef, CacheWriter, PathCache};
+use crate::cache::{AddrKind, CacheEp, CacheRef, CacheWriter, PathCache};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;

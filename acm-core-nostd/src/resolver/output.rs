@@ -8,7 +8,7 @@
 
 use super::mads::{self, TOKEN_JOIN, TOKEN_LEAVE};
 use super::storage::GroupState;
-use super::{Counter, EpId, EpSlot, Output, Shared};
+use super::{Counter, EpSlot, Output, Shared};
 use crate::wire::gid::Gid;
 use crate::wire::mad::Method;
 
@@ -26,7 +26,7 @@ impl EpSlot {
     /// The next output of this endpoint (slot `slot`), `None` when it has none left.
     pub(crate) fn poll(&mut self, slot: usize, sh: &mut Shared) -> Option<Output> {
         let e = self;
-        let id = EpId(e.id);
+        let id = e.id;
         let joined = e.open && e.groups.joined();
         let want = joined.then_some(&e.groups[0].record);
         if e.attached && (e.force_detach || want != Some(&e.attached_record)) {

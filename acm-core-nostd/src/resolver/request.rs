@@ -14,7 +14,8 @@
 
 use crate::cache::key::{ep_word, DEST_GID, DEST_LID};
 use crate::cache::{
-    constraint, AddrKey, AddrKind, PackedPathKey, PathDest, PathKey, DEST_WORDS, PATH_KEY_WORDS,
+    constraint, AddrKey, AddrKind, CacheEp, PackedPathKey, PathDest, PathKey, DEST_WORDS,
+    PATH_KEY_WORDS,
 };
 use crate::wire::client::{
     build_error_response, build_query_response, build_resolve_response, AcmMsg, EpInfoType, Status,
@@ -31,7 +32,7 @@ use super::{Via, MSG_LEN};
 pub struct EpView {
     /// The caller's cache endpoint number
     /// ([`ep_number`](crate::cache::ep_number): flush generation << 8 | endpoint slot).
-    pub cache_ep: u32,
+    pub cache_ep: CacheEp,
     /// Port GID index 0.
     pub port_gid: Gid,
     /// Port base LID (0 if unknown).
@@ -282,7 +283,7 @@ impl Words {
     /// The endpoint and destination words of a key (DLID, else DGID; `None` for neither or
     /// both). Normalisation leaves both alone, so this is the same for the client's record.
     #[inline(always)]
-    fn dest(&self, cache_ep: u32) -> Option<PathDest> {
+    fn dest(&self, cache_ep: CacheEp) -> Option<PathDest> {
         let w = &self.0;
         let ep = ep_word(cache_ep, 0);
         match ((w[5] >> 48) as u16, w[1] | w[2] == 0) {
@@ -300,7 +301,7 @@ impl Words {
 
     /// The packed cache key of a normalised record ([`cache_key`]).
     #[inline(always)]
-    fn key(&self, cache_ep: u32) -> Option<PackedPathKey> {
+    fn key(&self, cache_ep: CacheEp) -> Option<PackedPathKey> {
         let w = &self.0;
         let (slid, flow_hop) = ((w[5] >> 32) as u16, w[5] as u32);
         // A foreign source, flow label or hop limit: not cacheable (Preference is 0 here).
@@ -365,7 +366,7 @@ pub fn normalise(ep: &EpView, record: &[u8; 64]) -> ([u8; 64], [u8; 64]) {
 /// DGID, a foreign SLID/SGID, flow label, hop limit, preference): such requests always go to
 /// the SA.
 #[inline]
-pub fn cache_key(cache_ep: u32, normalised: &[u8; 64]) -> Option<PathKey> {
+pub fn cache_key(cache_ep: CacheEp, normalised: &[u8; 64]) -> Option<PathKey> {
     let w = Words::of(normalised);
     // Preference is cleared by normalisation; a record that still has one is not a key.
     if (w.0[7] >> 48) as u8 != 0 {
@@ -652,7 +653,7 @@ mod tests {
         let sa = record.query_record(&view());
         let key = key.unwrap().key();
         assert_eq!(key.ep, view().cache_ep);
-        assert_eq!(key.ep, (0x2a_5a5a << 8) | 2);
+        assert_eq!((key.ep.generation(), key.ep.slot()), (0x2a_5a5a, 2));
         assert_eq!(key.dest, Dest::Lid(6));
         assert_eq!(key.constraints.mask, 0);
         assert!(!nodelay);

@@ -13,8 +13,8 @@ use super::sa_window::SaWindow;
 use super::storage::chain;
 use super::storage::{bucket_of, list_id, JobState, List, SlabsRef, StoredKey, ADDR_R, JOB, REQ};
 use super::timers::Timer;
-use super::{AddrEntry, Config, EpId, EpSlot, JobSlot, Millis, Output, RequestSlot, Shared};
-use crate::cache::{Dest, PathKey};
+use super::{AddrEntry, Config, EpSlot, JobSlot, Millis, Output, RequestSlot, Shared};
+use crate::cache::{CacheEp, Dest, PathKey};
 use crate::wire::client::Status;
 use crate::wire::mad::TIMED_OUT;
 
@@ -45,7 +45,7 @@ impl StoredKey {
         }
     }
 
-    pub(crate) fn key(&self, cache_ep: u32) -> Option<PathKey> {
+    pub(crate) fn key(&self, cache_ep: CacheEp) -> Option<PathKey> {
         let dest = match self.kind {
             1 => Dest::Lid(self.lid),
             2 => Dest::Gid(self.gid),
@@ -65,7 +65,7 @@ impl StoredKey {
 #[derive(Clone, Copy)]
 pub(crate) struct Route<'a> {
     pub(crate) slot: usize,
-    pub(crate) cache_ep: u32,
+    pub(crate) cache_ep: CacheEp,
     pub(crate) key: Option<PathKey>,
     pub(crate) sa: &'a [u8; 64],
 }
@@ -156,14 +156,11 @@ impl Routes {
         super::splitmix64(&mut self.rng)
     }
 
-    fn bucket(&self, buckets: usize, slot: usize, cache_ep: u32, sa: &[u8; 64]) -> usize {
-        // The slot in the top byte, over the generation bits a cache number rarely reaches.
-        bucket_of(
-            self.seed,
-            (slot as u32).rotate_right(8) ^ cache_ep,
-            sa,
-            buckets,
-        )
+    /// A job's bucket: by its endpoint's slot and SA record. Its cache number is left out: it
+    /// differs between two jobs of one slot and record only across a flush generation (a
+    /// reregister), and `find` compares it.
+    fn bucket(&self, buckets: usize, slot: usize, sa: &[u8; 64]) -> usize {
+        bucket_of(self.seed, (slot as u32).rotate_right(8), sa, buckets)
     }
 
     /// The coalescable job for `route` (endpoint, cache_ep, SA record), if one is pending.
@@ -171,7 +168,7 @@ impl Routes {
         let Route {
             slot, cache_ep, sa, ..
         } = *route;
-        let b = self.bucket(t.job_buckets.len(), slot, cache_ep, sa);
+        let b = self.bucket(t.job_buckets.len(), slot, sa);
         chain::find(t.jobs, t.job_buckets, b, |job| {
             !job.query
                 && job.state != JobState::Free
@@ -185,7 +182,7 @@ impl Routes {
     /// Puts job `j` (not a `query()`) in the coalescing table.
     fn hash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
         let job = &jobs[j as usize];
-        let b = self.bucket(buckets.len(), usize::from(job.slot), job.cache_ep, &job.sa);
+        let b = self.bucket(buckets.len(), usize::from(job.slot), &job.sa);
         chain::insert(jobs, buckets, b, j);
     }
 
@@ -195,7 +192,7 @@ impl Routes {
         if job.query {
             return;
         }
-        let b = self.bucket(buckets.len(), usize::from(job.slot), job.cache_ep, &job.sa);
+        let b = self.bucket(buckets.len(), usize::from(job.slot), &job.sa);
         chain::remove(jobs, buckets, b, j);
     }
 
@@ -452,7 +449,7 @@ impl Routes {
         let (slot, tid, sa) = (usize::from(job.slot), job.tid, job.sa);
         self.sent.push_back(jobs, j, list_id::SENT, JOB);
         Some(Output::SendSa {
-            ep: EpId(eps[slot].id),
+            ep: eps[slot].id,
             token: mads::token(mads::TOKEN_ROUTE, j, tid),
             mad: mads::path_get(tid, &sa),
         })
@@ -634,18 +631,19 @@ mod tests {
 
     #[test]
     fn stored_keys_round_trip() {
-        assert_eq!(StoredKey::from_key(None).key(7), None);
+        let ep = crate::cache::ep_number(1, 5);
+        assert_eq!(StoredKey::from_key(None).key(ep), None);
         let mut c = Constraints::ANY;
         c.mask = constraint::SL | constraint::SERVICE_ID;
         c.sl = 3;
         c.service_id = 0x1234;
         for dest in [Dest::Lid(9), Dest::Gid([0xfe; 16])] {
             let k = PathKey {
-                ep: 0x0105,
+                ep,
                 dest,
                 constraints: c,
             };
-            assert_eq!(StoredKey::from_key(Some(k)).key(0x0105), Some(k));
+            assert_eq!(StoredKey::from_key(Some(k)).key(ep), Some(k));
         }
     }
 }

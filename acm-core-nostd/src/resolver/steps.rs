@@ -200,7 +200,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let ports = self.eps.ports;
         self.routes
             .send_job(t.jobs, now, j, try_ms, ports, &mut self.sh);
-        let id = EpId(t.endpoints[slot].id);
+        let id = t.endpoints[slot].id;
         self.count(id, Counter::RouteQuery);
     }
 
@@ -226,7 +226,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             table::Ask::Probe => e.table.ask_probe(tid),
             _ => e.table.ask(tid),
         }
-        let id = EpId(e.id);
+        let id = e.id;
         self.eps.mark_dirty(slot);
         self.count(id, Counter::RouteQuery);
     }
@@ -811,7 +811,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             if !e.ready() {
                 continue;
             }
-            let id = EpId(e.id);
+            let id = e.id;
             let sent = self.addrs.pump(t.addrs, e, now, &mut self.sh);
             for _ in 0..sent {
                 self.count(id, Counter::AddrQuery);

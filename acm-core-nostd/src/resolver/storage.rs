@@ -10,7 +10,7 @@
 
 use super::{Millis, MSG_LEN};
 use crate::cache::hash::hash_words;
-use crate::cache::Constraints;
+use crate::cache::{ep_number, CacheEp, Constraints};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
 
@@ -425,7 +425,7 @@ pub struct JobSlot {
     pub(crate) held: bool,
     /// The endpoint's slot (not its `EpId`).
     pub(crate) slot: u8,
-    pub(crate) cache_ep: u32,
+    pub(crate) cache_ep: CacheEp,
     pub(crate) busy_tries: u32,
     pub(crate) tid: u32,
     pub(crate) hnext: u32,
@@ -451,7 +451,7 @@ impl JobSlot {
         query: false,
         held: false,
         slot: 0,
-        cache_ep: 0,
+        cache_ep: ep_number(0, 0),
         busy_tries: 0,
         tid: 0,
         hnext: 0,
@@ -513,7 +513,7 @@ pub struct AddrEntry {
     /// wire: none; not an `Option`, whose `None` would not be zero bytes).
     pub(crate) src_type: AddressType,
     pub(crate) path_bits: u8,
-    pub(crate) cache_ep: u32,
+    pub(crate) cache_ep: CacheEp,
     pub(crate) lid: u16,
     pub(crate) qpn: u32,
     pub(crate) tries: u32,
@@ -548,7 +548,7 @@ impl AddrEntry {
         resp_group: 0,
         src_type: AddressType::Invalid,
         path_bits: 0,
-        cache_ep: 0,
+        cache_ep: ep_number(0, 0),
         lid: 0,
         qpn: 0,
         tries: 0,
@@ -693,14 +693,15 @@ pub struct EpSlot {
     pub(crate) open: bool,
     /// The endpoint speaks the ACM protocol (a UD QP, and `addr_prot acm` or `route_prot acm`).
     pub(crate) acm: bool,
-    pub(crate) id: u8,
+    /// The endpoint this slot serves (while open; the last one it served once closed).
+    pub(crate) id: super::EpId,
     pub(crate) attached: bool,
     pub(crate) force_detach: bool,
     pub(crate) mtu: u8,
     pub(crate) rate: u8,
     pub(crate) lid: u16,
     pub(crate) pkey: u16,
-    pub(crate) cache_ep: u32,
+    pub(crate) cache_ep: CacheEp,
     pub(crate) qpn: u32,
     /// [`super::EpConfig::sa_pkey`].
     pub(crate) sa_pkey: bool,
@@ -789,14 +790,14 @@ impl EpSlot {
     pub const EMPTY: EpSlot = EpSlot {
         open: false,
         acm: false,
-        id: 0,
+        id: super::EpId(0),
         attached: false,
         force_detach: false,
         mtu: 0,
         rate: 0,
         lid: 0,
         pkey: 0,
-        cache_ep: 0,
+        cache_ep: ep_number(0, 0),
         qpn: 0,
         sa_pkey: false,
         acm_inflight: 0,

@@ -388,7 +388,7 @@ mod tests {
 
     use super::*;
     use crate::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, Dest, Lookup, PathCache};
-    use crate::cache::{PathKey, PathSlot};
+    use crate::cache::{CacheEp, PathKey, PathSlot};
     use crate::resolver::{Capacities, Config, HeapStorage, Kind, Output, Request};
     use crate::resolver::{EpId, Resolver};
     use crate::sim::{node_ep_config, node_gid};
@@ -399,7 +399,7 @@ mod tests {
     type Cache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[AddrSlot]>>;
 
     const EP: EpId = EpId(1);
-    const CEP: u32 = ep_number(0, EP.0);
+    const CEP: CacheEp = ep_number(0, EP.0);
     const ROOM: u32 = 100;
 
     struct T {

@@ -1,6 +1,7 @@
 //! The resolver's public types: its ids and settings per endpoint, its inputs' and outputs'
 //! payloads, its counters and errors (re-exported as `acm_core_nostd::resolver::*`).
 
+use crate::cache::CacheEp;
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::mad::MAD_LEN;
@@ -15,8 +16,26 @@ pub const MAX_EPS: usize = 256;
 pub const MSG_LEN: usize = crate::wire::client::MSG_LEN;
 
 /// An endpoint: the caller's cache endpoint slot (0..[`MAX_EPS`]), unique among open endpoints.
+/// The one name of an endpoint between the provider's layers (the plugin, the dataplane, the
+/// node, the resolver's inputs and outputs); the resolver's storage slot of it is found from it
+/// in one place (its endpoint map), its cache number is made from it by the caller
+/// ([`ep_number`](crate::cache::ep_number)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EpId(pub u8);
+
+impl EpId {
+    /// Its place in a table of [`MAX_EPS`] entries, one per id.
+    #[inline(always)]
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The id of place `i` of such a table (`None` past [`MAX_EPS`]).
+    #[inline]
+    pub fn from_index(i: usize) -> Option<EpId> {
+        u8::try_from(i).ok().map(EpId)
+    }
+}
 
 /// What the resolver needs to know about an endpoint (one port, one partition).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -329,7 +348,7 @@ pub struct Request<'m> {
     pub ep: EpId,
     /// The caller's cache endpoint number for `ep` ([`ep_number`](crate::cache::ep_number)): the key of every cache
     /// entry of this request.
-    pub cache_ep: u32,
+    pub cache_ep: CacheEp,
     /// The caller's handle for the answer ([`Answer::client`]).
     pub client: u64,
     /// What kind of request it is.
@@ -344,7 +363,7 @@ pub struct Request<'m> {
 
 impl<'m> Request<'m> {
     /// A request not classified yet (the resolver classifies it).
-    pub fn new(ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &'m [u8]) -> Self {
+    pub fn new(ep: EpId, cache_ep: CacheEp, client: u64, kind: Kind, msg: &'m [u8]) -> Self {
         Request {
             ep,
             cache_ep,

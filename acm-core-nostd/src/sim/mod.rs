@@ -52,7 +52,9 @@ use std::sync::Arc;
 use std::vec::Vec;
 use std::{format, vec};
 
-use crate::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use crate::cache::{
+    ep_number, AddrKind, AddrSlot, CacheConfig, CacheEp, CacheWriter, PathCache, PathSlot,
+};
 use crate::node::{Output, Transport};
 use crate::resolver::{
     AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Millis, Resolver, Stats,
@@ -208,8 +210,8 @@ pub const EP: EpId = EpId(1);
 
 impl Node {
     /// The node's cache endpoint number.
-    pub fn cache_ep(&self) -> u32 {
-        crate::cache::ep_number(self.generation, EP.0)
+    pub fn cache_ep(&self) -> CacheEp {
+        ep_number(self.generation, EP.0)
     }
     /// The node's resolver stats (the SA channel's unknown replies included).
     pub fn stats(&self) -> Stats {

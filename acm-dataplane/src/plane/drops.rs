@@ -4,7 +4,7 @@
 //! core's log; every drop is counted anyway).
 
 use super::{CoreIo, Plane};
-use acm_core_nostd::resolver::Millis;
+use acm_core_nostd::resolver::{EpId, Millis};
 
 impl<I: CoreIo> Plane<I> {
     /// Logs what the resolver and the QPs dropped since the last lines (reason, how many,
@@ -14,7 +14,7 @@ impl<I: CoreIo> Plane<I> {
             return;
         }
         for k in 0..self.eps.count() {
-            let Some((i, rec)) = self.eps.nth_mut(k) else {
+            let Some((ep, rec)) = self.eps.nth_mut(k) else {
                 break;
             };
             let Some(h) = rec.ud.as_ref().map(|u| u.health()) else {
@@ -35,7 +35,7 @@ impl<I: CoreIo> Plane<I> {
                     l.rq_starved,
                 ),
             ] {
-                self.log_grown(Some(i), name, now_v, before);
+                self.log_grown(Some(ep), name, now_v, before);
             }
             self.last_drop_log = now.max(1);
         }
@@ -114,13 +114,13 @@ impl<I: CoreIo> Plane<I> {
 
     /// Logs that the counter of `what` (of endpoint `ep`, if any) grew from `before` to `now`:
     /// by how much, and the running total. Nothing if it did not grow.
-    fn log_grown(&mut self, ep: Option<usize>, what: &str, now: u64, before: u64) {
+    fn log_grown(&mut self, ep: Option<EpId>, what: &str, now: u64, before: u64) {
         if now <= before {
             return;
         }
         let n = now - before;
         let line = match ep {
-            Some(i) => format!("ERROR - endpoint {i}: {what}: {n} (total {now})"),
+            Some(ep) => format!("ERROR - endpoint {}: {what}: {n} (total {now})", ep.0),
             None => format!("ERROR - {what}: {n} (total {now})"),
         };
         self.io.log(0, &line);

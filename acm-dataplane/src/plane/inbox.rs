@@ -6,7 +6,7 @@
 use super::Ud;
 use crate::stats::MissStamp;
 use crate::worker::Waker;
-use acm_core_nostd::cache::AddrKind;
+use acm_core_nostd::cache::{ep_number, AddrKind, CacheEp};
 use acm_core_nostd::resolver::request::{respond, Target};
 use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Request, Via, MSG_LEN};
 use acm_core_nostd::wire::client::{Status, HDR_LEN};
@@ -24,7 +24,7 @@ pub struct Queued {
     pub ep: EpId,
     /// The endpoint's cache number at the time of the call
     /// ([`ep_number`](acm_core_nostd::cache::ep_number): flush generation, slot).
-    pub cache_ep: u32,
+    pub cache_ep: CacheEp,
     /// The core's client index.
     pub client: u64,
     /// Call kind.
@@ -121,7 +121,7 @@ impl Carried for Queued {
     fn blank() -> Self {
         Queued {
             ep: EpId(0),
-            cache_ep: 0,
+            cache_ep: ep_number(0, 0),
             client: 0,
             kind: Kind::Resolve,
             ticket: 0,
@@ -162,7 +162,7 @@ pub enum Control {
         /// Its id.
         ep: EpId,
         /// Its cache number now.
-        cache_ep: u32,
+        cache_ep: CacheEp,
         /// What the resolver needs.
         cfg: EpConfig,
         /// Its UD QP (`None`: no verbs, SA-only endpoint).
@@ -179,7 +179,7 @@ pub enum Control {
         /// Endpoint.
         ep: EpId,
         /// Its cache number.
-        cache_ep: u32,
+        cache_ep: CacheEp,
         /// Its kind.
         kind: AddrKind,
         /// Zero-padded address.
@@ -518,12 +518,26 @@ mod tests {
     }
 
     /// A request as a caller without a front hands it over.
-    fn request(i: &Inbox, ep: EpId, cache_ep: u32, client: u64, kind: Kind, msg: &[u8]) -> bool {
+    fn request(
+        i: &Inbox,
+        ep: EpId,
+        cache_ep: CacheEp,
+        client: u64,
+        kind: Kind,
+        msg: &[u8],
+    ) -> bool {
         i.hand_over(&Request::new(ep, cache_ep, client, kind, msg), None)
     }
 
     fn hand(i: &Inbox, client: u64) -> bool {
-        request(i, EpId(0), 0, client, Kind::Resolve, &[0u8; 24])
+        request(
+            i,
+            EpId(0),
+            ep_number(0, 0),
+            client,
+            Kind::Resolve,
+            &[0u8; 24],
+        )
     }
 
     fn taken(i: &Inbox) -> Vec<(u64, u64)> {
@@ -571,21 +585,38 @@ mod tests {
         let long = ClientRequest::resolve(0x1111_2222_3333_4444)
             .dest(0, EpInfoType::Name, b"hca4")
             .source(EpInfoType::Name, b"hca3");
-        assert!(request(&i, EpId(1), 7, 40, Kind::Resolve, long.bytes()));
+        assert!(request(
+            &i,
+            EpId(1),
+            ep_number(3, 1),
+            40,
+            Kind::Resolve,
+            long.bytes()
+        ));
         assert!(i.take_request_into(&mut hand));
         assert_eq!((hand.client, usize::from(hand.len)), (40, long.len()));
         assert_eq!(&hand.msg[..long.len()], long.bytes());
         // A PATH request (88 bytes) into the same buffer: its bytes, its header.
         let path = ClientRequest::path(0x5555_6666_7777_8888, FLAGS_NODELAY, &PathQuery::lid(6));
-        assert!(request(&i, EpId(2), 8, 41, Kind::Resolve, path.bytes()));
+        assert!(request(
+            &i,
+            EpId(2),
+            ep_number(3, 2),
+            41,
+            Kind::Resolve,
+            path.bytes()
+        ));
         assert!(i.take_request_into(&mut hand));
-        assert_eq!((hand.ep, hand.cache_ep, hand.client), (EpId(2), 8, 41));
+        assert_eq!(
+            (hand.ep, hand.cache_ep, hand.client),
+            (EpId(2), ep_number(3, 2), 41)
+        );
         assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());
         // Ten bytes: the rest of the header is zero, not the PATH request's TID.
         assert!(request(
             &i,
             EpId(2),
-            8,
+            ep_number(3, 2),
             42,
             Kind::Resolve,
             &path.bytes()[..10]
@@ -607,8 +638,22 @@ mod tests {
             "none of an earlier request's"
         );
         // Through a queue slot (the staging buffer taken) the same holds.
-        assert!(request(&i, EpId(0), 0, 43, Kind::Resolve, long.bytes()));
-        assert!(request(&i, EpId(0), 0, 44, Kind::Resolve, path.bytes()));
+        assert!(request(
+            &i,
+            EpId(0),
+            ep_number(0, 0),
+            43,
+            Kind::Resolve,
+            long.bytes()
+        ));
+        assert!(request(
+            &i,
+            EpId(0),
+            ep_number(0, 0),
+            44,
+            Kind::Resolve,
+            path.bytes()
+        ));
         assert!(i.take_request_into(&mut hand) && hand.client == 43);
         assert!(i.take_request_into(&mut hand) && hand.client == 44);
         assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());

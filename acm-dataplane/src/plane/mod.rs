@@ -32,9 +32,7 @@
 
 use crate::stats::{Clock, Latency};
 use crate::worker::{PollOutcome, Poller};
-use acm_core_nostd::cache::{
-    ep_generation, ep_number, AddrKind, AddrSlot, CacheWriter, PathCache, PathSlot,
-};
+use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheEp, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::node::{Node, Output, Transport, Unsent};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, RecvMeta,
@@ -201,7 +199,7 @@ pub type LatencySink = Box<dyn FnMut(EpId, Latency, u64) + Send>;
 
 /// What the loop remembers of an open endpoint (to re-create the resolver after a panic).
 struct EpRecord {
-    cache_ep: u32,
+    cache_ep: CacheEp,
     cfg: EpConfig,
     ud: Option<Box<dyn Ud>>,
     locals: Vec<(AddrKind, [u8; 64])>,
@@ -381,7 +379,7 @@ impl<I: CoreIo> Plane<I> {
             match c {
                 Control::Shutdown => self.done = true,
                 Control::Close(ep) => {
-                    self.eps.remove(usize::from(ep.0));
+                    self.eps.remove(ep);
                 }
                 _ => {}
             }
@@ -468,13 +466,13 @@ impl<I: CoreIo> Plane<I> {
                     logged: UdHealth::default(),
                 };
                 self.open_in_resolver(ep, &mut rec, now);
-                self.eps.put(usize::from(ep.0), rec);
+                self.eps.put(ep, rec);
             }
             Control::Close(ep) => {
                 self.n().close_endpoint(now, ep);
                 self.drain_outputs(now);
                 // Dropping the UD QP detaches and frees its verbs objects.
-                self.eps.remove(usize::from(ep.0));
+                self.eps.remove(ep);
             }
             Control::AddAddress {
                 ep,
@@ -482,7 +480,7 @@ impl<I: CoreIo> Plane<I> {
                 kind,
                 addr,
             } => {
-                if let Some(rec) = self.eps.get_mut(usize::from(ep.0)) {
+                if let Some(rec) = self.eps.get_mut(ep) {
                     rec.cache_ep = cache_ep;
                     rec.locals.push((kind, addr));
                 }
@@ -492,7 +490,7 @@ impl<I: CoreIo> Plane<I> {
                 }
             }
             Control::RemoveAddress { ep, kind, addr } => {
-                if let Some(rec) = self.eps.get_mut(usize::from(ep.0)) {
+                if let Some(rec) = self.eps.get_mut(ep) {
                     rec.locals.retain(|l| *l != (kind, addr));
                 }
                 self.r().remove_address(ep, kind, &addr);
@@ -501,12 +499,12 @@ impl<I: CoreIo> Plane<I> {
                 self.n().handle_timeout(now);
             }
             Control::Reregister(ep) => {
-                let Some(rec) = self.eps.get_mut(usize::from(ep.0)) else {
+                let Some(rec) = self.eps.get_mut(ep) else {
                     return;
                 };
                 // The main thread bumped the endpoint's flush generation when the event came:
                 // from here on its requests carry the new cache number.
-                rec.cache_ep = ep_number(ep_generation(rec.cache_ep).wrapping_add(1), ep.0);
+                rec.cache_ep = rec.cache_ep.next_generation();
                 let cache_ep = rec.cache_ep;
                 // Preloaded routes survive it: the resolver re-inserts them under the new
                 // cache number, and rejoins the endpoint's groups.
@@ -619,7 +617,7 @@ impl<I: CoreIo> Plane<I> {
                     // node with its reason, once; any other is a loss the tries cover.
                     let sent = self
                         .eps
-                        .get_mut(usize::from(qp.0))
+                        .get_mut(qp)
                         .and_then(|e| e.ud.as_mut())
                         .map(|ud| ud.send(&to, &mad));
                     if let (Some(Err(e)), Some(token)) = (sent, query) {
@@ -639,7 +637,7 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::ReadSm { ep } => {
-                    let Some(rec) = self.eps.get_mut(usize::from(ep.0)) else {
+                    let Some(rec) = self.eps.get_mut(ep) else {
                         continue;
                     };
                     let sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
@@ -667,11 +665,7 @@ impl<I: CoreIo> Plane<I> {
                     self.lat.answered(&a, end);
                 }
                 Output::Attach { ep, group } => {
-                    let r = match self
-                        .eps
-                        .get_mut(usize::from(ep.0))
-                        .and_then(|e| e.ud.as_mut())
-                    {
+                    let r = match self.eps.get_mut(ep).and_then(|e| e.ud.as_mut()) {
                         Some(ud) => ud.attach(&group),
                         None => Err("endpoint has no UD QP".into()),
                     };
@@ -693,11 +687,7 @@ impl<I: CoreIo> Plane<I> {
                     }
                 }
                 Output::Detach { ep, group } => {
-                    if let Some(ud) = self
-                        .eps
-                        .get_mut(usize::from(ep.0))
-                        .and_then(|e| e.ud.as_mut())
-                    {
+                    if let Some(ud) = self.eps.get_mut(ep).and_then(|e| e.ud.as_mut()) {
                         ud.detach(&group);
                     }
                 }
@@ -774,7 +764,7 @@ impl<I: CoreIo> Poller for Plane<I> {
             return PollOutcome::default();
         }
         for k in 0..self.eps.count() {
-            let Some((i, rec)) = self.eps.nth_mut(k) else {
+            let Some((ep, rec)) = self.eps.nth_mut(k) else {
                 break;
             };
             let Some(ud) = rec.ud.as_mut() else {
@@ -792,7 +782,7 @@ impl<I: CoreIo> Poller for Plane<I> {
                 // An SA reply's bookkeeping ([`Output::QueryDone`]) follows the answers it
                 // led to, and its round trip ends here.
                 self.rx_taken = self.lat.reply_taken();
-                self.n().handle_receive(now, EpId(i as u8), m, b);
+                self.n().handle_receive(now, ep, m, b);
                 self.drain_outputs(now);
                 self.rx_taken = None;
             }

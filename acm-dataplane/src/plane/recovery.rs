@@ -6,7 +6,7 @@
 use super::{CoreIo, Current, Plane, BURST};
 use crate::worker::PollOutcome;
 use acm_core_nostd::node::Node;
-use acm_core_nostd::resolver::{EpId, Millis};
+use acm_core_nostd::resolver::Millis;
 use acm_core_nostd::wire::client::Status;
 use std::sync::atomic::Ordering;
 
@@ -84,9 +84,9 @@ impl<I: CoreIo> Plane<I> {
         self.node = Some(Node::from_parts(fresh, sa, transport));
         self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
         self.r().clear_cache();
-        for (i, mut rec) in self.eps.take_all() {
-            self.open_in_resolver(EpId(i as u8), &mut rec, now);
-            self.eps.put(i, rec);
+        for (ep, mut rec) in self.eps.take_all() {
+            self.open_in_resolver(ep, &mut rec, now);
+            self.eps.put(ep, rec);
         }
         self.drain_outputs(now);
     }

@@ -38,7 +38,9 @@ use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
 use acm_bench::{advise, floor, heap_bytes, rss_bytes, BatchTimer, SizeOpts, XorShift};
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot};
+use acm_core_nostd::cache::{
+    ep_number, AddrSlot, CacheConfig, Dest, Lookup, PathCache, PathKey, PathSlot,
+};
 use acm_report::cli::{count, RunOpts};
 use acm_report::plot::{write_percentile_svg, Series};
 use acm_report::{progress, LatencyHistogram, Summary, Table};
@@ -182,7 +184,7 @@ impl Keys {
 
     #[inline(always)]
     fn path(&self, i: usize) -> PathKey {
-        PathKey::new(0, Dest::Gid(self.gid(i)))
+        PathKey::new(ep_number(0, 0), Dest::Gid(self.gid(i)))
     }
 
     #[inline(always)]

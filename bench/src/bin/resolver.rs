@@ -33,7 +33,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use acm_core_nostd::cache::{AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::resolver::Resolver;
 use acm_core_nostd::resolver::{
     Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, Request,
@@ -162,7 +162,7 @@ fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<S
             1,
             &Request {
                 ep,
-                cache_ep: 0,
+                cache_ep: ep_number(0, ep.0),
                 client: tid,
                 kind: Kind::Resolve,
                 msg: msg.bytes(),

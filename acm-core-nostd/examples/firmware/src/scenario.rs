@@ -21,7 +21,7 @@
 #![forbid(unsafe_code)]
 
 use acm_core_nostd::cache::{
-    ep_number, AddrKind, AddrSlot, CacheConfig, Lookup, PathCache, PathSlot,
+    ep_number, AddrKind, AddrSlot, CacheConfig, CacheEp, Lookup, PathCache, PathSlot,
 };
 use acm_core_nostd::node::{Event, Node, Output, Transport};
 use acm_core_nostd::resolver::request::{classify, respond, EpView, Target};
@@ -81,7 +81,7 @@ static ADDRS: [AddrSlot; CACHE_SLOTS] = [const { AddrSlot::new() }; CACHE_SLOTS]
 /// The endpoint: Hca2's port of the OpenSM fixtures (fe80::10:4, LID 4), cache endpoint 0
 /// (generation 0 of slot 0).
 const EP: EpId = EpId(0);
-const CEP: u32 = ep_number(0, EP.0);
+const CEP: CacheEp = ep_number(0, EP.0);
 /// The requester of `acmp_resolve_req.bin` (Hca3).
 const HCA3_GID: Gid = Gid::from_parts(0xfe80_0000_0000_0000, 0x0010_0003);
 

@@ -11,7 +11,7 @@
 //! (`riscv32imac-unknown-none-elf` likewise.) On a host target it is an ordinary program.
 #![cfg_attr(target_os = "none", no_std, no_main)]
 
-use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, PathCache, PathSlot};
+use acm_core_nostd::cache::{ep_number, AddrKind, AddrSlot, CacheConfig, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
     ArrayStorage, Config, EpConfig, EpId, Kind, Output, RecvMeta, Request, Resolver,
 };
@@ -41,6 +41,7 @@ fn run() -> u32 {
         return 0;
     };
     let ep = EpId(0);
+    let cache_ep = ep_number(0, ep.0);
     let cfg = EpConfig {
         port_gid: Gid(black_box([0xfe; 16])),
         lid: black_box(4),
@@ -52,7 +53,7 @@ fn run() -> u32 {
         sa_pkey: true,
     };
     let _ = r.open_endpoint(0, ep, cfg);
-    let _ = r.add_address(0, ep, 0, AddrKind::Name, &black_box([0x61; 64]));
+    let _ = r.add_address(0, ep, cache_ep, AddrKind::Name, &black_box([0x61; 64]));
     let mut outputs = 0u32;
     for now in 0..black_box(1000u64) {
         let msg: [u8; 160] = black_box([1u8; 160]);
@@ -66,7 +67,7 @@ fn run() -> u32 {
             now,
             &Request {
                 ep,
-                cache_ep: 0,
+                cache_ep,
                 client: now,
                 kind,
                 msg: &msg,
@@ -93,7 +94,7 @@ fn run() -> u32 {
             black_box(&o);
         }
         if black_box(now) == 999 {
-            r.reregister(now, ep, 0x100);
+            r.reregister(now, ep, cache_ep.next_generation());
             r.close_endpoint(now, ep);
             r.shutdown(now);
         }
