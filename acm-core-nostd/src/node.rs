@@ -319,19 +319,20 @@ where
         (self.resolver, self.sa)
     }
 
-    /// Opens endpoint `ep` ([`Resolver::open_endpoint`]); `sm`: where its port's SM is now
-    /// (`None`: not known yet; read again every [`SM_CHECK_MS`]).
+    /// Opens endpoint `ep` at cache number `cache_ep` ([`Resolver::open_endpoint`]); `sm`:
+    /// where its port's SM is now (`None`: not known yet; read again every [`SM_CHECK_MS`]).
     pub fn open_endpoint(
         &mut self,
         now: Millis,
         ep: EpId,
+        cache_ep: CacheEp,
         cfg: EpConfig,
         sm: Option<SmAddr>,
     ) -> Result<(), crate::resolver::Error> {
         if ep.index() >= EPS {
             return Err(crate::resolver::Error::Capacity);
         }
-        self.resolver.open_endpoint(now, ep, cfg)?;
+        self.resolver.open_endpoint(now, ep, cache_ep, cfg)?;
         self.eps[ep.index()] = EpSa {
             open: true,
             qp: cfg.qpn != 0,

@@ -92,7 +92,8 @@ impl T {
         }
     }
     fn open(&mut self, id: EpId, cfg: EpConfig, sm: Option<SmAddr>) {
-        self.n.open_endpoint(self.now, id, cfg, sm).unwrap();
+        let cep = ep_number(0, id.0);
+        self.n.open_endpoint(self.now, id, cep, cfg, sm).unwrap();
         self.drain();
     }
     fn miss(&mut self, id: EpId, client: u64, lid: u16) {

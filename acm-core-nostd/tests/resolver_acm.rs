@@ -105,7 +105,9 @@ impl<S: Storage> T<S> {
     }
     /// Opens the endpoint and joins with the real OpenSM reply; returns the join MAD we sent.
     fn open_and_join(&mut self) -> [u8; 256] {
-        self.r.open_endpoint(self.now, EP, ep_config()).unwrap();
+        self.r
+            .open_endpoint(self.now, EP, CEP, ep_config())
+            .unwrap();
         let out = self.drain();
         let (token, mad) = out
             .iter()
@@ -390,7 +392,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
         ..Config::default()
     };
     let mut t = heap(cfg);
-    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
     let token = |out: &[Output]| {
         out.iter().find_map(|o| match o {
             Output::SendSa { token, mad, .. } => Some((*token, *mad)),
@@ -453,7 +455,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
         queue_deadline: 5000,
         ..Config::default()
     });
-    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
     t.drain();
     t.resolve(0, 1, &name_request("hca9"));
     t.r.handle_timeout(5000);
@@ -476,7 +478,7 @@ fn lost_joins_are_retried_for_as_long_as_it_takes() {
     };
     let deadline = cfg.sa_deadline;
     let mut t = heap(cfg);
-    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
     let sets = |out: &[Output]| {
         out.iter()
             .filter(|o| matches!(o, Output::SendSa { mad, .. } if mad[3] == 2))
@@ -520,7 +522,7 @@ fn close_detaches_and_leaves() {
         "same MGID"
     );
     // Reopen: the same endpoint joins again.
-    t.r.open_endpoint(6, EP, ep_config()).unwrap();
+    t.r.open_endpoint(6, EP, CEP, ep_config()).unwrap();
     assert!(t
         .drain()
         .iter()
@@ -554,7 +556,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
         rate: 7,
         ..ep_config()
     };
-    t.r.open_endpoint(0, EP, cfg).unwrap();
+    t.r.open_endpoint(0, EP, CEP, cfg).unwrap();
     assert!(t.drain().is_empty(), "no MCMemberRecord SET");
     t.resolve(0, 1, &name_request("hca9"));
     let out = t.drain();
@@ -584,7 +586,8 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
         sa_pkey: false,
         ..ep_config()
     };
-    t.r.open_endpoint(1, tenant, cfg).unwrap();
+    t.r.open_endpoint(1, tenant, ep_number(0, tenant.0), cfg)
+        .unwrap();
     t.r.add_address(
         1,
         tenant,

@@ -70,7 +70,7 @@ fn setup_seeded(cfg: Config, caps: Capacities, paths: usize, addrs: usize, seed:
     let cache = Arc::new(cache);
     let writer = CacheWriter::take(Arc::clone(&cache)).unwrap();
     let mut r = Resolver::new(cfg, HeapStorage::new(caps), writer, seed).unwrap();
-    r.open_endpoint(0, EP, ep_config()).unwrap();
+    r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
     let mut t = T {
         r,
         cache,
@@ -436,7 +436,7 @@ fn full_tables_answer_enomem_close_and_shutdown_answer_everything() {
     assert!(t.r.is_idle());
     t.request(99, Kind::Resolve, &path_msg(20, 0, 99));
     assert_eq!(t.answers()[0].1, Status::Enodata);
-    t.r.open_endpoint(t.now, EP, ep_config()).unwrap();
+    t.r.open_endpoint(t.now, EP, CEP, ep_config()).unwrap();
     t.request(100, Kind::Resolve, &path_msg(20, 0, 100));
     t.r.shutdown(t.now);
     t.drain();
@@ -825,7 +825,7 @@ fn report_setup() -> T {
     let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(gone, vec![(64, false), (65, false)]);
     t.out.clear();
-    t.r.open_endpoint(0, EP, ep_config()).unwrap();
+    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
     t.drain();
     t
 }

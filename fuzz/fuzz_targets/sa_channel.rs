@@ -255,7 +255,7 @@ impl World {
         let sm = sm_known.then_some(self.sm);
         if self
             .n
-            .open_endpoint(self.now, EPS[i], ep_config(i), sm)
+            .open_endpoint(self.now, EPS[i], ep_number(0, EPS[i].0), ep_config(i), sm)
             .is_ok()
         {
             self.open[i] = true;

@@ -7,7 +7,7 @@
 
 use super::storage::List;
 use super::{request, Config, Counter, EpConfig, EpId, EpSlot, Error, Millis, MAX_EPS};
-use crate::cache::{ep_number, CacheEp};
+use crate::cache::CacheEp;
 use crate::wire::gid::Gid;
 
 /// The endpoint map and the dirty set.
@@ -69,7 +69,8 @@ impl Endpoints {
         self.mark_dirty(s);
     }
 
-    /// Opens `ep` (not open) with `cfg` under the resolver's settings `rc` in a free slot:
+    /// Opens `ep` (not open), at cache number `cache_ep`, with `cfg` under the resolver's
+    /// settings `rc` in a free slot:
     /// this endpoint's old slot if it still has outputs to flush (its leaves go out before
     /// the new joins), else any slot with nothing left to flush. Returns the slot and which
     /// of its two groups it is to join; [`Error::Capacity`] if no slot is free.
@@ -77,6 +78,7 @@ impl Endpoints {
         &mut self,
         eps: &mut [EpSlot],
         ep: EpId,
+        cache_ep: CacheEp,
         cfg: EpConfig,
         rc: &Config,
     ) -> Result<(usize, [bool; 2]), Error> {
@@ -111,7 +113,7 @@ impl Endpoints {
             subnet_timeout: cfg.subnet_timeout_ms,
             qpn: cfg.qpn,
             sa_pkey: cfg.sa_pkey,
-            cache_ep: ep_number(0, ep.0),
+            cache_ep,
             ..EpSlot::EMPTY
         };
         for (g, old) in e.groups.iter_mut().zip(old.groups.iter()) {

@@ -8,16 +8,25 @@ use super::*;
 use addr::AddrTable;
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// Opens endpoint `ep` (call from the core's `open_endpoint`). With `addr_prot acm` or
+    /// Opens endpoint `ep` (call from the core's `open_endpoint`), whose cache number is
+    /// `cache_ep` now (what it caches before a request or a reregister brings another one:
+    /// its preloaded addresses, its warm start's table). With `addr_prot acm` or
     /// `route_prot acm` it starts the multicast join(s) ([`Output::SendSa`] with an
     /// MCMemberRecord SET); the endpoint serves names and IPs once group 0 is joined.
     /// [`Error::Endpoint`] if `ep` is open already, [`Error::Capacity`] if no endpoint slot is
     /// free.
-    pub fn open_endpoint(&mut self, now: Millis, ep: EpId, cfg: EpConfig) -> Result<(), Error> {
+    pub fn open_endpoint(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        cache_ep: CacheEp,
+        cfg: EpConfig,
+    ) -> Result<(), Error> {
         if self.eps.slot(self.st.slabs_ref().endpoints, ep).is_some() || self.done {
             return Err(Error::Endpoint);
         }
-        let (slot, joins) = self.eps.open(self.st.endpoints(), ep, cfg, &self.sh.cfg)?;
+        let t = self.st.endpoints();
+        let (slot, joins) = self.eps.open(t, ep, cache_ep, cfg, &self.sh.cfg)?;
         for (g, join) in joins.into_iter().enumerate() {
             if join {
                 self.start_join(now, slot, g);

@@ -415,6 +415,11 @@ mod tests {
 
     /// [`setup`] with a warm start of `warm_start` ms (0: none).
     fn setup_with(warm_start: Millis) -> T {
+        setup_at(warm_start, CEP)
+    }
+
+    /// [`setup_with`], the endpoint opened at cache number `cache_ep`.
+    fn setup_at(warm_start: Millis, cache_ep: CacheEp) -> T {
         let cfg = Config {
             warm_start,
             addr_acm: false,
@@ -434,7 +439,7 @@ mod tests {
         let cache = Arc::new(cache.unwrap());
         let w = CacheWriter::take(Arc::clone(&cache)).unwrap();
         let mut r = Resolver::new(cfg, HeapStorage::new(Capacities::default()), w, 7).unwrap();
-        r.open_endpoint(0, EP, node_ep_config(3)).unwrap();
+        r.open_endpoint(0, EP, cache_ep, node_ep_config(3)).unwrap();
         let mut t = T { r, cache, now: 0 };
         t.sa_sends();
         t
@@ -585,6 +590,30 @@ mod tests {
             }
             t.r.check_invariants().unwrap();
         }
+    }
+
+    /// What a warm start caches before any request is filed under the cache number the
+    /// endpoint was opened at, the one the caller's hit path looks under: here a slot reused
+    /// (the caller opens it a generation past its last one), the probe's path to the port at
+    /// LID 101. (Fails when the resolver makes the number itself, at generation 0.)
+    #[test]
+    fn a_warm_start_caches_under_the_number_the_endpoint_was_opened_at() {
+        let reused = ep_number(5, EP.0);
+        let mut t = setup_at(50, reused);
+        t.now = 50;
+        t.r.handle_timeout(t.now);
+        let sends = t.sa_sends();
+        assert_eq!(sends.len(), 1, "{sends:?}");
+        let probe = sends[0];
+        assert_eq!(mads::untoken(probe.0).0, TOKEN_PROBE);
+        t.answer(probe.0, &probe.1, true);
+        let key = |ep| PathKey::new(ep, Dest::Lid(101));
+        assert!(matches!(
+            t.cache.lookup(&key(reused), t.now),
+            Lookup::Hit { .. }
+        ));
+        assert_eq!(t.cache.lookup(&key(CEP), t.now), Lookup::Miss);
+        t.r.check_invariants().unwrap();
     }
 
     /// A probe that fails (its tries ran out) asks nothing for `sa_deadline`, then probes again.

@@ -428,9 +428,10 @@ impl Sim {
         if node.open {
             return;
         }
+        let cep = node.cache_ep();
         node.open = node
             .node
-            .open_endpoint(now, EP, node.ep_cfg, Some(SM))
+            .open_endpoint(now, EP, cep, node.ep_cfg, Some(SM))
             .is_ok();
         if node.open {
             // Adds the name before anything is drained, then drains.

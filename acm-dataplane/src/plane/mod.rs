@@ -527,7 +527,7 @@ impl<I: CoreIo> Plane<I> {
 
     fn open_in_resolver(&mut self, ep: EpId, rec: &mut EpRecord, now: Millis) {
         let sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
-        if let Err(e) = self.n().open_endpoint(now, ep, rec.cfg, sm) {
+        if let Err(e) = self.n().open_endpoint(now, ep, rec.cache_ep, rec.cfg, sm) {
             self.io
                 .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
             return;

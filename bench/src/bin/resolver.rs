@@ -141,7 +141,7 @@ fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<S
     let mut r = Resolver::new(Config::default(), HeapStorage::new(caps), writer, 7)
         .map_err(|e| format!("resolver: {e:?}"))?;
     let ep = EpId(1);
-    r.open_endpoint(0, ep, port())
+    r.open_endpoint(0, ep, ep_number(0, ep.0), port())
         .map_err(|e| format!("open: {e:?}"))?;
     while r.poll_output().is_some() {}
     let mut step = Step {

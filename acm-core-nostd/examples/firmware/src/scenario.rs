@@ -699,7 +699,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     //    ibacm sends (on the endpoint's QP to the SM, with the SA channel's TID), and
     //    OpenSM's reply attaches the group.
     t.step("open-endpoint", now);
-    let ok = n.open_endpoint(now, EP, ep_config(), Some(SM)).is_ok();
+    let ok = n.open_endpoint(now, EP, CEP, ep_config(), Some(SM)).is_ok();
     t.check("endpoint opened", ok);
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
@@ -985,7 +985,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     //    Get's client too (the Get's reply then finds its job answered).
     now += 1;
     t.step("reopen-endpoint", now);
-    let ok = n.open_endpoint(now, EP, ep_config(), Some(SM)).is_ok();
+    let ok = n.open_endpoint(now, EP, CEP, ep_config(), Some(SM)).is_ok();
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
     let rejoined = first_sa(&outs).is_some_and(|(_, m)| same_but_tid(&m, MCM_SET_REQ));

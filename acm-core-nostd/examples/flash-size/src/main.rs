@@ -52,7 +52,7 @@ fn run() -> u32 {
         qpn: 0x48,
         sa_pkey: true,
     };
-    let _ = r.open_endpoint(0, ep, cfg);
+    let _ = r.open_endpoint(0, ep, cache_ep, cfg);
     let _ = r.add_address(0, ep, cache_ep, AddrKind::Name, &black_box([0x61; 64]));
     let mut outputs = 0u32;
     for now in 0..black_box(1000u64) {
