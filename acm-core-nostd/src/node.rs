@@ -377,7 +377,7 @@ where
         self.done = None;
     }
 
-    /// A client request, classified by the caller's front already (`req.target`) or to be
+    /// A client request, classified by the caller's front already (`req.head.target`) or to be
     /// classified here (`None`) ([`Resolver::handle_request`]).
     pub fn handle_request(&mut self, now: Millis, req: &Request<'_>) {
         self.resolver.handle_request(now, req);

@@ -100,14 +100,7 @@ impl T {
         let msg = ClientRequest::path(client, 0, &PathQuery::lid(lid))
             .bytes()
             .to_vec();
-        let req = Request {
-            ep: id,
-            cache_ep: ep_number(0, id.0),
-            client,
-            kind: Kind::Resolve,
-            msg: &msg,
-            target: None,
-        };
+        let req = Request::new(id, ep_number(0, id.0), client, Kind::Resolve, &msg);
         self.n.handle_request(self.now, &req);
         self.drain();
     }

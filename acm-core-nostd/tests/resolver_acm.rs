@@ -90,14 +90,7 @@ impl<S: Storage> T<S> {
     /// A RESOLVE request of client `client` on the endpoint at `now`, classified by the
     /// resolver.
     fn resolve(&mut self, now: u64, client: u64, msg: &[u8]) {
-        let r = Request {
-            ep: EP,
-            cache_ep: CEP,
-            client,
-            kind: Kind::Resolve,
-            msg,
-            target: None,
-        };
+        let r = Request::new(EP, CEP, client, Kind::Resolve, msg);
         self.r.handle_request(now, &r);
     }
     fn drain(&mut self) -> Vec<Output> {

@@ -100,17 +100,8 @@ impl T {
         }
     }
     fn request(&mut self, client: u64, kind: Kind, msg: &[u8]) {
-        self.r.handle_request(
-            self.now,
-            &Request {
-                ep: EP,
-                cache_ep: CEP,
-                client,
-                kind,
-                msg,
-                target: None,
-            },
-        );
+        self.r
+            .handle_request(self.now, &Request::new(EP, CEP, client, kind, msg));
         self.drain();
     }
     /// The PathRecord queries sent (other SA MADs, the Report subscriptions, are dropped).
@@ -524,14 +515,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     );
     t.r.handle_request(
         11,
-        &Request {
-            ep: EP,
-            cache_ep: new_cep,
-            client: 2,
-            kind: Kind::Resolve,
-            msg: &path_msg(6, 0, 2),
-            target: None,
-        },
+        &Request::new(EP, new_cep, 2, Kind::Resolve, &path_msg(6, 0, 2)),
     );
     t.drain();
     assert!(t.sa_sends().is_empty(), "answered from the preload");
@@ -664,17 +648,7 @@ fn miss_cost() {
             eprintln!("60 000 misses: {:?} per miss", start.elapsed() / 60_000);
             start = std::time::Instant::now();
         }
-        t.r.handle_request(
-            i as u64,
-            &Request {
-                ep: EP,
-                cache_ep: CEP,
-                client: i as u64,
-                kind: Kind::Resolve,
-                msg: m,
-                target: None,
-            },
-        );
+        t.r.handle_request(i as u64, &Request::new(EP, CEP, i as u64, Kind::Resolve, m));
         while let Some(o) = t.r.poll_output() {
             match o {
                 Output::SendSa { token, mut mad, .. } => {

@@ -1291,7 +1291,7 @@ fn requests_waiting_on_a_stuck_loop_are_answered_by_the_watchdog_exactly_once() 
     let dog = Watchdog::spawn(
         inbox.clone(),
         Duration::from_millis(200),
-        move |r, s| answered.lock().unwrap().push((r.client, s)),
+        move |r, s| answered.lock().unwrap().push((r.head.client, s)),
         move |_, t| said.lock().unwrap().push(t.to_string()),
     )
     .unwrap();

@@ -20,7 +20,7 @@ use crate::lifecycle::AddrCtx;
 use acm_core_nostd::cache::{HashedKey, Lookup, Place};
 use acm_core_nostd::resolver::front::{self, Front};
 use acm_core_nostd::resolver::request::{classify, respond, route_dest, Target};
-use acm_core_nostd::resolver::{Counter, Kind, Request, Via};
+use acm_core_nostd::resolver::{Counter, Kind, Request, RequestHead, Via};
 use acm_core_nostd::wire::client::{
     build_resolve_frame, response_path_mut, AcmMsg as ClientMsg, Status,
 };
@@ -124,28 +124,30 @@ fn deliver(
     }
 }
 
-/// The cache hit path of a route request whose slots' load was just started (`key`'s
-/// prefetch): the answer's frame is built in this thread's buffer while the load is in
-/// flight, then the lookup; what the cache held goes to the front decision
-/// ([`front::decide`], made here once for the request), and a hit gets its path written into
-/// the frame and is answered. `Err` for everything else: the decision and what the cache held
+/// The cache hit path of route request `msg` (the core's id `id`, classified as `target`)
+/// whose slots' load was just started (`key`'s prefetch): the answer's frame is built in this
+/// thread's buffer while the load is in flight, then the lookup; what the cache held goes to
+/// the front decision ([`front::decide`], made here once for the request), and a hit gets its
+/// path written into the frame and is answered: `Ok` with whether the entry wants a refresh
+/// ([`hit_answered`] follows). `Err` for everything else: the decision and what the cache held
 /// (a miss, a negative entry), or no decision when the lookup was not made (a closed
 /// endpoint, no frame), which the caller then decides on.
 #[inline(always)]
 fn answer_hit(
     ctx: &AddrCtx,
-    req: &Request<'_>,
+    msg: &[u8],
+    id: u64,
     target: &Target,
     key: &HashedKey,
     hit_start: Option<u64>,
     answered: &mut bool,
-) -> Result<c_int, (Option<Front>, Lookup)> {
+) -> Result<bool, (Option<Front>, Lookup)> {
     let (ep, inst) = (&ctx.ep, &ctx.inst);
     let refresh = OUT.with(|cell| {
         let Ok(mut out) = cell.try_borrow_mut() else {
             return Err((None, Lookup::Miss));
         };
-        let frame = build_resolve_frame(&ClientMsg::new_unchecked(req.msg), out.as_bytes_mut());
+        let frame = build_resolve_frame(&ClientMsg::new_unchecked(msg), out.as_bytes_mut());
         if frame.is_err() || ep.closed.load(Ordering::Acquire) {
             return Err((None, Lookup::Miss));
         }
@@ -160,7 +162,7 @@ fn answer_hit(
                 deliver(
                     ctx,
                     Via::Resolve,
-                    req.client,
+                    id,
                     Status::Success,
                     hit_start,
                     answered,
@@ -171,36 +173,30 @@ fn answer_hit(
             other => Err((Some(other), found.with_record([0; 64]))),
         }
     })?;
-    hit_answered(ctx, req, refresh);
-    Ok(0)
+    Ok(refresh)
 }
 
 /// What follows a cache hit once its answer is with the core: ROUTE_CACHE counted (the core's
 /// counter is a locked add, kept off the client's critical path) and, for an entry near
-/// expiry, a background refresh by the dataplane (a full queue only loses the refresh; the
-/// entry then expires and is resolved as a miss).
-fn hit_answered(ctx: &AddrCtx, req: &Request<'_>, refresh: bool) {
+/// expiry, `refresh`, a background refresh, handed to the dataplane (a full queue only loses
+/// the refresh; the entry then expires and is resolved as a miss).
+fn hit_answered(ctx: &AddrCtx, refresh: Option<Request<'_>>) {
     ctx.ep
         .count_global(Writer::Core, ctx.inst.api, Counter::RouteCache);
-    if refresh {
-        let refresh = Request {
-            client: 0,
-            kind: Kind::Refresh,
-            ..*req
-        };
+    if let Some(refresh) = refresh {
         let _ = hand_over(ctx, &refresh, None);
     }
 }
 
 /// Hands request `req` to the dataplane (a RESOLVE request with the front's classification
-/// in it, made with the endpoint's view at `req.cache_ep`, so the dataplane does not redo
-/// it; `stamp`: the start of a missed `resolve()`, whose latency the dataplane then records);
+/// in its head, made with the endpoint's view at its `cache_ep`, so the dataplane does not
+/// redo it; `stamp`: the start of a missed `resolve()`, whose latency the dataplane then records);
 /// the status to answer it with at once (counted, logged) if it cannot take it: ENOMEM when
 /// its queue is full, ENODATA when it has stopped (it gave up after a failure it could not
 /// recover from, or its thread is gone), ETIMEDOUT while the watchdog finds it stuck
 /// (`acmrs_stall_ms`).
 fn hand_over(ctx: &AddrCtx, req: &Request<'_>, stamp: Option<MissStamp>) -> Result<(), Status> {
-    let kind = req.kind;
+    let kind = req.head.kind;
     let inbox = &ctx.inst.inbox;
     let handed = inbox.hand_over(req, stamp);
     if handed {
@@ -288,17 +284,18 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
     if let Some(p) = early {
         start_lookup(&inst.cache, inst.large_cache, p);
     }
-    // The request as it travels: the classification made here once goes with it.
-    let req = Request {
-        ep: ep.id,
-        cache_ep: view.cache_ep,
-        client: id,
-        kind: Kind::Resolve,
+    // The request's classification, made here once; it goes with every request this call
+    // hands over (a miss, a priming, a refresh), each built at its hand-over.
+    let target = &classify(&view, msg);
+    let request = |client: u64, kind: Kind| Request {
+        head: RequestHead {
+            ep: ep.id,
+            cache_ep: view.cache_ep,
+            client,
+            kind,
+            target: Some(*target),
+        },
         msg,
-        target: Some(classify(&view, msg)),
-    };
-    let Some(target) = &req.target else {
-        unreachable!("classified just above")
     };
     // A route hit is answered from here; a route lookup's decision comes back with what the
     // cache held.
@@ -311,8 +308,11 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                 p
             });
             let h = inst.cache.hashed_at(k, place);
-            match answer_hit(ctx, &req, target, &h, t0, answered) {
-                Ok(r) => return r,
+            match answer_hit(ctx, msg, id, target, &h, t0, answered) {
+                Ok(refresh) => {
+                    hit_answered(ctx, refresh.then(|| request(0, Kind::Refresh)));
+                    return 0;
+                }
                 Err(looked) => looked,
             }
         }
@@ -349,7 +349,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                 return reply(Status::Enodata, None);
             };
             let r = reply(Status::Success, Some(&record));
-            hit_answered(ctx, &req, refresh);
+            hit_answered(ctx, refresh.then(|| request(0, Kind::Refresh)));
             r
         }
         Front::Answer(status) => {
@@ -364,11 +364,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         Front::Prime => {
             let r = reply(Status::Enodata, None);
             // Prime the cache; a full queue only loses the priming.
-            let prime = Request {
-                kind: Kind::Prime,
-                ..req
-            };
-            let _ = hand_over(ctx, &prime, None);
+            let _ = hand_over(ctx, &request(id, Kind::Prime), None);
             r
         }
         Front::HandOver => {
@@ -381,7 +377,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                     _ => MissClass::Route,
                 },
             };
-            match hand_over(ctx, &req, Some(stamp)) {
+            match hand_over(ctx, &request(id, Kind::Resolve), Some(stamp)) {
                 Ok(()) => {
                     *answered = true;
                     0
@@ -401,14 +397,7 @@ pub(crate) fn query_impl(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool
         return reply(Status::Enodata);
     }
     // The dataplane validates it (EINVAL) and sends it to the SA.
-    let req = Request {
-        ep: ctx.ep.id,
-        cache_ep: ctx.ep.cache_ep(),
-        client: id,
-        kind: Kind::Query,
-        msg,
-        target: None,
-    };
+    let req = Request::new(ctx.ep.id, ctx.ep.cache_ep(), id, Kind::Query, msg);
     match hand_over(ctx, &req, None) {
         Ok(()) => {
             *answered = true;

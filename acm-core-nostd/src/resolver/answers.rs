@@ -57,9 +57,9 @@ impl Answers {
         // answered on another).
         slot.msg[..n].copy_from_slice(&r.msg[..n]);
         slot.len = n as u16;
-        slot.client = r.client;
-        slot.ep = r.ep;
-        slot.query = r.kind == Kind::Query;
+        slot.client = r.head.client;
+        slot.ep = r.head.ep;
+        slot.query = r.head.kind == Kind::Query;
         slot.state = ReqState::Waiting;
         slot.has_path = false;
         self.waiting += 1;

@@ -229,20 +229,21 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// A client request (`resolve()` → [`Kind::Resolve`], `query()` → [`Kind::Query`], or a
     /// [`Kind::Prime`] / [`Kind::Refresh`] the caller already answered), the one way requests
-    /// come in. `r.cache_ep` is the caller's cache endpoint number for `r.ep` (the key of every
-    /// cache entry of this request). `r.target`: the request's classification when the caller's
+    /// come in. Its head ([`RequestHead`]): `cache_ep` is the caller's cache endpoint number for
+    /// `ep` (the key of every cache entry of this request); `target` the request's
+    /// classification when the caller's
     /// front made it already ([`request::classify`] with the endpoint's view at `cache_ep`),
     /// so it is not parsed again; `None` to classify it here. Resolve and Query requests get
     /// exactly one [`Output::Answer`]; Prime and Refresh none.
     pub fn handle_request(&mut self, now: Millis, r: &Request<'_>) {
-        if r.target.is_some() || r.kind == Kind::Query {
-            return self.take_request(now, r, r.target.as_ref());
+        if r.head.target.is_some() || r.head.kind == Kind::Query {
+            return self.take_request(now, r, r.head.target.as_ref());
         }
         let t = self.st.slabs_ref();
         let mine = self
             .eps
-            .slot(t.endpoints, r.ep)
-            .map(|slot| request::classify(&t.endpoints[slot].view(r.cache_ep), r.msg));
+            .slot(t.endpoints, r.head.ep)
+            .map(|slot| request::classify(&t.endpoints[slot].view(r.head.cache_ep), r.msg));
         self.take_request(now, r, mine.as_ref());
     }
 

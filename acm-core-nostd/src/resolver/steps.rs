@@ -37,16 +37,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         r: &Request<'_>,
         target: Option<&request::Target>,
     ) {
-        let slot = match self.eps.slot(self.st.slabs_ref().endpoints, r.ep) {
+        let slot = match self.eps.slot(self.st.slabs_ref().endpoints, r.head.ep) {
             Some(s) if !self.done => s,
             _ => {
                 self.answer_now(r, Status::Enodata, None);
                 return;
             }
         };
-        self.st.endpoints()[slot].cache_ep = r.cache_ep;
+        self.st.endpoints()[slot].cache_ep = r.head.cache_ep;
         match target {
-            Some(t) if r.kind != Kind::Query => self.resolve_request(now, slot, r, t),
+            Some(t) if r.head.kind != Kind::Query => self.resolve_request(now, slot, r, t),
             _ => self.query_request(now, slot, r),
         }
         self.pump(now);
@@ -65,11 +65,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         use front::Front;
         use request::Target;
         // A refresh renews the route whatever the cache holds now.
-        let lookup = match r.kind {
+        let lookup = match r.head.kind {
             Kind::Refresh => Lookup::Miss,
             _ => front::look(self.w.cache(), target, now, false),
         };
-        let (refresh, wait) = match (r.kind, front::decide(target, true, &lookup)) {
+        let (refresh, wait) = match (r.head.kind, front::decide(target, true, &lookup)) {
             (_, Front::Answer(status)) => {
                 if matches!(target, Target::Fail(Status::Einval)) {
                     self.sh.stats.malformed += 1;
@@ -78,8 +78,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 return;
             }
             (_, Front::Hit { refresh }) => {
-                if let (Kind::Resolve, Lookup::Hit { record, .. }) = (r.kind, &lookup) {
-                    self.count(r.ep, Counter::RouteCache);
+                if let (Kind::Resolve, Lookup::Hit { record, .. }) = (r.head.kind, &lookup) {
+                    self.count(r.head.ep, Counter::RouteCache);
                     self.answer_now(r, Status::Success, Some(record));
                 }
                 if !refresh {
@@ -96,10 +96,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         match target {
             Target::Route { key, record, .. } => {
-                let sa = record.query_record(&self.st.slabs_ref().endpoints[slot].view(r.cache_ep));
+                let sa =
+                    record.query_record(&self.st.slabs_ref().endpoints[slot].view(r.head.cache_ep));
                 let route = Route {
                     slot,
-                    cache_ep: r.cache_ep,
+                    cache_ep: r.head.cache_ep,
                     key: key.map(|k| k.key()),
                     sa: &sa,
                 };
@@ -125,7 +126,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Answers `r` at once (Resolve and Query only).
     pub(crate) fn answer_now(&mut self, r: &Request<'_>, status: Status, path: Option<&[u8; 64]>) {
-        if !matches!(r.kind, Kind::Resolve | Kind::Query) {
+        if !matches!(r.head.kind, Kind::Resolve | Kind::Query) {
             return;
         }
         match self.answers.alloc(self.st.slabs().requests, r, false) {
@@ -315,7 +316,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         let route = Route {
             slot,
-            cache_ep: r.cache_ep,
+            cache_ep: r.head.cache_ep,
             key: None,
             sa: &sa,
         };
@@ -704,7 +705,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             .find(self.st.slabs_ref(), slot, key.kind.into(), &key.addr);
         if let Some(i) = found {
             if self.st.addrs()[i as usize].state == AddrState::Resolved {
-                self.st.addrs()[i as usize].cache_ep = r.cache_ep;
+                self.st.addrs()[i as usize].cache_ep = r.head.cache_ep;
                 self.route_addr(now, slot, i, List::EMPTY, None, true);
             }
         }
@@ -733,20 +734,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 if cfg.loopback_local && e.lid != 0 {
                     let path =
                         request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
-                    self.insert_loopback(now, slot, i, r.cache_ep);
+                    self.insert_loopback(now, slot, i, r.head.cache_ep);
                     if !waiters.is_empty() {
-                        self.count(r.ep, Counter::RouteCache);
+                        self.count(r.head.ep, Counter::RouteCache);
                     }
                     self.answer_list(&mut waiters, Status::Success, Some(&path));
                 } else {
                     // loopback_prot none: our own address is routed like any other, to GID0.
-                    self.st.addrs()[i as usize].cache_ep = r.cache_ep;
-                    self.route_addr(now, slot, i, waiters, Some(r.ep), false);
+                    self.st.addrs()[i as usize].cache_ep = r.head.cache_ep;
+                    self.route_addr(now, slot, i, waiters, Some(r.head.ep), false);
                 }
             }
             (Some(i), Some(AddrState::Resolved)) => {
                 let a = &mut self.st.addrs()[i as usize];
-                a.cache_ep = r.cache_ep;
+                a.cache_ep = r.head.cache_ep;
                 let mut renewed = false;
                 if a.expires <= now {
                     if a.origin == Origin::Preload || a.job != 0 {
@@ -754,7 +755,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         // address query (ibacmp: an expired dest is INIT), not an ADDR_CACHE hit.
                         a.expires = addr::expiry(&cfg, now);
                         renewed = true;
-                        self.count(r.ep, Counter::AddrQuery);
+                        self.count(r.head.ep, Counter::AddrQuery);
                     } else if cfg.addr_acm && self.st.endpoints()[slot].acm {
                         let t = self.st.slabs();
                         let e = &mut t.endpoints[slot];
@@ -764,7 +765,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         return;
                     }
                 }
-                let count = (r.kind == Kind::Resolve && !renewed).then_some(r.ep);
+                let count = (r.head.kind == Kind::Resolve && !renewed).then_some(r.head.ep);
                 self.route_addr(now, slot, i, waiters, count, false);
             }
             (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
@@ -784,7 +785,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 };
                 {
                     let a = &mut self.st.addrs()[i as usize];
-                    a.cache_ep = r.cache_ep;
+                    a.cache_ep = r.head.cache_ep;
                     if let Some((t, src)) = addr::source_entry(r.msg) {
                         a.src_type = t.into();
                         a.src = src;

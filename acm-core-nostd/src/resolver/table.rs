@@ -464,14 +464,7 @@ mod tests {
             let mut v = Vec::new();
             for lid in lids {
                 let msg = ClientRequest::path(u64::from(lid), 0, &PathQuery::lid(lid));
-                let req = Request {
-                    ep: EP,
-                    cache_ep: CEP,
-                    client: u64::from(lid),
-                    kind: Kind::Resolve,
-                    msg: msg.bytes(),
-                    target: None,
-                };
+                let req = Request::new(EP, CEP, u64::from(lid), Kind::Resolve, msg.bytes());
                 self.r.handle_request(self.now, &req);
                 v.extend(self.sa_sends());
             }

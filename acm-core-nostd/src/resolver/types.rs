@@ -341,36 +341,46 @@ pub struct Stats {
     pub lost: u64,
 }
 
-/// One client request as the resolver takes it ([`Resolver::handle_request`](super::Resolver::handle_request)).
+/// A client request's head: everything of it but the message, one type from the provider's
+/// front through its inbox (which keeps it beside its copy of the message) to the resolver.
 #[derive(Clone, Copy, Debug)]
-pub struct Request<'m> {
+pub struct RequestHead {
     /// The endpoint it arrived on.
     pub ep: EpId,
-    /// The caller's cache endpoint number for `ep` ([`ep_number`](crate::cache::ep_number)): the key of every cache
-    /// entry of this request.
+    /// The caller's cache endpoint number for `ep` ([`ep_number`](crate::cache::ep_number)):
+    /// the key of every cache entry of this request.
     pub cache_ep: CacheEp,
     /// The caller's handle for the answer ([`Answer::client`]).
     pub client: u64,
     /// What kind of request it is.
     pub kind: Kind,
-    /// The client's message.
-    pub msg: &'m [u8],
     /// How the caller's front classified it ([`request::classify`](super::request::classify)
     /// with the endpoint's view at `cache_ep`), so that it is not parsed again; `None`: the
     /// resolver classifies it (and a query is never classified).
     pub target: Option<super::request::Target>,
 }
 
+/// One client request as the resolver takes it
+/// ([`Resolver::handle_request`](super::Resolver::handle_request)): its head and its message
+/// where the caller holds it.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'m> {
+    /// Who asked, on which endpoint, what for, how it was classified.
+    pub head: RequestHead,
+    /// The client's message.
+    pub msg: &'m [u8],
+}
+
 impl<'m> Request<'m> {
     /// A request not classified yet (the resolver classifies it).
     pub fn new(ep: EpId, cache_ep: CacheEp, client: u64, kind: Kind, msg: &'m [u8]) -> Self {
-        Request {
+        let head = RequestHead {
             ep,
             cache_ep,
             client,
             kind,
-            msg,
             target: None,
-        }
+        };
+        Request { head, msg }
     }
 }

@@ -10,7 +10,7 @@ use super::{Sim, SimAnswer, EP};
 use crate::cache::Lookup;
 use crate::resolver::front::{self, Front};
 use crate::resolver::request::{self, EpView};
-use crate::resolver::{Kind, Request, Via};
+use crate::resolver::{Kind, Request, RequestHead, Via};
 use crate::wire::client::EpInfoType::Name;
 use crate::wire::client::{ClientRequest, PathQuery, Status, FLAGS_NODELAY};
 use crate::wire::gid::Gid;
@@ -80,14 +80,7 @@ impl Sim {
         let node = &mut self.nodes[i];
         let cep = node.cache_ep();
         if kind == Kind::Query || !node.open {
-            let r = Request {
-                ep: EP,
-                cache_ep: cep,
-                client,
-                kind,
-                msg: &m,
-                target: None,
-            };
+            let r = Request::new(EP, cep, client, kind, &m);
             node.node.handle_request(now, &r);
             self.touch(i);
             self.pump();
@@ -123,12 +116,14 @@ impl Sim {
         if let Some((client, kind)) = pass {
             let node = &mut self.nodes[i];
             let r = Request {
-                ep: EP,
-                cache_ep: cep,
-                client,
-                kind,
+                head: RequestHead {
+                    ep: EP,
+                    cache_ep: cep,
+                    client,
+                    kind,
+                    target: Some(target),
+                },
                 msg: &m,
-                target: Some(target),
             };
             node.node.handle_request(now, &r);
         }

@@ -7,8 +7,8 @@ use super::Ud;
 use crate::stats::MissStamp;
 use crate::worker::Waker;
 use acm_core_nostd::cache::{ep_number, AddrKind, CacheEp};
-use acm_core_nostd::resolver::request::{respond, Target};
-use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Request, Via, MSG_LEN};
+use acm_core_nostd::resolver::request::respond;
+use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Request, RequestHead, Via, MSG_LEN};
 use acm_core_nostd::wire::client::{Status, HDR_LEN};
 use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
@@ -17,18 +17,13 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 /// A client request handed from the core's main thread, as it waits in the inbox: the
-/// [`Request`] with its message copied (the core's buffer dies when the call returns), its
-/// place in the main thread's order and its latency stamp.
+/// [`Request`]'s head (the same [`RequestHead`] the plugin's front made) and its message
+/// copied (the core's buffer dies when the call returns), its place in the main thread's
+/// order and its latency stamp.
 pub struct Queued {
-    /// Endpoint it arrived on.
-    pub ep: EpId,
-    /// The endpoint's cache number at the time of the call
-    /// ([`ep_number`](acm_core_nostd::cache::ep_number): flush generation, slot).
-    pub cache_ep: CacheEp,
-    /// The core's client index.
-    pub client: u64,
-    /// Call kind.
-    pub kind: Kind,
+    /// The request's head: endpoint, cache number at the time of the call, the core's client
+    /// index, kind, and the front's classification ([`RequestHead::target`]).
+    pub head: RequestHead,
     /// Its place in the main thread's order of requests and control messages: the loop
     /// applies every control message with a smaller ticket first, and none with a larger one.
     pub ticket: u64,
@@ -41,8 +36,6 @@ pub struct Queued {
     pub msg: [u8; MSG_LEN],
     /// When a missed `resolve()` started, for its latency (`None`: not timed).
     pub stamp: Option<MissStamp>,
-    /// How the caller's front classified it ([`Request::target`]).
-    pub target: Option<Target>,
 }
 
 impl Queued {
@@ -50,10 +43,7 @@ impl Queued {
     /// `ticket`.
     fn fill(&mut self, r: &Request<'_>, stamp: Option<MissStamp>, ticket: u64) {
         let n = r.msg.len().min(MSG_LEN);
-        self.ep = r.ep;
-        self.cache_ep = r.cache_ep;
-        self.client = r.client;
-        self.kind = r.kind;
+        self.head = r.head;
         self.ticket = ticket;
         self.len = n as u16;
         self.msg[..n].copy_from_slice(&r.msg[..n]);
@@ -61,18 +51,13 @@ impl Queued {
             self.msg[n..HDR_LEN].fill(0);
         }
         self.stamp = stamp;
-        self.target = r.target;
     }
 
-    /// The request this buffer holds, its message read where it lies.
+    /// The request this buffer holds: its head, its message read where it lies.
     pub fn request(&self) -> Request<'_> {
         Request {
-            ep: self.ep,
-            cache_ep: self.cache_ep,
-            client: self.client,
-            kind: self.kind,
+            head: self.head,
             msg: &self.msg[..usize::from(self.len)],
-            target: self.target,
         }
     }
 
@@ -80,7 +65,7 @@ impl Queued {
     /// (shutdown, no resolver, a stalled loop); `None` for a Prime or Refresh, which was
     /// answered when it was made.
     pub fn answer(&self, status: Status) -> Option<Answer> {
-        let via = match self.kind {
+        let via = match self.head.kind {
             Kind::Resolve => Via::Resolve,
             Kind::Query => Via::Query,
             Kind::Prime | Kind::Refresh => return None,
@@ -94,8 +79,8 @@ impl Queued {
             &mut msg,
         );
         Some(Answer {
-            ep: self.ep,
-            client: self.client,
+            ep: self.head.ep,
+            client: self.head.client,
             via,
             status,
             len,
@@ -120,15 +105,17 @@ pub struct SaReply {
 impl Carried for Queued {
     fn blank() -> Self {
         Queued {
-            ep: EpId(0),
-            cache_ep: ep_number(0, 0),
-            client: 0,
-            kind: Kind::Resolve,
+            head: RequestHead {
+                ep: EpId(0),
+                cache_ep: ep_number(0, 0),
+                client: 0,
+                kind: Kind::Resolve,
+                target: None,
+            },
             ticket: 0,
             len: 0,
             msg: [0; MSG_LEN],
             stamp: None,
-            target: None,
         }
     }
 }
@@ -434,9 +421,9 @@ impl Inbox {
         self.control_applied.load(Ordering::Acquire)
     }
 
-    /// Hands request `r` to the loop (its message copied), with the request's classification
-    /// if the caller's front made one ([`Request::target`], which the loop then does not
-    /// redo) and `stamp`, the start of a missed `resolve()`, whose answer's latency the loop
+    /// Hands request `r` to the loop (its head as it is, its message copied), with the
+    /// request's classification if the caller's front made one ([`RequestHead::target`],
+    /// which the loop then does not redo) and `stamp`, the start of a missed `resolve()`, whose answer's latency the loop
     /// then records; false if the queue is full (counted), or the loop is stopped
     /// ([`Inbox::is_stopped`]) or stalled ([`Inbox::is_stalled`]).
     pub fn hand_over(&self, r: &Request<'_>, stamp: Option<MissStamp>) -> bool {
@@ -541,7 +528,7 @@ mod tests {
     }
 
     fn taken(i: &Inbox) -> Vec<(u64, u64)> {
-        std::iter::from_fn(|| i.take_request_with(|r| (r.client, r.ticket))).collect()
+        std::iter::from_fn(|| i.take_request_with(|r| (r.head.client, r.ticket))).collect()
     }
 
     /// The staging buffer is taken before the queue, and only an empty queue sends a request
@@ -558,7 +545,7 @@ mod tests {
         // The queue not empty: a request goes behind it, even with the staging buffer free.
         assert!(hand(&i, 3));
         assert!(hand(&i, 4));
-        assert_eq!(i.take_request_with(|r| r.client), Some(3));
+        assert_eq!(i.take_request_with(|r| r.head.client), Some(3));
         assert!(hand(&i, 5));
         assert_eq!(taken(&i), [(4, 3), (5, 4)]);
         // A full queue with the staging buffer taken refuses (the caller answers ENOMEM).
@@ -594,7 +581,7 @@ mod tests {
             long.bytes()
         ));
         assert!(i.take_request_into(&mut hand));
-        assert_eq!((hand.client, usize::from(hand.len)), (40, long.len()));
+        assert_eq!((hand.head.client, usize::from(hand.len)), (40, long.len()));
         assert_eq!(&hand.msg[..long.len()], long.bytes());
         // A PATH request (88 bytes) into the same buffer: its bytes, its header.
         let path = ClientRequest::path(0x5555_6666_7777_8888, FLAGS_NODELAY, &PathQuery::lid(6));
@@ -608,7 +595,7 @@ mod tests {
         ));
         assert!(i.take_request_into(&mut hand));
         assert_eq!(
-            (hand.ep, hand.cache_ep, hand.client),
+            (hand.head.ep, hand.head.cache_ep, hand.head.client),
             (EpId(2), ep_number(3, 2), 41)
         );
         assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());
@@ -654,8 +641,8 @@ mod tests {
             Kind::Resolve,
             path.bytes()
         ));
-        assert!(i.take_request_into(&mut hand) && hand.client == 43);
-        assert!(i.take_request_into(&mut hand) && hand.client == 44);
+        assert!(i.take_request_into(&mut hand) && hand.head.client == 43);
+        assert!(i.take_request_into(&mut hand) && hand.head.client == 44);
         assert_eq!(&hand.msg[..usize::from(hand.len)], path.bytes());
         assert!(!i.take_request_into(&mut hand), "none left");
     }
@@ -677,7 +664,7 @@ mod tests {
         let staged = at_stage();
         assert!(hand(&i, 1));
         assert!(i.take_request_into(&mut mine));
-        assert_eq!(mine.client, 1);
+        assert_eq!(mine.head.client, 1);
         assert!(std::ptr::eq(&*mine, staged), "the staging buffer itself");
         assert!(std::ptr::eq(at_stage(), first), "mine took its place");
         // Queued behind a staged one: it is written into a spare buffer, which the taker
@@ -691,11 +678,11 @@ mod tests {
         assert_eq!(i.requests.spare.len(), 7, "one spare in the queue");
         let before: *const Queued = &*mine;
         assert!(
-            i.take_request_into(&mut mine) && mine.client == 2,
+            i.take_request_into(&mut mine) && mine.head.client == 2,
             "the staged one first"
         );
         let before_queued: *const Queued = &*mine;
-        assert!(i.take_request_into(&mut mine) && mine.client == 3);
+        assert!(i.take_request_into(&mut mine) && mine.head.client == 3);
         assert!(
             spare_at.contains(&(&*mine as *const Queued)),
             "the spare it was written into"

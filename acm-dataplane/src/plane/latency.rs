@@ -117,18 +117,21 @@ impl Latencies {
 
     /// Request `r` is about to be given to the node: a stamped resolve's latency is kept.
     pub(super) fn request_taken(&mut self, r: &Queued) {
-        let (Some(b), Some(stamp), Kind::Resolve) = (self.0.as_mut(), r.stamp, r.kind) else {
+        let (Some(b), Some(stamp), Kind::Resolve) = (self.0.as_mut(), r.stamp, r.head.kind) else {
             return;
         };
         let taken = b.clock.now();
         let t = Entering {
-            key: client_key(r.client, &r.msg[..usize::from(r.len)]),
+            key: client_key(r.head.client, &r.msg[..usize::from(r.len)]),
             stamp,
-            ep: r.ep,
+            ep: r.head.ep,
             taken,
         };
         b.entering = Some((t, false));
-        b.lap = Some(Lap::Request { taken, ep: r.ep });
+        b.lap = Some(Lap::Request {
+            taken,
+            ep: r.head.ep,
+        });
     }
 
     /// The request of [`request_taken`](Self::request_taken) is with the node and its outputs

@@ -652,7 +652,7 @@ impl<I: CoreIo> Plane<I> {
                 Output::Answer(a) => {
                     self.flush_counts();
                     if self.current_is == Current::Taken
-                        && self.current.client == a.client
+                        && self.current.head.client == a.client
                         && AcmMsg::new_unchecked(&self.current.msg[..]).tid()
                             == AcmMsg::new_unchecked(&a.msg[..]).tid()
                     {

@@ -160,14 +160,7 @@ fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<S
         let t0 = clock.now();
         r.handle_request(
             1,
-            &Request {
-                ep,
-                cache_ep: ep_number(0, ep.0),
-                client: tid,
-                kind: Kind::Resolve,
-                msg: msg.bytes(),
-                target: None,
-            },
+            &Request::new(ep, ep_number(0, ep.0), tid, Kind::Resolve, msg.bytes()),
         );
         let mut query = None;
         while let Some(o) = r.poll_output() {

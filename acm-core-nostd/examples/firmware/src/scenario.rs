@@ -1118,12 +1118,5 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
 /// A client request on the endpoint as the provider hands it over (its front did not
 /// classify it: the node does).
 fn request(client: u64, msg: &[u8]) -> Request<'_> {
-    Request {
-        ep: EP,
-        cache_ep: CEP,
-        client,
-        kind: Kind::Resolve,
-        msg,
-        target: None,
-    }
+    Request::new(EP, CEP, client, Kind::Resolve, msg)
 }

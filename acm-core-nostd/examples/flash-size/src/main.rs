@@ -63,17 +63,7 @@ fn run() -> u32 {
             2 => Kind::Prime,
             _ => Kind::Refresh,
         };
-        r.handle_request(
-            now,
-            &Request {
-                ep,
-                cache_ep,
-                client: now,
-                kind,
-                msg: &msg,
-                target: None,
-            },
-        );
+        r.handle_request(now, &Request::new(ep, cache_ep, now, kind, &msg));
         let mad: [u8; 256] = black_box([0x2c; 256]);
         r.handle_sa(now, black_box(now << 32), 0, &mad);
         let meta = RecvMeta {
