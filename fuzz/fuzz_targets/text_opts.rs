@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(o.route_data_file.len() <= PATH_MAX && o.addr_data_file.len() <= PATH_MAX);
     assert!(o.acmrs_path_capacity >= 1 && o.acmrs_path_capacity <= MAX_CAPACITY);
     assert!(o.acmrs_refresh_ahead_pct <= 99);
-    assert!(o.log_level <= 2 && o.acmrs_log_level.map_or(true, |l| l <= 4));
+    assert!(o.log_level <= 2 && o.acmrs_log_level.is_none_or(|l| l <= 4));
     assert!(o.acmrs_cpu >= -1);
     // Applying the same file again over the result changes nothing (every line is idempotent).
     let mut again = o.clone();
