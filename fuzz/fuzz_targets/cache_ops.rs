@@ -278,7 +278,7 @@ fuzz_target!(|data: &[u8]| {
         h.forget_dead(now);
         match op % 13 {
             // insert / negative insert
-            0 | 1 | 2 => {
+            0..=2 => {
                 let k = path_key(arg);
                 let ttl = 1 + (arg2 as u64 % 64);
                 let status = if op % 13 == 2 { 1 + arg2 % 9 } else { 0 };
