@@ -514,29 +514,23 @@ where
             if let Some(ep) = self.next_sm_read() {
                 return Some(Output::ReadSm { ep });
             }
-            let Some(o) = self.resolver.poll_output() else {
+            // Looked at where it was returned, not moved out of its `Option` (a copy as large
+            // as the largest output), and each field copied once into the node's output.
+            use crate::resolver::Output as R;
+            let o = self.resolver.poll_output();
+            let Some(o) = &o else {
                 return self
                     .done
                     .take()
                     .map(|(token, replied)| Output::QueryDone { token, replied });
             };
-            use crate::resolver::Output as R;
-            return Some(match o {
-                R::SendSa { ep, token, mad } => match self.send_sa(now, ep, token, &mad) {
-                    Some(o) => o,
+            if let R::SendSa { ep, token, mad } = o {
+                match self.send_sa(now, *ep, *token, mad) {
+                    Some(o) => return Some(o),
                     None => continue,
-                },
-                R::SendAcm { ep, to, mad } => Output::Transmit {
-                    qp: ep,
-                    to,
-                    mad,
-                    query: None,
-                },
-                R::Answer(a) => Output::Answer(a),
-                R::Attach { ep, group } => Output::Attach { ep, group },
-                R::Detach { ep, group } => Output::Detach { ep, group },
-                R::Count { ep, counter } => Output::Count { ep, counter },
-            });
+                }
+            }
+            return Some(passed(o));
         }
     }
 
@@ -661,5 +655,43 @@ fn transmit(qp: EpId, sm: SmAddr, mad: [u8; MAD_LEN], query: Option<u64>) -> Out
         to: sm.dest(),
         mad,
         query,
+    }
+}
+
+/// The node's output for the resolver's output `o`, passed on as it is, each field copied
+/// once: an output is the size of its largest variant (an answer), and one moved by value
+/// from one enum to the other is taken apart and put together again field by field. Kept out
+/// of line: inlined into a caller's drain loop, that took kilobytes of flash and thousands of
+/// instructions per output on a Cortex-M4 (docs/firmware.md). [`Node::poll_output`] routes
+/// an SA MAD through [`Node::send_sa`] before it gets here (its carrier, tries and table
+/// rules); one that came here unrouted would be the core's service's, as one with no carrier.
+#[inline(never)]
+fn passed(o: &crate::resolver::Output) -> Output {
+    use crate::resolver::Output as R;
+    match o {
+        R::SendSa { ep, token, mad } => Output::CoreSa {
+            ep: *ep,
+            token: *token,
+            mad: *mad,
+        },
+        R::SendAcm { ep, to, mad } => Output::Transmit {
+            qp: *ep,
+            to: *to,
+            mad: *mad,
+            query: None,
+        },
+        R::Answer(a) => Output::Answer(*a),
+        R::Attach { ep, group } => Output::Attach {
+            ep: *ep,
+            group: *group,
+        },
+        R::Detach { ep, group } => Output::Detach {
+            ep: *ep,
+            group: *group,
+        },
+        R::Count { ep, counter } => Output::Count {
+            ep: *ep,
+            counter: *counter,
+        },
     }
 }
