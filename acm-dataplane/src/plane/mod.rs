@@ -603,13 +603,24 @@ impl<I: CoreIo> Plane<I> {
     /// read, a log line or a query's bookkeeping alone is not work for the worker's spin).
     fn drain_outputs(&mut self, now: Millis) -> bool {
         let mut acted = false;
-        while let Some(o) = self.n().poll_output(now) {
+        loop {
+            // Looked at where the node returned it, not moved out of its `Option`: an output
+            // is the size of its largest variant (an answer), a MAD's output a quarter of it.
+            let o = self.n().poll_output(now);
+            let Some(o) = &o else {
+                break;
+            };
             acted |= !matches!(
                 o,
                 Output::ReadSm { .. } | Output::QueryDone { .. } | Output::Event(_)
             );
-            match o {
-                Output::Transmit { qp, to, mad, query } => {
+            match *o {
+                Output::Transmit {
+                    qp,
+                    ref to,
+                    ref mad,
+                    query,
+                } => {
                     let at = query.and(self.lat.now());
                     // A failed post is counted by the QP (`UdHealth::send_errors`) and logged
                     // by `log_drops` at most once a second (a flood that uses up the send
@@ -619,7 +630,7 @@ impl<I: CoreIo> Plane<I> {
                         .eps
                         .get_mut(qp)
                         .and_then(|e| e.ud.as_mut())
-                        .map(|ud| ud.send(&to, &mad));
+                        .map(|ud| ud.send(to, mad));
                     if let (Some(Err(e)), Some(token)) = (sent, query) {
                         self.n().handle_unsent(now, token, e.unsent());
                     }
@@ -628,9 +639,9 @@ impl<I: CoreIo> Plane<I> {
                         None => self.lat.sent(),
                     }
                 }
-                Output::CoreSa { ep, token, mad } => {
+                Output::CoreSa { ep, token, ref mad } => {
                     let at = self.lat.now();
-                    if self.io.send_sa(ep, token, &mad) {
+                    if self.io.send_sa(ep, token, mad) {
                         self.query_out(token, ep, at);
                     } else {
                         self.n().handle_unsent(now, token, Unsent::Refused);
@@ -649,7 +660,7 @@ impl<I: CoreIo> Plane<I> {
                     self.sa_done(token, replied, taken, 0);
                 }
                 Output::Event(e) => self.log_event(e),
-                Output::Answer(a) => {
+                Output::Answer(ref a) => {
                     self.flush_counts();
                     if self.current_is == Current::Taken
                         && self.current.head.client == a.client
@@ -661,12 +672,12 @@ impl<I: CoreIo> Plane<I> {
                     // A stamped request's latency runs up to the hand-off to the core; the
                     // bookkeeping waits until the client has its answer.
                     let end = self.lat.now();
-                    self.io.answer(&a);
-                    self.lat.answered(&a, end);
+                    self.io.answer(a);
+                    self.lat.answered(a, end);
                 }
-                Output::Attach { ep, group } => {
+                Output::Attach { ep, ref group } => {
                     let r = match self.eps.get_mut(ep).and_then(|e| e.ud.as_mut()) {
-                        Some(ud) => ud.attach(&group),
+                        Some(ud) => ud.attach(group),
                         None => Err("endpoint has no UD QP".into()),
                     };
                     match r {
@@ -686,9 +697,9 @@ impl<I: CoreIo> Plane<I> {
                             .log(0, &format!("ERROR - multicast attach failed: {e}")),
                     }
                 }
-                Output::Detach { ep, group } => {
+                Output::Detach { ep, ref group } => {
                     if let Some(ud) = self.eps.get_mut(ep).and_then(|e| e.ud.as_mut()) {
-                        ud.detach(&group);
+                        ud.detach(group);
                     }
                 }
                 Output::Count { ep, counter } => {
