@@ -18,6 +18,15 @@
 //! and the table never fills. Times are TSC reads (`acm_dataplane::stats::Clock`, the
 //! provider's own clock).
 //!
+//! **`--node`**: the same steps through the `Node` the provider runs (`acm_core_nostd::node`,
+//! the `ud` SA transport, the endpoint its own SA carrier with a known SM): the request's
+//! `SendSa` becomes a `Transmit` with the SA channel's TID, and the reply comes in as a MAD
+//! received from the SM's QP 1 (`Node::handle_receive`, matched by the channel). The
+//! difference to the resolver's figures is what the node adds on a miss's way. Each step is
+//! a function of its own (`Machine::request`, `Machine::reply`), so that callgrind counts its
+//! instructions alone: `valgrind --tool=callgrind --toggle-collect='*as resolver::Machine>::*'
+//! target/release/resolver --node --sizes 4096 --misses 2000`.
+//!
 //! **`--evict-kib N`**: before each step, this thread writes a buffer of N KiB one cache line
 //! at a time (not timed), so the step finds the resolver's lines out of its core's L1 and L2,
 //! as a miss in the live provider finds them after ibsim, OpenSM and the other threads ran on
@@ -25,19 +34,21 @@
 //! the hot run is what the lines cost.
 //!
 //! Usage: `cargo run --release -p acm-bench --bin resolver -- [--quick] [--out DIR]
-//!         [--sizes 4096,1048576] [--misses N] [--evict-kib N]`
+//!         [--sizes 4096,1048576] [--misses N] [--evict-kib N] [--node]`
 //!
 //! With `--out DIR`: `resolver_<step>_<slots>.hgrm` per step and cache size
-//! (`resolver_<step>_<slots>_evicted.hgrm` with `--evict-kib`).
+//! (`node_<step>_<slots>.hgrm` with `--node`, `…_evicted.hgrm` with `--evict-kib`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
-use acm_core_nostd::resolver::Resolver;
+use acm_core_nostd::node::{self, Node, Transport};
 use acm_core_nostd::resolver::{
-    Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, Request,
+    Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Millis, Output, RecvMeta, Request,
+    Resolver,
 };
+use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::MAD_LEN;
@@ -65,6 +76,10 @@ struct Cli {
     /// resolver's lines out of this core's caches
     #[arg(long, value_name = "KiB", value_parser = count)]
     evict_kib: Option<usize>,
+    /// The same steps through the node (the resolver and its `ud` SA transport), as the
+    /// provider runs them
+    #[arg(long)]
+    node: bool,
 }
 
 /// Writes every cache line of `buf` once: what the step then reads comes from further out.
@@ -119,13 +134,112 @@ fn sa_reply(query: &[u8; MAD_LEN], dlid: u16) -> [u8; MAD_LEN] {
     m
 }
 
-struct Step {
+struct Steps {
     request: LatencyHistogram,
     reply: LatencyHistogram,
 }
 
-fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<Step, String> {
-    let mut junk = vec![0u8; evict_kib * 1024];
+/// The host path cache.
+type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
+
+/// The provider's node: its resolver and the `ud` SA channel on the heap.
+type HostNode = Node<HeapStorage, Arc<Cache>, Vec<SaEntry>, Vec<TableSlot<Box<[u8]>>>, Box<[u8]>>;
+
+/// The endpoint of the misses.
+const EP: EpId = EpId(1);
+
+/// The SM (its LID and SL) of the `--node` runs.
+const SM: SmAddr = SmAddr { lid: 9, sl: 0 };
+
+/// What the two steps drive: the resolver alone, or the node around it (`--node`).
+trait Machine {
+    /// Step 1: `req` given at `now` and the outputs drained; the SA query (its token and
+    /// MAD as it would leave) it led to.
+    fn request(&mut self, now: Millis, req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])>;
+    /// Step 2: the SA's `reply` to query `token` given and the outputs drained; the answers
+    /// with success to `client`.
+    fn reply(&mut self, now: Millis, token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize;
+    /// Empties the path cache (not timed).
+    fn clear_cache(&mut self);
+}
+
+impl Machine for Resolver<HeapStorage, Arc<Cache>> {
+    #[inline(never)]
+    fn request(&mut self, now: Millis, req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])> {
+        self.handle_request(now, req);
+        let mut query = None;
+        while let Some(o) = self.poll_output() {
+            if let Output::SendSa { token, mad, .. } = o {
+                query = Some((token, mad));
+            }
+        }
+        query
+    }
+
+    #[inline(never)]
+    fn reply(&mut self, now: Millis, token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize {
+        self.handle_sa(now, token, 0, reply);
+        let mut answered = 0;
+        while let Some(o) = self.poll_output() {
+            if let Output::Answer(a) = o {
+                answered += usize::from(a.client == client && a.status == Status::Success);
+            }
+        }
+        answered
+    }
+
+    fn clear_cache(&mut self) {
+        Resolver::clear_cache(self);
+    }
+}
+
+impl Machine for HostNode {
+    #[inline(never)]
+    fn request(&mut self, now: Millis, req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])> {
+        self.handle_request(now, req);
+        let mut query = None;
+        while let Some(o) = self.poll_output(now) {
+            if let node::Output::Transmit {
+                mad,
+                query: Some(token),
+                ..
+            } = o
+            {
+                query = Some((token, mad));
+            }
+        }
+        query
+    }
+
+    #[inline(never)]
+    fn reply(&mut self, now: Millis, _token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize {
+        let from_sm = RecvMeta {
+            slid: SM.lid,
+            src_qp: 1,
+            sl: SM.sl,
+            dlid_path_bits: 0,
+            pkey_index: 0,
+            ep_pkey_index: 0,
+            grh_sgid: None,
+        };
+        self.handle_receive(now, EP, &from_sm, reply);
+        let mut answered = 0;
+        while let Some(o) = self.poll_output(now) {
+            if let node::Output::Answer(a) = o {
+                answered += usize::from(a.client == client && a.status == Status::Success);
+            }
+        }
+        answered
+    }
+
+    fn clear_cache(&mut self) {
+        self.resolver_mut().clear_cache();
+    }
+}
+
+/// The resolver as the plugin builds it, over a path cache of `slots` slots, its endpoint
+/// not open yet.
+fn new_resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
     let cache = PathCache::new(
         PathSlot::boxed(slots),
         AddrSlot::boxed(4096),
@@ -138,56 +252,74 @@ fn run(slots: usize, misses: usize, clock: &Clock, evict_kib: usize) -> Result<S
         jobs: 4096,
         ..Capacities::default()
     };
-    let mut r = Resolver::new(Config::default(), HeapStorage::new(caps), writer, 7)
-        .map_err(|e| format!("resolver: {e:?}"))?;
-    let ep = EpId(1);
-    r.open_endpoint(0, ep, ep_number(0, ep.0), port())
+    Resolver::new(Config::default(), HeapStorage::new(caps), writer, 7)
+        .map_err(|e| format!("resolver: {e:?}"))
+}
+
+/// The resolver alone, its endpoint open.
+fn resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
+    let mut r = new_resolver(slots)?;
+    r.open_endpoint(0, EP, ep_number(0, EP.0), port())
         .map_err(|e| format!("open: {e:?}"))?;
     while r.poll_output().is_some() {}
-    let mut step = Step {
+    Ok(r)
+}
+
+/// The resolver in a node on the `ud` transport, as the plugin's loop has it (room for every
+/// job's query and one half-world table), its endpoint open and carrying its own SA MADs to
+/// `SM`.
+fn node(slots: usize) -> Result<HostNode, String> {
+    let tables = vec![TableSlot::new(
+        vec![0u8; slots.min(8192) * 64].into_boxed_slice(),
+        Default::default(),
+    )];
+    let entries = vec![SaEntry::EMPTY; 4096 + 8];
+    let r = new_resolver(slots)?;
+    let mut n = Node::new(r, entries, tables, [0x5a, 0xa5], Transport::Ud);
+    n.open_endpoint(0, EP, ep_number(0, EP.0), port(), Some(SM))
+        .map_err(|e| format!("open: {e:?}"))?;
+    while n.poll_output(0).is_some() {}
+    Ok(n)
+}
+
+/// `misses` misses through `m`, each step timed.
+fn run(
+    m: &mut impl Machine,
+    misses: usize,
+    clock: &Clock,
+    evict_kib: usize,
+) -> Result<Steps, String> {
+    let mut junk = vec![0u8; evict_kib * 1024];
+    let mut steps = Steps {
         request: LatencyHistogram::new(),
         reply: LatencyHistogram::new(),
     };
     for i in 0..misses {
         let k = (i % usize::from(DISTINCT)) as u16;
         if k == 0 {
-            r.clear_cache();
+            m.clear_cache();
         }
         let dlid = 2 + k;
         let tid = i as u64 + 1;
         let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
+        let req = Request::new(EP, ep_number(0, EP.0), tid, Kind::Resolve, msg.bytes());
         evict(&mut junk, i as u8);
         let t0 = clock.now();
-        r.handle_request(
-            1,
-            &Request::new(ep, ep_number(0, ep.0), tid, Kind::Resolve, msg.bytes()),
-        );
-        let mut query = None;
-        while let Some(o) = r.poll_output() {
-            if let Output::SendSa { token, mad, .. } = o {
-                query = Some((token, mad));
-            }
-        }
+        let query = m.request(1, &req);
         let t1 = clock.now();
         let (token, mad) = query.ok_or_else(|| format!("miss {i} (LID {dlid}): no SA query"))?;
         let reply = sa_reply(&mad, dlid);
         evict(&mut junk, i as u8);
         let t2 = clock.now();
-        r.handle_sa(1, token, 0, &reply);
-        let mut answered = 0;
-        while let Some(o) = r.poll_output() {
-            if let Output::Answer(a) = o {
-                answered += usize::from(a.client == tid && a.status == Status::Success);
-            }
-        }
+        let answered = m.reply(1, token, &reply, tid);
         let t3 = clock.now();
         if answered != 1 {
             return Err(format!("miss {i} (LID {dlid}): {answered} answers"));
         }
-        step.request.record_ps(clock.ns(t0, t1) * 1000, 1);
-        step.reply.record_ps(clock.ns(t2, t3) * 1000, 1);
+        steps.request.record_ps(clock.ns(t0, t1) * 1000, 1);
+        steps.reply.record_ps(clock.ns(t2, t3) * 1000, 1);
     }
-    Ok(step)
+    Ok(steps)
 }
 
 fn main() {
@@ -221,11 +353,16 @@ fn main() {
         "p99.99 ns",
         "max ns",
     ]);
+    let what = if args.node { "node" } else { "resolver" };
     for &slots in &sizes {
         acm_report::progress(format_args!(
             "{misses} misses over a cache of {slots} slots ..."
         ));
-        let step = match run(slots, misses, &clock, evict_kib) {
+        let steps = match args.node {
+            false => resolver(slots).and_then(|mut r| run(&mut r, misses, &clock, evict_kib)),
+            true => node(slots).and_then(|mut n| run(&mut n, misses, &clock, evict_kib)),
+        };
+        let steps = match steps {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("resolver: {e}");
@@ -233,8 +370,8 @@ fn main() {
             }
         };
         for (name, tag, h) in [
-            ("request -> SA query", "request", &step.request),
-            ("SA reply -> answer", "reply", &step.reply),
+            ("request -> SA query", "request", &steps.request),
+            ("SA reply -> answer", "reply", &steps.reply),
         ] {
             let mut cells = vec![name.to_string(), slots.to_string(), misses.to_string()];
             cells.extend(Table::latency_cells(&h.summary()));
@@ -242,7 +379,7 @@ fn main() {
             let cold = if evict_kib > 0 { "_evicted" } else { "" };
             if let Some(file) = args
                 .run
-                .out_file(&format!("resolver_{tag}_{slots}{cold}.hgrm"))
+                .out_file(&format!("{what}_{tag}_{slots}{cold}.hgrm"))
             {
                 if let Err(e) = h.write_hgrm(&file) {
                     eprintln!("resolver: {e}");
@@ -255,8 +392,12 @@ fn main() {
         0 => "one hot thread".to_string(),
         k => format!("one thread, {k} KiB written before each step"),
     };
+    let whose = match args.node {
+        false => "The resolver's",
+        true => "The node's (the resolver and its `ud` SA transport)",
+    };
     println!(
-        "## The resolver's own work per miss, {how} ({:.1} s)\n",
+        "## {whose} own work per miss, {how} ({:.1} s)\n",
         t0.elapsed().as_secs_f64()
     );
     println!("{}", t.render());
@@ -272,11 +413,31 @@ mod tests {
     #[test]
     fn every_miss_is_one_query_and_one_answer() {
         let clock = Clock::calibrated();
+        let misses = 2 * usize::from(DISTINCT) + 7;
         for (slots, evict_kib) in [(4096, 0), (1 << 16, 0), (4096, 16)] {
-            let s = run(slots, 2 * usize::from(DISTINCT) + 7, &clock, evict_kib).unwrap();
+            let s = run(&mut resolver(slots).unwrap(), misses, &clock, evict_kib).unwrap();
             assert_eq!(s.request.summary().count, 3007);
             assert_eq!(s.reply.summary().count, 3007);
         }
+    }
+
+    /// Through the node too: each miss one `Transmit` of a query, its reply (with the
+    /// channel's TID) matched and answered once.
+    #[test]
+    fn through_the_node_every_miss_is_one_query_and_one_answer() {
+        let clock = Clock::calibrated();
+        let mut n = node(4096).unwrap();
+        // The open's own queries (the group's join, the subscriptions) stay unanswered.
+        let open = n.sa().len();
+        let s = run(&mut n, 2 * usize::from(DISTINCT) + 7, &clock, 16).unwrap();
+        assert_eq!(s.request.summary().count, 3007);
+        assert_eq!(s.reply.summary().count, 3007);
+        assert_eq!(
+            n.sa().len(),
+            open,
+            "every miss's query completed by its reply"
+        );
+        assert_eq!(n.sa().unknown + n.sa().forged, 0);
     }
 
     #[test]
