@@ -27,6 +27,12 @@
 //! instructions alone: `valgrind --tool=callgrind --toggle-collect='*as resolver::Machine>::*'
 //! target/release/resolver --node --sizes 4096 --misses 2000`.
 //!
+//! **`--plane`**: the same steps through the dataplane's loop (`acm_dataplane::plane::Plane`,
+//! the `ud` SA transport, latency stats on) over a fake QP whose SM answers and a fake core:
+//! the request is handed over to the inbox (not timed), then one round takes it and posts its
+//! query on the QP; the reply is put on the QP's receive queue, then one round takes it and
+//! hands the answer to the core. The cache is flushed by a client reregister (untimed).
+//!
 //! **`--evict-kib N`**: before each step, this thread writes a buffer of N KiB one cache line
 //! at a time (not timed), so the step finds the resolver's lines out of its core's L1 and L2,
 //! as a miss in the live provider finds them after ibsim, OpenSM and the other threads ran on
@@ -34,26 +40,36 @@
 //! the hot run is what the lines cost.
 //!
 //! Usage: `cargo run --release -p acm-bench --bin resolver -- [--quick] [--out DIR]
-//!         [--sizes 4096,1048576] [--misses N] [--evict-kib N] [--node]`
+//!         [--sizes 4096,1048576] [--misses N] [--evict-kib N] [--node | --plane]`
 //!
 //! With `--out DIR`: `resolver_<step>_<slots>.hgrm` per step and cache size
-//! (`node_<step>_<slots>.hgrm` with `--node`, `…_evicted.hgrm` with `--evict-kib`).
+//! (`node_…`, `plane_…` with `--node`, `--plane`; `…_evicted.hgrm` with `--evict-kib`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
+use std::os::fd::RawFd;
+use std::sync::Mutex;
+
+use acm_core_nostd::cache::{
+    ep_number, AddrSlot, CacheConfig, CacheEp, CacheWriter, PathCache, PathSlot,
+};
 use acm_core_nostd::node::{self, Node, Transport};
 use acm_core_nostd::resolver::{
-    Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Millis, Output, RecvMeta, Request,
-    Resolver,
+    AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
+    Millis, Output, RecvMeta, Request, Resolver,
 };
 use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::MAD_LEN;
 use acm_core_nostd::wire::path_record::PathRecord;
+use acm_dataplane::plane::{
+    Control, CoreIo, HostCache, HostNode, HostWriter, Inbox, Plane, SendError, Ud,
+};
 use acm_dataplane::stats::Clock;
+use acm_dataplane::stats::{Latency, MissClass, MissStamp};
+use acm_dataplane::worker::{Poller, Worker};
 use acm_report::cli::{count, counts, List, RunOpts};
 use acm_report::{LatencyHistogram, Table};
 use clap::Parser;
@@ -78,8 +94,12 @@ struct Cli {
     evict_kib: Option<usize>,
     /// The same steps through the node (the resolver and its `ud` SA transport), as the
     /// provider runs them
-    #[arg(long)]
+    #[arg(long, conflicts_with = "plane")]
     node: bool,
+    /// The same steps through the dataplane's loop (the node, the inbox, the latency
+    /// bookkeeping) over a fake QP and core
+    #[arg(long)]
+    plane: bool,
 }
 
 /// Writes every cache line of `buf` once: what the step then reads comes from further out.
@@ -140,10 +160,7 @@ struct Steps {
 }
 
 /// The host path cache.
-type Cache = PathCache<Box<[PathSlot]>, Box<[AddrSlot]>>;
-
-/// The provider's node: its resolver and the `ud` SA channel on the heap.
-type HostNode = Node<HeapStorage, Arc<Cache>, Vec<SaEntry>, Vec<TableSlot<Box<[u8]>>>, Box<[u8]>>;
+type Cache = HostCache;
 
 /// The endpoint of the misses.
 const EP: EpId = EpId(1);
@@ -151,8 +168,26 @@ const EP: EpId = EpId(1);
 /// The SM (its LID and SL) of the `--node` runs.
 const SM: SmAddr = SmAddr { lid: 9, sl: 0 };
 
-/// What the two steps drive: the resolver alone, or the node around it (`--node`).
+/// The received MAD's completion: from the SM's QP 1.
+const FROM_SM: RecvMeta = RecvMeta {
+    slid: SM.lid,
+    src_qp: 1,
+    sl: SM.sl,
+    dlid_path_bits: 0,
+    pkey_index: 0,
+    ep_pkey_index: 0,
+    grh_sgid: None,
+};
+
+/// What the two steps drive: the resolver alone, the node around it (`--node`), or the
+/// dataplane's loop around that (`--plane`).
 trait Machine {
+    /// The cache number the next request carries.
+    fn cache_ep(&self) -> CacheEp {
+        ep_number(0, EP.0)
+    }
+    /// Before step 1, not timed: what the request's way needs before the machine has it.
+    fn prepare(&mut self, _req: &Request<'_>) {}
     /// Step 1: `req` given at `now` and the outputs drained; the SA query (its token and
     /// MAD as it would leave) it led to.
     fn request(&mut self, now: Millis, req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])>;
@@ -213,16 +248,7 @@ impl Machine for HostNode {
 
     #[inline(never)]
     fn reply(&mut self, now: Millis, _token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize {
-        let from_sm = RecvMeta {
-            slid: SM.lid,
-            src_qp: 1,
-            sl: SM.sl,
-            dlid_path_bits: 0,
-            pkey_index: 0,
-            ep_pkey_index: 0,
-            grh_sgid: None,
-        };
-        self.handle_receive(now, EP, &from_sm, reply);
+        self.handle_receive(now, EP, &FROM_SM, reply);
         let mut answered = 0;
         while let Some(o) = self.poll_output(now) {
             if let node::Output::Answer(a) = o {
@@ -237,16 +263,19 @@ impl Machine for HostNode {
     }
 }
 
-/// The resolver as the plugin builds it, over a path cache of `slots` slots, its endpoint
-/// not open yet.
-fn new_resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
+/// The one writer of a path cache of `slots` slots.
+fn writer(slots: usize) -> Result<HostWriter, String> {
     let cache = PathCache::new(
         PathSlot::boxed(slots),
         AddrSlot::boxed(4096),
         CacheConfig::default(),
     )
     .map_err(|e| format!("cache: {e:?}"))?;
-    let writer = CacheWriter::take(Arc::new(cache)).map_err(|_| "a second writer".to_string())?;
+    CacheWriter::take(Arc::new(cache)).map_err(|_| "a second writer".to_string())
+}
+
+/// The resolver as the plugin builds it around `writer`, its endpoint not open yet.
+fn resolver_of(writer: HostWriter) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
     let caps = Capacities {
         requests: 4096 + 64,
         jobs: 4096,
@@ -254,6 +283,11 @@ fn new_resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, Strin
     };
     Resolver::new(Config::default(), HeapStorage::new(caps), writer, 7)
         .map_err(|e| format!("resolver: {e:?}"))
+}
+
+/// The resolver over a path cache of `slots` slots, its endpoint not open yet.
+fn new_resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
+    resolver_of(writer(slots)?)
 }
 
 /// The resolver alone, its endpoint open.
@@ -282,6 +316,176 @@ fn node(slots: usize) -> Result<HostNode, String> {
     Ok(n)
 }
 
+/// What the fake QP of `--plane` saw: every MAD posted, and the MADs it delivers next.
+#[derive(Default)]
+struct Wire {
+    sent: Vec<[u8; MAD_LEN]>,
+    delivered: Vec<[u8; MAD_LEN]>,
+}
+
+/// The endpoint's UD QP of `--plane`: posts go to `Wire::sent`, and its CQ hands out
+/// `Wire::delivered` as from the SM's QP 1.
+struct FakeQp(Arc<Mutex<Wire>>);
+
+impl Ud for FakeQp {
+    fn send(&mut self, _to: &AcmDest, mad: &[u8; MAD_LEN]) -> Result<(), SendError> {
+        lock(&self.0).sent.push(*mad);
+        Ok(())
+    }
+
+    fn poll(&mut self, f: &mut dyn FnMut(&RecvMeta, &[u8; MAD_LEN])) -> usize {
+        let delivered = std::mem::take(&mut lock(&self.0).delivered);
+        for m in &delivered {
+            f(&FROM_SM, m);
+        }
+        delivered.len()
+    }
+
+    fn sm_addr(&mut self) -> Option<SmAddr> {
+        Some(SM)
+    }
+
+    // The loop's group of the endpoint (its join is never answered here) and its blocking
+    // wait (the rounds are driven by hand): nothing to do.
+    fn attach(&mut self, _group: &McGroup) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn detach(&mut self, _group: &McGroup) {}
+
+    fn ack_events(&mut self) {}
+
+    fn arm(&mut self) -> Option<RawFd> {
+        None
+    }
+}
+
+/// The ibacm core of `--plane`: keeps the answers (client, status); no SA service (`ud`).
+struct FakeCore(Arc<Mutex<Vec<(u64, Status)>>>);
+
+impl CoreIo for FakeCore {
+    fn send_sa(&mut self, _ep: EpId, _token: u64, _mad: &[u8; MAD_LEN]) -> bool {
+        false
+    }
+
+    fn answer(&mut self, a: &Answer) {
+        lock(&self.0).push((a.client, a.status));
+    }
+
+    fn count(&mut self, _ep: EpId, _counter: Counter) {}
+
+    fn log(&mut self, _level: u8, _text: &str) {}
+
+    fn log_enabled(&self, _level: u8) -> bool {
+        false
+    }
+}
+
+/// The lock of a fake (a panic in a step fails the run anyway).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The dataplane's loop of `--plane` and what its fakes saw.
+struct Loop {
+    plane: Plane<FakeCore>,
+    inbox: Arc<Inbox>,
+    wire: Arc<Mutex<Wire>>,
+    answers: Arc<Mutex<Vec<(u64, Status)>>>,
+    clock: Clock,
+    /// The time every round runs at (the loop's timers never come due).
+    at: Instant,
+    cache_ep: CacheEp,
+}
+
+impl Machine for Loop {
+    fn cache_ep(&self) -> CacheEp {
+        self.cache_ep
+    }
+
+    fn prepare(&mut self, req: &Request<'_>) {
+        let now = self.clock.now();
+        let stamp = MissStamp {
+            at: now,
+            handed: now,
+            class: MissClass::Route,
+        };
+        lock(&self.wire).sent.clear();
+        let _ = self.inbox.hand_over(req, Some(stamp));
+    }
+
+    #[inline(never)]
+    fn request(&mut self, _now: Millis, _req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])> {
+        let _ = self.plane.poll(self.at);
+        let sent = lock(&self.wire).sent.pop()?;
+        // A PathRecord query (its token is the loop's: the reply finds it by its TID).
+        (sent[16..18] == [0x00, 0x35]).then_some((0, sent))
+    }
+
+    #[inline(never)]
+    fn reply(&mut self, _now: Millis, _token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize {
+        lock(&self.wire).delivered.push(*reply);
+        let _ = self.plane.poll(self.at);
+        let answers = std::mem::take(&mut *lock(&self.answers));
+        answers
+            .iter()
+            .filter(|&&(c, st)| c == client && st == Status::Success)
+            .count()
+    }
+
+    fn clear_cache(&mut self) {
+        // A client reregister flushes the endpoint's learned routes; its requests carry the
+        // next cache number from then on.
+        self.inbox.control(Control::Reregister(EP));
+        self.cache_ep = self.cache_ep.next_generation();
+        let _ = self.plane.poll(self.at);
+        lock(&self.wire).sent.clear();
+    }
+}
+
+/// The dataplane's loop as the plugin sets it up for the `ud` transport (latency stats on),
+/// over a path cache of `slots` slots, its endpoint open on a fake QP whose SM is `SM`.
+fn plane(slots: usize, clock: Clock) -> Result<Loop, String> {
+    let waker = Worker::new_waker();
+    let inbox = Arc::new(Inbox::new(64, 64, waker.clone()));
+    let answers = Arc::default();
+    let wire: Arc<Mutex<Wire>> = Arc::default();
+    let make = Box::new(|w: HostWriter| resolver_of(w).ok());
+    let epoch = waker.epoch();
+    let plane = Plane::new(
+        make,
+        writer(slots)?,
+        inbox.clone(),
+        FakeCore(Arc::clone(&answers)),
+        epoch,
+    )
+    .ok_or("the loop's resolver")?
+    .with_ud_sa(4096 + 8, slots.min(8192))
+    .with_stats(clock, 4096, Box::new(|_: EpId, _: Latency, _: u64| {}));
+    let cache_ep = ep_number(0, EP.0);
+    inbox.control(Control::Open {
+        ep: EP,
+        cache_ep,
+        cfg: port(),
+        ud: Some(Box::new(FakeQp(Arc::clone(&wire)))),
+        routes: Vec::new(),
+        addrs: Arc::new(Vec::new()),
+    });
+    let mut l = Loop {
+        plane,
+        inbox,
+        wire,
+        answers,
+        clock,
+        at: epoch + std::time::Duration::from_millis(10),
+        cache_ep,
+    };
+    for _ in 0..4 {
+        let _ = l.plane.poll(l.at);
+    }
+    Ok(l)
+}
+
 /// `misses` misses through `m`, each step timed.
 fn run(
     m: &mut impl Machine,
@@ -302,7 +506,8 @@ fn run(
         let dlid = 2 + k;
         let tid = i as u64 + 1;
         let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
-        let req = Request::new(EP, ep_number(0, EP.0), tid, Kind::Resolve, msg.bytes());
+        let req = Request::new(EP, m.cache_ep(), tid, Kind::Resolve, msg.bytes());
+        m.prepare(&req);
         evict(&mut junk, i as u8);
         let t0 = clock.now();
         let query = m.request(1, &req);
@@ -353,14 +558,23 @@ fn main() {
         "p99.99 ns",
         "max ns",
     ]);
-    let what = if args.node { "node" } else { "resolver" };
+    let what = match (args.node, args.plane) {
+        (true, _) => "node",
+        (_, true) => "plane",
+        _ => "resolver",
+    };
     for &slots in &sizes {
         acm_report::progress(format_args!(
             "{misses} misses over a cache of {slots} slots ..."
         ));
-        let steps = match args.node {
-            false => resolver(slots).and_then(|mut r| run(&mut r, misses, &clock, evict_kib)),
-            true => node(slots).and_then(|mut n| run(&mut n, misses, &clock, evict_kib)),
+        let steps = match (args.node, args.plane) {
+            (false, false) => {
+                resolver(slots).and_then(|mut r| run(&mut r, misses, &clock, evict_kib))
+            }
+            (true, _) => node(slots).and_then(|mut n| run(&mut n, misses, &clock, evict_kib)),
+            (_, true) => {
+                plane(slots, clock).and_then(|mut l| run(&mut l, misses, &clock, evict_kib))
+            }
         };
         let steps = match steps {
             Ok(s) => s,
@@ -392,9 +606,10 @@ fn main() {
         0 => "one hot thread".to_string(),
         k => format!("one thread, {k} KiB written before each step"),
     };
-    let whose = match args.node {
-        false => "The resolver's",
-        true => "The node's (the resolver and its `ud` SA transport)",
+    let whose = match (args.node, args.plane) {
+        (true, _) => "The node's (the resolver and its `ud` SA transport)",
+        (_, true) => "The dataplane loop's (`ud`, over a fake QP and core)",
+        _ => "The resolver's",
     };
     println!(
         "## {whose} own work per miss, {how} ({:.1} s)\n",
@@ -438,6 +653,17 @@ mod tests {
             "every miss's query completed by its reply"
         );
         assert_eq!(n.sa().unknown + n.sa().forged, 0);
+    }
+
+    /// Through the dataplane's loop: each miss one round to its query on the QP, one to its
+    /// answer, across the reregisters that flush the cache.
+    #[test]
+    fn through_the_loop_every_miss_is_one_query_and_one_answer() {
+        let clock = Clock::calibrated();
+        let mut l = plane(4096, clock).unwrap();
+        let s = run(&mut l, 2 * usize::from(DISTINCT) + 7, &clock, 16).unwrap();
+        assert_eq!(s.request.summary().count, 3007);
+        assert_eq!(s.reply.summary().count, 3007);
     }
 
     #[test]
