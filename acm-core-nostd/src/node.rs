@@ -6,8 +6,8 @@
 //! * the [`SaChannel`] with its RMPP receivers (the `ud` transport: SA MADs on our own QPs);
 //! * the SA carrier of each endpoint (which endpoint's UD QP carries its SA MADs);
 //! * the SM address of each endpoint's port, and when it is read again ([`SM_CHECK_MS`]);
-//! * the tries and the per-try wait of an SA MAD (`timeout` + the port's subnet timeout,
-//!   `retries + 1` tries).
+//! * the tries and the per-try wait of an SA MAD ([`SaConfig`]: `timeout` + the port's subnet
+//!   timeout, `retries + 1` tries).
 //!
 //! The caller moves bytes. It feeds the node typed inputs (`handle_*`, each with the time)
 //! and carries out what [`Node::poll_output`] gives until it gives nothing: post a MAD on a
@@ -21,7 +21,7 @@
 //! and gets the replies back on it; the others, and every endpoint with [`Transport::Core`],
 //! hand theirs to the core's service (one MAD per answer: no half-world tables through it).
 
-use crate::cache::{CacheEp, CacheRef};
+use crate::cache::{AddrKind, CacheEp, CacheRef};
 use crate::resolver::table::TableError;
 use crate::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, McGroup, Millis, RecvMeta, Request, Resolver, Stats,
@@ -29,6 +29,7 @@ use crate::resolver::{
 };
 use crate::rmpp::Failure;
 use crate::sa_channel::{Expired, Received, SaChannel, SaEntry, SmAddr, TableSlot, TIMED_OUT};
+use crate::text::opts::{ProviderOptions, SaTransport};
 use crate::wire::gid::Gid;
 use crate::wire::inform::NoticeRepr;
 use crate::wire::mad::{Header, Method, MgmtClass, HEADER_LEN, MAD_LEN};
@@ -59,7 +60,7 @@ pub enum Unsent {
     Refused,
 }
 
-/// How SA MADs leave ([`Node::new`]; `acmrs_sa_transport`).
+/// How SA MADs leave ([`SaConfig::transport`]; `acmrs_sa_transport`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     /// Every SA MAD through the core's umad service ([`Output::CoreSa`]).
@@ -67,6 +68,61 @@ pub enum Transport {
     /// On the endpoints' own UD QPs to the SM ([`Output::Transmit`]), through the node's
     /// [`SaChannel`]; an endpoint with no carrier or no known SM uses the core's service.
     Ud,
+}
+
+/// How a node's SA MADs leave, and the tries and per-try wait of each on the `ud` transport:
+/// the one place an SA MAD's tries and timeouts are set ([`SaConfig::from_options`]). The
+/// resolver's own deadline for a query covers them all
+/// ([`Config::sa_deadline`](crate::resolver::Config::sa_deadline), to which the
+/// node adds one subnet timeout per try when it opens the endpoint's slot).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaConfig {
+    /// How SA MADs leave (`acmrs_sa_transport`).
+    pub transport: Transport,
+    /// Tries of one SA MAD on its carrier's QP (`retries` + 1; at least 1).
+    pub tries: u32,
+    /// Each try's wait before the port's subnet timeout is added (`timeout`, ms).
+    pub try_wait: Millis,
+}
+
+impl SaConfig {
+    /// What an `ibacm_opts.cfg` gives: `acmrs_sa_transport`, `retries` + 1 tries, `timeout`.
+    pub fn from_options(o: &ProviderOptions) -> SaConfig {
+        SaConfig {
+            transport: match o.acmrs_sa_transport {
+                SaTransport::Ud => Transport::Ud,
+                SaTransport::Core => Transport::Core,
+            },
+            tries: o.retries.saturating_add(1),
+            try_wait: u64::from(o.timeout),
+        }
+    }
+
+    /// The same, on `transport`.
+    pub fn on(self, transport: Transport) -> SaConfig {
+        SaConfig { transport, ..self }
+    }
+
+    /// One try's whole wait on a port whose subnet timeout is `subnet_ms`.
+    pub fn per_try(&self, subnet_ms: u32) -> Millis {
+        self.try_wait.saturating_add(u64::from(subnet_ms))
+    }
+
+    /// The subnet timeouts the resolver's deadline of a query adds: one per try on `ud`
+    /// (each try waits its port's), none through the core's service (its budget is fixed).
+    fn subnet_waits(&self) -> u32 {
+        match self.transport {
+            Transport::Ud => self.tries.max(1),
+            Transport::Core => 0,
+        }
+    }
+}
+
+impl Default for SaConfig {
+    /// [`SaConfig::from_options`] of the default options (`ud`, 3 tries of 2 s).
+    fn default() -> Self {
+        SaConfig::from_options(&ProviderOptions::default())
+    }
 }
 
 /// One thing for the caller to do ([`Node::poll_output`]).
@@ -224,7 +280,7 @@ where
 {
     resolver: Resolver<S, C>,
     sa: SaChannel<E, T, B>,
-    transport: Transport,
+    sa_cfg: SaConfig,
     eps: [EpSa; EPS],
     /// When the SM addresses are read again (`ud`).
     next_sm_check: Millis,
@@ -244,33 +300,32 @@ where
     T: DerefMut<Target = [TableSlot<B>]>,
     B: DerefMut<Target = [u8]>,
 {
-    /// A node of `resolver` whose SA MADs go by `transport`. The `ud` transport's SA channel
+    /// A node of `resolver` whose SA MADs go as `sa` says. The `ud` transport's SA channel
     /// holds up to `entries.len()` outstanding requests and `tables.len()` half-world tables
     /// at once (empty storage is fine for [`Transport::Core`]); `key` keys its wire TIDs
-    /// (random, secret from the fabric). The resolver's
-    /// [`Config`](crate::resolver::Config) gives the tries (`sa_tries`) and the per-try wait
-    /// (`acm_timeout`, plus each port's subnet timeout).
+    /// (random, secret from the fabric).
     pub fn new(
         resolver: Resolver<S, C>,
+        sa: SaConfig,
         entries: E,
         tables: T,
         key: [u64; 2],
-        transport: Transport,
     ) -> Self {
-        Self::from_parts(resolver, SaChannel::new(entries, tables, key), transport)
+        Self::from_parts(resolver, SaChannel::new(entries, tables, key), sa)
     }
 
-    /// A node of `resolver` and the SA channel `sa` (as [`into_parts`](Self::into_parts) gave
-    /// it back, emptied or not).
+    /// A node of `resolver` and the SA channel `channel` (as [`into_parts`](Self::into_parts)
+    /// gave it back, emptied or not).
     pub fn from_parts(
-        resolver: Resolver<S, C>,
-        sa: SaChannel<E, T, B>,
-        transport: Transport,
+        mut resolver: Resolver<S, C>,
+        channel: SaChannel<E, T, B>,
+        sa: SaConfig,
     ) -> Self {
+        resolver.set_subnet_waits(sa.subnet_waits());
         Node {
             resolver,
-            sa,
-            transport,
+            sa: channel,
+            sa_cfg: sa,
             eps: [EpSa::NONE; EPS],
             next_sm_check: 0,
             sm_reading: None,
@@ -282,11 +337,6 @@ where
     /// The resolver (its cache, stats, config).
     pub fn resolver(&self) -> &Resolver<S, C> {
         &self.resolver
-    }
-
-    /// The resolver, for what is not the SA transport's: addresses, preloads, the cache.
-    pub fn resolver_mut(&mut self) -> &mut Resolver<S, C> {
-        &mut self.resolver
     }
 
     /// The SA channel (its counters: forged, unknown, re-sends, timeouts).
@@ -302,14 +352,20 @@ where
 
     /// How SA MADs leave.
     pub fn transport(&self) -> Transport {
-        self.transport
+        self.sa_cfg.transport
     }
 
-    /// The resolver's counters, with the SA channel's replies that matched nothing counted
-    /// as the resolver's own unknown replies.
+    /// How SA MADs leave, their tries and per-try wait.
+    pub fn sa_config(&self) -> SaConfig {
+        self.sa_cfg
+    }
+
+    /// The resolver's counters, with the SA channel's: its replies that matched nothing
+    /// counted as the resolver's own unknown replies, and what it refused as forged.
     pub fn stats(&self) -> Stats {
         let mut s = self.resolver.stats();
         s.sa_unknown += self.sa.unknown;
+        s.sa_forged = self.sa.forged;
         s
     }
 
@@ -319,9 +375,9 @@ where
         (self.resolver, self.sa)
     }
 
-    /// Opens endpoint `ep` at cache number `cache_ep` ([`Resolver::open_endpoint`]); `sm`:
+    /// Opens endpoint `ep` at cache number `cache_ep` ([`Resolver::handle_open`]); `sm`:
     /// where its port's SM is now (`None`: not known yet; read again every [`SM_CHECK_MS`]).
-    pub fn open_endpoint(
+    pub fn handle_open(
         &mut self,
         now: Millis,
         ep: EpId,
@@ -332,14 +388,14 @@ where
         if ep.index() >= EPS {
             return Err(crate::resolver::Error::Capacity);
         }
-        self.resolver.open_endpoint(now, ep, cache_ep, cfg)?;
+        self.resolver.handle_open(now, ep, cache_ep, cfg)?;
         self.eps[ep.index()] = EpSa {
             open: true,
             qp: cfg.qpn != 0,
             sa_pkey: cfg.sa_pkey,
             port_gid: cfg.port_gid,
             subnet_timeout_ms: cfg.subnet_timeout_ms.min(u64::from(u32::MAX)) as u32,
-            sm: if self.transport == Transport::Ud {
+            sm: if self.sa_cfg.transport == Transport::Ud {
                 sm
             } else {
                 None
@@ -348,25 +404,25 @@ where
         Ok(())
     }
 
-    /// Closes endpoint `ep` ([`Resolver::close_endpoint`]); its SA requests are forgotten (the
+    /// Closes endpoint `ep` ([`Resolver::handle_close`]); its SA requests are forgotten (the
     /// resolver forgot their queries: their replies match nothing).
-    pub fn close_endpoint(&mut self, now: Millis, ep: EpId) {
-        self.resolver.close_endpoint(now, ep);
+    pub fn handle_close(&mut self, now: Millis, ep: EpId) {
+        self.resolver.handle_close(now, ep);
         self.sa.drop_endpoint(ep, |_, _| {});
         if let Some(e) = self.eps.get_mut(ep.index()) {
             e.open = false;
         }
     }
 
-    /// A client reregister on `ep`'s port ([`Resolver::reregister`]).
-    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp) {
-        self.resolver.reregister(now, ep, cache_ep);
+    /// A client reregister on `ep`'s port ([`Resolver::handle_reregister`]).
+    pub fn handle_reregister(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp) {
+        self.resolver.handle_reregister(now, ep, cache_ep);
     }
 
     /// Answers everything waiting ENODATA and refuses what comes later
-    /// ([`Resolver::shutdown`]); poll its outputs, then [`clear`](Self::clear).
-    pub fn shutdown(&mut self, now: Millis) {
-        self.resolver.shutdown(now);
+    /// ([`Resolver::handle_shutdown`]); poll its outputs, then [`clear`](Self::clear).
+    pub fn handle_shutdown(&mut self, now: Millis) {
+        self.resolver.handle_shutdown(now);
     }
 
     /// Empties the cache and the SA channel (after a shutdown, or before a fresh resolver).
@@ -375,6 +431,54 @@ where
         self.sa.clear();
         self.event = None;
         self.done = None;
+    }
+
+    /// A local address of `ep` ([`Resolver::handle_add_address`]).
+    pub fn handle_add_address(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        cache_ep: CacheEp,
+        kind: AddrKind,
+        addr: &[u8; 64],
+    ) -> Result<(), crate::resolver::Error> {
+        self.resolver
+            .handle_add_address(now, ep, cache_ep, kind, addr)
+    }
+
+    /// A local address of `ep` removed ([`Resolver::handle_remove_address`]).
+    pub fn handle_remove_address(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        kind: AddrKind,
+        addr: &[u8; 64],
+    ) {
+        self.resolver.handle_remove_address(now, ep, kind, addr);
+    }
+
+    /// A hosts-file mapping of `ep`: `addr` is `gid` ([`Resolver::handle_preload_address`]).
+    pub fn handle_preload_address(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        kind: AddrKind,
+        addr: &[u8; 64],
+        gid: Gid,
+    ) -> Result<(), crate::resolver::Error> {
+        self.resolver
+            .handle_preload_address(now, ep, kind, addr, gid)
+    }
+
+    /// A preloaded route of `ep` ([`Resolver::handle_preload_route`]).
+    pub fn handle_preload_route(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        cache_ep: CacheEp,
+        path: &[u8; 64],
+    ) {
+        self.resolver.handle_preload_route(now, ep, cache_ep, path);
     }
 
     /// A client request, classified by the caller's front already (`req.head.target`) or to be
@@ -445,12 +549,12 @@ where
         let Some(sm) = sm else {
             return;
         };
-        if self.transport != Transport::Ud || !e.open || e.sm == Some(sm) {
+        if self.sa_cfg.transport != Transport::Ud || !e.open || e.sm == Some(sm) {
             return;
         }
         if let Some(old) = e.sm.replace(sm) {
             self.event = Some(Event::SmChanged { ep, old, new: sm });
-            self.resolver.reregister(now, ep, cache_ep);
+            self.resolver.handle_reregister(now, ep, cache_ep);
         }
     }
 
@@ -463,7 +567,7 @@ where
         if self.sa.poll_timeout().is_some_and(|at| at <= now) {
             self.sa.handle_timeout(now);
         }
-        if self.transport == Transport::Ud && now >= self.next_sm_check {
+        if self.sa_cfg.transport == Transport::Ud && now >= self.next_sm_check {
             self.next_sm_check = now.saturating_add(SM_CHECK_MS);
             self.sm_reading = Some(0);
         }
@@ -473,7 +577,7 @@ where
     /// may be early, never late.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Millis> {
-        let sm = (self.transport == Transport::Ud).then_some(self.next_sm_check);
+        let sm = (self.sa_cfg.transport == Transport::Ud).then_some(self.next_sm_check);
         [self.resolver.poll_timeout(), self.sa.poll_timeout(), sm]
             .into_iter()
             .flatten()
@@ -557,11 +661,8 @@ where
                 mad: *mad,
             });
         };
-        let cfg = self.resolver.config();
-        let per_try = cfg.acm_timeout.saturating_add(u64::from(
-            self.eps.get(qp.index()).map_or(0, |e| e.subnet_timeout_ms),
-        ));
-        let tries = cfg.sa_tries.max(1);
+        let subnet = self.eps.get(qp.index()).map_or(0, |e| e.subnet_timeout_ms);
+        let (per_try, tries) = (self.sa_cfg.per_try(subnet), self.sa_cfg.tries.max(1));
         // A response (a ReportResp) goes as it is: no query, nothing to complete.
         let query = (!Header::new_unchecked(&mad[..HEADER_LEN])
             .method()
@@ -580,7 +681,7 @@ where
     /// The carrier of `ep`'s SA MADs and its port's SM (`ud` transport), `None` when they go
     /// through the core's service.
     fn route(&self, ep: EpId) -> Option<(EpId, SmAddr)> {
-        if self.transport != Transport::Ud {
+        if self.sa_cfg.transport != Transport::Ud {
             return None;
         }
         let qp = carrier_in(&self.eps, ep)?;
@@ -628,6 +729,30 @@ where
                 invalidated: after.report_invalidated - before.report_invalidated,
             });
         }
+    }
+}
+
+/// A node whose SA channel's storage is on the heap (a host's: the plugin's loop, the
+/// simulator, the benches, the fuzz targets).
+#[cfg(feature = "std")]
+pub type HeapNode<S, C> = Node<S, C, Vec<SaEntry>, Vec<TableSlot<Vec<u8>>>, Vec<u8>>;
+
+#[cfg(feature = "std")]
+impl<S: Storage, C: CacheRef> HeapNode<S, C> {
+    /// A node of `resolver` whose SA MADs go as `sa` says, its SA channel on the heap: room
+    /// for `requests` outstanding SA requests and `tables` half-world tables of up to
+    /// `records` PathRecords each (all 0 for [`Transport::Core`]); `key` keys its wire TIDs.
+    pub fn on_heap(
+        resolver: Resolver<S, C>,
+        sa: SaConfig,
+        requests: usize,
+        tables: usize,
+        records: usize,
+        key: [u64; 2],
+    ) -> Self {
+        let slot = || TableSlot::new(vec![0u8; records * PATH_RECORD_LEN], Default::default());
+        let tables = (0..tables).map(|_| slot()).collect();
+        Node::new(resolver, sa, vec![SaEntry::EMPTY; requests], tables, key)
     }
 }
 

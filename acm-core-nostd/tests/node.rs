@@ -4,7 +4,7 @@
 //! tables through it, a refused send), and the SM check.
 
 use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
-use acm_core_nostd::node::{Event, Node, Output, Transport, Unsent, SM_CHECK_MS};
+use acm_core_nostd::node::{Event, Node, Output, SaConfig, Transport, Unsent, SM_CHECK_MS};
 use acm_core_nostd::resolver::{
     AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
 };
@@ -75,7 +75,13 @@ fn setup(cfg: Config, transport: Transport) -> T {
     let r = Resolver::new(cfg, HeapStorage::new(Capacities::default()), writer, 7).unwrap();
     let tables = vec![TableSlot::new(vec![0u8; 64 * 64], Default::default())];
     T {
-        n: Node::new(r, vec![SaEntry::EMPTY; 64], tables, [3, 4], transport),
+        n: Node::new(
+            r,
+            SaConfig::default().on(transport),
+            vec![SaEntry::EMPTY; 64],
+            tables,
+            [3, 4],
+        ),
         now: 0,
         out: Vec::new(),
     }
@@ -93,7 +99,7 @@ impl T {
     }
     fn open(&mut self, id: EpId, cfg: EpConfig, sm: Option<SmAddr>) {
         let cep = ep_number(0, id.0);
-        self.n.open_endpoint(self.now, id, cep, cfg, sm).unwrap();
+        self.n.handle_open(self.now, id, cep, cfg, sm).unwrap();
         self.drain();
     }
     fn miss(&mut self, id: EpId, client: u64, lid: u16) {
@@ -200,8 +206,9 @@ fn a_miss_leaves_on_its_own_qp_for_the_sm_and_the_reply_answers_it_once() {
 #[test]
 fn an_unanswered_get_goes_again_after_each_try_then_fails_once() {
     let cfg = config();
-    let per_try = cfg.acm_timeout + SUBNET_TIMEOUT;
-    let tries = u64::from(cfg.sa_tries);
+    let sa = SaConfig::default();
+    let per_try = sa.per_try(SUBNET_TIMEOUT as u32);
+    let tries = u64::from(sa.tries);
     assert!(tries >= 2, "the ud transport tries more than once");
     let mut t = setup(cfg, Transport::Ud);
     t.open(A, ep(4, 0xffff, true), Some(SM));
@@ -230,8 +237,9 @@ fn an_unanswered_get_goes_again_after_each_try_then_fails_once() {
 #[test]
 fn a_query_not_posted_goes_again_soon_if_busy_after_its_wait_if_failed_and_fails_once() {
     let cfg = config();
-    let per_try = cfg.acm_timeout + SUBNET_TIMEOUT;
-    let tries = u64::from(cfg.sa_tries);
+    let sa = SaConfig::default();
+    let per_try = sa.per_try(SUBNET_TIMEOUT as u32);
+    let tries = u64::from(sa.tries);
     assert!(per_try > 10 * UNSENT_RETRY_MS && tries >= 2);
     let mut t = setup(cfg, Transport::Ud);
     t.open(A, ep(4, 0xffff, true), Some(SM));

@@ -98,9 +98,7 @@ impl<S: Storage> T<S> {
     }
     /// Opens the endpoint and joins with the real OpenSM reply; returns the join MAD we sent.
     fn open_and_join(&mut self) -> [u8; 256] {
-        self.r
-            .open_endpoint(self.now, EP, CEP, ep_config())
-            .unwrap();
+        self.r.handle_open(self.now, EP, CEP, ep_config()).unwrap();
         let out = self.drain();
         let (token, mad) = out
             .iter()
@@ -134,7 +132,7 @@ impl<S: Storage> T<S> {
     fn open_join_and_add_hca4(&mut self) {
         self.open_and_join();
         self.r
-            .add_address(0, EP, CEP, AddrKind::Name, &name("hca4"))
+            .handle_add_address(0, EP, CEP, AddrKind::Name, &name("hca4"))
             .unwrap();
         self.drain();
     }
@@ -385,7 +383,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
         ..Config::default()
     };
     let mut t = heap(cfg);
-    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
+    t.r.handle_open(0, EP, CEP, ep_config()).unwrap();
     let token = |out: &[Output]| {
         out.iter().find_map(|o| match o {
             Output::SendSa { token, mad, .. } => Some((*token, *mad)),
@@ -448,7 +446,7 @@ fn join_failures_are_retried_with_backoff_and_names_wait_for_the_join() {
         queue_deadline: 5000,
         ..Config::default()
     });
-    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
+    t.r.handle_open(0, EP, CEP, ep_config()).unwrap();
     t.drain();
     t.resolve(0, 1, &name_request("hca9"));
     t.r.handle_timeout(5000);
@@ -471,7 +469,7 @@ fn lost_joins_are_retried_for_as_long_as_it_takes() {
     };
     let deadline = cfg.sa_deadline;
     let mut t = heap(cfg);
-    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
+    t.r.handle_open(0, EP, CEP, ep_config()).unwrap();
     let sets = |out: &[Output]| {
         out.iter()
             .filter(|o| matches!(o, Output::SendSa { mad, .. } if mad[3] == 2))
@@ -502,7 +500,7 @@ fn lost_joins_are_retried_for_as_long_as_it_takes() {
 fn close_detaches_and_leaves() {
     let mut t = heap(Config::default());
     t.open_and_join();
-    t.r.close_endpoint(5, EP);
+    t.r.handle_close(5, EP);
     let out = t.drain();
     assert!(matches!(out[0], Output::Detach { group, .. } if group.mlid == 0xc001));
     let Output::SendSa { mad, .. } = out[1] else {
@@ -515,7 +513,7 @@ fn close_detaches_and_leaves() {
         "same MGID"
     );
     // Reopen: the same endpoint joins again.
-    t.r.open_endpoint(6, EP, CEP, ep_config()).unwrap();
+    t.r.handle_open(6, EP, CEP, ep_config()).unwrap();
     assert!(t
         .drain()
         .iter()
@@ -549,7 +547,7 @@ fn an_endpoint_without_a_ud_qp_joins_nothing() {
         rate: 7,
         ..ep_config()
     };
-    t.r.open_endpoint(0, EP, CEP, cfg).unwrap();
+    t.r.handle_open(0, EP, CEP, cfg).unwrap();
     assert!(t.drain().is_empty(), "no MCMemberRecord SET");
     t.resolve(0, 1, &name_request("hca9"));
     let out = t.drain();
@@ -579,9 +577,9 @@ fn a_request_for_an_address_of_another_partitions_endpoint_is_counted_not_answer
         sa_pkey: false,
         ..ep_config()
     };
-    t.r.open_endpoint(1, tenant, ep_number(0, tenant.0), cfg)
+    t.r.handle_open(1, tenant, ep_number(0, tenant.0), cfg)
         .unwrap();
-    t.r.add_address(
+    t.r.handle_add_address(
         1,
         tenant,
         ep_number(0, tenant.0),

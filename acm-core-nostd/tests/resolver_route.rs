@@ -70,7 +70,7 @@ fn setup_seeded(cfg: Config, caps: Capacities, paths: usize, addrs: usize, seed:
     let cache = Arc::new(cache);
     let writer = CacheWriter::take(Arc::clone(&cache)).unwrap();
     let mut r = Resolver::new(cfg, HeapStorage::new(caps), writer, seed).unwrap();
-    r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
+    r.handle_open(0, EP, CEP, ep_config()).unwrap();
     let mut t = T {
         r,
         cache,
@@ -419,7 +419,7 @@ fn full_tables_answer_enomem_close_and_shutdown_answer_everything() {
         5,
         "4 waiters max (6 slots - 2 reserve), 2 taken already"
     );
-    t.r.close_endpoint(t.now, EP);
+    t.r.handle_close(t.now, EP);
     t.drain();
     let a = t.answers();
     assert_eq!(a.len(), 4);
@@ -427,9 +427,9 @@ fn full_tables_answer_enomem_close_and_shutdown_answer_everything() {
     assert!(t.r.is_idle());
     t.request(99, Kind::Resolve, &path_msg(20, 0, 99));
     assert_eq!(t.answers()[0].1, Status::Enodata);
-    t.r.open_endpoint(t.now, EP, CEP, ep_config()).unwrap();
+    t.r.handle_open(t.now, EP, CEP, ep_config()).unwrap();
     t.request(100, Kind::Resolve, &path_msg(20, 0, 100));
-    t.r.shutdown(t.now);
+    t.r.handle_shutdown(t.now);
     t.drain();
     assert_eq!(t.answers()[0].1, Status::Enodata);
     assert!(t.r.is_idle());
@@ -457,7 +457,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     let mut p = PathRecord::new_unchecked(&mut path[..]);
     p.set_dgid(gid(6));
     p.set_reversible_numpath(true, 0);
-    t.r.preload_route(0, EP, CEP, &path);
+    t.r.handle_preload_route(0, EP, CEP, &path);
     // Two path entries, by DLID and by DGID; each answers with and without the reversible bit.
     assert_eq!(t.cache.len(), 2);
     // A learned route too.
@@ -490,7 +490,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     }
     // Reregister: a new generation; the preload is there under it, the learned route is not.
     let new_cep = ep_number(1, EP.0);
-    t.r.reregister(10, EP, new_cep);
+    t.r.handle_reregister(10, EP, new_cep);
     t.drain();
     for k in lid_keys(new_cep) {
         match t.cache.lookup(&k, 11) {
@@ -529,7 +529,7 @@ fn hosts_preload_resolves_routes_aliases_and_renews() {
         ..route_config()
     };
     let mut t = setup(cfg, Capacities::default());
-    t.r.preload_address(0, EP, AddrKind::Name, &name("hostA"), gid(9))
+    t.r.handle_preload_address(0, EP, AddrKind::Name, &name("hostA"), gid(9))
         .unwrap();
     t.request(1, Kind::Resolve, &name_msg("hostA", 1));
     assert_eq!(t.counts(Counter::AddrCache), 1, "address known, route not");
@@ -563,7 +563,7 @@ fn hosts_preload_resolves_routes_aliases_and_renews() {
 #[test]
 fn local_addresses_loopback_and_removal() {
     let mut t = setup(route_config(), Capacities::default());
-    t.r.add_address(0, EP, CEP, AddrKind::Name, &name("me"))
+    t.r.handle_add_address(0, EP, CEP, AddrKind::Name, &name("me"))
         .unwrap();
     t.drain();
     let key = acm_core_nostd::cache::AddrKey::name(CEP, "me").unwrap();
@@ -583,7 +583,7 @@ fn local_addresses_loopback_and_removal() {
         (p.reversible(), p.pkey(), p.mtu_byte(), p.rate_byte()),
         (true, 0xffff, 4, 3)
     );
-    t.r.remove_address(EP, AddrKind::Name, &name("me"));
+    t.r.handle_remove_address(t.now, EP, AddrKind::Name, &name("me"));
     t.r.handle_timeout(2);
     assert_eq!(t.cache.lookup_addr(&key, 2), Lookup::Miss);
     t.request(1, Kind::Resolve, &name_msg("me", 1));
@@ -794,12 +794,12 @@ fn report_setup() -> T {
     // `setup` drains the subscriptions the endpoint sends when it opens; open a second time
     // to see them. The first SETs were out (no reply yet): closing cancels them.
     let mut t = setup(route_config(), Capacities::default());
-    t.r.close_endpoint(0, EP);
+    t.r.handle_close(0, EP);
     t.drain();
     let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(gone, vec![(64, false), (65, false)]);
     t.out.clear();
-    t.r.open_endpoint(0, EP, CEP, ep_config()).unwrap();
+    t.r.handle_open(0, EP, CEP, ep_config()).unwrap();
     t.drain();
     t
 }
@@ -817,7 +817,7 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
     }
     t.drain();
     assert!(t.informs().is_empty());
-    t.r.reregister(5, EP, ep_number(1, EP.0));
+    t.r.handle_reregister(5, EP, ep_number(1, EP.0));
     t.drain();
     let again: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(
@@ -825,7 +825,7 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
         vec![(64, true), (65, true)],
         "the new SM knows none of them"
     );
-    t.r.close_endpoint(6, EP);
+    t.r.handle_close(6, EP);
     t.drain();
     let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(gone, vec![(64, false), (65, false)]);
@@ -837,7 +837,7 @@ fn endpoints_subscribe_to_traps_64_and_65_resubscribe_after_reregister_and_cance
         },
         Capacities::default(),
     );
-    c.r.reregister(1, EP, ep_number(1, EP.0));
+    c.r.handle_reregister(1, EP, ep_number(1, EP.0));
     c.drain();
     assert!(c.informs().is_empty());
 }
@@ -1074,7 +1074,6 @@ fn with_the_sa_gone_every_request_is_answered_within_the_queue_deadline_of_its_a
             sa_window_start: 4,
             sa_deadline: 1000,
             queue_deadline: 2500,
-            sa_tries: 0,
             ..route_config()
         },
         Capacities::default(),
@@ -1180,7 +1179,6 @@ fn a_lost_query_goes_again_after_a_jittered_backoff_and_losses_shrink_the_window
         sa_busy_backoff: 100,
         sa_deadline: 10_000,
         queue_deadline: 60_000,
-        sa_tries: 0,
         ..route_config()
     };
     // The gaps between a loss and the query's next send, over many seeds: each within its
@@ -1326,7 +1324,7 @@ fn the_resolver_holds_the_one_writer_and_every_write_lands() {
     ]));
     p.set_slid(4);
     p.set_sgid(port_gid());
-    t.r.preload_route(t.now, EP, CEP, &preload);
+    t.r.handle_preload_route(t.now, EP, CEP, &preload);
     assert_eq!(t.cache.len(), usize::from(n) + 2);
     assert_eq!(t.cache.stats().inserts, u64::from(n) + 2);
     let w = t.r.into_writer();

@@ -114,7 +114,7 @@ fn queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
     // the 42 requests queued behind it are answered at their own queue deadline, not after
     // 30 s each.
     let mut s = sim(2, |c| {
-        c.transport = Transport::Core;
+        c.sa.transport = Transport::Core;
         c.resolver.sa_window = 1;
         c.caps.sa_inflight = 1;
         // One query at a time: no half-world table beside it.

@@ -6,6 +6,7 @@
 use acm_core_nostd::cache::{
     ep_number, AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot,
 };
+use acm_core_nostd::node::SaConfig;
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     RecvMeta, Request, Resolver,
@@ -253,7 +254,7 @@ fn ud_sa_config() -> Config {
 }
 
 /// The resolver's defaults with the SA behind the core's service, as these loops have it (no
-/// `with_ud_sa`): no Report subscriptions.
+/// `with_sa`): no Report subscriptions.
 fn core_sa_config() -> Config {
     let (o, _) =
         acm_core_nostd::text::opts::ProviderOptions::load(b"acmrs_sa_transport core\n", |e| {
@@ -362,7 +363,7 @@ fn bare_node(me: usize, cfg: Config, refuse_sa: bool, resolvers: usize, ud_sa: b
     let writer = CacheWriter::take(cache).unwrap();
     let mut plane = Plane::new(make, writer, inbox.clone(), core, waker.epoch()).unwrap();
     if ud_sa {
-        plane = plane.with_ud_sa(16, 1024);
+        plane = plane.with_sa(SaConfig::default(), 16, 1024);
     }
     Node { plane, inbox, log }
 }

@@ -21,6 +21,7 @@ use crate::instance::{lock, Ep, EpRegistry, Instance, PortInfo};
 use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache};
+use acm_core_nostd::node::SaConfig;
 use acm_core_nostd::resolver::{Capacities, Config, Counter, EpConfig, HeapStorage, Resolver};
 use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
 use acm_core_nostd::wire::acm_mad::AddressType;
@@ -177,17 +178,16 @@ fn create_instance(api: &'static CoreApi) -> std::io::Result<(Arc<Instance>, Wor
         tracked,
         crate::instance::latency_sink(inst.clone()),
     );
-    let plane = if inst.opts.acmrs_sa_transport == SaTransport::Ud {
-        // Room for every query the resolver may have out, plus each endpoint's two joins, two
-        // subscriptions and their cancellations.
-        // and one half-world table at a time, of at most half the path cache (each record
-        // is filed by GID and by LID), at most 65 536 records (4 MiB, touched only as used).
-        let table =
-            acm_core_nostd::resolver::table::room_for(inst.opts.acmrs_path_capacity) as usize;
-        plane.with_ud_sa(caps.sa_inflight + 8 * caps.endpoints, table)
-    } else {
-        plane
-    };
+    // On `ud`: room for every query the resolver may have out, plus each endpoint's two
+    // joins, two subscriptions and their cancellations, and one half-world table at a time,
+    // of at most half the path cache (each record is filed by GID and by LID), at most
+    // 65 536 records (4 MiB, touched only as used).
+    let table = acm_core_nostd::resolver::table::room_for(inst.opts.acmrs_path_capacity) as usize;
+    let plane = plane.with_sa(
+        SaConfig::from_options(&inst.opts),
+        caps.sa_inflight + 8 * caps.endpoints,
+        table,
+    );
     // (spin after the last work, the most it learns to spin after work, spin for an SA reply
     // due within): `adaptive` polls on for a reply expected within 1 ms rather than pay a
     // wake-up for it, and after work for up to 500 µs while work comes that often (misses

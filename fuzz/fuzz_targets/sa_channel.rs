@@ -41,7 +41,7 @@ use acm_core_nostd::cache::{
     ep_number, AddrSlot, CacheConfig, CacheEp, CacheStats, CacheWriter, Dest, Lookup, PathCache,
     PathKey, PathSlot,
 };
-use acm_core_nostd::node::{Event, Node, Output, Transport, Unsent};
+use acm_core_nostd::node::{Event, Node, Output, SaConfig, Transport, Unsent};
 use acm_core_nostd::resolver::{
     AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
 };
@@ -187,8 +187,6 @@ impl World {
             sa_reports: h3 & 1 != 0,
             sa_window: 1 + u32::from(h3 >> 6) * 3,
             sa_window_start: 1,
-            acm_timeout: 5 + u64::from(h2 % 64),
-            sa_tries: 1 + u32::from(h2 >> 6) % 3,
             sa_deadline: 400,
             queue_deadline: 1200,
             negative_ttl: 300,
@@ -225,7 +223,12 @@ impl World {
             .map(|_| TableSlot::new(vec![0u8; room], rmpp_cfg))
             .collect();
         let entries = vec![SaEntry::EMPTY; 1 + usize::from(h0 & 0x3f)];
-        let n = Node::new(r, entries, tables, [0x5eed, 0xfeed], Transport::Ud);
+        let sa = SaConfig {
+            transport: Transport::Ud,
+            tries: 1 + u32::from(h2 >> 6) % 3,
+            try_wait: 5 + u64::from(h2 % 64),
+        };
+        let n = Node::new(r, sa, entries, tables, [0x5eed, 0xfeed]);
         let mut w = World {
             n,
             cache,
@@ -255,7 +258,7 @@ impl World {
         let sm = sm_known.then_some(self.sm);
         if self
             .n
-            .open_endpoint(self.now, EPS[i], ep_number(0, EPS[i].0), ep_config(i), sm)
+            .handle_open(self.now, EPS[i], ep_number(0, EPS[i].0), ep_config(i), sm)
             .is_ok()
         {
             self.open[i] = true;
@@ -693,7 +696,7 @@ impl World {
                 let a = s.u8();
                 let i = usize::from(a) % 3;
                 if self.open[i] {
-                    self.n.close_endpoint(self.now, EPS[i]);
+                    self.n.handle_close(self.now, EPS[i]);
                     self.open[i] = false;
                     self.drain();
                 } else {

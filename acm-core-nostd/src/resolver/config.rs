@@ -40,12 +40,10 @@ pub struct Config {
     pub sa_busy_retries: u32,
     /// First BUSY backoff, doubled per retry (`acmrs_sa_busy_backoff_ms`).
     pub sa_busy_backoff: Millis,
-    /// An SA query with no reply after this long is answered ETIMEDOUT (plus `sa_tries` ×
-    /// the port's subnet timeout).
+    /// An SA query with no reply after this long is answered ETIMEDOUT (plus, on a transport
+    /// whose tries each wait the port's subnet timeout, one subnet timeout per try:
+    /// [`Resolver::set_subnet_waits`](super::Resolver::set_subnet_waits)).
     pub sa_deadline: Millis,
-    /// Tries of one SA MAD by the caller's transport, when each try also waits the port's
-    /// subnet timeout (the `ud` transport); 0 when the transport's budget is fixed (the core).
-    pub sa_tries: u32,
     /// Subscribe to SA Reports (traps 64/65) on every endpoint with a UD QP and invalidate
     /// what they name (the `ud` transport: Reports arrive on the endpoint's QP).
     pub sa_reports: bool,
@@ -109,7 +107,6 @@ impl Config {
             sa_busy_retries: o.acmrs_sa_retries,
             sa_busy_backoff: u64::from(o.acmrs_sa_busy_backoff_ms),
             sa_deadline,
-            sa_tries: if ud { o.retries.saturating_add(1) } else { 0 },
             sa_reports: ud,
             min_mtu: min_mtu.into(),
             min_rate: min_rate.into(),
@@ -146,7 +143,7 @@ mod tests {
             (c.sa_window, c.sa_deadline, c.queue_deadline),
             (16, 7000, 21_000)
         );
-        assert_eq!((c.sa_tries, c.sa_reports), (3, true));
+        assert!(c.sa_reports);
         assert_eq!((c.min_mtu, c.min_rate), (4, 3), "2048 bytes, 10 Gb/s");
         assert_eq!(
             (c.sa_busy_retries, c.sa_busy_backoff, c.negative_ttl),
@@ -174,10 +171,7 @@ mod tests {
             |e| panic!("{e:?}"),
         );
         let core = Config::from_options(&core_o);
-        assert_eq!(
-            (core.sa_window, core.sa_tries, core.sa_reports),
-            (4, 0, false)
-        );
+        assert_eq!((core.sa_window, core.sa_reports), (4, false));
         let (w, _) = ProviderOptions::load(b"acmrs_sa_window 99\n", |e| panic!("{e:?}"));
         assert_eq!(Config::from_options(&w).sa_window, 99);
         assert_eq!((c.min_mtu, c.min_rate, c.acm_window), (5, 7, 3));

@@ -6,7 +6,7 @@
 //! [`inform`](super::inform), its outputs in [`output`](super::output).
 
 use super::storage::List;
-use super::{request, Config, Counter, EpConfig, EpId, EpSlot, Error, Millis, MAX_EPS};
+use super::{request, Config, Counter, EpConfig, EpId, EpSlot, Error, Millis, Shared, MAX_EPS};
 use crate::cache::CacheEp;
 use crate::wire::gid::Gid;
 
@@ -193,8 +193,9 @@ impl EpSlot {
 
 /// How long an SA MAD of endpoint `slot` may take: the configured deadline plus, when the
 /// transport's tries each wait the port's subnet timeout, that many subnet timeouts.
-pub(crate) fn sa_deadline(eps: &[EpSlot], slot: usize, cfg: &Config) -> Millis {
+pub(crate) fn sa_deadline(eps: &[EpSlot], slot: usize, sh: &Shared) -> Millis {
     let st = eps.get(slot).map_or(0, |e| e.subnet_timeout);
-    cfg.sa_deadline
-        .saturating_add(st.saturating_mul(u64::from(cfg.sa_tries)))
+    sh.cfg
+        .sa_deadline
+        .saturating_add(st.saturating_mul(u64::from(sh.subnet_waits)))
 }

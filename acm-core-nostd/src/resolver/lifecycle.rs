@@ -8,14 +8,14 @@ use super::*;
 use addr::AddrTable;
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
-    /// Opens endpoint `ep` (call from the core's `open_endpoint`), whose cache number is
+    /// Opens endpoint `ep` (call from the core's `handle_open`), whose cache number is
     /// `cache_ep` now (what it caches before a request or a reregister brings another one:
     /// its preloaded addresses, its warm start's table). With `addr_prot acm` or
     /// `route_prot acm` it starts the multicast join(s) ([`Output::SendSa`] with an
     /// MCMemberRecord SET); the endpoint serves names and IPs once group 0 is joined.
     /// [`Error::Endpoint`] if `ep` is open already, [`Error::Capacity`] if no endpoint slot is
     /// free.
-    pub fn open_endpoint(
+    pub fn handle_open(
         &mut self,
         now: Millis,
         ep: EpId,
@@ -47,11 +47,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         Ok(())
     }
 
-    /// Closes endpoint `ep` (the core's `close_endpoint`): answers its waiters ENODATA, leaves
+    /// Closes endpoint `ep` (the core's `handle_close`): answers its waiters ENODATA, leaves
     /// its groups ([`Output::Detach`], MCMemberRecord DELETE fire-and-forget), forgets its
     /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
     /// the endpoint still held by the caller are forgotten (their replies are ignored).
-    pub fn close_endpoint(&mut self, now: Millis, ep: EpId) {
+    pub fn handle_close(&mut self, now: Millis, ep: EpId) {
         let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
@@ -78,7 +78,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// response. With `loopback_prot local` (and a known LID) it also answers requests for
     /// itself with the loopback path, cached and aliased under `cache_ep` so the caller's hit
     /// path finds it (never expires).
-    pub fn add_address(
+    pub fn handle_add_address(
         &mut self,
         now: Millis,
         ep: EpId,
@@ -110,7 +110,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Removes a local address (the core's `remove_address`). Its loopback alias is dropped
     /// from the cache at the next input that passes the cache ([`poll_timeout`](Self::poll_timeout)
     /// asks for an immediate [`handle_timeout`](Self::handle_timeout)).
-    pub fn remove_address(&mut self, ep: EpId, kind: AddrKind, addr: &[u8; 64]) {
+    pub fn handle_remove_address(
+        &mut self,
+        _now: Millis,
+        ep: EpId,
+        kind: AddrKind,
+        addr: &[u8; 64],
+    ) {
         let t = self.st.slabs_ref();
         let Some(slot) = self.eps.slot(t.endpoints, ep) else {
             return;
@@ -130,7 +136,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `kind` is `gid`.
     /// The entry is ADDR_RESOLVED: the first request for it queries the route. It expires after
     /// `addr_ttl` and is renewed on use (counted `AddrQuery`).
-    pub fn preload_address(
+    pub fn handle_preload_address(
         &mut self,
         now: Millis,
         ep: EpId,
@@ -158,8 +164,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// A preloaded route (`route_preload`): `path` is cached as two path entries, by its DLID
     /// and by its DGID (no constraint; each answers requests with and without the reversible
-    /// bit), never expires, and is inserted again after every [`reregister`](Self::reregister).
-    pub fn preload_route(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp, path: &[u8; 64]) {
+    /// bit), never expires, and is inserted again after every [`reregister`](Self::handle_reregister).
+    pub fn handle_preload_route(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        cache_ep: CacheEp,
+        path: &[u8; 64],
+    ) {
         let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
@@ -177,7 +189,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// number at the new flush generation. Learned routes and addresses of the endpoint are
     /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
     /// `cache_ep`; the groups are detached and joined again.
-    pub fn reregister(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp) {
+    pub fn handle_reregister(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp) {
         let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
             return;
         };
@@ -225,7 +237,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Starts (or restarts) the join of group `g` of endpoint `slot`.
     pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
         let t = self.st.slabs();
-        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg));
+        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh));
         t.endpoints[slot].groups.start(g, at, &mut self.sh);
         self.eps.mark_dirty(slot);
     }
@@ -233,7 +245,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Starts both subscriptions of `slot` if the configuration and the endpoint allow.
     pub(crate) fn subscribe_all(&mut self, now: Millis, slot: usize) {
         let t = self.st.slabs();
-        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg));
+        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh));
         let e = &mut t.endpoints[slot];
         let reachable = (e.open, e.qpn, e.sa_pkey);
         if e.informs.subscribe_all(reachable, at, &mut self.sh) {

@@ -6,19 +6,19 @@
 //! **outputs** by polling:
 //!
 //! ```text
-//!  inputs                                     outputs (poll_output)
-//!  open_endpoint / close_endpoint    ──┐   ┌──▶ Output::SendSa    (PathRecord GET, MCMember SET/DELETE)
-//!  add_address / remove_address        │   ├──▶ Output::SendAcm   (class 0x2C over the endpoint's UD QP)
-//!  preload_address / preload_route     │   ├──▶ Output::Answer    (a client's response, exactly once)
-//!  reregister                          ├─▶ ├──▶ Output::Attach / Output::Detach (multicast group)
-//!  request (classified or not)        │   └──▶ Output::Count     (an ACM_CNTR_* event)
-//!               (client, 592 B msg)    │
-//!  handle_sa     (SA reply or error)   │
-//!  handle_sa_table (GetTable answer)   │
-//!  handle_report (SA Report: trap 64/65)│
-//!  handle_acm    (received 0x2C MAD)   │
-//!  handle_timeout(now)                 │      poll_timeout() → when to call handle_timeout
-//!  shutdown                          ──┘
+//!  inputs                                    outputs (poll_output)
+//!  handle_open / handle_close           ──┐   ┌──▶ Output::SendSa    (PathRecord GET, MCMember SET/DELETE)
+//!  handle_add_address / _remove_address   │   ├──▶ Output::SendAcm   (class 0x2C over the endpoint's UD QP)
+//!  handle_preload_address / _route        │   ├──▶ Output::Answer    (a client's response, exactly once)
+//!  handle_reregister                      ├─▶ ├──▶ Output::Attach / Output::Detach (multicast group)
+//!  handle_request (classified or not)     │   └──▶ Output::Count     (an ACM_CNTR_* event)
+//!               (client, 592 B msg)       │
+//!  handle_sa     (SA reply or error)      │
+//!  handle_sa_table (GetTable answer)      │
+//!  handle_report (SA Report: trap 64/65)  │
+//!  handle_acm    (received 0x2C MAD)      │
+//!  handle_timeout(now)                    │      poll_timeout() → when to call handle_timeout
+//!  handle_shutdown                      ──┘
 //! ```
 //!
 //! Those are every input there is; the owner also has `clear_cache`, `into_writer` (the cache's
@@ -102,6 +102,9 @@ pub(crate) fn splitmix64(x: &mut u64) -> u64 {
 /// settings, the TID counter, the timer table and the stats.
 pub(crate) struct Shared {
     pub(crate) cfg: Config,
+    /// Subnet timeouts an SA query's deadline adds, one per try of the owner's transport
+    /// ([`Resolver::set_subnet_waits`]; 0: the transport's budget is fixed).
+    pub(crate) subnet_waits: u32,
     tid: u32,
     /// Every timer, one entry per kind ([`timers`]).
     pub(crate) timers: TimerTable,
@@ -190,6 +193,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             w: writer,
             sh: Shared {
                 cfg: config,
+                subnet_waits: 0,
                 tid,
                 timers: TimerTable::new(),
                 stats: Stats::default(),
@@ -207,6 +211,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// The settings in use.
     pub fn config(&self) -> &Config {
         &self.sh.cfg
+    }
+
+    /// The owner's transport tries each SA MAD `tries` times, each try also waiting the port's
+    /// subnet timeout (the node's `ud` transport, [`SaConfig`](crate::node::SaConfig)): a
+    /// query's deadline ([`Config::sa_deadline`]) grows by that many subnet timeouts. 0 (the
+    /// default): the transport's budget is fixed.
+    pub fn set_subnet_waits(&mut self, tries: u32) {
+        self.sh.subnet_waits = tries;
     }
 
     /// The path cache the resolver writes (read it here; readers on other threads read it
@@ -446,7 +458,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
-    pub fn shutdown(&mut self, now: Millis) {
+    pub fn handle_shutdown(&mut self, now: Millis) {
         self.done = true;
         for slot in 0..self.st.endpoints().len() {
             if self.st.endpoints()[slot].open {

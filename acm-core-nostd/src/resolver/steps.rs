@@ -197,7 +197,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     fn send_job(&mut self, now: Millis, j: u32) {
         let t = self.st.slabs();
         let slot = usize::from(t.jobs[j as usize].slot);
-        let try_ms = endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg);
+        let try_ms = endpoints::sa_deadline(t.endpoints, slot, &self.sh);
         let ports = self.eps.ports;
         self.routes
             .send_job(t.jobs, now, j, try_ms, ports, &mut self.sh);
@@ -550,7 +550,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         let t = self.st.slabs();
                         cur = List::next_of(t.jobs, j, JOB);
                         let slot = usize::from(t.jobs[j as usize].slot);
-                        let try_ms = endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg);
+                        let try_ms = endpoints::sa_deadline(t.endpoints, slot, &self.sh);
                         if self.routes.reply_late(t.jobs, j, now, try_ms, &self.sh.cfg) {
                             self.sh.stats.timeouts += 1;
                             self.finish_job(now, j, Completion::failed(Status::Etimedout));
@@ -1032,7 +1032,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// (Re)starts subscription `i` of endpoint `slot`.
     fn start_subscribe(&mut self, now: Millis, slot: usize, i: usize) {
         let t = self.st.slabs();
-        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh.cfg));
+        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh));
         t.endpoints[slot].informs.start(i, at, &mut self.sh);
         self.eps.mark_dirty(slot);
     }

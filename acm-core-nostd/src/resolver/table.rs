@@ -439,7 +439,7 @@ mod tests {
         let cache = Arc::new(cache.unwrap());
         let w = CacheWriter::take(Arc::clone(&cache)).unwrap();
         let mut r = Resolver::new(cfg, HeapStorage::new(Capacities::default()), w, 7).unwrap();
-        r.open_endpoint(0, EP, cache_ep, node_ep_config(3)).unwrap();
+        r.handle_open(0, EP, cache_ep, node_ep_config(3)).unwrap();
         let mut t = T { r, cache, now: 0 };
         t.sa_sends();
         t

@@ -269,11 +269,11 @@ pub enum Output {
 pub enum Error {
     /// The storage given to [`Resolver::new`](super::Resolver::new) is empty or inconsistent.
     Storage,
-    /// The endpoint is not open (or already open for `open_endpoint`, or the resolver was
+    /// The endpoint is not open (or already open for `handle_open`, or the resolver was
     /// shut down).
     Endpoint,
-    /// A table is full: no endpoint slot (`open_endpoint`), no address entry (`add_address`,
-    /// `preload_address`).
+    /// A table is full: no endpoint slot (`handle_open`), no address entry (`add_address`,
+    /// `handle_preload_address`).
     Capacity,
 }
 
@@ -305,6 +305,10 @@ pub struct Stats {
     pub acm_wrong_key: u64,
     /// SA replies whose token/TID matches nothing in flight.
     pub sa_unknown: u64,
+    /// SA MADs the node's SA channel refused as not from the SM or not on the asking QP
+    /// (a wrong LID or QP, another endpoint's TID; [`Node::stats`](crate::node::Node::stats)
+    /// fills it in, the resolver alone keeps it 0).
+    pub sa_forged: u64,
     /// Requests refused because a table was full (answered ENOMEM).
     pub full: u64,
     /// Malformed client requests (answered EINVAL).

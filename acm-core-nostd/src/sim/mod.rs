@@ -55,12 +55,12 @@ use std::{format, vec};
 use crate::cache::{
     ep_number, AddrKind, AddrSlot, CacheConfig, CacheEp, CacheWriter, PathCache, PathSlot,
 };
-use crate::node::{Output, Transport};
+use crate::node::{Output, SaConfig};
 use crate::resolver::{
     AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Millis, Resolver, Stats,
     Via, MSG_LEN,
 };
-use crate::sa_channel::{SaEntry as ChannelEntry, SmAddr, TableSlot};
+use crate::sa_channel::SmAddr;
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
@@ -112,8 +112,9 @@ pub struct SimConfig {
     /// Most records of a half-world table a node takes (the plugin's table slot: half its path
     /// capacity); a larger table is refused as too big (the resolver turns tables off).
     pub table_room: usize,
-    /// How the nodes' SA MADs travel (the shipped default: [`Transport::Ud`]).
-    pub transport: Transport,
+    /// How the nodes' SA MADs travel, their tries and per-try wait (the shipped default:
+    /// [`Transport::Ud`], 3 tries of 2 s).
+    pub sa: SaConfig,
 }
 
 impl SimConfig {
@@ -142,7 +143,7 @@ impl SimConfig {
             addr_cache_slots: None,
             count_per_dest: false,
             table_room: usize::MAX,
-            transport: Transport::Ud,
+            sa: SaConfig::default(),
         }
     }
 }
@@ -169,13 +170,7 @@ pub type SimCache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[Addr
 
 /// A node's machine: the resolver (owner of its cache's writer) and its SA transport, heap
 /// storage as the host's.
-pub type SimMachine = crate::node::Node<
-    HeapStorage,
-    Arc<SimCache>,
-    Vec<ChannelEntry>,
-    Vec<TableSlot<Vec<u8>>>,
-    Vec<u8>,
->;
+pub type SimMachine = crate::node::HeapNode<HeapStorage, Arc<SimCache>>;
 
 /// Where every port's SM is ([`Transport::Ud`]): LID [`SM_LID`], SL 0.
 pub const SM: SmAddr = SmAddr { lid: SM_LID, sl: 0 };
@@ -338,14 +333,10 @@ impl Sim {
             .unwrap_or_else(|_| unreachable!("valid storage"));
             // The SA channel as the plugin sizes it: the resolver's in-flight queries plus 8
             // per endpoint (joins, leaves, subscriptions), one table slot of half-world room.
-            let entries = vec![ChannelEntry::EMPTY; cfg.caps.sa_inflight + 8 * cfg.caps.endpoints];
+            let requests = cfg.caps.sa_inflight + 8 * cfg.caps.endpoints;
             let room = cfg.table_room.min(cfg.nodes + 1);
-            let tables = vec![TableSlot::new(
-                vec![0u8; room * 64],
-                crate::rmpp::Config::DEFAULT,
-            )];
             let key = [rng.next_u64(), rng.next_u64()];
-            let node = crate::node::Node::new(resolver, entries, tables, key, cfg.transport);
+            let node = SimMachine::on_heap(resolver, cfg.sa, requests, 1, room, key);
             nodes.push(Node {
                 node,
                 cache,
@@ -431,7 +422,7 @@ impl Sim {
         let cep = node.cache_ep();
         node.open = node
             .node
-            .open_endpoint(now, EP, cep, node.ep_cfg, Some(SM))
+            .handle_open(now, EP, cep, node.ep_cfg, Some(SM))
             .is_ok();
         if node.open {
             // Adds the name before anything is drained, then drains.
@@ -447,7 +438,7 @@ impl Sim {
         let now = self.now;
         let node = &mut self.nodes[i];
         if node.open {
-            node.node.close_endpoint(now, EP);
+            node.node.handle_close(now, EP);
             node.open = false;
         }
         self.touch(i);
@@ -462,13 +453,9 @@ impl Sim {
             .collect();
         let node = &mut self.nodes[i];
         for (n, g) in names {
-            let _ = node.node.resolver_mut().preload_address(
-                now,
-                EP,
-                AddrKind::Name,
-                &name_bytes(&n),
-                g,
-            );
+            let _ = node
+                .node
+                .handle_preload_address(now, EP, AddrKind::Name, &name_bytes(&n), g);
         }
         self.touch(i);
         self.pump();
@@ -490,7 +477,7 @@ impl Sim {
             };
             let node = &mut self.nodes[i];
             let cep = node.cache_ep();
-            node.node.resolver_mut().preload_route(now, EP, cep, &path);
+            node.node.handle_preload_route(now, EP, cep, &path);
         }
         self.touch(i);
         self.pump();
@@ -498,11 +485,11 @@ impl Sim {
 
     /// Removes node `i`'s own name (the core's `remove_address`); `add_name` puts it back.
     pub fn remove_name(&mut self, i: usize) {
+        let now = self.now;
         let node = &mut self.nodes[i];
         let name = name_bytes(&node.name);
         node.node
-            .resolver_mut()
-            .remove_address(EP, AddrKind::Name, &name);
+            .handle_remove_address(now, EP, AddrKind::Name, &name);
         self.touch(i);
         self.pump();
     }
@@ -514,8 +501,7 @@ impl Sim {
         let (name, cep) = (name_bytes(&node.name), node.cache_ep());
         let _ = node
             .node
-            .resolver_mut()
-            .add_address(now, EP, cep, AddrKind::Name, &name);
+            .handle_add_address(now, EP, cep, AddrKind::Name, &name);
         self.touch(i);
         self.pump();
     }
@@ -526,7 +512,7 @@ impl Sim {
         let node = &mut self.nodes[i];
         node.generation = node.generation.wrapping_add(1);
         let cep = node.cache_ep();
-        node.node.reregister(now, EP, cep);
+        node.node.handle_reregister(now, EP, cep);
         self.touch(i);
         self.pump();
     }

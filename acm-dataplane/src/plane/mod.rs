@@ -33,13 +33,12 @@
 use crate::stats::{Clock, Latency};
 use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheEp, CacheWriter, PathCache, PathSlot};
-use acm_core_nostd::node::{Node, Output, Transport, Unsent};
+use acm_core_nostd::node::{HeapNode, Output, SaConfig, Transport, Unsent};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, RecvMeta,
     Resolver, Stats,
 };
-use acm_core_nostd::rmpp;
-use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
+use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::client::{AcmMsg, Status};
 use std::fmt;
 use std::io;
@@ -73,8 +72,7 @@ pub type HostWriter = CacheWriter<Arc<HostCache>>;
 pub type HostResolver = Resolver<HeapStorage, Arc<HostCache>>;
 
 /// The loop's node: its resolver, and the `ud` transport's SA channel on the heap.
-pub type HostNode =
-    Node<HeapStorage, Arc<HostCache>, Vec<SaEntry>, Vec<TableSlot<Box<[u8]>>>, Box<[u8]>>;
+pub type HostNode = HeapNode<HeapStorage, Arc<HostCache>>;
 
 /// Makes the loop's resolver around the cache's writer (again after a caught panic, with the
 /// writer the old one gave back); `None` is an error (the writer is then dropped, and the loop
@@ -272,13 +270,8 @@ impl<I: CoreIo> Plane<I> {
         epoch: Instant,
     ) -> Option<Self> {
         let resolver = make_resolver(writer)?;
-        let node = Node::new(
-            resolver,
-            Vec::new(),
-            Vec::new(),
-            sa_tid_key(),
-            Transport::Core,
-        );
+        let sa = SaConfig::default().on(Transport::Core);
+        let node = HostNode::on_heap(resolver, sa, 0, 0, 0, sa_tid_key());
         Some(Plane {
             node: Some(node),
             make_resolver,
@@ -325,29 +318,21 @@ impl<I: CoreIo> Plane<I> {
         self.node.as_mut().expect("a live loop has a node")
     }
 
-    /// The node's resolver (addresses, preloads, the cache).
-    fn r(&mut self) -> &mut HostResolver {
-        self.n().resolver_mut()
-    }
-
-    /// Sends SA MADs from each endpoint's UD QP to its port's SM (the `ud` transport) with
-    /// room for `capacity` outstanding requests; endpoints without a QP or without a known SM
-    /// still use the core's service. One half-world PathRecord table at a time is taken, of
-    /// up to `table_records` records (0: none; the resolver then never gets a table and turns
-    /// them off on the first try). Before any endpoint opens.
-    pub fn with_ud_sa(mut self, capacity: usize, table_records: usize) -> Self {
-        let tables = match table_records {
-            0 => Vec::new(),
-            n => vec![TableSlot::new(
-                vec![0u8; n * 64].into_boxed_slice(),
-                rmpp::Config::DEFAULT,
-            )],
-        };
-        let entries = vec![SaEntry::EMPTY; capacity];
+    /// Sends SA MADs as `sa` says: with [`Transport::Ud`] from each endpoint's UD QP to its
+    /// port's SM, with room for `capacity` outstanding requests (endpoints without a QP or
+    /// without a known SM still use the core's service), and one half-world PathRecord table
+    /// at a time of up to `table_records` records (0: none; the resolver then never gets a
+    /// table and turns them off on the first try). Before any endpoint opens.
+    pub fn with_sa(mut self, sa: SaConfig, capacity: usize, table_records: usize) -> Self {
         if let Some(node) = self.node.take() {
             let (resolver, _) = node.into_parts();
+            let (capacity, tables) = match sa.transport {
+                Transport::Ud => (capacity, usize::from(table_records != 0)),
+                Transport::Core => (0, 0),
+            };
             let key = sa_tid_key();
-            self.node = Some(Node::new(resolver, entries, tables, key, Transport::Ud));
+            let node = HostNode::on_heap(resolver, sa, capacity, tables, table_records, key);
+            self.node = Some(node);
         }
         self
     }
@@ -469,7 +454,7 @@ impl<I: CoreIo> Plane<I> {
                 self.eps.put(ep, rec);
             }
             Control::Close(ep) => {
-                self.n().close_endpoint(now, ep);
+                self.n().handle_close(now, ep);
                 self.drain_outputs(now);
                 // Dropping the UD QP detaches and frees its verbs objects.
                 self.eps.remove(ep);
@@ -484,7 +469,7 @@ impl<I: CoreIo> Plane<I> {
                     rec.cache_ep = cache_ep;
                     rec.locals.push((kind, addr));
                 }
-                if let Err(e) = self.r().add_address(now, ep, cache_ep, kind, &addr) {
+                if let Err(e) = self.n().handle_add_address(now, ep, cache_ep, kind, &addr) {
                     self.io
                         .log(0, &format!("ERROR - add_address refused: {e:?}"));
                 }
@@ -493,7 +478,7 @@ impl<I: CoreIo> Plane<I> {
                 if let Some(rec) = self.eps.get_mut(ep) {
                     rec.locals.retain(|l| *l != (kind, addr));
                 }
-                self.r().remove_address(ep, kind, &addr);
+                self.n().handle_remove_address(now, ep, kind, &addr);
                 // The resolver drops the address's cache alias at its next timer run: now,
                 // before any later request looks it up.
                 self.n().handle_timeout(now);
@@ -508,13 +493,13 @@ impl<I: CoreIo> Plane<I> {
                 let cache_ep = rec.cache_ep;
                 // Preloaded routes survive it: the resolver re-inserts them under the new
                 // cache number, and rejoins the endpoint's groups.
-                self.n().reregister(now, ep, cache_ep);
+                self.n().handle_reregister(now, ep, cache_ep);
                 if self.io.log_enabled(1) {
                     self.io.log(1, "client reregister: learned routes flushed");
                 }
             }
             Control::Shutdown => {
-                self.n().shutdown(now);
+                self.n().handle_shutdown(now);
                 self.drain_outputs(now);
                 // Requests still queued get their one answer too.
                 self.answer_queued();
@@ -527,23 +512,26 @@ impl<I: CoreIo> Plane<I> {
 
     fn open_in_resolver(&mut self, ep: EpId, rec: &mut EpRecord, now: Millis) {
         let sm = rec.ud.as_mut().and_then(|u| u.sm_addr());
-        if let Err(e) = self.n().open_endpoint(now, ep, rec.cache_ep, rec.cfg, sm) {
+        if let Err(e) = self.n().handle_open(now, ep, rec.cache_ep, rec.cfg, sm) {
             self.io
                 .log(0, &format!("ERROR - endpoint {} not opened: {e:?}", ep.0));
             return;
         }
-        let (before, evictions) = (self.r().cache().len(), self.r().cache().stats().evictions);
+        let (before, evictions) = (
+            self.n().resolver().cache().len(),
+            self.n().resolver().cache().stats().evictions,
+        );
         for p in &rec.routes {
-            self.r().preload_route(now, ep, rec.cache_ep, p);
+            self.n().handle_preload_route(now, ep, rec.cache_ep, p);
         }
         // What the preloads took (a route: two path entries, by DLID and by DGID).
-        let paths = self.r().cache().len().saturating_sub(before);
+        let paths = self.n().resolver().cache().len().saturating_sub(before);
         // A live entry evicted to make room (the cache is full): a preloaded route, or an
         // entry preloaded before, that is now asked of the SA, or lost where the SA does not
         // know it.
-        let evicted = self.r().cache().stats().evictions - evictions;
+        let evicted = self.n().resolver().cache().stats().evictions - evictions;
         if evicted != 0 {
-            let capacity = self.r().cache().capacity();
+            let capacity = self.n().resolver().cache().capacity();
             self.io.log(
                 0,
                 &format!(
@@ -556,10 +544,12 @@ impl<I: CoreIo> Plane<I> {
             );
         }
         for h in rec.addrs.iter() {
-            let _ = self.r().preload_address(now, ep, h.kind, &h.addr, h.gid);
+            let _ = self
+                .n()
+                .handle_preload_address(now, ep, h.kind, &h.addr, h.gid);
         }
         for (t, a) in &rec.locals {
-            let _ = self.r().add_address(now, ep, rec.cache_ep, *t, a);
+            let _ = self.n().handle_add_address(now, ep, rec.cache_ep, *t, a);
         }
         if !rec.routes.is_empty() && self.io.log_enabled(1) {
             let n = rec.routes.len();

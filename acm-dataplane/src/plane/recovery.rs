@@ -64,7 +64,7 @@ impl<I: CoreIo> Plane<I> {
             self.stop_resolving();
             return;
         };
-        let transport = node.transport();
+        let sa_cfg = node.sa_config();
         let (old, mut sa) = node.into_parts();
         sa.clear();
         let writer = old.into_writer();
@@ -81,9 +81,9 @@ impl<I: CoreIo> Plane<I> {
             self.stop_resolving();
             return;
         };
-        self.node = Some(Node::from_parts(fresh, sa, transport));
+        self.node = Some(Node::from_parts(fresh, sa, sa_cfg));
         self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
-        self.r().clear_cache();
+        self.n().clear();
         for (ep, mut rec) in self.eps.take_all() {
             self.open_in_resolver(ep, &mut rec, now);
             self.eps.put(ep, rec);
@@ -129,7 +129,7 @@ impl<I: CoreIo> Plane<I> {
             return false;
         }
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.r().shutdown(now);
+            self.n().handle_shutdown(now);
             self.drain_outputs(now);
         }))
         .is_ok()

@@ -54,12 +54,12 @@ use std::sync::Mutex;
 use acm_core_nostd::cache::{
     ep_number, AddrSlot, CacheConfig, CacheEp, CacheWriter, PathCache, PathSlot,
 };
-use acm_core_nostd::node::{self, Node, Transport};
+use acm_core_nostd::node::{self, SaConfig, Transport};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     Millis, Output, RecvMeta, Request, Resolver,
 };
-use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
+use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
 use acm_core_nostd::wire::gid::Gid;
 use acm_core_nostd::wire::mad::MAD_LEN;
@@ -259,7 +259,7 @@ impl Machine for HostNode {
     }
 
     fn clear_cache(&mut self) {
-        self.resolver_mut().clear_cache();
+        self.clear();
     }
 }
 
@@ -293,7 +293,7 @@ fn new_resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, Strin
 /// The resolver alone, its endpoint open.
 fn resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
     let mut r = new_resolver(slots)?;
-    r.open_endpoint(0, EP, ep_number(0, EP.0), port())
+    r.handle_open(0, EP, ep_number(0, EP.0), port())
         .map_err(|e| format!("open: {e:?}"))?;
     while r.poll_output().is_some() {}
     Ok(r)
@@ -303,14 +303,10 @@ fn resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
 /// job's query and one half-world table), its endpoint open and carrying its own SA MADs to
 /// `SM`.
 fn node(slots: usize) -> Result<HostNode, String> {
-    let tables = vec![TableSlot::new(
-        vec![0u8; slots.min(8192) * 64].into_boxed_slice(),
-        Default::default(),
-    )];
-    let entries = vec![SaEntry::EMPTY; 4096 + 8];
     let r = new_resolver(slots)?;
-    let mut n = Node::new(r, entries, tables, [0x5a, 0xa5], Transport::Ud);
-    n.open_endpoint(0, EP, ep_number(0, EP.0), port(), Some(SM))
+    let sa = SaConfig::default().on(Transport::Ud);
+    let mut n = HostNode::on_heap(r, sa, 4096 + 8, 1, slots.min(8192), [0x5a, 0xa5]);
+    n.handle_open(0, EP, ep_number(0, EP.0), port(), Some(SM))
         .map_err(|e| format!("open: {e:?}"))?;
     while n.poll_output(0).is_some() {}
     Ok(n)
@@ -460,7 +456,11 @@ fn plane(slots: usize, clock: Clock) -> Result<Loop, String> {
         epoch,
     )
     .ok_or("the loop's resolver")?
-    .with_ud_sa(4096 + 8, slots.min(8192))
+    .with_sa(
+        SaConfig::default().on(Transport::Ud),
+        4096 + 8,
+        slots.min(8192),
+    )
     .with_stats(clock, 4096, Box::new(|_: EpId, _: Latency, _: u64| {}));
     let cache_ep = ep_number(0, EP.0);
     inbox.control(Control::Open {

@@ -13,7 +13,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use acm_core_nostd::cache::PathSlot;
-use acm_core_nostd::node::Transport;
+use acm_core_nostd::node::{SaConfig, Transport};
 use acm_core_nostd::resolver::{Capacities, Config, Kind, Millis};
 use acm_core_nostd::sim::ud::SmPortStats;
 use acm_core_nostd::sim::{
@@ -79,8 +79,7 @@ pub fn ibacmp_like() -> Config {
         queue_deadline: 3_600_000,
         negative_ttl: 0,
         acm_window: 1,
-        // The core's SA service: its budget per MAD is fixed, and no Reports come.
-        sa_tries: 0,
+        // The core's SA service: no Reports come.
         sa_reports: false,
         sa_tables: false,
         sa_table_min: 0,
@@ -259,13 +258,13 @@ fn peers_of(p: &Params, i: usize, rng: &mut Rng) -> Vec<u32> {
 pub fn sim_config(p: &Params) -> SimConfig {
     let mut c = SimConfig::new(p.nodes, p.seed);
     c.resolver = p.profile.config();
-    c.transport = p.transport;
-    if p.transport == Transport::Ud {
-        // The core's `timeout` and `retries`, which the MAD layer uses over the core's
-        // service, are the SA channel's per-try wait and tries on the `ud` transport.
-        c.resolver.acm_timeout = p.sa.umad_timeout;
-        c.resolver.sa_tries = p.sa.umad_retries + 1;
-    }
+    // The core's `timeout` and `retries`, which the MAD layer uses over the core's service,
+    // are the SA channel's per-try wait and tries on the `ud` transport.
+    c.sa = SaConfig {
+        transport: p.transport,
+        tries: p.sa.umad_retries + 1,
+        try_wait: p.sa.umad_timeout,
+    };
     let conc = p.concurrency.min(p.peers).max(1);
     c.caps = Capacities {
         requests: conc + 8,

@@ -23,7 +23,7 @@
 use acm_core_nostd::cache::{
     ep_number, AddrKind, AddrSlot, CacheConfig, CacheEp, Lookup, PathCache, PathSlot,
 };
-use acm_core_nostd::node::{Event, Node, Output, Transport};
+use acm_core_nostd::node::{Event, Node, Output, SaConfig, Transport};
 use acm_core_nostd::resolver::request::{classify, respond, EpView, Target};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, RecvMeta,
@@ -687,7 +687,8 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         rmpp::Config::DEFAULT,
     )]);
     let entries = Buf([SaEntry::EMPTY; SA_ENTRIES]);
-    let mut n: FwNode<'_, S> = Node::new(r, entries, tables, [0x5eed, 0xf00d], Transport::Ud);
+    let sa = SaConfig::default().on(Transport::Ud);
+    let mut n: FwNode<'_, S> = Node::new(r, sa, entries, tables, [0x5eed, 0xf00d]);
     let mut now: Millis = 0;
     let mut outs = Outs {
         items: [None; Outs::CAP],
@@ -699,7 +700,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     //    ibacm sends (on the endpoint's QP to the SM, with the SA channel's TID), and
     //    OpenSM's reply attaches the group.
     t.step("open-endpoint", now);
-    let ok = n.open_endpoint(now, EP, CEP, ep_config(), Some(SM)).is_ok();
+    let ok = n.handle_open(now, EP, CEP, ep_config(), Some(SM)).is_ok();
     t.check("endpoint opened", ok);
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
@@ -731,8 +732,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     let mut hca4 = [0u8; 64];
     hca4[..4].copy_from_slice(b"hca4");
     let ok = n
-        .resolver_mut()
-        .add_address(now, EP, CEP, AddrKind::Name, &hca4)
+        .handle_add_address(now, EP, CEP, AddrKind::Name, &hca4)
         .is_ok();
     t.check("address added", ok);
     drain(&mut n, now, &mut outs);
@@ -968,7 +968,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     // 8. Close: the group is detached and left (MCMemberRecord DELETE).
     now += 1;
     t.step("close-endpoint", now);
-    n.close_endpoint(now, EP);
+    n.handle_close(now, EP);
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
     t.check(
@@ -985,7 +985,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     //    Get's client too (the Get's reply then finds its job answered).
     now += 1;
     t.step("reopen-endpoint", now);
-    let ok = n.open_endpoint(now, EP, CEP, ep_config(), Some(SM)).is_ok();
+    let ok = n.handle_open(now, EP, CEP, ep_config(), Some(SM)).is_ok();
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
     let rejoined = first_sa(&outs).is_some_and(|(_, m)| same_but_tid(&m, MCM_SET_REQ));
@@ -1101,7 +1101,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
         );
     }
 
-    n.shutdown(now);
+    n.handle_shutdown(now);
     drain(&mut n, now, &mut outs);
     t.emit(&outs);
     let st = n.stats();

@@ -52,8 +52,8 @@ fn run() -> u32 {
         qpn: 0x48,
         sa_pkey: true,
     };
-    let _ = r.open_endpoint(0, ep, cache_ep, cfg);
-    let _ = r.add_address(0, ep, cache_ep, AddrKind::Name, &black_box([0x61; 64]));
+    let _ = r.handle_open(0, ep, cache_ep, cfg);
+    let _ = r.handle_add_address(0, ep, cache_ep, AddrKind::Name, &black_box([0x61; 64]));
     let mut outputs = 0u32;
     for now in 0..black_box(1000u64) {
         let msg: [u8; 160] = black_box([1u8; 160]);
@@ -84,9 +84,9 @@ fn run() -> u32 {
             black_box(&o);
         }
         if black_box(now) == 999 {
-            r.reregister(now, ep, cache_ep.next_generation());
-            r.close_endpoint(now, ep);
-            r.shutdown(now);
+            r.handle_reregister(now, ep, cache_ep.next_generation());
+            r.handle_close(now, ep);
+            r.handle_shutdown(now);
         }
     }
     black_box(r.stats());
