@@ -1,7 +1,9 @@
 //! Live latency histograms: cheap enough for the hit path, exact enough for HDR percentiles.
 //!
-//! * [`Histogram`]: a log-linear array of relaxed atomic buckets with **one writer** (the core's
-//!   main thread for hits, the dataplane thread for everything else): recording is a bucket
+//! * [`Histogram`]: a log-linear array of relaxed atomic buckets with **one writer** at a time
+//!   (the core's main thread for hits; for everything else the loop's rounds, one at a time
+//!   under its lock, on the dataplane thread or on a core thread that found the loop free):
+//!   recording is a bucket
 //!   index (a leading-zero count and two shifts), then a load and a store on the bucket and on
 //!   the running sum — no read-modify-write, no lock, no allocation. Any thread may take a
 //!   [`Snapshot`] at any time.

@@ -40,6 +40,8 @@ use std::ptr;
 
 mod ah;
 mod port;
+#[cfg(test)]
+mod send_alloc;
 
 use ah::{AhKey, AhSlot};
 pub use port::{pkey_index, port_attr, sa_pkey_index};
@@ -137,8 +139,11 @@ pub struct UdStats {
     pub send_inflight: u32,
 }
 
-/// A failed verbs call: its name and the errno it gave. The payload of the [`io::Error`]s of
-/// this module (`err.get_ref()` → downcast to read [`VerbsError::errno`]).
+/// A failed verbs call: its name and the errno it gave. `Copy` and free to build: the send
+/// paths ([`UdEndpoint::send`], its `ibv_create_ah`) return it as [`SendError::Verbs`], so a
+/// flood of failed posts allocates nothing. The setup and teardown calls (open, modify QP,
+/// attach, arm, close) return it boxed as the payload of an [`io::Error`]
+/// (`err.get_ref()` → downcast to read [`VerbsError::errno`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VerbsError {
     /// The `ibv_*` function.
@@ -161,25 +166,35 @@ impl fmt::Display for VerbsError {
 impl std::error::Error for VerbsError {}
 
 impl VerbsError {
+    /// A call that returns the errno (`ibv_modify_qp`, `ibv_post_send`, ...). No allocation.
+    fn from_rc(call: &'static str, rc: i32) -> Self {
+        // Some providers return -1 and set errno instead.
+        let errno = if rc < 0 { last_errno() } else { rc };
+        VerbsError { call, errno }
+    }
+
+    /// A call that returns NULL and sets errno (`ibv_create_*`). No allocation.
+    fn from_errno(call: &'static str) -> Self {
+        VerbsError {
+            call,
+            errno: last_errno(),
+        }
+    }
+
+    /// Boxed into an [`io::Error`] of the errno's kind (setup paths only: this allocates).
     fn io(self) -> io::Error {
         io::Error::new(io::Error::from_raw_os_error(self.errno).kind(), self)
     }
 }
 
-/// An error from a call that returns the errno (`ibv_modify_qp`, `ibv_post_send`, ...).
+/// A setup call's failure that returned the errno, as an [`io::Error`].
 fn rc_err(call: &'static str, rc: i32) -> io::Error {
-    // Some providers return -1 and set errno instead.
-    let errno = if rc < 0 { last_errno() } else { rc };
-    VerbsError { call, errno }.io()
+    VerbsError::from_rc(call, rc).io()
 }
 
-/// An error from a call that returns NULL and sets errno (`ibv_create_*`).
+/// A setup call's failure that returned NULL and set errno, as an [`io::Error`].
 fn errno_err(call: &'static str) -> io::Error {
-    VerbsError {
-        call,
-        errno: last_errno(),
-    }
-    .io()
+    VerbsError::from_errno(call).io()
 }
 
 fn last_errno() -> i32 {
@@ -771,7 +786,7 @@ impl UdEndpoint {
         let rc = unsafe { post_send(self.qp, &mut wr, &mut bad) };
         if rc != 0 {
             self.stats.send_errors += 1;
-            return Err(SendError::Verbs(rc_err("ibv_post_send", rc)));
+            return Err(SendError::Verbs(VerbsError::from_rc("ibv_post_send", rc)));
         }
         self.send_free.pop();
         self.send_owner[buf as usize] = owner;

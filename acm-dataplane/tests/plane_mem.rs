@@ -120,7 +120,10 @@ impl MemUd {
             AcmDest::Unicast(av) => (0..2)
                 .find(|&j| node_lid(j) == av.dlid)
                 // No such LID: lost on the fabric, as a real send would be.
-                .ok_or(SendError::Verbs(std::io::Error::other("no such LID")))?,
+                .ok_or(SendError::Verbs(acm_dataplane::verbs::VerbsError {
+                    call: "ibv_post_send",
+                    errno: 113, // EHOSTUNREACH
+                }))?,
         };
         self.wire.lock().unwrap().push_back((to, meta, *mad));
         Ok(())

@@ -6,13 +6,18 @@
 //! thread's buffer (`OUT`) while the load is in flight and one lock-free cache read
 //! ([`answer_hit`]), the answer handed to the core ([`deliver`]) and what follows a hit
 //! ([`hit_answered`]). A negative entry or an immediate failure is answered here too
-//! ([`answer_inline`]); a miss is one push into the dataplane's [`Inbox`]
-//! ([`hand_over`]). `query()` ([`query_impl`]) is always handed over.
+//! ([`answer_inline`]); a miss is pushed into the dataplane's [`Inbox`] ([`hand_over`]),
+//! and then, when the loop's lock is free (not in `busy` mode), the loop's round that takes
+//! it runs on this thread ([`Waker::serve`]: its SA or ACM query leaves before `resolve()`
+//! returns), else the dataplane thread is woken. `query()` ([`query_impl`]) is always handed
+//! over.
 //!
 //! No lock, no allocation, no syscall of ours on a hit. Everything else (misses, the ACM
-//! protocol, the SA, timers, every cache write) is the dataplane loop's.
+//! protocol, the SA, timers, every cache write) is done by the dataplane loop's rounds, one at
+//! a time under its lock.
 //!
 //! [`Inbox`]: acm_dataplane::plane::Inbox
+//! [`Waker::serve`]: acm_dataplane::worker::Waker::serve
 
 use crate::ffi::AcmMsg;
 use crate::instance::{LogReason, Writer};

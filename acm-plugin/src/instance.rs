@@ -28,7 +28,8 @@ pub struct Instance {
     pub api: &'static CoreApi,
     /// Options from `acm_get_opts_file()`.
     pub opts: ProviderOptions,
-    /// The path cache: lock-free reads here, the dataplane is its only writer.
+    /// The path cache: lock-free reads here; the loop's rounds (one at a time under its lock)
+    /// its only writer.
     pub cache: Arc<HostCache>,
     /// The path storage is [`huge::is_large`](crate::huge::is_large): a hit's slots are DRAM
     /// misses, and the hit path also prefetches the tag-matching slots (docs/cache.md).
@@ -249,14 +250,14 @@ pub struct Ep {
     pub endpoint: Mutex<usize>,
     /// Set by `close_endpoint`.
     pub closed: AtomicBool,
-    /// `ACM_CNTR_*` counters of this endpoint, one array per writing thread ([`Writer`]):
-    /// each is bumped with a plain load and store by its one thread (no locked
+    /// `ACM_CNTR_*` counters of this endpoint, one array per writer ([`Writer`]): each is
+    /// bumped with a plain load and store by one thread at a time (no locked
     /// read-modify-write on the hit path), and read as the sum ([`counter`](Self::counter)).
     /// Each array has its own cache line, so the dataplane's counting never takes the line
     /// the hit path writes.
     pub counters: [CachePadded<[AtomicU64; MAX_COUNTER]>; Writer::COUNT],
     /// Latency histograms: `hit` written by the core's main thread only, the others by the
-    /// dataplane thread only ([`latency_sink`]).
+    /// loop's rounds, one at a time under its lock ([`latency_sink`]).
     pub stats: EpStats,
     /// Address contexts handed to the core, freed at close if the core leaked them.
     pub addr_ctxs: Mutex<Vec<usize>>,
@@ -361,12 +362,13 @@ impl Ep {
     }
 }
 
-/// The thread that writes an [`Ep::counters`] array.
+/// Who writes an [`Ep::counters`] array.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Writer {
     /// The core's main thread (`resolve()`/`query()`: hits and inline answers).
     Core = 0,
-    /// The dataplane thread (misses, the SA, the ACM protocol).
+    /// The loop's rounds, one at a time under its lock, on the dataplane thread or on a core
+    /// thread that found the loop free (misses, the SA, the ACM protocol).
     Plane = 1,
 }
 
@@ -375,8 +377,8 @@ impl Writer {
     pub const COUNT: usize = 2;
 }
 
-/// The dataplane's latency sink: records into the endpoint's histograms (dataplane thread
-/// only, the single writer of those). Looks endpoints up in a copy of the registry, refreshed
+/// The dataplane's latency sink: records into the endpoint's histograms (the loop's rounds,
+/// one at a time under its lock: their single writer). Looks endpoints up in a copy of the registry, refreshed
 /// when its version changes (no lock per record).
 pub fn latency_sink(inst: Arc<Instance>) -> LatencySink {
     let mut eps = inst.eps.snapshot();

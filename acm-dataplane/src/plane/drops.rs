@@ -1,7 +1,7 @@
 //! Drop logging: what the resolver (its `Stats`) and the endpoints' QPs (`UdHealth`) dropped
-//! or repaired, and the class-3 MADs not from the SM, logged with the reason, how many and the
-//! running total, at most once a second (a remote node sending garbage cannot flood the
-//! core's log; every drop is counted anyway).
+//! or repaired (the half-world tables that failed among them), and the class-3 MADs not from
+//! the SM, logged with the reason, how many and the running total, at most once a second (a
+//! remote node sending garbage cannot flood the core's log; every drop is counted anyway).
 
 use super::{CoreIo, Plane};
 use acm_core_nostd::resolver::{EpId, Millis};
@@ -101,6 +101,11 @@ impl<I: CoreIo> Plane<I> {
                 l.acm_other_partition,
             ),
             ("answer with no free slot lost", s.lost, l.lost),
+            (
+                "SA half-world PathRecord table failed (Gets instead)",
+                s.sa_table_failed,
+                l.sa_table_failed,
+            ),
             (
                 "SA MAD neither a reply nor a valid Report dropped, or subscription refused",
                 s.report_malformed,

@@ -1,4 +1,6 @@
-//! The node's events ([`Event`]) as lines of the core's log.
+//! The node's events ([`Event`]) as lines of the core's log. A failed half-world table logs
+//! its reason only when it is the first since the drop lines (`plane/drops.rs`), which count
+//! the failures (`sa_table_failed`) at most once a second.
 
 use super::{CoreIo, Plane};
 use acm_core_nostd::node::Event;
@@ -25,25 +27,34 @@ impl<I: CoreIo> Plane<I> {
                 }
             }
             Event::TableFailed { failure } => {
-                let why = match failure {
+                // Counted (`sa_table_failed`): the drop lines report how many at most once a
+                // second. Its reason only for the first failure since those lines, so a
+                // subnet refusing every table cannot flood the core's log.
+                let failed = self.n().stats().sa_table_failed;
+                if !first_since_drop_lines(failed, self.last_stats.sa_table_failed) {
+                    return;
+                }
+                let room = |capacity: usize| capacity / PATH_RECORD_LEN;
+                let line = match failure {
                     Failure::TooBig {
-                        records_needed,
+                        records_needed: Some(need),
                         capacity,
                         ..
-                    } => {
-                        let need = records_needed.map_or("more".to_string(), |n| n.to_string());
-                        format!(
-                            "needs {need} records, room for {} (acmrs_path_capacity): tables \
-                             off for this endpoint",
-                            capacity / PATH_RECORD_LEN
-                        )
-                    }
-                    f => format!("{f:?}: the Gets go on"),
+                    } => format!(
+                        "ERROR - SA half-world PathRecord table failed: needs {need} records, \
+                         room for {} (acmrs_path_capacity): tables off for this endpoint",
+                        room(capacity)
+                    ),
+                    Failure::TooBig { capacity, .. } => format!(
+                        "ERROR - SA half-world PathRecord table failed: needs more records, \
+                         room for {} (acmrs_path_capacity): tables off for this endpoint",
+                        room(capacity)
+                    ),
+                    f => format!(
+                        "ERROR - SA half-world PathRecord table failed: {f:?}: the Gets go on"
+                    ),
                 };
-                self.io.log(
-                    0,
-                    &format!("ERROR - SA half-world PathRecord table failed: {why}"),
-                );
+                self.io.log(0, &line);
             }
             Event::SmChanged { old, new, .. } => self.io.log(
                 0,
@@ -69,5 +80,30 @@ impl<I: CoreIo> Plane<I> {
                 }
             }
         }
+    }
+}
+
+/// Whether a failure of a counter now at `count` is the first since the drop lines last
+/// logged it at `logged` (`log_drops` takes its snapshot then): only that one logs its reason.
+/// A counter that went back (a resolver rebuilt after a panic starts from 0) counts afresh.
+fn first_since_drop_lines(count: u64, logged: u64) -> bool {
+    count.saturating_sub(logged) <= 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_since_drop_lines;
+
+    #[test]
+    fn only_the_first_failure_since_the_drop_lines_logs_its_reason() {
+        // Drop lines last logged 3 failures; the 4th is news, the 5th and later wait for the
+        // next drop lines (which count them).
+        assert!(first_since_drop_lines(4, 3));
+        assert!(!first_since_drop_lines(5, 3));
+        assert!(!first_since_drop_lines(40, 3));
+        // The event before the counter moved (no table slot matched it).
+        assert!(first_since_drop_lines(3, 3));
+        // A rebuilt resolver's counter starts again below the last snapshot.
+        assert!(first_since_drop_lines(1, 3));
     }
 }

@@ -41,7 +41,6 @@ use acm_core_nostd::resolver::{
 use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::client::{AcmMsg, Status};
 use std::fmt;
-use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -115,8 +114,8 @@ pub trait Ud: Send {
 }
 
 /// Why a [`Ud::send`] did not post a MAD (no allocation: a flood of failed sends must not
-/// allocate). Never a blocking condition.
-#[derive(Debug)]
+/// allocate: every variant is `Copy`). Never a blocking condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendError {
     /// Every send buffer is in flight (counted by the QP); poll and retry.
     NoBuffer,
@@ -126,8 +125,8 @@ pub enum SendError {
     AhBusy,
     /// The QP is being reset after an error completion; poll and retry.
     Recovering,
-    /// A verbs call failed (`ibv_create_ah`, `ibv_post_send`).
-    Verbs(io::Error),
+    /// A verbs call failed (`ibv_create_ah`, `ibv_post_send`): its name and errno.
+    Verbs(crate::verbs::VerbsError),
 }
 
 impl SendError {

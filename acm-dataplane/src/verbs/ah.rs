@@ -3,7 +3,7 @@
 //! send uses).
 #![allow(unsafe_code)]
 
-use super::{errno_err, SendError, UdEndpoint};
+use super::{SendError, UdEndpoint, VerbsError};
 use acm_core_nostd::resolver::{McGroup, UnicastAv};
 use rdma_sys::{ibv_ah, ibv_ah_attr, ibv_create_ah, ibv_destroy_ah, ibv_gid, ibv_global_route};
 
@@ -121,7 +121,7 @@ impl UdEndpoint {
         // SAFETY: pd is live; attr is a valid AH attribute.
         let ah = unsafe { ibv_create_ah(self.pd, &mut attr) };
         if ah.is_null() {
-            return Err(SendError::Verbs(errno_err("ibv_create_ah")));
+            return Err(SendError::Verbs(VerbsError::from_errno("ibv_create_ah")));
         }
         self.stats.ah_created += 1;
         if let Some(old) = self.ahs[slot].take() {
