@@ -39,17 +39,6 @@ impl<I: CoreIo> Plane<I> {
             }
             self.last_drop_log = now.max(1);
         }
-        let forged = self.n().sa().forged;
-        if forged != self.sa_forged_logged {
-            self.log_grown(
-                None,
-                "SA MAD not from the SM (its LID, QP 1) or not on the asking QP dropped",
-                forged,
-                self.sa_forged_logged,
-            );
-            self.sa_forged_logged = forged;
-            self.last_drop_log = now.max(1);
-        }
         let s = self.n().stats();
         if s == self.last_stats {
             return;
@@ -78,6 +67,11 @@ impl<I: CoreIo> Plane<I> {
                 l.acm_wrong_key,
             ),
             ("unknown SA reply ignored", s.sa_unknown, l.sa_unknown),
+            (
+                "SA MAD not from the SM (its LID, QP 1) or not on the asking QP dropped",
+                s.sa_forged,
+                l.sa_forged,
+            ),
             ("request refused, table full (ENOMEM)", s.full, l.full),
             (
                 "malformed client request rejected (EINVAL)",

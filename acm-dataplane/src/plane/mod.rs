@@ -224,9 +224,6 @@ pub struct Plane<I: CoreIo> {
     /// When drops were last logged (ms): at most one set of lines per second, so a remote
     /// node sending garbage cannot flood the core's log; every drop is counted anyway.
     last_drop_log: Millis,
-    /// The SA channel's count of forged class 3 MADs (`Node::sa().forged`: not from the SM's
-    /// LID and QP 1, or a reply on a QP that did not send the query) as last logged.
-    sa_forged_logged: u64,
     /// The request the loop works on: the inbox's buffer it was written into, swapped for
     /// this one ([`Inbox::take_request_into`]), never copied; `current_is` says what it is.
     current: Box<Queued>,
@@ -282,7 +279,6 @@ impl<I: CoreIo> Plane<I> {
             controls_applied: 0,
             last_stats: Stats::default(),
             last_drop_log: 0,
-            sa_forged_logged: 0,
             current: Box::new(Queued::blank()),
             reply: Box::new(SaReply::blank()),
             current_is: Current::Free,
