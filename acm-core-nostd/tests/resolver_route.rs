@@ -1587,7 +1587,7 @@ fn a_table_too_big_for_the_storage_turns_tables_off_for_the_endpoint() {
 }
 
 #[test]
-fn a_warm_start_asks_for_the_table_once_at_a_random_time_within_the_prefetch_window() {
+fn a_warm_start_asks_for_the_table_once_at_a_random_time_within_the_warm_start_window() {
     use acm_core_nostd::resolver::SaTable;
     // Room for any subnet: no probe first (a warm start's probe: `resolver::table`'s tests).
     let cfg = Config {
@@ -1600,7 +1600,7 @@ fn a_warm_start_asks_for_the_table_once_at_a_random_time_within_the_prefetch_win
     for seed in 0..20 {
         let mut t = setup_seeded(cfg, Capacities::default(), 1024, 1024, seed);
         assert!(t.sa_sends().is_empty(), "nothing at once");
-        let when = t.r.poll_timeout().expect("the prefetch timer");
+        let when = t.r.poll_timeout().expect("the warm-start timer");
         assert!(when < 5000, "{when}");
         at.push(when);
         if seed == 0 {

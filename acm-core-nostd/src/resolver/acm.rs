@@ -8,7 +8,7 @@
 //! `timeout` plus the port's subnet timeout, `retries` times), and becomes `Resolved` with the
 //! answering peer's GID, LID and QPN from the response's GRH and completion.
 
-use super::addr::{addr_key, AddrTable};
+use super::addr::{addr_key, Addrs};
 use super::mads;
 use super::storage::{list_id, AddrState, GroupState, List, Slabs, SlabsRef, ADDR_Q, ADDR_S};
 use super::timers::Timer;
@@ -90,7 +90,7 @@ pub(crate) fn received(
     Some((sgid, r))
 }
 
-impl AddrTable {
+impl Addrs {
     /// Puts entry `i` (Resolved, no job) on its endpoint `e`'s ACM queue (QUERY_ADDR).
     pub(crate) fn requeue(
         &mut self,

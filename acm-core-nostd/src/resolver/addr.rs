@@ -1,4 +1,4 @@
-//! The address table: one entry per (endpoint, address type, 64 bytes), and how an address
+//! The address entries: one per (endpoint, address type, 64 bytes), and how an address
 //! request is answered from it.
 //!
 //! An entry's states map onto ibacmp's `acmp_dest`:
@@ -14,7 +14,7 @@
 //! Queued and Querying belong to the ACM protocol ([`acm`](super::acm)). Local addresses
 //! (`add_address`) are `Local`; hosts-file entries are `Resolved` with origin `Preload`
 //! (renewed on use when expired); entries learned from peers' requests are
-//! `Resolved`/`Learned` and may be evicted when the table is full and they are idle. A
+//! `Resolved`/`Learned` and may be evicted when every entry is used and they are idle. A
 //! removed local address is `Removing` until its cache alias is dropped.
 
 use super::request;
@@ -59,12 +59,12 @@ pub(crate) fn alias<C: CacheRef>(
     let _ = w.alias(&k, key, now, until - now);
 }
 
-/// How many probes an insert into a full address table makes for an idle learned entry.
+/// How many probes an insert into a full address slab makes for an idle learned entry.
 const EVICT_PROBES: u32 = 64;
 
-/// The address table's lists and counts.
-pub(crate) struct AddrTable {
-    /// The hash seed of the table.
+/// The address entries' index, lists and counts.
+pub(crate) struct Addrs {
+    /// The hash seed of the index.
     seed: u64,
     /// Free entries.
     pub(crate) free: List,
@@ -78,14 +78,14 @@ pub(crate) struct AddrTable {
     pub(crate) active: u32,
 }
 
-impl AddrTable {
+impl Addrs {
     /// Every entry of `addrs` free.
     pub(crate) fn new(addrs: &mut [AddrEntry], seed: u64) -> Self {
         let mut free = List::EMPTY;
         for i in 0..addrs.len() as u32 {
             free.push_back(addrs, i, list_id::FREE, ADDR_Q);
         }
-        AddrTable {
+        Addrs {
             seed: seed ^ 0xadd7,
             free,
             send: List::EMPTY,
@@ -118,7 +118,7 @@ impl AddrTable {
     }
 
     /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
-    /// entry (no waiters, no route job, no response to send) if the table is full.
+    /// entry (no waiters, no route job, no response to send) if every entry is used.
     pub(crate) fn alloc(
         &mut self,
         t: &mut Slabs<'_>,
@@ -202,7 +202,7 @@ impl AddrTable {
 }
 
 #[cfg(feature = "std")]
-impl AddrTable {
+impl Addrs {
     /// Every entry is on the list its state says, only queries have waiters, and the count of
     /// queries matches; returns how many requests wait on entries.
     pub(crate) fn check(&self, addrs: &[AddrEntry]) -> Result<u32, std::string::String> {
@@ -234,7 +234,7 @@ impl AddrTable {
     }
 }
 
-impl AddrTable {
+impl Addrs {
     /// Adds the requests of `waiters` to entry `i`'s waiters, leaving `waiters` empty.
     pub(crate) fn add_waiters(
         addrs: &mut [AddrEntry],

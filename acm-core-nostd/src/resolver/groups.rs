@@ -92,7 +92,13 @@ impl Groups {
 
     /// OpenSM's reply to the join of group `g` of an endpoint of P_Key `pkey`: its record
     /// taken if it is the group asked for.
-    pub(crate) fn taken(&mut self, g: usize, pkey: u16, umad_status: u32, mad: &[u8; 256]) -> bool {
+    pub(crate) fn accept_reply(
+        &mut self,
+        g: usize,
+        pkey: u16,
+        umad_status: u32,
+        mad: &[u8; 256],
+    ) -> bool {
         let gs = &mut self.0[g];
         let mgid = mads::group_mgid(pkey, gs.rate, gs.mtu);
         let Some(rec) = mads::join_reply(umad_status, mad, mgid) else {

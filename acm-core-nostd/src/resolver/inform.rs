@@ -83,7 +83,7 @@ impl Informs {
 
     /// The SA's reply to subscription `i`: taken if it accepted it (a reply that refused it
     /// is counted).
-    pub(crate) fn taken(
+    pub(crate) fn accept_reply(
         &mut self,
         i: usize,
         umad_status: u32,

@@ -5,7 +5,7 @@
 
 // The resolver's own names (its storage, lists, helpers) as `mod.rs` has them.
 use super::*;
-use addr::AddrTable;
+use addr::Addrs;
 
 impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// Opens endpoint `ep` (call from the core's `handle_open`), whose cache number is
@@ -101,7 +101,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
         };
-        AddrTable::make_local(&mut self.st.slabs(), slot, i, cache_ep);
+        Addrs::make_local(&mut self.st.slabs(), slot, i, cache_ep);
         self.insert_loopback(now, slot, i, cache_ep);
         self.pump(now);
         Ok(())
@@ -158,7 +158,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let expires = addr::expiry(&self.sh.cfg, now);
         let t = self.st.slabs();
         let cache_ep = t.endpoints[slot].cache_ep;
-        AddrTable::preload(&mut t.addrs[i as usize], gid, expires, cache_ep);
+        Addrs::preload(&mut t.addrs[i as usize], gid, expires, cache_ep);
         Ok(())
     }
 

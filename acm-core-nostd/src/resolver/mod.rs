@@ -36,7 +36,7 @@
 //!
 //! Like quinn-proto's `Connection`, the resolver composes parts that own their state and
 //! their rules: the request slots (`answers::Answers`), the route jobs and the SA window
-//! (`route::Routes`), the address table and the ACM protocol (`addr::AddrTable`), the endpoint
+//! (`route::Routes`), the address entries and the ACM protocol (`addr::Addrs`), the endpoint
 //! map (`endpoints::Endpoints`), and each endpoint's groups, subscriptions and half-world table
 //! (`groups::Groups`, `inform::Informs`, [`table`]'s `TableFetch`, in its slot). A part's
 //! methods take what they need as arguments: the slab slices they work on, the services the
@@ -48,7 +48,7 @@
 //!
 //! Exactly-once: every [`Resolver::handle_request`] of kind [`Kind::Resolve`] or [`Kind::Query`] leads
 //! to exactly one [`Output::Answer`] carrying its `client` and the request's `tid`, on every
-//! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full tables).
+//! path (hit, miss, SA error, timeout, endpoint close, reregister, shutdown, full slabs).
 
 mod acm;
 mod addr;
@@ -143,8 +143,8 @@ pub struct Resolver<S: Storage, C: CacheRef> {
     answers: answers::Answers,
     /// Route jobs and the SA window ([`route`], [`sa_window`]).
     routes: route::Routes,
-    /// The address table and its ACM send and removal lists ([`addr`], [`acm`]).
-    addrs: addr::AddrTable,
+    /// The address entries and their ACM send and removal lists ([`addr`], [`acm`]).
+    addrs: addr::Addrs,
     /// Which slot serves which endpoint, and which have outputs to poll ([`endpoints`]); each
     /// endpoint's groups, subscriptions and table are in its slot ([`groups`], [`inform`],
     /// [`table`]).
@@ -156,7 +156,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// A resolver over `storage` (every slot is reset) that writes the path cache through
     /// `writer`, the cache's one writer ([`CacheWriter::take`], taken once by the resolver's
     /// owner), for as long as it lives. `seed` picks the hash seed and the first TID (use a
-    /// random one on hosts). Fails with [`Error::Storage`] if a table is empty or there are
+    /// random one on hosts). Fails with [`Error::Storage`] if a slab is empty or there are
     /// fewer request slots than `answer_reserve + 1`.
     pub fn new(
         config: Config,
@@ -200,7 +200,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             },
             answers: answers::Answers::new(t.requests, reserve),
             routes: route::Routes::new(t.jobs, seed, &config),
-            addrs: addr::AddrTable::new(t.addrs, seed),
+            addrs: addr::Addrs::new(t.addrs, seed),
             eps: endpoints::Endpoints::new(),
             done: false,
             st: storage,
@@ -487,9 +487,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             && self.answers.fifo.is_empty()
     }
 
-    /// Checks the resolver's internal bookkeeping against its tables (counts, list
+    /// Checks the resolver's internal bookkeeping against its slabs (counts, list
     /// memberships, the SA window), each part its own, and that every waiting request is on
-    /// exactly one waiter list; for tests and simulations. O(table size).
+    /// exactly one waiter list; for tests and simulations. O(slab size).
     #[doc(hidden)]
     #[cfg(feature = "std")]
     pub fn check_invariants(&self) -> Result<(), std::string::String> {

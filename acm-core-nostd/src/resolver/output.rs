@@ -3,7 +3,7 @@
 //! Order of [`Resolver::poll_output`](super::Resolver::poll_output): per-endpoint work
 //! ([`EpSlot::poll`]: detach before leave before join before attach, then counters), SA
 //! queries ([`Routes::poll`](super::route::Routes::poll)), ACM MADs
-//! ([`AddrTable::poll`](super::addr::AddrTable::poll)), client answers
+//! ([`Addrs::poll`](super::addr::Addrs::poll)), client answers
 //! ([`Answers::pop`](super::answers::Answers::pop)).
 
 use super::mads::{self, TOKEN_JOIN, TOKEN_LEAVE};

@@ -74,7 +74,7 @@ pub(crate) struct Route<'a> {
 #[derive(Clone, Copy)]
 pub(crate) enum Completion<'r> {
     /// The SA's record, inserted into the cache to expire at `expires`.
-    Answered {
+    FromSa {
         /// The PathRecord.
         record: &'r [u8; 64],
         /// Its expiry as inserted.
@@ -108,7 +108,7 @@ impl Completion<'_> {
 
 /// The route jobs' lists and counts, and the SA window.
 pub(crate) struct Routes {
-    /// The hash seed of the coalescing table.
+    /// The hash seed of the coalescing index.
     seed: u64,
     /// Free job slots.
     pub(crate) free: List,
@@ -179,14 +179,14 @@ impl Routes {
         })
     }
 
-    /// Puts job `j` (not a `query()`) in the coalescing table.
+    /// Puts job `j` (not a `query()`) in the coalescing index.
     fn hash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
         let job = &jobs[j as usize];
         let b = self.bucket(buckets.len(), usize::from(job.slot), &job.sa);
         chain::insert(jobs, buckets, b, j);
     }
 
-    /// Takes job `j` out of the coalescing table.
+    /// Takes job `j` out of the coalescing index.
     fn unhash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
         let job = &jobs[j as usize];
         if job.query {
@@ -456,7 +456,7 @@ impl Routes {
     }
 
     /// Job `j` is done (its waiters answered, its addresses told): out of the coalescing
-    /// table and its list, freed, or kept as a zombie while the caller holds its MAD.
+    /// index and its list, freed, or kept as a zombie while the caller holds its MAD.
     pub(crate) fn end(&mut self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
         let (state, held) = (jobs[j as usize].state, jobs[j as usize].held);
         self.unhash(jobs, buckets, j);

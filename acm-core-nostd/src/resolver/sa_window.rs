@@ -29,7 +29,7 @@
 //! **Progress, not age.** A route job is failed for waiting too long only if the SA has
 //! stopped answering: its deadline is `queue_deadline` from its start, or `sa_deadline` after
 //! the last SA answer of any query, whichever is later. With the SA gone, every request is
-//! answered within `queue_deadline` of its arrival; while it answers, however slowly, the
+//! answered within `queue_deadline` of its arrival; while it replies, however slowly, the
 //! backlog waits for it.
 
 use super::{Config, Millis};
@@ -116,7 +116,7 @@ impl SaWindow {
         (self.cap < ONE && self.next_send > now).then_some(self.next_send)
     }
 
-    /// The SA answered at `now` a query sent `sample` ms before (`busy`: with BUSY).
+    /// The SA replied at `now` a query sent `sample` ms before (`busy`: with BUSY).
     pub(crate) fn replied(&mut self, now: Millis, sample: Millis, busy: bool, cfg: &Config) {
         self.heard = Some(now);
         let sample = sample.max(1);
@@ -196,7 +196,7 @@ impl SaWindow {
 
     /// Whether a query sent at `now` could not come back before `deadline`: fewer than two
     /// round trips (the smoothed estimate; none before a first reply) are left, and the SA
-    /// has answered nothing for a round trip (while it answers, the deadline moves on with
+    /// has replied to nothing for a round trip (while it replies, the deadline moves on with
     /// it, so the query is worth its work).
     pub(crate) fn too_late(&self, now: Millis, deadline: Millis) -> bool {
         let silent = self.heard.is_none_or(|h| now.saturating_sub(h) > self.rtt);
@@ -352,7 +352,7 @@ mod tests {
         let mut w = SaWindow::new(4, 4);
         assert!(!w.too_late(0, 1));
         w.replied(0, 10, false, &cfg);
-        // The SA answered just now: the deadline will move with its next answers.
+        // The SA replied just now: the deadline will move with its next replies.
         assert!(!w.too_late(5, 20));
         // Silent for more than a round trip: two round trips are needed.
         assert!(w.too_late(11, 30) && !w.too_late(11, 31));

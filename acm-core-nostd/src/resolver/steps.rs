@@ -3,13 +3,13 @@
 //! waiters and aliases its addresses; a resolved address is routed; the pumps let backlogged
 //! jobs and queued address queries go; the timers of each part are run and what they end is
 //! answered; a Report forgets addresses. Each part's own rules are its own methods
-//! ([`Routes`](super::route::Routes), [`AddrTable`](super::addr::AddrTable),
+//! ([`Routes`](super::route::Routes), [`Addrs`](super::addr::Addrs),
 //! [`Answers`](super::answers::Answers), [`Groups`](super::groups::Groups),
 //! [`Informs`](super::inform::Informs), [`TableFetch`](super::storage::TableFetch),
 //! [`Endpoints`](super::endpoints::Endpoints));
 //! these steps only pass each the slabs and services it needs and carry results between them.
 
-use super::addr::{self, AddrTable};
+use super::addr::{self, Addrs};
 use super::groups::Set;
 use super::mads;
 use super::route::{Completion, Route, Routes};
@@ -357,7 +357,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// waiters, frees the job (or keeps it as a zombie while the caller holds its MAD).
     pub(crate) fn finish_job(&mut self, now: Millis, j: u32, how: Completion<'_>) {
         let (status, record, query_record, from_cache) = match how {
-            Completion::Answered { record, expires } => {
+            Completion::FromSa { record, expires } => {
                 (Status::Success, Some((record, expires)), None, false)
             }
             Completion::FromCache { record, expires } => {
@@ -434,7 +434,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     self.w.insert(&k, &rec, now, ttl);
                 }
                 let exp = now.saturating_add(ttl);
-                let how = Completion::Answered {
+                let how = Completion::FromSa {
                     record: &rec,
                     expires: exp,
                 };
@@ -761,7 +761,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         let e = &mut t.endpoints[slot];
                         self.addrs.requeue(t.addrs, e, now, i, &mut self.sh);
                         let t = self.st.slabs();
-                        AddrTable::add_waiters(t.addrs, t.requests, i, &mut waiters);
+                        Addrs::add_waiters(t.addrs, t.requests, i, &mut waiters);
                         return;
                     }
                 }
@@ -770,7 +770,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
                 let t = self.st.slabs();
-                AddrTable::add_waiters(t.addrs, t.requests, i, &mut waiters);
+                Addrs::add_waiters(t.addrs, t.requests, i, &mut waiters);
             }
             (Some(_), _) => self.answer_list(&mut waiters, Status::Enodata, None),
             (None, _) => {
@@ -795,7 +795,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 let e = &mut t.endpoints[slot];
                 self.addrs.requeue(t.addrs, e, now, i, &mut self.sh);
                 let t = self.st.slabs();
-                AddrTable::add_waiters(t.addrs, t.requests, i, &mut waiters);
+                Addrs::add_waiters(t.addrs, t.requests, i, &mut waiters);
             }
         }
     }
@@ -831,7 +831,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         loop {
             let t = self.st.slabs_ref();
-            let Some(i) = AddrTable::queue_due(&t.endpoints[slot], t.addrs, now) else {
+            let Some(i) = Addrs::queue_due(&t.endpoints[slot], t.addrs, now) else {
                 break;
             };
             self.sh.stats.timeouts += u64::from(ready);
@@ -925,7 +925,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// Entry `i` is what a peer's packet says ([`AddrTable::resolved`]); if we were querying
+    /// Entry `i` is what a peer's packet says ([`Addrs::resolved`]); if we were querying
     /// it, it is routed now (also with no waiter left, to prime the cache).
     fn resolved(&mut self, now: Millis, slot: usize, i: u32, sgid: Gid, meta: &RecvMeta, g: u8) {
         let expires = addr::expiry(&self.sh.cfg, now);
@@ -1001,13 +1001,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let e = &mut self.st.endpoints()[slot];
         let taken = match set {
             Set::Join => {
-                let taken = e.groups.taken(i, e.pkey, umad_status, mad);
+                let taken = e.groups.accept_reply(i, e.pkey, umad_status, mad);
                 if taken {
                     self.eps.mark_dirty(slot);
                 }
                 taken
             }
-            Set::Inform => e.informs.taken(i, umad_status, mad, &mut self.sh),
+            Set::Inform => e.informs.accept_reply(i, umad_status, mad, &mut self.sh),
         };
         if !taken {
             self.set_failed(now, set, slot, i);
@@ -1104,7 +1104,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     sa: &q,
                 };
                 if let Some(j) = self.routes.find(self.st.slabs_ref(), &route) {
-                    let how = Completion::Answered {
+                    let how = Completion::FromSa {
                         record: rec,
                         expires,
                     };

@@ -1,7 +1,7 @@
 //! The resolver's slabs (fixed arrays of slots: requests, jobs, addresses, endpoints, preloads),
 //! in caller-provided storage.
 //!
-//! Every table is a slice of fixed-size slots whose empty state is all zero bytes (links are
+//! Every slab is a slice of fixed-size slots whose empty state is all zero bytes (links are
 //! `index + 1`, 0 = none; every enum's first variant is 0, `Status::Success` and
 //! `AddressType::Invalid` among them), so [`ArrayStorage`] can sit in
 //! `.bss` on firmware. Slots are threaded on intrusive doubly linked lists ([`List`]): waiter
@@ -14,7 +14,7 @@ use crate::cache::{ep_number, CacheEp, Constraints};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
 
-/// The bucket of a hashed table (address entries, route jobs) of `buckets` buckets: a hash of
+/// The bucket of a hashed index (address entries, route jobs) of `buckets` buckets: a hash of
 /// one head word (the endpoint slot and a small field) and a 64-byte key block read as 16
 /// little-endian words, mapped onto the buckets by a multiply, not a division (a 64-bit
 /// division is a library call on a 32-bit microcontroller).
@@ -28,15 +28,15 @@ pub(crate) fn bucket_of(seed: u64, head: u32, block: &[u8; 64], buckets: usize) 
     ((u64::from((h ^ (h >> 32)) as u32) * buckets as u64) >> 32) as usize
 }
 
-/// An entry of a chained hash table over the caller's storage: its chain link is `hnext`
+/// An entry of a chained hash index over the caller's storage: its chain link is `hnext`
 /// (the next entry's index + 1, 0 = the chain's end), the buckets hold each chain's first
-/// entry the same way. The address table and the route jobs' coalescing table are two.
+/// entry the same way. The address entries' index and the route jobs' coalescing index are two.
 pub(crate) trait Chained {
     fn hnext(&self) -> u32;
     fn set_hnext(&mut self, next: u32);
 }
 
-/// The chained hash tables' walks (see [`Chained`]).
+/// The chained hash indexes' walks (see [`Chained`]).
 pub(crate) mod chain {
     use super::Chained;
 
@@ -159,7 +159,7 @@ pub(crate) const ADDR_R: LinkOf<AddrEntry> = LinkOf {
     get_mut: |a| &mut a.rlink,
 };
 
-/// An intrusive FIFO over one table (head/tail as `index + 1`).
+/// An intrusive FIFO over one slab (head/tail as `index + 1`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct List {
     pub(crate) head: u32,
@@ -832,7 +832,7 @@ impl PreloadSlot {
     };
 }
 
-/// How big each table is (`HeapStorage::new`, with the `std` feature).
+/// How big each slab is (`HeapStorage::new`, with the `std` feature).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacities {
     /// Client requests held at once (waiting, or answered and not polled yet).
@@ -846,7 +846,7 @@ pub struct Capacities {
     /// Most SA PathRecord queries in flight (the effective window is
     /// `min(Config::sa_window, sa_inflight, jobs)`).
     pub sa_inflight: usize,
-    /// The resolver's address table (hosts preload, local addresses, learned mappings).
+    /// The resolver's address entries (hosts preload, local addresses, learned mappings).
     pub addrs: usize,
     /// Endpoints open at once (at most [`MAX_EPS`](super::MAX_EPS)).
     pub endpoints: usize,

@@ -8,7 +8,7 @@
 //! ([`Parts::earliest`]), so only the kinds that are due are walked.
 //! [`Resolver::poll_timeout`](super::Resolver::poll_timeout) is the minimum of the table.
 
-use super::addr::AddrTable;
+use super::addr::Addrs;
 use super::endpoints::earliest;
 use super::route::Routes;
 use super::storage::{List, SaTry, SlabsRef};
@@ -123,7 +123,7 @@ impl TimerTable {
 #[derive(Clone, Copy)]
 pub(crate) struct Parts<'a> {
     pub(crate) routes: &'a Routes,
-    pub(crate) addrs: &'a AddrTable,
+    pub(crate) addrs: &'a Addrs,
     pub(crate) slabs: SlabsRef<'a>,
     pub(crate) cfg: &'a Config,
 }
