@@ -49,7 +49,7 @@ use crate::wire::mad::{
     HEADER_LEN, MAD_LEN, METHOD_RESP, RMPP_FLAG_ACTIVE, RMPP_FLAG_FIRST, RMPP_FLAG_LAST, RMPP_LEN,
     RMPP_NO_RESP_TIME, RMPP_VERSION,
 };
-use crate::wire::sa::{DATA_LEN, DATA_OFFSET};
+use crate::wire::sa::{SaPacket, DATA_LEN, DATA_OFFSET};
 
 /// Length of the SA header that follows the RMPP header in every segment (SM_Key,
 /// AttributeOffset, reserved, ComponentMask).
@@ -631,7 +631,7 @@ impl<S: DerefMut<Target = [u8]>> Receiver<S> {
 
     fn stop_too_big(&mut self, record_bytes: Option<u32>) -> Progress {
         self.nak(RmppType::Stop, RmppStatus::ResourcesExhausted);
-        let words = u16::from_be_bytes([self.head[44], self.head[45]]);
+        let words = SaPacket::new_unchecked(&self.head[..]).attr_offset();
         let record_len = u32::from(words) * 8;
         let records_needed = record_bytes
             .zip((record_len > 0).then_some(record_len))

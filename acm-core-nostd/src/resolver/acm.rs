@@ -16,7 +16,7 @@ use super::{AcmDest, AddrEntry, EpSlot, Millis, Output, RecvMeta, Shared, Stats,
 use crate::cache::{CacheRef, CacheWriter};
 use crate::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, ACM_MGMT_CLASS, CTRL_RESOLVE};
 use crate::wire::gid::Gid;
-use crate::wire::mcmember::{McMemberRepr, ACM_QKEY};
+use crate::wire::mcmember::{McMemberRecord, McMemberRepr, ACM_QKEY};
 use crate::wire::path_record::PathRecord;
 
 /// The path ACM route mode builds from the group (libibacmp's `acmp_record_acm_route`): the
@@ -37,10 +37,10 @@ pub(crate) fn acm_path(e: &EpSlot, a: &AddrEntry) -> Option<[u8; 64]> {
     p.set_reversible_numpath(true, 1);
     p.set_pkey(g.pkey);
     p.set_qosclass_sl(0, g.sl);
-    // MTU, rate and packet lifetime bytes verbatim, selector bits included.
-    r[54] = rec[38];
-    r[55] = rec[42];
-    r[56] = rec[43];
+    // MTU, rate and packet lifetime as the group has them, selectors included.
+    p.set_mtu(g.mtu_selector, g.mtu);
+    p.set_rate(g.rate_selector, g.rate);
+    p.set_packet_life(g.packet_life_selector, g.packet_life);
     Some(r)
 }
 
@@ -319,7 +319,7 @@ impl Addrs {
                 let mut n = 0;
                 for g in e.groups.iter() {
                     if g.t.state == GroupState::Joined {
-                        mgids[n] = Gid::from_bytes(&g.record[..16]).unwrap_or(Gid::ZERO);
+                        mgids[n] = McMemberRecord::new_unchecked(&g.record[..]).mgid();
                         n += 1;
                     }
                 }

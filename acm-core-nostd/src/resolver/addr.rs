@@ -28,6 +28,7 @@ use crate::cache::{AddrKey, AddrKind, CacheEp, CacheRef, CacheWriter, PathKey};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::{AcmMsg, EP_FLAG_SOURCE};
 use crate::wire::gid::Gid;
+use crate::wire::mcmember::McMemberRecord;
 
 /// The cache address key of an entry (NAME/IP/IP6 only).
 pub(crate) fn addr_key(a: &AddrEntry) -> Option<AddrKey> {
@@ -291,7 +292,10 @@ pub(crate) fn expiry(cfg: &Config, now: Millis) -> Millis {
 /// The key and SA record of entry `a`'s route from endpoint `e`: ibacmp's `{sgid, dgid,
 /// pkey, tclass}`.
 pub(crate) fn route_key(e: &EpSlot, a: &AddrEntry) -> (Option<PathKey>, [u8; 64]) {
-    let tclass = e.groups.record(a.group).map_or(0, |r| r[39]);
+    let tclass = e
+        .groups
+        .record(a.group)
+        .map_or(0, |r| McMemberRecord::new_unchecked(&r[..]).tclass());
     let view = e.view(a.cache_ep);
     let (k, sa) = request::normalise(&view, &request::gid_record(Gid(a.gid), tclass));
     (request::cache_key(a.cache_ep, &k), sa)

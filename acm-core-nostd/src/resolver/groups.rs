@@ -12,6 +12,7 @@ use super::storage::{EpSlot, GroupSlot, GroupState, SaTry};
 use super::timers::Timer;
 use super::{Millis, Shared};
 use crate::wire::gid::Gid;
+use crate::wire::mcmember::McMemberRecord;
 
 /// The SA SETs an endpoint keeps going, each one try at a time ([`SaTry`]): its two joins,
 /// and its two Report subscriptions ([`inform`](super::inform)).
@@ -114,7 +115,8 @@ impl Groups {
         gids.iter().rev().find_map(|m| {
             (0..2u8).find(|&g| {
                 let gs = &self.0[usize::from(g)];
-                gs.t.state == GroupState::Joined && gs.record[..16] == m.0
+                gs.t.state == GroupState::Joined
+                    && McMemberRecord::new_unchecked(&gs.record[..]).mgid() == *m
             })
         })
     }

@@ -105,14 +105,12 @@ pub fn classify(ep: &EpView, msg: &[u8]) -> Target {
     }
     let kind = match dest.info_type() {
         EpInfoType::Gid => {
-            let mut g = [0u8; 16];
-            g.copy_from_slice(&info[..16]);
-            let mut r = gid_record(Gid(g), 0);
+            let mut r = gid_record(dest.info_gid(), 0);
             PathRecord::new_unchecked(&mut r[..]).set_reversible_numpath(true, 0);
             return route(ep, &r, nodelay);
         }
         EpInfoType::Lid => {
-            let lid = u16::from_be_bytes([info[0], info[1]]);
+            let lid = dest.info_lid();
             if lid == 0 {
                 return Target::Fail(Status::Einval);
             }
@@ -438,7 +436,9 @@ pub fn respond(
     let fallback = build_error_response(&AcmMsg::new_unchecked(&hdr[..]), status, &mut out[..]);
     if via == Via::Query {
         // Every query() answer carries ACM_OP_ACK, the rejected ones too (as ibacmp's).
-        out[1] |= OP_ACK;
+        let mut m = AcmMsg::new_unchecked(&mut out[..]);
+        let op = m.opcode_raw();
+        m.set_opcode_raw(op | OP_ACK);
     }
     fallback.map_or(HDR_LEN as u16, |n| n as u16)
 }

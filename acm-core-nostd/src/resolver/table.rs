@@ -59,7 +59,7 @@ use super::{Config, EpSlot, JobSlot, Millis, SaTable, Shared};
 use crate::wire::gid::Gid;
 use crate::wire::mad::{Header, Method, HEADER_LEN, MAD_LEN};
 use crate::wire::path_record::{PathRecord, PATH_RECORD_LEN};
-use crate::wire::sa::{attr, DATA_OFFSET};
+use crate::wire::sa::{attr, SaPacket, DATA_OFFSET};
 
 /// OpenSM's CPU time per PathRecord Get at saturation, in ns (`tools/storm/opensm-measured.toml`,
 /// `[model] get_service_us`).
@@ -350,7 +350,7 @@ pub(crate) fn table_of(eps: &[EpSlot], token: u64) -> Option<usize> {
 /// PayloadLength that cuts one —, so nothing of it is taken).
 pub(crate) fn records<'t>(t: &SaTable<'t>) -> Option<&'t [u8]> {
     let head = Header::new_unchecked(&t.header[..HEADER_LEN]);
-    let record_len = usize::from(u16::from_be_bytes([t.header[44], t.header[45]])) * 8;
+    let record_len = usize::from(SaPacket::new_unchecked(&t.header[..]).attr_offset()) * 8;
     let whole = head.status().0 == 0
         && head.attr_id() == attr::PATH_RECORD
         && record_len == PATH_RECORD_LEN

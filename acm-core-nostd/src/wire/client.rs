@@ -186,6 +186,15 @@ impl<T: AsRef<[u8]>> EpAddrData<T> {
     pub fn info(&self) -> &[u8] {
         &self.b()[efield::INFO]
     }
+    /// The `info` union read as a GID (`ACM_EP_INFO_GID`).
+    pub fn info_gid(&self) -> Gid {
+        Gid(array(self.b(), efield::INFO.start))
+    }
+    /// The `info` union read as a LID (`ACM_EP_INFO_LID`: network byte order, its first two
+    /// bytes).
+    pub fn info_lid(&self) -> u16 {
+        be16(self.b(), efield::INFO.start)
+    }
     /// The `info` union read as a PathRecord.
     pub fn path(&self) -> PathRecordRepr {
         // INFO is exactly PATH_RECORD_LEN bytes, so this cannot fail after check_len.
