@@ -1,6 +1,9 @@
 //! The resolver over the simulated fabric (`acm_core_nostd::sim`): scenario tests, and the
 //! exactly-once property over thousands of random schedules with loss, duplication,
-//! reordering, delay, a dead peer, SA BUSY and silence, closes and reregisters.
+//! reordering, delay, a dead peer, SA BUSY and silence, closes and reregisters, and on the
+//! shipped `ud` transport: SA replies and RMPP segments lost, repeated and reordered, MADs to
+//! the SM (Gets, ACKs) lost and repeated, replies from a wrong LID or QP, tables cut short,
+//! the SM moving mid-query and reads that find no SM, queries whose post finds the QP busy.
 //!
 //! A failing schedule prints its seed; `RESOLVER_SEED=<n> cargo test -p acm-core-nostd --test
 //! resolver_sim exactly_once` replays exactly that one (`RESOLVER_SCHEDULES=<n>` sets how many
@@ -318,6 +321,23 @@ struct Coverage {
     /// RMPP: segments the SM sent, tables whose transfer ended whole.
     rmpp_segments: u64,
     tables_done: u64,
+    /// The fabric's faults on the SM's traffic (`sim::ud::SmPortStats`): segments lost and
+    /// repeated, MADs to the SM lost (ACKs among them) and repeated, copies from the SM's
+    /// LID on a wrong QP, tables cut short (and the tables the nodes refused), SM moves,
+    /// reads that found no SM, MADs to an SM that had moved away.
+    segments_lost: u64,
+    segments_repeated: u64,
+    to_sm_lost: u64,
+    acks_lost: u64,
+    to_sm_repeated: u64,
+    forged_qp: u64,
+    tables_cut: u64,
+    tables_refused: u64,
+    sm_moves: u64,
+    sm_unknown_reads: u64,
+    to_old_sm: u64,
+    /// SM moves while a node had SA requests out.
+    moved_mid_query: u64,
 }
 
 /// One random schedule; `Err` describes the failure.
@@ -379,6 +399,9 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         garbage: rng.below(50) as u32,
         sa_forged: rng.below(100) as u32,
         post_busy: rng.below(100) as u32,
+        sm_move: rng.below(10) as u32,
+        sm_unknown: rng.below(100) as u32,
+        table_cut: rng.below(300) as u32,
     };
     let mut s = Sim::new(c);
     if rng.chance(300) {
@@ -429,6 +452,9 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
     for i in 0..nodes {
         s.open(i);
     }
+    // The SM stays where it is now, so that the fabric can settle (a move renews every
+    // node's joins and subscriptions).
+    s.faults.sm_move = 0;
     s.run_for(400_000);
     if !s.violations.is_empty() {
         return Err(format!("{:?}", s.violations));
@@ -440,9 +466,12 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
     for (i, n) in s.nodes.iter().enumerate() {
         if !n.node.is_idle() {
             return Err(format!(
-                "node {i} not idle at the end (resolver idle: {}, SA channel: {} outstanding)",
+                "node {i} not idle at the end (resolver idle: {}, SA channel: {} outstanding, \
+                 its next deadline {:?}, now {})",
                 n.resolver().is_idle(),
-                n.node.sa().len()
+                n.node.sa().len(),
+                n.node.sa().poll_timeout(),
+                s.now
             ));
         }
         cov.stats_timeouts += n.stats().timeouts;
@@ -454,6 +483,23 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
     }
     cov.rmpp_segments += s.sm_port.segments;
     cov.tables_done += s.sm_port.transfers_done;
+    let p = s.sm_port;
+    cov.segments_lost += p.segments_lost;
+    cov.segments_repeated += p.segments_repeated;
+    cov.to_sm_lost += p.lost_in;
+    cov.acks_lost += p.acks_lost;
+    cov.to_sm_repeated += p.dup_in;
+    cov.forged_qp += p.forged_qp;
+    cov.tables_cut += p.tables_cut;
+    cov.sm_moves += p.moves;
+    cov.sm_unknown_reads += p.unknown_reads;
+    cov.to_old_sm += p.to_old_sm;
+    cov.moved_mid_query += p.moves_mid_query;
+    cov.tables_refused += s
+        .nodes
+        .iter()
+        .map(|n| n.stats().sa_table_failed)
+        .sum::<u64>();
     for a in &s.answers {
         cov.answers[usize::from(u8::from(a.status).min(15))] += 1;
         cov.inline += u64::from(a.inline);
@@ -523,6 +569,25 @@ fn exactly_once_over_random_schedules() {
                 && cov.sa_unsent > n / 10
                 && cov.rmpp_segments > n / 20
                 && cov.tables_done > n / 50,
+            "{cov:?}"
+        );
+        // And the fabric's faults on the SM's traffic: RMPP segments lost and repeated, ACKs
+        // and queries lost on their way to the SM, MADs from the SM's LID on a wrong QP,
+        // tables cut short (each refused: the Gets answer), the SM moving while queries
+        // were out, reads that found no SM, MADs to an SM that had moved away.
+        assert!(
+            cov.segments_lost > n / 50
+                && cov.segments_repeated > n / 100
+                && cov.acks_lost > n / 50
+                && cov.to_sm_lost > n
+                && cov.to_sm_repeated > n
+                && cov.forged_qp > n / 2
+                && cov.tables_cut > n / 200
+                && cov.tables_refused >= cov.tables_cut
+                && cov.sm_moves > n / 50
+                && cov.moved_mid_query > n / 50
+                && cov.to_old_sm > n / 20
+                && cov.sm_unknown_reads > n,
             "{cov:?}"
         );
     }

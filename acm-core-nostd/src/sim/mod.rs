@@ -178,6 +178,10 @@ pub const SM: SmAddr = SmAddr { lid: SM_LID, sl: 0 };
 /// The SM's LID: above every node's (`i + 1`).
 pub const SM_LID: u16 = 0xbfff;
 
+/// The SM's LID after it moved ([`Faults::sm_move`]); it moves back to [`SM_LID`] the next
+/// time.
+pub const SM_LID_MOVED: u16 = 0xbffe;
+
 /// One simulated node.
 pub struct Node {
     /// Its machine, as the provider runs it.
@@ -276,6 +280,8 @@ pub struct Sim {
     sm_seen: std::collections::HashSet<(usize, u64)>,
     /// What the SM's port saw (`ud`).
     pub sm_port: ud::SmPortStats,
+    /// Where the SM is now ([`SM_LID`], or [`SM_LID_MOVED`] after an odd number of moves).
+    pub sm_lid: u16,
 }
 
 /// The GID of node `i`.
@@ -404,6 +410,7 @@ impl Sim {
             transfers: HashMap::new(),
             sm_seen: std::collections::HashSet::new(),
             sm_port: ud::SmPortStats::default(),
+            sm_lid: SM_LID,
         };
         for i in 0..n {
             sim.open(i);
@@ -412,9 +419,17 @@ impl Sim {
         sim
     }
 
+    /// Where the SM is now.
+    pub fn sm(&self) -> SmAddr {
+        SmAddr {
+            lid: self.sm_lid,
+            sl: 0,
+        }
+    }
+
     /// Opens node `i`'s endpoint and adds its name.
     pub fn open(&mut self, i: usize) {
-        let now = self.now;
+        let (now, sm) = (self.now, self.sm());
         let node = &mut self.nodes[i];
         if node.open {
             return;
@@ -422,7 +437,7 @@ impl Sim {
         let cep = node.cache_ep();
         node.open = node
             .node
-            .handle_open(now, EP, cep, node.ep_cfg, Some(SM))
+            .handle_open(now, EP, cep, node.ep_cfg, Some(sm))
             .is_ok();
         if node.open {
             // Adds the name before anything is drained, then drains.
@@ -667,16 +682,28 @@ impl Sim {
                     .handle_unsent(now, token, crate::node::Unsent::Busy);
             }
             Output::Transmit { to, mad, .. } => match to {
-                AcmDest::Unicast(av) if av.dlid == SM_LID && av.remote_qpn == 1 => {
-                    self.sm_receive(i, mad)
+                AcmDest::Unicast(av)
+                    if (av.dlid == SM_LID || av.dlid == SM_LID_MOVED) && av.remote_qpn == 1 =>
+                {
+                    self.to_sm(i, av.dlid, mad)
                 }
                 _ => self.acm(i, to, mad),
             },
             Output::ReadSm { ep } => {
+                // (No draw without the fault: a run without it stays the run it was.)
+                if self.faults.sm_move != 0 && self.rng.chance(self.faults.sm_move) {
+                    self.sm_moves();
+                }
+                let sm = if self.faults.sm_unknown != 0 && self.rng.chance(self.faults.sm_unknown) {
+                    self.sm_port.unknown_reads += 1;
+                    None
+                } else {
+                    Some(self.sm())
+                };
                 let now = self.now;
                 let n = &mut self.nodes[i];
                 let cep = n.cache_ep();
-                n.node.handle_sm(now, ep, cep, Some(SM));
+                n.node.handle_sm(now, ep, cep, sm);
             }
             Output::QueryDone { .. } | Output::Event(_) => {}
         }

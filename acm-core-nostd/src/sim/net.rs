@@ -36,6 +36,15 @@ pub struct Faults {
     /// An SA query's first post on a node's QP (`ud`) finds no send buffer free: it does not
     /// leave, and goes back to the node as [`Unsent::Busy`](crate::node::Unsent::Busy).
     pub post_busy: u32,
+    /// At a node's read of its port's SM (`ud`, every second), the SM moves: from then on it
+    /// is at the other of [`SM_LID`](super::SM_LID) and [`SM_LID_MOVED`](super::SM_LID_MOVED);
+    /// what the old one had not answered yet is never answered, and MADs to it are lost.
+    pub sm_move: u32,
+    /// A node's read of its port's SM finds none (`None`: the node keeps the one it knew).
+    pub sm_unknown: u32,
+    /// A half-world table's records are cut short by 1–63 bytes (a PayloadLength that cuts
+    /// a record), which the node must refuse and answer with Gets (`ud`).
+    pub table_cut: u32,
 }
 
 impl Faults {
@@ -52,6 +61,9 @@ impl Faults {
         garbage: 0,
         sa_forged: 0,
         post_busy: 0,
+        sm_move: 0,
+        sm_unknown: 0,
+        table_cut: 0,
     };
 }
 
@@ -77,8 +89,9 @@ pub(super) enum Event {
         token: Option<u64>,
         mad: [u8; 256],
     },
-    /// The SA server's reply leaves the SM's port for node `to`'s QP (`ud`).
-    SmReply { to: usize, mad: [u8; 256] },
+    /// The SA server's reply leaves the SM's port for node `to`'s QP (`ud`), if the SM that
+    /// took the query (`sm`, its LID) is still the SM.
+    SmReply { to: usize, sm: u16, mad: [u8; 256] },
     /// The SM's RMPP sender waited `attempt`'s time for an ACK of transfer (`to`, `tid`).
     RmppTimeout { to: usize, tid: u64, attempt: u32 },
     /// The SA server's reply reaches the sender's MAD layer.
@@ -226,7 +239,8 @@ impl Sim {
                 }
                 self.touch(to);
             }
-            Event::SmReply { to, mad } => self.sm_send(to, mad),
+            Event::SmReply { to, sm, mad } if sm == self.sm_lid => self.sm_send(to, mad),
+            Event::SmReply { .. } => self.sm_port.to_old_sm += 1,
             Event::RmppTimeout { to, tid, attempt } => self.rmpp_timeout(to, tid, attempt),
             Event::Sa {
                 to,

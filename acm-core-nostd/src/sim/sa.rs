@@ -523,7 +523,11 @@ impl Sim {
             // The SM's port sends it after the service; the fabric's faults apply there.
             return self.schedule(
                 delay.saturating_sub(svc.latency),
-                Event::SmReply { to, mad },
+                Event::SmReply {
+                    to,
+                    sm: self.sm_lid,
+                    mad,
+                },
             );
         };
         // The answer leaves through the SM's port when the SA is done with it.

@@ -19,11 +19,12 @@
 use std::vec::Vec;
 
 use super::net::Event;
-use super::{node_lid, Sim};
+use super::{node_lid, Sim, SM_LID, SM_LID_MOVED};
 use crate::rmpp;
 use crate::wire::mad::{
     Header, RmppHeader, RmppRepr, RmppType, HEADER_LEN, MAD_LEN, RMPP_FLAG_ACTIVE,
 };
+use crate::wire::path_record::PATH_RECORD_LEN;
 use crate::wire::sa::DATA_OFFSET;
 
 /// How long the SM's RMPP sender waits for an ACK before it sends again from the last
@@ -53,6 +54,31 @@ pub struct SmPortStats {
     pub transfers_ended: u64,
     /// Copies from a wrong sender put on the fabric ([`Faults::sa_forged`](super::Faults)).
     pub forged: u64,
+    /// Of `forged`, those from the SM's LID but another QP than 1.
+    pub forged_qp: u64,
+    /// RMPP DATA segments the fabric lost, and those it delivered twice.
+    pub segments_lost: u64,
+    /// See `segments_lost`.
+    pub segments_repeated: u64,
+    /// MADs from the nodes the fabric lost before the SM's port (the instant model), of
+    /// them RMPP ACKs, and MADs it delivered to the port twice.
+    pub lost_in: u64,
+    /// See `lost_in`.
+    pub acks_lost: u64,
+    /// See `lost_in`.
+    pub dup_in: u64,
+    /// Times the SM moved ([`Faults::sm_move`](super::Faults)), reads that found no SM
+    /// ([`Faults::sm_unknown`](super::Faults)), and MADs to or answers of an SM that had
+    /// moved away (lost).
+    pub moves: u64,
+    /// Of `moves`, those while a node had SA requests out (in its SA channel).
+    pub moves_mid_query: u64,
+    /// See `moves`.
+    pub unknown_reads: u64,
+    /// See `moves`.
+    pub to_old_sm: u64,
+    /// Half-world tables sent cut short ([`Faults::table_cut`](super::Faults)).
+    pub tables_cut: u64,
 }
 
 /// One GetTable answer the SM's port is sending.
@@ -117,6 +143,7 @@ impl Sim {
                 d,
                 Event::SmReply {
                     to: from,
+                    sm: self.sm_lid,
                     mad: reply,
                 },
             );
@@ -133,7 +160,14 @@ impl Sim {
         head.copy_from_slice(&mad[..DATA_OFFSET]);
         // AttributeOffset: a PathRecord is 8 words.
         head[44..46].copy_from_slice(&8u16.to_be_bytes());
-        let records = self.table_records(to);
+        let mut records = self.table_records(to);
+        let cut_it = self.faults.table_cut != 0 && self.rng.chance(self.faults.table_cut);
+        if cut_it && records.len() > PATH_RECORD_LEN {
+            // A PayloadLength that cuts the last record.
+            self.sm_port.tables_cut += 1;
+            let cut = 1 + self.rng.below(PATH_RECORD_LEN as u64 - 1) as usize;
+            records.truncate(records.len() - cut);
+        }
         let tid = Header::new_unchecked(&mad[..HEADER_LEN]).tid();
         self.sm_port.transfers += 1;
         self.sa_stats.table_records_delivered += (records.len() / 64) as u64;
@@ -162,12 +196,15 @@ impl Sim {
         } else {
             0
         };
-        let mut meta = super::SM.recv_meta();
+        let mut meta = self.sm().recv_meta();
         let loss = self.sa_service.map_or(self.faults.loss, |s| s.loss);
+        let segment = is_segment(&mad);
         if self.rng.chance(loss) {
             self.sa_stats.lost += u64::from(self.sa_service.is_some());
+            self.sm_port.segments_lost += u64::from(segment);
         } else {
             let copies = if self.rng.chance(self.faults.dup) {
+                self.sm_port.segments_repeated += u64::from(segment);
                 2
             } else {
                 1
@@ -181,10 +218,52 @@ impl Sim {
         }
         if self.rng.chance(self.faults.sa_forged) {
             self.sm_port.forged += 1;
-            meta.slid = node_lid(self.rng.below(self.nodes.len() as u64) as usize);
+            if self.rng.chance(500) {
+                // From the SM's LID, but not its QP 1.
+                self.sm_port.forged_qp += 1;
+                meta.src_qp = 2 + self.rng.below(0xff_fffd) as u32;
+            } else {
+                meta.slid = node_lid(self.rng.below(self.nodes.len() as u64) as usize);
+            }
             let d = self.sm_delay() + late;
             self.schedule(d, Event::Mad { to, meta, mad });
         }
+    }
+
+    /// A MAD from node `from`'s QP on its way to the SM at LID `dlid`: lost if the SM is no
+    /// longer there; in the instant model the fabric may lose or repeat it (a Get, an ACK)
+    /// as it does any MAD.
+    pub(super) fn to_sm(&mut self, from: usize, dlid: u16, mad: [u8; MAD_LEN]) {
+        if dlid != self.sm_lid {
+            self.sm_port.to_old_sm += 1;
+            return;
+        }
+        // (No draw without the faults: a run without them stays the run it was.)
+        if self.sa_service.is_none() {
+            if self.faults.loss != 0 && self.rng.chance(self.faults.loss) {
+                self.sm_port.lost_in += 1;
+                self.sm_port.acks_lost += u64::from(is_ack(&mad));
+                return;
+            }
+            if self.faults.dup != 0 && self.rng.chance(self.faults.dup) {
+                self.sm_port.dup_in += 1;
+                self.sm_receive(from, mad);
+            }
+        }
+        self.sm_receive(from, mad)
+    }
+
+    /// The SM moves to its other LID: what the old one had not answered, it never will.
+    pub(super) fn sm_moves(&mut self) {
+        self.sm_port.moves += 1;
+        let busy = self.nodes.iter().any(|n| !n.node.sa().is_empty());
+        self.sm_port.moves_mid_query += u64::from(busy);
+        self.sm_lid = if self.sm_lid == SM_LID {
+            SM_LID_MOVED
+        } else {
+            SM_LID
+        };
+        self.transfers.clear();
     }
 
     /// One way between the SM's port and a node (ms).
@@ -260,4 +339,20 @@ impl Sim {
         t.next = t.acked + 1;
         self.rmpp_send(to, tid);
     }
+}
+
+/// An RMPP-active MAD and its type.
+fn rmpp_type(mad: &[u8; MAD_LEN]) -> Option<RmppType> {
+    let r = RmppRepr::parse(&RmppHeader::new_unchecked(&mad[HEADER_LEN..])).ok()?;
+    (r.flags & RMPP_FLAG_ACTIVE != 0).then_some(r.rmpp_type)
+}
+
+/// An RMPP DATA segment.
+fn is_segment(mad: &[u8; MAD_LEN]) -> bool {
+    rmpp_type(mad) == Some(RmppType::Data)
+}
+
+/// An RMPP ACK.
+fn is_ack(mad: &[u8; MAD_LEN]) -> bool {
+    rmpp_type(mad) == Some(RmppType::Ack)
 }
