@@ -685,7 +685,7 @@ impl Sim {
                 AcmDest::Unicast(av)
                     if (av.dlid == SM_LID || av.dlid == SM_LID_MOVED) && av.remote_qpn == 1 =>
                 {
-                    self.to_sm(i, av.dlid, mad)
+                    self.send_to_sm(i, av.dlid, mad)
                 }
                 _ => self.acm(i, to, mad),
             },

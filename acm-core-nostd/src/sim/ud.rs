@@ -233,7 +233,7 @@ impl Sim {
     /// A MAD from node `from`'s QP on its way to the SM at LID `dlid`: lost if the SM is no
     /// longer there; in the instant model the fabric may lose or repeat it (a Get, an ACK)
     /// as it does any MAD.
-    pub(super) fn to_sm(&mut self, from: usize, dlid: u16, mad: [u8; MAD_LEN]) {
+    pub(super) fn send_to_sm(&mut self, from: usize, dlid: u16, mad: [u8; MAD_LEN]) {
         if dlid != self.sm_lid {
             self.sm_port.to_old_sm += 1;
             return;
