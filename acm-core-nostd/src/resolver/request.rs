@@ -19,7 +19,7 @@ use crate::cache::{
 };
 use crate::wire::client::{
     build_error_response, build_query_response, build_resolve_response, AcmMsg, EpInfoType, Status,
-    FLAGS_NODELAY, HDR_LEN, OP_ACK,
+    FLAGS_NODELAY, HDR_LEN,
 };
 use crate::wire::gid::Gid;
 use crate::wire::path_record::{PathRecord, PathRecordRepr};
@@ -436,9 +436,7 @@ pub fn respond(
     let fallback = build_error_response(&AcmMsg::new_unchecked(&hdr[..]), status, &mut out[..]);
     if via == Via::Query {
         // Every query() answer carries ACM_OP_ACK, the rejected ones too (as ibacmp's).
-        let mut m = AcmMsg::new_unchecked(&mut out[..]);
-        let op = m.opcode_raw();
-        m.set_opcode_raw(op | OP_ACK);
+        AcmMsg::new_unchecked(&mut out[..]).set_ack();
     }
     fallback.map_or(HDR_LEN as u16, |n| n as u16)
 }
@@ -447,7 +445,7 @@ pub fn respond(
 mod tests {
     use super::*;
     use crate::cache::Dest;
-    use crate::wire::client::{ClientRequest, EpInfoType, EP_FLAG_DEST, EP_FLAG_SOURCE};
+    use crate::wire::client::{ClientRequest, EpInfoType, EP_FLAG_DEST, EP_FLAG_SOURCE, OP_ACK};
 
     fn view() -> EpView {
         let mut g = [0u8; 16];

@@ -350,7 +350,7 @@ pub(crate) fn table_of(eps: &[EpSlot], token: u64) -> Option<usize> {
 /// PayloadLength that cuts one —, so nothing of it is taken).
 pub(crate) fn records<'t>(t: &SaTable<'t>) -> Option<&'t [u8]> {
     let head = Header::new_unchecked(&t.header[..HEADER_LEN]);
-    let record_len = usize::from(SaPacket::new_unchecked(&t.header[..]).attr_offset()) * 8;
+    let record_len = SaPacket::new_unchecked(&t.header[..]).record_len();
     let whole = head.status().0 == 0
         && head.attr_id() == attr::PATH_RECORD
         && record_len == PATH_RECORD_LEN

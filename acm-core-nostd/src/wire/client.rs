@@ -430,6 +430,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> AcmMsg<T> {
     pub fn set_opcode_raw(&mut self, v: u8) {
         self.bm()[hfield::OPCODE] = v
     }
+    /// Sets `ACM_OP_ACK` in `hdr.opcode`, the opcode bits as they were.
+    pub fn set_ack(&mut self) {
+        self.bm()[hfield::OPCODE] |= OP_ACK
+    }
     /// Sets `hdr.status`.
     pub fn set_status(&mut self, v: Status) {
         self.bm()[hfield::STATUS] = v.into()
@@ -998,6 +1002,20 @@ impl ClientRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn info_as_gid_and_lid_and_the_ack_bit() {
+        let mut e = [0u8; EP_LEN];
+        e[8..24].copy_from_slice(&[0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12, 0x34]);
+        let v = EpAddrData::new_checked(&e[..]).unwrap();
+        assert_eq!(v.info_gid().0[..2], [0xfe, 0x80]);
+        assert_eq!(v.info_gid().0[14..], [0x12, 0x34]);
+        assert_eq!(v.info_lid(), 0xfe80);
+        let mut h = [0u8; HDR_LEN];
+        h[1] = 0x41;
+        AcmMsg::new_unchecked(&mut h[..]).set_ack();
+        assert_eq!(h[1], 0x41 | OP_ACK);
+    }
     use crate::wire::gid::Gid;
     use crate::wire::Selector;
 

@@ -92,7 +92,9 @@ mod field {
 }
 
 view! {
-    /// A view of a whole 256-byte SA MAD.
+    /// A view of a whole 256-byte SA MAD. The header accessors (`header` to `comp_mask`) read
+    /// only the first [`DATA_OFFSET`] bytes, so they also serve an unchecked view of the
+    /// headers alone (a reassembled table's first segment, as [`crate::rmpp`] keeps it).
     pub struct SaPacket(len = MAD_LEN);
     /// Wraps a buffer and checks it holds a whole SA MAD.
     fn new_checked;
@@ -116,6 +118,10 @@ impl<T: AsRef<[u8]>> SaPacket<T> {
     /// AttributeOffset (record size in 8-byte words, in GetTable responses).
     pub fn attr_offset(&self) -> u16 {
         be16(self.b(), field::ATTR_OFFSET.start)
+    }
+    /// The bytes of one record of a GetTable response: 8 × AttributeOffset.
+    pub fn record_len(&self) -> usize {
+        usize::from(self.attr_offset()) * 8
     }
     /// The reserved word after AttributeOffset.
     pub fn reserved(&self) -> u16 {
@@ -244,6 +250,14 @@ impl SaRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attr_offset_from_the_headers_alone() {
+        let mut head = [0u8; DATA_OFFSET];
+        head[44..46].copy_from_slice(&8u16.to_be_bytes());
+        let v = SaPacket::new_unchecked(&head[..]);
+        assert_eq!((v.attr_offset(), v.record_len()), (8, 64));
+    }
 
     fn get_bytes() -> [u8; 256] {
         let mut b = [0u8; 256];
