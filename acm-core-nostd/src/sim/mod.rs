@@ -61,7 +61,7 @@ use crate::resolver::{
     Via, MSG_LEN,
 };
 use crate::sa_channel::SmAddr;
-use crate::wire::client::Status;
+use crate::wire::client::{AcmMsg, Status};
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
 
@@ -657,7 +657,7 @@ impl Sim {
     fn output(&mut self, i: usize, o: Output) {
         match o {
             Output::Answer(a) => {
-                let tid = u64::from_ne_bytes(a.msg[8..16].try_into().unwrap_or([0; 8]));
+                let tid = AcmMsg::new_unchecked(&a.msg[..]).tid();
                 let path = (a.status == Status::Success && a.via == Via::Resolve && a.len >= 88)
                     .then(|| {
                         let mut p = [0u8; 64];

@@ -22,10 +22,10 @@ use super::net::Event;
 use super::{node_lid, Sim, SM_LID, SM_LID_MOVED};
 use crate::rmpp;
 use crate::wire::mad::{
-    Header, RmppHeader, RmppRepr, RmppType, HEADER_LEN, MAD_LEN, RMPP_FLAG_ACTIVE,
+    Header, Method, RmppHeader, RmppRepr, RmppType, HEADER_LEN, MAD_LEN, RMPP_FLAG_ACTIVE,
 };
 use crate::wire::path_record::PATH_RECORD_LEN;
-use crate::wire::sa::DATA_OFFSET;
+use crate::wire::sa::{attr, SaPacket, DATA_OFFSET};
 
 /// How long the SM's RMPP sender waits for an ACK before it sends again from the last
 /// acknowledged segment (ms).
@@ -117,8 +117,9 @@ impl Sim {
             // A ReportResponse: the SM takes it and answers nothing.
             return;
         }
-        let attr = u16::from_be_bytes([mad[16], mad[17]]);
-        if let (Some(svc), 0x01 | 0x12, 0x0035) = (self.sa_service, mad[3], attr) {
+        if let (Some(svc), Method::Get | Method::GetTable, attr::PATH_RECORD) =
+            (self.sa_service, head.method(), head.attr_id())
+        {
             self.sa_queries += 1;
             // What the sender put on the wire; the node's SA channel sends a query again with
             // its wire TID.
@@ -153,13 +154,15 @@ impl Sim {
     /// The SM's port sends the answer `mad` to node `to`'s QP: a whole GetTable answer as an
     /// RMPP transfer, anything else as one MAD.
     pub(super) fn sm_send(&mut self, to: usize, mad: [u8; MAD_LEN]) {
-        if mad[3] != 0x92 || mad[4..6] != [0, 0] {
+        let h = Header::new_unchecked(&mad[..HEADER_LEN]);
+        if h.method() != Method::GetTableResp || !h.status().is_success() {
             return self.sm_deliver(to, mad);
         }
-        let mut head = [0u8; DATA_OFFSET];
-        head.copy_from_slice(&mad[..DATA_OFFSET]);
         // AttributeOffset: a PathRecord is 8 words.
-        head[44..46].copy_from_slice(&8u16.to_be_bytes());
+        let mut m = mad;
+        SaPacket::new_unchecked(&mut m[..]).set_attr_offset(8);
+        let mut head = [0u8; DATA_OFFSET];
+        head.copy_from_slice(&m[..DATA_OFFSET]);
         let mut records = self.table_records(to);
         let cut_it = self.faults.table_cut != 0 && self.rng.chance(self.faults.table_cut);
         if cut_it && records.len() > PATH_RECORD_LEN {
@@ -191,7 +194,7 @@ impl Sim {
         self.sm_port.sent += 1;
         // PathRecord answers and segments leave after the SM's port has sent them
         // ([`SaService::sm_mad_ns`](super::SaService); joins and the like keep the instant model).
-        let late = if mad[16..18] == [0x00, 0x35] {
+        let late = if Header::new_unchecked(&mad[..HEADER_LEN]).attr_id() == attr::PATH_RECORD {
             self.sm_port_send(self.now)
         } else {
             0
