@@ -61,7 +61,7 @@ pub fn load_hosts(api: &CoreApi, opts: &ProviderOptions) -> Vec<HostAddr> {
     let mut dropped = 0usize;
     for entry in HostLines::new(&bytes) {
         match entry {
-            // acmrs_addr_capacity bounds the address table (memory stays bounded whatever the
+            // acmrs_addr_capacity bounds the address entries (memory stays bounded whatever the
             // file holds); the rest is counted and reported below.
             Ok(_) if out.len() >= cap => dropped += 1,
             Ok(h) => out.push(HostAddr {

@@ -1,5 +1,5 @@
 //! Bounded resources: the SA window over the core's service (`acmrs_sa_transport core`:
-//! `sa_depth` MADs held by the core, the rest in a FIFO backlog with deadlines), the request queue and pending table (ENOMEM beyond them), the address table,
+//! `sa_depth` MADs held by the core, the rest in a FIFO backlog with deadlines), the request queue and pending table (ENOMEM beyond them), the address entries,
 //! held MADs of closed endpoints, 100k destinations, and no leak over open/close cycles.
 
 mod common;
@@ -211,7 +211,7 @@ fn full_queue_and_pending_table_answer_enomem() {
     h.open_ep(0xffff, (ACM_ADDRESS_NAME, b"node7"));
     // Nobody answers the SA: requests pile up until the tables are full. 40 distinct
     // destinations, 8 pending at most: at least 32 are refused, inline (queue full) or by
-    // the dataplane (pending table full).
+    // the dataplane (every request slot in use).
     let tids: Vec<u64> = (1000..1040).collect();
     for &t in &tids {
         h.resolve(0, &path_request(t, (t - 999) as u16, None, 0), 1);

@@ -379,7 +379,7 @@ fn names_from_hosts_file_loopback_and_source_echo() {
         assert_eq!(dgid_of(&r.msg), gid_of(OWN_GUID));
     }
     // Unknown name → ENODATA (addr_prot none: the hosts file is all there is), from the
-    // dataplane, which holds the address table.
+    // dataplane, which holds the address entries.
     let tu = h.tid();
     h.resolve(
         ep,

@@ -239,7 +239,7 @@ impl Harness {
                 "{k:?}: cache answered {got:?} for an address the model does not have"
             ),
             Some(a) => {
-                // A miss is always allowed (the address table may have evicted the entry, or
+                // A miss is always allowed (the address slab may have evicted the entry, or
                 // the path may be gone); any other answer must be exactly the model's.
                 let want = self.expected_addr(a, now).unwrap_or(Lookup::Miss);
                 assert!(

@@ -2,7 +2,7 @@
 //! endpoint's queue and window of multicast requests, their retries), and what peers send
 //! (requests we answer and learn from, responses that resolve our queries).
 //!
-//! An entry of the [address table](super::addr) waits `Queued` on its endpoint's ACM queue
+//! An entry of the [address entries](super::addr) waits `Queued` on its endpoint's ACM queue
 //! (FIFO, `queue_deadline`) until the endpoint has joined group 0 and its window
 //! (`acm_window`) has room, then goes out `Querying` (same TID on each retry, every
 //! `timeout` plus the port's subnet timeout, `retries` times), and becomes `Resolved` with the

@@ -1,7 +1,7 @@
 //! An endpoint's life in the resolver: opened, its addresses added and removed, routes and
 //! addresses preloaded, reregistered, closed. These inputs compose the parts: the endpoint's
 //! slot ([`Endpoints`](super::endpoints::Endpoints)), its groups, subscriptions and table,
-//! the address table and the route jobs.
+//! the address entries and the route jobs.
 
 // The resolver's own names (its storage, lists, helpers) as `mod.rs` has them.
 use super::*;

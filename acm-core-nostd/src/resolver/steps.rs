@@ -114,7 +114,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     // ---- Answers: a request slot and its endpoint's counters.
 
-    /// A waiting request slot for `r`, or `None` after answering it ENOMEM (table full).
+    /// A waiting request slot for `r`, or `None` after answering it ENOMEM (every slot in use).
     pub(crate) fn waiter(&mut self, r: &Request<'_>) -> Option<u32> {
         let w = self.answers.alloc(self.st.slabs().requests, r, true);
         if w.is_none() {
@@ -712,7 +712,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     }
 
     /// A NAME / IP / IP6 request past the front ([`front::decide`]): resolved from the
-    /// address table (our own address: loopback; a resolved one: its route; one being
+    /// address entries (our own address: loopback; a resolved one: its route; one being
     /// queried: wait for it) or queried over the ACM protocol, as a waiter if `wait` (a
     /// Resolve the query answers), else only to prime the cache.
     fn addr_query(&mut self, now: Millis, slot: usize, r: &Request<'_>, key: &AddrKey, wait: bool) {

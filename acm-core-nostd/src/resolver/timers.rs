@@ -118,7 +118,7 @@ impl TimerTable {
     }
 }
 
-/// The parts whose deadlines the table holds, read only: the route jobs, the address table,
+/// The parts whose deadlines the table holds, read only: the route jobs, the address entries,
 /// the slabs (the endpoints' joins, subscriptions, ACM lists and tables), the settings.
 #[derive(Clone, Copy)]
 pub(crate) struct Parts<'a> {

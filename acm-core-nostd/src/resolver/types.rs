@@ -282,7 +282,7 @@ impl core::fmt::Display for Error {
         f.write_str(match self {
             Error::Storage => "resolver storage is empty or inconsistent",
             Error::Endpoint => "endpoint not open (or already open)",
-            Error::Capacity => "resolver table full",
+            Error::Capacity => "resolver slab full",
         })
     }
 }

@@ -72,7 +72,7 @@ impl<I: CoreIo> Plane<I> {
                 s.sa_forged,
                 l.sa_forged,
             ),
-            ("request refused, table full (ENOMEM)", s.full, l.full),
+            ("request refused, no slot free (ENOMEM)", s.full, l.full),
             (
                 "malformed client request rejected (EINVAL)",
                 s.malformed,

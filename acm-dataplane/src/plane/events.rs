@@ -14,7 +14,7 @@ impl<I: CoreIo> Plane<I> {
             Event::SaFull { ep } => self.io.log(
                 0,
                 &format!(
-                    "ERROR - SA request table full: query of endpoint {} failed",
+                    "ERROR - no room for another SA request: query of endpoint {} failed",
                     ep.0
                 ),
             ),
