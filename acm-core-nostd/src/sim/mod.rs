@@ -10,12 +10,12 @@
 //!   so reordered ([`Faults`]);
 //! * an SA: PathRecord GET answered from the nodes' LIDs and GIDs ("no record" for unknown
 //!   ones), MCMemberRecord SET answered with an MLID per MGID, GetTable answered with every
-//!   node's path. With [`Transport::Ud`] (the default, as shipped) the SM is one more port
+//!   node's path. With [`Transport::Ud`](crate::node::Transport::Ud) (the default, as shipped) the SM is one more port
 //!   on the UD fabric (LID [`SM_LID`], QP 1): a node's SA MADs reach it on its own QP, its
 //!   replies come back as received MADs (lost, duplicated, reordered, garbled, or copied from
 //!   a wrong sender, [`Faults`]), and a GetTable answer is a windowed RMPP transfer of
 //!   segments and ACKs, each of which the fabric may lose or repeat (`sim/ud.rs`); the node's
-//!   SA channel does the tries. With [`Transport::Core`] the SA MADs go through a model of
+//!   SA channel does the tries. With [`Transport::Core`](crate::node::Transport::Core) the SA MADs go through a model of
 //!   the core's umad service instead: replies may be BUSY or never come (then the caller
 //!   reports a umad timeout after [`Faults::sa_timeout`], as ibacm's core does);
 //! * the caller's inline hit path (as the provider has it: a cache hit is answered without the
@@ -113,7 +113,7 @@ pub struct SimConfig {
     /// capacity); a larger table is refused as too big (the resolver turns tables off).
     pub table_room: usize,
     /// How the nodes' SA MADs travel, their tries and per-try wait (the shipped default:
-    /// [`Transport::Ud`], 3 tries of 2 s).
+    /// [`Transport::Ud`](crate::node::Transport::Ud), 3 tries of 2 s).
     pub sa: SaConfig,
 }
 
@@ -172,7 +172,7 @@ pub type SimCache = PathCache<std::boxed::Box<[PathSlot]>, std::boxed::Box<[Addr
 /// storage as the host's.
 pub type SimMachine = crate::node::HeapNode<HeapStorage, Arc<SimCache>>;
 
-/// Where every port's SM is ([`Transport::Ud`]): LID [`SM_LID`], SL 0.
+/// Where every port's SM is ([`Transport::Ud`](crate::node::Transport::Ud)): LID [`SM_LID`], SL 0.
 pub const SM: SmAddr = SmAddr { lid: SM_LID, sl: 0 };
 
 /// The SM's LID: above every node's (`i + 1`).

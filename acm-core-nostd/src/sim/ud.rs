@@ -1,5 +1,5 @@
 //! The SA as one more port of the UD fabric ([`Transport::Ud`](crate::node::Transport), the
-//! shipped default): the SM at LID [`SM_LID`](super::SM_LID), QP 1.
+//! shipped default): the SM at LID [`SM_LID`], QP 1.
 //!
 //! A node's SA MADs reach the SM's port from the node's QP (`Sim::sm_receive`); the
 //! answers leave it for that QP (`Sim::sm_send`) and cross the fabric as any MAD does:

@@ -4,7 +4,7 @@
 //! Each round ([`Poller::poll`]) drains, in bursts, the control messages and client requests
 //! of the ibacm main thread and the SA replies of the core's SA thread (the queues of an
 //! [`Inbox`]), the completion queues of the endpoints' UD QPs, and the node's timers; it feeds
-//! them to the sans-IO [`Node`] (`acm_core_nostd::node`: the resolver, the `ud` SA channel,
+//! them to the sans-IO [`Node`](acm_core_nostd::node::Node) (`acm_core_nostd::node`: the resolver, the `ud` SA channel,
 //! the SA carriers, the SM addresses, the tries) and carries out the node's outputs through
 //! two small traits:
 //!
@@ -130,7 +130,7 @@ pub enum SendError {
 }
 
 impl SendError {
-    /// What the node makes of it ([`Node::handle_unsent`]): a full QP is busy (its query
+    /// What the node makes of it ([`Node::handle_unsent`](acm_core_nostd::node::Node::handle_unsent)): a full QP is busy (its query
     /// goes again soon), anything else a failed post.
     pub fn unsent(&self) -> Unsent {
         match self {
