@@ -425,6 +425,12 @@ where
         self.resolver.handle_shutdown(now);
     }
 
+    /// Empties the path cache, every endpoint's entries ([`Resolver::clear_cache`]); what is
+    /// outstanding stays.
+    pub fn clear_cache(&mut self) {
+        self.resolver.clear_cache();
+    }
+
     /// Empties the cache and the SA channel (after a shutdown, or before a fresh resolver).
     pub fn clear(&mut self) {
         self.resolver.clear_cache();

@@ -83,7 +83,7 @@ impl<I: CoreIo> Plane<I> {
         };
         self.node = Some(Node::from_parts(fresh, sa, sa_cfg));
         self.inbox.restarts.fetch_add(1, Ordering::Relaxed);
-        self.n().clear();
+        self.n().clear_cache();
         for (ep, mut rec) in self.eps.take_all() {
             self.open_in_resolver(ep, &mut rec, now);
             self.eps.put(ep, rec);

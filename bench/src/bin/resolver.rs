@@ -259,7 +259,7 @@ impl Machine for HostNode {
     }
 
     fn clear_cache(&mut self) {
-        self.clear();
+        HostNode::clear_cache(self);
     }
 }
 
