@@ -243,6 +243,7 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
         assert_eq!(counted, want, "{fate:?}: (forged, unknown) counted");
         let mut expect = stats;
         expect.sa_unknown += want.1;
+        expect.sa_forged += want.0;
         assert_eq!(
             after_stats, expect,
             "{fate:?}: the resolver's counters moved"
