@@ -228,7 +228,17 @@ mod tests {
         let e = p.reserve().unwrap_err().to_string();
         assert!(e.contains("no free TCP port in 23900-23903"), "{e}");
         let freed = held.pop().unwrap().port();
-        assert_eq!(p.reserve().unwrap().port(), freed);
+        // A process another test of this binary spawns at the same moment holds a copy of every
+        // descriptor open in it, so of a lease's lock too, from its fork until its exec closes
+        // them (they are close-on-exec): a lease dropped in that window is free again only
+        // after it. Wait for that, bounded.
+        let again = (0..200).find_map(|_| {
+            p.reserve().ok().or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+                None
+            })
+        });
+        assert_eq!(again.map(|l| l.port()), Some(freed));
         let _ = std::fs::remove_dir_all(p.dir());
     }
 
