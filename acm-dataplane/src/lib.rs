@@ -18,14 +18,23 @@
 //!   rounds gets a round run by the watchdog.
 //! * [`stats`]: latency histograms of one writer at a time (hit path, misses, SA round trips)
 //!   and the latency clock (calibrated TSC).
+//! * `count_allocs` (tests, and the `count-allocs` feature): the counting allocator of the
+//!   "no allocation on this path" tests.
 //! * [`export`]: the exporter thread: Prometheus textfile, stats socket (`acmrs-stat`).
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+#[cfg(any(test, feature = "count-allocs"))]
+pub mod count_allocs;
 pub mod export;
 pub mod plane;
 pub mod stats;
 pub mod verbs;
 pub mod watchdog;
 pub mod worker;
+
+// This crate's unit tests count allocations (`verbs::send_alloc`).
+#[cfg(test)]
+#[global_allocator]
+static COUNTING: count_allocs::CountingAlloc = count_allocs::CountingAlloc;

@@ -113,47 +113,14 @@ impl CoreIo for PluginIo {
     }
 }
 
-/// A log line formatted into a fixed stack buffer ([`core::fmt::Write`]), cut at
-/// [`Line::CAP`] bytes (on a character boundary): formatting into it never allocates.
-struct Line {
-    buf: [u8; Line::CAP],
-    len: usize,
-}
-
-impl Line {
-    /// Bytes kept; the rest of a longer line is dropped.
-    const CAP: usize = 96;
-
-    fn new() -> Self {
-        Line {
-            buf: [0; Line::CAP],
-            len: 0,
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        // Only whole characters are ever copied in (see `write_str`).
-        core::str::from_utf8(&self.buf[..self.len]).unwrap_or("")
-    }
-}
-
-impl core::fmt::Write for Line {
-    fn write_str(&mut self, s: &str) -> core::fmt::Result {
-        let room = Line::CAP - self.len;
-        let mut n = s.len().min(room);
-        while !s.is_char_boundary(n) {
-            n -= 1;
-        }
-        self.buf[self.len..self.len + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.len += n;
-        Ok(())
-    }
-}
+/// A log line on the stack: formatting into it never allocates (a longer line is cut).
+type Line = heapless::String<96>;
 
 /// The line logged when the core refused a client's answer (`rc` from
 /// `acm_resolve_response`/`acm_query_response`), formatted into `line`.
 fn undelivered(line: &mut Line, client: u64, rc: i32) -> &str {
     use core::fmt::Write;
+    // Fits: at most 62 bytes (a u64 and an i32 in full).
     let _ = write!(line, "client {client} answer not delivered ({rc})");
     line.as_str()
 }
@@ -205,60 +172,10 @@ pub unsafe extern "C" fn sa_handler(mad: *mut AcmSaMad) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-
-    /// [`System`], counting the allocations of each thread while it is armed.
-    struct Counting;
-
-    thread_local! {
-        /// `Some(n)`: armed, `n` allocations so far.
-        static ALLOCS: Cell<Option<u64>> = const { Cell::new(None) };
-    }
-
-    fn note_alloc() {
-        let _ = ALLOCS.try_with(|c| {
-            if let Some(n) = c.get() {
-                c.set(Some(n + 1));
-            }
-        });
-    }
-
-    // SAFETY: every call is forwarded to `System` unchanged; the counter is a
-    // const-initialized thread-local `Cell` without a destructor, so touching it never
-    // allocates or re-enters.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-            note_alloc();
-            // SAFETY: the caller's contract is System's.
-            unsafe { System.alloc(layout) }
-        }
-        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-            note_alloc();
-            // SAFETY: as above.
-            unsafe { System.alloc_zeroed(layout) }
-        }
-        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-            note_alloc();
-            // SAFETY: as above.
-            unsafe { System.realloc(ptr, layout, new_size) }
-        }
-        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            // SAFETY: as above.
-            unsafe { System.dealloc(ptr, layout) }
-        }
-    }
+    use acm_dataplane::count_allocs::{allocations, CountingAlloc};
 
     #[global_allocator]
-    static COUNTING: Counting = Counting;
-
-    /// The allocations `f` makes on this thread.
-    fn allocations<R>(f: impl FnOnce() -> R) -> (R, u64) {
-        ALLOCS.with(|c| c.set(Some(0)));
-        let r = f();
-        let n = ALLOCS.with(|c| c.replace(None)).unwrap_or(0);
-        (r, n)
-    }
+    static COUNTING: CountingAlloc = CountingAlloc;
 
     #[test]
     fn undelivered_answer_line_does_not_allocate() {
@@ -272,17 +189,5 @@ mod tests {
         // The counter itself counts: what the line was before.
         let (_, boxed) = allocations(|| format!("client {} answer not delivered", 7));
         assert!(boxed > 0);
-    }
-
-    #[test]
-    fn a_long_line_is_cut_on_a_character_boundary() {
-        use core::fmt::Write;
-        let mut line = Line::new();
-        let _ = write!(line, "{}", "x".repeat(Line::CAP - 1));
-        let _ = line.write_str("\u{e9}\u{e9}");
-        assert_eq!(line.as_str().len(), Line::CAP - 1);
-        let _ = line.write_str("y");
-        assert_eq!(line.as_str().len(), Line::CAP);
-        assert!(line.as_str().ends_with('y'));
     }
 }
