@@ -34,21 +34,16 @@ impl<I: CoreIo> Plane<I> {
                 if !first_since_drop_lines(failed, self.last_stats.sa_table_failed) {
                     return;
                 }
-                let room = |capacity: usize| capacity / PATH_RECORD_LEN;
                 let line = match failure {
                     Failure::TooBig {
-                        records_needed: Some(need),
+                        records_needed,
                         capacity,
                         ..
                     } => format!(
-                        "ERROR - SA half-world PathRecord table failed: needs {need} records, \
+                        "ERROR - SA half-world PathRecord table failed: needs {} records, \
                          room for {} (acmrs_path_capacity): tables off for this endpoint",
-                        room(capacity)
-                    ),
-                    Failure::TooBig { capacity, .. } => format!(
-                        "ERROR - SA half-world PathRecord table failed: needs more records, \
-                         room for {} (acmrs_path_capacity): tables off for this endpoint",
-                        room(capacity)
+                        Needed(records_needed),
+                        capacity / PATH_RECORD_LEN
                     ),
                     f => format!(
                         "ERROR - SA half-world PathRecord table failed: {f:?}: the Gets go on"
@@ -79,6 +74,19 @@ impl<I: CoreIo> Plane<I> {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The records a too-big table needed, as the log line says it: the number, or "more" when
+/// the sender gave no PayloadLength.
+struct Needed(Option<u32>);
+
+impl core::fmt::Display for Needed {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self.0 {
+            Some(n) => write!(f, "{n}"),
+            None => f.write_str("more"),
         }
     }
 }
