@@ -73,8 +73,9 @@ pub enum Transport {
 /// How a node's SA MADs leave, and the tries and per-try wait of each on the `ud` transport:
 /// the one place an SA MAD's tries and timeouts are set ([`SaConfig::from_options`]). The
 /// resolver's own deadline for a query covers them all
-/// ([`Config::sa_deadline`](crate::resolver::Config::sa_deadline), to which the
-/// node adds one subnet timeout per try when it opens the endpoint's slot).
+/// ([`Config::sa_deadline`](crate::resolver::Config::sa_deadline), plus one subnet timeout
+/// of the query's port per try: the node tells the resolver how many when it is made,
+/// [`Resolver::set_subnet_waits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaConfig {
     /// How SA MADs leave (`acmrs_sa_transport`).
@@ -103,6 +104,11 @@ impl SaConfig {
         SaConfig { transport, ..self }
     }
 
+    /// The tries of one SA MAD: [`tries`](Self::tries), at least one.
+    pub fn try_count(&self) -> u32 {
+        self.tries.max(1)
+    }
+
     /// One try's whole wait on a port whose subnet timeout is `subnet_ms`.
     pub fn per_try(&self, subnet_ms: u32) -> Millis {
         self.try_wait.saturating_add(u64::from(subnet_ms))
@@ -112,7 +118,7 @@ impl SaConfig {
     /// (each try waits its port's), none through the core's service (its budget is fixed).
     fn subnet_waits(&self) -> u32 {
         match self.transport {
-            Transport::Ud => self.tries.max(1),
+            Transport::Ud => self.try_count(),
             Transport::Core => 0,
         }
     }
@@ -668,7 +674,7 @@ where
             });
         };
         let subnet = self.eps.get(qp.index()).map_or(0, |e| e.subnet_timeout_ms);
-        let (per_try, tries) = (self.sa_cfg.per_try(subnet), self.sa_cfg.tries.max(1));
+        let (per_try, tries) = (self.sa_cfg.per_try(subnet), self.sa_cfg.try_count());
         // A response (a ReportResp) goes as it is: no query, nothing to complete.
         let query = (!Header::new_unchecked(&mad[..HEADER_LEN])
             .method()
