@@ -159,10 +159,9 @@ impl Sim {
             return self.sm_deliver(to, mad);
         }
         // AttributeOffset: a PathRecord is 8 words.
-        let mut m = mad;
-        SaPacket::new_unchecked(&mut m[..]).set_attr_offset(8);
         let mut head = [0u8; DATA_OFFSET];
-        head.copy_from_slice(&m[..DATA_OFFSET]);
+        head.copy_from_slice(&mad[..DATA_OFFSET]);
+        SaPacket::new_unchecked(&mut head[..]).set_attr_offset(8);
         let mut records = self.table_records(to);
         let cut_it = self.faults.table_cut != 0 && self.rng.chance(self.faults.table_cut);
         if cut_it && records.len() > PATH_RECORD_LEN {
