@@ -24,8 +24,8 @@
 use crate::cache::{AddrKind, CacheEp, CacheRef};
 use crate::resolver::table::TableError;
 use crate::resolver::{
-    AcmDest, Answer, Counter, EpConfig, EpId, McGroup, Millis, RecvMeta, Request, Resolver, Stats,
-    Storage, MAX_EPS,
+    AcmDest, Answer, Carries, Counter, EpConfig, EpId, McGroup, Millis, MsgBuf, RecvMeta, Request,
+    Resolver, Stats, Storage, MAX_EPS,
 };
 use crate::rmpp::Failure;
 use crate::sa_channel::{Expired, Received, SaChannel, SaEntry, SmAddr, TableSlot, TIMED_OUT};
@@ -71,11 +71,12 @@ pub enum Transport {
 }
 
 /// How a node's SA MADs leave, and the tries and per-try wait of each on the `ud` transport:
-/// the one place an SA MAD's tries and timeouts are set ([`SaConfig::from_options`]). The
-/// resolver's own deadline for a query covers them all
+/// the one place an SA MAD's tries and timeouts are set ([`SaConfig::from_options`]), and
+/// the one place that knows what each transport carries ([`SaConfig::carries`]: tables,
+/// Reports, the core's window). The resolver's own deadline for a query covers every try
 /// ([`Config::sa_deadline`](crate::resolver::Config::sa_deadline), plus one subnet timeout
 /// of the query's port per try: the node tells the resolver how many when it is made,
-/// [`Resolver::set_subnet_waits`]).
+/// [`Resolver::set_transport`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SaConfig {
     /// How SA MADs leave (`acmrs_sa_transport`).
@@ -84,6 +85,9 @@ pub struct SaConfig {
     pub tries: u32,
     /// Each try's wait before the port's subnet timeout is added (`timeout`, ms).
     pub try_wait: Millis,
+    /// SA MADs the core's service sends at once per port (`sa_depth`): the resolver's SA
+    /// window on [`Transport::Core`], whose queue beyond that has no deadline.
+    pub core_depth: u32,
 }
 
 impl SaConfig {
@@ -96,6 +100,7 @@ impl SaConfig {
             },
             tries: o.retries.saturating_add(1),
             try_wait: u64::from(o.timeout),
+            core_depth: o.sa_depth,
         }
     }
 
@@ -114,12 +119,23 @@ impl SaConfig {
         self.try_wait.saturating_add(u64::from(subnet_ms))
     }
 
-    /// The subnet timeouts the resolver's deadline of a query adds: one per try on `ud`
-    /// (each try waits its port's), none through the core's service (its budget is fixed).
-    fn subnet_waits(&self) -> u32 {
+    /// What the transport carries for the resolver. `ud`: half-world tables (the SA
+    /// channel's RMPP receiver), Reports (they arrive on the endpoint's QP), the configured
+    /// window, and one subnet timeout per try added to a query's deadline (each try waits
+    /// its port's). The core's service: one MAD per answer, no Reports, `sa_depth` at once,
+    /// a fixed budget.
+    pub fn carries(&self) -> Carries {
         match self.transport {
-            Transport::Ud => self.try_count(),
-            Transport::Core => 0,
+            Transport::Ud => Carries {
+                subnet_waits: self.try_count(),
+                ..Carries::ALL
+            },
+            Transport::Core => Carries {
+                subnet_waits: 0,
+                tables: false,
+                reports: false,
+                window: Some(self.core_depth.max(1)),
+            },
         }
     }
 }
@@ -161,7 +177,8 @@ pub enum Output {
         /// The MAD.
         mad: [u8; MAD_LEN],
     },
-    /// Answer a client (exactly once per answered request).
+    /// Answer a client (exactly once per answered request), with the message the poll built
+    /// into its [`MsgBuf`].
     Answer(Answer),
     /// Attach endpoint `ep`'s QP to this group and make an address handle for it.
     Attach {
@@ -327,7 +344,7 @@ where
         channel: SaChannel<E, T, B>,
         sa: SaConfig,
     ) -> Self {
-        resolver.set_subnet_waits(sa.subnet_waits());
+        resolver.set_transport(sa.carries());
         Node {
             resolver,
             sa: channel,
@@ -597,9 +614,11 @@ where
     }
 
     /// The next thing for the caller to do at `now`, `None` when there is nothing. Call it
-    /// until `None` after every input.
+    /// until `None` after every input. An [`Output::Answer`]'s message is built into `msg`
+    /// (its first `len` bytes, [`MsgBuf::message`]), where the caller hands it on; other
+    /// outputs leave `msg` alone.
     #[must_use]
-    pub fn poll_output(&mut self, now: Millis) -> Option<Output> {
+    pub fn poll_output(&mut self, now: Millis, msg: &mut MsgBuf) -> Option<Output> {
         loop {
             // What the channel has to send: RMPP ACKs/STOPs/ABORTs, requests whose try ran out.
             if let Some((ep, mad)) = self.sa.poll_transmit() {
@@ -633,7 +652,7 @@ where
             // Looked at where it was returned, not moved out of its `Option` (a copy as large
             // as the largest output), and each field copied once into the node's output.
             use crate::resolver::Output as R;
-            let o = self.resolver.poll_output();
+            let o = self.resolver.poll_output(msg);
             let Some(o) = &o else {
                 return self
                     .done

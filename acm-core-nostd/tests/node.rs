@@ -6,7 +6,8 @@
 use acm_core_nostd::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::node::{Event, Node, Output, SaConfig, Transport, Unsent, SM_CHECK_MS};
 use acm_core_nostd::resolver::{
-    AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
+    AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, MsgBuf, RecvMeta, Request,
+    Resolver,
 };
 use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot, UNSENT_RETRY_MS};
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
@@ -89,7 +90,8 @@ fn setup(cfg: Config, transport: Transport) -> T {
 
 impl T {
     fn drain(&mut self) {
-        while let Some(o) = self.n.poll_output(self.now) {
+        let mut msg = MsgBuf::new();
+        while let Some(o) = self.n.poll_output(self.now, &mut msg) {
             // What the caller does for a read of the SM address: the port says `SM`.
             if let Output::ReadSm { ep } = o {
                 self.n.handle_sm(self.now, ep, ep_number(0, ep.0), Some(SM));
@@ -434,8 +436,8 @@ fn the_sm_is_read_every_check_and_a_new_one_rejoins_only_its_port() {
     t.now = SM_CHECK_MS;
     t.n.handle_timeout(t.now);
     let moved = SmAddr { lid: 7, sl: 0 };
-    let mut read = Vec::new();
-    while let Some(o) = t.n.poll_output(t.now) {
+    let (mut read, mut msg) = (Vec::new(), MsgBuf::new());
+    while let Some(o) = t.n.poll_output(t.now, &mut msg) {
         if let Output::ReadSm { ep } = o {
             read.push(ep);
             let sm = if ep == C { moved } else { SM };
@@ -474,4 +476,56 @@ fn the_sm_is_read_every_check_and_a_new_one_rejoins_only_its_port() {
         assert_eq!(qp, C);
         assert!(matches!(to, AcmDest::Unicast(av) if av.dlid == 7 && av.remote_qpn == 1));
     }
+}
+
+#[test]
+fn the_transport_limits_what_the_resolver_asks_for_and_is_the_nodes() {
+    let cfg = Config {
+        sa_reports: true,
+        sa_window: 12,
+        sa_table_min: 2,
+        ..config()
+    };
+    let core = SaConfig {
+        core_depth: 3,
+        ..SaConfig::default()
+    }
+    .on(Transport::Core);
+    let mut t = setup(cfg, Transport::Ud);
+    let asked = |c: &Config| (c.sa_tables, c.sa_reports, c.sa_window);
+    assert_eq!(
+        asked(t.n.resolver().config()),
+        (true, true, 12),
+        "ud carries it all"
+    );
+    // The same resolver moved into a node on the core's service: its window is the core's
+    // `sa_depth`, and it neither asks for tables nor subscribes to Reports.
+    let (r, sa) = t.n.into_parts();
+    t.n = Node::from_parts(r, sa, core);
+    assert_eq!(asked(t.n.resolver().config()), (false, false, 3));
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    for (i, lid) in (6..16).enumerate() {
+        t.miss(A, 60 + i as u64, lid);
+    }
+    let sent: Vec<[u8; 256]> = t
+        .out
+        .iter()
+        .filter_map(|o| match o {
+            Output::CoreSa { mad, .. } => Some(*mad),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        sent.len(),
+        3,
+        "the core's 3 at once, the rest wait in the resolver"
+    );
+    assert!(
+        sent.iter().all(|m| m[3] == 0x01 && m[16..18] == [0, 0x35]),
+        "Gets only"
+    );
+    // And back on `ud`, before anything went out there, what it asked for again.
+    let (r, sa) = t.n.into_parts();
+    t.n = Node::from_parts(r, sa, SaConfig::default());
+    assert_eq!(asked(t.n.resolver().config()), (true, true, 12));
 }

@@ -8,8 +8,8 @@ use acm_core_nostd::cache::{
     PathSlot,
 };
 use acm_core_nostd::resolver::{
-    AcmDest, ArrayStorage, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, Output, RecvMeta,
-    Request, Resolver, Storage,
+    AcmDest, ArrayStorage, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, MsgBuf, Output,
+    RecvMeta, Request, Resolver, Storage,
 };
 use acm_core_nostd::wire::acm_mad::{AcmMad, AcmResolveRepr, AddressType, CTRL_RESOLVE};
 use acm_core_nostd::wire::client::Status;
@@ -54,6 +54,8 @@ struct T<S: Storage> {
     r: Resolver<S, Arc<Cache>>,
     cache: Arc<Cache>,
     now: u64,
+    /// The message of the last answer drained.
+    msg: MsgBuf,
 }
 
 /// A cache and its writer (for the resolver to own).
@@ -83,6 +85,7 @@ fn heap(cfg: Config) -> T<HeapStorage> {
         r: Resolver::new(cfg, HeapStorage::new(caps), writer, 1).unwrap(),
         cache,
         now: 0,
+        msg: MsgBuf::new(),
     }
 }
 
@@ -94,7 +97,7 @@ impl<S: Storage> T<S> {
         self.r.handle_request(now, &r);
     }
     fn drain(&mut self) -> Vec<Output> {
-        std::iter::from_fn(|| self.r.poll_output()).collect()
+        std::iter::from_fn(|| self.r.poll_output(&mut self.msg)).collect()
     }
     /// Opens the endpoint and joins with the real OpenSM reply; returns the join MAD we sent.
     fn open_and_join(&mut self) -> [u8; 256] {
@@ -255,12 +258,13 @@ fn our_request_has_acmp_layout_and_an_acmp_response_completes_it() {
         if route_acm {
             let a = answer.expect("acm mode answers from the group");
             assert_eq!(a.status, Status::Success);
+            let msg = t.msg.message(&a);
             assert_eq!(
-                u16::from_be_bytes([a.msg[24 + 40], a.msg[24 + 41]]),
+                u16::from_be_bytes([msg[24 + 40], msg[24 + 41]]),
                 6,
                 "DLID = wc.slid"
             );
-            assert_eq!(&a.msg[24 + 8..24 + 24], &peer.0, "DGID = GRH SGID");
+            assert_eq!(&msg[24 + 8..24 + 24], &peer.0, "DGID = GRH SGID");
             assert_eq!(a.len, 160, "source echoed");
         } else {
             assert!(answer.is_none());
@@ -529,6 +533,7 @@ fn array_storage_resolver() {
         r: Resolver::new(Config::default(), *storage, writer, 3).unwrap(),
         cache,
         now: 0,
+        msg: MsgBuf::new(),
     };
     t.open_join_and_add_hca4();
     assert!(t.answers_stock_request(1));

@@ -7,7 +7,8 @@ use acm_core_nostd::cache::{
     PathCache, PathKey, PathSlot,
 };
 use acm_core_nostd::resolver::{
-    Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, Output, Request, Resolver, Via,
+    Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, MsgBuf, Output, Request,
+    Resolver, Via,
 };
 use acm_core_nostd::wire::acm_mad::AddressType;
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
@@ -48,6 +49,8 @@ struct T {
     cache: Arc<Cache>,
     now: u64,
     out: Vec<Output>,
+    /// The messages of the answers in `out`, in their order.
+    msgs: Vec<Vec<u8>>,
 }
 
 fn setup(cfg: Config, caps: Capacities) -> T {
@@ -76,9 +79,10 @@ fn setup_seeded(cfg: Config, caps: Capacities, paths: usize, addrs: usize, seed:
         cache,
         now: 0,
         out: Vec::new(),
+        msgs: Vec::new(),
     };
     t.drain();
-    t.out.clear();
+    t.clear();
     t
 }
 
@@ -95,9 +99,18 @@ fn route_config() -> Config {
 
 impl T {
     fn drain(&mut self) {
-        while let Some(o) = self.r.poll_output() {
+        let mut msg = MsgBuf::new();
+        while let Some(o) = self.r.poll_output(&mut msg) {
+            if let Output::Answer(a) = &o {
+                self.msgs.push(msg.message(a).to_vec());
+            }
             self.out.push(o);
         }
+    }
+    /// Forgets every output so far.
+    fn clear(&mut self) {
+        self.out.clear();
+        self.msgs.clear();
     }
     fn request(&mut self, client: u64, kind: Kind, msg: &[u8]) {
         self.r
@@ -120,9 +133,10 @@ impl T {
     }
     fn answers(&mut self) -> Vec<(u64, Status, Vec<u8>)> {
         let mut v = Vec::new();
+        let mut msgs = core::mem::take(&mut self.msgs).into_iter();
         self.out.retain(|o| match o {
             Output::Answer(a) => {
-                v.push((a.client, a.status, a.msg[..a.len as usize].to_vec()));
+                v.push((a.client, a.status, msgs.next().expect("its message")));
                 false
             }
             _ => true,
@@ -196,7 +210,7 @@ fn miss_query_reply_answer_and_cache() {
     let key = PathKey::new(CEP, Dest::Lid(6));
     assert!(matches!(t.cache.lookup(&key, 1), Lookup::Hit { .. }));
     // The resolver answers a repeat from the cache (the caller's hit path missed it).
-    t.out.clear();
+    t.clear();
     t.request(12, Kind::Resolve, &path_msg(6, 0, 1));
     assert_eq!(t.answers().len(), 1);
     assert_eq!(t.counts(Counter::RouteCache), 1);
@@ -319,7 +333,7 @@ fn no_record_is_cached_negatively_and_nodelay_primes() {
         t.cache.lookup(&key, t.now),
         Lookup::Negative { .. }
     ));
-    t.out.clear();
+    t.clear();
     // NODELAY miss: ENODATA now, the query still goes out (primes the cache).
     t.request(2, Kind::Resolve, &path_msg(10, 1 << 30, 2));
     assert_eq!(t.answers()[0].1, Status::Enodata);
@@ -464,7 +478,7 @@ fn preloaded_routes_answer_by_lid_and_gid_and_survive_reregister() {
     t.request(1, Kind::Resolve, &path_msg(7, 0, 1));
     let s = t.sa_sends();
     t.reply(s[0].0, &s[0].1, 0, Some(path_to(7)));
-    t.out.clear();
+    t.clear();
     let lid_keys = |cep| {
         let mut rev = PathKey::new(cep, Dest::Lid(6));
         rev.constraints.mask = acm_core_nostd::cache::constraint::REVERSIBLE_NUMPATH;
@@ -549,7 +563,7 @@ fn hosts_preload_resolves_routes_aliases_and_renews() {
     // Expired mapping: renewed on use (AddrQuery, as the plugin did), route from the cache.
     t.now = 10_000;
     assert_eq!(t.cache.lookup_addr(&key, t.now), Lookup::Miss);
-    t.out.clear();
+    t.clear();
     t.request(2, Kind::Resolve, &name_msg("hostA", 2));
     assert_eq!(t.counts(Counter::AddrQuery), 1);
     assert_eq!(t.counts(Counter::RouteCache), 1);
@@ -613,7 +627,7 @@ fn refresh_ahead_updates_the_entry_in_place() {
         panic!()
     };
     assert!(needs_refresh, "within refresh_ahead of expiry");
-    t.out.clear();
+    t.clear();
     t.request(0, Kind::Refresh, &path_msg(6, 0, 2));
     let s = t.sa_sends();
     assert_eq!(s.len(), 1, "re-queried");
@@ -649,7 +663,7 @@ fn miss_cost() {
             start = std::time::Instant::now();
         }
         t.r.handle_request(i as u64, &Request::new(EP, CEP, i as u64, Kind::Resolve, m));
-        while let Some(o) = t.r.poll_output() {
+        while let Some(o) = t.r.poll_output(&mut MsgBuf::new()) {
             match o {
                 Output::SendSa { token, mut mad, .. } => {
                     mad[3] = 0x81;
@@ -706,7 +720,7 @@ fn random_bytes_get_exactly_one_answer_each() {
             t.drain();
         }
         clients.extend(t.answers().iter().map(|a| a.0));
-        t.out.clear();
+        t.clear();
     }
     t.advance(1_000_000);
     clients.extend(t.answers().iter().map(|a| a.0));
@@ -798,7 +812,7 @@ fn report_setup() -> T {
     t.drain();
     let gone: Vec<_> = t.informs().iter().map(|s| (s.1, s.2)).collect();
     assert_eq!(gone, vec![(64, false), (65, false)]);
-    t.out.clear();
+    t.clear();
     t.r.handle_open(0, EP, CEP, ep_config()).unwrap();
     t.drain();
     t
@@ -865,7 +879,7 @@ fn a_refused_subscription_is_retried_with_backoff() {
 #[test]
 fn gid_out_of_service_removes_its_paths_and_is_acknowledged() {
     let mut t = report_setup();
-    t.out.clear();
+    t.clear();
     t.learn(6, 1);
     t.learn(7, 2);
     let k6 = PathKey::new(CEP, Dest::Lid(6));
@@ -893,9 +907,9 @@ fn gid_out_of_service_removes_its_paths_and_is_acknowledged() {
 #[test]
 fn a_report_for_an_unknown_gid_is_acknowledged_and_changes_nothing() {
     let mut t = report_setup();
-    t.out.clear();
+    t.clear();
     t.learn(6, 1);
-    t.out.clear();
+    t.clear();
     t.r.handle_report(2, EP, &report(65, gid_of(99), 7));
     t.drain();
     assert_eq!(t.acks().len(), 1);
@@ -910,7 +924,7 @@ fn a_report_for_an_unknown_gid_is_acknowledged_and_changes_nothing() {
 #[test]
 fn malformed_reports_are_dropped_and_counted() {
     let mut t = report_setup();
-    t.out.clear();
+    t.clear();
     let good = report(65, gid_of(6), 7);
     let mut wrong_attr = good;
     wrong_attr[16..18].copy_from_slice(&[0x00, 0x35]);
@@ -942,7 +956,7 @@ fn malformed_reports_are_dropped_and_counted() {
 #[test]
 fn gid_in_service_drops_negative_entries() {
     let mut t = report_setup();
-    t.out.clear();
+    t.clear();
     t.request(1, Kind::Resolve, &path_msg(8, 0, 1));
     let (tok, mad) = t.sa_sends()[0];
     t.reply(tok, &mad, 0x0300, None); // SA: ERR_NO_RECORDS

@@ -118,7 +118,7 @@ fn queued_requests_behind_a_silent_sa_are_answered_in_bounded_time() {
     // 30 s each.
     let mut s = sim(2, |c| {
         c.sa.transport = Transport::Core;
-        c.resolver.sa_window = 1;
+        c.sa.core_depth = 1;
         c.caps.sa_inflight = 1;
         // One query at a time: no half-world table beside it.
         c.resolver.sa_table_min = 0;

@@ -785,7 +785,7 @@ mod plane_tests {
         ep_number, AddrSlot, CacheConfig, CacheWriter, PathCache, PathSlot,
     };
     use acm_core_nostd::resolver::{
-        Answer, Capacities, Config, Counter, EpId, HeapStorage, Kind, Request, Resolver,
+        Answer, Capacities, Config, Counter, EpId, HeapStorage, Kind, MsgBuf, Request, Resolver,
     };
     use acm_core_nostd::sim::{lid_msg, node_ep_config, node_gid, node_lid};
     use acm_core_nostd::wire::path_record::PathRecord;
@@ -828,7 +828,7 @@ mod plane_tests {
             });
             true
         }
-        fn answer(&mut self, a: &Answer) {
+        fn answer(&mut self, a: &Answer, _msg: &mut MsgBuf) {
             self.answers.lock().unwrap().push(*a);
             self.order.lock().unwrap().push("answer".into());
         }

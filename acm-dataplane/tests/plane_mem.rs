@@ -9,7 +9,7 @@ use acm_core_nostd::cache::{
 use acm_core_nostd::node::SaConfig;
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
-    RecvMeta, Request, Resolver,
+    MsgBuf, RecvMeta, Request, Resolver,
 };
 use acm_core_nostd::sim::{lid_msg, name_bytes, name_msg, node_ep_config, node_gid, node_lid};
 use acm_core_nostd::wire::client::Status;
@@ -146,10 +146,24 @@ impl MemUd {
     }
 }
 
+/// An answer the fake core was given, with its message.
+#[derive(Clone, Debug)]
+struct Got {
+    a: Answer,
+    msg: Vec<u8>,
+}
+
+impl std::ops::Deref for Got {
+    type Target = Answer;
+    fn deref(&self) -> &Answer {
+        &self.a
+    }
+}
+
 /// What the fake core saw and did.
 #[derive(Default)]
 struct CoreLog {
-    answers: Vec<Answer>,
+    answers: Vec<Got>,
     sa_sent: usize,
     /// GetTables the core was asked to send (it reads one MAD per answer: never).
     get_tables: usize,
@@ -227,11 +241,15 @@ impl CoreIo for FakeCore {
         true
     }
 
-    fn answer(&mut self, a: &Answer) {
+    fn answer(&mut self, a: &Answer, msg: &mut MsgBuf) {
         if fault(&self.log, |l| &mut l.panic_answers) {
             panic!("injected: answer");
         }
-        self.log.lock().unwrap().answers.push(*a);
+        let got = Got {
+            a: *a,
+            msg: msg.message(a).to_vec(),
+        };
+        self.log.lock().unwrap().answers.push(got);
     }
 
     fn count(&mut self, _ep: EpId, c: Counter) {
@@ -389,11 +407,11 @@ fn run(nodes: &mut [Node], done: impl Fn(&[Node]) -> bool) -> bool {
     false
 }
 
-fn answers(n: &Node) -> Vec<Answer> {
+fn answers(n: &Node) -> Vec<Got> {
     n.log.lock().unwrap().answers.clone()
 }
 
-fn dlid_of(a: &Answer) -> u16 {
+fn dlid_of(a: &Got) -> u16 {
     PathRecord::new_unchecked(&a.msg[24..88]).dlid()
 }
 
@@ -1159,8 +1177,8 @@ fn a_recovery_that_panics_gives_up_and_every_request_is_still_answered_once() {
     assert_eq!((restarts, gave_up, exited), (0, 1, false));
     // Exactly one answer for request 1, an error.
     std::thread::sleep(Duration::from_millis(50));
-    let a: Vec<Answer> = log.lock().unwrap().answers.clone();
-    let ones: Vec<&Answer> = a.iter().filter(|a| a.client == 1).collect();
+    let a: Vec<Got> = log.lock().unwrap().answers.clone();
+    let ones: Vec<&Got> = a.iter().filter(|a| a.client == 1).collect();
     assert_eq!(ones.len(), 1, "{a:?}");
     assert_ne!(ones[0].status, Status::Success);
     inbox.control(Control::Shutdown);

@@ -14,7 +14,7 @@ pub const ACM_PROV_VERSION: u32 = 1;
 // The `<infiniband/acm.h>` names, for code written against the C ABI (the tests, the bench).
 // Each value is defined once, in `acm-core-nostd` (the one codec); these are its C spellings.
 use acm_core_nostd::cache::AddrKind;
-use acm_core_nostd::resolver::Counter;
+use acm_core_nostd::resolver::{Counter, MsgBuf};
 use acm_core_nostd::wire::client as wc;
 
 /// `ACM_ADDRESS_NAME`, `_IP`, `_IP6` (the `ACM_EP_INFO_*` values 1..3).
@@ -211,7 +211,22 @@ impl AcmMsg {
         // written through the view leave a valid value.
         unsafe { &mut *(self as *mut AcmMsg as *mut [u8; MSG_BYTES]) }
     }
+
+    /// The core's message over `buf`, where the node built an answer: handed to the core as it
+    /// is, not copied.
+    pub fn in_buf(buf: &mut MsgBuf) -> &mut AcmMsg {
+        // SAFETY: `MsgBuf` is MSG_BYTES of bytes aligned at least as `AcmMsg` (checked at
+        // compile time below), and every byte pattern is a valid `AcmMsg` (plain integers and
+        // byte arrays); the view borrows `buf` mutably, so nothing else reads or writes it
+        // meanwhile.
+        unsafe { &mut *(buf as *mut MsgBuf).cast::<AcmMsg>() }
+    }
 }
+
+const _: () = assert!(
+    core::mem::size_of::<MsgBuf>() == MSG_BYTES
+        && core::mem::align_of::<MsgBuf>() >= core::mem::align_of::<AcmMsg>()
+);
 
 /// `sizeof(struct acm_msg)`.
 pub const MSG_BYTES: usize = 592;
@@ -471,4 +486,31 @@ pub fn layout_table() -> Vec<LayoutRow> {
         ),
         ("ACM_MAX_COUNTER", cntr::MAX),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use acm_core_nostd::resolver::request::respond;
+    use acm_core_nostd::resolver::Via;
+    use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
+
+    /// The answer the node built in a `MsgBuf` is the `acm_msg` the core is given: the same
+    /// memory, its header read where `respond` wrote it, and a write through the core's view
+    /// (its ACK bit) lands in the buffer.
+    #[test]
+    fn an_answer_is_handed_to_the_core_where_it_was_built() {
+        let req = ClientRequest::path(0x1122_3344_5566_7788, 0, &PathQuery::lid(6));
+        let mut buf = MsgBuf::new();
+        let len = respond(req.bytes(), Via::Resolve, Status::Enodata, None, &mut buf.0);
+        let at = buf.0.as_ptr() as usize;
+        let msg = AcmMsg::in_buf(&mut buf);
+        assert_eq!(msg as *mut AcmMsg as usize, at, "not a copy");
+        assert_eq!(at % core::mem::align_of::<AcmMsg>(), 0);
+        assert_eq!(msg.hdr.tid, 0x1122_3344_5566_7788);
+        assert_eq!(msg.hdr.length, len);
+        assert_eq!(msg.hdr.status, u8::from(Status::Enodata));
+        msg.hdr.opcode |= 0x80;
+        assert_eq!(buf.0[1] & 0x80, 0x80);
+    }
 }

@@ -5,7 +5,7 @@
 use crate::core_api::CoreApi;
 use crate::ffi::{AcmEndpoint, AcmMsg, AcmSaMad};
 use crate::instance::{lock, Ep, Instance, LogReason};
-use acm_core_nostd::resolver::{Answer, Counter, EpId};
+use acm_core_nostd::resolver::{Answer, Counter, EpId, MsgBuf};
 use acm_dataplane::plane::{CoreIo, SaReply};
 use core::ffi::c_void;
 use std::sync::{Arc, OnceLock, Weak};
@@ -83,11 +83,9 @@ impl CoreIo for PluginIo {
         true
     }
 
-    fn answer(&mut self, a: &Answer) {
+    fn answer(&mut self, a: &Answer, msg: &mut MsgBuf) {
         let api = self.inst.api;
-        let mut msg = AcmMsg::zeroed();
-        msg.as_bytes_mut().copy_from_slice(&a.msg);
-        let rc = api.respond(a.via, a.client, &mut msg);
+        let rc = api.respond(a.via, a.client, AcmMsg::in_buf(msg));
         if rc != 0 && self.inst.log_enabled(1) {
             // On the answer path, maybe in a flood: formatted on the stack, no allocation.
             let mut line = Line::new();

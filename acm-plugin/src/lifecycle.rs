@@ -22,7 +22,9 @@ use crate::io::{set_reply_target, PluginIo};
 use crate::preload;
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheConfig, CacheWriter, PathCache};
 use acm_core_nostd::node::SaConfig;
-use acm_core_nostd::resolver::{Capacities, Config, Counter, EpConfig, HeapStorage, Resolver};
+use acm_core_nostd::resolver::{
+    Capacities, Config, Counter, EpConfig, HeapStorage, MsgBuf, Resolver,
+};
 use acm_core_nostd::text::opts::{PollMode, ProviderOptions, RoutePreload, SaTransport};
 use acm_core_nostd::wire::acm_mad::AddressType;
 use acm_core_nostd::wire::client::Status;
@@ -273,10 +275,11 @@ fn start_watchdog(inst: &Arc<Instance>) {
         return;
     }
     let mut io = PluginIo::new(inst.clone());
+    let mut msg = Box::new(MsgBuf::new());
     let answer = move |r: &Queued, status: Status| {
-        if let Some(a) = r.answer(status) {
+        if let Some(a) = r.answer(status, &mut msg) {
             io.count(a.ep, Counter::Error);
-            io.answer(&a);
+            io.answer(&a, &mut msg);
         }
     };
     let logger = inst.clone();

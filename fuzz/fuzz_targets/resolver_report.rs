@@ -40,7 +40,7 @@
 //!   invariants, one answer per request) must have found nothing.
 use acm_core_nostd::cache::{AddrKey, Dest, Lookup, PathKey};
 use acm_core_nostd::node::{Event, Output};
-use acm_core_nostd::resolver::{Capacities, Config, EpId, Kind};
+use acm_core_nostd::resolver::{Capacities, Config, EpId, Kind, MsgBuf};
 use acm_core_nostd::rmpp;
 use acm_core_nostd::sim::{gid_msg, lid_msg, name_msg, node_gid, node_lid, Sim, SimConfig, EP, SM};
 use acm_core_nostd::wire::gid::Gid;
@@ -223,7 +223,8 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
     n.handle_receive(now, ep, &meta, &buf);
     let mut acks = Vec::new();
     let mut events = Vec::new();
-    while let Some(o) = n.poll_output(now) {
+    let mut msg = MsgBuf::new();
+    while let Some(o) = n.poll_output(now, &mut msg) {
         match o {
             Output::Transmit {
                 qp, to, mad, query, ..

@@ -43,7 +43,8 @@ use acm_core_nostd::cache::{
 };
 use acm_core_nostd::node::{Event, Node, Output, SaConfig, Transport, Unsent};
 use acm_core_nostd::resolver::{
-    AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, RecvMeta, Request, Resolver,
+    AcmDest, Capacities, Config, EpConfig, EpId, HeapStorage, Kind, MsgBuf, RecvMeta, Request,
+    Resolver,
 };
 use acm_core_nostd::rmpp;
 use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot, TIMED_OUT};
@@ -227,6 +228,7 @@ impl World {
             transport: Transport::Ud,
             tries: 1 + u32::from(h2 >> 6) % 3,
             try_wait: 5 + u64::from(h2 % 64),
+            ..SaConfig::default()
         };
         let n = Node::new(r, sa, entries, tables, [0x5eed, 0xfeed]);
         let mut w = World {
@@ -300,8 +302,8 @@ impl World {
 
     /// Carries out the node's outputs until it has none; returns how many there were.
     fn drain(&mut self) -> usize {
-        let mut count = 0;
-        while let Some(o) = self.n.poll_output(self.now) {
+        let (mut count, mut msg) = (0, MsgBuf::new());
+        while let Some(o) = self.n.poll_output(self.now, &mut msg) {
             count += 1;
             match o {
                 Output::Transmit { qp, to, mad, query } => self.posted(qp, to, &mad, query),

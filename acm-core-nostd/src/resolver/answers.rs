@@ -8,7 +8,7 @@
 //! in one place.
 
 use super::storage::{list_id, List, ReqState, REQ};
-use super::{Answer, Counter, EpId, Kind, Output, Request, RequestSlot, Via, MSG_LEN};
+use super::{Answer, Counter, EpId, Kind, MsgBuf, Output, Request, RequestSlot, Via, MSG_LEN};
 use crate::wire::client::Status;
 
 /// The request slots' lists and counts.
@@ -96,22 +96,25 @@ impl Answers {
         Some((ep, counter))
     }
 
-    /// The oldest answer, its slot freed.
-    pub(crate) fn pop(&mut self, reqs: &mut [RequestSlot]) -> Option<Output> {
+    /// The oldest answer, its message built into `out`, its slot freed.
+    pub(crate) fn pop(&mut self, reqs: &mut [RequestSlot], out: &mut MsgBuf) -> Option<Output> {
         let i = self.fifo.pop_front(reqs, list_id::ANSWERS, REQ)?;
         let r = &mut reqs[i as usize];
         let via = if r.query { Via::Query } else { Via::Resolve };
-        let mut msg = [0u8; MSG_LEN];
         let path = r.has_path.then_some(&r.path);
-        let len =
-            super::request::respond(&r.msg[..usize::from(r.len)], via, r.status, path, &mut msg);
+        let len = super::request::respond(
+            &r.msg[..usize::from(r.len)],
+            via,
+            r.status,
+            path,
+            &mut out.0,
+        );
         let answer = Answer {
             ep: r.ep,
             client: r.client,
             via,
             status: r.status,
             len,
-            msg,
         };
         r.state = ReqState::Free;
         self.free.push_back(reqs, i, list_id::FREE, REQ);

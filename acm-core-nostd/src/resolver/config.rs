@@ -2,7 +2,7 @@
 
 use super::table;
 use super::Millis;
-use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt, SaTransport};
+use crate::text::opts::{AddrProt, LoopbackProt, ProviderOptions, RouteProt};
 use crate::wire::rate::{Mtu, Rate};
 
 /// The resolver's settings (from `ibacm_opts.cfg`, see [`Config::from_options`]).
@@ -29,7 +29,8 @@ pub struct Config {
     /// ACM multicast queries in flight per endpoint: `max(acmrs_acm_window, resolve_depth)`
     /// (default 16; ibacmp's `resolve_depth` credits make it 1 there).
     pub acm_window: u32,
-    /// SA queries in flight per resolver (the rest wait FIFO).
+    /// SA queries in flight per port (the rest wait FIFO), unless the transport sets its own
+    /// ([`Carries::window`](super::Carries::window): the core's service, `sa_depth`).
     pub sa_window: u32,
     /// The SA window a resolver starts with (`acmrs_sa_window_start`, default 1): it grows by
     /// one query per answer while round trips stay low (slow start), up to `sa_window`, so a
@@ -42,10 +43,11 @@ pub struct Config {
     pub sa_busy_backoff: Millis,
     /// An SA query with no reply after this long is answered ETIMEDOUT (plus, on a transport
     /// whose tries each wait the port's subnet timeout, one subnet timeout per try:
-    /// [`Resolver::set_subnet_waits`](super::Resolver::set_subnet_waits)).
+    /// [`Carries::subnet_waits`](super::Carries::subnet_waits)).
     pub sa_deadline: Millis,
     /// Subscribe to SA Reports (traps 64/65) on every endpoint with a UD QP and invalidate
-    /// what they name (the `ud` transport: Reports arrive on the endpoint's QP).
+    /// what they name, where the transport brings them to that QP
+    /// ([`Carries::reports`](super::Carries::reports): the `ud` transport's do).
     pub sa_reports: bool,
     /// `min_mtu` as `enum ibv_mtu` (base group).
     pub min_mtu: u8,
@@ -55,8 +57,9 @@ pub struct Config {
     /// endpoint not joined yet) before it is answered (ETIMEDOUT; ENODATA while the endpoint
     /// has not joined its group): `sa_deadline × (retries + 1)`.
     pub queue_deadline: Millis,
-    /// The caller's SA transport reassembles RMPP answers and takes
-    /// [`Resolver::handle_sa_table`](super::Resolver::handle_sa_table) (the `ud` transport's
+    /// Ask for half-world tables, where the transport reassembles RMPP answers and gives them
+    /// to [`Resolver::handle_sa_table`](super::Resolver::handle_sa_table)
+    /// ([`Carries::tables`](super::Carries::tables): the `ud` transport's
     /// [`SaChannel`](crate::sa_channel::SaChannel) does; the core's service does not).
     pub sa_tables: bool,
     /// A port's backlog of route queries at which it asks for its half-world table instead
@@ -85,7 +88,6 @@ impl Config {
             // The core's whole budget for one MAD (timeout × tries) plus a margin.
             u64::from(o.timeout) * (u64::from(o.retries) + 1) + 1000
         };
-        let ud = o.acmrs_sa_transport == SaTransport::Ud;
         let min_mtu = Mtu::from_bytes(u32::from(o.min_mtu)).unwrap_or(Mtu::Mtu2048);
         let min_rate = Rate::from_gbps(u32::from(o.min_rate)).unwrap_or(Rate::Gbps10);
         Config {
@@ -100,18 +102,16 @@ impl Config {
             // ibacmp's `resolve_depth` (its multicast credits) is honoured as a floor: a site
             // that raised it keeps at least that many queries in flight.
             acm_window: o.acmrs_acm_window.max(o.resolve_depth).max(1),
-            // Over the core's service only `sa_depth` are sent at once: the rest wait here,
-            // with a deadline, not in the core's queue, which has none.
-            sa_window: if ud { o.acmrs_sa_window } else { o.sa_depth }.max(1),
+            sa_window: o.acmrs_sa_window.max(1),
             sa_window_start: o.acmrs_sa_window_start.max(1),
             sa_busy_retries: o.acmrs_sa_retries,
             sa_busy_backoff: u64::from(o.acmrs_sa_busy_backoff_ms),
             sa_deadline,
-            sa_reports: ud,
+            sa_reports: true,
             min_mtu: min_mtu.into(),
             min_rate: min_rate.into(),
             queue_deadline: sa_deadline.saturating_mul(u64::from(o.retries) + 1),
-            sa_tables: ud,
+            sa_tables: true,
             sa_table_min: o.acmrs_sa_table_min,
             sa_get_cost_ns: table::OPENSM_GET_NS,
             sa_record_cost_ns: table::OPENSM_RECORD_NS,
@@ -165,13 +165,17 @@ mod tests {
             (c.sa_deadline, c.queue_deadline, c.sa_window),
             (1500, 3000, 16)
         );
-        // Over the core's service the window is the core's credits, and no Reports come.
+        // The transport is not the resolver's: what it asks for is the same on both (the node
+        // limits it to what its transport carries, `SaConfig::carries`).
         let (core_o, _) = ProviderOptions::load(
             b"acmrs_sa_transport core\nsa_depth 4\nacmrs_sa_window 99\n",
             |e| panic!("{e:?}"),
         );
         let core = Config::from_options(&core_o);
-        assert_eq!((core.sa_window, core.sa_reports), (4, false));
+        assert_eq!(
+            (core.sa_window, core.sa_reports, core.sa_tables),
+            (99, true, true)
+        );
         let (w, _) = ProviderOptions::load(b"acmrs_sa_window 99\n", |e| panic!("{e:?}"));
         assert_eq!(Config::from_options(&w).sa_window, 99);
         assert_eq!((c.min_mtu, c.min_rate, c.acm_window), (5, 7, 3));

@@ -101,10 +101,14 @@ pub(crate) fn splitmix64(x: &mut u64) -> u64 {
 /// The services every part of the resolver uses, lent to the part's methods by `&mut`: the
 /// settings, the TID counter, the timer table and the stats.
 pub(crate) struct Shared {
+    /// The settings in force: those given to [`Resolver::new`], limited by what the
+    /// transport carries ([`Resolver::set_transport`]).
     pub(crate) cfg: Config,
-    /// Subnet timeouts an SA query's deadline adds, one per try of the owner's transport
-    /// ([`Resolver::set_subnet_waits`]; 0: the transport's budget is fixed).
-    pub(crate) subnet_waits: u32,
+    /// What the owner's transport carries ([`Resolver::set_transport`]).
+    pub(crate) carries: Carries,
+    /// What the given settings asked for of the transport, before [`Carries`] limited it:
+    /// `sa_tables`, `sa_reports`, `sa_window`.
+    asked: (bool, bool, u32),
     tid: u32,
     /// Every timer, one entry per kind ([`timers`]).
     pub(crate) timers: TimerTable,
@@ -192,8 +196,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let r = Resolver {
             w: writer,
             sh: Shared {
+                asked: (config.sa_tables, config.sa_reports, config.sa_window),
                 cfg: config,
-                subnet_waits: 0,
+                carries: Carries::ALL,
                 tid,
                 timers: TimerTable::new(),
                 stats: Stats::default(),
@@ -213,12 +218,20 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         &self.sh.cfg
     }
 
-    /// The owner's transport tries each SA MAD `tries` times, each try also waiting the port's
-    /// subnet timeout (the node's `ud` transport, [`SaConfig`](crate::node::SaConfig)): a
-    /// query's deadline ([`Config::sa_deadline`]) grows by that many subnet timeouts. 0 (the
-    /// default): the transport's budget is fixed.
-    pub fn set_subnet_waits(&mut self, tries: u32) {
-        self.sh.subnet_waits = tries;
+    /// The owner's SA transport does what `carries` says (the node tells it when it is made,
+    /// from its [`SaConfig`](crate::node::SaConfig)): the settings in force
+    /// ([`config`](Self::config)) become those given to [`new`](Self::new) limited by it (no
+    /// tables or Reports it cannot carry, its own SA window), and a query's deadline
+    /// ([`Config::sa_deadline`]) grows by [`Carries::subnet_waits`] subnet timeouts. Set
+    /// again, it replaces the last; a resolver never told has [`Carries::ALL`].
+    pub fn set_transport(&mut self, carries: Carries) {
+        let (tables, reports, window) = self.sh.asked;
+        let cfg = &mut self.sh.cfg;
+        cfg.sa_tables = tables && carries.tables;
+        cfg.sa_reports = reports && carries.reports;
+        cfg.sa_window = carries.window.unwrap_or(window).max(1);
+        self.sh.carries = carries;
+        self.routes.sa.limit(cfg.sa_window, cfg.sa_window_start);
     }
 
     /// The path cache the resolver writes (read it here; readers on other threads read it
@@ -369,12 +382,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The next thing for the caller to do, `None` when there is nothing. Call it until `None`
     /// after every input (see the draining rule on [`Resolver`]). Order: per-endpoint work,
-    /// SA queries, ACM MADs, client answers.
+    /// SA queries, ACM MADs, client answers. An [`Output::Answer`]'s message is built into
+    /// `msg` (its first `len` bytes); other outputs leave `msg` alone.
     #[must_use]
     // Never inlined: a caller's loop calls it in several places, and each inlined copy is
     // kilobytes of flash on a microcontroller (docs/firmware.md).
     #[inline(never)]
-    pub fn poll_output(&mut self) -> Option<Output> {
+    pub fn poll_output(&mut self, msg: &mut MsgBuf) -> Option<Output> {
         while let Some(slot) = self.eps.first_dirty() {
             // Polled in place, not copied: the slot is large, and this runs for every output
             // of an endpoint with work (a miss's counter bumps).
@@ -390,7 +404,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if let Some(o) = self.addrs.poll(t.addrs, t.endpoints) {
             return Some(o);
         }
-        self.answers.pop(t.requests)
+        self.answers.pop(t.requests, msg)
     }
 
     /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a

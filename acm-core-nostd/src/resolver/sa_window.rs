@@ -81,6 +81,18 @@ impl SaWindow {
         }
     }
 
+    /// At most `sa_window` queries per port from now on (the transport's own window): a
+    /// window that has sent nothing yet starts afresh at `start`, one in use is only cut.
+    pub(crate) fn limit(&mut self, sa_window: u32, start: u32) {
+        if self.held == 0 && self.heard.is_none() {
+            *self = SaWindow::new(sa_window, start);
+            return;
+        }
+        let max = sa_window.max(1) * ONE;
+        self.cap = self.cap.min(max);
+        self.slow &= self.cap < max;
+    }
+
     /// The window per port in whole queries (0 while pacing).
     #[cfg(test)]
     pub(crate) fn queries(&self) -> u32 {

@@ -390,7 +390,7 @@ mod tests {
     use crate::cache::{ep_number, AddrSlot, CacheConfig, CacheWriter, Dest, Lookup, PathCache};
     use crate::cache::{CacheEp, PathKey, PathSlot};
     use crate::resolver::{Capacities, Config, HeapStorage, Kind, Output, Request};
-    use crate::resolver::{EpId, Resolver};
+    use crate::resolver::{EpId, MsgBuf, Resolver};
     use crate::sim::{node_ep_config, node_gid};
     use crate::wire::client::{ClientRequest, PathQuery};
     use std::sync::Arc;
@@ -448,8 +448,8 @@ mod tests {
     impl T {
         /// The PathRecord Gets and GetTables sent since the last call (the rest dropped).
         fn sa_sends(&mut self) -> Vec<(u64, [u8; MAD_LEN])> {
-            let mut v = Vec::new();
-            while let Some(o) = self.r.poll_output() {
+            let (mut v, mut msg) = (Vec::new(), MsgBuf::new());
+            while let Some(o) = self.r.poll_output(&mut msg) {
                 if let Output::SendSa { token, mad, .. } = o {
                     if mad[16..18] == [0x00, 0x35] {
                         v.push((token, mad));

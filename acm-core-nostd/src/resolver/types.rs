@@ -197,8 +197,39 @@ pub struct SaTable<'a> {
     pub records: &'a [u8],
 }
 
-/// A client's answer: `len` bytes of `msg`, for `client` on endpoint `ep`, through `via`.
-#[derive(Clone, Copy, Debug)]
+/// What the caller's SA transport does for the resolver besides carrying single-MAD queries
+/// and their answers. The node sets it from its [`SaConfig`](crate::node::SaConfig)
+/// ([`Resolver::set_transport`](super::Resolver::set_transport)); a resolver on its own has
+/// [`Carries::ALL`]. It limits what [`Config`](super::Config) asks for, never adds to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Carries {
+    /// Subnet timeouts an SA query's deadline adds, one per try of the transport, each of
+    /// which waits its port's (0: the transport's budget is fixed).
+    pub subnet_waits: u32,
+    /// It reassembles RMPP answers: half-world tables may be asked for
+    /// ([`Config::sa_tables`](super::Config::sa_tables)).
+    pub tables: bool,
+    /// SA Reports reach the endpoint's QP: subscriptions may be made
+    /// ([`Config::sa_reports`](super::Config::sa_reports)).
+    pub reports: bool,
+    /// The SA window it sets instead of [`Config::sa_window`](super::Config::sa_window): the
+    /// queries it takes at once per port (`None`: the configured window).
+    pub window: Option<u32>,
+}
+
+impl Carries {
+    /// Everything the configuration asks for (a resolver that is not in a node).
+    pub const ALL: Carries = Carries {
+        subnet_waits: 0,
+        tables: true,
+        reports: true,
+        window: None,
+    };
+}
+
+/// A client's answer, for `client` on endpoint `ep`, through `via`: its message is the first
+/// `len` bytes of the [`MsgBuf`] the caller gave the poll that returned it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Answer {
     /// Endpoint of the request.
     pub ep: EpId,
@@ -206,12 +237,36 @@ pub struct Answer {
     pub client: u64,
     /// Which core helper sends it.
     pub via: Via,
-    /// The ACM status in the answer (also in `msg`).
+    /// The ACM status in the answer (also in the message).
     pub status: Status,
-    /// Valid length of `msg`.
+    /// Length of the message (built with `wire::client`).
     pub len: u16,
-    /// The response message (built with `wire::client`).
-    pub msg: [u8; MSG_LEN],
+}
+
+/// A client message's bytes, aligned as the core's `struct acm_msg` (8): a poll that returns
+/// an [`Output::Answer`] writes the answer's message here, and the plugin hands this buffer to
+/// the core as its `acm_msg`, so the answer is never copied after it is built. Only the
+/// answer's `len` bytes are written; the rest is left as it was.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MsgBuf(pub [u8; MSG_LEN]);
+
+impl MsgBuf {
+    /// An all-zero buffer.
+    pub const fn new() -> Self {
+        MsgBuf([0; MSG_LEN])
+    }
+
+    /// The message of `answer`, which a poll wrote here.
+    pub fn message(&self, answer: &Answer) -> &[u8] {
+        &self.0[..usize::from(answer.len).min(MSG_LEN)]
+    }
+}
+
+impl Default for MsgBuf {
+    fn default() -> Self {
+        MsgBuf::new()
+    }
 }
 
 /// One thing for the caller to do.

@@ -57,8 +57,8 @@ use crate::cache::{
 };
 use crate::node::{Output, SaConfig};
 use crate::resolver::{
-    AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Millis, Resolver, Stats,
-    Via, MSG_LEN,
+    AcmDest, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Millis, MsgBuf, Resolver,
+    Stats, Via, MSG_LEN,
 };
 use crate::sa_channel::SmAddr;
 use crate::wire::client::{AcmMsg, Status};
@@ -228,6 +228,8 @@ pub struct Sim {
     pub now: Millis,
     /// The nodes.
     pub nodes: Vec<Node>,
+    /// Where a node's polled answer is built (`Node::poll_output`), read before the next poll.
+    msg: MsgBuf,
     /// Faults in force (may be changed between steps).
     pub faults: Faults,
     /// The PRNG.
@@ -376,6 +378,7 @@ impl Sim {
         let mut sim = Sim {
             now: 0,
             nodes,
+            msg: MsgBuf::new(),
             faults: cfg.faults,
             rng,
             answers: Vec::new(),
@@ -559,7 +562,7 @@ impl Sim {
             for i in d {
                 self.is_dirty[i] = false;
                 let now = self.now;
-                while let Some(o) = self.nodes[i].node.poll_output(now) {
+                while let Some(o) = self.nodes[i].node.poll_output(now, &mut self.msg) {
                     self.output(i, o);
                 }
                 let n = &mut self.nodes[i];
@@ -643,7 +646,7 @@ impl Sim {
             let mut any = false;
             let now = self.now;
             for i in 0..self.nodes.len() {
-                while let Some(o) = self.nodes[i].node.poll_output(now) {
+                while let Some(o) = self.nodes[i].node.poll_output(now, &mut self.msg) {
                     any = true;
                     self.output(i, o);
                 }
@@ -657,13 +660,11 @@ impl Sim {
     fn output(&mut self, i: usize, o: Output) {
         match o {
             Output::Answer(a) => {
-                let tid = AcmMsg::new_unchecked(&a.msg[..]).tid();
-                let path = (a.status == Status::Success && a.via == Via::Resolve && a.len >= 88)
-                    .then(|| {
-                        let mut p = [0u8; 64];
-                        p.copy_from_slice(&a.msg[24..88]);
-                        p
-                    });
+                let msg = AcmMsg::new_unchecked(self.msg.message(&a));
+                let tid = msg.tid();
+                let path = (a.status == Status::Success && a.via == Via::Resolve)
+                    .then(|| msg.entry(0).and_then(|e| e.info().try_into().ok()))
+                    .flatten();
                 if a.len as usize > MSG_LEN || usize::from(a.len) < 16 {
                     self.violations.push(format!("answer length {}", a.len));
                 }

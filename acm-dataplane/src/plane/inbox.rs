@@ -8,7 +8,9 @@ use crate::stats::MissStamp;
 use crate::worker::Waker;
 use acm_core_nostd::cache::{ep_number, AddrKind, CacheEp};
 use acm_core_nostd::resolver::request::respond;
-use acm_core_nostd::resolver::{Answer, EpConfig, EpId, Kind, Request, RequestHead, Via, MSG_LEN};
+use acm_core_nostd::resolver::{
+    Answer, EpConfig, EpId, Kind, MsgBuf, Request, RequestHead, Via, MSG_LEN,
+};
 use acm_core_nostd::wire::client::{Status, HDR_LEN};
 use acm_core_nostd::wire::gid::Gid;
 use crossbeam_queue::ArrayQueue;
@@ -61,22 +63,21 @@ impl Queued {
         }
     }
 
-    /// This request's answer with `status` and no path, for one the resolver never took
-    /// (shutdown, no resolver, a stalled loop); `None` for a Prime or Refresh, which was
-    /// answered when it was made.
-    pub fn answer(&self, status: Status) -> Option<Answer> {
+    /// This request's answer with `status` and no path, its message built into `out`, for one
+    /// the resolver never took (shutdown, no resolver, a stalled loop); `None` for a Prime or
+    /// Refresh, which was answered when it was made.
+    pub fn answer(&self, status: Status, out: &mut MsgBuf) -> Option<Answer> {
         let via = match self.head.kind {
             Kind::Resolve => Via::Resolve,
             Kind::Query => Via::Query,
             Kind::Prime | Kind::Refresh => return None,
         };
-        let mut msg = [0u8; MSG_LEN];
         let len = respond(
             &self.msg[..usize::from(self.len)],
             via,
             status,
             None,
-            &mut msg,
+            &mut out.0,
         );
         Some(Answer {
             ep: self.head.ep,
@@ -84,7 +85,6 @@ impl Queued {
             via,
             status,
             len,
-            msg,
         })
     }
 }
@@ -612,15 +612,18 @@ mod tests {
         assert_eq!(hand.len, 10);
         assert_eq!(&hand.msg[..10], &path.bytes()[..10]);
         assert_eq!(&hand.msg[10..HDR_LEN], &[0u8; HDR_LEN - 10]);
-        let a = hand.answer(Status::Einval).expect("a resolve is answered");
+        let mut out = MsgBuf::new();
+        let a = hand
+            .answer(Status::Einval, &mut out)
+            .expect("a resolve is answered");
         assert_eq!(a.client, 42);
         assert_eq!(
-            &a.msg[8..10],
+            &out.message(&a)[8..10],
             &path.bytes()[8..10],
             "its own two bytes of the TID"
         );
         assert_eq!(
-            &a.msg[10..HDR_LEN],
+            &out.message(&a)[10..HDR_LEN],
             &[0u8; 6],
             "none of an earlier request's"
         );

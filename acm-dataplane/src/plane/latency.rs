@@ -21,7 +21,7 @@
 
 use super::{Kind, LatencySink, Queued};
 use crate::stats::{Clock, InFlight, Latency, MissClass, MissStamp};
-use acm_core_nostd::resolver::{Answer, EpId};
+use acm_core_nostd::resolver::{Answer, EpId, MsgBuf};
 use acm_core_nostd::wire::client::AcmMsg;
 
 /// The loop's latency bookkeeping: nothing when the loop keeps no latencies.
@@ -176,13 +176,14 @@ impl Latencies {
         }
     }
 
-    /// Answer `a` was handed to the core at `end` (clock ticks, from [`now`](Self::now)): the
-    /// latency of its request ends, and the leg of the reply that led to it.
-    pub(super) fn answered(&mut self, a: &Answer, end: Option<u64>) {
+    /// Answer `a` (its message in `msg`) was handed to the core at `end` (clock ticks, from
+    /// [`now`](Self::now)): the latency of its request ends, and the leg of the reply that led
+    /// to it.
+    pub(super) fn answered(&mut self, a: &Answer, msg: &MsgBuf, end: Option<u64>) {
         let (Some(b), Some(end)) = (self.0.as_mut(), end) else {
             return;
         };
-        let key = client_key(a.client, &a.msg);
+        let key = client_key(a.client, msg.message(a));
         let entering = match &mut b.entering {
             Some((t, answered)) if !*answered && t.key == key => {
                 *answered = true;

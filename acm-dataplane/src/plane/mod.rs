@@ -35,7 +35,7 @@ use crate::worker::{PollOutcome, Poller};
 use acm_core_nostd::cache::{AddrKind, AddrSlot, CacheEp, CacheWriter, PathCache, PathSlot};
 use acm_core_nostd::node::{HeapNode, Output, SaConfig, Transport, Unsent};
 use acm_core_nostd::resolver::{
-    AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, RecvMeta,
+    AcmDest, Answer, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup, Millis, MsgBuf, RecvMeta,
     Resolver, Stats,
 };
 use acm_core_nostd::sa_channel::SmAddr;
@@ -181,8 +181,9 @@ pub trait CoreIo: Send + 'static {
     /// Sends an SA MAD for endpoint `ep`; false if it could not be sent (the query then fails
     /// at once).
     fn send_sa(&mut self, ep: EpId, token: u64, mad: &[u8; 256]) -> bool;
-    /// Answers a client.
-    fn answer(&mut self, answer: &Answer);
+    /// Answers a client: `msg` holds the answer's message (its first `answer.len` bytes), built
+    /// there by the node, handed on as it is (the core writes its ACK bit into it).
+    fn answer(&mut self, answer: &Answer, msg: &mut MsgBuf);
     /// Counts an event of endpoint `ep`.
     fn count(&mut self, ep: EpId, counter: Counter);
     /// Logs a line at `level` (0 = errors).
@@ -251,6 +252,9 @@ pub struct Plane<I: CoreIo> {
     reply_due: reply_due::ReplyDue,
     /// Poll rounds run (published to the inbox for the watchdog).
     rounds: u64,
+    /// Where an answer's message is built (by the node's poll, or `Queued::answer`) and
+    /// handed to the core from: the answer's one buffer on its way out.
+    msg: Box<MsgBuf>,
 }
 
 impl<I: CoreIo> Plane<I> {
@@ -290,6 +294,7 @@ impl<I: CoreIo> Plane<I> {
             rx_taken: None,
             reply_due: reply_due::ReplyDue::new(),
             rounds: 0,
+            msg: Box::new(MsgBuf::new()),
         })
     }
 
@@ -405,8 +410,8 @@ impl<I: CoreIo> Plane<I> {
     /// resolver) and frees the buffer.
     fn answer_current(&mut self, status: Status) {
         self.current_is = Current::Free;
-        if let Some(a) = self.current.answer(status) {
-            self.io.answer(&a);
+        if let Some(a) = self.current.answer(status, &mut self.msg) {
+            self.io.answer(&a, &mut self.msg);
         }
     }
 
@@ -590,8 +595,10 @@ impl<I: CoreIo> Plane<I> {
         let mut acted = false;
         loop {
             // Looked at where the node returned it, not moved out of its `Option`: an output
-            // is the size of its largest variant (an answer), a MAD's output a quarter of it.
-            let o = self.n().poll_output(now);
+            // is the size of its largest variant (a MAD's). An answer's message is built into
+            // the loop's one message buffer, handed to the core from there.
+            let node = self.node.as_mut().expect("a live loop has a node");
+            let o = node.poll_output(now, &mut self.msg);
             let Some(o) = &o else {
                 break;
             };
@@ -650,15 +657,15 @@ impl<I: CoreIo> Plane<I> {
                     if self.current_is == Current::Taken
                         && self.current.head.client == a.client
                         && AcmMsg::new_unchecked(&self.current.msg[..]).tid()
-                            == AcmMsg::new_unchecked(&a.msg[..]).tid()
+                            == AcmMsg::new_unchecked(self.msg.message(a)).tid()
                     {
                         self.current_is = Current::Free;
                     }
                     // A stamped request's latency runs up to the hand-off to the core; the
                     // bookkeeping waits until the client has its answer.
                     let end = self.lat.now();
-                    self.io.answer(a);
-                    self.lat.answered(a, end);
+                    self.io.answer(a, &mut self.msg);
+                    self.lat.answered(a, &self.msg, end);
                 }
                 Output::Attach { ep, ref group } => {
                     let r = match self.eps.get_mut(ep).and_then(|e| e.ud.as_mut()) {

@@ -57,7 +57,7 @@ use acm_core_nostd::cache::{
 use acm_core_nostd::node::{self, SaConfig, Transport};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
-    Millis, Output, RecvMeta, Request, Resolver,
+    Millis, MsgBuf, Output, RecvMeta, Request, Resolver,
 };
 use acm_core_nostd::sa_channel::SmAddr;
 use acm_core_nostd::wire::client::{ClientRequest, PathQuery, Status};
@@ -188,22 +188,40 @@ trait Machine {
     }
     /// Before step 1, not timed: what the request's way needs before the machine has it.
     fn prepare(&mut self, _req: &Request<'_>) {}
-    /// Step 1: `req` given at `now` and the outputs drained; the SA query (its token and
-    /// MAD as it would leave) it led to.
-    fn request(&mut self, now: Millis, req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])>;
-    /// Step 2: the SA's `reply` to query `token` given and the outputs drained; the answers
-    /// with success to `client`.
-    fn reply(&mut self, now: Millis, token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize;
+    /// Step 1: `req` given at `now` and the outputs drained (an answer's message built into
+    /// `msg`); the SA query (its token and MAD as it would leave) it led to.
+    fn request(
+        &mut self,
+        now: Millis,
+        req: &Request<'_>,
+        msg: &mut MsgBuf,
+    ) -> Option<(u64, [u8; MAD_LEN])>;
+    /// Step 2: the SA's `reply` to query `token` given and the outputs drained (an answer's
+    /// message built into `msg`, as the loop builds it into its buffer); the answers with
+    /// success to `client`.
+    fn reply(
+        &mut self,
+        now: Millis,
+        token: u64,
+        reply: &[u8; MAD_LEN],
+        client: u64,
+        msg: &mut MsgBuf,
+    ) -> usize;
     /// Empties the path cache (not timed).
     fn clear_cache(&mut self);
 }
 
 impl Machine for Resolver<HeapStorage, Arc<Cache>> {
     #[inline(never)]
-    fn request(&mut self, now: Millis, req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])> {
+    fn request(
+        &mut self,
+        now: Millis,
+        req: &Request<'_>,
+        msg: &mut MsgBuf,
+    ) -> Option<(u64, [u8; MAD_LEN])> {
         self.handle_request(now, req);
         let mut query = None;
-        while let Some(o) = self.poll_output() {
+        while let Some(o) = self.poll_output(msg) {
             if let Output::SendSa { token, mad, .. } = o {
                 query = Some((token, mad));
             }
@@ -212,10 +230,17 @@ impl Machine for Resolver<HeapStorage, Arc<Cache>> {
     }
 
     #[inline(never)]
-    fn reply(&mut self, now: Millis, token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize {
+    fn reply(
+        &mut self,
+        now: Millis,
+        token: u64,
+        reply: &[u8; MAD_LEN],
+        client: u64,
+        msg: &mut MsgBuf,
+    ) -> usize {
         self.handle_sa(now, token, 0, reply);
         let mut answered = 0;
-        while let Some(o) = self.poll_output() {
+        while let Some(o) = self.poll_output(msg) {
             if let Output::Answer(a) = o {
                 answered += usize::from(a.client == client && a.status == Status::Success);
             }
@@ -230,10 +255,15 @@ impl Machine for Resolver<HeapStorage, Arc<Cache>> {
 
 impl Machine for HostNode {
     #[inline(never)]
-    fn request(&mut self, now: Millis, req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])> {
+    fn request(
+        &mut self,
+        now: Millis,
+        req: &Request<'_>,
+        msg: &mut MsgBuf,
+    ) -> Option<(u64, [u8; MAD_LEN])> {
         self.handle_request(now, req);
         let mut query = None;
-        while let Some(o) = self.poll_output(now) {
+        while let Some(o) = self.poll_output(now, msg) {
             if let node::Output::Transmit {
                 mad,
                 query: Some(token),
@@ -247,10 +277,17 @@ impl Machine for HostNode {
     }
 
     #[inline(never)]
-    fn reply(&mut self, now: Millis, _token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize {
+    fn reply(
+        &mut self,
+        now: Millis,
+        _token: u64,
+        reply: &[u8; MAD_LEN],
+        client: u64,
+        msg: &mut MsgBuf,
+    ) -> usize {
         self.handle_receive(now, EP, &FROM_SM, reply);
         let mut answered = 0;
-        while let Some(o) = self.poll_output(now) {
+        while let Some(o) = self.poll_output(now, msg) {
             if let node::Output::Answer(a) = o {
                 answered += usize::from(a.client == client && a.status == Status::Success);
             }
@@ -295,7 +332,7 @@ fn resolver(slots: usize) -> Result<Resolver<HeapStorage, Arc<Cache>>, String> {
     let mut r = new_resolver(slots)?;
     r.handle_open(0, EP, ep_number(0, EP.0), port())
         .map_err(|e| format!("open: {e:?}"))?;
-    while r.poll_output().is_some() {}
+    while r.poll_output(&mut MsgBuf::new()).is_some() {}
     Ok(r)
 }
 
@@ -308,7 +345,7 @@ fn node(slots: usize) -> Result<HostNode, String> {
     let mut n = HostNode::on_heap(r, sa, 4096 + 8, 1, slots.min(8192), [0x5a, 0xa5]);
     n.handle_open(0, EP, ep_number(0, EP.0), port(), Some(SM))
         .map_err(|e| format!("open: {e:?}"))?;
-    while n.poll_output(0).is_some() {}
+    while n.poll_output(0, &mut MsgBuf::new()).is_some() {}
     Ok(n)
 }
 
@@ -364,7 +401,7 @@ impl CoreIo for FakeCore {
         false
     }
 
-    fn answer(&mut self, a: &Answer) {
+    fn answer(&mut self, a: &Answer, _msg: &mut MsgBuf) {
         lock(&self.0).push((a.client, a.status));
     }
 
@@ -411,7 +448,12 @@ impl Machine for Loop {
     }
 
     #[inline(never)]
-    fn request(&mut self, _now: Millis, _req: &Request<'_>) -> Option<(u64, [u8; MAD_LEN])> {
+    fn request(
+        &mut self,
+        _now: Millis,
+        _req: &Request<'_>,
+        _msg: &mut MsgBuf,
+    ) -> Option<(u64, [u8; MAD_LEN])> {
         let _ = self.plane.poll(self.at);
         let sent = lock(&self.wire).sent.pop()?;
         // A PathRecord query (its token is the loop's: the reply finds it by its TID).
@@ -419,7 +461,14 @@ impl Machine for Loop {
     }
 
     #[inline(never)]
-    fn reply(&mut self, _now: Millis, _token: u64, reply: &[u8; MAD_LEN], client: u64) -> usize {
+    fn reply(
+        &mut self,
+        _now: Millis,
+        _token: u64,
+        reply: &[u8; MAD_LEN],
+        client: u64,
+        _msg: &mut MsgBuf,
+    ) -> usize {
         lock(&self.wire).delivered.push(*reply);
         let _ = self.plane.poll(self.at);
         let answers = std::mem::take(&mut *lock(&self.answers));
@@ -494,6 +543,8 @@ fn run(
     evict_kib: usize,
 ) -> Result<Steps, String> {
     let mut junk = vec![0u8; evict_kib * 1024];
+    // The caller's one message buffer, as the loop has it.
+    let mut out = Box::new(MsgBuf::new());
     let mut steps = Steps {
         request: LatencyHistogram::new(),
         reply: LatencyHistogram::new(),
@@ -510,13 +561,13 @@ fn run(
         m.prepare(&req);
         evict(&mut junk, i as u8);
         let t0 = clock.now();
-        let query = m.request(1, &req);
+        let query = m.request(1, &req, &mut out);
         let t1 = clock.now();
         let (token, mad) = query.ok_or_else(|| format!("miss {i} (LID {dlid}): no SA query"))?;
         let reply = sa_reply(&mad, dlid);
         evict(&mut junk, i as u8);
         let t2 = clock.now();
-        let answered = m.reply(1, token, &reply, tid);
+        let answered = m.reply(1, token, &reply, tid, &mut out);
         let t3 = clock.now();
         if answered != 1 {
             return Err(format!("miss {i} (LID {dlid}): {answered} answers"));

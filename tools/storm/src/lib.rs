@@ -264,6 +264,9 @@ pub fn sim_config(p: &Params) -> SimConfig {
         transport: p.transport,
         tries: p.sa.umad_retries + 1,
         try_wait: p.sa.umad_timeout,
+        // Over the core's service the profile's window is the core's `sa_depth` (ibacmp-like:
+        // 1); the model's own credits are `--core-sa-depth`.
+        core_depth: c.resolver.sa_window,
     };
     let conc = p.concurrency.min(p.peers).max(1);
     c.caps = Capacities {

@@ -27,7 +27,7 @@ use acm_core_nostd::node::{Event, Node, Output, SaConfig, Transport};
 use acm_core_nostd::resolver::request::{classify, respond, EpView, Target};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, RecvMeta,
-    Request, Resolver, Storage, Via, MSG_LEN,
+    MsgBuf, Request, Resolver, Storage, Via, MSG_LEN,
 };
 use acm_core_nostd::rmpp;
 use acm_core_nostd::sa_channel::{SaEntry, SmAddr, TableSlot};
@@ -275,7 +275,7 @@ fn put_group(r: &mut Record, g: &McGroup) {
     r.put(&g.qkey.to_be_bytes());
 }
 
-fn put_answer(r: &mut Record, a: &Answer) {
+fn put_answer(r: &mut Record, a: &Answer, msg: &MsgBuf) {
     r.put(&[a.ep.0]);
     r.put(&a.client.to_be_bytes());
     r.put(&[match a.via {
@@ -284,7 +284,7 @@ fn put_answer(r: &mut Record, a: &Answer) {
     }]);
     r.put(&[u8::from(a.status)]);
     r.put(&a.len.to_be_bytes());
-    r.put(&a.msg[..usize::from(a.len).min(MSG_LEN)]);
+    r.put(msg.message(a));
 }
 
 /// The canonical record of an output: its tag, then every field it carries, integers
@@ -301,7 +301,7 @@ fn put_answer(r: &mut Record, a: &Answer) {
 /// | QueryDone | 08, token (8), answered |
 /// | Event | 09, kind (1 SA full, 2 table, 3 table failed, 4 SM changed, 5 Report), then: ep; records (4); -; ep, old LID (2), new LID (2); ep, trap (2), GID (16), invalidated (8) |
 /// | caller answer | 10, then as Answer |
-fn encode(o: &Output) -> (&'static str, Record) {
+fn encode(o: &Output, msg: &MsgBuf) -> (&'static str, Record) {
     match o {
         Output::CoreSa { ep, token, mad } => {
             let mut r = Record::new(tag::CORE_SA);
@@ -338,7 +338,7 @@ fn encode(o: &Output) -> (&'static str, Record) {
         }
         Output::Answer(a) => {
             let mut r = Record::new(tag::ANSWER);
-            put_answer(&mut r, a);
+            put_answer(&mut r, a, msg);
             ("Answer", r)
         }
         Output::Attach { ep, group } => {
@@ -400,17 +400,33 @@ fn encode(o: &Output) -> (&'static str, Record) {
     }
 }
 
-/// Outputs drained after one input (at most [`Outs::CAP`]; more is a failed check).
+/// Outputs drained after one input (at most [`Outs::CAP`], of them at most
+/// [`Outs::ANSWERS`] answers; more is a failed check).
 struct Outs {
     items: [Option<Output>; Outs::CAP],
     len: usize,
+    /// The messages of the answers among `items`, in their order (the poll builds each
+    /// answer here).
+    msgs: [MsgBuf; Outs::ANSWERS],
+    answers: usize,
     overflow: bool,
 }
 
 impl Outs {
     const CAP: usize = 12;
+    const ANSWERS: usize = 4;
     fn iter(&self) -> impl Iterator<Item = &Output> {
         self.items[..self.len].iter().flatten()
+    }
+    /// Each output with the buffer that holds its message if it is an answer (the other
+    /// outputs' is a spare).
+    fn with_msgs(&self) -> impl Iterator<Item = (&Output, &MsgBuf)> {
+        let mut k = 0;
+        self.iter().map(move |o| {
+            let m = &self.msgs[k.min(Outs::ANSWERS - 1)];
+            k += usize::from(matches!(o, Output::Answer(_)));
+            (o, m)
+        })
     }
 }
 
@@ -419,10 +435,16 @@ impl Outs {
 /// per step would each take its own stack slot.
 fn drain<S: Storage>(n: &mut FwNode<'_, S>, now: Millis, o: &mut Outs) {
     o.len = 0;
+    o.answers = 0;
     o.overflow = false;
-    while let Some(x) = n.poll_output(now) {
+    // Past its last answer buffer the drain builds into that one again, and fails its check.
+    while let Some(x) = n.poll_output(now, &mut o.msgs[o.answers.min(Outs::ANSWERS - 1)]) {
         if let Output::ReadSm { ep } = x {
             n.handle_sm(now, ep, CEP, Some(SM));
+        }
+        if let Output::Answer(_) = x {
+            o.overflow |= o.answers == Outs::ANSWERS;
+            o.answers += 1;
         }
         if o.len < Outs::CAP {
             o.items[o.len] = Some(x);
@@ -517,8 +539,8 @@ impl<K: Sink> Run<'_, K> {
 
     /// Writes every drained output.
     fn emit(&mut self, outs: &Outs) {
-        for o in outs.iter() {
-            let (name, r) = encode(o);
+        for (o, msg) in outs.with_msgs() {
+            let (name, r) = encode(o, msg);
             self.record(name, &r);
         }
         if outs.overflow {
@@ -563,6 +585,11 @@ fn first_answer(outs: &Outs) -> Option<Answer> {
     })
 }
 
+/// The first answer of `outs` with its message.
+fn first_answered(outs: &Outs) -> Option<(Answer, MsgBuf)> {
+    first_answer(outs).map(|a| (a, outs.msgs[0]))
+}
+
 /// The caller's inline hit path (as the provider's and `acm_core_nostd::sim`'s): classify the
 /// request, look its key up in the cache, and on a hit (or a remembered "no record") build
 /// the answer without the resolver. `None`: a miss, for the resolver. Its three parts are
@@ -573,7 +600,7 @@ fn caller_hit<P, A>(
     client: u64,
     msg: &[u8],
     meter: &mut impl Meter,
-) -> Option<Answer>
+) -> Option<(Answer, MsgBuf)>
 where
     P: core::ops::Deref<Target = [PathSlot]>,
     A: core::ops::Deref<Target = [AddrSlot]>,
@@ -601,18 +628,17 @@ where
         Lookup::Miss | Lookup::Busy => return None,
     };
     meter.begin();
-    let mut out = [0u8; MSG_LEN];
-    let len = respond(msg, Via::Resolve, status, path.as_ref(), &mut out);
+    let mut out = MsgBuf::new();
+    let len = respond(msg, Via::Resolve, status, path.as_ref(), &mut out.0);
     let a = Answer {
         ep: EP,
         client,
         via: Via::Resolve,
         status,
         len,
-        msg: out,
     };
     meter.end(Measure::HitRespond);
-    Some(a)
+    Some((a, out))
 }
 
 /// Measures nothing (for the parts not measured).
@@ -693,6 +719,8 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     let mut outs = Outs {
         items: [None; Outs::CAP],
         len: 0,
+        msgs: [MsgBuf::new(); Outs::ANSWERS],
+        answers: 0,
         overflow: false,
     };
 
@@ -798,14 +826,14 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     drain(&mut n, now, &mut outs);
     meter.end(Measure::MissReply);
     t.emit(&outs);
-    let miss = first_answer(&outs);
+    let miss = first_answered(&outs);
     t.check(
         "client 1 answered with OpenSM's PathRecord, its query done",
-        miss.is_some_and(|a| {
+        miss.is_some_and(|(a, msg)| {
             a.client == 1
                 && a.status == Status::Success
                 && a.len == 88
-                && a.msg[24..88] == PR_LID_RESP[56..120]
+                && msg.0[24..88] == PR_LID_RESP[56..120]
         }) && outs
             .iter()
             .any(|o| matches!(o, Output::QueryDone { token, replied: true } if *token == pr_token)),
@@ -819,18 +847,16 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     let req = lid_msg(6, 0x1002);
     let hit = caller_hit(&cache, now, 2, &req, meter);
     match hit {
-        Some(a) => {
+        Some((a, msg)) => {
             let mut rec = Record::new(tag::CALLER_ANSWER);
-            put_answer(&mut rec, &a);
+            put_answer(&mut rec, &a, &msg);
             t.record("caller-answer", &rec);
         }
         None => t.check("cache hit on the caller's path", false),
     }
-    let same = |a: &Answer, b: &Answer| {
-        a.status == b.status
-            && a.len == b.len
-            && a.msg[..8] == b.msg[..8]
-            && a.msg[16..usize::from(a.len)] == b.msg[16..usize::from(b.len)]
+    let same = |(a, am): &(Answer, MsgBuf), (b, bm): &(Answer, MsgBuf)| {
+        let (am, bm) = (am.message(a), bm.message(b));
+        a.status == b.status && a.len == b.len && am[..8] == bm[..8] && am[16..] == bm[16..]
     };
     t.check(
         "hit answer = miss answer (TID aside)",
@@ -845,7 +871,7 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     drain(&mut n, now, &mut outs);
     meter.end(Measure::HitResolver);
     t.emit(&outs);
-    let hit = first_answer(&outs);
+    let hit = first_answered(&outs);
     t.check(
         "resolver answers the repeat from the cache, no SA query",
         first_sa(&outs).is_none() && matches!((hit, miss), (Some(h), Some(m)) if same(&h, &m)),
@@ -877,14 +903,14 @@ fn sequence<S: Storage, K: Sink>(t: &mut Run<'_, K>, storage: S, meter: &mut imp
     now += 1;
     t.step("path-lid99-negative-caller", now);
     let neg = caller_hit(&cache, now, 5, &lid_msg(0x99, 0x1005), &mut Unmetered);
-    if let Some(a) = neg {
+    if let Some((a, msg)) = &neg {
         let mut rec = Record::new(tag::CALLER_ANSWER);
-        put_answer(&mut rec, &a);
+        put_answer(&mut rec, a, msg);
         t.record("caller-answer", &rec);
     }
     t.check(
         "the no-record answer is remembered (ENODATA from the cache)",
-        neg.is_some_and(|a| a.status == Status::Enodata),
+        neg.is_some_and(|(a, _)| a.status == Status::Enodata),
     );
 
     // 6. A name nobody answers: multicast ACM queries on their timers, then ETIMEDOUT.

@@ -13,7 +13,7 @@
 
 use acm_core_nostd::cache::{ep_number, AddrKind, AddrSlot, CacheConfig, PathCache, PathSlot};
 use acm_core_nostd::resolver::{
-    ArrayStorage, Config, EpConfig, EpId, Kind, Output, RecvMeta, Request, Resolver,
+    ArrayStorage, Config, EpConfig, EpId, Kind, MsgBuf, Output, RecvMeta, Request, Resolver,
 };
 use acm_core_nostd::wire::gid::Gid;
 use core::hint::black_box;
@@ -77,9 +77,11 @@ fn run() -> u32 {
         };
         r.handle_acm(now, ep, &meta, &mad);
         r.handle_timeout(now);
-        while let Some(o) = r.poll_output() {
+        let mut msg = MsgBuf::new();
+        while let Some(o) = r.poll_output(&mut msg) {
             if let Output::Answer(a) = &o {
                 outputs = outputs.wrapping_add(u32::from(a.len));
+                black_box(msg.message(a));
             }
             black_box(&o);
         }
