@@ -815,7 +815,7 @@ fn transmit(qp: EpId, sm: SmAddr, mad: [u8; MAD_LEN], query: Option<u64>) -> Out
 }
 
 /// The node's output for the resolver's output `o`, passed on as it is, each field copied
-/// once: an output is the size of its largest variant (an answer), and one moved by value
+/// once: an output is the size of its largest variant (a MAD's), and one moved by value
 /// from one enum to the other is taken apart and put together again field by field. Kept out
 /// of line: inlined into a caller's drain loop, that took kilobytes of flash and thousands of
 /// instructions per output on a Cortex-M4 (docs/firmware.md). [`Node::poll_output`] routes
