@@ -197,5 +197,5 @@ pub(crate) fn sa_deadline(eps: &[EpSlot], slot: usize, sh: &Shared) -> Millis {
     let st = eps.get(slot).map_or(0, |e| e.subnet_timeout);
     sh.cfg
         .sa_deadline
-        .saturating_add(st.saturating_mul(u64::from(sh.carries.subnet_waits)))
+        .saturating_add(st.saturating_mul(u64::from(sh.subnet_waits)))
 }

@@ -104,8 +104,9 @@ pub(crate) struct Shared {
     /// The settings in force: those given to [`Resolver::new`], limited by what the
     /// transport carries ([`Resolver::set_transport`]).
     pub(crate) cfg: Config,
-    /// What the owner's transport carries ([`Resolver::set_transport`]).
-    pub(crate) carries: Carries,
+    /// Subnet timeouts an SA query's deadline adds, one per try of the owner's transport
+    /// ([`Carries::subnet_waits`], [`Resolver::set_transport`]; 0: the budget is fixed).
+    pub(crate) subnet_waits: u32,
     /// What the given settings asked for of the transport, before [`Carries`] limited it:
     /// `sa_tables`, `sa_reports`, `sa_window`.
     asked: (bool, bool, u32),
@@ -198,7 +199,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             sh: Shared {
                 asked: (config.sa_tables, config.sa_reports, config.sa_window),
                 cfg: config,
-                carries: Carries::ALL,
+                subnet_waits: Carries::ALL.subnet_waits,
                 tid,
                 timers: TimerTable::new(),
                 stats: Stats::default(),
@@ -230,7 +231,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         cfg.sa_tables = tables && carries.tables;
         cfg.sa_reports = reports && carries.reports;
         cfg.sa_window = carries.window.unwrap_or(window).max(1);
-        self.sh.carries = carries;
+        self.sh.subnet_waits = carries.subnet_waits;
         self.routes.sa.limit(cfg.sa_window, cfg.sa_window_start);
     }
 

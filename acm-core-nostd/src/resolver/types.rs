@@ -200,7 +200,9 @@ pub struct SaTable<'a> {
 /// What the caller's SA transport does for the resolver besides carrying single-MAD queries
 /// and their answers. The node sets it from its [`SaConfig`](crate::node::SaConfig)
 /// ([`Resolver::set_transport`](super::Resolver::set_transport)); a resolver on its own has
-/// [`Carries::ALL`]. It limits what [`Config`](super::Config) asks for, never adds to it.
+/// [`Carries::ALL`]. It switches off the tables and Reports [`Config`](super::Config) asks
+/// for where the transport cannot carry them, and replaces the configured SA window where the
+/// transport has one of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Carries {
     /// Subnet timeouts an SA query's deadline adds, one per try of the transport, each of
