@@ -207,7 +207,10 @@ pub enum Output {
         ep: EpId,
     },
     /// The `ud` SA query `token` is done: `replied` to by the SA (a reply or a whole table), or
-    /// failed (out of tries, a table that brought nothing). After the outputs it led to.
+    /// failed (out of tries, a table that brought nothing). After the outputs it led to, but
+    /// for a GetTable whose carrier closed, which the core's service cannot carry: before
+    /// the Gets that replace it. (A Get whose carrier closed goes on through the core's
+    /// service under the same token, as [`Output::CoreSa`].)
     QueryDone {
         /// The token of its [`Output::Transmit`].
         token: u64,
@@ -428,12 +431,32 @@ where
     }
 
     /// Closes endpoint `ep` ([`Resolver::handle_close`]); its SA requests are forgotten (the
-    /// resolver forgot their queries: their replies match nothing).
+    /// resolver forgot their queries: their replies match nothing). If its QP carried other
+    /// endpoints' SA MADs, their requests in flight go again at once on what carries them
+    /// now: another endpoint of the port on the SA's P_Key, or the core's service
+    /// ([`SaChannel::handle_carrier_gone`]).
     pub fn handle_close(&mut self, now: Millis, ep: EpId) {
         self.resolver.handle_close(now, ep);
         self.sa.drop_endpoint(ep, |_, _| {});
-        if let Some(e) = self.eps.get_mut(ep.index()) {
-            e.open = false;
+        let Some(closed) = self.eps.get(ep.index()).copied() else {
+            return;
+        };
+        // The endpoints it carried (a bit per id; ids are below `EPS` ≤ `MAX_EPS`).
+        let mut carried = [0u64; MAX_EPS / 64];
+        if closed.carries() {
+            for (i, e) in self.eps.iter().enumerate() {
+                let by_it =
+                    EpId::from_index(i).is_some_and(|o| carrier_in(&self.eps, o) == Some(ep));
+                if i != ep.index() && e.open && by_it {
+                    carried[i / 64] |= 1 << (i % 64);
+                }
+            }
+        }
+        self.eps[ep.index()].open = false;
+        for i in (0..EPS).filter(|i| carried[i / 64] & (1 << (i % 64)) != 0) {
+            if let Some(owner) = EpId::from_index(i) {
+                self.sa.handle_carrier_gone(now, owner);
+            }
         }
     }
 
@@ -620,14 +643,28 @@ where
     #[must_use]
     pub fn poll_output(&mut self, now: Millis, msg: &mut MsgBuf) -> Option<Output> {
         loop {
-            // What the channel has to send: RMPP ACKs/STOPs/ABORTs, requests whose try ran out.
-            if let Some((ep, mad)) = self.sa.poll_transmit() {
-                if let Some((qp, sm)) = self.route(ep) {
-                    return Some(transmit(qp, sm, mad, None));
+            // What the channel has to send: RMPP ACKs/STOPs/ABORTs, requests whose try ran out
+            // or whose carrier closed.
+            if let Some(send) = self.sa.poll_transmit() {
+                if let Some((qp, sm)) = self.route(send.ep) {
+                    return Some(transmit(qp, sm, send.mad, None));
                 }
-                // No carrier or no SM any more: the next try (or the transfer's timers) goes
-                // on without this one.
-                continue;
+                // No carrier (it closed) or no SM any more: a request goes on through the
+                // core's service, as one that found no carrier at its first send does; an
+                // ACK is dropped (the transfer's timers go on without it).
+                let Some(token) = send.request else {
+                    continue;
+                };
+                let Some(mad) = self.sa.withdraw(token) else {
+                    continue;
+                };
+                // Its `ud` query is over either way; refused (a GetTable), it says so now.
+                return Some(self.for_core(now, send.ep, token, &mad).unwrap_or(
+                    Output::QueryDone {
+                        token,
+                        replied: false,
+                    },
+                ));
             }
             if let Some(e) = self.event.take() {
                 return Some(Output::Event(e));
@@ -680,17 +717,7 @@ where
         mad: &[u8; MAD_LEN],
     ) -> Option<Output> {
         let Some((qp, sm)) = self.route(ep) else {
-            if Header::new_unchecked(&mad[..HEADER_LEN]).method() == Method::GetTable {
-                // The core's service reads one MAD per answer: no tables through it.
-                let e = Err(TableError::NotCarried);
-                self.resolver.handle_sa_table(now, token, e);
-                return None;
-            }
-            return Some(Output::CoreSa {
-                ep,
-                token,
-                mad: *mad,
-            });
+            return self.for_core(now, ep, token, mad);
         };
         let subnet = self.eps.get(qp.index()).map_or(0, |e| e.subnet_timeout_ms);
         let (per_try, tries) = (self.sa_cfg.per_try(subnet), self.sa_cfg.try_count());
@@ -707,6 +734,28 @@ where
                 None
             }
         }
+    }
+
+    /// SA MAD `mad` of endpoint `ep` for the core's service, `None` when it was settled here:
+    /// a GetTable, which the core's service cannot carry (it reads one MAD per answer), goes
+    /// back to the resolver refused.
+    fn for_core(
+        &mut self,
+        now: Millis,
+        ep: EpId,
+        token: u64,
+        mad: &[u8; MAD_LEN],
+    ) -> Option<Output> {
+        if Header::new_unchecked(&mad[..HEADER_LEN]).method() == Method::GetTable {
+            let e = Err(TableError::NotCarried);
+            self.resolver.handle_sa_table(now, token, e);
+            return None;
+        }
+        Some(Output::CoreSa {
+            ep,
+            token,
+            mad: *mad,
+        })
     }
 
     /// The carrier of `ep`'s SA MADs and its port's SM (`ud` transport), `None` when they go

@@ -192,6 +192,18 @@ pub enum Expired {
     },
 }
 
+/// A MAD for the caller to send ([`SaChannel::poll_transmit`]), as SA traffic of endpoint
+/// `ep` (on the QP that carries that endpoint's SA MADs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SaSend {
+    /// The endpoint whose SA traffic it is.
+    pub ep: EpId,
+    /// The token of the request this is a try of (`None`: an RMPP ACK, STOP or ABORT).
+    pub request: Option<u64>,
+    /// The MAD.
+    pub mad: [u8; MAD_LEN],
+}
+
 /// What a received class 3 MAD is ([`SaChannel::handle_receive`]).
 // The reply travels by value, as the MAD does everywhere here (no allocator to box it in).
 #[allow(clippy::large_enum_variant)]
@@ -256,6 +268,9 @@ where
     pub timeouts: u64,
     /// Requests whose MAD was not posted and went again soon ([`SaChannel::handle_unsent`]).
     pub unsent: u64,
+    /// Requests whose carrier's QP closed under them and that went again at once
+    /// ([`SaChannel::handle_carrier_gone`]).
+    pub moved: u64,
     tids: SipHasher13,
     /// Requests numbered so far (the hashed counter).
     counter: u64,
@@ -285,6 +300,7 @@ where
             resends: 0,
             timeouts: 0,
             unsent: 0,
+            moved: 0,
             tids: SipHasher13::new_with_keys(key[0], key[1]),
             counter: 0,
             resend_due: 0,
@@ -340,15 +356,19 @@ where
         }
     }
 
-    /// The next MAD to send, with the endpoint whose SA traffic it is (it goes to the SM like
+    /// The next MAD to send, as SA traffic of the endpoint it names (it goes to the SM like
     /// that endpoint's requests): an ACK, STOP or ABORT of a GetTable transfer, or a request
-    /// whose try ran out ([`handle_timeout`](Self::handle_timeout)), the same bytes again.
+    /// whose try ran out ([`handle_timeout`](Self::handle_timeout)) or whose carrier closed
+    /// ([`handle_carrier_gone`](Self::handle_carrier_gone)), the same bytes again.
     #[must_use]
-    pub fn poll_transmit(&mut self) -> Option<(EpId, [u8; MAD_LEN])> {
-        let acks = self
-            .tables
-            .iter_mut()
-            .find_map(|t| t.rx.poll_transmit().map(|m| (t.ep, m)));
+    pub fn poll_transmit(&mut self) -> Option<SaSend> {
+        let acks = self.tables.iter_mut().find_map(|t| {
+            t.rx.poll_transmit().map(|mad| SaSend {
+                ep: t.ep,
+                request: None,
+                mad,
+            })
+        });
         if acks.is_some() || self.resend_due == 0 {
             return acks;
         }
@@ -356,7 +376,55 @@ where
         let e = self.entries[..n].iter_mut().find(|e| e.resend)?;
         e.resend = false;
         self.resend_due -= 1;
-        Some((e.ep, e.mad))
+        Some(SaSend {
+            ep: e.ep,
+            request: Some(e.token),
+            mad: e.mad,
+        })
+    }
+
+    /// The QP that carried endpoint `ep`'s SA MADs closed at `now`, and with it every try of
+    /// `ep`'s requests in flight: each request goes again at once (through
+    /// [`poll_transmit`](Self::poll_transmit), on whatever carries `ep` now), without
+    /// spending a try, for a whole try's wait; a GetTable starts its answer again (the old
+    /// transfer goes to the closed QP). Requests that already ended are left to
+    /// [`poll_expired`](Self::poll_expired).
+    pub fn handle_carrier_gone(&mut self, now: Millis, ep: EpId) {
+        let n = self.len;
+        for e in self.entries[..n].iter_mut() {
+            if e.ep != ep || e.end != End::Running {
+                continue;
+            }
+            if let Some(t) = usize::from(e.table).checked_sub(1) {
+                let slot = &mut self.tables[t];
+                slot.rx.reset();
+                slot.rx.start(now, e.tid);
+            }
+            e.deadline = now.saturating_add(e.per_try);
+            self.moved += 1;
+            if !e.resend {
+                e.resend = true;
+                self.resend_due += 1;
+            }
+        }
+        self.next = self.earliest_try();
+    }
+
+    /// Takes request `token` out of the channel (it goes on another way: through the core's
+    /// SA service), with its MAD as the resolver wrote it (its own TID put back); `None` if
+    /// it is not outstanding here.
+    pub fn withdraw(&mut self, token: u64) -> Option<[u8; MAD_LEN]> {
+        let i = self.live().iter().position(|e| e.token == token)?;
+        let e = self.swap_remove(i);
+        if let Some(t) = usize::from(e.table).checked_sub(1) {
+            self.tables[t].rx.reset();
+        }
+        if self.len == 0 {
+            self.next = None;
+        }
+        let mut mad = e.mad;
+        Header::new_unchecked(&mut mad[..HEADER_LEN]).set_tid(e.own_tid);
+        Some(mad)
     }
 
     /// The next request [`handle_timeout`](Self::handle_timeout) ended (removed here): complete its token as
@@ -818,7 +886,12 @@ mod tests {
             expire_into(&mut c, at, &mut seen);
             assert!(seen.is_empty());
             // The same bytes go again, once per try.
-            assert_eq!(c.poll_transmit(), Some((EpId(1), wire)));
+            let again = SaSend {
+                ep: EpId(1),
+                request: Some(9),
+                mad: wire,
+            };
+            assert_eq!(c.poll_transmit(), Some(again));
             assert_eq!(c.poll_transmit(), None);
         }
         expire_into(&mut c, 299, &mut seen);
@@ -921,12 +994,14 @@ mod tests {
 
     /// Everything waiting to go, as it goes.
     fn sent_mads(c: &mut Channel) -> Vec<(EpId, [u8; MAD_LEN])> {
-        core::iter::from_fn(|| c.poll_transmit()).collect()
+        core::iter::from_fn(|| c.poll_transmit())
+            .map(|s| (s.ep, s.mad))
+            .collect()
     }
 
     fn sent(c: &mut Channel) -> Vec<(EpId, (u8, u32, u32))> {
         core::iter::from_fn(|| c.poll_transmit())
-            .map(|(ep, m)| (ep, rmpp_of(&m)))
+            .map(|s| (s.ep, rmpp_of(&s.mad)))
             .collect()
     }
 

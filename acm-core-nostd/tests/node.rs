@@ -529,3 +529,69 @@ fn the_transport_limits_what_the_resolver_asks_for_and_is_the_nodes() {
     t.n = Node::from_parts(r, sa, SaConfig::default());
     assert_eq!(asked(t.n.resolver().config()), (true, true, 12));
 }
+
+#[test]
+fn the_queries_a_closing_carrier_carried_go_on_at_once_through_the_cores_service() {
+    // One Get at a time: the backlog asks for B's half-world table (room for any subnet:
+    // no probe first).
+    let cfg = Config {
+        sa_table_min: 2,
+        sa_table_room: 0xc000,
+        sa_window: 1,
+        sa_window_start: 1,
+        ..config()
+    };
+    let mut t = setup(cfg, Transport::Ud);
+    t.open(A, ep(4, 0xffff, true), Some(SM));
+    t.open(B, ep(4, 0x8002, false), Some(SM));
+    for (i, lid) in (6..12).enumerate() {
+        t.miss(B, 20 + i as u64, lid);
+    }
+    // The window's Get, and B's half-world table, both on A's QP.
+    let sent = t.gets();
+    assert!(sent.iter().all(|g| g.0 == A), "on A's QP");
+    let (gets, tables): (Vec<_>, Vec<_>) = sent.into_iter().partition(|g| g.2[3] == 0x01);
+    assert_eq!((gets.len(), tables.len()), (1, 1), "{gets:?} {tables:?}");
+    let (_, _, wire, token) = gets[0];
+    let (token, table) = (token.unwrap(), tables[0].3.unwrap());
+    t.out.clear();
+    let out = t.n.sa().len();
+    t.n.handle_close(t.now, A);
+    t.drain();
+    assert_eq!(t.n.sa().moved, out as u64, "every request B had out moved");
+    assert_eq!(t.n.sa().len(), 0, "none waits on a QP that is gone");
+    assert!(
+        t.out.iter().all(|o| !matches!(o, Output::Transmit { .. })),
+        "nothing more on A's QP: {:?}",
+        t.out
+    );
+    // B's Gets go on at once through the core's service, under their tokens, as the resolver
+    // wrote them (its own TIDs, not the channel's wire TIDs).
+    let core: Vec<(EpId, u64, [u8; 256])> = t
+        .out
+        .iter()
+        .filter_map(|o| match o {
+            Output::CoreSa { ep, token, mad } => Some((*ep, *token, *mad)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(core.len(), gets.len(), "{:?}", t.out);
+    assert!(core.iter().all(|c| c.0 == B && c.2[3] == 0x01));
+    let (_, _, mad) = *core.iter().find(|c| c.1 == token).expect("the first Get");
+    assert_eq!(mad[16..], wire[16..], "the same query");
+    assert_ne!(mad[8..16], wire[8..16], "with the resolver's TID");
+    // The table, which the core's service cannot carry, is refused and done at once.
+    assert!(t.done().contains(&(table, false)));
+    // The core's reply answers the client once.
+    let mut reply = mad;
+    reply[3] = 0x81;
+    let mut p = PathRecord::new_unchecked(&mut reply[56..120]);
+    p.set_dlid(6);
+    p.set_slid(4);
+    p.set_sgid(gid(4));
+    t.out.clear();
+    t.n.handle_core_sa(t.now, token, 0, &reply);
+    t.drain();
+    assert_eq!(t.answers(), vec![(20, Status::Success)]);
+    assert_eq!(t.n.stats().sa_unknown, 0);
+}

@@ -11,7 +11,9 @@
 
 use acm_core_nostd::node::Transport;
 use acm_core_nostd::resolver::{Capacities, Config, Counter, Kind};
-use acm_core_nostd::sim::{lid_msg, name_msg, node_gid, query_msg, Faults, Rng, Sim, SimConfig};
+use acm_core_nostd::sim::{
+    lid_msg, name_msg, node_gid, query_msg, second_name, Faults, Rng, Sim, SimConfig, EP, EP2,
+};
 use acm_core_nostd::wire::client::Status;
 use acm_core_nostd::wire::path_record::PathRecord;
 
@@ -21,7 +23,10 @@ fn sim(nodes: usize, f: impl FnOnce(&mut SimConfig)) -> Sim {
     let mut s = Sim::new(c);
     s.run_for(10); // joins
     for n in &s.nodes {
-        assert!(n.attached.is_some(), "joined and attached");
+        assert!(
+            n.eps.iter().all(|e| e.attached.is_some()),
+            "joined and attached"
+        );
     }
     s
 }
@@ -100,8 +105,8 @@ fn acm_route_mode_joins_the_port_group_and_routes_over_the_best_shared_one() {
     // Mixed fabric: a port at the minimum shares only the base group.
     let mut s = sim(2, |c| c.resolver.route_acm = true);
     s.close(1);
-    s.nodes[1].ep_cfg.rate = 7;
-    s.nodes[1].ep_cfg.mtu = 5;
+    s.nodes[1].eps[0].cfg.rate = 7;
+    s.nodes[1].eps[0].cfg.mtu = 5;
     s.open(1);
     s.run_for(10);
     let c = resolve_name(&mut s, 1, "node0");
@@ -270,7 +275,7 @@ fn reregister_detaches_rejoins_and_resolves_again() {
     assert_eq!(s.answer_of(c).unwrap().status, Status::Success);
     s.reregister(0);
     s.run_for(100);
-    assert!(s.nodes[0].attached.is_some(), "rejoined");
+    assert!(s.nodes[0].first().attached.is_some(), "rejoined");
     let q = s.acm_requests[0];
     let c = resolve_name(&mut s, 0, "node1");
     assert!(
@@ -338,6 +343,12 @@ struct Coverage {
     to_old_sm: u64,
     /// SM moves while a node had SA requests out.
     moved_mid_query: u64,
+    /// Requests of a second endpoint moved at once when their carrier closed.
+    carrier_moves: u64,
+    /// Second endpoints' resolves answered with a path (in their own partition).
+    second_ep_resolved: u64,
+    /// SA MADs handed to the core's service.
+    core_sa_mads: u64,
 }
 
 /// One random schedule; `Err` describes the failure.
@@ -403,6 +414,14 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         sm_unknown: rng.below(100) as u32,
         table_cut: rng.below(300) as u32,
     };
+    // Some schedules give every node's port a second endpoint, in a partition that is not
+    // the SA's: its SA MADs ride on the first endpoint's QP (the port's carrier), which may
+    // close under them.
+    c.second_ep = rng.chance(400).then_some(0x8001);
+    let two = c.second_ep.is_some();
+    if two && rng.chance(900) {
+        c.caps.endpoints = 2;
+    }
     let mut s = Sim::new(c);
     if rng.chance(300) {
         s.nodes[nodes - 1].alive = false;
@@ -412,37 +431,47 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         s.run_for(rng.below(600));
         let i = rng.below(nodes as u64) as usize;
         let nodelay = rng.chance(100);
+        let ep = if two && rng.chance(400) { EP2 } else { EP };
         match rng.below(100) {
             0..=44 => {
                 let t = rng.below(nodes as u64 + 1) as usize;
-                let name = format!("node{t}");
-                let src = rng.chance(300).then(|| format!("node{i}"));
-                s.request(i, Kind::Resolve, |tid| {
+                let (name, src) = match ep {
+                    EP2 => (second_name(t), second_name(i)),
+                    _ => (format!("node{t}"), format!("node{i}")),
+                };
+                let src = rng.chance(300).then_some(src);
+                s.request_on(i, ep, Kind::Resolve, |tid| {
                     name_msg(&name, src.as_deref(), nodelay, tid)
                 });
             }
             45..=69 => {
                 let lid = 1 + rng.below(nodes as u64 + 1) as u16;
-                s.request(i, Kind::Resolve, |tid| lid_msg(lid, nodelay, tid));
+                s.request_on(i, ep, Kind::Resolve, |tid| lid_msg(lid, nodelay, tid));
             }
             70..=77 => {
                 let lid = 1 + rng.below(nodes as u64) as u16;
-                s.request(i, Kind::Query, |tid| query_msg(lid, tid));
+                s.request_on(i, ep, Kind::Query, |tid| query_msg(lid, tid));
             }
             78..=81 => {
                 // Malformed: a truncated length.
-                s.request(i, Kind::Resolve, |tid| {
+                s.request_on(i, ep, Kind::Resolve, |tid| {
                     let mut m = lid_msg(1, false, tid);
                     m[6..8].copy_from_slice(&50u16.to_ne_bytes());
                     m
                 });
             }
+            // The carrier alone, the carried endpoint alone, or the whole port.
+            82..=85 if two => match rng.below(3) {
+                0 => s.close_ep(i, EP),
+                1 => s.close_ep(i, EP2),
+                _ => s.close(i),
+            },
             82..=85 => s.close(i),
             86..=91 => s.open(i),
             92 => s.preload_hosts(i),
             93 => s.preload_routes(i),
-            94 => s.remove_name(i),
-            95 => s.add_name(i),
+            94 => s.remove_name(i, ep),
+            95 => s.add_name(i, ep),
             _ => s.reregister(i),
         }
         if !s.violations.is_empty() {
@@ -480,6 +509,7 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
         cov.sa_resends += n.node.sa().resends;
         cov.sa_forged_refused += n.node.sa().forged;
         cov.sa_unsent += n.node.sa().unsent;
+        cov.carrier_moves += n.node.sa().moved;
     }
     cov.rmpp_segments += s.sm_port.segments;
     cov.tables_done += s.sm_port.transfers_done;
@@ -503,7 +533,19 @@ fn schedule_with(seed: u64, cov: &mut Coverage) -> Result<(), String> {
     for a in &s.answers {
         cov.answers[usize::from(u8::from(a.status).min(15))] += 1;
         cov.inline += u64::from(a.inline);
+        let second = a.ep == EP2 && a.status == Status::Success;
+        cov.second_ep_resolved += u64::from(second && a.path.is_some());
+        let own = a
+            .path
+            .is_some_and(|p| PathRecord::new_unchecked(&p[..]).pkey() == 0x8001);
+        // (A garbled reply's P_Key may be anything: the resolver checks no path field.)
+        if second && a.path.is_some() && !own && s.faults.garbage == 0 {
+            return Err(format!(
+                "{a:?}: a second endpoint's path in another partition"
+            ));
+        }
     }
+    cov.core_sa_mads += s.core_sa_mads;
     cov.acm_requests += s.acm_requests.iter().sum::<u64>();
     cov.acm_responses += s.acm_responses.iter().sum::<u64>();
     cov.sa_queries += s.sa_queries;
@@ -590,6 +632,15 @@ fn exactly_once_over_random_schedules() {
                 && cov.sm_unknown_reads > n,
             "{cov:?}"
         );
+        // And a port of two endpoints: the second's resolves answered in its partition,
+        // through its carrier's QP, and its requests moved at once when the carrier closed
+        // under them (on to the core's service).
+        assert!(
+            cov.second_ep_resolved > n / 20
+                && cov.carrier_moves > n / 200
+                && cov.core_sa_mads > n / 200,
+            "{cov:?}"
+        );
     }
 }
 
@@ -638,4 +689,54 @@ fn an_all_to_all_start_asks_the_sa_for_one_table_per_port_not_one_get_per_path()
         with_tables <= 40 * 8,
         "{with_tables} SA queries for 40 tables and the Gets sent before them"
     );
+}
+
+#[test]
+fn a_carrier_closing_under_another_endpoints_queries_moves_them_at_once() {
+    // Each node has a second endpoint in partition 0x8001, which is not the SA's: its SA
+    // MADs ride on the first endpoint's QP, the port's carrier. The carrier closes while the
+    // second endpoint's Get is out: the Get goes on at once through the core's service
+    // (nothing else carries the port's SA MADs now), not after its tries on a QP that is
+    // gone, and is answered once, with a path in its own partition.
+    let mut s = sim(3, |c| c.second_ep = Some(0x8001));
+    s.faults.sa_delay_max = 300;
+    let c = s.request_on(0, EP2, Kind::Resolve, |tid| lid_msg(2, false, tid));
+    s.run_for(1);
+    assert!(s.answer_of(c).is_none(), "the Get is out");
+    let core_before = s.core_sa_mads;
+    s.close_ep(0, EP);
+    let t0 = s.now;
+    s.run_for(2_000);
+    let a = s.answer_of(c).expect("answered");
+    assert_eq!((a.status, a.ep), (Status::Success, EP2));
+    assert!(
+        a.at - t0 <= 301,
+        "answered {} ms after the close, as one SA round trip",
+        a.at - t0
+    );
+    let p = a.path.unwrap();
+    let p = PathRecord::new_unchecked(&p[..]);
+    assert_eq!((p.dlid(), p.pkey()), (2, 0x8001), "its own partition");
+    assert_eq!(s.nodes[0].node.sa().moved, 1);
+    assert_eq!(
+        s.core_sa_mads,
+        core_before + 1,
+        "moved to the core's service"
+    );
+    let sm_before = s.sm_port.received;
+    // The carrier back: the second endpoint's next Get rides on it again.
+    s.open_ep(0, EP);
+    s.run_for(100);
+    let c = s.request_on(0, EP2, Kind::Resolve, |tid| lid_msg(3, false, tid));
+    s.run_for(1_000);
+    let a = s.answer_of(c).expect("answered");
+    assert_eq!(a.status, Status::Success);
+    assert_eq!(
+        s.core_sa_mads,
+        core_before + 1,
+        "not through the core's service"
+    );
+    assert!(s.sm_port.received > sm_before, "on the carrier's QP");
+    assert!(s.violations.is_empty(), "{:?}", s.violations);
+    assert_eq!(s.unanswered(), Vec::<u64>::new());
 }

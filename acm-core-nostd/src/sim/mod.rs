@@ -2,8 +2,9 @@
 //! `sim`, host only).
 //!
 //! [`Sim`] holds N nodes, each a [`node::Node`](crate::node::Node) (the resolver and its SA
-//! transport, as the provider ships them) with its own [`PathCache`] and one endpoint, and
-//! models what sits around them:
+//! transport, as the provider ships them) with its own [`PathCache`] and one endpoint ([`EP`],
+//! the port's SA carrier), or two ([`SimConfig::second_ep`]: [`EP2`] in another partition,
+//! whose SA MADs ride on [`EP`]'s QP), and models what sits around them:
 //!
 //! * a UD fabric: unicast ACM MADs go to the node with the destination LID, multicast ones to
 //!   every node attached to the same group; each delivery may be lost, duplicated, delayed and
@@ -81,7 +82,8 @@ pub use crate::rng::Rng;
 /// How a [`Sim`] is built.
 #[derive(Clone, Copy, Debug)]
 pub struct SimConfig {
-    /// Number of nodes (each with one endpoint, LID `i + 1`, name `node<i>`).
+    /// Number of nodes (LID `i + 1`, name `node<i>`; the second endpoint's is
+    /// [`second_name`]).
     pub nodes: usize,
     /// The seed of everything.
     pub seed: u64,
@@ -100,6 +102,10 @@ pub struct SimConfig {
     /// The SA as one server, OpenSM's FIFO and drop rule (`None`: the instant model of
     /// [`Faults`]).
     pub sa_service: Option<SaService>,
+    /// A second endpoint on every node's port ([`EP2`]), in the partition of this P_Key,
+    /// which is not the SA's: its SA MADs ride on the first endpoint's QP, the port's SA
+    /// carrier, and its replies come back there (`None`: one endpoint per node).
+    pub second_ep: Option<u16>,
     /// Steps touch only the nodes that had an input (a timer heap, a dirty list, answered
     /// requests forgotten); for large node counts. Results are the same as without.
     pub scale: bool,
@@ -138,6 +144,7 @@ impl SimConfig {
             port_rate_mtu: (3, 4),
             mixed_ports: false,
             sa_service: None,
+            second_ep: None,
             scale: false,
             checks: true,
             addr_cache_slots: None,
@@ -153,6 +160,8 @@ impl SimConfig {
 pub struct SimAnswer {
     /// The node that answered.
     pub node: usize,
+    /// The endpoint it answered for.
+    pub ep: EpId,
     /// The client id of the request.
     pub client: u64,
     /// The ACM status.
@@ -182,35 +191,58 @@ pub const SM_LID: u16 = 0xbfff;
 /// time.
 pub const SM_LID_MOVED: u16 = 0xbffe;
 
+/// One endpoint of a simulated node: one partition of its port, with its own UD QP.
+pub struct SimEp {
+    /// Its id.
+    pub id: EpId,
+    /// Its configuration.
+    pub cfg: EpConfig,
+    /// It is open (its QP exists: MADs reach it).
+    pub open: bool,
+    /// The MGID its QP is attached to.
+    pub attached: Option<Gid>,
+    /// Its local name.
+    pub name: String,
+}
+
 /// One simulated node.
 pub struct Node {
     /// Its machine, as the provider runs it.
     pub node: SimMachine,
     /// Its path cache, as the hit path reads it.
     pub cache: Arc<SimCache>,
-    /// Its endpoint configuration.
-    pub ep_cfg: EpConfig,
-    /// The endpoint is open.
-    pub open: bool,
+    /// Its port's endpoints: [`EP`], and [`EP2`] with [`SimConfig::second_ep`].
+    pub eps: Vec<SimEp>,
     /// The node answers on the fabric (false = a dead peer).
     pub alive: bool,
-    /// The MGID its QP is attached to.
-    pub attached: Option<Gid>,
-    /// Flush generation (the bits above the slot id of its cache endpoint number).
+    /// Flush generation (the bits above the slot id of its cache endpoint numbers).
     pub generation: u32,
     /// Counters from [`Output::Count`].
     pub counters: [u64; 7],
-    /// Its name.
-    pub name: String,
 }
 
-/// The endpoint id every node uses.
+/// The first endpoint of every node: on the SA's P_Key, so its port's SA carrier.
 pub const EP: EpId = EpId(1);
 
+/// The second endpoint of a node ([`SimConfig::second_ep`]).
+pub const EP2: EpId = EpId(2);
+
 impl Node {
-    /// The node's cache endpoint number.
-    pub fn cache_ep(&self) -> CacheEp {
-        ep_number(self.generation, EP.0)
+    /// The cache endpoint number of endpoint `ep`.
+    pub fn cache_ep(&self, ep: EpId) -> CacheEp {
+        ep_number(self.generation, ep.0)
+    }
+    /// Endpoint `ep` (`None`: the node has no such endpoint).
+    pub fn ep(&self, ep: EpId) -> Option<&SimEp> {
+        self.eps.iter().find(|e| e.id == ep)
+    }
+    /// The first endpoint, [`EP`].
+    pub fn first(&self) -> &SimEp {
+        &self.eps[0]
+    }
+    /// Endpoint `ep`, to change.
+    pub fn ep_mut(&mut self, ep: EpId) -> Option<&mut SimEp> {
+        self.eps.iter_mut().find(|e| e.id == ep)
     }
     /// The node's resolver stats (the SA channel's unknown replies included).
     pub fn stats(&self) -> Stats {
@@ -240,6 +272,8 @@ pub struct Sim {
     pub violations: Vec<String>,
     /// SA PathRecord queries the SA model received.
     pub sa_queries: u64,
+    /// SA MADs the nodes handed to the core's service ([`Output::CoreSa`]).
+    pub core_sa_mads: u64,
     /// ACM multicast requests sent, per node.
     pub acm_requests: Vec<u64>,
     /// Unicast ACM responses sent, per node.
@@ -249,8 +283,8 @@ pub struct Sim {
     events: BinaryHeap<Scheduled>,
     seq: u64,
     next_client: u64,
-    /// client → (node, tid, via, answers so far, expects an answer)
-    requests: BTreeMap<u64, (usize, u64, Via, u32, bool)>,
+    /// Every request asked and not forgotten, by client id.
+    requests: BTreeMap<u64, requests::Asked>,
     mlids: BTreeMap<[u8; 16], u16>,
     /// The SA server model, if any.
     pub sa_service: Option<SaService>,
@@ -299,6 +333,11 @@ pub fn node_lid(i: usize) -> u16 {
     i as u16 + 1
 }
 
+/// The local name of node `i`'s second endpoint ([`EP2`]).
+pub fn second_name(i: usize) -> String {
+    format!("node{i}-b")
+}
+
 /// An endpoint of node `i`'s port for a test: its GID and LID, the default P_Key, MTU 2048
 /// (4), 40 Gb/s (7), a 1 ms subnet timeout, QPN 100 + `i`, the QP not on the SA's P_Key.
 pub fn node_ep_config(i: usize) -> EpConfig {
@@ -345,33 +384,52 @@ impl Sim {
             let room = cfg.table_room.min(cfg.nodes + 1);
             let key = [rng.next_u64(), rng.next_u64()];
             let node = SimMachine::on_heap(resolver, cfg.sa, requests, 1, room, key);
+            let first = EpConfig {
+                port_gid: node_gid(i),
+                lid: node_lid(i),
+                pkey: 0xffff,
+                mtu: if cfg.mixed_ports && i % 2 == 1 {
+                    5
+                } else {
+                    cfg.port_rate_mtu.1
+                },
+                rate: if cfg.mixed_ports && i % 2 == 1 {
+                    7
+                } else {
+                    cfg.port_rate_mtu.0
+                },
+                subnet_timeout_ms: 0,
+                qpn: 0x100 + i as u32,
+                sa_pkey: true,
+            };
+            let mut eps = vec![SimEp {
+                id: EP,
+                cfg: first,
+                open: false,
+                attached: None,
+                name: format!("node{i}"),
+            }];
+            if let Some(pkey) = cfg.second_ep {
+                eps.push(SimEp {
+                    id: EP2,
+                    cfg: EpConfig {
+                        pkey,
+                        qpn: 0x10_0000 + i as u32,
+                        sa_pkey: false,
+                        ..first
+                    },
+                    open: false,
+                    attached: None,
+                    name: second_name(i),
+                });
+            }
             nodes.push(Node {
                 node,
                 cache,
-                ep_cfg: EpConfig {
-                    port_gid: node_gid(i),
-                    lid: node_lid(i),
-                    pkey: 0xffff,
-                    mtu: if cfg.mixed_ports && i % 2 == 1 {
-                        5
-                    } else {
-                        cfg.port_rate_mtu.1
-                    },
-                    rate: if cfg.mixed_ports && i % 2 == 1 {
-                        7
-                    } else {
-                        cfg.port_rate_mtu.0
-                    },
-                    subnet_timeout_ms: 0,
-                    qpn: 0x100 + i as u32,
-                    sa_pkey: true,
-                },
-                open: false,
+                eps,
                 alive: true,
-                attached: None,
                 generation: 0,
                 counters: [0; 7],
-                name: format!("node{i}"),
             });
         }
         let n = nodes.len();
@@ -384,6 +442,7 @@ impl Sim {
             answers: Vec::new(),
             violations: Vec::new(),
             sa_queries: 0,
+            core_sa_mads: 0,
             acm_requests: vec![0; n],
             acm_responses: vec![0; n],
             delivered: 0,
@@ -430,44 +489,67 @@ impl Sim {
         }
     }
 
-    /// Opens node `i`'s endpoint and adds its name.
+    /// The ids of node `i`'s endpoints.
+    fn ep_ids(&self, i: usize) -> Vec<EpId> {
+        self.nodes[i].eps.iter().map(|e| e.id).collect()
+    }
+
+    /// Opens node `i`'s endpoints and adds their names.
     pub fn open(&mut self, i: usize) {
+        for ep in self.ep_ids(i) {
+            self.open_ep(i, ep);
+        }
+    }
+
+    /// Opens node `i`'s endpoint `ep` (if it has one) and adds its name.
+    pub fn open_ep(&mut self, i: usize, ep: EpId) {
         let (now, sm) = (self.now, self.sm());
         let node = &mut self.nodes[i];
-        if node.open {
+        let cep = node.cache_ep(ep);
+        let Some(e) = node.eps.iter_mut().find(|e| e.id == ep) else {
+            return;
+        };
+        if e.open {
             return;
         }
-        let cep = node.cache_ep();
-        node.open = node
-            .node
-            .handle_open(now, EP, cep, node.ep_cfg, Some(sm))
-            .is_ok();
-        if node.open {
+        e.open = node.node.handle_open(now, ep, cep, e.cfg, Some(sm)).is_ok();
+        if e.open {
             // Adds the name before anything is drained, then drains.
-            self.add_name(i);
+            self.add_name(i, ep);
         } else {
             self.touch(i);
             self.pump();
         }
     }
 
-    /// Closes node `i`'s endpoint (its waiters are answered ENODATA).
+    /// Closes node `i`'s endpoints (their waiters are answered ENODATA).
     pub fn close(&mut self, i: usize) {
+        for ep in self.ep_ids(i) {
+            self.close_ep(i, ep);
+        }
+    }
+
+    /// Closes node `i`'s endpoint `ep`: its waiters are answered ENODATA, and its QP is gone
+    /// (nothing reaches it, the SA replies it carried for the port's other endpoints
+    /// included).
+    pub fn close_ep(&mut self, i: usize, ep: EpId) {
         let now = self.now;
         let node = &mut self.nodes[i];
-        if node.open {
-            node.node.handle_close(now, EP);
-            node.open = false;
+        if let Some(e) = node.eps.iter_mut().find(|e| e.id == ep && e.open) {
+            e.open = false;
+            e.attached = None;
+            node.node.handle_close(now, ep);
         }
         self.touch(i);
         self.pump();
     }
 
-    /// Preloads on node `i` what an `ibacm_hosts.data` listing every node's name would give.
+    /// Preloads on node `i`'s first endpoint what an `ibacm_hosts.data` listing every node's
+    /// name would give.
     pub fn preload_hosts(&mut self, i: usize) {
         let now = self.now;
         let names: Vec<(String, Gid)> = (0..self.nodes.len())
-            .map(|j| (self.nodes[j].name.clone(), node_gid(j)))
+            .map(|j| (self.nodes[j].first().name.clone(), node_gid(j)))
             .collect();
         let node = &mut self.nodes[i];
         for (n, g) in names {
@@ -479,7 +561,8 @@ impl Sim {
         self.pump();
     }
 
-    /// Preloads on node `i` the route to every other node (what a `dump_pr` file gives).
+    /// Preloads on node `i`'s first endpoint the route to every other node (what a `dump_pr`
+    /// file gives).
     pub fn preload_routes(&mut self, i: usize) {
         let now = self.now;
         for j in 0..self.nodes.len() {
@@ -494,43 +577,51 @@ impl Sim {
                 continue;
             };
             let node = &mut self.nodes[i];
-            let cep = node.cache_ep();
+            let cep = node.cache_ep(EP);
             node.node.handle_preload_route(now, EP, cep, &path);
         }
         self.touch(i);
         self.pump();
     }
 
-    /// Removes node `i`'s own name (the core's `remove_address`); `add_name` puts it back.
-    pub fn remove_name(&mut self, i: usize) {
+    /// Removes the own name of node `i`'s endpoint `ep` (the core's `remove_address`);
+    /// `add_name` puts it back.
+    pub fn remove_name(&mut self, i: usize, ep: EpId) {
         let now = self.now;
         let node = &mut self.nodes[i];
-        let name = name_bytes(&node.name);
-        node.node
-            .handle_remove_address(now, EP, AddrKind::Name, &name);
+        if let Some(e) = node.ep(ep) {
+            let name = name_bytes(&e.name);
+            node.node
+                .handle_remove_address(now, ep, AddrKind::Name, &name);
+        }
         self.touch(i);
         self.pump();
     }
 
-    /// Adds node `i`'s own name again.
-    pub fn add_name(&mut self, i: usize) {
+    /// Adds the own name of node `i`'s endpoint `ep` again.
+    pub fn add_name(&mut self, i: usize, ep: EpId) {
         let now = self.now;
         let node = &mut self.nodes[i];
-        let (name, cep) = (name_bytes(&node.name), node.cache_ep());
-        let _ = node
-            .node
-            .handle_add_address(now, EP, cep, AddrKind::Name, &name);
+        if let Some(e) = node.ep(ep) {
+            let (name, cep) = (name_bytes(&e.name), node.cache_ep(ep));
+            let _ = node
+                .node
+                .handle_add_address(now, ep, cep, AddrKind::Name, &name);
+        }
         self.touch(i);
         self.pump();
     }
 
-    /// CLIENT_REREGISTER on node `i`: a new flush generation, then the resolver's reregister.
+    /// CLIENT_REREGISTER on node `i`'s port: a new flush generation, then the resolver's
+    /// reregister of each of its endpoints.
     pub fn reregister(&mut self, i: usize) {
         let now = self.now;
         let node = &mut self.nodes[i];
         node.generation = node.generation.wrapping_add(1);
-        let cep = node.cache_ep();
-        node.node.handle_reregister(now, EP, cep);
+        for ep in node.eps.iter().map(|e| e.id) {
+            let cep = ep_number(node.generation, ep.0);
+            node.node.handle_reregister(now, ep, cep);
+        }
         self.touch(i);
         self.pump();
     }
@@ -668,12 +759,23 @@ impl Sim {
                 if a.len as usize > MSG_LEN || usize::from(a.len) < 16 {
                     self.violations.push(format!("answer length {}", a.len));
                 }
-                self.record_answer(i, a.client, tid, a.via, a.status, path, false);
+                self.record_answer((i, a.ep), a.client, tid, a.via, a.status, path, false);
             }
             Output::Count { counter, .. } => self.nodes[i].counters[counter as usize] += 1,
-            Output::Attach { group, .. } => self.nodes[i].attached = Some(group.mgid),
-            Output::Detach { .. } => self.nodes[i].attached = None,
-            Output::CoreSa { token, mad, .. } => self.sa(i, token, mad),
+            Output::Attach { ep, group } => {
+                if let Some(e) = self.nodes[i].ep_mut(ep) {
+                    e.attached = Some(group.mgid);
+                }
+            }
+            Output::Detach { ep, .. } => {
+                if let Some(e) = self.nodes[i].ep_mut(ep) {
+                    e.attached = None;
+                }
+            }
+            Output::CoreSa { token, mad, .. } => {
+                self.core_sa_mads += 1;
+                self.sa(i, token, mad)
+            }
             Output::Transmit {
                 query: Some(token), ..
             } if self.faults.post_busy != 0 && self.rng.chance(self.faults.post_busy) => {
@@ -682,13 +784,13 @@ impl Sim {
                     .node
                     .handle_unsent(now, token, crate::node::Unsent::Busy);
             }
-            Output::Transmit { to, mad, .. } => match to {
+            Output::Transmit { qp, to, mad, .. } => match to {
                 AcmDest::Unicast(av)
                     if (av.dlid == SM_LID || av.dlid == SM_LID_MOVED) && av.remote_qpn == 1 =>
                 {
-                    self.send_to_sm(i, av.dlid, mad)
+                    self.send_to_sm(i, qp, av.dlid, mad)
                 }
-                _ => self.acm(i, to, mad),
+                _ => self.acm(i, qp, to, mad),
             },
             Output::ReadSm { ep } => {
                 // (No draw without the fault: a run without it stays the run it was.)
@@ -703,7 +805,7 @@ impl Sim {
                 };
                 let now = self.now;
                 let n = &mut self.nodes[i];
-                let cep = n.cache_ep();
+                let cep = n.cache_ep(ep);
                 n.node.handle_sm(now, ep, cep, sm);
             }
             Output::QueryDone { .. } | Output::Event(_) => {}

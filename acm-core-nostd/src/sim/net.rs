@@ -1,13 +1,14 @@
-//! The UD fabric of the [`Sim`]: unicast ACM MADs go to the node with the destination LID,
-//! multicast ones to every node attached to the same group; each delivery may be lost,
+//! The UD fabric of the [`Sim`]: unicast ACM MADs go to the endpoint with the destination LID
+//! and QPN, multicast ones to every endpoint attached to the same group (of the other nodes);
+//! a closed endpoint's QP is gone, so nothing reaches it; each delivery may be lost,
 //! duplicated, delayed and so reordered, or garbled ([`Faults`]). Also the event queue every
 //! delivery (ACM or SA) goes through.
 
 use std::format;
 use std::vec::Vec;
 
-use super::{node_lid, Sim, EP};
-use crate::resolver::{AcmDest, Millis, RecvMeta};
+use super::{node_lid, Sim};
+use crate::resolver::{AcmDest, EpId, Millis, RecvMeta};
 
 /// What goes wrong on the fabric and at the SA (probabilities in per mille).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,9 +71,10 @@ impl Faults {
 /// Something that happens at a virtual time.
 #[derive(Clone, Debug)]
 pub(super) enum Event {
-    /// A MAD reaches node `to`'s QP (ACM from a peer, SA from the SM).
+    /// A MAD reaches the QP of node `to`'s endpoint `ep` (ACM from a peer, SA from the SM).
     Mad {
         to: usize,
+        ep: EpId,
         meta: RecvMeta,
         mad: [u8; 256],
     },
@@ -86,12 +88,19 @@ pub(super) enum Event {
     /// (`token`), or on the SM's port from the node's QP (`None`, the `ud` transport).
     SaArrive {
         from: usize,
+        /// The endpoint whose QP sent it (`ud`; the port's SA carrier).
+        qp: EpId,
         token: Option<u64>,
         mad: [u8; 256],
     },
-    /// The SA server's reply leaves the SM's port for node `to`'s QP (`ud`), if the SM that
-    /// took the query (`sm`, its LID) is still the SM.
-    SmReply { to: usize, sm: u16, mad: [u8; 256] },
+    /// The SA server's reply leaves the SM's port for the QP of node `to`'s endpoint `qp`
+    /// (`ud`), if the SM that took the query (`sm`, its LID) is still the SM.
+    SmReply {
+        to: usize,
+        qp: EpId,
+        sm: u16,
+        mad: [u8; 256],
+    },
     /// The SM's RMPP sender waited `attempt`'s time for an ACK of transfer (`to`, `tid`).
     RmppTimeout { to: usize, tid: u64, attempt: u32 },
     /// The SA server's reply reaches the sender's MAD layer.
@@ -149,49 +158,64 @@ impl Sim {
         f.delay_min + self.rng.below(f.delay_max.saturating_sub(f.delay_min) + 1)
     }
 
-    pub(super) fn acm(&mut self, from: usize, to: AcmDest, mad: [u8; 256]) {
+    /// An ACM MAD from the QP of node `from`'s endpoint `qp`.
+    pub(super) fn acm(&mut self, from: usize, qp: EpId, to: AcmDest, mad: [u8; 256]) {
         let src = &self.nodes[from];
         if !src.alive {
             return;
         }
+        let Some(src_ep) = src.ep(qp) else {
+            self.violations.push(format!(
+                "node {from} sends on endpoint {qp:?}, which it has not"
+            ));
+            return;
+        };
         let meta = RecvMeta {
-            slid: src.ep_cfg.lid,
-            src_qp: src.ep_cfg.qpn,
+            slid: src_ep.cfg.lid,
+            src_qp: src_ep.cfg.qpn,
             sl: 0,
             dlid_path_bits: 0,
             pkey_index: 0,
             ep_pkey_index: 0,
-            grh_sgid: Some(src.ep_cfg.port_gid),
+            grh_sgid: Some(src_ep.cfg.port_gid),
         };
-        let targets: Vec<usize> = match to {
+        let targets: Vec<(usize, EpId)> = match to {
             AcmDest::Group(_) => {
                 self.acm_requests[from] += 1;
-                let g = src.attached;
+                let g = src_ep.attached;
                 if g.is_none() {
                     self.violations
-                        .push(format!("node {from} multicasts while not attached"));
+                        .push(format!("node {from} {qp:?} multicasts while not attached"));
                 }
-                (0..self.nodes.len())
-                    .filter(|&j| j != from && self.nodes[j].attached == g && g.is_some())
+                let nodes = &self.nodes;
+                (0..nodes.len())
+                    .filter(|&j| j != from)
+                    .flat_map(|j| nodes[j].eps.iter().map(move |e| (j, e)))
+                    .filter(|(_, e)| e.open && e.attached == g && g.is_some())
+                    .map(|(j, e)| (j, e.id))
                     .collect()
             }
             AcmDest::Unicast(av) => {
                 self.acm_responses[from] += 1;
-                let t: Vec<usize> = (0..self.nodes.len())
-                    .filter(|&j| node_lid(j) == av.dlid)
-                    .collect();
-                for &j in &t {
+                let mut t = Vec::new();
+                for j in (0..self.nodes.len()).filter(|&j| node_lid(j) == av.dlid) {
                     let n = &self.nodes[j];
-                    if av.dgid != n.ep_cfg.port_gid || av.remote_qpn != n.ep_cfg.qpn {
-                        self.violations.push(format!(
-                            "node {from}: unicast AV {av:?} does not match node {j}"
-                        ));
+                    let at = n
+                        .eps
+                        .iter()
+                        .find(|e| av.dgid == e.cfg.port_gid && av.remote_qpn == e.cfg.qpn);
+                    match at {
+                        Some(e) if e.open => t.push((j, e.id)),
+                        Some(_) => {}
+                        None => self.violations.push(format!(
+                            "node {from}: unicast AV {av:?} matches no endpoint of node {j}"
+                        )),
                     }
                 }
                 t
             }
         };
-        for j in targets {
+        for (j, ep) in targets {
             if !self.nodes[j].alive || self.rng.chance(self.faults.loss) {
                 continue;
             }
@@ -208,6 +232,7 @@ impl Sim {
                     d,
                     Event::Mad {
                         to: j,
+                        ep,
                         meta,
                         mad: m,
                     },
@@ -230,16 +255,18 @@ impl Sim {
     pub(super) fn deliver(&mut self, e: Event) {
         let now = self.now;
         match e {
-            Event::Mad { to, meta, mad } => {
+            Event::Mad { to, ep, meta, mad } => {
                 let n = &mut self.nodes[to];
-                // A dead node is dead to its peers (ACM), not to the SM (class 3).
-                if n.alive || mad[1] == 0x03 {
+                // A dead node is dead to its peers (ACM), not to the SM (class 3); a closed
+                // endpoint's QP is gone.
+                let qp = n.ep(ep).is_some_and(|e| e.open);
+                if qp && (n.alive || mad[1] == 0x03) {
                     self.delivered += 1;
-                    n.node.handle_receive(now, EP, &meta, &mad);
+                    n.node.handle_receive(now, ep, &meta, &mad);
                 }
                 self.touch(to);
             }
-            Event::SmReply { to, sm, mad } if sm == self.sm_lid => self.sm_send(to, mad),
+            Event::SmReply { to, qp, sm, mad } if sm == self.sm_lid => self.sm_send(to, qp, mad),
             Event::SmReply { .. } => self.sm_port.to_old_sm += 1,
             Event::RmppTimeout { to, tid, attempt } => self.rmpp_timeout(to, tid, attempt),
             Event::Sa {
@@ -248,7 +275,12 @@ impl Sim {
                 umad_status,
                 mad,
             } => self.deliver_sa(to, token, umad_status, &mad),
-            Event::SaArrive { from, token, mad } => self.sa_arrive(from, token, mad),
+            Event::SaArrive {
+                from,
+                qp,
+                token,
+                mad,
+            } => self.sa_arrive(from, qp, token, mad),
             Event::SaReply { to, token, mad } => match self.umad.remove(&(to, token)) {
                 Some(_) => self.umad_complete(to, token, 0, &mad),
                 None => self.sa_stats.late += 1,

@@ -10,6 +10,7 @@ use super::{Sim, SimAnswer, EP};
 use crate::cache::Lookup;
 use crate::resolver::front::{self, Front};
 use crate::resolver::request::{self, EpView};
+use crate::resolver::EpId;
 use crate::resolver::{Kind, Request, RequestHead, Via};
 use crate::wire::client::EpInfoType::Name;
 use crate::wire::client::{ClientRequest, PathQuery, Status, FLAGS_NODELAY};
@@ -62,10 +63,31 @@ fn nodelay_flag(nodelay: bool) -> u32 {
     }
 }
 
+/// A request asked on the [`Sim`], as its answer must match.
+pub(super) struct Asked {
+    node: usize,
+    ep: EpId,
+    tid: u64,
+    via: Via,
+    /// Answers so far (exactly one is right).
+    answers: u32,
+}
+
 impl Sim {
-    /// A client request on node `i` (`kind` Resolve or Query), through the caller's hit path
-    /// as the provider has it. Returns the client id.
+    /// A client request on node `i`'s first endpoint ([`request_on`](Self::request_on)).
     pub fn request(&mut self, i: usize, kind: Kind, make: impl FnOnce(u64) -> Vec<u8>) -> u64 {
+        self.request_on(i, EP, kind, make)
+    }
+
+    /// A client request on node `i`'s endpoint `ep` (`kind` Resolve or Query), through the
+    /// caller's hit path as the provider has it. Returns the client id.
+    pub fn request_on(
+        &mut self,
+        i: usize,
+        ep: EpId,
+        kind: Kind,
+        make: impl FnOnce(u64) -> Vec<u8>,
+    ) -> u64 {
         let client = self.next_client;
         self.next_client += 1;
         let tid = 0x5000_0000_0000 | client;
@@ -75,22 +97,30 @@ impl Sim {
         } else {
             Via::Resolve
         };
-        self.requests.insert(client, (i, tid, via, 0, true));
+        let asked = Asked {
+            node: i,
+            ep,
+            tid,
+            via,
+            answers: 0,
+        };
+        self.requests.insert(client, asked);
         let now = self.now;
         let node = &mut self.nodes[i];
-        let cep = node.cache_ep();
-        if kind == Kind::Query || !node.open {
-            let r = Request::new(EP, cep, client, kind, &m);
+        let cep = node.cache_ep(ep);
+        let open = node.ep(ep).filter(|e| e.open).map(|e| e.cfg);
+        let Some(cfg) = open.filter(|_| kind != Kind::Query) else {
+            let r = Request::new(ep, cep, client, kind, &m);
             node.node.handle_request(now, &r);
             self.touch(i);
             self.pump();
             return client;
-        }
+        };
         let view = EpView {
             cache_ep: cep,
-            port_gid: node.ep_cfg.port_gid,
-            lid: node.ep_cfg.lid,
-            pkey: node.ep_cfg.pkey,
+            port_gid: cfg.port_gid,
+            lid: cfg.lid,
+            pkey: cfg.pkey,
         };
         // The provider's hit path: classify, look up, and the one front decision.
         let target = request::classify(&view, &m);
@@ -111,13 +141,13 @@ impl Sim {
             Front::HandOver => (Some((client, Kind::Resolve)), None),
         };
         if let Some((status, path)) = answer {
-            self.record_answer(i, client, tid, Via::Resolve, status, path, true);
+            self.record_answer((i, ep), client, tid, Via::Resolve, status, path, true);
         }
         if let Some((client, kind)) = pass {
             let node = &mut self.nodes[i];
             let r = Request {
                 head: RequestHead {
-                    ep: EP,
+                    ep,
                     cache_ep: cep,
                     client,
                     kind,
@@ -135,7 +165,7 @@ impl Sim {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn record_answer(
         &mut self,
-        node: usize,
+        (node, ep): (usize, EpId),
         client: u64,
         tid: u64,
         via: Via,
@@ -145,15 +175,15 @@ impl Sim {
     ) {
         match self.requests.get_mut(&client) {
             Some(r) => {
-                r.3 += 1;
-                if r.3 > 1 {
+                r.answers += 1;
+                if r.answers > 1 {
                     self.violations
-                        .push(format!("client {client}: answered {} times", r.3));
+                        .push(format!("client {client}: answered {} times", r.answers));
                 }
-                if r.0 != node || r.1 != tid || r.2 != via {
+                if (r.node, r.ep, r.tid, r.via) != (node, ep, tid, via) {
                     self.violations.push(format!(
-                        "client {client}: answer on node {node} tid {tid:#x} {via:?}, asked on {} tid {:#x} {:?}",
-                        r.0, r.1, r.2
+                        "client {client}: answer on node {node} {ep:?} tid {tid:#x} {via:?}, asked on {} {:?} tid {:#x} {:?}",
+                        r.node, r.ep, r.tid, r.via
                     ));
                 }
                 if self.scale {
@@ -167,6 +197,7 @@ impl Sim {
         }
         self.answers.push(SimAnswer {
             node,
+            ep,
             client,
             status,
             path,
@@ -184,7 +215,7 @@ impl Sim {
     pub fn unanswered(&self) -> Vec<u64> {
         self.requests
             .iter()
-            .filter(|(_, r)| r.4 && r.3 == 0)
+            .filter(|(_, r)| r.answers == 0)
             .map(|(c, _)| *c)
             .collect()
     }

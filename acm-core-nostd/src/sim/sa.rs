@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::vec::Vec;
 
 use super::net::Event;
-use super::{node_gid, node_lid, Sim};
-use crate::resolver::Millis;
+use super::{node_gid, node_lid, Sim, EP};
+use crate::resolver::{EpId, Millis};
 use crate::wire::gid::Gid;
 use crate::wire::path_record::PathRecord;
 
@@ -348,7 +348,14 @@ impl Sim {
             self.sa_stats.lost += 1;
         } else {
             let token = Some(token);
-            self.schedule(svc.latency, Event::SaArrive { from, token, mad });
+            // (The core's MAD layer sends on the port's QP1: no endpoint's QP carries it.)
+            let ev = Event::SaArrive {
+                from,
+                qp: EP,
+                token,
+                mad,
+            };
+            self.schedule(svc.latency, ev);
         }
         self.schedule(
             svc.umad_timeout,
@@ -397,12 +404,15 @@ impl Sim {
         self.touch(to);
     }
 
-    /// Every node's path from node `to`, back to back (a half-world GetTable's records).
-    pub(super) fn table_records(&self, to: usize) -> Vec<u8> {
+    /// Every node's path from node `to` in partition `pkey`, back to back (a half-world
+    /// GetTable's records).
+    pub(super) fn table_records(&self, to: usize, pkey: u16) -> Vec<u8> {
         let mut records = Vec::with_capacity(self.nodes.len() * 64);
         for j in 0..self.nodes.len() {
             let mut q = [0u8; 64];
-            PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(j));
+            let mut p = PathRecord::new_unchecked(&mut q[..]);
+            p.set_dlid(node_lid(j));
+            p.set_pkey(pkey);
             if let Some(p) = self.path_for(to, &q) {
                 records.extend_from_slice(&p);
             }
@@ -412,7 +422,7 @@ impl Sim {
 
     /// A query reaches the SA server: BUSY (if configured) when its queue is full, dropped by
     /// the `max_msg_fifo_timeout` rule, else served in turn.
-    pub(super) fn sa_arrive(&mut self, from: usize, token: Option<u64>, mad: [u8; 256]) {
+    pub(super) fn sa_arrive(&mut self, from: usize, qp: EpId, token: Option<u64>, mad: [u8; 256]) {
         let Some(svc) = self.sa_service else {
             return;
         };
@@ -440,7 +450,7 @@ impl Sim {
         if svc.busy_queue.is_some_and(|q| held >= q) {
             self.sa_stats.busy += 1;
             reply[4..6].copy_from_slice(&1u16.to_be_bytes());
-            return self.sa_reply(svc, from, token, reply, svc.latency);
+            return self.sa_reply(svc, (from, qp), token, reply, svc.latency);
         }
         // osm_sa_mad_ctrl.c: more than one message queued and the last one dispatched waited
         // longer than max_msg_fifo_timeout (whole ms) -> the request is dropped, no answer.
@@ -480,7 +490,9 @@ impl Sim {
             // The first record of the half-world answer (the sim carries no RMPP, as
             // umad2sim delivers only an answer's first MAD).
             let mut q = [0u8; 64];
-            PathRecord::new_unchecked(&mut q[..]).set_dlid(node_lid(0));
+            let mut p = PathRecord::new_unchecked(&mut q[..]);
+            p.set_dlid(node_lid(0));
+            p.set_pkey(PathRecord::new_unchecked(&mad[56..120]).pkey());
             if let Some(p) = self.path_for(from, &q) {
                 reply[56..120].copy_from_slice(&p);
                 reply[44..46].copy_from_slice(&8u16.to_be_bytes());
@@ -506,15 +518,15 @@ impl Sim {
             let records = self.nodes.len() as u64;
             delay += (records * 1000).div_ceil(svc.table_records_per_s.max(1));
         }
-        self.sa_reply(svc, from, token, reply, delay)
+        self.sa_reply(svc, (from, qp), token, reply, delay)
     }
 
     /// The SA's reply on the wire (maybe lost), `delay` ms after the query arrived: to the
-    /// sender's MAD layer (`token`), or leaving the SM's port for its QP (`ud`).
+    /// sender's MAD layer (`token`), or leaving the SM's port for the QP that sent it (`ud`).
     fn sa_reply(
         &mut self,
         svc: SaService,
-        to: usize,
+        (to, qp): (usize, EpId),
         token: Option<u64>,
         mad: [u8; 256],
         delay: Millis,
@@ -525,6 +537,7 @@ impl Sim {
                 delay.saturating_sub(svc.latency),
                 Event::SmReply {
                     to,
+                    qp,
                     sm: self.sm_lid,
                     mad,
                 },
@@ -566,7 +579,11 @@ impl Sim {
         p.set_dlid(node_lid(to));
         p.set_slid(node_lid(from));
         p.set_reversible_numpath(true, 0);
-        p.set_pkey(0xffff);
+        // The partition the query asked for (the default one when it named none).
+        p.set_pkey(match q.pkey() {
+            0 => 0xffff,
+            k => k,
+        });
         p.set_tclass(q.tclass());
         r[54] = 0x84;
         r[55] = 0x83;
@@ -619,7 +636,7 @@ mod tests {
     fn arrive(s: &mut Sim, at: Millis, n: usize) -> (u64, u64, u64) {
         s.now = at;
         for k in 0..n {
-            s.sa_arrive(0, Some(1_000 * at + k as u64), get());
+            s.sa_arrive(0, EP, Some(1_000 * at + k as u64), get());
         }
         (s.sa_stats.served, s.sa_stats.dropped, s.sa_stats.busy)
     }
@@ -703,7 +720,7 @@ mod tests {
         let mut s = sim(svc);
         let mut m = get();
         m[3] = 0x12;
-        s.sa_arrive(0, Some(1), m);
+        s.sa_arrive(0, EP, Some(1), m);
         assert_eq!((s.sa_stats.tables, s.sa_stats.table_records), (1, 4));
         assert_eq!(s.sa_free_ns, 10_900);
         assert_eq!(SaService::get_ns_for_rate(30_000), 33_333);
@@ -727,7 +744,7 @@ mod tests {
         let mut s = sim_with_port(svc);
         let t0 = s.now;
         for k in 0..4 {
-            s.sa_arrive(0, Some(k), get());
+            s.sa_arrive(0, EP, Some(k), get());
         }
         assert_eq!((s.sa_stats.sm_port_in, s.sa_stats.sm_port_out), (4, 4));
         assert_eq!(s.sa_stats.served, 4);
@@ -752,7 +769,7 @@ mod tests {
         let t0 = s.now;
         let mut m = get();
         m[3] = 0x12;
-        s.sa_arrive(0, Some(1), m);
+        s.sa_arrive(0, EP, Some(1), m);
         assert_eq!(s.sa_free_ns, t0 * 1_000_000 + 10_900);
         assert_eq!(reply_times(&s), [t0 + 1 + 1 + 4]);
     }

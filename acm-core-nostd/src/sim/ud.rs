@@ -1,8 +1,9 @@
 //! The SA as one more port of the UD fabric ([`Transport::Ud`](crate::node::Transport), the
 //! shipped default): the SM at LID [`SM_LID`], QP 1.
 //!
-//! A node's SA MADs reach the SM's port from the node's QP (`Sim::sm_receive`); the
-//! answers leave it for that QP (`Sim::sm_send`) and cross the fabric as any MAD does:
+//! A node's SA MADs reach the SM's port from the QP that carried them, its port's SA carrier
+//! (`Sim::sm_receive`); the answers leave it for that QP (`Sim::sm_send`) and cross the
+//! fabric as any MAD does:
 //! lost, duplicated, delayed (so reordered) and garbled as [`Faults`](super::Faults) says,
 //! and with [`Faults::sa_forged`](super::Faults::sa_forged) followed by a copy from a wrong
 //! sender (another node's LID), which the node's SA channel must refuse. The tries are the
@@ -20,11 +21,12 @@ use std::vec::Vec;
 
 use super::net::Event;
 use super::{node_lid, Sim, SM_LID, SM_LID_MOVED};
+use crate::resolver::EpId;
 use crate::rmpp;
 use crate::wire::mad::{
     Header, Method, RmppHeader, RmppRepr, RmppType, HEADER_LEN, MAD_LEN, RMPP_FLAG_ACTIVE,
 };
-use crate::wire::path_record::PATH_RECORD_LEN;
+use crate::wire::path_record::{PathRecord, PATH_RECORD_LEN};
 use crate::wire::sa::{attr, SaPacket, DATA_OFFSET};
 
 /// How long the SM's RMPP sender waits for an ACK before it sends again from the last
@@ -83,6 +85,8 @@ pub struct SmPortStats {
 
 /// One GetTable answer the SM's port is sending.
 pub(super) struct Transfer {
+    /// The endpoint whose QP asked for it (its segments go there).
+    qp: EpId,
     head: [u8; DATA_OFFSET],
     records: Vec<u8>,
     total: u32,
@@ -99,10 +103,10 @@ pub(super) struct Transfer {
 }
 
 impl Sim {
-    /// An SA MAD from node `from`'s QP reaches the SM's port.
+    /// An SA MAD from the QP of node `from`'s endpoint `qp` reaches the SM's port.
     /// (A dead node, [`Node::alive`](super::Node) false, is dead to its peers only: the SM
     /// still hears it and answers it, as the core's service model does.)
-    pub(super) fn sm_receive(&mut self, from: usize, mad: [u8; MAD_LEN]) {
+    pub(super) fn sm_receive(&mut self, from: usize, qp: EpId, mad: [u8; MAD_LEN]) {
         self.sm_port.received += 1;
         let head = Header::new_unchecked(&mad[..HEADER_LEN]);
         let rmpp = RmppRepr::parse(&RmppHeader::new_unchecked(&mad[HEADER_LEN..]));
@@ -133,6 +137,7 @@ impl Sim {
             }
             let ev = Event::SaArrive {
                 from,
+                qp,
                 token: None,
                 mad,
             };
@@ -144,6 +149,7 @@ impl Sim {
                 d,
                 Event::SmReply {
                     to: from,
+                    qp,
                     sm: self.sm_lid,
                     mad: reply,
                 },
@@ -151,18 +157,21 @@ impl Sim {
         }
     }
 
-    /// The SM's port sends the answer `mad` to node `to`'s QP: a whole GetTable answer as an
-    /// RMPP transfer, anything else as one MAD.
-    pub(super) fn sm_send(&mut self, to: usize, mad: [u8; MAD_LEN]) {
+    /// The SM's port sends the answer `mad` to the QP of node `to`'s endpoint `qp`: a whole
+    /// GetTable answer as an RMPP transfer (the records of the partition it asked for),
+    /// anything else as one MAD.
+    pub(super) fn sm_send(&mut self, to: usize, qp: EpId, mad: [u8; MAD_LEN]) {
         let h = Header::new_unchecked(&mad[..HEADER_LEN]);
         if h.method() != Method::GetTableResp || !h.status().is_success() {
-            return self.sm_deliver(to, mad);
+            return self.sm_deliver(to, qp, mad);
         }
+        let pkey =
+            PathRecord::new_unchecked(&mad[DATA_OFFSET..DATA_OFFSET + PATH_RECORD_LEN]).pkey();
         // AttributeOffset: a PathRecord is 8 words.
         let mut head = [0u8; DATA_OFFSET];
         head.copy_from_slice(&mad[..DATA_OFFSET]);
         SaPacket::new_unchecked(&mut head[..]).set_attr_offset(8);
-        let mut records = self.table_records(to);
+        let mut records = self.table_records(to, pkey);
         let cut_it = self.faults.table_cut != 0 && self.rng.chance(self.faults.table_cut);
         if cut_it && records.len() > PATH_RECORD_LEN {
             // A PayloadLength that cuts the last record.
@@ -174,6 +183,7 @@ impl Sim {
         self.sm_port.transfers += 1;
         self.sa_stats.table_records_delivered += (records.len() / 64) as u64;
         let t = Transfer {
+            qp,
             head,
             total: rmpp::segment_count(records.len()),
             records,
@@ -187,9 +197,10 @@ impl Sim {
         self.rmpp_send(to, tid);
     }
 
-    /// One MAD from the SM's QP 1 to node `to`'s QP, with the fabric's faults; with
-    /// [`Faults::sa_forged`](super::Faults), a copy from another node's LID follows it.
-    fn sm_deliver(&mut self, to: usize, mad: [u8; MAD_LEN]) {
+    /// One MAD from the SM's QP 1 to the QP of node `to`'s endpoint `ep`, with the fabric's
+    /// faults; with [`Faults::sa_forged`](super::Faults), a copy from another node's LID
+    /// follows it.
+    fn sm_deliver(&mut self, to: usize, ep: EpId, mad: [u8; MAD_LEN]) {
         self.sm_port.sent += 1;
         // PathRecord answers and segments leave after the SM's port has sent them
         // ([`SaService::sm_mad_ns`](super::SaService); joins and the like keep the instant model).
@@ -215,7 +226,15 @@ impl Sim {
                 let d = self.sm_delay() + late;
                 let mut m = mad;
                 self.mangle(&mut m);
-                self.schedule(d, Event::Mad { to, meta, mad: m });
+                self.schedule(
+                    d,
+                    Event::Mad {
+                        to,
+                        ep,
+                        meta,
+                        mad: m,
+                    },
+                );
             }
         }
         if self.rng.chance(self.faults.sa_forged) {
@@ -228,14 +247,14 @@ impl Sim {
                 meta.slid = node_lid(self.rng.below(self.nodes.len() as u64) as usize);
             }
             let d = self.sm_delay() + late;
-            self.schedule(d, Event::Mad { to, meta, mad });
+            self.schedule(d, Event::Mad { to, ep, meta, mad });
         }
     }
 
-    /// A MAD from node `from`'s QP on its way to the SM at LID `dlid`: lost if the SM is no
-    /// longer there; in the instant model the fabric may lose or repeat it (a Get, an ACK)
-    /// as it does any MAD.
-    pub(super) fn send_to_sm(&mut self, from: usize, dlid: u16, mad: [u8; MAD_LEN]) {
+    /// A MAD from the QP of node `from`'s endpoint `qp` on its way to the SM at LID `dlid`:
+    /// lost if the SM is no longer there; in the instant model the fabric may lose or repeat
+    /// it (a Get, an ACK) as it does any MAD.
+    pub(super) fn send_to_sm(&mut self, from: usize, qp: EpId, dlid: u16, mad: [u8; MAD_LEN]) {
         if dlid != self.sm_lid {
             self.sm_port.to_old_sm += 1;
             return;
@@ -249,10 +268,10 @@ impl Sim {
             }
             if self.faults.dup != 0 && self.rng.chance(self.faults.dup) {
                 self.sm_port.dup_in += 1;
-                self.sm_receive(from, mad);
+                self.sm_receive(from, qp, mad);
             }
         }
-        self.sm_receive(from, mad)
+        self.sm_receive(from, qp, mad)
     }
 
     /// The SM moves to its other LID: what the old one had not answered, it never will.
@@ -290,10 +309,10 @@ impl Sim {
             t.next += 1;
         }
         t.armed += 1;
-        let attempt = t.armed;
+        let (attempt, qp) = (t.armed, t.qp);
         self.sm_port.segments += out.len() as u64;
         for seg in out {
-            self.sm_deliver(to, seg);
+            self.sm_deliver(to, qp, seg);
         }
         self.schedule(RMPP_RESP_MS, Event::RmppTimeout { to, tid, attempt });
     }
