@@ -752,3 +752,35 @@ fn remove_with_either_variant_removes_the_entry() {
         }
     }
 }
+
+/// `writes` counts every write that can turn a miss into a hit (or a negative entry): path
+/// and address, new and replaced; a removal, an invalidation or a lookup counts nothing.
+#[test]
+fn writes_count_what_can_make_a_hit() {
+    let c = cache(16, 16);
+    let ep = ep_number(0, 1);
+    let (k, name) = (lid(ep, 5), AddrKey::name(ep, "node5").unwrap());
+    let mut w = c.writer().unwrap();
+    let mut seen = c.writes();
+    let mut wrote = |what: &str, by: u32| {
+        let now = c.writes();
+        assert_eq!(now.wrapping_sub(seen), by, "{what}");
+        seen = now;
+    };
+    w.insert(&k, &rec(1), 0, 10_000);
+    wrote("a new path", 1);
+    w.insert(&k, &rec(2), 0, 10_000);
+    wrote("a path replaced", 1);
+    w.alias(&name, &k, 0, 10_000).unwrap();
+    wrote("an address", 1);
+    w.insert_negative(&lid(ep, 6), 3, 0, 10_000).unwrap();
+    wrote("a negative path", 1);
+    w.insert_addr_negative(&AddrKey::name(ep, "node6").unwrap(), 3, 0, 10_000)
+        .unwrap();
+    wrote("a negative address", 1);
+    let _ = c.lookup(&k, 1);
+    w.remove(&k);
+    w.remove_addr(&name);
+    w.invalidate_ep(ep);
+    wrote("lookups, removals and an invalidation", 0);
+}

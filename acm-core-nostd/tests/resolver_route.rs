@@ -1650,3 +1650,58 @@ fn a_warm_start_asks_for_the_table_once_at_a_random_time_within_the_warm_start_w
     t.advance(60_000);
     assert!(t.sa_sends().is_empty());
 }
+
+/// A request the caller's front classified and found missing, with the cache's writes then:
+/// while the cache has had no write since, the front's miss stands and the resolver does not
+/// look again (decided once); after a write, or with no count, it looks, and answers what
+/// has arrived from the cache.
+#[test]
+fn the_fronts_miss_stands_until_the_cache_is_written() {
+    use acm_core_nostd::resolver::request::{classify, EpView};
+    use acm_core_nostd::resolver::RequestHead;
+    let mut t = setup(route_config(), Capacities::default());
+    t.request(11, Kind::Resolve, &path_msg(6, 0, 1));
+    let (token, mad) = t.sa_sends()[0];
+    t.reply(token, &mad, 0, Some(path_to(6)));
+    assert_eq!(t.answers().len(), 1);
+    t.clear();
+    // The entry is cached now. A front that missed it (it looked before the write)...
+    let view = EpView {
+        cache_ep: CEP,
+        port_gid: port_gid(),
+        lid: 4,
+        pkey: 0xffff,
+    };
+    let msg = path_msg(6, 0, 2);
+    let target = classify(&view, &msg);
+    let fronted = |client: u64, front_writes: Option<u32>| Request {
+        head: RequestHead {
+            ep: EP,
+            cache_ep: CEP,
+            client,
+            kind: Kind::Resolve,
+            target: Some(target),
+            front_writes,
+        },
+        msg: &msg,
+    };
+    let writes = t.cache.writes();
+    // ... saying it looked after that write: its miss is believed (the redundant query is
+    // what shows the resolver did not look).
+    t.r.handle_request(t.now, &fronted(12, Some(writes)));
+    t.drain();
+    assert_eq!(t.sa_sends().len(), 1, "decided by the front");
+    assert_eq!(t.counts(Counter::RouteCache), 0);
+    t.clear();
+    // ... saying it looked before it, or not saying: the resolver looks, and answers from
+    // the cache.
+    for (client, seen) in [(13, Some(writes.wrapping_sub(1))), (14, None)] {
+        t.r.handle_request(t.now, &fronted(client, seen));
+        t.drain();
+        assert!(t.sa_sends().is_empty(), "{seen:?}");
+        assert_eq!(t.counts(Counter::RouteCache), 1);
+        let a = t.answers();
+        assert_eq!((a[0].0, a[0].1), (client, Status::Success));
+        t.clear();
+    }
+}

@@ -290,21 +290,24 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         start_lookup(&inst.cache, inst.large_cache, p);
     }
     // The request's classification, made here once; it goes with every request this call
-    // hands over (a miss, a priming, a refresh), each built at its hand-over.
+    // hands over (a miss, a priming, a refresh), each built at its hand-over, with the
+    // cache's writes when its lookup missed (`front_writes`: the resolver then does not look
+    // again while the cache has had no write since).
     let target = &classify(&view, msg);
-    let request = |client: u64, kind: Kind| Request {
+    let request = |client: u64, kind: Kind, front_writes: Option<u32>| Request {
         head: RequestHead {
             ep: ep.id,
             cache_ep: view.cache_ep,
             client,
             kind,
             target: Some(*target),
+            front_writes,
         },
         msg,
     };
     // A route hit is answered from here; a route lookup's decision comes back with what the
     // cache held.
-    let (decided, found) = match target {
+    let (decided, found, looked) = match target {
         Target::Route { key: Some(k), .. } => {
             let place = early.unwrap_or_else(|| {
                 // A LID or GID entry: its destination is known only now.
@@ -315,20 +318,29 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
             let h = inst.cache.hashed_at(k, place);
             match answer_hit(ctx, msg, id, target, &h, t0, answered) {
                 Ok(refresh) => {
-                    hit_answered(ctx, refresh.then(|| request(0, Kind::Refresh)));
+                    hit_answered(ctx, refresh.then(|| request(0, Kind::Refresh, None)));
                     return 0;
                 }
-                Err(looked) => looked,
+                // Looked up (decided) or not (a closed endpoint, no frame).
+                Err((decided, found)) => (decided, found, decided.is_some()),
             }
         }
         // A local address removed since the dataplane last caught up may still be aliased.
         Target::Address { .. } => {
             let stale = ep.removal_seq.load(Ordering::Acquire) > inst.inbox.controls_applied();
-            (None, front::look(&inst.cache, target, inst.now_ms(), stale))
+            (
+                None,
+                front::look(&inst.cache, target, inst.now_ms(), stale),
+                !stale,
+            )
         }
         // Nothing a cache key can hold (a malformed request, a route with no key).
-        _ => (None, Lookup::Miss),
+        _ => (None, Lookup::Miss, false),
     };
+    // Read after the lookup, and only for a request handed over (not on a hit's way): a
+    // write the lookup did not see may be counted (one redundant query, never a wrong
+    // answer).
+    let front_writes = || looked.then(|| inst.cache.writes());
     let mut reply = |status: Status, path: Option<&[u8; 64]>| {
         // A path is answered only on a hit: its latency is recorded.
         let a = InlineAnswer {
@@ -354,7 +366,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                 return reply(Status::Enodata, None);
             };
             let r = reply(Status::Success, Some(&record));
-            hit_answered(ctx, refresh.then(|| request(0, Kind::Refresh)));
+            hit_answered(ctx, refresh.then(|| request(0, Kind::Refresh, None)));
             r
         }
         Front::Answer(status) => {
@@ -369,7 +381,7 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
         Front::Prime => {
             let r = reply(Status::Enodata, None);
             // Prime the cache; a full queue only loses the priming.
-            let _ = hand_over(ctx, &request(id, Kind::Prime), None);
+            let _ = hand_over(ctx, &request(id, Kind::Prime, front_writes()), None);
             r
         }
         Front::HandOver => {
@@ -382,7 +394,11 @@ fn resolve_answer(ctx: &AddrCtx, msg: &[u8], id: u64, answered: &mut bool) -> c_
                     _ => MissClass::Route,
                 },
             };
-            match hand_over(ctx, &request(id, Kind::Resolve), Some(stamp)) {
+            match hand_over(
+                ctx,
+                &request(id, Kind::Resolve, front_writes()),
+                Some(stamp),
+            ) {
                 Ok(()) => {
                     *answered = true;
                     0

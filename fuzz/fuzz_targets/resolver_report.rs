@@ -98,7 +98,7 @@ fn setup() -> Sim {
     // The checks below are only worth something if node 0 holds all of this.
     let now = s.now;
     let n = &s.nodes[0];
-    let cep = n.cache_ep();
+    let cep = n.cache_ep(EP);
     let hit = |l: Lookup| matches!(l, Lookup::Hit { .. });
     assert!(hit(n
         .cache
@@ -122,7 +122,7 @@ fn setup() -> Sim {
 /// What node 0's cache answers for every key it may hold: (is a path key, answer).
 fn snapshot(s: &Sim) -> Vec<(bool, Lookup)> {
     let n = &s.nodes[0];
-    let cep = n.cache_ep();
+    let cep = n.cache_ep(EP);
     let mut v = Vec::new();
     for i in 0..NODES {
         for d in [Dest::Lid(node_lid(i)), Dest::Gid(node_gid(i).0)] {
@@ -215,7 +215,7 @@ fn report(s: &mut Sim, op: u8, bytes: &[u8]) {
     } else {
         Fate::Report
     };
-    let want = expected(&buf, s.nodes[0].open);
+    let want = expected(&buf, s.nodes[0].first().open);
     let before = snapshot(s);
     let now = s.now;
     let n = &mut s.nodes[0].node;
@@ -351,7 +351,7 @@ fn housekeeping(s: &mut Sim, op: u8, arg: u8) {
         }
         6 => s.reregister(0),
         _ => {
-            if s.nodes[0].open {
+            if s.nodes[0].first().open {
                 s.close(0);
             } else {
                 s.open(0);

@@ -522,6 +522,20 @@ where
         }
     }
 
+    /// The entries the writer has written so far, paths and addresses, new or replaced (low
+    /// 32 bits, wrapping): a lookup that missed stays a miss while this reads the same, as
+    /// only a write makes a hit. Read after a lookup, it may already count a write the lookup
+    /// did not see (then the reader's miss is believed one write late: one redundant query);
+    /// read by the writer, it is exact.
+    #[inline]
+    pub fn writes(&self) -> u32 {
+        let c = &self.counters.write;
+        // A counter's low bits (a 64-bit one where the target has its atomics).
+        #[allow(clippy::cast_possible_truncation, clippy::unnecessary_cast)]
+        let low = |x: &Counter| x.load(Ordering::Relaxed) as u32;
+        low(&c.inserts).wrapping_add(low(&c.updates))
+    }
+
     #[inline]
     fn gen(&self, ep: CacheEp) -> u32 {
         self.ep_gens[ep_index(ep)].load(Ordering::Acquire)

@@ -52,9 +52,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         self.pump(now);
     }
 
-    /// A RESOLVE (or Prime, Refresh) request meets the cache again here: its entry may have
-    /// arrived since the caller's front looked. [`front::decide`] says what follows, as it
-    /// does on the caller's hit path.
+    /// A RESOLVE (or Prime, Refresh) request meets the cache again here if its entry may have
+    /// arrived since the caller's front looked (the cache was written since, or the front did
+    /// not say when it looked: [`RequestHead::front_writes`](super::RequestHead::front_writes)).
+    /// [`front::decide`] says what follows, as it does on the caller's hit path.
     fn resolve_request(
         &mut self,
         now: Millis,
@@ -64,10 +65,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     ) {
         use front::Front;
         use request::Target;
-        // A refresh renews the route whatever the cache holds now.
+        // A refresh renews the route whatever the cache holds now; the front's miss stands
+        // while nothing was written since (the writer's own count: exact).
+        let cache = self.w.cache();
         let lookup = match r.head.kind {
             Kind::Refresh => Lookup::Miss,
-            _ => front::look(self.w.cache(), target, now, false),
+            _ if r.head.front_writes == Some(cache.writes()) => Lookup::Miss,
+            _ => front::look(cache, target, now, false),
         };
         let (refresh, wait) = match (r.head.kind, front::decide(target, true, &lookup)) {
             (_, Front::Answer(status)) => {

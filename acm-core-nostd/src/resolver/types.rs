@@ -419,6 +419,12 @@ pub struct RequestHead {
     /// with the endpoint's view at `cache_ep`), so that it is not parsed again; `None`: the
     /// resolver classifies it (and a query is never classified).
     pub target: Option<super::request::Target>,
+    /// The cache's [`writes`](crate::cache::PathCache::writes) when the caller's front
+    /// decided (read after its lookup missed), so that the request is decided once: while
+    /// the cache has had no write since, the front's miss stands (its decision is the
+    /// request's `kind`) and the resolver does not look again. `None`: the resolver looks
+    /// (the front did not look, or its look may have been stale).
+    pub front_writes: Option<u32>,
 }
 
 /// One client request as the resolver takes it
@@ -441,6 +447,7 @@ impl<'m> Request<'m> {
             client,
             kind,
             target: None,
+            front_writes: None,
         };
         Request { head, msg }
     }

@@ -125,6 +125,8 @@ impl Sim {
         // The provider's hit path: classify, look up, and the one front decision.
         let target = request::classify(&view, &m);
         let lookup = front::look(&*node.cache, &target, now, false);
+        // Read after the lookup, as the provider's front reads it.
+        let writes = node.cache.writes();
         let (pass, answer) = match front::decide(&target, true, &lookup) {
             Front::Hit { refresh } => {
                 let record = match lookup {
@@ -152,6 +154,7 @@ impl Sim {
                     client,
                     kind,
                     target: Some(target),
+                    front_writes: Some(writes),
                 },
                 msg: &m,
             };

@@ -111,6 +111,7 @@ impl Carried for Queued {
                 client: 0,
                 kind: Kind::Resolve,
                 target: None,
+                front_writes: None,
             },
             ticket: 0,
             len: 0,

@@ -33,6 +33,13 @@
 //! query on the QP; the reply is put on the QP's receive queue, then one round takes it and
 //! hands the answer to the core. The cache is flushed by a client reregister (untimed).
 //!
+//! **`--front classified|decided`**: each request comes as the provider's front hands it
+//! over (made untimed, before the step): classified (`RequestHead::target`: the resolver
+//! does not parse it again, but looks at the cache again), or classified and decided (also
+//! the cache's writes after the front's lookup, `RequestHead::front_writes`: the front's miss
+//! stands, the resolver does not look). The default, `none`, is a request the resolver
+//! classifies and looks up itself.
+//!
 //! **`--evict-kib N`**: before each step, this thread writes a buffer of N KiB one cache line
 //! at a time (not timed), so the step finds the resolver's lines out of its core's L1 and L2,
 //! as a miss in the live provider finds them after ibsim, OpenSM and the other threads ran on
@@ -40,7 +47,8 @@
 //! the hot run is what the lines cost.
 //!
 //! Usage: `cargo run --release -p acm-bench --bin resolver -- [--quick] [--out DIR]
-//!         [--sizes 4096,1048576] [--misses N] [--evict-kib N] [--node | --plane]`
+//!         [--sizes 4096,1048576] [--misses N] [--evict-kib N] [--node | --plane]
+//!         [--front none|classified|decided]`
 //!
 //! With `--out DIR`: `resolver_<step>_<slots>.hgrm` per step and cache size
 //! (`node_…`, `plane_…` with `--node`, `--plane`; `…_evicted.hgrm` with `--evict-kib`).
@@ -55,6 +63,7 @@ use acm_core_nostd::cache::{
     ep_number, AddrSlot, CacheConfig, CacheEp, CacheWriter, PathCache, PathSlot,
 };
 use acm_core_nostd::node::{self, SaConfig, Transport};
+use acm_core_nostd::resolver::request::{classify, EpView};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     Millis, MsgBuf, Output, RecvMeta, Request, Resolver,
@@ -100,6 +109,21 @@ struct Cli {
     /// bookkeeping) over a fake QP and core
     #[arg(long)]
     plane: bool,
+    /// How much of the request the provider's front did before handing it over
+    #[arg(long, value_enum, default_value_t = Front::None)]
+    front: Front,
+}
+
+/// What the front hands over with a request (`--front`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Front {
+    /// The bare request: the resolver classifies it and looks at the cache.
+    None,
+    /// Classified: the resolver looks at the cache again.
+    Classified,
+    /// Classified, with the cache's writes after the front's lookup missed: the resolver
+    /// does not look again.
+    Decided,
 }
 
 /// Writes every cache line of `buf` once: what the step then reads comes from further out.
@@ -186,6 +210,8 @@ trait Machine {
     fn cache_ep(&self) -> CacheEp {
         ep_number(0, EP.0)
     }
+    /// The path cache's writes, as the front reads them after its lookup.
+    fn writes(&self) -> u32;
     /// Before step 1, not timed: what the request's way needs before the machine has it.
     fn prepare(&mut self, _req: &Request<'_>) {}
     /// Step 1: `req` given at `now` and the outputs drained (an answer's message built into
@@ -251,6 +277,10 @@ impl Machine for Resolver<HeapStorage, Arc<Cache>> {
     fn clear_cache(&mut self) {
         Resolver::clear_cache(self);
     }
+
+    fn writes(&self) -> u32 {
+        self.cache().writes()
+    }
 }
 
 impl Machine for HostNode {
@@ -298,17 +328,28 @@ impl Machine for HostNode {
     fn clear_cache(&mut self) {
         HostNode::clear_cache(self);
     }
+
+    fn writes(&self) -> u32 {
+        self.resolver().cache().writes()
+    }
 }
 
 /// The one writer of a path cache of `slots` slots.
 fn writer(slots: usize) -> Result<HostWriter, String> {
+    Ok(writer_and_cache(slots)?.0)
+}
+
+/// [`writer`], and the cache it writes (the front's handle).
+fn writer_and_cache(slots: usize) -> Result<(HostWriter, Arc<Cache>), String> {
     let cache = PathCache::new(
         PathSlot::boxed(slots),
         AddrSlot::boxed(4096),
         CacheConfig::default(),
     )
     .map_err(|e| format!("cache: {e:?}"))?;
-    CacheWriter::take(Arc::new(cache)).map_err(|_| "a second writer".to_string())
+    let cache = Arc::new(cache);
+    let w = CacheWriter::take(Arc::clone(&cache)).map_err(|_| "a second writer".to_string())?;
+    Ok((w, cache))
 }
 
 /// The resolver as the plugin builds it around `writer`, its endpoint not open yet.
@@ -429,11 +470,17 @@ struct Loop {
     /// The time every round runs at (the loop's timers never come due).
     at: Instant,
     cache_ep: CacheEp,
+    /// The path cache, as the front reads it.
+    cache: Arc<Cache>,
 }
 
 impl Machine for Loop {
     fn cache_ep(&self) -> CacheEp {
         self.cache_ep
+    }
+
+    fn writes(&self) -> u32 {
+        self.cache.writes()
     }
 
     fn prepare(&mut self, req: &Request<'_>) {
@@ -497,9 +544,10 @@ fn plane(slots: usize, clock: Clock) -> Result<Loop, String> {
     let wire: Arc<Mutex<Wire>> = Arc::default();
     let make = Box::new(|w: HostWriter| resolver_of(w).ok());
     let epoch = waker.epoch();
+    let (writer, cache) = writer_and_cache(slots)?;
     let plane = Plane::new(
         make,
-        writer(slots)?,
+        writer,
         inbox.clone(),
         FakeCore(Arc::clone(&answers)),
         epoch,
@@ -528,6 +576,7 @@ fn plane(slots: usize, clock: Clock) -> Result<Loop, String> {
         clock,
         at: epoch + std::time::Duration::from_millis(10),
         cache_ep,
+        cache,
     };
     for _ in 0..4 {
         let _ = l.plane.poll(l.at);
@@ -541,6 +590,7 @@ fn run(
     misses: usize,
     clock: &Clock,
     evict_kib: usize,
+    front: Front,
 ) -> Result<Steps, String> {
     let mut junk = vec![0u8; evict_kib * 1024];
     // The caller's one message buffer, as the loop has it.
@@ -557,7 +607,18 @@ fn run(
         let dlid = 2 + k;
         let tid = i as u64 + 1;
         let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
-        let req = Request::new(EP, m.cache_ep(), tid, Kind::Resolve, msg.bytes());
+        let mut req = Request::new(EP, m.cache_ep(), tid, Kind::Resolve, msg.bytes());
+        if front != Front::None {
+            // What the provider's front made of it before handing it over (not timed).
+            let view = EpView {
+                cache_ep: req.head.cache_ep,
+                port_gid: gid(1),
+                lid: 1,
+                pkey: 0xffff,
+            };
+            req.head.target = Some(classify(&view, msg.bytes()));
+            req.head.front_writes = (front == Front::Decided).then(|| m.writes());
+        }
         m.prepare(&req);
         evict(&mut junk, i as u8);
         let t0 = clock.now();
@@ -620,12 +681,13 @@ fn main() {
         ));
         let steps = match (args.node, args.plane) {
             (false, false) => {
-                resolver(slots).and_then(|mut r| run(&mut r, misses, &clock, evict_kib))
+                resolver(slots).and_then(|mut r| run(&mut r, misses, &clock, evict_kib, args.front))
             }
-            (true, _) => node(slots).and_then(|mut n| run(&mut n, misses, &clock, evict_kib)),
-            (_, true) => {
-                plane(slots, clock).and_then(|mut l| run(&mut l, misses, &clock, evict_kib))
+            (true, _) => {
+                node(slots).and_then(|mut n| run(&mut n, misses, &clock, evict_kib, args.front))
             }
+            (_, true) => plane(slots, clock)
+                .and_then(|mut l| run(&mut l, misses, &clock, evict_kib, args.front)),
         };
         let steps = match steps {
             Ok(s) => s,
@@ -680,8 +742,11 @@ mod tests {
     fn every_miss_is_one_query_and_one_answer() {
         let clock = Clock::calibrated();
         let misses = 2 * usize::from(DISTINCT) + 7;
-        for (slots, evict_kib) in [(4096, 0), (1 << 16, 0), (4096, 16)] {
-            let s = run(&mut resolver(slots).unwrap(), misses, &clock, evict_kib).unwrap();
+        let runs = [(4096, 0), (1 << 16, 0), (4096, 16)];
+        let fronts = [Front::None, Front::Classified, Front::Decided];
+        for ((slots, evict_kib), front) in runs.into_iter().zip(fronts) {
+            let mut r = resolver(slots).unwrap();
+            let s = run(&mut r, misses, &clock, evict_kib, front).unwrap();
             assert_eq!(s.request.summary().count, 3007);
             assert_eq!(s.reply.summary().count, 3007);
         }
@@ -695,7 +760,14 @@ mod tests {
         let mut n = node(4096).unwrap();
         // The open's own queries (the group's join, the subscriptions) stay unanswered.
         let open = n.sa().len();
-        let s = run(&mut n, 2 * usize::from(DISTINCT) + 7, &clock, 16).unwrap();
+        let s = run(
+            &mut n,
+            2 * usize::from(DISTINCT) + 7,
+            &clock,
+            16,
+            Front::Decided,
+        )
+        .unwrap();
         assert_eq!(s.request.summary().count, 3007);
         assert_eq!(s.reply.summary().count, 3007);
         assert_eq!(
@@ -712,7 +784,14 @@ mod tests {
     fn through_the_loop_every_miss_is_one_query_and_one_answer() {
         let clock = Clock::calibrated();
         let mut l = plane(4096, clock).unwrap();
-        let s = run(&mut l, 2 * usize::from(DISTINCT) + 7, &clock, 16).unwrap();
+        let s = run(
+            &mut l,
+            2 * usize::from(DISTINCT) + 7,
+            &clock,
+            16,
+            Front::Decided,
+        )
+        .unwrap();
         assert_eq!(s.request.summary().count, 3007);
         assert_eq!(s.reply.summary().count, 3007);
     }
