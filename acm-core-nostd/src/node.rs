@@ -176,6 +176,10 @@ pub enum Output {
         token: u64,
         /// The MAD.
         mad: [u8; MAD_LEN],
+        /// The `ud` query `token` left on a QP before, whose carrier closed: it goes on here
+        /// (no [`Output::QueryDone`] follows for its `ud` sends; what the caller keeps of
+        /// them starts again).
+        moved: bool,
     },
     /// Answer a client (exactly once per answered request), with the message the poll built
     /// into its [`MsgBuf`].
@@ -659,7 +663,7 @@ where
                     continue;
                 };
                 // Its `ud` query is over either way; refused (a GetTable), it says so now.
-                return Some(self.for_core(now, send.ep, token, &mad).unwrap_or(
+                return Some(self.for_core(now, (send.ep, token), &mad, true).unwrap_or(
                     Output::QueryDone {
                         token,
                         replied: false,
@@ -717,7 +721,7 @@ where
         mad: &[u8; MAD_LEN],
     ) -> Option<Output> {
         let Some((qp, sm)) = self.route(ep) else {
-            return self.for_core(now, ep, token, mad);
+            return self.for_core(now, (ep, token), mad, false);
         };
         let subnet = self.eps.get(qp.index()).map_or(0, |e| e.subnet_timeout_ms);
         let (per_try, tries) = (self.sa_cfg.per_try(subnet), self.sa_cfg.try_count());
@@ -742,9 +746,9 @@ where
     fn for_core(
         &mut self,
         now: Millis,
-        ep: EpId,
-        token: u64,
+        (ep, token): (EpId, u64),
         mad: &[u8; MAD_LEN],
+        moved: bool,
     ) -> Option<Output> {
         if Header::new_unchecked(&mad[..HEADER_LEN]).method() == Method::GetTable {
             let e = Err(TableError::NotCarried);
@@ -755,6 +759,7 @@ where
             ep,
             token,
             mad: *mad,
+            moved,
         })
     }
 
@@ -878,6 +883,7 @@ fn passed(o: &crate::resolver::Output) -> Output {
             ep: *ep,
             token: *token,
             mad: *mad,
+            moved: false,
         },
         R::SendAcm { ep, to, mad } => Output::Transmit {
             qp: *ep,

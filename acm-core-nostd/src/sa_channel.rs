@@ -8,7 +8,10 @@
 //! * **One completion per request.** The channel owns each request until it is answered: it
 //!   sends the same MAD (same wire TID) again after each try's time, `tries` tries in all, then
 //!   reports the query failed ([`Expired::Failed`], complete it with [`TIMED_OUT`]). A
-//!   response we send (a ReportResponse) needs no answer and is not tracked.
+//!   response we send (a ReportResponse) needs no answer and is not tracked. When the QP that
+//!   carried a request closes, the request goes again at once on whatever carries it now
+//!   ([`SaChannel::handle_carrier_gone`]), or leaves the channel to go on another way
+//!   ([`SaChannel::withdraw`]: the core's service, which completes it instead).
 //! * **Unpredictable TIDs.** Any host of the fabric can send a MAD to our QP, and a forged
 //!   reply is taken only if it names an outstanding request's TID. Each request therefore gets
 //!   a wire TID of its own, 64 bits of SipHash-1-3 under the caller's random key over a

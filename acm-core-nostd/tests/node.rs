@@ -571,7 +571,12 @@ fn the_queries_a_closing_carrier_carried_go_on_at_once_through_the_cores_service
         .out
         .iter()
         .filter_map(|o| match o {
-            Output::CoreSa { ep, token, mad } => Some((*ep, *token, *mad)),
+            Output::CoreSa {
+                ep,
+                token,
+                mad,
+                moved: true,
+            } => Some((*ep, *token, *mad)),
             _ => None,
         })
         .collect();

@@ -831,6 +831,8 @@ struct SmLog {
     held: Vec<(u8, u16, u32, [u8; 256])>,
     /// Endpoint labels attached to a group.
     attached: Vec<u8>,
+    /// The SM's answers to PathRecord GETs are lost.
+    gets_lost: bool,
 }
 
 /// A UD QP that reaches an SM at LID 1: the SA answers every MCMemberRecord SET (MLID 0xC001)
@@ -875,6 +877,9 @@ impl Ud for SmUd {
                 }
             }
             _ => {}
+        }
+        if l.gets_lost && u16::from_be_bytes([mad[16], mad[17]]) == 0x0035 {
+            return Ok(());
         }
         if l.forge && u16::from_be_bytes([mad[16], mad[17]]) == 0x0035 {
             let mut f = reply;
@@ -1017,6 +1022,40 @@ fn an_endpoint_of_another_partition_reaches_the_sa_through_its_ports_sa_keyed_qp
     assert_eq!(informs, 2, "one subscription per trap");
     // Port B has no SA-keyed QP: its join went through the core's SA service.
     assert!(nodes[0].log.lock().unwrap().sa_sent >= 1);
+}
+
+#[test]
+fn a_get_whose_carrier_closes_goes_on_at_once_through_the_cores_service() {
+    // Endpoint 1 (0x8001) reaches the SA on endpoint 0's QP. Its Get leaves there, the SM's
+    // answer is lost, and endpoint 0 closes: the Get goes on through the core's SA service at
+    // once (its tries on a QP that is gone would take seconds, far more than the polls run
+    // allows), and is answered once.
+    let (mut nodes, sm) = sm_node(&[(0, 0, 0xffff, true), (1, 0, 0x8001, false)]);
+    let core_before = nodes[0].log.lock().unwrap().sa_sent;
+    sm.lock().unwrap().gets_lost = true;
+    let sent = |sm: &Arc<Mutex<SmLog>>| {
+        let l = sm.lock().unwrap();
+        let gets = l.sent.iter().filter(|(_, m)| m[16..18] == [0, 0x35]);
+        gets.count()
+    };
+    assert!(nodes[0].inbox.request(
+        EpId(1),
+        7,
+        Kind::Resolve,
+        &lid_msg(node_lid(1), false, 0x71)
+    ));
+    assert!(run(&mut nodes, |_| sent(&sm) == 1), "the Get on QP 0");
+    assert!(sm.lock().unwrap().sent.iter().all(|(label, _)| *label == 0));
+    nodes[0].inbox.control(Control::Close(EpId(0)));
+    assert!(run(&mut nodes, |n| !answers(&n[0]).is_empty()), "answered");
+    let a = answers(&nodes[0]);
+    assert_eq!(
+        (a.len(), a[0].ep, a[0].status),
+        (1, EpId(1), Status::Success)
+    );
+    assert_eq!(dlid_of(&a[0]), node_lid(1));
+    assert_eq!(nodes[0].log.lock().unwrap().sa_sent, core_before + 1);
+    assert_eq!(sent(&sm), 1, "nothing more on a QP");
 }
 
 #[test]

@@ -171,10 +171,16 @@ impl Latencies {
     /// starts, and a request's leg to its first query ends.
     pub(super) fn query_out(&mut self, token: u64, ep: EpId, at: Option<u64>) {
         if let (Some(b), Some(at)) = (self.0.as_mut(), at) {
-            // Sent again on another route (its carrier closed): its round trip starts again.
-            let _ = b.sa.remove(u128::from(token));
             remember(&b.clock, &mut b.sa, u128::from(token), at, ep);
             b.query_sent(Some(at));
+        }
+    }
+
+    /// SA query `token` left the transport it was sent on (its carrier closed): its round
+    /// trip starts again where it goes on ([`query_out`](Self::query_out)).
+    pub(super) fn query_moved(&mut self, token: u64) {
+        if let Some(b) = self.0.as_mut() {
+            let _ = b.sa.remove(u128::from(token));
         }
     }
 

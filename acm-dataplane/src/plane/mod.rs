@@ -572,6 +572,13 @@ impl<I: CoreIo> Plane<I> {
         self.lat.sa_done(token, replied, taken, handed);
     }
 
+    /// SA query `token` left the `ud` transport (its carrier closed) to go on through the
+    /// core's service: its sends there are not waited for, nor timed.
+    fn query_moved(&mut self, token: u64) {
+        self.reply_due.done(token, Instant::now(), false);
+        self.lat.query_moved(token);
+    }
+
     /// SA query `token` of endpoint `ep` went out at `at` (clock ticks, with stats): when its
     /// reply is due, and where its round trip starts.
     fn query_out(&mut self, token: u64, ep: EpId, at: Option<u64>) {
@@ -631,7 +638,16 @@ impl<I: CoreIo> Plane<I> {
                         None => self.lat.sent(),
                     }
                 }
-                Output::CoreSa { ep, token, ref mad } => {
+                Output::CoreSa {
+                    ep,
+                    token,
+                    ref mad,
+                    moved,
+                } => {
+                    if moved {
+                        // Its sends on a QP that closed: what was kept of them goes.
+                        self.query_moved(token);
+                    }
                     let at = self.lat.now();
                     if self.io.send_sa(ep, token, mad) {
                         self.query_out(token, ep, at);

@@ -23,12 +23,8 @@ impl ReplyDue {
         }
     }
 
-    /// Query `token` went out at `at` (again, on another route: its wait starts again).
+    /// Query `token` went out at `at`.
     pub(crate) fn sent(&mut self, token: u64, at: Instant) {
-        if let Some(o) = self.out.iter_mut().find(|o| o.0 == token) {
-            o.1 = at;
-            return;
-        }
         if self.out.len() == CAPACITY {
             self.out.remove(0);
         }

@@ -303,7 +303,7 @@ fn put_answer(r: &mut Record, a: &Answer, msg: &MsgBuf) {
 /// | caller answer | 10, then as Answer |
 fn encode(o: &Output, msg: &MsgBuf) -> (&'static str, Record) {
     match o {
-        Output::CoreSa { ep, token, mad } => {
+        Output::CoreSa { ep, token, mad, .. } => {
             let mut r = Record::new(tag::CORE_SA);
             r.put(&[ep.0]);
             r.put(&token.to_be_bytes());
