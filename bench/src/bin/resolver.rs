@@ -110,13 +110,13 @@ struct Cli {
     #[arg(long)]
     plane: bool,
     /// How much of the request the provider's front did before handing it over
-    #[arg(long, value_enum, default_value_t = Front::None)]
-    front: Front,
+    #[arg(long, value_enum, default_value_t = Handed::None)]
+    front: Handed,
 }
 
 /// What the front hands over with a request (`--front`).
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Front {
+enum Handed {
     /// The bare request: the resolver classifies it and looks at the cache.
     None,
     /// Classified: the resolver looks at the cache again.
@@ -590,7 +590,7 @@ fn run(
     misses: usize,
     clock: &Clock,
     evict_kib: usize,
-    front: Front,
+    front: Handed,
 ) -> Result<Steps, String> {
     let mut junk = vec![0u8; evict_kib * 1024];
     // The caller's one message buffer, as the loop has it.
@@ -608,7 +608,7 @@ fn run(
         let tid = i as u64 + 1;
         let msg = ClientRequest::path(tid, 0, &PathQuery::lid(dlid));
         let mut req = Request::new(EP, m.cache_ep(), tid, Kind::Resolve, msg.bytes());
-        if front != Front::None {
+        if front != Handed::None {
             // What the provider's front made of it before handing it over (not timed).
             let view = EpView {
                 cache_ep: req.head.cache_ep,
@@ -617,7 +617,7 @@ fn run(
                 pkey: 0xffff,
             };
             req.head.target = Some(classify(&view, msg.bytes()));
-            req.head.front_writes = (front == Front::Decided).then(|| m.writes());
+            req.head.front_writes = (front == Handed::Decided).then(|| m.writes());
         }
         m.prepare(&req);
         evict(&mut junk, i as u8);
@@ -743,7 +743,7 @@ mod tests {
         let clock = Clock::calibrated();
         let misses = 2 * usize::from(DISTINCT) + 7;
         let runs = [(4096, 0), (1 << 16, 0), (4096, 16)];
-        let fronts = [Front::None, Front::Classified, Front::Decided];
+        let fronts = [Handed::None, Handed::Classified, Handed::Decided];
         for ((slots, evict_kib), front) in runs.into_iter().zip(fronts) {
             let mut r = resolver(slots).unwrap();
             let s = run(&mut r, misses, &clock, evict_kib, front).unwrap();
@@ -765,7 +765,7 @@ mod tests {
             2 * usize::from(DISTINCT) + 7,
             &clock,
             16,
-            Front::Decided,
+            Handed::Decided,
         )
         .unwrap();
         assert_eq!(s.request.summary().count, 3007);
@@ -789,7 +789,7 @@ mod tests {
             2 * usize::from(DISTINCT) + 7,
             &clock,
             16,
-            Front::Decided,
+            Handed::Decided,
         )
         .unwrap();
         assert_eq!(s.request.summary().count, 3007);
