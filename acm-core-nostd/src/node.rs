@@ -445,23 +445,17 @@ where
         let Some(closed) = self.eps.get(ep.index()).copied() else {
             return;
         };
-        // The endpoints it carried (a bit per id; ids are below `EPS` ≤ `MAX_EPS`).
-        let mut carried = [0u64; MAX_EPS / 64];
+        // The endpoints it carries, asked while it is still open (their requests only go
+        // again at the next poll, routed as the endpoints are then).
         if closed.carries() {
-            for (i, e) in self.eps.iter().enumerate() {
-                let by_it =
-                    EpId::from_index(i).is_some_and(|o| carrier_in(&self.eps, o) == Some(ep));
-                if i != ep.index() && e.open && by_it {
-                    carried[i / 64] |= 1 << (i % 64);
+            let others = (0..EPS).filter(|&i| i != ep.index() && self.eps[i].open);
+            for owner in others.filter_map(EpId::from_index) {
+                if carrier_in(&self.eps, owner) == Some(ep) {
+                    self.sa.handle_carrier_gone(now, owner);
                 }
             }
         }
         self.eps[ep.index()].open = false;
-        for i in (0..EPS).filter(|i| carried[i / 64] & (1 << (i % 64)) != 0) {
-            if let Some(owner) = EpId::from_index(i) {
-                self.sa.handle_carrier_gone(now, owner);
-            }
-        }
     }
 
     /// A client reregister on `ep`'s port ([`Resolver::handle_reregister`]).

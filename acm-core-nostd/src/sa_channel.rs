@@ -418,10 +418,7 @@ where
     /// it is not outstanding here.
     pub fn withdraw(&mut self, token: u64) -> Option<[u8; MAD_LEN]> {
         let i = self.live().iter().position(|e| e.token == token)?;
-        let e = self.swap_remove(i);
-        if let Some(t) = usize::from(e.table).checked_sub(1) {
-            self.tables[t].rx.reset();
-        }
+        let e = self.forget(i);
         if self.len == 0 {
             self.next = None;
         }
@@ -478,6 +475,16 @@ where
         self.entries[i] = self.entries[self.len];
         if let Some(t) = usize::from(e.table).checked_sub(1) {
             self.tables[t].busy = false;
+        }
+        e
+    }
+
+    /// Removes entry `i` for good: its table slot freed and its receiver reset (nothing of
+    /// its transfer is answered any more), as [`swap_remove`](Self::swap_remove) does not.
+    fn forget(&mut self, i: usize) -> SaEntry {
+        let e = self.swap_remove(i);
+        if let Some(t) = usize::from(e.table).checked_sub(1) {
+            self.tables[t].rx.reset();
         }
         e
     }
@@ -654,10 +661,7 @@ where
         let mut i = 0;
         while i < self.len {
             if self.entries[i].ep == ep {
-                let e = self.swap_remove(i);
-                if let Some(t) = usize::from(e.table).checked_sub(1) {
-                    self.tables[t].rx.reset();
-                }
+                let e = self.forget(i);
                 f(e.token, e.mad);
             } else {
                 i += 1;

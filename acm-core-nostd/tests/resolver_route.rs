@@ -1657,7 +1657,7 @@ fn a_warm_start_asks_for_the_table_once_at_a_random_time_within_the_warm_start_w
 /// has arrived from the cache.
 #[test]
 fn the_fronts_miss_stands_until_the_cache_is_written() {
-    use acm_core_nostd::resolver::request::{classify, EpView};
+    use acm_core_nostd::resolver::request::classify;
     use acm_core_nostd::resolver::RequestHead;
     let mut t = setup(route_config(), Capacities::default());
     t.request(11, Kind::Resolve, &path_msg(6, 0, 1));
@@ -1666,14 +1666,8 @@ fn the_fronts_miss_stands_until_the_cache_is_written() {
     assert_eq!(t.answers().len(), 1);
     t.clear();
     // The entry is cached now. A front that missed it (it looked before the write)...
-    let view = EpView {
-        cache_ep: CEP,
-        port_gid: port_gid(),
-        lid: 4,
-        pkey: 0xffff,
-    };
     let msg = path_msg(6, 0, 2);
-    let target = classify(&view, &msg);
+    let target = classify(&ep_config().view(CEP), &msg);
     let fronted = |client: u64, front_writes: Option<u32>| Request {
         head: RequestHead {
             ep: EP,

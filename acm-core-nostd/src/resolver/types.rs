@@ -63,6 +63,19 @@ pub struct EpConfig {
     pub sa_pkey: bool,
 }
 
+impl EpConfig {
+    /// What the request parser needs of this endpoint, at cache number `cache_ep` (what a
+    /// caller's front classifies a request with).
+    pub fn view(&self, cache_ep: CacheEp) -> super::request::EpView {
+        super::request::EpView {
+            cache_ep,
+            port_gid: self.port_gid,
+            lid: self.lid,
+            pkey: self.pkey,
+        }
+    }
+}
+
 /// How a client is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {

@@ -9,7 +9,7 @@ use std::vec::Vec;
 use super::{Sim, SimAnswer, EP};
 use crate::cache::Lookup;
 use crate::resolver::front::{self, Front};
-use crate::resolver::request::{self, EpView};
+use crate::resolver::request;
 use crate::resolver::EpId;
 use crate::resolver::{Kind, Request, RequestHead, Via};
 use crate::wire::client::EpInfoType::Name;
@@ -116,12 +116,7 @@ impl Sim {
             self.pump();
             return client;
         };
-        let view = EpView {
-            cache_ep: cep,
-            port_gid: cfg.port_gid,
-            lid: cfg.lid,
-            pkey: cfg.pkey,
-        };
+        let view = cfg.view(cep);
         // The provider's hit path: classify, look up, and the one front decision.
         let target = request::classify(&view, &m);
         let lookup = front::look(&*node.cache, &target, now, false);

@@ -63,7 +63,7 @@ use acm_core_nostd::cache::{
     ep_number, AddrSlot, CacheConfig, CacheEp, CacheWriter, PathCache, PathSlot,
 };
 use acm_core_nostd::node::{self, SaConfig, Transport};
-use acm_core_nostd::resolver::request::{classify, EpView};
+use acm_core_nostd::resolver::request::classify;
 use acm_core_nostd::resolver::{
     AcmDest, Answer, Capacities, Config, Counter, EpConfig, EpId, HeapStorage, Kind, McGroup,
     Millis, MsgBuf, Output, RecvMeta, Request, Resolver,
@@ -610,12 +610,7 @@ fn run(
         let mut req = Request::new(EP, m.cache_ep(), tid, Kind::Resolve, msg.bytes());
         if front != Handed::None {
             // What the provider's front made of it before handing it over (not timed).
-            let view = EpView {
-                cache_ep: req.head.cache_ep,
-                port_gid: gid(1),
-                lid: 1,
-                pkey: 0xffff,
-            };
+            let view = port().view(req.head.cache_ep);
             req.head.target = Some(classify(&view, msg.bytes()));
             req.head.front_writes = (front == Handed::Decided).then(|| m.writes());
         }

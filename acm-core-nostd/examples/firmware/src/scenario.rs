@@ -24,7 +24,7 @@ use acm_core_nostd::cache::{
     ep_number, AddrKind, AddrSlot, CacheConfig, CacheEp, Lookup, PathCache, PathSlot,
 };
 use acm_core_nostd::node::{Event, Node, Output, SaConfig, Transport};
-use acm_core_nostd::resolver::request::{classify, respond, EpView, Target};
+use acm_core_nostd::resolver::request::{classify, respond, Target};
 use acm_core_nostd::resolver::{
     AcmDest, Answer, ArrayStorage, Config, EpConfig, EpId, Kind, McGroup, Millis, RecvMeta,
     MsgBuf, Request, Resolver, Storage, Via, MSG_LEN,
@@ -605,13 +605,7 @@ where
     P: core::ops::Deref<Target = [PathSlot]>,
     A: core::ops::Deref<Target = [AddrSlot]>,
 {
-    let cfg = ep_config();
-    let view = EpView {
-        cache_ep: CEP,
-        port_gid: cfg.port_gid,
-        lid: cfg.lid,
-        pkey: cfg.pkey,
-    };
+    let view = ep_config().view(CEP);
     meter.begin();
     let target = classify(&view, msg);
     meter.end(Measure::HitClassify);
