@@ -10,7 +10,7 @@
 
 use super::addr::{addr_key, Addrs};
 use super::mads;
-use super::storage::{list_id, AddrState, GroupState, List, Slabs, SlabsRef, ADDR_Q, ADDR_S};
+use super::storage::{list_id, AddrState, GroupState, List, Storage, ADDR_Q, ADDR_S};
 use super::timers::Timer;
 use super::{AcmDest, AddrEntry, EpSlot, Millis, Output, RecvMeta, Shared, Stats, UnicastAv};
 use crate::cache::{CacheRef, CacheWriter};
@@ -90,17 +90,11 @@ pub(crate) fn received(
     Some((sgid, r))
 }
 
-impl Addrs {
+impl<S: Storage> Addrs<S> {
     /// Puts entry `i` (Resolved, no job) on its endpoint `e`'s ACM queue (QUERY_ADDR).
-    pub(crate) fn requeue(
-        &mut self,
-        addrs: &mut [AddrEntry],
-        e: &mut EpSlot,
-        now: Millis,
-        i: u32,
-        sh: &mut Shared,
-    ) {
+    pub(crate) fn requeue(&mut self, e: &mut EpSlot, now: Millis, i: u32, sh: &mut Shared) {
         let at = now.saturating_add(sh.cfg.queue_deadline);
+        let addrs = &mut *self.entries;
         let a = &mut addrs[i as usize];
         a.state = AddrState::Queued;
         a.timer = at;
@@ -112,14 +106,9 @@ impl Addrs {
 
     /// Sends queued address queries of endpoint `e` (ready) while its ACM window has room;
     /// returns how many went (each one ADDR_QUERY).
-    pub(crate) fn pump(
-        &mut self,
-        addrs: &mut [AddrEntry],
-        e: &mut EpSlot,
-        now: Millis,
-        sh: &mut Shared,
-    ) -> u32 {
+    pub(crate) fn pump(&mut self, e: &mut EpSlot, now: Millis, sh: &mut Shared) -> u32 {
         let try_ms = acm_try(e, sh);
+        let addrs = &mut *self.entries;
         let mut sent = 0;
         while e.acm_inflight < sh.cfg.acm_window {
             let Some(i) = e.queue.pop_front(addrs, list_id::ACM_QUEUE, ADDR_Q) else {
@@ -145,21 +134,21 @@ impl Addrs {
 
     /// The head of endpoint `e`'s ACM queue if its deadline has passed at `now` (the queue
     /// is in deadline order).
-    pub(crate) fn queue_due(e: &EpSlot, addrs: &[AddrEntry], now: Millis) -> Option<u32> {
+    pub(crate) fn queue_due(&self, e: &EpSlot, now: Millis) -> Option<u32> {
         let i = e.queue.front()?;
-        (addrs[i as usize].timer <= now).then_some(i)
+        (self.entries[i as usize].timer <= now).then_some(i)
     }
 
     /// Retries the due queries of endpoint `e` (the in-flight list is in deadline order: due
     /// heads only) until one is out of retries: that one, for the caller to fail.
     pub(crate) fn retry_due(
         &mut self,
-        addrs: &mut [AddrEntry],
         e: &mut EpSlot,
         now: Millis,
         sh: &mut Shared,
     ) -> Option<u32> {
         let try_ms = acm_try(e, sh);
+        let addrs = &mut *self.entries;
         while let Some(i) = e.inflight.front() {
             let a = addrs[i as usize];
             if a.timer > now {
@@ -186,14 +175,14 @@ impl Addrs {
     /// Whether the destination of peer request `r` is a local address of an open endpoint
     /// other than `slot` (another partition): the request arrived on `slot` across
     /// partitions.
-    pub(crate) fn local_elsewhere(&self, t: SlabsRef<'_>, slot: usize, r: &AcmResolveRepr) -> bool {
-        let n = t.endpoints.len().min(super::MAX_EPS);
+    pub(crate) fn local_elsewhere(&self, eps: &[EpSlot], slot: usize, r: &AcmResolveRepr) -> bool {
+        let n = eps.len().min(super::MAX_EPS);
         (0..n).any(|o| {
             o != slot
-                && t.endpoints[o].open
+                && eps[o].open
                 && self
-                    .find(t, o, r.dest_type, &r.dest)
-                    .is_some_and(|i| t.addrs[i as usize].state == AddrState::Local)
+                    .find(o, r.dest_type, &r.dest)
+                    .is_some_and(|i| self.entries[i as usize].state == AddrState::Local)
         })
     }
 
@@ -204,7 +193,7 @@ impl Addrs {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn resolved<C: CacheRef>(
         &mut self,
-        t: &mut Slabs<'_>,
+        eps: &mut [EpSlot],
         i: u32,
         sgid: Gid,
         meta: &RecvMeta,
@@ -212,10 +201,10 @@ impl Addrs {
         expires: Millis,
         w: &mut CacheWriter<C>,
     ) -> Option<List> {
-        let a = t.addrs[i as usize];
+        let a = self.entries[i as usize];
         let was_querying = matches!(a.state, AddrState::Queued | AddrState::Querying);
         if was_querying {
-            self.unlink_q(t, i);
+            self.unlink_q(eps, i);
             self.active -= 1;
         } else if a.gid != sgid.0 {
             // The peer's GID changed: the old alias points at the old route.
@@ -223,7 +212,8 @@ impl Addrs {
                 w.remove_addr(&k);
             }
         }
-        let a = &mut t.addrs[i as usize];
+        let addrs = &mut *self.entries;
+        let a = &mut addrs[i as usize];
         // A hosts-file entry keeps its origin (it survives reregisters); what the peer says
         // about itself is newer than the file, so the mapping is updated.
         a.state = AddrState::Resolved;
@@ -235,8 +225,8 @@ impl Addrs {
         a.expires = expires;
         a.send_query = false;
         let waiters = core::mem::replace(&mut a.waiters, List::EMPTY);
-        if !t.addrs[i as usize].send_resp {
-            self.send.remove(t.addrs, i, list_id::ACM_SEND, ADDR_S);
+        if !addrs[i as usize].send_resp {
+            self.send.remove(addrs, i, list_id::ACM_SEND, ADDR_S);
         }
         was_querying.then_some(waiters)
     }
@@ -246,24 +236,24 @@ impl Addrs {
     /// one of ours or the table has no room).
     pub(crate) fn requester(
         &mut self,
-        t: &mut Slabs<'_>,
+        eps: &mut [EpSlot],
         slot: usize,
         r: &AcmResolveRepr,
     ) -> (bool, Option<u32>) {
         let (st, dt) = (r.src_type, r.dest_type);
         let target = self
-            .find(t.read(), slot, dt, &r.dest)
-            .is_some_and(|i| t.addrs[i as usize].state == AddrState::Local);
+            .find(slot, dt, &r.dest)
+            .is_some_and(|i| self.entries[i as usize].state == AddrState::Local);
         // Every receiver records the requester, as ibacmp does.
-        let rec = match self.find(t.read(), slot, st, &r.src) {
-            Some(i) => match t.addrs[i as usize].state {
+        let rec = match self.find(slot, st, &r.src) {
+            Some(i) => match self.entries[i as usize].state {
                 AddrState::Local | AddrState::Removing | AddrState::Free => None,
                 _ => Some(i),
             },
             None => {
-                let i = self.alloc(t, slot, st, &r.src);
+                let i = self.alloc(eps, slot, st, &r.src);
                 if let Some(i) = i {
-                    t.addrs[i as usize].cache_ep = t.endpoints[slot].cache_ep;
+                    self.entries[i as usize].cache_ep = eps[slot].cache_ep;
                 }
                 i
             }
@@ -273,7 +263,8 @@ impl Addrs {
 
     /// Entry `i`'s peer asked for one of our addresses (request `tid`, shared group `group`):
     /// a response wants sending.
-    pub(crate) fn respond(&mut self, addrs: &mut [AddrEntry], i: u32, tid: u64, group: u8) {
+    pub(crate) fn respond(&mut self, i: u32, tid: u64, group: u8) {
+        let addrs = &mut *self.entries;
         let a = &mut addrs[i as usize];
         a.send_resp = true;
         a.resp_tid = tid;
@@ -282,18 +273,17 @@ impl Addrs {
     }
 
     /// The query of endpoint `slot` in flight with `tid`, if any.
-    pub(crate) fn in_flight(&self, t: SlabsRef<'_>, slot: usize, tid: u64) -> Option<u32> {
-        t.endpoints[slot]
-            .inflight
-            .iter(t.addrs, ADDR_Q)
-            .find(|&i| t.addrs[i as usize].tid == tid)
+    pub(crate) fn in_flight(&self, e: &EpSlot, tid: u64) -> Option<u32> {
+        e.inflight
+            .iter(&self.entries, ADDR_Q)
+            .find(|&i| self.entries[i as usize].tid == tid)
     }
 
     /// The next ACM MAD to send (over endpoints `eps`), taking entries off the send list as
     /// they have no more.
-    pub(crate) fn poll(&mut self, addrs: &mut [AddrEntry], eps: &[EpSlot]) -> Option<Output> {
+    pub(crate) fn poll(&mut self, eps: &[EpSlot]) -> Option<Output> {
         while let Some(i) = self.send.front() {
-            if let Some(o) = self.output(addrs, eps, i) {
+            if let Some(o) = self.output(eps, i) {
                 return Some(o);
             }
         }
@@ -301,7 +291,8 @@ impl Addrs {
     }
 
     /// The next ACM MAD of entry `i` (taking it off the send list when it has no more).
-    fn output(&mut self, addrs: &mut [AddrEntry], eps: &[EpSlot], i: u32) -> Option<Output> {
+    fn output(&mut self, eps: &[EpSlot], i: u32) -> Option<Output> {
+        let addrs = &mut *self.entries;
         let a = addrs[i as usize];
         let slot = usize::from(a.slot);
         let e = &eps[slot];

@@ -20,10 +20,10 @@
 use super::request;
 use super::storage::chain;
 use super::storage::{
-    bucket_of, list_id, AddrState, List, Origin, Slabs, SlabsRef, ADDR_Q, ADDR_R, ADDR_S, REQ,
+    bucket_of, list_id, AddrState, List, Origin, Storage, ADDR_Q, ADDR_R, ADDR_S, REQ,
 };
 use super::timers::Timer;
-use super::{AddrEntry, Config, EpSlot, Millis, RequestSlot, Shared, NEVER};
+use super::{AddrEntry, Config, EpSlot, JobSlot, Millis, RequestSlot, Shared, NEVER};
 use crate::cache::{AddrKey, AddrKind, CacheEp, CacheRef, CacheWriter, PathKey};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::{AcmMsg, EP_FLAG_SOURCE};
@@ -63,8 +63,12 @@ pub(crate) fn alias<C: CacheRef>(
 /// How many probes an insert into a full address slab makes for an idle learned entry.
 const EVICT_PROBES: u32 = 64;
 
-/// The address entries' index, lists and counts.
-pub(crate) struct Addrs {
+/// The address entries, their index, lists and counts.
+pub(crate) struct Addrs<S: Storage> {
+    /// The entries.
+    pub(crate) entries: S::Slab<AddrEntry>,
+    /// The index's buckets.
+    buckets: S::Slab<u32>,
     /// The hash seed of the index.
     seed: u64,
     /// Free entries.
@@ -79,14 +83,22 @@ pub(crate) struct Addrs {
     pub(crate) active: u32,
 }
 
-impl Addrs {
-    /// Every entry of `addrs` free.
-    pub(crate) fn new(addrs: &mut [AddrEntry], seed: u64) -> Self {
+impl<S: Storage> Addrs<S> {
+    /// Every entry of `entries` free, an empty index over `buckets`.
+    pub(crate) fn new(
+        mut entries: S::Slab<AddrEntry>,
+        mut buckets: S::Slab<u32>,
+        seed: u64,
+    ) -> Self {
+        entries.fill(AddrEntry::EMPTY);
+        buckets.fill(0);
         let mut free = List::EMPTY;
-        for i in 0..addrs.len() as u32 {
-            free.push_back(addrs, i, list_id::FREE, ADDR_Q);
+        for i in 0..entries.len() as u32 {
+            free.push_back(&mut entries, i, list_id::FREE, ADDR_Q);
         }
         Addrs {
+            entries,
+            buckets,
             seed: seed ^ 0xadd7,
             free,
             send: List::EMPTY,
@@ -96,21 +108,21 @@ impl Addrs {
         }
     }
 
-    fn bucket(&self, buckets: usize, slot: usize, type_: AddressType, addr: &[u8; 64]) -> usize {
-        let head = (slot as u32) << 8 | u32::from(u8::from(type_));
-        bucket_of(self.seed, head, addr, buckets)
-    }
-
-    /// The entry for (endpoint slot, type, address).
-    pub(crate) fn find(
-        &self,
-        t: SlabsRef<'_>,
+    fn bucket(
+        seed: u64,
+        buckets: usize,
         slot: usize,
         type_: AddressType,
         addr: &[u8; 64],
-    ) -> Option<u32> {
-        let b = self.bucket(t.addr_buckets.len(), slot, type_, addr);
-        chain::find(t.addrs, t.addr_buckets, b, |a| {
+    ) -> usize {
+        let head = (slot as u32) << 8 | u32::from(u8::from(type_));
+        bucket_of(seed, head, addr, buckets)
+    }
+
+    /// The entry for (endpoint slot, type, address).
+    pub(crate) fn find(&self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> Option<u32> {
+        let b = Self::bucket(self.seed, self.buckets.len(), slot, type_, addr);
+        chain::find(&self.entries, &self.buckets, b, |a| {
             a.state != AddrState::Free
                 && usize::from(a.slot) == slot
                 && a.type_ == type_
@@ -119,97 +131,110 @@ impl Addrs {
     }
 
     /// A new entry (state Resolved, origin Learned, no mapping yet), evicting an idle learned
-    /// entry (no waiters, no route job, no response to send) if every entry is used.
+    /// entry (no waiters, no route job, no response to send) if every entry is used (an
+    /// evicted entry leaves its endpoint's list in `eps`).
     pub(crate) fn alloc(
         &mut self,
-        t: &mut Slabs<'_>,
+        eps: &mut [EpSlot],
         slot: usize,
         type_: AddressType,
         addr: &[u8; 64],
     ) -> Option<u32> {
         if self.free.is_empty() {
-            let n = t.addrs.len() as u32;
+            let n = self.entries.len() as u32;
             for _ in 0..EVICT_PROBES.min(n) {
                 let i = self.evict_hand % n;
                 self.evict_hand = self.evict_hand.wrapping_add(1);
-                let a = &t.addrs[i as usize];
+                let a = &self.entries[i as usize];
                 let idle = a.state == AddrState::Resolved
                     && a.origin == Origin::Learned
                     && a.job == 0
                     && !a.send_resp
                     && a.waiters.is_empty();
                 if idle {
-                    self.free_entry(t, i);
+                    // Idle: on no job, so no job's list to leave.
+                    self.free_entry(eps, &mut [], i);
                     break;
                 }
             }
         }
-        let i = self.free.pop_front(t.addrs, list_id::FREE, ADDR_Q)?;
-        let b = self.bucket(t.addr_buckets.len(), slot, type_, addr);
-        let a = &mut t.addrs[i as usize];
+        let i = self
+            .free
+            .pop_front(&mut self.entries, list_id::FREE, ADDR_Q)?;
+        let b = Self::bucket(self.seed, self.buckets.len(), slot, type_, addr);
+        let a = &mut self.entries[i as usize];
         *a = AddrEntry::EMPTY;
         a.state = AddrState::Resolved;
         a.slot = slot as u8;
         a.type_ = type_;
         a.addr = *addr;
-        chain::insert(t.addrs, t.addr_buckets, b, i);
+        chain::insert(&mut self.entries, &mut self.buckets, b, i);
         Some(i)
     }
 
-    /// Takes entry `i` off the list its `qlink` is on.
-    pub(crate) fn unlink_q(&mut self, t: &mut Slabs<'_>, i: u32) {
-        let a = &t.addrs[i as usize];
-        let (on, e) = (a.qlink.on, &mut t.endpoints[usize::from(a.slot)]);
+    /// Takes entry `i` off the list its `qlink` is on (its endpoint's in `eps`, or the
+    /// removals).
+    pub(crate) fn unlink_q(&mut self, eps: &mut [EpSlot], i: u32) {
+        let addrs = &mut *self.entries;
+        let a = &addrs[i as usize];
+        let (on, e) = (a.qlink.on, &mut eps[usize::from(a.slot)]);
         match on {
             list_id::ACM_QUEUE => {
-                e.queue.remove(t.addrs, i, on, ADDR_Q);
+                e.queue.remove(addrs, i, on, ADDR_Q);
             }
             list_id::ACM_INFLIGHT => {
-                e.inflight.remove(t.addrs, i, on, ADDR_Q);
+                e.inflight.remove(addrs, i, on, ADDR_Q);
                 e.acm_inflight = e.acm_inflight.saturating_sub(1);
             }
             list_id::LOCALS => {
-                e.locals.remove(t.addrs, i, on, ADDR_Q);
+                e.locals.remove(addrs, i, on, ADDR_Q);
             }
             list_id::REMOVALS => {
-                self.removals.remove(t.addrs, i, on, ADDR_Q);
+                self.removals.remove(addrs, i, on, ADDR_Q);
             }
             _ => {}
         }
     }
 
-    /// Frees entry `i`: off every list, out of its route job's addresses and of the hash
-    /// (its waiters must have been answered).
-    pub(crate) fn free_entry(&mut self, t: &mut Slabs<'_>, i: u32) {
-        let a = t.addrs[i as usize];
+    /// Frees entry `i`: off every list (its endpoint's in `eps`), out of its route job's
+    /// addresses (in `jobs`) and of the hash (its waiters must have been answered).
+    pub(crate) fn free_entry(&mut self, eps: &mut [EpSlot], jobs: &mut [JobSlot], i: u32) {
+        let a = self.entries[i as usize];
         if a.state == AddrState::Free {
             return;
         }
         if matches!(a.state, AddrState::Queued | AddrState::Querying) {
             self.active -= 1;
         }
-        self.unlink_q(t, i);
-        self.send.remove(t.addrs, i, list_id::ACM_SEND, ADDR_S);
+        self.unlink_q(eps, i);
+        let addrs = &mut *self.entries;
+        self.send.remove(addrs, i, list_id::ACM_SEND, ADDR_S);
         if let Some(j) = a.job.checked_sub(1) {
-            t.jobs[j as usize]
+            jobs[j as usize]
                 .addrs
-                .remove(t.addrs, i, list_id::ROUTE_ADDRS, ADDR_R);
+                .remove(addrs, i, list_id::ROUTE_ADDRS, ADDR_R);
         }
-        let b = self.bucket(t.addr_buckets.len(), usize::from(a.slot), a.type_, &a.addr);
-        chain::remove(t.addrs, t.addr_buckets, b, i);
-        t.addrs[i as usize] = AddrEntry::EMPTY;
-        self.free.push_back(t.addrs, i, list_id::FREE, ADDR_Q);
+        let b = Self::bucket(
+            self.seed,
+            self.buckets.len(),
+            usize::from(a.slot),
+            a.type_,
+            &a.addr,
+        );
+        chain::remove(addrs, &mut self.buckets, b, i);
+        addrs[i as usize] = AddrEntry::EMPTY;
+        self.free.push_back(addrs, i, list_id::FREE, ADDR_Q);
     }
 }
 
 #[cfg(feature = "std")]
-impl Addrs {
+impl<S: Storage> Addrs<S> {
     /// Every entry is on the list its state says, only queries have waiters, and the count of
     /// queries matches; returns how many requests wait on entries.
-    pub(crate) fn check(&self, addrs: &[AddrEntry]) -> Result<u32, std::string::String> {
+    pub(crate) fn check(&self) -> Result<u32, std::string::String> {
         use std::format;
         let (mut active, mut waiters) = (0u32, 0u32);
-        for a in addrs {
+        for a in self.entries.iter() {
             let want = match a.state {
                 AddrState::Free => list_id::FREE,
                 AddrState::Queued => list_id::ACM_QUEUE,
@@ -235,39 +260,35 @@ impl Addrs {
     }
 }
 
-impl Addrs {
-    /// Adds the requests of `waiters` to entry `i`'s waiters, leaving `waiters` empty.
-    pub(crate) fn add_waiters(
-        addrs: &mut [AddrEntry],
-        reqs: &mut [RequestSlot],
-        i: u32,
-        waiters: &mut List,
-    ) {
-        addrs[i as usize]
+impl<S: Storage> Addrs<S> {
+    /// Adds the requests of `waiters` (over the request slots `reqs`) to entry `i`'s waiters,
+    /// leaving `waiters` empty.
+    pub(crate) fn add_waiters(&mut self, reqs: &mut [RequestSlot], i: u32, waiters: &mut List) {
+        self.entries[i as usize]
             .waiters
             .append(waiters, reqs, list_id::WAITERS, REQ);
     }
 
     /// Entry `i` becomes a local address of endpoint `e` (slot `slot`), under `cache_ep`.
-    pub(crate) fn make_local(t: &mut Slabs<'_>, slot: usize, i: u32, cache_ep: CacheEp) {
-        let e = &mut t.endpoints[slot];
-        let a = &mut t.addrs[i as usize];
+    pub(crate) fn make_local(&mut self, e: &mut EpSlot, i: u32, cache_ep: CacheEp) {
+        let a = &mut self.entries[i as usize];
         a.state = AddrState::Local;
         a.gid = e.port_gid;
         a.lid = e.lid;
         a.qpn = e.qpn;
         a.expires = NEVER;
         a.cache_ep = cache_ep;
-        e.locals.push_back(t.addrs, i, list_id::LOCALS, ADDR_Q);
+        e.locals
+            .push_back(&mut self.entries, i, list_id::LOCALS, ADDR_Q);
     }
 
     /// Local address `i` is removed: its cache alias is dropped at the next input that
     /// passes the cache (the `Removal` timer asks for one at once).
-    pub(crate) fn remove_local(&mut self, t: &mut Slabs<'_>, i: u32, sh: &mut Shared) {
-        self.unlink_q(t, i);
-        t.addrs[i as usize].state = AddrState::Removing;
+    pub(crate) fn remove_local(&mut self, eps: &mut [EpSlot], i: u32, sh: &mut Shared) {
+        self.unlink_q(eps, i);
+        self.entries[i as usize].state = AddrState::Removing;
         self.removals
-            .push_back(t.addrs, i, list_id::REMOVALS, ADDR_Q);
+            .push_back(&mut self.entries, i, list_id::REMOVALS, ADDR_Q);
         sh.timers.arm(Timer::Removal, 0);
     }
 

@@ -7,12 +7,14 @@
 //! its own. Answering a slot that is not waiting does nothing: that is the exactly-once rule
 //! in one place.
 
-use super::storage::{list_id, List, ReqState, REQ};
+use super::storage::{list_id, List, ReqState, Storage, REQ};
 use super::{Answer, Counter, EpId, Kind, MsgBuf, Output, Request, RequestSlot, Via, MSG_LEN};
 use crate::wire::client::Status;
 
-/// The request slots' lists and counts.
-pub(crate) struct Answers {
+/// The request slots, their lists and counts.
+pub(crate) struct Answers<S: Storage> {
+    /// The request slots.
+    pub(crate) reqs: S::Slab<RequestSlot>,
     /// Free slots.
     pub(crate) free: List,
     /// Answered slots, in answer order, until polled.
@@ -23,14 +25,16 @@ pub(crate) struct Answers {
     reserve: usize,
 }
 
-impl Answers {
+impl<S: Storage> Answers<S> {
     /// Every slot of `reqs` free.
-    pub(crate) fn new(reqs: &mut [RequestSlot], reserve: usize) -> Self {
+    pub(crate) fn new(mut reqs: S::Slab<RequestSlot>, reserve: usize) -> Self {
+        reqs.fill(RequestSlot::EMPTY);
         let mut free = List::EMPTY;
         for i in 0..reqs.len() as u32 {
-            free.push_back(reqs, i, list_id::FREE, REQ);
+            free.push_back(&mut reqs, i, list_id::FREE, REQ);
         }
         Answers {
+            reqs,
             free,
             fifo: List::EMPTY,
             waiting: 0,
@@ -40,12 +44,8 @@ impl Answers {
 
     /// A slot holding a copy of `r`, waiting: for a waiter only while more than the reserve
     /// is free, for an immediate answer while any is.
-    pub(crate) fn alloc(
-        &mut self,
-        reqs: &mut [RequestSlot],
-        r: &Request<'_>,
-        waiter: bool,
-    ) -> Option<u32> {
+    pub(crate) fn alloc(&mut self, r: &Request<'_>, waiter: bool) -> Option<u32> {
+        let reqs = &mut *self.reqs;
         if waiter && (self.free.len as usize) <= self.reserve {
             return None;
         }
@@ -70,11 +70,11 @@ impl Answers {
     /// not waiting is left alone (`None`).
     pub(crate) fn answer(
         &mut self,
-        reqs: &mut [RequestSlot],
         i: u32,
         status: Status,
         path: Option<&[u8; 64]>,
     ) -> Option<(EpId, Option<Counter>)> {
+        let reqs = &mut *self.reqs;
         let r = &mut reqs[i as usize];
         if r.state != ReqState::Waiting {
             return None;
@@ -97,7 +97,8 @@ impl Answers {
     }
 
     /// The oldest answer, its message built into `out`, its slot freed.
-    pub(crate) fn pop(&mut self, reqs: &mut [RequestSlot], out: &mut MsgBuf) -> Option<Output> {
+    pub(crate) fn pop(&mut self, out: &mut MsgBuf) -> Option<Output> {
+        let reqs = &mut *self.reqs;
         let i = self.fifo.pop_front(reqs, list_id::ANSWERS, REQ)?;
         let r = &mut reqs[i as usize];
         let via = if r.query { Via::Query } else { Via::Resolve };
@@ -123,12 +124,12 @@ impl Answers {
 }
 
 #[cfg(feature = "std")]
-impl Answers {
+impl<S: Storage> Answers<S> {
     /// Every slot is on the list its state says, and the counts match.
-    pub(crate) fn check(&self, reqs: &[RequestSlot]) -> Result<(), std::string::String> {
+    pub(crate) fn check(&self) -> Result<(), std::string::String> {
         use std::format;
         let (mut waiting, mut answers, mut free) = (0u32, 0u32, 0u32);
-        for r in reqs {
+        for r in self.reqs.iter() {
             let want = match r.state {
                 ReqState::Waiting => {
                     waiting += 1;

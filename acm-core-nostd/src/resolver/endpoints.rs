@@ -5,13 +5,19 @@
 //! is its [`EpSlot`]; its joins are in [`groups`](super::groups), its subscriptions in
 //! [`inform`](super::inform), its outputs in [`output`](super::output).
 
-use super::storage::List;
-use super::{request, Config, Counter, EpConfig, EpId, EpSlot, Error, Millis, Shared, MAX_EPS};
+use super::storage::{List, Storage};
+use super::{
+    request, Config, Counter, EpConfig, EpId, EpSlot, Error, Millis, PreloadSlot, Shared, MAX_EPS,
+};
 use crate::cache::CacheEp;
 use crate::wire::gid::Gid;
 
-/// The endpoint map and the dirty set.
-pub(crate) struct Endpoints {
+/// The endpoint slots, the preloaded routes, the endpoint map and the dirty set.
+pub(crate) struct Endpoints<S: Storage> {
+    /// The endpoint slots.
+    pub(crate) slots: S::Slab<EpSlot>,
+    /// The preloaded routes (`route_preload`), kept for re-insertion after a reregister.
+    pub(crate) preloads: S::Slab<PreloadSlot>,
     /// `EpId` → endpoint slot + 1.
     map: [u8; MAX_EPS],
     /// Endpoint slots with per-endpoint outputs still to poll.
@@ -20,9 +26,14 @@ pub(crate) struct Endpoints {
     pub(crate) ports: u32,
 }
 
-impl Endpoints {
-    pub(crate) const fn new() -> Self {
+impl<S: Storage> Endpoints<S> {
+    /// Every slot of `slots` closed, no route preloaded.
+    pub(crate) fn new(mut slots: S::Slab<EpSlot>, mut preloads: S::Slab<PreloadSlot>) -> Self {
+        slots.fill(EpSlot::EMPTY);
+        preloads.fill(PreloadSlot::EMPTY);
         Endpoints {
+            slots,
+            preloads,
             map: [0; MAX_EPS],
             dirty: [0; MAX_EPS / 64],
             ports: 1,
@@ -30,9 +41,9 @@ impl Endpoints {
     }
 
     /// The open slot serving `ep`.
-    pub(crate) fn slot(&self, eps: &[EpSlot], ep: EpId) -> Option<usize> {
+    pub(crate) fn slot(&self, ep: EpId) -> Option<usize> {
         let s = usize::from(self.map[ep.index()]).checked_sub(1)?;
-        eps.get(s).filter(|e| e.open).map(|_| s)
+        self.slots.get(s).filter(|e| e.open).map(|_| s)
     }
 
     /// `ep` is served by `slot` (`None`: by none).
@@ -60,11 +71,11 @@ impl Endpoints {
 
     /// Bumps `counter` of endpoint `ep` (emitted as [`super::Output::Count`]); an endpoint
     /// that is gone counts nothing.
-    pub(crate) fn count(&mut self, eps: &mut [EpSlot], ep: EpId, counter: Counter) {
+    pub(crate) fn count(&mut self, ep: EpId, counter: Counter) {
         let Some(s) = usize::from(self.map[ep.index()]).checked_sub(1) else {
             return;
         };
-        let c = &mut eps[s].counts[counter as usize];
+        let c = &mut self.slots[s].counts[counter as usize];
         *c = c.saturating_add(1);
         self.mark_dirty(s);
     }
@@ -76,12 +87,12 @@ impl Endpoints {
     /// of its two groups it is to join; [`Error::Capacity`] if no slot is free.
     pub(crate) fn open(
         &mut self,
-        eps: &mut [EpSlot],
         ep: EpId,
         cache_ep: CacheEp,
         cfg: EpConfig,
         rc: &Config,
     ) -> Result<(usize, [bool; 2]), Error> {
+        let eps = &*self.slots;
         let n = eps.len().min(MAX_EPS);
         let old = (0..n).find(|&i| !eps[i].open && eps[i].id == ep && self.is_dirty(i));
         let slot = old.or_else(|| (0..n).find(|&i| !eps[i].open && !self.is_dirty(i)));
@@ -92,7 +103,7 @@ impl Endpoints {
         // QPN 0 is QP0 (SMI), never a UD QP: "this endpoint has none", so no ACM protocol.
         let want_groups = (rc.addr_acm || rc.route_acm) && cfg.qpn != 0;
         let second = want_groups && rc.route_acm && cfg.rate != 0 && (cfg.rate, cfg.mtu) != min;
-        let e = &mut eps[slot];
+        let e = &mut self.slots[slot];
         let old = *e;
         *e = EpSlot {
             open: true,
@@ -138,8 +149,8 @@ impl Endpoints {
     /// Closes `ep`, served by `slot`: its groups are left, its ACM lists forgotten (their
     /// entries are freed by the caller), and its outputs still to poll (leaves, unsubscribes,
     /// a detach, counts) go out.
-    pub(crate) fn close(&mut self, eps: &mut [EpSlot], ep: EpId, slot: usize) {
-        let e = &mut eps[slot];
+    pub(crate) fn close(&mut self, ep: EpId, slot: usize) {
+        let e = &mut self.slots[slot];
         e.groups.leave_all(Gid(e.port_gid), e.pkey);
         e.open = false;
         e.informs.ack = false;
@@ -148,12 +159,13 @@ impl Endpoints {
         e.locals = List::EMPTY;
         e.acm_inflight = 0;
         self.map(ep, None);
-        self.recount_ports(eps);
+        self.recount_ports();
         self.mark_dirty(slot);
     }
 
     /// Counts the distinct port GIDs among the open endpoints (at least 1).
-    pub(crate) fn recount_ports(&mut self, eps: &[EpSlot]) {
+    pub(crate) fn recount_ports(&mut self) {
+        let eps = &*self.slots;
         let mut n = 0u32;
         for (i, e) in eps.iter().enumerate() {
             if e.open && !eps[..i].iter().any(|o| o.open && o.port_gid == e.port_gid) {

@@ -22,11 +22,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         cache_ep: CacheEp,
         cfg: EpConfig,
     ) -> Result<(), Error> {
-        if self.eps.slot(self.st.slabs_ref().endpoints, ep).is_some() || self.done {
+        if self.eps.slot(ep).is_some() || self.done {
             return Err(Error::Endpoint);
         }
-        let t = self.st.endpoints();
-        let (slot, joins) = self.eps.open(t, ep, cache_ep, cfg, &self.sh.cfg)?;
+        let (slot, joins) = self.eps.open(ep, cache_ep, cfg, &self.sh.cfg)?;
         for (g, join) in joins.into_iter().enumerate() {
             if join {
                 self.start_join(now, slot, g);
@@ -38,11 +37,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             // A random time within the warm start, so a cluster booting at once spreads its
             // tables over it.
             let at = now.saturating_add(self.routes.random() % jitter);
-            self.st.endpoints()[slot]
-                .table
-                .warm_start_at(at, &mut self.sh);
+            self.eps.slots[slot].table.warm_start_at(at, &mut self.sh);
         }
-        self.eps.recount_ports(self.st.slabs_ref().endpoints);
+        self.eps.recount_ports();
         self.eps.mark_dirty(slot);
         Ok(())
     }
@@ -52,24 +49,24 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// addresses and preloads, and invalidates its cache entries (`invalidate_ep`). Queries of
     /// the endpoint still held by the caller are forgotten (their replies are ignored).
     pub fn handle_close(&mut self, now: Millis, ep: EpId) {
-        let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
+        let Some(slot) = self.eps.slot(ep) else {
             return;
         };
         self.drop_endpoint_work(now, slot, Status::Enodata, true);
-        self.st.endpoints()[slot].informs.unsubscribe_all();
-        for i in 0..self.st.addrs().len() as u32 {
-            let a = self.st.addrs()[i as usize];
+        self.eps.slots[slot].informs.unsubscribe_all();
+        for i in 0..self.addrs.entries.len() as u32 {
+            let a = self.addrs.entries[i as usize];
             if a.state != AddrState::Free && usize::from(a.slot) == slot {
                 self.free_addr(i);
             }
         }
-        for p in self.st.preloads().iter_mut() {
+        for p in self.eps.preloads.iter_mut() {
             if p.used && usize::from(p.slot) == slot {
                 *p = PreloadSlot::EMPTY;
             }
         }
-        let cache_ep = self.st.endpoints()[slot].cache_ep;
-        self.eps.close(self.st.endpoints(), ep, slot);
+        let cache_ep = self.eps.slots[slot].cache_ep;
+        self.eps.close(ep, slot);
         self.w.invalidate_ep(cache_ep);
         self.pump(now);
     }
@@ -87,10 +84,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         addr: &[u8; 64],
     ) -> Result<(), Error> {
         let type_ = AddressType::from(kind);
-        let slot = (self.eps.slot(self.st.slabs_ref().endpoints, ep)).ok_or(Error::Endpoint)?;
-        let i = match self.addrs.find(self.st.slabs_ref(), slot, type_, addr) {
+        let slot = (self.eps.slot(ep)).ok_or(Error::Endpoint)?;
+        let i = match self.addrs.find(slot, type_, addr) {
             Some(i) => {
-                let a = self.st.addrs()[i as usize];
+                let a = self.addrs.entries[i as usize];
                 if a.state == AddrState::Local {
                     return Ok(());
                 }
@@ -101,7 +98,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
             None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
         };
-        Addrs::make_local(&mut self.st.slabs(), slot, i, cache_ep);
+        self.addrs
+            .make_local(&mut self.eps.slots[slot], i, cache_ep);
         self.insert_loopback(now, slot, i, cache_ep);
         self.pump(now);
         Ok(())
@@ -117,20 +115,19 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         kind: AddrKind,
         addr: &[u8; 64],
     ) {
-        let t = self.st.slabs_ref();
-        let Some(slot) = self.eps.slot(t.endpoints, ep) else {
+        let Some(slot) = self.eps.slot(ep) else {
             return;
         };
-        let Some(i) = self.addrs.find(t, slot, kind.into(), addr) else {
+        let Some(i) = self.addrs.find(slot, kind.into(), addr) else {
             return;
         };
-        if t.addrs[i as usize].state != AddrState::Local {
+        if self.addrs.entries[i as usize].state != AddrState::Local {
             return;
         }
         // No cache here: the `Removal` timer asks for a `handle_timeout` call, which drops
         // the alias.
         self.addrs
-            .remove_local(&mut self.st.slabs(), i, &mut self.sh);
+            .remove_local(&mut self.eps.slots, i, &mut self.sh);
     }
 
     /// A hosts-file mapping (`addr_preload acm_hosts`): `addr` of `kind` is `gid`.
@@ -145,10 +142,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         gid: Gid,
     ) -> Result<(), Error> {
         let type_ = AddressType::from(kind);
-        let slot = (self.eps.slot(self.st.slabs_ref().endpoints, ep)).ok_or(Error::Endpoint)?;
-        let i = match self.addrs.find(self.st.slabs_ref(), slot, type_, addr) {
+        let slot = (self.eps.slot(ep)).ok_or(Error::Endpoint)?;
+        let i = match self.addrs.find(slot, type_, addr) {
             Some(i) => {
-                if self.st.addrs()[i as usize].state != AddrState::Resolved {
+                if self.addrs.entries[i as usize].state != AddrState::Resolved {
                     return Ok(());
                 }
                 i
@@ -156,9 +153,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             None => self.alloc_addr(slot, type_, addr).ok_or(Error::Capacity)?,
         };
         let expires = addr::expiry(&self.sh.cfg, now);
-        let t = self.st.slabs();
-        let cache_ep = t.endpoints[slot].cache_ep;
-        Addrs::preload(&mut t.addrs[i as usize], gid, expires, cache_ep);
+        let cache_ep = self.eps.slots[slot].cache_ep;
+        Addrs::<S>::preload(&mut self.addrs.entries[i as usize], gid, expires, cache_ep);
         Ok(())
     }
 
@@ -172,10 +168,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         cache_ep: CacheEp,
         path: &[u8; 64],
     ) {
-        let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
+        let Some(slot) = self.eps.slot(ep) else {
             return;
         };
-        if let Some(p) = self.st.preloads().iter_mut().find(|p| !p.used) {
+        if let Some(p) = self.eps.preloads.iter_mut().find(|p| !p.used) {
             *p = PreloadSlot {
                 used: true,
                 slot: slot as u8,
@@ -190,19 +186,19 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// dropped (`invalidate_ep`); preloaded routes and loopback entries are inserted again under
     /// `cache_ep`; the groups are detached and joined again.
     pub fn handle_reregister(&mut self, now: Millis, ep: EpId, cache_ep: CacheEp) {
-        let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
+        let Some(slot) = self.eps.slot(ep) else {
             return;
         };
         self.w.invalidate_ep(cache_ep);
-        self.st.endpoints()[slot].cache_ep = cache_ep;
-        for i in 0..self.st.preloads().len() {
-            let p = self.st.preloads()[i];
+        self.eps.slots[slot].cache_ep = cache_ep;
+        for i in 0..self.eps.preloads.len() {
+            let p = self.eps.preloads[i];
             if p.used && usize::from(p.slot) == slot {
                 self.insert_preload(now, slot, cache_ep, &p.path);
             }
         }
-        for i in 0..self.st.addrs().len() as u32 {
-            let a = self.st.addrs()[i as usize];
+        for i in 0..self.addrs.entries.len() as u32 {
+            let a = self.addrs.entries[i as usize];
             if usize::from(a.slot) != slot {
                 continue;
             }
@@ -216,7 +212,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 _ => {}
             }
         }
-        let e = &mut self.st.endpoints()[slot];
+        let e = &mut self.eps.slots[slot];
         e.force_detach = e.attached;
         let wanted: [bool; 2] = [
             e.groups[0].t.state != storage::GroupState::Off,
@@ -224,7 +220,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         ];
         for (g, want) in wanted.into_iter().enumerate() {
             if want {
-                self.st.endpoints()[slot].groups[g].t.tries = 0;
+                self.eps.slots[slot].groups[g].t.tries = 0;
                 self.start_join(now, slot, g);
             }
         }
@@ -236,17 +232,15 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Starts (or restarts) the join of group `g` of endpoint `slot`.
     pub(crate) fn start_join(&mut self, now: Millis, slot: usize, g: usize) {
-        let t = self.st.slabs();
-        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh));
-        t.endpoints[slot].groups.start(g, at, &mut self.sh);
+        let at = now.saturating_add(endpoints::sa_deadline(&self.eps.slots, slot, &self.sh));
+        self.eps.slots[slot].groups.start(g, at, &mut self.sh);
         self.eps.mark_dirty(slot);
     }
 
     /// Starts both subscriptions of `slot` if the configuration and the endpoint allow.
     pub(crate) fn subscribe_all(&mut self, now: Millis, slot: usize) {
-        let t = self.st.slabs();
-        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh));
-        let e = &mut t.endpoints[slot];
+        let at = now.saturating_add(endpoints::sa_deadline(&self.eps.slots, slot, &self.sh));
+        let e = &mut self.eps.slots[slot];
         let reachable = (e.open, e.qpn, e.sa_pkey);
         if e.informs.subscribe_all(reachable, at, &mut self.sh) {
             self.eps.mark_dirty(slot);
@@ -255,7 +249,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Inserts `path` under the loopback key of local address `i` and aliases the address.
     pub(crate) fn insert_loopback(&mut self, now: Millis, slot: usize, i: u32, cache_ep: CacheEp) {
-        let e = self.st.endpoints()[slot];
+        let e = self.eps.slots[slot];
         if !self.sh.cfg.loopback_local || e.lid == 0 {
             return;
         }
@@ -265,9 +259,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let Some(key) = request::cache_key(cache_ep, &k) else {
             return;
         };
-        self.st.addrs()[i as usize].cache_ep = cache_ep;
+        self.addrs.entries[i as usize].cache_ep = cache_ep;
         self.w.insert(&key, &path, now, NEVER);
-        let a = self.st.addrs()[i as usize];
+        let a = self.addrs.entries[i as usize];
         addr::alias(&mut self.w, &a, &key, now, NEVER);
     }
 
@@ -281,7 +275,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         path: &[u8; 64],
     ) {
         use crate::wire::path_record::PathRecord;
-        let view = self.st.slabs_ref().endpoints[slot].view(cache_ep);
+        let view = self.eps.slots[slot].view(cache_ep);
         let p = PathRecord::new_unchecked(&path[..]);
         let (dlid, dgid) = (p.dlid(), p.dgid());
         // Two keys for one route, by DLID and by DGID, each a path entry of its own: a hit is
@@ -314,18 +308,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         status: Status,
         forget_held: bool,
     ) {
-        for j in 0..self.st.jobs().len() as u32 {
-            let job = &self.st.jobs()[j as usize];
+        for j in 0..self.routes.jobs.len() as u32 {
+            let job = &self.routes.jobs[j as usize];
             if job.state == JobState::Free || usize::from(job.slot) != slot {
                 continue;
             }
             self.finish_job(now, j, route::Completion::failed(status));
             if forget_held {
-                self.routes.free_zombie(self.st.jobs(), j);
+                self.routes.free_zombie(j);
             }
         }
-        for i in 0..self.st.addrs().len() as u32 {
-            let a = self.st.addrs()[i as usize];
+        for i in 0..self.addrs.entries.len() as u32 {
+            let a = self.addrs.entries[i as usize];
             if usize::from(a.slot) == slot
                 && matches!(a.state, AddrState::Queued | AddrState::Querying)
             {

@@ -84,7 +84,7 @@ use crate::cache::{AddrKind, CacheEp, CacheRef, CacheWriter, PathCache};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
 use crate::wire::gid::Gid;
-use storage::{AddrState, JobState, Slab};
+use storage::{AddrState, JobState};
 use timers::{Parts, Timer, TimerTable};
 
 /// Route lifetime meaning "never expires".
@@ -140,20 +140,19 @@ pub struct Resolver<S: Storage, C: CacheRef> {
     /// The path cache's one writer, owned for the resolver's whole life: every cache write
     /// the resolver makes goes through it, and its own lookups read through it.
     w: CacheWriter<C>,
-    /// The caller's slabs; each part's methods are lent the slices they work on.
-    st: S,
     /// The settings, the TID counter, the timer table, the stats.
     sh: Shared,
-    /// Client requests: free slots, the answer FIFO ([`answers`]).
-    answers: answers::Answers,
-    /// Route jobs and the SA window ([`route`], [`sa_window`]).
-    routes: route::Routes,
-    /// The address entries and their ACM send and removal lists ([`addr`], [`acm`]).
-    addrs: addr::Addrs,
-    /// Which slot serves which endpoint, and which have outputs to poll ([`endpoints`]); each
-    /// endpoint's groups, subscriptions and table are in its slot ([`groups`], [`inform`],
-    /// [`table`]).
-    eps: endpoints::Endpoints,
+    /// Client requests: their slots, the free list, the answer FIFO ([`answers`]).
+    answers: answers::Answers<S>,
+    /// Route jobs, their coalescing index and the SA window ([`route`], [`sa_window`]).
+    routes: route::Routes<S>,
+    /// The address entries, their index and their ACM send and removal lists ([`addr`],
+    /// [`acm`]).
+    addrs: addr::Addrs<S>,
+    /// The endpoint slots and preloaded routes, which slot serves which endpoint, and which
+    /// have outputs to poll ([`endpoints`]); each endpoint's groups, subscriptions and table
+    /// are in its slot ([`groups`], [`inform`], [`table`]).
+    eps: endpoints::Endpoints<S>,
     done: bool,
 }
 
@@ -165,35 +164,27 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// fewer request slots than `answer_reserve + 1`.
     pub fn new(
         config: Config,
-        mut storage: S,
+        storage: S,
         writer: CacheWriter<C>,
         seed: u64,
     ) -> Result<Self, Error> {
-        let reserve = storage.answer_reserve();
-        let bad = storage.requests().len() <= reserve
-            || storage.requests().len() >= u32::MAX as usize
-            || storage.jobs().is_empty()
-            || storage.jobs().len() > 0x00ff_ffff
-            || storage.job_buckets().is_empty()
-            || storage.addrs().is_empty()
-            || storage.addrs().len() >= u32::MAX as usize
-            || storage.addr_buckets().is_empty()
-            || storage.endpoints().is_empty()
-            || storage.sa_inflight() == 0;
+        let t = storage.into_slabs();
+        let bad = t.requests.len() <= t.answer_reserve
+            || t.requests.len() >= u32::MAX as usize
+            || t.jobs.is_empty()
+            || t.jobs.len() > 0x00ff_ffff
+            || t.job_buckets.is_empty()
+            || t.addrs.is_empty()
+            || t.addrs.len() >= u32::MAX as usize
+            || t.addr_buckets.is_empty()
+            || t.endpoints.is_empty()
+            || t.sa_inflight == 0;
         if bad {
             return Err(Error::Storage);
         }
         let mut s = seed;
         let seed = splitmix64(&mut s);
         let tid = splitmix64(&mut s) as u32;
-        let t = storage.slabs();
-        t.requests.fill(RequestSlot::EMPTY);
-        t.jobs.fill(JobSlot::EMPTY);
-        t.job_buckets.fill(0);
-        t.addrs.fill(AddrEntry::EMPTY);
-        t.addr_buckets.fill(0);
-        t.endpoints.fill(EpSlot::EMPTY);
-        t.preloads.fill(PreloadSlot::EMPTY);
         let r = Resolver {
             w: writer,
             sh: Shared {
@@ -204,12 +195,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 timers: TimerTable::new(),
                 stats: Stats::default(),
             },
-            answers: answers::Answers::new(t.requests, reserve),
-            routes: route::Routes::new(t.jobs, seed, &config),
-            addrs: addr::Addrs::new(t.addrs, seed),
-            eps: endpoints::Endpoints::new(),
+            answers: answers::Answers::new(t.requests, t.answer_reserve),
+            routes: route::Routes::new(t.jobs, t.job_buckets, t.sa_inflight, seed, &config),
+            addrs: addr::Addrs::new(t.addrs, t.addr_buckets, seed),
+            eps: endpoints::Endpoints::new(t.endpoints, t.preloads),
             done: false,
-            st: storage,
         };
         Ok(r)
     }
@@ -265,11 +255,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if r.head.target.is_some() || r.head.kind == Kind::Query {
             return self.take_request(now, r, r.head.target.as_ref());
         }
-        let t = self.st.slabs_ref();
         let mine = self
             .eps
-            .slot(t.endpoints, r.head.ep)
-            .map(|slot| request::classify(&t.endpoints[slot].view(r.head.cache_ep), r.msg));
+            .slot(r.head.ep)
+            .map(|slot| request::classify(&self.eps.slots[slot].view(r.head.cache_ep), r.msg));
         self.take_request(now, r, mine.as_ref());
     }
 
@@ -286,9 +275,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             // Only a failure can come this way (the MAD as sent with a non-zero status); a
             // reply MAD means the transport handed up a single MAD, not a reassembled table,
             // so tables are turned off.
-            mads::TOKEN_TABLE => match table::table_of(self.st.slabs_ref().endpoints, token) {
+            mads::TOKEN_TABLE => match table::table_of(&self.eps.slots, token) {
                 Some(slot) => {
-                    let e = &mut self.st.endpoints()[slot];
+                    let e = &mut self.eps.slots[slot];
                     e.table.failed(now, umad_status == 0, &mut self.sh)
                 }
                 None => self.sh.stats.sa_unknown += 1,
@@ -330,8 +319,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let (join, inform) = (fired(Timer::Join), fired(Timer::Inform));
         let (queue, retry) = (fired(Timer::AcmQueue), fired(Timer::AcmRetry));
         if join || inform || queue || retry {
-            for slot in 0..self.st.slabs_ref().endpoints.len() {
-                if !self.st.slabs_ref().endpoints[slot].open {
+            for slot in 0..self.eps.slots.len() {
+                if !self.eps.slots[slot].open {
                     continue;
                 }
                 if join {
@@ -367,7 +356,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let parts = Parts {
             routes: &self.routes,
             addrs: &self.addrs,
-            slabs: self.st.slabs_ref(),
+            eps: &self.eps.slots,
             cfg: &self.sh.cfg,
         };
         let at = parts.earliest(t);
@@ -393,19 +382,18 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         while let Some(slot) = self.eps.first_dirty() {
             // Polled in place, not copied: the slot is large, and this runs for every output
             // of an endpoint with work (a miss's counter bumps).
-            if let Some(o) = self.st.endpoints()[slot].poll(slot, &mut self.sh) {
+            if let Some(o) = self.eps.slots[slot].poll(slot, &mut self.sh) {
                 return Some(o);
             }
             self.eps.clean(slot);
         }
-        let t = self.st.slabs();
-        if let Some(o) = self.routes.poll(t.jobs, t.endpoints) {
+        if let Some(o) = self.routes.poll(&self.eps.slots) {
             return Some(o);
         }
-        if let Some(o) = self.addrs.poll(t.addrs, t.endpoints) {
+        if let Some(o) = self.addrs.poll(&self.eps.slots) {
             return Some(o);
         }
-        self.answers.pop(t.requests, msg)
+        self.answers.pop(msg)
     }
 
     /// An SA MAD that is not a reply to one of our queries, received on `ep`'s UD QP: a
@@ -414,13 +402,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let whole = mad.len() >= crate::wire::sa::DATA_OFFSET + crate::wire::inform::NOTICE_LEN;
         let mad = mads::full_mad(mad);
         let report = whole.then(|| mads::parse_report(&mad)).flatten();
-        let slot = self.eps.slot(self.st.slabs_ref().endpoints, ep);
+        let slot = self.eps.slot(ep);
         let (Some(slot), Some((tid, notice, raw))) = (slot, report) else {
             self.sh.stats.report_malformed += 1;
             return;
         };
         self.sh.stats.reports += 1;
-        self.st.endpoints()[slot].informs.acknowledge(tid, raw);
+        self.eps.slots[slot].informs.acknowledge(tid, raw);
         self.eps.mark_dirty(slot);
         if let Some(gid) = notice.subject_gid() {
             match notice.trap {
@@ -444,7 +432,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         token: u64,
         table: Result<SaTable<'_>, table::TableError>,
     ) {
-        let Some(slot) = table::table_of(self.st.slabs_ref().endpoints, token) else {
+        let Some(slot) = table::table_of(&self.eps.slots, token) else {
             self.sh.stats.sa_unknown += 1;
             return;
         };
@@ -452,36 +440,32 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Ok(t) => table::records(&t),
             Err(e) => {
                 let off = matches!(e, table::TableError::TooBig | table::TableError::NotCarried);
-                self.st.endpoints()[slot]
-                    .table
-                    .failed(now, off, &mut self.sh);
+                self.eps.slots[slot].table.failed(now, off, &mut self.sh);
                 return self.pump(now);
             }
         };
         let Some(records) = records else {
-            self.st.endpoints()[slot]
-                .table
-                .failed(now, false, &mut self.sh);
+            self.eps.slots[slot].table.failed(now, false, &mut self.sh);
             return self.pump(now);
         };
         let n = self.file_table(now, slot, records);
         self.sh.stats.sa_tables += 1;
         self.sh.stats.sa_table_records += u64::from(n);
         let cfg = &self.sh.cfg;
-        self.st.endpoints()[slot].table.filed(now, n, cfg);
+        self.eps.slots[slot].table.filed(now, n, cfg);
         self.pump(now);
     }
 
     /// Answers everything still waiting ENODATA and refuses all later requests (ENODATA).
     pub fn handle_shutdown(&mut self, now: Millis) {
         self.done = true;
-        for slot in 0..self.st.endpoints().len() {
-            if self.st.endpoints()[slot].open {
+        for slot in 0..self.eps.slots.len() {
+            if self.eps.slots[slot].open {
                 self.drop_endpoint_work(now, slot, Status::Enodata, true);
             }
         }
-        for i in 0..self.st.addrs().len() as u32 {
-            if self.st.addrs()[i as usize].state != AddrState::Free {
+        for i in 0..self.addrs.entries.len() as u32 {
+            if self.addrs.entries[i as usize].state != AddrState::Free {
                 self.fail_addr_waiters(i, Status::Enodata);
             }
         }
@@ -509,28 +493,28 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     #[cfg(feature = "std")]
     pub fn check_invariants(&self) -> Result<(), std::string::String> {
         use std::format;
-        let t = self.st.slabs_ref();
-        self.answers.check(t.requests)?;
+        self.answers.check()?;
         if !self.done {
             self.sh.timers.check(Parts {
                 routes: &self.routes,
                 addrs: &self.addrs,
-                slabs: t,
+                eps: &self.eps.slots,
                 cfg: &self.sh.cfg,
             })?;
         }
-        let waiters = self.routes.check(t.jobs)? + self.addrs.check(t.addrs)?;
+        let waiters = self.routes.check()? + self.addrs.check()?;
         if waiters != self.answers.waiting {
             return Err(format!(
                 "waiters on lists {waiters}, waiting {}",
                 self.answers.waiting
             ));
         }
-        let mut backlogged = std::vec![0u32; t.endpoints.len()];
-        for j in self.routes.backlog.iter(t.jobs, storage::JOB) {
-            backlogged[usize::from(t.jobs[j as usize].slot)] += 1;
+        let (jobs, eps) = (&*self.routes.jobs, &*self.eps.slots);
+        let mut backlogged = std::vec![0u32; eps.len()];
+        for j in self.routes.backlog.iter(jobs, storage::JOB) {
+            backlogged[usize::from(jobs[j as usize].slot)] += 1;
         }
-        for (i, e) in t.endpoints.iter().enumerate() {
+        for (i, e) in eps.iter().enumerate() {
             if e.open && e.acm_inflight != e.inflight.len {
                 return Err(format!(
                     "acm_inflight {} list {}",
@@ -559,8 +543,8 @@ mod tests {
             answer_reserve: 4,
             ..Capacities::default()
         };
-        let mut st = HeapStorage::new(caps);
-        assert!(st.requests().len() > 4, "HeapStorage keeps one waiter slot");
+        let st = HeapStorage::new(caps).into_slabs();
+        assert!(st.requests.len() > 4, "HeapStorage keeps one waiter slot");
         use crate::cache::{AddrSlot, CacheConfig, PathSlot};
         let cache = PathCache::new(
             PathSlot::boxed(8),
@@ -568,16 +552,16 @@ mod tests {
             CacheConfig::default(),
         )
         .unwrap();
-        let tiny: ArrayStorage<2, 2, 1, 1, 1, 1> = ArrayStorage::new();
+        let mut tiny: ArrayStorage<2, 2, 1, 1, 1, 1> = ArrayStorage::new();
         let w = cache.writer().unwrap();
         assert_eq!(
-            Resolver::new(Config::default(), tiny, w, 0).err(),
+            Resolver::new(Config::default(), &mut tiny, w, 0).err(),
             Some(Error::Storage)
         );
-        let none: ArrayStorage<4, 1, 0, 1, 1, 1> = ArrayStorage::new();
+        let mut none: ArrayStorage<4, 1, 0, 1, 1, 1> = ArrayStorage::new();
         let w = cache.writer().unwrap();
         assert_eq!(
-            Resolver::new(Config::default(), none, w, 0).err(),
+            Resolver::new(Config::default(), &mut none, w, 0).err(),
             Some(Error::Storage)
         );
     }

@@ -11,7 +11,7 @@
 use super::mads::{self, SaOutcome};
 use super::sa_window::SaWindow;
 use super::storage::chain;
-use super::storage::{bucket_of, list_id, JobState, List, SlabsRef, StoredKey, ADDR_R, JOB, REQ};
+use super::storage::{bucket_of, list_id, JobState, List, Storage, StoredKey, ADDR_R, JOB, REQ};
 use super::timers::Timer;
 use super::{AddrEntry, Config, EpSlot, JobSlot, Millis, Output, RequestSlot, Shared};
 use crate::cache::{CacheEp, Dest, PathKey};
@@ -106,8 +106,14 @@ impl Completion<'_> {
     }
 }
 
-/// The route jobs' lists and counts, and the SA window.
-pub(crate) struct Routes {
+/// The route jobs, their coalescing index, lists and counts, and the SA window.
+pub(crate) struct Routes<S: Storage> {
+    /// The job slots.
+    pub(crate) jobs: S::Slab<JobSlot>,
+    /// The coalescing index's buckets.
+    buckets: S::Slab<u32>,
+    /// The most SA queries in flight at once (the storage's).
+    inflight: usize,
     /// The hash seed of the coalescing index.
     seed: u64,
     /// Free job slots.
@@ -130,14 +136,26 @@ pub(crate) struct Routes {
     rng: u64,
 }
 
-impl Routes {
-    /// Every slot of `jobs` free.
-    pub(crate) fn new(jobs: &mut [JobSlot], seed: u64, cfg: &Config) -> Self {
+impl<S: Storage> Routes<S> {
+    /// Every slot of `jobs` free, an empty index over `buckets`, at most `inflight` queries in
+    /// flight.
+    pub(crate) fn new(
+        mut jobs: S::Slab<JobSlot>,
+        mut buckets: S::Slab<u32>,
+        inflight: usize,
+        seed: u64,
+        cfg: &Config,
+    ) -> Self {
+        jobs.fill(JobSlot::EMPTY);
+        buckets.fill(0);
         let mut free = List::EMPTY;
         for i in 0..jobs.len() as u32 {
-            free.push_back(jobs, i, list_id::FREE, JOB);
+            free.push_back(&mut jobs, i, list_id::FREE, JOB);
         }
         Routes {
+            jobs,
+            buckets,
+            inflight,
             seed,
             free,
             backlog: List::EMPTY,
@@ -159,17 +177,17 @@ impl Routes {
     /// A job's bucket: by its endpoint's slot and SA record. Its cache number is left out: it
     /// differs between two jobs of one slot and record only across a flush generation (a
     /// reregister), and `find` compares it.
-    fn bucket(&self, buckets: usize, slot: usize, sa: &[u8; 64]) -> usize {
-        bucket_of(self.seed, (slot as u32).rotate_right(8), sa, buckets)
+    fn bucket(seed: u64, buckets: usize, slot: usize, sa: &[u8; 64]) -> usize {
+        bucket_of(seed, (slot as u32).rotate_right(8), sa, buckets)
     }
 
     /// The coalescable job for `route` (endpoint, cache_ep, SA record), if one is pending.
-    pub(crate) fn find(&self, t: SlabsRef<'_>, route: &Route<'_>) -> Option<u32> {
+    pub(crate) fn find(&self, route: &Route<'_>) -> Option<u32> {
         let Route {
             slot, cache_ep, sa, ..
         } = *route;
-        let b = self.bucket(t.job_buckets.len(), slot, sa);
-        chain::find(t.jobs, t.job_buckets, b, |job| {
+        let b = Self::bucket(self.seed, self.buckets.len(), slot, sa);
+        chain::find(&self.jobs, &self.buckets, b, |job| {
             !job.query
                 && job.state != JobState::Free
                 && job.state != JobState::Zombie
@@ -180,24 +198,35 @@ impl Routes {
     }
 
     /// Puts job `j` (not a `query()`) in the coalescing index.
-    fn hash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
-        let job = &jobs[j as usize];
-        let b = self.bucket(buckets.len(), usize::from(job.slot), &job.sa);
-        chain::insert(jobs, buckets, b, j);
+    fn hash(&mut self, j: u32) {
+        let job = &self.jobs[j as usize];
+        let b = Self::bucket(
+            self.seed,
+            self.buckets.len(),
+            usize::from(job.slot),
+            &job.sa,
+        );
+        chain::insert(&mut self.jobs, &mut self.buckets, b, j);
     }
 
     /// Takes job `j` out of the coalescing index.
-    fn unhash(&self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
-        let job = &jobs[j as usize];
+    fn unhash(&mut self, j: u32) {
+        let job = &self.jobs[j as usize];
         if job.query {
             return;
         }
-        let b = self.bucket(buckets.len(), usize::from(job.slot), &job.sa);
-        chain::remove(jobs, buckets, b, j);
+        let b = Self::bucket(
+            self.seed,
+            self.buckets.len(),
+            usize::from(job.slot),
+            &job.sa,
+        );
+        chain::remove(&mut self.jobs, &mut self.buckets, b, j);
     }
 
     /// Takes job `j` off whichever list its link is on.
-    pub(crate) fn unlist(&mut self, jobs: &mut [JobSlot], j: u32) {
+    pub(crate) fn unlist(&mut self, j: u32) {
+        let jobs = &mut *self.jobs;
         let on = jobs[j as usize].qlink.on;
         let list = match on {
             list_id::BACKLOG => &mut self.backlog,
@@ -209,7 +238,8 @@ impl Routes {
         list.remove(jobs, j, on, JOB);
     }
 
-    fn free_job(&mut self, jobs: &mut [JobSlot], j: u32) {
+    fn free_job(&mut self, j: u32) {
+        let jobs = &mut *self.jobs;
         jobs[j as usize] = JobSlot::EMPTY;
         self.free.push_back(jobs, j, list_id::FREE, JOB);
         self.active -= 1;
@@ -218,7 +248,8 @@ impl Routes {
     /// The earliest deadline of timer kind `t` among the jobs (`Backlog`: the backlog is in
     /// deadline order, its head; `SaReply`: the send and sent lists, which a BUSY retry
     /// keeping its start's deadline leaves not quite in order; `SaBusy`: the BUSY list).
-    pub(crate) fn earliest(&self, jobs: &[JobSlot], t: Timer, cfg: &Config) -> Option<Millis> {
+    pub(crate) fn earliest(&self, t: Timer, cfg: &Config) -> Option<Millis> {
+        let jobs = &*self.jobs;
         let timer = |j: u32| jobs[j as usize].timer;
         let lists: &[List] = match t {
             // A backlogged job's deadline is derived from its start ([`SaWindow::deadline`]);
@@ -243,13 +274,13 @@ impl Routes {
 }
 
 #[cfg(feature = "std")]
-impl Routes {
+impl<S: Storage> Routes<S> {
     /// Every job is on the list its state says, the counts and the window match; returns how
     /// many requests wait on jobs.
-    pub(crate) fn check(&self, jobs: &[JobSlot]) -> Result<u32, std::string::String> {
+    pub(crate) fn check(&self) -> Result<u32, std::string::String> {
         use std::format;
         let (mut active, mut window, mut waiters) = (0u32, 0u32, 0u32);
-        for j in jobs {
+        for j in self.jobs.iter() {
             let want = match j.state {
                 JobState::Free => list_id::FREE,
                 JobState::Backlog => list_id::BACKLOG,
@@ -297,11 +328,10 @@ impl Routes {
 const RETRY_LOST: bool = true;
 const RETRY_BUSY: bool = false;
 
-impl Routes {
-    /// Room in the SA window for one more job at `now`, over `ports` ports and at most
-    /// `inflight` queries (the storage's).
-    pub(crate) fn window_free(&self, now: Millis, ports: u32, inflight: usize) -> bool {
-        self.sa.has_room(ports, inflight, now)
+impl<S: Storage> Routes<S> {
+    /// Room in the SA window for one more job at `now`, over `ports` ports.
+    pub(crate) fn window_free(&self, now: Millis, ports: u32) -> bool {
+        self.sa.has_room(ports, self.inflight, now)
     }
 
     /// When a job started at `born` is answered ETIMEDOUT if nothing else answers it
@@ -319,14 +349,8 @@ impl Routes {
     /// in the coalescing table); neither sent nor backlogged yet
     /// ([`send_job`](Self::send_job), [`push_backlog`](Self::push_backlog)). `None` if every
     /// job slot is taken.
-    pub(crate) fn start(
-        &mut self,
-        jobs: &mut [JobSlot],
-        buckets: &mut [u32],
-        now: Millis,
-        route: &Route<'_>,
-        query: bool,
-    ) -> Option<u32> {
+    pub(crate) fn start(&mut self, now: Millis, route: &Route<'_>, query: bool) -> Option<u32> {
+        let jobs = &mut *self.jobs;
         let j = self.free.pop_front(jobs, list_id::FREE, JOB)?;
         let job = &mut jobs[j as usize];
         *job = JobSlot::EMPTY;
@@ -337,29 +361,25 @@ impl Routes {
         job.key = StoredKey::from_key(if query { None } else { route.key });
         job.sa = *route.sa;
         if !query {
-            self.hash(jobs, buckets, j);
+            self.hash(j);
         }
         self.active += 1;
         Some(j)
     }
 
     /// Appends job `j` to the backlog (the caller counts it in its endpoint's backlog).
-    pub(crate) fn push_backlog(
-        &mut self,
-        jobs: &mut [JobSlot],
-        now: Millis,
-        j: u32,
-        sh: &mut Shared,
-    ) {
+    pub(crate) fn push_backlog(&mut self, now: Millis, j: u32, sh: &mut Shared) {
         let at = self.deadline(now, &sh.cfg);
+        let jobs = &mut *self.jobs;
         jobs[j as usize].state = JobState::Backlog;
         self.backlog.push_back(jobs, j, list_id::BACKLOG, JOB);
         sh.timers.arm(Timer::Backlog, at);
     }
 
     /// Takes job `j` out of the backlog into a window slot (the caller sends it).
-    pub(crate) fn unbacklog(&mut self, jobs: &mut [JobSlot], j: u32) {
-        self.backlog.remove(jobs, j, list_id::BACKLOG, JOB);
+    pub(crate) fn unbacklog(&mut self, j: u32) {
+        self.backlog
+            .remove(&mut self.jobs, j, list_id::BACKLOG, JOB);
         self.sa.held += 1;
     }
 
@@ -369,17 +389,12 @@ impl Routes {
     /// out when the SA said BUSY would go again whatever the window: a storm's resolvers would
     /// keep their whole first window in the SA's face. Returns the job's endpoint slot (whose
     /// backlog it entered).
-    pub(crate) fn requeue(
-        &mut self,
-        jobs: &mut [JobSlot],
-        now: Millis,
-        j: u32,
-        sh: &mut Shared,
-    ) -> usize {
-        self.unlist(jobs, j);
+    pub(crate) fn requeue(&mut self, now: Millis, j: u32, sh: &mut Shared) -> usize {
+        self.unlist(j);
         self.sa.held -= 1;
-        let born = jobs[j as usize].born;
+        let born = self.jobs[j as usize].born;
         let at = self.deadline(born, &sh.cfg);
+        let jobs = &mut *self.jobs;
         jobs[j as usize].state = JobState::Backlog;
         let mut before = self.backlog.front();
         while let Some(b) = before {
@@ -399,19 +414,19 @@ impl Routes {
     /// `ports` ports.
     pub(crate) fn send_job(
         &mut self,
-        jobs: &mut [JobSlot],
         now: Millis,
         j: u32,
         try_ms: Millis,
         ports: u32,
         sh: &mut Shared,
     ) {
-        self.unlist(jobs, j);
+        self.unlist(j);
         let tid = sh.next_tid();
-        let born = jobs[j as usize].born;
+        let born = self.jobs[j as usize].born;
         // Each try has its deadline, and the whole job (backlog, tries, backoffs) has its own:
         // with the SA gone, nothing waits longer than `queue_deadline` from its start.
         let at = now.saturating_add(try_ms).min(self.deadline(born, &sh.cfg));
+        let jobs = &mut *self.jobs;
         let job = &mut jobs[j as usize];
         job.state = JobState::Send;
         job.tid = tid;
@@ -423,17 +438,17 @@ impl Routes {
     }
 
     /// Adds request slot `waiter` to job `j`'s waiters (over the request slots `reqs`).
-    pub(crate) fn add_waiter(jobs: &mut [JobSlot], reqs: &mut [RequestSlot], j: u32, waiter: u32) {
-        jobs[j as usize]
+    pub(crate) fn add_waiter(&mut self, reqs: &mut [RequestSlot], j: u32, waiter: u32) {
+        self.jobs[j as usize]
             .waiters
             .push_back(reqs, waiter, list_id::WAITERS, REQ);
     }
 
     /// Adds address entry `a` (on no job yet) to job `j`'s addresses, aliased to its path when
     /// it is found.
-    pub(crate) fn add_addr(jobs: &mut [JobSlot], addrs: &mut [AddrEntry], j: u32, a: u32) {
+    pub(crate) fn add_addr(&mut self, addrs: &mut [AddrEntry], j: u32, a: u32) {
         if addrs[a as usize].job == 0 {
-            jobs[j as usize]
+            self.jobs[j as usize]
                 .addrs
                 .push_back(addrs, a, list_id::ROUTE_ADDRS, ADDR_R);
             addrs[a as usize].job = j + 1;
@@ -441,7 +456,8 @@ impl Routes {
     }
 
     /// The next SA query to send: the send list's head, now held by the caller (`Sent`).
-    pub(crate) fn poll(&mut self, jobs: &mut [JobSlot], eps: &[EpSlot]) -> Option<Output> {
+    pub(crate) fn poll(&mut self, eps: &[EpSlot]) -> Option<Output> {
+        let jobs = &mut *self.jobs;
         let j = self.send.pop_front(jobs, list_id::SA_SEND, JOB)?;
         let job = &mut jobs[j as usize];
         job.state = JobState::Sent;
@@ -457,13 +473,13 @@ impl Routes {
 
     /// Job `j` is done (its waiters answered, its addresses told): out of the coalescing
     /// index and its list, freed, or kept as a zombie while the caller holds its MAD.
-    pub(crate) fn end(&mut self, jobs: &mut [JobSlot], buckets: &mut [u32], j: u32) {
-        let (state, held) = (jobs[j as usize].state, jobs[j as usize].held);
-        self.unhash(jobs, buckets, j);
-        self.unlist(jobs, j);
+    pub(crate) fn end(&mut self, j: u32) {
+        let (state, held) = (self.jobs[j as usize].state, self.jobs[j as usize].held);
+        self.unhash(j);
+        self.unlist(j);
         let holds_window = matches!(state, JobState::Send | JobState::Sent | JobState::Busy);
         if held {
-            let jb = &mut jobs[j as usize];
+            let jb = &mut self.jobs[j as usize];
             jb.state = JobState::Zombie;
             jb.waiters = List::EMPTY;
             jb.addrs = List::EMPTY;
@@ -471,15 +487,15 @@ impl Routes {
             if holds_window {
                 self.sa.held -= 1;
             }
-            self.free_job(jobs, j);
+            self.free_job(j);
         }
     }
 
     /// Frees a zombie whose MAD the caller will never hand back (endpoint closed, shutdown).
-    pub(crate) fn free_zombie(&mut self, jobs: &mut [JobSlot], j: u32) {
-        if jobs[j as usize].state == JobState::Zombie {
+    pub(crate) fn free_zombie(&mut self, j: u32) {
+        if self.jobs[j as usize].state == JobState::Zombie {
             self.sa.held -= 1;
-            self.free_job(jobs, j);
+            self.free_job(j);
         }
     }
 
@@ -489,14 +505,13 @@ impl Routes {
     /// more to do (a reply matching nothing, counted; a zombie freed; a query backed off).
     pub(crate) fn reply(
         &mut self,
-        jobs: &mut [JobSlot],
         now: Millis,
         (j, tid): (u32, u32),
         umad_status: u32,
         mad: &[u8; 256],
         sh: &mut Shared,
     ) -> Option<SaOutcome> {
-        let Some(job) = jobs.get(j as usize) else {
+        let Some(job) = self.jobs.get(j as usize) else {
             sh.stats.sa_unknown += 1;
             return None;
         };
@@ -506,9 +521,9 @@ impl Routes {
         }
         let (state, sent) = (job.state, job.sent);
         // The caller handed its MAD back: nothing of this job is outstanding any more.
-        jobs[j as usize].held = false;
+        self.jobs[j as usize].held = false;
         if state == JobState::Zombie {
-            self.free_zombie(jobs, j);
+            self.free_zombie(j);
             return None;
         }
         if state != JobState::Sent {
@@ -530,7 +545,7 @@ impl Routes {
             // send that failed here, answered at once as before.)
             sh.stats.sa_lost += 1;
             self.sa.lost(now, &sh.cfg);
-            if self.retry(jobs, now, j, RETRY_LOST, sh) {
+            if self.retry(now, j, RETRY_LOST, sh) {
                 return None;
             }
         }
@@ -538,7 +553,7 @@ impl Routes {
             // The SA is overloaded (the window halved above: the jobs already out stay out;
             // new ones wait for it).
             sh.stats.sa_busy += 1;
-            if self.retry(jobs, now, j, RETRY_BUSY, sh) {
+            if self.retry(now, j, RETRY_BUSY, sh) {
                 return None;
             }
         }
@@ -550,15 +565,9 @@ impl Routes {
     /// over ½–1½ of it, so the nodes of a storm do not all come back at once), within the
     /// job's deadline. False if its retries (`sa_busy_retries`) are spent or the deadline has
     /// passed: the caller answers it.
-    fn retry(
-        &mut self,
-        jobs: &mut [JobSlot],
-        now: Millis,
-        j: u32,
-        jitter: bool,
-        sh: &mut Shared,
-    ) -> bool {
-        let (born, busy_tries) = (jobs[j as usize].born, jobs[j as usize].busy_tries);
+    fn retry(&mut self, now: Millis, j: u32, jitter: bool, sh: &mut Shared) -> bool {
+        let job = &self.jobs[j as usize];
+        let (born, busy_tries) = (job.born, job.busy_tries);
         let deadline = self.deadline(born, &sh.cfg);
         if busy_tries >= sh.cfg.sa_busy_retries || now >= deadline {
             return false;
@@ -568,7 +577,8 @@ impl Routes {
             wait = wait / 2 + self.random() % wait;
         }
         let at = now.saturating_add(wait).min(deadline);
-        self.unlist(jobs, j);
+        self.unlist(j);
+        let jobs = &mut *self.jobs;
         let jb = &mut jobs[j as usize];
         jb.state = JobState::Busy;
         jb.busy_tries += 1;
@@ -592,23 +602,16 @@ impl Routes {
     /// The backlog's head if its deadline has passed at `now` (the backlog is in start
     /// order, and so are its deadlines: derived from the start, the SA's answers move them
     /// all alike).
-    pub(crate) fn backlog_due(&self, jobs: &[JobSlot], now: Millis, cfg: &Config) -> Option<u32> {
+    pub(crate) fn backlog_due(&self, now: Millis, cfg: &Config) -> Option<u32> {
         let j = self.backlog.front()?;
-        (self.deadline(jobs[j as usize].born, cfg) <= now).then_some(j)
+        (self.deadline(self.jobs[j as usize].born, cfg) <= now).then_some(j)
     }
 
     /// Whether sent job `j`'s reply deadline has passed at `now` for good: a try's timer that
     /// fired is moved on to the try's own budget (`try_ms` from its send) within the job's
     /// deadline as it is now (the SA's answers since the send may have moved that on).
-    pub(crate) fn reply_late(
-        &self,
-        jobs: &mut [JobSlot],
-        j: u32,
-        now: Millis,
-        try_ms: Millis,
-        cfg: &Config,
-    ) -> bool {
-        let job = jobs[j as usize];
+    pub(crate) fn reply_late(&mut self, j: u32, now: Millis, try_ms: Millis, cfg: &Config) -> bool {
+        let job = self.jobs[j as usize];
         if job.timer > now {
             return false;
         }
@@ -617,7 +620,7 @@ impl Routes {
             .saturating_add(try_ms)
             .min(self.deadline(job.born, cfg));
         if limit > now {
-            jobs[j as usize].timer = limit;
+            self.jobs[j as usize].timer = limit;
             return false;
         }
         true

@@ -9,12 +9,12 @@
 //! [`Endpoints`](super::endpoints::Endpoints));
 //! these steps only pass each the slabs and services it needs and carry results between them.
 
-use super::addr::{self, Addrs};
+use super::addr;
 use super::groups::Set;
 use super::mads;
-use super::route::{Completion, Route, Routes};
+use super::route::{Completion, Route};
 use super::storage::{
-    list_id, AddrState, GroupState, JobState, Joiner, List, Origin, Slab, ADDR_Q, JOB, REQ,
+    list_id, AddrState, GroupState, JobState, Joiner, List, Origin, ADDR_Q, JOB, REQ,
 };
 use super::timers::Timer;
 use super::{
@@ -37,14 +37,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         r: &Request<'_>,
         target: Option<&request::Target>,
     ) {
-        let slot = match self.eps.slot(self.st.slabs_ref().endpoints, r.head.ep) {
+        let slot = match self.eps.slot(r.head.ep) {
             Some(s) if !self.done => s,
             _ => {
                 self.answer_now(r, Status::Enodata, None);
                 return;
             }
         };
-        self.st.endpoints()[slot].cache_ep = r.head.cache_ep;
+        self.eps.slots[slot].cache_ep = r.head.cache_ep;
         match target {
             Some(t) if r.head.kind != Kind::Query => self.resolve_request(now, slot, r, t),
             _ => self.query_request(now, slot, r),
@@ -100,8 +100,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         };
         match target {
             Target::Route { key, record, .. } => {
-                let sa =
-                    record.query_record(&self.st.slabs_ref().endpoints[slot].view(r.head.cache_ep));
+                let sa = record.query_record(&self.eps.slots[slot].view(r.head.cache_ep));
                 let route = Route {
                     slot,
                     cache_ep: r.head.cache_ep,
@@ -120,7 +119,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// A waiting request slot for `r`, or `None` after answering it ENOMEM (every slot in use).
     pub(crate) fn waiter(&mut self, r: &Request<'_>) -> Option<u32> {
-        let w = self.answers.alloc(self.st.slabs().requests, r, true);
+        let w = self.answers.alloc(r, true);
         if w.is_none() {
             self.sh.stats.full += 1;
             self.answer_now(r, Status::Enomem, None);
@@ -133,7 +132,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if !matches!(r.head.kind, Kind::Resolve | Kind::Query) {
             return;
         }
-        match self.answers.alloc(self.st.slabs().requests, r, false) {
+        match self.answers.alloc(r, false) {
             Some(i) => self.answer(i, status, path),
             None => self.sh.stats.lost += 1,
         }
@@ -141,22 +140,21 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Answers waiting request `i` (exactly once: a slot not waiting is left alone).
     pub(crate) fn answer(&mut self, i: u32, status: Status, path: Option<&[u8; 64]>) {
-        let t = self.st.slabs();
-        if let Some((ep, Some(counter))) = self.answers.answer(t.requests, i, status, path) {
-            self.eps.count(t.endpoints, ep, counter);
+        if let Some((ep, Some(counter))) = self.answers.answer(i, status, path) {
+            self.eps.count(ep, counter);
         }
     }
 
     /// Answers every request on `list` (a waiter FIFO) and leaves it empty.
     pub(crate) fn answer_list(&mut self, list: &mut List, status: Status, path: Option<&[u8; 64]>) {
-        while let Some(w) = list.pop_front(self.st.slabs().requests, list_id::WAITERS, REQ) {
+        while let Some(w) = list.pop_front(&mut self.answers.reqs, list_id::WAITERS, REQ) {
             self.answer(w, status, path);
         }
     }
 
     /// Bumps `counter` of endpoint `ep` (emitted as [`super::Output::Count`]).
     pub(crate) fn count(&mut self, ep: EpId, counter: Counter) {
-        self.eps.count(self.st.slabs().endpoints, ep, counter);
+        self.eps.count(ep, counter);
     }
 
     // ---- Route jobs.
@@ -171,27 +169,22 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Room in the SA window for one more job at `now`.
     fn window_free(&self, now: Millis) -> bool {
-        self.routes
-            .window_free(now, self.eps.ports, self.st.sa_inflight())
+        self.routes.window_free(now, self.eps.ports)
     }
 
     /// Starts a job: sent at once if the SA window has room, else queued in the backlog.
     pub(crate) fn start_job(&mut self, now: Millis, route: &Route<'_>, query: bool) -> Option<u32> {
         let slot = route.slot;
-        let t = self.st.slabs();
-        let j = self
-            .routes
-            .start(t.jobs, t.job_buckets, now, route, query)?;
+        let j = self.routes.start(now, route, query)?;
         if !query {
             let dlid = PathRecord::new_unchecked(&route.sa[..]).dlid();
-            t.endpoints[slot].table.saw_lid(dlid);
+            self.eps.slots[slot].table.saw_lid(dlid);
         }
         if self.routes.backlog.is_empty() && self.window_free(now) {
             self.routes.sa.held += 1;
             self.send_job(now, j);
         } else {
-            self.routes
-                .push_backlog(self.st.jobs(), now, j, &mut self.sh);
+            self.routes.push_backlog(now, j, &mut self.sh);
             self.backlog_entered(now, slot);
         }
         Some(j)
@@ -199,13 +192,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Puts job `j` (already holding a window slot) on the SA send list; a ROUTE_QUERY.
     fn send_job(&mut self, now: Millis, j: u32) {
-        let t = self.st.slabs();
-        let slot = usize::from(t.jobs[j as usize].slot);
-        let try_ms = endpoints::sa_deadline(t.endpoints, slot, &self.sh);
+        let slot = usize::from(self.routes.jobs[j as usize].slot);
+        let try_ms = endpoints::sa_deadline(&self.eps.slots, slot, &self.sh);
         let ports = self.eps.ports;
-        self.routes
-            .send_job(t.jobs, now, j, try_ms, ports, &mut self.sh);
-        let id = t.endpoints[slot].id;
+        self.routes.send_job(now, j, try_ms, ports, &mut self.sh);
+        let id = self.eps.slots[slot].id;
         self.count(id, Counter::RouteQuery);
     }
 
@@ -213,7 +204,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// (or its probe first) if the backlog now makes one worth it (the decision:
     /// [`TableFetch::backlog_entered`](super::storage::TableFetch::backlog_entered)).
     fn backlog_entered(&mut self, now: Millis, slot: usize) {
-        let e = &mut self.st.endpoints()[slot];
+        let e = &mut self.eps.slots[slot];
         let ask = e.table.backlog_entered(e.open, now, &self.sh.cfg);
         self.ask(slot, ask);
     }
@@ -226,7 +217,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             return;
         }
         let tid = self.sh.next_tid();
-        let e = &mut self.st.endpoints()[slot];
+        let e = &mut self.eps.slots[slot];
         match ask {
             table::Ask::Probe => e.table.ask_probe(tid),
             _ => e.table.ask(tid),
@@ -253,19 +244,19 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let slot = slot as usize;
         let cfg = &self.sh.cfg;
         let probed = self
-            .st
-            .endpoints()
+            .eps
+            .slots
             .get_mut(slot)
             .and_then(|e| e.table.probe_reply(e.open, tid, umad_status, mad, now, cfg));
         match probed {
             None => self.sh.stats.sa_unknown += 1,
             Some(table::Probed::Port(rec)) => {
-                let e = self.st.slabs_ref().endpoints[slot];
+                let e = self.eps.slots[slot];
                 let view = e.view(e.cache_ep);
                 self.file_record(now, slot, &view, &rec);
             }
             Some(table::Probed::Fits) => {
-                let e = &mut self.st.endpoints()[slot];
+                let e = &mut self.eps.slots[slot];
                 let ask = e.table.after_fits(e.open, now, &self.sh.cfg);
                 self.ask(slot, ask);
             }
@@ -277,7 +268,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// pending. A full job table answers the waiter ENOMEM.
     pub(crate) fn join_route(&mut self, now: Millis, route: &Route<'_>, who: Joiner) {
         let Joiner { waiter, addr } = who;
-        let j = match self.routes.find(self.st.slabs_ref(), route) {
+        let j = match self.routes.find(route) {
             Some(j) => j,
             None => match self.start_job(now, route, false) {
                 Some(j) => j,
@@ -290,12 +281,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 }
             },
         };
-        let t = self.st.slabs();
         if let Some(w) = waiter {
-            Routes::add_waiter(t.jobs, t.requests, j, w);
+            self.routes.add_waiter(&mut self.answers.reqs, j, w);
         }
         if let Some(a) = addr {
-            Routes::add_addr(t.jobs, t.addrs, j, a);
+            self.routes.add_addr(&mut self.addrs.entries, j, a);
         }
     }
 
@@ -325,10 +315,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             sa: &sa,
         };
         match self.start_job(now, &route, true) {
-            Some(j) => {
-                let t = self.st.slabs();
-                Routes::add_waiter(t.jobs, t.requests, j, w);
-            }
+            Some(j) => self.routes.add_waiter(&mut self.answers.reqs, j, w),
             None => {
                 self.sh.stats.full += 1;
                 self.answer(w, Status::Enomem, None);
@@ -372,7 +359,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 query_record,
             } => (status, None, query_record, false),
         };
-        let job = self.st.jobs()[j as usize];
+        let job = self.routes.jobs[j as usize];
         if matches!(job.state, JobState::Free | JobState::Zombie) {
             return;
         }
@@ -385,11 +372,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 (Status::Success, Some((_, exp)), Some(k), false) => Some((k, exp)),
                 _ => None,
             };
-            addr::routed(self.st.addrs(), job.addrs, path, &mut self.w, now);
+            addr::routed(&mut self.addrs.entries, job.addrs, path, &mut self.w, now);
         }
         let record = record.map(|(r, _)| r);
         let mut waiters = job.waiters;
-        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
+        while let Some(w) = waiters.pop_front(&mut self.answers.reqs, list_id::WAITERS, REQ) {
             let path = if status == Status::Success {
                 record
             } else if job.query {
@@ -397,19 +384,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             } else {
                 None
             };
-            if from_cache && !self.st.requests()[w as usize].query {
-                let ep = self.st.requests()[w as usize].ep;
+            if from_cache && !self.answers.reqs[w as usize].query {
+                let ep = self.answers.reqs[w as usize].ep;
                 self.count(ep, Counter::RouteCache);
             }
             self.answer(w, status, path);
         }
         if job.state == JobState::Backlog {
-            self.st.endpoints()[usize::from(job.slot)]
-                .table
-                .backlog_left();
+            self.eps.slots[usize::from(job.slot)].table.backlog_left();
         }
-        let t = self.st.slabs();
-        self.routes.end(t.jobs, t.job_buckets, j);
+        self.routes.end(j);
     }
 
     /// An SA completion of route job `j`: the record cached (or the SA's "no such path"
@@ -422,14 +406,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         umad_status: u32,
         mad: &[u8; 256],
     ) {
-        let jobs = self.st.jobs();
         let Some(outcome) = self
             .routes
-            .reply(jobs, now, (j, tid), umad_status, mad, &mut self.sh)
+            .reply(now, (j, tid), umad_status, mad, &mut self.sh)
         else {
             return;
         };
-        let job = &self.st.slabs_ref().jobs[j as usize];
+        let job = &self.routes.jobs[j as usize];
         let (key, query) = (job.key.key(job.cache_ep), job.query);
         match outcome {
             mads::SaOutcome::Record(rec) => {
@@ -478,11 +461,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// and those that could not be answered before their deadline).
     fn pump_backlog(&mut self, now: Millis) {
         while self.window_free(now) {
-            let t = self.st.slabs_ref();
-            let Some(j) = table::next_unheld(&self.routes.backlog, t.jobs, t.endpoints) else {
+            let (jobs, eps) = (&*self.routes.jobs, &*self.eps.slots);
+            let Some(j) = table::next_unheld(&self.routes.backlog, jobs, eps) else {
                 break;
             };
-            let job = t.jobs[j as usize];
+            let job = jobs[j as usize];
             if let Some(k) = job.key.key(job.cache_ep) {
                 // Filled meanwhile (another job, a preload): answer from the cache.
                 match self.cache().lookup(&k, now) {
@@ -524,10 +507,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.finish_job(now, j, Completion::failed(Status::Etimedout));
                 continue;
             }
-            self.routes.unbacklog(self.st.jobs(), j);
-            self.st.endpoints()[usize::from(job.slot)]
-                .table
-                .backlog_left();
+            self.routes.unbacklog(j);
+            self.eps.slots[usize::from(job.slot)].table.backlog_left();
             self.send_job(now, j);
         }
         self.routes.set_pace(now, &mut self.sh);
@@ -538,7 +519,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     pub(crate) fn route_timers(&mut self, now: Millis, t: Timer) {
         match t {
             Timer::Backlog => {
-                while let Some(j) = self.routes.backlog_due(self.st.jobs(), now, &self.sh.cfg) {
+                while let Some(j) = self.routes.backlog_due(now, &self.sh.cfg) {
                     self.sh.stats.timeouts += 1;
                     self.finish_job(now, j, Completion::failed(Status::Etimedout));
                 }
@@ -551,11 +532,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         _ => self.routes.sent.front(),
                     };
                     while let Some(j) = cur {
-                        let t = self.st.slabs();
-                        cur = List::next_of(t.jobs, j, JOB);
-                        let slot = usize::from(t.jobs[j as usize].slot);
-                        let try_ms = endpoints::sa_deadline(t.endpoints, slot, &self.sh);
-                        if self.routes.reply_late(t.jobs, j, now, try_ms, &self.sh.cfg) {
+                        cur = List::next_of(&self.routes.jobs, j, JOB);
+                        let slot = usize::from(self.routes.jobs[j as usize].slot);
+                        let try_ms = endpoints::sa_deadline(&self.eps.slots, slot, &self.sh);
+                        if self.routes.reply_late(j, now, try_ms, &self.sh.cfg) {
                             self.sh.stats.timeouts += 1;
                             self.finish_job(now, j, Completion::failed(Status::Etimedout));
                         }
@@ -565,8 +545,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Timer::SaBusy => {
                 let mut cur = self.routes.busy.front();
                 while let Some(j) = cur {
-                    cur = List::next_of(self.st.jobs(), j, JOB);
-                    let job = self.st.jobs()[j as usize];
+                    cur = List::next_of(&self.routes.jobs, j, JOB);
+                    let job = self.routes.jobs[j as usize];
                     if job.timer > now {
                         continue;
                     }
@@ -574,7 +554,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         self.sh.stats.timeouts += 1;
                         self.finish_job(now, j, Completion::failed(Status::Etimedout));
                     } else {
-                        let slot = self.routes.requeue(self.st.jobs(), now, j, &mut self.sh);
+                        let slot = self.routes.requeue(now, j, &mut self.sh);
                         self.backlog_entered(now, slot);
                     }
                 }
@@ -593,13 +573,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         type_: AddressType,
         addr: &[u8; 64],
     ) -> Option<u32> {
-        self.addrs.alloc(&mut self.st.slabs(), slot, type_, addr)
+        self.addrs.alloc(&mut self.eps.slots, slot, type_, addr)
     }
 
     /// Frees entry `i` (its waiters, if any, are answered ENODATA first).
     pub(crate) fn free_addr(&mut self, i: u32) {
         self.fail_addr_waiters(i, Status::Enodata);
-        self.addrs.free_entry(&mut self.st.slabs(), i);
+        self.addrs
+            .free_entry(&mut self.eps.slots, &mut self.routes.jobs, i);
     }
 
     /// Drops the cache aliases of removed local addresses and frees their entries.
@@ -607,9 +588,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         while let Some(i) =
             self.addrs
                 .removals
-                .pop_front(self.st.addrs(), list_id::REMOVALS, ADDR_Q)
+                .pop_front(&mut self.addrs.entries, list_id::REMOVALS, ADDR_Q)
         {
-            let a = self.st.addrs()[i as usize];
+            let a = self.addrs.entries[i as usize];
             if let Some(k) = addr::addr_key(&a) {
                 self.w.remove_addr(&k);
             }
@@ -619,7 +600,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// Answers the waiters of entry `i` with `status`.
     pub(crate) fn fail_addr_waiters(&mut self, i: u32, status: Status) {
-        let mut l = core::mem::replace(&mut self.st.addrs()[i as usize].waiters, List::EMPTY);
+        let mut l = core::mem::replace(&mut self.addrs.entries[i as usize].waiters, List::EMPTY);
         self.answer_list(&mut l, status, None);
     }
 
@@ -641,8 +622,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         count_addr_cache: Option<EpId>,
         force: bool,
     ) {
-        let t = self.st.slabs_ref();
-        let (e, a) = (&t.endpoints[slot], t.addrs[i as usize]);
+        let (e, a) = (&self.eps.slots[slot], self.addrs.entries[i as usize]);
         let (key, sa) = addr::route_key(e, &a);
         let route = Route {
             slot,
@@ -662,8 +642,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         self.join_route(now, &route, Joiner::addr(i));
                     }
                     let mut l = waiters;
-                    while let Some(w) = l.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
-                        let ep = self.st.requests()[w as usize].ep;
+                    while let Some(w) = l.pop_front(&mut self.answers.reqs, list_id::WAITERS, REQ) {
+                        let ep = self.answers.reqs[w as usize].ep;
                         self.count(ep, Counter::RouteCache);
                         self.answer(w, Status::Success, Some(&record));
                     }
@@ -677,7 +657,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             }
         }
         if let (Some(k), true) = (key, self.sh.cfg.route_acm && a.lid != 0) {
-            if let Some(path) = acm::acm_path(&self.st.slabs_ref().endpoints[slot], &a) {
+            if let Some(path) = acm::acm_path(&self.eps.slots[slot], &a) {
                 let ttl = self.sh.cfg.route_ttl;
                 self.w.insert(&k, &path, now, ttl.unwrap_or(NEVER));
                 let exp = ttl.map_or(NEVER, |t| now.saturating_add(t));
@@ -689,13 +669,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if let (Some(ep), 0) = (count_addr_cache, a.job) {
             self.count(ep, Counter::AddrCache);
         }
-        let first = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ);
+        let first = waiters.pop_front(&mut self.answers.reqs, list_id::WAITERS, REQ);
         let who = Joiner {
             waiter: first,
             addr: Some(i),
         };
         self.join_route(now, &route, who);
-        while let Some(w) = waiters.pop_front(self.st.requests(), list_id::WAITERS, REQ) {
+        while let Some(w) = waiters.pop_front(&mut self.answers.reqs, list_id::WAITERS, REQ) {
             self.join_route(now, &route, Joiner::waiter(w));
         }
     }
@@ -704,12 +684,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// [`Kind::Refresh`] asked for (a route query, re-aliased under the request's cache
     /// endpoint number); an address not resolved here is left alone.
     fn addr_refresh(&mut self, now: Millis, slot: usize, r: &Request<'_>, key: &AddrKey) {
-        let found = self
-            .addrs
-            .find(self.st.slabs_ref(), slot, key.kind.into(), &key.addr);
+        let found = self.addrs.find(slot, key.kind.into(), &key.addr);
         if let Some(i) = found {
-            if self.st.addrs()[i as usize].state == AddrState::Resolved {
-                self.st.addrs()[i as usize].cache_ep = r.head.cache_ep;
+            if self.addrs.entries[i as usize].state == AddrState::Resolved {
+                self.addrs.entries[i as usize].cache_ep = r.head.cache_ep;
                 self.route_addr(now, slot, i, List::EMPTY, None, true);
             }
         }
@@ -720,21 +698,19 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// queried: wait for it) or queried over the ACM protocol, as a waiter if `wait` (a
     /// Resolve the query answers), else only to prime the cache.
     fn addr_query(&mut self, now: Millis, slot: usize, r: &Request<'_>, key: &AddrKey, wait: bool) {
-        let found = self
-            .addrs
-            .find(self.st.slabs_ref(), slot, key.kind.into(), &key.addr);
+        let found = self.addrs.find(slot, key.kind.into(), &key.addr);
         let mut waiters = List::EMPTY;
         if wait {
             let Some(w) = self.waiter(r) else {
                 return;
             };
-            waiters.push_back(self.st.requests(), w, list_id::WAITERS, REQ);
+            waiters.push_back(&mut self.answers.reqs, w, list_id::WAITERS, REQ);
         }
-        let state = found.map(|i| self.st.addrs()[i as usize].state);
+        let state = found.map(|i| self.addrs.entries[i as usize].state);
         let cfg = self.sh.cfg;
         match (found, state) {
             (Some(i), Some(AddrState::Local)) => {
-                let e = self.st.endpoints()[slot];
+                let e = self.eps.slots[slot];
                 if cfg.loopback_local && e.lid != 0 {
                     let path =
                         request::loopback_path(Gid(e.port_gid), e.lid, e.pkey, e.mtu, e.rate);
@@ -745,12 +721,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     self.answer_list(&mut waiters, Status::Success, Some(&path));
                 } else {
                     // loopback_prot none: our own address is routed like any other, to GID0.
-                    self.st.addrs()[i as usize].cache_ep = r.head.cache_ep;
+                    self.addrs.entries[i as usize].cache_ep = r.head.cache_ep;
                     self.route_addr(now, slot, i, waiters, Some(r.head.ep), false);
                 }
             }
             (Some(i), Some(AddrState::Resolved)) => {
-                let a = &mut self.st.addrs()[i as usize];
+                let a = &mut self.addrs.entries[i as usize];
                 a.cache_ep = r.head.cache_ep;
                 let mut renewed = false;
                 if a.expires <= now {
@@ -760,12 +736,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                         a.expires = addr::expiry(&cfg, now);
                         renewed = true;
                         self.count(r.head.ep, Counter::AddrQuery);
-                    } else if cfg.addr_acm && self.st.endpoints()[slot].acm {
-                        let t = self.st.slabs();
-                        let e = &mut t.endpoints[slot];
-                        self.addrs.requeue(t.addrs, e, now, i, &mut self.sh);
-                        let t = self.st.slabs();
-                        Addrs::add_waiters(t.addrs, t.requests, i, &mut waiters);
+                    } else if cfg.addr_acm && self.eps.slots[slot].acm {
+                        let e = &mut self.eps.slots[slot];
+                        self.addrs.requeue(e, now, i, &mut self.sh);
+                        let reqs = &mut self.answers.reqs;
+                        self.addrs.add_waiters(reqs, i, &mut waiters);
                         return;
                     }
                 }
@@ -773,12 +748,12 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                 self.route_addr(now, slot, i, waiters, count, false);
             }
             (Some(i), Some(AddrState::Queued | AddrState::Querying)) => {
-                let t = self.st.slabs();
-                Addrs::add_waiters(t.addrs, t.requests, i, &mut waiters);
+                let reqs = &mut self.answers.reqs;
+                self.addrs.add_waiters(reqs, i, &mut waiters);
             }
             (Some(_), _) => self.answer_list(&mut waiters, Status::Enodata, None),
             (None, _) => {
-                if !(cfg.addr_acm && self.st.endpoints()[slot].acm) {
+                if !(cfg.addr_acm && self.eps.slots[slot].acm) {
                     self.answer_list(&mut waiters, Status::Enodata, None);
                     return;
                 }
@@ -788,18 +763,17 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     return;
                 };
                 {
-                    let a = &mut self.st.addrs()[i as usize];
+                    let a = &mut self.addrs.entries[i as usize];
                     a.cache_ep = r.head.cache_ep;
                     if let Some((t, src)) = addr::source_entry(r.msg) {
                         a.src_type = t.into();
                         a.src = src;
                     }
                 }
-                let t = self.st.slabs();
-                let e = &mut t.endpoints[slot];
-                self.addrs.requeue(t.addrs, e, now, i, &mut self.sh);
-                let t = self.st.slabs();
-                Addrs::add_waiters(t.addrs, t.requests, i, &mut waiters);
+                let e = &mut self.eps.slots[slot];
+                self.addrs.requeue(e, now, i, &mut self.sh);
+                let reqs = &mut self.answers.reqs;
+                self.addrs.add_waiters(reqs, i, &mut waiters);
             }
         }
     }
@@ -810,14 +784,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if self.addrs.active == 0 {
             return;
         }
-        for slot in 0..self.st.slabs_ref().endpoints.len() {
-            let t = self.st.slabs();
-            let e = &mut t.endpoints[slot];
+        for slot in 0..self.eps.slots.len() {
+            let e = &mut self.eps.slots[slot];
             if !e.ready() {
                 continue;
             }
             let id = e.id;
-            let sent = self.addrs.pump(t.addrs, e, now, &mut self.sh);
+            let sent = self.addrs.pump(e, now, &mut self.sh);
             for _ in 0..sent {
                 self.count(id, Counter::AddrQuery);
             }
@@ -827,17 +800,13 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// ACM queue deadlines of endpoint `slot`: ETIMEDOUT, or ENODATA while it has not joined
     /// (ibacmp's "endpoint not ready").
     pub(crate) fn acm_queue_timers(&mut self, now: Millis, slot: usize) {
-        let ready = self.st.slabs_ref().endpoints[slot].ready();
+        let ready = self.eps.slots[slot].ready();
         let status = if ready {
             Status::Etimedout
         } else {
             Status::Enodata
         };
-        loop {
-            let t = self.st.slabs_ref();
-            let Some(i) = Addrs::queue_due(&t.endpoints[slot], t.addrs, now) else {
-                break;
-            };
+        while let Some(i) = self.addrs.queue_due(&self.eps.slots[slot], now) {
             self.sh.stats.timeouts += u64::from(ready);
             self.fail_addr(i, status);
         }
@@ -846,9 +815,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// ACM retries of endpoint `slot`; a query out of retries is answered ETIMEDOUT.
     pub(crate) fn acm_retry_timers(&mut self, now: Millis, slot: usize) {
         loop {
-            let t = self.st.slabs();
-            let e = &mut t.endpoints[slot];
-            let Some(i) = self.addrs.retry_due(t.addrs, e, now, &mut self.sh) else {
+            let e = &mut self.eps.slots[slot];
+            let Some(i) = self.addrs.retry_due(e, now, &mut self.sh) else {
                 break;
             };
             self.sh.stats.timeouts += 1;
@@ -858,11 +826,11 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// A received class 0x2C MAD on `ep`.
     pub(crate) fn acm_receive(&mut self, now: Millis, ep: EpId, meta: &RecvMeta, mad: &[u8]) {
-        let Some(slot) = self.eps.slot(self.st.slabs_ref().endpoints, ep) else {
+        let Some(slot) = self.eps.slot(ep) else {
             self.sh.stats.acm_unsolicited += 1;
             return;
         };
-        let e = &self.st.slabs_ref().endpoints[slot];
+        let e = &self.eps.slots[slot];
         let Some((sgid, r)) = acm::received(e, meta, mad, &mut self.sh.stats) else {
             return;
         };
@@ -870,7 +838,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             Method::Get => self.peer_request(now, slot, meta, sgid, &r),
             // A peer's response to one of our queries: the query resolved.
             Method::GetResp => {
-                let Some(i) = self.addrs.in_flight(self.st.slabs_ref(), slot, r.tid) else {
+                let Some(i) = self.addrs.in_flight(&self.eps.slots[slot], r.tid) else {
                     self.sh.stats.acm_unknown_tid += 1;
                     return;
                 };
@@ -878,10 +846,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     self.sh.stats.acm_malformed += 1;
                     return;
                 }
-                let Some(g) = self.st.slabs_ref().endpoints[slot]
-                    .groups
-                    .best(&r.gids()[..1])
-                else {
+                let Some(g) = self.eps.slots[slot].groups.best(&r.gids()[..1]) else {
                     self.sh.stats.acm_unsolicited += 1;
                     return;
                 };
@@ -905,17 +870,16 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
             self.sh.stats.acm_malformed += 1;
             return;
         }
-        let Some(g) = self.st.slabs_ref().endpoints[slot].groups.best(r.gids()) else {
+        let Some(g) = self.eps.slots[slot].groups.best(r.gids()) else {
             self.sh.stats.acm_no_group += 1;
             return;
         };
-        let (target, rec) = self.addrs.requester(&mut self.st.slabs(), slot, r);
+        let (target, rec) = self.addrs.requester(&mut self.eps.slots, slot, r);
         if let Some(i) = rec {
             self.resolved(now, slot, i, sgid, meta, g);
         }
         if !target {
-            let t = self.st.slabs_ref();
-            if self.addrs.local_elsewhere(t, slot, r) {
+            if self.addrs.local_elsewhere(&self.eps.slots, slot, r) {
                 self.sh.stats.acm_other_partition += 1;
             }
             return;
@@ -924,7 +888,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         // requester and answers only if that succeeds; the requester never sees that path,
         // so waiting only delays it, and a failed query there turns into a requester timeout).
         match rec {
-            Some(i) => self.addrs.respond(self.st.addrs(), i, r.tid, g),
+            Some(i) => self.addrs.respond(i, r.tid, g),
             None => self.sh.stats.full += 1,
         }
     }
@@ -933,10 +897,10 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// it, it is routed now (also with no waiter left, to prime the cache).
     fn resolved(&mut self, now: Millis, slot: usize, i: u32, sgid: Gid, meta: &RecvMeta, g: u8) {
         let expires = addr::expiry(&self.sh.cfg, now);
-        let mut t = self.st.slabs();
+        let eps = &mut self.eps.slots;
         let waiters = self
             .addrs
-            .resolved(&mut t, i, sgid, meta, g, expires, &mut self.w);
+            .resolved(eps, i, sgid, meta, g, expires, &mut self.w);
         if let Some(waiters) = waiters {
             self.route_addr(now, slot, i, waiters, None, false);
         }
@@ -952,8 +916,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         if !forget {
             return;
         }
-        for i in 0..self.st.addrs().len() as u32 {
-            let a = self.st.addrs()[i as usize];
+        for i in 0..self.addrs.entries.len() as u32 {
+            let a = self.addrs.entries[i as usize];
             if a.state == AddrState::Resolved
                 && a.origin == Origin::Learned
                 && a.gid == *gid
@@ -977,9 +941,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     fn set_awaiting(&mut self, index: u32, tid: u32, set: Set) -> Option<(usize, usize)> {
         let (slot, i) = ((index / 2) as usize, (index % 2) as usize);
         let ok = self
-            .st
-            .slabs_ref()
-            .endpoints
+            .eps
+            .slots
             .get(slot)
             .is_some_and(|e| e.open && set.of(e, i).awaits(tid));
         if !ok {
@@ -1002,7 +965,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         let Some((slot, i)) = self.set_awaiting(index, tid, set) else {
             return;
         };
-        let e = &mut self.st.endpoints()[slot];
+        let e = &mut self.eps.slots[slot];
         let taken = match set {
             Set::Join => {
                 let taken = e.groups.accept_reply(i, e.pkey, umad_status, mad);
@@ -1022,7 +985,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// again.
     pub(crate) fn set_timers(&mut self, now: Millis, set: Set, slot: usize) {
         for i in 0..2 {
-            match set.of(&self.st.slabs_ref().endpoints[slot], i).due(now) {
+            match set.of(&self.eps.slots[slot], i).due(now) {
                 Some(GroupState::Joining) => self.set_failed(now, set, slot, i),
                 Some(GroupState::Retry) => match set {
                     Set::Join => self.start_join(now, slot, i),
@@ -1035,15 +998,14 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// (Re)starts subscription `i` of endpoint `slot`.
     fn start_subscribe(&mut self, now: Millis, slot: usize, i: usize) {
-        let t = self.st.slabs();
-        let at = now.saturating_add(endpoints::sa_deadline(t.endpoints, slot, &self.sh));
-        t.endpoints[slot].informs.start(i, at, &mut self.sh);
+        let at = now.saturating_add(endpoints::sa_deadline(&self.eps.slots, slot, &self.sh));
+        self.eps.slots[slot].informs.start(i, at, &mut self.sh);
         self.eps.mark_dirty(slot);
     }
 
     /// `set` `i` of `slot` failed or got no answer: retried later.
     fn set_failed(&mut self, now: Millis, set: Set, slot: usize, i: usize) {
-        let e = &mut self.st.endpoints()[slot];
+        let e = &mut self.eps.slots[slot];
         match set {
             Set::Join => e.groups.failed(now, i, &mut self.sh),
             Set::Inform => e.informs.failed(now, i, &mut self.sh),
@@ -1052,8 +1014,8 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
 
     /// The warm-start tables due at `now` are asked for.
     pub(crate) fn warm_start_timers(&mut self, now: Millis) {
-        for slot in 0..self.st.slabs_ref().endpoints.len() {
-            let e = &mut self.st.endpoints()[slot];
+        for slot in 0..self.eps.slots.len() {
+            let e = &mut self.eps.slots[slot];
             let ask = e.table.warm_start_due(e.open, now, &self.sh.cfg);
             self.ask(slot, ask);
         }
@@ -1064,7 +1026,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
     /// and the jobs of those requests are answered ([`file_record`](Self::file_record)).
     /// Returns how many were ours.
     pub(crate) fn file_table(&mut self, now: Millis, slot: usize, records: &[u8]) -> u32 {
-        let e = self.st.endpoints()[slot];
+        let e = self.eps.slots[slot];
         let view = e.view(e.cache_ep);
         let mut n = 0u32;
         for rec in records.chunks_exact(PATH_RECORD_LEN) {
@@ -1107,7 +1069,7 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
                     key: None,
                     sa: &q,
                 };
-                if let Some(j) = self.routes.find(self.st.slabs_ref(), &route) {
+                if let Some(j) = self.routes.find(&route) {
                     let how = Completion::FromSa {
                         record: rec,
                         expires,

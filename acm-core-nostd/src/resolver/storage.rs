@@ -7,6 +7,13 @@
 //! `.bss` on firmware. Slots are threaded on intrusive doubly linked lists ([`List`]): waiter
 //! FIFOs, the answer FIFO, the SA backlog, send queues, free lists. No list ever needs memory of
 //! its own, which is why no output the resolver owes can be lost to a full queue.
+//!
+//! [`Storage::into_slabs`] splits the storage once, when the resolver is made: from then on
+//! each slab belongs to one part (the request slots to the answers, the jobs to the route
+//! jobs, the address entries to their part, the endpoint slots and preloads to the
+//! endpoints). A list threaded through one part's slab but held elsewhere (a job's waiters
+//! over the request slots, an endpoint's ACM queue over the address entries) is edited with
+//! the owner's slab lent for the call.
 
 use super::{Millis, MSG_LEN};
 use crate::cache::hash::hash_words;
@@ -868,140 +875,39 @@ impl Default for Capacities {
     }
 }
 
-/// Every slab of a [`Storage`] at once, as disjoint mutable borrows (so a list held in one
-/// slab's slot can be edited over another slab's slots).
-pub struct Slabs<'a> {
+/// Every slab of a [`Storage`], each to be owned by the part of the resolver that uses it
+/// ([`Storage::into_slabs`]): the request slots by the answers, the route jobs and their
+/// buckets by the route jobs' part, the address entries and their buckets by the address
+/// entries' part, the endpoint slots and preloaded routes by the endpoints' part.
+pub struct Slabs<S: Storage> {
     /// Request slots.
-    pub requests: &'a mut [RequestSlot],
+    pub requests: S::Slab<RequestSlot>,
     /// Route jobs.
-    pub jobs: &'a mut [JobSlot],
+    pub jobs: S::Slab<JobSlot>,
     /// Hash buckets of the route jobs (any non-zero length; `Capacities::jobs` is a good size).
-    pub job_buckets: &'a mut [u32],
+    pub job_buckets: S::Slab<u32>,
     /// Address entries.
-    pub addrs: &'a mut [AddrEntry],
+    pub addrs: S::Slab<AddrEntry>,
     /// Hash buckets of the address entries (any non-zero length).
-    pub addr_buckets: &'a mut [u32],
+    pub addr_buckets: S::Slab<u32>,
     /// Endpoints (at most 256 are used).
-    pub endpoints: &'a mut [EpSlot],
+    pub endpoints: S::Slab<EpSlot>,
     /// Preloaded routes.
-    pub preloads: &'a mut [PreloadSlot],
-}
-
-impl Slabs<'_> {
-    /// The same slabs, read only.
-    pub(crate) fn read(&self) -> SlabsRef<'_> {
-        SlabsRef {
-            requests: self.requests,
-            jobs: self.jobs,
-            job_buckets: self.job_buckets,
-            addrs: self.addrs,
-            addr_buckets: self.addr_buckets,
-            endpoints: self.endpoints,
-            preloads: self.preloads,
-        }
-    }
-}
-
-/// Every slab of a [`Storage`], read only.
-#[derive(Clone, Copy)]
-pub struct SlabsRef<'a> {
-    /// Request slots.
-    pub requests: &'a [RequestSlot],
-    /// Route jobs.
-    pub jobs: &'a [JobSlot],
-    /// Hash buckets of the route jobs.
-    pub job_buckets: &'a [u32],
-    /// Address entries.
-    pub addrs: &'a [AddrEntry],
-    /// Hash buckets of the address entries.
-    pub addr_buckets: &'a [u32],
-    /// Endpoints.
-    pub endpoints: &'a [EpSlot],
-    /// Preloaded routes.
-    pub preloads: &'a [PreloadSlot],
-}
-
-/// The resolver's slabs: caller-provided slices. Index spaces are fixed for the life of the
-/// resolver: every call must return slabs of the same lengths every time.
-pub trait Storage {
-    /// Every slab, for writing.
-    fn slabs(&mut self) -> Slabs<'_>;
-    /// Every slab, for reading.
-    fn slabs_ref(&self) -> SlabsRef<'_>;
+    pub preloads: S::Slab<PreloadSlot>,
     /// The most SA queries in flight at once.
-    fn sa_inflight(&self) -> usize;
+    pub sa_inflight: usize,
     /// Request slots kept for immediate answers.
-    fn answer_reserve(&self) -> usize;
+    pub answer_reserve: usize,
 }
 
-impl<S: Storage + ?Sized> Storage for &mut S {
-    fn slabs(&mut self) -> Slabs<'_> {
-        (**self).slabs()
-    }
-    fn slabs_ref(&self) -> SlabsRef<'_> {
-        (**self).slabs_ref()
-    }
-    fn sa_inflight(&self) -> usize {
-        (**self).sa_inflight()
-    }
-    fn answer_reserve(&self) -> usize {
-        (**self).answer_reserve()
-    }
-}
-
-/// One slab of a [`Storage`] at a time, for the resolver's own use.
-pub(crate) trait Slab: Storage {
-    fn requests(&mut self) -> &mut [RequestSlot] {
-        self.slabs().requests
-    }
-    fn jobs(&mut self) -> &mut [JobSlot] {
-        self.slabs().jobs
-    }
-    fn job_buckets(&mut self) -> &mut [u32] {
-        self.slabs().job_buckets
-    }
-    fn addrs(&mut self) -> &mut [AddrEntry] {
-        self.slabs().addrs
-    }
-    fn addr_buckets(&mut self) -> &mut [u32] {
-        self.slabs().addr_buckets
-    }
-    fn endpoints(&mut self) -> &mut [EpSlot] {
-        self.slabs().endpoints
-    }
-    fn preloads(&mut self) -> &mut [PreloadSlot] {
-        self.slabs().preloads
-    }
-}
-
-impl<S: Storage + ?Sized> Slab for S {}
-
-/// The slab accessors of a [`Storage`] that keeps each slab in a field of the same name.
-macro_rules! slab_fields {
-    () => {
-        fn slabs(&mut self) -> Slabs<'_> {
-            Slabs {
-                requests: &mut self.requests,
-                jobs: &mut self.jobs,
-                job_buckets: &mut self.job_buckets,
-                addrs: &mut self.addrs,
-                addr_buckets: &mut self.addr_buckets,
-                endpoints: &mut self.endpoints,
-                preloads: &mut self.preloads,
-            }
-        }
-        fn slabs_ref(&self) -> SlabsRef<'_> {
-            SlabsRef {
-                requests: &self.requests,
-                jobs: &self.jobs,
-                job_buckets: &self.job_buckets,
-                addrs: &self.addrs,
-                addr_buckets: &self.addr_buckets,
-                endpoints: &self.endpoints,
-                preloads: &self.preloads,
-            }
-        }
-    };
+/// Where the resolver's slabs live: caller-provided slices, split once, when the resolver is
+/// made, among the parts that own them for its whole life.
+pub trait Storage: Sized {
+    /// How one slab is held: a boxed slice on the heap ([`HeapStorage`]), a borrowed one over
+    /// static tables ([`ArrayStorage`]).
+    type Slab<T: 'static>: core::ops::DerefMut<Target = [T]>;
+    /// Every slab, and the two limits.
+    fn into_slabs(self) -> Slabs<Self>;
 }
 
 /// Heap storage sized at run time (hosts; needs the `std` feature).
@@ -1044,18 +950,27 @@ impl HeapStorage {
 
 #[cfg(feature = "std")]
 impl Storage for HeapStorage {
-    slab_fields!();
-    fn sa_inflight(&self) -> usize {
-        self.sa_inflight
-    }
-    fn answer_reserve(&self) -> usize {
-        self.answer_reserve
+    type Slab<T: 'static> = std::boxed::Box<[T]>;
+    fn into_slabs(self) -> Slabs<Self> {
+        Slabs {
+            requests: self.requests,
+            jobs: self.jobs,
+            job_buckets: self.job_buckets,
+            addrs: self.addrs,
+            addr_buckets: self.addr_buckets,
+            endpoints: self.endpoints,
+            preloads: self.preloads,
+            sa_inflight: self.sa_inflight,
+            answer_reserve: self.answer_reserve,
+        }
     }
 }
 
 /// Static storage for firmware: `REQ` request slots (of which `RESERVE` for immediate answers),
 /// `JOBS` route jobs (all may be in flight), `ADDRS` address entries, `EPS` endpoints, `PRE`
-/// preloaded routes. All zero bytes when empty, so a `static` of it lands in `.bss`.
+/// preloaded routes. All zero bytes when empty, so a `static` of it lands in `.bss`. A `&mut`
+/// of it is the [`Storage`]: each part of the resolver borrows its slabs for as long as the
+/// resolver lives.
 pub struct ArrayStorage<
     const REQ: usize,
     const RESERVE: usize,
@@ -1111,20 +1026,28 @@ impl<
 }
 
 impl<
+        'a,
         const REQ: usize,
         const RESERVE: usize,
         const JOBS: usize,
         const ADDRS: usize,
         const EPS: usize,
         const PRE: usize,
-    > Storage for ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
+    > Storage for &'a mut ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
 {
-    slab_fields!();
-    fn sa_inflight(&self) -> usize {
-        JOBS
-    }
-    fn answer_reserve(&self) -> usize {
-        RESERVE
+    type Slab<T: 'static> = &'a mut [T];
+    fn into_slabs(self) -> Slabs<Self> {
+        Slabs {
+            requests: &mut self.requests,
+            jobs: &mut self.jobs,
+            job_buckets: &mut self.job_buckets,
+            addrs: &mut self.addrs,
+            addr_buckets: &mut self.addr_buckets,
+            endpoints: &mut self.endpoints,
+            preloads: &mut self.preloads,
+            sa_inflight: JOBS,
+            answer_reserve: RESERVE,
+        }
     }
 }
 

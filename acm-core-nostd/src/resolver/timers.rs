@@ -11,8 +11,8 @@
 use super::addr::Addrs;
 use super::endpoints::earliest;
 use super::route::Routes;
-use super::storage::{List, SaTry, SlabsRef};
-use super::{Config, Millis};
+use super::storage::{List, SaTry, Storage};
+use super::{Config, EpSlot, Millis};
 
 /// The kinds of timer, in the order they fire when due at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,7 +103,7 @@ impl TimerTable {
     /// Every kind's entry is at or before its part's earliest deadline (a deadline that was
     /// set without arming its kind would never fire).
     #[cfg(feature = "std")]
-    pub(crate) fn check(&self, parts: Parts<'_>) -> Result<(), std::string::String> {
+    pub(crate) fn check<S: Storage>(&self, parts: Parts<'_, S>) -> Result<(), std::string::String> {
         for t in Timer::ALL {
             if let Some(at) = parts.earliest(t) {
                 if self.at[t as usize] > at {
@@ -119,34 +119,34 @@ impl TimerTable {
 }
 
 /// The parts whose deadlines the table holds, read only: the route jobs, the address entries,
-/// the slabs (the endpoints' joins, subscriptions, ACM lists and tables), the settings.
-#[derive(Clone, Copy)]
-pub(crate) struct Parts<'a> {
-    pub(crate) routes: &'a Routes,
-    pub(crate) addrs: &'a Addrs,
-    pub(crate) slabs: SlabsRef<'a>,
+/// the endpoint slots (their joins, subscriptions, ACM lists and tables), the settings.
+pub(crate) struct Parts<'a, S: Storage> {
+    pub(crate) routes: &'a Routes<S>,
+    pub(crate) addrs: &'a Addrs<S>,
+    pub(crate) eps: &'a [EpSlot],
     pub(crate) cfg: &'a Config,
 }
 
-impl Parts<'_> {
+impl<S: Storage> Parts<'_, S> {
     /// The earliest deadline of kind `t` that its part holds.
     pub(crate) fn earliest(&self, t: Timer) -> Option<Millis> {
-        let tr = self.slabs;
-        let head = |l: List| l.front().map(|i| tr.addrs[i as usize].timer);
+        let entries = &*self.addrs.entries;
+        let head = |l: List| l.front().map(|i| entries[i as usize].timer);
+        let eps = self.eps;
         match t {
             Timer::Removal => (!self.addrs.removals.is_empty()).then_some(0),
             Timer::Backlog | Timer::SaReply | Timer::SaBusy | Timer::Pace => {
-                self.routes.earliest(tr.jobs, t, self.cfg)
+                self.routes.earliest(t, self.cfg)
             }
             // A SET's timer runs from when it is decided (`Send`), before it is polled.
-            Timer::Join => earliest(tr.endpoints, |e| sooner(e.groups.iter().map(|g| g.t))),
-            Timer::Inform => earliest(tr.endpoints, |e| sooner(e.informs.subs.iter().map(|n| n.t))),
+            Timer::Join => earliest(eps, |e| sooner(e.groups.iter().map(|g| g.t))),
+            Timer::Inform => earliest(eps, |e| sooner(e.informs.subs.iter().map(|n| n.t))),
             // Both ACM lists are in deadline order: their heads.
-            Timer::AcmQueue => earliest(tr.endpoints, |e| head(e.queue)),
-            Timer::AcmRetry => earliest(tr.endpoints, |e| head(e.inflight)),
-            Timer::WarmStart => earliest(tr.endpoints, |e| {
-                e.table.warm_start.then_some(e.table.warm_start_at)
-            }),
+            Timer::AcmQueue => earliest(eps, |e| head(e.queue)),
+            Timer::AcmRetry => earliest(eps, |e| head(e.inflight)),
+            Timer::WarmStart => {
+                earliest(eps, |e| e.table.warm_start.then_some(e.table.warm_start_at))
+            }
         }
     }
 }
