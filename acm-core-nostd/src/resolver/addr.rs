@@ -66,9 +66,9 @@ const EVICT_PROBES: u32 = 64;
 /// The address entries, their index, lists and counts.
 pub(crate) struct Addrs<S: Storage> {
     /// The entries.
-    pub(crate) entries: S::Slab<AddrEntry>,
+    pub(crate) entries: S::Addrs,
     /// The index's buckets.
-    buckets: S::Slab<u32>,
+    buckets: S::AddrBuckets,
     /// The hash seed of the index.
     seed: u64,
     /// Free entries.
@@ -85,11 +85,7 @@ pub(crate) struct Addrs<S: Storage> {
 
 impl<S: Storage> Addrs<S> {
     /// Every entry of `entries` free, an empty index over `buckets`.
-    pub(crate) fn new(
-        mut entries: S::Slab<AddrEntry>,
-        mut buckets: S::Slab<u32>,
-        seed: u64,
-    ) -> Self {
+    pub(crate) fn new(mut entries: S::Addrs, mut buckets: S::AddrBuckets, seed: u64) -> Self {
         entries.fill(AddrEntry::EMPTY);
         buckets.fill(0);
         let mut free = List::EMPTY;

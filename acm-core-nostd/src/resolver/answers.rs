@@ -14,7 +14,7 @@ use crate::wire::client::Status;
 /// The request slots, their lists and counts.
 pub(crate) struct Answers<S: Storage> {
     /// The request slots.
-    pub(crate) reqs: S::Slab<RequestSlot>,
+    pub(crate) reqs: S::Requests,
     /// Free slots.
     pub(crate) free: List,
     /// Answered slots, in answer order, until polled.
@@ -27,7 +27,7 @@ pub(crate) struct Answers<S: Storage> {
 
 impl<S: Storage> Answers<S> {
     /// Every slot of `reqs` free.
-    pub(crate) fn new(mut reqs: S::Slab<RequestSlot>, reserve: usize) -> Self {
+    pub(crate) fn new(mut reqs: S::Requests, reserve: usize) -> Self {
         reqs.fill(RequestSlot::EMPTY);
         let mut free = List::EMPTY;
         for i in 0..reqs.len() as u32 {

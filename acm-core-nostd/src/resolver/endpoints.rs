@@ -15,9 +15,9 @@ use crate::wire::gid::Gid;
 /// The endpoint slots, the preloaded routes, the endpoint map and the dirty set.
 pub(crate) struct Endpoints<S: Storage> {
     /// The endpoint slots.
-    pub(crate) slots: S::Slab<EpSlot>,
+    pub(crate) slots: S::Endpoints,
     /// The preloaded routes (`route_preload`), kept for re-insertion after a reregister.
-    pub(crate) preloads: S::Slab<PreloadSlot>,
+    pub(crate) preloads: S::Preloads,
     /// `EpId` → endpoint slot + 1.
     map: [u8; MAX_EPS],
     /// Endpoint slots with per-endpoint outputs still to poll.
@@ -28,7 +28,7 @@ pub(crate) struct Endpoints<S: Storage> {
 
 impl<S: Storage> Endpoints<S> {
     /// Every slot of `slots` closed, no route preloaded.
-    pub(crate) fn new(mut slots: S::Slab<EpSlot>, mut preloads: S::Slab<PreloadSlot>) -> Self {
+    pub(crate) fn new(mut slots: S::Endpoints, mut preloads: S::Preloads) -> Self {
         slots.fill(EpSlot::EMPTY);
         preloads.fill(PreloadSlot::EMPTY);
         Endpoints {

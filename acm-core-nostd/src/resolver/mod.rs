@@ -77,7 +77,8 @@ pub use types::*;
 #[cfg(feature = "std")]
 pub use storage::HeapStorage;
 pub use storage::{
-    AddrEntry, ArrayStorage, Capacities, EpSlot, JobSlot, PreloadSlot, RequestSlot, Storage,
+    AddrEntry, ArrayStorage, Capacities, EpSlot, Fixed, JobSlot, PreloadSlot, RequestSlot, Slabs,
+    Storage,
 };
 
 use crate::cache::{AddrKind, CacheEp, CacheRef, CacheWriter, PathCache};

@@ -109,9 +109,9 @@ impl Completion<'_> {
 /// The route jobs, their coalescing index, lists and counts, and the SA window.
 pub(crate) struct Routes<S: Storage> {
     /// The job slots.
-    pub(crate) jobs: S::Slab<JobSlot>,
+    pub(crate) jobs: S::Jobs,
     /// The coalescing index's buckets.
-    buckets: S::Slab<u32>,
+    buckets: S::JobBuckets,
     /// The most SA queries in flight at once (the storage's).
     inflight: usize,
     /// The hash seed of the coalescing index.
@@ -140,8 +140,8 @@ impl<S: Storage> Routes<S> {
     /// Every slot of `jobs` free, an empty index over `buckets`, at most `inflight` queries in
     /// flight.
     pub(crate) fn new(
-        mut jobs: S::Slab<JobSlot>,
-        mut buckets: S::Slab<u32>,
+        mut jobs: S::Jobs,
+        mut buckets: S::JobBuckets,
         inflight: usize,
         seed: u64,
         cfg: &Config,

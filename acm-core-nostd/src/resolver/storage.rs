@@ -20,6 +20,7 @@ use crate::cache::hash::hash_words;
 use crate::cache::{ep_number, CacheEp, Constraints};
 use crate::wire::acm_mad::AddressType;
 use crate::wire::client::Status;
+use core::ops::{Deref, DerefMut};
 
 /// The bucket of a hashed index (address entries, route jobs) of `buckets` buckets: a hash of
 /// one head word (the endpoint slot and a small field) and a 64-byte key block read as 16
@@ -881,19 +882,19 @@ impl Default for Capacities {
 /// entries' part, the endpoint slots and preloaded routes by the endpoints' part.
 pub struct Slabs<S: Storage> {
     /// Request slots.
-    pub requests: S::Slab<RequestSlot>,
+    pub requests: S::Requests,
     /// Route jobs.
-    pub jobs: S::Slab<JobSlot>,
+    pub jobs: S::Jobs,
     /// Hash buckets of the route jobs (any non-zero length; `Capacities::jobs` is a good size).
-    pub job_buckets: S::Slab<u32>,
+    pub job_buckets: S::JobBuckets,
     /// Address entries.
-    pub addrs: S::Slab<AddrEntry>,
+    pub addrs: S::Addrs,
     /// Hash buckets of the address entries (any non-zero length).
-    pub addr_buckets: S::Slab<u32>,
+    pub addr_buckets: S::AddrBuckets,
     /// Endpoints (at most 256 are used).
-    pub endpoints: S::Slab<EpSlot>,
+    pub endpoints: S::Endpoints,
     /// Preloaded routes.
-    pub preloads: S::Slab<PreloadSlot>,
+    pub preloads: S::Preloads,
     /// The most SA queries in flight at once.
     pub sa_inflight: usize,
     /// Request slots kept for immediate answers.
@@ -902,12 +903,46 @@ pub struct Slabs<S: Storage> {
 
 /// Where the resolver's slabs live: caller-provided slices, split once, when the resolver is
 /// made, among the parts that own them for its whole life.
+///
+/// Each slab has a type of its own: a boxed slice on the heap ([`HeapStorage`]), an array
+/// borrowed whole over static tables ([`ArrayStorage`], through [`Fixed`]), whose length
+/// the compiler then knows (bounds checks and bucket arithmetic against a constant: fewer
+/// instructions and less flash on a microcontroller).
 pub trait Storage: Sized {
-    /// How one slab is held: a boxed slice on the heap ([`HeapStorage`]), a borrowed one over
-    /// static tables ([`ArrayStorage`]).
-    type Slab<T: 'static>: core::ops::DerefMut<Target = [T]>;
+    /// The request slots.
+    type Requests: DerefMut<Target = [RequestSlot]>;
+    /// The route jobs.
+    type Jobs: DerefMut<Target = [JobSlot]>;
+    /// The route jobs' hash buckets.
+    type JobBuckets: DerefMut<Target = [u32]>;
+    /// The address entries.
+    type Addrs: DerefMut<Target = [AddrEntry]>;
+    /// The address entries' hash buckets.
+    type AddrBuckets: DerefMut<Target = [u32]>;
+    /// The endpoint slots.
+    type Endpoints: DerefMut<Target = [EpSlot]>;
+    /// The preloaded routes.
+    type Preloads: DerefMut<Target = [PreloadSlot]>;
     /// Every slab, and the two limits.
     fn into_slabs(self) -> Slabs<Self>;
+}
+
+/// An array borrowed whole, seen as a slice of constant length `N`.
+pub struct Fixed<'a, T, const N: usize>(&'a mut [T; N]);
+
+impl<T, const N: usize> Deref for Fixed<'_, T, N> {
+    type Target = [T];
+    #[inline(always)]
+    fn deref(&self) -> &[T] {
+        self.0
+    }
+}
+
+impl<T, const N: usize> DerefMut for Fixed<'_, T, N> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [T] {
+        self.0
+    }
 }
 
 /// Heap storage sized at run time (hosts; needs the `std` feature).
@@ -950,7 +985,13 @@ impl HeapStorage {
 
 #[cfg(feature = "std")]
 impl Storage for HeapStorage {
-    type Slab<T: 'static> = std::boxed::Box<[T]>;
+    type Requests = std::boxed::Box<[RequestSlot]>;
+    type Jobs = std::boxed::Box<[JobSlot]>;
+    type JobBuckets = std::boxed::Box<[u32]>;
+    type Addrs = std::boxed::Box<[AddrEntry]>;
+    type AddrBuckets = std::boxed::Box<[u32]>;
+    type Endpoints = std::boxed::Box<[EpSlot]>;
+    type Preloads = std::boxed::Box<[PreloadSlot]>;
     fn into_slabs(self) -> Slabs<Self> {
         Slabs {
             requests: self.requests,
@@ -1035,16 +1076,22 @@ impl<
         const PRE: usize,
     > Storage for &'a mut ArrayStorage<REQ, RESERVE, JOBS, ADDRS, EPS, PRE>
 {
-    type Slab<T: 'static> = &'a mut [T];
+    type Requests = Fixed<'a, RequestSlot, REQ>;
+    type Jobs = Fixed<'a, JobSlot, JOBS>;
+    type JobBuckets = Fixed<'a, u32, JOBS>;
+    type Addrs = Fixed<'a, AddrEntry, ADDRS>;
+    type AddrBuckets = Fixed<'a, u32, ADDRS>;
+    type Endpoints = Fixed<'a, EpSlot, EPS>;
+    type Preloads = Fixed<'a, PreloadSlot, PRE>;
     fn into_slabs(self) -> Slabs<Self> {
         Slabs {
-            requests: &mut self.requests,
-            jobs: &mut self.jobs,
-            job_buckets: &mut self.job_buckets,
-            addrs: &mut self.addrs,
-            addr_buckets: &mut self.addr_buckets,
-            endpoints: &mut self.endpoints,
-            preloads: &mut self.preloads,
+            requests: Fixed(&mut self.requests),
+            jobs: Fixed(&mut self.jobs),
+            job_buckets: Fixed(&mut self.job_buckets),
+            addrs: Fixed(&mut self.addrs),
+            addr_buckets: Fixed(&mut self.addr_buckets),
+            endpoints: Fixed(&mut self.endpoints),
+            preloads: Fixed(&mut self.preloads),
             sa_inflight: JOBS,
             answer_reserve: RESERVE,
         }
