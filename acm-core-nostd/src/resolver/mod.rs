@@ -37,10 +37,12 @@
 //! Like quinn-proto's `Connection`, the resolver composes parts that own their state and
 //! their rules: the request slots (`answers::Answers`), the route jobs and the SA window
 //! (`route::Routes`), the address entries and the ACM protocol (`addr::Addrs`), the endpoint
-//! map (`endpoints::Endpoints`), and each endpoint's groups, subscriptions and half-world table
-//! (`groups::Groups`, `inform::Informs`, [`table`]'s `TableFetch`, in its slot). A part's
-//! methods take what they need as arguments: the slab slices they work on, the services the
-//! parts share (`Shared`: settings, TIDs, the timer table, stats), the cache writer. The
+//! slots (`endpoints::Endpoints`), and each endpoint's groups, subscriptions and half-world
+//! table (`groups::Groups`, `inform::Informs`, [`table`]'s `TableFetch`, in its slot). Each of
+//! the first four owns its slabs, split off the caller's [`Storage`] once by
+//! [`Resolver::new`]. A part's methods take what else they need as arguments: another part's
+//! slab where a list crosses parts, the services the parts share (`Shared`: settings, TIDs,
+//! the timer table, stats), the cache writer. The
 //! resolver's own code is its inputs and outputs (this file), an endpoint's life
 //! (`lifecycle.rs`) and the steps that cross parts (`steps.rs`).
 //!

@@ -7,7 +7,8 @@
 //! [`Answers`](super::answers::Answers), [`Groups`](super::groups::Groups),
 //! [`Informs`](super::inform::Informs), [`TableFetch`](super::storage::TableFetch),
 //! [`Endpoints`](super::endpoints::Endpoints));
-//! these steps only pass each the slabs and services it needs and carry results between them.
+//! these steps only lend each the other parts' slabs and the services it needs, and carry
+//! results between them.
 
 use super::addr;
 use super::groups::Set;
