@@ -11,9 +11,10 @@
 //! [`Storage::into_slabs`] splits the storage once, when the resolver is made: from then on
 //! each slab belongs to one part (the request slots to the answers, the jobs to the route
 //! jobs, the address entries to their part, the endpoint slots and preloads to the
-//! endpoints). A list threaded through one part's slab but held elsewhere (a job's waiters
-//! over the request slots, an endpoint's ACM queue over the address entries) is edited with
-//! the owner's slab lent for the call.
+//! endpoints). Where a list threaded through one part's slab is held in another part's slot
+//! (a job's waiters over the request slots, an endpoint's ACM queue and a job's addresses over
+//! the address entries), the part that edits it is lent the other part's slab (or slot) for
+//! the call.
 
 use super::{Millis, MSG_LEN};
 use crate::cache::hash::hash_words;

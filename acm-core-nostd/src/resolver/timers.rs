@@ -1,7 +1,7 @@
 //! The timer table: one entry per kind of timer, the earliest armed time of that kind.
 //!
 //! Each part keeps its own deadlines in its slots (a job's `timer`, an address entry's
-//! `timer`, a join's [`SaTry`](super::storage::SaTry)); the table holds, per [`Timer`] kind, a
+//! `timer`, a join's [`SaTry`]); the table holds, per [`Timer`] kind, a
 //! time no later than the earliest of them. Arming only ever lowers an entry; when a kind
 //! fires ([`Resolver::handle_timeout`](super::Resolver::handle_timeout)), its part handles
 //! what is due and the entry is set again to that part's earliest deadline

@@ -84,7 +84,7 @@ pub(super) enum Event {
         umad_status: u32,
         mad: [u8; 256],
     },
-    /// A PathRecord GET reaches the SA server ([`SaService`]): through the core's MAD layer
+    /// A PathRecord GET reaches the SA server ([`SaService`](super::SaService)): through the core's MAD layer
     /// (`token`), or on the SM's port from the node's QP (`None`, the `ud` transport).
     SaArrive {
         from: usize,
