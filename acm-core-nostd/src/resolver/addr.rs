@@ -104,20 +104,14 @@ impl<S: Storage> Addrs<S> {
         }
     }
 
-    fn bucket(
-        seed: u64,
-        buckets: usize,
-        slot: usize,
-        type_: AddressType,
-        addr: &[u8; 64],
-    ) -> usize {
+    fn bucket(&self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> usize {
         let head = (slot as u32) << 8 | u32::from(u8::from(type_));
-        bucket_of(seed, head, addr, buckets)
+        bucket_of(self.seed, head, addr, self.buckets.len())
     }
 
     /// The entry for (endpoint slot, type, address).
     pub(crate) fn find(&self, slot: usize, type_: AddressType, addr: &[u8; 64]) -> Option<u32> {
-        let b = Self::bucket(self.seed, self.buckets.len(), slot, type_, addr);
+        let b = self.bucket(slot, type_, addr);
         chain::find(&self.entries, &self.buckets, b, |a| {
             a.state != AddrState::Free
                 && usize::from(a.slot) == slot
@@ -157,7 +151,7 @@ impl<S: Storage> Addrs<S> {
         let i = self
             .free
             .pop_front(&mut self.entries, list_id::FREE, ADDR_Q)?;
-        let b = Self::bucket(self.seed, self.buckets.len(), slot, type_, addr);
+        let b = self.bucket(slot, type_, addr);
         let a = &mut self.entries[i as usize];
         *a = AddrEntry::EMPTY;
         a.state = AddrState::Resolved;
@@ -203,6 +197,7 @@ impl<S: Storage> Addrs<S> {
             self.active -= 1;
         }
         self.unlink_q(eps, i);
+        let b = self.bucket(usize::from(a.slot), a.type_, &a.addr);
         let addrs = &mut *self.entries;
         self.send.remove(addrs, i, list_id::ACM_SEND, ADDR_S);
         if let Some(j) = a.job.checked_sub(1) {
@@ -210,13 +205,6 @@ impl<S: Storage> Addrs<S> {
                 .addrs
                 .remove(addrs, i, list_id::ROUTE_ADDRS, ADDR_R);
         }
-        let b = Self::bucket(
-            self.seed,
-            self.buckets.len(),
-            usize::from(a.slot),
-            a.type_,
-            &a.addr,
-        );
         chain::remove(addrs, &mut self.buckets, b, i);
         addrs[i as usize] = AddrEntry::EMPTY;
         self.free.push_back(addrs, i, list_id::FREE, ADDR_Q);

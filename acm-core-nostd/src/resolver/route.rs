@@ -177,8 +177,19 @@ impl<S: Storage> Routes<S> {
     /// A job's bucket: by its endpoint's slot and SA record. Its cache number is left out: it
     /// differs between two jobs of one slot and record only across a flush generation (a
     /// reregister), and `find` compares it.
-    fn bucket(seed: u64, buckets: usize, slot: usize, sa: &[u8; 64]) -> usize {
-        bucket_of(seed, (slot as u32).rotate_right(8), sa, buckets)
+    fn bucket(&self, slot: usize, sa: &[u8; 64]) -> usize {
+        bucket_of(
+            self.seed,
+            (slot as u32).rotate_right(8),
+            sa,
+            self.buckets.len(),
+        )
+    }
+
+    /// Job `j`'s bucket.
+    fn job_bucket(&self, j: u32) -> usize {
+        let job = &self.jobs[j as usize];
+        self.bucket(usize::from(job.slot), &job.sa)
     }
 
     /// The coalescable job for `route` (endpoint, cache_ep, SA record), if one is pending.
@@ -186,7 +197,7 @@ impl<S: Storage> Routes<S> {
         let Route {
             slot, cache_ep, sa, ..
         } = *route;
-        let b = Self::bucket(self.seed, self.buckets.len(), slot, sa);
+        let b = self.bucket(slot, sa);
         chain::find(&self.jobs, &self.buckets, b, |job| {
             !job.query
                 && job.state != JobState::Free
@@ -199,28 +210,16 @@ impl<S: Storage> Routes<S> {
 
     /// Puts job `j` (not a `query()`) in the coalescing index.
     fn hash(&mut self, j: u32) {
-        let job = &self.jobs[j as usize];
-        let b = Self::bucket(
-            self.seed,
-            self.buckets.len(),
-            usize::from(job.slot),
-            &job.sa,
-        );
+        let b = self.job_bucket(j);
         chain::insert(&mut self.jobs, &mut self.buckets, b, j);
     }
 
     /// Takes job `j` out of the coalescing index.
     fn unhash(&mut self, j: u32) {
-        let job = &self.jobs[j as usize];
-        if job.query {
+        if self.jobs[j as usize].query {
             return;
         }
-        let b = Self::bucket(
-            self.seed,
-            self.buckets.len(),
-            usize::from(job.slot),
-            &job.sa,
-        );
+        let b = self.job_bucket(j);
         chain::remove(&mut self.jobs, &mut self.buckets, b, j);
     }
 

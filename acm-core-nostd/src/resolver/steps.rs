@@ -894,8 +894,9 @@ impl<S: Storage, C: CacheRef> Resolver<S, C> {
         }
     }
 
-    /// Entry `i` is what a peer's packet says ([`Addrs::resolved`](super::addr::Addrs::resolved)); if we were querying
-    /// it, it is routed now (also with no waiter left, to prime the cache).
+    /// Entry `i` is what a peer's packet says
+    /// ([`Addrs::resolved`](super::addr::Addrs::resolved)); if we were querying it, it is
+    /// routed now (also with no waiter left, to prime the cache).
     fn resolved(&mut self, now: Millis, slot: usize, i: u32, sgid: Gid, meta: &RecvMeta, g: u8) {
         let expires = addr::expiry(&self.sh.cfg, now);
         let eps = &mut self.eps.slots;
